@@ -1,0 +1,836 @@
+#!/usr/bin/env python
+"""Throughput benchmark: our service vs Redis Streams vs pgqueuer, same workload, same run.
+
+It MEASURES AND PRINTS; it never passes or fails.
+
+Workload, per system and per mode (``single``: one message per call; ``batch100``: 100 per call):
+  1. enqueue N messages (~100-byte bodies), split over --clients client processes;
+  2. dequeue them all (max 1 or 100 per call) without acking;
+  3. ack everything each client received (1 or 100 per call).
+Each phase is timed on its own (wall time from the moment all clients start together to the
+last one finishing). Figures: enqueue/s, dequeue/s, ack/s, and full cycle/s = acked messages /
+(enqueue + dequeue + ack seconds). Each measurement is repeated --repeat times after one
+untimed warm-up round; medians are printed, with ratios ours / baseline.
+
+Systems:
+  ours[<backend>]  our REST API over HTTP keep-alive, one node started by this script per
+                   key-value backend (file, redis, postgres): migrate, bench user + token,
+                   `manage.py runnode`, wait for /api/v1/healthz, one fresh queue per round.
+  redis-streams    XADD / XREADGROUP (consumer group, one consumer per client) / XACK on the
+                   same Redis (separate DB, default 3); batch = a pipeline of 100 XADDs,
+                   XREADGROUP COUNT 100, XACK of 100 ids. One fresh stream per round, deleted.
+  pgqueuer         pgqueuer 1.6.0 on the same PostgreSQL, installed by this script into its own
+                   schema (default mqbench_pgq) and uninstalled at the end. Its Queries API:
+                   enqueue (single / lists of 100), dequeue(batch_size=1|100), and
+                   log_jobs(successful) as the ack -- the calls its QueueManager makes.
+
+Everything (servers and Python clients) shares this machine: client CPU competes with server
+CPU, which is printed next to the rates.
+
+Examples:
+  python bench/throughput.py --skip-ours                       # baselines only
+  python bench/throughput.py --backends redis --repeat 5 --json /tmp/tp.json
+  MQ_TEST_REDIS_URL=redis://127.0.0.1:63899 MQ_TEST_PG_URL=postgres://mq:mq@127.0.0.1:54399/mq \
+      python bench/throughput.py --skip-ours --n 5000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import multiprocessing as mp
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import throughput_clients as tc  # noqa: E402
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+FIGURES = ("enqueue", "dequeue", "ack", "cycle")
+
+
+# --------------------------------------------------------------------------------------
+# small helpers
+# --------------------------------------------------------------------------------------
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def with_redis_db(url: str, db: int) -> str:
+    u = urlsplit(url)
+    return urlunsplit((u.scheme, u.netloc, f"/{db}", u.query, u.fragment))
+
+
+def redact(url: str) -> str:
+    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def box_busy_seconds() -> float:
+    """Busy CPU seconds of the whole machine (all cores), from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            parts = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return float("nan")
+    idle = parts[3] + (parts[4] if len(parts) > 4 else 0)
+    return (sum(parts[:8]) - idle) / CLK_TCK
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime (+ reaped children) of one process, from /proc/<pid>/stat."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return float("nan")
+    fields = data[data.rindex(")") + 2 :].split()
+    return sum(int(x) for x in fields[11:15]) / CLK_TCK
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None and x == x]
+    return statistics.median(xs) if xs else None
+
+
+def fmt_rate(x) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
+
+
+def fmt_cores(x) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def fmt_ratio(a, b) -> str:
+    if a is None or b in (None, 0):
+        return "n/a"
+    return f"{a / b:.3f}x"
+
+
+# --------------------------------------------------------------------------------------
+# client processes
+# --------------------------------------------------------------------------------------
+
+
+class ClientPool:
+    """--clients spawned processes, each with one connection to the system under test."""
+
+    def __init__(self, kind: str, spec: dict, n: int, reply_timeout: float) -> None:
+        ctx = mp.get_context("spawn")
+        self.counter = ctx.Value("q", 0)
+        self.barrier = ctx.Barrier(n)
+        self.reply_timeout = reply_timeout
+        self.conns, self.procs = [], []
+        for i in range(n):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=tc.worker_main, args=(child, kind, spec, i, self.counter, self.barrier),
+                            name=f"mqbench-{kind}-{i}", daemon=True)
+            p.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(p)
+        self._collect("start", 120)
+
+    def _collect(self, what: str, timeout: float) -> list:
+        out, errors = [], []
+        deadline = time.monotonic() + timeout
+        for c in self.conns:
+            if not c.poll(max(0.0, deadline - time.monotonic())):
+                raise tc.BenchError(f"client did not answer {what!r} within {timeout:.0f}s")
+            status, payload = c.recv()
+            (errors if status == "err" else out).append(payload)
+        if errors:
+            # the first error is the cause, the others are usually broken barriers
+            cause = next((e for e in errors if "BrokenBarrierError" not in e), errors[0])
+            raise tc.BenchError(f"client failed during {what}:\n{cause}")
+        return out
+
+    def send(self, cmd: str, args_per_client: list, timeout: float | None = None) -> list:
+        if self.barrier.broken:
+            self.barrier.reset()
+        for c, a in zip(self.conns, args_per_client):
+            c.send((cmd, a))
+        return self._collect(cmd, timeout or self.reply_timeout)
+
+    def close(self) -> None:
+        for c in self.conns:
+            try:
+                c.send(("stop", None))
+            except Exception:
+                pass
+        for p in self.procs:
+            p.join(10)
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+
+
+# --------------------------------------------------------------------------------------
+# systems (parent side: setup, per-round targets, teardown, server CPU)
+# --------------------------------------------------------------------------------------
+
+
+class System:
+    name = "?"
+    kind = "?"
+    is_ours = False
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def client_spec(self) -> dict: raise NotImplementedError
+    def new_target(self, tag: str) -> dict: raise NotImplementedError
+    def drop_target(self, target: dict) -> None: ...
+
+    def server_cpu(self) -> float | None:
+        return None
+
+    def describe(self) -> str:
+        return ""
+
+
+class StreamsSystem(System):
+    name, kind = "redis-streams", "streams"
+
+    def __init__(self, args) -> None:
+        self.url = with_redis_db(args.redis_url, args.streams_db)
+        self.group = "mqbench"
+        self.keys: set[str] = set()
+
+    def start(self) -> None:
+        import redis
+
+        self.r = redis.Redis.from_url(self.url)
+        self.r.ping()
+
+    def client_spec(self) -> dict:
+        return {"redis_url": self.url}
+
+    def new_target(self, tag: str) -> dict:
+        key = f"mqbench:stream:{tag}"
+        self.r.delete(key)
+        self.r.xgroup_create(key, self.group, id="0", mkstream=True)
+        self.keys.add(key)
+        return {"stream": key, "group": self.group}
+
+    def drop_target(self, target: dict) -> None:
+        self.r.delete(target["stream"])
+        self.keys.discard(target["stream"])
+
+    def stop(self) -> None:
+        if self.keys:
+            self.r.delete(*self.keys)
+        self.r.close()
+
+    def server_cpu(self) -> float | None:
+        info = self.r.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+    def describe(self) -> str:
+        info = self.r.info("server")
+        cfg = self.r.config_get("appendonly")
+        cfg.update(self.r.config_get("appendfsync"))
+        return (f"redis {info.get('redis_version')} at {redact(self.url)}: appendonly={cfg.get('appendonly')} "
+                f"appendfsync={cfg.get('appendfsync')} (server CPU = redis-server's INFO cpu)")
+
+
+class PgqSystem(System):
+    name, kind = "pgqueuer", "pgq"
+    APP = "mqbench-pgq"
+
+    def __init__(self, args) -> None:
+        self.pg_url = args.pg_url
+        self.schema = args.pg_schema
+        self.keep = args.keep_pgq_schema
+        self.installed = False
+
+    def _conninfo(self) -> str:
+        sep = "&" if "?" in self.pg_url else "?"
+        return f"{self.pg_url}{sep}application_name={self.APP}"
+
+    async def _with_queries(self, fn):
+        import psycopg
+
+        from pgqueuer.adapters.drivers.psycopg import PsycopgDriver
+
+        conn = await psycopg.AsyncConnection.connect(self.pg_url, autocommit=True)
+        try:
+            return await fn(tc.pgq_queries(PsycopgDriver(conn), self.schema), conn)
+        finally:
+            await conn.close()
+
+    def start(self) -> None:
+        async def install(q, conn):
+            if await q.schema_is_installed():  # leftover of an interrupted run: start clean
+                await q.uninstall()
+            await q.install(create_schema=True)  # what `pgq install` runs
+
+        asyncio.run(self._with_queries(install))
+        self.installed = True
+
+    def client_spec(self) -> dict:
+        return {"pg_url": self._conninfo(), "schema": self.schema}
+
+    def new_target(self, tag: str) -> dict:
+        async def clear(q, conn):
+            await q.clear_queue()
+            await q.clear_queue_log()
+            await q.clear_statistics_log()
+
+        asyncio.run(self._with_queries(clear))
+        return {"entrypoint": "mqbench"}
+
+    def stop(self) -> None:
+        if not self.installed or self.keep:
+            return
+
+        async def uninstall(q, conn):
+            await q.uninstall()
+            await conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
+
+        asyncio.run(self._with_queries(uninstall))
+
+    def server_cpu(self) -> float | None:
+        """CPU of the PostgreSQL backends serving our clients, if they run on this machine."""
+        import psycopg
+
+        try:
+            with psycopg.connect(self.pg_url, autocommit=True) as c:
+                pids = [r[0] for r in c.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (self.APP,))]
+        except Exception:
+            return None
+        vals = [proc_cpu_seconds(p) for p in pids]
+        if not vals or any(v != v for v in vals):
+            return None
+        return sum(vals)
+
+    def describe(self) -> str:
+        import psycopg
+
+        with psycopg.connect(self.pg_url, autocommit=True) as c:
+            ver = c.execute("SHOW server_version").fetchone()[0]
+            fsync = c.execute("SHOW fsync").fetchone()[0]
+            sc = c.execute("SHOW synchronous_commit").fetchone()[0]
+        from pgqueuer._version import version
+
+        dur = tc.pgq_settings(self.schema).durability.value
+        return (f"postgres {ver} at {redact(self.pg_url)}: fsync={fsync} synchronous_commit={sc}; "
+                f"pgqueuer {version} in schema {self.schema}, durability={dur} "
+                f"(server CPU = the client connections' backends)")
+
+
+class OursSystem(System):
+    kind = "ours"
+    is_ours = True
+
+    def __init__(self, args, backend: str) -> None:
+        self.args = args
+        self.backend = backend
+        self.name = f"ours[{backend}]"
+        self.proc: subprocess.Popen | None = None
+        self.tmp: str | None = None
+        self.token = ""
+        self.port = 0
+        self.queues: set[str] = set()
+
+    # -- process management -------------------------------------------------------
+    def _env(self) -> dict:
+        a = self.args
+        env = os.environ.copy()
+        data_dir = os.path.join(self.tmp, "data")
+        os.makedirs(data_dir, exist_ok=True)
+        if self.backend == "redis":
+            kv = with_redis_db(a.redis_url, a.kv_redis_db)
+        elif self.backend == "postgres":
+            kv = "postgres"
+        elif self.backend == "file":
+            kv_dir = os.path.join(self.tmp, "kv")
+            os.makedirs(kv_dir, exist_ok=True)
+            kv = f"file://{kv_dir}"
+        else:
+            raise tc.BenchError(f"unknown backend {self.backend!r}")
+        env.update(DATABASE_URL=a.database_url, KV_URL=kv, REDIS_URL=a.redis_url, MQ_DATA_DIR=data_dir,
+                   PYTHONUNBUFFERED="1")
+        for item in a.node_env:
+            k, _, v = item.partition("=")
+            env[k] = v
+        return env
+
+    def _manage(self, *argv: str, timeout: float = 300, env_extra: dict | None = None) -> str:
+        env = self._env()
+        env.update(env_extra or {})
+        cmd = [self.args.python, "manage.py", *argv]
+        r = subprocess.run(cmd, cwd=self.args.repo, env=env, capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            raise tc.BenchError(f"`manage.py {argv[0]}` exited {r.returncode}:\n{(r.stdout + r.stderr)[-3000:]}")
+        return r.stdout + r.stderr
+
+    def _create_token(self) -> str:
+        user = self.args.user
+        code = (
+            "from django.contrib.auth import get_user_model\n"
+            "from rest_framework.authtoken.models import Token\n"
+            f"u, _ = get_user_model().objects.get_or_create(username={user!r})\n"
+            "u.is_staff = u.is_superuser = True\n"
+            "u.set_unusable_password(); u.save()\n"
+            "t, _ = Token.objects.get_or_create(user=u)\n"
+            "print('MQBENCH_TOKEN=' + t.key)\n"
+        )
+        try:
+            out = self._manage("shell", "-c", code, timeout=120)
+            m = re.search(r"MQBENCH_TOKEN=(\w+)", out)
+            if m:
+                return m.group(1)
+        except tc.BenchError as exc:
+            log(f"{self.name}: shell -c failed, falling back to createsuperuser + drf_create_token ({exc})")
+        try:
+            self._manage("createsuperuser", "--noinput", "--username", user, "--email", f"{user}@example.invalid",
+                         timeout=120, env_extra={"DJANGO_SUPERUSER_PASSWORD": uuid.uuid4().hex})
+        except tc.BenchError as exc:
+            if "already" not in str(exc).lower():
+                raise
+        out = self._manage("drf_create_token", user, timeout=120)
+        m = re.search(r"Generated token (\w+) for user", out)
+        if not m:
+            raise tc.BenchError(f"no token in drf_create_token output: {out[-500:]}")
+        return m.group(1)
+
+    def start(self) -> None:
+        a = self.args
+        self.tmp = tempfile.mkdtemp(prefix=f"mqbench-{self.backend}-")
+        log(f"{self.name}: migrate")
+        self._manage("migrate", "--noinput", timeout=600)
+        self.token = self._create_token()
+        self.port = a.port or free_port()
+        self.logfile = os.path.join(self.tmp, "node.log")
+        log(f"{self.name}: runnode on 127.0.0.1:{self.port} (log {self.logfile})")
+        with open(self.logfile, "wb") as lf:
+            self.proc = subprocess.Popen(
+                [a.python, "manage.py", "runnode", "--host", "127.0.0.1", "--port", str(self.port)],
+                cwd=a.repo, env=self._env(), stdout=lf, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + a.startup_timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise tc.BenchError(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                status, _ = self.api("GET", "/api/v1/healthz", auth=False, timeout=2)
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise tc.BenchError(f"/api/v1/healthz not 200 after {a.startup_timeout}s:\n{self.log_tail()}")
+            time.sleep(0.2)
+        log(f"{self.name}: healthy")
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return Path(self.logfile).read_text(errors="replace")[-n:]
+        except Exception:
+            return "(no log)"
+
+    def stop(self) -> None:
+        for q in list(self.queues):
+            self._delete_queue(q)
+        if self.proc is not None and self.proc.poll() is None:
+            # the node runs in a session of its own that this script created
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        if self.tmp and not self.args.keep_tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        elif self.tmp:
+            log(f"{self.name}: kept {self.tmp}")
+
+    # -- API ---------------------------------------------------------------------------
+    def api(self, method: str, path: str, payload=None, auth: bool = True, timeout: float = 30):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        headers = {"Accept": "application/json"}
+        body = None
+        if payload is not None:
+            body = json.dumps(payload).encode()
+            headers["Content-Type"] = "application/json"
+        if auth:
+            headers["Authorization"] = f"Token {self.token}"
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def client_spec(self) -> dict:
+        a = self.args
+        return {"base_url": f"http://127.0.0.1:{self.port}", "token": self.token,
+                "visibility_timeout": a.visibility_timeout, "http_client": a.http_client,
+                "http_timeout": 60.0}
+
+    def new_target(self, tag: str) -> dict:
+        name = f"bench-{tag}"
+        status, body = self.api("POST", "/api/v1/queues", {"name": name, "partitions": self.args.partitions})
+        if status != 201:
+            raise tc.BenchError(f"create queue {name}: HTTP {status}: {body[:300]!r}")
+        self.queues.add(name)
+        return {"queue": name}
+
+    def _delete_queue(self, name: str) -> None:
+        try:
+            status, body = self.api("DELETE", f"/api/v1/queues/{name}")
+            if status >= 300:
+                log(f"{self.name}: delete queue {name}: HTTP {status}: {body[:200]!r}")
+        except OSError as exc:
+            log(f"{self.name}: delete queue {name}: {exc}")
+        self.queues.discard(name)
+
+    def drop_target(self, target: dict) -> None:
+        self._delete_queue(target["queue"])
+
+    def server_cpu(self) -> float | None:
+        if self.proc is None:
+            return None
+        v = proc_cpu_seconds(self.proc.pid)
+        return None if v != v else v
+
+    def describe(self) -> str:
+        return (f"{self.name}: node pid {self.proc.pid if self.proc else '?'} on 127.0.0.1:{self.port}, "
+                f"{self.args.partitions} partitions, KV backend {self.backend}, HTTP client {self.args.http_client} "
+                f"(server CPU = the node process)")
+
+
+# --------------------------------------------------------------------------------------
+# one round: enqueue N, dequeue N, ack N
+# --------------------------------------------------------------------------------------
+
+
+def run_phase(system: System, pool: ClientPool, cmd: str, args_per_client: list, timeout: float) -> dict:
+    s0, b0 = system.server_cpu(), box_busy_seconds()
+    res = pool.send(cmd, args_per_client, timeout=timeout)
+    s1, b1 = system.server_cpu(), box_busy_seconds()
+    wall = max(r["t1"] for r in res) - min(r["t0"] for r in res)
+    wall = max(wall, 1e-9)
+    count = sum(r["count"] for r in res)
+    out = {
+        "wall": wall,
+        "count": count,
+        "rate": count / wall,
+        "calls": sum(r["calls"] for r in res),
+        "empty": sum(r["empty"] for r in res),
+        "errors": sum(r["errors"] for r in res),
+        "error_samples": [e for r in res for e in r["error_samples"]][:3],
+        "timed_out": any(r["timed_out"] for r in res),
+        "client_cpu_s": sum(r["cpu"] for r in res),
+        "server_cpu_s": (s1 - s0) if s0 is not None and s1 is not None else None,
+        "box_cpu_s": b1 - b0,
+    }
+    if cmd == "dequeue":
+        ids = [i for r in res for i in r["ids"]]
+        out["unique"] = len(set(ids))
+        out["duplicates"] = len(ids) - out["unique"]
+    return out
+
+
+def run_round(system: System, pool: ClientPool, mode: str, batch: int, n: int, tag: str, args) -> dict:
+    k = len(pool.conns)
+    target = system.new_target(tag)
+    try:
+        pool.send("target", [target] * k)
+        # chunks of `batch` messages dealt round-robin to the clients
+        chunks = [list(range(i, min(i + batch, n))) for i in range(0, n, batch)]
+        per_client = [[i for c in chunks[w::k] for i in c] for w in range(k)]
+        enq = run_phase(system, pool, "enqueue",
+                        [{"tag": tag, "indexes": idx, "batch": batch} for idx in per_client], args.phase_timeout + 60)
+        pool.counter.value = 0
+        deq = run_phase(system, pool, "dequeue",
+                        [{"max": batch, "target": enq["count"], "timeout": args.phase_timeout,
+                          "empty_sleep": args.empty_sleep}] * k, args.phase_timeout + 60)
+        ack = run_phase(system, pool, "ack", [{"batch": batch}] * k, args.phase_timeout + 60)
+    finally:
+        try:
+            system.drop_target(target)
+        except Exception as exc:
+            log(f"{system.name}: cleanup of {target}: {exc}")
+    phases = {"enqueue": enq, "dequeue": deq, "ack": ack}
+    wall = enq["wall"] + deq["wall"] + ack["wall"]
+
+    def tot(key):
+        vals = [p[key] for p in phases.values()]
+        return None if any(v is None for v in vals) else sum(vals)
+
+    cycle = {"wall": wall, "count": ack["count"], "rate": ack["count"] / wall,
+             "client_cpu_s": tot("client_cpu_s"), "server_cpu_s": tot("server_cpu_s"), "box_cpu_s": tot("box_cpu_s")}
+    phases["cycle"] = cycle
+    for p in phases.values():
+        for key in ("client_cpu_s", "server_cpu_s", "box_cpu_s"):
+            v = p.get(key)
+            p[key.replace("_s", "_cores")] = None if v is None else v / p["wall"]
+    anomalies = []
+    if enq["count"] != n:
+        anomalies.append(f"enqueued {enq['count']}/{n}")
+    if deq["count"] != enq["count"]:
+        anomalies.append(f"received {deq['count']}/{enq['count']}")
+    if deq["duplicates"]:
+        anomalies.append(f"{deq['duplicates']} duplicate deliveries")
+    if ack["count"] != deq["unique"]:
+        anomalies.append(f"acked {ack['count']}/{deq['unique']}")
+    if deq["timed_out"]:
+        anomalies.append("dequeue phase hit --phase-timeout")
+    errs = enq["errors"] + deq["errors"] + ack["errors"]
+    if errs:
+        samples = enq["error_samples"] + deq["error_samples"] + ack["error_samples"]
+        anomalies.append(f"{errs} request errors/retries, e.g. {samples[:2]}")
+    return {"tag": tag, "n": n, "mode": mode, "phases": phases, "anomalies": anomalies}
+
+
+# --------------------------------------------------------------------------------------
+# driver
+# --------------------------------------------------------------------------------------
+
+
+def bench_system(system: System, args, modes: list[tuple[str, int, int]], results: dict, notes: list) -> None:
+    log(f"== {system.name}")
+    pool = None
+    try:
+        system.start()
+        desc = system.describe()
+        if desc:
+            notes.append(desc)
+        pool = ClientPool(system.kind, system.client_spec(), args.clients, args.phase_timeout + 120)
+        for mode, batch, n in modes:
+            entry = results.setdefault(mode, {}).setdefault(system.name, {"samples": [], "anomalies": []})
+            run_id = uuid.uuid4().hex[:6]
+            if args.warmup > 0:
+                w = run_round(system, pool, mode, batch, min(args.warmup, n), f"{mode}-{run_id}-warm", args)
+                log(f"{system.name} {mode} warm-up: cycle {fmt_rate(w['phases']['cycle']['rate'])}/s"
+                    + (f"  ANOMALIES: {w['anomalies']}" if w["anomalies"] else ""))
+            for rep in range(args.repeat):
+                r = run_round(system, pool, mode, batch, n, f"{mode}-{run_id}-r{rep}", args)
+                entry["samples"].append(r)
+                if r["anomalies"]:
+                    entry["anomalies"].append(f"round {rep}: " + "; ".join(r["anomalies"]))
+                ph = r["phases"]
+                log(f"{system.name} {mode} round {rep + 1}/{args.repeat}: "
+                    + "  ".join(f"{f} {fmt_rate(ph[f]['rate'])}/s" for f in FIGURES)
+                    + (f"  ANOMALIES: {r['anomalies']}" if r["anomalies"] else ""))
+    except Exception as exc:
+        msg = f"{system.name}: FAILED: {type(exc).__name__}: {exc}"
+        log(msg + "\n" + traceback.format_exc())
+        results.setdefault("_failures", {})[system.name] = f"{type(exc).__name__}: {exc}"
+    finally:
+        if pool is not None:
+            pool.close()
+        try:
+            system.stop()
+        except Exception as exc:
+            log(f"{system.name}: stop/cleanup failed: {exc}")
+
+
+def summarize(results: dict, modes, systems: list[System]) -> dict:
+    summary: dict = {}
+    for mode, _batch, _n in modes:
+        per = results.get(mode, {})
+        summary[mode] = {}
+        for s in systems:
+            samples = per.get(s.name, {}).get("samples", [])
+            if not samples:
+                continue
+            med = {f: median([x["phases"][f]["rate"] for x in samples]) for f in FIGURES}
+            for key in ("client_cpu_cores", "server_cpu_cores", "box_cpu_cores"):
+                med[key] = median([x["phases"]["cycle"][key] for x in samples])
+                med["phase_" + key] = {f: median([x["phases"][f][key] for x in samples]) for f in FIGURES}
+            med["rounds"] = len(samples)
+            summary[mode][s.name] = med
+        ratios = {}
+        for s in systems:
+            if not s.is_ours or s.name not in summary[mode]:
+                continue
+            for base in ("redis-streams", "pgqueuer"):
+                if base in summary[mode]:
+                    o, b = summary[mode][s.name], summary[mode][base]
+                    ratios[f"{s.name} / {base}"] = {
+                        f: (o[f] / b[f] if o[f] is not None and b[f] else None) for f in FIGURES}
+        summary[mode]["_ratios"] = ratios
+    return summary
+
+
+def print_report(args, modes, systems, results, summary, notes) -> None:
+    out = []
+    w = out.append
+    w("")
+    w("=" * 100)
+    w("THROUGHPUT (messages per second, median of %d rounds after 1 warm-up round; higher is better)" % args.repeat)
+    w("=" * 100)
+    w(f"machine: {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, Python {platform.python_version()}")
+    w(f"clients: {args.clients} client processes (Python, one connection each) on the SAME machine as the servers;")
+    w("         their CPU is part of the load: see the client/server/box CPU columns (in cores busy, averaged")
+    w(f"         over the full cycle; box = the whole machine, at most {os.cpu_count()}). Rates are therefore lower")
+    w("         bounds of what each server alone could do, and the cheapest server is held back the most.")
+    w("workload: enqueue N (~100-byte bodies) -> dequeue all (no ack yet) -> ack all; each phase timed separately;")
+    w("          cycle/s = acked messages / (enqueue + dequeue + ack seconds)")
+    for n_ in notes:
+        w(f"  - {n_}")
+    for mode, batch, n in modes:
+        w("")
+        label = "1 message per call" if batch == 1 else f"{batch} messages per call (redis: pipeline of {batch} XADD, XREADGROUP COUNT {batch}, XACK {batch} ids)"
+        w(f"--- mode {mode}: N={n:,} per round, {label}")
+        hdr = f"{'system':<18}{'enqueue/s':>12}{'dequeue/s':>12}{'ack/s':>12}{'cycle/s':>12}  {'client CPU':>10}{'server CPU':>11}{'box CPU':>9}"
+        w(hdr)
+        w("-" * len(hdr))
+        for s in systems:
+            m = summary.get(mode, {}).get(s.name)
+            if m is None:
+                fail = results.get("_failures", {}).get(s.name)
+                w(f"{s.name:<18}{'(not measured' + (': ' + fail[:60] if fail else '') + ')'}")
+                continue
+            w(f"{s.name:<18}" + "".join(f"{fmt_rate(m[f]):>12}" for f in FIGURES)
+              + f"  {fmt_cores(m['client_cpu_cores']):>10}{fmt_cores(m['server_cpu_cores']):>11}{fmt_cores(m['box_cpu_cores']):>9}")
+        ratios = summary.get(mode, {}).get("_ratios", {})
+        if ratios:
+            w("")
+            hdr2 = f"{'ratio (ours / baseline)':<34}" + "".join(f"{f:>10}" for f in FIGURES)
+            w(hdr2)
+            w("-" * len(hdr2))
+            for label2, r in ratios.items():
+                w(f"{label2:<34}" + "".join(f"{('n/a' if r[f] is None else f'{r[f]:.3f}x'):>10}" for f in FIGURES))
+        for s in systems:
+            an = results.get(mode, {}).get(s.name, {}).get("anomalies", [])
+            for a in an:
+                w(f"  ! {s.name}: {a}")
+    fails = results.get("_failures", {})
+    if fails:
+        w("")
+        for k, v in fails.items():
+            w(f"not measured: {k}: {v}")
+    w("")
+    w("notes: redis XACK only removes the entry from the group's pending list; the stream keeps the")
+    w("       message until the stream is deleted (XDEL/XTRIM would be extra calls). pgqueuer's ack")
+    w("       (log_jobs) deletes the job row and writes a log row. Dequeue/ack figures are measured with")
+    w("       every message in flight at once (all dequeued before the first ack).")
+    print("\n".join(out), flush=True)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description="Throughput of our service vs Redis Streams vs pgqueuer (measures and prints, never fails).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--n", type=int, default=None,
+                   help="messages per round for every mode (default: 2000 for single, 20000 for batch)")
+    p.add_argument("--n-single", type=int, default=2000)
+    p.add_argument("--n-batch", type=int, default=20000)
+    p.add_argument("--modes", default="single,batch100", help="comma list of: single, batch<B> (e.g. batch100)")
+    p.add_argument("--clients", type=int, default=4, help="concurrent client processes")
+    p.add_argument("--repeat", type=int, default=3, help="timed rounds per system and mode (medians printed)")
+    p.add_argument("--warmup", type=int, default=500, help="messages in the untimed warm-up round (0: none)")
+    p.add_argument("--backends", default="file,redis,postgres", help="our service's key-value backends to run")
+    p.add_argument("--skip-ours", action="store_true", help="do not run our service")
+    p.add_argument("--skip-baselines", action="store_true", help="do not run redis-streams and pgqueuer")
+    p.add_argument("--only-baselines", default="redis-streams,pgqueuer", help="which baselines to run")
+    p.add_argument("--json", metavar="OUT.json", help="write all samples, medians and ratios here")
+    p.add_argument("--redis-url", default=os.environ.get("MQ_TEST_REDIS_URL", "redis://127.0.0.1:63799"))
+    p.add_argument("--pg-url", default=os.environ.get("MQ_TEST_PG_URL", "postgres://mq:mq@127.0.0.1:54329/mq"))
+    p.add_argument("--streams-db", type=int, default=3, help="Redis DB number for the streams baseline")
+    p.add_argument("--kv-redis-db", type=int, default=1, help="Redis DB number for our redis KV backend")
+    p.add_argument("--pg-schema", default="mqbench_pgq", help="schema pgqueuer is installed into (dropped at the end)")
+    p.add_argument("--keep-pgq-schema", action="store_true", help="leave pgqueuer's schema installed")
+    p.add_argument("--database-url", default=None, help="DATABASE_URL for our nodes (default: --pg-url)")
+    p.add_argument("--repo", default=str(HERE.parent), help="repository root (where manage.py is)")
+    p.add_argument("--python", default=sys.executable, help="python that runs manage.py")
+    p.add_argument("--port", type=int, default=0, help="node port (default: a free one)")
+    p.add_argument("--partitions", type=int, default=4, help="partitions of each bench queue")
+    p.add_argument("--user", default="mqbench", help="API user created for the bench")
+    p.add_argument("--node-env", action="append", default=[], metavar="KEY=VALUE", help="extra env for the node")
+    p.add_argument("--http-client", choices=("httpclient", "requests"), default="httpclient",
+                   help="http.client keep-alive (cheaper client CPU) or requests.Session keep-alive")
+    p.add_argument("--visibility-timeout", type=int, default=300,
+                   help="seconds; every message stays in flight from the dequeue to the ack phase")
+    p.add_argument("--startup-timeout", type=float, default=90)
+    p.add_argument("--phase-timeout", type=float, default=600, help="give up a dequeue phase after this")
+    p.add_argument("--empty-sleep", type=float, default=0.001, help="client pause after an empty dequeue")
+    p.add_argument("--keep-tmp", action="store_true", help="keep the nodes' temp dirs (logs, file KV)")
+    a = p.parse_args(argv)
+    a.database_url = a.database_url or a.pg_url
+    modes = []
+    for m in [x.strip() for x in a.modes.split(",") if x.strip()]:
+        if m == "single":
+            modes.append((m, 1, a.n or a.n_single))
+        elif re.fullmatch(r"batch\d+", m):
+            modes.append((m, int(m[5:]), a.n or a.n_batch))
+        else:
+            p.error(f"unknown mode {m!r}")
+    a.mode_list = modes
+    return a
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    modes = args.mode_list
+    systems: list[System] = []
+    if not args.skip_ours:
+        systems += [OursSystem(args, b.strip()) for b in args.backends.split(",") if b.strip()]
+    if not args.skip_baselines:
+        wanted = {x.strip() for x in args.only_baselines.split(",")}
+        if "redis-streams" in wanted:
+            systems.append(StreamsSystem(args))
+        if "pgqueuer" in wanted:
+            systems.append(PgqSystem(args))
+    if not systems:
+        print("nothing to run (both --skip-ours and --skip-baselines)")
+        return 0
+    results: dict = {}
+    notes: list[str] = []
+    started = time.time()
+    for s in systems:
+        bench_system(s, args, modes, results, notes)
+    summary = summarize(results, modes, systems)
+    print_report(args, modes, systems, results, summary, notes)
+    if args.json:
+        doc = {
+            "started": started,
+            "duration_s": time.time() - started,
+            "config": {k: v for k, v in vars(args).items() if k not in ("mode_list",)}
+            | {"pg_url": redact(args.pg_url), "database_url": redact(args.database_url)},
+            "modes": [{"mode": m, "batch": b, "n": n} for m, b, n in modes],
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+            "notes": notes,
+            "summary": summary,
+            "results": results,
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=1, default=str))
+        log(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""Settings, read from the environment.
+
+Every value has an embedded default (SQLite, the filesystem key-value store, Celery's
+filesystem broker, Spark in local mode) so that `make run` works with nothing installed.
+Setting ``MQ_ENV=production`` turns on the checks that refuse an unsafe configuration.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ.get("MQ_DATA_DIR", BASE_DIR / "data"))
+
+_DEFAULT_SECRET = "embedded-insecure-secret-change-me"
+
+
+def env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def envbool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+
+
+def envint(name: str, default: int, *, minimum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={value} is below its minimum {minimum}")
+    return value
+
+
+def envfloat(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
+
+
+def envsecret(name: str, default: str) -> str:
+    """A secret from ``NAME`` or from the file named by ``NAME_FILE``."""
+    path = os.environ.get(f"{name}_FILE")
+    if path:
+        return Path(path).read_text().strip()
+    return os.environ.get(name, default)
+
+
+MQ_ENV = env("MQ_ENV", "embedded")
+if MQ_ENV not in ("embedded", "production"):
+    raise ImproperlyConfigured(f"MQ_ENV={MQ_ENV!r}: use 'embedded' or 'production'")
+
+SECRET_KEY = envsecret("SECRET_KEY", _DEFAULT_SECRET)
+DEBUG = envbool("DEBUG", False)
+# Forwarding between nodes is authenticated with this, never with a user's token.
+CLUSTER_SECRET = envsecret("CLUSTER_SECRET", SECRET_KEY)
+
+if MQ_ENV == "production":
+    if DEBUG:
+        raise ImproperlyConfigured("MQ_ENV=production refuses DEBUG=1")
+    if SECRET_KEY == _DEFAULT_SECRET:
+        raise ImproperlyConfigured("MQ_ENV=production needs SECRET_KEY (or SECRET_KEY_FILE)")
+    if CLUSTER_SECRET == _DEFAULT_SECRET:
+        raise ImproperlyConfigured("MQ_ENV=production needs CLUSTER_SECRET (or CLUSTER_SECRET_FILE)")
+
+ALLOWED_HOSTS = [h.strip() for h in env("ALLOWED_HOSTS", "*").split(",") if h.strip()]
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in env("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "queues",
+    "workers",
+    "consoles",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- stores -------------------------------------------------------------------------------
+DATABASE_URL = env("DATABASE_URL", f"sqlite:///{DATA_DIR / 'db.sqlite3'}")
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=600)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    # Several threads of one node and several processes share the file: wait for the
+    # write lock instead of failing at once, and let readers run beside the writer.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    test_name = os.environ.get("SQLITE_TEST_NAME")
+    if test_name:
+        # Node processes started by the tests must see the same file, not a memory DB.
+        DATABASES["default"]["TEST"] = {"NAME": test_name}
+
+#: Where messages and append-tree blocks live: file:///path, redis://host:port/db, postgres.
+KV_URL = env("KV_URL", f"file://{DATA_DIR / 'kv'}")
+#: Redis only: every write waits until this many replicas have it (WAIT), else fails.
+KV_MIN_REPLICAS = envint("KV_MIN_REPLICAS", 0, minimum=0)
+
+REDIS_URL = env("REDIS_URL", "")
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+if REDIS_URL:
+    CACHES["default"] = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": REDIS_URL,
+        "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
+    }
+if KV_URL.startswith(("redis://", "rediss://", "unix://")):
+    # The key-value store goes through django-redis' connection factory, like the cache.
+    CACHES["kv"] = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": KV_URL,
+        "OPTIONS": {
+            "CLIENT_CLASS": "django_redis.client.DefaultClient",
+            "CONNECTION_POOL_KWARGS": {"max_connections": 256, "health_check_interval": 30},
+        },
+    }
+
+# --- Celery -------------------------------------------------------------------------------
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", "filesystem://")
+CELERY_BROKER_TRANSPORT_OPTIONS = {}
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    _broker_dir = DATA_DIR / "broker"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "out"),
+        "data_folder_out": str(_broker_dir / "out"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "store_processed": False,
+    }
+CELERY_RESULT_BACKEND = env("CELERY_RESULT_BACKEND", "") or None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TIMEZONE = "UTC"
+
+# --- Spark --------------------------------------------------------------------------------
+SPARK_MASTER = env("SPARK_MASTER", "local[2]")
+
+# --- the node -----------------------------------------------------------------------------
+#: The address other nodes and clients reach this node at (set by `runnode`).
+NODE_ADDRESS = env("NODE_ADDRESS", "")
+#: Seconds between node heartbeats / housekeeping passes.
+NODE_HEARTBEAT = envfloat("NODE_HEARTBEAT", 1.0)
+#: Bytes of message bodies a node keeps in memory after enqueue, to deliver without a read.
+NODE_BODY_CACHE_BYTES = envint("NODE_BODY_CACHE_BYTES", 64 * 1024 * 1024, minimum=0)
+
+# --- API ----------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "queues.auth.CachedTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": ["queues.api.parsers.FastJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": [
+        "queues.api.renderers.FastJSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+    "EXCEPTION_HANDLER": "queues.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Partitioned message queue",
+    "DESCRIPTION": "Enqueue, dequeue and ack over partitioned queues with append-tree tracking.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- the rest -----------------------------------------------------------------------------
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+WHITENOISE_USE_FINDERS = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024 * 1024
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
+    "loggers": {"waitress.queue": {"level": "ERROR"}},
+}

@@ -1,0 +1,51 @@
+"""The admin for now: queues, partitions with their owners, nodes (the console grows later)."""
+
+from django.contrib import admin
+from django.utils import timezone
+
+from .models import Node, Partition, Queue
+
+
+class PartitionInline(admin.TabularInline):
+    model = Partition
+    extra = 0
+    can_delete = False
+    fields = ["index", "owner", "epoch", "head_block", "depth", "in_flight", "tree_height", "live_blocks"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Queue)
+class QueueAdmin(admin.ModelAdmin):
+    list_display = ["name", "partitions", "block_size", "visibility_timeout", "lease_period", "created_at"]
+    search_fields = ["name"]
+    inlines = [PartitionInline]
+
+
+@admin.register(Partition)
+class PartitionAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "owner", "epoch", "lease_age", "head_block", "depth", "in_flight",
+                    "tree_height", "live_blocks"]
+    list_filter = ["queue", "owner"]
+    list_select_related = ["queue", "owner"]
+    readonly_fields = [f.name for f in Partition._meta.fields]
+
+    @admin.display(description="lease age")
+    def lease_age(self, obj):
+        if obj.lease_acquired_at is None:
+            return "-"
+        return f"{(timezone.now() - obj.lease_acquired_at).total_seconds():.0f} s"
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ["address", "id", "pid", "heartbeat_at", "started_at", "stopped_at", "cooling"]
+    readonly_fields = [f.name for f in Node._meta.fields]
+
+    def has_add_permission(self, request):
+        return False

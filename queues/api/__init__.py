@@ -1,0 +1,1 @@
+"""The DRF API: thin views over ``queues.service``."""

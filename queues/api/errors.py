@@ -1,0 +1,81 @@
+"""Every API error is JSON: ``{"error": <code>, "detail": <what is wrong>}``.
+
+Domain errors map to statuses here, so views raise and never build error responses.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.http import JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from ..kv import KVError
+from ..node import QueueNotFound
+from ..partition import PartitionUnavailable, ReceiptMismatch
+
+log = logging.getLogger(__name__)
+
+
+class PayloadTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "payload_too_large"
+    default_detail = "request body too large"
+
+
+class BadRequest(exceptions.APIException):
+    """400 with a code of our own, so clients can tell errors apart without parsing text."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_code = "invalid"
+
+    def __init__(self, detail, code: str = "invalid"):
+        super().__init__(detail, code)
+        self.error_code = code
+
+
+_DRF_CODES = {
+    exceptions.ParseError: "malformed_json",
+    exceptions.NotAuthenticated: "not_authenticated",
+    exceptions.AuthenticationFailed: "authentication_failed",
+    exceptions.PermissionDenied: "permission_denied",
+    exceptions.NotFound: "not_found",
+    exceptions.MethodNotAllowed: "method_not_allowed",
+    exceptions.NotAcceptable: "not_acceptable",
+    exceptions.UnsupportedMediaType: "unsupported_media_type",
+    exceptions.Throttled: "throttled",
+    exceptions.ValidationError: "invalid",
+}
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, QueueNotFound):
+        return Response({"error": "queue_not_found", "detail": f"no queue named {exc.args[0]!r}"},
+                        status=status.HTTP_404_NOT_FOUND)
+    if isinstance(exc, ReceiptMismatch):
+        return Response({"error": "receipt_mismatch", "detail": str(exc), "id": exc.msg_id},
+                        status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, (PartitionUnavailable, KVError)):
+        log.warning("unavailable: %s", exc)
+        return Response({"error": "unavailable", "detail": str(exc)},
+                        status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "1"})
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, BadRequest):
+        code = exc.error_code
+    else:
+        code = next((c for t, c in _DRF_CODES.items() if isinstance(exc, t)), "error")
+    detail = response.data.get("detail", response.data) if isinstance(response.data, dict) else response.data
+    response.data = {"error": code, "detail": detail}
+    return response
+
+
+def json_404(request, exception=None):
+    return JsonResponse({"error": "not_found", "detail": f"no such path: {request.path}"}, status=404)
+
+
+def json_500(request):
+    return JsonResponse({"error": "server_error", "detail": "internal error; see the node's log"}, status=500)

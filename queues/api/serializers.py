@@ -1,0 +1,102 @@
+"""Serializers for the queue resource, and shapes that document the message calls.
+
+The message calls validate by hand (see ``validation``); the ``*Doc`` serializers only
+describe their JSON for the OpenAPI schema.
+"""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from ..models import Queue
+
+
+class StrictSerializer(serializers.Serializer):
+    """Unknown fields are an error, not silently dropped: a typo must not pass unnoticed."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = set(data) - set(self.fields)
+            if unknown:
+                raise serializers.ValidationError(
+                    {name: ["unknown field"] for name in sorted(unknown)}, code="unknown_field"
+                )
+        return super().to_internal_value(data)
+
+
+class QueueSerializer(StrictSerializer, serializers.ModelSerializer):
+    class Meta:
+        model = Queue
+        fields = ["name", "partitions", "block_size", "lease_period", "visibility_timeout",
+                  "max_message_size", "retention", "created_at", "updated_at"]
+        read_only_fields = ["created_at", "updated_at"]
+
+
+class QueueUpdateSerializer(QueueSerializer):
+    class Meta(QueueSerializer.Meta):
+        read_only_fields = ["name", "created_at", "updated_at"]
+
+    def validate_partitions(self, value):
+        if self.instance is not None and value < self.instance.partitions:
+            raise serializers.ValidationError("partitions can only grow: existing partitions hold messages")
+        return value
+
+
+class MessageInDoc(serializers.Serializer):
+    body = serializers.CharField(help_text="the message, UTF-8 text up to the queue's max_message_size")
+
+
+class EnqueueDoc(serializers.Serializer):
+    body = serializers.CharField(required=False, help_text="one message")
+    messages = MessageInDoc(many=True, required=False, help_text="or a batch of up to 1,000")
+
+
+class EnqueueResultDoc(serializers.Serializer):
+    id = serializers.CharField(required=False, help_text="for a single message")
+    ids = serializers.ListField(child=serializers.CharField(), required=False, help_text="for a batch, in order")
+
+
+class DequeueDoc(serializers.Serializer):
+    max = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=1)
+    visibility_timeout = serializers.FloatField(required=False, min_value=0, max_value=43200,
+                                                help_text="seconds; default: the queue's")
+    wait = serializers.FloatField(required=False, min_value=0, max_value=20, default=0,
+                                  help_text="long poll: seconds to wait for a first message")
+
+
+class DeliveredDoc(serializers.Serializer):
+    id = serializers.CharField()
+    receipt = serializers.CharField(help_text="carry it in ack and visibility calls")
+    body = serializers.CharField()
+    receive_count = serializers.IntegerField()
+    enqueued_at = serializers.DateTimeField()
+
+
+class DequeueResultDoc(serializers.Serializer):
+    messages = DeliveredDoc(many=True)
+
+
+class AckItemDoc(serializers.Serializer):
+    id = serializers.CharField()
+    receipt = serializers.CharField(required=False)
+
+
+class AckDoc(serializers.Serializer):
+    ids = serializers.ListField(child=serializers.CharField(), required=False)
+    messages = AckItemDoc(many=True, required=False)
+
+
+class AckResultDoc(serializers.Serializer):
+    acked = serializers.IntegerField(help_text="messages removed by this call")
+    not_found = serializers.IntegerField(help_text="IDs no longer stored (acknowledged before)")
+
+
+class VisibilityDoc(serializers.Serializer):
+    id = serializers.CharField()
+    receipt = serializers.CharField(required=False)
+    visibility_timeout = serializers.FloatField(min_value=0, max_value=43200)
+
+
+class ErrorDoc(serializers.Serializer):
+    error = serializers.CharField(help_text="a stable code, e.g. queue_not_found, body_too_large")
+    detail = serializers.JSONField(help_text="what is wrong, for people")

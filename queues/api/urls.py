@@ -1,0 +1,14 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("healthz", views.HealthView.as_view(), name="healthz"),
+    path("queues", views.QueueListView.as_view(), name="queue-list"),
+    path("queues/<str:name>", views.QueueDetailView.as_view(), name="queue-detail"),
+    path("queues/<str:name>/enqueue", views.EnqueueView.as_view(), name="queue-enqueue"),
+    path("queues/<str:name>/dequeue", views.DequeueView.as_view(), name="queue-dequeue"),
+    path("queues/<str:name>/ack", views.AckView.as_view(), name="queue-ack"),
+    path("queues/<str:name>/visibility", views.VisibilityView.as_view(), name="queue-visibility"),
+    path("queues/<str:name>/stats", views.StatsView.as_view(), name="queue-stats"),
+]

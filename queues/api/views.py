@@ -1,0 +1,137 @@
+"""Views: parse, check, call the service, shape the answer. No messaging logic here."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from .. import service
+from ..messages import StoredMessage
+from ..models import Queue
+from . import validation
+from .errors import BadRequest
+from .serializers import (AckDoc, AckResultDoc, DequeueDoc, DequeueResultDoc, EnqueueDoc,
+                          EnqueueResultDoc, ErrorDoc, QueueSerializer, QueueUpdateSerializer,
+                          VisibilityDoc)
+
+ERRORS = {
+    400: OpenApiResponse(ErrorDoc, description="bad input; nothing was changed"),
+    401: OpenApiResponse(ErrorDoc, description="no or bad token"),
+    404: OpenApiResponse(ErrorDoc, description="no such queue"),
+    503: OpenApiResponse(ErrorDoc, description="partition not available on this node now; retry"),
+}
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class HealthView(APIView):
+    permission_classes = [AllowAny]
+    authentication_classes: list = []
+
+    @extend_schema(responses={200: dict}, summary="Liveness of this node (no authentication)")
+    def get(self, request):
+        rt = service.get_runtime()
+        return Response({"status": "ok", "node": rt.node_id, "address": rt.address,
+                         "partitions": len(rt.managers)})
+
+
+class QueueListView(APIView):
+    @extend_schema(responses={200: QueueSerializer(many=True)}, summary="List queues")
+    def get(self, request):
+        return Response(QueueSerializer(Queue.objects.all(), many=True).data)
+
+    @extend_schema(request=QueueSerializer, responses={201: QueueSerializer, **ERRORS}, summary="Create a queue")
+    def post(self, request):
+        ser = QueueSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        q = service.create_queue(**ser.validated_data)
+        return Response(QueueSerializer(q).data, status=status.HTTP_201_CREATED)
+
+
+class QueueDetailView(APIView):
+    @extend_schema(responses={200: QueueSerializer, **ERRORS}, summary="A queue's settings")
+    def get(self, request, name):
+        return Response(QueueSerializer(self._get(name)).data)
+
+    @extend_schema(request=QueueUpdateSerializer, responses={200: QueueSerializer, **ERRORS},
+                   summary="Change a queue's settings (partitions may only grow)")
+    def patch(self, request, name):
+        q = self._get(name)
+        ser = QueueUpdateSerializer(q, data=request.data, partial=True)
+        ser.is_valid(raise_exception=True)
+        try:
+            q = service.update_queue(q, **ser.validated_data)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        return Response(QueueSerializer(q).data)
+
+    @extend_schema(responses={204: None, **ERRORS}, summary="Delete a queue and all its messages")
+    def delete(self, request, name):
+        service.delete_queue(self._get(name))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @staticmethod
+    def _get(name):
+        q = Queue.objects.filter(name=name).first()
+        if q is None:
+            raise service.QueueNotFound(name)
+        return q
+
+
+class EnqueueView(APIView):
+    @extend_schema(request=EnqueueDoc, responses={201: EnqueueResultDoc, **ERRORS},
+                   summary="Enqueue one message, or a batch of up to 1,000 (stored in order)")
+    def post(self, request, name):
+        cfg = service.get_runtime().queue(name)
+        bodies, batch = validation.enqueue_request(request.data, cfg)
+        now = datetime.now(timezone.utc).timestamp()
+        ids = service.enqueue(name, [StoredMessage(b, now) for b in bodies])
+        return Response({"ids": ids} if batch else {"id": ids[0]}, status=status.HTTP_201_CREATED)
+
+
+class DequeueView(APIView):
+    @extend_schema(request=DequeueDoc, responses={200: DequeueResultDoc, **ERRORS},
+                   summary="Receive up to max messages; each stays hidden for visibility_timeout")
+    def post(self, request, name):
+        service.get_runtime().queue(name)
+        max_messages, visibility, wait = validation.dequeue_request(request.data)
+        deliveries = service.dequeue(name, max_messages, visibility, wait)
+        return Response({"messages": [
+            {"id": d.id, "receipt": d.receipt, "body": d.message.body,
+             "receive_count": d.receive_count, "enqueued_at": _iso(d.message.enqueued_at)}
+            for d in deliveries
+        ]})
+
+
+class AckView(APIView):
+    @extend_schema(request=AckDoc, responses={200: AckResultDoc, 409: ErrorDoc, **ERRORS},
+                   summary="Acknowledge (delete) messages; a stale receipt refuses the whole call")
+    def post(self, request, name):
+        cfg = service.get_runtime().queue(name)
+        items = validation.ack_request(request.data, cfg)
+        result = service.ack(name, items)
+        return Response({"acked": result.acked, "not_found": result.not_found})
+
+
+class VisibilityView(APIView):
+    @extend_schema(request=VisibilityDoc, responses={200: VisibilityDoc, 409: ErrorDoc, **ERRORS},
+                   summary="Extend or shorten the visibility timeout of a message in flight")
+    def post(self, request, name):
+        cfg = service.get_runtime().queue(name)
+        mid, receipt, timeout = validation.visibility_request(request.data, cfg)
+        service.change_visibility(name, mid, receipt, timeout)
+        return Response({"id": str(mid), "visibility_timeout": timeout})
+
+
+class StatsView(APIView):
+    @extend_schema(responses={200: dict, **ERRORS}, summary="Depth, in flight, oldest age, per partition")
+    def get(self, request, name):
+        return Response(service.queue_stats(name))

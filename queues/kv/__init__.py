@@ -1,0 +1,60 @@
+"""Key-value store backends, chosen by the scheme of ``KV_URL``.
+
+``file:///path`` (the embedded default), ``redis://host:port/db`` (through django-redis) and
+``postgres`` (a table in the default database). An unknown scheme fails loudly at start-up.
+"""
+
+from __future__ import annotations
+
+import threading
+from urllib.parse import urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+from .base import Fence, Fenced, KeyValueStore, KVError
+
+__all__ = ["Fence", "Fenced", "KeyValueStore", "KVError", "open_store", "get_store", "reset_store"]
+
+
+def open_store(url: str) -> KeyValueStore:
+    scheme = urlsplit(url).scheme or url
+    if scheme == "file":
+        from .filesystem import FileStore
+
+        return FileStore.from_url(url)
+    if scheme in ("redis", "rediss", "unix"):
+        from .redis import RedisStore
+
+        return RedisStore.from_settings()
+    if scheme in ("postgres", "postgresql", "sql"):
+        from .sql import SQLStore
+
+        return SQLStore()
+    raise ImproperlyConfigured(
+        f"KV_URL={url!r}: unknown scheme {scheme!r}; use file:///path, redis://host:port/db or postgres"
+    )
+
+
+_store: KeyValueStore | None = None
+_lock = threading.Lock()
+
+
+def get_store() -> KeyValueStore:
+    """The process's store, opened from settings on first use."""
+    global _store
+    if _store is None:
+        with _lock:
+            if _store is None:
+                from django.conf import settings
+
+                _store = open_store(settings.KV_URL)
+    return _store
+
+
+def reset_store() -> None:
+    """Forget the process's store (tests switch backends)."""
+    global _store
+    with _lock:
+        if _store is not None:
+            _store.close()
+        _store = None

@@ -1,0 +1,112 @@
+"""The key-value store interface.
+
+Keys are ``/``-separated paths; a message's key is its message ID
+(``<queue>/<partition>/<block id>/<index>``). A key's *bucket* is everything before its last
+``/`` and its *name* what follows; :meth:`KeyValueStore.scan` lists the names in one bucket,
+which is how a new owner learns which positions of a block still hold messages. Backends
+store a bucket together (a directory, a Redis hash, rows sharing a column), so a scan costs
+one read whatever the size of the store.
+
+Fencing: an owner writes with ``fence=Fence(key, epoch)``; the write happens only if the value
+stored at ``key`` is that epoch, checked atomically with the write. A new owner first raises the
+fence (:meth:`KeyValueStore.advance_fence`), after which every write of the previous owner
+fails with :class:`Fenced` and changes nothing. Deletes of single messages (acks) are not fenced:
+removing an acknowledged message is right whoever does it.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+
+class KVError(Exception):
+    """The store failed; nothing may be assumed written."""
+
+
+class Fenced(KVError):
+    """A fenced write was refused: another owner holds a newer epoch."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    #: the key holding the current epoch (ASCII decimal).
+    key: str
+    #: the epoch the writer believes is current.
+    epoch: int
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``"a/b/c"`` -> ``("a/b", "c")``."""
+    bucket, sep, name = key.rpartition("/")
+    if not sep or not bucket or not name:
+        raise ValueError(f"key {key!r} needs a bucket and a name")
+    return bucket, name
+
+
+class KeyValueStore(abc.ABC):
+    """What a backend fills in. Batches are the unit of I/O: each method is one round trip."""
+
+    #: URL scheme(s) this backend answers to, for the registry.
+    schemes: tuple[str, ...] = ()
+
+    @abc.abstractmethod
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Values of ``keys`` in order, None where absent."""
+
+    @abc.abstractmethod
+    def put_many(self, items: Sequence[tuple[str, bytes]], *, fence: Fence | None = None) -> None:
+        """Store every item, all or nothing where the backend can (see each backend)."""
+
+    @abc.abstractmethod
+    def delete_many(self, keys: Sequence[str], *, fence: Fence | None = None) -> int:
+        """Delete the keys; returns how many existed. Absent keys are not an error."""
+
+    @abc.abstractmethod
+    def compare_and_set(self, key: str, expected: bytes | None, value: bytes) -> bool:
+        """The conditional put: store ``value`` only if the current value is ``expected``
+        (None: only if absent). True if it was stored."""
+
+    @abc.abstractmethod
+    def scan(self, bucket: str) -> list[str]:
+        """Names of the keys directly in ``bucket`` (unordered)."""
+
+    @abc.abstractmethod
+    def purge(self, prefix: str) -> None:
+        """Remove every key under ``prefix/`` at any depth (queue deletion; not a hot path)."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+    # --- conveniences built on the batch calls ------------------------------------------------
+    def get(self, key: str) -> bytes | None:
+        return self.get_many([key])[0]
+
+    def put(self, key: str, value: bytes, *, fence: Fence | None = None) -> None:
+        self.put_many([(key, value)], fence=fence)
+
+    def delete(self, key: str, *, fence: Fence | None = None) -> int:
+        return self.delete_many([key], fence=fence)
+
+    def read_fence(self, key: str) -> int:
+        raw = self.get(key)
+        return int(raw) if raw is not None else 0
+
+    def advance_fence(self, key: str, epoch: int) -> bool:
+        """Raise the fence at ``key`` to ``epoch`` by compare-and-set; never lowers it.
+
+        Returns False if the stored epoch is already ``epoch`` or newer (someone newer owns).
+        """
+        while True:
+            raw = self.get(key)
+            current = int(raw) if raw is not None else 0
+            if current >= epoch:
+                return current == epoch
+            if self.compare_and_set(key, raw, str(epoch).encode()):
+                return True
+
+
+def check_keys(keys: Iterable[str]) -> None:
+    for key in keys:
+        split_key(key)

@@ -1,0 +1,203 @@
+"""The Redis backend, through django-redis' connection pool.
+
+A bucket is a Redis hash and a name a field in it: message ``q/0/blk/17`` is field ``17`` of
+hash ``q/0/blk``. So a block's messages are read by one HKEYS, and pruning a block is one DEL.
+
+Fenced writes run as one Lua script: Redis executes it atomically, so the epoch check and the
+writes cannot be split by a fence being raised. With ``KV_MIN_REPLICAS=n`` every write is
+followed, in the same round trip, by ``WAIT n timeout``; fewer replicas than asked raises
+:class:`ReplicationError` and the caller confirms nothing. (Redis cannot undo a write that
+reached the primary only; such a message may still be delivered later, which at-least-once
+allows, but it is never reported as stored.)
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+import redis as redis_lib
+
+from .base import Fence, Fenced, KeyValueStore, KVError, split_key
+
+# ARGV: fence bucket, fence field, epoch ("" = unfenced), then groups of
+# (bucket, n, field1, value1, ..., fieldn, valuen).
+_PUT = """
+if ARGV[3] ~= '' then
+  local cur = redis.call('HGET', ARGV[1], ARGV[2])
+  if cur ~= ARGV[3] then return redis.error_reply('FENCED ' .. tostring(cur)) end
+end
+local i = 4
+while i <= #ARGV do
+  local bucket, n = ARGV[i], tonumber(ARGV[i + 1])
+  redis.call('HSET', bucket, unpack(ARGV, i + 2, i + 1 + 2 * n))
+  i = i + 2 + 2 * n
+end
+return 1
+"""
+
+# ARGV: fence bucket, fence field, epoch, then groups of (bucket, n, field1..fieldn).
+_DELETE = """
+if ARGV[3] ~= '' then
+  local cur = redis.call('HGET', ARGV[1], ARGV[2])
+  if cur ~= ARGV[3] then return redis.error_reply('FENCED ' .. tostring(cur)) end
+end
+local i, removed = 4, 0
+while i <= #ARGV do
+  local bucket, n = ARGV[i], tonumber(ARGV[i + 1])
+  removed = removed + redis.call('HDEL', bucket, unpack(ARGV, i + 2, i + 1 + n))
+  i = i + 2 + n
+end
+return removed
+"""
+
+# ARGV: bucket, field, has_expected ("1"/"0"), expected, value
+_CAS = """
+local cur = redis.call('HGET', ARGV[1], ARGV[2])
+if ARGV[3] == '1' then
+  if cur ~= ARGV[4] then return 0 end
+elseif cur then
+  return 0
+end
+redis.call('HSET', ARGV[1], ARGV[2], ARGV[5])
+return 1
+"""
+
+# Lua's unpack has a stack limit (LUAI_MAXCSTACK 8000); keep each HSET/HDEL group below it.
+_GROUP = 2000
+
+
+class ReplicationError(KVError):
+    """Fewer replicas than KV_MIN_REPLICAS acknowledged a write."""
+
+
+class RedisStore(KeyValueStore):
+    schemes = ("redis", "rediss", "unix")
+
+    def __init__(self, client: "redis_lib.Redis", *, min_replicas: int = 0,
+                 replica_timeout_ms: int = 1000):
+        self.client = client
+        self.min_replicas = min_replicas
+        self.replica_timeout_ms = replica_timeout_ms
+        self._put = client.register_script(_PUT)
+        self._delete = client.register_script(_DELETE)
+        self._cas = client.register_script(_CAS)
+
+    @classmethod
+    def from_settings(cls) -> "RedisStore":
+        from django.conf import settings
+        from django_redis import get_redis_connection
+
+        return cls(get_redis_connection("kv"), min_replicas=settings.KV_MIN_REPLICAS)
+
+    # --- helpers ------------------------------------------------------------------------------
+    @staticmethod
+    def _fence_args(fence: Fence | None) -> list[str | bytes]:
+        if fence is None:
+            return ["", "", ""]
+        bucket, name = split_key(fence.key)
+        return [bucket, name, str(fence.epoch)]
+
+    def _run(self, script, args: list) -> int:
+        try:
+            if not self.min_replicas:
+                return script(args=args)
+            pipe = self.client.pipeline(transaction=False)
+            script(args=args, client=pipe)
+            pipe.wait(self.min_replicas, self.replica_timeout_ms)
+            result, replicas = pipe.execute()
+        except redis_lib.ResponseError as exc:
+            if str(exc).startswith("FENCED"):
+                raise Fenced(str(exc)) from exc
+            raise KVError(str(exc)) from exc
+        except redis_lib.RedisError as exc:
+            raise KVError(f"redis: {exc}") from exc
+        if replicas < self.min_replicas:
+            raise ReplicationError(
+                f"only {replicas} of {self.min_replicas} replicas acknowledged within "
+                f"{self.replica_timeout_ms} ms"
+            )
+        return result
+
+    # --- the interface ------------------------------------------------------------------------
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        if not keys:
+            return []
+        by_bucket: dict[str, list[tuple[int, str]]] = defaultdict(list)
+        for i, key in enumerate(keys):
+            bucket, name = split_key(key)
+            by_bucket[bucket].append((i, name))
+        out: list[bytes | None] = [None] * len(keys)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for bucket, entries in by_bucket.items():
+                pipe.hmget(bucket, [name for _, name in entries])
+            results = pipe.execute()
+        except redis_lib.RedisError as exc:
+            raise KVError(f"redis: {exc}") from exc
+        for (bucket, entries), values in zip(by_bucket.items(), results):
+            for (i, _), value in zip(entries, values):
+                out[i] = value
+        return out
+
+    def put_many(self, items: Sequence[tuple[str, bytes]], *, fence: Fence | None = None) -> None:
+        if not items:
+            return
+        by_bucket: dict[str, list] = defaultdict(list)
+        for key, value in items:
+            bucket, name = split_key(key)
+            by_bucket[bucket].append((name, value))
+        args = self._fence_args(fence)
+        for bucket, pairs in by_bucket.items():
+            for start in range(0, len(pairs), _GROUP):
+                chunk = pairs[start:start + _GROUP]
+                args.append(bucket)
+                args.append(len(chunk))
+                for name, value in chunk:
+                    args.append(name)
+                    args.append(value)
+        self._run(self._put, args)
+
+    def delete_many(self, keys: Sequence[str], *, fence: Fence | None = None) -> int:
+        if not keys:
+            return 0
+        by_bucket: dict[str, list[str]] = defaultdict(list)
+        for key in keys:
+            bucket, name = split_key(key)
+            by_bucket[bucket].append(name)
+        args = self._fence_args(fence)
+        for bucket, names in by_bucket.items():
+            for start in range(0, len(names), _GROUP):
+                chunk = names[start:start + _GROUP]
+                args.append(bucket)
+                args.append(len(chunk))
+                args.extend(chunk)
+        return int(self._run(self._delete, args))
+
+    def compare_and_set(self, key: str, expected: bytes | None, value: bytes) -> bool:
+        bucket, name = split_key(key)
+        args = [bucket, name, "0" if expected is None else "1", expected or b"", value]
+        return bool(self._run(self._cas, args))
+
+    def scan(self, bucket: str) -> list[str]:
+        try:
+            return [n.decode() for n in self.client.hkeys(bucket)]
+        except redis_lib.RedisError as exc:
+            raise KVError(f"redis: {exc}") from exc
+
+    def purge(self, prefix: str) -> None:
+        try:
+            batch = [prefix]
+            for key in self.client.scan_iter(match=_glob_escape(prefix) + "/*", count=1000):
+                batch.append(key)
+                if len(batch) >= 500:
+                    self.client.delete(*batch)
+                    batch = []
+            if batch:
+                self.client.delete(*batch)
+        except redis_lib.RedisError as exc:
+            raise KVError(f"redis: {exc}") from exc
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

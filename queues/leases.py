@@ -1,0 +1,139 @@
+"""Partition leases on the ``Partition`` row, by compare-and-set.
+
+The seed's rule against clock skew: a node that finds a partition owned notes the time on its
+*own* monotonic clock and the row's ``lease_nonce``. The owner writes a new nonce at every
+renewal. Only when the same nonce has stood for a whole lease period, by the observer's clock,
+may the observer take the row, and only by a compare-and-set on that very nonce. No wall
+clock is compared across machines, so clocks minutes apart cannot make two owners; what must
+hold is only that clocks *run* at about the same rate, which the owner's safety margin covers.
+
+The owner, for its part, treats its lease as valid until ``LEASE_SAFETY`` of the period after
+it *started* its last successful claim or renewal, which is before any observer could have
+read that nonce.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from django.db import transaction
+from django.utils import timezone
+
+from .models import Partition
+
+#: The share of a lease period the owner relies on: it stops acting at 80 % of the period,
+#: which leaves room for clocks that run up to 20 % apart in rate (real ones are 1e-4).
+LEASE_SAFETY = 0.8
+
+monotonic = time.monotonic
+
+
+@dataclass
+class Lease:
+    partition_id: int
+    queue: str
+    index: int
+    epoch: int
+    nonce: str
+    period: float
+    #: monotonic time until which this node may act as owner.
+    valid_until: float
+    head_block: str
+    #: monotonic time of the last successful claim or renewal.
+    renewed_at: float = field(default=0.0)
+
+    def valid(self, now: float | None = None) -> bool:
+        return (monotonic() if now is None else now) < self.valid_until
+
+    def renewal_due(self, now: float | None = None) -> bool:
+        now = monotonic() if now is None else now
+        return now - self.renewed_at >= self.period / 3
+
+
+@dataclass
+class Observation:
+    """What a would-be owner saw of a partition owned by someone else."""
+
+    owner_id: str | None
+    epoch: int
+    nonce: str
+    seen_at: float
+
+
+class LeaseLost(Exception):
+    """This node is no longer the owner (renewal failed, or the epoch moved on)."""
+
+
+def _new_nonce() -> str:
+    return secrets.token_hex(8)
+
+
+def try_claim(partition: Partition, node_id: str, observations: dict[int, Observation],
+              *, now: float | None = None) -> Lease | None:
+    """Claim ``partition`` for ``node_id`` if the seed's rule allows it now.
+
+    ``partition`` is a fresh read of the row; ``observations`` is this node's memory of rows
+    it found owned (updated in place). Returns the lease, or None.
+    """
+    now = monotonic() if now is None else now
+    pid = partition.pk
+    owner_id = partition.owner_id
+    if owner_id is not None and owner_id != "":
+        seen = observations.get(pid)
+        same = (seen is not None and seen.owner_id == owner_id and seen.epoch == partition.epoch
+                and seen.nonce == partition.lease_nonce)
+        if not same:
+            observations[pid] = Observation(owner_id, partition.epoch, partition.lease_nonce, now)
+            return None
+        if now - seen.seen_at < partition.lease_period:
+            return None
+    # Free, or the same nonce has stood for a whole period on our clock: compare-and-set.
+    nonce = _new_nonce()
+    started = monotonic()
+    wall = timezone.now()
+    updated = Partition.objects.filter(
+        pk=pid, owner_id=partition.owner_id, epoch=partition.epoch, lease_nonce=partition.lease_nonce,
+    ).update(owner_id=node_id, epoch=partition.epoch + 1, lease_nonce=nonce,
+             lease_acquired_at=wall, lease_renewed_at=wall)
+    observations.pop(pid, None)
+    if updated != 1:
+        return None  # another node got there first
+    return Lease(pid, partition.queue.name, partition.index, partition.epoch + 1, nonce,
+                 float(partition.lease_period), started + partition.lease_period * LEASE_SAFETY,
+                 partition.head_block, renewed_at=started)
+
+
+def renew(lease: Lease, node_id: str) -> None:
+    """Write a new nonce; raises :class:`LeaseLost` if the row is no longer ours."""
+    nonce = _new_nonce()
+    started = monotonic()
+    updated = Partition.objects.filter(pk=lease.partition_id, owner_id=node_id, epoch=lease.epoch).update(
+        lease_nonce=nonce, lease_renewed_at=timezone.now()
+    )
+    if updated != 1:
+        raise LeaseLost(f"{lease.queue}/{lease.index}: lease epoch {lease.epoch} lost")
+    lease.nonce = nonce
+    lease.renewed_at = started
+    lease.valid_until = started + lease.period * LEASE_SAFETY
+
+
+def set_head(lease: Lease, node_id: str, head_block: str) -> None:
+    """Point the partition at its newest block, only while we still own epoch ``lease.epoch``."""
+    updated = Partition.objects.filter(pk=lease.partition_id, owner_id=node_id, epoch=lease.epoch).update(
+        head_block=head_block
+    )
+    if updated != 1:
+        raise LeaseLost(f"{lease.queue}/{lease.index}: epoch {lease.epoch} fenced at head update")
+    lease.head_block = head_block
+
+
+def release(lease: Lease, node_id: str) -> bool:
+    """Give the partition up (graceful stop); the next claimant need not wait."""
+    with transaction.atomic():
+        updated = Partition.objects.filter(pk=lease.partition_id, owner_id=node_id, epoch=lease.epoch).update(
+            owner_id=None, lease_nonce=_new_nonce()
+        )
+    lease.valid_until = 0.0
+    return updated == 1

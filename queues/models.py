@@ -1,0 +1,148 @@
+"""The queue description, its partitions with their leases, and the nodes.
+
+The messages themselves are not here: they live in the key-value store (see ``queues.kv``),
+tracked by each partition's append tree. These rows are the seed's "queue description data"
+and "partition files".
+"""
+
+from __future__ import annotations
+
+import re
+
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,79}$")
+
+#: Limits on a queue's settings, shared by the model, the API and the docs.
+LIMITS = {
+    "partitions": (1, 256),
+    "block_size": (1, 10_000),
+    "lease_period": (1, 3600),
+    "visibility_timeout": (0, 12 * 3600),
+    "max_message_size": (1, 1024 * 1024),
+    "retention": (60, 14 * 24 * 3600),
+}
+DEFAULTS = {
+    "partitions": 4,
+    "block_size": 256,
+    "lease_period": 10,
+    "visibility_timeout": 30,
+    "max_message_size": 256 * 1024,
+    "retention": 4 * 24 * 3600,
+}
+
+
+def _bounded(field: str) -> list:
+    low, high = LIMITS[field]
+    return [MinValueValidator(low), MaxValueValidator(high)]
+
+
+class Node(models.Model):
+    """One server process; it registers itself at start and heartbeats while alive."""
+
+    id = models.CharField(primary_key=True, max_length=40)
+    address = models.CharField(max_length=200, help_text="host:port where the node serves HTTP")
+    hostname = models.CharField(max_length=200, blank=True)
+    pid = models.IntegerField(null=True, blank=True)
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField(db_index=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    cooling = models.BooleanField(default=False, help_text="sending enqueues elsewhere (overload)")
+
+    class Meta:
+        ordering = ["address", "started_at"]
+
+    def __str__(self) -> str:
+        return f"{self.address} ({self.id[:8]})"
+
+
+class Queue(models.Model):
+    name = models.CharField(
+        max_length=80, unique=True,
+        validators=[RegexValidator(QUEUE_NAME_RE, "letters, digits, '_' and '-', at most 80")],
+    )
+    partitions = models.PositiveIntegerField(default=DEFAULTS["partitions"], validators=_bounded("partitions"))
+    block_size = models.PositiveIntegerField(default=DEFAULTS["block_size"], validators=_bounded("block_size"),
+                                             help_text="positions per append-tree block")
+    lease_period = models.PositiveIntegerField(default=DEFAULTS["lease_period"], validators=_bounded("lease_period"),
+                                               help_text="seconds a partition lease lasts")
+    visibility_timeout = models.PositiveIntegerField(default=DEFAULTS["visibility_timeout"],
+                                                     validators=_bounded("visibility_timeout"),
+                                                     help_text="seconds a delivered message stays hidden")
+    max_message_size = models.PositiveIntegerField(default=DEFAULTS["max_message_size"],
+                                                   validators=_bounded("max_message_size"),
+                                                   help_text="bytes of UTF-8 body")
+    retention = models.PositiveIntegerField(default=DEFAULTS["retention"], validators=_bounded("retention"),
+                                            help_text="seconds a message is kept unacknowledged")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Partition(models.Model):
+    """A partition and its lease: the seed's partition file.
+
+    Lease protocol (see ``queues.leases``): a node claims the row by compare-and-set on
+    ``(owner, epoch, lease_nonce)``. The owner changes ``lease_nonce`` at every renewal; a
+    node that finds the row owned remembers the nonce and may take the row only after it has
+    seen the same nonce for a whole ``lease_period`` on its *own* monotonic clock, so clock
+    skew between nodes cannot make two owners. ``epoch`` grows at every change of owner and
+    fences the previous owner's writes in the key-value store.
+    """
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="partition_set")
+    index = models.PositiveIntegerField()
+    owner = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="partitions")
+    epoch = models.BigIntegerField(default=0)
+    lease_nonce = models.CharField(max_length=32, blank=True)
+    lease_period = models.PositiveIntegerField(default=DEFAULTS["lease_period"])
+    lease_acquired_at = models.DateTimeField(null=True, blank=True)
+    lease_renewed_at = models.DateTimeField(null=True, blank=True,
+                                            help_text="the owner's clock; informational only")
+    head_block = models.CharField(max_length=64, blank=True,
+                                  help_text="the most recently allocated block of the append tree")
+    # Figures the owner publishes at each heartbeat, for the console (the live state is in
+    # the owner's memory).
+    enqueue_id = models.CharField(max_length=120, blank=True)
+    dequeue_id = models.CharField(max_length=120, blank=True)
+    depth = models.BigIntegerField(default=0)
+    in_flight = models.BigIntegerField(default=0)
+    tree_height = models.PositiveIntegerField(default=0)
+    live_blocks = models.BigIntegerField(default=0)
+    enqueued_total = models.BigIntegerField(default=0)
+    acked_total = models.BigIntegerField(default=0)
+    redelivered_total = models.BigIntegerField(default=0)
+    oldest_enqueued_at = models.DateTimeField(null=True, blank=True)
+    stats_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["queue__name", "index"]
+        constraints = [models.UniqueConstraint(fields=["queue", "index"], name="partition_unique_index")]
+
+    def __str__(self) -> str:
+        return f"{self.queue.name}/{self.index}"
+
+    @property
+    def key_prefix(self) -> str:
+        return f"{self.queue.name}/{self.index}"
+
+
+class KVEntry(models.Model):
+    """Rows of the ``postgres`` key-value backend (``queues.kv.sql``); unused otherwise."""
+
+    pk = models.CompositePrimaryKey("bucket", "name")
+    bucket = models.TextField()
+    name = models.TextField()
+    value = models.BinaryField()
+
+    class Meta:
+        db_table = "queues_kv_entry"
+        verbose_name = "key-value entry"
+        verbose_name_plural = "key-value entries"

@@ -1,0 +1,260 @@
+"""The node runtime: one per server process.
+
+It registers the node, holds the partition managers of the partitions this node leases, and
+runs the housekeeping pass (heartbeat, queue refresh, lease renewal, claims, published
+figures) every ``NODE_HEARTBEAT`` seconds on a thread of its own. Request threads call
+:mod:`queues.service`, which calls the runtime. In unit and API tests the runtime runs without
+its thread and the test calls :meth:`NodeRuntime.tick`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone as dt_timezone
+
+from django.db import close_old_connections
+from django.utils import timezone
+
+from . import leases
+from .kv import KeyValueStore, get_store
+from .models import Node, Partition, Queue
+from .partition import BodyCache, PartitionManager, PartitionUnavailable
+
+log = logging.getLogger(__name__)
+monotonic = time.monotonic
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    id: int
+    name: str
+    partitions: int
+    block_size: int
+    lease_period: int
+    visibility_timeout: int
+    max_message_size: int
+    retention: int
+
+    @classmethod
+    def from_model(cls, q: Queue) -> "QueueConfig":
+        return cls(q.pk, q.name, q.partitions, q.block_size, q.lease_period, q.visibility_timeout,
+                   q.max_message_size, q.retention)
+
+
+class QueueNotFound(Exception):
+    pass
+
+
+class NodeRuntime:
+    def __init__(self, address: str, *, store: KeyValueStore | None = None,
+                 heartbeat: float = 1.0, cache_bytes: int = 64 << 20, background: bool = True):
+        self.address = address
+        self.node_id = uuid.uuid4().hex
+        self.store = store or get_store()
+        self.heartbeat = heartbeat
+        self.background = background
+        self.cache = BodyCache(cache_bytes)
+        self.managers: dict[tuple[str, int], PartitionManager] = {}
+        self.queues: dict[str, QueueConfig] = {}
+        self.observations: dict[int, leases.Observation] = {}
+        self._lock = threading.RLock()  # guards managers / queues maps, not partition state
+        self._changed = threading.Condition()
+        self._change_seq = 0
+        self._rr = itertools.count()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.started = False
+
+    # --- life cycle ---------------------------------------------------------------------------
+    def start(self) -> "NodeRuntime":
+        now = timezone.now()
+        Node.objects.create(id=self.node_id, address=self.address, hostname=socket.gethostname(),
+                            pid=os.getpid(), started_at=now, heartbeat_at=now)
+        self.started = True
+        self.tick()
+        if self.background:
+            self._thread = threading.Thread(target=self._run, name="node-housekeeping", daemon=True)
+            self._thread.start()
+        log.info("node %s started at %s", self.node_id, self.address)
+        return self
+
+    def stop(self, *, release: bool = True) -> None:
+        """Stop housekeeping and, if ``release``, hand the leases back for a fast takeover."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        with self._lock:
+            managers = list(self.managers.values())
+            self.managers.clear()
+        for m in managers:
+            with m.lock:
+                m.closed = True
+            if release:
+                try:
+                    leases.release(m.lease, self.node_id)
+                except Exception:  # noqa: BLE001 - best effort at shutdown
+                    log.exception("releasing %s/%s", m.queue, m.index)
+        Node.objects.filter(pk=self.node_id).update(stopped_at=timezone.now())
+        self.notify()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.heartbeat):
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - housekeeping must go on
+                log.exception("housekeeping pass failed")
+            finally:
+                close_old_connections()
+
+    # --- housekeeping -------------------------------------------------------------------------
+    def tick(self) -> None:
+        """One housekeeping pass: heartbeat, renew, refresh queues, claim, publish figures."""
+        Node.objects.filter(pk=self.node_id).update(heartbeat_at=timezone.now())
+        self._renew_leases()
+        self.refresh_queues()
+        self._claim_partitions()
+        self._publish_stats()
+
+    def _renew_leases(self) -> None:
+        for key, m in list(self.managers.items()):
+            if m.closed:
+                self._reopen_or_drop(key, m)
+                continue
+            if not m.lease.renewal_due():
+                continue
+            try:
+                leases.renew(m.lease, self.node_id)
+            except leases.LeaseLost as exc:
+                log.warning("%s", exc)
+                with m.lock:
+                    m.closed = True
+                self._forget(key, m)
+
+    def _reopen_or_drop(self, key, m: PartitionManager) -> None:
+        self._forget(key, m)
+        if not m.lease.valid():
+            return
+        cfg = self.queues.get(m.queue)
+        if cfg is None:
+            return
+        self._open(cfg, m.lease)
+
+    def _forget(self, key, m: PartitionManager) -> None:
+        with self._lock:
+            if self.managers.get(key) is m:
+                del self.managers[key]
+
+    def refresh_queues(self) -> None:
+        fresh = {q.name: QueueConfig.from_model(q) for q in Queue.objects.all()}
+        with self._lock:
+            gone = set(self.queues) - set(fresh)
+            self.queues = fresh
+        for name in gone:
+            self._close_queue(name)
+
+    def _claim_partitions(self, only: str | None = None) -> None:
+        rows = Partition.objects.select_related("queue")
+        if only is not None:
+            rows = rows.filter(queue__name=only)
+        for p in rows:
+            key = (p.queue.name, p.index)
+            if key in self.managers or p.queue.name not in self.queues:
+                continue
+            lease = leases.try_claim(p, self.node_id, self.observations)
+            if lease is not None:
+                self._open(self.queues[p.queue.name], lease)
+
+    def _open(self, cfg: QueueConfig, lease: leases.Lease) -> PartitionManager | None:
+        m = PartitionManager(lease, block_size=cfg.block_size, store=self.store, node_id=self.node_id,
+                             cache=self.cache, on_change=self.notify)
+        try:
+            m.open()
+        except Exception:  # noqa: BLE001 - the store may be down; retried at the next pass
+            log.exception("opening %s/%s", cfg.name, lease.index)
+            return None
+        with self._lock:
+            self.managers[(cfg.name, lease.index)] = m
+        self.notify()
+        return m
+
+    def _publish_stats(self) -> None:
+        now = timezone.now()
+        for m in list(self.managers.values()):
+            s = m.stats()
+            oldest = (datetime.fromtimestamp(s.oldest_enqueued_at, tz=dt_timezone.utc)
+                      if s.oldest_enqueued_at else None)
+            Partition.objects.filter(pk=m.lease.partition_id, owner_id=self.node_id).update(
+                enqueue_id=s.enqueue_id, dequeue_id=s.dequeue_id, depth=s.visible,
+                in_flight=s.in_flight, tree_height=s.tree_height, live_blocks=s.live_blocks,
+                enqueued_total=s.enqueued_total, acked_total=s.acked_total,
+                redelivered_total=s.redelivered_total, oldest_enqueued_at=oldest, stats_at=now,
+            )
+
+    # --- queues -------------------------------------------------------------------------------
+    def queue(self, name: str) -> QueueConfig:
+        cfg = self.queues.get(name)
+        if cfg is None:
+            q = Queue.objects.filter(name=name).first()
+            if q is None:
+                raise QueueNotFound(name)
+            cfg = QueueConfig.from_model(q)
+            with self._lock:
+                self.queues[name] = cfg
+        return cfg
+
+    def queue_created(self, q: Queue) -> None:
+        """Take the new queue's partitions at once rather than at the next pass."""
+        with self._lock:
+            self.queues[q.name] = QueueConfig.from_model(q)
+        self._claim_partitions(only=q.name)
+
+    def queue_changed(self, q: Queue) -> None:
+        with self._lock:
+            self.queues[q.name] = QueueConfig.from_model(q)
+        self._claim_partitions(only=q.name)
+
+    def queue_deleted(self, name: str) -> None:
+        with self._lock:
+            self.queues.pop(name, None)
+        self._close_queue(name)
+        self.store.purge(name)
+
+    def _close_queue(self, name: str) -> None:
+        for key, m in list(self.managers.items()):
+            if key[0] == name:
+                with m.lock:
+                    m.closed = True
+                self._forget(key, m)
+
+    def local_managers(self, queue: str) -> list[PartitionManager]:
+        return [m for (q, _), m in list(self.managers.items()) if q == queue and not m.closed]
+
+    def manager(self, queue: str, index: int) -> PartitionManager:
+        m = self.managers.get((queue, index))
+        if m is None or m.closed:
+            raise PartitionUnavailable(f"partition {queue}/{index} is not served by this node; retry")
+        return m
+
+    # --- long polling -------------------------------------------------------------------------
+    def notify(self) -> None:
+        with self._changed:
+            self._change_seq += 1
+            self._changed.notify_all()
+
+    def change_seq(self) -> int:
+        return self._change_seq
+
+    def wait_for_change(self, seq: int, timeout: float) -> None:
+        with self._changed:
+            if self._change_seq == seq and timeout > 0:
+                self._changed.wait(timeout)
+
+    def rotation(self, n: int) -> int:
+        return next(self._rr) % n if n else 0

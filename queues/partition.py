@@ -1,0 +1,474 @@
+"""The partition manager: one leased partition, held in memory by its owner node.
+
+It keeps the enqueue ID (the head block and its next free index), the dequeue position (the
+messages not yet delivered, oldest first) and the redelivery index, and it is the only writer
+of its partition in the key-value store while its lease lasts. Every write carries the fence
+of its epoch, so a paused owner that wakes after a takeover writes nothing.
+
+Opening after a takeover (:meth:`PartitionManager.open`): raise the fence, read the head and
+the previous pointers (O(log N) blocks): enqueues may start, into a fresh block. Then descend
+to the oldest live block and scan it: dequeues may start. Older blocks ("the backlog") are
+read one at a time as the dequeue position reaches them.
+
+Locking: one lock per partition guards its memory and is held across its store writes, so a
+message becomes deliverable only after it is stored. Callers that lock several partitions
+take them in index order.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+from . import leases
+from .kv import Fence, Fenced, KeyValueStore, KVError
+from .messages import MessageId, StoredMessage, block_key, fence_key, new_receipt
+from .redelivery import RedeliveryIndex
+from .tree import AppendTree, Block
+
+log = logging.getLogger(__name__)
+
+monotonic = time.monotonic
+
+
+class PartitionUnavailable(Exception):
+    """The partition cannot serve now (lease lost, store down); the client may retry."""
+
+
+class ReceiptMismatch(Exception):
+    def __init__(self, msg_id: str, reason: str):
+        super().__init__(f"{msg_id}: {reason}")
+        self.msg_id = msg_id
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class Delivery:
+    id: str
+    receipt: str
+    receive_count: int
+    #: filled in after the lock is released (bodies are immutable).
+    message: StoredMessage | None = None
+
+
+class BlockState:
+    """Which positions of a block still hold unacknowledged messages."""
+
+    __slots__ = ("block", "live", "sealed", "backlog")
+
+    def __init__(self, block: Block, live: set[int], *, sealed: bool, backlog: bool):
+        self.block = block
+        self.live = live
+        #: no position will be written any more (not the head, or the head of a dead owner).
+        self.sealed = sealed
+        #: found in the store at open, rather than written by this manager.
+        self.backlog = backlog
+
+
+class BodyCache:
+    """Recently enqueued bodies, so a prompt dequeue needs no store read. Bounded in bytes."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.used = 0
+        self._items: OrderedDict[str, StoredMessage] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, msg_id: str, message: StoredMessage) -> None:
+        if self.budget <= 0:
+            return
+        cost = len(message.body) + 96
+        with self._lock:
+            self._items[msg_id] = message
+            self.used += cost
+            while self.used > self.budget and self._items:
+                _, old = self._items.popitem(last=False)
+                self.used -= len(old.body) + 96
+
+    def get(self, msg_id: str) -> StoredMessage | None:
+        return self._items.get(msg_id)
+
+    def discard(self, msg_id: str) -> None:
+        with self._lock:
+            old = self._items.pop(msg_id, None)
+            if old is not None:
+                self.used -= len(old.body) + 96
+
+
+@dataclass
+class PartitionStats:
+    queue: str
+    index: int
+    epoch: int
+    head_block: str
+    enqueue_id: str
+    dequeue_id: str
+    visible: int
+    in_flight: int
+    depth_exact: bool
+    live_blocks: int
+    tree_height: int
+    oldest_enqueued_at: float | None
+    enqueued_total: int
+    acked_total: int
+    redelivered_total: int
+    opened_in: dict
+
+
+class PartitionManager:
+    def __init__(self, lease: leases.Lease, *, block_size: int, store: KeyValueStore,
+                 node_id: str, cache: BodyCache, on_change: Callable[[], None] = lambda: None,
+                 set_head: Callable[[leases.Lease, str, str], None] = leases.set_head):
+        self.lease = lease
+        self.queue = lease.queue
+        self.index = lease.index
+        self.block_size = block_size
+        self.store = store
+        self.node_id = node_id
+        self.cache = cache
+        self.on_change = on_change
+        self._set_head = set_head
+        self.fence = Fence(fence_key(self.queue, self.index), lease.epoch)
+        self.lock = threading.Lock()
+        self.tree = AppendTree(block_size)
+        #: live blocks whose positions are known, by id.
+        self.blocks: dict[str, BlockState] = {}
+        # The same blocks in allocation order: first those found in the store at open (every
+        # one older than any this manager allocates), then this manager's own.
+        self.backlog_order: deque[BlockState] = deque()
+        self.local_order: deque[BlockState] = deque()
+        self.next_index = 0
+        self.head_writable = False
+        self.ready: deque[str] = deque()
+        self.backlog: Iterator[Block] | None = None
+        self.backlog_buffer: deque[str] = deque()
+        self.inflight = RedeliveryIndex()
+        self.enqueue_ready = False
+        self.dequeue_ready = False
+        self.closed = False
+        self.enqueued_total = 0
+        self.acked_total = 0
+        self.redelivered_total = 0
+        #: seconds and block reads of the last open, for the failover figures.
+        self.opened_in: dict = {}
+
+    # --- opening ------------------------------------------------------------------------------
+    def _read_block(self, block_id: str) -> Block | None:
+        raw = self.store.get(block_key(self.queue, self.index, block_id))
+        return Block.from_bytes(raw) if raw is not None else None
+
+    def open(self) -> None:
+        """Fence out earlier owners, load the head, then reach the oldest live block."""
+        t0 = monotonic()
+        with self.lock:
+            if not self.store.advance_fence(self.fence.key, self.lease.epoch):
+                raise leases.LeaseLost(f"{self.queue}/{self.index}: a newer epoch fenced us at open")
+            # The head pointer as the row holds it now: read again after the fence, so that no
+            # earlier owner can have moved it since.
+            from .models import Partition
+
+            head_id = Partition.objects.filter(pk=self.lease.partition_id).values_list(
+                "head_block", flat=True).first() or None
+            self.tree = AppendTree.load(head_id, self._read_block, self.block_size)
+            # The old head is sealed: an earlier owner may have used any of its positions, and
+            # it can write no more (fenced), so new messages go into a fresh block.
+            self.head_writable = False
+            self.enqueue_ready = True
+            t_head = monotonic()
+            reads_head = self.tree.reads
+            if self.tree.head is not None:
+                self.backlog = self.tree.iter_from_oldest(self._read_block, upto=self.tree.head.ordinal)
+                self._refill_backlog()
+            self.dequeue_ready = True
+            t_oldest = monotonic()
+        self.opened_in = {
+            "enqueue_ready_s": t_head - t0,
+            "dequeue_ready_s": t_oldest - t0,
+            "head_reads": reads_head,
+            "oldest_reads": self.tree.reads,
+        }
+        log.info("opened %s/%s epoch %s: %s", self.queue, self.index, self.lease.epoch, self.opened_in)
+
+    def _refill_backlog(self) -> bool:
+        """Scan the next backlog block into the dequeue buffer. One scan (plus block reads)."""
+        while self.backlog is not None:
+            block = next(self.backlog, None)
+            if block is None:
+                self.backlog = None
+                break
+            bucket = f"{self.queue}/{self.index}/{block.id}"
+            names = self.store.scan(bucket)
+            live = {int(n) for n in names if n.isdigit()}
+            state = BlockState(block, live, sealed=True, backlog=True)
+            self.blocks[block.id] = state
+            self.backlog_order.append(state)
+            if live:
+                self.backlog_buffer.extend(f"{bucket}/{i}" for i in sorted(live))
+                return True
+            self._prune()
+        return False
+
+    # --- guards -------------------------------------------------------------------------------
+    def _check_serving(self) -> None:
+        if self.closed:
+            raise PartitionUnavailable(f"{self.queue}/{self.index} is closed on this node")
+        if not self.lease.valid():
+            raise PartitionUnavailable(f"{self.queue}/{self.index}: lease expired on this node")
+
+    def _lost(self, exc: Exception) -> PartitionUnavailable:
+        log.warning("%s/%s: giving up ownership: %s", self.queue, self.index, exc)
+        self.closed = True
+        return PartitionUnavailable(f"{self.queue}/{self.index} changed owner; retry")
+
+    # --- enqueue ------------------------------------------------------------------------------
+    def enqueue(self, messages: Sequence[StoredMessage]) -> list[str]:
+        """Store ``messages`` in order; their IDs once stored. All or nothing for the caller."""
+        with self.lock:
+            self._check_serving()
+            if not self.enqueue_ready:
+                raise PartitionUnavailable(f"{self.queue}/{self.index} is still loading")
+            new_blocks: list[Block] = []
+            positions: list[tuple[Block, int]] = []
+            head = self.tree.head
+            next_index = self.next_index
+            writable = self.head_writable
+            for _ in messages:
+                if head is None or not writable or next_index >= head.size:
+                    head = self.tree.allocate()
+                    new_blocks.append(head)
+                    next_index = 0
+                    writable = True
+                positions.append((head, next_index))
+                next_index += 1
+            phase = "blocks"
+            try:
+                if new_blocks:
+                    self.store.put_many(
+                        [(block_key(self.queue, self.index, b.id), b.to_bytes()) for b in new_blocks],
+                        fence=self.fence,
+                    )
+                    # Durable pointer before any message goes into the new block: a new owner
+                    # must find every block that holds a confirmed message.
+                    self._set_head(self.lease, self.node_id, new_blocks[-1].id)
+                phase = "messages"
+                ids = [f"{self.queue}/{self.index}/{b.id}/{i}" for b, i in positions]
+                self.store.put_many([(mid, m.to_bytes()) for mid, m in zip(ids, messages)],
+                                    fence=self.fence)
+            except (Fenced, leases.LeaseLost) as exc:
+                raise self._lost(exc) from exc
+            except KVError as exc:
+                if phase == "blocks":
+                    # The tree in memory is ahead of the store: a later block must never point
+                    # at one that was not stored. Close; the node reopens from the store.
+                    self.closed = True
+                else:
+                    # The positions are burnt; the new blocks are stored and in the tree.
+                    self._adopt_blocks(new_blocks)
+                    if new_blocks:
+                        self.head_writable, self.next_index = True, next_index
+                raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
+            except Exception:
+                self.closed = True  # unknown state (e.g. database down mid-update): reopen
+                raise
+            self._adopt_blocks(new_blocks)
+            self.head_writable, self.next_index = True, next_index
+            for (block, i), mid, message in zip(positions, ids, messages):
+                self.blocks[block.id].live.add(i)
+                self.ready.append(mid)
+                self.cache.put(mid, message)
+            self.enqueued_total += len(ids)
+        self.on_change()
+        return ids
+
+    def _adopt_blocks(self, new_blocks: list[Block]) -> None:
+        if not new_blocks:
+            return
+        if self.local_order:
+            self.local_order[-1].sealed = True  # the previous head
+        for b in new_blocks:
+            state = BlockState(b, set(), sealed=b is not new_blocks[-1], backlog=False)
+            self.blocks[b.id] = state
+            self.local_order.append(state)
+
+    # --- dequeue ------------------------------------------------------------------------------
+    def dequeue(self, max_messages: int, visibility: float) -> list[Delivery]:
+        """Up to ``max_messages`` deliveries: expired ones first, then the oldest undelivered."""
+        out: list[Delivery] = []
+        with self.lock:
+            self._check_serving()
+            if not self.dequeue_ready:
+                return out
+            now = monotonic()
+            deadline = now + visibility
+            for mid in self.inflight.expired(now, max_messages):
+                if not self._is_live(mid):
+                    self.inflight.remove(mid)
+                    continue
+                entry = self.inflight.get(mid)
+                receipt = new_receipt()
+                self.inflight.add(mid, deadline, receipt, entry.receive_count + 1)
+                self.redelivered_total += 1
+                out.append(Delivery(mid, receipt, entry.receive_count + 1))
+            try:
+                while len(out) < max_messages:
+                    if not self.backlog_buffer and not self._refill_backlog():
+                        break
+                    mid = self.backlog_buffer.popleft()
+                    if self._is_live(mid) and mid not in self.inflight:
+                        out.append(self._deliver_first(mid, deadline))
+            except KVError as exc:
+                if not out:
+                    raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
+            ready = self.ready
+            while len(out) < max_messages and ready:
+                mid = ready.popleft()
+                if self._is_live(mid) and mid not in self.inflight:
+                    out.append(self._deliver_first(mid, deadline))
+        return out
+
+    def _deliver_first(self, mid: str, deadline: float) -> Delivery:
+        receipt = new_receipt()
+        self.inflight.add(mid, deadline, receipt, 1)
+        return Delivery(mid, receipt, 1)
+
+    def _is_live(self, mid: str) -> bool:
+        _, _, rest = mid.partition("/")
+        _, _, rest = rest.partition("/")
+        block_id, _, idx = rest.partition("/")
+        state = self.blocks.get(block_id)
+        return state is not None and int(idx) in state.live
+
+    def load_bodies(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """Attach the stored messages (cache, else one batched read); drop vanished ones."""
+        missing = []
+        for d in deliveries:
+            d.message = self.cache.get(d.id)
+            if d.message is None:
+                missing.append(d)
+        if missing:
+            try:
+                raws = self.store.get_many([d.id for d in missing])
+            except KVError as exc:
+                # Nothing is lost: the messages stay in flight and come back after the timeout.
+                raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
+            for d, raw in zip(missing, raws):
+                if raw is not None:
+                    d.message = StoredMessage.from_bytes(raw)
+        return [d for d in deliveries if d.message is not None]
+
+    # --- ack and visibility -------------------------------------------------------------------
+    def check_receipts(self, items: Sequence[tuple[MessageId, str | None]]) -> None:
+        """Raise :class:`ReceiptMismatch` for the first item whose receipt is not current.
+
+        Call with ``self.lock`` held, and keep it for :meth:`ack_locked`.
+        """
+        for mid, receipt in items:
+            if receipt is None:
+                continue
+            entry = self.inflight.get(str(mid))
+            if entry is None:
+                raise ReceiptMismatch(str(mid), "not in flight (never delivered, or already acknowledged)")
+            if entry.receipt != receipt:
+                raise ReceiptMismatch(str(mid), "the receipt is from an earlier delivery")
+
+    def ack_locked(self, items: Sequence[MessageId]) -> int:
+        """Remove acknowledged messages. Returns how many were still stored. Lock held."""
+        self._check_serving()
+        keys = [str(m) for m in items]
+        try:
+            removed = self.store.delete_many(keys)
+        except KVError as exc:
+            raise PartitionUnavailable(f"{self.queue}/{self.index}: store delete failed: {exc}") from exc
+        for m, key in zip(items, keys):
+            self.inflight.remove(key)
+            self.cache.discard(key)
+            state = self.blocks.get(m.block)
+            if state is not None:
+                state.live.discard(m.index)
+        self.acked_total += removed
+        self._prune()
+        return removed
+
+    def change_visibility_locked(self, mid: MessageId, receipt: str | None, timeout: float) -> None:
+        key = str(mid)
+        entry = self.inflight.get(key)
+        if entry is None or not self._is_live(key):
+            raise ReceiptMismatch(key, "not in flight (never delivered, or already acknowledged)")
+        if receipt is not None and entry.receipt != receipt:
+            raise ReceiptMismatch(key, "the receipt is from an earlier delivery")
+        self.inflight.change_deadline(key, monotonic() + timeout)
+        if timeout == 0:
+            self.on_change()
+
+    def _prune(self) -> None:
+        """Delete fully acknowledged blocks from the front of the allocation order.
+
+        Only a prefix of the allocation order is ever pruned (see ``queues.tree``): a block goes
+        when it and every older block are sealed and empty, and never while it is the head.
+        """
+        head_id = self.tree.head.id if self.tree.head is not None else None
+        doomed: list[BlockState] = []
+
+        def take(order: deque[BlockState]) -> bool:
+            for state in order:
+                if state.live or not state.sealed or state.block.id == head_id:
+                    return False
+                doomed.append(state)
+            return True
+
+        if take(self.backlog_order) and self.backlog is None:
+            take(self.local_order)
+        if not doomed:
+            return
+        try:
+            self.store.delete_many([block_key(self.queue, self.index, s.block.id) for s in doomed],
+                                   fence=self.fence)
+        except Fenced as exc:
+            raise self._lost(exc) from exc
+        except KVError:
+            return  # try again at the next ack
+        for s in doomed:
+            order = self.backlog_order if s.backlog else self.local_order
+            order.popleft()
+            del self.blocks[s.block.id]
+            self.tree.forget(s.block.id)
+
+    # --- figures ------------------------------------------------------------------------------
+    def stats(self) -> PartitionStats:
+        with self.lock:
+            now = monotonic()
+            live = sum(len(s.live) for s in self.blocks.values())
+            ordered = [*self.backlog_order, *self.local_order]
+            in_flight = self.inflight.in_flight(now)
+            head = self.tree.head
+            oldest = next((s.block.created_at for s in ordered if s.live), None)
+            first = self.ready[0] if self.ready else None
+            if self.backlog_buffer:
+                first = self.backlog_buffer[0]
+            return PartitionStats(
+                queue=self.queue, index=self.index, epoch=self.lease.epoch,
+                head_block=head.id if head else "",
+                enqueue_id=f"{self.queue}/{self.index}/{head.id}/{self.next_index}" if head else "",
+                dequeue_id=first or "",
+                visible=max(live - in_flight, 0), in_flight=in_flight,
+                depth_exact=self.backlog is None,
+                live_blocks=len(self.blocks),
+                tree_height=max((h for _, h in self.tree.roots), default=-1) + 1,
+                oldest_enqueued_at=oldest,
+                enqueued_total=self.enqueued_total, acked_total=self.acked_total,
+                redelivered_total=self.redelivered_total, opened_in=self.opened_in,
+            )
+
+    def next_wakeup(self) -> float | None:
+        """Monotonic time at which an in-flight message becomes deliverable again."""
+        return self.inflight.next_deadline()
+
+    def has_deliverable(self) -> bool:
+        now = monotonic()
+        nd = self.inflight.next_deadline()
+        return bool(self.ready or self.backlog_buffer or self.backlog is not None
+                    or (nd is not None and nd <= now))

@@ -1,0 +1,380 @@
+#!/usr/bin/env bash
+# Local PostgreSQL + Redis for integration tests and benchmarks.
+#
+#   scripts/services.sh start | stop | restart | status | env
+#   scripts/services.sh redis-replica start|stop|status PORT   # a replica of the main Redis
+#
+# Env: MQ_SERVICES_DIR (default <repo>/.services), MQ_PG_PORT (54329), MQ_REDIS_PORT (63799),
+#      MQ_SERVICES_TIMEOUT (seconds to wait for readiness, default 30).
+# Both servers listen on 127.0.0.1 only. PostgreSQL runs as the `postgres` user when we are root.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+svc="${MQ_SERVICES_DIR:-$repo/.services}"
+pg_port="${MQ_PG_PORT:-54329}"
+redis_port="${MQ_REDIS_PORT:-63799}"
+timeout="${MQ_SERVICES_TIMEOUT:-30}"
+
+pgdata="$svc/pg"
+pgrun="$svc/pg-run"
+pglog="$svc/pg.log"
+rdir="$svc/redis"
+
+log() { echo "services: $*" >&2; }
+die() { echo "services: ERROR: $*" >&2; exit 1; }
+
+# ---------------------------------------------------------------- packages
+
+pkg_installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]; }
+
+ensure_packages() {
+    local missing=() p
+    for p in postgresql redis-server; do
+        pkg_installed "$p" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    local sudo=()
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null || die "missing packages: ${missing[*]} (not root, no sudo)"
+        sudo=(sudo)
+    fi
+    log "installing missing Debian packages: ${missing[*]}"
+    "${sudo[@]}" apt-get update >&2
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y --no-install-recommends "${missing[@]}" >&2
+}
+
+pg_bindir() {
+    local d
+    for d in /usr/lib/postgresql/15/bin $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -rV); do
+        [ -x "$d/pg_ctl" ] && { echo "$d"; return 0; }
+    done
+    command -v pg_config >/dev/null && [ -x "$(pg_config --bindir)/pg_ctl" ] && { pg_config --bindir; return 0; }
+    die "PostgreSQL server binaries not found (expected /usr/lib/postgresql/15/bin)"
+}
+
+# ---------------------------------------------------------------- postgres
+
+pg_user=""      # set by pg_setup_vars: the OS user the server runs as
+as_pg() {       # run a command as the PostgreSQL OS user
+    if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+pg_setup_vars() {
+    PGBIN="$(pg_bindir)"
+    if [ "$(id -u)" -eq 0 ]; then
+        id postgres >/dev/null 2>&1 || die "user 'postgres' does not exist (is the postgresql package installed?)"
+        pg_user=postgres
+    else
+        pg_user="$(id -un)"
+    fi
+}
+
+# pid of the postmaster if it is really running for $pgdata, else empty (stale/no postmaster.pid).
+pg_pid() {
+    local pid
+    [ -f "$pgdata/postmaster.pid" ] || return 0
+    pid="$(head -n1 "$pgdata/postmaster.pid" 2>/dev/null || true)"
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 0
+    [ -d "/proc/$pid" ] || return 0
+    # A recycled pid belonging to something else does not count.
+    case "$(readlink "/proc/$pid/exe" 2>/dev/null || true)" in
+        */postgres|*/postgres\ \(deleted\)) ;;
+        *) return 0 ;;
+    esac
+    [ "$(readlink "/proc/$pid/cwd" 2>/dev/null || true)" = "$(readlink -f "$pgdata")" ] || return 0
+    echo "$pid"
+}
+
+pg_ready() { "$PGBIN/pg_isready" -q -h 127.0.0.1 -p "$pg_port" -d postgres -t 2 >/dev/null 2>&1; }
+
+# After a kill -9 of the postmaster, its children notice and exit within moments; wait for that
+# (a still-attached shared memory segment would make the new postmaster refuse to start), then
+# remove the stale lock files.
+pg_clear_stale() {
+    local real i p left
+    real="$(readlink -f "$pgdata")"
+    for i in $(seq 1 50); do
+        left=""
+        for p in $(find /proc/[0-9]*/cwd -maxdepth 0 -lname "$real" 2>/dev/null); do
+            p="${p%/cwd}"
+            case "$(readlink "$p/exe" 2>/dev/null || true)" in */postgres*) ;; *) continue ;; esac
+            left="$left ${p#/proc/}"
+        done
+        [ -z "$left" ] && break
+        if [ "$i" -eq 50 ]; then
+            log "killing leftover postgres processes of a dead postmaster:$left"
+            kill -KILL $left 2>/dev/null || true
+            sleep 1
+        fi
+        sleep 0.2
+    done
+    if [ -f "$pgdata/postmaster.pid" ]; then
+        log "removing stale $pgdata/postmaster.pid"
+        rm -f "$pgdata/postmaster.pid"
+    fi
+    rm -f "$pgrun"/.s.PGSQL.*
+}
+
+pg_init() {
+    # postgres must be able to traverse every parent of $svc
+    as_pg test -x "$svc" || die "user $pg_user cannot access $svc; set MQ_SERVICES_DIR to a directory it can reach (e.g. /var/tmp/mq-services)"
+    install -d -m 755 -o "$pg_user" "$pgrun"   # clients (e.g. root) may use the socket dir
+    if [ ! -f "$pgdata/PG_VERSION" ] || [ ! -f "$pgdata/global/pg_control" ]; then
+        [ -e "$pgdata" ] && { log "removing incomplete data directory $pgdata"; rm -rf "$pgdata"; }
+        local stage="$svc/pg.initdb"
+        rm -rf "$stage"
+        install -d -m 700 -o "$pg_user" "$stage"
+        log "initdb $pgdata"
+        as_pg "$PGBIN/initdb" -D "$stage" -U postgres -E UTF8 --locale=C \
+            --auth-local=trust --auth-host=scram-sha-256 >"$svc/initdb.log" 2>&1 \
+            || { cat "$svc/initdb.log" >&2; die "initdb failed"; }
+        echo "include_if_exists = 'mq.conf'" >>"$stage/postgresql.conf"
+        mv "$stage" "$pgdata"                # complete data dirs only
+    fi
+    # Regenerated on every start so port/socket changes take effect.
+    cat >"$pgdata/mq.conf" <<EOF
+# written by scripts/services.sh
+listen_addresses = '127.0.0.1'
+port = $pg_port
+unix_socket_directories = '$pgrun'
+fsync = on
+synchronous_commit = on
+full_page_writes = on
+max_connections = 200
+EOF
+    chown "$pg_user" "$pgdata/mq.conf"
+    touch "$pglog"; chown "$pg_user" "$pglog"
+}
+
+pg_bootstrap_db() {
+    "$PGBIN/psql" -X -q -h "$pgrun" -p "$pg_port" -U postgres -d postgres -v ON_ERROR_STOP=1 >/dev/null <<'SQL'
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mq') THEN
+    CREATE ROLE mq LOGIN PASSWORD 'mq' CREATEDB;
+  ELSE
+    ALTER ROLE mq LOGIN PASSWORD 'mq' CREATEDB;
+  END IF;
+END
+$$;
+SELECT 'CREATE DATABASE mq OWNER mq' WHERE NOT EXISTS (SELECT 1 FROM pg_database WHERE datname = 'mq')
+\gexec
+SQL
+}
+
+pg_start() {
+    pg_setup_vars
+    if [ -n "$(pg_pid)" ]; then
+        log "postgres already running (pid $(pg_pid))"
+    else
+        [ -d "$pgdata" ] && pg_clear_stale
+        pg_init
+        log "starting postgres on 127.0.0.1:$pg_port (data $pgdata)"
+        if ! as_pg "$PGBIN/pg_ctl" -D "$pgdata" -l "$pglog" -w -t "$timeout" start >/dev/null 2>&1 8>&-; then
+            tail -n 20 "$pglog" >&2 || true
+            die "postgres did not start within ${timeout}s (log: $pglog)"
+        fi
+    fi
+    local i
+    for i in $(seq 1 "$timeout"); do pg_ready && break; sleep 1; done
+    pg_ready || { tail -n 20 "$pglog" >&2 || true; die "postgres not accepting connections on 127.0.0.1:$pg_port after ${timeout}s (log: $pglog)"; }
+    pg_bootstrap_db || die "could not create role/database mq"
+}
+
+pg_stop() {
+    pg_setup_vars
+    if [ -z "$(pg_pid)" ]; then
+        log "postgres not running"
+        [ -d "$pgdata" ] && pg_clear_stale
+        return 0
+    fi
+    log "stopping postgres"
+    as_pg "$PGBIN/pg_ctl" -D "$pgdata" -m fast -w -t 60 stop >/dev/null \
+        || die "pg_ctl stop failed (log: $pglog)"
+}
+
+# ---------------------------------------------------------------- redis
+
+# pid of the redis-server in directory $1 (its pidfile), only if alive and really redis-server.
+redis_pid() {
+    local pidfile="$1/redis.pid" pid
+    [ -f "$pidfile" ] || return 0
+    pid="$(cat "$pidfile" 2>/dev/null || true)"
+    [[ "$pid" =~ ^[0-9]+$ ]] && [ -d "/proc/$pid" ] || return 0
+    grep -q '^redis-server' "/proc/$pid/cmdline" 2>/dev/null || \
+        case "$(readlink "/proc/$pid/exe" 2>/dev/null || true)" in */redis-server*|*/redis-check-*) ;; *) return 0 ;; esac
+    echo "$pid"
+}
+
+redis_ping() { [ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = "PONG" ]; }
+
+# $1 dir, $2 port, $3 extra config lines
+redis_start_in() {
+    local dir="$1" port="$2" extra="${3:-}" pid i
+    pid="$(redis_pid "$dir")"
+    if [ -n "$pid" ]; then
+        log "redis :$port already running (pid $pid)"
+    else
+        if redis_ping "$port"; then
+            die "port $port already serves a Redis that is not ours (no live pid in $dir/redis.pid)"
+        fi
+        mkdir -p "$dir"
+        rm -f "$dir/redis.pid"          # stale pidfile from a killed run
+        cat >"$dir/redis.conf" <<EOF
+# written by scripts/services.sh
+bind 127.0.0.1
+port $port
+protected-mode no
+daemonize yes
+supervised no
+pidfile $dir/redis.pid
+logfile $dir/redis.log
+dir $dir
+appendonly yes
+appendfsync always
+aof-load-truncated yes
+$extra
+EOF
+        log "starting redis on 127.0.0.1:$port (dir $dir)"
+        redis-server "$dir/redis.conf" 8>&- || { tail -n 20 "$dir/redis.log" >&2 || true; die "redis-server :$port failed to start"; }
+    fi
+    for i in $(seq 1 "$((timeout * 5))"); do redis_ping "$port" && return 0; sleep 0.2; done
+    tail -n 20 "$dir/redis.log" >&2 || true
+    die "redis not answering PING on 127.0.0.1:$port after ${timeout}s (log: $dir/redis.log)"
+}
+
+redis_stop_in() {
+    local dir="$1" port="$2" pid i
+    pid="$(redis_pid "$dir")"
+    if [ -z "$pid" ]; then
+        log "redis :$port not running"
+        rm -f "$dir/redis.pid"
+        return 0
+    fi
+    log "stopping redis :$port (pid $pid)"
+    # SHUTDOWN flushes/fsyncs the AOF; fall back to NOSAVE if the RDB save fails.
+    redis-cli -h 127.0.0.1 -p "$port" shutdown >/dev/null 2>&1 \
+        || redis-cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true
+    for i in $(seq 1 150); do [ -d "/proc/$pid" ] || break; sleep 0.2; done
+    if [ -d "/proc/$pid" ]; then
+        log "redis :$port did not exit after SHUTDOWN; sending SIGTERM"
+        kill -TERM "$pid" 2>/dev/null || true
+        for i in $(seq 1 50); do [ -d "/proc/$pid" ] || break; sleep 0.2; done
+        [ -d "/proc/$pid" ] && die "redis :$port (pid $pid) would not stop"
+    fi
+    rm -f "$dir/redis.pid"
+}
+
+replica_dir() { echo "$svc/redis-replica-$1"; }
+
+redis_replica() {
+    local action="${1:-}" port="${2:-}"
+    [[ "$port" =~ ^[0-9]+$ ]] || die "usage: $0 redis-replica start|stop|status PORT"
+    [ "$port" != "$redis_port" ] || die "replica port must differ from the primary's ($redis_port)"
+    local dir; dir="$(replica_dir "$port")"
+    case "$action" in
+        start)
+            redis_ping "$redis_port" || die "primary redis :$redis_port is not running (run: $0 start)"
+            redis_start_in "$dir" "$port" "replicaof 127.0.0.1 $redis_port
+replica-read-only yes"
+            local i
+            for i in $(seq 1 "$((timeout * 5))"); do
+                redis-cli -p "$port" info replication 2>/dev/null | grep -q '^master_link_status:up' && return 0
+                sleep 0.2
+            done
+            die "replica :$port did not sync with primary :$redis_port within ${timeout}s"
+            ;;
+        stop) redis_stop_in "$dir" "$port" ;;
+        status)
+            if [ -n "$(redis_pid "$dir")" ] && redis_ping "$port"; then
+                echo "redis-replica: running on 127.0.0.1:$port ($(redis-cli -p "$port" info replication | grep -o 'master_link_status:[a-z]*'))"
+            else
+                echo "redis-replica: not running (:$port)"; return 3
+            fi ;;
+        *) die "usage: $0 redis-replica start|stop|status PORT" ;;
+    esac
+}
+
+stop_all_replicas() {
+    local d
+    for d in "$svc"/redis-replica-*; do
+        [ -d "$d" ] || continue
+        redis_stop_in "$d" "${d##*/redis-replica-}"
+    done
+}
+
+# ---------------------------------------------------------------- commands
+
+with_lock() {  # serialize start/stop across concurrent invocations
+    mkdir -p "$svc"
+    chmod 755 "$svc"
+    # fd 8 holds the lock; it is closed (8>&-) for the daemons we spawn so they do not keep it.
+    exec 8>"$svc/.lock"
+    flock -w 120 8 || die "timed out waiting for $svc/.lock"
+}
+
+cmd_start() {
+    ensure_packages
+    with_lock
+    pg_start
+    redis_start_in "$rdir" "$redis_port"
+    log "ready: postgres 127.0.0.1:$pg_port, redis 127.0.0.1:$redis_port"
+}
+
+cmd_stop() {
+    [ -d "$svc" ] || { log "nothing to stop ($svc does not exist)"; return 0; }
+    with_lock
+    local rc=0
+    stop_all_replicas || rc=1
+    redis_stop_in "$rdir" "$redis_port" || rc=1
+    if command -v pg_ctl >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
+        (pg_stop) || rc=1
+    fi
+    return $rc
+}
+
+cmd_status() {
+    local rc=0
+    pg_setup_vars
+    local pid; pid="$(pg_pid)"
+    if [ -n "$pid" ] && pg_ready; then
+        echo "postgres: running on 127.0.0.1:$pg_port (pid $pid, data $pgdata)"
+    elif [ -n "$pid" ]; then
+        echo "postgres: process $pid alive but not accepting connections on :$pg_port"; rc=3
+    else
+        echo "postgres: not running"; rc=3
+    fi
+    pid="$(redis_pid "$rdir")"
+    if [ -n "$pid" ] && redis_ping "$redis_port"; then
+        echo "redis:    running on 127.0.0.1:$redis_port (pid $pid, dir $rdir)"
+    else
+        echo "redis:    not running"; rc=3
+    fi
+    local d
+    for d in "$svc"/redis-replica-*; do
+        [ -d "$d" ] && [ -n "$(redis_pid "$d")" ] && redis_replica status "${d##*/redis-replica-}" || true
+    done
+    return $rc
+}
+
+cmd_env() {
+    cat <<EOF
+export DATABASE_URL=postgres://mq:mq@127.0.0.1:$pg_port/mq
+export REDIS_URL=redis://127.0.0.1:$redis_port/0
+export KV_URL=redis://127.0.0.1:$redis_port/1
+export CELERY_BROKER_URL=redis://127.0.0.1:$redis_port/2
+export MQ_TEST_PG_URL=postgres://mq:mq@127.0.0.1:$pg_port/mq
+export MQ_TEST_REDIS_URL=redis://127.0.0.1:$redis_port
+EOF
+}
+
+case "${1:-}" in
+    start)   cmd_start ;;
+    stop)    cmd_stop ;;
+    restart) cmd_stop; cmd_start ;;
+    status)  cmd_status ;;
+    env)     cmd_env ;;
+    redis-replica) shift; redis_replica "$@" ;;
+    *) echo "usage: $0 start|stop|restart|status|env | redis-replica start|stop|status PORT" >&2; exit 2 ;;
+esac
