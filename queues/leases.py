@@ -129,6 +129,12 @@ def set_head(lease: Lease, node_id: str, head_block: str) -> None:
     lease.head_block = head_block
 
 
+def read_head(lease: Lease) -> str | None:
+    """The partition's head pointer as the row holds it now."""
+    head = Partition.objects.filter(pk=lease.partition_id).values_list("head_block", flat=True).first()
+    return head or None
+
+
 def release(lease: Lease, node_id: str) -> bool:
     """Give the partition up (graceful stop); the next claimant need not wait."""
     with transaction.atomic():

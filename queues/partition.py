@@ -122,7 +122,8 @@ class PartitionStats:
 class PartitionManager:
     def __init__(self, lease: leases.Lease, *, block_size: int, store: KeyValueStore,
                  node_id: str, cache: BodyCache, on_change: Callable[[], None] = lambda: None,
-                 set_head: Callable[[leases.Lease, str, str], None] = leases.set_head):
+                 set_head: Callable[[leases.Lease, str, str], None] = leases.set_head,
+                 read_head: Callable[[leases.Lease], str | None] = leases.read_head):
         self.lease = lease
         self.queue = lease.queue
         self.index = lease.index
@@ -132,6 +133,7 @@ class PartitionManager:
         self.cache = cache
         self.on_change = on_change
         self._set_head = set_head
+        self._read_head = read_head
         self.fence = Fence(fence_key(self.queue, self.index), lease.epoch)
         self.lock = threading.Lock()
         self.tree = AppendTree(block_size)
@@ -169,10 +171,7 @@ class PartitionManager:
                 raise leases.LeaseLost(f"{self.queue}/{self.index}: a newer epoch fenced us at open")
             # The head pointer as the row holds it now: read again after the fence, so that no
             # earlier owner can have moved it since.
-            from .models import Partition
-
-            head_id = Partition.objects.filter(pk=self.lease.partition_id).values_list(
-                "head_block", flat=True).first() or None
+            head_id = self._read_head(self.lease)
             self.tree = AppendTree.load(head_id, self._read_block, self.block_size)
             # The old head is sealed: an earlier owner may have used any of its positions, and
             # it can write no more (fenced), so new messages go into a fresh block.

@@ -211,19 +211,22 @@ class AppendTree:
 
     def _postorder(self, root: Block, read: BlockReader) -> Iterator[Block]:
         # Iterative post-order over present blocks; a missing child means a pruned subtree.
-        stack: list[tuple[Block, bool]] = [(root, False)]
+        # A right child is read only once its left sibling's subtree is done, so reaching the
+        # oldest block reads one block per level.
+        LEFT, RIGHT, SELF = 0, 1, 2
+        stack: list[list] = [[root, LEFT]]
         while stack:
-            block, expanded = stack.pop()
-            if expanded or block.is_leaf:
+            frame = stack[-1]
+            block, step = frame
+            if block.is_leaf or step == SELF:
+                stack.pop()
                 yield block
                 continue
-            stack.append((block, True))
-            right = self._read(block.right, read) if block.right else None
-            if right is not None:
-                stack.append((right, False))
-            left = self._read(block.left, read) if block.left else None
-            if left is not None:
-                stack.append((left, False))
+            frame[1] = step + 1
+            child_id = block.left if step == LEFT else block.right
+            child = self._read(child_id, read) if child_id else None
+            if child is not None:
+                stack.append([child, LEFT])
 
     def forget(self, block_id: str) -> None:
         """Drop a pruned block from memory (its pointer may still name it)."""

@@ -7,8 +7,6 @@ from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
 
-from .errors import PayloadTooLarge
-
 
 class FastJSONParser(BaseParser):
     media_type = "application/json"
@@ -17,6 +15,11 @@ class FastJSONParser(BaseParser):
         request = (parser_context or {}).get("request")
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         length = int(request.META.get("CONTENT_LENGTH") or 0) if request is not None else 0
+        # Imported here, not at the top: errors imports rest_framework.views, whose APIView
+        # class body loads this module through DEFAULT_PARSER_CLASSES (an import cycle when
+        # errors is imported first).
+        from .errors import PayloadTooLarge
+
         if limit and length > limit:
             raise PayloadTooLarge(f"request body of {length} bytes is over the limit of {limit}")
         raw = stream.read() if stream is not None else b""

@@ -1,7 +1,7 @@
 """Key-value store backends, chosen by the scheme of ``KV_URL``.
 
 ``file:///path`` (the embedded default), ``redis://host:port/db`` (through django-redis) and
-``postgres`` (a table in the default database). An unknown scheme fails loudly at start-up.
+``postgres`` (a table in the default database); ``memory://`` for unit tests. An unknown scheme fails loudly at start-up.
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ def open_store(url: str) -> KeyValueStore:
         from .redis import RedisStore
 
         return RedisStore.from_settings()
+    if scheme == "memory":
+        from .memory import MemoryStore
+
+        return MemoryStore()
     if scheme in ("postgres", "postgresql", "sql"):
         from .sql import SQLStore
 

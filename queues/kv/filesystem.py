@@ -70,10 +70,15 @@ class FileStore(KeyValueStore):
     # --- paths --------------------------------------------------------------------------------
     def _path(self, key: str) -> Path:
         split_key(key)
-        parts = key.split("/")
+        return self._dir(key)
+
+    def _dir(self, path: str) -> Path:
+        """``path``'s place under the root; every segment must be a safe file name, so no
+        ``..``, empty or hidden segment can lead outside the root (keys, buckets, prefixes)."""
+        parts = path.split("/")
         for part in parts:
             if not _SEGMENT.match(part) or part.endswith(".lock"):
-                raise ValueError(f"key segment {part!r} of {key!r} is not a safe file name")
+                raise ValueError(f"key segment {part!r} of {path!r} is not a safe file name")
         return self.root.joinpath(*parts)
 
     def _flush(self, fds_or_paths: Sequence[int]) -> None:
@@ -202,7 +207,7 @@ class FileStore(KeyValueStore):
             os.close(fd)
 
     def scan(self, bucket: str) -> list[str]:
-        directory = self.root.joinpath(*bucket.split("/"))
+        directory = self._dir(bucket)
         try:
             with os.scandir(directory) as entries:
                 # d_type from the directory listing: no stat per entry.
@@ -212,7 +217,5 @@ class FileStore(KeyValueStore):
             return []
 
     def purge(self, prefix: str) -> None:
-        directory = self.root.joinpath(*prefix.split("/"))
-        if directory == self.root:
-            raise ValueError("refusing to purge the whole store")
+        directory = self._dir(prefix)  # "" and "/" (the whole store) are refused here too
         shutil.rmtree(directory, ignore_errors=True)

@@ -69,7 +69,10 @@ class SQLStore(KeyValueStore):
     def put_many(self, items: Sequence[tuple[str, bytes]], *, fence: Fence | None = None) -> None:
         if not items:
             return
-        rows = [(*split_key(k), v) for k, v in items]
+        # A key given twice: the last value wins, as in the other backends (PostgreSQL's
+        # ON CONFLICT DO UPDATE refuses to touch one row twice in a statement).
+        latest = {split_key(k): v for k, v in items}
+        rows = [(b, n, v) for (b, n), v in latest.items()]
         try:
             with transaction.atomic(), connection.cursor() as cursor:
                 self._check_fence(cursor, fence)

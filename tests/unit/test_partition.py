@@ -1,0 +1,189 @@
+"""The partition manager against a simple model, on the in-memory store.
+
+Random sequences of enqueue / dequeue / ack / clock advance / takeover (a new owner with a
+newer epoch, the old one left running as a stale owner) must never lose a confirmed message,
+never issue a message ID twice, never let a stale owner write, deliver first deliveries in
+enqueue order, and leave nothing behind once everything is acknowledged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from queues import partition as partition_mod
+from queues.kv.memory import MemoryStore
+from queues.leases import Lease
+from queues.messages import block_key, parse_message_id
+from queues.partition import BodyCache, PartitionManager, PartitionUnavailable, ReceiptMismatch
+from queues.messages import StoredMessage
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Row:
+    """The Partition row: the head pointer, written only under the current epoch."""
+
+    def __init__(self):
+        self.head: str | None = None
+        self.epoch = 0
+
+    def set_head(self, lease, node_id, head):
+        from queues.leases import LeaseLost
+
+        if lease.epoch != self.epoch:
+            raise LeaseLost("stale epoch")
+        self.head = head
+
+    def read_head(self, lease):
+        return self.head
+
+
+def open_manager(store, row: Row, block_size: int, cache_bytes: int) -> PartitionManager:
+    row.epoch += 1
+    lease = Lease(1, "q", 0, row.epoch, "n", 10.0, math.inf, row.head or "")
+    m = PartitionManager(lease, block_size=block_size, store=store, node_id="node",
+                         cache=BodyCache(cache_bytes), set_head=row.set_head, read_head=row.read_head)
+    m.open()
+    return m
+
+
+class PartitionMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.clock = FakeClock()
+        self._saved = partition_mod.monotonic
+        partition_mod.monotonic = self.clock
+        self.store = MemoryStore()
+        self.row = Row()
+        self.block_size = 3
+        self.cache_bytes = 0
+        self.m: PartitionManager | None = None
+        self.stale: PartitionManager | None = None
+        self.seq = 0
+        self.order: dict[str, int] = {}      # id -> enqueue sequence
+        self.live: dict[str, str] = {}        # confirmed and not acknowledged: id -> body
+        self.receipts: dict[str, tuple[str, float]] = {}  # id -> (receipt, deadline) this owner
+        self.first_delivered: set[str] = set()
+        self.last_first = -1
+
+    @rule(block_size=st.integers(1, 4), cache=st.sampled_from([0, 1 << 20]))
+    @precondition(lambda self: self.m is None)
+    def start(self, block_size, cache):
+        self.block_size, self.cache_bytes = block_size, cache
+        self.m = open_manager(self.store, self.row, block_size, cache)
+
+    @rule(n=st.integers(1, 5))
+    @precondition(lambda self: self.m is not None)
+    def enqueue(self, n):
+        bodies = [f"m{self.seq + i}" for i in range(n)]
+        ids = self.m.enqueue([StoredMessage(b, 0.0) for b in bodies])
+        for mid, body in zip(ids, bodies):
+            assert mid not in self.order, "message ID issued twice"
+            assert parse_message_id(mid) is not None
+            self.order[mid] = self.seq
+            self.seq += 1
+            self.live[mid] = body
+
+    @rule(n=st.integers(1, 6), vis=st.sampled_from([0.5, 5.0]))
+    @precondition(lambda self: self.m is not None)
+    def dequeue(self, n, vis):
+        got = self.m.load_bodies(self.m.dequeue(n, vis))
+        for d in got:
+            assert d.id in self.live, f"delivered {d.id}, which was acknowledged or never confirmed"
+            assert d.message.body == self.live[d.id]
+            held = self.receipts.get(d.id)
+            assert held is None or held[1] <= self.clock.now, "delivered while hidden"
+            if d.id not in self.first_delivered and held is None:
+                # first delivery by this owner: in enqueue order
+                assert self.order[d.id] > self.last_first, "first deliveries out of order"
+                self.last_first = self.order[d.id]
+            self.first_delivered.add(d.id)
+            self.receipts[d.id] = (d.receipt, self.clock.now + vis)
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.m is not None and self.receipts)
+    def ack(self, data):
+        ids = data.draw(st.lists(st.sampled_from(sorted(self.receipts)), min_size=1, max_size=4, unique=True))
+        stale = data.draw(st.booleans())
+        items = [(parse_message_id(i), "stale-receipt" if stale else self.receipts[i][0]) for i in ids]
+        with self.m.lock:
+            try:
+                self.m.check_receipts(items)
+            except ReceiptMismatch:
+                assert stale
+                return
+            self.m.ack_locked([mid for mid, _ in items])
+        for i in ids:
+            self.live.pop(i, None)
+            self.receipts.pop(i)
+
+    @rule(dt=st.sampled_from([0.1, 1.0, 10.0]))
+    def advance(self, dt):
+        self.clock.now += dt
+
+    @rule()
+    @precondition(lambda self: self.m is not None)
+    def takeover(self):
+        # a new owner takes the partition; the old one keeps running, unaware
+        self.stale = self.m
+        self.m = open_manager(self.store, self.row, self.block_size, self.cache_bytes)
+        self.receipts.clear()
+        self.first_delivered.clear()
+        self.last_first = -1
+
+    @rule()
+    @precondition(lambda self: self.stale is not None)
+    def stale_owner_enqueues(self):
+        before = {k: dict(v) for k, v in self.store.buckets.items()}
+        with pytest.raises(PartitionUnavailable):
+            self.stale.enqueue([StoredMessage("from a stale owner", 0.0)])
+        after = {k: dict(v) for k, v in self.store.buckets.items()}
+        assert before == after, "a stale owner changed the store"
+
+    @invariant()
+    def store_holds_every_live_message(self):
+        for mid in self.live:
+            assert self.store.get(mid) is not None, f"confirmed message {mid} lost"
+
+    def teardown(self):
+        try:
+            if self.m is None:
+                return
+            # drain: everything confirmed and not acknowledged comes back, once more at least
+            self.clock.now += 100
+            for _ in range(len(self.live) + 2):
+                got = self.m.load_bodies(self.m.dequeue(1000, 5.0))
+                if not got:
+                    break
+                with self.m.lock:
+                    self.m.ack_locked([parse_message_id(d.id) for d in got])
+                for d in got:
+                    self.live.pop(d.id, None)
+            assert not self.live, f"never delivered: {sorted(self.live)[:5]}"
+            # and nothing is left but the head block's record and the fence
+            messages = {b for b in self.store.buckets if not b.endswith(("/_blocks",)) and b != "q/0"}
+            assert not messages, messages
+            head = self.row.head
+            blocks = set(self.store.buckets.get("q/0/_blocks", {}))
+            assert blocks <= {head}, f"unpruned blocks {blocks - {head}}"
+        finally:
+            partition_mod.monotonic = self._saved
+
+
+PartitionMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestPartitionManager = PartitionMachine.TestCase
+
+
+def test_block_key_is_beside_the_messages():
+    assert block_key("q", 0, "00000001-aaaaaaaaaaaaaaaa") == "q/0/_blocks/00000001-aaaaaaaaaaaaaaaa"
