@@ -1,0 +1,102 @@
+"""Real node processes on loopback, for the integration tests.
+
+A test that uses them must commit its data (``django_db(transaction=True)``) so the node
+processes, which connect to the same test database, can see it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def database_url() -> str:
+    """The URL of the database this test process uses (the pytest-django test database)."""
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    return f"postgres://{s['USER']}:{s['PASSWORD']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+class NodeProcess:
+    def __init__(self, env: dict[str, str], log_dir: Path, port: int | None = None):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, **env, "NODE_HEARTBEAT": env.get("NODE_HEARTBEAT", "0.5")}
+        self.log_path = log_dir / f"node-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30) -> "NodeProcess":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "runnode", "--host", "127.0.0.1", "--port", str(self.port)],
+            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"node exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                if requests.get(f"{self.url}/api/v1/healthz", timeout=1).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"node on {self.port} did not answer within {timeout}s; see {self.log_path}")
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL: no leases released, no buffers flushed by us."""
+        self.signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class Client:
+    """A thin API client for tests (the SDK proper lives in ``workers``)."""
+
+    def __init__(self, base: str, token: str):
+        self.base = base
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Token {token}"
+
+    def post(self, path: str, payload: dict, timeout: float = 30) -> requests.Response:
+        return self.session.post(f"{self.base}/api/v1/{path}", json=payload, timeout=timeout)
+
+    def get(self, path: str, timeout: float = 30) -> requests.Response:
+        return self.session.get(f"{self.base}/api/v1/{path}", timeout=timeout)
