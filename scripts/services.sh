@@ -164,21 +164,23 @@ SQL
 }
 
 pg_start() {
+    local logpos=1
     pg_setup_vars
     if [ -n "$(pg_pid)" ]; then
         log "postgres already running (pid $(pg_pid))"
     else
         [ -d "$pgdata" ] && pg_clear_stale
         pg_init
+        logpos=$(($(wc -l <"$pglog") + 1))   # show only this run's log on failure
         log "starting postgres on 127.0.0.1:$pg_port (data $pgdata)"
         if ! as_pg "$PGBIN/pg_ctl" -D "$pgdata" -l "$pglog" -w -t "$timeout" start >/dev/null 2>&1 8>&-; then
-            tail -n 20 "$pglog" >&2 || true
-            die "postgres did not start within ${timeout}s (log: $pglog)"
+            tail -n +"$logpos" "$pglog" | tail -n 20 >&2 || true
+            die "postgres failed to start (log: $pglog)"
         fi
     fi
     local i
     for i in $(seq 1 "$timeout"); do pg_ready && break; sleep 1; done
-    pg_ready || { tail -n 20 "$pglog" >&2 || true; die "postgres not accepting connections on 127.0.0.1:$pg_port after ${timeout}s (log: $pglog)"; }
+    pg_ready || { tail -n 20 "$pglog" >&2 || true; die "postgres not accepting connections on 127.0.0.1:$pg_port after ${timeout}s (a server started earlier with another MQ_PG_PORT? try: $0 restart; log: $pglog)"; }
     pg_bootstrap_db || die "could not create role/database mq"
 }
 
@@ -207,11 +209,16 @@ redis_pid() {
     echo "$pid"
 }
 
-redis_ping() { [ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = "PONG" ]; }
+# redis-cli with a deadline (a non-Redis listener on the port would otherwise hang it forever)
+rcli() { local port="$1"; shift; timeout "${RCLI_TIMEOUT:-10}" redis-cli -h 127.0.0.1 -p "$port" "$@"; }
+redis_ping() { [ "$(RCLI_TIMEOUT=2 rcli "$1" ping 2>/dev/null)" = "PONG" ]; }
+
+redis_log_tail() { tail -n +"$2" "$1/redis.log" 2>/dev/null | tail -n 20 >&2 || true; }
 
 # $1 dir, $2 port, $3 extra config lines
 redis_start_in() {
-    local dir="$1" port="$2" extra="${3:-}" pid i
+    local dir="$1" port="$2" extra="${3:-}" pid logpos=1
+    [ -f "$dir/redis.log" ] && logpos=$(($(wc -l <"$dir/redis.log") + 1))   # show only this run's log
     pid="$(redis_pid "$dir")"
     if [ -n "$pid" ]; then
         log "redis :$port already running (pid $pid)"
@@ -237,10 +244,19 @@ aof-load-truncated yes
 $extra
 EOF
         log "starting redis on 127.0.0.1:$port (dir $dir)"
-        redis-server "$dir/redis.conf" 8>&- || { tail -n 20 "$dir/redis.log" >&2 || true; die "redis-server :$port failed to start"; }
+        redis-server "$dir/redis.conf" 8>&- || { redis_log_tail "$dir" "$logpos"; die "redis-server :$port failed to start"; }
     fi
-    for i in $(seq 1 "$((timeout * 5))"); do redis_ping "$port" && return 0; sleep 0.2; done
-    tail -n 20 "$dir/redis.log" >&2 || true
+    local t0=$SECONDS
+    while [ $((SECONDS - t0)) -lt "$timeout" ]; do
+        redis_ping "$port" && return 0
+        # the pidfile is written once the port is bound; no live pid after 3 s = it died
+        if [ $((SECONDS - t0)) -ge 3 ] && [ -z "$(redis_pid "$dir")" ]; then
+            redis_log_tail "$dir" "$logpos"
+            die "redis-server :$port exited during startup (log: $dir/redis.log)"
+        fi
+        sleep 0.2
+    done
+    redis_log_tail "$dir" "$logpos"
     die "redis not answering PING on 127.0.0.1:$port after ${timeout}s (log: $dir/redis.log)"
 }
 
@@ -254,8 +270,7 @@ redis_stop_in() {
     fi
     log "stopping redis :$port (pid $pid)"
     # SHUTDOWN flushes/fsyncs the AOF; fall back to NOSAVE if the RDB save fails.
-    redis-cli -h 127.0.0.1 -p "$port" shutdown >/dev/null 2>&1 \
-        || redis-cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true
+    rcli "$port" shutdown >/dev/null 2>&1 || rcli "$port" shutdown nosave >/dev/null 2>&1 || true
     for i in $(seq 1 150); do [ -d "/proc/$pid" ] || break; sleep 0.2; done
     if [ -d "/proc/$pid" ]; then
         log "redis :$port did not exit after SHUTDOWN; sending SIGTERM"
@@ -280,7 +295,7 @@ redis_replica() {
 replica-read-only yes"
             local i
             for i in $(seq 1 "$((timeout * 5))"); do
-                redis-cli -p "$port" info replication 2>/dev/null | grep -q '^master_link_status:up' && return 0
+                rcli "$port" info replication 2>/dev/null | grep -q '^master_link_status:up' && return 0
                 sleep 0.2
             done
             die "replica :$port did not sync with primary :$redis_port within ${timeout}s"
@@ -288,7 +303,7 @@ replica-read-only yes"
         stop) redis_stop_in "$dir" "$port" ;;
         status)
             if [ -n "$(redis_pid "$dir")" ] && redis_ping "$port"; then
-                echo "redis-replica: running on 127.0.0.1:$port ($(redis-cli -p "$port" info replication | grep -o 'master_link_status:[a-z]*'))"
+                echo "redis-replica: running on 127.0.0.1:$port ($(rcli "$port" info replication | grep -o 'master_link_status:[a-z]*'))"
             else
                 echo "redis-replica: not running (:$port)"; return 3
             fi ;;
@@ -299,7 +314,7 @@ replica-read-only yes"
 stop_all_replicas() {
     local d
     for d in "$svc"/redis-replica-*; do
-        [ -d "$d" ] || continue
+        [ -d "$d" ] && [ -n "$(redis_pid "$d")" ] || continue
         redis_stop_in "$d" "${d##*/redis-replica-}"
     done
 }

@@ -1,0 +1,40 @@
+# Developer entry points. Every target builds/reuses the venv (scripts/venv.sh) on its own.
+#   make run                      node on 127.0.0.1:$(PORT) + Celery worker, embedded defaults
+#   make test [ARGS="-k foo"]     pytest with real PostgreSQL + Redis (started, then always stopped)
+#   make bench                    bench/throughput.py with PostgreSQL + Redis
+#   make services-start | services-stop | services-status
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PORT ?= 8000
+ARGS ?=
+export PORT
+
+.PHONY: help venv run test bench services-start services-stop services-status services-env
+
+help:
+	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
+
+venv:
+	@scripts/venv.sh
+
+run:
+	@scripts/run.sh
+
+test:
+	@scripts/test.sh $(ARGS)
+
+bench:
+	@scripts/with-services.sh python bench/throughput.py $(ARGS)
+
+services-start:
+	@scripts/services.sh start
+
+services-stop:
+	@scripts/services.sh stop
+
+services-status:
+	@scripts/services.sh status
+
+services-env:
+	@scripts/services.sh env

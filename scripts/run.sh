@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# `make run`: one node + one Celery worker in the foreground, embedded defaults (no services needed).
+#   PORT (default 8000)        node HTTP port on 127.0.0.1
+#   ADMIN_PASSWORD             password for the `admin` superuser (else a random one, shown once at creation)
+# Ctrl-C stops both; if either exits, the other is stopped too.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+port="${PORT:-8000}"
+
+venv="$(scripts/venv.sh | tail -n 1)"
+export VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"
+export DJANGO_SETTINGS_MODULE="${DJANGO_SETTINGS_MODULE:-config.settings}"
+
+echo "run: migrating" >&2
+python manage.py migrate --noinput
+
+# --- superuser `admin` (idempotent) -------------------------------------------------------------
+admin_out="$(python manage.py shell -v 0 -c '
+import os, secrets
+from django.contrib.auth import get_user_model
+User = get_user_model()
+given = os.environ.get("ADMIN_PASSWORD") or ""
+user = User.objects.filter(username="admin").first()
+if user is None:
+    password = given or secrets.token_urlsafe(12)
+    User.objects.create_superuser(username="admin", email="admin@localhost", password=password)
+    print("MQ_ADMIN created", "given" if given else password)
+elif given:
+    user.set_password(given)
+    user.is_staff = user.is_superuser = user.is_active = True
+    user.save()
+    print("MQ_ADMIN reset given")
+else:
+    print("MQ_ADMIN exists -")
+')"
+admin_state="" admin_pw=""
+read -r _ admin_state admin_pw < <(grep '^MQ_ADMIN ' <<<"$admin_out" | tail -n 1) || true
+
+token_out="$(python manage.py drf_create_token admin 2>&1)" || {
+    echo "$token_out" >&2
+    echo "run: WARNING: could not create the API token (drf_create_token failed)" >&2
+}
+token="$(sed -n 's/^Generated token \([^ ]*\) for user.*/\1/p' <<<"$token_out")"
+
+bar="=================================================================="
+{
+    echo "$bar"
+    echo "  node:      http://127.0.0.1:$port/        admin: http://127.0.0.1:$port/admin/"
+    echo "  user:      admin"
+    case "$admin_state $admin_pw" in
+        "created given"|"reset given") echo "  password:  (the one in \$ADMIN_PASSWORD)" ;;
+        created*) echo "  password:  $admin_pw      <- shown only this once" ;;
+        *)        echo "  password:  (unchanged; set ADMIN_PASSWORD=... to reset it)" ;;
+    esac
+    if [ -n "$token" ]; then
+        echo "  API token: $token"
+        echo "             (header  Authorization: Token $token)"
+    else
+        echo "  API token: (none)"
+    fi
+    echo "$bar"
+} >&2
+
+# --- node + worker ------------------------------------------------------------------------------
+# Each runs in its own session/process group so we can stop whole trees; Ctrl-C reaches us and
+# we stop them (TERM, then KILL after a grace period; a second Ctrl-C forces it).
+pids=()
+names=()
+stopping=0
+
+# TERM goes to the main processes only (Celery's warm shutdown manages its pool itself);
+# KILL goes to the whole process groups.
+signal_all() {
+    local sig="$1" pid
+    for pid in "${pids[@]}"; do
+        if [ "$sig" = KILL ]; then
+            kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+        else
+            kill "-$sig" "$pid" 2>/dev/null || true
+        fi
+    done
+}
+
+any_alive() {
+    local pid
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && return 0; done
+    return 1
+}
+
+cleanup() {
+    local rc=$?
+    [ "$stopping" = 1 ] && return
+    stopping=1
+    trap 'echo "run: forcing stop" >&2; signal_all KILL' INT
+    trap '' TERM
+    if [ ${#pids[@]} -gt 0 ] && any_alive; then
+        echo "run: stopping ${names[*]}" >&2
+        signal_all TERM
+        local i
+        for i in $(seq 1 100); do any_alive || break; sleep 0.2; done
+        if any_alive; then
+            echo "run: still running after 20s; killing" >&2
+            signal_all KILL
+        fi
+    fi
+    wait 2>/dev/null || true
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+start() {   # name cmd...
+    names+=("$1"); shift
+    setsid "$@" &
+    pids+=("$!")
+}
+
+start node python manage.py runnode --host 127.0.0.1 --port "$port"
+start worker celery -A config worker -l info
+
+rc=0
+wait -n "${pids[@]}" || rc=$?
+echo "run: a process exited (code $rc); stopping the rest" >&2
+exit "$rc"
