@@ -1,0 +1,582 @@
+"""One contract for every key-value backend (queues/kv/base.py), run against each of them.
+
+``store`` is parametrized over the filesystem store (in ``tmp_path``), Redis (db 5 of
+``MQ_TEST_REDIS_URL``, flushed around each test) and the SQL table in the default database
+(PostgreSQL in ``make test``). A backend whose service is not configured is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from queues.kv.base import Fence, Fenced, KeyValueStore
+
+BACKENDS = ["file", "redis", "sql"]
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request, tmp_path) -> KeyValueStore:
+    kind = request.param
+    if kind == "file":
+        from queues.kv.filesystem import FileStore
+
+        s = FileStore(tmp_path / "kv")
+    elif kind == "redis":
+        from queues.kv.redis import RedisStore
+
+        s = RedisStore(request.getfixturevalue("redis_client"))
+    else:
+        # ``db`` honours a django_db(transaction=True) mark on the test (then it is transactional).
+        request.getfixturevalue("db")
+        from queues.kv.sql import SQLStore
+
+        s = SQLStore()
+    s.kind = kind
+    yield s
+    s.close()
+
+
+def _prefix() -> str:
+    return f"t{uuid.uuid4().hex[:8]}"
+
+
+# --------------------------------------------------------------------------------- basic I/O
+
+
+def test_get_put_get_many(store):
+    p = _prefix()
+    assert store.get(f"{p}/0/a") is None
+    assert store.get_many([]) == []
+    store.put(f"{p}/0/a", b"A")
+    store.put_many([(f"{p}/0/b", b"B"), (f"{p}/1/blk/c", b"C")])
+    assert store.get(f"{p}/0/a") == b"A"
+    keys = [f"{p}/1/blk/c", f"{p}/0/absent", f"{p}/0/a", f"{p}/nobucket/x", f"{p}/0/b",
+            f"{p}/0/a"]
+    assert store.get_many(keys) == [b"C", None, b"A", None, b"B", b"A"]
+
+
+def test_put_many_overwrites(store):
+    p = _prefix()
+    store.put_many([(f"{p}/0/a", b"1"), (f"{p}/0/b", b"1"), (f"{p}/1/c", b"1")])
+    store.put_many([(f"{p}/0/b", b"2"), (f"{p}/1/c", b"2"), (f"{p}/1/d", b"2")])
+    assert store.get_many([f"{p}/0/a", f"{p}/0/b", f"{p}/1/c", f"{p}/1/d"]) == \
+        [b"1", b"2", b"2", b"2"]
+    store.put(f"{p}/0/a", b"3")
+    assert store.get(f"{p}/0/a") == b"3"
+    store.put_many([])  # an empty batch is a no-op
+
+
+def test_put_many_same_key_twice_last_wins(store):
+    p = _prefix()
+    store.put_many([(f"{p}/0/a", b"first"), (f"{p}/0/b", b"x"), (f"{p}/0/a", b"last")])
+    assert store.get_many([f"{p}/0/a", f"{p}/0/b"]) == [b"last", b"x"]
+
+
+def test_delete_many_counts_only_existing(store):
+    p = _prefix()
+    store.put_many([(f"{p}/0/a", b"1"), (f"{p}/0/b", b"1"), (f"{p}/1/c", b"1")])
+    assert store.delete_many([f"{p}/0/a", f"{p}/0/absent", f"{p}/1/c", f"{p}/9/zz"]) == 2
+    assert store.get_many([f"{p}/0/a", f"{p}/0/b", f"{p}/1/c"]) == [None, b"1", None]
+    assert store.delete_many([f"{p}/0/a", f"{p}/1/c"]) == 0
+    assert store.delete(f"{p}/0/b") == 1
+    assert store.delete(f"{p}/0/b") == 0
+    assert store.delete_many([]) == 0
+
+
+def test_compare_and_set(store):
+    p = _prefix()
+    k = f"{p}/0/k"
+    # expected None: only if absent
+    assert store.compare_and_set(k, None, b"v1") is True
+    assert store.get(k) == b"v1"
+    assert store.compare_and_set(k, None, b"v2") is False
+    assert store.get(k) == b"v1"
+    # expected a value
+    assert store.compare_and_set(k, b"wrong", b"v2") is False
+    assert store.get(k) == b"v1"
+    assert store.compare_and_set(k, b"v1", b"v2") is True
+    assert store.get(k) == b"v2"
+    assert store.compare_and_set(k, b"v1", b"v3") is False
+    assert store.get(k) == b"v2"
+    # expecting a value on an absent key does not create it (b"" included)
+    assert store.compare_and_set(f"{p}/0/none", b"x", b"y") is False
+    assert store.compare_and_set(f"{p}/0/none", b"", b"y") is False
+    assert store.get(f"{p}/0/none") is None
+    # binary, empty and NUL values compare exactly
+    assert store.compare_and_set(f"{p}/0/bin", None, b"\x00") is True
+    assert store.compare_and_set(f"{p}/0/bin", b"", b"z") is False
+    assert store.compare_and_set(f"{p}/0/bin", b"\x00", b"") is True
+    assert store.get(f"{p}/0/bin") == b""
+    assert store.compare_and_set(f"{p}/0/bin", None, b"z") is False
+    assert store.compare_and_set(f"{p}/0/bin", b"", b"\x00\x01") is True
+    assert store.get(f"{p}/0/bin") == b"\x00\x01"
+
+
+def test_scan_lists_exactly_the_bucket(store):
+    p = _prefix()
+    store.put_many([
+        (f"{p}/0/blk/1", b"x"), (f"{p}/0/blk/2", b"x"), (f"{p}/0/blk/10", b"x"),
+        (f"{p}/0/blk/deeper/3", b"x"),      # a bucket inside the bucket
+        (f"{p}/0/blk2/4", b"x"),             # sibling bucket sharing a string prefix
+        (f"{p}/0/bl/5", b"x"),               # sibling bucket that is a string prefix
+        (f"{p}/0/parent", b"x"),             # a key of the parent bucket
+    ])
+    assert sorted(store.scan(f"{p}/0/blk")) == ["1", "10", "2"]
+    assert store.scan(f"{p}/0/blk/deeper") == ["3"]
+    assert store.scan(f"{p}/0/blk2") == ["4"]
+    assert store.scan(f"{p}/0/bl") == ["5"]
+    assert store.scan(f"{p}/0") == ["parent"]
+    assert store.scan(f"{p}/0/nothing") == []
+    assert store.scan(f"{p}/9") == []
+    assert store.delete_many([f"{p}/0/blk/1", f"{p}/0/blk/2", f"{p}/0/blk/10"]) == 3
+    assert store.scan(f"{p}/0/blk") == []
+    assert store.scan(f"{p}/0/blk/deeper") == ["3"]
+    store.delete(f"{p}/0/blk/deeper/3")
+    assert store.scan(f"{p}/0/blk/deeper") == []
+    assert store.scan(f"{p}/0/blk") == []
+
+
+def test_scan_after_fenced_writes_shows_only_keys(store):
+    """Whatever a backend keeps beside a fence (a lock file...) is not a key."""
+    p = _prefix()
+    fk = f"{p}/0/_fence"
+    assert store.advance_fence(fk, 1)
+    store.put_many([(f"{p}/0/m", b"x"), (f"{p}/0/blk/1", b"x")], fence=Fence(fk, 1))
+    assert store.compare_and_set(f"{p}/0/cas", None, b"1")
+    assert sorted(store.scan(f"{p}/0")) == ["_fence", "cas", "m"]
+    assert store.scan(f"{p}/0/blk") == ["1"]
+
+
+@pytest.mark.parametrize("name,siblings", [
+    ("q1", ["q10", "q1x", "q", "xq1"]),
+    ("q_1", ["qa1", "q_10", "q__1"]),          # '_' is a LIKE wildcard
+    ("my-queue", ["my-queue2", "my", "my-queue_"]),
+    ("a.b", ["axb", "a.bc"]),
+])
+def test_purge_removes_the_prefix_at_any_depth_only(store, name, siblings):
+    p = _prefix()
+    name = f"{p}{name}"
+    siblings = [f"{p}{s}" for s in siblings]
+
+    def tree(q: str) -> list[str]:
+        return [f"{q}/top", f"{q}/0/_fence", f"{q}/0/blk/1", f"{q}/0/blk/2",
+                f"{q}/0/_blocks/blk", f"{q}/1/a/b/c/deep"]
+
+    doomed = tree(name)
+    kept = [k for s in siblings for k in tree(s)]
+    store.put_many([(k, k.encode()) for k in doomed + kept])
+    store.purge(name)
+    assert store.get_many(doomed) == [None] * len(doomed)
+    for bucket in {k.rpartition("/")[0] for k in doomed}:
+        assert store.scan(bucket) == []
+    assert store.get_many(kept) == [k.encode() for k in kept]
+    # the keys can be written again afterwards
+    store.put(doomed[2], b"again")
+    assert store.get(doomed[2]) == b"again"
+    store.purge(f"{p}never-existed")  # absent prefix: no error
+
+
+def test_purge_of_a_deeper_prefix(store):
+    p = _prefix()
+    keys = {f"{p}/0/blk/1": False, f"{p}/0/x": False, f"{p}/00/blk/1": True,
+            f"{p}/1/blk/1": True, f"{p}/top": True}
+    store.put_many([(k, b"v") for k in keys])
+    store.purge(f"{p}/0")
+    assert store.get_many(list(keys)) == [b"v" if keep else None for keep in keys.values()]
+
+
+# --------------------------------------------------------------------------------- values
+
+
+@pytest.mark.parametrize("value", [
+    b"\x00", b"", b"\x00\x00\xff\x00", bytes(range(256)), "é€😀".encode(), b"\r\n\r\n",
+    b"FENCED", b"\\x00",
+], ids=["nul", "empty", "nuls", "all-bytes", "utf8", "crlf", "fenced-text", "escaped"])
+def test_binary_values_round_trip(store, value):
+    p = _prefix()
+    store.put(f"{p}/0/v", value)
+    store.put_many([(f"{p}/0/w", value), (f"{p}/1/w", value + b"\x00")])
+    assert store.get_many([f"{p}/0/v", f"{p}/0/w", f"{p}/1/w"]) == [value, value, value + b"\x00"]
+
+
+def test_large_value(store):
+    p = _prefix()
+    big = os.urandom(1 << 20)
+    store.put_many([(f"{p}/0/big", big), (f"{p}/0/small", b"s")])
+    assert store.get(f"{p}/0/big") == big
+    assert store.compare_and_set(f"{p}/0/big", big, big[::-1]) is True
+    assert store.get(f"{p}/0/big") == big[::-1]
+
+
+def test_many_keys_in_one_batch(store):
+    p = _prefix()
+    fk = f"{p}/0/_fence"
+    assert store.advance_fence(fk, 7)
+    # 4,000 in one bucket (more than one Lua unpack group) and 1,000 spread over 10 buckets.
+    items = [(f"{p}/0/big/{i}", f"v{i}".encode()) for i in range(4000)]
+    items += [(f"{p}/0/b{i % 10}/{i}", f"w{i}".encode()) for i in range(1000)]
+    assert len(items) == 5000
+
+    # a stale batch of all of them writes none
+    with pytest.raises(Fenced):
+        store.put_many(items, fence=Fence(fk, 6))
+    assert store.scan(f"{p}/0/big") == []
+    assert store.get_many([k for k, _ in items[::97]]) == [None] * len(items[::97])
+
+    store.put_many(items, fence=Fence(fk, 7))
+    keys = [k for k, _ in items]
+    assert store.get_many(keys) == [v for _, v in items]
+    assert len(store.scan(f"{p}/0/big")) == 4000
+    assert sorted(store.scan(f"{p}/0/b3")) == sorted(str(i) for i in range(3, 1000, 10))
+
+    with pytest.raises(Fenced):
+        store.delete_many(keys, fence=Fence(fk, 8))
+    assert len(store.scan(f"{p}/0/big")) == 4000
+    assert store.delete_many(keys + [f"{p}/0/big/absent"], fence=Fence(fk, 7)) == 5000
+    assert store.scan(f"{p}/0/big") == []
+    assert store.get_many(keys[::97]) == [None] * len(keys[::97])
+
+
+# --------------------------------------------------------------------------------- fencing
+
+
+def test_fenced_writes_with_the_current_epoch(store):
+    p = _prefix()
+    fk = f"{p}/0/_fence"
+    assert store.advance_fence(fk, 3)
+    assert store.read_fence(fk) == 3
+    f = Fence(fk, 3)
+    store.put_many([(f"{p}/0/a", b"1"), (f"{p}/1/b", b"1")], fence=f)
+    store.put(f"{p}/0/c", b"1", fence=f)
+    assert store.get_many([f"{p}/0/a", f"{p}/1/b", f"{p}/0/c"]) == [b"1"] * 3
+    assert store.delete_many([f"{p}/0/a", f"{p}/1/b", f"{p}/0/absent"], fence=f) == 2
+    assert store.delete(f"{p}/0/c", fence=f) == 1
+    assert store.get_many([f"{p}/0/a", f"{p}/1/b", f"{p}/0/c"]) == [None] * 3
+
+
+@pytest.mark.parametrize("stored,epoch", [
+    (5, 4),        # stale
+    (5, 0),
+    (5, 6),        # newer than stored: not "the stored epoch" either
+    (None, 1),     # no fence at all
+    (None, 0),
+], ids=["stale", "zero", "future", "missing", "missing-zero"])
+def test_fenced_writes_with_a_wrong_epoch_change_nothing(store, stored, epoch):
+    p = _prefix()
+    fk = f"{p}/0/_fence"
+    if stored is not None:
+        assert store.advance_fence(fk, stored)
+    existing = [(f"{p}/0/old", b"old"), (f"{p}/1/blk/old", b"old")]
+    store.put_many(existing)
+    bad = Fence(fk, epoch)
+    # a batch that is partly new keys, partly overwrites, over several buckets
+    batch = [(f"{p}/0/new", b"new"), (f"{p}/0/old", b"overwritten"),
+             (f"{p}/1/blk/new", b"new"), (f"{p}/1/blk/old", b"overwritten"),
+             (f"{p}/2/fresh/1", b"new")]
+    with pytest.raises(Fenced):
+        store.put_many(batch, fence=bad)
+    with pytest.raises(Fenced):
+        store.put(f"{p}/0/single", b"x", fence=bad)
+    with pytest.raises(Fenced):
+        store.delete_many([f"{p}/0/old", f"{p}/1/blk/old", f"{p}/0/absent"], fence=bad)
+    with pytest.raises(Fenced):
+        store.delete(f"{p}/0/old", fence=bad)
+
+    assert store.get_many([k for k, _ in batch] + [f"{p}/0/single"]) == \
+        [None, b"old", None, b"old", None, None]
+    assert sorted(store.scan(f"{p}/0")) == (["_fence", "old"] if stored is not None else ["old"])
+    assert store.scan(f"{p}/1/blk") == ["old"]
+    assert store.scan(f"{p}/2/fresh") == []
+    assert store.read_fence(fk) == (stored or 0)
+    # unfenced deletes (acks) work whatever the fence
+    assert store.delete(f"{p}/0/old") == 1
+    assert store.delete_many([f"{p}/1/blk/old", f"{p}/1/blk/absent"]) == 1
+    assert store.get_many([f"{p}/0/old", f"{p}/1/blk/old"]) == [None, None]
+
+
+def test_advance_fence_never_lowers(store):
+    p = _prefix()
+    fk = f"{p}/0/_fence"
+    assert store.read_fence(fk) == 0
+    assert store.advance_fence(fk, 3) is True
+    assert store.read_fence(fk) == 3
+    assert store.advance_fence(fk, 3) is True      # equal: still ours
+    assert store.advance_fence(fk, 2) is False     # someone newer owns
+    assert store.read_fence(fk) == 3
+    assert store.advance_fence(fk, 10) is True
+    assert store.advance_fence(fk, 9) is False
+    assert store.advance_fence(fk, 0) is False
+    assert store.read_fence(fk) == 10
+    # the old owner is cut off, the new one writes
+    with pytest.raises(Fenced):
+        store.put(f"{p}/0/m", b"x", fence=Fence(fk, 3))
+    store.put(f"{p}/0/m", b"y", fence=Fence(fk, 10))
+    assert store.get(f"{p}/0/m") == b"y"
+    # numeric, not lexicographic: 10 -> 9 is refused above, 10 -> 100 accepted
+    assert store.advance_fence(fk, 100) is True
+    assert store.read_fence(fk) == 100
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_advance_fence_one_winner_per_epoch(store):
+    """Owners racing to raise the same fence: the stored epoch ends at the highest."""
+    p = _prefix()
+    fk = f"{p}/0/_fence"
+    results: dict[int, bool] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(6)
+
+    def contender(epoch: int) -> None:
+        try:
+            barrier.wait()
+            results[epoch] = store.advance_fence(fk, epoch)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            _close_db_connection(store)
+
+    threads = [threading.Thread(target=contender, args=(e,)) for e in range(1, 7)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert not errors, errors
+    assert store.read_fence(fk) == 6
+    assert results[6] is True
+
+
+def _close_db_connection(store) -> None:
+    if getattr(store, "kind", "") == "sql":
+        from django.db import connection
+
+        connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_old_epoch_write_succeeds_after_the_fence_is_raised(store):
+    p = _prefix()
+    fk = f"{p}/0/_fence"
+    assert store.advance_fence(fk, 1)
+    old, new = Fence(fk, 1), Fence(fk, 2)
+    n_writers = 4
+
+    seq_lock = threading.Lock()
+    seq = [0]
+
+    def tick() -> int:
+        with seq_lock:
+            seq[0] += 1
+            return seq[0]
+
+    # (writer, i, start, end, ok) per attempt; keys of attempt (w, i) are unique to it.
+    attempts: list[tuple[int, int, int, int, bool]] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    started = threading.Barrier(n_writers + 1)
+
+    def keys_of(w: int, i: int) -> list[str]:
+        return [f"{p}/0/w{w}/{i}-a", f"{p}/0/w{w}/{i}-b", f"{p}/0/shared/{w}-{i}"]
+
+    def writer(w: int) -> None:
+        try:
+            started.wait()
+            i = 0
+            fenced_in_a_row = 0
+            while not stop.is_set() and i < 5000:
+                items = [(k, f"{w}-{i}".encode()) for k in keys_of(w, i)]
+                start = tick()
+                try:
+                    store.put_many(items, fence=old)
+                    ok = True
+                    fenced_in_a_row = 0
+                except Fenced:
+                    ok = False
+                    fenced_in_a_row += 1
+                attempts.append((w, i, start, tick(), ok))
+                i += 1
+                if fenced_in_a_row >= 5:
+                    break
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            _close_db_connection(store)
+
+    threads = [threading.Thread(target=writer, args=(w,), daemon=True) for w in range(n_writers)]
+    for t in threads:
+        t.start()
+    started.wait()
+    # let the old owner get some writes in
+    deadline = time.monotonic() + 10
+    while sum(1 for a in attempts if a[4]) < 4 * n_writers and not errors:
+        assert time.monotonic() < deadline, "the writers made no progress"
+        time.sleep(0.002)
+    assert store.advance_fence(fk, 2) is True
+    advanced = tick()
+    # what the store holds at the moment the advance returned
+    snapshot = {f"{p}/0/shared/{n}" for n in store.scan(f"{p}/0/shared")}
+    for w in range(n_writers):
+        snapshot |= {f"{p}/0/w{w}/{n}" for n in store.scan(f"{p}/0/w{w}")}
+    for t in threads:
+        t.join(20)
+    stop.set()
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)
+
+    succeeded = [a for a in attempts if a[4]]
+    failed = [a for a in attempts if not a[4]]
+    assert succeeded and failed
+    # every writer was eventually cut off
+    assert {a[0] for a in failed} == set(range(n_writers))
+    # no old-epoch write that began after the advance returned succeeded ...
+    late = [a for a in succeeded if a[2] > advanced]
+    assert not late, f"old-epoch writes succeeded after advance_fence returned: {late[:5]}"
+    # ... and every one that succeeded had completed (was stored) when it returned
+    for w, i, *_ in succeeded:
+        assert set(keys_of(w, i)) <= snapshot, f"write {w}-{i} landed after the advance"
+    # once fenced, a writer is never let through again
+    for w in range(n_writers):
+        mine = sorted((a for a in attempts if a[0] == w), key=lambda a: a[1])
+        first_fail = next(k for k, a in enumerate(mine) if not a[4])
+        assert all(not a[4] for a in mine[first_fail:])
+
+    # the new owner writes
+    store.put_many([(f"{p}/0/shared/new", b"new")], fence=new)
+
+    # every successful write is readable; every refused one left nothing
+    ok_keys = [(k, f"{w}-{i}".encode()) for w, i, *_ in succeeded for k in keys_of(w, i)]
+    assert store.get_many([k for k, _ in ok_keys]) == [v for _, v in ok_keys]
+    bad_keys = [k for w, i, *_ in failed for k in keys_of(w, i)]
+    assert store.get_many(bad_keys) == [None] * len(bad_keys)
+    assert len(store.scan(f"{p}/0/shared")) == len(succeeded) + 1
+    assert store.get(f"{p}/0/shared/new") == b"new"
+
+
+# --------------------------------------------------------------------------------- model check
+
+
+_names = st.sampled_from(["a", "b", "c", "10", "x_y"])
+_buckets = st.sampled_from(["0/blk", "0/blk2", "1/blk", "0"])
+_keys = st.builds(lambda b, n: f"{b}/{n}", _buckets, _names)
+_values = st.binary(max_size=12)
+_ops = st.lists(st.one_of(
+    st.tuples(st.just("put"), st.lists(st.tuples(_keys, _values), max_size=5)),
+    st.tuples(st.just("delete"), st.lists(_keys, max_size=5)),
+    st.tuples(st.just("cas"), _keys, st.one_of(st.none(), _values), _values),
+), max_size=12)
+
+
+@settings(max_examples=25, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=_ops)
+def test_behaves_like_a_dict(store, ops):
+    p = _prefix()  # fresh keys per example: the store is shared by the examples
+    model: dict[str, bytes] = {}
+    for op in ops:
+        if op[0] == "put":
+            items = [(f"{p}/{k}", v) for k, v in op[1]]
+            store.put_many(items)
+            model.update(items)
+        elif op[0] == "delete":
+            keys = [f"{p}/{k}" for k in op[1]]
+            expected = len({k for k in keys if k in model})
+            assert store.delete_many(keys) == expected
+            for k in keys:
+                model.pop(k, None)
+        else:
+            _, k, expected, value = op
+            k = f"{p}/{k}"
+            should = model.get(k) == expected
+            assert store.compare_and_set(k, expected, value) is should
+            if should:
+                model[k] = value
+    all_keys = [f"{p}/{b}/{n}" for b in ["0/blk", "0/blk2", "1/blk", "0"]
+                for n in ["a", "b", "c", "10", "x_y"]]
+    assert store.get_many(all_keys) == [model.get(k) for k in all_keys]
+    for b in ["0/blk", "0/blk2", "1/blk", "0"]:
+        assert sorted(store.scan(f"{p}/{b}")) == sorted(
+            k.rpartition("/")[2] for k in model if k.rpartition("/")[0] == f"{p}/{b}")
+
+
+# --------------------------------------------------------------------------------- file keys
+
+
+BAD_KEYS = ["nokey", "a//b", "/a/b", "a/b/", "a/../b", "../x", "a/..", "..", "a/.hidden",
+            ".a/b", "a/./b", "a/.", "../../etc/passwd", "a/b/..", "a/b\x00c", "a/b c/d",
+            "a/b.lock"]
+
+
+def _tree(root) -> dict[str, bytes | None]:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            out[os.path.join(dirpath, d)] = None
+        for f in filenames:
+            path = os.path.join(dirpath, f)
+            with open(path, "rb") as fh:
+                out[path] = fh.read()
+    return out
+
+
+@pytest.mark.parametrize("bad", BAD_KEYS)
+def test_file_store_refuses_bad_keys(tmp_path, bad):
+    from queues.kv.filesystem import FileStore
+
+    # The root sits two levels down, with neighbours a ".." could reach.
+    (tmp_path / "outside").write_bytes(b"keep")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "b").write_bytes(b"keep")
+    (tmp_path / "x").write_bytes(b"keep")
+    root = tmp_path / "d1" / "root"
+    s = FileStore(root)
+    s.put("good/0/k", b"v")
+    s.put("good/0/_fence", b"1")
+    (tmp_path / "d1" / "x").write_bytes(b"keep")
+    (tmp_path / "d1" / "b").write_bytes(b"keep")
+    before = _tree(tmp_path)
+
+    calls = [
+        lambda: s.get(bad),
+        lambda: s.get_many(["good/0/k", bad]),
+        lambda: s.put(bad, b"x"),
+        lambda: s.put_many([("good/0/new", b"x"), (bad, b"x"), ("good/1/new", b"x")]),
+        lambda: s.put_many([("good/0/new", b"x")], fence=Fence(bad, 1)),
+        lambda: s.put_many([("good/0/new", b"x"), (bad, b"x")], fence=Fence("good/0/_fence", 1)),
+        lambda: s.delete(bad),
+        lambda: s.delete_many(["good/0/k", bad]),
+        lambda: s.delete_many(["good/0/k"], fence=Fence(bad, 1)),
+        lambda: s.compare_and_set(bad, None, b"x"),
+        lambda: s.compare_and_set(bad, b"keep", b"x"),
+        lambda: s.advance_fence(bad, 5),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError):
+            call()
+    assert _tree(tmp_path) == before
+    assert s.get("good/0/k") == b"v"
+    s.close()
+
+
+@pytest.mark.parametrize("bad", ["..", "../d1", "a/../..", "../../outside", "good/..", ".", "",
+                                 "/", "good//0", ".hidden"])
+def test_file_store_scan_and_purge_stay_inside_the_root(tmp_path, bad):
+    from queues.kv.filesystem import FileStore
+
+    (tmp_path / "outside").write_bytes(b"keep")
+    root = tmp_path / "d1" / "root"
+    s = FileStore(root)
+    s.put("good/0/k", b"v")
+    (tmp_path / "d1" / "sibling").write_bytes(b"keep")
+    before = _tree(tmp_path)
+    with pytest.raises(ValueError):
+        s.purge(bad)
+    with pytest.raises(ValueError):
+        s.scan(bad)
+    assert _tree(tmp_path) == before
+    s.close()
