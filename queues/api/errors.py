@@ -37,6 +37,7 @@ class BadRequest(exceptions.APIException):
 
 
 _DRF_CODES = {
+    PayloadTooLarge: "payload_too_large",
     exceptions.ParseError: "malformed_json",
     exceptions.NotAuthenticated: "not_authenticated",
     exceptions.AuthenticationFailed: "authentication_failed",

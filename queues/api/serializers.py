@@ -17,9 +17,13 @@ class StrictSerializer(serializers.Serializer):
     def to_internal_value(self, data):
         if isinstance(data, dict):
             unknown = set(data) - set(self.fields)
-            if unknown:
+            # Read-only fields (name on PATCH, created_at) would be dropped silently: refuse them.
+            read_only = {name for name in set(data) & set(self.fields) if self.fields[name].read_only}
+            if unknown or read_only:
                 raise serializers.ValidationError(
-                    {name: ["unknown field"] for name in sorted(unknown)}, code="unknown_field"
+                    {**{name: ["unknown field"] for name in sorted(unknown)},
+                     **{name: ["read-only field; it cannot be set here"] for name in sorted(read_only)}},
+                    code="unknown_field",
                 )
         return super().to_internal_value(data)
 

@@ -157,7 +157,7 @@ def visibility_request(data, cfg: QueueConfig) -> tuple[MessageId, str | None, f
     _no_extra(data, {"id", "receipt", "visibility_timeout"}, "the request")
     mid = message_id(data.get("id"), cfg, "id")
     receipt = _receipt(data["receipt"], "receipt") if data.get("receipt") is not None else None
-    if "visibility_timeout" not in data:
+    if data.get("visibility_timeout") is None:
         raise BadRequest("visibility_timeout is required (seconds from now; 0 makes it visible)",
                          "missing_field")
     timeout = number(data, "visibility_timeout", *LIMITS["visibility_timeout"], None)

@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from .. import service
 from ..messages import StoredMessage
-from ..models import Queue
+from ..models import QUEUE_NAME_RE, Queue
 from . import validation
 from .errors import BadRequest
 from .serializers import (AckDoc, AckResultDoc, DequeueDoc, DequeueResultDoc, EnqueueDoc,
@@ -30,6 +30,17 @@ ERRORS = {
 
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _checked_name(name: str) -> str:
+    """A name no queue can have (NUL, '/', too long...) is unknown, not a database error."""
+    if not QUEUE_NAME_RE.fullmatch(name):
+        raise service.QueueNotFound(name)
+    return name
+
+
+def _queue_config(name: str):
+    return service.get_runtime().queue(_checked_name(name))
 
 
 class HealthView(APIView):
@@ -80,7 +91,7 @@ class QueueDetailView(APIView):
 
     @staticmethod
     def _get(name):
-        q = Queue.objects.filter(name=name).first()
+        q = Queue.objects.filter(name=_checked_name(name)).first()
         if q is None:
             raise service.QueueNotFound(name)
         return q
@@ -90,7 +101,7 @@ class EnqueueView(APIView):
     @extend_schema(request=EnqueueDoc, responses={201: EnqueueResultDoc, **ERRORS},
                    summary="Enqueue one message, or a batch of up to 1,000 (stored in order)")
     def post(self, request, name):
-        cfg = service.get_runtime().queue(name)
+        cfg = _queue_config(name)
         bodies, batch = validation.enqueue_request(request.data, cfg)
         now = datetime.now(timezone.utc).timestamp()
         ids = service.enqueue(name, [StoredMessage(b, now) for b in bodies])
@@ -101,7 +112,7 @@ class DequeueView(APIView):
     @extend_schema(request=DequeueDoc, responses={200: DequeueResultDoc, **ERRORS},
                    summary="Receive up to max messages; each stays hidden for visibility_timeout")
     def post(self, request, name):
-        service.get_runtime().queue(name)
+        _queue_config(name)
         max_messages, visibility, wait = validation.dequeue_request(request.data)
         deliveries = service.dequeue(name, max_messages, visibility, wait)
         return Response({"messages": [
@@ -115,7 +126,7 @@ class AckView(APIView):
     @extend_schema(request=AckDoc, responses={200: AckResultDoc, 409: ErrorDoc, **ERRORS},
                    summary="Acknowledge (delete) messages; a stale receipt refuses the whole call")
     def post(self, request, name):
-        cfg = service.get_runtime().queue(name)
+        cfg = _queue_config(name)
         items = validation.ack_request(request.data, cfg)
         result = service.ack(name, items)
         return Response({"acked": result.acked, "not_found": result.not_found})
@@ -125,7 +136,7 @@ class VisibilityView(APIView):
     @extend_schema(request=VisibilityDoc, responses={200: VisibilityDoc, 409: ErrorDoc, **ERRORS},
                    summary="Extend or shorten the visibility timeout of a message in flight")
     def post(self, request, name):
-        cfg = service.get_runtime().queue(name)
+        cfg = _queue_config(name)
         mid, receipt, timeout = validation.visibility_request(request.data, cfg)
         service.change_visibility(name, mid, receipt, timeout)
         return Response({"id": str(mid), "visibility_timeout": timeout})
@@ -134,4 +145,4 @@ class VisibilityView(APIView):
 class StatsView(APIView):
     @extend_schema(responses={200: dict, **ERRORS}, summary="Depth, in flight, oldest age, per partition")
     def get(self, request, name):
-        return Response(service.queue_stats(name))
+        return Response(service.queue_stats(_checked_name(name)))

@@ -1,0 +1,436 @@
+"""The REST API end to end, happy paths: queues, enqueue, dequeue, ack, visibility, stats, docs.
+
+Runs in-process against the configured database and key-value store (PostgreSQL + Redis under
+``make test``; SQLite + the filesystem store with no environment at all). The node runtime has no
+housekeeping thread here; every partition is claimed at queue creation.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from rest_framework.test import APIClient
+
+from queues import service
+from queues.messages import StoredMessage, parse_message_id
+
+pytestmark = pytest.mark.django_db
+
+API = "/api/v1/queues"
+
+
+@pytest.fixture(autouse=True)
+def _purge_kv(runtime):
+    """The database rolls back after each test, the key-value store does not: empty it."""
+    yield
+    from queues.models import Queue
+
+    for name in Queue.objects.values_list("name", flat=True):
+        runtime.store.purge(name)
+
+
+@pytest.fixture
+def user(db):
+    """Overrides the shared fixture: no password hashing (half a second per test otherwise)."""
+    import uuid
+
+    from django.contrib.auth.models import User
+
+    return User.objects.create(username=f"u-{uuid.uuid4().hex[:8]}")
+
+
+def url(name: str, action: str = "") -> str:
+    return f"{API}/{name}/{action}" if action else f"{API}/{name}"
+
+
+def enqueue(api, name, *bodies):
+    """Enqueue one body (single form) or several (batch form); returns the IDs."""
+    if len(bodies) == 1:
+        r = api.post(url(name, "enqueue"), {"body": bodies[0]}, format="json")
+        assert r.status_code == 201, r.content
+        return [r.json()["id"]]
+    r = api.post(url(name, "enqueue"), {"messages": [{"body": b} for b in bodies]}, format="json")
+    assert r.status_code == 201, r.content
+    return r.json()["ids"]
+
+
+def dequeue(api, name, **params):
+    r = api.post(url(name, "dequeue"), params, format="json")
+    assert r.status_code == 200, r.content
+    return r.json()["messages"]
+
+
+def stats(api, name):
+    r = api.get(url(name, "stats"))
+    assert r.status_code == 200, r.content
+    return r.json()
+
+
+# --- queues -----------------------------------------------------------------------------------
+def test_queue_lifecycle_create_list_get_patch_delete(api, unique_name):
+    # given
+    name = unique_name()
+    fields = {"name": name, "partitions": 3, "block_size": 16, "lease_period": 20,
+              "visibility_timeout": 45, "max_message_size": 2048, "retention": 3600}
+
+    # when
+    created = api.post(API, fields, format="json")
+
+    # then
+    assert created.status_code == 201, created.content
+    body = created.json()
+    assert {k: body[k] for k in fields} == fields
+    assert body["created_at"] and body["updated_at"]
+
+    # when
+    listed = api.get(API)
+    got = api.get(url(name))
+
+    # then
+    assert listed.status_code == 200
+    assert name in [q["name"] for q in listed.json()]
+    assert got.status_code == 200
+    assert {k: got.json()[k] for k in fields} == fields
+    assert len(stats(api, name)["partitions"]) == 3
+
+    # when: settings change, partitions grow
+    patched = api.patch(url(name), {"visibility_timeout": 5, "partitions": 5, "retention": 7200},
+                        format="json")
+
+    # then
+    assert patched.status_code == 200, patched.content
+    assert patched.json()["visibility_timeout"] == 5
+    assert patched.json()["partitions"] == 5
+    assert api.get(url(name)).json()["retention"] == 7200
+    assert [p["index"] for p in stats(api, name)["partitions"]] == [0, 1, 2, 3, 4]
+    assert service.get_runtime().queue(name).visibility_timeout == 5
+
+    # when
+    deleted = api.delete(url(name))
+
+    # then
+    assert deleted.status_code == 204
+    missing = api.get(url(name))
+    assert missing.status_code == 404
+    assert missing.json()["error"] == "queue_not_found"
+    assert name not in [q["name"] for q in api.get(API).json()]
+
+
+def test_create_with_defaults(api, unique_name):
+    # given
+    name = unique_name()
+
+    # when
+    r = api.post(API, {"name": name}, format="json")
+
+    # then
+    assert r.status_code == 201, r.content
+    assert r.json()["partitions"] == 4
+    assert r.json()["visibility_timeout"] == 30
+
+
+def test_delete_then_recreate_same_name_is_empty(api, make_queue):
+    # given
+    name = make_queue(partitions=2)
+    enqueue(api, name, *[f"old-{i}" for i in range(10)])
+    assert len(dequeue(api, name, max=3)) == 3
+
+    # when
+    assert api.delete(url(name)).status_code == 204
+    r = api.post(API, {"name": name, "partitions": 2}, format="json")
+
+    # then
+    assert r.status_code == 201, r.content
+    s = stats(api, name)
+    assert (s["depth"], s["in_flight"], s["oldest_age"]) == (0, 0, None)
+    assert dequeue(api, name, max=10) == []
+    new_id = enqueue(api, name, "new")[0]
+    assert [(m["id"], m["body"], m["receive_count"]) for m in dequeue(api, name, max=10)] == [(new_id, "new", 1)]
+
+
+# --- messages ---------------------------------------------------------------------------------
+def test_enqueue_single_and_dequeue_fields(api, make_queue):
+    # given
+    name = make_queue(partitions=1)
+    before = time.time()
+
+    # when
+    r = api.post(url(name, "enqueue"), {"body": "héllo ✓"}, format="json")
+
+    # then
+    assert r.status_code == 201, r.content
+    mid = r.json()["id"]
+    parsed = parse_message_id(mid)
+    assert parsed is not None and parsed.queue == name and parsed.partition == 0
+
+    # when
+    msgs = dequeue(api, name, max=5, visibility_timeout=30)
+
+    # then
+    assert len(msgs) == 1
+    m = msgs[0]
+    assert set(m) == {"id", "receipt", "body", "receive_count", "enqueued_at"}
+    assert (m["id"], m["body"], m["receive_count"]) == (mid, "héllo ✓", 1)
+    assert isinstance(m["receipt"], str) and m["receipt"]
+    assert m["enqueued_at"].endswith("Z")
+    from datetime import datetime
+
+    at = datetime.fromisoformat(m["enqueued_at"].replace("Z", "+00:00")).timestamp()
+    assert before - 1 <= at <= time.time() + 1
+
+
+def test_batch_of_1000_ids_in_order_and_fifo_dequeue(api, make_queue):
+    # given: one partition, small blocks so the batch spans many
+    name = make_queue(partitions=1, block_size=64)
+    bodies = [f"m{i:04d}" for i in range(1000)]
+
+    # when
+    ids = enqueue(api, name, *bodies)
+
+    # then: 1000 distinct IDs in order of position
+    assert len(ids) == 1000 == len(set(ids))
+    parsed = [parse_message_id(i) for i in ids]
+    assert all(p is not None and p.queue == name and p.partition == 0 for p in parsed)
+    blocks_in_order = list(dict.fromkeys(p.block for p in parsed))
+    positions = [(blocks_in_order.index(p.block), p.index) for p in parsed]
+    assert positions == sorted(positions)
+    assert len(blocks_in_order) == 1000 // 64 + 1
+    assert stats(api, name)["depth"] == 1000
+
+    # when
+    first = dequeue(api, name, max=600)
+    rest = dequeue(api, name, max=1000)
+
+    # then: FIFO within the partition, each body with its ID
+    got = first + rest
+    assert [m["id"] for m in got] == ids
+    assert [m["body"] for m in got] == bodies
+    assert dequeue(api, name, max=10) == []
+
+
+def test_ack_removes_and_stats_track_it(api, make_queue):
+    # given
+    name = make_queue(partitions=2)
+    s0 = stats(api, name)
+    assert (s0["depth"], s0["in_flight"], s0["oldest_age"]) == (0, 0, None)
+    assert len(s0["partitions"]) == 2
+    ids = enqueue(api, name, *[f"b{i}" for i in range(5)])
+
+    # when
+    s1 = stats(api, name)
+    msgs = dequeue(api, name, max=3, visibility_timeout=60)
+    s2 = stats(api, name)
+
+    # then
+    assert (s1["depth"], s1["in_flight"]) == (5, 0)
+    assert s1["oldest_age"] is not None and s1["oldest_age"] >= 0
+    assert sum(p["depth"] for p in s1["partitions"]) == 5
+    assert len(msgs) == 3
+    assert (s2["depth"], s2["in_flight"]) == (2, 3)
+
+    # when: ack two by receipt and one by bare ID
+    r = api.post(url(name, "ack"), {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in msgs[:2]]},
+                 format="json")
+    r2 = api.post(url(name, "ack"), {"ids": [msgs[2]["id"]]}, format="json")
+
+    # then
+    assert r.status_code == 200, r.content
+    assert r.json() == {"acked": 2, "not_found": 0}
+    assert r2.json() == {"acked": 1, "not_found": 0}
+    s3 = stats(api, name)
+    assert (s3["depth"], s3["in_flight"]) == (2, 0)
+    assert sum(p["acked"] for p in s3["partitions"]) == 3
+    left = dequeue(api, name, max=10)
+    assert sorted(m["id"] for m in left) == sorted(set(ids) - {m["id"] for m in msgs})
+
+    # when: acking again finds nothing
+    again = api.post(url(name, "ack"), {"ids": [msgs[0]["id"]]}, format="json")
+
+    # then
+    assert again.status_code == 200
+    assert again.json() == {"acked": 0, "not_found": 1}
+
+    # when: the rest is acked
+    api.post(url(name, "ack"), {"ids": [m["id"] for m in left]}, format="json")
+
+    # then
+    s4 = stats(api, name)
+    assert (s4["depth"], s4["in_flight"], s4["oldest_age"]) == (0, 0, None)
+
+
+def test_visibility_timeout_expiry_redelivers_with_new_receipt(api, make_queue):
+    # given
+    name = make_queue(partitions=1)
+    (mid,) = enqueue(api, name, "again")
+    (first,) = dequeue(api, name, visibility_timeout=0.2)
+    assert dequeue(api, name) == []
+
+    # when
+    time.sleep(0.3)
+    second = dequeue(api, name, visibility_timeout=30)
+
+    # then
+    assert len(second) == 1
+    assert second[0]["id"] == mid
+    assert second[0]["body"] == "again"
+    assert (first["receive_count"], second[0]["receive_count"]) == (1, 2)
+    assert second[0]["receipt"] != first["receipt"]
+    assert sum(p["redelivered"] for p in stats(api, name)["partitions"]) == 1
+
+
+def test_visibility_call_zero_makes_visible_and_extension_hides(api, make_queue):
+    # given
+    name = make_queue(partitions=1)
+    (mid,) = enqueue(api, name, "v")
+    (d1,) = dequeue(api, name, visibility_timeout=0.3)
+
+    # when: extended to 60 s before it expires
+    r = api.post(url(name, "visibility"), {"id": mid, "receipt": d1["receipt"], "visibility_timeout": 60},
+                 format="json")
+    time.sleep(0.4)
+
+    # then
+    assert r.status_code == 200, r.content
+    assert r.json() == {"id": mid, "visibility_timeout": 60}
+    assert dequeue(api, name) == []
+    assert stats(api, name)["in_flight"] == 1
+
+    # when: shortened to 0
+    r = api.post(url(name, "visibility"), {"id": mid, "receipt": d1["receipt"], "visibility_timeout": 0},
+                 format="json")
+
+    # then
+    assert r.status_code == 200, r.content
+    (d2,) = dequeue(api, name)
+    assert (d2["id"], d2["receive_count"]) == (mid, 2)
+    assert d2["receipt"] != d1["receipt"]
+
+
+def test_stale_receipt_is_409_on_ack_and_visibility_and_changes_nothing(api, make_queue):
+    # given: a message delivered twice; d1's receipt is stale
+    name = make_queue(partitions=1)
+    (mid,) = enqueue(api, name, "s")
+    (d1,) = dequeue(api, name, visibility_timeout=30)
+    api.post(url(name, "visibility"), {"id": mid, "receipt": d1["receipt"], "visibility_timeout": 0},
+             format="json")
+    (d2,) = dequeue(api, name, visibility_timeout=30)
+    assert d2["receipt"] != d1["receipt"]
+    before = stats(api, name)
+
+    # when
+    ack = api.post(url(name, "ack"), {"messages": [{"id": mid, "receipt": d1["receipt"]}]}, format="json")
+    vis = api.post(url(name, "visibility"), {"id": mid, "receipt": d1["receipt"], "visibility_timeout": 0},
+                   format="json")
+
+    # then
+    assert ack.status_code == 409, ack.content
+    assert ack.json()["error"] == "receipt_mismatch" and ack.json()["detail"]
+    assert vis.status_code == 409, vis.content
+    assert vis.json()["error"] == "receipt_mismatch"
+    after = stats(api, name)
+    assert (after["depth"], after["in_flight"]) == (before["depth"], before["in_flight"]) == (0, 1)
+    assert after["partitions"][0]["acked"] == 0
+    assert dequeue(api, name) == []  # the stale visibility call did not make it visible
+
+    # when: the current receipt works
+    ok = api.post(url(name, "ack"), {"messages": [{"id": mid, "receipt": d2["receipt"]}]}, format="json")
+
+    # then
+    assert ok.status_code == 200
+    assert ok.json() == {"acked": 1, "not_found": 0}
+
+
+def test_long_poll_returns_promptly_when_a_message_arrives(api, make_queue):
+    # given: the head block exists (so the enqueue from the other thread needs no database)
+    name = make_queue(partitions=1)
+    (warm,) = enqueue(api, name, "warm-up")
+    (d,) = dequeue(api, name)
+    api.post(url(name, "ack"), {"ids": [warm]}, format="json")
+    sent: list[str] = []
+
+    def later():
+        time.sleep(0.3)
+        sent.extend(service.enqueue(name, [StoredMessage("late", time.time())]))
+
+    t = threading.Thread(target=later)
+
+    # when
+    t0 = time.monotonic()
+    t.start()
+    msgs = dequeue(api, name, wait=2)
+    elapsed = time.monotonic() - t0
+    t.join()
+
+    # then
+    assert [m["body"] for m in msgs] == ["late"]
+    assert [m["id"] for m in msgs] == sent
+    assert 0.25 <= elapsed < 1.5
+
+
+def test_long_poll_times_out_empty(api, make_queue):
+    # given
+    name = make_queue(partitions=2)
+
+    # when
+    t0 = time.monotonic()
+    msgs = dequeue(api, name, wait=0.4)
+    elapsed = time.monotonic() - t0
+
+    # then
+    assert msgs == []
+    assert 0.35 <= elapsed < 2
+
+
+def test_long_poll_wakes_for_a_redelivery(api, make_queue):
+    # given
+    name = make_queue(partitions=1)
+    (mid,) = enqueue(api, name, "x")
+    dequeue(api, name, visibility_timeout=0.3)
+
+    # when
+    t0 = time.monotonic()
+    msgs = dequeue(api, name, wait=3)
+    elapsed = time.monotonic() - t0
+
+    # then
+    assert [(m["id"], m["receive_count"]) for m in msgs] == [(mid, 2)]
+    assert elapsed < 1.5
+
+
+# --- docs and health --------------------------------------------------------------------------
+def test_schema_and_docs_answer(api, runtime):
+    # given
+    anonymous = APIClient()
+
+    # when
+    schema = api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    docs = anonymous.get("/api/docs/")
+    anon_schema = anonymous.get("/api/schema/")
+
+    # then
+    assert schema.status_code == 200, schema.content[:300]
+    import json
+
+    paths = json.loads(schema.content)["paths"]
+    for p in ("/api/v1/queues", "/api/v1/queues/{name}", "/api/v1/queues/{name}/enqueue",
+              "/api/v1/queues/{name}/dequeue", "/api/v1/queues/{name}/ack",
+              "/api/v1/queues/{name}/visibility", "/api/v1/queues/{name}/stats"):
+        assert p in paths
+    assert docs.status_code == 200
+    assert b"swagger" in docs.content.lower()
+    assert anon_schema.status_code == 200
+
+
+def test_healthz_needs_no_auth(runtime):
+    # given
+    anonymous = APIClient()
+
+    # when
+    r = anonymous.get("/api/v1/healthz")
+
+    # then
+    assert r.status_code == 200
+    assert r.json()["status"] == "ok"
+    assert r.json()["node"] == runtime.node_id
