@@ -113,6 +113,13 @@ def proc_cpu_seconds(pid: int) -> float:
     return sum(int(x) for x in fields[11:15]) / CLK_TCK
 
 
+def background_load(seconds: float) -> float:
+    """Cores busy on the machine over `seconds` while the bench itself does nothing."""
+    b0 = box_busy_seconds()
+    time.sleep(seconds)
+    return (box_busy_seconds() - b0) / seconds
+
+
 def median(xs):
     xs = [x for x in xs if x is not None and x == x]
     return statistics.median(xs) if xs else None
@@ -619,36 +626,31 @@ def run_round(system: System, pool: ClientPool, mode: str, batch: int, n: int, t
 # --------------------------------------------------------------------------------------
 
 
-def bench_system(system: System, args, modes: list[tuple[str, int, int]], results: dict, notes: list) -> None:
-    log(f"== {system.name}")
-    pool = None
-    try:
-        system.start()
-        desc = system.describe()
-        if desc:
-            notes.append(desc)
-        pool = ClientPool(system.kind, system.client_spec(), args.clients, args.phase_timeout + 120)
-        for mode, batch, n in modes:
-            entry = results.setdefault(mode, {}).setdefault(system.name, {"samples": [], "anomalies": []})
-            run_id = uuid.uuid4().hex[:6]
-            if args.warmup > 0:
-                w = run_round(system, pool, mode, batch, min(args.warmup, n), f"{mode}-{run_id}-warm", args)
-                log(f"{system.name} {mode} warm-up: cycle {fmt_rate(w['phases']['cycle']['rate'])}/s"
-                    + (f"  ANOMALIES: {w['anomalies']}" if w["anomalies"] else ""))
-            for rep in range(args.repeat):
-                r = run_round(system, pool, mode, batch, n, f"{mode}-{run_id}-r{rep}", args)
-                entry["samples"].append(r)
-                if r["anomalies"]:
-                    entry["anomalies"].append(f"round {rep}: " + "; ".join(r["anomalies"]))
-                ph = r["phases"]
-                log(f"{system.name} {mode} round {rep + 1}/{args.repeat}: "
-                    + "  ".join(f"{f} {fmt_rate(ph[f]['rate'])}/s" for f in FIGURES)
-                    + (f"  ANOMALIES: {r['anomalies']}" if r["anomalies"] else ""))
-    except Exception as exc:
-        msg = f"{system.name}: FAILED: {type(exc).__name__}: {exc}"
-        log(msg + "\n" + traceback.format_exc())
-        results.setdefault("_failures", {})[system.name] = f"{type(exc).__name__}: {exc}"
-    finally:
+class Runner:
+    """Starts systems, keeps one client pool per system, runs rounds, records failures."""
+
+    def __init__(self, args, results: dict, notes: list) -> None:
+        self.args, self.results, self.notes = args, results, notes
+        self.pools: dict[str, ClientPool] = {}
+        self.failed: dict[str, str] = results.setdefault("_failures", {})
+
+    def start(self, system: System) -> bool:
+        log(f"== start {system.name}")
+        try:
+            system.start()
+            desc = system.describe()
+            if desc:
+                self.notes.append(desc)
+            self.pools[system.name] = ClientPool(system.kind, system.client_spec(), self.args.clients,
+                                                 self.args.phase_timeout + 120)
+            return True
+        except Exception as exc:
+            self.fail(system, exc)
+            self.stop(system)
+            return False
+
+    def stop(self, system: System) -> None:
+        pool = self.pools.pop(system.name, None)
         if pool is not None:
             pool.close()
         try:
@@ -656,29 +658,109 @@ def bench_system(system: System, args, modes: list[tuple[str, int, int]], result
         except Exception as exc:
             log(f"{system.name}: stop/cleanup failed: {exc}")
 
+    def fail(self, system: System, exc: Exception) -> None:
+        log(f"{system.name}: FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        self.failed.setdefault(system.name, f"{type(exc).__name__}: {exc}")
+
+    def alive(self, system: System) -> bool:
+        return system.name in self.pools and system.name not in self.failed
+
+    def round(self, system: System, mode: str, batch: int, n: int, tag: str, group: str, rep: int | None) -> None:
+        if not self.alive(system):
+            return
+        try:
+            r = run_round(system, self.pools[system.name], mode, batch, n, tag, self.args)
+        except Exception as exc:
+            self.fail(system, exc)
+            return
+        ph = r["phases"]
+        what = "warm-up" if rep is None else f"round {rep + 1}/{self.args.repeat}"
+        log(f"{system.name} {mode} {what} [{group}]: "
+            + "  ".join(f"{f} {fmt_rate(ph[f]['rate'])}/s" for f in FIGURES)
+            + f"  box CPU {fmt_cores(ph['cycle']['box_cpu_cores'])}"
+            + (f"  ANOMALIES: {r['anomalies']}" if r["anomalies"] else ""))
+        if rep is None:
+            return
+        r["group"], r["rep"] = group, rep
+        entry = self.results.setdefault(mode, {}).setdefault(system.name, {"samples": [], "anomalies": []})
+        entry["samples"].append(r)
+        if r["anomalies"]:
+            entry["anomalies"].append(f"[{group}] round {rep}: " + "; ".join(r["anomalies"]))
+
+
+def run_groups(groups: list[tuple[str, list[System]]], baselines: list[System], args, modes,
+               results: dict, notes: list) -> None:
+    """Each group = one of our nodes (if any) plus the baselines, their rounds interleaved
+    (ours, redis-streams, pgqueuer, ours, ...) so that load from anything else on the machine
+    hits all systems alike. Baselines stay up across groups; each node lives for its group."""
+    runner = Runner(args, results, notes)
+    for b in baselines:
+        runner.start(b)
+    try:
+        ran = False
+        if baselines and any(m.is_ours for _g, ms in groups for m in ms):
+            # if none of our nodes comes up, the baselines still run, on their own
+            groups = groups + [("baselines", list(baselines))]
+        for group, members in groups:
+            if group == "baselines" and ran:
+                break
+            ours = [m for m in members if m.is_ours]
+            for o in ours:
+                runner.start(o)
+            try:
+                live = [m for m in members if runner.alive(m)]
+                if not live or (ours and not any(runner.alive(o) for o in ours)):
+                    continue  # nothing of ours to pair the baselines with
+                ran = True
+                bg = background_load(1.0)
+                notes.append(f"[{group}] machine busy {bg:.2f} cores over 1 s of idleness before the rounds "
+                             f"(other processes on the box{', plus the idle node' if ours else ''})")
+                for mode, batch, n in modes:
+                    run_id = uuid.uuid4().hex[:6]
+                    if args.warmup > 0:
+                        for m in live:
+                            runner.round(m, mode, batch, min(args.warmup, n), f"{mode}-{run_id}-warm",
+                                         group, None)
+                    for rep in range(args.repeat):
+                        for m in live:
+                            runner.round(m, mode, batch, n, f"{mode}-{run_id}-r{rep}", group, rep)
+            finally:
+                for o in ours:
+                    runner.stop(o)
+    finally:
+        for b in baselines:
+            runner.stop(b)
+
 
 def summarize(results: dict, modes, systems: list[System]) -> dict:
+    """Medians per system (all its rounds); ratios pair each node with the baseline rounds
+    of its own group (run interleaved with it)."""
+
+    def med_of(samples: list) -> dict:
+        med = {f: median([x["phases"][f]["rate"] for x in samples]) for f in FIGURES}
+        for key in ("client_cpu_cores", "server_cpu_cores", "box_cpu_cores"):
+            med[key] = median([x["phases"]["cycle"][key] for x in samples])
+            med["phase_" + key] = {f: median([x["phases"][f][key] for x in samples]) for f in FIGURES}
+        med["rounds"] = len(samples)
+        return med
+
     summary: dict = {}
     for mode, _batch, _n in modes:
         per = results.get(mode, {})
         summary[mode] = {}
         for s in systems:
             samples = per.get(s.name, {}).get("samples", [])
-            if not samples:
-                continue
-            med = {f: median([x["phases"][f]["rate"] for x in samples]) for f in FIGURES}
-            for key in ("client_cpu_cores", "server_cpu_cores", "box_cpu_cores"):
-                med[key] = median([x["phases"]["cycle"][key] for x in samples])
-                med["phase_" + key] = {f: median([x["phases"][f][key] for x in samples]) for f in FIGURES}
-            med["rounds"] = len(samples)
-            summary[mode][s.name] = med
+            if samples:
+                summary[mode][s.name] = med_of(samples)
         ratios = {}
         for s in systems:
             if not s.is_ours or s.name not in summary[mode]:
                 continue
+            o = summary[mode][s.name]
             for base in ("redis-streams", "pgqueuer"):
-                if base in summary[mode]:
-                    o, b = summary[mode][s.name], summary[mode][base]
+                paired = [x for x in per.get(base, {}).get("samples", []) if x.get("group") == s.name]
+                if paired:
+                    b = med_of(paired)
                     ratios[f"{s.name} / {base}"] = {
                         f: (o[f] / b[f] if o[f] is not None and b[f] else None) for f in FIGURES}
         summary[mode]["_ratios"] = ratios
@@ -690,22 +772,26 @@ def print_report(args, modes, systems, results, summary, notes) -> None:
     w = out.append
     w("")
     w("=" * 100)
-    w("THROUGHPUT (messages per second, median of %d rounds after 1 warm-up round; higher is better)" % args.repeat)
+    w("THROUGHPUT (messages per second, medians over rounds; higher is better)")
     w("=" * 100)
     w(f"machine: {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, Python {platform.python_version()}")
     w(f"clients: {args.clients} client processes (Python, one connection each) on the SAME machine as the servers;")
     w("         their CPU is part of the load: see the client/server/box CPU columns (in cores busy, averaged")
-    w(f"         over the full cycle; box = the whole machine, at most {os.cpu_count()}). Rates are therefore lower")
+    w(f"         over the full cycle; box = whole machine from /proc/stat ticks, at most {os.cpu_count()}). Rates are lower")
     w("         bounds of what each server alone could do, and the cheapest server is held back the most.")
     w("workload: enqueue N (~100-byte bodies) -> dequeue all (no ack yet) -> ack all; each phase timed separately;")
     w("          cycle/s = acked messages / (enqueue + dequeue + ack seconds)")
+    w(f"rounds:   {args.repeat} per system and mode after one untimed warm-up, interleaved (ours, redis-streams,")
+    w("          pgqueuer, ours, ...); the baselines run alongside each of our nodes, so they get more rounds;")
+    w("          ratios pair each node with the baseline rounds interleaved with it")
     for n_ in notes:
         w(f"  - {n_}")
     for mode, batch, n in modes:
         w("")
         label = "1 message per call" if batch == 1 else f"{batch} messages per call (redis: pipeline of {batch} XADD, XREADGROUP COUNT {batch}, XACK {batch} ids)"
         w(f"--- mode {mode}: N={n:,} per round, {label}")
-        hdr = f"{'system':<18}{'enqueue/s':>12}{'dequeue/s':>12}{'ack/s':>12}{'cycle/s':>12}  {'client CPU':>10}{'server CPU':>11}{'box CPU':>9}"
+        hdr = (f"{'system':<18}{'enqueue/s':>12}{'dequeue/s':>12}{'ack/s':>12}{'cycle/s':>12}  "
+               f"{'client CPU':>10}{'server CPU':>11}{'box CPU':>9}{'rounds':>8}")
         w(hdr)
         w("-" * len(hdr))
         for s in systems:
@@ -715,7 +801,8 @@ def print_report(args, modes, systems, results, summary, notes) -> None:
                 w(f"{s.name:<18}{'(not measured' + (': ' + fail[:60] if fail else '') + ')'}")
                 continue
             w(f"{s.name:<18}" + "".join(f"{fmt_rate(m[f]):>12}" for f in FIGURES)
-              + f"  {fmt_cores(m['client_cpu_cores']):>10}{fmt_cores(m['server_cpu_cores']):>11}{fmt_cores(m['box_cpu_cores']):>9}")
+              + f"  {fmt_cores(m['client_cpu_cores']):>10}{fmt_cores(m['server_cpu_cores']):>11}"
+              f"{fmt_cores(m['box_cpu_cores']):>9}{m['rounds']:>8}")
         ratios = summary.get(mode, {}).get("_ratios", {})
         if ratios:
             w("")
@@ -811,8 +898,10 @@ def main(argv=None) -> int:
     results: dict = {}
     notes: list[str] = []
     started = time.time()
-    for s in systems:
-        bench_system(s, args, modes, results, notes)
+    ours = [x for x in systems if x.is_ours]
+    baselines = [x for x in systems if not x.is_ours]
+    groups = [(o.name, [o] + baselines) for o in ours] or [("baselines", baselines)]
+    run_groups(groups, baselines, args, modes, results, notes)
     summary = summarize(results, modes, systems)
     print_report(args, modes, systems, results, summary, notes)
     if args.json:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import socket
 import time
 import traceback
 import uuid
@@ -100,6 +101,9 @@ class _HttpConn:
 
     def _connect(self) -> http.client.HTTPConnection:
         self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        self.conn.connect()
+        # as urllib3 does: no Nagle delay on small requests
+        self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return self.conn
 
     def request(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:

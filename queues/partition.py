@@ -58,11 +58,13 @@ class Delivery:
 class BlockState:
     """Which positions of a block still hold unacknowledged messages."""
 
-    __slots__ = ("block", "live", "sealed", "backlog")
+    __slots__ = ("block", "live", "pending", "sealed", "backlog")
 
     def __init__(self, block: Block, live: set[int], *, sealed: bool, backlog: bool):
         self.block = block
         self.live = live
+        #: positions reserved by enqueues whose store write has not finished.
+        self.pending = 0
         #: no position will be written any more (not the head, or the head of a dead owner).
         self.sealed = sealed
         #: found in the store at open, rather than written by this manager.
@@ -225,7 +227,13 @@ class PartitionManager:
 
     # --- enqueue ------------------------------------------------------------------------------
     def enqueue(self, messages: Sequence[StoredMessage]) -> list[str]:
-        """Store ``messages`` in order; their IDs once stored. All or nothing for the caller."""
+        """Store ``messages`` in order; their IDs once stored. All or nothing for the caller.
+
+        Positions are reserved under the lock, the messages written without it (so enqueues
+        and dequeues on one partition overlap their store round trips), and made deliverable
+        under the lock once written. A new block is written, and the head pointer moved,
+        while the lock is held: no message may go into a block before the pointer names it.
+        """
         with self.lock:
             self._check_serving()
             if not self.enqueue_ready:
@@ -243,9 +251,8 @@ class PartitionManager:
                     writable = True
                 positions.append((head, next_index))
                 next_index += 1
-            phase = "blocks"
-            try:
-                if new_blocks:
+            if new_blocks:
+                try:
                     self.store.put_many(
                         [(block_key(self.queue, self.index, b.id), b.to_bytes()) for b in new_blocks],
                         fence=self.fence,
@@ -253,30 +260,34 @@ class PartitionManager:
                     # Durable pointer before any message goes into the new block: a new owner
                     # must find every block that holds a confirmed message.
                     self._set_head(self.lease, self.node_id, new_blocks[-1].id)
-                phase = "messages"
-                ids = [f"{self.queue}/{self.index}/{b.id}/{i}" for b, i in positions]
-                self.store.put_many([(mid, m.to_bytes()) for mid, m in zip(ids, messages)],
-                                    fence=self.fence)
-            except (Fenced, leases.LeaseLost) as exc:
-                raise self._lost(exc) from exc
-            except KVError as exc:
-                if phase == "blocks":
+                except (Fenced, leases.LeaseLost) as exc:
+                    raise self._lost(exc) from exc
+                except Exception as exc:
                     # The tree in memory is ahead of the store: a later block must never point
                     # at one that was not stored. Close; the node reopens from the store.
                     self.closed = True
-                else:
-                    # The positions are burnt; the new blocks are stored and in the tree.
-                    self._adopt_blocks(new_blocks)
-                    if new_blocks:
-                        self.head_writable, self.next_index = True, next_index
-                raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
-            except Exception:
-                self.closed = True  # unknown state (e.g. database down mid-update): reopen
-                raise
-            self._adopt_blocks(new_blocks)
+                    if isinstance(exc, KVError):
+                        raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
+                    raise
+                self._adopt_blocks(new_blocks)
             self.head_writable, self.next_index = True, next_index
-            for (block, i), mid, message in zip(positions, ids, messages):
-                self.blocks[block.id].live.add(i)
+            states = [self.blocks[b.id] for b, _ in positions]
+            for state in states:
+                state.pending += 1
+        ids = [f"{self.queue}/{self.index}/{b.id}/{i}" for b, i in positions]
+        try:
+            self.store.put_many([(mid, m.to_bytes()) for mid, m in zip(ids, messages)], fence=self.fence)
+        except (Fenced, KVError) as exc:
+            with self.lock:
+                for state in states:
+                    state.pending -= 1  # the positions are burnt
+                if isinstance(exc, Fenced):
+                    raise self._lost(exc) from exc
+            raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
+        with self.lock:
+            for (_, i), state, mid, message in zip(positions, states, ids, messages):
+                state.pending -= 1
+                state.live.add(i)
                 self.ready.append(mid)
                 self.cache.put(mid, message)
             self.enqueued_total += len(ids)
@@ -361,10 +372,7 @@ class PartitionManager:
 
     # --- ack and visibility -------------------------------------------------------------------
     def check_receipts(self, items: Sequence[tuple[MessageId, str | None]]) -> None:
-        """Raise :class:`ReceiptMismatch` for the first item whose receipt is not current.
-
-        Call with ``self.lock`` held, and keep it for :meth:`ack_locked`.
-        """
+        """Raise :class:`ReceiptMismatch` for the first item whose receipt is not current. Lock held."""
         for mid, receipt in items:
             if receipt is None:
                 continue
@@ -374,15 +382,37 @@ class PartitionManager:
             if entry.receipt != receipt:
                 raise ReceiptMismatch(str(mid), "the receipt is from an earlier delivery")
 
-    def ack_locked(self, items: Sequence[MessageId]) -> int:
-        """Remove acknowledged messages. Returns how many were still stored. Lock held."""
-        self._check_serving()
-        keys = [str(m) for m in items]
+    def pin_for_ack(self, items: Sequence[MessageId]) -> dict[str, float]:
+        """Hold the in-flight ones back from redelivery while their delete runs. Lock held.
+
+        Returns their deadlines, for :meth:`unpin` if the delete fails.
+        """
+        pinned = {}
+        for mid in items:
+            key = str(mid)
+            entry = self.inflight.get(key)
+            if entry is not None and key not in pinned:
+                pinned[key] = entry.deadline
+                self.inflight.change_deadline(key, float("inf"))
+        return pinned
+
+    def unpin(self, pinned: dict[str, float]) -> None:
+        """Give back the deadlines taken by :meth:`pin_for_ack`. Lock held."""
+        for key, deadline in pinned.items():
+            if key in self.inflight:
+                self.inflight.change_deadline(key, deadline)
+
+    def delete_acked(self, items: Sequence[MessageId]) -> int:
+        """The store half of an ack, without the lock. Returns how many were still stored."""
         try:
-            removed = self.store.delete_many(keys)
+            return self.store.delete_many([str(m) for m in items])
         except KVError as exc:
             raise PartitionUnavailable(f"{self.queue}/{self.index}: store delete failed: {exc}") from exc
-        for m, key in zip(items, keys):
+
+    def settle_acked(self, items: Sequence[MessageId], removed: int) -> None:
+        """The memory half of an ack, after the delete. Lock held."""
+        for m in items:
+            key = str(m)
             self.inflight.remove(key)
             self.cache.discard(key)
             state = self.blocks.get(m.block)
@@ -390,6 +420,22 @@ class PartitionManager:
                 state.live.discard(m.index)
         self.acked_total += removed
         self._prune()
+
+    def ack(self, items: Sequence[tuple[MessageId, str | None]]) -> int:
+        """Check receipts, delete, settle: a whole ack on this partition alone."""
+        mids = [mid for mid, _ in items]
+        with self.lock:
+            self._check_serving()
+            self.check_receipts(items)
+            pinned = self.pin_for_ack(mids)
+        try:
+            removed = self.delete_acked(mids)
+        except PartitionUnavailable:
+            with self.lock:
+                self.unpin(pinned)
+            raise
+        with self.lock:
+            self.settle_acked(mids, removed)
         return removed
 
     def change_visibility_locked(self, mid: MessageId, receipt: str | None, timeout: float) -> None:
@@ -414,7 +460,7 @@ class PartitionManager:
 
         def take(order: deque[BlockState]) -> bool:
             for state in order:
-                if state.live or not state.sealed or state.block.id == head_id:
+                if state.live or state.pending or not state.sealed or state.block.id == head_id:
                     return False
                 doomed.append(state)
             return True

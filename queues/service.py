@@ -164,21 +164,47 @@ class AckResult:
 
 
 def ack(queue: str, items: list[tuple[MessageId, str | None]]) -> AckResult:
-    """Acknowledge; all receipts are checked before anything is removed (409 changes nothing)."""
+    """Acknowledge; all receipts are checked before anything is removed (409 changes nothing).
+
+    Receipts are checked with every involved partition locked (in index order), and the
+    messages pinned against redelivery; the deletes then run without the locks.
+    """
     unique = list({str(mid): (mid, receipt) for mid, receipt in items}.values())
     groups = _group(unique, queue)
+    if len(groups) == 1:
+        m, group = groups[0]
+        removed = m.ack(group)
+        return AckResult(removed, len(unique) - removed)
+    pins: list[dict[str, float]] = []
     locked = []
     try:
         for m, _ in groups:
             m.lock.acquire()
             locked.append(m)
+            m._check_serving()
         for m, group in groups:
             m.check_receipts(group)
-        acked = sum(m.ack_locked([mid for mid, _ in group]) for m, group in groups)
-        return AckResult(acked, len(unique) - acked)
+        pins = [m.pin_for_ack([mid for mid, _ in group]) for m, group in groups]
     finally:
         for m in reversed(locked):
             m.lock.release()
+    acked = 0
+    failure: Exception | None = None
+    for (m, group), pinned in zip(groups, pins):
+        mids = [mid for mid, _ in group]
+        try:
+            removed = m.delete_acked(mids)
+        except PartitionUnavailable as exc:
+            failure = exc
+            with m.lock:
+                m.unpin(pinned)
+            continue
+        with m.lock:
+            m.settle_acked(mids, removed)
+        acked += removed
+    if failure is not None:
+        raise failure
+    return AckResult(acked, len(unique) - acked)
 
 
 def change_visibility(queue: str, mid: MessageId, receipt: str | None, timeout: float) -> None:

@@ -223,7 +223,7 @@ class AppendTree:
                 yield block
                 continue
             frame[1] = step + 1
-            child_id = block.left if step == LEFT else block.right
+            child_id = block.right if step == RIGHT else block.left
             child = self._read(child_id, read) if child_id else None
             if child is not None:
                 stack.append([child, LEFT])

@@ -51,17 +51,40 @@ _DRF_CODES = {
 }
 
 
-def exception_handler(exc, context):
+def domain_error(exc) -> tuple[int, dict, dict] | None:
+    """``(status, payload, headers)`` for the service's own exceptions, else None."""
     if isinstance(exc, QueueNotFound):
-        return Response({"error": "queue_not_found", "detail": f"no queue named {exc.args[0]!r}"},
-                        status=status.HTTP_404_NOT_FOUND)
+        return 404, {"error": "queue_not_found", "detail": f"no queue named {exc.args[0]!r}"}, {}
     if isinstance(exc, ReceiptMismatch):
-        return Response({"error": "receipt_mismatch", "detail": str(exc), "id": exc.msg_id},
-                        status=status.HTTP_409_CONFLICT)
+        return 409, {"error": "receipt_mismatch", "detail": str(exc), "id": exc.msg_id}, {}
     if isinstance(exc, (PartitionUnavailable, KVError)):
         log.warning("unavailable: %s", exc)
-        return Response({"error": "unavailable", "detail": str(exc)},
-                        status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "1"})
+        return 503, {"error": "unavailable", "detail": str(exc)}, {"Retry-After": "1"}
+    return None
+
+
+def api_error(exc) -> tuple[int, dict, dict] | None:
+    """The same for DRF's exceptions (400, 401, 404, 405, 413 ...), else None."""
+    if not isinstance(exc, exceptions.APIException):
+        return None
+    if isinstance(exc, BadRequest):
+        code = exc.error_code
+    else:
+        code = next((c for t, c in _DRF_CODES.items() if isinstance(exc, t)), "error")
+    detail = exc.detail
+    if isinstance(detail, dict) and set(detail) == {"detail"}:
+        detail = detail["detail"]
+    headers = {}
+    if isinstance(exc, exceptions.Throttled) and exc.wait:
+        headers["Retry-After"] = str(int(exc.wait))
+    return exc.status_code, {"error": code, "detail": detail}, headers
+
+
+def exception_handler(exc, context):
+    mapped = domain_error(exc)
+    if mapped is not None:
+        status_code, payload, headers = mapped
+        return Response(payload, status=status_code, headers=headers)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.permissions import AllowAny
@@ -12,9 +9,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import service
-from ..messages import StoredMessage
-from ..models import QUEUE_NAME_RE, Queue
-from . import validation
+from ..models import Queue
+from . import calls
 from .errors import BadRequest
 from .serializers import (AckDoc, AckResultDoc, DequeueDoc, DequeueResultDoc, EnqueueDoc,
                           EnqueueResultDoc, ErrorDoc, QueueSerializer, QueueUpdateSerializer,
@@ -26,21 +22,6 @@ ERRORS = {
     404: OpenApiResponse(ErrorDoc, description="no such queue"),
     503: OpenApiResponse(ErrorDoc, description="partition not available on this node now; retry"),
 }
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _checked_name(name: str) -> str:
-    """A name no queue can have (NUL, '/', too long...) is unknown, not a database error."""
-    if not QUEUE_NAME_RE.fullmatch(name):
-        raise service.QueueNotFound(name)
-    return name
-
-
-def _queue_config(name: str):
-    return service.get_runtime().queue(_checked_name(name))
 
 
 class HealthView(APIView):
@@ -91,7 +72,7 @@ class QueueDetailView(APIView):
 
     @staticmethod
     def _get(name):
-        q = Queue.objects.filter(name=_checked_name(name)).first()
+        q = Queue.objects.filter(name=calls.checked_name(name)).first()
         if q is None:
             raise service.QueueNotFound(name)
         return q
@@ -101,48 +82,31 @@ class EnqueueView(APIView):
     @extend_schema(request=EnqueueDoc, responses={201: EnqueueResultDoc, **ERRORS},
                    summary="Enqueue one message, or a batch of up to 1,000 (stored in order)")
     def post(self, request, name):
-        cfg = _queue_config(name)
-        bodies, batch = validation.enqueue_request(request.data, cfg)
-        now = datetime.now(timezone.utc).timestamp()
-        ids = service.enqueue(name, [StoredMessage(b, now) for b in bodies])
-        return Response({"ids": ids} if batch else {"id": ids[0]}, status=status.HTTP_201_CREATED)
+        return Response(*reversed(calls.enqueue(name, request.data)))
 
 
 class DequeueView(APIView):
     @extend_schema(request=DequeueDoc, responses={200: DequeueResultDoc, **ERRORS},
                    summary="Receive up to max messages; each stays hidden for visibility_timeout")
     def post(self, request, name):
-        _queue_config(name)
-        max_messages, visibility, wait = validation.dequeue_request(request.data)
-        deliveries = service.dequeue(name, max_messages, visibility, wait)
-        return Response({"messages": [
-            {"id": d.id, "receipt": d.receipt, "body": d.message.body,
-             "receive_count": d.receive_count, "enqueued_at": _iso(d.message.enqueued_at)}
-            for d in deliveries
-        ]})
+        return Response(*reversed(calls.dequeue(name, request.data)))
 
 
 class AckView(APIView):
     @extend_schema(request=AckDoc, responses={200: AckResultDoc, 409: ErrorDoc, **ERRORS},
                    summary="Acknowledge (delete) messages; a stale receipt refuses the whole call")
     def post(self, request, name):
-        cfg = _queue_config(name)
-        items = validation.ack_request(request.data, cfg)
-        result = service.ack(name, items)
-        return Response({"acked": result.acked, "not_found": result.not_found})
+        return Response(*reversed(calls.ack(name, request.data)))
 
 
 class VisibilityView(APIView):
     @extend_schema(request=VisibilityDoc, responses={200: VisibilityDoc, 409: ErrorDoc, **ERRORS},
                    summary="Extend or shorten the visibility timeout of a message in flight")
     def post(self, request, name):
-        cfg = _queue_config(name)
-        mid, receipt, timeout = validation.visibility_request(request.data, cfg)
-        service.change_visibility(name, mid, receipt, timeout)
-        return Response({"id": str(mid), "visibility_timeout": timeout})
+        return Response(*reversed(calls.visibility(name, request.data)))
 
 
 class StatsView(APIView):
     @extend_schema(responses={200: dict, **ERRORS}, summary="Depth, in flight, oldest age, per partition")
     def get(self, request, name):
-        return Response(service.queue_stats(_checked_name(name)))
+        return Response(service.queue_stats(calls.checked_name(name)))

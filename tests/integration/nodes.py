@@ -47,6 +47,7 @@ class NodeProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "manage.py", "runnode", "--host", "127.0.0.1", "--port", str(self.port)],
             cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # runnode and its worker: signals go to the whole group
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -61,8 +62,9 @@ class NodeProcess:
         raise RuntimeError(f"node on {self.port} did not answer within {timeout}s; see {self.log_path}")
 
     def signal(self, sig: int) -> None:
+        """Send ``sig`` to the node's process group (the server and its worker)."""
         assert self.proc is not None
-        self.proc.send_signal(sig)
+        os.killpg(self.proc.pid, sig)
 
     def kill(self) -> None:
         """SIGKILL: no leases released, no buffers flushed by us."""
@@ -70,15 +72,21 @@ class NodeProcess:
         self.proc.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        """Graceful stop (SIGTERM: leases released); SIGKILL if it hangs."""
+        if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGCONT)
-        self.proc.terminate()
+        if self.proc.poll() is None:
+            self.signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
         try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
+            os.killpg(self.proc.pid, signal.SIGKILL)  # whatever is left of the group
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=5)
 
     def log_tail(self, lines: int = 30) -> str:
         try:

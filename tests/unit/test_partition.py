@@ -117,13 +117,11 @@ class PartitionMachine(RuleBasedStateMachine):
         ids = data.draw(st.lists(st.sampled_from(sorted(self.receipts)), min_size=1, max_size=4, unique=True))
         stale = data.draw(st.booleans())
         items = [(parse_message_id(i), "stale-receipt" if stale else self.receipts[i][0]) for i in ids]
-        with self.m.lock:
-            try:
-                self.m.check_receipts(items)
-            except ReceiptMismatch:
-                assert stale
-                return
-            self.m.ack_locked([mid for mid, _ in items])
+        try:
+            self.m.ack(items)
+        except ReceiptMismatch:
+            assert stale
+            return
         for i in ids:
             self.live.pop(i, None)
             self.receipts.pop(i)
@@ -166,8 +164,7 @@ class PartitionMachine(RuleBasedStateMachine):
                 got = self.m.load_bodies(self.m.dequeue(1000, 5.0))
                 if not got:
                     break
-                with self.m.lock:
-                    self.m.ack_locked([parse_message_id(d.id) for d in got])
+                self.m.ack([(parse_message_id(d.id), d.receipt) for d in got])
                 for d in got:
                     self.live.pop(d.id, None)
             assert not self.live, f"never delivered: {sorted(self.live)[:5]}"

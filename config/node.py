@@ -1,0 +1,43 @@
+"""The WSGI entry point of a node's worker process (``runnode`` serves it with granian).
+
+Importing it starts this process's node runtime: registration, leases, housekeeping. It
+releases the leases when the worker exits normally (SIGTERM/SIGINT to ``runnode``), and exits
+at once, releasing nothing, if the process that started it is gone: a node whose server died
+must not go on serving half-alive.
+"""
+
+import logging
+import os
+import threading
+from multiprocessing import util as mp_util
+
+from config.wsgi import application  # noqa: F401  (the app granian serves)
+
+from django.conf import settings  # noqa: E402
+
+from queues import service  # noqa: E402
+from queues.node import NodeRuntime  # noqa: E402
+
+log = logging.getLogger("queues.runnode")
+
+runtime = NodeRuntime(os.environ.get("NODE_ADDRESS") or settings.NODE_ADDRESS or "in-process", heartbeat=settings.NODE_HEARTBEAT,
+                      cache_bytes=settings.NODE_BODY_CACHE_BYTES)
+service.set_runtime(runtime)
+runtime.start()
+print(f"node {runtime.node_id} serving on http://{runtime.address}/ (pid {os.getpid()})", flush=True)
+
+# multiprocessing ends its children with os._exit, which skips atexit; Finalize still runs.
+mp_util.Finalize(runtime, runtime.stop, kwargs={"release": True}, exitpriority=10)
+
+_parent = os.getppid()
+
+
+def _watch_parent() -> None:
+    while True:
+        threading.Event().wait(0.5)
+        if os.getppid() != _parent:
+            log.error("runnode (pid %s) is gone: exiting without releasing leases", _parent)
+            os._exit(3)
+
+
+threading.Thread(target=_watch_parent, name="parent-watch", daemon=True).start()
