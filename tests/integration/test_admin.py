@@ -1,0 +1,41 @@
+"""The admin lists queues and partitions with their owner node, read from the database."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def admin_client(client, django_user_model):
+    django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    client.login(username="root", password="pw")
+    return client
+
+
+def test_partitions_show_their_owner_and_head(admin_client, api, make_queue, runtime):
+    # given a queue whose partitions this node owns, with a message in each
+    name = make_queue(partitions=2)
+    for _ in range(4):
+        assert api.post(f"/api/v1/queues/{name}/enqueue", {"body": "x"}, format="json").status_code == 201
+    runtime.tick()  # publishes the figures to the partition rows
+    # when an operator opens the partition list and the queue page
+    from queues.models import Queue
+
+    queue_id = Queue.objects.get(name=name).pk
+    partitions = admin_client.get("/admin/queues/partition/", {"queue__id__exact": queue_id})
+    queue_page = admin_client.get("/admin/queues/queue/")
+    # then they show the owner node's address, the epoch and the head block, from the rows
+    from queues.models import Partition
+
+    rows = list(Partition.objects.filter(queue__name=name))
+    assert partitions.status_code == 200 and queue_page.status_code == 200
+    html = partitions.content.decode()
+    assert html.count("test-node") >= 2
+    for p in rows:
+        assert p.owner_id == runtime.node_id and p.head_block and p.head_block in html
+    assert name in queue_page.content.decode()
+
+
+def test_admin_needs_a_login(client):
+    r = client.get("/admin/queues/partition/")
+    assert r.status_code == 302 and "/admin/login/" in r["Location"]
