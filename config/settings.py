@@ -202,9 +202,15 @@ NODE_HEARTBEAT = envfloat("NODE_HEARTBEAT", 1.0)
 #: Bytes of message bodies a node keeps in memory after enqueue, to deliver without a read.
 NODE_BODY_CACHE_BYTES = envint("NODE_BODY_CACHE_BYTES", 64 * 1024 * 1024, minimum=0)
 
+#: Cooling (enqueues sent to other nodes) above this many messages in flight on the node...
+NODE_COOLING_IN_FLIGHT = envint("NODE_COOLING_IN_FLIGHT", 500_000, minimum=0)
+#: ...or above this many store/partition failures in ten seconds.
+NODE_COOLING_FAILURES = envint("NODE_COOLING_FAILURES", 50, minimum=0)
+
 # --- API ----------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        "queues.auth.ClusterAuthentication",
         "queues.auth.CachedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],

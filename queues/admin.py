@@ -1,6 +1,7 @@
 """The admin for now: queues, partitions with their owners, nodes (the console grows later)."""
 
 from django.contrib import admin
+from django.db.models import Count
 from django.utils import timezone
 
 from .models import Node, Partition, Queue
@@ -44,8 +45,20 @@ class PartitionAdmin(admin.ModelAdmin):
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ["address", "id", "pid", "heartbeat_at", "started_at", "stopped_at", "cooling"]
+    list_display = ["address", "id", "alive", "held", "cooling", "heartbeat_at", "started_at", "stopped_at", "pid"]
+    list_filter = ["cooling", ("stopped_at", admin.EmptyFieldListFilter)]
     readonly_fields = [f.name for f in Node._meta.fields]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(held_count=Count("partitions"))
+
+    @admin.display(description="partitions held", ordering="held_count")
+    def held(self, obj):
+        return obj.held_count
+
+    @admin.display(boolean=True, description="alive")
+    def alive(self, obj):
+        return obj.stopped_at is None and (timezone.now() - obj.heartbeat_at).total_seconds() < 5
 
     def has_add_permission(self, request):
         return False

@@ -10,7 +10,10 @@ from __future__ import annotations
 import threading
 import time
 
-from rest_framework.authentication import TokenAuthentication
+from rest_framework.authentication import BaseAuthentication, TokenAuthentication
+from rest_framework.exceptions import AuthenticationFailed
+
+from .router import cluster_secret_ok
 
 TTL = 5.0
 
@@ -35,3 +38,29 @@ class CachedTokenAuthentication(TokenAuthentication):
     def forget(cls) -> None:
         with cls._lock:
             cls._cache.clear()
+
+
+class ClusterPeer:
+    """The identity of a call forwarded by another node."""
+
+    is_authenticated = True
+    is_active = True
+    is_staff = False
+    username = "cluster-peer"
+
+    def __str__(self) -> str:
+        return self.username
+
+
+class ClusterAuthentication(BaseAuthentication):
+    """Nodes forward calls with the cluster secret, never with a user's token."""
+
+    header = "HTTP_X_MQ_CLUSTER_SECRET"
+
+    def authenticate(self, request):
+        value = request.META.get(self.header)
+        if value is None:
+            return None
+        if not cluster_secret_ok(value):
+            raise AuthenticationFailed("bad cluster secret")
+        return ClusterPeer(), None

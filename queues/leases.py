@@ -17,6 +17,8 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Callable
 
 from django.db import transaction
 from django.utils import timezone
@@ -28,6 +30,19 @@ from .models import Partition
 LEASE_SAFETY = 0.8
 
 monotonic = time.monotonic
+
+
+@dataclass(frozen=True)
+class Clock:
+    """A node's clocks. Tests give nodes skewed ones; only ``monotonic`` decides anything."""
+
+    #: seconds, only ever compared with other readings of the same clock.
+    monotonic: "Callable[[], float]" = time.monotonic
+    #: wall-clock time written to the row for people to read (never compared across nodes).
+    wall: "Callable[[], datetime]" = timezone.now
+
+
+SYSTEM_CLOCK = Clock()
 
 
 @dataclass
@@ -43,12 +58,13 @@ class Lease:
     head_block: str
     #: monotonic time of the last successful claim or renewal.
     renewed_at: float = field(default=0.0)
+    clock: Clock = field(default=SYSTEM_CLOCK, repr=False)
 
     def valid(self, now: float | None = None) -> bool:
-        return (monotonic() if now is None else now) < self.valid_until
+        return (self.clock.monotonic() if now is None else now) < self.valid_until
 
     def renewal_due(self, now: float | None = None) -> bool:
-        now = monotonic() if now is None else now
+        now = self.clock.monotonic() if now is None else now
         return now - self.renewed_at >= self.period / 3
 
 
@@ -71,13 +87,13 @@ def _new_nonce() -> str:
 
 
 def try_claim(partition: Partition, node_id: str, observations: dict[int, Observation],
-              *, now: float | None = None) -> Lease | None:
+              *, clock: Clock = SYSTEM_CLOCK) -> Lease | None:
     """Claim ``partition`` for ``node_id`` if the seed's rule allows it now.
 
     ``partition`` is a fresh read of the row; ``observations`` is this node's memory of rows
     it found owned (updated in place). Returns the lease, or None.
     """
-    now = monotonic() if now is None else now
+    now = clock.monotonic()
     pid = partition.pk
     owner_id = partition.owner_id
     if owner_id is not None and owner_id != "":
@@ -91,8 +107,8 @@ def try_claim(partition: Partition, node_id: str, observations: dict[int, Observ
             return None
     # Free, or the same nonce has stood for a whole period on our clock: compare-and-set.
     nonce = _new_nonce()
-    started = monotonic()
-    wall = timezone.now()
+    started = clock.monotonic()
+    wall = clock.wall()
     updated = Partition.objects.filter(
         pk=pid, owner_id=partition.owner_id, epoch=partition.epoch, lease_nonce=partition.lease_nonce,
     ).update(owner_id=node_id, epoch=partition.epoch + 1, lease_nonce=nonce,
@@ -102,15 +118,15 @@ def try_claim(partition: Partition, node_id: str, observations: dict[int, Observ
         return None  # another node got there first
     return Lease(pid, partition.queue.name, partition.index, partition.epoch + 1, nonce,
                  float(partition.lease_period), started + partition.lease_period * LEASE_SAFETY,
-                 partition.head_block, renewed_at=started)
+                 partition.head_block, renewed_at=started, clock=clock)
 
 
 def renew(lease: Lease, node_id: str) -> None:
     """Write a new nonce; raises :class:`LeaseLost` if the row is no longer ours."""
     nonce = _new_nonce()
-    started = monotonic()
+    started = lease.clock.monotonic()
     updated = Partition.objects.filter(pk=lease.partition_id, owner_id=node_id, epoch=lease.epoch).update(
-        lease_nonce=nonce, lease_renewed_at=timezone.now()
+        lease_nonce=nonce, lease_renewed_at=lease.clock.wall()
     )
     if updated != 1:
         raise LeaseLost(f"{lease.queue}/{lease.index}: lease epoch {lease.epoch} lost")

@@ -9,16 +9,19 @@ its thread and the test calls :meth:`NodeRuntime.tick`.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
+import math
 import os
 import socket
 import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone as dt_timezone
+from datetime import datetime, timedelta, timezone as dt_timezone
 
+from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
@@ -26,6 +29,7 @@ from . import leases
 from .kv import KeyValueStore, get_store
 from .models import Node, Partition, Queue
 from .partition import BodyCache, PartitionManager, PartitionUnavailable
+from .router import Router
 
 log = logging.getLogger(__name__)
 monotonic = time.monotonic
@@ -54,12 +58,14 @@ class QueueNotFound(Exception):
 
 class NodeRuntime:
     def __init__(self, address: str, *, store: KeyValueStore | None = None,
-                 heartbeat: float = 1.0, cache_bytes: int = 64 << 20, background: bool = True):
+                 heartbeat: float = 1.0, cache_bytes: int = 64 << 20, background: bool = True,
+                 clock: leases.Clock = leases.SYSTEM_CLOCK):
         self.address = address
         self.node_id = uuid.uuid4().hex
         self.store = store or get_store()
         self.heartbeat = heartbeat
         self.background = background
+        self.clock = clock
         self.cache = BodyCache(cache_bytes)
         self.managers: dict[tuple[str, int], PartitionManager] = {}
         self.queues: dict[str, QueueConfig] = {}
@@ -71,6 +77,11 @@ class NodeRuntime:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.started = False
+        self.router = Router(self.node_id)
+        #: over its load or failure threshold: enqueues go to other nodes (the seed's
+        #: cooling period); dequeues and acks are still served here.
+        self.cooling = False
+        self._failures: list[float] = []
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> "NodeRuntime":
@@ -114,9 +125,25 @@ class NodeRuntime:
                 close_old_connections()
 
     # --- housekeeping -------------------------------------------------------------------------
+    def record_failure(self) -> None:
+        """A store or partition failure seen by a request (feeds the cooling decision)."""
+        self._failures.append(monotonic())
+
+    def _update_cooling(self) -> None:
+        now = monotonic()
+        self._failures = [t for t in self._failures if now - t < 10.0]
+        in_flight = sum(m.inflight.in_flight(now) for m in list(self.managers.values()))
+        cooling = (in_flight > settings.NODE_COOLING_IN_FLIGHT
+                   or len(self._failures) > settings.NODE_COOLING_FAILURES)
+        if cooling != self.cooling:
+            log.warning("node %s %s cooling (in flight %s, failures in 10 s %s)", self.address,
+                        "starts" if cooling else "ends", in_flight, len(self._failures))
+        self.cooling = cooling
+
     def tick(self) -> None:
         """One housekeeping pass: heartbeat, renew, refresh queues, claim, publish figures."""
-        Node.objects.filter(pk=self.node_id).update(heartbeat_at=timezone.now())
+        self._update_cooling()
+        Node.objects.filter(pk=self.node_id).update(heartbeat_at=timezone.now(), cooling=self.cooling)
         self._renew_leases()
         self.refresh_queues()
         self._claim_partitions()
@@ -159,17 +186,61 @@ class NodeRuntime:
         for name in gone:
             self._close_queue(name)
 
+    def live_nodes(self) -> list[Node]:
+        """Nodes that heartbeat, this one included: the divisor of the fair share."""
+        cutoff = timezone.now() - timedelta(seconds=max(2.0, 3 * self.heartbeat))
+        nodes = list(Node.objects.filter(stopped_at=None, heartbeat_at__gte=cutoff))
+        if not any(n.pk == self.node_id for n in nodes):
+            nodes.append(Node(pk=self.node_id, address=self.address))
+        return nodes
+
     def _claim_partitions(self, only: str | None = None) -> None:
+        """Hold a fair share of each queue's partitions: about P/N of them.
+
+        A free partition is claimed while this node holds fewer than ``ceil(P/N)``; one whose
+        owner stopped renewing is claimed whatever the count (an orphan must not wait for the
+        share to be recomputed); above the share, the newest leases are given back, so a node
+        that joins gets work without anyone restarting. Each node tries the partitions in its
+        own order (a hash of its id), so nodes starting together mostly ask for different
+        ones and move on to backups when their first choice is taken.
+        """
         rows = Partition.objects.select_related("queue")
         if only is not None:
             rows = rows.filter(queue__name=only)
+        n_nodes = max(1, len(self.live_nodes()))
+        by_queue: dict[str, list[Partition]] = {}
         for p in rows:
-            key = (p.queue.name, p.index)
-            if key in self.managers or p.queue.name not in self.queues:
-                continue
-            lease = leases.try_claim(p, self.node_id, self.observations)
-            if lease is not None:
-                self._open(self.queues[p.queue.name], lease)
+            if p.queue.name in self.queues:
+                by_queue.setdefault(p.queue.name, []).append(p)
+        for name, parts in by_queue.items():
+            share = math.ceil(len(parts) / n_nodes)
+            mine = [m for (q, _), m in list(self.managers.items()) if q == name]
+            for extra in sorted(mine, key=lambda m: -m.index)[: max(0, len(mine) - share)]:
+                self._release(extra)
+            held = min(len(mine), share)
+            order = sorted(parts, key=lambda p: hashlib.blake2b(f"{self.node_id}/{p.index}".encode(),
+                                                                  digest_size=4).digest())
+            for p in order:
+                key = (name, p.index)
+                if key in self.managers:
+                    continue
+                free = p.owner_id is None
+                if free and held >= share:
+                    continue
+                lease = leases.try_claim(p, self.node_id, self.observations, clock=self.clock)
+                if lease is not None and self._open(self.queues[name], lease) is not None:
+                    held += 1
+
+    def _release(self, m: PartitionManager) -> None:
+        """Give a partition back (rebalancing): stop serving it, then free the row."""
+        with m.lock:
+            m.closed = True
+        self._forget((m.queue, m.index), m)
+        try:
+            leases.release(m.lease, self.node_id)
+            log.info("released %s/%s for rebalancing", m.queue, m.index)
+        except Exception:  # noqa: BLE001 - it expires by itself
+            log.exception("releasing %s/%s", m.queue, m.index)
 
     def _open(self, cfg: QueueConfig, lease: leases.Lease) -> PartitionManager | None:
         m = PartitionManager(lease, block_size=cfg.block_size, store=self.store, node_id=self.node_id,

@@ -39,6 +39,10 @@ class PartitionUnavailable(Exception):
     """The partition cannot serve now (lease lost, store down); the client may retry."""
 
 
+class NotServedHere(PartitionUnavailable):
+    """This node holds no (usable) partition for the call; another node may."""
+
+
 class ReceiptMismatch(Exception):
     def __init__(self, msg_id: str, reason: str):
         super().__init__(f"{msg_id}: {reason}")

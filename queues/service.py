@@ -16,7 +16,7 @@ from django.db import transaction
 from .messages import MessageId, StoredMessage
 from .models import Partition, Queue
 from .node import NodeRuntime, QueueConfig, QueueNotFound
-from .partition import Delivery, PartitionUnavailable, ReceiptMismatch
+from .partition import Delivery, NotServedHere, PartitionUnavailable, ReceiptMismatch
 
 __all__ = [
     "QueueNotFound", "PartitionUnavailable", "ReceiptMismatch", "get_runtime", "set_runtime",
@@ -91,13 +91,19 @@ def delete_queue(q: Queue) -> None:
 
 
 # --- messages ---------------------------------------------------------------------------------
-def enqueue(queue: str, messages: list[StoredMessage]) -> list[str]:
-    """Store the messages in one partition, in order. Tries each local partition in turn."""
+def enqueue(queue: str, messages: list[StoredMessage], *, even_if_cooling: bool = False) -> list[str]:
+    """Store the messages in one partition, in order. Tries each local partition in turn.
+
+    Raises :class:`NotServedHere` when this node has no partition of the queue, or is
+    cooling (over its load or failure threshold) and ``even_if_cooling`` is false.
+    """
     rt = get_runtime()
     rt.queue(queue)
     managers = [m for m in rt.local_managers(queue) if m.enqueue_ready]
     if not managers:
-        raise PartitionUnavailable(f"no partition of {queue!r} is served by this node yet; retry")
+        raise NotServedHere(f"no partition of {queue!r} is served by this node now; retry")
+    if rt.cooling and not even_if_cooling:
+        raise NotServedHere(f"node {rt.address} is cooling: enqueues go to other nodes")
     start = rt.rotation(len(managers))
     last: Exception | None = None
     for i in range(len(managers)):

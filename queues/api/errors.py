@@ -14,7 +14,17 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from ..kv import KVError
 from ..node import QueueNotFound
-from ..partition import PartitionUnavailable, ReceiptMismatch
+from ..partition import NotServedHere, PartitionUnavailable, ReceiptMismatch
+from ..router import Forwarded
+
+
+def _record_failure() -> None:
+    from .. import service
+
+    try:
+        service.get_runtime().record_failure()
+    except Exception:  # noqa: BLE001 - figures must never break an answer
+        pass
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +63,16 @@ _DRF_CODES = {
 
 def domain_error(exc) -> tuple[int, dict, dict] | None:
     """``(status, payload, headers)`` for the service's own exceptions, else None."""
+    if isinstance(exc, Forwarded):
+        return exc.status, exc.payload, ({"Retry-After": "1"} if exc.status == 503 else {})
     if isinstance(exc, QueueNotFound):
         return 404, {"error": "queue_not_found", "detail": f"no queue named {exc.args[0]!r}"}, {}
     if isinstance(exc, ReceiptMismatch):
         return 409, {"error": "receipt_mismatch", "detail": str(exc), "id": exc.msg_id}, {}
     if isinstance(exc, (PartitionUnavailable, KVError)):
         log.warning("unavailable: %s", exc)
+        if not isinstance(exc, NotServedHere):
+            _record_failure()
         return 503, {"error": "unavailable", "detail": str(exc)}, {"Retry-After": "1"}
     return None
 

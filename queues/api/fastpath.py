@@ -24,6 +24,7 @@ from django.db import close_old_connections
 from rest_framework import exceptions
 
 from ..auth import CachedTokenAuthentication
+from ..router import cluster_secret_ok, hops_of
 from . import calls
 from .errors import PayloadTooLarge, api_error, domain_error
 
@@ -46,14 +47,21 @@ class FastPath:
             return self.app(environ, start_response)
         scheme, _, key = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
         key = key.strip()
+        peer = environ.get("HTTP_X_MQ_CLUSTER_SECRET")
         content_type = environ.get("CONTENT_TYPE", "").split(";")[0].strip().lower()
-        if scheme.lower() != "token" or not key or " " in key or content_type != "application/json":
+        if content_type != "application/json" or (
+                peer is None and (scheme.lower() != "token" or not key or " " in key)):
             return self.app(environ, start_response)  # DRF answers exactly as it would
         name = match[1].encode("latin-1").decode("utf-8", "replace")
         headers: dict[str, str] = {}
         try:
-            self.auth.authenticate_credentials(key)
-            status, payload = calls.CALLS[match[2]](name, self._body(environ))
+            if peer is not None:
+                if not cluster_secret_ok(peer):
+                    raise exceptions.AuthenticationFailed("bad cluster secret")
+            else:
+                self.auth.authenticate_credentials(key)
+            hops = hops_of(environ.get("HTTP_X_MQ_HOPS"))
+            status, payload = calls.CALLS[match[2]](name, self._body(environ), hops)
         except Exception as exc:  # noqa: BLE001 - mapped below, like DRF's handler
             mapped = domain_error(exc) or api_error(exc)
             if mapped is None:

@@ -11,4 +11,5 @@ urlpatterns = [
     path("queues/<str:name>/ack", views.AckView.as_view(), name="queue-ack"),
     path("queues/<str:name>/visibility", views.VisibilityView.as_view(), name="queue-visibility"),
     path("queues/<str:name>/stats", views.StatsView.as_view(), name="queue-stats"),
+    path("queues/<str:name>/partitions", views.PartitionsView.as_view(), name="queue-partitions"),
 ]

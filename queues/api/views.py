@@ -9,7 +9,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import service
-from ..models import Queue
+from ..models import Partition, Queue
+from ..router import hops_of
 from . import calls
 from .errors import BadRequest
 from .serializers import (AckDoc, AckResultDoc, DequeueDoc, DequeueResultDoc, EnqueueDoc,
@@ -22,6 +23,10 @@ ERRORS = {
     404: OpenApiResponse(ErrorDoc, description="no such queue"),
     503: OpenApiResponse(ErrorDoc, description="partition not available on this node now; retry"),
 }
+
+
+def _hops(request) -> int:
+    return hops_of(request.META.get("HTTP_X_MQ_HOPS"))
 
 
 class HealthView(APIView):
@@ -82,28 +87,42 @@ class EnqueueView(APIView):
     @extend_schema(request=EnqueueDoc, responses={201: EnqueueResultDoc, **ERRORS},
                    summary="Enqueue one message, or a batch of up to 1,000 (stored in order)")
     def post(self, request, name):
-        return Response(*reversed(calls.enqueue(name, request.data)))
+        return Response(*reversed(calls.enqueue(name, request.data, _hops(request))))
 
 
 class DequeueView(APIView):
     @extend_schema(request=DequeueDoc, responses={200: DequeueResultDoc, **ERRORS},
                    summary="Receive up to max messages; each stays hidden for visibility_timeout")
     def post(self, request, name):
-        return Response(*reversed(calls.dequeue(name, request.data)))
+        return Response(*reversed(calls.dequeue(name, request.data, _hops(request))))
 
 
 class AckView(APIView):
     @extend_schema(request=AckDoc, responses={200: AckResultDoc, 409: ErrorDoc, **ERRORS},
                    summary="Acknowledge (delete) messages; a stale receipt refuses the whole call")
     def post(self, request, name):
-        return Response(*reversed(calls.ack(name, request.data)))
+        return Response(*reversed(calls.ack(name, request.data, _hops(request))))
 
 
 class VisibilityView(APIView):
     @extend_schema(request=VisibilityDoc, responses={200: VisibilityDoc, 409: ErrorDoc, **ERRORS},
                    summary="Extend or shorten the visibility timeout of a message in flight")
     def post(self, request, name):
-        return Response(*reversed(calls.visibility(name, request.data)))
+        return Response(*reversed(calls.visibility(name, request.data, _hops(request))))
+
+
+class PartitionsView(APIView):
+    @extend_schema(responses={200: dict, **ERRORS},
+                   summary="Who serves each partition: clients may call the owner directly")
+    def get(self, request, name):
+        rt = service.get_runtime()
+        cfg = rt.queue(calls.checked_name(name))
+        rows = Partition.objects.filter(queue_id=cfg.id).select_related("owner").order_by("index")
+        return Response({"queue": name, "partitions": [
+            {"index": p.index, "owner": p.owner_id, "address": p.owner.address if p.owner else None,
+             "epoch": p.epoch, "cooling": bool(p.owner and p.owner.cooling)}
+            for p in rows
+        ]})
 
 
 class StatsView(APIView):

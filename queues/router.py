@@ -1,0 +1,94 @@
+"""The router: which node serves a partition, and forwarding to it.
+
+A node serves the partitions it leases. A call it cannot serve here (an ack for a partition
+another node owns, an enqueue when it owns no partition of the queue or is cooling, a dequeue
+that finds nothing here) goes to the owner, found on the partition rows (read at most twice a
+second). Forwarded calls carry the cluster secret (not the client's token) and a hop count;
+a call that has made ``MAX_HOPS`` hops is answered where it is, so nothing loops.
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+import time
+
+import orjson
+import urllib3
+from django.conf import settings
+
+from .models import Partition
+
+MAX_HOPS = 2
+SECRET_HEADER = "X-MQ-Cluster-Secret"
+HOPS_HEADER = "X-MQ-Hops"
+_TTL = 0.5
+
+
+def cluster_secret_ok(value: str | None) -> bool:
+    return bool(value) and hmac.compare_digest(value.encode(), settings.CLUSTER_SECRET.encode())
+
+
+def hops_of(value: str | None) -> int:
+    try:
+        return max(0, min(int(value or 0), MAX_HOPS))
+    except ValueError:
+        return MAX_HOPS  # a garbled count is treated as spent: never forward it again
+
+
+class Forwarded(Exception):
+    """An answer from another node, to pass on as it is."""
+
+    def __init__(self, status: int, payload: dict):
+        super().__init__(status)
+        self.status = status
+        self.payload = payload
+
+
+class Router:
+    def __init__(self, node_id: str):
+        self.node_id = node_id
+        self._owners: dict[str, tuple[float, dict[int, tuple[str, str, int]]]] = {}
+        self._lock = threading.Lock()
+        self.http = urllib3.PoolManager(num_pools=32, maxsize=16, retries=False)
+
+    def owners(self, queue_id: int, queue: str) -> dict[int, tuple[str, str, int]]:
+        """``index -> (node id, address, depth)`` for partitions with a live owner."""
+        now = time.monotonic()
+        hit = self._owners.get(queue)
+        if hit is not None and now - hit[0] < _TTL:
+            return hit[1]
+        rows = Partition.objects.filter(queue_id=queue_id, owner__isnull=False, owner__stopped_at=None)
+        owners = {p.index: (p.owner_id, p.owner.address, p.depth) for p in rows.select_related("owner")}
+        with self._lock:
+            self._owners[queue] = (now, owners)
+        return owners
+
+    def other_nodes(self, queue_id: int, queue: str) -> list[str]:
+        """Addresses of other nodes owning partitions of the queue, the deepest first."""
+        depth: dict[str, int] = {}
+        for node_id, address, d in self.owners(queue_id, queue).values():
+            if node_id != self.node_id:
+                depth[address] = depth.get(address, 0) + d
+        return sorted(depth, key=lambda a: -depth[a])
+
+    def owner_of(self, queue_id: int, queue: str, index: int) -> str | None:
+        hit = self.owners(queue_id, queue).get(index)
+        if hit is None or hit[0] == self.node_id:
+            return None
+        return hit[1]
+
+    def forward(self, address: str, queue: str, call: str, payload: dict, hops: int,
+                timeout: float = 10.0) -> tuple[int, dict]:
+        """POST the call to ``address``; its status and JSON answer."""
+        response = self.http.request(
+            "POST", f"http://{address}/api/v1/queues/{queue}/{call}", body=orjson.dumps(payload),
+            headers={"Content-Type": "application/json", SECRET_HEADER: settings.CLUSTER_SECRET,
+                     HOPS_HEADER: str(hops + 1)},
+            timeout=urllib3.Timeout(connect=1.0, read=timeout),
+        )
+        try:
+            body = orjson.loads(response.data) if response.data else {}
+        except orjson.JSONDecodeError:
+            body = {"error": "bad_gateway", "detail": f"{address} answered {response.status} without JSON"}
+        return response.status, body
