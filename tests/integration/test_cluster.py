@@ -1,0 +1,316 @@
+"""Several node processes on loopback over PostgreSQL + Redis: failover, fencing, scale-out.
+
+Producers and consumers run through the API against every node; nodes are killed
+(SIGKILL), paused past their lease (SIGSTOP/SIGCONT) or added under load. Every enqueue
+answered 201 must come back unless its ack was answered, no message ID may be issued twice,
+and every partition must end up served again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from itertools import cycle
+
+import pytest
+
+from .nodes import Client, NodeProcess, database_url
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+LEASE = 2
+
+
+@pytest.fixture
+def token(transactional_db):
+    from django.contrib.auth.models import User
+    from rest_framework.authtoken.models import Token
+
+    user = User.objects.create_user(f"cluster-{uuid.uuid4().hex[:6]}", password="pw")
+    return Token.objects.create(user=user).key
+
+
+@pytest.fixture
+def cluster(tmp_path, redis_client):
+    """Start nodes on demand; every node is stopped at the end."""
+    env = {"DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "data"),
+           "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5", "NODE_HEARTBEAT": "0.3"}
+    nodes: list[NodeProcess] = []
+
+    def start(**extra_env) -> NodeProcess:
+        node = NodeProcess({**env, **extra_env}, tmp_path).start()
+        nodes.append(node)
+        return node
+
+    yield start
+    for node in nodes:
+        node.stop()
+
+
+class Load:
+    """Producers and consumers over a set of nodes, with the bookkeeping the checks need."""
+
+    def __init__(self, nodes: list[NodeProcess], token: str, queue: str, batch: int = 50):
+        self.urls = [n.url for n in nodes]
+        self.token, self.queue, self.batch = token, queue, batch
+        self.confirmed: dict[str, str] = {}
+        self.issued_twice: list[str] = []
+        self.acked: set[str] = set()      # ack answered 200: must never come back
+        self.ack_sent: set[str] = set()   # ack sent, answer lost: may or may not come back
+        self.delivered: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.seq = 0
+
+    def add_node(self, node: NodeProcess) -> None:
+        with self.lock:
+            self.urls = [*self.urls, node.url]
+
+    def _clients(self):
+        for url in cycle(list(self.urls)):
+            yield Client(url, self.token)
+
+    def _produce(self, k: int) -> None:
+        clients = self._clients()
+        c = next(clients)
+        while not self.stop.is_set():
+            with self.lock:
+                self.seq += 1
+                n = self.seq
+            bodies = [f"{k}:{n}:{i}" for i in range(self.batch)]
+            try:
+                r = c.post(f"queues/{self.queue}/enqueue", {"messages": [{"body": b} for b in bodies]}, timeout=10)
+            except Exception:  # noqa: BLE001 - a node died or is paused: next node
+                c = next(clients)
+                continue
+            if r.status_code == 201:
+                with self.lock:
+                    for mid, body in zip(r.json()["ids"], bodies):
+                        if mid in self.confirmed:
+                            self.issued_twice.append(mid)
+                        self.confirmed[mid] = body
+            else:
+                c = next(clients)
+                time.sleep(0.02)
+
+    def _consume(self) -> None:
+        clients = self._clients()
+        c = next(clients)
+        while not self.stop.is_set():
+            try:
+                r = c.post(f"queues/{self.queue}/dequeue", {"max": 50, "visibility_timeout": 30}, timeout=10)
+                got = r.json().get("messages", []) if r.status_code == 200 else []
+                if not got:
+                    c = next(clients)
+                    continue
+                self.record(got)
+                with self.lock:
+                    self.ack_sent.update(m["id"] for m in got)
+                a = c.post(f"queues/{self.queue}/ack",
+                           {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]}, timeout=10)
+                if a.status_code == 200:
+                    with self.lock:
+                        self.acked.update(m["id"] for m in got)
+            except Exception:  # noqa: BLE001
+                c = next(clients)
+
+    def record(self, got: list[dict]) -> None:
+        with self.lock:
+            for m in got:
+                self.delivered[m["id"]] = self.delivered.get(m["id"], 0) + 1
+                assert m["body"] == self.confirmed.get(m["id"], m["body"]), "body changed"
+
+    def start(self, producers: int = 3, consumers: int = 2) -> "Load":
+        for k in range(producers):
+            self.threads.append(threading.Thread(target=self._produce, args=(k,), daemon=True))
+        for _ in range(consumers):
+            self.threads.append(threading.Thread(target=self._consume, daemon=True))
+        for t in self.threads:
+            t.start()
+        return self
+
+    def finish(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=30)
+
+    def drain(self, quiet: float = 1.5) -> None:
+        """Dequeue and ack through the live nodes until nothing comes back for a while."""
+        idle_since = None
+        clients = self._clients()
+        while True:
+            c = next(clients)
+            r = c.post(f"queues/{self.queue}/dequeue", {"max": 100, "visibility_timeout": 60, "wait": 0.2})
+            got = r.json().get("messages", []) if r.status_code == 200 else []
+            if got:
+                idle_since = None
+                self.record(got)
+                a = c.post(f"queues/{self.queue}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]})
+                assert a.status_code == 200, a.text
+                with self.lock:
+                    self.acked.update(m["id"] for m in got)
+                continue
+            idle_since = idle_since or time.monotonic()
+            if time.monotonic() - idle_since > quiet and _all_served(c, self.queue):
+                return
+
+    def check(self, label: str) -> dict:
+        lost = set(self.confirmed) - self.ack_sent - set(self.delivered)
+        figures = {"confirmed": len(self.confirmed), "delivered": len(self.delivered),
+                   "redelivered": sum(n - 1 for n in self.delivered.values())}
+        print(f"\n[{label}] " + " ".join(f"{k}={v}" for k, v in figures.items()))
+        assert not self.issued_twice, f"message IDs issued twice: {self.issued_twice[:3]}"
+        assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:3]}"
+        return figures
+
+
+def _partitions(c: Client, queue: str) -> list[dict]:
+    r = c.get(f"queues/{queue}/partitions")
+    assert r.status_code == 200, r.text
+    return r.json()["partitions"]
+
+
+def _all_served(c: Client, queue: str, excluding: str | None = None) -> bool:
+    parts = _partitions(c, queue)
+    return all(p["owner"] and p["owner"] != excluding for p in parts)
+
+
+def _node_id(node: NodeProcess) -> str:
+    return Client(node.url, "").get("healthz").json()["node"]
+
+
+def _wait(predicate, timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def _make_queue(node: NodeProcess, token: str, partitions: int) -> str:
+    name = f"cl-{uuid.uuid4().hex[:8]}"
+    r = Client(node.url, token).post("queues", {"name": name, "partitions": partitions, "lease_period": LEASE,
+                                                "block_size": 64})
+    assert r.status_code == 201, r.text
+    return name
+
+
+def test_sigkill_one_of_three_nodes_mid_load(cluster, token):
+    # given three nodes sharing six partitions, two each
+    nodes = [cluster(), cluster(), cluster()]
+    name = _make_queue(nodes[0], token, 6)
+    c0 = Client(nodes[0].url, token)
+    _wait(lambda: len({p["owner"] for p in _partitions(c0, name)} - {None}) == 3, 20, "three owners")
+    load = Load(nodes, token, name).start()
+    _wait(lambda: len(load.confirmed) >= 2000, 60, "2,000 confirmed enqueues")
+    # when one node is killed
+    victim = nodes[2]
+    victim_id = _node_id(victim)
+    victim.kill()
+    killed = time.monotonic()
+    load.urls = [n.url for n in nodes[:2]]
+    # then its partitions are served again by the others
+    served = _wait(lambda: _all_served(c0, name, excluding=victim_id), 30, "takeover of the dead node's partitions")
+    _wait(lambda: len(load.confirmed) >= 4000, 60, "load to go on")
+    load.finish()
+    load.drain()
+    figures = load.check("sigkill")
+    print(f"[sigkill] partitions served again {served:.2f}s after the kill (lease {LEASE} s); "
+          f"load finished {time.monotonic() - killed:.1f}s after it")
+    assert figures["confirmed"] >= 4000
+
+
+def test_sigstop_past_the_lease_then_sigcont(cluster, token):
+    # given three nodes under load
+    nodes = [cluster(), cluster(), cluster()]
+    name = _make_queue(nodes[0], token, 6)
+    c0 = Client(nodes[0].url, token)
+    _wait(lambda: len({p["owner"] for p in _partitions(c0, name)} - {None}) == 3, 20, "three owners")
+    load = Load(nodes, token, name).start()
+    _wait(lambda: len(load.confirmed) >= 1500, 60, "1,500 confirmed enqueues")
+    # when an owner is paused for three lease periods, its partitions are taken over...
+    paused = nodes[1]
+    paused_id = _node_id(paused)
+    paused.signal(signal.SIGSTOP)
+    taken = _wait(lambda: _all_served(c0, name, excluding=paused_id), 30, "takeover of the paused node's partitions")
+    time.sleep(max(0.0, 3 * LEASE - taken))
+    # ...and it wakes up with requests still in its buffers
+    paused.signal(signal.SIGCONT)
+    _wait(lambda: len(load.confirmed) >= 4000, 60, "load to go on")
+    load.finish()
+    load.drain()
+    load.check("sigstop")
+    # then no tree is corrupted: a fresh node takes every partition and finds nothing left
+    for node in nodes:
+        node.stop()
+    fresh = cluster()
+    fc = Client(fresh.url, token)
+    _wait(lambda: _all_served(fc, name), 20, "a fresh node to open every partition")
+    r = fc.post(f"queues/{name}/dequeue", {"max": 100, "wait": 0.5})
+    assert r.status_code == 200 and r.json()["messages"] == []
+    r = fc.post(f"queues/{name}/enqueue", {"body": "after"})
+    assert r.status_code == 201
+    stats = fc.get(f"queues/{name}/stats").json()
+    assert stats["depth"] == 1 and all(p["live"] for p in stats["partitions"])
+
+
+def test_a_fourth_node_joins_under_load(cluster, token):
+    # given three nodes holding eight partitions under load
+    nodes = [cluster(), cluster(), cluster()]
+    name = _make_queue(nodes[0], token, 8)
+    c0 = Client(nodes[0].url, token)
+    _wait(lambda: len({p["owner"] for p in _partitions(c0, name)} - {None}) == 3, 20, "three owners")
+    load = Load(nodes, token, name).start()
+    _wait(lambda: len(load.confirmed) >= 1000, 60, "1,000 confirmed enqueues")
+    # when a fourth node starts
+    newcomer = cluster()
+    newcomer_id = _node_id(newcomer)
+    load.add_node(newcomer)
+    # then it ends up owning its share (two) without anyone restarting
+    joined = _wait(lambda: sum(p["owner"] == newcomer_id for p in _partitions(c0, name)) >= 2, 30,
+                   "the newcomer to own two partitions")
+    _wait(lambda: len(load.confirmed) >= 3000, 60, "load to go on")
+    load.finish()
+    load.drain()
+    load.check("scale-out")
+    owners = [p["owner"] for p in _partitions(c0, name)]
+    print(f"[scale-out] newcomer owned its share {joined:.2f}s after start; owners {sorted(owners.count(o) for o in set(owners))}")
+    assert all(owners.count(o) == 2 for o in set(owners))
+
+
+def test_forwarding_is_authenticated_and_bounded(cluster, token):
+    # given two nodes, the queue's partitions on both
+    a, b = cluster(), cluster()
+    name = _make_queue(a, token, 2)
+    ca, cb = Client(a.url, token), Client(b.url, token)
+    _wait(lambda: len({p["owner"] for p in _partitions(ca, name)} - {None}) == 2, 20, "two owners")
+    # an ack sent to the node that does not own the message's partition is forwarded
+    ids = []
+    for _ in range(6):
+        ids.append(ca.post(f"queues/{name}/enqueue", {"body": "x"}).json()["id"])
+    got = cb.post(f"queues/{name}/dequeue", {"max": 10, "wait": 1}).json()["messages"]
+    while len(got) < 6:
+        more = ca.post(f"queues/{name}/dequeue", {"max": 10, "wait": 1}).json()["messages"]
+        assert more, "dequeue lost messages"
+        got += more
+    r = cb.post(f"queues/{name}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]})
+    assert r.status_code == 200 and r.json()["acked"] == 6
+    # a forged cluster secret is refused, and a spent hop count is never forwarded again
+    import requests
+
+    forged = requests.post(f"{a.url}/api/v1/queues/{name}/enqueue", json={"body": "x"},
+                           headers={"X-MQ-Cluster-Secret": "wrong"}, timeout=5)
+    assert forged.status_code == 401
+    parts = {p["index"]: p["address"] for p in _partitions(ca, name)}
+    mid = ids[0]
+    owner = parts[int(mid.split("/")[1])]
+    elsewhere = b if owner == a.url.removeprefix("http://") else a
+    spent = requests.post(f"{elsewhere.url}/api/v1/queues/{name}/visibility",
+                          json={"id": mid, "visibility_timeout": 5},
+                          headers={"Authorization": f"Token {token}", "X-MQ-Hops": "2"}, timeout=5)
+    assert spent.status_code == 503 and spent.json()["error"] == "unavailable"
