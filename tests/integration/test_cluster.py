@@ -314,3 +314,69 @@ def test_forwarding_is_authenticated_and_bounded(cluster, token):
                           json={"id": mid, "visibility_timeout": 5},
                           headers={"Authorization": f"Token {token}", "X-MQ-Hops": "2"}, timeout=5)
     assert spent.status_code == 503 and spent.json()["error"] == "unavailable"
+
+
+def test_a_cooling_node_sends_enqueues_elsewhere_and_still_serves_dequeues(cluster, token):
+    # given two nodes, one of which cools once it has more than five messages in flight
+    hot = cluster(NODE_COOLING_IN_FLIGHT="5")
+    cold = cluster()
+    name = _make_queue(hot, token, 2)
+    ch, cc = Client(hot.url, token), Client(cold.url, token)
+    _wait(lambda: len({p["owner"] for p in _partitions(ch, name)} - {None}) == 2, 20, "two owners")
+    hot_id = _node_id(hot)
+    hot_partition = next(p["index"] for p in _partitions(ch, name) if p["owner"] == hot_id)
+    for _ in range(20):
+        assert cc.post(f"queues/{name}/enqueue", {"body": "x"}).status_code == 201
+        assert ch.post(f"queues/{name}/enqueue", {"body": "x"}).status_code == 201
+    held = []
+    while len(held) < 10:
+        got = ch.post(f"queues/{name}/dequeue", {"max": 10, "visibility_timeout": 60}).json()["messages"]
+        held += [m for m in got if int(m["id"].split("/")[1]) == hot_partition]
+    # when its housekeeping sees the load
+    _wait(lambda: any(p["cooling"] for p in _partitions(cc, name)), 10, "the hot node to cool")
+    # then an enqueue sent to it is stored in the other node's partition...
+    for _ in range(5):
+        r = ch.post(f"queues/{name}/enqueue", {"body": "while cooling"})
+        assert r.status_code == 201
+        assert int(r.json()["id"].split("/")[1]) != hot_partition
+    # ...while it still serves dequeues and acks of its own partition
+    r = ch.post(f"queues/{name}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in held]})
+    assert r.status_code == 200 and r.json()["acked"] == len(held)
+    # and it stops cooling once the load is gone
+    _wait(lambda: not any(p["cooling"] for p in _partitions(cc, name)), 10, "cooling to end")
+
+
+def test_cluster_command_starts_and_stops_k_nodes(tmp_path, token):
+    import subprocess
+    import sys
+
+    from .nodes import ROOT, free_port
+
+    base = free_port()
+    env = {**os.environ, "DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "data"),
+           "KV_URL": f"file://{tmp_path / 'kv'}", "NODE_HEARTBEAT": "0.3"}
+    proc = subprocess.Popen([sys.executable, "manage.py", "cluster", "--nodes", "3", "--base-port", str(base)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        urls = [f"http://127.0.0.1:{base + i}" for i in range(3)]
+
+        def all_up() -> bool:
+            try:
+                return all(Client(u, token).get("healthz", timeout=1).status_code == 200 for u in urls)
+            except Exception:  # noqa: BLE001
+                return False
+
+        _wait(all_up, 40, "three nodes to answer")
+        name = _make_queue(type("N", (), {"url": urls[0]})(), token, 3)
+        c = Client(urls[0], token)
+        _wait(lambda: len({p["owner"] for p in _partitions(c, name)} - {None}) == 3, 20, "one partition each")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=40)
+    assert proc.returncode == 0, out
+    from queues.models import Node, Partition
+
+    # every node stopped gracefully and handed its leases back
+    assert Partition.objects.filter(queue__name=name, owner__isnull=False).count() == 0
+    assert not Node.objects.filter(address__in=[u.removeprefix("http://") for u in urls], stopped_at=None).exists()
