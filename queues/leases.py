@@ -121,15 +121,22 @@ def try_claim(partition: Partition, node_id: str, observations: dict[int, Observ
                  partition.head_block, renewed_at=started, clock=clock)
 
 
-def renew(lease: Lease, node_id: str) -> None:
-    """Write a new nonce; raises :class:`LeaseLost` if the row is no longer ours."""
+def renew(lease: Lease, node_id: str, period: float | None = None) -> None:
+    """Write a new nonce; raises :class:`LeaseLost` if the row is no longer ours.
+
+    A changed lease ``period`` is written here, with the new nonce, and never to an owned row
+    by anyone else: an observer restarts its wait when the nonce changes, so it waits the new
+    period from a moment after which the owner relies on that period too.
+    """
     nonce = _new_nonce()
     started = lease.clock.monotonic()
+    period = lease.period if period is None else float(period)
     updated = Partition.objects.filter(pk=lease.partition_id, owner_id=node_id, epoch=lease.epoch).update(
-        lease_nonce=nonce, lease_renewed_at=lease.clock.wall()
+        lease_nonce=nonce, lease_renewed_at=lease.clock.wall(), lease_period=int(period)
     )
     if updated != 1:
         raise LeaseLost(f"{lease.queue}/{lease.index}: lease epoch {lease.epoch} lost")
+    lease.period = period
     lease.nonce = nonce
     lease.renewed_at = started
     lease.valid_until = started + lease.period * LEASE_SAFETY

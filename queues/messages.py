@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 
@@ -44,6 +44,11 @@ def fence_key(queue: str, partition: int) -> str:
     return f"{queue}/{partition}/_fence"
 
 
+def receives_key(queue: str, partition: int, msg: "MessageId") -> str:
+    """Where a redelivered message's receive count is kept (survives a takeover)."""
+    return f"{queue}/{partition}/_receives/{msg.block}.{msg.index}"
+
+
 def new_receipt() -> str:
     return secrets.token_urlsafe(12)
 
@@ -55,11 +60,32 @@ class StoredMessage:
     body: str
     #: wall-clock seconds since the epoch.
     enqueued_at: float
+    #: the strict-order parameter: messages of one group are delivered one at a time, in order.
+    group: str | None = None
+    #: increasing within the partition (so within a group): ``epoch << 32 | counter``.
+    sequence: int = 0
+    #: wall-clock seconds before which the message is not delivered (delay / not_before).
+    not_before: float | None = None
+    attributes: dict | None = None
+    size: int | None = None
+    #: ``{"preprocess": s, "process": s}`` given by the producer (else the queue's).
+    estimates: dict | None = None
+    #: for a dead letter: where it came from and how often it was received.
+    history: dict | None = None
 
     def to_bytes(self) -> bytes:
-        return orjson.dumps({"b": self.body, "t": self.enqueued_at})
+        data = {"b": self.body, "t": self.enqueued_at, "s": self.sequence}
+        for key, value in (("g", self.group), ("n", self.not_before), ("a", self.attributes),
+                           ("z", self.size), ("e", self.estimates), ("h", self.history)):
+            if value is not None:
+                data[key] = value
+        return orjson.dumps(data)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "StoredMessage":
-        data = orjson.loads(raw)
-        return cls(data["b"], data["t"])
+        d = orjson.loads(raw)
+        return cls(d["b"], d["t"], d.get("g"), d.get("s", 0), d.get("n"), d.get("a"), d.get("z"),
+                   d.get("e"), d.get("h"))
+
+    def with_sequence(self, sequence: int) -> "StoredMessage":
+        return replace(self, sequence=sequence)

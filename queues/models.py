@@ -22,6 +22,10 @@ LIMITS = {
     "visibility_timeout": (0, 12 * 3600),
     "max_message_size": (1, 1024 * 1024),
     "retention": (60, 14 * 24 * 3600),
+    "max_receives": (1, 1000),
+    "dedup_window": (0, 24 * 3600),
+    "delay": (0, 15 * 60),
+    "estimate": (0, 24 * 3600),
 }
 DEFAULTS = {
     "partitions": 4,
@@ -30,6 +34,8 @@ DEFAULTS = {
     "visibility_timeout": 30,
     "max_message_size": 256 * 1024,
     "retention": 4 * 24 * 3600,
+    "dedup_window": 300,
+    "delay": 0,
 }
 
 
@@ -75,6 +81,22 @@ class Queue(models.Model):
                                                    help_text="bytes of UTF-8 body")
     retention = models.PositiveIntegerField(default=DEFAULTS["retention"], validators=_bounded("retention"),
                                             help_text="seconds a message is kept unacknowledged")
+    strict = models.BooleanField(default=False, help_text="every message needs a group; acks need receipts")
+    dead_letter_queue = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
+                                          related_name="dead_letter_sources",
+                                          help_text="where messages go after max_receives deliveries")
+    max_receives = models.PositiveIntegerField(null=True, blank=True, validators=_bounded("max_receives"),
+                                               help_text="deliveries before a message is dead-lettered")
+    dedup_window = models.PositiveIntegerField(default=DEFAULTS["dedup_window"], validators=_bounded("dedup_window"),
+                                               help_text="seconds a dedup_id is remembered")
+    delay = models.PositiveIntegerField(default=DEFAULTS["delay"], validators=_bounded("delay"),
+                                        help_text="seconds every message waits before its first delivery")
+    preprocess_estimate = models.FloatField(default=0.0, validators=_bounded("estimate"),
+                                            help_text="default seconds of pre-processing per message")
+    process_estimate = models.FloatField(default=0.0, validators=_bounded("estimate"),
+                                         help_text="default seconds of processing per message")
+    dead_lettered_total = models.BigIntegerField(default=0)
+    expired_total = models.BigIntegerField(default=0, help_text="removed by the retention rule")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -83,6 +105,26 @@ class Queue(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self):
+        from django.core.exceptions import ValidationError
+
+        if self.dead_letter_queue_id is not None and self.dead_letter_queue_id == self.pk:
+            raise ValidationError({"dead_letter_queue": "a queue cannot be its own dead-letter queue"})
+        if (self.dead_letter_queue_id is None) != (self.max_receives is None):
+            raise ValidationError({"max_receives": "dead_letter_queue and max_receives go together"})
+
+
+class DedupEntry(models.Model):
+    """A remembered dedup_id (the embedded default; production keeps them in Redis)."""
+
+    queue = models.CharField(max_length=80)
+    dedup_id = models.CharField(max_length=128)
+    message_id = models.CharField(max_length=200, blank=True, help_text="empty while the first enqueue runs")
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["queue", "dedup_id"], name="dedup_unique")]
 
 
 class Partition(models.Model):

@@ -154,10 +154,12 @@ class NodeRuntime:
             if m.closed:
                 self._reopen_or_drop(key, m)
                 continue
-            if not m.lease.renewal_due():
+            cfg = self.queues.get(m.queue)
+            period_changed = cfg is not None and cfg.lease_period != m.lease.period
+            if not m.lease.renewal_due() and not period_changed:
                 continue
             try:
-                leases.renew(m.lease, self.node_id)
+                leases.renew(m.lease, self.node_id, cfg.lease_period if cfg else None)
             except leases.LeaseLost as exc:
                 log.warning("%s", exc)
                 with m.lock:

@@ -17,6 +17,7 @@ take them in index order.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -25,8 +26,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from . import leases
-from .kv import Fence, Fenced, KeyValueStore, KVError
-from .messages import MessageId, StoredMessage, block_key, fence_key, new_receipt
+from sortedcontainers import SortedList
+
+from .kv import Fence, Fenced, KeyValueStore, KVError, ReplicationError
+from .messages import (MessageId, StoredMessage, block_key, fence_key, new_receipt, parse_message_id,
+                       receives_key)
 from .redelivery import RedeliveryIndex
 from .tree import AppendTree, Block
 
@@ -62,13 +66,15 @@ class Delivery:
 class BlockState:
     """Which positions of a block still hold unacknowledged messages."""
 
-    __slots__ = ("block", "live", "pending", "sealed", "backlog")
+    __slots__ = ("block", "live", "pending", "sealed", "backlog", "newest")
 
     def __init__(self, block: Block, live: set[int], *, sealed: bool, backlog: bool):
         self.block = block
         self.live = live
         #: positions reserved by enqueues whose store write has not finished.
         self.pending = 0
+        #: enqueue time of the newest message in the block (for retention).
+        self.newest = block.created_at
         #: no position will be written any more (not the head, or the head of a dead owner).
         self.sealed = sealed
         #: found in the store at open, rather than written by this manager.
@@ -161,8 +167,29 @@ class PartitionManager:
         self.enqueued_total = 0
         self.acked_total = 0
         self.redelivered_total = 0
+        self.dead_lettered_total = 0
+        self.expired_total = 0
         #: seconds and block reads of the last open, for the failover figures.
         self.opened_in: dict = {}
+        # --- delivery order ---
+        self.seq_counter = 0
+        #: a group's undelivered and in-flight messages, by position: its head goes first.
+        self.groups: dict[str, SortedList] = {}
+        self.group_of: dict[str, str] = {}
+        #: the group's message that is released for delivery or in flight (one at a time).
+        self.group_busy: dict[str, str] = {}
+        #: group heads whose turn has come.
+        self.unblocked: deque[str] = deque()
+        #: (not_before, id) of messages whose delay has not passed.
+        self.delayed: list[tuple[float, str]] = []
+        self.not_due: set[str] = set()
+        #: receive counts of redelivered messages, kept in the store so they survive a takeover.
+        self.receives: dict[str, int] = {}
+        #: deliveries after which a message is dead-lettered instead (None: never).
+        self.max_receives: int | None = None
+        #: messages waiting to be moved to the dead-letter queue, with their receive counts.
+        self.dead: list[tuple[str, int]] = []
+        self.wall = time.time
 
     # --- opening ------------------------------------------------------------------------------
     def _read_block(self, block_id: str) -> Block | None:
@@ -179,6 +206,7 @@ class PartitionManager:
             # earlier owner can have moved it since.
             head_id = self._read_head(self.lease)
             self.tree = AppendTree.load(head_id, self._read_block, self.block_size)
+            self._load_receives()
             # The old head is sealed: an earlier owner may have used any of its positions, and
             # it can write no more (fenced), so new messages go into a fresh block.
             self.head_writable = False
@@ -198,24 +226,100 @@ class PartitionManager:
         }
         log.info("opened %s/%s epoch %s: %s", self.queue, self.index, self.lease.epoch, self.opened_in)
 
+    def _load_receives(self) -> None:
+        bucket = f"{self.queue}/{self.index}/_receives"
+        names = self.store.scan(bucket)
+        values = self.store.get_many([f"{bucket}/{n}" for n in names])
+        for name, raw in zip(names, values):
+            block_id, _, idx = name.partition(".")
+            if raw is not None and idx.isdigit():
+                self.receives[f"{self.queue}/{self.index}/{block_id}/{idx}"] = int(raw)
+
     def _refill_backlog(self) -> bool:
-        """Scan the next backlog block into the dequeue buffer. One scan (plus block reads)."""
+        """Scan the next backlog block and route its messages. One scan and one batched read.
+
+        The records are read (not only the keys) because a message's group and delay decide
+        where it goes; the bodies land in the cache for the delivery that follows.
+        """
         while self.backlog is not None:
             block = next(self.backlog, None)
             if block is None:
                 self.backlog = None
+                for group in list(self.groups):
+                    self._release_group(group)  # local heads were waiting for the backlog
+                self._prune()  # and so were this manager's own emptied blocks
                 break
             bucket = f"{self.queue}/{self.index}/{block.id}"
-            names = self.store.scan(bucket)
-            live = {int(n) for n in names if n.isdigit()}
-            state = BlockState(block, live, sealed=True, backlog=True)
+            live = sorted(int(n) for n in self.store.scan(bucket) if n.isdigit())
+            ids = [f"{bucket}/{i}" for i in live]
+            records = self.store.get_many(ids) if ids else []
+            state = BlockState(block, set(), sealed=True, backlog=True)
             self.blocks[block.id] = state
             self.backlog_order.append(state)
-            if live:
-                self.backlog_buffer.extend(f"{bucket}/{i}" for i in sorted(live))
+            routed = False
+            for i, mid, raw in zip(live, ids, records):
+                if raw is None:
+                    continue  # acknowledged between the scan and the read
+                message = StoredMessage.from_bytes(raw)
+                state.live.add(i)
+                state.newest = max(state.newest, message.enqueued_at)
+                self.cache.put(mid, message)
+                self.seq_counter = max(self.seq_counter, message.sequence & 0xFFFFFFFF)
+                routed |= self._route(mid, (block.ordinal, i), message, backlog=True)
+            if state.live:
                 return True
             self._prune()
         return False
+
+    def _route(self, mid: str, pos: tuple[int, int], message: StoredMessage, *, backlog: bool) -> bool:
+        """Put a stored, undelivered message where its turn will come. Lock held."""
+        if message.not_before is not None and message.not_before > self.wall():
+            heapq.heappush(self.delayed, (message.not_before, mid))
+            self.not_due.add(mid)
+        if message.group is not None:
+            self.group_of[mid] = message.group
+            self.groups.setdefault(message.group, SortedList()).add((pos, mid))
+            self._release_group(message.group)
+            return True
+        if mid in self.not_due:
+            return False
+        (self.backlog_buffer if backlog else self.ready).append(mid)
+        return True
+
+    def _release_group(self, group: str) -> None:
+        """Let the group's head be delivered if the group has nothing out. Lock held.
+
+        The head is the group's oldest live message. A message this manager enqueued waits
+        while older blocks found at open are still unread: one of them may hold an older
+        message of the same group.
+        """
+        if group in self.group_busy:
+            return
+        pending = self.groups.get(group)
+        if not pending:
+            self.groups.pop(group, None)
+            return
+        (ordinal, _), head = pending[0]
+        if head in self.not_due:
+            return
+        state = self.blocks.get(head.rsplit("/", 2)[1])
+        if self.backlog is not None and state is not None and not state.backlog:
+            return
+        self.group_busy[group] = head
+        self.unblocked.append(head)
+
+    def _release_due(self) -> None:
+        now = self.wall()
+        while self.delayed and self.delayed[0][0] <= now:
+            _, mid = heapq.heappop(self.delayed)
+            if mid not in self.not_due:
+                continue
+            self.not_due.discard(mid)
+            group = self.group_of.get(mid)
+            if group is not None:
+                self._release_group(group)
+            elif self._is_live(mid):
+                self.ready.append(mid)
 
     # --- guards -------------------------------------------------------------------------------
     def _check_serving(self) -> None:
@@ -278,10 +382,20 @@ class PartitionManager:
             states = [self.blocks[b.id] for b, _ in positions]
             for state in states:
                 state.pending += 1
+            base = self.lease.epoch << 32
+            messages = [m.with_sequence(base | (self.seq_counter + k + 1)) for k, m in enumerate(messages)]
+            self.seq_counter += len(messages)
         ids = [f"{self.queue}/{self.index}/{b.id}/{i}" for b, i in positions]
         try:
             self.store.put_many([(mid, m.to_bytes()) for mid, m in zip(ids, messages)], fence=self.fence)
         except (Fenced, KVError) as exc:
+            if isinstance(exc, ReplicationError):
+                # Written on the primary only: take it back, so that nothing unconfirmed is
+                # ever delivered (by us, or by an owner that scans this block later).
+                try:
+                    self.store.delete_many(ids)
+                except KVError:
+                    log.error("%s/%s: could not take back unreplicated messages", self.queue, self.index)
             with self.lock:
                 for state in states:
                     state.pending -= 1  # the positions are burnt
@@ -289,11 +403,12 @@ class PartitionManager:
                     raise self._lost(exc) from exc
             raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
         with self.lock:
-            for (_, i), state, mid, message in zip(positions, states, ids, messages):
+            for (block, i), state, mid, message in zip(positions, states, ids, messages):
                 state.pending -= 1
                 state.live.add(i)
-                self.ready.append(mid)
+                state.newest = max(state.newest, message.enqueued_at)
                 self.cache.put(mid, message)
+                self._route(mid, (block.ordinal, i), message, backlog=False)
             self.enqueued_total += len(ids)
         self.on_change()
         return ids
@@ -310,8 +425,11 @@ class PartitionManager:
 
     # --- dequeue ------------------------------------------------------------------------------
     def dequeue(self, max_messages: int, visibility: float) -> list[Delivery]:
-        """Up to ``max_messages`` deliveries: expired ones first, then the oldest undelivered."""
+        """Up to ``max_messages`` deliveries: expired ones first, then group heads whose turn
+        came, then the oldest undelivered. Messages past ``max_receives`` are set aside for
+        the dead-letter queue instead (see :meth:`take_dead`)."""
         out: list[Delivery] = []
+        counts: list[tuple[str, int]] = []
         with self.lock:
             self._check_serving()
             if not self.dequeue_ready:
@@ -323,31 +441,76 @@ class PartitionManager:
                     self.inflight.remove(mid)
                     continue
                 entry = self.inflight.get(mid)
+                if self.max_receives is not None and entry.receive_count >= self.max_receives:
+                    self.inflight.change_deadline(mid, float("inf"))  # pinned until moved
+                    self.dead.append((mid, entry.receive_count))
+                    continue
                 receipt = new_receipt()
-                self.inflight.add(mid, deadline, receipt, entry.receive_count + 1)
+                count = entry.receive_count + 1
+                self.inflight.add(mid, deadline, receipt, count)
                 self.redelivered_total += 1
-                out.append(Delivery(mid, receipt, entry.receive_count + 1))
+                counts.append((mid, count))
+                out.append(Delivery(mid, receipt, count))
+            self._release_due()
+            scans = 0
             try:
                 while len(out) < max_messages:
-                    if not self.backlog_buffer and not self._refill_backlog():
+                    if self.unblocked:
+                        mid = self.unblocked.popleft()
+                    elif self.backlog_buffer:
+                        mid = self.backlog_buffer.popleft()
+                    elif self.backlog is not None and scans < 8:
+                        scans += 1
+                        self._refill_backlog()
+                        continue
+                    elif self.ready:
+                        mid = self.ready.popleft()
+                    else:
                         break
-                    mid = self.backlog_buffer.popleft()
-                    if self._is_live(mid) and mid not in self.inflight:
-                        out.append(self._deliver_first(mid, deadline))
+                    if self._is_live(mid) and mid not in self.inflight and mid not in self.not_due:
+                        delivery = self._deliver_first(mid, deadline)
+                        if delivery is not None:
+                            out.append(delivery)
+                            if delivery.receive_count > 1:
+                                counts.append((mid, delivery.receive_count))
             except KVError as exc:
                 if not out:
                     raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
-            ready = self.ready
-            while len(out) < max_messages and ready:
-                mid = ready.popleft()
-                if self._is_live(mid) and mid not in self.inflight:
-                    out.append(self._deliver_first(mid, deadline))
+            for mid, count in counts:
+                self.receives[mid] = count
+        if counts:
+            self._save_receives(counts)
         return out
 
-    def _deliver_first(self, mid: str, deadline: float) -> Delivery:
+    def _save_receives(self, counts: list[tuple[str, int]]) -> None:
+        """Persist receive counts of redeliveries. A count lost here makes it at most the
+        deliveries in flight at a crash too low; first deliveries are never written."""
+        items = []
+        for mid, count in counts:
+            parsed = parse_message_id(mid)
+            if parsed is not None:
+                items.append((receives_key(self.queue, self.index, parsed), str(count).encode()))
+        try:
+            self.store.put_many(items, fence=self.fence)
+        except KVError as exc:
+            log.warning("%s/%s: receive counts not saved: %s", self.queue, self.index, exc)
+
+    def take_dead(self) -> list[tuple[str, int]]:
+        """Messages set aside for the dead-letter queue (they stay pinned until acked)."""
+        with self.lock:
+            dead, self.dead = self.dead, []
+        return dead
+
+    def _deliver_first(self, mid: str, deadline: float) -> Delivery | None:
+        """First delivery by this owner; the count goes on from one saved before a takeover."""
+        count = self.receives.get(mid, 0) + 1
+        if self.max_receives is not None and count > self.max_receives:
+            self.inflight.add(mid, float("inf"), new_receipt(), count - 1)
+            self.dead.append((mid, count - 1))
+            return None
         receipt = new_receipt()
-        self.inflight.add(mid, deadline, receipt, 1)
-        return Delivery(mid, receipt, 1)
+        self.inflight.add(mid, deadline, receipt, count)
+        return Delivery(mid, receipt, count)
 
     def _is_live(self, mid: str) -> bool:
         _, _, rest = mid.partition("/")
@@ -408,22 +571,69 @@ class PartitionManager:
 
     def delete_acked(self, items: Sequence[MessageId]) -> int:
         """The store half of an ack, without the lock. Returns how many were still stored."""
+        counts = [receives_key(self.queue, self.index, m) for m in items if str(m) in self.receives]
         try:
-            return self.store.delete_many([str(m) for m in items])
+            removed = self.store.delete_many([str(m) for m in items])
+            if counts:
+                self.store.delete_many(counts)
+            return removed
         except KVError as exc:
             raise PartitionUnavailable(f"{self.queue}/{self.index}: store delete failed: {exc}") from exc
 
     def settle_acked(self, items: Sequence[MessageId], removed: int) -> None:
         """The memory half of an ack, after the delete. Lock held."""
-        for m in items:
-            key = str(m)
-            self.inflight.remove(key)
-            self.cache.discard(key)
-            state = self.blocks.get(m.block)
-            if state is not None:
-                state.live.discard(m.index)
+        self._forget([str(m) for m in items])
         self.acked_total += removed
         self._prune()
+
+    def _forget(self, mids: Sequence[str]) -> None:
+        """Drop acknowledged (or dead-lettered, or expired) messages from memory. Lock held."""
+        released: set[str] = set()
+        for key in mids:
+            self.inflight.remove(key)
+            self.cache.discard(key)
+            self.receives.pop(key, None)
+            self.not_due.discard(key)
+            _, _, rest = key.partition("/")
+            _, _, rest = rest.partition("/")
+            block_id, _, idx = rest.partition("/")
+            state = self.blocks.get(block_id)
+            if state is not None:
+                state.live.discard(int(idx))
+            group = self.group_of.pop(key, None)
+            if group is not None:
+                pending = self.groups.get(group)
+                if pending is not None and state is not None:
+                    pending.discard(((state.block.ordinal, int(idx)), key))
+                if self.group_busy.get(group) == key:
+                    del self.group_busy[group]
+                released.add(group)
+        for group in released:
+            self._release_group(group)
+
+    def expire(self, cutoff: float) -> int:
+        """Remove messages of blocks whose newest message is older than ``cutoff`` (retention).
+
+        Works a block at a time from the oldest, so a message outlives its retention by at
+        most the time its block took to fill. Returns how many were removed.
+        """
+        with self.lock:
+            self._check_serving()
+            doomed: list[str] = []
+            for state in [*self.backlog_order, *self.local_order]:
+                if state.newest >= cutoff or state.pending:
+                    break
+                bucket = f"{self.queue}/{self.index}/{state.block.id}"
+                doomed.extend(f"{bucket}/{i}" for i in sorted(state.live))
+        if not doomed:
+            return 0
+        parsed = [m for m in (parse_message_id(d) for d in doomed) if m is not None]
+        removed = self.delete_acked(parsed)
+        with self.lock:
+            self._forget(doomed)
+            self.expired_total += removed
+            self._prune()
+        return removed
 
     def ack(self, items: Sequence[tuple[MessageId, str | None]]) -> int:
         """Check receipts, delete, settle: a whole ack on this partition alone."""

@@ -78,7 +78,8 @@ def update_queue(q: Queue, **fields) -> Queue:
             [Partition(queue=q, index=i, lease_period=q.lease_period) for i in range(old_partitions, q.partitions)]
         )
         if "lease_period" in fields:
-            Partition.objects.filter(queue=q).update(lease_period=q.lease_period)
+            # Owned rows take the new period from their owner's next renewal (leases.renew).
+            Partition.objects.filter(queue=q, owner__isnull=True).update(lease_period=q.lease_period)
     get_runtime().queue_changed(q)
     return q
 

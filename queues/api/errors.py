@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 
-from django.http import JsonResponse
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -99,6 +100,11 @@ def exception_handler(exc, context):
     if mapped is not None:
         status_code, payload, headers = mapped
         return Response(payload, status=status_code, headers=headers)
+    # As DRF's handler does, so the code is not the generic "error" (e.g. ?format=xml: Http404).
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound(*exc.args)
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied(*exc.args)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

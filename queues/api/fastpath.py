@@ -32,6 +32,13 @@ log = logging.getLogger(__name__)
 
 _PATH = re.compile(r"^/api/v1/queues/([^/]+)/(enqueue|dequeue|ack|visibility)$")
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
+_JSON_TYPES = ("application/json", "application/*", "*/*")
+
+
+def _accepts_json(accept: str) -> bool:
+    """Whether DRF's content negotiation could pick the JSON renderer (no Accept: any)."""
+    return not accept.strip() or any(
+        t.split(";")[0].strip().lower() in _JSON_TYPES for t in accept.split(","))
 
 
 class FastPath:
@@ -52,6 +59,11 @@ class FastPath:
         if content_type != "application/json" or (
                 peer is None and (scheme.lower() != "token" or not key or " " in key)):
             return self.app(environ, start_response)  # DRF answers exactly as it would
+        length = environ.get("CONTENT_LENGTH") or "0"
+        if (environ.get("QUERY_STRING") or not _accepts_json(environ.get("HTTP_ACCEPT", ""))
+                or not (length.isascii() and length.isdigit())):
+            # ?format=..., an Accept without JSON (DRF: 406), an odd Content-Length: DRF decides.
+            return self.app(environ, start_response)
         name = match[1].encode("latin-1").decode("utf-8", "replace")
         headers: dict[str, str] = {}
         try:

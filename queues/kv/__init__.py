@@ -11,9 +11,9 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .base import Fence, Fenced, KeyValueStore, KVError
+from .base import Fence, Fenced, KeyValueStore, KVError, ReplicationError
 
-__all__ = ["Fence", "Fenced", "KeyValueStore", "KVError", "open_store", "get_store", "reset_store"]
+__all__ = ["Fence", "Fenced", "KeyValueStore", "KVError", "ReplicationError", "open_store", "get_store", "reset_store"]
 
 
 def open_store(url: str) -> KeyValueStore:

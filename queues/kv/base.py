@@ -25,6 +25,10 @@ class KVError(Exception):
     """The store failed; nothing may be assumed written."""
 
 
+class ReplicationError(KVError):
+    """Fewer replicas than required acknowledged a write (it may exist on the primary only)."""
+
+
 class Fenced(KVError):
     """A fenced write was refused: another owner holds a newer epoch."""
 

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import redis as redis_lib
 
-from .base import Fence, Fenced, KeyValueStore, KVError, split_key
+from .base import Fence, Fenced, KeyValueStore, KVError, ReplicationError, split_key
 
 # ARGV: fence bucket, fence field, epoch ("" = unfenced), then groups of
 # (bucket, n, field1, value1, ..., fieldn, valuen).
@@ -65,10 +65,6 @@ return 1
 
 # Lua's unpack has a stack limit (LUAI_MAXCSTACK 8000); keep each HSET/HDEL group below it.
 _GROUP = 2000
-
-
-class ReplicationError(KVError):
-    """Fewer replicas than KV_MIN_REPLICAS acknowledged a write."""
 
 
 class RedisStore(KeyValueStore):
