@@ -210,8 +210,9 @@ NODE_COOLING_FAILURES = envint("NODE_COOLING_FAILURES", 50, minimum=0)
 # --- API ----------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "queues.auth.ClusterAuthentication",
+        # Token first: DRF answers 401 with the first class's WWW-Authenticate header.
         "queues.auth.CachedTokenAuthentication",
+        "queues.auth.ClusterAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

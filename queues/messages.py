@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from dataclasses import dataclass, replace
@@ -33,6 +34,12 @@ def parse_message_id(text: object) -> MessageId | None:
     if m is None:
         return None
     return MessageId(m["queue"], int(m["partition"]), m["block"], int(m["index"]))
+
+
+def partition_for(group: str, partitions: int) -> int:
+    """The partition a group's messages go to: the same on every node and every release."""
+    digest = hashlib.blake2b(group.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % partitions
 
 
 def block_key(queue: str, partition: int, block_id: str) -> str:

@@ -45,11 +45,21 @@ class QueueConfig:
     visibility_timeout: int
     max_message_size: int
     retention: int
+    strict: bool = False
+    delay: int = 0
+    dead_letter_queue: str | None = None
+    max_receives: int | None = None
+    dedup_window: int = 300
+    preprocess_estimate: float = 0.0
+    process_estimate: float = 0.0
 
     @classmethod
     def from_model(cls, q: Queue) -> "QueueConfig":
+        dlq = q.dead_letter_queue.name if q.dead_letter_queue_id else None
         return cls(q.pk, q.name, q.partitions, q.block_size, q.lease_period, q.visibility_timeout,
-                   q.max_message_size, q.retention)
+                   q.max_message_size, q.retention, q.strict, q.delay, dlq,
+                   q.max_receives if dlq else None, q.dedup_window, q.preprocess_estimate,
+                   q.process_estimate)
 
 
 class QueueNotFound(Exception):
@@ -181,10 +191,14 @@ class NodeRuntime:
                 del self.managers[key]
 
     def refresh_queues(self) -> None:
-        fresh = {q.name: QueueConfig.from_model(q) for q in Queue.objects.all()}
+        fresh = {q.name: QueueConfig.from_model(q) for q in Queue.objects.select_related("dead_letter_queue")}
         with self._lock:
             gone = set(self.queues) - set(fresh)
             self.queues = fresh
+        for (name, _), m in list(self.managers.items()):
+            cfg = fresh.get(name)
+            if cfg is not None:
+                m.max_receives = cfg.max_receives
         for name in gone:
             self._close_queue(name)
 
@@ -247,13 +261,19 @@ class NodeRuntime:
     def _open(self, cfg: QueueConfig, lease: leases.Lease) -> PartitionManager | None:
         m = PartitionManager(lease, block_size=cfg.block_size, store=self.store, node_id=self.node_id,
                              cache=self.cache, on_change=self.notify)
+        m.max_receives = cfg.max_receives
+        key = (cfg.name, lease.index)
         try:
-            m.open()
+            m.open_head()
+            with self._lock:
+                self.managers[key] = m  # enqueues are served from here on
+            m.open_oldest()
         except Exception:  # noqa: BLE001 - the store may be down; retried at the next pass
             log.exception("opening %s/%s", cfg.name, lease.index)
+            with m.lock:
+                m.closed = True
+            self._forget(key, m)
             return None
-        with self._lock:
-            self.managers[(cfg.name, lease.index)] = m
         self.notify()
         return m
 
@@ -274,7 +294,7 @@ class NodeRuntime:
     def queue(self, name: str) -> QueueConfig:
         cfg = self.queues.get(name)
         if cfg is None:
-            q = Queue.objects.filter(name=name).first()
+            q = Queue.objects.filter(name=name).select_related("dead_letter_queue").first()
             if q is None:
                 raise QueueNotFound(name)
             cfg = QueueConfig.from_model(q)

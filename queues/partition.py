@@ -197,8 +197,13 @@ class PartitionManager:
         return Block.from_bytes(raw) if raw is not None else None
 
     def open(self) -> None:
-        """Fence out earlier owners, load the head, then reach the oldest live block."""
-        t0 = monotonic()
+        """Both phases of a takeover, for callers that need not serve in between."""
+        self.open_head()
+        self.open_oldest()
+
+    def open_head(self) -> None:
+        """Fence out earlier owners and load the head: enqueues may start. O(log N) reads."""
+        self._t0 = monotonic()
         with self.lock:
             if not self.store.advance_fence(self.fence.key, self.lease.epoch):
                 raise leases.LeaseLost(f"{self.queue}/{self.index}: a newer epoch fenced us at open")
@@ -206,24 +211,25 @@ class PartitionManager:
             # earlier owner can have moved it since.
             head_id = self._read_head(self.lease)
             self.tree = AppendTree.load(head_id, self._read_block, self.block_size)
-            self._load_receives()
             # The old head is sealed: an earlier owner may have used any of its positions, and
             # it can write no more (fenced), so new messages go into a fresh block.
             self.head_writable = False
-            self.enqueue_ready = True
-            t_head = monotonic()
-            reads_head = self.tree.reads
             if self.tree.head is not None:
+                # A generator: no read yet, but from now on local blocks wait behind it.
                 self.backlog = self.tree.iter_from_oldest(self._read_block, upto=self.tree.head.ordinal)
+            self.enqueue_ready = True
+        self.opened_in = {"enqueue_ready_s": monotonic() - self._t0, "head_reads": self.tree.reads}
+
+    def open_oldest(self) -> None:
+        """Reach the oldest live block (O(log N) more reads) and the saved receive counts:
+        dequeues may start. Enqueues run meanwhile (they take the lock between steps)."""
+        with self.lock:
+            self._load_receives()
+        with self.lock:
+            if self.backlog is not None and not self.backlog_order:
                 self._refill_backlog()
             self.dequeue_ready = True
-            t_oldest = monotonic()
-        self.opened_in = {
-            "enqueue_ready_s": t_head - t0,
-            "dequeue_ready_s": t_oldest - t0,
-            "head_reads": reads_head,
-            "oldest_reads": self.tree.reads,
-        }
+        self.opened_in.update(dequeue_ready_s=monotonic() - self._t0, oldest_reads=self.tree.reads)
         log.info("opened %s/%s epoch %s: %s", self.queue, self.index, self.lease.epoch, self.opened_in)
 
     def _load_receives(self) -> None:
@@ -500,6 +506,14 @@ class PartitionManager:
         with self.lock:
             dead, self.dead = self.dead, []
         return dead
+
+    def return_dead(self, mids: Sequence[str]) -> None:
+        """The move failed: let them expire now, to be set aside again at the next dequeue."""
+        with self.lock:
+            now = monotonic()
+            for mid in mids:
+                if mid in self.inflight:
+                    self.inflight.change_deadline(mid, now)
 
     def _deliver_first(self, mid: str, deadline: float) -> Delivery | None:
         """First delivery by this owner; the count goes on from one saved before a takeover."""

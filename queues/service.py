@@ -92,6 +92,11 @@ def delete_queue(q: Queue) -> None:
 
 
 # --- messages ---------------------------------------------------------------------------------
+def enqueue_to(queue: str, index: int, messages: list[StoredMessage]) -> list[str]:
+    """Store the messages in partition ``index`` (their group's), which must be served here."""
+    return get_runtime().manager(queue, index).enqueue(messages)
+
+
 def enqueue(queue: str, messages: list[StoredMessage], *, even_if_cooling: bool = False) -> list[str]:
     """Store the messages in one partition, in order. Tries each local partition in turn.
 

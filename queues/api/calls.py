@@ -7,14 +7,21 @@ call these, so the two cannot drift apart in what they accept or answer.
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
 from datetime import datetime, timezone
 
 from .. import service
-from ..messages import StoredMessage
+from ..dedup import get_dedup
+from ..messages import StoredMessage, parse_message_id, partition_for
+from ..partition import Delivery
 from ..models import QUEUE_NAME_RE
 from ..partition import NotServedHere
 from ..router import MAX_HOPS, Forwarded
 from . import validation
+
+
+log = logging.getLogger(__name__)
 
 
 def _iso(ts: float) -> str:
@@ -57,24 +64,92 @@ def _local_or_forward(name: str, call: str, data, hops: int, local):
 
 
 def enqueue(name: str, data, hops: int = 0) -> tuple[int, dict]:
+    """Dedup first (shared by all nodes), then each message to its group's partition (here or
+    at its owner), ungrouped ones to any partition; the IDs come back in the caller's order."""
     cfg = queue_config(name)
-    bodies, batch = validation.enqueue_request(data, cfg)
     now = datetime.now(timezone.utc).timestamp()
+    drafts, batch = validation.enqueue_request(data, cfg, now)
+    items = data["messages"] if batch else [data]
+    ids: list[str | None] = [None] * len(drafts)
+    dedup = get_dedup() if any(d.dedup_id for d in drafts) else None
+    reserved: dict[str, int] = {}  # dedup_id -> index of the draft that stores it
+    for i, d in enumerate(drafts):
+        if d.dedup_id is None:
+            continue
+        if d.dedup_id in reserved:
+            continue  # a repeat inside the batch: takes the first one's ID below
+        existing = dedup.reserve(name, d.dedup_id, cfg.dedup_window)
+        if existing is not None:
+            ids[i] = existing
+        else:
+            reserved[d.dedup_id] = i
+    todo = [i for i, d in enumerate(drafts) if ids[i] is None
+            and (d.dedup_id is None or reserved.get(d.dedup_id) == i)]
+    by_partition: dict[int | None, list[int]] = {}
+    for i in todo:
+        group = drafts[i].group
+        by_partition.setdefault(partition_for(group, cfg.partitions) if group else None, []).append(i)
+    try:
+        for index, positions in by_partition.items():
+            stored = _enqueue_somewhere(cfg, index, [drafts[i] for i in positions],
+                                        [items[i] for i in positions], now, hops)
+            for i, mid in zip(positions, stored):
+                ids[i] = mid
+    except BaseException:
+        for dedup_id, i in reserved.items():
+            if ids[i] is None:
+                dedup.release(name, dedup_id)
+        raise
+    for dedup_id, i in reserved.items():
+        dedup.confirm(name, dedup_id, ids[i], cfg.dedup_window)
+    for i, d in enumerate(drafts):
+        if ids[i] is None:
+            ids[i] = ids[reserved[d.dedup_id]]
+    return 201, ({"ids": ids} if batch else {"id": ids[0]})
 
-    def local(even_if_cooling: bool = False):
-        ids = service.enqueue(name, [StoredMessage(b, now) for b in bodies],
-                              even_if_cooling=even_if_cooling or hops >= MAX_HOPS)
-        return 201, ({"ids": ids} if batch else {"id": ids[0]})
 
-    return _local_or_forward(name, "enqueue", data, hops, local)
+def _stored(d, now: float) -> StoredMessage:
+    return StoredMessage(d.body, now, group=d.group, not_before=d.not_before, attributes=d.attributes,
+                         size=d.size, estimates=d.estimates)
 
 
-def _deliveries(deliveries) -> list[dict]:
-    return [
-        {"id": d.id, "receipt": d.receipt, "body": d.message.body,
-         "receive_count": d.receive_count, "enqueued_at": _iso(d.message.enqueued_at)}
-        for d in deliveries
-    ]
+def _enqueue_somewhere(cfg, index: int | None, drafts, items, now: float, hops: int) -> list[str]:
+    """Store in partition ``index`` (None: any), here if this node serves it, else at its owner."""
+    rt = service.get_runtime()
+    messages = [_stored(d, now) for d in drafts]
+    # A forwarded call must not take the dedup reservations again: they are held here.
+    forward = {"messages": [{k: v for k, v in item.items() if k != "dedup_id"} for item in items]}
+    if index is None:
+        def local(even_if_cooling: bool = False):
+            return 201, {"ids": service.enqueue(cfg.name, messages,
+                                                even_if_cooling=even_if_cooling or hops >= MAX_HOPS)}
+        status, payload = _local_or_forward(cfg.name, "enqueue", forward, hops, local)
+        return payload["ids"]
+    if (cfg.name, index) in rt.managers or hops >= MAX_HOPS:
+        return service.enqueue_to(cfg.name, index, messages)
+    address = rt.router.owner_of(cfg.id, cfg.name, index)
+    if address is None:
+        raise NotServedHere(f"partition {cfg.name}/{index} has no live owner now; retry")
+    status, payload = rt.router.forward(address, cfg.name, "enqueue", forward, hops)
+    if status != 201:
+        raise Forwarded(status, payload)
+    return payload["ids"]
+
+
+def _deliveries(deliveries, cfg) -> list[dict]:
+    out = []
+    for d in deliveries:
+        m = d.message
+        estimates = {"preprocess": cfg.preprocess_estimate, "process": cfg.process_estimate}
+        if m.estimates:
+            estimates.update(m.estimates)
+        item = {"id": d.id, "receipt": d.receipt, "body": m.body, "receive_count": d.receive_count,
+                "enqueued_at": _iso(m.enqueued_at), "sequence": m.sequence, "group": m.group,
+                "attributes": m.attributes or {}, "size": m.size, "estimates": estimates}
+        if m.history:
+            item["history"] = m.history
+        out.append(item)
+    return out
 
 
 def dequeue(name: str, data, hops: int = 0) -> tuple[int, dict]:
@@ -82,10 +157,12 @@ def dequeue(name: str, data, hops: int = 0) -> tuple[int, dict]:
     cfg = queue_config(name)
     max_messages, visibility, wait = validation.dequeue_request(data)
     rt = service.get_runtime()
-    got = _deliveries(service.dequeue(name, max_messages, visibility, 0))
+    got = _deliveries(service.dequeue(name, max_messages, visibility, 0), cfg)
+    if cfg.max_receives is not None:
+        _move_dead_letters(cfg)
     if got or hops >= MAX_HOPS:
         if not got and wait:
-            got = _deliveries(service.dequeue(name, max_messages, visibility, wait))
+            got = _deliveries(service.dequeue(name, max_messages, visibility, wait), cfg)
         return 200, {"messages": got}
     remote = {**data, "wait": 0}
     for address in rt.router.other_nodes(cfg.id, name):
@@ -96,8 +173,81 @@ def dequeue(name: str, data, hops: int = 0) -> tuple[int, dict]:
         if status == 200 and payload.get("messages"):
             return 200, payload
     if wait:
-        got = _deliveries(service.dequeue(name, max_messages, visibility, wait))
+        got = _deliveries(service.dequeue(name, max_messages, visibility, wait), cfg)
     return 200, {"messages": got}
+
+
+def _move_dead_letters(cfg) -> None:
+    """Move the messages this node set aside (past max_receives) to the dead-letter queue.
+
+    The copy is stored first, then the original removed: a crash in between leaves a message
+    in both queues (at least once), never in neither.
+    """
+    rt = service.get_runtime()
+    for m in rt.local_managers(cfg.name):
+        dead = m.take_dead()
+        if not dead:
+            continue
+        mids = [mid for mid, _ in dead]
+        try:
+            if cfg.dead_letter_queue is None:
+                raise NotServedHere("the queue no longer names a dead-letter queue")
+            found = m.load_bodies([Delivery(mid, "", count) for mid, count in dead])
+            now = datetime.now(timezone.utc).timestamp()
+            items = []
+            for d in found:
+                msg = d.message
+                history = {"source": cfg.name, "id": d.id, "receive_count": d.receive_count,
+                           "group": msg.group, "enqueued_at": _iso(msg.enqueued_at),
+                           "dead_lettered_at": _iso(now)}
+                items.append({"body": msg.body, "attributes": msg.attributes, "size": msg.size,
+                              "estimates": msg.estimates, "_history": history})
+            if items:
+                dlq = queue_config(cfg.dead_letter_queue)
+                drafts = [validation.Draft(i["body"], attributes=i["attributes"], size=i["size"],
+                                           estimates=i["estimates"]) for i in items]
+                messages = [replace(_stored(dr, now), history=i["_history"]) for dr, i in zip(drafts, items)]
+                service.enqueue(dlq.name, messages, even_if_cooling=True)
+            m.ack([(parse_message_id(mid), None) for mid in mids])
+            with m.lock:
+                m.dead_lettered_total += len(found)
+        except Exception:  # noqa: BLE001 - retried at the next dequeue
+            log.exception("moving %d dead letters of %s", len(mids), cfg.name)
+            m.return_dead(mids)
+
+
+def redrive(name: str, data, hops: int = 0) -> tuple[int, dict]:
+    """Move dead letters back to the queues they came from (up to ``max``)."""
+    queue_config(name)
+    data = validation._object(data)
+    validation._no_extra(data, {"max"}, "the request")
+    limit = validation.number(data, "max", 1, validation.MAX_DEQUEUE, 100, integer=True)
+    moved = skipped = 0
+    while moved + skipped < limit:
+        got = service.dequeue(name, min(100, limit - moved - skipped), 60, 0)
+        if not got:
+            break
+        by_source: dict[str, list] = {}
+        back = []
+        for d in got:
+            source = (d.message.history or {}).get("source")
+            if source is None or not QUEUE_NAME_RE.fullmatch(source):
+                skipped += 1
+                continue
+            by_source.setdefault(source, []).append(d)
+        for source, ds in by_source.items():
+            payload = {"messages": [
+                {k: v for k, v in (("body", d.message.body), ("group", (d.message.history or {}).get("group")),
+                                   ("attributes", d.message.attributes), ("size", d.message.size),
+                                   ("estimates", d.message.estimates)) if v is not None}
+                for d in ds
+            ]}
+            enqueue(source, payload, hops)
+            back.extend(ds)
+            moved += len(ds)
+        if back:
+            service.ack(name, [(parse_message_id(d.id), d.receipt) for d in back])
+    return 200, {"moved": moved, "skipped": skipped}
 
 
 def ack(name: str, data, hops: int = 0) -> tuple[int, dict]:
@@ -148,3 +298,5 @@ def visibility(name: str, data, hops: int = 0) -> tuple[int, dict]:
 
 #: The calls the fast path serves, by the last segment of their path.
 CALLS = {"enqueue": enqueue, "dequeue": dequeue, "ack": ack, "visibility": visibility}
+#: Calls served only through DRF (not hot).
+OTHER_CALLS = {"redrive": redrive}

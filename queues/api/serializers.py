@@ -29,11 +29,33 @@ class StrictSerializer(serializers.Serializer):
 
 
 class QueueSerializer(StrictSerializer, serializers.ModelSerializer):
+    dead_letter_queue = serializers.SlugRelatedField(
+        slug_field="name", queryset=Queue.objects.all(), required=False, allow_null=True,
+        help_text="name of the queue that receives messages after max_receives deliveries")
+
     class Meta:
         model = Queue
         fields = ["name", "partitions", "block_size", "lease_period", "visibility_timeout",
-                  "max_message_size", "retention", "created_at", "updated_at"]
+                  "max_message_size", "retention", "strict", "dead_letter_queue", "max_receives",
+                  "dedup_window", "delay", "preprocess_estimate", "process_estimate",
+                  "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
+
+    def validate(self, attrs):
+        def current(field):
+            if field in attrs:
+                return attrs[field]
+            return getattr(self.instance, field) if self.instance is not None else None
+
+        dlq, max_receives = current("dead_letter_queue"), current("max_receives")
+        if (dlq is None) != (max_receives is None):
+            raise serializers.ValidationError(
+                {"max_receives": "dead_letter_queue and max_receives go together"}, code="invalid")
+        name = self.instance.name if self.instance is not None else attrs.get("name")
+        if dlq is not None and dlq.name == name:
+            raise serializers.ValidationError(
+                {"dead_letter_queue": "a queue cannot be its own dead-letter queue"}, code="invalid")
+        return attrs
 
 
 class QueueUpdateSerializer(QueueSerializer):

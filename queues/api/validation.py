@@ -8,6 +8,8 @@ most of its time there. These functions check the same things in plain Python an
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from datetime import datetime
 
 from ..messages import MessageId, parse_message_id
 from ..models import LIMITS
@@ -69,11 +71,98 @@ def _body(item, cfg: QueueConfig, where: str) -> str:
     return body
 
 
-MESSAGE_FIELDS = {"body"}
+MESSAGE_FIELDS = {"body", "group", "dedup_id", "delay", "not_before", "attributes", "size", "estimates"}
+MAX_ATTRIBUTES = 16
 
 
-def enqueue_request(data, cfg: QueueConfig) -> tuple[list[str], bool]:
-    """The bodies to enqueue, and whether the call was a batch."""
+@dataclass
+class Draft:
+    """A checked message to enqueue, before it has an ID."""
+
+    body: str
+    group: str | None = None
+    dedup_id: str | None = None
+    not_before: float | None = None
+    attributes: dict | None = None
+    size: int | None = None
+    estimates: dict | None = None
+
+
+def _short_text(item: dict, name: str, where: str) -> str | None:
+    value = item.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= 128 or "\x00" in value:
+        raise BadRequest(f"{where}: {name} must be a string of 1 to 128 characters", f"invalid_{name}")
+    return value
+
+
+def _not_before(item: dict, cfg: QueueConfig, now: float, where: str) -> float | None:
+    if item.get("delay") is not None and item.get("not_before") is not None:
+        raise BadRequest(f"{where}: give delay or not_before, not both", "invalid_delay")
+    horizon = LIMITS["delay"][1]
+    if item.get("not_before") is not None:
+        value = item["not_before"]
+        if isinstance(value, str):
+            try:
+                value = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                raise BadRequest(f"{where}: not_before must be epoch seconds or ISO 8601", "invalid_delay") from None
+        value = number({"not_before": value}, "not_before", 0, now + horizon, None)
+        return value if value > now else None
+    delay = number(item, "delay", 0, horizon, cfg.delay)
+    return now + delay if delay else None
+
+
+def _attributes(item: dict, where: str) -> dict | None:
+    value = item.get("attributes")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > MAX_ATTRIBUTES:
+        raise BadRequest(f"{where}: attributes must be an object of at most {MAX_ATTRIBUTES} entries",
+                         "invalid_attributes")
+    for key, v in value.items():
+        if not 1 <= len(key) <= 64 or "\x00" in key:
+            raise BadRequest(f"{where}: attribute names are 1 to 64 characters", "invalid_attributes")
+        if isinstance(v, str):
+            if len(v) > 1024 or "\x00" in v:
+                raise BadRequest(f"{where}: attribute {key!r} is over 1,024 characters", "invalid_attributes")
+        elif not isinstance(v, (bool, int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+            raise BadRequest(f"{where}: attribute {key!r} must be a string, number or boolean",
+                             "invalid_attributes")
+    return value
+
+
+def _estimates(item: dict, where: str) -> dict | None:
+    value = item.get("estimates")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not value or set(value) - {"preprocess", "process"}:
+        raise BadRequest(f"{where}: estimates is an object with preprocess and/or process (seconds)",
+                         "invalid_estimates")
+    return {k: number(value, k, *LIMITS["estimate"], None) for k in value}
+
+
+def _message(item: dict, cfg: QueueConfig, now: float, where: str) -> Draft:
+    if len(item) != 1:
+        _no_extra(item, MESSAGE_FIELDS, where)
+    draft = Draft(_body(item, cfg, where))
+    if len(item) == 1 and not cfg.strict and not cfg.delay:
+        return draft
+    draft.group = _short_text(item, "group", where)
+    if cfg.strict and draft.group is None:
+        raise BadRequest(f"{where}: queue {cfg.name!r} is strict: every message needs a group", "missing_group")
+    draft.dedup_id = _short_text(item, "dedup_id", where)
+    draft.not_before = _not_before(item, cfg, now, where)
+    draft.attributes = _attributes(item, where)
+    if item.get("size") is not None:
+        draft.size = number(item, "size", 0, 1 << 50, None, integer=True)
+    draft.estimates = _estimates(item, where)
+    return draft
+
+
+def enqueue_request(data, cfg: QueueConfig, now: float) -> tuple[list[Draft], bool]:
+    """The checked messages to enqueue, and whether the call was a batch."""
     data = _object(data)
     if "messages" in data:
         _no_extra(data, {"messages"}, "the request")
@@ -82,16 +171,13 @@ def enqueue_request(data, cfg: QueueConfig) -> tuple[list[str], bool]:
             raise BadRequest("messages must be a non-empty list", "invalid_messages")
         if len(items) > MAX_BATCH:
             raise BadRequest(f"at most {MAX_BATCH} messages per call, got {len(items)}", "batch_too_large")
-        bodies = []
+        drafts = []
         for i, item in enumerate(items):
             if not isinstance(item, dict):
                 raise BadRequest(f"messages[{i}] must be an object with a body", "invalid_messages")
-            if len(item) != 1:
-                _no_extra(item, MESSAGE_FIELDS, f"messages[{i}]")
-            bodies.append(_body(item, cfg, f"messages[{i}]"))
-        return bodies, True
-    _no_extra(data, MESSAGE_FIELDS, "the request")
-    return [_body(data, cfg, "message")], False
+            drafts.append(_message(item, cfg, now, f"messages[{i}]"))
+        return drafts, True
+    return [_message(data, cfg, now, "message")], False
 
 
 def dequeue_request(data) -> tuple[int, float | None, float]:
@@ -124,6 +210,9 @@ def _receipt(value, where: str) -> str:
 
 def ack_request(data, cfg: QueueConfig) -> list[tuple[MessageId, str | None]]:
     data = _object(data)
+    if cfg.strict and "ids" in data:
+        raise BadRequest(f"queue {cfg.name!r} is strict: acknowledge with messages [{{id, receipt}}]",
+                         "receipt_required")
     if ("ids" in data) == ("messages" in data):
         raise BadRequest("give either ids (a list of message IDs) or messages (a list of {id, receipt})",
                          "invalid_ack")
@@ -148,6 +237,8 @@ def ack_request(data, cfg: QueueConfig) -> list[tuple[MessageId, str | None]]:
             raise BadRequest(f"{where} must be an object with id and receipt", "invalid_ack")
         _no_extra(item, {"id", "receipt"}, where)
         receipt = _receipt(item["receipt"], where) if item.get("receipt") is not None else None
+        if receipt is None and cfg.strict:
+            raise BadRequest(f"{where}: queue {cfg.name!r} is strict: a receipt is required", "receipt_required")
         out.append((message_id(item.get("id"), cfg, where), receipt))
     return out
 

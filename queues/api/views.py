@@ -125,6 +125,13 @@ class PartitionsView(APIView):
         ]})
 
 
+class RedriveView(APIView):
+    @extend_schema(request=dict, responses={200: dict, **ERRORS},
+                   summary="On a dead-letter queue: move up to max messages back to where they came from")
+    def post(self, request, name):
+        return Response(*reversed(calls.redrive(name, request.data, _hops(request))))
+
+
 class StatsView(APIView):
     @extend_schema(responses={200: dict, **ERRORS}, summary="Depth, in flight, oldest age, per partition")
     def get(self, request, name):

@@ -16,6 +16,8 @@ from rest_framework.test import APIClient
 from queues import service
 from queues.messages import StoredMessage, parse_message_id
 
+from .wsgi_client import TRANSPORTS, make_client, token_client
+
 pytestmark = pytest.mark.django_db
 
 API = "/api/v1/queues"
@@ -39,6 +41,13 @@ def user(db):
     from django.contrib.auth.models import User
 
     return User.objects.create(username=f"u-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture(params=TRANSPORTS)
+def api(request, runtime, user):
+    """Overrides the shared fixture: every test runs through DRF's test client (straight to
+    Django) and through the node's WSGI application, whose fast path serves the message calls."""
+    return token_client(request.param, user)
 
 
 def url(name: str, action: str = "") -> str:
@@ -171,7 +180,8 @@ def test_enqueue_single_and_dequeue_fields(api, make_queue):
     # then
     assert len(msgs) == 1
     m = msgs[0]
-    assert set(m) == {"id", "receipt", "body", "receive_count", "enqueued_at"}
+    assert set(m) == {"id", "receipt", "body", "receive_count", "enqueued_at", "sequence", "group",
+                      "attributes", "size", "estimates"}
     assert (m["id"], m["body"], m["receive_count"]) == (mid, "héllo ✓", 1)
     assert isinstance(m["receipt"], str) and m["receipt"]
     assert m["enqueued_at"].endswith("Z")
@@ -399,10 +409,38 @@ def test_long_poll_wakes_for_a_redelivery(api, make_queue):
     assert elapsed < 1.5
 
 
+def test_each_transport_serves_the_message_calls(api, make_queue):
+    """Guards the parametrization: through the WSGI application the four message calls take the
+    fast path (Django never sees them) and the other calls go to Django."""
+    # given
+    name = make_queue(partitions=1)
+
+    # when
+    calls = {
+        "enqueue": api.post(url(name, "enqueue"), {"body": "x"}, format="json"),
+        "dequeue": api.post(url(name, "dequeue"), {"max": 1}, format="json"),
+    }
+    (m,) = calls["dequeue"].json()["messages"]
+    calls["visibility"] = api.post(url(name, "visibility"),
+                                   {"id": m["id"], "receipt": m["receipt"], "visibility_timeout": 5},
+                                   format="json")
+    calls["ack"] = api.post(url(name, "ack"), {"ids": [m["id"]]}, format="json")
+    other = api.get(url(name))
+
+    # then
+    assert {k: r.status_code for k, r in calls.items()} == {
+        "enqueue": 201, "dequeue": 200, "visibility": 200, "ack": 200}
+    assert calls["ack"].json() == {"acked": 1, "not_found": 0}
+    assert other.status_code == 200
+    if api.transport == "fastpath":
+        assert {k: r.served_by for k, r in calls.items()} == dict.fromkeys(calls, "fastpath")
+        assert other.served_by == "django"
+
+
 # --- docs and health --------------------------------------------------------------------------
 def test_schema_and_docs_answer(api, runtime):
     # given
-    anonymous = APIClient()
+    anonymous = make_client(api.transport)
 
     # when
     schema = api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")

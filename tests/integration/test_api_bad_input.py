@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
-from rest_framework.test import APIClient
 
 from queues import service
 from queues.messages import StoredMessage, block_key
 from queues.models import Partition, Queue
+
+from .wsgi_client import TRANSPORTS, make_client, token_client
 
 pytestmark = pytest.mark.django_db
 
@@ -44,6 +45,14 @@ def user(db):
     from django.contrib.auth.models import User
 
     return User.objects.create(username=f"u-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture(params=TRANSPORTS)
+def api(request, runtime, user):
+    """Overrides the shared fixture: every case runs through DRF's test client (straight to
+    Django) and through the node's WSGI application, whose fast path serves the message calls
+    (with a token and a JSON body) and hands everything else to Django. Both must answer alike."""
+    return token_client(request.param, user)
 
 
 # --- the world and its snapshot ---------------------------------------------------------------
@@ -218,7 +227,7 @@ CASES += [
     C("batch-item-null", "POST", QE, {"messages": [{"body": "a"}, None]}, 400, "invalid_messages"),
     C("batch-item-list", "POST", QE, {"messages": [["a"]]}, 400, "invalid_messages"),
     C("batch-item-missing-body", "POST", QE, {"messages": [{"body": "a"}, {}]}, 400, "missing_body"),
-    C("batch-item-unknown-field", "POST", QE, {"messages": [{"body": "a", "group": "g"}]}, 400, "unknown_field"),
+    C("batch-item-unknown-field", "POST", QE, {"messages": [{"body": "a", "colour": "g"}]}, 400, "unknown_field"),
     C("batch-item-empty-body", "POST", QE, {"messages": [{"body": "a"}, {"body": ""}]}, 400, "empty_body"),
     C("batch-item-body-number", "POST", QE, {"messages": [{"body": "a"}, {"body": 1}]}, 400, "invalid_body"),
     C("batch-extra-field", "POST", QE, {"messages": [{"body": "a"}], "wait": 1}, 400, "unknown_field"),
@@ -392,10 +401,10 @@ def _fill(value, world: World):
     return value
 
 
-def client_for(case: Case, api) -> APIClient:
+def client_for(case: Case, api):
     if case.auth == "token":
         return api
-    client = APIClient()
+    client = make_client(api.transport)  # the same transport as the test's client
     if case.auth == "bad":
         client.credentials(HTTP_AUTHORIZATION="Token " + "0" * 40)
     elif case.auth == "bearer":
@@ -403,7 +412,7 @@ def client_for(case: Case, api) -> APIClient:
     return client
 
 
-def send(client: APIClient, method: str, path: str, body, content_type="application/json"):
+def send(client, method: str, path: str, body, content_type="application/json"):
     if body is ABSENT:
         return client.generic(method, path)
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -491,6 +500,49 @@ def test_request_over_the_upload_limit_is_413(api, world, settings):
 
     # then
     assert_error(r, 413, "payload_too_large")
+    assert snapshot(world.q, world.other) == before
+
+
+@pytest.mark.parametrize("action", ["enqueue", "dequeue", "ack", "visibility"])
+@pytest.mark.parametrize("query, extra, status, code", [
+    ("", {"HTTP_ACCEPT": "text/csv"}, 406, "not_acceptable"),
+    ("", {"HTTP_ACCEPT": "text/plain, application/xml"}, 406, "not_acceptable"),
+    ("?format=xml", {}, 404, "not_found"),
+], ids=["accept-csv", "accept-no-json", "format-xml"])
+def test_content_negotiation_refuses_and_changes_nothing(api, world, action, query, extra, status, code):
+    """DRF negotiates the answer's format before the view runs; the fast path must not skip that."""
+    # given
+    before = snapshot(world.q, world.other)
+    body = _fill(GOOD[POSTS[action]], world)
+
+    # when
+    r = api.generic("POST", f"{API}/{world.q}/{action}{query}", json.dumps(body).encode(),
+                    content_type="application/json", **extra)
+
+    # then
+    assert_error(r, status, code)
+    assert snapshot(world.q, world.other) == before
+
+
+@pytest.mark.parametrize("length", ["abc", "-3", ""])
+def test_odd_content_length_is_answered_as_drf_answers(api, world, length):
+    """The WSGI server should refuse these; if one gets through, both transports agree."""
+    # given
+    raw = json.dumps({"body": "x"}).encode()
+    reference = make_client("drf")
+    reference.credentials(HTTP_AUTHORIZATION=f"Token {api.token}")
+    before = snapshot(world.q, world.other)
+
+    # when
+    answers = [
+        client.generic("POST", f"{API}/{world.q}/enqueue", raw, content_type="application/json",
+                       CONTENT_LENGTH=length)
+        for client in (reference, api)
+    ]
+
+    # then
+    drf, got = (assert_error(r, 400) for r in answers)
+    assert got["error"] == drf["error"]
     assert snapshot(world.q, world.other) == before
 
 
