@@ -190,6 +190,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
 CELERY_RESULT_BACKEND = env("CELERY_RESULT_BACKEND", "") or None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE = {
+    "retention": {"task": "queues.enforce_retention", "schedule": envfloat("RETENTION_EVERY", 60.0)},
+}
 
 # --- Spark --------------------------------------------------------------------------------
 SPARK_MASTER = env("SPARK_MASTER", "local[2]")

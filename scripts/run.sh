@@ -119,7 +119,9 @@ start() {   # name cmd...
 }
 
 start node python manage.py runnode --host 127.0.0.1 --port "$port"
-start worker celery -A config worker -l info
+# -B: the worker also runs the beat schedule (retention, ...); one process is enough here.
+data_dir="${MQ_DATA_DIR:-$repo/data}"
+start worker celery -A config worker -B -l info -s "$data_dir/celerybeat-schedule"
 
 rc=0
 wait -n "${pids[@]}" || rc=$?

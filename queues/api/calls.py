@@ -15,7 +15,9 @@ from .. import service
 from ..dedup import get_dedup
 from ..messages import StoredMessage, parse_message_id, partition_for
 from ..partition import Delivery
-from ..models import QUEUE_NAME_RE
+from django.db.models import F
+
+from ..models import LIMITS, QUEUE_NAME_RE, Queue
 from ..partition import NotServedHere
 from ..router import MAX_HOPS, Forwarded
 from . import validation
@@ -250,6 +252,20 @@ def redrive(name: str, data, hops: int = 0) -> tuple[int, dict]:
     return 200, {"moved": moved, "skipped": skipped}
 
 
+def expire(name: str, data, hops: int = 0) -> tuple[int, dict]:
+    """The retention rule on the partitions this node owns: remove messages older than the
+    queue's retention (or ``older_than`` seconds, for operators). Counted on the queue."""
+    cfg = queue_config(name)
+    data = validation._object(data)
+    validation._no_extra(data, {"older_than"}, "the request")
+    older_than = validation.number(data, "older_than", 0, LIMITS["retention"][1], cfg.retention)
+    cutoff = datetime.now(timezone.utc).timestamp() - older_than
+    expired = sum(m.expire(cutoff) for m in service.get_runtime().local_managers(name))
+    if expired:
+        Queue.objects.filter(pk=cfg.id).update(expired_total=F("expired_total") + expired)
+    return 200, {"expired": expired}
+
+
 def ack(name: str, data, hops: int = 0) -> tuple[int, dict]:
     """Local partitions here; the rest at their owners, one call per owner.
 
@@ -299,4 +315,4 @@ def visibility(name: str, data, hops: int = 0) -> tuple[int, dict]:
 #: The calls the fast path serves, by the last segment of their path.
 CALLS = {"enqueue": enqueue, "dequeue": dequeue, "ack": ack, "visibility": visibility}
 #: Calls served only through DRF (not hot).
-OTHER_CALLS = {"redrive": redrive}
+OTHER_CALLS = {"redrive": redrive, "expire": expire}

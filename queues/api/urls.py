@@ -12,5 +12,6 @@ urlpatterns = [
     path("queues/<str:name>/visibility", views.VisibilityView.as_view(), name="queue-visibility"),
     path("queues/<str:name>/stats", views.StatsView.as_view(), name="queue-stats"),
     path("queues/<str:name>/redrive", views.RedriveView.as_view(), name="queue-redrive"),
+    path("queues/<str:name>/expire", views.ExpireView.as_view(), name="queue-expire"),
     path("queues/<str:name>/partitions", views.PartitionsView.as_view(), name="queue-partitions"),
 ]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
-from rest_framework.permissions import AllowAny
+from rest_framework.permissions import AllowAny, BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import service
 from ..models import Partition, Queue
+from ..auth import ClusterPeer
 from ..router import hops_of
 from . import calls
 from .errors import BadRequest
@@ -130,6 +131,20 @@ class RedriveView(APIView):
                    summary="On a dead-letter queue: move up to max messages back to where they came from")
     def post(self, request, name):
         return Response(*reversed(calls.redrive(name, request.data, _hops(request))))
+
+
+class IsClusterPeerOrStaff(BasePermission):
+    def has_permission(self, request, view):
+        return isinstance(request.user, ClusterPeer) or bool(getattr(request.user, "is_staff", False))
+
+
+class ExpireView(APIView):
+    permission_classes = [IsClusterPeerOrStaff]
+
+    @extend_schema(request=dict, responses={200: dict, **ERRORS},
+                   summary="Apply the retention rule on this node's partitions (nodes and staff only)")
+    def post(self, request, name):
+        return Response(*reversed(calls.expire(name, request.data, _hops(request))))
 
 
 class StatsView(APIView):

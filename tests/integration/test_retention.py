@@ -1,0 +1,56 @@
+"""Retention: the Celery task asks each owner node to remove messages past the queue's retention."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import pytest
+
+from .nodes import Client, NodeProcess, database_url
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def token(transactional_db):
+    from django.contrib.auth.models import User
+    from rest_framework.authtoken.models import Token
+
+    return Token.objects.create(user=User.objects.create_user(f"ret-{uuid.uuid4().hex[:6]}")).key
+
+
+def test_retention_task_removes_old_messages_and_counts_them(tmp_path, token, redis_client):
+    from queues.models import Queue
+    from queues.router import Router
+    from queues.tasks import enforce_retention_on
+
+    node = NodeProcess({"DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "data"),
+                        "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5", "NODE_HEARTBEAT": "0.2"},
+                       tmp_path).start()
+    try:
+        # given a queue with old and new messages, on a node
+        c = Client(node.url, token)
+        name = f"ret-{uuid.uuid4().hex[:6]}"
+        assert c.post("queues", {"name": name, "partitions": 2, "block_size": 4}).status_code == 201
+        old = c.post(f"queues/{name}/enqueue", {"messages": [{"body": f"old{i}"} for i in range(8)]}).json()["ids"]
+        queue = Queue.objects.get(name=name)
+        # when nothing is past the retention yet, the task removes nothing
+        assert enforce_retention_on(queue, Router("test")) == 0
+        # and when the retention shrinks below the messages' age (as if time had passed)
+        time.sleep(1.2)
+        Queue.objects.filter(pk=queue.pk).update(retention=1)
+        time.sleep(0.6)  # the node reads the queue's settings at its next housekeeping pass
+        new = c.post(f"queues/{name}/enqueue", {"messages": [{"body": f"new{i}"} for i in range(4)]}).json()["ids"]
+        expired = enforce_retention_on(queue, Router("test"))
+        # then the old messages are gone and counted, and the new ones are delivered
+        assert expired == len(old)
+        got = c.post(f"queues/{name}/dequeue", {"max": 100, "wait": 0.5}).json()["messages"]
+        assert {m["id"] for m in got} == set(new)
+        assert Queue.objects.get(pk=queue.pk).expired_total == len(old)
+        # and only nodes and staff may ask for it
+        r = c.post(f"queues/{name}/expire", {})
+        assert r.status_code == 403
+    finally:
+        node.stop()
