@@ -98,3 +98,12 @@ def make_queue(api, unique_name):
         assert r.status_code == 201, r.content
         return fields["name"]
     return make
+
+
+@pytest.fixture
+def token(transactional_db):
+    """A committed API token, for node processes (which cannot see a test's transaction)."""
+    from django.contrib.auth.models import User
+    from rest_framework.authtoken.models import Token
+
+    return Token.objects.create(user=User.objects.create(username=f"t-{uuid.uuid4().hex[:8]}")).key

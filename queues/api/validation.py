@@ -33,6 +33,16 @@ def _no_extra(data: dict, allowed: set[str], where: str) -> None:
         raise BadRequest(f"unknown field(s) in {where}: {', '.join(sorted(extra))}", "unknown_field")
 
 
+def _batch(data: dict, key: str, code: str) -> list:
+    """``data[key]`` as a list of 1 to ``MAX_BATCH`` items."""
+    items = data[key]
+    if not isinstance(items, list) or not items:
+        raise BadRequest(f"{key} must be a non-empty list", code)
+    if len(items) > MAX_BATCH:
+        raise BadRequest(f"at most {MAX_BATCH} {key} per call, got {len(items)}", "batch_too_large")
+    return items
+
+
 def number(data: dict, name: str, low: float, high: float, default, *, integer: bool = False):
     if name not in data or data[name] is None:
         return default
@@ -166,11 +176,7 @@ def enqueue_request(data, cfg: QueueConfig, now: float) -> tuple[list[Draft], bo
     data = _object(data)
     if "messages" in data:
         _no_extra(data, {"messages"}, "the request")
-        items = data["messages"]
-        if not isinstance(items, list) or not items:
-            raise BadRequest("messages must be a non-empty list", "invalid_messages")
-        if len(items) > MAX_BATCH:
-            raise BadRequest(f"at most {MAX_BATCH} messages per call, got {len(items)}", "batch_too_large")
+        items = _batch(data, "messages", "invalid_messages")
         drafts = []
         for i, item in enumerate(items):
             if not isinstance(item, dict):
@@ -218,18 +224,10 @@ def ack_request(data, cfg: QueueConfig) -> list[tuple[MessageId, str | None]]:
                          "invalid_ack")
     if "ids" in data:
         _no_extra(data, {"ids"}, "the request")
-        ids = data["ids"]
-        if not isinstance(ids, list) or not ids:
-            raise BadRequest("ids must be a non-empty list", "invalid_ack")
-        if len(ids) > MAX_BATCH:
-            raise BadRequest(f"at most {MAX_BATCH} IDs per call, got {len(ids)}", "batch_too_large")
+        ids = _batch(data, "ids", "invalid_ack")
         return [(message_id(v, cfg, f"ids[{i}]"), None) for i, v in enumerate(ids)]
     _no_extra(data, {"messages"}, "the request")
-    items = data["messages"]
-    if not isinstance(items, list) or not items:
-        raise BadRequest("messages must be a non-empty list", "invalid_ack")
-    if len(items) > MAX_BATCH:
-        raise BadRequest(f"at most {MAX_BATCH} messages per call, got {len(items)}", "batch_too_large")
+    items = _batch(data, "messages", "invalid_ack")
     out = []
     for i, item in enumerate(items):
         where = f"messages[{i}]"

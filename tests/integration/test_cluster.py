@@ -25,15 +25,6 @@ LEASE = 2
 
 
 @pytest.fixture
-def token(transactional_db):
-    from django.contrib.auth.models import User
-    from rest_framework.authtoken.models import Token
-
-    user = User.objects.create_user(f"cluster-{uuid.uuid4().hex[:6]}", password="pw")
-    return Token.objects.create(user=user).key
-
-
-@pytest.fixture
 def cluster(tmp_path, redis_client):
     """Start nodes on demand; every node is stopped at the end."""
     env = {"DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "data"),

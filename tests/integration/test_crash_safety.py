@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import uuid
 
 import pytest
 
@@ -28,15 +27,6 @@ def _backend_env(backend: str, tmp_path, redis_client) -> dict[str, str]:
     if backend == "redis":
         return {"KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5"}
     return {"KV_URL": "postgres"}
-
-
-@pytest.fixture
-def token(transactional_db):
-    from django.contrib.auth.models import User
-    from rest_framework.authtoken.models import Token
-
-    user = User.objects.create_user(f"crash-{uuid.uuid4().hex[:6]}", password="pw")
-    return Token.objects.create(user=user).key
 
 
 @pytest.mark.slow

@@ -13,14 +13,6 @@ from .nodes import Client, NodeProcess, database_url
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture
-def token(transactional_db):
-    from django.contrib.auth.models import User
-    from rest_framework.authtoken.models import Token
-
-    return Token.objects.create(user=User.objects.create_user(f"ret-{uuid.uuid4().hex[:6]}")).key
-
-
 def test_retention_task_removes_old_messages_and_counts_them(tmp_path, token, redis_client):
     from queues.models import Queue
     from queues.router import Router
