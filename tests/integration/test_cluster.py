@@ -202,17 +202,40 @@ def test_sigkill_one_of_three_nodes_mid_load(cluster, token):
     # when one node is killed
     victim = nodes[2]
     victim_id = _node_id(victim)
+    victim_parts = {p["index"] for p in _partitions(c0, name) if p["owner"] == victim_id}
+    # a group whose stable hash lands in one of the victim's partitions, to aim enqueues there
+    from queues.messages import partition_for
+
+    group = next(f"g{i}" for i in range(10_000) if partition_for(f"g{i}", 6) in victim_parts)
     victim.kill()
     killed = time.monotonic()
     load.urls = [n.url for n in nodes[:2]]
-    # then its partitions are served again by the others
-    served = _wait(lambda: _all_served(c0, name, excluding=victim_id), 30, "takeover of the dead node's partitions")
+    # then its partitions serve enqueues and dequeues again, on the other nodes
+    def enqueue_lands() -> bool:
+        return c0.post(f"queues/{name}/enqueue", {"body": "aimed", "group": group}).status_code == 201
+
+    to_enqueue = _wait(enqueue_lands, 30, "an enqueue into a dead node's partition")
+    from_victim: list[dict] = []
+
+    def dequeue_from_victim() -> bool:
+        got = c0.post(f"queues/{name}/dequeue", {"max": 100, "visibility_timeout": 30}).json()["messages"]
+        load.record(got)
+        with load.lock:
+            load.ack_sent.update(m["id"] for m in got)
+        a = c0.post(f"queues/{name}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]})
+        if got and a.status_code == 200:
+            with load.lock:
+                load.acked.update(m["id"] for m in got)
+        from_victim.extend(m for m in got if int(m["id"].split("/")[1]) in victim_parts)
+        return bool(from_victim)
+
+    to_dequeue = to_enqueue + _wait(dequeue_from_victim, 30, "a dequeue from a dead node's partition")
     _wait(lambda: len(load.confirmed) >= 4000, 60, "load to go on")
     load.finish()
     load.drain()
     figures = load.check("sigkill")
-    print(f"[sigkill] partitions served again {served:.2f}s after the kill (lease {LEASE} s); "
-          f"load finished {time.monotonic() - killed:.1f}s after it")
+    print(f"[sigkill] after the kill (lease {LEASE} s): enqueues into its partitions again after "
+          f"{to_enqueue:.2f}s, dequeues from them after {to_dequeue:.2f}s; redelivered={figures['redelivered']}")
     assert figures["confirmed"] >= 4000
 
 
