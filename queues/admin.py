@@ -1,6 +1,6 @@
 """The admin for now: queues, partitions with their owners, nodes (the console grows later)."""
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import Count
 from django.utils import timezone
 
@@ -20,9 +20,24 @@ class PartitionInline(admin.TabularInline):
 
 @admin.register(Queue)
 class QueueAdmin(admin.ModelAdmin):
-    list_display = ["name", "partitions", "block_size", "visibility_timeout", "lease_period", "created_at"]
+    list_display = ["name", "partitions", "strict", "dead_letter_queue", "max_receives", "block_size",
+                    "visibility_timeout", "lease_period", "dead_lettered_total", "expired_total"]
     search_fields = ["name"]
     inlines = [PartitionInline]
+    actions = ["redrive"]
+
+    @admin.action(description="Redrive dead letters back to their source queues (up to 1,000 each)")
+    def redrive(self, request, queryset):
+        from .api import calls
+
+        for q in queryset:
+            try:
+                _, result = calls.redrive(q.name, {"max": 1000})
+            except Exception as exc:  # noqa: BLE001 - shown to the operator
+                self.message_user(request, f"{q.name}: redrive failed: {exc}", level=messages.ERROR)
+                continue
+            self.message_user(request, f"{q.name}: moved {result['moved']} back, "
+                                       f"skipped {result['skipped']} without a source")
 
 
 @admin.register(Partition)

@@ -39,3 +39,24 @@ def test_partitions_show_their_owner_and_head(admin_client, api, make_queue, run
 def test_admin_needs_a_login(client):
     r = client.get("/admin/queues/partition/")
     assert r.status_code == 302 and "/admin/login/" in r["Location"]
+
+
+def test_redrive_action_moves_dead_letters_back(admin_client, api, make_queue, runtime):
+    # given a message dead-lettered after one delivery
+    dlq = make_queue(partitions=1)
+    source = make_queue(partitions=1, dead_letter_queue=dlq, max_receives=1)
+    assert api.post(f"/api/v1/queues/{source}/enqueue", {"body": "poison"}, format="json").status_code == 201
+    first = api.post(f"/api/v1/queues/{source}/dequeue", {"visibility_timeout": 0}, format="json").json()["messages"]
+    assert len(first) == 1
+    again = api.post(f"/api/v1/queues/{source}/dequeue", {}, format="json").json()["messages"]
+    assert again == []
+    from queues.models import Queue
+
+    assert api.get(f"/api/v1/queues/{dlq}/stats").json()["depth"] == 1
+    # when an operator runs the redrive action on the dead-letter queue
+    r = admin_client.post("/admin/queues/queue/", {"action": "redrive", "_selected_action": [Queue.objects.get(name=dlq).pk]},
+                          follow=True)
+    # then the message is back in its source queue
+    assert r.status_code == 200 and "moved 1 back" in r.content.decode()
+    back = api.post(f"/api/v1/queues/{source}/dequeue", {}, format="json").json()["messages"]
+    assert [m["body"] for m in back] == ["poison"]
