@@ -192,7 +192,10 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
     "retention": {"task": "queues.enforce_retention", "schedule": envfloat("RETENTION_EVERY", 60.0)},
+    "attempt-logs": {"task": "workers.purge_attempt_logs", "schedule": 3600.0},
 }
+#: Days an attempt record is kept.
+ATTEMPT_LOG_RETENTION_DAYS = envint("ATTEMPT_LOG_RETENTION_DAYS", 30, minimum=1)
 
 # --- Spark --------------------------------------------------------------------------------
 SPARK_MASTER = env("SPARK_MASTER", "local[2]")

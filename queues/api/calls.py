@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
+
+from django.utils.timezone import now as timezone_now
 
 from .. import service
 from ..dedup import get_dedup
@@ -154,17 +156,47 @@ def _deliveries(deliveries, cfg) -> list[dict]:
     return out
 
 
+def _record_abandoned(deliveries) -> None:
+    """A redelivery means the previous attempt ran out of visibility without an ack: log it as
+    abandoned, unless its worker already reported that attempt (failed, timed out...)."""
+    again = [d for d in deliveries if d.receive_count > 1]
+    if not again:
+        return
+    from workers.models import AttemptLog, Consumer
+
+    reported = set(AttemptLog.objects.filter(message_id__in=[d.id for d in again])
+                   .values_list("message_id", "attempt"))
+    holders = {}
+    for c in Consumer.objects.filter(last_heartbeat__gte=timezone_now() - timedelta(hours=1)).only("id", "held"):
+        for mid in c.held:
+            holders[mid] = c.pk
+    rows = []
+    for d in again:
+        if (d.id, d.receive_count - 1) in reported:
+            continue
+        mid = parse_message_id(d.id)
+        rows.append(AttemptLog(message_id=d.id, queue=mid.queue, partition=mid.partition,
+                               group=d.message.group or "", worker_id=holders.get(d.id),
+                               attempt=d.receive_count - 1, outcome=AttemptLog.Outcome.ABANDONED,
+                               error="visibility timeout ran out without an ack", size=d.message.size))
+    AttemptLog.objects.bulk_create(rows)
+
+
 def dequeue(name: str, data, hops: int = 0) -> tuple[int, dict]:
     """Here first; if nothing here, from the other owners (deepest first); then wait here."""
     cfg = queue_config(name)
     max_messages, visibility, wait = validation.dequeue_request(data)
     rt = service.get_runtime()
-    got = _deliveries(service.dequeue(name, max_messages, visibility, 0), cfg)
+    found = service.dequeue(name, max_messages, visibility, 0)
+    _record_abandoned(found)
+    got = _deliveries(found, cfg)
     if cfg.max_receives is not None:
         _move_dead_letters(cfg)
     if got or hops >= MAX_HOPS:
         if not got and wait:
-            got = _deliveries(service.dequeue(name, max_messages, visibility, wait), cfg)
+            found = service.dequeue(name, max_messages, visibility, wait)
+            _record_abandoned(found)
+            got = _deliveries(found, cfg)
         return 200, {"messages": got}
     remote = {**data, "wait": 0}
     for address in rt.router.other_nodes(cfg.id, name):
@@ -175,7 +207,9 @@ def dequeue(name: str, data, hops: int = 0) -> tuple[int, dict]:
         if status == 200 and payload.get("messages"):
             return 200, payload
     if wait:
-        got = _deliveries(service.dequeue(name, max_messages, visibility, wait), cfg)
+        found = service.dequeue(name, max_messages, visibility, wait)
+        _record_abandoned(found)
+        got = _deliveries(found, cfg)
     return 200, {"messages": got}
 
 

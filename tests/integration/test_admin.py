@@ -60,3 +60,22 @@ def test_redrive_action_moves_dead_letters_back(admin_client, api, make_queue, r
     assert r.status_code == 200 and "moved 1 back" in r.content.decode()
     back = api.post(f"/api/v1/queues/{source}/dequeue", {}, format="json").json()["messages"]
     assert [m["body"] for m in back] == ["poison"]
+
+
+def test_attempts_link_message_worker_and_partition(admin_client, api, make_queue):
+    # given a worker that heartbeated and reported an attempt
+    name = make_queue(partitions=1)
+    mid = api.post(f"/api/v1/queues/{name}/enqueue", {"body": "x"}, format="json").json()["id"]
+    api.post("/api/v1/consumers/heartbeat", {"consumer": "w-1", "name": "celery@box", "queues": [name]}, format="json")
+    api.post("/api/v1/logs", {"records": [{"message_id": mid, "worker": "w-1", "attempt": 1,
+                                           "outcome": "failed", "error": "boom"}]}, format="json")
+    # when the operator opens the attempt log and the consumers
+    attempts = admin_client.get("/admin/workers/attemptlog/").content.decode()
+    consumers = admin_client.get("/admin/workers/consumer/").content.decode()
+    # then the attempt links to its message's attempts, its worker and its partition
+    from queues.models import Partition
+
+    p = Partition.objects.get(queue__name=name, index=0)
+    assert f"?message_id={mid}" in attempts and "/admin/workers/consumer/w-1/change/" in attempts
+    assert f"/admin/queues/partition/{p.pk}/change/" in attempts and "boom" in attempts
+    assert "celery@box" in consumers and "?worker__id__exact=w-1" in consumers

@@ -1,0 +1,140 @@
+"""The workers' side of the API: attempt logs, heartbeats that keep messages hidden, sleep."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from workers.models import AttemptLog, Consumer
+
+pytestmark = pytest.mark.django_db
+
+
+def _iso(dt: datetime) -> str:
+    return dt.isoformat().replace("+00:00", "Z")
+
+
+def _deliver(api, name, **kw):
+    r = api.post(f"/api/v1/queues/{name}/dequeue", kw, format="json")
+    assert r.status_code == 200, r.content
+    return r.json()["messages"]
+
+
+def test_logs_round_trip_with_filters(api, make_queue):
+    # given a delivered message and two reported attempts
+    name = make_queue(partitions=1)
+    mid = api.post(f"/api/v1/queues/{name}/enqueue", {"body": "x", "size": 7}, format="json").json()["id"]
+    t0 = datetime.now(timezone.utc)
+    records = [
+        {"message_id": mid, "worker": "w1", "attempt": 1, "outcome": "failed", "error": "boom",
+         "traceback": "Traceback...", "process_started_at": _iso(t0), "process_ended_at": _iso(t0 + timedelta(seconds=1))},
+        {"message_id": mid, "worker": "w1", "attempt": 2, "outcome": "succeeded", "size": 7,
+         "preprocess_started_at": _iso(t0), "preprocess_ended_at": _iso(t0)},
+    ]
+    # when they are sent in one batch
+    r = api.post("/api/v1/logs", {"records": records}, format="json")
+    # then both are stored, with queue and partition taken from the message ID
+    assert r.status_code == 201 and r.json() == {"stored": 2}
+    got = api.get(f"/api/v1/logs?message={mid}").json()["records"]
+    assert [(g["attempt"], g["outcome"], g["queue"], g["partition"]) for g in got] == [
+        (2, "succeeded", name, 0), (1, "failed", name, 0)]
+    assert api.get("/api/v1/logs?outcome=failed&queue=" + name).json()["records"][0]["error"] == "boom"
+    assert api.get("/api/v1/logs?worker=nobody").json()["records"] == []
+
+
+@pytest.mark.parametrize("payload, field", [
+    ({"records": []}, "records"),
+    ({"records": [{"message_id": "not-an-id", "attempt": 1, "outcome": "failed"}]}, "records"),
+    ({"records": [{"message_id": "q/0/00000000-0000000000000000/0", "attempt": 0, "outcome": "failed"}]}, "records"),
+    ({"records": [{"message_id": "q/0/00000000-0000000000000000/0", "attempt": 1, "outcome": "maybe"}]}, "records"),
+    ({"records": [{"message_id": "q/0/00000000-0000000000000000/0", "attempt": 1, "outcome": "failed",
+                   "colour": "red"}]}, "records"),
+    ({"rows": []}, "rows"),
+])
+def test_bad_log_batches_are_refused_whole(api, payload, field):
+    before = AttemptLog.objects.count()
+    r = api.post("/api/v1/logs", payload, format="json")
+    assert r.status_code == 400 and r.json()["error"] == "invalid" and field in r.json()["detail"]
+    assert AttemptLog.objects.count() == before
+
+
+def test_bad_log_filters_are_refused(api):
+    assert api.get("/api/v1/logs?limit=0").status_code == 400
+    assert api.get("/api/v1/logs?limit=x").status_code == 400
+    assert api.get("/api/v1/logs?colour=red").status_code == 400
+
+
+def test_heartbeats_keep_a_long_task_hidden(api, make_queue):
+    # given a message delivered with a one-second visibility timeout
+    name = make_queue(partitions=1, visibility_timeout=1)
+    api.post(f"/api/v1/queues/{name}/enqueue", {"body": "long job"}, format="json")
+    (m,) = _deliver(api, name)
+    consumer = uuid.uuid4().hex
+    # when its worker heartbeats for three times the timeout
+    for _ in range(6):
+        r = api.post("/api/v1/consumers/heartbeat", {
+            "consumer": consumer, "name": "celery@test", "queues": [name], "load": 1.0, "capacity": 1,
+            "held": [{"id": m["id"], "receipt": m["receipt"]}]}, format="json")
+        assert r.status_code == 200 and r.json()["extended"] == [m["id"]] and r.json()["instruction"] == "continue"
+        assert _deliver(api, name) == [], "delivered twice while its worker heartbeats"
+        time.sleep(0.5)
+    # then it is still the worker's, and the admin-side record says what it holds
+    assert api.post(f"/api/v1/queues/{name}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]}]},
+                    format="json").json()["acked"] == 1
+    c = Consumer.objects.get(pk=consumer)
+    assert c.held == [m["id"]] and c.load == 1.0
+
+
+def test_a_stale_receipt_is_reported_lost_and_the_abandoned_attempt_logged(api, make_queue):
+    # given a message whose first delivery ran out of visibility and was delivered again
+    name = make_queue(partitions=1)
+    api.post(f"/api/v1/queues/{name}/enqueue", {"body": "x"}, format="json")
+    (first,) = _deliver(api, name, visibility_timeout=0)
+    (second,) = _deliver(api, name, visibility_timeout=30)
+    assert second["receive_count"] == 2
+    # when the first worker heartbeats with its old receipt
+    r = api.post("/api/v1/consumers/heartbeat", {"consumer": "w-old", "queues": [name],
+                                                  "held": [{"id": first["id"], "receipt": first["receipt"]}]},
+                 format="json")
+    # then it is told the message is lost to it, and the service logged attempt 1 as abandoned
+    assert r.json()["lost"] == [first["id"]] and r.json()["extended"] == []
+    logs = AttemptLog.objects.filter(message_id=first["id"])
+    assert [(a.attempt, a.outcome) for a in logs] == [(1, "abandoned")]
+
+
+def test_a_reported_failure_is_not_logged_again_as_abandoned(api, make_queue):
+    name = make_queue(partitions=1)
+    api.post(f"/api/v1/queues/{name}/enqueue", {"body": "x"}, format="json")
+    (first,) = _deliver(api, name, visibility_timeout=30)
+    api.post("/api/v1/logs", {"records": [{"message_id": first["id"], "attempt": 1, "outcome": "failed",
+                                           "error": "boom"}]}, format="json")
+    api.post(f"/api/v1/queues/{name}/visibility", {"id": first["id"], "receipt": first["receipt"],
+                                                   "visibility_timeout": 0}, format="json")
+    (second,) = _deliver(api, name)
+    assert second["receive_count"] == 2
+    assert [(a.attempt, a.outcome) for a in AttemptLog.objects.filter(message_id=first["id"])] == [(1, "failed")]
+
+
+def test_an_idle_worker_sleeps_while_another_covers_the_queue(api, make_queue):
+    name = make_queue(partitions=1)
+    beat = {"queues": [name], "held": []}
+    # a lone idle worker keeps polling
+    assert api.post("/api/v1/consumers/heartbeat", {"consumer": "a", **beat}, format="json").json()["instruction"] == "continue"
+    # a second idle worker on the same empty queue is told to sleep
+    r = api.post("/api/v1/consumers/heartbeat", {"consumer": "b", **beat}, format="json").json()
+    assert r["instruction"] == "sleep" and r["sleep"] > 0
+    # with work in the queue nobody sleeps
+    api.post(f"/api/v1/queues/{name}/enqueue", {"body": "x"}, format="json")
+    from queues import service
+
+    service.get_runtime().tick()  # publishes the partition's depth
+    assert api.post("/api/v1/consumers/heartbeat", {"consumer": "b", **beat}, format="json").json()["instruction"] == "continue"
+
+
+def test_heartbeat_bad_input(api):
+    assert api.post("/api/v1/consumers/heartbeat", {"queues": []}, format="json").status_code == 400
+    assert api.post("/api/v1/consumers/heartbeat", {"consumer": "x", "load": 2}, format="json").status_code == 400
+    assert not Consumer.objects.filter(pk="x").exists()

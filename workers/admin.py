@@ -1,0 +1,78 @@
+"""Consumers and their attempts, with links between messages, attempts, workers and partitions."""
+
+from django.contrib import admin
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from queues.models import Partition
+
+from .models import AttemptLog, Consumer
+
+
+@admin.register(Consumer)
+class ConsumerAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "hostname", "pid", "last_heartbeat", "alive", "load", "capacity",
+                    "held_count", "asleep", "attempts_link"]
+    search_fields = ["id", "name", "hostname"]
+    readonly_fields = [f.name for f in Consumer._meta.fields]
+
+    @admin.display(boolean=True)
+    def alive(self, obj):
+        return (timezone.now() - obj.last_heartbeat).total_seconds() < 30
+
+    @admin.display(description="held")
+    def held_count(self, obj):
+        return len(obj.held)
+
+    @admin.display(boolean=True)
+    def asleep(self, obj):
+        return bool(obj.asleep_until and obj.asleep_until > timezone.now())
+
+    @admin.display(description="attempts")
+    def attempts_link(self, obj):
+        url = reverse("admin:workers_attemptlog_changelist") + f"?worker__id__exact={obj.pk}"
+        return format_html('<a href="{}">attempts</a>', url)
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(AttemptLog)
+class AttemptLogAdmin(admin.ModelAdmin):
+    list_display = ["recorded_at", "message_link", "attempt", "outcome", "queue", "partition_link",
+                    "group", "worker_link", "process_seconds", "error"]
+    list_filter = ["outcome", "queue", "worker"]
+    search_fields = ["message_id", "group", "error"]
+    date_hierarchy = "recorded_at"
+    readonly_fields = [f.name for f in AttemptLog._meta.fields]
+    list_select_related = ["worker"]
+
+    @admin.display(description="message")
+    def message_link(self, obj):
+        url = reverse("admin:workers_attemptlog_changelist") + f"?message_id={obj.message_id}"
+        return format_html('<a href="{}" title="all attempts of this message">{}</a>', url, obj.message_id)
+
+    @admin.display(description="worker")
+    def worker_link(self, obj):
+        if obj.worker_id is None:
+            return "-"
+        url = reverse("admin:workers_consumer_change", args=[obj.worker_id])
+        return format_html('<a href="{}">{}</a>', url, obj.worker or obj.worker_id[:12])
+
+    @admin.display(description="partition")
+    def partition_link(self, obj):
+        p = Partition.objects.filter(queue__name=obj.queue, index=obj.partition).values_list("pk", flat=True).first()
+        if p is None:
+            return f"{obj.queue}/{obj.partition}"
+        return format_html('<a href="{}">{}/{}</a>', reverse("admin:queues_partition_change", args=[p]),
+                           obj.queue, obj.partition)
+
+    @admin.display(description="processing s")
+    def process_seconds(self, obj):
+        if obj.process_started_at and obj.process_ended_at:
+            return f"{(obj.process_ended_at - obj.process_started_at).total_seconds():.3f}"
+        return "-"
+
+    def has_add_permission(self, request):
+        return False

@@ -1,0 +1,188 @@
+"""The workers' side of the API: attempt logs in, heartbeats in, instructions out."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db.models import Sum
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from queues.api.errors import BadRequest
+from queues.api.serializers import StrictSerializer
+from queues.messages import parse_message_id
+from queues.models import Partition, Queue
+
+from .models import AttemptLog, Consumer
+
+MAX_RECORDS = 1000
+#: A consumer whose last heartbeat is older than this is not counted as covering the load.
+CONSUMER_ALIVE = timedelta(seconds=30)
+SLEEP_SECONDS = 5
+
+
+class AttemptIn(StrictSerializer):
+    message_id = serializers.CharField(max_length=200)
+    group = serializers.CharField(max_length=128, required=False, allow_blank=True, allow_null=True)
+    worker = serializers.CharField(max_length=64, required=False, allow_null=True)
+    attempt = serializers.IntegerField(min_value=1, max_value=1_000_000)
+    preprocess_started_at = serializers.DateTimeField(required=False, allow_null=True)
+    preprocess_ended_at = serializers.DateTimeField(required=False, allow_null=True)
+    process_started_at = serializers.DateTimeField(required=False, allow_null=True)
+    process_ended_at = serializers.DateTimeField(required=False, allow_null=True)
+    outcome = serializers.ChoiceField(choices=AttemptLog.Outcome.choices)
+    error = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
+    traceback = serializers.CharField(required=False, allow_blank=True, max_length=100_000)
+    size = serializers.IntegerField(required=False, allow_null=True, min_value=0)
+
+    def validate_message_id(self, value):
+        if parse_message_id(value) is None:
+            raise serializers.ValidationError("not a message ID (<queue>/<partition>/<block>/<index>)")
+        return value
+
+    def validate(self, attrs):
+        for a, b in (("preprocess_started_at", "preprocess_ended_at"), ("process_started_at", "process_ended_at")):
+            if attrs.get(a) and attrs.get(b) and attrs[b] < attrs[a]:
+                raise serializers.ValidationError({b: f"ends before {a}"})
+        return attrs
+
+
+class LogsIn(StrictSerializer):
+    records = AttemptIn(many=True, allow_empty=False, max_length=MAX_RECORDS)
+
+
+class AttemptOut(serializers.ModelSerializer):
+    class Meta:
+        model = AttemptLog
+        fields = ["id", "message_id", "queue", "partition", "group", "worker", "attempt",
+                  "preprocess_started_at", "preprocess_ended_at", "process_started_at",
+                  "process_ended_at", "outcome", "error", "traceback", "size", "recorded_at"]
+
+
+def attempt_row(record: dict) -> AttemptLog:
+    mid = parse_message_id(record["message_id"])
+    return AttemptLog(
+        message_id=record["message_id"], queue=mid.queue, partition=mid.partition,
+        group=record.get("group") or "", worker_id=record.get("worker") or None,
+        attempt=record["attempt"], preprocess_started_at=record.get("preprocess_started_at"),
+        preprocess_ended_at=record.get("preprocess_ended_at"),
+        process_started_at=record.get("process_started_at"),
+        process_ended_at=record.get("process_ended_at"), outcome=record["outcome"],
+        error=record.get("error", ""), traceback=record.get("traceback", ""), size=record.get("size"),
+    )
+
+
+class LogsView(APIView):
+    @extend_schema(request=LogsIn, responses={201: dict}, summary="Store attempt records (batches of up to 1,000)")
+    def post(self, request):
+        ser = LogsIn(data=request.data)
+        ser.is_valid(raise_exception=True)
+        rows = AttemptLog.objects.bulk_create([attempt_row(r) for r in ser.validated_data["records"]])
+        return Response({"stored": len(rows)}, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={200: AttemptOut(many=True)},
+                   summary="Attempt records, newest first: ?queue= &message= &worker= &outcome= &limit=")
+    def get(self, request):
+        params = request.query_params
+        unknown = set(params) - {"queue", "message", "worker", "outcome", "limit"}
+        if unknown:
+            raise BadRequest(f"unknown filter(s): {', '.join(sorted(unknown))}", "unknown_field")
+        rows = AttemptLog.objects.all()
+        for param, field in (("queue", "queue"), ("message", "message_id"), ("worker", "worker_id"),
+                             ("outcome", "outcome")):
+            if params.get(param):
+                rows = rows.filter(**{field: params[param]})
+        try:
+            limit = int(params.get("limit", 100))
+        except ValueError:
+            raise BadRequest("limit must be a whole number", "invalid_number") from None
+        if not 1 <= limit <= MAX_RECORDS:
+            raise BadRequest(f"limit must be between 1 and {MAX_RECORDS}", "out_of_range")
+        return Response({"records": AttemptOut(rows[:limit], many=True).data})
+
+
+class HeldIn(StrictSerializer):
+    id = serializers.CharField(max_length=200)
+    receipt = serializers.CharField(max_length=64)
+
+
+class HeartbeatIn(StrictSerializer):
+    consumer = serializers.CharField(max_length=64)
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    hostname = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    pid = serializers.IntegerField(required=False, min_value=0)
+    queues = serializers.ListField(child=serializers.CharField(max_length=80), max_length=100, required=False)
+    load = serializers.FloatField(min_value=0, max_value=1, required=False)
+    capacity = serializers.IntegerField(min_value=1, max_value=100_000, required=False)
+    held = HeldIn(many=True, required=False, max_length=MAX_RECORDS)
+
+
+class HeartbeatView(APIView):
+    @extend_schema(request=HeartbeatIn, responses={200: dict},
+                   summary="A worker is alive: extend the visibility of what it holds; continue or sleep")
+    def post(self, request):
+        ser = HeartbeatIn(data=request.data)
+        ser.is_valid(raise_exception=True)
+        data = ser.validated_data
+        held = data.get("held", [])
+        queues = data.get("queues", [])
+        now = timezone.now()
+        extended, lost = self._extend(held)
+        instruction, sleep = self._decide(data["consumer"], queues, held, now)
+        Consumer.objects.update_or_create(pk=data["consumer"], defaults={
+            "name": data.get("name", ""), "hostname": data.get("hostname", ""), "pid": data.get("pid"),
+            "queues": queues, "load": data.get("load", 0.0), "capacity": data.get("capacity", 1),
+            "held": [h["id"] for h in held], "last_heartbeat": now,
+            "asleep_until": now + timedelta(seconds=sleep) if sleep else None,
+        })
+        return Response({"instruction": instruction, "sleep": sleep, "extended": extended, "lost": lost})
+
+    @staticmethod
+    def _extend(held: list[dict]) -> tuple[list[str], list[str]]:
+        """Push each held message's visibility out by its queue's timeout, at its owner.
+
+        A message whose receipt is no longer current (redelivered to someone else) is "lost":
+        the worker should abandon it rather than ack a message another worker holds.
+        """
+        from queues.api import calls
+        from queues.partition import ReceiptMismatch
+
+        extended, lost = [], []
+        timeouts: dict[str, int] = {}
+        for h in held:
+            mid = parse_message_id(h["id"])
+            if mid is None:
+                lost.append(h["id"])
+                continue
+            if mid.queue not in timeouts:
+                q = Queue.objects.filter(name=mid.queue).values_list("visibility_timeout", flat=True).first()
+                timeouts[mid.queue] = q if q is not None else -1
+            if timeouts[mid.queue] < 0:
+                lost.append(h["id"])
+                continue
+            try:
+                calls.visibility(mid.queue, {"id": h["id"], "receipt": h["receipt"],
+                                             "visibility_timeout": max(timeouts[mid.queue], 1)})
+                extended.append(h["id"])
+            except (ReceiptMismatch, BadRequest):
+                lost.append(h["id"])
+            except Exception:  # noqa: BLE001 - owner unreachable now: try again next beat
+                continue
+        return extended, lost
+
+    @staticmethod
+    def _decide(consumer: str, queues: list[str], held: list[dict], now) -> tuple[str, int]:
+        """Sleep when this worker holds nothing, its queues are empty, and other live workers
+        consume them (the seed's consumer sleep): fewer idle polls against the nodes."""
+        if held or not queues:
+            return "continue", 0
+        depth = Partition.objects.filter(queue__name__in=queues).aggregate(d=Sum("depth"))["d"] or 0
+        if depth:
+            return "continue", 0
+        others = Consumer.objects.filter(last_heartbeat__gte=now - CONSUMER_ALIVE).exclude(pk=consumer)
+        covering = [c for c in others if set(c.queues) & set(queues)
+                    and not (c.asleep_until and c.asleep_until > now)]
+        return ("sleep", SLEEP_SECONDS) if covering else ("continue", 0)

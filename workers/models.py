@@ -1,0 +1,61 @@
+"""Queue clients as the service sees them: consumers (workers) and their attempt log."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Consumer(models.Model):
+    """A worker process that consumes queues; it heartbeats while alive."""
+
+    id = models.CharField(primary_key=True, max_length=64, help_text="chosen by the worker (a UUID)")
+    name = models.CharField(max_length=200, blank=True, help_text="e.g. celery@host")
+    hostname = models.CharField(max_length=200, blank=True)
+    pid = models.IntegerField(null=True, blank=True)
+    queues = models.JSONField(default=list, help_text="queue names it consumes")
+    load = models.FloatField(default=0.0, help_text="busy share of its capacity, 0..1")
+    capacity = models.PositiveIntegerField(default=1, help_text="messages it can process at once")
+    held = models.JSONField(default=list, help_text="message IDs it holds (pre-processing or processing)")
+    asleep_until = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(auto_now_add=True)
+    last_heartbeat = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["-last_heartbeat"]
+
+    def __str__(self) -> str:
+        return self.name or self.id[:12]
+
+
+class AttemptLog(models.Model):
+    """One processing attempt of one message: the failure-management seed's log data."""
+
+    class Outcome(models.TextChoices):
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        TIMED_OUT = "timed_out"
+        ABANDONED = "abandoned"
+
+    message_id = models.CharField(max_length=200, db_index=True)
+    queue = models.CharField(max_length=80)
+    partition = models.PositiveIntegerField()
+    group = models.CharField(max_length=128, blank=True)
+    worker = models.ForeignKey(Consumer, null=True, blank=True, on_delete=models.SET_NULL,
+                               related_name="attempts", db_constraint=False)
+    attempt = models.PositiveIntegerField(help_text="the delivery's receive count")
+    preprocess_started_at = models.DateTimeField(null=True, blank=True)
+    preprocess_ended_at = models.DateTimeField(null=True, blank=True)
+    process_started_at = models.DateTimeField(null=True, blank=True)
+    process_ended_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    error = models.TextField(blank=True)
+    traceback = models.TextField(blank=True)
+    size = models.BigIntegerField(null=True, blank=True)
+    recorded_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-recorded_at", "-id"]
+        indexes = [models.Index(fields=["queue", "recorded_at"], name="attempt_queue_time")]
+
+    def __str__(self) -> str:
+        return f"{self.message_id} #{self.attempt} {self.outcome}"

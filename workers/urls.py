@@ -1,0 +1,8 @@
+from django.urls import path
+
+from . import api
+
+urlpatterns = [
+    path("logs", api.LogsView.as_view(), name="logs"),
+    path("consumers/heartbeat", api.HeartbeatView.as_view(), name="consumer-heartbeat"),
+]
