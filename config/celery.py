@@ -9,3 +9,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 app = Celery("mq")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+# Workers consume the queues that have handlers (see workers/celery_step.py); the step module
+# is light: the SDK and the pipeline are imported only when a worker starts.
+from workers.celery_step import QueueConsumers  # noqa: E402
+
+app.steps["worker"].add(QueueConsumers)

@@ -1,0 +1,55 @@
+"""The Celery worker step that makes ``celery -A config worker`` a queue client.
+
+At worker start it imports the handler modules (``WORKER_HANDLERS``), picks the queues
+(``WORKER_QUEUES``, default: every queue with a handler), connects to the service
+(``QUEUE_API_URL``, ``QUEUE_API_TOKEN``) and runs the pre-process/process pipeline with the
+worker's concurrency (``-c``); at shutdown it finishes what it is processing, gives back what
+it has not started, and sends the last log records. Without handlers it does nothing, so the
+same worker can run ordinary Celery tasks (retention, dashboards) too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from celery import bootsteps
+
+log = logging.getLogger(__name__)
+
+
+class QueueConsumers(bootsteps.StartStopStep):
+    requires = {"celery.worker.components:Pool"}
+
+    def __init__(self, worker, **kwargs):
+        super().__init__(worker, **kwargs)
+        self.pipeline = None
+
+    def start(self, worker):
+        from .handlers import configured_queues, discover
+        from .pipeline import Pipeline
+        from .sdk import Client
+
+        found = discover()
+        queues = configured_queues(found)
+        if not queues:
+            log.info("no queue handlers registered (WORKER_HANDLERS): not consuming queues")
+            return
+        if not os.environ.get("QUEUE_API_URL"):
+            log.warning("handlers for %s but no QUEUE_API_URL: not consuming queues", queues)
+            return
+        client = Client.from_env()
+        timeouts = [client.get_queue(q).visibility_timeout for q in queues]
+        # Three beats per visibility timeout: one lost beat never lets a message go.
+        beat = max(0.2, min(10.0, min(timeouts) / 3)) if timeouts else 5.0
+        self.pipeline = Pipeline(
+            client, found, queues, concurrency=max(1, int(worker.concurrency or 1)),
+            pipelining=os.environ.get("WORKER_PIPELINING", "1") != "0", heartbeat_every=beat,
+            name=f"{worker.hostname}", wait=float(os.environ.get("WORKER_WAIT", "2")),
+        ).start()
+        log.info("consuming %s with %s slots (heartbeat every %.1fs)", queues, self.pipeline.concurrency, beat)
+
+    def stop(self, worker):
+        if self.pipeline is not None:
+            self.pipeline.stop()
+            log.info("queue consumers stopped after %d messages", self.pipeline.processed)

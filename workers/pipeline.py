@@ -1,0 +1,318 @@
+"""The queue client's pipeline (the strict-queue seed): pre-process the next message while the
+current one is processed, heartbeat while holding messages, and log every attempt.
+
+Each of ``concurrency`` slots works one message at a time. When message k's processing starts,
+the slot takes message k+1 from the queue and schedules its pre-processing to start
+``estimate.process(k) - estimate.preprocess(k+1)`` seconds later, so that it is ready just as
+k is done (and not earlier, which would only hold the message longer). A slot holds at most
+two messages, the one it processes and the next: a long task never parks others behind it,
+and the heartbeat keeps both hidden while the worker lives. Messages of one group are never
+processed at once: the service hands out one message of a group at a time.
+
+The client is anything with the SDK's ``dequeue``, ``ack``, ``change_visibility``,
+``send_logs`` and ``heartbeat`` methods, so the pipeline is tested without a server too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+import uuid
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from .handlers import Handler
+
+log = logging.getLogger(__name__)
+
+_UNSET = object()
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _estimate(message, kind: str) -> float:
+    estimates = getattr(message, "estimates", None) or {}
+    try:
+        return max(0.0, float(estimates.get(kind) or 0.0))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+@dataclass
+class Work:
+    """A held message and what the pipeline knows of it."""
+
+    queue: str
+    message: Any
+    handler: Handler
+    prepared: Future = field(default_factory=Future)
+    preprocess_started: float | None = None
+    preprocess_ended: float | None = None
+    #: set when the previous message finishes early: start pre-processing now.
+    go: threading.Event = field(default_factory=threading.Event)
+    #: the service said another worker holds it now: drop it, never ack it.
+    lost: bool = False
+
+
+class Pipeline:
+    def __init__(self, client, handlers: dict[str, Handler], queues: list[str] | None = None, *,
+                 concurrency: int = 1, pipelining: bool = True, visibility_timeout: float | None = None,
+                 heartbeat_every: float = 5.0, wait: float = 1.0, retry_backoff: float = 1.0,
+                 consumer_id: str | None = None, name: str | None = None):
+        self.client = client
+        self.handlers = handlers
+        self.queues = queues or sorted(handlers)
+        self.concurrency = concurrency
+        self.pipelining = pipelining
+        self.visibility_timeout = visibility_timeout
+        self.heartbeat_every = heartbeat_every
+        self.wait = wait
+        self.retry_backoff = retry_backoff
+        self.consumer_id = consumer_id or uuid.uuid4().hex
+        self.name = name or f"worker@{socket.gethostname()}"
+        self._stop = threading.Event()
+        self._held: dict[str, Work] = {}
+        self._held_lock = threading.Lock()
+        self._logs: list[dict] = []
+        self._logs_lock = threading.Lock()
+        self._sleep_until = 0.0
+        self._rr = 0
+        self._preprocessors = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="preprocess")
+        self._threads: list[threading.Thread] = []
+        self.processed = 0
+        self.busy = 0
+
+    # --- life cycle ---------------------------------------------------------------------------
+    def start(self) -> "Pipeline":
+        for i in range(self.concurrency):
+            self._threads.append(threading.Thread(target=self._slot, name=f"slot-{i}", daemon=True))
+        self._threads.append(threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True))
+        self._threads.append(threading.Thread(target=self._flusher, name="log-flush", daemon=True))
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Finish the messages being processed, give back those not started, flush the logs."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=timeout)
+        self._preprocessors.shutdown(wait=False, cancel_futures=True)
+        with self._held_lock:
+            leftover = list(self._held.values())
+            self._held.clear()
+        for work in leftover:
+            self._release(work)
+        self._flush_logs()
+
+    def run_forever(self) -> None:
+        self.start()
+        try:
+            while not self._stop.wait(1.0):
+                pass
+        finally:
+            self.stop()
+
+    # --- taking messages ----------------------------------------------------------------------
+    def _take(self) -> Work | None:
+        """One message from the configured queues (round robin), or None after a long poll."""
+        if time.monotonic() < self._sleep_until:
+            self._stop.wait(min(self._sleep_until - time.monotonic(), 1.0))
+            return None
+        for _ in range(len(self.queues)):
+            queue = self.queues[self._rr % len(self.queues)]
+            self._rr += 1
+            try:
+                got = self.client.dequeue(queue, 1, visibility_timeout=self.visibility_timeout,
+                                          wait=self.wait if len(self.queues) == 1 else 0)
+            except Exception as exc:  # noqa: BLE001 - the SDK already retried; wait and go on
+                log.warning("dequeue %s: %s", queue, exc)
+                self._stop.wait(1.0)
+                return None
+            if got:
+                work = Work(queue, got[0], self.handlers[queue])
+                with self._held_lock:
+                    self._held[work.message.id] = work
+                return work
+        if len(self.queues) > 1:
+            self._stop.wait(self.wait)
+        return None
+
+    def _schedule_preprocess(self, work: Work, delay: float) -> None:
+        """Start pre-processing ``work`` after ``delay`` seconds, on the pre-processing pool."""
+
+        def run():
+            if delay > 0:
+                work.go.wait(delay)
+            if self._stop.is_set():
+                work.prepared.cancel()
+                return
+            work.preprocess_started = time.time()
+            try:
+                result = work.handler.preprocess(work.message) if work.handler.preprocess else None
+            except BaseException as exc:  # noqa: BLE001 - recorded as the attempt's failure
+                work.preprocess_ended = time.time()
+                work.prepared.set_exception(exc)
+                return
+            work.preprocess_ended = time.time()
+            work.prepared.set_result(result)
+
+        if work.handler.preprocess is None:
+            work.prepared.set_result(None)
+            return
+        try:
+            self._preprocessors.submit(run)
+        except RuntimeError:  # shutting down
+            work.prepared.cancel()
+
+    # --- a slot -------------------------------------------------------------------------------
+    def _slot(self) -> None:
+        current: Work | None = None
+        while not self._stop.is_set():
+            if current is None:
+                current = self._take()
+                if current is None:
+                    continue
+                self._schedule_preprocess(current, 0.0)
+            nxt = self._work_on(current)
+            current = nxt
+
+    def _work_on(self, work: Work) -> Work | None:
+        """Process ``work``; meanwhile take the next message and time its pre-processing."""
+        try:
+            prepared = work.prepared.result()
+        except CancelledError:  # stopping before it started: give it back untouched
+            self._release(work)
+            self._forget(work)
+            return None
+        except BaseException as exc:  # noqa: BLE001 - pre-processing failed: an attempt that failed
+            self._finish(work, "failed", exc, None, None)
+            return None
+        if work.lost:
+            self._forget(work)
+            return None
+        nxt: Work | None = None
+        started = time.time()
+        self.busy += 1
+        if self.pipelining and not self._stop.is_set():
+            nxt = self._take()
+            if nxt is not None:
+                lead = _estimate(work.message, "process") - _estimate(nxt.message, "preprocess")
+                self._schedule_preprocess(nxt, max(0.0, lead))
+        outcome, error = "succeeded", None
+        try:
+            work.handler.process(work.message, prepared)
+        except BaseException as exc:  # noqa: BLE001 - recorded, the message comes back later
+            outcome, error = "failed", exc
+        ended = time.time()
+        self.busy -= 1
+        if nxt is not None:
+            nxt.go.set()  # done earlier than estimated: the next one need not wait any longer
+        if outcome == "succeeded" and work.handler.timeout and ended - started > work.handler.timeout:
+            outcome = "timed_out"
+        self._finish(work, outcome, error, started, ended)
+        if not self.pipelining and not self._stop.is_set():
+            nxt = self._take()
+            if nxt is not None:
+                self._schedule_preprocess(nxt, 0.0)
+        return nxt
+
+    def _finish(self, work: Work, outcome: str, error: BaseException | None,
+                started: float | None, ended: float | None) -> None:
+        message = work.message
+        self._log(work, outcome, error, started, ended)
+        if work.lost:
+            self._forget(work)
+            return
+        try:
+            if outcome == "succeeded":
+                self.client.ack(work.queue, [(message.id, message.receipt)])
+                self.processed += 1
+            else:
+                # Visible again after a backoff that grows with the attempts; the dead-letter
+                # rule of the queue takes it from there.
+                backoff = min(self.retry_backoff * 2 ** max(0, message.receive_count - 1), 300.0)
+                self.client.change_visibility(work.queue, message, backoff)
+        except Exception as exc:  # noqa: BLE001 - a stale receipt or a lost node: it comes back
+            log.warning("%s %s: %s", "ack" if outcome == "succeeded" else "release", message.id, exc)
+        self._forget(work)
+
+    def _release(self, work: Work) -> None:
+        try:
+            self.client.change_visibility(work.queue, work.message, 0)
+        except Exception:  # noqa: BLE001 - it comes back after its timeout anyway
+            pass
+
+    def _forget(self, work: Work) -> None:
+        with self._held_lock:
+            self._held.pop(work.message.id, None)
+
+    # --- log data -----------------------------------------------------------------------------
+    def _log(self, work: Work, outcome: str, error: BaseException | None,
+             started: float | None, ended: float | None) -> None:
+        message = work.message
+        record = {
+            "message_id": message.id, "group": getattr(message, "group", None), "worker": self.consumer_id,
+            "attempt": message.receive_count, "outcome": outcome,
+            "preprocess_started_at": _iso(work.preprocess_started), "preprocess_ended_at": _iso(work.preprocess_ended),
+            "process_started_at": _iso(started), "process_ended_at": _iso(ended),
+            "size": getattr(message, "size", None),
+        }
+        if error is not None:
+            record["error"] = f"{type(error).__name__}: {error}"[:10_000]
+            record["traceback"] = "".join(traceback.format_exception(error))[-100_000:]
+        with self._logs_lock:
+            self._logs.append(record)
+
+    def _flush_logs(self) -> None:
+        with self._logs_lock:
+            batch, self._logs = self._logs[:1000], self._logs[1000:]
+        if not batch:
+            return
+        try:
+            self.client.send_logs(batch)
+        except Exception as exc:  # noqa: BLE001 - keep them for the next flush
+            log.warning("sending %d log records: %s", len(batch), exc)
+            with self._logs_lock:
+                self._logs[:0] = batch
+
+    def _flusher(self) -> None:
+        while not self._stop.wait(0.5):
+            self._flush_logs()
+
+    # --- heartbeats ---------------------------------------------------------------------------
+    def _heartbeats(self) -> None:
+        while not self._stop.wait(self.heartbeat_every):
+            self.heartbeat_once()
+
+    def heartbeat_once(self) -> dict | None:
+        with self._held_lock:
+            held = list(self._held.values())
+        payload = {
+            "consumer": self.consumer_id, "name": self.name, "hostname": socket.gethostname(),
+            "pid": os.getpid(), "queues": self.queues, "capacity": self.concurrency,
+            "load": min(1.0, self.busy / self.concurrency),
+            "held": [{"id": w.message.id, "receipt": w.message.receipt} for w in held],
+        }
+        try:
+            answer = self.client.heartbeat(payload)
+        except Exception as exc:  # noqa: BLE001 - try again at the next beat
+            log.warning("heartbeat: %s", exc)
+            return None
+        lost = set(answer.get("lost", []))
+        for w in held:
+            if w.message.id in lost:
+                w.lost = True  # redelivered elsewhere: finish quietly, never ack
+        if answer.get("instruction") == "sleep":
+            self._sleep_until = time.monotonic() + float(answer.get("sleep", 0))
+        return answer
