@@ -8,7 +8,6 @@ call these, so the two cannot drift apart in what they accept or answer.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from django.utils.timezone import now as timezone_now
@@ -67,12 +66,13 @@ def _local_or_forward(name: str, call: str, data, hops: int, local):
     raise NotServedHere(f"no node serves queue {name!r} now ({last or 'no owner'}); retry")
 
 
-def enqueue(name: str, data, hops: int = 0) -> tuple[int, dict]:
+def enqueue(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dict]:
     """Dedup first (shared by all nodes), then each message to its group's partition (here or
-    at its owner), ungrouped ones to any partition; the IDs come back in the caller's order."""
+    at its owner), ungrouped ones to any partition; the IDs come back in the caller's order.
+    ``trusted``: the caller is a node (it may carry a dead letter's history)."""
     cfg = queue_config(name)
     now = datetime.now(timezone.utc).timestamp()
-    drafts, batch = validation.enqueue_request(data, cfg, now)
+    drafts, batch = validation.enqueue_request(data, cfg, now, trusted)
     items = data["messages"] if batch else [data]
     ids: list[str | None] = [None] * len(drafts)
     dedup = get_dedup() if any(d.dedup_id for d in drafts) else None
@@ -114,7 +114,7 @@ def enqueue(name: str, data, hops: int = 0) -> tuple[int, dict]:
 
 def _stored(d, now: float) -> StoredMessage:
     return StoredMessage(d.body, now, group=d.group, not_before=d.not_before, attributes=d.attributes,
-                         size=d.size, estimates=d.estimates)
+                         size=d.size, estimates=d.estimates, history=d.history)
 
 
 def _enqueue_somewhere(cfg, index: int | None, drafts, items, now: float, hops: int) -> list[str]:
@@ -182,7 +182,7 @@ def _record_abandoned(deliveries) -> None:
     AttemptLog.objects.bulk_create(rows)
 
 
-def dequeue(name: str, data, hops: int = 0) -> tuple[int, dict]:
+def dequeue(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dict]:
     """Here first; if nothing here, from the other owners (deepest first); then wait here."""
     cfg = queue_config(name)
     max_messages, visibility, wait = validation.dequeue_request(data)
@@ -236,14 +236,15 @@ def _move_dead_letters(cfg) -> None:
                 history = {"source": cfg.name, "id": d.id, "receive_count": d.receive_count,
                            "group": msg.group, "enqueued_at": _iso(msg.enqueued_at),
                            "dead_lettered_at": _iso(now)}
-                items.append({"body": msg.body, "attributes": msg.attributes, "size": msg.size,
-                              "estimates": msg.estimates, "_history": history})
+                items.append({k: v for k, v in (("body", msg.body), ("attributes", msg.attributes),
+                                                ("size", msg.size), ("estimates", msg.estimates),
+                                                ("history", history)) if v is not None})
             if items:
+                # Through the routing of any enqueue: the dead-letter queue's partitions may
+                # be on another node (the history field is accepted from nodes only).
                 dlq = queue_config(cfg.dead_letter_queue)
-                drafts = [validation.Draft(i["body"], attributes=i["attributes"], size=i["size"],
-                                           estimates=i["estimates"]) for i in items]
-                messages = [replace(_stored(dr, now), history=i["_history"]) for dr, i in zip(drafts, items)]
-                service.enqueue(dlq.name, messages, even_if_cooling=True)
+                drafts, _ = validation.enqueue_request({"messages": items}, dlq, now, trusted=True)
+                _enqueue_somewhere(dlq, None, drafts, items, now, 0)
             m.ack([(parse_message_id(mid), None) for mid in mids])
             with m.lock:
                 m.dead_lettered_total += len(found)
@@ -252,7 +253,7 @@ def _move_dead_letters(cfg) -> None:
             m.return_dead(mids)
 
 
-def redrive(name: str, data, hops: int = 0) -> tuple[int, dict]:
+def redrive(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dict]:
     """Move dead letters back to the queues they came from (up to ``max``)."""
     queue_config(name)
     data = validation._object(data)
@@ -286,7 +287,7 @@ def redrive(name: str, data, hops: int = 0) -> tuple[int, dict]:
     return 200, {"moved": moved, "skipped": skipped}
 
 
-def expire(name: str, data, hops: int = 0) -> tuple[int, dict]:
+def expire(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dict]:
     """The retention rule on the partitions this node owns: remove messages older than the
     queue's retention (or ``older_than`` seconds, for operators). Counted on the queue."""
     cfg = queue_config(name)
@@ -300,7 +301,7 @@ def expire(name: str, data, hops: int = 0) -> tuple[int, dict]:
     return 200, {"expired": expired}
 
 
-def ack(name: str, data, hops: int = 0) -> tuple[int, dict]:
+def ack(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dict]:
     """Local partitions here; the rest at their owners, one call per owner.
 
     Receipts are all checked before anything is removed on each node; across nodes the
@@ -331,7 +332,7 @@ def ack(name: str, data, hops: int = 0) -> tuple[int, dict]:
     return 200, {"acked": acked, "not_found": not_found}
 
 
-def visibility(name: str, data, hops: int = 0) -> tuple[int, dict]:
+def visibility(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dict]:
     cfg = queue_config(name)
     mid, receipt, timeout = validation.visibility_request(data, cfg)
     rt = service.get_runtime()

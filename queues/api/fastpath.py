@@ -73,7 +73,7 @@ class FastPath:
             else:
                 self.auth.authenticate_credentials(key)
             hops = hops_of(environ.get("HTTP_X_MQ_HOPS"))
-            status, payload = calls.CALLS[match[2]](name, self._body(environ), hops)
+            status, payload = calls.CALLS[match[2]](name, self._body(environ), hops, trusted=peer is not None)
         except Exception as exc:  # noqa: BLE001 - mapped below, like DRF's handler
             mapped = domain_error(exc) or api_error(exc)
             if mapped is None:

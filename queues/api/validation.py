@@ -96,6 +96,8 @@ class Draft:
     attributes: dict | None = None
     size: int | None = None
     estimates: dict | None = None
+    #: a dead letter's history; only nodes may set it (the dead-letter move, forwarded).
+    history: dict | None = None
 
 
 def _short_text(item: dict, name: str, where: str) -> str | None:
@@ -153,10 +155,12 @@ def _estimates(item: dict, where: str) -> dict | None:
     return {k: number(value, k, *LIMITS["estimate"], None) for k in value}
 
 
-def _message(item: dict, cfg: QueueConfig, now: float, where: str) -> Draft:
+def _message(item: dict, cfg: QueueConfig, now: float, where: str, trusted: bool = False) -> Draft:
     if len(item) != 1:
-        _no_extra(item, MESSAGE_FIELDS, where)
+        _no_extra(item, MESSAGE_FIELDS | ({"history"} if trusted else set()), where)
     draft = Draft(_body(item, cfg, where))
+    if trusted and isinstance(item.get("history"), dict):
+        draft.history = item["history"]
     if len(item) == 1 and not cfg.strict and not cfg.delay:
         return draft
     draft.group = _short_text(item, "group", where)
@@ -171,7 +175,7 @@ def _message(item: dict, cfg: QueueConfig, now: float, where: str) -> Draft:
     return draft
 
 
-def enqueue_request(data, cfg: QueueConfig, now: float) -> tuple[list[Draft], bool]:
+def enqueue_request(data, cfg: QueueConfig, now: float, trusted: bool = False) -> tuple[list[Draft], bool]:
     """The checked messages to enqueue, and whether the call was a batch."""
     data = _object(data)
     if "messages" in data:
@@ -181,9 +185,9 @@ def enqueue_request(data, cfg: QueueConfig, now: float) -> tuple[list[Draft], bo
         for i, item in enumerate(items):
             if not isinstance(item, dict):
                 raise BadRequest(f"messages[{i}] must be an object with a body", "invalid_messages")
-            drafts.append(_message(item, cfg, now, f"messages[{i}]"))
+            drafts.append(_message(item, cfg, now, f"messages[{i}]", trusted))
         return drafts, True
-    return [_message(data, cfg, now, "message")], False
+    return [_message(data, cfg, now, "message", trusted)], False
 
 
 def dequeue_request(data) -> tuple[int, float | None, float]:

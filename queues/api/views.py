@@ -88,28 +88,28 @@ class EnqueueView(APIView):
     @extend_schema(request=EnqueueDoc, responses={201: EnqueueResultDoc, **ERRORS},
                    summary="Enqueue one message, or a batch of up to 1,000 (stored in order)")
     def post(self, request, name):
-        return Response(*reversed(calls.enqueue(name, request.data, _hops(request))))
+        return Response(*reversed(calls.enqueue(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer))))
 
 
 class DequeueView(APIView):
     @extend_schema(request=DequeueDoc, responses={200: DequeueResultDoc, **ERRORS},
                    summary="Receive up to max messages; each stays hidden for visibility_timeout")
     def post(self, request, name):
-        return Response(*reversed(calls.dequeue(name, request.data, _hops(request))))
+        return Response(*reversed(calls.dequeue(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer))))
 
 
 class AckView(APIView):
     @extend_schema(request=AckDoc, responses={200: AckResultDoc, 409: ErrorDoc, **ERRORS},
                    summary="Acknowledge (delete) messages; a stale receipt refuses the whole call")
     def post(self, request, name):
-        return Response(*reversed(calls.ack(name, request.data, _hops(request))))
+        return Response(*reversed(calls.ack(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer))))
 
 
 class VisibilityView(APIView):
     @extend_schema(request=VisibilityDoc, responses={200: VisibilityDoc, 409: ErrorDoc, **ERRORS},
                    summary="Extend or shorten the visibility timeout of a message in flight")
     def post(self, request, name):
-        return Response(*reversed(calls.visibility(name, request.data, _hops(request))))
+        return Response(*reversed(calls.visibility(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer))))
 
 
 class PartitionsView(APIView):
@@ -130,7 +130,7 @@ class RedriveView(APIView):
     @extend_schema(request=dict, responses={200: dict, **ERRORS},
                    summary="On a dead-letter queue: move up to max messages back to where they came from")
     def post(self, request, name):
-        return Response(*reversed(calls.redrive(name, request.data, _hops(request))))
+        return Response(*reversed(calls.redrive(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer))))
 
 
 class IsClusterPeerOrStaff(BasePermission):
@@ -144,7 +144,7 @@ class ExpireView(APIView):
     @extend_schema(request=dict, responses={200: dict, **ERRORS},
                    summary="Apply the retention rule on this node's partitions (nodes and staff only)")
     def post(self, request, name):
-        return Response(*reversed(calls.expire(name, request.data, _hops(request))))
+        return Response(*reversed(calls.expire(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer))))
 
 
 class StatsView(APIView):

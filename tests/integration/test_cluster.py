@@ -394,3 +394,34 @@ def test_cluster_command_starts_and_stops_k_nodes(tmp_path, token):
     # every node stopped gracefully and handed its leases back
     assert Partition.objects.filter(queue__name=name, owner__isnull=False).count() == 0
     assert not Node.objects.filter(address__in=[u.removeprefix("http://") for u in urls], stopped_at=None).exists()
+
+
+def test_dead_letters_move_to_a_queue_owned_by_another_node(cluster, token):
+    # given a dead-letter queue served by node B and a source queue served by node A
+    b = cluster()
+    cb = Client(b.url, token)
+    dlq = f"dlq-{uuid.uuid4().hex[:6]}"
+    assert cb.post("queues", {"name": dlq, "partitions": 1}).status_code == 201
+    a = cluster()
+    ca = Client(a.url, token)
+    source = f"src-{uuid.uuid4().hex[:6]}"
+    assert ca.post("queues", {"name": source, "partitions": 1, "dead_letter_queue": dlq,
+                              "max_receives": 2}).status_code == 201
+    a_id, b_id = _node_id(a), _node_id(b)
+    assert [p["owner"] for p in _partitions(ca, source)] == [a_id]
+    assert [p["owner"] for p in _partitions(ca, dlq)] == [b_id]
+    mid = ca.post(f"queues/{source}/enqueue", {"body": "poison"}).json()["id"]
+    # when a handler fails it twice (visibility 0: it comes straight back)
+    for attempt in (1, 2):
+        got = ca.post(f"queues/{source}/dequeue", {"visibility_timeout": 0}).json()["messages"]
+        assert [(m["id"], m["receive_count"]) for m in got] == [(mid, attempt)]
+    ca.post(f"queues/{source}/dequeue", {"wait": 0.2})  # the third delivery moves it instead
+    # then it is in the other node's dead-letter queue, with its history, and gone from the source
+    got = cb.post(f"queues/{dlq}/dequeue", {"wait": 2}).json()["messages"]
+    assert [m["body"] for m in got] == ["poison"]
+    assert got[0]["history"]["source"] == source and got[0]["history"]["id"] == mid
+    assert got[0]["history"]["receive_count"] == 2
+    assert ca.post(f"queues/{source}/dequeue", {"wait": 0.5}).json()["messages"] == []
+    # and a client cannot forge a history
+    r = ca.post(f"queues/{source}/enqueue", {"body": "x", "history": {"source": "y"}})
+    assert r.status_code == 400 and r.json()["error"] == "unknown_field"
