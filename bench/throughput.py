@@ -12,6 +12,22 @@ last one finishing). Figures: enqueue/s, dequeue/s, ack/s, and full cycle/s = ac
 (enqueue + dequeue + ack seconds). Each measurement is repeated --repeat times after one
 untimed warm-up round; medians are printed, with ratios ours / baseline.
 
+Strict modes (``strict-single``, ``strict-batch<B>``; our service only, only when listed in
+--modes): the queue is created with ``"strict": true`` and message i gets
+``group = f"g{i % --strict-groups}"`` (default 1,000 groups). A strict queue delivers a group's
+next message only after the previous one is acked, so "dequeue all, then ack all" cannot drain
+it. The strict workload instead is:
+  1. enqueue N messages with their groups (1 or B per call), as above;
+  2. drain: each client loops dequeue(max 1|B) -> ack what it got (1|B per call, with receipts)
+     until all N are acked; this combined dequeue+ack phase is timed as one.
+Figures: enqueue/s, (dequeue+ack)/s = acked / drain seconds, cycle/s = acked / (enqueue + drain
+seconds); printed beside the standard mode of the same batch size (strict-batch100 beside
+batch100, strict-single beside single) on the same node in the same run, with the ratios
+strict / standard; the standard mode's (dequeue+ack)/s is acked / (dequeue + ack seconds).
+Redis Streams and pgqueuer have no per-group one-at-a-time delivery, so no baseline runs in the
+strict modes. Every strict round also checks, from client-side timestamps, that no group had two
+messages out at once and that each group came out in its sequence order.
+
 Systems:
   ours[<backend>]  our REST API over HTTP keep-alive, one node started by this script per
                    key-value backend (file, redis, postgres): migrate, bench user + token,
@@ -29,6 +45,7 @@ CPU, which is printed next to the rates.
 
 Examples:
   python bench/throughput.py --skip-ours                       # baselines only
+  python bench/throughput.py --backends redis --modes batch100,strict-batch100 --skip-baselines
   python bench/throughput.py --backends redis --repeat 5 --json /tmp/tp.json
   MQ_TEST_REDIS_URL=redis://127.0.0.1:63899 MQ_TEST_PG_URL=postgres://mq:mq@127.0.0.1:54399/mq \
       python bench/throughput.py --skip-ours --n 5000
@@ -39,6 +56,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import http.client
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -65,6 +83,16 @@ import throughput_clients as tc  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 FIGURES = ("enqueue", "dequeue", "ack", "cycle")
+STRICT_FIGURES = ("enqueue", "drain", "cycle")  # drain = the combined dequeue+ack phase
+STRICT_LABELS = {"enqueue": "enqueue/s", "drain": "(deq+ack)/s", "cycle": "cycle/s"}
+
+
+def is_strict(mode: str) -> bool:
+    return mode.startswith("strict-")
+
+
+def figures_of(mode: str) -> tuple:
+    return STRICT_FIGURES if is_strict(mode) else FIGURES
 
 
 # --------------------------------------------------------------------------------------
@@ -111,6 +139,20 @@ def proc_cpu_seconds(pid: int) -> float:
         return float("nan")
     fields = data[data.rindex(")") + 2 :].split()
     return sum(int(x) for x in fields[11:15]) / CLK_TCK
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and its live descendants (a node serves from a worker child)."""
+    total = proc_cpu_seconds(pid)
+    try:
+        children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    except OSError:
+        children = []
+    for child in children:
+        v = tree_cpu_seconds(int(child))
+        if v == v:
+            total += v
+    return total
 
 
 def background_load(seconds: float) -> float:
@@ -505,9 +547,12 @@ class OursSystem(System):
                 "visibility_timeout": a.visibility_timeout, "http_client": a.http_client,
                 "http_timeout": 60.0}
 
-    def new_target(self, tag: str) -> dict:
+    def new_target(self, tag: str, strict: bool = False) -> dict:
         name = f"bench-{tag}"
-        status, body = self.api("POST", "/api/v1/queues", {"name": name, "partitions": self.args.partitions})
+        spec = {"name": name, "partitions": self.args.partitions}
+        if strict:
+            spec["strict"] = True
+        status, body = self.api("POST", "/api/v1/queues", spec)
         if status != 201:
             raise tc.BenchError(f"create queue {name}: HTTP {status}: {body[:300]!r}")
         self.queues.add(name)
@@ -528,7 +573,7 @@ class OursSystem(System):
     def server_cpu(self) -> float | None:
         if self.proc is None:
             return None
-        v = proc_cpu_seconds(self.proc.pid)
+        v = tree_cpu_seconds(self.proc.pid)
         return None if v != v else v
 
     def describe(self) -> str:
@@ -566,6 +611,11 @@ def run_phase(system: System, pool: ClientPool, cmd: str, args_per_client: list,
         ids = [i for r in res for i in r["ids"]]
         out["unique"] = len(set(ids))
         out["duplicates"] = len(ids) - out["unique"]
+    elif cmd == "drain":
+        out["received"] = sum(r["received"] for r in res)
+        out["dequeues"] = sum(r["dequeues"] for r in res)
+        out["gave_up"] = sum(1 for r in res if r["gave_up"])
+        out["deliveries"] = [d for r in res for d in r["deliveries"]]
     return out
 
 
@@ -621,6 +671,90 @@ def run_round(system: System, pool: ClientPool, mode: str, batch: int, n: int, t
     return {"tag": tag, "n": n, "mode": mode, "phases": phases, "anomalies": anomalies}
 
 
+def check_strict_order(deliveries: list) -> dict:
+    """From the clients' records (group, sequence, id, t_received, t_ack_sent), all on this
+    machine's monotonic clock: per group, in the order the messages reached the clients,
+    sequences must increase, and each message must reach a client only after the previous
+    message of its group had its ack sent (else two were out at once)."""
+    ids = [d[2] for d in deliveries]
+    by_group: dict = {}
+    for g, seq, _id, t_recv, t_ack in deliveries:
+        by_group.setdefault(g, []).append((t_recv, seq, t_ack))
+    out_of_order = overlapping = 0
+    for items in by_group.values():
+        items.sort(key=lambda x: x[0])
+        for (_t0, s0, a0), (t1, s1, _a1) in itertools.pairwise(items):
+            if s0 is not None and s1 is not None and s1 <= s0:
+                out_of_order += 1
+            if t1 < a0:
+                overlapping += 1
+    return {"groups_seen": len([g for g in by_group if g is not None]), "no_group": len(by_group.get(None, [])),
+            "duplicates": len(ids) - len(set(ids)), "out_of_order": out_of_order, "overlapping": overlapping}
+
+
+def run_strict_round(system: System, pool: ClientPool, mode: str, batch: int, n: int, tag: str, args) -> dict:
+    """Strict queue: enqueue N with group g<i % groups>, then one timed drain phase in which
+    every client loops dequeue(max=batch) -> ack those, until all N are acked."""
+    k = len(pool.conns)
+    target = system.new_target(tag, strict=True)
+    try:
+        pool.send("target", [target] * k)
+        chunks = [list(range(i, min(i + batch, n))) for i in range(0, n, batch)]
+        per_client = [[i for c in chunks[w::k] for i in c] for w in range(k)]
+        enq = run_phase(system, pool, "enqueue",
+                        [{"tag": tag, "indexes": idx, "batch": batch, "groups": args.strict_groups}
+                         for idx in per_client], args.phase_timeout + 60)
+        pool.counter.value = 0
+        drain = run_phase(system, pool, "drain",
+                          [{"max": batch, "batch": batch, "target": enq["count"], "timeout": args.phase_timeout,
+                            "empty_sleep": args.empty_sleep}] * k, args.phase_timeout + 60)
+    finally:
+        try:
+            system.drop_target(target)
+        except Exception as exc:  # noqa: BLE001 - cleanup only, as in run_round
+            log(f"{system.name}: cleanup of {target}: {exc}")
+    if drain["gave_up"]:
+        raise tc.BenchError(f"{drain['gave_up']} client(s) gave up the drain phase after failed calls, "
+                            f"e.g. {drain['error_samples'][:2]}")
+    check = check_strict_order(drain.pop("deliveries"))
+    drain["order_check"] = check
+    phases = {"enqueue": enq, "drain": drain}
+    wall = enq["wall"] + drain["wall"]
+
+    def tot(key):
+        vals = [p[key] for p in phases.values()]
+        return None if any(v is None for v in vals) else sum(vals)
+
+    phases["cycle"] = {"wall": wall, "count": drain["count"], "rate": drain["count"] / wall,
+                       "client_cpu_s": tot("client_cpu_s"), "server_cpu_s": tot("server_cpu_s"),
+                       "box_cpu_s": tot("box_cpu_s")}
+    for p in phases.values():
+        for key in ("client_cpu_s", "server_cpu_s", "box_cpu_s"):
+            v = p.get(key)
+            p[key.replace("_s", "_cores")] = None if v is None else v / p["wall"]
+    anomalies = []
+    if enq["count"] != n:
+        anomalies.append(f"enqueued {enq['count']}/{n}")
+    if drain["count"] != enq["count"]:
+        anomalies.append(f"acked {drain['count']}/{enq['count']}")
+    if drain["received"] != drain["count"]:
+        anomalies.append(f"received {drain['received']} but acked {drain['count']}")
+    if drain["timed_out"]:
+        anomalies.append("drain phase hit --phase-timeout")
+    for key, what in (("duplicates", "duplicate deliveries"), ("no_group", "deliveries without a group"),
+                      ("out_of_order", "deliveries out of their group's sequence order"),
+                      ("overlapping", "deliveries while the group's previous message was still unacked")):
+        if check[key]:
+            anomalies.append(f"{check[key]} {what}")
+    if check["groups_seen"] != min(n, args.strict_groups):
+        anomalies.append(f"{check['groups_seen']} groups delivered, expected {min(n, args.strict_groups)}")
+    errs = enq["errors"] + drain["errors"]
+    if errs:
+        samples = enq["error_samples"] + drain["error_samples"]
+        anomalies.append(f"{errs} request errors/retries, e.g. {samples[:2]}")
+    return {"tag": tag, "n": n, "mode": mode, "phases": phases, "anomalies": anomalies}
+
+
 # --------------------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------------------
@@ -668,16 +802,31 @@ class Runner:
     def round(self, system: System, mode: str, batch: int, n: int, tag: str, group: str, rep: int | None) -> None:
         if not self.alive(system):
             return
+        strict = is_strict(mode)
+        if strict and f"{system.name} {mode}" in self.failed:
+            return
         try:
-            r = run_round(system, self.pools[system.name], mode, batch, n, tag, self.args)
+            if strict:
+                r = run_strict_round(system, self.pools[system.name], mode, batch, n, tag, self.args)
+            else:
+                r = run_round(system, self.pools[system.name], mode, batch, n, tag, self.args)
         except Exception as exc:
-            self.fail(system, exc)
+            if strict:  # a strict-mode failure (e.g. a node without strict queues) spares the other modes
+                log(f"{system.name} {mode}: FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+                self.failed.setdefault(f"{system.name} {mode}", f"{type(exc).__name__}: {exc}")
+            else:
+                self.fail(system, exc)
             return
         ph = r["phases"]
         what = "warm-up" if rep is None else f"round {rep + 1}/{self.args.repeat}"
+        extra = ""
+        if strict:
+            d = ph["drain"]
+            extra = (f"  ({d['dequeues']:,} dequeue calls, {d['empty']:,} empty, "
+                     f"{d['received'] / max(1, d['dequeues'] - d['empty']):.1f} msgs per non-empty dequeue)")
         log(f"{system.name} {mode} {what} [{group}]: "
-            + "  ".join(f"{f} {fmt_rate(ph[f]['rate'])}/s" for f in FIGURES)
-            + f"  box CPU {fmt_cores(ph['cycle']['box_cpu_cores'])}"
+            + "  ".join(f"{f} {fmt_rate(ph[f]['rate'])}/s" for f in figures_of(mode))
+            + f"  box CPU {fmt_cores(ph['cycle']['box_cpu_cores'])}" + extra
             + (f"  ANOMALIES: {r['anomalies']}" if r["anomalies"] else ""))
         if rep is None:
             return
@@ -717,12 +866,14 @@ def run_groups(groups: list[tuple[str, list[System]]], baselines: list[System], 
                              f"(other processes on the box{', plus the idle node' if ours else ''})")
                 for mode, batch, n in modes:
                     run_id = uuid.uuid4().hex[:6]
+                    # strict modes: our nodes only (the baselines have no per-group ordering)
+                    live_m = [m for m in live if m.is_ours] if is_strict(mode) else live
                     if args.warmup > 0:
-                        for m in live:
+                        for m in live_m:
                             runner.round(m, mode, batch, min(args.warmup, n), f"{mode}-{run_id}-warm",
                                          group, None)
                     for rep in range(args.repeat):
-                        for m in live:
+                        for m in live_m:
                             runner.round(m, mode, batch, n, f"{mode}-{run_id}-r{rep}", group, rep)
             finally:
                 for o in ours:
@@ -736,18 +887,47 @@ def summarize(results: dict, modes, systems: list[System]) -> dict:
     """Medians per system (all its rounds); ratios pair each node with the baseline rounds
     of its own group (run interleaved with it)."""
 
-    def med_of(samples: list) -> dict:
-        med = {f: median([x["phases"][f]["rate"] for x in samples]) for f in FIGURES}
+    def med_of(samples: list, figures=FIGURES) -> dict:
+        med = {f: median([x["phases"][f]["rate"] for x in samples]) for f in figures}
         for key in ("client_cpu_cores", "server_cpu_cores", "box_cpu_cores"):
             med[key] = median([x["phases"]["cycle"][key] for x in samples])
-            med["phase_" + key] = {f: median([x["phases"][f][key] for x in samples]) for f in FIGURES}
+            med["phase_" + key] = {f: median([x["phases"][f][key] for x in samples]) for f in figures}
         med["rounds"] = len(samples)
         return med
+
+    def deq_ack_rate(x: dict) -> float:
+        """A standard round's dequeue + ack phases taken together, like a strict drain phase."""
+        ph = x["phases"]
+        return ph["ack"]["count"] / (ph["dequeue"]["wall"] + ph["ack"]["wall"])
 
     summary: dict = {}
     for mode, _batch, _n in modes:
         per = results.get(mode, {})
         summary[mode] = {}
+        if is_strict(mode):
+            std_mode = mode[len("strict-"):]
+            vs = {}
+            for s in systems:
+                samples = per.get(s.name, {}).get("samples", [])
+                if not samples:
+                    continue
+                m = med_of(samples, STRICT_FIGURES)
+                d = [x["phases"]["drain"] for x in samples]
+                m["dequeue_calls"] = median([x["dequeues"] for x in d])
+                m["empty_dequeues"] = median([x["empty"] for x in d])
+                m["msgs_per_dequeue"] = median([x["received"] / max(1, x["dequeues"] - x["empty"]) for x in d])
+                summary[mode][s.name] = m
+                std = results.get(std_mode, {}).get(s.name, {}).get("samples", [])
+                if std:
+                    b = {"enqueue": median([x["phases"]["enqueue"]["rate"] for x in std]),
+                         "drain": median([deq_ack_rate(x) for x in std]),
+                         "cycle": median([x["phases"]["cycle"]["rate"] for x in std]),
+                         "rounds": len(std)}
+                    vs[s.name] = {"standard_mode": std_mode, "standard": b,
+                                  "ratio": {f: (m[f] / b[f] if m[f] is not None and b[f] else None)
+                                            for f in STRICT_FIGURES}}
+            summary[mode]["_vs_standard"] = vs
+            continue
         for s in systems:
             samples = per.get(s.name, {}).get("samples", [])
             if samples:
@@ -784,10 +964,20 @@ def print_report(args, modes, systems, results, summary, notes) -> None:
     w(f"rounds:   {args.repeat} per system and mode after one untimed warm-up, interleaved (ours, redis-streams,")
     w("          pgqueuer, ours, ...); the baselines run alongside each of our nodes, so they get more rounds;")
     w("          ratios pair each node with the baseline rounds interleaved with it")
+    if any(is_strict(m) for m, _b, _n in modes):
+        w(f"strict:   queue created with \"strict\": true, message i in group g<i % {args.strict_groups}>; enqueue N,")
+        w("          then ONE timed drain phase: each client loops dequeue(max B) -> ack those (B per call) until")
+        w("          all N are acked (a group's next message is only delivered after the previous one is acked,")
+        w("          so dequeue-all-then-ack-all cannot drain it). (deq+ack)/s = acked / drain seconds; cycle/s =")
+        w("          acked / (enqueue + drain seconds). Compared with the standard mode of the same batch on the")
+        w("          same node in this run, whose (deq+ack)/s = acked / (dequeue + ack seconds).")
     for n_ in notes:
         w(f"  - {n_}")
     for mode, batch, n in modes:
         w("")
+        if is_strict(mode):
+            print_strict_mode(w, args, mode, batch, n, systems, results, summary)
+            continue
         label = "1 message per call" if batch == 1 else f"{batch} messages per call (redis: pipeline of {batch} XADD, XREADGROUP COUNT {batch}, XACK {batch} ids)"
         w(f"--- mode {mode}: N={n:,} per round, {label}")
         hdr = (f"{'system':<18}{'enqueue/s':>12}{'dequeue/s':>12}{'ack/s':>12}{'cycle/s':>12}  "
@@ -828,6 +1018,59 @@ def print_report(args, modes, systems, results, summary, notes) -> None:
     print("\n".join(out), flush=True)
 
 
+def print_strict_mode(w, args, mode, batch, n, systems, results, summary) -> None:
+    std_mode = mode[len("strict-"):]
+    per_call = "1 message per call" if batch == 1 else f"{batch} messages per call"
+    w(f"--- mode {mode}: N={n:,} per round, strict queue, {args.strict_groups:,} groups, {per_call} "
+      f"(dequeue max {batch}, ack {batch} per call)")
+    hdr = (f"{'system':<18}" + "".join(f"{STRICT_LABELS[f]:>12}" for f in STRICT_FIGURES)
+           + f"  {'client CPU':>10}{'server CPU':>11}{'box CPU':>9}{'rounds':>8}{'msgs/deq':>10}")
+    w(hdr)
+    w("-" * len(hdr))
+    fails = results.get("_failures", {})
+    ours = [s for s in systems if s.is_ours]
+    for s in ours:
+        m = summary.get(mode, {}).get(s.name)
+        if m is None:
+            fail = fails.get(f"{s.name} {mode}") or fails.get(s.name)
+            w(f"{s.name:<18}{'(not measured' + (': ' + fail[:70] if fail else '') + ')'}")
+            continue
+        w(f"{s.name:<18}" + "".join(f"{fmt_rate(m[f]):>12}" for f in STRICT_FIGURES)
+          + f"  {fmt_cores(m['client_cpu_cores']):>10}{fmt_cores(m['server_cpu_cores']):>11}"
+          f"{fmt_cores(m['box_cpu_cores']):>9}{m['rounds']:>8}{m['msgs_per_dequeue']:>10.1f}")
+    if not ours:
+        w("(our service is not run: --skip-ours)")
+    w("baselines: not run in strict modes (Redis Streams and pgqueuer have no per-group, one-at-a-time delivery)")
+    vs = summary.get(mode, {}).get("_vs_standard", {})
+    measured = [s for s in ours if s.name in summary.get(mode, {})]
+    if measured:
+        w("")
+        hdr2 = (f"{'strict vs standard (' + std_mode + ')':<34}" + "".join(f"{STRICT_LABELS[f]:>13}" for f in STRICT_FIGURES)
+                + f"{'rounds':>8}")
+        w(hdr2)
+        w("-" * len(hdr2))
+        for s in measured:
+            v = vs.get(s.name)
+            if v is None:
+                w(f"{s.name:<34}(no {std_mode} rounds of this node in this run: add {std_mode} to --modes)")
+                continue
+            m = summary[mode][s.name]
+            w(f"{s.name + ' strict':<34}" + "".join(f"{fmt_rate(m[f]):>13}" for f in STRICT_FIGURES) + f"{m['rounds']:>8}")
+            w(f"{s.name + ' ' + std_mode:<34}" + "".join(f"{fmt_rate(v['standard'][f]):>13}" for f in STRICT_FIGURES)
+              + f"{v['standard']['rounds']:>8}")
+            w(f"{'  ratio strict / ' + std_mode:<34}"
+              + "".join(f"{('n/a' if v['ratio'][f] is None else format(v['ratio'][f], '.3f') + 'x'):>13}"
+                        for f in STRICT_FIGURES))
+    for s in ours:
+        for a in results.get(mode, {}).get(s.name, {}).get("anomalies", []):
+            w(f"  ! {s.name}: {a}")
+        m = summary.get(mode, {}).get(s.name)
+        if m is not None:
+            w(f"  {s.name}: drain phase, medians per round: {m['dequeue_calls']:,.0f} dequeue calls, "
+              f"{m['empty_dequeues']:,.0f} of them empty; per-group order and one-at-a-time checked on every round"
+              + (" (see anomalies above)" if results.get(mode, {}).get(s.name, {}).get("anomalies") else ": no violation"))
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description="Throughput of our service vs Redis Streams vs pgqueuer (measures and prints, never fails).",
@@ -836,7 +1079,14 @@ def parse_args(argv=None):
                    help="messages per round for every mode (default: 2000 for single, 20000 for batch)")
     p.add_argument("--n-single", type=int, default=2000)
     p.add_argument("--n-batch", type=int, default=20000)
-    p.add_argument("--modes", default="single,batch100", help="comma list of: single, batch<B> (e.g. batch100)")
+    p.add_argument("--modes", default="single,batch100",
+                   help="comma list of: single, batch<B> (e.g. batch100), and the strict modes strict-single, "
+                        "strict-batch<B> (e.g. strict-batch100): our service only (no baselines), a strict queue, "
+                        "message i in group g<i %% --strict-groups>, enqueue N then a timed drain of repeated "
+                        "dequeue(max B) + ack(B) until all are acked; printed beside the standard mode of the same "
+                        "batch (list it too, e.g. batch100,strict-batch100) with the ratios strict / standard")
+    p.add_argument("--strict-groups", type=int, default=1000,
+                   help="strict modes: number of message groups (message i gets group g<i %% this>)")
     p.add_argument("--clients", type=int, default=4, help="concurrent client processes")
     p.add_argument("--repeat", type=int, default=3, help="timed rounds per system and mode (medians printed)")
     p.add_argument("--warmup", type=int, default=500, help="messages in the untimed warm-up round (0: none)")
@@ -874,8 +1124,14 @@ def parse_args(argv=None):
             modes.append((m, 1, a.n or a.n_single))
         elif re.fullmatch(r"batch\d+", m):
             modes.append((m, int(m[5:]), a.n or a.n_batch))
+        elif m == "strict-single":
+            modes.append((m, 1, a.n or a.n_single))
+        elif re.fullmatch(r"strict-batch\d+", m):
+            modes.append((m, int(m[12:]), a.n or a.n_batch))
         else:
             p.error(f"unknown mode {m!r}")
+    if a.strict_groups < 1:
+        p.error("--strict-groups must be at least 1")
     a.mode_list = modes
     return a
 

@@ -6,7 +6,8 @@ through pipes, phase by phase; the clients start each timed phase together on a 
 report their own monotonic start/end times, CPU seconds and counts.
 
 Three systems, one interface (``set_target``, ``enqueue_phase``, ``dequeue_phase``,
-``ack_phase``):
+``ack_phase``); our service alone also has ``drain_phase`` for the strict modes (a strict
+queue delivers one message per group at a time, so it is drained by dequeue+ack cycles):
 
 * ``OursClient``      -- our service's REST API over HTTP/1.1 keep-alive (http.client or
                           requests.Session).
@@ -28,6 +29,7 @@ from datetime import timedelta
 from urllib.parse import urlsplit
 
 BODY_LEN = 100
+DRAIN_ABORT = 1 << 50  # added to the shared counter by a client that gives up a drain phase
 
 
 def make_body(tag: str, i: int) -> str:
@@ -56,6 +58,11 @@ class PhaseStats:
         self.error_samples: list[str] = []
         self.timed_out = False
         self.ids: list[str] = []  # dequeue phase: ids received (for duplicate accounting)
+        # drain phase (strict modes) only
+        self.received = 0  # messages delivered by dequeue calls (count = messages acked)
+        self.dequeues = 0  # dequeue calls (calls also counts the ack calls)
+        self.gave_up = False  # a call failed for good: this client stopped, and stopped the others
+        self.deliveries: list = []  # (group, sequence, id, t_received, t_ack_sent) per message
 
     def error(self, text: str) -> None:
         self.errors += 1
@@ -71,6 +78,10 @@ class PhaseStats:
             "error_samples": self.error_samples,
             "timed_out": self.timed_out,
             "ids": self.ids,
+            "received": self.received,
+            "dequeues": self.dequeues,
+            "gave_up": self.gave_up,
+            "deliveries": self.deliveries,
         }
 
 
@@ -190,15 +201,19 @@ class OursClient:
             time.sleep(0.05 * (attempt + 1))
         return None
 
-    def enqueue_phase(self, st: PhaseStats, bodies: list[str], batch: int) -> None:
+    def enqueue_phase(self, st: PhaseStats, bodies: list[str], batch: int,
+                      groups: list[str] | None = None) -> None:
+        """`groups` (strict modes): the group of each message, sent as its "group" field."""
+        items = ([{"body": b} for b in bodies] if groups is None
+                 else [{"body": b, "group": g} for b, g in zip(bodies, groups)])
         if batch <= 1:
-            for b in bodies:
-                r = self._post(st, "enqueue", {"body": b}, 201)
+            for item in items:
+                r = self._post(st, "enqueue", item, 201)
                 if r is not None and r.get("id"):
                     st.count += 1
         else:
-            for chunk in chunked(bodies, batch):
-                r = self._post(st, "enqueue", {"messages": [{"body": b} for b in chunk]}, 201)
+            for chunk in chunked(items, batch):
+                r = self._post(st, "enqueue", {"messages": chunk}, 201)
                 if r is not None:
                     st.count += len(r.get("ids") or [])
 
@@ -213,6 +228,50 @@ class OursClient:
             r = self._post(st, "ack", {"messages": [{"id": i, "receipt": rc} for i, rc in chunk]}, 200)
             if r is not None:
                 st.count += int(r.get("acked", 0))
+
+    def drain_phase(self, st: PhaseStats, max_n: int, batch: int, counter, target: int, deadline: float,
+                    empty_sleep: float) -> None:
+        """Strict modes: dequeue(max_n) then ack what came (`batch` per call), again and again
+        until all clients together acked `target` messages. On a strict queue a group's next
+        message is only delivered once the previous one is acked, so this is the only way to
+        drain it. Each delivery is recorded (group, sequence, id, when received, when its ack
+        was sent) for the parent's order / one-at-a-time check."""
+        req = {"max": max_n, "visibility_timeout": self.vt, "wait": 0}
+        records = st.deliveries
+        while counter.value < target:
+            if time.monotonic() > deadline:
+                st.timed_out = True
+                break
+            st.dequeues += 1
+            r = self._post(st, "dequeue", req, 200)
+            t_recv = time.monotonic()
+            if r is None:  # failed for good (4xx, or 5xx after the retries)
+                st.gave_up = True
+                break
+            msgs = r.get("messages") or []
+            if not msgs:
+                st.empty += 1
+                time.sleep(empty_sleep)
+                continue
+            st.received += len(msgs)
+            for chunk in chunked(msgs, max(1, batch)):
+                t_ack = time.monotonic()
+                a = self._post(st, "ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]}
+                                                        for m in chunk]}, 200)
+                for m in chunk:
+                    records.append((m.get("group"), m.get("sequence"), m["id"], t_recv, t_ack))
+                if a is None:
+                    st.gave_up = True
+                    break
+                acked = int(a.get("acked", 0))
+                st.count += acked
+                with counter.get_lock():
+                    counter.value += acked
+            if st.gave_up:
+                break
+        if st.gave_up:
+            with counter.get_lock():  # let the other clients stop too
+                counter.value += DRAIN_ABORT
 
     @staticmethod
     def handle_id(h) -> str:
@@ -436,12 +495,22 @@ def worker_main(conn, kind: str, spec: dict, index: int, counter, barrier) -> No
             # everything that is not the measured work happens before the barrier
             if cmd == "enqueue":
                 bodies = [make_body(args["tag"], i) for i in args["indexes"]]
+                n_groups = args.get("groups")  # strict modes: group = g<i % groups>
+                groups = [f"g{i % n_groups}" for i in args["indexes"]] if n_groups else None
             elif cmd == "ack":
                 handles, received = received, []
+            elif cmd == "drain" and not hasattr(client, "drain_phase"):
+                raise BenchError(f"{kind} has no drain phase (strict modes are for our service only)")
             barrier.wait(timeout=120)
             c0, t0 = time.process_time(), time.monotonic()
             if cmd == "enqueue":
-                client.enqueue_phase(st, bodies, args["batch"])
+                if groups is None:
+                    client.enqueue_phase(st, bodies, args["batch"])
+                else:
+                    client.enqueue_phase(st, bodies, args["batch"], groups)
+            elif cmd == "drain":
+                client.drain_phase(st, args["max"], args["batch"], counter, args["target"],
+                                   t0 + args["timeout"], args["empty_sleep"])
             elif cmd == "dequeue":
                 deadline = t0 + args["timeout"]
                 loop = getattr(client, "dequeue_loop", None)
