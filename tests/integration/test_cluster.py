@@ -208,7 +208,6 @@ def test_sigkill_one_of_three_nodes_mid_load(cluster, token):
 
     group = next(f"g{i}" for i in range(10_000) if partition_for(f"g{i}", 6) in victim_parts)
     victim.kill()
-    killed = time.monotonic()
     load.urls = [n.url for n in nodes[:2]]
     # then its partitions serve enqueues and dequeues again, on the other nodes
     def enqueue_lands() -> bool:
