@@ -77,23 +77,25 @@ def enqueue(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int,
     ids: list[str | None] = [None] * len(drafts)
     dedup = get_dedup() if any(d.dedup_id for d in drafts) else None
     reserved: dict[str, int] = {}  # dedup_id -> index of the draft that stores it
-    for i, d in enumerate(drafts):
-        if d.dedup_id is None:
-            continue
-        if d.dedup_id in reserved:
-            continue  # a repeat inside the batch: takes the first one's ID below
-        existing = dedup.reserve(name, d.dedup_id, cfg.dedup_window)
-        if existing is not None:
-            ids[i] = existing
-        else:
-            reserved[d.dedup_id] = i
-    todo = [i for i, d in enumerate(drafts) if ids[i] is None
-            and (d.dedup_id is None or reserved.get(d.dedup_id) == i)]
-    by_partition: dict[int | None, list[int]] = {}
-    for i in todo:
-        group = drafts[i].group
-        by_partition.setdefault(partition_for(group, cfg.partitions) if group else None, []).append(i)
     try:
+        # Inside the try: a later reservation that fails (busy elsewhere, store down) must give
+        # back the ones already taken, or their dedup_ids stay blocked for the whole window.
+        for i, d in enumerate(drafts):
+            if d.dedup_id is None:
+                continue
+            if d.dedup_id in reserved:
+                continue  # a repeat inside the batch: takes the first one's ID below
+            existing = dedup.reserve(name, d.dedup_id, cfg.dedup_window)
+            if existing is not None:
+                ids[i] = existing
+            else:
+                reserved[d.dedup_id] = i
+        todo = [i for i, d in enumerate(drafts) if ids[i] is None
+                and (d.dedup_id is None or reserved.get(d.dedup_id) == i)]
+        by_partition: dict[int | None, list[int]] = {}
+        for i in todo:
+            group = drafts[i].group
+            by_partition.setdefault(partition_for(group, cfg.partitions) if group else None, []).append(i)
         for index, positions in by_partition.items():
             stored = _enqueue_somewhere(cfg, index, [drafts[i] for i in positions],
                                         [items[i] for i in positions], now, hops)
