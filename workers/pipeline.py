@@ -22,6 +22,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -42,8 +43,10 @@ def _iso(ts: float | None) -> str | None:
 
 def _estimate(message, kind: str) -> float:
     estimates = getattr(message, "estimates", None) or {}
+    # a mapping (``{"preprocess": s, "process": s}``) or the SDK's ``Estimates`` (attributes)
+    value = estimates.get(kind) if isinstance(estimates, Mapping) else getattr(estimates, kind, None)
     try:
-        return max(0.0, float(estimates.get(kind) or 0.0))
+        return max(0.0, float(value or 0.0))
     except (TypeError, ValueError):
         return 0.0
 
@@ -88,6 +91,7 @@ class Pipeline:
         self._sleep_until = 0.0
         self._rr = 0
         self._preprocessors = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="preprocess")
+        self._takers = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="take-next")
         self._threads: list[threading.Thread] = []
         self.processed = 0
         self.busy = 0
@@ -108,12 +112,21 @@ class Pipeline:
         for t in self._threads:
             t.join(timeout=timeout)
         self._preprocessors.shutdown(wait=False, cancel_futures=True)
+        self._takers.shutdown(wait=False, cancel_futures=True)
         with self._held_lock:
             leftover = list(self._held.values())
             self._held.clear()
         for work in leftover:
             self._release(work)
-        self._flush_logs()
+        for _ in range(100):  # everything, 1,000 a call, while the service takes them
+            with self._logs_lock:
+                pending = len(self._logs)
+            if not pending:
+                break
+            self._flush_logs()
+            with self._logs_lock:
+                if len(self._logs) >= pending:
+                    break  # the service refuses them now: nothing more to do here
 
     def run_forever(self) -> None:
         self.start()
@@ -202,13 +215,13 @@ class Pipeline:
             self._forget(work)
             return None
         nxt: Work | None = None
+        taken: Future | None = None
+        #: set when ``work``'s processing ends: the next one's pre-processing need not wait longer.
+        done = threading.Event()
         started = time.time()
         self.busy += 1
         if self.pipelining and not self._stop.is_set():
-            nxt = self._take()
-            if nxt is not None:
-                lead = _estimate(work.message, "process") - _estimate(nxt.message, "preprocess")
-                self._schedule_preprocess(nxt, max(0.0, lead))
+            taken = self._take_next(work, started, done)
         outcome, error = "succeeded", None
         try:
             work.handler.process(work.message, prepared)
@@ -216,16 +229,40 @@ class Pipeline:
             outcome, error = "failed", exc
         ended = time.time()
         self.busy -= 1
-        if nxt is not None:
-            nxt.go.set()  # done earlier than estimated: the next one need not wait any longer
+        done.set()  # done earlier than estimated: the next one need not wait any longer
         if outcome == "succeeded" and work.handler.timeout and ended - started > work.handler.timeout:
             outcome = "timed_out"
         self._finish(work, outcome, error, started, ended)
+        if taken is not None:
+            nxt = taken.result()
         if not self.pipelining and not self._stop.is_set():
             nxt = self._take()
             if nxt is not None:
                 self._schedule_preprocess(nxt, 0.0)
         return nxt
+
+    def _take_next(self, work: Work, started: float, done: threading.Event) -> Future:
+        """Take the next message beside ``work``'s processing, on another thread: the
+        dequeue (a long poll when the queue is empty) must not delay the processing. Its
+        pre-processing starts ``process(work) - preprocess(next)`` seconds after ``started``,
+        or when ``done`` is set, whichever comes first."""
+
+        def run() -> Work | None:
+            nxt = self._take()
+            if nxt is not None:
+                nxt.go = done
+                lead = _estimate(work.message, "process") - _estimate(nxt.message, "preprocess")
+                self._schedule_preprocess(nxt, max(0.0, lead - (time.time() - started)))
+            return nxt
+
+        try:
+            # a pool, not a new thread: Thread.start() waits for the thread to run, and the
+            # thread's dequeue then holds the GIL, delaying the processing by a millisecond or so.
+            return self._takers.submit(run)
+        except RuntimeError:  # shutting down
+            taken: Future = Future()
+            taken.set_result(None)
+            return taken
 
     def _finish(self, work: Work, outcome: str, error: BaseException | None,
                 started: float | None, ended: float | None) -> None:

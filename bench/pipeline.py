@@ -1,0 +1,532 @@
+#!/usr/bin/env python
+"""Pipeline benchmark: how close does the worker pipeline get to ``slots / T`` messages/s?
+
+It MEASURES AND PRINTS; it never passes or fails.
+
+Workload: every message carries ``estimates = {"preprocess": P, "process": T}`` (P = --pre x
+--scale, T = --proc x --scale; default 0.3 / 2.0 x 0.05 = 15 ms / 100 ms) and its handler
+sleeps P in pre-processing and T in processing. The same ``workers.pipeline.Pipeline`` drains
+--messages of them with --slots slots, once with pipelining (the next message is pre-processed
+while the current one is processed) and once without (pre-process, process, take the next).
+Throughput = messages / seconds from the first dequeue call to the last ack; each mode is
+repeated --repeat times (modes interleaved, after one untimed warm-up round) and medians are
+printed beside the ideal ``slots / T`` (processing back to back) and the sequential bound
+``slots / (P + T)``. The goal: the pipeline at >= 95 % of the ideal.
+
+Targets:
+  (default)  a REAL node over HTTP with the real SDK (workers.sdk.Client): this script runs
+             migrate, creates a bench user + token, starts ``manage.py runnode`` on a free port
+             and stops it at the end; one fresh queue per round (deleted afterwards). PostgreSQL
+             and Redis must be running, e.g.
+               MQ_SERVICES_DIR=/tmp/pb-services MQ_PG_PORT=54349 MQ_REDIS_PORT=63749 scripts/services.sh start
+               eval "$(MQ_SERVICES_DIR=/tmp/pb-services MQ_PG_PORT=54349 MQ_REDIS_PORT=63749 scripts/services.sh env)"
+               python bench/pipeline.py
+  --fake     an in-memory client in this process (no server; --fake-rtt adds a per-call delay).
+
+Besides the rates it prints the median idle gap between one processing's end and the next one's
+start (what the pipeline loses against the ideal), the median latency of dequeue and ack calls,
+and, on a node, how many attempt records the service stored (one per message expected).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from workers.handlers import Handler
+from workers.pipeline import Pipeline
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def ts(value: str | None) -> float | None:
+    return None if not value else datetime.fromisoformat(value).timestamp()
+
+
+# --------------------------------------------------------------------------------------
+# clients: a timing wrapper, and an in-memory client for --fake
+# --------------------------------------------------------------------------------------
+
+
+class Timed:
+    """Wraps a client: when the first dequeue started, when the last ack ended, call latencies,
+    and a copy of every attempt record the pipeline sends."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+        self.lock = threading.Lock()
+        self.first_dequeue: float | None = None
+        self.last_ack: float | None = None
+        self.acked = 0
+        self.failed_calls: list[str] = []
+        self.latency: dict[str, list[float]] = defaultdict(list)
+        self.records: list[dict] = []
+
+    def _timed(self, name: str, fn, *args, **kwargs):
+        t0 = time.time()
+        with self.lock:
+            if name == "dequeue" and self.first_dequeue is None:
+                self.first_dequeue = t0
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            with self.lock:
+                self.failed_calls.append(f"{name}: {type(exc).__name__}: {exc}")
+            raise
+        t1 = time.time()
+        with self.lock:
+            self.latency[name].append(t1 - t0)
+        return result, t1
+
+    def dequeue(self, queue, max_messages=1, *, visibility_timeout=None, wait=0):
+        got, _ = self._timed("dequeue", self.client.dequeue, queue, max_messages,
+                             visibility_timeout=visibility_timeout, wait=wait)
+        return got
+
+    def ack(self, queue, messages):
+        messages = list(messages)
+        result, t1 = self._timed("ack", self.client.ack, queue, messages)
+        with self.lock:
+            self.acked += len(messages)
+            self.last_ack = t1
+        return result
+
+    def change_visibility(self, queue, message, visibility_timeout):
+        return self._timed("visibility", self.client.change_visibility, queue, message, visibility_timeout)[0]
+
+    def send_logs(self, records):
+        with self.lock:
+            self.records.extend(dict(r) for r in records)
+        return self._timed("logs", self.client.send_logs, records)[0]
+
+    def heartbeat(self, payload):
+        return self._timed("heartbeat", self.client.heartbeat, payload)[0]
+
+
+@dataclass(frozen=True)
+class FakeMessage:
+    id: str
+    receipt: str
+    body: str
+    group: str | None = None
+    attributes: dict = field(default_factory=dict)
+    size: int | None = None
+    estimates: Any = None
+    receive_count: int = 1
+
+
+class FakeClient:
+    """The pipeline-facing SDK methods over in-memory queues; ``rtt`` seconds per call."""
+
+    def __init__(self, rtt: float = 0.0) -> None:
+        self.rtt = rtt
+        self.cond = threading.Condition()
+        self.ready: dict[str, list[FakeMessage]] = defaultdict(list)
+        self.out: dict[str, str] = {}  # id -> receipt
+
+    def create(self, queue: str, n: int, estimates: dict) -> None:
+        with self.cond:
+            self.ready[queue] = [FakeMessage(f"{queue}/0/0/{i}", "", "x", size=1, estimates=dict(estimates))
+                                 for i in range(n)]
+
+    def _rtt(self) -> None:
+        if self.rtt:
+            time.sleep(self.rtt)
+
+    def dequeue(self, queue, max_messages=1, *, visibility_timeout=None, wait=0):
+        self._rtt()
+        deadline = time.monotonic() + (wait or 0)
+        with self.cond:
+            while not self.ready[queue] and time.monotonic() < deadline:
+                self.cond.wait(deadline - time.monotonic())
+            got, self.ready[queue] = self.ready[queue][:max_messages], self.ready[queue][max_messages:]
+            got = [replace(m, receipt=uuid.uuid4().hex) for m in got]
+            self.out.update((m.id, m.receipt) for m in got)
+            return got
+
+    def ack(self, queue, messages):
+        self._rtt()
+        with self.cond:
+            for mid, receipt in messages:
+                if self.out.get(mid) == receipt:
+                    del self.out[mid]
+        return {}
+
+    def change_visibility(self, queue, message, visibility_timeout):
+        self._rtt()
+        with self.cond:
+            if self.out.pop(message.id, None) == message.receipt:
+                self.ready[queue].append(replace(message, receive_count=message.receive_count + 1))
+                self.cond.notify_all()
+        return {}
+
+    def send_logs(self, records):
+        self._rtt()
+        return {"stored": len(records)}
+
+    def heartbeat(self, payload):
+        self._rtt()
+        return {"instruction": "continue", "sleep": 0, "extended": [], "lost": []}
+
+
+# --------------------------------------------------------------------------------------
+# a real node: migrate, user + token, runnode (as bench/throughput.py does it)
+# --------------------------------------------------------------------------------------
+
+
+class BenchError(Exception):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def with_redis_db(url: str, db: int) -> str:
+    u = urlsplit(url)
+    return urlunsplit((u.scheme, u.netloc, f"/{db}", u.query, u.fragment))
+
+
+class Node:
+    def __init__(self, args) -> None:
+        self.args = args
+        self.tmp = tempfile.mkdtemp(prefix="mqbench-pipeline-")
+        self.proc: subprocess.Popen | None = None
+        self.port = args.port or free_port()
+        self.token = ""
+        self.logfile = os.path.join(self.tmp, "node.log")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict:
+        a = self.args
+        env = os.environ.copy()
+        data_dir = os.path.join(self.tmp, "data")
+        os.makedirs(data_dir, exist_ok=True)
+        if a.kv == "redis":
+            kv = with_redis_db(a.redis_url, a.kv_redis_db)
+        elif a.kv == "postgres":
+            kv = "postgres"
+        else:
+            os.makedirs(os.path.join(self.tmp, "kv"), exist_ok=True)
+            kv = f"file://{os.path.join(self.tmp, 'kv')}"
+        env.update(DATABASE_URL=a.database_url, KV_URL=kv, REDIS_URL=a.redis_url, MQ_DATA_DIR=data_dir,
+                   PYTHONUNBUFFERED="1")
+        return env
+
+    def manage(self, *argv: str, timeout: float = 300) -> str:
+        r = subprocess.run([self.args.python, "manage.py", *argv], check=False, cwd=REPO, env=self.env(),
+                           capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            raise BenchError(f"`manage.py {argv[0]}` exited {r.returncode}:\n{(r.stdout + r.stderr)[-3000:]}")
+        return r.stdout + r.stderr
+
+    def start(self) -> None:
+        log("node: migrate")
+        self.manage("migrate", "--noinput", timeout=600)
+        code = (
+            "from django.contrib.auth import get_user_model\n"
+            "from rest_framework.authtoken.models import Token\n"
+            f"u, _ = get_user_model().objects.get_or_create(username={self.args.user!r})\n"
+            "u.is_staff = u.is_superuser = True\n"
+            "u.set_unusable_password(); u.save()\n"
+            "t, _ = Token.objects.get_or_create(user=u)\n"
+            "print('MQBENCH_TOKEN=' + t.key)\n"
+        )
+        m = re.search(r"MQBENCH_TOKEN=(\w+)", self.manage("shell", "-c", code, timeout=120))
+        if not m:
+            raise BenchError("no token from manage.py shell")
+        self.token = m.group(1)
+        log(f"node: runnode on {self.url} (KV {self.args.kv}, log {self.logfile})")
+        with open(self.logfile, "wb") as lf:
+            self.proc = subprocess.Popen(
+                [self.args.python, "manage.py", "runnode", "--host", "127.0.0.1", "--port", str(self.port)],
+                cwd=REPO, env=self.env(), stdout=lf, stderr=subprocess.STDOUT, start_new_session=True)
+        import requests
+
+        deadline = time.monotonic() + self.args.startup_timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise BenchError(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if requests.get(f"{self.url}/api/v1/healthz", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise BenchError(f"/api/v1/healthz not 200 after {self.args.startup_timeout}s:\n{self.log_tail()}")
+            time.sleep(0.2)
+        log("node: healthy")
+
+    def stored_records(self, queue: str) -> int | None:
+        import requests
+
+        try:
+            r = requests.get(f"{self.url}/api/v1/logs", params={"queue": queue, "limit": 1000},
+                             headers={"Authorization": f"Token {self.token}"}, timeout=10)
+            return len(r.json()["records"]) if r.status_code == 200 else None
+        except Exception:  # noqa: BLE001 - a figure for the table only
+            return None
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return Path(self.logfile).read_text(errors="replace")[-n:]
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)  # the node's own session, started above
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        if self.args.keep_tmp:
+            log(f"node: kept {self.tmp}")
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------
+# one round
+# --------------------------------------------------------------------------------------
+
+
+class Target:
+    """Where rounds run: fresh queues filled with the workload, a client for the pipeline."""
+
+    def __init__(self, args, node: Node | None) -> None:
+        self.args = args
+        self.node = node
+        if node is None:
+            self.fake = FakeClient(args.fake_rtt)
+        else:
+            from workers.sdk import Client
+
+            self.sdk = Client(node.url, node.token)
+
+    def client(self):
+        return self.fake if self.node is None else self.sdk
+
+    def new_queue(self, n: int, pre: float, proc: float) -> str:
+        name = f"pipebench-{uuid.uuid4().hex[:10]}"
+        estimates = {"preprocess": pre, "process": proc}
+        if self.node is None:
+            self.fake.create(name, n, estimates)
+            return name
+        self.sdk.create_queue(name, partitions=self.args.partitions, preprocess_estimate=pre, process_estimate=proc)
+        self.sdk.enqueue_many(name, ({"body": f"m{i}", "estimates": estimates} for i in range(n)))
+        return name
+
+    def drop_queue(self, name: str) -> None:
+        if self.node is not None:
+            try:
+                self.sdk.delete_queue(name)
+            except Exception as exc:  # noqa: BLE001
+                log(f"delete queue {name}: {exc}")
+
+    def stored_records(self, name: str) -> int | None:
+        return None if self.node is None else self.node.stored_records(name)
+
+
+def run_round(target: Target, args, pipelining: bool, n: int, pre: float, proc: float) -> dict:
+    queue = target.new_queue(n, pre, proc)
+    timed = Timed(target.client())
+
+    def preprocess(message):
+        time.sleep(pre)
+
+    def process(message, prepared):
+        time.sleep(proc)
+
+    handler = Handler(queue, process, preprocess)
+    pipe = Pipeline(timed, {queue: handler}, concurrency=args.slots, pipelining=pipelining,
+                    wait=args.wait, heartbeat_every=args.heartbeat_every, name="bench/pipeline.py")
+    deadline = time.monotonic() + args.round_timeout
+    pipe.start()
+    try:
+        while timed.acked < n and time.monotonic() < deadline:
+            time.sleep(0.005)
+    finally:
+        pipe.stop()
+    stored = target.stored_records(queue)
+    target.drop_queue(queue)
+    out = {"mode": "pipeline" if pipelining else "sequential", "acked": timed.acked, "messages": n,
+           "seconds": None, "rate": None, "failed_calls": timed.failed_calls[:5], "stored_records": stored,
+           "records": len(timed.records)}
+    if timed.acked and timed.first_dequeue is not None and timed.last_ack is not None:
+        out["seconds"] = timed.last_ack - timed.first_dequeue
+        out["rate"] = timed.acked / out["seconds"]
+    # idle time of a slot between one processing's end and its next processing's start
+    by_worker = sorted((ts(r["process_started_at"]), ts(r["process_ended_at"])) for r in timed.records
+                       if r.get("process_started_at"))
+    gaps = []
+    if args.slots == 1:
+        gaps = [b[0] - a[1] for a, b in itertools.pairwise(by_worker)]
+    out["idle_gap_ms"] = median(gaps) * 1000 if gaps else None
+    out["idle_gap_mean_ms"] = statistics.mean(gaps) * 1000 if gaps else None
+    out["idle_gap_max_ms"] = max(gaps) * 1000 if gaps else None
+    if by_worker and out["seconds"]:
+        out["busy_ms"] = sum(e - s for s, e in by_worker) * 1000
+        out["startup_ms"] = (by_worker[0][0] - timed.first_dequeue) * 1000
+        out["tail_ms"] = (timed.last_ack - by_worker[-1][1]) * 1000
+    # pre-processing that ended after the previous processing had ended (the slot waited for it)
+    recs = sorted((r for r in timed.records if r.get("preprocess_started_at") and r.get("process_started_at")),
+                  key=lambda r: ts(r["process_started_at"]))
+    out["late_preprocess"] = sum(1 for a, b in itertools.pairwise(recs)
+                                 if ts(b["preprocess_ended_at"]) > ts(a["process_ended_at"]) + 0.001)
+    out["dequeue_ms"] = (median(timed.latency["dequeue"]) or 0) * 1000
+    out["ack_ms"] = (median(timed.latency["ack"]) or 0) * 1000
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------------------
+
+
+def fmt(x, spec=".1f", none="-") -> str:
+    return none if x is None else format(x, spec)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pre", type=float, default=0.3, help="pre-processing seconds before --scale")
+    p.add_argument("--proc", type=float, default=2.0, help="processing seconds before --scale")
+    p.add_argument("--scale", type=float, default=0.05, help="multiplies --pre and --proc")
+    p.add_argument("--messages", type=int, default=60, help="messages per timed round")
+    p.add_argument("--slots", type=int, default=1, help="the pipeline's concurrency")
+    p.add_argument("--repeat", type=int, default=3, help="timed rounds per mode (medians printed)")
+    p.add_argument("--warmup", type=int, default=5, help="messages of the untimed warm-up round (0: none)")
+    p.add_argument("--wait", type=float, default=1.0, help="the pipeline's long-poll seconds")
+    p.add_argument("--heartbeat-every", type=float, default=5.0)
+    p.add_argument("--round-timeout", type=float, default=300)
+    p.add_argument("--fake", action="store_true", help="in-memory client, no server")
+    p.add_argument("--fake-rtt", type=float, default=0.0, help="--fake: seconds added to every call")
+    p.add_argument("--json", metavar="OUT.json", help="write every round and the medians here")
+    g = p.add_argument_group("node (without --fake)")
+    g.add_argument("--database-url", default=os.environ.get("DATABASE_URL") or os.environ.get("MQ_TEST_PG_URL"))
+    g.add_argument("--redis-url", default=os.environ.get("MQ_TEST_REDIS_URL", "redis://127.0.0.1:63799"))
+    g.add_argument("--kv", choices=("redis", "postgres", "file"), default="redis", help="the node's KV backend")
+    g.add_argument("--kv-redis-db", type=int, default=1)
+    g.add_argument("--partitions", type=int, default=4)
+    g.add_argument("--python", default=sys.executable, help="python that runs manage.py")
+    g.add_argument("--port", type=int, default=0)
+    g.add_argument("--user", default="mqbench")
+    g.add_argument("--startup-timeout", type=float, default=90)
+    g.add_argument("--keep-tmp", action="store_true")
+    args = p.parse_args(argv)
+
+    pre, proc = args.pre * args.scale, args.proc * args.scale
+    node = None
+    rounds: list[dict] = []
+    try:
+        if not args.fake:
+            if not args.database_url:
+                raise BenchError("no DATABASE_URL / MQ_TEST_PG_URL (eval \"$(scripts/services.sh env)\"), or use --fake")
+            node = Node(args)
+            node.start()
+        target = Target(args, node)
+        if args.warmup:
+            log(f"warm-up: {args.warmup} messages")
+            run_round(target, args, True, args.warmup, pre, proc)
+        for i in range(args.repeat):
+            for pipelining in (True, False):
+                r = run_round(target, args, pipelining, args.messages, pre, proc)
+                r["round"] = i + 1
+                rounds.append(r)
+                log(f"round {i + 1} {r['mode']:<10}: {r['acked']}/{r['messages']} acked in "
+                    f"{fmt(r['seconds'], '.2f')}s = {fmt(r['rate'], '.2f')} msg/s"
+                    + (f"; failed calls: {r['failed_calls']}" if r["failed_calls"] else ""))
+    except BenchError as exc:
+        log(f"ERROR: {exc}")
+    finally:
+        if node is not None:
+            node.stop()
+
+    ideal = args.slots / proc
+    seq_bound = args.slots / (pre + proc)
+    where = "fake in-memory client" + (f" (+{args.fake_rtt * 1000:.1f} ms/call)" if args.fake_rtt else "") \
+        if args.fake else f"real node over HTTP (KV {args.kv}, SDK workers.sdk.Client)"
+    print()
+    print(f"Pipeline benchmark: P = {pre * 1000:.1f} ms pre-processing, T = {proc * 1000:.1f} ms processing, "
+          f"{args.messages} messages, {args.slots} slot(s), {args.repeat} rounds per mode; {where}")
+    print("throughput = acked / (last ack - first dequeue); medians over rounds [min..max]")
+    print()
+    header = f"{'mode':<28}{'msg/s':>9}{'% of ideal':>12}{'   [min..max] msg/s':<22}{'idle gap':>10}{'dequeue':>9}{'ack':>8}{'logs':>8}"
+    print(header)
+    print("-" * len(header))
+    print(f"{'ideal  slots/T':<28}{ideal:>9.2f}{100.0:>11.1f}%")
+    print(f"{'bound  slots/(P+T)':<28}{seq_bound:>9.2f}{100 * seq_bound / ideal:>11.1f}%")
+    summary = {}
+    for mode, label in (("pipeline", "pipeline (pipelining=True)"), ("sequential", "no pipelining")):
+        rs = [r for r in rounds if r["mode"] == mode and r["rate"]]
+        rate = median([r["rate"] for r in rs])
+        summary[mode] = {"rate": rate, "ratio_to_ideal": rate / ideal if rate else None,
+                         "rates": [r["rate"] for r in rs]}
+        if not rs:
+            print(f"{label:<28}{'-':>9}")
+            continue
+        rng = f"   [{min(r['rate'] for r in rs):.2f}..{max(r['rate'] for r in rs):.2f}]"
+        stored = [r["stored_records"] for r in rs if r["stored_records"] is not None]
+        logs = f"{min(stored)}/{args.messages}" if stored else f"{min(r['records'] for r in rs)}/{args.messages}"
+        print(f"{label:<28}{rate:>9.2f}{100 * rate / ideal:>11.1f}%{rng:<22}"
+              f"{fmt(median([r['idle_gap_ms'] for r in rs])):>8}ms{fmt(median([r['dequeue_ms'] for r in rs])):>7}ms"
+              f"{fmt(median([r['ack_ms'] for r in rs])):>6}ms{logs:>8}")
+    p_rate, s_rate = summary["pipeline"]["rate"], summary["sequential"]["rate"]
+    print()
+    if p_rate and s_rate:
+        print(f"pipeline / no pipelining = {p_rate / s_rate:.3f}x; pipeline = {100 * p_rate / ideal:.1f}% of ideal "
+              f"(goal >= 95%: {'met' if p_rate >= 0.95 * ideal else 'NOT met'})")
+    print("idle gap = median time a slot waits between one processing's end and the next one's start "
+          "(1 slot only); dequeue/ack = median call latency; logs = attempt records "
+          + ("stored by the service (min over rounds)" if not args.fake else "sent by the pipeline"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "pre": pre, "proc": proc, "ideal": ideal, "rounds": rounds,
+                       "summary": summary}, f, indent=2, default=str)
+        log(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,427 @@
+"""The worker pipeline (workers/pipeline.py) against an in-memory client: no server.
+
+Timings come from the pipeline's own attempt log records (pre-processing and processing start
+and end times) and from the fake client's clock of dequeues, acks and visibility changes.
+Handlers sleep for the durations written in each message's body, so a message's *estimates*
+(what the pipeline schedules by) and its real durations can differ.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from workers.handlers import Handler
+from workers.pipeline import Pipeline
+from workers.sdk import Estimates
+
+TOL = 0.03  # seconds of scheduling slack allowed on a timestamp
+
+
+# ------------------------------------------------------------------------------ the fake client
+
+
+@dataclass(frozen=True)
+class FakeMessage:
+    id: str
+    receipt: str
+    body: str
+    group: str | None = None
+    attributes: dict = field(default_factory=dict)
+    size: int | None = None
+    estimates: Any = None
+    receive_count: int = 1
+
+
+@dataclass
+class _Stored:
+    message: FakeMessage
+    deliveries: int = 0
+    visible_at: float = 0.0
+    receipt: str | None = None
+    acked: bool = False
+
+
+class FakeClient:
+    """The SDK's pipeline-facing methods over in-memory queues. Thread-safe.
+
+    Records every call: ``dequeues`` (start, end, queue, wait, ids), ``acks`` (time, queue, id),
+    ``visibility`` (time, queue, id, timeout, receive_count), ``log_batches`` and ``heartbeats``.
+    ``outstanding`` is the number of messages delivered and neither acked nor given a new
+    visibility; ``max_outstanding`` its peak.
+    """
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.queues: dict[str, list[_Stored]] = {}
+        self._seq = itertools.count()
+        self.dequeues: list[tuple] = []
+        self.acks: list[tuple] = []
+        self.stale_acks: list[tuple] = []
+        self.visibility: list[tuple] = []
+        self.log_batches: list[list[dict]] = []
+        self.heartbeats: list[dict] = []
+        self.heartbeat_answer: dict = {"instruction": "continue", "sleep": 0, "extended": [], "lost": []}
+        self.outstanding = 0
+        self.max_outstanding = 0
+
+    # -- test side
+    def add(self, queue: str, body: Any = "", *, estimates: Any = None, group: str | None = None,
+            deliveries: int = 0, size: int | None = None) -> str:
+        """Enqueue; ``deliveries`` earlier deliveries make its next ``receive_count`` deliveries + 1."""
+        body = body if isinstance(body, str) else json.dumps(body)
+        with self.cond:
+            mid = f"{queue}/0/0/{next(self._seq)}"
+            msg = FakeMessage(id=mid, receipt="", body=body, group=group, attributes={"k": "v"},
+                              size=size if size is not None else len(body), estimates=estimates)
+            self.queues.setdefault(queue, []).append(_Stored(msg, deliveries=deliveries))
+            self.cond.notify_all()
+        return mid
+
+    def records(self) -> list[dict]:
+        with self.cond:
+            return [r for batch in self.log_batches for r in batch]
+
+    def acked_ids(self) -> list[str]:
+        with self.cond:
+            return [a[2] for a in self.acks]
+
+    def dequeue_count(self) -> int:
+        with self.cond:
+            return len(self.dequeues)
+
+    def _find(self, queue: str, mid: str) -> _Stored | None:
+        for s in self.queues.get(queue, []):
+            if s.message.id == mid:
+                return s
+        return None
+
+    # -- the SDK's methods
+    def dequeue(self, queue: str, max_messages: int = 1, *, visibility_timeout: float | None = None,
+                wait: float = 0) -> list[FakeMessage]:
+        t0 = time.time()
+        deadline = time.monotonic() + (wait or 0)
+        with self.cond:
+            while True:
+                now = time.time()
+                ready = [s for s in self.queues.get(queue, []) if not s.acked and s.visible_at <= now]
+                if ready or time.monotonic() >= deadline:
+                    break
+                self.cond.wait(min(0.01, max(0.0, deadline - time.monotonic())))
+            out = []
+            for s in ready[:max_messages]:
+                s.deliveries += 1
+                s.receipt = uuid.uuid4().hex
+                s.visible_at = now + (visibility_timeout if visibility_timeout is not None else 30.0)
+                out.append(replace(s.message, receipt=s.receipt, receive_count=s.deliveries))
+            self.outstanding += len(out)
+            self.max_outstanding = max(self.max_outstanding, self.outstanding)
+            self.dequeues.append((t0, time.time(), queue, wait, [m.id for m in out]))
+            return out
+
+    def ack(self, queue: str, messages) -> dict:
+        with self.cond:
+            n = 0
+            for mid, receipt in messages:
+                s = self._find(queue, mid)
+                if s is None or s.acked or s.receipt != receipt:
+                    self.stale_acks.append((time.time(), queue, mid))
+                    continue
+                s.acked = True
+                self.outstanding -= 1
+                self.acks.append((time.time(), queue, mid))
+                n += 1
+            return {"acked": n}
+
+    def change_visibility(self, queue: str, message, visibility_timeout: float) -> dict:
+        with self.cond:
+            s = self._find(queue, message.id)
+            self.visibility.append((time.time(), queue, message.id, visibility_timeout, message.receive_count))
+            if s is not None and not s.acked and s.receipt == message.receipt:
+                s.visible_at = time.time() + visibility_timeout
+                s.receipt = None
+                self.outstanding -= 1
+                self.cond.notify_all()
+            return {"id": message.id, "visibility_timeout": visibility_timeout}
+
+    def send_logs(self, records: list[dict]) -> dict:
+        with self.cond:
+            self.log_batches.append([dict(r) for r in records])
+        return {"stored": len(records)}
+
+    def heartbeat(self, payload: dict) -> dict:
+        with self.cond:
+            self.heartbeats.append(payload)
+            return dict(self.heartbeat_answer)
+
+
+# ------------------------------------------------------------------------------ handlers & helpers
+
+
+class Calls:
+    """Which messages each stage saw (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.preprocessed: list[str] = []
+        self.processed: list[str] = []
+
+    def add(self, kind: str, mid: str) -> None:
+        with self.lock:
+            getattr(self, kind).append(mid)
+
+
+def sleeping_handler(queue: str = "jobs", calls: Calls | None = None, timeout: float | None = None,
+                     gates: dict[str, threading.Event] | None = None) -> Handler:
+    """Body: ``{"pre": s, "proc": s, "fail": bool, "pre_fail": bool}``; ``gates[id]``, when
+    given, is awaited at the start of that message's processing."""
+    calls = calls or Calls()
+
+    def preprocess(message):
+        spec = json.loads(message.body or "{}")
+        calls.add("preprocessed", message.id)
+        time.sleep(spec.get("pre", 0))
+        if spec.get("pre_fail"):
+            raise RuntimeError("cannot fetch input")
+        return spec
+
+    def process(message, prepared):
+        calls.add("processed", message.id)
+        if gates and message.id in gates:
+            assert gates[message.id].wait(10)
+        time.sleep(prepared.get("proc", 0))
+        if prepared.get("fail"):
+            raise ValueError(f"boom {message.id}")
+
+    return Handler(queue, process, preprocess, timeout)
+
+
+def make_pipeline(client: FakeClient, handler: Handler, **options) -> Pipeline:
+    options.setdefault("wait", 0.05)
+    options.setdefault("heartbeat_every", 3600)  # heartbeats are driven by the tests
+    return Pipeline(client, {handler.queue: handler}, **options)
+
+
+def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def ts(value: str | None) -> float | None:
+    return None if value is None else datetime.fromisoformat(value).timestamp()
+
+
+def by_process_start(records: list[dict]) -> list[dict]:
+    return sorted(records, key=lambda r: ts(r["process_started_at"]) or 0)
+
+
+def run_all(client: FakeClient, handler: Handler, n: int, **options) -> tuple[Pipeline, float, float]:
+    """Start a pipeline, wait for ``n`` acks, stop it; (pipeline, first dequeue start, last ack)."""
+    pipe = make_pipeline(client, handler, **options).start()
+    try:
+        wait_for(lambda: len(client.acks) >= n, timeout=15, what=f"{n} acks")
+    finally:
+        pipe.stop()
+    return pipe, client.dequeues[0][0], client.acks[-1][0]
+
+
+# ------------------------------------------------------------------------------ timing
+
+
+@pytest.mark.parametrize("estimates", [{"preprocess": 0.03, "process": 0.2}, Estimates(preprocess=0.03, process=0.2)],
+                         ids=["mapping", "sdk-Estimates"])
+def test_next_preprocessing_is_timed_to_end_with_current_processing(estimates):
+    client = FakeClient()
+    for _ in range(3):
+        client.add("jobs", {"pre": 0.03, "proc": 0.2}, estimates=estimates)
+    run_all(client, sleeping_handler(), 3)
+
+    recs = by_process_start(client.records())
+    assert [r["outcome"] for r in recs] == ["succeeded"] * 3
+    for cur, nxt in itertools.pairwise(recs):
+        lead = ts(nxt["preprocess_started_at"]) - ts(cur["process_started_at"])
+        assert abs(lead - (0.2 - 0.03)) <= TOL, f"pre-processing began {lead:.3f}s after processing"
+        assert ts(nxt["preprocess_ended_at"]) <= ts(cur["process_ended_at"]) + 0.005
+        # ... so the next processing follows at once
+        assert ts(nxt["process_started_at"]) - ts(cur["process_ended_at"]) <= TOL
+
+
+def test_pipelined_throughput_near_processing_rate_and_sequential_is_lower():
+    n, pre, proc = 10, 0.03, 0.2
+    rates = {}
+    for pipelining in (True, False):
+        client = FakeClient()
+        for _ in range(n):
+            client.add("jobs", {"pre": pre, "proc": proc}, estimates={"preprocess": pre, "process": proc})
+        _, first, last = run_all(client, sleeping_handler(), n, pipelining=pipelining)
+        rates[pipelining] = n / (last - first)
+        assert client.max_outstanding <= (2 if pipelining else 1)  # one slot: the current and the next
+        assert sorted(client.acked_ids()) == sorted(s.message.id for s in client.queues["jobs"])
+    assert rates[True] >= 0.9 / proc, rates
+    assert rates[False] == pytest.approx(1 / (pre + proc), rel=0.1), rates
+    assert rates[True] >= 1.08 * rates[False], rates
+
+
+def test_early_finish_starts_next_preprocessing_at_once():
+    client = FakeClient()
+    a = client.add("jobs", {"pre": 0.01, "proc": 0.1}, estimates={"preprocess": 0.01, "process": 1.0})
+    b = client.add("jobs", {"pre": 0.03, "proc": 0.02}, estimates={"preprocess": 0.03, "process": 0.02})
+    run_all(client, sleeping_handler(), 2)
+    recs = {r["message_id"]: r for r in client.records()}
+    # estimated 1.0 s: B's pre-processing would wait 0.97 s; A ends after 0.1 s, B starts then
+    assert abs(ts(recs[b]["preprocess_started_at"]) - ts(recs[a]["process_ended_at"])) <= TOL
+    assert ts(recs[b]["process_started_at"]) - ts(recs[a]["process_ended_at"]) <= 0.03 + TOL
+
+
+def test_long_poll_for_the_next_message_does_not_delay_processing():
+    """With an empty queue the look-ahead dequeue long-polls (``wait``): processing goes on."""
+    client = FakeClient()
+    for _ in range(2):
+        client.add("jobs", {"proc": 0.1})
+    _, first, last = run_all(client, sleeping_handler(), 2, wait=1.0)
+    recs = by_process_start(client.records())
+    assert ts(recs[1]["process_started_at"]) - ts(recs[0]["process_ended_at"]) <= TOL
+    assert last - first < 0.2 + 0.15, f"2 x 0.1 s of work took {last - first:.2f}s"
+
+
+def test_slots_hold_at_most_two_messages_each():
+    client = FakeClient()
+    for _ in range(8):
+        client.add("jobs", {"pre": 0.01, "proc": 0.1}, estimates={"preprocess": 0.01, "process": 0.1})
+    _, first, last = run_all(client, sleeping_handler(), 8, concurrency=2)
+    assert client.max_outstanding <= 4
+    assert 8 / (last - first) >= 0.8 * 2 / 0.1
+
+
+# ------------------------------------------------------------------------------ outcomes & retries
+
+
+def test_one_log_record_per_attempt_with_its_outcome():
+    client = FakeClient()
+    calls = Calls()
+    ok = client.add("jobs", {"proc": 0.01}, group="g1")
+    fail = client.add("jobs", {"proc": 0.01, "fail": True})
+    slow = client.add("jobs", {"proc": 0.15})
+    prefail = client.add("jobs", {"pre_fail": True})
+    pipe = make_pipeline(client, sleeping_handler(calls=calls, timeout=0.1)).start()
+    try:
+        wait_for(lambda: len(client.acks) + len(client.visibility) >= 4, what="4 attempts")
+    finally:
+        pipe.stop()
+
+    recs = client.records()
+    assert sorted(r["message_id"] for r in recs) == sorted([ok, fail, slow, prefail])  # one each
+    by_id = {r["message_id"]: r for r in recs}
+    assert {m: by_id[m]["outcome"] for m in by_id} == {
+        ok: "succeeded", fail: "failed", slow: "timed_out", prefail: "failed"}
+    for r in recs:
+        assert r["attempt"] == 1 and r["worker"] == pipe.consumer_id and r["size"] is not None
+    assert by_id[ok]["group"] == "g1"
+    assert "error" not in by_id[ok] and "error" not in by_id[slow]
+    assert by_id[fail]["error"] == f"ValueError: boom {fail}"
+    assert "Traceback" in by_id[fail]["traceback"] and "ValueError: boom" in by_id[fail]["traceback"]
+    assert by_id[prefail]["error"] == "RuntimeError: cannot fetch input"
+    assert "RuntimeError" in by_id[prefail]["traceback"]
+    assert by_id[prefail]["process_started_at"] is None and prefail not in calls.processed
+    assert ts(by_id[slow]["process_ended_at"]) - ts(by_id[slow]["process_started_at"]) > 0.1
+    assert client.acked_ids() == [ok]
+    assert sorted(v[2] for v in client.visibility) == sorted([fail, slow, prefail])
+
+
+def test_failed_attempts_back_off_with_receive_count_and_are_never_acked():
+    client = FakeClient()
+    ids = [client.add("jobs", {"fail": True}, deliveries=d) for d in (0, 1, 3)]  # receive_count 1, 2, 4
+    pipe = make_pipeline(client, sleeping_handler(), retry_backoff=0.5).start()
+    try:
+        wait_for(lambda: len(client.visibility) >= 3, what="3 visibility changes")
+    finally:
+        pipe.stop()
+    assert client.acks == [] and client.stale_acks == []
+    backoff = {v[2]: (v[4], v[3]) for v in client.visibility}
+    assert [backoff[m] for m in ids] == [(1, 0.5), (2, 1.0), (4, 4.0)]
+    assert [r["attempt"] for r in sorted(client.records(), key=lambda r: ids.index(r["message_id"]))] == [1, 2, 4]
+
+
+# ------------------------------------------------------------------------------ heartbeats
+
+
+def test_message_reported_lost_is_never_acked():
+    client = FakeClient()
+    calls = Calls()
+    gate = threading.Event()
+    a = client.add("jobs", {"proc": 0.01}, estimates={"preprocess": 0, "process": 0.01})
+    b = client.add("jobs", {"proc": 0.01})
+    pipe = make_pipeline(client, sleeping_handler(calls=calls, gates={a: gate})).start()
+    try:
+        wait_for(lambda: client.outstanding == 2, what="A processing and B taken")
+        client.heartbeat_answer = {"instruction": "continue", "sleep": 0, "extended": [], "lost": [a, b]}
+        answer = pipe.heartbeat_once()
+        assert answer["lost"] == [a, b]
+        held = {h["id"]: h["receipt"] for h in client.heartbeats[-1]["held"]}
+        assert set(held) == {a, b} and all(held.values())
+        client.heartbeat_answer = {"instruction": "continue", "sleep": 0, "extended": [], "lost": []}
+        gate.set()
+        c = client.add("jobs", {"proc": 0.01})
+        wait_for(lambda: c in client.acked_ids(), what="C acked")
+    finally:
+        gate.set()
+        pipe.stop()
+    assert client.acked_ids() == [c]
+    assert a not in [v[2] for v in client.visibility]  # not released either: another worker has it
+    assert b not in calls.processed  # lost before it started: dropped
+    assert {r["message_id"] for r in client.records()} == {a, c}
+
+
+def test_sleep_instruction_pauses_dequeues():
+    client = FakeClient()
+    pipe = make_pipeline(client, sleeping_handler(), wait=0.02).start()
+    try:
+        wait_for(lambda: client.dequeue_count() >= 3, what="idle polling")
+        client.heartbeat_answer = {"instruction": "sleep", "sleep": 0.6, "extended": [], "lost": []}
+        slept_at = time.time()
+        assert pipe.heartbeat_once()["instruction"] == "sleep"
+        time.sleep(0.05)  # a poll under way may still end
+        n = client.dequeue_count()
+        m = client.add("jobs", {"proc": 0.01})
+        time.sleep(0.35)
+        assert client.dequeue_count() == n, "dequeued while asleep"
+        wait_for(lambda: m in client.acked_ids(), timeout=3, what="work after the sleep")
+    finally:
+        pipe.stop()
+    first_after = min(d[0] for d in client.dequeues if d[0] > slept_at + 0.05)
+    assert first_after >= slept_at + 0.6 - 0.01
+
+
+# ------------------------------------------------------------------------------ stopping
+
+
+def test_stop_finishes_current_gives_back_next_and_flushes_logs():
+    client = FakeClient()
+    calls = Calls()
+    a = client.add("jobs", {"pre": 0.01, "proc": 0.3}, estimates={"preprocess": 0.01, "process": 0.4})
+    b = client.add("jobs", {"pre": 0.03, "proc": 0.01}, estimates={"preprocess": 0.03, "process": 0.01})
+    c = client.add("jobs", {"proc": 0.01})
+    pipe = make_pipeline(client, sleeping_handler(calls=calls)).start()
+    wait_for(lambda: client.outstanding == 2, what="A processing and B taken")
+    t0 = time.time()
+    pipe.stop()
+    assert time.time() - t0 >= 0.15  # A was finished, not abandoned
+    assert client.acked_ids() == [a]
+    assert [(v[2], v[3]) for v in client.visibility] == [(b, 0)]
+    assert calls.processed == [a] and b not in calls.preprocessed
+    assert [d[4] for d in client.dequeues if d[4]] == [[a], [b]]  # C never taken
+    assert not any(s.acked or s.deliveries for s in client.queues["jobs"] if s.message.id == c)
+    assert client.outstanding == 0
+    recs = client.records()  # sent by stop(): the flusher had not run yet
+    assert [(r["message_id"], r["outcome"]) for r in recs] == [(a, "succeeded")]
