@@ -546,9 +546,17 @@ class PartitionManager:
             except KVError as exc:
                 # Nothing is lost: the messages stay in flight and come back after the timeout.
                 raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
+            vanished = []
             for d, raw in zip(missing, raws):
                 if raw is not None:
                     d.message = StoredMessage.from_bytes(raw)
+                else:
+                    vanished.append(d.id)
+            if vanished:
+                # Removed behind our back (acknowledged at a previous owner before our scan
+                # saw it gone, a purge): forget it rather than keep it in flight for ever.
+                with self.lock:
+                    self._forget(vanished)
         return [d for d in deliveries if d.message is not None]
 
     # --- ack and visibility -------------------------------------------------------------------
@@ -587,10 +595,14 @@ class PartitionManager:
         """The store half of an ack, without the lock. Returns how many were still stored."""
         counts = [receives_key(self.queue, self.index, m) for m in items if str(m) in self.receives]
         try:
-            removed = self.store.delete_many([str(m) for m in items])
+            # Fenced like every write: a stale owner's delete would leave the new owner holding a
+            # live message that is gone (in flight for ever, its group blocked).
+            removed = self.store.delete_many([str(m) for m in items], fence=self.fence)
             if counts:
-                self.store.delete_many(counts)
+                self.store.delete_many(counts, fence=self.fence)
             return removed
+        except Fenced as exc:
+            raise self._lost(exc) from exc
         except KVError as exc:
             raise PartitionUnavailable(f"{self.queue}/{self.index}: store delete failed: {exc}") from exc
 

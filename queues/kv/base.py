@@ -10,8 +10,9 @@ one read whatever the size of the store.
 Fencing: an owner writes with ``fence=Fence(key, epoch)``; the write happens only if the value
 stored at ``key`` is that epoch, checked atomically with the write. A new owner first raises the
 fence (:meth:`KeyValueStore.advance_fence`), after which every write of the previous owner
-fails with :class:`Fenced` and changes nothing. Deletes of single messages (acks) are not fenced:
-removing an acknowledged message is right whoever does it.
+fails with :class:`Fenced` and changes nothing. The partition manager fences every write it
+makes, acks included (a stale owner's delete would leave the new owner tracking a message
+that is gone); unfenced writes are for callers outside the lease, such as a queue's purge.
 """
 
 from __future__ import annotations
