@@ -122,7 +122,7 @@ class HeartbeatIn(StrictSerializer):
 
 class HeartbeatView(APIView):
     @extend_schema(request=HeartbeatIn, responses={200: dict},
-                   summary="A worker is alive: extend the visibility of what it holds; continue or sleep")
+                   summary="A worker is alive: extend what it holds; continue, take these partitions, or sleep")
     def post(self, request):
         ser = HeartbeatIn(data=request.data)
         ser.is_valid(raise_exception=True)
@@ -132,13 +132,32 @@ class HeartbeatView(APIView):
         now = timezone.now()
         extended, lost = self._extend(held)
         instruction, sleep = self._decide(data["consumer"], queues, held, now)
+        take = self._assign(data["consumer"], queues, now) if instruction == "continue" else []
+        if take:
+            instruction = "take"
         Consumer.objects.update_or_create(pk=data["consumer"], defaults={
             "name": data.get("name", ""), "hostname": data.get("hostname", ""), "pid": data.get("pid"),
             "queues": queues, "load": data.get("load", 0.0), "capacity": data.get("capacity", 1),
             "held": [h["id"] for h in held], "last_heartbeat": now,
             "asleep_until": now + timedelta(seconds=sleep) if sleep else None,
         })
-        return Response({"instruction": instruction, "sleep": sleep, "extended": extended, "lost": lost})
+        return Response({"instruction": instruction, "sleep": sleep, "take": take,
+                         "extended": extended, "lost": lost})
+
+    @staticmethod
+    def _assign(consumer: str, queues: list[str], now) -> list[dict]:
+        """Spread the queues' non-empty partitions over their live consumers (the seed's
+        consumer assignment): this consumer takes every n-th, by its rank among them, and
+        dequeues from their owners first. Everyone may still take from anywhere."""
+        if not queues:
+            return []
+        live = sorted({c.pk for c in Consumer.objects.filter(last_heartbeat__gte=now - CONSUMER_ALIVE)
+                       if set(c.queues) & set(queues)} | {consumer})
+        rank, n = live.index(consumer), len(live)
+        rows = (Partition.objects.filter(queue__name__in=queues, depth__gt=0, owner__isnull=False)
+                .select_related("queue", "owner").order_by("queue__name", "index"))
+        return [{"queue": p.queue.name, "partition": p.index, "node": p.owner.address, "depth": p.depth}
+                for k, p in enumerate(rows) if k % n == rank]
 
     @staticmethod
     def _extend(held: list[dict]) -> tuple[list[str], list[str]]:

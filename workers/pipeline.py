@@ -89,6 +89,8 @@ class Pipeline:
         self._logs: list[dict] = []
         self._logs_lock = threading.Lock()
         self._sleep_until = 0.0
+        #: queue -> owner nodes of the partitions the service asked this worker to take.
+        self._assigned: dict[str, list[str]] = {}
         self._rr = 0
         self._preprocessors = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="preprocess")
         self._takers = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="take-next")
@@ -145,9 +147,13 @@ class Pipeline:
         for _ in range(len(self.queues)):
             queue = self.queues[self._rr % len(self.queues)]
             self._rr += 1
+            hint = {}
+            nodes = self._assigned.get(queue)
+            if nodes:  # the service asked us to take these partitions: their owners first
+                hint["node"] = nodes[self._rr % len(nodes)]
             try:
                 got = self.client.dequeue(queue, 1, visibility_timeout=self.visibility_timeout,
-                                          wait=self.wait if len(self.queues) == 1 else 0)
+                                          wait=self.wait if len(self.queues) == 1 else 0, **hint)
             except Exception as exc:  # noqa: BLE001 - the SDK already retried; wait and go on
                 log.warning("dequeue %s: %s", queue, exc)
                 self._stop.wait(1.0)
@@ -352,4 +358,9 @@ class Pipeline:
                 w.lost = True  # redelivered elsewhere: finish quietly, never ack
         if answer.get("instruction") == "sleep":
             self._sleep_until = time.monotonic() + float(answer.get("sleep", 0))
+        assigned: dict[str, list[str]] = {}
+        for item in answer.get("take") or ():
+            if item.get("queue") in self.handlers and item.get("node"):
+                assigned.setdefault(item["queue"], []).append(item["node"])
+        self._assigned = assigned
         return answer

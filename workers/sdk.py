@@ -785,16 +785,18 @@ class Client:
         return ids
 
     def dequeue(self, queue: str, max_messages: int = 1, *, visibility_timeout: float | None = None,
-                wait: float = 0) -> list[Message]:
+                wait: float = 0, node: str | None = None) -> list[Message]:
         """Receive up to ``max_messages`` (1..1,000); each is hidden for ``visibility_timeout``
-        seconds (default: the queue's). ``wait`` (0..20 s) long-polls for a first message."""
+        seconds (default: the queue's). ``wait`` (0..20 s) long-polls for a first message.
+        ``node`` (``host:port``, e.g. from a heartbeat's ``take``) is asked first."""
         payload: dict[str, Any] = {"max": max_messages}
         if visibility_timeout is not None:
             payload["visibility_timeout"] = visibility_timeout
         if wait:
             payload["wait"] = wait
         timeout = self.timeout + (wait if isinstance(wait, (int, float)) and wait > 0 else 0)
-        answer = self._call("POST", f"queues/{_q(queue)}/dequeue", payload, timeout=timeout)
+        answer = self._call("POST", f"queues/{_q(queue)}/dequeue", payload, timeout=timeout,
+                            owner=self._owner_url(node))
         return [Message.from_json(m) for m in answer.get("messages", ())]
 
     def receive(self, queue: str, max_messages: int = 1, *, visibility_timeout: float | None = None,

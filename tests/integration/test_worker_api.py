@@ -138,3 +138,24 @@ def test_heartbeat_bad_input(api):
     assert api.post("/api/v1/consumers/heartbeat", {"queues": []}, format="json").status_code == 400
     assert api.post("/api/v1/consumers/heartbeat", {"consumer": "x", "load": 2}, format="json").status_code == 400
     assert not Consumer.objects.filter(pk="x").exists()
+
+
+def test_workers_are_told_which_partitions_to_take(api, make_queue, runtime):
+    # given a queue with messages in four partitions and two live workers
+    name = make_queue(partitions=4)
+    for i in range(40):
+        api.post(f"/api/v1/queues/{name}/enqueue", {"body": "x", "group": f"g{i}"}, format="json")
+    runtime.tick()  # publishes the depths
+    beat = {"queues": [name], "held": []}
+    for consumer in ("w-a", "w-b"):  # both known to the service
+        api.post("/api/v1/consumers/heartbeat", {"consumer": consumer, **beat}, format="json")
+    # when both heartbeat
+    a = api.post("/api/v1/consumers/heartbeat", {"consumer": "w-a", **beat}, format="json").json()
+    b = api.post("/api/v1/consumers/heartbeat", {"consumer": "w-b", **beat}, format="json").json()
+    # then the non-empty partitions are split between them, each with its owner's address
+    assert a["instruction"] == b["instruction"] == "take"
+    taken_a = {t["partition"] for t in a["take"]}
+    taken_b = {t["partition"] for t in b["take"]}
+    assert taken_a and taken_b and not taken_a & taken_b
+    assert taken_a | taken_b == {0, 1, 2, 3}
+    assert all(t["node"] == runtime.address for t in a["take"] + b["take"])

@@ -68,6 +68,7 @@ class FakeClient:
         self.stale_acks: list[tuple] = []
         self.visibility: list[tuple] = []
         self.log_batches: list[list[dict]] = []
+        self.nodes_asked: list[str | None] = []
         self.heartbeats: list[dict] = []
         self.heartbeat_answer: dict = {"instruction": "continue", "sleep": 0, "extended": [], "lost": []}
         self.outstanding = 0
@@ -106,8 +107,9 @@ class FakeClient:
 
     # -- the SDK's methods
     def dequeue(self, queue: str, max_messages: int = 1, *, visibility_timeout: float | None = None,
-                wait: float = 0) -> list[FakeMessage]:
+                wait: float = 0, node: str | None = None) -> list[FakeMessage]:
         t0 = time.time()
+        self.nodes_asked.append(node)
         deadline = time.monotonic() + (wait or 0)
         with self.cond:
             while True:
@@ -401,6 +403,24 @@ def test_sleep_instruction_pauses_dequeues():
         pipe.stop()
     first_after = min(d[0] for d in client.dequeues if d[0] > slept_at + 0.05)
     assert first_after >= slept_at + 0.6 - 0.01
+
+
+def test_take_instruction_sends_dequeues_to_the_assigned_owners():
+    client = FakeClient()
+    pipe = make_pipeline(client, sleeping_handler(), wait=0.02).start()
+    try:
+        wait_for(lambda: client.dequeue_count() >= 2, what="idle polling")
+        assert set(client.nodes_asked) == {None}
+        client.heartbeat_answer = {"instruction": "take", "sleep": 0, "extended": [], "lost": [],
+                                   "take": [{"queue": "jobs", "partition": 3, "node": "10.0.0.7:8000"},
+                                            {"queue": "other", "partition": 1, "node": "10.0.0.8:8000"}]}
+        pipe.heartbeat_once()
+        n = len(client.nodes_asked)
+        wait_for(lambda: len(client.nodes_asked) >= n + 3, what="polls after the assignment")
+    finally:
+        pipe.stop()
+    # only the handled queue's assignment counts, and its owner is asked first
+    assert set(client.nodes_asked[n + 1:]) == {"10.0.0.7:8000"}
 
 
 # ------------------------------------------------------------------------------ stopping
