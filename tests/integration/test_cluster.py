@@ -216,12 +216,17 @@ def test_sigkill_one_of_three_nodes_mid_load(cluster, token):
     to_enqueue = _wait(enqueue_lands, 30, "an enqueue into a dead node's partition")
     from_victim: list[dict] = []
 
+    survivors = cycle([c0, Client(nodes[1].url, token)])
+
     def dequeue_from_victim() -> bool:
-        got = c0.post(f"queues/{name}/dequeue", {"max": 100, "visibility_timeout": 30}).json()["messages"]
+        # through both survivors: each serves its own partitions first, and either may hold
+        # the dead node's
+        c = next(survivors)
+        got = c.post(f"queues/{name}/dequeue", {"max": 100, "visibility_timeout": 30}).json()["messages"]
         load.record(got)
         with load.lock:
             load.ack_sent.update(m["id"] for m in got)
-        a = c0.post(f"queues/{name}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]})
+        a = c.post(f"queues/{name}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]})
         if got and a.status_code == 200:
             with load.lock:
                 load.acked.update(m["id"] for m in got)
