@@ -3,6 +3,7 @@
 from django.contrib import admin, messages
 from django.db.models import Count
 from django.utils import timezone
+from django.utils.safestring import mark_safe
 
 from .models import Node, Partition, Queue
 
@@ -46,7 +47,19 @@ class PartitionAdmin(admin.ModelAdmin):
                     "tree_height", "live_blocks"]
     list_filter = ["queue", "owner"]
     list_select_related = ["queue", "owner"]
-    readonly_fields = [f.name for f in Partition._meta.fields]
+    readonly_fields = ["tree", *[f.name for f in Partition._meta.fields]]
+
+    @admin.display(description="append tree (newest 40 blocks; live/size per block; dashed: pruned)")
+    def tree(self, obj):
+        from consoles.tree_svg import partition_svg
+
+        from .kv import get_store
+
+        try:
+            svg = partition_svg(obj, get_store())
+        except Exception as exc:  # noqa: BLE001 - the store may be down: say so, keep the page
+            return f"cannot read the tree from the store: {exc}"
+        return mark_safe(f'<div style="overflow-x:auto;max-width:100%">{svg}</div>')  # noqa: S308 - escaped in tree_svg
 
     @admin.display(description="lease age")
     def lease_age(self, obj):

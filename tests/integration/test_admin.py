@@ -34,6 +34,9 @@ def test_partitions_show_their_owner_and_head(admin_client, api, make_queue, run
     for p in rows:
         assert p.owner_id == runtime.node_id and p.head_block and p.head_block in html
     assert name in queue_page.content.decode()
+    # and a partition's page draws its append tree from the store
+    page = admin_client.get(f"/admin/queues/partition/{rows[0].pk}/change/").content.decode()
+    assert "<svg" in page and rows[0].head_block in page and 'class="block"' in page
 
 
 def test_admin_needs_a_login(client):
