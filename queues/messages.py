@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import orjson
 
@@ -21,9 +21,11 @@ class MessageId:
     partition: int
     block: str
     index: int
+    #: the ID as text (kept: acks turn IDs into keys several times per message).
+    text: str = ""
 
     def __str__(self) -> str:
-        return f"{self.queue}/{self.partition}/{self.block}/{self.index}"
+        return self.text or f"{self.queue}/{self.partition}/{self.block}/{self.index}"
 
 
 def parse_message_id(text: object) -> MessageId | None:
@@ -33,7 +35,7 @@ def parse_message_id(text: object) -> MessageId | None:
     m = _MESSAGE_ID.match(text)
     if m is None:
         return None
-    return MessageId(m["queue"], int(m["partition"]), m["block"], int(m["index"]))
+    return MessageId(m["queue"], int(m["partition"]), m["block"], int(m["index"]), text)
 
 
 def partition_for(group: str, partitions: int) -> int:
@@ -95,4 +97,6 @@ class StoredMessage:
                    d.get("e"), d.get("h"))
 
     def with_sequence(self, sequence: int) -> "StoredMessage":
-        return replace(self, sequence=sequence)
+        # Positional, not dataclasses.replace: this runs once per enqueued message.
+        return StoredMessage(self.body, self.enqueued_at, self.group, sequence, self.not_before,
+                             self.attributes, self.size, self.estimates, self.history)
