@@ -71,9 +71,20 @@ def runtime(db, kv_reset):
 
 @pytest.fixture
 def user(db):
+    """A user without a password (hashing one costs half a second per test)."""
     from django.contrib.auth.models import User
 
-    return User.objects.create_user(f"u-{uuid.uuid4().hex[:8]}", password="pw")
+    return User.objects.create(username=f"u-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
+def purge_kv(runtime):
+    """The database rolls back after each test, the key-value store does not: empty it."""
+    yield
+    from queues.models import Queue
+
+    for name in Queue.objects.values_list("name", flat=True):
+        runtime.store.purge(name)
 
 
 @pytest.fixture

@@ -108,3 +108,13 @@ class Client:
 
     def get(self, path: str, timeout: float = 30) -> requests.Response:
         return self.session.get(f"{self.base}/api/v1/{path}", timeout=timeout)
+
+
+def wait_until(predicate, timeout: float, what: str) -> float:
+    """Poll ``predicate`` until true; the seconds it took. Fails the test after ``timeout``."""
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+    return time.monotonic() - t0

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import dataclass, field
 
 import pytest
@@ -30,21 +29,8 @@ ABSENT = object()  # no request body at all
 
 
 @pytest.fixture(autouse=True)
-def _purge_kv(runtime):
-    """The database rolls back after each test, the key-value store does not: empty it."""
-    yield
-    from queues.models import Queue
-
-    for name in Queue.objects.values_list("name", flat=True):
-        runtime.store.purge(name)
-
-
-@pytest.fixture
-def user(db):
-    """Overrides the shared fixture: no password hashing (half a second per test otherwise)."""
-    from django.contrib.auth.models import User
-
-    return User.objects.create(username=f"u-{uuid.uuid4().hex[:8]}")
+def _purge_kv(purge_kv):
+    """Every test here empties the key-value store afterwards (see conftest.purge_kv)."""
 
 
 @pytest.fixture(params=TRANSPORTS)

@@ -23,20 +23,14 @@ import pytest
 from workers.models import Consumer
 
 from .handlers_for_tests import QUEUE, events
-from .nodes import ROOT, Client, NodeProcess, database_url
+from .nodes import wait_until, ROOT, Client, NodeProcess, database_url
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 CELERY = str(Path(sys.executable).with_name("celery"))
 
 
-def _wait(predicate, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while not predicate():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
-    return time.monotonic() - t0
+_wait = wait_until
 
 
 class WorkerProcess:

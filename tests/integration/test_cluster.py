@@ -17,7 +17,7 @@ from itertools import cycle
 
 import pytest
 
-from .nodes import Client, NodeProcess, database_url
+from .nodes import wait_until, Client, NodeProcess, database_url
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -174,13 +174,7 @@ def _node_id(node: NodeProcess) -> str:
     return Client(node.url, "").get("healthz").json()["node"]
 
 
-def _wait(predicate, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while not predicate():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
-    return time.monotonic() - t0
+_wait = wait_until
 
 
 def _make_queue(node: NodeProcess, token: str, partitions: int) -> str:

@@ -31,21 +31,8 @@ def in_process(fn):
 
 
 @pytest.fixture
-def _purge_kv(runtime):
-    """The database rolls back after each test, the key-value store does not: empty it."""
-    yield
-    from queues.models import Queue
-
-    for name in Queue.objects.values_list("name", flat=True):
-        runtime.store.purge(name)
-
-
-@pytest.fixture
-def user(db):
-    """Overrides the shared fixture: no password hashing (half a second per test otherwise)."""
-    from django.contrib.auth.models import User
-
-    return User.objects.create(username=f"u-{uuid.uuid4().hex[:8]}")
+def _purge_kv(purge_kv):
+    """See conftest.purge_kv."""
 
 
 def post(api, name, action, payload):
