@@ -177,13 +177,15 @@ class NodeRuntime:
                 self._forget(key, m)
 
     def _reopen_or_drop(self, key, m: PartitionManager) -> None:
+        """A manager closed itself after a failure: hand the lease back rather than reopen
+        under the same epoch, so that the next claim (this node's, usually at the next pass)
+        raises the fence and any late write of the closed manager is refused."""
         self._forget(key, m)
-        if not m.lease.valid():
-            return
-        cfg = self.queues.get(m.queue)
-        if cfg is None:
-            return
-        self._open(cfg, m.lease)
+        if m.lease.valid():
+            try:
+                leases.release(m.lease, self.node_id)
+            except Exception:  # noqa: BLE001 - it then expires by itself
+                log.exception("releasing %s/%s after a failure", m.queue, m.index)
 
     def _forget(self, key, m: PartitionManager) -> None:
         with self._lock:

@@ -245,8 +245,18 @@ class PartitionManager:
         """Scan the next backlog block and route its messages. One scan and one batched read.
 
         The records are read (not only the keys) because a message's group and delay decide
-        where it goes; the bodies land in the cache for the delivery that follows.
+        where it goes; the bodies land in the cache for the delivery that follows. Any failure
+        closes the manager: the block iterator cannot resume after an error, and a block
+        skipped here would be pruned later and lost. The node reopens the partition from the
+        store under a new epoch.
         """
+        try:
+            return self._refill_backlog_once()
+        except Exception:
+            self.closed = True
+            raise
+
+    def _refill_backlog_once(self) -> bool:
         while self.backlog is not None:
             block = next(self.backlog, None)
             if block is None:
@@ -394,7 +404,12 @@ class PartitionManager:
         ids = [f"{self.queue}/{self.index}/{b.id}/{i}" for b, i in positions]
         try:
             self.store.put_many([(mid, m.to_bytes()) for mid, m in zip(ids, messages)], fence=self.fence)
-        except (Fenced, KVError) as exc:
+        except BaseException as exc:
+            if not isinstance(exc, (Fenced, KVError)):
+                with self.lock:
+                    for state in states:
+                        state.pending -= 1
+                raise
             if isinstance(exc, ReplicationError):
                 # Written on the primary only: take it back, so that nothing unconfirmed is
                 # ever delivered (by us, or by an owner that scans this block later).
@@ -409,6 +424,12 @@ class PartitionManager:
                     raise self._lost(exc) from exc
             raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
         with self.lock:
+            if self.closed:
+                # Closed while we wrote (a failure elsewhere): the next owner, under a newer
+                # epoch, finds the messages if they were stored; do not confirm them here.
+                for state in states:
+                    state.pending -= 1
+                raise PartitionUnavailable(f"{self.queue}/{self.index} closed during the write; retry")
             for (block, i), state, mid, message in zip(positions, states, ids, messages):
                 state.pending -= 1
                 state.live.add(i)
@@ -480,8 +501,9 @@ class PartitionManager:
                             if delivery.receive_count > 1:
                                 counts.append((mid, delivery.receive_count))
             except KVError as exc:
-                if not out:
-                    raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
+                # The manager is closed (see _refill_backlog): what it took is handed out by
+                # the next owner, not here.
+                raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
             for mid, count in counts:
                 self.receives[mid] = count
         if counts:
@@ -685,6 +707,8 @@ class PartitionManager:
             raise ReceiptMismatch(key, "not in flight (never delivered, or already acknowledged)")
         if receipt is not None and entry.receipt != receipt:
             raise ReceiptMismatch(key, "the receipt is from an earlier delivery")
+        if entry.deadline == float("inf"):
+            raise ReceiptMismatch(key, "it is being acknowledged or dead-lettered")
         self.inflight.change_deadline(key, monotonic() + timeout)
         if timeout == 0:
             self.on_change()

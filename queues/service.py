@@ -211,9 +211,12 @@ def ack(queue: str, items: list[tuple[MessageId, str | None]]) -> AckResult:
             with m.lock:
                 m.unpin(pinned)
             continue
-        with m.lock:
-            m.settle_acked(mids, removed)
         acked += removed
+        try:
+            with m.lock:
+                m.settle_acked(mids, removed)
+        except PartitionUnavailable as exc:
+            failure = exc  # deleted; the manager closed itself and its memory goes with it
     if failure is not None:
         raise failure
     return AckResult(acked, len(unique) - acked)

@@ -102,9 +102,12 @@ def enqueue(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int,
             for i, mid in zip(positions, stored):
                 ids[i] = mid
     except BaseException:
+        # Stored ones keep their dedup_id (a retry gets their IDs); the rest are given back.
         for dedup_id, i in reserved.items():
             if ids[i] is None:
                 dedup.release(name, dedup_id)
+            else:
+                dedup.confirm(name, dedup_id, ids[i], cfg.dedup_window)
         raise
     for dedup_id, i in reserved.items():
         dedup.confirm(name, dedup_id, ids[i], cfg.dedup_window)

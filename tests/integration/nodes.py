@@ -7,6 +7,7 @@ processes, which connect to the same test database, can see it.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,10 +21,24 @@ from django.db import connection
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def free_ports(count: int = 1) -> int:
+    """The first of ``count`` consecutive free ports, below the ephemeral range (32768+), so
+    that the client connections of earlier tests cannot be sitting on them."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000 - count)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)
 
 
 def database_url() -> str:

@@ -362,9 +362,9 @@ def test_cluster_command_starts_and_stops_k_nodes(tmp_path, token):
     import subprocess
     import sys
 
-    from .nodes import ROOT, free_port
+    from .nodes import ROOT, free_ports
 
-    base = free_port()
+    base = free_ports(3)
     env = {**os.environ, "DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "data"),
            "KV_URL": f"file://{tmp_path / 'kv'}", "NODE_HEARTBEAT": "0.3"}
     proc = subprocess.Popen([sys.executable, "manage.py", "cluster", "--nodes", "3", "--base-port", str(base)],

@@ -184,3 +184,41 @@ TestPartitionManager = PartitionMachine.TestCase
 
 def test_block_key_is_beside_the_messages():
     assert block_key("q", 0, "00000001-aaaaaaaaaaaaaaaa") == "q/0/_blocks/00000001-aaaaaaaaaaaaaaaa"
+
+
+class FlakyStore(MemoryStore):
+    """Fails the next ``fail_scans`` scans: a store that drops out mid-takeover."""
+
+    fail_scans = 0
+
+    def scan(self, bucket):
+        if self.fail_scans:
+            self.fail_scans -= 1
+            from queues.kv import KVError
+
+            raise KVError("store unreachable")
+        return super().scan(bucket)
+
+
+def test_a_store_failure_while_reading_the_backlog_closes_and_loses_nothing():
+    # given 12 messages in blocks of 3, and a new owner whose store fails while it reads them
+    store, row = FlakyStore(), Row()
+    first = open_manager(store, row, 3, 0)
+    ids = first.enqueue([StoredMessage(f"m{i}", 0.0) for i in range(12)])
+    second = open_manager(store, row, 3, 0)
+    got = second.load_bodies(second.dequeue(2, 30.0))
+    assert [d.id for d in got] == ids[:2]
+    store.fail_scans = 1
+    # when the next block cannot be scanned
+    with pytest.raises(PartitionUnavailable):
+        second.dequeue(10, 30.0)
+    # then that manager is closed (no half-read state goes on serving)...
+    assert second.closed
+    with pytest.raises(PartitionUnavailable):
+        second.dequeue(10, 30.0)
+    # ...and the next owner delivers every message, none skipped
+    third = open_manager(store, row, 3, 0)
+    delivered = []
+    while batch := third.load_bodies(third.dequeue(5, 30.0)):
+        delivered += [d.id for d in batch]
+    assert delivered == ids
