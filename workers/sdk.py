@@ -420,10 +420,10 @@ class PartitionStats:
     oldest_age: float | None = None
     #: ID of the append tree's newest block
     head_block: str | None = None
-    #: next free position (the enqueue ID)
-    enqueue_id: int | None = None
-    #: next deliverable position (the dequeue ID)
-    dequeue_id: int | None = None
+    #: next free position (the enqueue ID), as a message ID
+    enqueue_id: str | None = None
+    #: next deliverable position (the dequeue ID), as a message ID
+    dequeue_id: str | None = None
     #: height of the append tree
     tree_height: int | None = None
     #: blocks not yet pruned

@@ -27,13 +27,21 @@ from collections import Counter
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from queues import partition as partition_mod
 from queues.kv.memory import MemoryStore
-from queues.leases import Lease, LeaseLost
+from queues.leases import Lease
 from queues.messages import StoredMessage, parse_message_id
 from queues.partition import BodyCache, PartitionManager, PartitionUnavailable
+
+from .support import Row
 
 GROUPS = ["g1", "g2", "g3", "g4"]
 
@@ -54,22 +62,6 @@ class Clocks:
     def advance(self, dt: float) -> None:
         self.mono += dt
         self.wall += dt
-
-
-class Row:
-    """The Partition row: the head pointer, written only under the current epoch."""
-
-    def __init__(self):
-        self.head: str | None = None
-        self.epoch = 0
-
-    def set_head(self, lease, node_id, head):
-        if lease.epoch != self.epoch:
-            raise LeaseLost("stale epoch")
-        self.head = head
-
-    def read_head(self, lease):
-        return self.head
 
 
 def open_manager(store, row: Row, clocks: Clocks, *, block_size: int, cache_bytes: int = 0,

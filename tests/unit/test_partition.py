@@ -18,9 +18,15 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from queues import partition as partition_mod
 from queues.kv.memory import MemoryStore
 from queues.leases import Lease
-from queues.messages import block_key, parse_message_id
-from queues.partition import BodyCache, PartitionManager, PartitionUnavailable, ReceiptMismatch
-from queues.messages import StoredMessage
+from queues.messages import StoredMessage, block_key, parse_message_id
+from queues.partition import (
+    BodyCache,
+    PartitionManager,
+    PartitionUnavailable,
+    ReceiptMismatch,
+)
+
+from .support import Row
 
 
 class FakeClock:
@@ -29,24 +35,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-class Row:
-    """The Partition row: the head pointer, written only under the current epoch."""
-
-    def __init__(self):
-        self.head: str | None = None
-        self.epoch = 0
-
-    def set_head(self, lease, node_id, head):
-        from queues.leases import LeaseLost
-
-        if lease.epoch != self.epoch:
-            raise LeaseLost("stale epoch")
-        self.head = head
-
-    def read_head(self, lease):
-        return self.head
 
 
 def open_manager(store, row: Row, block_size: int, cache_bytes: int) -> PartitionManager:
