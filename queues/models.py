@@ -95,6 +95,13 @@ class Queue(models.Model):
                                             help_text="default seconds of pre-processing per message")
     process_estimate = models.FloatField(default=0.0, validators=_bounded("estimate"),
                                          help_text="default seconds of processing per message")
+    class Archive(models.TextChoices):
+        NONE = "none", "no archiving"
+        ALL = "all", "every message, when enqueued (acks are marked)"
+        ACKED = "acked", "acknowledged messages, when acked"
+
+    archive = models.CharField(max_length=8, choices=Archive.choices, default=Archive.NONE,
+                               help_text="what the archiver copies to the archive table")
     dead_lettered_total = models.BigIntegerField(default=0)
     expired_total = models.BigIntegerField(default=0, help_text="removed by the retention rule")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -156,6 +163,9 @@ class Partition(models.Model):
     dequeue_id = models.CharField(max_length=120, blank=True)
     depth = models.BigIntegerField(default=0)
     in_flight = models.BigIntegerField(default=0)
+    delayed = models.BigIntegerField(default=0, help_text="stored, waiting for their delay to pass")
+    enqueue_rate = models.FloatField(default=0.0, help_text="messages/s enqueued, over the last minute")
+    ack_rate = models.FloatField(default=0.0, help_text="messages/s acknowledged, over the last minute")
     tree_height = models.PositiveIntegerField(default=0)
     live_blocks = models.BigIntegerField(default=0)
     enqueued_total = models.BigIntegerField(default=0)

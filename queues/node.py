@@ -52,6 +52,8 @@ class QueueConfig:
     dedup_window: int = 300
     preprocess_estimate: float = 0.0
     process_estimate: float = 0.0
+    #: what the archiver copies: "none", "all" (at enqueue) or "acked" (at ack).
+    archive: str = "none"
 
     @classmethod
     def from_model(cls, q: Queue) -> "QueueConfig":
@@ -59,7 +61,7 @@ class QueueConfig:
         return cls(q.pk, q.name, q.partitions, q.block_size, q.lease_period, q.visibility_timeout,
                    q.max_message_size, q.retention, q.strict, q.delay, dlq,
                    q.max_receives if dlq else None, q.dedup_window, q.preprocess_estimate,
-                   q.process_estimate)
+                   q.process_estimate, q.archive)
 
 
 class QueueNotFound(Exception):
@@ -201,6 +203,7 @@ class NodeRuntime:
             cfg = fresh.get(name)
             if cfg is not None:
                 m.max_receives = cfg.max_receives
+                m.archive = cfg.archive
         for name in gone:
             self._close_queue(name)
 
@@ -264,6 +267,7 @@ class NodeRuntime:
         m = PartitionManager(lease, block_size=cfg.block_size, store=self.store, node_id=self.node_id,
                              cache=self.cache, on_change=self.notify)
         m.max_receives = cfg.max_receives
+        m.archive = cfg.archive
         key = (cfg.name, lease.index)
         try:
             m.open_head()

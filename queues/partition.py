@@ -189,6 +189,8 @@ class PartitionManager:
         self.max_receives: int | None = None
         #: messages waiting to be moved to the dead-letter queue, with their receive counts.
         self.dead: list[tuple[str, int]] = []
+        #: the queue's archive mode ("none", "all", "acked"): which journal entries we write.
+        self.archive = "none"
         self.wall = time.time
 
     # --- opening ------------------------------------------------------------------------------
