@@ -29,7 +29,7 @@ pkg_installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "instal
 
 ensure_packages() {
     local missing=() p
-    for p in postgresql redis-server chromium chromium-driver; do
+    for p in postgresql redis-server chromium chromium-driver libpostgresql-jdbc-java; do
         pkg_installed "$p" || missing+=("$p")
     done
     [ ${#missing[@]} -eq 0 ] && return 0

@@ -29,6 +29,7 @@ class AttemptIn(StrictSerializer):
     group = serializers.CharField(max_length=128, required=False, allow_blank=True, allow_null=True)
     worker = serializers.CharField(max_length=64, required=False, allow_null=True)
     attempt = serializers.IntegerField(min_value=1, max_value=1_000_000)
+    enqueued_at = serializers.DateTimeField(required=False, allow_null=True)
     preprocess_started_at = serializers.DateTimeField(required=False, allow_null=True)
     preprocess_ended_at = serializers.DateTimeField(required=False, allow_null=True)
     process_started_at = serializers.DateTimeField(required=False, allow_null=True)
@@ -58,7 +59,7 @@ class AttemptOut(serializers.ModelSerializer):
     class Meta:
         model = AttemptLog
         fields = ["id", "message_id", "queue", "partition", "group", "worker", "attempt",
-                  "preprocess_started_at", "preprocess_ended_at", "process_started_at",
+                  "enqueued_at", "preprocess_started_at", "preprocess_ended_at", "process_started_at",
                   "process_ended_at", "outcome", "error", "traceback", "size", "recorded_at"]
 
 
@@ -67,7 +68,8 @@ def attempt_row(record: dict) -> AttemptLog:
     return AttemptLog(
         message_id=record["message_id"], queue=mid.queue, partition=mid.partition,
         group=record.get("group") or "", worker_id=record.get("worker") or None,
-        attempt=record["attempt"], preprocess_started_at=record.get("preprocess_started_at"),
+        attempt=record["attempt"], enqueued_at=record.get("enqueued_at"),
+        preprocess_started_at=record.get("preprocess_started_at"),
         preprocess_ended_at=record.get("preprocess_ended_at"),
         process_started_at=record.get("process_started_at"),
         process_ended_at=record.get("process_ended_at"), outcome=record["outcome"],

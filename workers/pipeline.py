@@ -41,6 +41,13 @@ def _iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+def _iso_of(value: Any) -> str | None:
+    """A message's ``enqueued_at`` as ISO 8601: the SDK gives a datetime, fakes may give text."""
+    if isinstance(value, datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    return value if isinstance(value, str) and value else None
+
+
 def _estimate(message, kind: str) -> float:
     estimates = getattr(message, "estimates", None) or {}
     # a mapping (``{"preprocess": s, "process": s}``) or the SDK's ``Estimates`` (attributes)
@@ -307,6 +314,7 @@ class Pipeline:
         record = {
             "message_id": message.id, "group": getattr(message, "group", None), "worker": self.consumer_id,
             "attempt": message.receive_count, "outcome": outcome,
+            "enqueued_at": _iso_of(getattr(message, "enqueued_at", None)),
             "preprocess_started_at": _iso(work.preprocess_started), "preprocess_ended_at": _iso(work.preprocess_ended),
             "process_started_at": _iso(started), "process_ended_at": _iso(ended),
             "size": getattr(message, "size", None),
