@@ -25,7 +25,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-from . import leases
+from . import archive_journal, leases
 from sortedcontainers import SortedList
 
 from .kv import Fence, Fenced, KeyValueStore, KVError, ReplicationError
@@ -404,8 +404,11 @@ class PartitionManager:
             messages = [m.with_sequence(base | (self.seq_counter + k + 1)) for k, m in enumerate(messages)]
             self.seq_counter += len(messages)
         ids = [f"{self.queue}/{self.index}/{b.id}/{i}" for b, i in positions]
+        items = [(mid, m.to_bytes()) for mid, m in zip(ids, messages)]
+        if self.archive == "all":  # the journal entries go in the same (atomic) write
+            items += archive_journal.entries(self.queue, self.index, items)
         try:
-            self.store.put_many([(mid, m.to_bytes()) for mid, m in zip(ids, messages)], fence=self.fence)
+            self.store.put_many(items, fence=self.fence)
         except BaseException as exc:
             if not isinstance(exc, (Fenced, KVError)):
                 with self.lock:
@@ -416,7 +419,7 @@ class PartitionManager:
                 # Written on the primary only: take it back, so that nothing unconfirmed is
                 # ever delivered (by us, or by an owner that scans this block later).
                 try:
-                    self.store.delete_many(ids)
+                    self.store.delete_many([key for key, _ in items])
                 except KVError:
                     log.error("%s/%s: could not take back unreplicated messages", self.queue, self.index)
             with self.lock:
@@ -615,10 +618,15 @@ class PartitionManager:
             if key in self.inflight:
                 self.inflight.change_deadline(key, deadline)
 
-    def delete_acked(self, items: Sequence[MessageId]) -> int:
-        """The store half of an ack, without the lock. Returns how many were still stored."""
+    def delete_acked(self, items: Sequence[MessageId], *, acked: bool = True) -> int:
+        """The store half of an ack, without the lock. Returns how many were still stored.
+        ``acked``: false for removals that are no ack (retention, dead-lettering): not journaled."""
         counts = [receives_key(self.queue, self.index, m) for m in items if str(m) in self.receives]
         try:
+            if acked and self.archive != "none":
+                journal = archive_journal.on_ack(self.store, self.cache, self.queue, self.index,
+                                                 self.archive, items, self.wall())
+                self.store.put_many(journal, fence=self.fence)
             # Fenced like every write: a stale owner's delete would leave the new owner holding a
             # live message that is gone (in flight for ever, its group blocked).
             removed = self.store.delete_many([str(m) for m in items], fence=self.fence)
@@ -678,22 +686,23 @@ class PartitionManager:
         if not doomed:
             return 0
         parsed = [m for m in (parse_message_id(d) for d in doomed) if m is not None]
-        removed = self.delete_acked(parsed)
+        removed = self.delete_acked(parsed, acked=False)
         with self.lock:
             self._forget(doomed)
             self.expired_total += removed
             self._prune()
         return removed
 
-    def ack(self, items: Sequence[tuple[MessageId, str | None]]) -> int:
-        """Check receipts, delete, settle: a whole ack on this partition alone."""
+    def ack(self, items: Sequence[tuple[MessageId, str | None]], *, acked: bool = True) -> int:
+        """Check receipts, delete, settle: a whole ack on this partition alone (``acked``:
+        see :meth:`delete_acked`)."""
         mids = [mid for mid, _ in items]
         with self.lock:
             self._check_serving()
             self.check_receipts(items)
             pinned = self.pin_for_ack(mids)
         try:
-            removed = self.delete_acked(mids)
+            removed = self.delete_acked(mids, acked=acked)
         except PartitionUnavailable:
             with self.lock:
                 self.unpin(pinned)

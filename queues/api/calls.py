@@ -250,7 +250,7 @@ def _move_dead_letters(cfg) -> None:
                 dlq = queue_config(cfg.dead_letter_queue)
                 drafts, _ = validation.enqueue_request({"messages": items}, dlq, now, trusted=True)
                 _enqueue_somewhere(dlq, None, drafts, items, now, 0)
-            m.ack([(parse_message_id(mid), None) for mid in mids])
+            m.ack([(parse_message_id(mid), None) for mid in mids], acked=False)  # not an ack: not archived
             with m.lock:
                 m.dead_lettered_total += len(found)
         except Exception:  # noqa: BLE001 - retried at the next dequeue

@@ -1,0 +1,120 @@
+"""Browser tests: headless Chromium (Debian's ``chromium`` + ``chromium-driver``) driven by
+Selenium against a real node process (``manage.py runnode``) on the test database.
+
+Screenshots of every step go to ``artifacts/screenshots/<test name>/<nn>-<step>.png`` under
+the repository root, or under ``$MQ_ARTIFACTS_DIR/screenshots/`` when that is set.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.integration.nodes import ROOT, NodeProcess, database_url
+
+CHROMIUM = os.environ.get("MQ_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("MQ_CHROMEDRIVER", "/usr/bin/chromedriver")
+ADMIN_USER, ADMIN_PASSWORD = "operator", "e2e-Secret-pw-1"
+
+
+def _missing_browser() -> str | None:
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            return f"{path} not found (apt-get install chromium chromium-driver; scripts/services.sh start does it)"
+    return None
+
+
+def artifacts_dir() -> Path:
+    return Path(os.environ.get("MQ_ARTIFACTS_DIR") or ROOT / "artifacts")
+
+
+@pytest.fixture(scope="session")
+def chromium_paths():
+    reason = _missing_browser()
+    if reason:
+        pytest.skip(f"no browser: {reason}")
+    return CHROMIUM, CHROMEDRIVER
+
+
+@pytest.fixture(scope="session")
+def _driver(chromium_paths, tmp_path_factory):
+    """One headless Chromium for the session; each test gets it with its cookies cleared."""
+    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never try to download a driver
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, chromedriver = chromium_paths
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    profile = tempfile.mkdtemp(prefix="chromium-", dir=tmp_path_factory.getbasetemp())
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--window-size=1400,1000",
+                 f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    log = tmp_path_factory.getbasetemp() / "chromedriver.log"
+    driver = webdriver.Chrome(service=Service(chromedriver, log_output=str(log)), options=options)
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+class Screenshots:
+    """Numbered full-page PNGs of one test's steps."""
+
+    def __init__(self, driver, folder: Path):
+        self.driver, self.folder, self.count = driver, folder, 0
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, step: str) -> Path:
+        self.count += 1
+        path = self.folder / f"{self.count:02d}-{re.sub(r'[^a-z0-9]+', '-', step.lower()).strip('-')}.png"
+        # The whole page, not just the window: grow the window to the document for the shot.
+        height = self.driver.execute_script(
+            "return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)")
+        width = self.driver.execute_script(
+            "return Math.max(document.body.scrollWidth, document.documentElement.scrollWidth)")
+        self.driver.set_window_size(max(1400, min(int(width), 4000)), max(1000, min(int(height) + 140, 6000)))
+        try:
+            assert self.driver.save_screenshot(str(path)), f"could not save {path}"
+        finally:
+            self.driver.set_window_size(1400, 1000)
+        return path
+
+
+@pytest.fixture
+def browser(_driver, request):
+    """The browser, and ``browser.shot(step)`` saving a screenshot for this test."""
+    _driver.delete_all_cookies()
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
+    _driver.shot = Screenshots(_driver, artifacts_dir() / "screenshots" / name)
+    return _driver
+
+
+@pytest.fixture
+def node(transactional_db, tmp_path):
+    """A node process on the test database and this process's key-value store, so the test
+    can read what the node wrote. Stopped before the database is flushed."""
+    from django.conf import settings
+
+    env = {"DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "data"),
+           "KV_URL": settings.KV_URL, "NODE_HEARTBEAT": "0.3", "DEBUG": "0"}
+    n = NodeProcess(env, tmp_path).start()
+    yield n
+    n.stop()
+
+
+@pytest.fixture
+def admin_login(transactional_db):
+    """A committed superuser with a password; returns (username, password)."""
+    from django.contrib.auth.models import User
+
+    User.objects.create_superuser(ADMIN_USER, "operator@example.com", ADMIN_PASSWORD)
+    return ADMIN_USER, ADMIN_PASSWORD

@@ -1,0 +1,241 @@
+"""An operator's walk through the admin console in headless Chromium, against a real node.
+
+Log in, open a queue, its partitions and a partition's append-tree drawing, then the
+dashboards. What the pages show is checked against state the test made itself (its own
+message IDs, the rows, the store), and every step leaves a screenshot under
+``artifacts/screenshots/<test>/``.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.integration.nodes import Client, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+BLOCK_SIZE = 4
+
+
+def _wait(driver, condition, timeout: float = 15):
+    return WebDriverWait(driver, timeout).until(condition)
+
+
+def log_in(browser, base: str, username: str, password: str) -> None:
+    browser.get(f"{base}/admin/login/?next=/admin/")
+    browser.find_element(By.ID, "id_username").send_keys(username)
+    browser.find_element(By.ID, "id_password").send_keys(password)
+    browser.shot("login form")
+    browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
+    _wait(browser, EC.presence_of_element_located((By.ID, "user-tools")))
+    assert_styled(browser)
+    browser.shot("admin index")
+
+
+def assert_styled(browser) -> None:
+    """The admin's CSS loaded (served by WhiteNoise from the node): the header is coloured."""
+    loaded = browser.execute_script(
+        "return [...document.styleSheets].filter(s => s.href && s.href.includes('/static/admin/css/'))"
+        ".map(s => { try { return s.cssRules.length } catch (e) { return -1 } })")
+    assert loaded and all(n > 0 for n in loaded), f"admin stylesheets missing or empty: {loaded}"
+    background = browser.execute_script(
+        "return getComputedStyle(document.getElementById('header')).backgroundColor")
+    assert background not in ("", "transparent", "rgba(0, 0, 0, 0)"), background
+
+
+def make_queue(client: Client, partitions: int, **fields) -> str:
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    r = client.post("queues", {"name": name, "partitions": partitions, **fields})
+    assert r.status_code == 201, r.text
+
+    def all_owned() -> bool:
+        r = client.get(f"queues/{name}/partitions")
+        return r.status_code == 200 and all(p["owner"] for p in r.json()["partitions"])
+
+    wait_until(all_owned, 20, f"the node to own {name}'s partitions")
+    return name
+
+
+def block_of(mid: str) -> tuple[int, str]:
+    _, partition, block, _ = mid.split("/")
+    return int(partition), block
+
+
+def test_queue_partitions_and_tree(browser, node, token, admin_login):
+    from queues.kv import get_store
+    from queues.models import Partition, Queue
+
+    # given a queue of 3 partitions with 4-message blocks, 120 messages, and the oldest
+    # four blocks of each partition fully acknowledged (so pruned), the rest still held
+    client = Client(node.url, token)
+    name = make_queue(client, 3, block_size=BLOCK_SIZE, visibility_timeout=300)
+    try:
+        ids: list[str] = []
+        for batch in range(12):
+            r = client.post(f"queues/{name}/enqueue", {"messages": [{"body": f"{batch}:{i}"} for i in range(10)]})
+            assert r.status_code == 201, r.text
+            ids.extend(r.json()["ids"])
+        delivered: list[dict] = []
+        for _ in range(20):
+            got = client.post(f"queues/{name}/dequeue", {"max": 1000, "visibility_timeout": 300}).json()["messages"]
+            delivered.extend(got)
+            if len(delivered) == len(ids) or not got:
+                break
+        assert sorted(m["id"] for m in delivered) == sorted(ids)
+
+        def ordinal(mid: str) -> int:
+            return int(block_of(mid)[1].split("-")[0], 16)
+
+        to_ack = [m for m in delivered if ordinal(m["id"]) < 4]
+        r = client.post(f"queues/{name}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in to_ack]})
+        assert r.status_code == 200 and r.json()["acked"] == len(to_ack), r.text
+        acked = {m["id"] for m in to_ack}
+        live = Counter(block_of(m) for m in ids if m not in acked)       # (partition, block) -> live messages
+        pruned = {block_of(m) for m in acked} - set(live)
+        # the partition with the most live blocks gets drawn
+        index = Counter(p for p, _ in live).most_common(1)[0][0]
+        live_here = {b: n for (p, b), n in live.items() if p == index}
+        pruned_here = {b for p, b in pruned if p == index}
+        assert len(live_here) >= 5 and pruned_here, (live_here, pruned_here)
+        queue = Queue.objects.get(name=name)
+
+        def row() -> Partition:
+            return Partition.objects.get(queue=queue, index=index)
+
+        wait_until(lambda: row().live_blocks == len(live_here), 10, "the owner to publish its live blocks")
+        # the store agrees: the drawn partition's block records are exactly the live blocks
+        store = get_store()
+        assert set(store.scan(f"{name}/{index}/_blocks")) == set(live_here)
+
+        # when an operator logs in and opens the queue
+        base = node.url
+        log_in(browser, base, *admin_login)
+        browser.find_element(By.CSS_SELECTOR, "a[href='/admin/queues/queue/']").click()
+        _wait(browser, EC.presence_of_element_located((By.ID, "result_list")))
+        browser.shot("queue list")
+        browser.find_element(By.LINK_TEXT, name).click()
+        _wait(browser, EC.url_contains(f"/admin/queues/queue/{queue.pk}/change/"))
+        assert_styled(browser)
+        # then the queue page lists its partitions with their owner, from the rows
+        inline_rows = browser.find_elements(By.CSS_SELECTOR, "#partition_set-group tbody tr.has_original")
+        browser.shot("queue page")
+        assert len(inline_rows) == 3, browser.page_source[:2000]
+        owner = Partition.objects.get(queue=queue, index=0).owner.address
+        assert owner in browser.find_element(By.ID, "partition_set-group").text
+
+        # when they open the queue's partitions
+        browser.get(f"{base}/admin/queues/partition/?queue__id__exact={queue.pk}")
+        rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+        browser.shot("partition list")
+        assert len(rows) == 3
+        listing = browser.find_element(By.ID, "result_list").text
+        for p in Partition.objects.filter(queue=queue):
+            assert p.head_block in listing
+        # and one partition's page
+        browser.find_element(By.LINK_TEXT, f"{name}/{index}").click()
+        _wait(browser, EC.url_contains(f"/admin/queues/partition/{row().pk}/change/"))
+        svg = _wait(browser, EC.presence_of_element_located((By.CSS_SELECTOR, ".field-tree svg")))
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", svg)
+        browser.shot("partition tree")
+        assert_styled(browser)
+        # then the drawing has one box per live block, labelled with the messages the test
+        # left in it, and dashed ghosts for pruned blocks that live ones still point to
+        drawn = {}
+        for g in svg.find_elements(By.CSS_SELECTOR, "g.block"):
+            texts = [t.get_attribute("textContent") for t in g.find_elements(By.CSS_SELECTOR, "text")]
+            drawn[g.get_attribute("data-id")] = texts
+        assert set(drawn) == set(live_here)
+        for block, texts in drawn.items():
+            assert texts[-1] == f"{live_here[block]}/{BLOCK_SIZE}", (block, texts)
+        ghosts = {g.get_attribute("data-id") for g in svg.find_elements(By.CSS_SELECTOR, "g.pruned")}
+        assert ghosts and ghosts <= pruned_here, (ghosts, pruned_here)
+        assert row().head_block in drawn
+        assert len(svg.find_elements(By.CSS_SELECTOR, "rect")) == len(drawn) + len(ghosts)
+        # it is really painted: the drawing has a size on the page
+        assert svg.size["width"] > 100 and svg.size["height"] > 50, svg.size
+    finally:
+        get_store().purge(name)
+
+
+def _dashboards_landed() -> str | None:
+    """Why the dashboards cannot be tested yet, or None once they exist."""
+    from django.core.management import get_commands
+    from django.urls import NoReverseMatch, reverse
+
+    try:
+        reverse("admin:dashboards")
+    except NoReverseMatch:
+        return "the URL admin:dashboards does not exist"
+    if "refresh_dashboards" not in get_commands():
+        return "the command refresh_dashboards does not exist"
+    return None
+
+
+@pytest.fixture
+def dashboards_landed():
+    # Written against the contract of the dashboards page (consoles, URL name
+    # admin:dashboards, filled by `manage.py refresh_dashboards` from the attempt log): until
+    # that page lands the test below is an expected failure, then it runs for real.
+    missing = _dashboards_landed()
+    if missing:
+        pytest.xfail(f"dashboards not built yet: {missing}")
+
+
+def test_dashboards(dashboards_landed, browser, node, token, admin_login):
+    from django.core.management import call_command
+    from django.urls import reverse
+    from django.utils import timezone
+
+    from queues.kv import get_store
+    from workers.models import AttemptLog, Consumer
+
+    # given a queue and a few hundred attempts of its messages by two workers
+    client = Client(node.url, token)
+    name = make_queue(client, 2)
+    try:
+        now = timezone.now()
+        workers = [Consumer.objects.create(id=f"w-{uuid.uuid4().hex[:8]}", name=f"celery@e2e-{k}",
+                                           queues=[name], last_heartbeat=now) for k in range(2)]
+        has_enqueued_at = any(f.name == "enqueued_at" for f in AttemptLog._meta.get_fields())
+        rng = random.Random(6)
+        rows = []
+        for i in range(300):
+            start = now - timedelta(minutes=60) + timedelta(seconds=12 * i)
+            pre = rng.uniform(0.05, 0.5)
+            proc = rng.uniform(0.2, 3.0)
+            outcome = rng.choices(["succeeded", "failed", "timed_out", "abandoned"], [85, 8, 4, 3])[0]
+            partition = i % 2
+            fields = {
+                "message_id": f"{name}/{partition}/{i // BLOCK_SIZE:08x}-e2e/{i % BLOCK_SIZE}",
+                "queue": name, "partition": partition, "group": f"g{i % 5}", "worker": workers[i % 2],
+                "attempt": 2 if i % 7 == 0 else 1, "outcome": outcome, "size": rng.randrange(100, 5000),
+                "preprocess_started_at": start, "preprocess_ended_at": start + timedelta(seconds=pre),
+                "process_started_at": start + timedelta(seconds=pre),
+                "process_ended_at": start + timedelta(seconds=pre + proc),
+            }
+            if has_enqueued_at:
+                fields["enqueued_at"] = start - timedelta(seconds=rng.uniform(0.1, 5))
+            rows.append(AttemptLog(**fields))
+        AttemptLog.objects.bulk_create(rows)
+        # when the figures are computed and an operator opens the dashboards
+        call_command("refresh_dashboards")
+        log_in(browser, node.url, *admin_login)
+        browser.get(node.url + reverse("admin:dashboards"))
+        assert_styled(browser)
+        charts = browser.find_elements(By.CSS_SELECTOR, "svg.chart")
+        browser.shot("dashboards")
+        # then there are charts, and the figures table has a row for the queue
+        assert charts, "no <svg class=chart> on the dashboards page"
+        assert all(c.size["width"] > 50 and c.size["height"] > 30 for c in charts), [c.size for c in charts]
+        tables = " ".join(t.text for t in browser.find_elements(By.CSS_SELECTOR, "table"))
+        assert name in tables, f"{name} not in the figures tables"
+    finally:
+        get_store().purge(name)
