@@ -1,19 +1,43 @@
-"""The admin for now: queues, partitions with their owners, nodes (the console grows later)."""
+"""The operators' console for the messaging core: queues, partitions and nodes.
+
+Every figure is read from live state: the partition rows, which each owner refreshes at every
+heartbeat (depth, in flight, delayed, rates, the append tree's shape), and the key-value store
+for the tree drawing. The actions (purge, redrive, release a lease) go through the same calls
+as the API, so they route to the owners like any client call.
+"""
 
 from django.contrib import admin, messages
-from django.db.models import Count
+from django.db.models import Count, Min, Sum
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from .models import Node, Partition, Queue
+
+
+def _age(ts) -> str:
+    if ts is None:
+        return "-"
+    seconds = (timezone.now() - ts).total_seconds()
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 class PartitionInline(admin.TabularInline):
     model = Partition
     extra = 0
     can_delete = False
-    fields = ["index", "owner", "epoch", "head_block", "depth", "in_flight", "tree_height", "live_blocks"]
+    fields = ["link", "owner", "epoch", "head_block", "depth", "in_flight", "delayed", "tree_height",
+              "live_blocks", "enqueue_rate", "ack_rate"]
     readonly_fields = fields
+
+    @admin.display(description="partition")
+    def link(self, obj):
+        return format_html('<a href="{}">{}</a>', reverse("admin:queues_partition_change", args=[obj.pk]), obj)
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -21,11 +45,73 @@ class PartitionInline(admin.TabularInline):
 
 @admin.register(Queue)
 class QueueAdmin(admin.ModelAdmin):
-    list_display = ["name", "partitions", "strict", "dead_letter_queue", "max_receives", "block_size",
-                    "visibility_timeout", "lease_period", "dead_lettered_total", "expired_total"]
+    list_display = ["name", "partitions", "depth", "in_flight", "delayed", "dead_letters", "oldest_age",
+                    "enqueue_rate", "ack_rate", "strict", "archive", "dead_letter_queue", "partition_link"]
+    list_filter = ["strict", "archive"]
     search_fields = ["name"]
     inlines = [PartitionInline]
-    actions = ["redrive"]
+    readonly_fields = ["dead_lettered_total", "expired_total", "purged_total", "created_at", "updated_at"]
+    actions = ["purge", "redrive"]
+
+    def get_queryset(self, request):
+        # Figures of partitions with no live owner are the last ones published: still shown
+        # (they are what the store holds), the partition page says who serves it.
+        return super().get_queryset(request).select_related("dead_letter_queue").annotate(
+            depth_sum=Sum("partition_set__depth"), in_flight_sum=Sum("partition_set__in_flight"),
+            delayed_sum=Sum("partition_set__delayed"), oldest=Min("partition_set__oldest_enqueued_at"),
+            enqueue_rate_sum=Sum("partition_set__enqueue_rate"), ack_rate_sum=Sum("partition_set__ack_rate"),
+        )
+
+    @admin.display(description="depth", ordering="depth_sum")
+    def depth(self, obj):
+        return obj.depth_sum or 0
+
+    @admin.display(description="in flight", ordering="in_flight_sum")
+    def in_flight(self, obj):
+        return obj.in_flight_sum or 0
+
+    @admin.display(description="delayed", ordering="delayed_sum")
+    def delayed(self, obj):
+        return obj.delayed_sum or 0
+
+    @admin.display(description="dead letters")
+    def dead_letters(self, obj):
+        """Waiting in the dead-letter queue now / moved there in all."""
+        if obj.dead_letter_queue_id is None:
+            return "-" if not obj.dead_lettered_total else f"- / {obj.dead_lettered_total}"
+        waiting = Partition.objects.filter(queue_id=obj.dead_letter_queue_id).aggregate(n=Sum("depth"))["n"] or 0
+        url = reverse("admin:queues_queue_change", args=[obj.dead_letter_queue_id])
+        return format_html('<a href="{}" title="waiting now / moved in all">{} / {}</a>', url, waiting,
+                           obj.dead_lettered_total)
+
+    @admin.display(description="oldest message", ordering="oldest")
+    def oldest_age(self, obj):
+        return _age(obj.oldest)
+
+    @admin.display(description="enqueued/s", ordering="enqueue_rate_sum")
+    def enqueue_rate(self, obj):
+        return f"{obj.enqueue_rate_sum or 0:.1f}"
+
+    @admin.display(description="acked/s", ordering="ack_rate_sum")
+    def ack_rate(self, obj):
+        return f"{obj.ack_rate_sum or 0:.1f}"
+
+    @admin.display(description="partitions")
+    def partition_link(self, obj):
+        url = reverse("admin:queues_partition_changelist") + f"?queue__id__exact={obj.pk}"
+        return format_html('<a href="{}">partitions</a>', url)
+
+    @admin.action(description="Purge: delete every message of the selected queues (in flight ones too)")
+    def purge(self, request, queryset):
+        from .api import calls
+
+        for q in queryset:
+            try:
+                _, result = calls.purge(q.name, {})
+            except Exception as exc:  # noqa: BLE001 - shown to the operator
+                self.message_user(request, f"{q.name}: purge failed: {exc}", level=messages.ERROR)
+                continue
+            self.message_user(request, f"{q.name}: purged {result['purged']} messages")
 
     @admin.action(description="Redrive dead letters back to their source queues (up to 1,000 each)")
     def redrive(self, request, queryset):
@@ -43,11 +129,12 @@ class QueueAdmin(admin.ModelAdmin):
 
 @admin.register(Partition)
 class PartitionAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "owner", "epoch", "lease_age", "head_block", "depth", "in_flight",
-                    "tree_height", "live_blocks"]
+    list_display = ["__str__", "owner_link", "epoch", "lease_age", "head_block", "tree_height", "live_blocks",
+                    "depth", "in_flight", "delayed", "enqueue_id", "dequeue_id", "stats_age"]
     list_filter = ["queue", "owner"]
     list_select_related = ["queue", "owner"]
-    readonly_fields = ["tree", *[f.name for f in Partition._meta.fields]]
+    readonly_fields = ["tree", "lease_age", *[f.name for f in Partition._meta.fields]]
+    actions = ["release_lease"]
 
     @admin.display(description="append tree (newest 40 blocks; live/size per block; dashed: pruned)")
     def tree(self, obj):
@@ -61,11 +148,35 @@ class PartitionAdmin(admin.ModelAdmin):
             return f"cannot read the tree from the store: {exc}"
         return mark_safe(f'<div style="overflow-x:auto;max-width:100%">{svg}</div>')  # noqa: S308 - escaped in tree_svg
 
+    @admin.display(description="owner", ordering="owner__address")
+    def owner_link(self, obj):
+        if obj.owner is None:
+            return "-"
+        return format_html('<a href="{}">{}</a>', reverse("admin:queues_node_change", args=[obj.owner_id]),
+                           obj.owner)
+
     @admin.display(description="lease age")
     def lease_age(self, obj):
-        if obj.lease_acquired_at is None:
-            return "-"
-        return f"{(timezone.now() - obj.lease_acquired_at).total_seconds():.0f} s"
+        return _age(obj.lease_acquired_at) if obj.owner_id else "-"
+
+    @admin.display(description="figures from")
+    def stats_age(self, obj):
+        return _age(obj.stats_at) + " ago" if obj.stats_at else "-"
+
+    @admin.action(description="Release the lease: the owner gives the partition up, another node takes it")
+    def release_lease(self, request, queryset):
+        from .api import calls
+
+        for p in queryset.select_related("queue"):
+            try:
+                status, result = calls.release_partition(p.queue.name, p.index)
+            except Exception as exc:  # noqa: BLE001 - shown to the operator
+                self.message_user(request, f"{p}: release failed: {exc}", level=messages.ERROR)
+                continue
+            if status == 200:
+                self.message_user(request, f"{p}: released by {result.get('node')}")
+            else:
+                self.message_user(request, f"{p}: {result.get('detail', result)}", level=messages.WARNING)
 
     def has_add_permission(self, request):
         return False
@@ -82,7 +193,8 @@ class NodeAdmin(admin.ModelAdmin):
 
     @admin.display(description="partitions held", ordering="held_count")
     def held(self, obj):
-        return obj.held_count
+        url = reverse("admin:queues_partition_changelist") + f"?owner__id__exact={obj.pk}"
+        return format_html('<a href="{}">{}</a>', url, obj.held_count)
 
     @admin.display(boolean=True, description="alive")
     def alive(self, obj):

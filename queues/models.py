@@ -64,6 +64,14 @@ class Node(models.Model):
 
 
 class Queue(models.Model):
+    """A queue, or a topic: a topic's messages are read through its subscriptions, each with
+    its own delivery state, and stored once however many subscriptions there are."""
+
+    class Kind(models.TextChoices):
+        QUEUE = "queue"
+        TOPIC = "topic"
+
+    kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.QUEUE)
     name = models.CharField(
         max_length=80, unique=True,
         validators=[RegexValidator(QUEUE_NAME_RE, "letters, digits, '_' and '-', at most 80")],
@@ -104,6 +112,7 @@ class Queue(models.Model):
                                help_text="what the archiver copies to the archive table")
     dead_lettered_total = models.BigIntegerField(default=0)
     expired_total = models.BigIntegerField(default=0, help_text="removed by the retention rule")
+    purged_total = models.BigIntegerField(default=0, help_text="removed by purges")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -120,6 +129,39 @@ class Queue(models.Model):
             raise ValidationError({"dead_letter_queue": "a queue cannot be its own dead-letter queue"})
         if (self.dead_letter_queue_id is None) != (self.max_receives is None):
             raise ValidationError({"max_receives": "dead_letter_queue and max_receives go together"})
+
+
+class Subscription(models.Model):
+    """A named reader of a topic: its own dequeue position, redelivery index, receipts,
+    dead-letter rule and group order over the topic's shared blocks (see ``queues.partition``).
+
+    ``starts_at``: messages enqueued before it are not delivered to it (``start: newest``);
+    None means every message still retained (``start: oldest``).
+    """
+
+    class Start(models.TextChoices):
+        NEWEST = "newest"
+        OLDEST = "oldest"
+
+    topic = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="subscriptions",
+                              limit_choices_to={"kind": Queue.Kind.TOPIC})
+    name = models.CharField(max_length=80, validators=[RegexValidator(QUEUE_NAME_RE, "letters, digits, '_' and '-', at most 80")])
+    start = models.CharField(max_length=8, choices=Start.choices, default=Start.NEWEST)
+    starts_at = models.DateTimeField(null=True, blank=True)
+    visibility_timeout = models.PositiveIntegerField(null=True, blank=True, validators=_bounded("visibility_timeout"),
+                                                     help_text="seconds; the topic's when empty")
+    dead_letter_queue = models.ForeignKey(Queue, null=True, blank=True, on_delete=models.SET_NULL,
+                                          related_name="dead_letter_subscriptions",
+                                          limit_choices_to={"kind": Queue.Kind.QUEUE})
+    max_receives = models.PositiveIntegerField(null=True, blank=True, validators=_bounded("max_receives"))
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["topic__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["topic", "name"], name="subscription_unique_name")]
+
+    def __str__(self) -> str:
+        return f"{self.topic.name}/{self.name}"
 
 
 class DedupEntry(models.Model):
@@ -166,6 +208,8 @@ class Partition(models.Model):
     delayed = models.BigIntegerField(default=0, help_text="stored, waiting for their delay to pass")
     enqueue_rate = models.FloatField(default=0.0, help_text="messages/s enqueued, over the last minute")
     ack_rate = models.FloatField(default=0.0, help_text="messages/s acknowledged, over the last minute")
+    #: on a topic, per subscription: {"backlog": .., "in_flight": .., "dequeue_id": .., "acked": ..}.
+    cursors = models.JSONField(default=dict, blank=True)
     tree_height = models.PositiveIntegerField(default=0)
     live_blocks = models.BigIntegerField(default=0)
     enqueued_total = models.BigIntegerField(default=0)

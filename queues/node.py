@@ -34,6 +34,9 @@ from .router import Router
 log = logging.getLogger(__name__)
 monotonic = time.monotonic
 
+#: seconds over which the published enqueue/ack rates are averaged.
+RATE_WINDOW = 60.0
+
 
 @dataclass(frozen=True)
 class QueueConfig:
@@ -94,6 +97,10 @@ class NodeRuntime:
         #: cooling period); dequeues and acks are still served here.
         self.cooling = False
         self._failures: list[float] = []
+        #: partitions an operator released here: not claimed again before this monotonic time.
+        self.hold_off: dict[tuple[str, int], float] = {}
+        #: per partition: (monotonic time, enqueued total, acked total, enqueue rate, ack rate).
+        self._rates: dict[tuple[str, int], tuple[float, int, int, float, float]] = {}
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> "NodeRuntime":
@@ -243,7 +250,7 @@ class NodeRuntime:
                                                                   digest_size=4).digest())
             for p in order:
                 key = (name, p.index)
-                if key in self.managers:
+                if key in self.managers or self.hold_off.get(key, 0.0) > monotonic():
                     continue
                 free = p.owner_id is None
                 if free and held >= share:
@@ -262,6 +269,23 @@ class NodeRuntime:
             log.info("released %s/%s for rebalancing", m.queue, m.index)
         except Exception:  # noqa: BLE001 - it expires by itself
             log.exception("releasing %s/%s", m.queue, m.index)
+
+    def release_partition(self, queue: str, index: int) -> bool:
+        """An operator's release: give the lease up and leave the partition to another node
+        for one lease period (after that this node may take it back, if nobody did)."""
+        m = self.managers.get((queue, index))
+        if m is None or m.closed:
+            return False
+        self.hold_off[(queue, index)] = monotonic() + m.lease.period
+        self._release(m)
+        self.notify()
+        return True
+
+    def purged(self, queue: str) -> None:
+        """The queue's partitions were purged (their epochs moved on): drop the managers now,
+        rather than serve from memory until the next renewal fails."""
+        self._close_queue(queue)
+        self.notify()
 
     def _open(self, cfg: QueueConfig, lease: leases.Lease) -> PartitionManager | None:
         m = PartitionManager(lease, block_size=cfg.block_size, store=self.store, node_id=self.node_id,
@@ -283,14 +307,35 @@ class NodeRuntime:
         self.notify()
         return m
 
+    def _rates_of(self, key, enqueued: int, acked: int) -> tuple[float, float]:
+        """Enqueue and ack rates of a partition, averaged over about a minute (an EWMA of the
+        counters' growth between passes; zero for a partition just taken over)."""
+        now = monotonic()
+        last = self._rates.get(key)
+        if last is None:
+            rates = (0.0, 0.0)
+        else:
+            t, enq0, ack0, enq_rate, ack_rate = last
+            dt = max(now - t, 1e-3)
+            w = 1.0 - math.exp(-dt / RATE_WINDOW)
+            rates = (enq_rate + w * ((enqueued - enq0) / dt - enq_rate),
+                     ack_rate + w * ((acked - ack0) / dt - ack_rate))
+        self._rates[key] = (now, enqueued, acked, *rates)
+        return rates
+
     def _publish_stats(self) -> None:
         now = timezone.now()
-        for m in list(self.managers.values()):
+        managers = list(self.managers.items())
+        for key in set(self._rates) - {k for k, _ in managers}:
+            del self._rates[key]
+        for key, m in managers:
             s = m.stats()
             oldest = (datetime.fromtimestamp(s.oldest_enqueued_at, tz=dt_timezone.utc)
                       if s.oldest_enqueued_at else None)
-            Partition.objects.filter(pk=m.lease.partition_id, owner_id=self.node_id).update(
-                enqueue_id=s.enqueue_id, dequeue_id=s.dequeue_id, depth=s.visible,
+            enqueue_rate, ack_rate = self._rates_of(key, s.enqueued_total, s.acked_total)
+            Partition.objects.filter(pk=m.lease.partition_id, owner_id=self.node_id, epoch=m.lease.epoch).update(
+                enqueue_id=s.enqueue_id, dequeue_id=s.dequeue_id, depth=s.visible, delayed=s.delayed,
+                enqueue_rate=round(enqueue_rate, 3), ack_rate=round(ack_rate, 3),
                 in_flight=s.in_flight, tree_height=s.tree_height, live_blocks=s.live_blocks,
                 enqueued_total=s.enqueued_total, acked_total=s.acked_total,
                 redelivered_total=s.redelivered_total, oldest_enqueued_at=oldest, stats_at=now,

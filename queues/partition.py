@@ -121,6 +121,8 @@ class PartitionStats:
     dequeue_id: str
     visible: int
     in_flight: int
+    #: stored, but their delay (not_before) has not passed.
+    delayed: int
     depth_exact: bool
     live_blocks: int
     tree_height: int
@@ -774,7 +776,7 @@ class PartitionManager:
                 head_block=head.id if head else "",
                 enqueue_id=f"{self.queue}/{self.index}/{head.id}/{self.next_index}" if head else "",
                 dequeue_id=first or "",
-                visible=max(live - in_flight, 0), in_flight=in_flight,
+                visible=max(live - in_flight, 0), in_flight=in_flight, delayed=len(self.not_due),
                 depth_exact=self.backlog is None,
                 live_blocks=len(self.blocks),
                 tree_height=max((h for _, h in self.tree.roots), default=-1) + 1,

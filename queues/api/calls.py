@@ -18,10 +18,11 @@ from ..messages import StoredMessage, parse_message_id, partition_for
 from ..partition import Delivery
 from django.db.models import F
 
-from ..models import LIMITS, QUEUE_NAME_RE, Queue
+from ..models import LIMITS, QUEUE_NAME_RE, Partition, Queue
 from ..partition import NotServedHere
 from ..router import MAX_HOPS, Forwarded
 from . import validation
+from .errors import BadRequest
 
 
 log = logging.getLogger(__name__)
@@ -304,6 +305,51 @@ def expire(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, 
     if expired:
         Queue.objects.filter(pk=cfg.id).update(expired_total=F("expired_total") + expired)
     return 200, {"expired": expired}
+
+
+def purge(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dict]:
+    """Remove every message of the queue (see ``queues.purge``), then tell the owners.
+
+    Done here whoever owns the partitions; the owners are then asked to drop their managers
+    (``{"close_only": true}``, from nodes only), which they would do anyway at their next
+    renewal. Messages in flight are gone too: their acks answer ``not_found``.
+    """
+    from ..purge import purge_partition
+
+    cfg = queue_config(name)
+    data = validation._object(data)
+    validation._no_extra(data, {"close_only"} if trusted else set(), "the request")
+    rt = service.get_runtime()
+    if data.get("close_only") is True:
+        rt.purged(name)
+        return 200, {"closed": True}
+    rows = list(Partition.objects.filter(queue_id=cfg.id).select_related("owner").order_by("index"))
+    owners = {p.owner.address for p in rows
+              if p.owner is not None and p.owner.stopped_at is None and p.owner_id != rt.node_id}
+    removed = sum(purge_partition(p.pk, rt.store) for p in rows)
+    rt.purged(name)
+    for address in sorted(owners):
+        try:
+            rt.router.forward(address, name, "purge", {"close_only": True}, MAX_HOPS - 1)
+        except Exception as exc:  # noqa: BLE001 - it stops at its next renewal anyway
+            log.warning("purge of %s: telling %s failed: %s", name, address, exc)
+    Queue.objects.filter(pk=cfg.id).update(purged_total=F("purged_total") + removed)
+    log.info("purged %s: %d messages", name, removed)
+    return 200, {"purged": removed}
+
+
+def release_partition(name: str, index: int, hops: int = 0) -> tuple[int, dict]:
+    """The owner gives the partition's lease up (an operator's action); asked of the owner."""
+    cfg = queue_config(name)
+    if not 0 <= index < cfg.partitions:
+        raise BadRequest(f"{name} has partitions 0..{cfg.partitions - 1}, not {index}", "no_such_partition")
+    rt = service.get_runtime()
+    if rt.release_partition(name, index):
+        return 200, {"released": True, "node": rt.address}
+    address = rt.router.owner_of(cfg.id, name, index) if hops < MAX_HOPS else None
+    if address is None:
+        return 409, {"error": "not_owned", "detail": f"no live node holds {name}/{index} now"}
+    return rt.router.forward(address, name, f"partitions/{index}/release", {}, hops)
 
 
 def ack(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dict]:

@@ -14,4 +14,7 @@ urlpatterns = [
     path("queues/<str:name>/redrive", views.RedriveView.as_view(), name="queue-redrive"),
     path("queues/<str:name>/expire", views.ExpireView.as_view(), name="queue-expire"),
     path("queues/<str:name>/partitions", views.PartitionsView.as_view(), name="queue-partitions"),
+    path("queues/<str:name>/partitions/<int:index>/release", views.ReleasePartitionView.as_view(),
+         name="partition-release"),
+    path("queues/<str:name>/purge", views.PurgeView.as_view(), name="queue-purge"),
 ]

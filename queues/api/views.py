@@ -147,6 +147,25 @@ class ExpireView(APIView):
         return Response(*reversed(calls.expire(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer))))
 
 
+class PurgeView(APIView):
+    permission_classes = [IsClusterPeerOrStaff]
+
+    @extend_schema(request=dict, responses={200: dict, **ERRORS},
+                   summary="Delete every message of the queue, in flight ones too (staff only)")
+    def post(self, request, name):
+        return Response(*reversed(calls.purge(name, request.data, _hops(request),
+                                              trusted=isinstance(request.user, ClusterPeer))))
+
+
+class ReleasePartitionView(APIView):
+    permission_classes = [IsClusterPeerOrStaff]
+
+    @extend_schema(request=None, responses={200: dict, 409: ErrorDoc, **ERRORS},
+                   summary="The owner gives up the partition's lease; another node takes it (staff only)")
+    def post(self, request, name, index):
+        return Response(*reversed(calls.release_partition(name, index, _hops(request))))
+
+
 class StatsView(APIView):
     @extend_schema(responses={200: dict, **ERRORS}, summary="Depth, in flight, oldest age, per partition")
     def get(self, request, name):

@@ -1,0 +1,161 @@
+"""The operators' console: queue figures from live state, purge, release of a lease."""
+
+from __future__ import annotations
+
+import pytest
+
+from queues.messages import block_key, parse_message_id
+from queues.models import Partition, Queue
+from queues.partition import PartitionUnavailable
+
+
+@pytest.fixture
+def admin_client(client, django_user_model):
+    django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    client.login(username="root", password="pw")
+    return client
+
+
+@pytest.fixture
+def staff_api(api, user):
+    user.is_staff = True
+    user.save()
+    from queues.auth import CachedTokenAuthentication
+
+    CachedTokenAuthentication.forget()
+    return api
+
+
+def _enqueue(api, name, n, **extra):
+    r = api.post(f"/api/v1/queues/{name}/enqueue",
+                 {"messages": [{"body": f"m{i}", **extra} for i in range(n)]}, format="json")
+    assert r.status_code == 201, r.content
+    return r.json()["ids"]
+
+
+def test_queue_page_shows_depth_in_flight_delayed_dead_letters_age_and_rates(admin_client, api, make_queue,
+                                                                              runtime, purge_kv):
+    # given a queue with 7 ready, 2 of them then in flight, 3 delayed, and a dead-letter queue
+    # holding one message
+    dlq = make_queue(partitions=1)
+    name = make_queue(partitions=2, dead_letter_queue=dlq, max_receives=1)
+    runtime.tick()
+    _enqueue(api, name, 7)
+    _enqueue(api, name, 3, delay=600)
+    _enqueue(api, dlq, 1)
+    got = api.post(f"/api/v1/queues/{name}/dequeue", {"max": 2}, format="json").json()["messages"]
+    assert len(got) == 2
+    # when the owner publishes its figures (twice: rates are counter growth between passes)
+    runtime.tick()
+    _enqueue(api, name, 5)
+    runtime.tick()
+    page = admin_client.get("/admin/queues/queue/", {"q": name}).content.decode()
+    # then the rows hold them and the queue list shows them
+    rows = Partition.objects.filter(queue__name=name)
+    assert sum(p.depth for p in rows) == 7 + 3 + 5 - 2
+    assert sum(p.in_flight for p in rows) == 2
+    assert sum(p.delayed for p in rows) == 3
+    assert sum(p.enqueue_rate for p in rows) > 0
+    assert all(p.oldest_enqueued_at is not None for p in rows if p.depth)
+    assert "<td class=\"field-depth\">13</td>" in page
+    assert "<td class=\"field-in_flight\">2</td>" in page
+    assert "<td class=\"field-delayed\">3</td>" in page
+    assert "1 / 0" in page  # one waiting in the dead-letter queue, none moved by this queue yet
+    assert "field-oldest_age" in page and " s</td>" in page
+
+
+def test_purge_removes_every_message_and_fences_the_old_owner(staff_api, make_queue, runtime, purge_kv):
+    # given a queue with messages, some in flight, and a small block size (several blocks)
+    api = staff_api
+    name = make_queue(partitions=1, block_size=4)
+    runtime.tick()
+    ids = _enqueue(api, name, 30)
+    got = api.post(f"/api/v1/queues/{name}/dequeue", {"max": 3}, format="json").json()["messages"]
+    old = runtime.manager(name, 0)
+    old_blocks = list(old.blocks)
+    # when an operator purges it
+    r = api.post(f"/api/v1/queues/{name}/purge", {}, format="json")
+    # then every message and block is gone from the store
+    assert r.status_code == 200 and r.json() == {"purged": 30}
+    assert runtime.store.get_many(ids) == [None] * 30
+    assert all(runtime.store.get(block_key(name, 0, b)) is None for b in old_blocks)
+    # and the old owner, were it still running somewhere, can write nothing more
+    old.closed = False
+    with pytest.raises(PartitionUnavailable):
+        old.enqueue([old.cache.get(ids[-1]) or runtime.store.get(ids[-1]) or _any_message()])
+    # and the queue serves again, empty, under a newer epoch
+    runtime.tick()
+    assert api.post(f"/api/v1/queues/{name}/dequeue", {}, format="json").json()["messages"] == []
+    fresh = _enqueue(api, name, 2)
+    assert [m["body"] for m in api.post(f"/api/v1/queues/{name}/dequeue", {"max": 5}, format="json")
+            .json()["messages"]] == ["m0", "m1"]
+    assert Partition.objects.get(queue__name=name, index=0).epoch > old.lease.epoch
+    assert parse_message_id(fresh[0]).block not in old_blocks
+    # an ack of a purged delivery changes nothing (its message is gone)
+    r = api.post(f"/api/v1/queues/{name}/ack", {"messages": [{"id": got[0]["id"], "receipt": got[0]["receipt"]}]},
+                 format="json")
+    assert r.status_code == 409
+    assert Queue.objects.get(name=name).purged_total == 30
+
+
+def _any_message():
+    from queues.messages import StoredMessage
+
+    return StoredMessage("late", 0.0)
+
+
+def test_purge_and_release_need_staff(api, make_queue, runtime, purge_kv):
+    name = make_queue(partitions=1)
+    runtime.tick()
+    _enqueue(api, name, 2)
+    assert api.post(f"/api/v1/queues/{name}/purge", {}, format="json").status_code == 403
+    assert api.post(f"/api/v1/queues/{name}/partitions/0/release", {}, format="json").status_code == 403
+    # nothing changed
+    assert len(api.post(f"/api/v1/queues/{name}/dequeue", {"max": 5}, format="json").json()["messages"]) == 2
+
+
+def test_bad_purge_and_release_requests_are_refused(staff_api, make_queue, runtime, purge_kv):
+    name = make_queue(partitions=2)
+    runtime.tick()
+    _enqueue(staff_api, name, 2)
+    assert staff_api.post(f"/api/v1/queues/{name}/purge", {"close_only": True}, format="json").status_code == 400
+    assert staff_api.post(f"/api/v1/queues/{name}/purge", [1], format="json").status_code == 400
+    assert staff_api.post("/api/v1/queues/nope/purge", {}, format="json").status_code == 404
+    r = staff_api.post(f"/api/v1/queues/{name}/partitions/7/release", {}, format="json")
+    assert r.status_code == 400 and r.json()["error"] == "no_such_partition"
+    assert staff_api.get(f"/api/v1/queues/{name}/stats").json()["depth"] == 2
+
+
+def test_release_gives_the_lease_up_for_a_lease_period(staff_api, admin_client, make_queue, runtime, purge_kv):
+    # given a partition this node owns
+    name = make_queue(partitions=2, lease_period=30)
+    runtime.tick()
+    p = Partition.objects.get(queue__name=name, index=1)
+    assert p.owner_id == runtime.node_id
+    # when an operator releases its lease from the partition list
+    r = admin_client.post("/admin/queues/partition/", {"action": "release_lease", "_selected_action": [p.pk]},
+                          follow=True)
+    # then the row is free, this node does not take it back at once, and the other still serves
+    assert r.status_code == 200 and "released by test-node" in r.content.decode()
+    assert Partition.objects.get(pk=p.pk).owner_id is None
+    runtime.tick()
+    assert Partition.objects.get(pk=p.pk).owner_id is None
+    assert staff_api.post(f"/api/v1/queues/{name}/enqueue", {"body": "x"}, format="json").status_code == 201
+    # and a second release finds no owner
+    r = staff_api.post(f"/api/v1/queues/{name}/partitions/1/release", {}, format="json")
+    assert r.status_code == 409 and r.json()["error"] == "not_owned"
+    # after the hold-off the node may take it again
+    runtime.hold_off.clear()
+    runtime.tick()
+    assert Partition.objects.get(pk=p.pk).owner_id == runtime.node_id
+
+
+def test_purge_action_in_the_admin(admin_client, api, make_queue, runtime, purge_kv):
+    name = make_queue(partitions=2)
+    runtime.tick()
+    _enqueue(api, name, 6)
+    q = Queue.objects.get(name=name)
+    r = admin_client.post("/admin/queues/queue/", {"action": "purge", "_selected_action": [q.pk]}, follow=True)
+    assert r.status_code == 200 and f"{name}: purged 6 messages" in r.content.decode().lower()
+    runtime.tick()
+    assert api.get(f"/api/v1/queues/{name}/stats").json()["depth"] == 0
