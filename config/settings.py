@@ -193,12 +193,29 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
     "retention": {"task": "queues.enforce_retention", "schedule": envfloat("RETENTION_EVERY", 60.0)},
     "attempt-logs": {"task": "workers.purge_attempt_logs", "schedule": 3600.0},
+    "dashboards": {"task": "consoles.refresh_dashboards", "schedule": envfloat("DASHBOARDS_EVERY", 300.0)},
 }
 #: Days an attempt record is kept.
 ATTEMPT_LOG_RETENTION_DAYS = envint("ATTEMPT_LOG_RETENTION_DAYS", 30, minimum=1)
 
 # --- Spark --------------------------------------------------------------------------------
 SPARK_MASTER = env("SPARK_MASTER", "local[2]")
+#: Partitions of the dashboards job's shuffles: its results are small, few partitions are faster.
+SPARK_SHUFFLE_PARTITIONS = envint("SPARK_SHUFFLE_PARTITIONS", 4, minimum=1)
+#: Driver memory of the dashboards job (applies when this process starts the JVM).
+SPARK_DRIVER_MEMORY = env("SPARK_DRIVER_MEMORY", "2g")
+#: PostgreSQL's JDBC driver (Debian's libpostgresql-jdbc-java): Spark reads the attempt log with it.
+SPARK_JDBC_JAR = env("SPARK_JDBC_JAR", "/usr/share/java/postgresql.jar")
+#: At most this many parallel JDBC reads of the attempt log (one per 100,000 attempts).
+SPARK_JDBC_PARTITIONS = envint("SPARK_JDBC_PARTITIONS", 4, minimum=1)
+#: Seconds per time bucket of the dashboards' figures.
+DASHBOARDS_BUCKET = envint("DASHBOARDS_BUCKET", 60, minimum=1)
+#: Seconds of attempt log each refresh reads (its buckets are recomputed, older ones kept).
+DASHBOARDS_WINDOW = envint("DASHBOARDS_WINDOW", 24 * 3600, minimum=60)
+#: Samples a queue needs before its time estimates are learned from them.
+DASHBOARDS_MIN_SAMPLES = envint("DASHBOARDS_MIN_SAMPLES", 20, minimum=2)
+#: Days of figures, runs and learned-estimate history kept.
+DASHBOARDS_HISTORY_DAYS = envint("DASHBOARDS_HISTORY_DAYS", 30, minimum=1)
 
 # --- the node -----------------------------------------------------------------------------
 #: The address other nodes and clients reach this node at (set by `runnode`).

@@ -1,0 +1,302 @@
+"""The dashboards job: read the attempt log, run the transforms, write the results.
+
+Kept thin on purpose: every computation is in :mod:`consoles.spark.transforms`. This module
+only knows where data comes from and goes to.
+
+* Reading: on PostgreSQL, Spark reads through JDBC (the Debian driver jar, never a download),
+  a query filtered on ``recorded_at`` and split on ``id`` into parallel reads, so on a cluster
+  the executors read the database directly. Elsewhere (the embedded SQLite default) there is
+  no driver: the rows are read with Django, in chunks, into frames of the same schema.
+* Writing: the results are small (buckets x queues, workers, groups, a few fits), so they are
+  collected and written with Django's ``bulk_create`` in one transaction; the learned
+  estimates go to ``Queue.preprocess_estimate`` / ``process_estimate``, which nodes reload at
+  every heartbeat and attach to messages that bring none.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Max, Min
+from django.utils import timezone
+
+from consoles.models import (
+    DashboardRun,
+    EstimateFit,
+    GroupStats,
+    QueueBucketStats,
+    WorkerStats,
+)
+
+from . import transforms as tf
+
+log = logging.getLogger(__name__)
+
+#: ``progress(step, steps, text)``: called as each phase starts (the command draws it).
+Progress = Callable[[int, int, str], None]
+STEPS = 4
+#: rows per chunk when reading with Django (and per frame handed to Spark)
+DJANGO_CHUNK = 50_000
+#: attempts per JDBC partition (parallel reads), at most SPARK_JDBC_PARTITIONS of them
+ROWS_PER_JDBC_PARTITION = 100_000
+
+_session_lock = threading.Lock()
+
+
+@dataclass
+class Options:
+    bucket_seconds: int = field(default_factory=lambda: settings.DASHBOARDS_BUCKET)
+    window_seconds: int = field(default_factory=lambda: settings.DASHBOARDS_WINDOW)
+    min_samples: int = field(default_factory=lambda: settings.DASHBOARDS_MIN_SAMPLES)
+    #: write the learned estimates to the queues (False: only record them)
+    apply_estimates: bool = True
+    #: the end of the window (tests and the bench pin it); None: now
+    now: datetime | None = None
+
+    def validate(self) -> None:
+        if not isinstance(self.bucket_seconds, int) or self.bucket_seconds < 1:
+            raise ValueError(f"bucket must be a whole number of seconds >= 1, not {self.bucket_seconds!r}")
+        if self.bucket_seconds > 7 * 24 * 3600:
+            raise ValueError(f"bucket must be at most a week (604800 s), not {self.bucket_seconds}")
+        if not isinstance(self.window_seconds, int) or self.window_seconds < self.bucket_seconds:
+            raise ValueError(f"window ({self.window_seconds!r} s) must be at least one bucket "
+                             f"({self.bucket_seconds} s)")
+        if not isinstance(self.min_samples, int) or self.min_samples < 2:
+            raise ValueError(f"min-samples must be at least 2 (a line needs two points), not {self.min_samples!r}")
+
+
+# --- the session ---------------------------------------------------------------------------------
+def spark_session():
+    """This process's SparkSession, created on first use (JVM start-up costs seconds).
+
+    Local mode unless ``SPARK_MASTER`` names a cluster. The PostgreSQL driver jar is shipped
+    with ``spark.jars`` when it exists; nothing is ever fetched from Maven.
+    """
+    from pyspark.sql import SparkSession
+
+    master = settings.SPARK_MASTER
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no DNS lookups of our own hostname
+    with _session_lock:
+        builder = (SparkSession.builder.master(master).appName("mq-dashboards")
+                   .config("spark.ui.enabled", "false")
+                   .config("spark.sql.shuffle.partitions", str(settings.SPARK_SHUFFLE_PARTITIONS))
+                   .config("spark.driver.memory", settings.SPARK_DRIVER_MEMORY)
+                   .config("spark.sql.session.timeZone", "UTC")
+                   .config("spark.sql.adaptive.enabled", "true"))
+        if Path(settings.SPARK_JDBC_JAR).is_file():
+            builder = builder.config("spark.jars", settings.SPARK_JDBC_JAR)
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per call otherwise
+        return spark
+
+
+# --- reading -------------------------------------------------------------------------------------
+def _attempt_table() -> str:
+    from workers.models import AttemptLog
+
+    return AttemptLog._meta.db_table
+
+
+def _epoch(dt: datetime | None) -> float | None:
+    return dt.timestamp() if dt is not None else None
+
+
+def read_attempts(spark, since: datetime, until: datetime | None = None):
+    """The attempts recorded in ``[since, until)`` as a frame of :data:`transforms.ATTEMPT_SCHEMA`,
+    and how they were read (``"jdbc"`` or ``"django"``)."""
+    if connection.vendor == "postgresql" and Path(settings.SPARK_JDBC_JAR).is_file():
+        return _read_jdbc(spark, since, until), "jdbc"
+    return _read_django(spark, since, until), "django"
+
+
+def _window(since: datetime, until: datetime | None):
+    from workers.models import AttemptLog
+
+    rows = AttemptLog.objects.filter(recorded_at__gte=since)
+    return rows.filter(recorded_at__lt=until) if until is not None else rows
+
+
+def _read_jdbc(spark, since: datetime, until: datetime | None):
+    from pyspark.sql import functions as F
+
+    bounds = _window(since, until).aggregate(low=Min("id"), high=Max("id"))
+    if bounds["low"] is None:
+        return spark.createDataFrame([], tf.ATTEMPT_SCHEMA)
+    s = connection.settings_dict
+    url = f"jdbc:postgresql://{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+    epoch = {name: f"EXTRACT(EPOCH FROM {name})::float8 AS {name}"
+             for name in ("enqueued_at", "preprocess_started_at", "preprocess_ended_at",
+                          "process_started_at", "process_ended_at", "recorded_at")}
+    where = f"recorded_at >= to_timestamp({since.timestamp()!r})"
+    if until is not None:
+        where += f" AND recorded_at < to_timestamp({until.timestamp()!r})"
+    query = (f'(SELECT id, queue, "group", worker_id AS worker, attempt, outcome, size, '
+             f'{", ".join(epoch.values())} FROM {_attempt_table()} WHERE {where}) AS attempts')
+    span = bounds["high"] - bounds["low"] + 1
+    partitions = max(1, min(settings.SPARK_JDBC_PARTITIONS, math.ceil(span / ROWS_PER_JDBC_PARTITION)))
+    frame = (spark.read.format("jdbc")
+             .option("url", url).option("driver", "org.postgresql.Driver")
+             .option("user", s.get("USER") or "").option("password", s.get("PASSWORD") or "")
+             .option("dbtable", query).option("fetchsize", 20_000)
+             .option("partitionColumn", "id").option("lowerBound", bounds["low"])
+             .option("upperBound", bounds["high"] + 1).option("numPartitions", partitions)
+             .load())
+    return frame.select(*[F.col(f.name).cast(f.dataType) for f in tf.ATTEMPT_SCHEMA])
+
+
+def _read_django(spark, since: datetime, until: datetime | None):
+    """Rows through Django, ``DJANGO_CHUNK`` at a time, each chunk its own frame, then one union:
+    the Python rows of a chunk can go once Spark has them."""
+    columns = ("id", "queue", "group", "worker_id", "attempt", "outcome", "size", "enqueued_at",
+               "preprocess_started_at", "preprocess_ended_at", "process_started_at", "process_ended_at",
+               "recorded_at")
+    frames, chunk = [], []
+    for r in _window(since, until).order_by().values_list(*columns).iterator(chunk_size=5000):
+        chunk.append((r[0], r[1], r[2], r[3], r[4], r[5], r[6], *(_epoch(t) for t in r[7:])))
+        if len(chunk) >= DJANGO_CHUNK:
+            frames.append(spark.createDataFrame(chunk, tf.ATTEMPT_SCHEMA))
+            chunk = []
+    if chunk or not frames:
+        frames.append(spark.createDataFrame(chunk, tf.ATTEMPT_SCHEMA))
+    frame = frames[0]
+    for other in frames[1:]:
+        frame = frame.unionByName(other)
+    return frame
+
+
+# --- the run -------------------------------------------------------------------------------------
+@dataclass
+class Results:
+    """The job's collected results (plain rows), between the Spark part and the write."""
+
+    buckets: list = field(default_factory=list)
+    workers: list = field(default_factory=list)
+    groups: list = field(default_factory=list)
+    fits: list = field(default_factory=list)
+
+
+def compute(prepared, bucket_seconds: int, since: float, min_samples: int) -> Results:
+    """Run the transforms on a prepared (and cached) frame and collect their small results."""
+    samples = tf.regression_samples(prepared).cache()
+    try:
+        return Results(
+            buckets=tf.queue_bucket_stats(prepared, bucket_seconds, since).collect(),
+            workers=tf.worker_stats(prepared).collect(),
+            groups=tf.group_stats(prepared).collect(),
+            fits=tf.fit_size_regression(samples, min_samples).collect(),
+        )
+    finally:
+        samples.unpersist()
+
+
+def run(options: Options | None = None, *, trigger: str = "command", progress: Progress | None = None,
+        spark=None) -> DashboardRun:
+    """One refresh: read the window, compute, write. Returns the run record (also on failure,
+    which is recorded and then raised)."""
+    options = options or Options()
+    options.validate()
+    say = progress or (lambda step, steps, text: None)
+    now = options.now or timezone.now()
+    # The window starts on a bucket boundary, so its first bucket is whole (as far as the
+    # attempt log still holds it).
+    start = math.floor((now.timestamp() - options.window_seconds) / options.bucket_seconds) * options.bucket_seconds
+    since = datetime.fromtimestamp(start, tz=UTC)
+    record = DashboardRun.objects.create(trigger=trigger, master=settings.SPARK_MASTER,
+                                         bucket_seconds=options.bucket_seconds, window_start=since)
+    prepared = None
+    try:
+        say(1, STEPS, f"starting Spark ({settings.SPARK_MASTER})")
+        spark = spark or spark_session()
+        say(2, STEPS, f"reading attempts recorded since {since:%Y-%m-%d %H:%M:%S} UTC")
+        t0 = time.perf_counter()
+        attempts, record.source = read_attempts(spark, since, options.now)
+        prepared = tf.prepare(attempts, options.bucket_seconds).cache()
+        record.attempts_read = prepared.count()
+        record.read_seconds = time.perf_counter() - t0
+        say(3, STEPS, f"computing figures of {record.attempts_read:,} attempts")
+        t1 = time.perf_counter()
+        results = compute(prepared, options.bucket_seconds, start, options.min_samples)
+        record.transform_seconds = time.perf_counter() - t1
+        say(4, STEPS, f"writing {len(results.buckets):,} buckets, {len(results.workers):,} workers, "
+                      f"{len(results.groups):,} groups, {len(results.fits)} fits")
+        t2 = time.perf_counter()
+        write(record, results, options)
+        record.write_seconds = time.perf_counter() - t2
+        record.status = DashboardRun.Status.SUCCEEDED
+    except BaseException as exc:
+        record.status = DashboardRun.Status.FAILED
+        record.error = f"{type(exc).__name__}: {exc}"[:10_000]
+        raise
+    finally:
+        if prepared is not None:
+            prepared.unpersist()
+        record.finished_at = timezone.now()
+        record.save()
+    return record
+
+
+# --- writing -------------------------------------------------------------------------------------
+def _ts(epoch: float | None) -> datetime | None:
+    return datetime.fromtimestamp(epoch, tz=UTC) if epoch is not None else None
+
+
+def _figures(row) -> dict:
+    return {name: row[name] for name in tf.FIGURE_COLUMNS}
+
+
+def write(record: DashboardRun, results: Results, options: Options) -> None:
+    """Replace the window's buckets, the per-worker and per-group figures, record the fits and
+    move the queues' default estimates to the learned values; then forget old history."""
+    from queues.models import Queue
+    from workers.models import Consumer
+
+    bucket = options.bucket_seconds
+    names = dict(Consumer.objects.filter(pk__in={w["worker"] for w in results.workers})
+                 .values_list("pk", "name"))
+    with transaction.atomic():
+        QueueBucketStats.objects.filter(bucket_seconds=bucket, bucket_start__gte=record.window_start).delete()
+        QueueBucketStats.objects.bulk_create([
+            QueueBucketStats(run=record, queue=r["queue"], bucket_seconds=bucket, bucket_start=_ts(r["bucket_start"]),
+                             throughput=r["throughput"], **_figures(r))
+            for r in results.buckets], batch_size=1000)
+        WorkerStats.objects.exclude(run=record).delete()
+        WorkerStats.objects.bulk_create([
+            WorkerStats(run=record, queue=r["queue"], worker=r["worker"], worker_name=names.get(r["worker"], ""),
+                        busy_seconds=r["busy_seconds"], first_seen=_ts(r["first_bucket"]),
+                        last_seen=_ts(r["last_bucket"] + bucket if r["last_bucket"] is not None else None),
+                        **_figures(r))
+            for r in results.workers], batch_size=1000)
+        GroupStats.objects.exclude(run=record).delete()
+        GroupStats.objects.bulk_create([
+            GroupStats(run=record, queue=r["queue"], group=r["group"], **_figures(r))
+            for r in results.groups], batch_size=1000)
+        fits = []
+        for r in results.fits:
+            column = f"{r['stage']}_estimate"
+            estimate = round(r["estimate"], 6)
+            previous = Queue.objects.filter(name=r["queue"]).values_list(column, flat=True).first()
+            applied = previous is not None and options.apply_estimates
+            if applied:
+                Queue.objects.filter(name=r["queue"]).update(**{column: estimate})
+            fits.append(EstimateFit(run=record, queue=r["queue"], stage=r["stage"], n=r["n"],
+                                    intercept=r["intercept"], slope=r["slope"], r2=r["r2"], rmse=r["rmse"],
+                                    median_size=r["median_size"], estimate=estimate, previous=previous,
+                                    applied=applied, created_at=record.started_at))
+        EstimateFit.objects.bulk_create(fits)
+        record.queues = len({r["queue"] for r in results.buckets})
+        record.fits = len(fits)
+        horizon = timezone.now() - timedelta(days=settings.DASHBOARDS_HISTORY_DAYS)
+        QueueBucketStats.objects.filter(bucket_start__lt=horizon).delete()
+        DashboardRun.objects.filter(started_at__lt=horizon).exclude(pk=record.pk).delete()
