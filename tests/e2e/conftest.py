@@ -89,17 +89,33 @@ class Screenshots:
         return path
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    setattr(item, f"report_{report.when}", report)  # for the fixtures' teardown: did it fail?
+    return report
+
+
 @pytest.fixture
 def browser(_driver, request):
-    """The browser, and ``browser.shot(step)`` saving a screenshot for this test."""
+    """The browser, and ``browser.shot(step)`` saving a screenshot for this test. When the
+    test fails, the page it was on is saved too (screenshot and HTML)."""
     _driver.delete_all_cookies()
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
-    _driver.shot = Screenshots(_driver, artifacts_dir() / "screenshots" / name)
-    return _driver
+    shots = Screenshots(_driver, artifacts_dir() / "screenshots" / name)
+    _driver.shot = shots
+    yield _driver
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        try:
+            shots("failed here")
+            (shots.folder / "failed-here.html").write_text(_driver.page_source)
+        except Exception as exc:  # noqa: BLE001 - the browser itself may be what broke
+            print(f"could not save the page the test failed on: {exc}")
 
 
 @pytest.fixture
-def node(transactional_db, tmp_path):
+def node(transactional_db, tmp_path, request):
     """A node process on the test database and this process's key-value store, so the test
     can read what the node wrote. Stopped before the database is flushed."""
     from django.conf import settings
@@ -109,6 +125,11 @@ def node(transactional_db, tmp_path):
     n = NodeProcess(env, tmp_path).start()
     yield n
     n.stop()
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:  # keep the node's log beside the screenshots
+        folder = artifacts_dir() / "screenshots" / re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(n.log_path, folder / "node.log")
 
 
 @pytest.fixture

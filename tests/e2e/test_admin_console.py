@@ -121,7 +121,7 @@ def test_queue_partitions_and_tree(browser, node, token, admin_login):
         browser.find_element(By.CSS_SELECTOR, "a[href='/admin/queues/queue/']").click()
         _wait(browser, EC.presence_of_element_located((By.ID, "result_list")))
         browser.shot("queue list")
-        browser.find_element(By.LINK_TEXT, name).click()
+        browser.find_element(By.CSS_SELECTOR, f"#result_list a[href^='/admin/queues/queue/{queue.pk}/change/']").click()
         _wait(browser, EC.url_contains(f"/admin/queues/queue/{queue.pk}/change/"))
         assert_styled(browser)
         # then the queue page lists its partitions with their owner, from the rows
@@ -140,7 +140,8 @@ def test_queue_partitions_and_tree(browser, node, token, admin_login):
         for p in Partition.objects.filter(queue=queue):
             assert p.head_block in listing
         # and one partition's page
-        browser.find_element(By.LINK_TEXT, f"{name}/{index}").click()
+        browser.find_element(By.CSS_SELECTOR,
+                             f"#result_list a[href^='/admin/queues/partition/{row().pk}/change/']").click()
         _wait(browser, EC.url_contains(f"/admin/queues/partition/{row().pk}/change/"))
         svg = _wait(browser, EC.presence_of_element_located((By.CSS_SELECTOR, ".field-tree svg")))
         browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", svg)
@@ -195,6 +196,7 @@ def test_dashboards(dashboards_landed, browser, node, token, admin_login):
     from django.utils import timezone
 
     from queues.kv import get_store
+    from queues.models import Queue
     from workers.models import AttemptLog, Consumer
 
     # given a queue and a few hundred attempts of its messages by two workers
@@ -237,5 +239,16 @@ def test_dashboards(dashboards_landed, browser, node, token, admin_login):
         assert all(c.size["width"] > 50 and c.size["height"] > 30 for c in charts), [c.size for c in charts]
         tables = " ".join(t.text for t in browser.find_elements(By.CSS_SELECTOR, "table"))
         assert name in tables, f"{name} not in the figures tables"
+        # and its figures are the test's attempts: counts per queue and per worker
+        succeeded = sum(r.outcome == "succeeded" for r in rows)
+        overview = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+                    for tr in browser.find_elements(By.CSS_SELECTOR, "#overview tbody tr")]
+        assert [name, "300", str(succeeded)] in [cells[:3] for cells in overview], overview
+        workers_table = browser.find_element(By.ID, "workers").text
+        assert "celery@e2e-0" in workers_table and "celery@e2e-1" in workers_table
+        # and the queue learned its estimates from them (processing took 0.2-3 s here)
+        learned = Queue.objects.get(name=name)
+        assert 0.2 <= learned.process_estimate <= 3.0, learned.process_estimate
+        assert browser.find_elements(By.CSS_SELECTOR, "#estimates tbody tr")
     finally:
         get_store().purge(name)
