@@ -28,7 +28,7 @@ from django.utils import timezone
 from . import leases
 from .kv import KeyValueStore, get_store
 from .models import Node, Partition, Queue
-from .partition import BodyCache, PartitionManager, PartitionUnavailable
+from .partition import BodyCache, PartitionManager, PartitionUnavailable, SubscriptionSpec
 from .router import Router
 
 log = logging.getLogger(__name__)
@@ -57,17 +57,44 @@ class QueueConfig:
     process_estimate: float = 0.0
     #: what the archiver copies: "none", "all" (at enqueue) or "acked" (at ack).
     archive: str = "none"
+    kind: str = "queue"
+    #: a topic's subscriptions, by name (None for a queue).
+    subscriptions: tuple[SubscriptionSpec, ...] | None = None
+    #: per subscription: (visibility timeout or None, dead-letter queue or None).
+    subscription_rules: tuple[tuple[str, int | None, str | None], ...] = ()
 
     @classmethod
     def from_model(cls, q: Queue) -> "QueueConfig":
         dlq = q.dead_letter_queue.name if q.dead_letter_queue_id else None
+        subs = rules = None
+        if q.kind == Queue.Kind.TOPIC:
+            rows = sorted(q.subscriptions.all(), key=lambda s: s.name)
+            subs = tuple(SubscriptionSpec(s.name, s.starts_at.timestamp() if s.starts_at else None,
+                                          s.max_receives if s.dead_letter_queue_id else None) for s in rows)
+            rules = tuple((s.name, s.visibility_timeout,
+                           s.dead_letter_queue.name if s.dead_letter_queue_id else None) for s in rows)
         return cls(q.pk, q.name, q.partitions, q.block_size, q.lease_period, q.visibility_timeout,
                    q.max_message_size, q.retention, q.strict, q.delay, dlq,
                    q.max_receives if dlq else None, q.dedup_window, q.preprocess_estimate,
-                   q.process_estimate, q.archive)
+                   q.process_estimate, q.archive, q.kind, subs, rules or ())
+
+    def subscription(self, name: str) -> SubscriptionSpec | None:
+        return next((s for s in self.subscriptions or () if s.name == name), None)
+
+    def rules_of(self, name: str) -> tuple[int | None, str | None]:
+        """A subscription's own visibility timeout and dead-letter queue (None: none of its own)."""
+        return next(((v, d) for n, v, d in self.subscription_rules if n == name), (None, None))
+
+
+def _queue_rows():
+    return Queue.objects.select_related("dead_letter_queue").prefetch_related("subscriptions__dead_letter_queue")
 
 
 class QueueNotFound(Exception):
+    pass
+
+
+class SubscriptionNotFound(Exception):
     pass
 
 
@@ -151,7 +178,7 @@ class NodeRuntime:
     def _update_cooling(self) -> None:
         now = monotonic()
         self._failures = [t for t in self._failures if now - t < 10.0]
-        in_flight = sum(m.inflight.in_flight(now) for m in list(self.managers.values()))
+        in_flight = sum(m.in_flight(now) for m in list(self.managers.values()))
         cooling = (in_flight > settings.NODE_COOLING_IN_FLIGHT
                    or len(self._failures) > settings.NODE_COOLING_FAILURES)
         if cooling != self.cooling:
@@ -202,7 +229,7 @@ class NodeRuntime:
                 del self.managers[key]
 
     def refresh_queues(self) -> None:
-        fresh = {q.name: QueueConfig.from_model(q) for q in Queue.objects.select_related("dead_letter_queue")}
+        fresh = {q.name: QueueConfig.from_model(q) for q in _queue_rows()}
         with self._lock:
             gone = set(self.queues) - set(fresh)
             self.queues = fresh
@@ -211,6 +238,10 @@ class NodeRuntime:
             if cfg is not None:
                 m.max_receives = cfg.max_receives
                 m.archive = cfg.archive
+                if m.subscriptions != cfg.subscriptions:
+                    # A subscription came or went: reopen from the store with the new set (at
+                    # this pass's claims), rather than teach a live manager a new reader.
+                    self._release(m)
         for name in gone:
             self._close_queue(name)
 
@@ -289,7 +320,7 @@ class NodeRuntime:
 
     def _open(self, cfg: QueueConfig, lease: leases.Lease) -> PartitionManager | None:
         m = PartitionManager(lease, block_size=cfg.block_size, store=self.store, node_id=self.node_id,
-                             cache=self.cache, on_change=self.notify)
+                             cache=self.cache, on_change=self.notify, subscriptions=cfg.subscriptions)
         m.max_receives = cfg.max_receives
         m.archive = cfg.archive
         key = (cfg.name, lease.index)
@@ -336,7 +367,7 @@ class NodeRuntime:
             Partition.objects.filter(pk=m.lease.partition_id, owner_id=self.node_id, epoch=m.lease.epoch).update(
                 enqueue_id=s.enqueue_id, dequeue_id=s.dequeue_id, depth=s.visible, delayed=s.delayed,
                 enqueue_rate=round(enqueue_rate, 3), ack_rate=round(ack_rate, 3),
-                in_flight=s.in_flight, tree_height=s.tree_height, live_blocks=s.live_blocks,
+                in_flight=s.in_flight, tree_height=s.tree_height, live_blocks=s.live_blocks, cursors=s.cursors,
                 enqueued_total=s.enqueued_total, acked_total=s.acked_total,
                 redelivered_total=s.redelivered_total, oldest_enqueued_at=oldest, stats_at=now,
             )
@@ -345,7 +376,7 @@ class NodeRuntime:
     def queue(self, name: str) -> QueueConfig:
         cfg = self.queues.get(name)
         if cfg is None:
-            q = Queue.objects.filter(name=name).select_related("dead_letter_queue").first()
+            q = _queue_rows().filter(name=name).first()
             if q is None:
                 raise QueueNotFound(name)
             cfg = QueueConfig.from_model(q)
@@ -363,6 +394,20 @@ class NodeRuntime:
         with self._lock:
             self.queues[q.name] = QueueConfig.from_model(q)
         self._claim_partitions(only=q.name)
+
+    def topic_changed(self, name: str) -> None:
+        """A subscription came or went: reload the topic, reopen its partitions held here."""
+        q = _queue_rows().filter(name=name).first()
+        if q is None:
+            return
+        cfg = QueueConfig.from_model(q)
+        with self._lock:
+            self.queues[name] = cfg
+        for (queue, _), m in list(self.managers.items()):
+            if queue == name and m.subscriptions != cfg.subscriptions:
+                self._release(m)
+        self._claim_partitions(only=name)
+        self.notify()
 
     def queue_deleted(self, name: str) -> None:
         with self._lock:

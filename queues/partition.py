@@ -10,6 +10,13 @@ the previous pointers (O(log N) blocks): enqueues may start, into a fresh block.
 to the oldest live block and scan it: dequeues may start. Older blocks ("the backlog") are
 read one at a time as the dequeue position reaches them.
 
+Readers: a queue's partition has one *cursor* (its delivery state: dequeue position,
+redelivery index, group order, delays, receive counts, dead letters). A topic's partition has
+one per subscription, over the same blocks: a message is stored once and removed when no
+cursor holds it any more. A subscription's acks of messages others still hold are kept as
+markers (``<topic>/<p>/_acks/<subscription>/<block>.<index>``), so a new owner knows them.
+A subscription's cursor starts at the messages enqueued from its ``starts_at`` on (None: all).
+
 Locking: one lock per partition guards its memory and is held across its store writes, so a
 message becomes deliverable only after it is stored. Callers that lock several partitions
 take them in index order.
@@ -111,6 +118,70 @@ class BodyCache:
                 self.used -= len(old.body) + 96
 
 
+@dataclass(frozen=True)
+class SubscriptionSpec:
+    """What an owner needs of a topic's subscription (``queues.models.Subscription``)."""
+
+    name: str
+    #: wall-clock seconds; messages enqueued before are not delivered to it (None: all).
+    starts_at: float | None = None
+    max_receives: int | None = None
+
+
+class Cursor:
+    """One reader's delivery state over the partition's blocks (see the module's text)."""
+
+    def __init__(self, name: str, *, shared: bool, starts_at: float | None = None,
+                 max_receives: int | None = None):
+        self.name = name
+        #: a queue's only cursor: its positions are the blocks' own live sets.
+        self.shared = shared
+        #: a subscription's positions still to acknowledge, by block id.
+        self.live: dict[str, set[int]] = {}
+        self.starts_at = starts_at
+        #: message IDs this subscription acknowledged before the open (its markers).
+        self.acked: set[str] = set()
+        self.ready: deque[str] = deque()
+        self.backlog_buffer: deque[str] = deque()
+        self.inflight = RedeliveryIndex()
+        #: a group's undelivered and in-flight messages, by position: its head goes first.
+        self.groups: dict[str, SortedList] = {}
+        self.group_of: dict[str, str] = {}
+        #: the group's message that is released for delivery or in flight (one at a time).
+        self.group_busy: dict[str, str] = {}
+        #: group heads whose turn has come.
+        self.unblocked: deque[str] = deque()
+        #: (not_before, id) of messages whose delay has not passed.
+        self.delayed: list[tuple[float, str]] = []
+        self.not_due: set[str] = set()
+        #: receive counts of redelivered messages, kept in the store so they survive a takeover.
+        self.receives: dict[str, int] = {}
+        #: deliveries after which a message is dead-lettered instead (None: never).
+        self.max_receives = max_receives
+        #: messages waiting to be moved to the dead-letter queue, with their receive counts.
+        self.dead: list[tuple[str, int]] = []
+        self.acked_total = 0
+        self.redelivered_total = 0
+
+    def holds(self, blocks: dict, block_id: str, idx: int) -> bool:
+        if self.shared:
+            state = blocks.get(block_id)
+            return state is not None and idx in state.live
+        live = self.live.get(block_id)
+        return live is not None and idx in live
+
+    def backlog_count(self) -> int:
+        return sum(len(s) for s in self.live.values())
+
+
+def _split(mid: str) -> tuple[str, int]:
+    """``"q/p/<block>/<index>"`` -> ``(block, index)`` without the regex of parse_message_id."""
+    _, _, rest = mid.partition("/")
+    _, _, rest = rest.partition("/")
+    block_id, _, idx = rest.partition("/")
+    return block_id, int(idx)
+
+
 @dataclass
 class PartitionStats:
     queue: str
@@ -131,13 +202,16 @@ class PartitionStats:
     acked_total: int
     redelivered_total: int
     opened_in: dict
+    #: a topic's figures per subscription: backlog (held, in flight included), in flight, acked.
+    cursors: dict
 
 
 class PartitionManager:
     def __init__(self, lease: leases.Lease, *, block_size: int, store: KeyValueStore,
                  node_id: str, cache: BodyCache, on_change: Callable[[], None] = lambda: None,
                  set_head: Callable[[leases.Lease, str, str], None] = leases.set_head,
-                 read_head: Callable[[leases.Lease], str | None] = leases.read_head):
+                 read_head: Callable[[leases.Lease], str | None] = leases.read_head,
+                 subscriptions: Sequence[SubscriptionSpec] | None = None):
         self.lease = lease
         self.queue = lease.queue
         self.index = lease.index
@@ -151,7 +225,8 @@ class PartitionManager:
         self.fence = Fence(fence_key(self.queue, self.index), lease.epoch)
         self.lock = threading.Lock()
         self.tree = AppendTree(block_size)
-        #: live blocks whose positions are known, by id.
+        #: live blocks whose positions are known, by id; their ``live`` sets are the positions
+        #: still stored (held by at least one cursor, or by none yet on a topic).
         self.blocks: dict[str, BlockState] = {}
         # The same blocks in allocation order: first those found in the store at open (every
         # one older than any this manager allocates), then this manager's own.
@@ -159,41 +234,91 @@ class PartitionManager:
         self.local_order: deque[BlockState] = deque()
         self.next_index = 0
         self.head_writable = False
-        self.ready: deque[str] = deque()
         self.backlog: Iterator[Block] | None = None
-        self.backlog_buffer: deque[str] = deque()
-        self.inflight = RedeliveryIndex()
+        #: a topic's subscriptions (fixed for the manager's life: a change reopens it).
+        self.subscriptions: tuple[SubscriptionSpec, ...] | None = (
+            tuple(subscriptions) if subscriptions is not None else None)
+        if self.subscriptions is None:
+            self.cursors = {"": Cursor("", shared=True)}
+        else:
+            self.cursors = {s.name: Cursor(s.name, shared=False, starts_at=s.starts_at,
+                                           max_receives=s.max_receives) for s in self.subscriptions}
+        self._all = list(self.cursors.values())
         self.enqueue_ready = False
         self.dequeue_ready = False
         self.closed = False
         self.enqueued_total = 0
-        self.acked_total = 0
-        self.redelivered_total = 0
         self.dead_lettered_total = 0
         self.expired_total = 0
         #: seconds and block reads of the last open, for the failover figures.
         self.opened_in: dict = {}
-        # --- delivery order ---
         self.seq_counter = 0
-        #: a group's undelivered and in-flight messages, by position: its head goes first.
-        self.groups: dict[str, SortedList] = {}
-        self.group_of: dict[str, str] = {}
-        #: the group's message that is released for delivery or in flight (one at a time).
-        self.group_busy: dict[str, str] = {}
-        #: group heads whose turn has come.
-        self.unblocked: deque[str] = deque()
-        #: (not_before, id) of messages whose delay has not passed.
-        self.delayed: list[tuple[float, str]] = []
-        self.not_due: set[str] = set()
-        #: receive counts of redelivered messages, kept in the store so they survive a takeover.
-        self.receives: dict[str, int] = {}
-        #: deliveries after which a message is dead-lettered instead (None: never).
-        self.max_receives: int | None = None
-        #: messages waiting to be moved to the dead-letter queue, with their receive counts.
-        self.dead: list[tuple[str, int]] = []
         #: the queue's archive mode ("none", "all", "acked"): which journal entries we write.
         self.archive = "none"
         self.wall = time.time
+
+    # --- the queue's cursor, for callers that know no subscriptions ---------------------------
+    @property
+    def is_topic(self) -> bool:
+        return self.subscriptions is not None
+
+    def cursor(self, sub: str = "") -> Cursor:
+        c = self.cursors.get(sub)
+        if c is None:
+            if not self.is_topic:
+                raise NotServedHere(f"{self.queue} is a queue, it has no subscription {sub!r}")
+            raise PartitionUnavailable(f"{self.queue}/{self.index}: subscription {sub!r} is not loaded "
+                                       "on this node yet; retry")
+        return c
+
+    @property
+    def inflight(self) -> RedeliveryIndex:
+        return self.cursor().inflight
+
+    @property
+    def ready(self) -> deque[str]:
+        return self.cursor().ready
+
+    @property
+    def backlog_buffer(self) -> deque[str]:
+        return self.cursor().backlog_buffer
+
+    @property
+    def max_receives(self) -> int | None:
+        c = self.cursors.get("")
+        return c.max_receives if c is not None else None
+
+    @max_receives.setter
+    def max_receives(self, value: int | None) -> None:
+        c = self.cursors.get("")
+        if c is not None:  # a subscription's rule comes with its spec
+            c.max_receives = value
+
+    @property
+    def acked_total(self) -> int:
+        return sum(c.acked_total for c in self._all)
+
+    @property
+    def redelivered_total(self) -> int:
+        return sum(c.redelivered_total for c in self._all)
+
+    def in_flight(self, now: float) -> int:
+        return sum(c.inflight.in_flight(now) for c in self._all)
+
+    # --- keys of a cursor's own records -------------------------------------------------------
+    def _receives_bucket(self, c: Cursor) -> str:
+        return f"{self.queue}/{self.index}/_receives" + (f"/{c.name}" if c.name else "")
+
+    def _receives_key(self, c: Cursor, mid: MessageId) -> str:
+        if not c.name:
+            return receives_key(self.queue, self.index, mid)
+        return f"{self._receives_bucket(c)}/{mid.block}.{mid.index}"
+
+    def _acks_bucket(self, c: Cursor) -> str:
+        return f"{self.queue}/{self.index}/_acks/{c.name}"
+
+    def _ack_key(self, c: Cursor, mid: MessageId) -> str:
+        return f"{self._acks_bucket(c)}/{mid.block}.{mid.index}"
 
     # --- opening ------------------------------------------------------------------------------
     def _read_block(self, block_id: str) -> Block | None:
@@ -225,10 +350,12 @@ class PartitionManager:
         self.opened_in = {"enqueue_ready_s": monotonic() - self._t0, "head_reads": self.tree.reads}
 
     def open_oldest(self) -> None:
-        """Reach the oldest live block (O(log N) more reads) and the saved receive counts:
-        dequeues may start. Enqueues run meanwhile (they take the lock between steps)."""
+        """Reach the oldest live block (O(log N) more reads) and the saved receive counts (and a
+        topic's ack markers): dequeues may start. Enqueues run meanwhile (they take the lock
+        between steps)."""
         with self.lock:
-            self._load_receives()
+            for c in self._all:
+                self._load_receives(c)
         with self.lock:
             if self.backlog is not None and not self.backlog_order:
                 self._refill_backlog()
@@ -236,14 +363,22 @@ class PartitionManager:
         self.opened_in.update(dequeue_ready_s=monotonic() - self._t0, oldest_reads=self.tree.reads)
         log.info("opened %s/%s epoch %s: %s", self.queue, self.index, self.lease.epoch, self.opened_in)
 
-    def _load_receives(self) -> None:
-        bucket = f"{self.queue}/{self.index}/_receives"
-        names = self.store.scan(bucket)
-        values = self.store.get_many([f"{bucket}/{n}" for n in names])
-        for name, raw in zip(names, values):
-            block_id, _, idx = name.partition(".")
-            if raw is not None and idx.isdigit():
-                self.receives[f"{self.queue}/{self.index}/{block_id}/{idx}"] = int(raw)
+    def _load_receives(self, c: Cursor) -> None:
+        prefix = f"{self.queue}/{self.index}"
+        buckets = [(self._receives_bucket(c), c.receives)]
+        if not c.shared:
+            buckets.append((self._acks_bucket(c), None))
+        for bucket, into in buckets:
+            names = self.store.scan(bucket)
+            values = self.store.get_many([f"{bucket}/{n}" for n in names]) if into is not None else names
+            for name, raw in zip(names, values):
+                block_id, _, idx = name.partition(".")
+                if raw is None or not idx.isdigit():
+                    continue
+                if into is None:
+                    c.acked.add(f"{prefix}/{block_id}/{idx}")
+                else:
+                    into[f"{prefix}/{block_id}/{idx}"] = int(raw)
 
     def _refill_backlog(self) -> bool:
         """Scan the next backlog block and route its messages. One scan and one batched read.
@@ -265,8 +400,10 @@ class PartitionManager:
             block = next(self.backlog, None)
             if block is None:
                 self.backlog = None
-                for group in list(self.groups):
-                    self._release_group(group)  # local heads were waiting for the backlog
+                for c in self._all:
+                    c.acked.clear()  # every marker has met its message by now
+                    for group in list(c.groups):
+                        self._release_group(c, group)  # local heads were waiting for the backlog
                 self._prune()  # and so were this manager's own emptied blocks
                 break
             bucket = f"{self.queue}/{self.index}/{block.id}"
@@ -276,70 +413,85 @@ class PartitionManager:
             state = BlockState(block, set(), sealed=True, backlog=True)
             self.blocks[block.id] = state
             self.backlog_order.append(state)
-            routed = False
+            done: list[str] = []
             for i, mid, raw in zip(live, ids, records):
                 if raw is None:
                     continue  # acknowledged between the scan and the read
                 message = StoredMessage.from_bytes(raw)
                 state.live.add(i)
                 state.newest = max(state.newest, message.enqueued_at)
-                self.cache.put(mid, message)
                 self.seq_counter = max(self.seq_counter, message.sequence & 0xFFFFFFFF)
-                routed |= self._route(mid, (block.ordinal, i), message, backlog=True)
+                if self._route_new(mid, block, i, message, backlog=True):
+                    self.cache.put(mid, message)
+                elif self._all and all(mid in c.acked for c in self._all):
+                    done.append(mid)  # acked by every subscription; the owner died before the delete
+            if done:
+                self._remove_everywhere(done)
             if state.live:
                 return True
             self._prune()
         return False
 
-    def _route(self, mid: str, pos: tuple[int, int], message: StoredMessage, *, backlog: bool) -> bool:
-        """Put a stored, undelivered message where its turn will come. Lock held."""
-        if message.not_before is not None and message.not_before > self.wall():
-            heapq.heappush(self.delayed, (message.not_before, mid))
-            self.not_due.add(mid)
-        if message.group is not None:
-            self.group_of[mid] = message.group
-            self.groups.setdefault(message.group, SortedList()).add((pos, mid))
-            self._release_group(message.group)
-            return True
-        if mid in self.not_due:
-            return False
-        (self.backlog_buffer if backlog else self.ready).append(mid)
-        return True
+    def _route_new(self, mid: str, block: Block, i: int, message: StoredMessage, *, backlog: bool) -> bool:
+        """Give a stored message to every cursor that should read it. Lock held. True if any took it."""
+        taken = False
+        for c in self._all:
+            if not c.shared:
+                if mid in c.acked or (c.starts_at is not None and message.enqueued_at < c.starts_at):
+                    continue
+                c.live.setdefault(block.id, set()).add(i)
+            self._route(c, mid, (block.ordinal, i), message, backlog=backlog)
+            taken = True
+        return taken
 
-    def _release_group(self, group: str) -> None:
+    def _route(self, c: Cursor, mid: str, pos: tuple[int, int], message: StoredMessage, *, backlog: bool) -> None:
+        """Put a stored, undelivered message where its turn will come in ``c``. Lock held."""
+        if message.not_before is not None and message.not_before > self.wall():
+            heapq.heappush(c.delayed, (message.not_before, mid))
+            c.not_due.add(mid)
+        if message.group is not None:
+            c.group_of[mid] = message.group
+            c.groups.setdefault(message.group, SortedList()).add((pos, mid))
+            self._release_group(c, message.group)
+            return
+        if mid in c.not_due:
+            return
+        (c.backlog_buffer if backlog else c.ready).append(mid)
+
+    def _release_group(self, c: Cursor, group: str) -> None:
         """Let the group's head be delivered if the group has nothing out. Lock held.
 
         The head is the group's oldest live message. A message this manager enqueued waits
         while older blocks found at open are still unread: one of them may hold an older
         message of the same group.
         """
-        if group in self.group_busy:
+        if group in c.group_busy:
             return
-        pending = self.groups.get(group)
+        pending = c.groups.get(group)
         if not pending:
-            self.groups.pop(group, None)
+            c.groups.pop(group, None)
             return
         (ordinal, _), head = pending[0]
-        if head in self.not_due:
+        if head in c.not_due:
             return
         state = self.blocks.get(head.rsplit("/", 2)[1])
         if self.backlog is not None and state is not None and not state.backlog:
             return
-        self.group_busy[group] = head
-        self.unblocked.append(head)
+        c.group_busy[group] = head
+        c.unblocked.append(head)
 
-    def _release_due(self) -> None:
+    def _release_due(self, c: Cursor) -> None:
         now = self.wall()
-        while self.delayed and self.delayed[0][0] <= now:
-            _, mid = heapq.heappop(self.delayed)
-            if mid not in self.not_due:
+        while c.delayed and c.delayed[0][0] <= now:
+            _, mid = heapq.heappop(c.delayed)
+            if mid not in c.not_due:
                 continue
-            self.not_due.discard(mid)
-            group = self.group_of.get(mid)
+            c.not_due.discard(mid)
+            group = c.group_of.get(mid)
             if group is not None:
-                self._release_group(group)
-            elif self._is_live(mid):
-                self.ready.append(mid)
+                self._release_group(c, group)
+            elif self._is_live(c, mid):
+                c.ready.append(mid)
 
     # --- guards -------------------------------------------------------------------------------
     def _check_serving(self) -> None:
@@ -442,7 +594,7 @@ class PartitionManager:
                 state.live.add(i)
                 state.newest = max(state.newest, message.enqueued_at)
                 self.cache.put(mid, message)
-                self._route(mid, (block.ordinal, i), message, backlog=False)
+                self._route_new(mid, block, i, message, backlog=False)
             self.enqueued_total += len(ids)
         self.on_change()
         return ids
@@ -458,51 +610,52 @@ class PartitionManager:
             self.local_order.append(state)
 
     # --- dequeue ------------------------------------------------------------------------------
-    def dequeue(self, max_messages: int, visibility: float) -> list[Delivery]:
-        """Up to ``max_messages`` deliveries: expired ones first, then group heads whose turn
-        came, then the oldest undelivered. Messages past ``max_receives`` are set aside for
-        the dead-letter queue instead (see :meth:`take_dead`)."""
+    def dequeue(self, max_messages: int, visibility: float, sub: str = "") -> list[Delivery]:
+        """Up to ``max_messages`` deliveries to ``sub`` (a queue: ""): expired ones first, then
+        group heads whose turn came, then the oldest undelivered. Messages past
+        ``max_receives`` are set aside for the dead-letter queue instead (see :meth:`take_dead`)."""
         out: list[Delivery] = []
         counts: list[tuple[str, int]] = []
         with self.lock:
             self._check_serving()
+            c = self.cursor(sub)
             if not self.dequeue_ready:
                 return out
             now = monotonic()
             deadline = now + visibility
-            for mid in self.inflight.expired(now, max_messages):
-                if not self._is_live(mid):
-                    self.inflight.remove(mid)
+            for mid in c.inflight.expired(now, max_messages):
+                if not self._is_live(c, mid):
+                    c.inflight.remove(mid)
                     continue
-                entry = self.inflight.get(mid)
-                if self.max_receives is not None and entry.receive_count >= self.max_receives:
-                    self.inflight.change_deadline(mid, float("inf"))  # pinned until moved
-                    self.dead.append((mid, entry.receive_count))
+                entry = c.inflight.get(mid)
+                if c.max_receives is not None and entry.receive_count >= c.max_receives:
+                    c.inflight.change_deadline(mid, float("inf"))  # pinned until moved
+                    c.dead.append((mid, entry.receive_count))
                     continue
                 receipt = new_receipt()
                 count = entry.receive_count + 1
-                self.inflight.add(mid, deadline, receipt, count)
-                self.redelivered_total += 1
+                c.inflight.add(mid, deadline, receipt, count)
+                c.redelivered_total += 1
                 counts.append((mid, count))
                 out.append(Delivery(mid, receipt, count))
-            self._release_due()
+            self._release_due(c)
             scans = 0
             try:
                 while len(out) < max_messages:
-                    if self.unblocked:
-                        mid = self.unblocked.popleft()
-                    elif self.backlog_buffer:
-                        mid = self.backlog_buffer.popleft()
+                    if c.unblocked:
+                        mid = c.unblocked.popleft()
+                    elif c.backlog_buffer:
+                        mid = c.backlog_buffer.popleft()
                     elif self.backlog is not None and scans < 8:
                         scans += 1
                         self._refill_backlog()
                         continue
-                    elif self.ready:
-                        mid = self.ready.popleft()
+                    elif c.ready:
+                        mid = c.ready.popleft()
                     else:
                         break
-                    if self._is_live(mid) and mid not in self.inflight and mid not in self.not_due:
-                        delivery = self._deliver_first(mid, deadline)
+                    if self._is_live(c, mid) and mid not in c.inflight and mid not in c.not_due:
+                        delivery = self._deliver_first(c, mid, deadline)
                         if delivery is not None:
                             out.append(delivery)
                             if delivery.receive_count > 1:
@@ -512,55 +665,54 @@ class PartitionManager:
                 # the next owner, not here.
                 raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
             for mid, count in counts:
-                self.receives[mid] = count
+                c.receives[mid] = count
         if counts:
-            self._save_receives(counts)
+            self._save_receives(c, counts)
         return out
 
-    def _save_receives(self, counts: list[tuple[str, int]]) -> None:
+    def _save_receives(self, c: Cursor, counts: list[tuple[str, int]]) -> None:
         """Persist receive counts of redeliveries. A count lost here makes it at most the
         deliveries in flight at a crash too low; first deliveries are never written."""
         items = []
         for mid, count in counts:
             parsed = parse_message_id(mid)
             if parsed is not None:
-                items.append((receives_key(self.queue, self.index, parsed), str(count).encode()))
+                items.append((self._receives_key(c, parsed), str(count).encode()))
         try:
             self.store.put_many(items, fence=self.fence)
         except KVError as exc:
             log.warning("%s/%s: receive counts not saved: %s", self.queue, self.index, exc)
 
-    def take_dead(self) -> list[tuple[str, int]]:
+    def take_dead(self, sub: str = "") -> list[tuple[str, int]]:
         """Messages set aside for the dead-letter queue (they stay pinned until acked)."""
         with self.lock:
-            dead, self.dead = self.dead, []
+            c = self.cursor(sub)
+            dead, c.dead = c.dead, []
         return dead
 
-    def return_dead(self, mids: Sequence[str]) -> None:
+    def return_dead(self, mids: Sequence[str], sub: str = "") -> None:
         """The move failed: let them expire now, to be set aside again at the next dequeue."""
         with self.lock:
+            c = self.cursor(sub)
             now = monotonic()
             for mid in mids:
-                if mid in self.inflight:
-                    self.inflight.change_deadline(mid, now)
+                if mid in c.inflight:
+                    c.inflight.change_deadline(mid, now)
 
-    def _deliver_first(self, mid: str, deadline: float) -> Delivery | None:
+    def _deliver_first(self, c: Cursor, mid: str, deadline: float) -> Delivery | None:
         """First delivery by this owner; the count goes on from one saved before a takeover."""
-        count = self.receives.get(mid, 0) + 1
-        if self.max_receives is not None and count > self.max_receives:
-            self.inflight.add(mid, float("inf"), new_receipt(), count - 1)
-            self.dead.append((mid, count - 1))
+        count = c.receives.get(mid, 0) + 1
+        if c.max_receives is not None and count > c.max_receives:
+            c.inflight.add(mid, float("inf"), new_receipt(), count - 1)
+            c.dead.append((mid, count - 1))
             return None
         receipt = new_receipt()
-        self.inflight.add(mid, deadline, receipt, count)
+        c.inflight.add(mid, deadline, receipt, count)
         return Delivery(mid, receipt, count)
 
-    def _is_live(self, mid: str) -> bool:
-        _, _, rest = mid.partition("/")
-        _, _, rest = rest.partition("/")
-        block_id, _, idx = rest.partition("/")
-        state = self.blocks.get(block_id)
-        return state is not None and int(idx) in state.live
+    def _is_live(self, c: Cursor, mid: str) -> bool:
+        block_id, idx = _split(mid)
+        return c.holds(self.blocks, block_id, idx)
 
     def load_bodies(self, deliveries: list[Delivery]) -> list[Delivery]:
         """Attach the stored messages (cache, else one batched read); drop vanished ones."""
@@ -585,45 +737,60 @@ class PartitionManager:
                 # Removed behind our back (acknowledged at a previous owner before our scan
                 # saw it gone, a purge): forget it rather than keep it in flight for ever.
                 with self.lock:
-                    self._forget(vanished)
+                    for c in self._all:
+                        self._forget(c, vanished)
+                    self._drop_stored(vanished)
         return [d for d in deliveries if d.message is not None]
 
     # --- ack and visibility -------------------------------------------------------------------
-    def check_receipts(self, items: Sequence[tuple[MessageId, str | None]]) -> None:
+    def check_receipts(self, items: Sequence[tuple[MessageId, str | None]], sub: str = "") -> None:
         """Raise :class:`ReceiptMismatch` for the first item whose receipt is not current. Lock held."""
+        c = self.cursor(sub)
         for mid, receipt in items:
             if receipt is None:
                 continue
-            entry = self.inflight.get(str(mid))
+            entry = c.inflight.get(str(mid))
             if entry is None:
                 raise ReceiptMismatch(str(mid), "not in flight (never delivered, or already acknowledged)")
             if entry.receipt != receipt:
                 raise ReceiptMismatch(str(mid), "the receipt is from an earlier delivery")
 
-    def pin_for_ack(self, items: Sequence[MessageId]) -> dict[str, float]:
+    def pin_for_ack(self, items: Sequence[MessageId], sub: str = "") -> dict[str, float]:
         """Hold the in-flight ones back from redelivery while their delete runs. Lock held.
 
         Returns their deadlines, for :meth:`unpin` if the delete fails.
         """
+        c = self.cursor(sub)
         pinned = {}
         for mid in items:
             key = str(mid)
-            entry = self.inflight.get(key)
+            entry = c.inflight.get(key)
             if entry is not None and key not in pinned:
                 pinned[key] = entry.deadline
-                self.inflight.change_deadline(key, float("inf"))
+                c.inflight.change_deadline(key, float("inf"))
         return pinned
 
-    def unpin(self, pinned: dict[str, float]) -> None:
+    def unpin(self, pinned: dict[str, float], sub: str = "") -> None:
         """Give back the deadlines taken by :meth:`pin_for_ack`. Lock held."""
+        c = self.cursor(sub)
         for key, deadline in pinned.items():
-            if key in self.inflight:
-                self.inflight.change_deadline(key, deadline)
+            if key in c.inflight:
+                c.inflight.change_deadline(key, deadline)
 
-    def delete_acked(self, items: Sequence[MessageId], *, acked: bool = True) -> int:
-        """The store half of an ack, without the lock. Returns how many were still stored.
-        ``acked``: false for removals that are no ack (retention, dead-lettering): not journaled."""
-        counts = [receives_key(self.queue, self.index, m) for m in items if str(m) in self.receives]
+    def delete_acked(self, items: Sequence[MessageId], *, acked: bool = True, sub: str = "") -> int:
+        """The store half of an ack. Returns how many were still held (a queue: stored).
+        ``acked``: false for removals that are no ack (retention, dead-lettering): not journaled.
+
+        A queue's runs without the lock. A subscription's decides, under the lock, whether
+        another subscription still holds each message: then only its marker is written, else
+        the message goes (with the others' markers). The lock is held across those writes, so
+        two subscriptions acking one message cannot both leave it to the other; a failure
+        closes the manager, which the node reopens from the store.
+        """
+        c = self.cursor(sub)
+        if not c.shared:
+            return self._delete_acked_by_subscription(c, items, acked)
+        counts = [self._receives_key(c, m) for m in items if str(m) in c.receives]
         try:
             if acked and self.archive != "none":
                 journal = archive_journal.on_ack(self.store, self.cache, self.queue, self.index,
@@ -640,39 +807,105 @@ class PartitionManager:
         except KVError as exc:
             raise PartitionUnavailable(f"{self.queue}/{self.index}: store delete failed: {exc}") from exc
 
-    def settle_acked(self, items: Sequence[MessageId], removed: int) -> None:
-        """The memory half of an ack, after the delete. Lock held."""
-        self._forget([str(m) for m in items])
-        self.acked_total += removed
-        self._prune()
+    def _delete_acked_by_subscription(self, c: Cursor, items: Sequence[MessageId], acked: bool) -> int:
+        with self.lock:
+            self._check_serving()
+            held = [m for m in items if c.holds(self.blocks, m.block, m.index)]
+            last = [m for m in held
+                    if not any(o is not c and o.holds(self.blocks, m.block, m.index) for o in self._all)]
+            shared = [m for m in held if m not in last]
+            try:
+                if acked and last and self.archive != "none":
+                    journal = archive_journal.on_ack(self.store, self.cache, self.queue, self.index,
+                                                     self.archive, last, self.wall())
+                    self.store.put_many(journal, fence=self.fence)
+                if shared:
+                    self.store.put_many([(self._ack_key(c, m), b"1") for m in shared], fence=self.fence)
+                if last:
+                    self._delete_stored([str(m) for m in last])
+                counts = [self._receives_key(c, m) for m in held if str(m) in c.receives]
+                if counts:
+                    self.store.delete_many(counts, fence=self.fence)
+            except Fenced as exc:
+                raise self._lost(exc) from exc
+            except KVError as exc:
+                self.closed = True  # memory and store may disagree now: reopen from the store
+                raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
+            for m in held:
+                c.live.get(m.block, set()).discard(m.index)
+            self._drop_stored([str(m) for m in last])
+            return len(held)
 
-    def _forget(self, mids: Sequence[str]) -> None:
-        """Drop acknowledged (or dead-lettered, or expired) messages from memory. Lock held."""
-        released: set[str] = set()
+    def _delete_stored(self, mids: Sequence[str]) -> None:
+        """Delete messages from the store with every subscription's marker and count. Lock held."""
+        keys = list(mids)
+        if self.is_topic:
+            for mid in mids:
+                parsed = parse_message_id(mid)
+                if parsed is not None:
+                    for o in self._all:
+                        keys.append(self._ack_key(o, parsed))
+                        keys.append(self._receives_key(o, parsed))
+        self.store.delete_many(keys, fence=self.fence)
+
+    def _drop_stored(self, mids: Sequence[str]) -> None:
+        """Memory of messages no longer stored (block live sets, cache). Lock held."""
         for key in mids:
-            self.inflight.remove(key)
             self.cache.discard(key)
-            self.receives.pop(key, None)
-            self.not_due.discard(key)
-            _, _, rest = key.partition("/")
-            _, _, rest = rest.partition("/")
-            block_id, _, idx = rest.partition("/")
+            block_id, idx = _split(key)
             state = self.blocks.get(block_id)
             if state is not None:
-                state.live.discard(int(idx))
-            group = self.group_of.pop(key, None)
+                state.live.discard(idx)
+
+    def _remove_everywhere(self, mids: Sequence[str]) -> None:
+        """Delete messages that no cursor needs, and forget them everywhere. Lock held."""
+        try:
+            self._delete_stored(mids)
+        except Fenced as exc:
+            raise self._lost(exc) from exc
+        for c in self._all:
+            self._forget(c, mids)
+        self._drop_stored(mids)
+
+    def settle_acked(self, items: Sequence[MessageId], removed: int, sub: str = "") -> None:
+        """The memory half of an ack, after the delete. Lock held."""
+        c = self.cursor(sub)
+        mids = [str(m) for m in items]
+        self._forget(c, mids)
+        if c.shared:
+            self._drop_stored(mids)
+        c.acked_total += removed
+        self._prune()
+
+    def _forget(self, c: Cursor, mids: Sequence[str]) -> None:
+        """Drop acknowledged (or dead-lettered, or expired) messages from a cursor. Lock held."""
+        released: set[str] = set()
+        for key in mids:
+            c.inflight.remove(key)
+            c.receives.pop(key, None)
+            c.not_due.discard(key)
+            block_id, idx = _split(key)
+            if not c.shared:
+                live = c.live.get(block_id)
+                if live is not None:
+                    live.discard(idx)
+                    if not live:
+                        del c.live[block_id]
+            group = c.group_of.pop(key, None)
             if group is not None:
-                pending = self.groups.get(group)
+                pending = c.groups.get(group)
+                state = self.blocks.get(block_id)
                 if pending is not None and state is not None:
-                    pending.discard(((state.block.ordinal, int(idx)), key))
-                if self.group_busy.get(group) == key:
-                    del self.group_busy[group]
+                    pending.discard(((state.block.ordinal, idx), key))
+                if c.group_busy.get(group) == key:
+                    del c.group_busy[group]
                 released.add(group)
         for group in released:
-            self._release_group(group)
+            self._release_group(c, group)
 
     def expire(self, cutoff: float) -> int:
-        """Remove messages of blocks whose newest message is older than ``cutoff`` (retention).
+        """Remove messages of blocks whose newest message is older than ``cutoff`` (retention),
+        from every subscription.
 
         Works a block at a time from the oldest, so a message outlives its retention by at
         most the time its block took to fill. Returns how many were removed.
@@ -687,42 +920,58 @@ class PartitionManager:
                 doomed.extend(f"{bucket}/{i}" for i in sorted(state.live))
         if not doomed:
             return 0
+        if self.is_topic:
+            with self.lock:
+                self._check_serving()
+                doomed = [d for d in doomed if self.blocks.get(_split(d)[0]) is not None
+                          and _split(d)[1] in self.blocks[_split(d)[0]].live]
+                try:
+                    self._remove_everywhere(doomed)
+                except KVError as exc:
+                    raise PartitionUnavailable(f"{self.queue}/{self.index}: store delete failed: {exc}") from exc
+                self.expired_total += len(doomed)
+                self._prune()
+            return len(doomed)
         parsed = [m for m in (parse_message_id(d) for d in doomed) if m is not None]
         removed = self.delete_acked(parsed, acked=False)
         with self.lock:
-            self._forget(doomed)
+            for c in self._all:
+                self._forget(c, doomed)
+            self._drop_stored(doomed)
             self.expired_total += removed
             self._prune()
         return removed
 
-    def ack(self, items: Sequence[tuple[MessageId, str | None]], *, acked: bool = True) -> int:
+    def ack(self, items: Sequence[tuple[MessageId, str | None]], *, acked: bool = True, sub: str = "") -> int:
         """Check receipts, delete, settle: a whole ack on this partition alone (``acked``:
         see :meth:`delete_acked`)."""
         mids = [mid for mid, _ in items]
         with self.lock:
             self._check_serving()
-            self.check_receipts(items)
-            pinned = self.pin_for_ack(mids)
+            self.check_receipts(items, sub)
+            pinned = self.pin_for_ack(mids, sub)
         try:
-            removed = self.delete_acked(mids, acked=acked)
+            removed = self.delete_acked(mids, acked=acked, sub=sub)
         except PartitionUnavailable:
             with self.lock:
-                self.unpin(pinned)
+                self.unpin(pinned, sub)
             raise
         with self.lock:
-            self.settle_acked(mids, removed)
+            self.settle_acked(mids, removed, sub)
         return removed
 
-    def change_visibility_locked(self, mid: MessageId, receipt: str | None, timeout: float) -> None:
+    def change_visibility_locked(self, mid: MessageId, receipt: str | None, timeout: float,
+                                 sub: str = "") -> None:
+        c = self.cursor(sub)
         key = str(mid)
-        entry = self.inflight.get(key)
-        if entry is None or not self._is_live(key):
+        entry = c.inflight.get(key)
+        if entry is None or not self._is_live(c, key):
             raise ReceiptMismatch(key, "not in flight (never delivered, or already acknowledged)")
         if receipt is not None and entry.receipt != receipt:
             raise ReceiptMismatch(key, "the receipt is from an earlier delivery")
         if entry.deadline == float("inf"):
             raise ReceiptMismatch(key, "it is being acknowledged or dead-lettered")
-        self.inflight.change_deadline(key, monotonic() + timeout)
+        c.inflight.change_deadline(key, monotonic() + timeout)
         if timeout == 0:
             self.on_change()
 
@@ -731,6 +980,7 @@ class PartitionManager:
 
         Only a prefix of the allocation order is ever pruned (see ``queues.tree``): a block goes
         when it and every older block are sealed and empty, and never while it is the head.
+        On a topic a block is empty when no subscription holds any of its messages.
         """
         head_id = self.tree.head.id if self.tree.head is not None else None
         doomed: list[BlockState] = []
@@ -765,32 +1015,39 @@ class PartitionManager:
             now = monotonic()
             live = sum(len(s.live) for s in self.blocks.values())
             ordered = [*self.backlog_order, *self.local_order]
-            in_flight = self.inflight.in_flight(now)
+            in_flight = self.in_flight(now)
             head = self.tree.head
             oldest = next((s.block.created_at for s in ordered if s.live), None)
-            first = self.ready[0] if self.ready else None
-            if self.backlog_buffer:
-                first = self.backlog_buffer[0]
+            first = ""
+            cursors = {}
+            if self.is_topic:
+                for c in self._all:
+                    cursors[c.name] = {
+                        "backlog": c.backlog_count(), "in_flight": c.inflight.in_flight(now),
+                        "acked": c.acked_total, "redelivered": c.redelivered_total,
+                        "dequeue_id": (c.backlog_buffer or c.ready or [""])[0],
+                    }
+            else:
+                c = self.cursors[""]
+                first = (c.backlog_buffer or c.ready or [""])[0]
             return PartitionStats(
                 queue=self.queue, index=self.index, epoch=self.lease.epoch,
                 head_block=head.id if head else "",
                 enqueue_id=f"{self.queue}/{self.index}/{head.id}/{self.next_index}" if head else "",
-                dequeue_id=first or "",
-                visible=max(live - in_flight, 0), in_flight=in_flight, delayed=len(self.not_due),
+                dequeue_id=first,
+                visible=max(live - in_flight, 0), in_flight=in_flight,
+                delayed=len(set().union(*(c.not_due for c in self._all))) if self._all else 0,
                 depth_exact=self.backlog is None,
                 live_blocks=len(self.blocks),
                 tree_height=max((h for _, h in self.tree.roots), default=-1) + 1,
                 oldest_enqueued_at=oldest,
                 enqueued_total=self.enqueued_total, acked_total=self.acked_total,
                 redelivered_total=self.redelivered_total, opened_in=self.opened_in,
+                cursors=cursors,
             )
 
-    def next_wakeup(self) -> float | None:
+    def next_wakeup(self, sub: str | None = None) -> float | None:
         """Monotonic time at which an in-flight message becomes deliverable again."""
-        return self.inflight.next_deadline()
-
-    def has_deliverable(self) -> bool:
-        now = monotonic()
-        nd = self.inflight.next_deadline()
-        return bool(self.ready or self.backlog_buffer or self.backlog is not None
-                    or (nd is not None and nd <= now))
+        cursors = self._all if sub is None else [self.cursors[sub]] if sub in self.cursors else []
+        deadlines = [d for d in (c.inflight.next_deadline() for c in cursors) if d is not None]
+        return min(deadlines, default=None)

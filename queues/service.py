@@ -6,6 +6,7 @@ partition managers of this node, and raises the domain errors the API maps to st
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -14,12 +15,14 @@ from django.conf import settings
 from django.db import transaction
 
 from .messages import MessageId, StoredMessage
-from .models import Partition, Queue
-from .node import NodeRuntime, QueueConfig, QueueNotFound
+from .models import Partition, Queue, Subscription
+from .node import NodeRuntime, QueueConfig, QueueNotFound, SubscriptionNotFound
 from .partition import Delivery, NotServedHere, PartitionUnavailable, ReceiptMismatch
 
+log = logging.getLogger(__name__)
+
 __all__ = [
-    "QueueNotFound", "PartitionUnavailable", "ReceiptMismatch", "get_runtime", "set_runtime",
+    "QueueNotFound", "SubscriptionNotFound", "PartitionUnavailable", "ReceiptMismatch", "get_runtime", "set_runtime",
     "create_queue", "delete_queue", "enqueue", "dequeue", "ack", "change_visibility", "queue_stats",
 ]
 
@@ -91,6 +94,48 @@ def delete_queue(q: Queue) -> None:
     get_runtime().queue_deleted(name)
 
 
+# --- subscriptions ----------------------------------------------------------------------------
+def create_subscription(topic: Queue, **fields) -> Subscription:
+    """A new reader of ``topic``. ``start="newest"``: it gets what is published from now on;
+    ``"oldest"``: also every message the topic still holds. The owners reopen the topic's
+    partitions with the new reader (here at once, elsewhere when told, or at their next
+    heartbeat if they cannot be reached)."""
+    from django.utils import timezone
+
+    with transaction.atomic():
+        sub = Subscription(topic=topic, **fields)
+        if sub.start == Subscription.Start.NEWEST:
+            sub.starts_at = timezone.now()
+        sub.full_clean()
+        sub.save()
+    _subscriptions_changed(topic)
+    return sub
+
+
+def delete_subscription(sub: Subscription) -> None:
+    """Remove a reader; what only it held stays until the topic's retention removes it."""
+    topic = sub.topic
+    with transaction.atomic():
+        sub.delete()
+    _subscriptions_changed(topic)
+    store = get_runtime().store
+    for index in range(topic.partitions):
+        for kind in ("_acks", "_receives"):
+            store.purge(f"{topic.name}/{index}/{kind}/{sub.name}")
+
+
+def _subscriptions_changed(topic: Queue) -> None:
+    rt = get_runtime()
+    rt.topic_changed(topic.name)
+    owners = set(Partition.objects.filter(queue=topic, owner__isnull=False, owner__stopped_at=None)
+                 .exclude(owner_id=rt.node_id).values_list("owner__address", flat=True))
+    for address in sorted(owners):
+        try:
+            rt.router.forward(address, topic.name, "refresh", {}, 1)
+        except Exception as exc:  # noqa: BLE001 - it sees the change at its next heartbeat
+            log.warning("telling %s about %s's subscriptions: %s", address, topic.name, exc)
+
+
 # --- messages ---------------------------------------------------------------------------------
 def enqueue_to(queue: str, index: int, messages: list[StoredMessage]) -> list[str]:
     """Store the messages in partition ``index`` (their group's), which must be served here."""
@@ -121,8 +166,9 @@ def enqueue(queue: str, messages: list[StoredMessage], *, even_if_cooling: bool 
     raise last  # type: ignore[misc]
 
 
-def dequeue(queue: str, max_messages: int, visibility: float | None, wait: float) -> list[Delivery]:
-    """Up to ``max_messages`` deliveries, waiting up to ``wait`` seconds for the first."""
+def dequeue(queue: str, max_messages: int, visibility: float | None, wait: float, sub: str = "") -> list[Delivery]:
+    """Up to ``max_messages`` deliveries (to subscription ``sub`` of a topic), waiting up to
+    ``wait`` seconds for the first."""
     rt = get_runtime()
     cfg: QueueConfig = rt.queue(queue)
     visibility = cfg.visibility_timeout if visibility is None else visibility
@@ -136,7 +182,7 @@ def dequeue(queue: str, max_messages: int, visibility: float | None, wait: float
             for i in range(len(managers)):
                 m = managers[(start + i) % len(managers)]
                 try:
-                    got = m.dequeue(max_messages - len(out), visibility)
+                    got = m.dequeue(max_messages - len(out), visibility, sub)
                 except PartitionUnavailable:
                     continue
                 if got:
@@ -151,7 +197,7 @@ def dequeue(queue: str, max_messages: int, visibility: float | None, wait: float
         # Sleep until something is enqueued or until the next visibility deadline passes.
         timeout = give_up - now
         for m in managers:
-            nd = m.next_wakeup()
+            nd = m.next_wakeup(sub)
             if nd is not None:
                 timeout = min(timeout, max(nd - now, 0.0) + 0.001)
         rt.wait_for_change(seq, timeout)
@@ -175,7 +221,7 @@ class AckResult:
     not_found: int
 
 
-def ack(queue: str, items: list[tuple[MessageId, str | None]]) -> AckResult:
+def ack(queue: str, items: list[tuple[MessageId, str | None]], sub: str = "") -> AckResult:
     """Acknowledge; all receipts are checked before anything is removed (409 changes nothing).
 
     Receipts are checked with every involved partition locked (in index order), and the
@@ -185,7 +231,7 @@ def ack(queue: str, items: list[tuple[MessageId, str | None]]) -> AckResult:
     groups = _group(unique, queue)
     if len(groups) == 1:
         m, group = groups[0]
-        removed = m.ack(group)
+        removed = m.ack(group, sub=sub)
         return AckResult(removed, len(unique) - removed)
     pins: list[dict[str, float]] = []
     locked = []
@@ -195,8 +241,8 @@ def ack(queue: str, items: list[tuple[MessageId, str | None]]) -> AckResult:
             locked.append(m)
             m._check_serving()
         for m, group in groups:
-            m.check_receipts(group)
-        pins = [m.pin_for_ack([mid for mid, _ in group]) for m, group in groups]
+            m.check_receipts(group, sub)
+        pins = [m.pin_for_ack([mid for mid, _ in group], sub) for m, group in groups]
     finally:
         for m in reversed(locked):
             m.lock.release()
@@ -205,16 +251,16 @@ def ack(queue: str, items: list[tuple[MessageId, str | None]]) -> AckResult:
     for (m, group), pinned in zip(groups, pins):
         mids = [mid for mid, _ in group]
         try:
-            removed = m.delete_acked(mids)
+            removed = m.delete_acked(mids, sub=sub)
         except PartitionUnavailable as exc:
             failure = exc
             with m.lock:
-                m.unpin(pinned)
+                m.unpin(pinned, sub)
             continue
         acked += removed
         try:
             with m.lock:
-                m.settle_acked(mids, removed)
+                m.settle_acked(mids, removed, sub)
         except PartitionUnavailable as exc:
             failure = exc  # deleted; the manager closed itself and its memory goes with it
     if failure is not None:
@@ -222,11 +268,11 @@ def ack(queue: str, items: list[tuple[MessageId, str | None]]) -> AckResult:
     return AckResult(acked, len(unique) - acked)
 
 
-def change_visibility(queue: str, mid: MessageId, receipt: str | None, timeout: float) -> None:
+def change_visibility(queue: str, mid: MessageId, receipt: str | None, timeout: float, sub: str = "") -> None:
     ((m, _),) = _group([(mid, receipt)], queue)
     with m.lock:
         m._check_serving()
-        m.change_visibility_locked(mid, receipt, timeout)
+        m.change_visibility_locked(mid, receipt, timeout, sub)
 
 
 def queue_stats(queue: str) -> dict:
@@ -257,10 +303,30 @@ def queue_stats(queue: str) -> dict:
             }
         parts.append(entry)
     ages = [e["oldest_age"] for e in parts if e["oldest_age"] is not None]
-    return {
+    out = {
         "queue": queue,
         "depth": sum(e["depth"] for e in parts),
         "in_flight": sum(e["in_flight"] for e in parts),
         "oldest_age": max(ages) if ages else None,
         "partitions": parts,
     }
+    if cfg.kind == "topic":
+        out["subscriptions"] = {s.name: subscription_stats(queue, s.name) for s in cfg.subscriptions or ()}
+    return out
+
+
+def subscription_stats(topic: str, sub: str) -> dict:
+    """What a subscription holds: messages not yet acked by it (in flight included), per
+    partition; live from this node's managers, else as the owners last published it."""
+    rt = get_runtime()
+    cfg = rt.queue(topic)
+    local = {m.index: m.stats().cursors.get(sub) for m in rt.local_managers(topic)}
+    parts = []
+    for p in Partition.objects.filter(queue_id=cfg.id).order_by("index"):
+        figures = local.get(p.index) or (p.cursors or {}).get(sub) or {}
+        parts.append({"index": p.index, "live": local.get(p.index) is not None,
+                      **{k: figures.get(k, 0) for k in ("backlog", "in_flight", "acked", "redelivered")},
+                      "dequeue_id": figures.get("dequeue_id", "")})
+    return {"topic": topic, "subscription": sub,
+            "backlog": sum(e["backlog"] for e in parts), "in_flight": sum(e["in_flight"] for e in parts),
+            "acked": sum(e["acked"] for e in parts), "partitions": parts}

@@ -43,6 +43,23 @@ def queue_config(name: str):
     return service.get_runtime().queue(checked_name(name))
 
 
+def target(name: str, *, reading: bool = True):
+    """``(config, subscription)`` of a call's target: a queue (``"orders"``, subscription "")
+    or a topic's subscription (``"news/mail"``). A topic is published to by name and read
+    only through a subscription."""
+    queue, slash, sub = name.partition("/")
+    cfg = queue_config(queue)
+    if slash:
+        if cfg.kind != "topic":
+            raise service.QueueNotFound(name)
+        if cfg.subscription(sub) is None:
+            raise service.SubscriptionNotFound(name)
+    elif reading and cfg.kind == "topic":
+        raise BadRequest(f"{queue} is a topic: read it through a subscription "
+                         f"(/api/v1/topics/{queue}/subscriptions/<name>/...)", "is_a_topic")
+    return cfg, sub
+
+
 def _local_or_forward(name: str, call: str, data, hops: int, local):
     """Run ``local``; if this node does not serve the call, pass it to a node that does."""
     try:
@@ -190,17 +207,19 @@ def _record_abandoned(deliveries) -> None:
 
 def dequeue(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dict]:
     """Here first; if nothing here, from the other owners (deepest first); then wait here."""
-    cfg = queue_config(name)
+    cfg, sub = target(name)
     max_messages, visibility, wait = validation.dequeue_request(data)
+    if visibility is None and sub:
+        visibility = cfg.rules_of(sub)[0]
     rt = service.get_runtime()
-    found = service.dequeue(name, max_messages, visibility, 0)
+    found = service.dequeue(cfg.name, max_messages, visibility, 0, sub)
     _record_abandoned(found)
     got = _deliveries(found, cfg)
-    if cfg.max_receives is not None:
-        _move_dead_letters(cfg)
+    if (cfg.subscription(sub).max_receives if sub else cfg.max_receives) is not None:
+        _move_dead_letters(cfg, sub)
     if got or hops >= MAX_HOPS:
         if not got and wait:
-            found = service.dequeue(name, max_messages, visibility, wait)
+            found = service.dequeue(cfg.name, max_messages, visibility, wait, sub)
             _record_abandoned(found)
             got = _deliveries(found, cfg)
         return 200, {"messages": got}
@@ -213,33 +232,35 @@ def dequeue(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int,
         if status == 200 and payload.get("messages"):
             return 200, payload
     if wait:
-        found = service.dequeue(name, max_messages, visibility, wait)
+        found = service.dequeue(cfg.name, max_messages, visibility, wait, sub)
         _record_abandoned(found)
         got = _deliveries(found, cfg)
     return 200, {"messages": got}
 
 
-def _move_dead_letters(cfg) -> None:
+def _move_dead_letters(cfg, sub: str = "") -> None:
     """Move the messages this node set aside (past max_receives) to the dead-letter queue.
 
     The copy is stored first, then the original removed: a crash in between leaves a message
     in both queues (at least once), never in neither.
     """
     rt = service.get_runtime()
+    dead_letter_queue = cfg.rules_of(sub)[1] if sub else cfg.dead_letter_queue
+    source = f"{cfg.name}/{sub}" if sub else cfg.name
     for m in rt.local_managers(cfg.name):
-        dead = m.take_dead()
+        dead = m.take_dead(sub)
         if not dead:
             continue
         mids = [mid for mid, _ in dead]
         try:
-            if cfg.dead_letter_queue is None:
+            if dead_letter_queue is None:
                 raise NotServedHere("the queue no longer names a dead-letter queue")
             found = m.load_bodies([Delivery(mid, "", count) for mid, count in dead])
             now = datetime.now(timezone.utc).timestamp()
             items = []
             for d in found:
                 msg = d.message
-                history = {"source": cfg.name, "id": d.id, "receive_count": d.receive_count,
+                history = {"source": source, "id": d.id, "receive_count": d.receive_count,
                            "group": msg.group, "enqueued_at": _iso(msg.enqueued_at),
                            "dead_lettered_at": _iso(now)}
                 items.append({k: v for k, v in (("body", msg.body), ("attributes", msg.attributes),
@@ -248,15 +269,15 @@ def _move_dead_letters(cfg) -> None:
             if items:
                 # Through the routing of any enqueue: the dead-letter queue's partitions may
                 # be on another node (the history field is accepted from nodes only).
-                dlq = queue_config(cfg.dead_letter_queue)
+                dlq = queue_config(dead_letter_queue)
                 drafts, _ = validation.enqueue_request({"messages": items}, dlq, now, trusted=True)
                 _enqueue_somewhere(dlq, None, drafts, items, now, 0)
-            m.ack([(parse_message_id(mid), None) for mid in mids], acked=False)  # not an ack: not archived
+            m.ack([(parse_message_id(mid), None) for mid in mids], acked=False, sub=sub)  # not archived
             with m.lock:
                 m.dead_lettered_total += len(found)
         except Exception:  # noqa: BLE001 - retried at the next dequeue
             log.exception("moving %d dead letters of %s", len(mids), cfg.name)
-            m.return_dead(mids)
+            m.return_dead(mids, sub)
 
 
 def redrive(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dict]:
@@ -358,21 +379,21 @@ def ack(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dic
     Receipts are all checked before anything is removed on each node; across nodes the
     calls are separate, so a 409 from one owner leaves the other owners' acks done.
     """
-    cfg = queue_config(name)
+    cfg, sub = target(name)
     items = validation.ack_request(data, cfg)
     rt = service.get_runtime()
-    local = [(mid, r) for mid, r in items if (name, mid.partition) in rt.managers]
+    local = [(mid, r) for mid, r in items if (cfg.name, mid.partition) in rt.managers]
     remote: dict[str, list] = {}
     for mid, receipt in items:
-        if (name, mid.partition) in rt.managers:
+        if (cfg.name, mid.partition) in rt.managers:
             continue
-        address = rt.router.owner_of(cfg.id, name, mid.partition) if hops < MAX_HOPS else None
+        address = rt.router.owner_of(cfg.id, cfg.name, mid.partition) if hops < MAX_HOPS else None
         if address is None:
-            raise NotServedHere(f"partition {name}/{mid.partition} has no live owner now; retry")
+            raise NotServedHere(f"partition {cfg.name}/{mid.partition} has no live owner now; retry")
         remote.setdefault(address, []).append({"id": str(mid), "receipt": receipt})
     acked = not_found = 0
     if local:
-        result = service.ack(name, local)
+        result = service.ack(cfg.name, local, sub)
         acked, not_found = result.acked, result.not_found
     for address, batch in remote.items():
         status, payload = rt.router.forward(address, name, "ack", {"messages": batch}, hops)
@@ -384,21 +405,35 @@ def ack(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dic
 
 
 def visibility(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dict]:
-    cfg = queue_config(name)
+    cfg, sub = target(name)
     mid, receipt, timeout = validation.visibility_request(data, cfg)
     rt = service.get_runtime()
-    if (name, mid.partition) not in rt.managers and hops < MAX_HOPS:
-        address = rt.router.owner_of(cfg.id, name, mid.partition)
+    if (cfg.name, mid.partition) not in rt.managers and hops < MAX_HOPS:
+        address = rt.router.owner_of(cfg.id, cfg.name, mid.partition)
         if address is not None:
             status, payload = rt.router.forward(address, name, "visibility", data, hops)
             if status != 200:
                 raise Forwarded(status, payload)
             return status, payload
-    service.change_visibility(name, mid, receipt, timeout)
+    service.change_visibility(cfg.name, mid, receipt, timeout, sub)
     return 200, {"id": str(mid), "visibility_timeout": timeout}
 
 
+def publish(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dict]:
+    """Enqueue to a topic: stored once, read by every subscription."""
+    if queue_config(name).kind != "topic":
+        raise service.QueueNotFound(name)
+    return enqueue(name, data, hops, trusted)
+
+
+def refresh(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dict]:
+    """From a node: a topic's subscriptions changed; reopen its partitions held here."""
+    queue_config(name)
+    service.get_runtime().topic_changed(name)
+    return 200, {"refreshed": True}
+
+
 #: The calls the fast path serves, by the last segment of their path.
-CALLS = {"enqueue": enqueue, "dequeue": dequeue, "ack": ack, "visibility": visibility}
+CALLS = {"enqueue": enqueue, "dequeue": dequeue, "ack": ack, "visibility": visibility, "publish": publish}
 #: Calls served only through DRF (not hot).
 OTHER_CALLS = {"redrive": redrive, "expire": expire}

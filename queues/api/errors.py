@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from ..kv import KVError
-from ..node import QueueNotFound
+from ..node import QueueNotFound, SubscriptionNotFound
 from ..partition import NotServedHere, PartitionUnavailable, ReceiptMismatch
 from ..router import Forwarded
 
@@ -66,6 +66,8 @@ def domain_error(exc) -> tuple[int, dict, dict] | None:
     """``(status, payload, headers)`` for the service's own exceptions, else None."""
     if isinstance(exc, Forwarded):
         return exc.status, exc.payload, ({"Retry-After": "1"} if exc.status == 503 else {})
+    if isinstance(exc, SubscriptionNotFound):
+        return 404, {"error": "subscription_not_found", "detail": f"no subscription {exc.args[0]!r}"}, {}
     if isinstance(exc, QueueNotFound):
         return 404, {"error": "queue_not_found", "detail": f"no queue named {exc.args[0]!r}"}, {}
     if isinstance(exc, ReceiptMismatch):

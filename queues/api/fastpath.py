@@ -30,7 +30,8 @@ from .errors import PayloadTooLarge, api_error, domain_error
 
 log = logging.getLogger(__name__)
 
-_PATH = re.compile(r"^/api/v1/queues/([^/]+)/(enqueue|dequeue|ack|visibility)$")
+_PATH = re.compile(r"^/api/v1/(?:queues/([^/]+)/(enqueue|dequeue|ack|visibility)"
+                   r"|topics/([^/]+)/(?:subscriptions/([^/]+)/(dequeue|ack|visibility)|(publish)))$")
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _JSON_TYPES = ("application/json", "application/*", "*/*")
 
@@ -64,7 +65,13 @@ class FastPath:
                 or not (length.isascii() and length.isdigit())):
             # ?format=..., an Accept without JSON (DRF: 406), an odd Content-Length: DRF decides.
             return self.app(environ, start_response)
-        name = match[1].encode("latin-1").decode("utf-8", "replace")
+        if match[1] is not None:
+            raw_name, call = match[1], match[2]
+        elif match[7] is not None:
+            raw_name, call = match[3], "publish"
+        else:
+            raw_name, call = f"{match[3]}/{match[5]}", match[6]
+        name = raw_name.encode("latin-1").decode("utf-8", "replace")
         headers: dict[str, str] = {}
         try:
             if peer is not None:
@@ -73,11 +80,11 @@ class FastPath:
             else:
                 self.auth.authenticate_credentials(key)
             hops = hops_of(environ.get("HTTP_X_MQ_HOPS"))
-            status, payload = calls.CALLS[match[2]](name, self._body(environ), hops, trusted=peer is not None)
+            status, payload = calls.CALLS[call](name, self._body(environ), hops, trusted=peer is not None)
         except Exception as exc:  # noqa: BLE001 - mapped below, like DRF's handler
             mapped = domain_error(exc) or api_error(exc)
             if mapped is None:
-                log.exception("fast path: %s %s", match[2], name)
+                log.exception("fast path: %s %s", call, name)
                 mapped = (500, {"error": "server_error", "detail": "internal error; see the node's log"}, {})
             status, payload, headers = mapped
             if isinstance(exc, exceptions.AuthenticationFailed):

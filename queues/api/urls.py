@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import topics, views
 
 urlpatterns = [
     path("healthz", views.HealthView.as_view(), name="healthz"),
@@ -17,4 +17,19 @@ urlpatterns = [
     path("queues/<str:name>/partitions/<int:index>/release", views.ReleasePartitionView.as_view(),
          name="partition-release"),
     path("queues/<str:name>/purge", views.PurgeView.as_view(), name="queue-purge"),
+    path("queues/<str:name>/refresh", topics.RefreshView.as_view(), name="topic-refresh"),
+    path("topics", topics.TopicListView.as_view(), name="topic-list"),
+    path("topics/<str:name>", topics.TopicDetailView.as_view(), name="topic-detail"),
+    path("topics/<str:name>/publish", topics.PublishView.as_view(), name="topic-publish"),
+    path("topics/<str:topic>/subscriptions", topics.SubscriptionListView.as_view(), name="subscription-list"),
+    path("topics/<str:topic>/subscriptions/<str:name>", topics.SubscriptionDetailView.as_view(),
+         name="subscription-detail"),
+    path("topics/<str:topic>/subscriptions/<str:name>/dequeue", topics.SubscriptionDequeueView.as_view(),
+         name="subscription-dequeue"),
+    path("topics/<str:topic>/subscriptions/<str:name>/ack", topics.SubscriptionAckView.as_view(),
+         name="subscription-ack"),
+    path("topics/<str:topic>/subscriptions/<str:name>/visibility", topics.SubscriptionVisibilityView.as_view(),
+         name="subscription-visibility"),
+    path("topics/<str:topic>/subscriptions/<str:name>/stats", topics.SubscriptionStatsView.as_view(),
+         name="subscription-stats"),
 ]

@@ -44,7 +44,7 @@ class HealthView(APIView):
 class QueueListView(APIView):
     @extend_schema(responses={200: QueueSerializer(many=True)}, summary="List queues")
     def get(self, request):
-        return Response(QueueSerializer(Queue.objects.all(), many=True).data)
+        return Response(QueueSerializer(Queue.objects.filter(kind=Queue.Kind.QUEUE), many=True).data)
 
     @extend_schema(request=QueueSerializer, responses={201: QueueSerializer, **ERRORS}, summary="Create a queue")
     def post(self, request):
@@ -78,7 +78,7 @@ class QueueDetailView(APIView):
 
     @staticmethod
     def _get(name):
-        q = Queue.objects.filter(name=calls.checked_name(name)).first()
+        q = Queue.objects.filter(name=calls.checked_name(name), kind=Queue.Kind.QUEUE).first()
         if q is None:
             raise service.QueueNotFound(name)
         return q

@@ -1,0 +1,186 @@
+"""Topics and their subscriptions: the API.
+
+A topic is a queue whose messages are read through named subscriptions; it shares the
+queue's partitions, append trees, leases and routing (``queues.partition`` keeps one cursor
+per subscription). The message calls are the queue's, on the target ``"<topic>/<subscription>"``.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from .. import service
+from ..auth import ClusterPeer
+from ..models import QUEUE_NAME_RE, Queue, Subscription
+from . import calls
+from .serializers import (AckDoc, AckResultDoc, DequeueDoc, DequeueResultDoc, EnqueueDoc, EnqueueResultDoc,
+                          ErrorDoc, QueueSerializer, StrictSerializer, VisibilityDoc)
+from .views import ERRORS, IsClusterPeerOrStaff, _hops
+
+
+class TopicSerializer(QueueSerializer):
+    subscriptions = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+
+    class Meta(QueueSerializer.Meta):
+        fields = ["name", "partitions", "block_size", "lease_period", "visibility_timeout", "max_message_size",
+                  "retention", "strict", "dedup_window", "delay", "subscriptions", "created_at"]
+        read_only_fields = ["subscriptions", "created_at"]
+
+
+class TopicUpdateSerializer(TopicSerializer):
+    class Meta(TopicSerializer.Meta):
+        read_only_fields = ["name", "subscriptions", "created_at"]
+
+    def validate_partitions(self, value):
+        if value < self.instance.partitions:
+            raise serializers.ValidationError("partitions can only grow: existing partitions hold messages")
+        return value
+
+
+class SubscriptionSerializer(StrictSerializer, serializers.ModelSerializer):
+    dead_letter_queue = serializers.SlugRelatedField(
+        slug_field="name", queryset=Queue.objects.filter(kind=Queue.Kind.QUEUE), required=False, allow_null=True,
+        help_text="queue that receives this subscription's messages after max_receives deliveries")
+
+    class Meta:
+        model = Subscription
+        fields = ["name", "start", "starts_at", "visibility_timeout", "dead_letter_queue", "max_receives",
+                  "created_at"]
+        read_only_fields = ["starts_at", "created_at"]
+
+    def validate(self, attrs):
+        if (attrs.get("dead_letter_queue") is None) != (attrs.get("max_receives") is None):
+            raise serializers.ValidationError(
+                {"max_receives": "dead_letter_queue and max_receives go together"}, code="invalid")
+        return attrs
+
+
+def _topic(name: str) -> Queue:
+    q = Queue.objects.filter(name=calls.checked_name(name), kind=Queue.Kind.TOPIC).first()
+    if q is None:
+        raise service.QueueNotFound(name)
+    return q
+
+
+def _subscription(topic: str, name: str) -> Subscription:
+    t = _topic(topic)
+    sub = Subscription.objects.filter(topic=t, name=name).select_related("topic").first() \
+        if QUEUE_NAME_RE.fullmatch(name) else None
+    if sub is None:
+        raise service.SubscriptionNotFound(f"{topic}/{name}")
+    return sub
+
+
+class TopicListView(APIView):
+    @extend_schema(responses={200: TopicSerializer(many=True)}, summary="List topics")
+    def get(self, request):
+        return Response(TopicSerializer(Queue.objects.filter(kind=Queue.Kind.TOPIC)
+                                        .prefetch_related("subscriptions"), many=True).data)
+
+    @extend_schema(request=TopicSerializer, responses={201: TopicSerializer, **ERRORS}, summary="Create a topic")
+    def post(self, request):
+        ser = TopicSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        q = service.create_queue(kind=Queue.Kind.TOPIC, **ser.validated_data)
+        return Response(TopicSerializer(q).data, status=status.HTTP_201_CREATED)
+
+
+class TopicDetailView(APIView):
+    @extend_schema(responses={200: TopicSerializer, **ERRORS}, summary="A topic's settings and subscriptions")
+    def get(self, request, name):
+        return Response(TopicSerializer(_topic(name)).data)
+
+    @extend_schema(request=TopicUpdateSerializer, responses={200: TopicSerializer, **ERRORS},
+                   summary="Change a topic's settings (partitions may only grow)")
+    def patch(self, request, name):
+        q = _topic(name)
+        ser = TopicUpdateSerializer(q, data=request.data, partial=True)
+        ser.is_valid(raise_exception=True)
+        return Response(TopicSerializer(service.update_queue(q, **ser.validated_data)).data)
+
+    @extend_schema(responses={204: None, **ERRORS}, summary="Delete a topic, its subscriptions and messages")
+    def delete(self, request, name):
+        service.delete_queue(_topic(name))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class PublishView(APIView):
+    @extend_schema(request=EnqueueDoc, responses={201: EnqueueResultDoc, **ERRORS},
+                   summary="Publish one message or a batch (stored once, read by every subscription)")
+    def post(self, request, name):
+        return Response(*reversed(calls.publish(name, request.data, _hops(request),
+                                                trusted=isinstance(request.user, ClusterPeer))))
+
+
+class RefreshView(APIView):
+    permission_classes = [IsClusterPeerOrStaff]
+
+    @extend_schema(request=None, responses={200: dict, **ERRORS},
+                   summary="(nodes) the topic's subscriptions changed: reopen its partitions held here")
+    def post(self, request, name):
+        _topic(name)
+        return Response(*reversed(calls.refresh(name, {}, _hops(request))))
+
+
+class SubscriptionListView(APIView):
+    @extend_schema(responses={200: SubscriptionSerializer(many=True), **ERRORS}, summary="A topic's subscriptions")
+    def get(self, request, topic):
+        return Response(SubscriptionSerializer(_topic(topic).subscriptions.all(), many=True).data)
+
+    @extend_schema(request=SubscriptionSerializer, responses={201: SubscriptionSerializer, 409: ErrorDoc, **ERRORS},
+                   summary="Create a subscription, starting at the newest message or the oldest retained one")
+    def post(self, request, topic):
+        t = _topic(topic)
+        ser = SubscriptionSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        if t.subscriptions.filter(name=ser.validated_data["name"]).exists():
+            return Response({"error": "subscription_exists",
+                             "detail": f"{topic} already has a subscription {ser.validated_data['name']!r}"},
+                            status=status.HTTP_409_CONFLICT)
+        sub = service.create_subscription(t, **ser.validated_data)
+        return Response(SubscriptionSerializer(sub).data, status=status.HTTP_201_CREATED)
+
+
+class SubscriptionDetailView(APIView):
+    @extend_schema(responses={200: SubscriptionSerializer, **ERRORS}, summary="A subscription")
+    def get(self, request, topic, name):
+        return Response(SubscriptionSerializer(_subscription(topic, name)).data)
+
+    @extend_schema(responses={204: None, **ERRORS}, summary="Delete a subscription (its acks and positions)")
+    def delete(self, request, topic, name):
+        service.delete_subscription(_subscription(topic, name))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class SubscriptionDequeueView(APIView):
+    @extend_schema(request=DequeueDoc, responses={200: DequeueResultDoc, **ERRORS},
+                   summary="Receive up to max messages of the topic, for this subscription")
+    def post(self, request, topic, name):
+        return Response(*reversed(calls.dequeue(f"{topic}/{name}", request.data, _hops(request),
+                                                trusted=isinstance(request.user, ClusterPeer))))
+
+
+class SubscriptionAckView(APIView):
+    @extend_schema(request=AckDoc, responses={200: AckResultDoc, 409: ErrorDoc, **ERRORS},
+                   summary="Acknowledge for this subscription (the message goes when every subscription has)")
+    def post(self, request, topic, name):
+        return Response(*reversed(calls.ack(f"{topic}/{name}", request.data, _hops(request),
+                                            trusted=isinstance(request.user, ClusterPeer))))
+
+
+class SubscriptionVisibilityView(APIView):
+    @extend_schema(request=VisibilityDoc, responses={200: VisibilityDoc, 409: ErrorDoc, **ERRORS},
+                   summary="Extend or shorten the visibility timeout of a message in flight")
+    def post(self, request, topic, name):
+        return Response(*reversed(calls.visibility(f"{topic}/{name}", request.data, _hops(request),
+                                                   trusted=isinstance(request.user, ClusterPeer))))
+
+
+class SubscriptionStatsView(APIView):
+    @extend_schema(responses={200: dict, **ERRORS}, summary="Backlog and in flight of the subscription")
+    def get(self, request, topic, name):
+        sub = _subscription(topic, name)
+        return Response(service.subscription_stats(sub.topic.name, sub.name))
