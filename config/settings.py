@@ -99,6 +99,7 @@ INSTALLED_APPS = [
     "queues",
     "workers",
     "consoles",
+    "archive",
 ]
 
 MIDDLEWARE = [
@@ -194,6 +195,7 @@ CELERY_BEAT_SCHEDULE = {
     "retention": {"task": "queues.enforce_retention", "schedule": envfloat("RETENTION_EVERY", 60.0)},
     "attempt-logs": {"task": "workers.purge_attempt_logs", "schedule": 3600.0},
     "dashboards": {"task": "consoles.refresh_dashboards", "schedule": envfloat("DASHBOARDS_EVERY", 300.0)},
+    "archive": {"task": "archive.run_archiver", "schedule": envfloat("ARCHIVE_EVERY", 10.0)},
 }
 #: Days an attempt record is kept.
 ATTEMPT_LOG_RETENTION_DAYS = envint("ATTEMPT_LOG_RETENTION_DAYS", 30, minimum=1)

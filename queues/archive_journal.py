@@ -15,7 +15,7 @@ Expired and dead-lettered messages are removed without a marker (they were not a
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .messages import MessageId, parse_message_id
 

@@ -37,7 +37,7 @@ class QueueSerializer(StrictSerializer, serializers.ModelSerializer):
         model = Queue
         fields = ["name", "partitions", "block_size", "lease_period", "visibility_timeout",
                   "max_message_size", "retention", "strict", "dead_letter_queue", "max_receives",
-                  "dedup_window", "delay", "preprocess_estimate", "process_estimate",
+                  "dedup_window", "delay", "preprocess_estimate", "process_estimate", "archive",
                   "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
 

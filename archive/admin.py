@@ -1,0 +1,89 @@
+"""The archive in the admin: browse archived messages, replay them into their queue."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+
+from .models import ArchivedMessage, ArchiverLock
+from .replay import PartialReplay, replay
+
+
+class AckedFilter(admin.SimpleListFilter):
+    title = "acknowledged"
+    parameter_name = "acked"
+
+    def lookups(self, request, model_admin):
+        return (("yes", "acknowledged"), ("no", "not acknowledged"))
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(acked_at__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(acked_at__isnull=True)
+        return queryset
+
+
+class ReplayedFilter(admin.SimpleListFilter):
+    title = "replayed"
+    parameter_name = "replayed"
+
+    def lookups(self, request, model_admin):
+        return (("yes", "replayed"), ("no", "never replayed"))
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(replay_count__gt=0)
+        if self.value() == "no":
+            return queryset.filter(replay_count=0)
+        return queryset
+
+
+@admin.register(ArchivedMessage)
+class ArchivedMessageAdmin(admin.ModelAdmin):
+    list_display = ("message_id", "queue", "group", "short_body", "enqueued_at", "acked_at",
+                    "latency_s", "archived_at", "replay_count")
+    list_filter = ("queue", AckedFilter, ReplayedFilter)
+    search_fields = ("=message_id", "group")
+    date_hierarchy = "enqueued_at"
+    ordering = ("-id",)
+    actions = ("replay_into_source",)
+    show_full_result_count = False
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.display(description="body")
+    def short_body(self, obj):
+        return obj.body if len(obj.body) <= 80 else obj.body[:77] + "..."
+
+    @admin.display(description="latency (s)")
+    def latency_s(self, obj):
+        return None if obj.latency is None else round(obj.latency, 3)
+
+    @admin.action(description="Replay into the source queue")
+    def replay_into_source(self, request, queryset):
+        by_queue: dict[str, list[ArchivedMessage]] = {}
+        for row in queryset.order_by("enqueued_at", "sequence", "id")[:10_000]:
+            by_queue.setdefault(row.queue, []).append(row)
+        for queue, rows in by_queue.items():
+            try:
+                answer = replay(rows, queue)
+            except PartialReplay as exc:
+                self.message_user(request, f"{queue}: {exc.replayed} replayed, then: {exc}", messages.ERROR)
+            except Exception as exc:  # noqa: BLE001 - shown to the operator
+                detail = getattr(exc, "detail", None) or str(exc) or type(exc).__name__
+                self.message_user(request, f"{queue}: nothing replayed: {detail}", messages.ERROR)
+            else:
+                self.message_user(request, f"{queue}: {answer['replayed']} message(s) replayed")
+
+
+@admin.register(ArchiverLock)
+class ArchiverLockAdmin(admin.ModelAdmin):
+    list_display = ("queue", "holder", "expires_at")
+    readonly_fields = ("queue", "holder", "expires_at")
+
+    def has_add_permission(self, request):
+        return False

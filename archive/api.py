@@ -1,0 +1,176 @@
+"""The archive API: list archived messages, replay them into a queue.
+
+``GET /api/v1/archive?queue=&since=&until=&acked=&limit=&after=`` and
+``POST /api/v1/archive/replay``. Token authentication and the error format of the queue API
+(``{"error": code, "detail": ...}``); bad input is a 400 that changes nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from queues.api import validation
+from queues.api.errors import BadRequest
+from queues.messages import parse_message_id
+from queues.models import QUEUE_NAME_RE
+from queues.router import hops_of
+
+from .models import ArchivedMessage
+from .replay import MAX_REPLAY, PartialReplay, replay, select
+
+MAX_PAGE = 1000
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _time(value, name: str) -> datetime | None:
+    """ISO 8601 (a naive time is UTC) or epoch seconds."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return datetime.fromtimestamp(value, tz=UTC)
+        except (OverflowError, OSError, ValueError):
+            raise BadRequest(f"{name} is out of range", "invalid_time") from None
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return datetime.fromtimestamp(float(text), tz=UTC)
+        except (OverflowError, OSError):
+            raise BadRequest(f"{name} is out of range", "invalid_time") from None
+        except ValueError:
+            pass
+        try:
+            parsed = datetime.fromisoformat(text)  # "Z" included (3.11+)
+        except ValueError:
+            raise BadRequest(f"{name} must be an ISO 8601 time or epoch seconds, got {value!r}",
+                             "invalid_time") from None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    raise BadRequest(f"{name} must be an ISO 8601 time or epoch seconds", "invalid_time")
+
+
+def _queue_name(value, name: str, *, required: bool) -> str | None:
+    if value is None or value == "":
+        if required:
+            raise BadRequest(f"{name} is required", f"missing_{name}")
+        return None
+    if not isinstance(value, str) or not QUEUE_NAME_RE.fullmatch(value):
+        raise BadRequest(f"{name} must be a queue name (letters, digits, '_' and '-', at most 80)",
+                         f"invalid_{name}")
+    return value
+
+
+def _range(since, until):
+    since, until = _time(since, "since"), _time(until, "until")
+    if since is not None and until is not None and since > until:
+        raise BadRequest("since is after until", "invalid_time")
+    return since, until
+
+
+def row_json(r: ArchivedMessage) -> dict:
+    return {
+        "id": r.message_id, "queue": r.queue, "partition": r.partition, "group": r.group,
+        "body": r.body, "attributes": r.attributes, "size": r.size, "sequence": r.sequence,
+        "enqueued_at": _iso(r.enqueued_at), "acked_at": _iso(r.acked_at),
+        "archived_at": _iso(r.archived_at), "replay_count": r.replay_count,
+        "last_replayed_at": _iso(r.last_replayed_at),
+    }
+
+
+class ArchiveListView(APIView):
+    @extend_schema(
+        summary="Archived messages, oldest archived first (cursor: `after` = the answer's `next`)",
+        parameters=[
+            OpenApiParameter("queue", str, description="the queue they were enqueued to"),
+            OpenApiParameter("since", str, description="enqueued at or after (ISO 8601 or epoch seconds)"),
+            OpenApiParameter("until", str, description="enqueued before"),
+            OpenApiParameter("acked", bool, description="only acknowledged (true) or not (false)"),
+            OpenApiParameter("limit", int, description=f"1..{MAX_PAGE}, default 100"),
+            OpenApiParameter("after", int, description="the `next` of the previous page"),
+        ],
+        responses={200: dict},
+    )
+    def get(self, request):
+        params = request.query_params
+        validation._no_extra(dict(params), {"queue", "since", "until", "acked", "limit", "after", "format"},
+                             "the query")
+        queue = _queue_name(params.get("queue"), "queue", required=False)
+        since, until = _range(params.get("since"), params.get("until"))
+        limit = self._int(params.get("limit"), "limit", 1, MAX_PAGE, 100)
+        after = self._int(params.get("after"), "after", 0, 2**63 - 1, 0)
+        acked = params.get("acked")
+        if acked not in (None, "", "true", "false", "1", "0"):
+            raise BadRequest("acked must be true or false", "invalid_acked")
+        rows = ArchivedMessage.objects.filter(pk__gt=after)
+        if queue is not None:
+            rows = rows.filter(queue=queue)
+        if since is not None:
+            rows = rows.filter(enqueued_at__gte=since)
+        if until is not None:
+            rows = rows.filter(enqueued_at__lt=until)
+        if acked in ("true", "1"):
+            rows = rows.filter(acked_at__isnull=False)
+        elif acked in ("false", "0"):
+            rows = rows.filter(acked_at__isnull=True)
+        page = list(rows.order_by("pk")[:limit + 1])
+        more = len(page) > limit
+        page = page[:limit]
+        return Response({"messages": [row_json(r) for r in page],
+                         "next": str(page[-1].pk) if more else None})
+
+    @staticmethod
+    def _int(value, name, low, high, default) -> int:
+        if value is None or value == "":
+            return default
+        try:
+            number = int(value)
+        except ValueError:
+            raise BadRequest(f"{name} must be a whole number", "invalid_number") from None
+        if not low <= number <= high:
+            raise BadRequest(f"{name} must be between {low} and {high}, got {number}", "out_of_range")
+        return number
+
+
+class ReplayView(APIView):
+    @extend_schema(
+        summary="Enqueue copies of archived messages into a queue (default: their own)",
+        description=("Body: `queue` (the source), optional `into`, and either `ids` (message IDs of the "
+                     "source) or `since`/`until` (on the enqueue time); `max` 1..10000 (default 1000). "
+                     "Copies keep body, group, attributes, size and estimates, in enqueue order."),
+        request=dict, responses={200: dict},
+    )
+    def post(self, request):
+        data = validation._object(request.data)
+        validation._no_extra(data, {"queue", "into", "since", "until", "ids", "max"}, "the request")
+        source = _queue_name(data.get("queue"), "queue", required=True)
+        into = _queue_name(data.get("into"), "into", required=False) or source
+        limit = validation.number(data, "max", 1, MAX_REPLAY, 1000, integer=True)
+        ids = data.get("ids")
+        if ids is not None:
+            if data.get("since") is not None or data.get("until") is not None:
+                raise BadRequest("give ids or since/until, not both", "invalid_selection")
+            if not isinstance(ids, list) or not ids:
+                raise BadRequest("ids must be a non-empty list of message IDs", "invalid_ids")
+            if len(ids) > MAX_REPLAY:
+                raise BadRequest(f"at most {MAX_REPLAY} ids per call, got {len(ids)}", "batch_too_large")
+            for i, mid in enumerate(ids):
+                parsed = parse_message_id(mid)
+                if parsed is None or parsed.queue != source:
+                    raise BadRequest(f"ids[{i}]: not a message ID of queue {source!r}", "invalid_id")
+        since, until = _range(data.get("since"), data.get("until"))
+        rows = select(source, ids=ids, since=since, until=until, limit=limit)
+        try:
+            answer = replay(rows, into, hops=hops_of(request.META.get("HTTP_X_MQ_HOPS")))
+        except PartialReplay as exc:
+            return Response({"error": "unavailable", "detail": f"stopped part-way, retry the rest: {exc}",
+                             "queue": source, "into": into, "replayed": exc.replayed, "ids": exc.ids},
+                            status=503, headers={"Retry-After": "1"})
+        return Response({"queue": source, "into": into, "selected": len(rows), **answer})

@@ -1,0 +1,231 @@
+"""The archiver: copies each queue's journal (``queues.archive_journal``) to the archive table.
+
+For each queue, under the queue's :class:`~archive.models.ArchiverLock`, for each partition:
+scan the journal bucket, read a batch of entries and markers, insert the rows (a message
+already archived is left as it is; a marker sets ``acked_at``), commit, and only then delete
+exactly the journal names read (unfenced: the archiver holds no partition lease, and a name
+deleted after its row committed can only be a copy). So an entry is never lost; at worst it
+is copied twice, which the unique ``message_id`` absorbs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from queues import archive_journal
+from queues.kv import KeyValueStore, get_store
+from queues.messages import StoredMessage, parse_message_id
+from queues.models import Queue
+
+from .models import ArchivedMessage, ArchiverLock
+
+log = logging.getLogger(__name__)
+
+#: journal names handled per round (one scan, one batched read, one insert, one delete).
+BATCH = int(os.environ.get("ARCHIVE_BATCH", "1000"))
+#: rounds per partition and run, so a run ends even while producers keep writing.
+MAX_ROUNDS = int(os.environ.get("ARCHIVE_MAX_ROUNDS", "100"))
+#: how long a claimed queue stays ours without renewal.
+LOCK_SECONDS = float(os.environ.get("ARCHIVE_LOCK_SECONDS", "60"))
+
+
+class LockLost(Exception):
+    """Another archiver took the queue (our lease ran out): stop working on it."""
+
+
+def new_holder() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+# --- the per-queue lock -----------------------------------------------------------------------
+def claim(queue: str, holder: str, seconds: float = LOCK_SECONDS) -> bool:
+    """Take (or renew) the queue's archiver lock: True if it is now ours."""
+    now = timezone.now()
+    try:
+        ArchiverLock.objects.get_or_create(queue=queue, defaults={"holder": "", "expires_at": now})
+    except IntegrityError:
+        pass  # created by another archiver at the same moment
+    taken = (ArchiverLock.objects.filter(queue=queue)
+             .filter(Q(expires_at__lt=now) | Q(holder=holder) | Q(holder=""))
+             .update(holder=holder, expires_at=now + timedelta(seconds=seconds)))
+    return taken == 1
+
+
+def renew(queue: str, holder: str, seconds: float = LOCK_SECONDS) -> None:
+    if not ArchiverLock.objects.filter(queue=queue, holder=holder).update(
+            expires_at=timezone.now() + timedelta(seconds=seconds)):
+        raise LockLost(f"archiver lock of {queue!r} taken by another archiver")
+
+
+def release(queue: str, holder: str) -> None:
+    ArchiverLock.objects.filter(queue=queue, holder=holder).update(holder="", expires_at=timezone.now())
+
+
+# --- rows -------------------------------------------------------------------------------------
+def _ts(seconds: float | None) -> datetime | None:
+    return None if seconds is None else datetime.fromtimestamp(seconds, tz=UTC)
+
+
+def _clean(value):
+    """``value`` without NUL characters (PostgreSQL text and jsonb refuse them)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def row_for(mid: str, raw: bytes) -> ArchivedMessage:
+    m = StoredMessage.from_bytes(raw)
+    parsed = parse_message_id(mid)
+    body, attributes, estimates, history = (_clean(m.body), _clean(m.attributes),
+                                            _clean(m.estimates), _clean(m.history))
+    exact = (body, attributes, estimates, history) == (m.body, m.attributes, m.estimates, m.history)
+    return ArchivedMessage(
+        message_id=mid, queue=parsed.queue, partition=parsed.partition, group=m.group, body=body,
+        attributes=attributes, size=m.size, estimates=estimates, history=history, sequence=m.sequence,
+        not_before=_ts(m.not_before), enqueued_at=_ts(m.enqueued_at), raw=None if exact else raw,
+    )
+
+
+def message_of(row: ArchivedMessage) -> StoredMessage:
+    """The stored record of an archived row (exact: from ``raw`` when the columns are not)."""
+    if row.raw is not None:
+        return StoredMessage.from_bytes(bytes(row.raw))
+    return StoredMessage(row.body, row.enqueued_at.timestamp(), row.group, row.sequence,
+                         row.not_before.timestamp() if row.not_before else None, row.attributes,
+                         row.size, row.estimates, row.history)
+
+
+def lookup(message_ids: Iterable[str]) -> dict[str, StoredMessage]:
+    """``{message id: StoredMessage}`` for those of ``message_ids`` that are archived (for an
+    owner serving a subscription whose message has left the key-value store)."""
+    ids = list(dict.fromkeys(str(m) for m in message_ids))
+    out: dict[str, StoredMessage] = {}
+    for start in range(0, len(ids), 1000):
+        for row in ArchivedMessage.objects.filter(message_id__in=ids[start:start + 1000]):
+            out[row.message_id] = message_of(row)
+    return out
+
+
+# --- one partition ----------------------------------------------------------------------------
+def archive_partition(store: KeyValueStore, queue: str, partition: int, *, holder: str | None = None,
+                      batch: int = BATCH, max_rounds: int = MAX_ROUNDS) -> dict[str, int]:
+    """Copy one partition's journal to the table; counts of rows inserted, acks marked,
+    journal names removed. Renews the queue's lock between rounds when ``holder`` is given."""
+    bucket = archive_journal.bucket(queue, partition)
+    counts = {"archived": 0, "acked": 0, "removed": 0}
+    for _ in range(max_rounds):
+        if holder is not None:
+            renew(queue, holder)
+        names = store.scan(bucket)
+        if not names:
+            break
+        entries: dict[str, str] = {}   # message id -> journal name
+        markers: dict[str, str] = {}
+        junk: list[str] = []
+        for name in names:
+            parsed = archive_journal.parse_name(queue, partition, name)
+            if parsed is None:
+                junk.append(name)
+            elif parsed[0] == archive_journal.ENTRY:
+                entries[parsed[1]] = name
+            else:
+                markers[parsed[1]] = name
+        chosen = sorted(entries)[:batch]
+        chosen_set = set(chosen)
+        # A marker goes with its entry; one whose entry is not journaled (archived earlier, or
+        # never: the mode changed) goes alone. One whose entry waits for a later round waits too.
+        marks = [mid for mid in sorted(markers) if mid in chosen_set or mid not in entries][:batch]
+        keys = [f"{bucket}/{entries[mid]}" for mid in chosen] + [f"{bucket}/{markers[mid]}" for mid in marks]
+        values = store.get_many(keys) if keys else []
+        rows, acked_at = [], {}
+        for mid, raw in zip(chosen, values[:len(chosen)]):
+            if raw is None:
+                continue  # removed since the scan (another archiver, a purge)
+            try:
+                rows.append(row_for(mid, raw))
+            except Exception:  # noqa: BLE001 - never archivable: logged and dropped
+                log.error("archive: unreadable journal entry for %s dropped", mid)
+        for mid, raw in zip(marks, values[len(chosen):]):
+            if raw is not None:
+                try:
+                    acked_at[mid] = _ts(float(raw))
+                except ValueError:
+                    log.error("archive: unreadable ack marker for %s dropped", mid)
+        with transaction.atomic():
+            before = ArchivedMessage.objects.filter(message_id__in=[r.message_id for r in rows]).count() if rows else 0
+            ArchivedMessage.objects.bulk_create(rows, ignore_conflicts=True, batch_size=500)
+            counts["archived"] += len(rows) - before
+            if acked_at:
+                marked = list(ArchivedMessage.objects.filter(message_id__in=list(acked_at), acked_at__isnull=True))
+                for row in marked:
+                    row.acked_at = acked_at[row.message_id]
+                ArchivedMessage.objects.bulk_update(marked, ["acked_at"], batch_size=500)
+                counts["acked"] += len(marked)
+        # Committed: now the journal names read may go (and nothing else: new ones stay).
+        done = [entries[mid] for mid in chosen] + [markers[mid] for mid in marks] + junk
+        if done:
+            store.delete_many([f"{bucket}/{n}" for n in done])
+            counts["removed"] += len(done)
+        if len(done) >= len(names):
+            break
+    return counts
+
+
+# --- queues -----------------------------------------------------------------------------------
+def archive_queue(store: KeyValueStore, q: Queue, holder: str, **kw) -> dict:
+    """Every partition of ``q`` under its lock; ``{"busy": True}`` if another archiver has it."""
+    if not claim(q.name, holder):
+        return {"busy": True}
+    total = {"archived": 0, "acked": 0, "removed": 0}
+    try:
+        for p in range(q.partitions):
+            for k, v in archive_partition(store, q.name, p, holder=holder, **kw).items():
+                total[k] += v
+    except LockLost as exc:
+        log.warning("archive: %s", exc)
+        return {**total, "lock_lost": True}
+    finally:
+        release(q.name, holder)
+    return total
+
+
+def run(queue: str | None = None, *, store: KeyValueStore | None = None, holder: str | None = None,
+        **kw) -> dict[str, dict]:
+    """One archiver pass over every queue (or one): counts per queue that had work or was busy.
+
+    Queues with archiving off are visited too, but only if their journal holds something (the
+    mode was switched off with entries left): a scan per partition, no lock otherwise.
+    """
+    store = store or get_store()
+    holder = holder or new_holder()
+    queues = Queue.objects.order_by("name")
+    if queue is not None:
+        queues = queues.filter(name=queue)
+    report: dict[str, dict] = {}
+    for q in queues:
+        if q.archive == "none" and not any(store.scan(archive_journal.bucket(q.name, p))
+                                           for p in range(q.partitions)):
+            continue
+        try:
+            counts = archive_queue(store, q, holder, **kw)
+        except Exception:
+            log.exception("archiving %s", q.name)
+            counts = {"error": True}
+        if counts.get("busy") or counts.get("error") or any(counts.values()):
+            report[q.name] = counts
+    if report:
+        log.info("archiver: %s", report)
+    return report

@@ -1,0 +1,26 @@
+"""``python manage.py archive_now [--queue NAME]``: one archiver pass, now, in this process."""
+
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from archive import archiver
+from queues.models import Queue
+
+
+class Command(BaseCommand):
+    help = "Copy the archive journal of every queue (or one) to the archive table now."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--queue", help="only this queue")
+
+    def handle(self, *args, queue=None, **options):
+        if queue is not None and not Queue.objects.filter(name=queue).exists():
+            raise CommandError(f"no queue named {queue!r}")
+        report = archiver.run(queue)
+        self.stdout.write(json.dumps(report or {}, sort_keys=True))
+        busy = [name for name, counts in report.items() if counts.get("busy")]
+        if busy:
+            self.stderr.write(f"another archiver is working on: {', '.join(busy)}")

@@ -1,0 +1,65 @@
+"""The archive table (in the default database: PostgreSQL in production, SQLite embedded)."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+
+class ArchivedMessage(models.Model):
+    """One message copied from the key-value store by the archiver. Never changed by the queue."""
+
+    message_id = models.CharField(max_length=200, unique=True)
+    queue = models.CharField(max_length=80, help_text="the queue it was enqueued to (the name, kept after deletion)")
+    partition = models.PositiveIntegerField()
+    group = models.CharField(max_length=128, null=True, blank=True)
+    #: the body as text (NUL characters, which PostgreSQL text cannot hold, shown as U+FFFD;
+    #: the exact record is then in ``raw``).
+    body = models.TextField()
+    attributes = models.JSONField(null=True, blank=True)
+    size = models.BigIntegerField(null=True, blank=True)
+    estimates = models.JSONField(null=True, blank=True)
+    history = models.JSONField(null=True, blank=True, help_text="a dead letter's origin")
+    sequence = models.BigIntegerField(default=0, help_text="epoch << 32 | counter: increasing within the partition")
+    not_before = models.DateTimeField(null=True, blank=True)
+    enqueued_at = models.DateTimeField()
+    acked_at = models.DateTimeField(null=True, blank=True, help_text="empty: not (yet) acknowledged")
+    archived_at = models.DateTimeField(default=timezone.now)
+    replay_count = models.PositiveIntegerField(default=0)
+    last_replayed_at = models.DateTimeField(null=True, blank=True)
+    #: the stored record, byte for byte, only when the columns cannot hold it exactly (NUL).
+    raw = models.BinaryField(null=True, blank=True, editable=False)
+
+    class Meta:
+        indexes = [  # noqa: RUF012 - Django reads it
+            models.Index(fields=["queue", "enqueued_at"], name="archive_queue_enqueued"),
+            models.Index(fields=["queue", "acked_at"], name="archive_queue_acked"),
+        ]
+        verbose_name = "archived message"
+
+    def __str__(self) -> str:
+        return self.message_id
+
+    @property
+    def latency(self) -> float | None:
+        """Seconds from enqueue to ack."""
+        if self.acked_at is None:
+            return None
+        return (self.acked_at - self.enqueued_at).total_seconds()
+
+
+class ArchiverLock(models.Model):
+    """The per-queue lease that lets one archiver at a time work on a queue.
+
+    Claimed by a conditional UPDATE (free, expired, or already ours), renewed between
+    rounds, given back at the end. A holder whose lease ran out while it was paused may
+    overlap the next one: the worst outcome is a message copied twice, which the unique
+    ``message_id`` absorbs.
+    """
+
+    queue = models.CharField(max_length=80, primary_key=True)
+    holder = models.CharField(max_length=200, blank=True)
+    expires_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.queue}: {self.holder or 'free'}"

@@ -1,0 +1,76 @@
+"""Replay: archived messages enqueued again, as copies, into a queue (their own or another).
+
+Copies go through the normal enqueue path (``queues.api.calls.enqueue``: validation, group
+routing, forwarding to the owners), in batches of 1,000 in archive order (enqueue time, then
+sequence), so a group's copies keep their order. Every batch is validated against the target
+queue before the first is enqueued: bad input changes nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from django.db.models import F
+from django.utils import timezone
+
+from queues.api import calls, validation
+from queues.kv import KVError
+from queues.partition import PartitionUnavailable
+
+from .archiver import message_of
+from .models import ArchivedMessage
+
+MAX_REPLAY = 10_000
+
+
+def select(source: str, *, ids: list[str] | None = None, since: datetime | None = None,
+           until: datetime | None = None, limit: int = 1000) -> list[ArchivedMessage]:
+    rows = ArchivedMessage.objects.filter(queue=source)
+    if ids is not None:
+        rows = rows.filter(message_id__in=ids)
+    if since is not None:
+        rows = rows.filter(enqueued_at__gte=since)
+    if until is not None:
+        rows = rows.filter(enqueued_at__lt=until)
+    return list(rows.order_by("enqueued_at", "sequence", "id")[:limit])
+
+
+def payload_of(row: ArchivedMessage) -> dict:
+    m = message_of(row)
+    return {k: v for k, v in (("body", m.body), ("group", m.group), ("attributes", m.attributes),
+                              ("size", m.size), ("estimates", m.estimates)) if v is not None}
+
+
+class PartialReplay(Exception):
+    """A batch failed after earlier ones were enqueued (those are counted and marked)."""
+
+    def __init__(self, cause: Exception, replayed: int, ids: list[str]):
+        super().__init__(str(cause))
+        self.cause, self.replayed, self.ids = cause, replayed, ids
+
+
+def replay(rows: list[ArchivedMessage], into: str, *, hops: int = 0) -> dict:
+    """Enqueue copies of ``rows`` into ``into``; ``{"replayed": n, "ids": [...]}``.
+
+    Raises the API's errors (404 no such queue, 400 a message the target refuses) before
+    anything is enqueued, and :class:`PartialReplay` if the store fails part-way.
+    """
+    cfg = calls.queue_config(into)
+    items = [payload_of(r) for r in rows]
+    batches = [(rows[i:i + validation.MAX_BATCH], items[i:i + validation.MAX_BATCH])
+               for i in range(0, len(items), validation.MAX_BATCH)]
+    now = datetime.now(UTC).timestamp()
+    for _, chunk in batches:
+        validation.enqueue_request({"messages": chunk}, cfg, now)  # raises BadRequest
+    ids: list[str] = []
+    for batch_rows, chunk in batches:
+        try:
+            _, answer = calls.enqueue(into, {"messages": chunk}, hops)
+        except (PartitionUnavailable, KVError) as exc:
+            if ids:
+                raise PartialReplay(exc, len(ids), ids) from exc
+            raise
+        ids.extend(answer["ids"])
+        ArchivedMessage.objects.filter(pk__in=[r.pk for r in batch_rows]).update(
+            replay_count=F("replay_count") + 1, last_replayed_at=timezone.now())
+    return {"replayed": len(ids), "ids": ids}

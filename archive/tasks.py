@@ -1,0 +1,13 @@
+"""The archiver as a Celery periodic task (``CELERY_BEAT_SCHEDULE["archive"]``)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from . import archiver
+
+
+@shared_task(name="archive.run_archiver", ignore_result=True)
+def run_archiver(queue: str | None = None) -> dict:
+    """One pass over every queue's journal; one archiver per queue at a time (the lock)."""
+    return archiver.run(queue)

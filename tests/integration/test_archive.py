@@ -1,0 +1,407 @@
+"""The archive end to end: journal -> archiver -> table -> lookup / list / replay.
+
+In-process tests run a node runtime over each key-value backend (filesystem in ``tmp_path``,
+Redis db 5, the SQL table in the test database) and call the API through DRF's test client;
+the crash test kills a real node process mid-load and archives what it left in the store.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+
+import pytest
+from rest_framework.test import APIClient
+
+import archive
+from archive import archiver
+from archive.models import ArchivedMessage, ArchiverLock
+from queues import archive_journal, service
+
+from .nodes import Client, NodeProcess, database_url
+
+BACKENDS = ["file", "redis", "postgres"]
+
+
+def _store(backend, request, tmp_path):
+    if backend == "file":
+        from queues.kv.filesystem import FileStore
+
+        return FileStore(tmp_path / "kv")
+    if backend == "redis":
+        from queues.kv.redis import RedisStore
+
+        return RedisStore(request.getfixturevalue("redis_client"))
+    from queues.kv.sql import SQLStore
+
+    return SQLStore()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+@pytest.fixture
+def rt(backend, request, tmp_path, kv_reset):
+    request.getfixturevalue("db")  # honours django_db(transaction=True) on the test
+    from queues.auth import CachedTokenAuthentication
+    from queues.node import NodeRuntime
+
+    CachedTokenAuthentication.forget()
+    store = _store(backend, request, tmp_path)
+    runtime = NodeRuntime("test-node", store=store, background=False).start()
+    service.set_runtime(runtime)
+    yield runtime
+    from queues.models import Queue
+
+    for name in Queue.objects.values_list("name", flat=True):
+        store.purge(name)
+    runtime.stop(release=True)
+    service.set_runtime(None)
+
+
+@pytest.fixture
+def api(rt, user):
+    from rest_framework.authtoken.models import Token
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return client
+
+
+@pytest.fixture
+def queue(api, unique_name):
+    def make(**fields) -> str:
+        fields.setdefault("name", unique_name("arch"))
+        fields.setdefault("partitions", 2)
+        r = api.post("/api/v1/queues", fields, format="json")
+        assert r.status_code == 201, r.content
+        assert r.json()["archive"] == fields.get("archive", "none")
+        return fields["name"]
+    return make
+
+
+def enqueue(api, name, messages) -> list[str]:
+    r = api.post(f"/api/v1/queues/{name}/enqueue", {"messages": messages}, format="json")
+    assert r.status_code == 201, r.content
+    return r.json()["ids"]
+
+
+def drain(api, name, *, ack=True) -> list[dict]:
+    out = []
+    while True:
+        r = api.post(f"/api/v1/queues/{name}/dequeue", {"max": 100, "visibility_timeout": 60}, format="json")
+        assert r.status_code == 200, r.content
+        got = r.json()["messages"]
+        if not got:
+            return out
+        out.extend(got)
+        if ack:
+            ack_ids(api, name, got)
+
+
+def consume(api, name, n) -> list[dict]:
+    """Dequeue and acknowledge ``n`` messages (groups give one at a time)."""
+    done: list[dict] = []
+    while len(done) < n:
+        r = api.post(f"/api/v1/queues/{name}/dequeue", {"max": n - len(done), "visibility_timeout": 60},
+                     format="json")
+        got = r.json()["messages"]
+        assert got, "ran dry"
+        ack_ids(api, name, got)
+        done.extend(got)
+    return done
+
+
+def ack_ids(api, name, messages) -> None:
+    r = api.post(f"/api/v1/queues/{name}/ack",
+                 {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in messages]}, format="json")
+    assert r.status_code == 200, r.content
+
+
+def journal_size(store, name, partitions=2) -> int:
+    return sum(len(store.scan(archive_journal.bucket(name, p))) for p in range(partitions))
+
+
+# --- modes --------------------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_mode_all_archives_every_message_and_marks_acks(api, rt, queue):
+    # given a queue archiving every message, and 60 enqueued through the API
+    name = queue(archive="all")
+    bodies = [f"body-{i}" for i in range(60)]
+    ids = enqueue(api, name, [{"body": b, "group": f"g{i % 3}", "attributes": {"i": i}}
+                              for i, b in enumerate(bodies)])
+    # when the archiver runs
+    report = archiver.run(name, store=rt.store)
+    # then 60 rows hold the bodies, none acknowledged, and the journal is empty
+    assert report[name]["archived"] == 60
+    rows = {r.message_id: r for r in ArchivedMessage.objects.filter(queue=name)}
+    assert set(rows) == set(ids)
+    assert [rows[i].body for i in ids] == bodies
+    assert rows[ids[4]].group == "g1" and rows[ids[4]].attributes == {"i": 4}
+    assert all(r.acked_at is None for r in rows.values())
+    assert journal_size(rt.store, name) == 0
+    # when some are acknowledged and the archiver runs again
+    acked = consume(api, name, 25)
+    report = archiver.run(name, store=rt.store)
+    # then exactly those rows have acked_at, nothing was copied twice, the journal is empty
+    assert report[name] == {"archived": 0, "acked": 25, "removed": 25}
+    marked = set(ArchivedMessage.objects.filter(queue=name, acked_at__isnull=False).values_list("message_id", flat=True))
+    assert marked == {m["id"] for m in acked}
+    assert ArchivedMessage.objects.filter(queue=name).count() == 60
+    assert journal_size(rt.store, name) == 0
+    # and a run with nothing to do reports nothing
+    assert archiver.run(name, store=rt.store) == {}
+
+
+@pytest.mark.django_db
+def test_mode_acked_archives_only_acknowledged_messages(api, rt, queue):
+    # given a queue archiving acknowledged messages, 30 enqueued and 12 of them acknowledged
+    name = queue(archive="acked")
+    enqueue(api, name, [{"body": f"m{i}"} for i in range(30)])
+    assert journal_size(rt.store, name) == 0
+    got = drain(api, name, ack=False)
+    ack_ids(api, name, got[:12])
+    # when the archiver runs
+    archiver.run(name, store=rt.store)
+    # then only those 12 are archived, with their ack time and body
+    rows = list(ArchivedMessage.objects.filter(queue=name))
+    assert {r.message_id for r in rows} == {m["id"] for m in got[:12]}
+    assert all(r.acked_at is not None and r.acked_at >= r.enqueued_at for r in rows)
+    assert {r.body for r in rows} == {m["body"] for m in got[:12]}
+
+
+@pytest.mark.django_db
+def test_retention_is_not_an_ack(api, rt, queue):
+    # given an "acked" queue whose messages are removed by the retention rule
+    name = queue(archive="acked")
+    enqueue(api, name, [{"body": f"m{i}"} for i in range(5)])
+    expired = sum(m.expire(time.time() + 3600) for m in rt.local_managers(name))
+    assert expired == 5
+    # then nothing is archived
+    archiver.run(name, store=rt.store)
+    assert not ArchivedMessage.objects.filter(queue=name).exists()
+
+
+@pytest.mark.django_db
+def test_archive_mode_can_be_changed_through_the_api(api, queue):
+    name = queue()
+    r = api.patch(f"/api/v1/queues/{name}", {"archive": "acked"}, format="json")
+    assert r.status_code == 200 and r.json()["archive"] == "acked"
+    r = api.patch(f"/api/v1/queues/{name}", {"archive": "sometimes"}, format="json")
+    assert r.status_code == 400 and r.json()["error"] == "invalid"
+    assert api.get(f"/api/v1/queues/{name}").json()["archive"] == "acked"
+
+
+# --- lookup and listing ---------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_lookup_gives_back_the_stored_records(api, rt, queue):
+    name = queue(archive="all")
+    ids = enqueue(api, name, [{"body": "plain", "group": "g", "attributes": {"k": "v", "n": 2}, "size": 7},
+                              {"body": "with\x00nul", "attributes": {"x": "ab"}}])
+    stored = {mid: rt.manager(name, int(mid.split("/")[1])).cache.get(mid) for mid in ids}
+    archiver.run(name, store=rt.store)
+    found = archive.lookup([*ids, f"{name}/0/00000000-0000000000000000/0"])
+    assert set(found) == set(ids)
+    for mid in ids:
+        assert found[mid].body == stored[mid].body
+        assert found[mid].group == stored[mid].group
+        assert found[mid].attributes == stored[mid].attributes
+        assert found[mid].sequence == stored[mid].sequence
+        assert abs(found[mid].enqueued_at - stored[mid].enqueued_at) < 1e-5
+
+
+@pytest.mark.django_db
+def test_listing_pages_through_the_archive(api, rt, queue):
+    name = queue(archive="all")
+    ids = enqueue(api, name, [{"body": f"m{i}"} for i in range(25)])
+    archiver.run(name, store=rt.store)
+    seen, after = [], ""
+    while True:
+        r = api.get(f"/api/v1/archive?queue={name}&limit=10&after={after}")
+        assert r.status_code == 200, r.content
+        page = r.json()
+        seen.extend(m["id"] for m in page["messages"])
+        if page["next"] is None:
+            break
+        after = page["next"]
+    assert sorted(seen) == sorted(ids)
+    assert api.get(f"/api/v1/archive?queue={name}&acked=true").json()["messages"] == []
+    for bad in ("limit=0", "since=yesterday", "acked=maybe", "queue=a/b", "colour=red"):
+        r = api.get(f"/api/v1/archive?{bad}")
+        assert r.status_code == 400, bad
+        assert set(r.json()) == {"error", "detail"}
+
+
+# --- replay ---------------------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_replay_round_trip_into_another_queue(api, rt, queue):
+    # given archived messages of a source queue, in groups, with attributes
+    src, dst = queue(archive="all"), queue()
+    sent = [{"body": f"b{i}", "group": f"g{i % 4}", "attributes": {"i": i}, "size": i + 1} for i in range(40)]
+    ids = enqueue(api, src, sent)
+    drain(api, src)  # consumed and acknowledged at the source
+    archiver.run(src, store=rt.store)
+    rows = ArchivedMessage.objects.filter(queue=src).order_by("enqueued_at")
+    since = rows.first().enqueued_at.isoformat()
+    # when they are replayed into another queue by time range
+    r = api.post("/api/v1/archive/replay", {"queue": src, "into": dst, "since": since}, format="json")
+    assert r.status_code == 200, r.content
+    assert r.json()["replayed"] == 40 and len(r.json()["ids"]) == 40
+    # then a drain of the target gives the same bodies, groups and attributes, in group order
+    got = drain(api, dst)
+    assert sorted((m["body"], m.get("group"), m["attributes"]["i"]) for m in got) == \
+        sorted((s["body"], s["group"], s["attributes"]["i"]) for s in sent)
+    for g in range(4):
+        in_group = [int(m["body"][1:]) for m in got if m.get("group") == f"g{g}"]
+        assert in_group == sorted(in_group)
+    # and the rows are marked replayed; a replay by ids into the source itself works too
+    assert set(ArchivedMessage.objects.filter(queue=src).values_list("replay_count", flat=True)) == {1}
+    r = api.post("/api/v1/archive/replay", {"queue": src, "ids": ids[:3]}, format="json")
+    assert r.status_code == 200 and r.json()["replayed"] == 3 and r.json()["into"] == src
+    assert sorted(m["body"] for m in drain(api, src)) == ["b0", "b1", "b2"]
+
+
+@pytest.mark.django_db
+def test_bad_replay_input_is_a_4xx_and_enqueues_nothing(api, rt, queue):
+    src, dst = queue(archive="all"), queue()
+    strict = queue(strict=True)
+    ids = enqueue(api, src, [{"body": f"m{i}"} for i in range(5)])
+    archiver.run(src, store=rt.store)
+    cases = [
+        ([1, 2], 400), ({}, 400), ({"queue": "bad/name"}, 400), ({"queue": src, "into": 7}, 400),
+        ({"queue": src, "colour": "red"}, 400), ({"queue": src, "max": 0}, 400),
+        ({"queue": src, "max": 10001}, 400), ({"queue": src, "since": "soon"}, 400),
+        ({"queue": src, "since": "2030-01-01T00:00:00Z", "until": "2020-01-01T00:00:00Z"}, 400),
+        ({"queue": src, "ids": ids[:1], "since": "2020-01-01T00:00:00Z"}, 400),
+        ({"queue": src, "ids": []}, 400), ({"queue": src, "ids": ["nope"]}, 400),
+        ({"queue": src, "ids": [ids[0].replace(src, dst, 1)]}, 400),
+        ({"queue": src, "into": strict}, 400),  # the copies have no group: the strict queue refuses
+        ({"queue": src, "into": "no-such-queue"}, 404),
+    ]
+    for payload, status in cases:
+        r = api.post("/api/v1/archive/replay", payload, format="json")
+        assert r.status_code == status, (payload, r.content)
+        assert set(r.json()) == {"error", "detail"}, payload
+    for name in (src, dst, strict):
+        assert drain(api, name, ack=False) == [] or name == src
+    assert set(ArchivedMessage.objects.filter(queue=src).values_list("replay_count", flat=True)) == {0}
+    stranger = APIClient()
+    assert stranger.post("/api/v1/archive/replay", {"queue": src}, format="json").status_code == 401
+    assert stranger.get(f"/api/v1/archive?queue={src}", HTTP_AUTHORIZATION="Token wrong").status_code == 401
+
+
+# --- one archiver per queue -----------------------------------------------------------------------
+@pytest.mark.django_db
+def test_a_held_lock_keeps_a_second_archiver_out(api, rt, queue):
+    name = queue(archive="all")
+    enqueue(api, name, [{"body": f"m{i}"} for i in range(10)])
+    assert archiver.claim(name, "other")
+    assert archiver.run(name, store=rt.store) == {name: {"busy": True}}
+    assert not ArchivedMessage.objects.filter(queue=name).exists()
+    assert journal_size(rt.store, name) == 10
+    archiver.release(name, "other")
+    assert archiver.run(name, store=rt.store)[name]["archived"] == 10
+    # an expired holder is replaced
+    assert archiver.claim(name, "stale", seconds=-1)
+    assert archiver.claim(name, "fresh") and not archiver.claim(name, "stale")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_archivers_at_once_one_works_no_duplicates(api, rt, queue, monkeypatch):
+    # given 3,000 journaled messages in one partition
+    name = queue(archive="all", partitions=1)
+    ids = []
+    for k in range(3):
+        ids += enqueue(api, name, [{"body": f"{k}-{i}"} for i in range(1000)])
+    # when two archivers start together (each round slowed down, so they surely overlap)
+    real = archiver.archive_partition
+    monkeypatch.setattr(archiver, "archive_partition",
+                        lambda *a, **kw: (time.sleep(0.5), real(*a, **kw))[1])
+    barrier = threading.Barrier(2)
+    reports = []
+
+    def one():
+        from django.db import connection
+
+        barrier.wait()
+        try:
+            reports.append(archiver.run(name, store=rt.store))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    # then one archived everything and the other found the queue busy
+    assert sorted(bool(r[name].get("busy")) for r in reports) == [False, True], reports
+    worker = next(r[name] for r in reports if not r[name].get("busy"))
+    assert worker["archived"] == 3000
+    assert ArchivedMessage.objects.filter(queue=name).count() == 3000
+    assert ArchiverLock.objects.get(queue=name).holder == ""
+
+
+# --- a node killed mid-load -----------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_every_confirmed_message_of_a_killed_node_is_archived(kind, tmp_path, token, request):
+    if kind == "redis":
+        request.getfixturevalue("redis_client")
+        kv = {"KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5"}
+    elif kind == "file":
+        kv = {"KV_URL": f"file://{tmp_path / 'kv'}"}
+    else:
+        kv = {"KV_URL": "postgres"}
+    env = {"DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "data"), **kv}
+    node = NodeProcess(env, tmp_path).start()
+    name = f"archcrash-{uuid.uuid4().hex[:6]}"
+    confirmed: set[str] = set()
+    lock = threading.Lock()
+    try:
+        c = Client(node.url, token)
+        r = c.post("queues", {"name": name, "partitions": 4, "block_size": 64, "archive": "all"})
+        assert r.status_code == 201, r.text
+
+        def producer(k):
+            pc = Client(node.url, token)
+            for b in range(200):
+                try:
+                    resp = pc.post(f"queues/{name}/enqueue", {"messages": [{"body": f"{k}:{b}:{i}"} for i in range(50)]})
+                except Exception:  # noqa: BLE001 - the node is being killed
+                    return
+                if resp.status_code == 201:
+                    with lock:
+                        confirmed.update(resp.json()["ids"])
+
+        threads = [threading.Thread(target=producer, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        # when the node is killed with SIGKILL while producers are still sending
+        while len(confirmed) < 2000 and any(t.is_alive() for t in threads):
+            time.sleep(0.01)
+        node.kill()
+        for t in threads:
+            t.join(30)
+    finally:
+        node.stop()
+    # then the archiver (no node needed) finds every confirmed message in the journal
+    store = _store(kind, request, tmp_path) if kind != "redis" else _redis_store()
+    archiver.run(name, store=store)
+    archived = set(ArchivedMessage.objects.filter(queue=name).values_list("message_id", flat=True))
+    assert len(confirmed) >= 2000
+    assert confirmed <= archived
+    store.purge(name)
+
+
+def _redis_store():
+    import redis
+
+    from queues.kv.redis import RedisStore
+
+    return RedisStore(redis.Redis.from_url(os.environ["MQ_TEST_REDIS_URL"] + "/5"))
