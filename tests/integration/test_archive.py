@@ -405,3 +405,21 @@ def _redis_store():
     from queues.kv.redis import RedisStore
 
     return RedisStore(redis.Redis.from_url(os.environ["MQ_TEST_REDIS_URL"] + "/5"))
+
+
+@pytest.mark.django_db
+def test_admin_lists_and_replays_archived_messages(api, rt, queue, client):
+    from django.contrib.auth.models import User
+
+    name = queue(archive="all")
+    enqueue(api, name, [{"body": f"m{i}"} for i in range(3)])
+    drain(api, name)
+    archiver.run(name, store=rt.store)
+    client.force_login(User.objects.create(username=f"a-{uuid.uuid4().hex[:6]}", is_staff=True, is_superuser=True))
+    page = client.get("/admin/archive/archivedmessage/", {"queue": name, "acked": "yes"})
+    assert page.status_code == 200 and b"m2" in page.content
+    pks = list(ArchivedMessage.objects.filter(queue=name).values_list("pk", flat=True))
+    r = client.post("/admin/archive/archivedmessage/", {"action": "replay_into_source", "_selected_action": pks})
+    assert r.status_code == 302
+    assert sorted(m["body"] for m in drain(api, name)) == ["m0", "m1", "m2"]
+    assert set(ArchivedMessage.objects.filter(queue=name).values_list("replay_count", flat=True)) == {1}
