@@ -324,9 +324,13 @@ def subscription_stats(topic: str, sub: str) -> dict:
     parts = []
     for p in Partition.objects.filter(queue_id=cfg.id).order_by("index"):
         figures = local.get(p.index) or (p.cursors or {}).get(sub) or {}
-        parts.append({"index": p.index, "live": local.get(p.index) is not None,
-                      **{k: figures.get(k, 0) for k in ("backlog", "in_flight", "acked", "redelivered")},
-                      "dequeue_id": figures.get("dequeue_id", "")})
-    return {"topic": topic, "subscription": sub,
-            "backlog": sum(e["backlog"] for e in parts), "in_flight": sum(e["in_flight"] for e in parts),
-            "acked": sum(e["acked"] for e in parts), "partitions": parts}
+        entry = {"index": p.index, "live": local.get(p.index) is not None,
+                 **{k: figures.get(k, 0) for k in ("backlog", "in_flight", "acked", "redelivered")},
+                 "dequeue_id": figures.get("dequeue_id", "")}
+        entry["depth"] = max(entry["backlog"] - entry["in_flight"], 0)
+        parts.append(entry)
+    # "queue", "depth" and "in_flight" as in a queue's stats: clients read both the same way.
+    return {"queue": f"{topic}/{sub}", "topic": topic, "subscription": sub,
+            "backlog": sum(e["backlog"] for e in parts), "depth": sum(e["depth"] for e in parts),
+            "in_flight": sum(e["in_flight"] for e in parts), "acked": sum(e["acked"] for e in parts),
+            "oldest_age": None, "partitions": parts}

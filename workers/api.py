@@ -109,6 +109,8 @@ class LogsView(APIView):
 class HeldIn(StrictSerializer):
     id = serializers.CharField(max_length=200)
     receipt = serializers.CharField(max_length=64)
+    #: what it was dequeued from: the queue, or "topic/subscription" (default: the ID's queue)
+    queue = serializers.CharField(max_length=161, required=False)
 
 
 class HeartbeatIn(StrictSerializer):
@@ -116,7 +118,7 @@ class HeartbeatIn(StrictSerializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True)
     hostname = serializers.CharField(max_length=200, required=False, allow_blank=True)
     pid = serializers.IntegerField(required=False, min_value=0)
-    queues = serializers.ListField(child=serializers.CharField(max_length=80), max_length=100, required=False)
+    queues = serializers.ListField(child=serializers.CharField(max_length=161), max_length=100, required=False)
     load = serializers.FloatField(min_value=0, max_value=1, required=False)
     capacity = serializers.IntegerField(min_value=1, max_value=100_000, required=False)
     held = HeldIn(many=True, required=False, max_length=MAX_RECORDS)
@@ -175,7 +177,9 @@ class HeartbeatView(APIView):
         timeouts: dict[str, int] = {}
         for h in held:
             mid = parse_message_id(h["id"])
-            if mid is None:
+            # A topic's message is held through a subscription ("topic/subscription").
+            target = h.get("queue") or (mid.queue if mid is not None else "")
+            if mid is None or target.partition("/")[0] != mid.queue:
                 lost.append(h["id"])
                 continue
             if mid.queue not in timeouts:
@@ -185,8 +189,8 @@ class HeartbeatView(APIView):
                 lost.append(h["id"])
                 continue
             try:
-                calls.visibility(mid.queue, {"id": h["id"], "receipt": h["receipt"],
-                                             "visibility_timeout": max(timeouts[mid.queue], 1)})
+                calls.visibility(target, {"id": h["id"], "receipt": h["receipt"],
+                                          "visibility_timeout": max(timeouts[mid.queue], 1)})
                 extended.append(h["id"])
             except (ReceiptMismatch, BadRequest):
                 lost.append(h["id"])
@@ -200,7 +204,9 @@ class HeartbeatView(APIView):
         consume them (the seed's consumer sleep): fewer idle polls against the nodes."""
         if held or not queues:
             return "continue", 0
-        depth = Partition.objects.filter(queue__name__in=queues).aggregate(d=Sum("depth"))["d"] or 0
+        # A subscription ("topic/name") counts its topic's depth: an upper bound of its own.
+        names = {q.partition("/")[0] for q in queues}
+        depth = Partition.objects.filter(queue__name__in=names).aggregate(d=Sum("depth"))["d"] or 0
         if depth:
             return "continue", 0
         others = Consumer.objects.filter(last_heartbeat__gte=now - CONSUMER_ALIVE).exclude(pk=consumer)

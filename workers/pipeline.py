@@ -353,7 +353,7 @@ class Pipeline:
             "consumer": self.consumer_id, "name": self.name, "hostname": socket.gethostname(),
             "pid": os.getpid(), "queues": self.queues, "capacity": self.concurrency,
             "load": min(1.0, self.busy / self.concurrency),
-            "held": [{"id": w.message.id, "receipt": w.message.receipt} for w in held],
+            "held": [{"id": w.message.id, "receipt": w.message.receipt, "queue": w.queue} for w in held],
         }
         try:
             answer = self.client.heartbeat(payload)

@@ -693,7 +693,17 @@ class Client:
         return [Queue.from_json(q) for q in self._call("GET", "queues")]
 
     def get_queue(self, name: str) -> Queue:
-        return Queue.from_json(self._call("GET", f"queues/{_q(name)}"))
+        """A queue's settings; for ``"topic/subscription"``, the topic's with the subscription's
+        own visibility timeout and dead-letter rule (what a consumer of it needs)."""
+        topic, slash, sub = name.partition("/")
+        if not slash:
+            return Queue.from_json(self._call("GET", f"queues/{_q(name)}"))
+        data = dict(self._call("GET", f"topics/{_q(topic)}"))
+        own = self._call("GET", f"topics/{_q(topic)}/subscriptions/{_q(sub)}")
+        data.update(name=name, dead_letter_queue=own.get("dead_letter_queue"), max_receives=own.get("max_receives"))
+        if own.get("visibility_timeout") is not None:
+            data["visibility_timeout"] = own["visibility_timeout"]
+        return Queue.from_json(data)
 
     def update_queue(self, name: str, *, partitions: int = _UNSET, block_size: int = _UNSET,
                      lease_period: float = _UNSET, visibility_timeout: float = _UNSET,
@@ -715,14 +725,14 @@ class Client:
         self.forget_owners(name)
 
     def stats(self, name: str) -> Stats:
-        return Stats.from_json(self._call("GET", f"queues/{_q(name)}/stats"))
+        return Stats.from_json(self._call("GET", _path(name, "stats")))
 
     def partitions(self, name: str) -> list[PartitionOwner]:
         """Who serves each partition now; also refreshes the owner cache of the queue."""
         return self._fetch_owners(name, self.retries)
 
     def _fetch_owners(self, name: str, retries: int) -> list[PartitionOwner]:
-        payload = self._call("GET", f"queues/{_q(name)}/partitions", retries=retries)
+        payload = self._call("GET", f"queues/{_q(name.partition('/')[0])}/partitions", retries=retries)
         parts = [PartitionOwner.from_json(p) for p in payload.get("partitions", ())]
         fetched = time.monotonic()
         if any(p.address is None for p in parts):
@@ -752,7 +762,7 @@ class Client:
         """Enqueue one message; its ID. A message with a group goes to its partition's owner."""
         item = NewMessage(body, group=group, dedup_id=dedup_id, delay=delay, not_before=not_before,
                           attributes=attributes, size=size, estimates=estimates).to_json()
-        return self._call("POST", f"queues/{_q(queue)}/enqueue", item,
+        return self._call("POST", _path(queue, "enqueue"), item,
                           owner=self._group_owner(queue, [group]))["id"]
 
     def enqueue_batch(self, queue: str, messages: Iterable[str | NewMessage | Mapping]) -> list[str]:
@@ -764,7 +774,7 @@ class Client:
         if len(items) > MAX_BATCH:
             raise ValueError(f"at most {MAX_BATCH} messages per call, got {len(items)}: use enqueue_many")
         owner = self._group_owner(queue, [i.get("group") for i in items])
-        return list(self._call("POST", f"queues/{_q(queue)}/enqueue", {"messages": items}, owner=owner)["ids"])
+        return list(self._call("POST", _path(queue, "enqueue"), {"messages": items}, owner=owner)["ids"])
 
     def enqueue_many(self, queue: str, messages: Iterable[str | NewMessage | Mapping],
                      batch_size: int = MAX_BATCH) -> list[str]:
@@ -795,7 +805,7 @@ class Client:
         if wait:
             payload["wait"] = wait
         timeout = self.timeout + (wait if isinstance(wait, (int, float)) and wait > 0 else 0)
-        answer = self._call("POST", f"queues/{_q(queue)}/dequeue", payload, timeout=timeout,
+        answer = self._call("POST", _path(queue, "dequeue"), payload, timeout=timeout,
                             owner=self._owner_url(node))
         return [Message.from_json(m) for m in answer.get("messages", ())]
 
@@ -838,7 +848,7 @@ class Client:
         payload: dict[str, Any] = {"id": mid, "visibility_timeout": visibility_timeout}
         if receipt is not None:
             payload["receipt"] = receipt
-        answer = self._call("POST", f"queues/{_q(queue)}/visibility", payload,
+        answer = self._call("POST", _path(queue, "visibility"), payload,
                             owner=self._owner(queue, _partition_or_none(mid)))
         return VisibilityResult(id=answer.get("id", mid), visibility_timeout=answer.get("visibility_timeout",
                                                                                       visibility_timeout))
@@ -927,7 +937,7 @@ class Client:
         total = AckResult()
         for owner, owned in by_owner.items():
             for chunk in _chunks(owned, MAX_BATCH):
-                answer = self._call("POST", f"queues/{_q(queue)}/ack", {key: chunk}, owner=owner)
+                answer = self._call("POST", _path(queue, "ack"), {key: chunk}, owner=owner)
                 total = total + AckResult(answer.get("acked", 0), answer.get("not_found", 0))
         return total
 
@@ -1046,6 +1056,16 @@ class Client:
 def _q(name: str) -> str:
     """A queue name as a path segment (names are [A-Za-z0-9_-], but never trust input)."""
     return quote(name, safe="")
+
+
+def _path(target: str, call: str) -> str:
+    """The API path of a message call on a queue (``"orders"``) or on a topic's subscription
+    (``"news/mail"``: ``topics/news/subscriptions/mail/...``), so that every method that takes
+    a queue name takes a subscription too."""
+    topic, slash, sub = target.partition("/")
+    if slash:
+        return f"topics/{_q(topic)}/subscriptions/{_q(sub)}/{call}"
+    return f"queues/{_q(target)}/{call}"
 
 
 def _partition_or_none(message_id: Any) -> int | None:

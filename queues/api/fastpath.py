@@ -67,10 +67,10 @@ class FastPath:
             return self.app(environ, start_response)
         if match[1] is not None:
             raw_name, call = match[1], match[2]
-        elif match[7] is not None:
+        elif match[6] is not None:
             raw_name, call = match[3], "publish"
         else:
-            raw_name, call = f"{match[3]}/{match[5]}", match[6]
+            raw_name, call = f"{match[3]}/{match[4]}", match[5]
         name = raw_name.encode("latin-1").decode("utf-8", "replace")
         headers: dict[str, str] = {}
         try:

@@ -243,3 +243,28 @@ def test_a_failing_message_ends_in_the_dead_letter_queue(api, celery_worker, han
     stats = api.get(f"queues/{QUEUE}/stats").json()
     assert stats["depth"] == 0 and stats["in_flight"] == 0
     print(f"[dead letter] failed twice, dead-lettered after {took:.2f}s")
+
+
+def test_a_worker_consumes_a_topic_subscription_unchanged(api, celery_worker, handler_out):
+    # given a topic with two subscriptions and 30 messages published
+    r = api.post("topics", {"name": "news", "partitions": 2, "visibility_timeout": 10})
+    assert r.status_code == 201, r.text
+    for sub in ("mail", "sms"):
+        assert api.post("topics/news/subscriptions", {"name": sub}).status_code == 201
+    _wait(lambda: all(p["owner"] for p in api.get("queues/news/partitions").json()["partitions"]), 20,
+          "the node to own every partition of news")
+    r = api.post("topics/news/publish", {"messages": [{"body": f"n{i}"} for i in range(30)]})
+    assert r.status_code == 201, r.text
+    ids = r.json()["ids"]
+    # when a real worker consumes "news/mail" (its handler is registered under that name)
+    worker = celery_worker(1, WORKER_QUEUES="news/mail", WORKER_HANDLERS="tests.integration.handlers_for_tests,"
+                                                                       "tests.integration.handlers_for_topic_tests")
+    _wait(lambda: api.get("topics/news/subscriptions/mail/stats").json()["backlog"] == 0, 40,
+          "the mail subscription to be drained")
+    worker.stop()
+    # then each message was processed once for "mail", and "sms" still holds all of them
+    done = Counter(mid for event, mid, _, _ in events(handler_out) if event == "done")
+    assert set(done) == set(ids) and set(done.values()) == {1}
+    assert api.get("topics/news/subscriptions/sms/stats").json()["backlog"] == 30
+    got = api.post("topics/news/subscriptions/sms/dequeue", {"max": 100}).json()["messages"]
+    assert sorted(m["id"] for m in got) == sorted(ids)

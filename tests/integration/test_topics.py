@@ -7,6 +7,15 @@ import pytest
 from queues.messages import parse_message_id
 from queues.models import Partition
 
+from .wsgi_client import TRANSPORTS, token_client
+
+
+@pytest.fixture(params=TRANSPORTS)
+def api(request, runtime, user):
+    """Every test through DRF's test client and through the node's WSGI application (whose fast
+    path serves publish and the subscription calls)."""
+    return token_client(request.param, user)
+
 
 def _publish(api, topic, bodies, **extra):
     r = api.post(f"/api/v1/topics/{topic}/publish", {"messages": [{"body": b, **extra} for b in bodies]},
