@@ -182,38 +182,73 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
+#: the normal-equation solver takes at most 4,096 features; each (queue, stage) uses two
+GROUPS_PER_FIT = 2000
+
+
 def fit_size_regression(samples: DataFrame, min_samples: int = 20) -> DataFrame:
-    """A least-squares line ``seconds = intercept + slope * size`` per queue and stage
-    (pyspark.ml ``LinearRegression``), for those with at least ``min_samples`` samples.
+    """A least-squares line ``seconds = intercept + slope * size`` per queue and stage, for those
+    with at least ``min_samples`` samples, fitted with pyspark.ml's ``LinearRegression``.
 
     ``estimate`` is the line's value at the queue's median size, clamped to 0..24 h: the time
     a typical message takes, which becomes the queue's default estimate. When every sample has
     the same size there is no slope to learn: the line is flat at the mean time. ``r2`` is
-    null when the times do not vary (nothing to explain).
+    null when the times do not vary (there is nothing to explain).
+
+    All (queue, stage) lines come from *one* fit (per 2,000 of them): each gets its own
+    intercept column (1 for its rows, else 0) and slope column (its centred, scaled size, else
+    0), no global intercept. That is exactly the separate least-squares lines, at the cost of
+    one pass over the data instead of one Spark job per queue. Centring on the median makes the
+    intercept column's coefficient the estimate itself, and scaling by the size's spread keeps
+    the normal equations well conditioned whatever unit ``size`` is in.
     """
-    from pyspark.ml.feature import VectorAssembler
+    from pyspark.ml.functions import array_to_vector
     from pyspark.ml.regression import LinearRegression
 
     spark = samples.sparkSession
-    summary = (samples.groupBy("queue", "stage").agg(
+    stats = (samples.groupBy("queue", "stage").agg(
         F.count(F.lit(1)).alias("n"),
         F.stddev_pop("size").alias("size_std"),
-        F.avg("seconds").alias("mean_seconds"),
         F.stddev_pop("seconds").alias("seconds_std"),
         F.percentile_approx("size", 0.5, PERCENTILE_ACCURACY).alias("median_size"),
     ).where(F.col("n") >= min_samples).orderBy("queue", "stage").collect())
     rows = []
-    assembler = VectorAssembler(inputCols=["size"], outputCol="features")
-    for s in summary:
-        if not s.size_std:
-            intercept, slope, r2, rmse = s.mean_seconds, 0.0, None, s.seconds_std
-        else:
-            part = samples.where((F.col("queue") == s.queue) & (F.col("stage") == s.stage))
-            model = LinearRegression(featuresCol="features", labelCol="seconds", solver="normal",
-                                     regParam=0.0, standardization=False).fit(assembler.transform(part))
-            intercept, slope = float(model.intercept), float(model.coefficients[0])
-            r2 = _finite(model.summary.r2) if s.seconds_std else None
-            rmse = _finite(model.summary.rootMeanSquaredError)
-        estimate = min(ESTIMATE_MAX, max(0.0, intercept + slope * s.median_size))
-        rows.append((s.queue, s.stage, s.n, intercept, slope, r2, rmse, float(s.median_size), estimate))
+    for first in range(0, len(stats), GROUPS_PER_FIT):
+        rows += _fit_groups(spark, samples, stats[first:first + GROUPS_PER_FIT], array_to_vector, LinearRegression)
     return spark.createDataFrame(rows, FIT_SCHEMA)
+
+
+def _fit_groups(spark, samples: DataFrame, stats: list, array_to_vector, LinearRegression) -> list[tuple]:
+    """One least-squares fit for the (queue, stage) groups of ``stats``; their FIT_SCHEMA rows."""
+    groups = spark.createDataFrame(
+        [(s.queue, s.stage, k, float(s.median_size), float(s.size_std or 0.0)) for k, s in enumerate(stats)],
+        "queue string, stage string, g int, median double, spread double")
+    data = samples.join(F.broadcast(groups), ["queue", "stage"])
+    features = []
+    for k, s in enumerate(stats):
+        mine = F.col("g") == k
+        features.append(F.when(mine, 1.0).otherwise(0.0))
+        if s.size_std:  # a constant size gives no slope column: it would repeat the intercept's
+            features.append(F.when(mine, (F.col("size") - F.col("median")) / F.col("spread")).otherwise(0.0))
+    data = data.select("g", "seconds", array_to_vector(F.array(*features)).alias("features"))
+    model = LinearRegression(featuresCol="features", labelCol="seconds", fitIntercept=False, solver="normal",
+                             regParam=0.0, standardization=False).fit(data)
+    coefficients = model.coefficients.toArray()
+    residuals = {r.g: r.sse for r in model.transform(data).groupBy("g").agg(
+        F.sum((F.col("seconds") - F.col("prediction")) ** 2).alias("sse")).collect()}
+    rows, column = [], 0
+    for k, s in enumerate(stats):
+        at_median = float(coefficients[column])
+        column += 1
+        slope = 0.0
+        if s.size_std:
+            slope = float(coefficients[column]) / s.size_std
+            column += 1
+        sse = max(0.0, residuals.get(k, 0.0))
+        sst = s.n * (s.seconds_std or 0.0) ** 2
+        r2 = _finite(1.0 - sse / sst) if sst > 0 else None
+        rmse = math.sqrt(sse / s.n)
+        estimate = min(ESTIMATE_MAX, max(0.0, at_median))
+        rows.append((s.queue, s.stage, s.n, at_median - slope * s.median_size, slope, r2, rmse,
+                     float(s.median_size), estimate))
+    return rows

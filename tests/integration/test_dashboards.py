@@ -1,0 +1,223 @@
+"""The dashboards end to end, on PostgreSQL + Redis: traffic through a real node and a worker
+pipeline, then ``refresh_dashboards`` (Spark reading the attempt log over JDBC), then the admin.
+
+The job reads only committed rows (JDBC has its own connection), so these tests commit
+(``transaction=True``). One SparkSession serves the whole test process.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from django.core.management import CommandError, call_command  # noqa: E402
+from pyspark.testing import assertDataFrameEqual  # noqa: E402
+
+from consoles.charts import format_value  # noqa: E402
+from consoles.models import DashboardRun, EstimateFit, QueueBucketStats, WorkerStats  # noqa: E402
+from queues.models import Queue  # noqa: E402
+from workers.handlers import Handler  # noqa: E402
+from workers.models import AttemptLog  # noqa: E402
+from workers.pipeline import Pipeline  # noqa: E402
+from workers.sdk import Client, NewMessage  # noqa: E402
+
+from .nodes import NodeProcess, database_url, wait_until  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+#: processing takes BASE + PER_UNIT * size seconds: the slope the regression must find
+BASE, PER_UNIT = 0.004, 0.001
+PRE_PER_UNIT = 0.0002
+MESSAGES = 60
+
+
+@pytest.fixture(scope="session")
+def spark():
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from consoles.spark.job import spark_session
+
+    return spark_session()
+
+
+@pytest.fixture
+def node(tmp_path, redis_client, token):
+    n = NodeProcess({"DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "node-data"),
+                     "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5", "NODE_HEARTBEAT": "0.3"}, tmp_path).start()
+    yield n
+    n.stop()
+
+
+@pytest.fixture
+def admin_client(client, django_user_model):
+    client.force_login(django_user_model.objects.create_superuser("dash-root", "root@example.com", None))
+    return client
+
+
+def _handler(queue: str, failed_once: set[str]) -> Handler:
+    """Time grows with ``size``; a message with ``{"flaky": true}`` fails its first delivery."""
+
+    def preprocess(message):
+        time.sleep(PRE_PER_UNIT * message.size)
+        return message.size
+
+    def process(message, prepared):
+        assert prepared == message.size
+        if (message.attributes or {}).get("flaky") and message.receive_count == 1:
+            failed_once.add(message.id)
+            raise RuntimeError("flaky on first delivery")
+        time.sleep(BASE + PER_UNIT * message.size)
+
+    return Handler(queue, process, preprocess)
+
+
+def test_traffic_then_refresh_shows_figures_and_learns_estimates(node, token, unique_name, admin_client, spark):
+    # given a queue with default estimates (0 s) and 60 messages of sizes 1..60 (3 of them flaky),
+    # processed by a worker pipeline through a real node
+    queue = unique_name("dash")
+    client = Client(node.url, token)
+    client.create_queue(queue, partitions=2)
+    wait_until(lambda: all(p.owner for p in client.partitions(queue)), 20, "the node to own the partitions")
+    client.enqueue_many(queue, [NewMessage(f"m{k}", size=k, group=f"g{k % 3}",
+                                           attributes={"flaky": True} if k in (10, 30, 50) else None)
+                                for k in range(1, MESSAGES + 1)])
+    failed_once: set[str] = set()
+    pipeline = Pipeline(client, {queue: _handler(queue, failed_once)}, concurrency=2, visibility_timeout=30,
+                        heartbeat_every=1.0, wait=0.5, retry_backoff=1.0, name="dash-worker").start()
+    try:
+        wait_until(lambda: AttemptLog.objects.filter(queue=queue, outcome="succeeded").count() == MESSAGES,
+                   60, "every message processed and logged")
+    finally:
+        pipeline.stop()
+    assert len(failed_once) == 3
+    # every attempt the service logged (a worker's report, or "abandoned" when it found a
+    # visibility run out before the report came in), as the figures must count them
+    logged = AttemptLog.objects.filter(queue=queue)
+    total = logged.count()
+    assert total >= MESSAGES + 3 and logged.filter(outcome="failed").count() == 3
+    assert Queue.objects.get(name=queue).process_estimate == 0.0
+
+    # when the dashboards are refreshed
+    out = io.StringIO()
+    call_command("refresh_dashboards", "--bucket", "60", stdout=out)
+
+    # then the run read the attempts over JDBC and computed the queue's figures
+    run = DashboardRun.objects.get()
+    assert run.status == "succeeded" and run.source == "jdbc" and run.attempts_read == total, out.getvalue()
+    assert "4/4" in out.getvalue() and "Done in" in out.getvalue()
+    buckets = list(QueueBucketStats.objects.filter(queue=queue))
+    assert sum(b.attempts for b in buckets) == total
+    assert sum(b.succeeded for b in buckets) == MESSAGES
+    assert sum(b.failed for b in buckets) == 3 and sum(b.retries for b in buckets) == 3
+    busiest = max(buckets, key=lambda b: b.attempts)
+    assert busiest.failure_rate == pytest.approx(busiest.failed / busiest.attempts)
+    # processing takes 4..64 ms plus sleep overshoot: the median is near 4 + 30 ms
+    assert 0.025 < busiest.process_p50 < 0.09 and busiest.process_p50 <= busiest.process_p95 <= busiest.process_p99
+    assert busiest.wait_p50 is not None and busiest.wait_p50 >= 0
+    worker = WorkerStats.objects.get(queue=queue)
+    assert worker.worker == pipeline.consumer_id and worker.attempts == logged.filter(worker_id=pipeline.consumer_id).count() and worker.succeeded == MESSAGES
+
+    # and the regression found the slope and moved the queue's defaults to the time at the median size
+    fit = EstimateFit.objects.get(queue=queue, stage="process")
+    assert fit.n == MESSAGES and fit.median_size == 30 and fit.applied and fit.previous == 0.0
+    assert fit.slope == pytest.approx(PER_UNIT, rel=0.25) and fit.r2 > 0.8
+    learned = Queue.objects.get(name=queue)
+    assert learned.process_estimate == pytest.approx(fit.estimate)
+    assert 0.025 < learned.process_estimate < 0.09
+    assert learned.preprocess_estimate == pytest.approx(
+        EstimateFit.objects.get(queue=queue, stage="preprocess").estimate) and learned.preprocess_estimate > 0
+
+    # and the admin's dashboards page shows the charts, the figures and the learned estimates
+    page = admin_client.get("/admin/dashboards/", {"queue": queue})
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert html.count('<svg class="chart"') >= 6 and "<circle" in html
+    assert f">{queue}</a></td><td>{total}</td><td>{MESSAGES}</td>" in html
+    assert 'id="estimates"' in html and format_value(learned.process_estimate, "s") in html
+    assert "dash-worker" in html and 'id="groups"' in html and "<td>g0</td>" in html
+    assert "/admin/dashboards/" in admin_client.get("/admin/").content.decode()
+
+    # and the node attaches the learned estimates to new messages that bring none
+    def learned_on_new_message() -> bool:
+        client.enqueue(queue, "after", size=5)
+        got = client.dequeue(queue, 10, visibility_timeout=30)
+        if got:
+            client.ack(queue, got)
+        return any(m.estimates.process == pytest.approx(learned.process_estimate) for m in got)
+
+    wait_until(learned_on_new_message, 10, "the node to attach the learned estimates")
+    client.close()
+
+
+def _log_rows(queue: str) -> list[AttemptLog]:
+    t = datetime(2026, 1, 5, 12, 0, 0, tzinfo=UTC)
+    rows = []
+    for k in range(6):
+        start = t + timedelta(seconds=10 * k, microseconds=123_456)
+        rows.append(AttemptLog(
+            message_id=f"{queue}/0/00000000-abcdef/{k}", queue=queue, partition=0, group="g" if k % 2 else "",
+            worker_id=None if k == 5 else "w-1", attempt=1 + (k == 4), size=None if k == 3 else 100 * k,
+            enqueued_at=None if k == 2 else start - timedelta(seconds=1.5),
+            preprocess_started_at=start - timedelta(seconds=1), preprocess_ended_at=start - timedelta(seconds=0.75),
+            process_started_at=start, process_ended_at=start + timedelta(seconds=k / 4),
+            outcome="failed" if k == 1 else "succeeded"))
+    return rows
+
+
+def test_jdbc_and_django_readers_agree(spark, unique_name, settings):
+    # given attempt records with and without sizes, groups, workers and enqueue times
+    from consoles.spark import job
+
+    queue = unique_name("read")
+    AttemptLog.objects.bulk_create(_log_rows(queue))
+    since = datetime(2000, 1, 1, tzinfo=UTC)
+    # when the log is read over JDBC (PostgreSQL) and through Django (the embedded default's path)
+    jdbc, how = job.read_attempts(spark, since)
+    assert how == "jdbc"
+    settings.SPARK_JDBC_JAR = "/nonexistent/postgresql.jar"
+    rows, how = job.read_attempts(spark, since)
+    assert how == "django"
+    # then both give the same frame, times as epoch seconds to the microsecond
+    assertDataFrameEqual(jdbc.where(f"queue = '{queue}'"), rows.where(f"queue = '{queue}'"), atol=1e-6)
+    first = rows.where(f"queue = '{queue}'").orderBy("id").first()
+    assert first.process_started_at == pytest.approx(datetime(2026, 1, 5, 12, 0, 0, 123_456, tzinfo=UTC).timestamp())
+    assert first.enqueued_at == pytest.approx(first.process_started_at - 1.5)
+
+
+def test_bad_options_are_refused_before_anything_runs():
+    for args, text in ((["--bucket", "0"], "at least 1"), (["--bucket", "x"], "whole number"),
+                       (["--bucket", "120", "--window", "60"], "at least one bucket"),
+                       (["--min-samples", "1"], "at least 2")):
+        with pytest.raises(CommandError, match=text):
+            call_command("refresh_dashboards", *args, stdout=io.StringIO())
+    assert not DashboardRun.objects.exists()
+
+
+def test_beat_task_steps_aside_while_a_run_is_in_progress(settings):
+    from consoles.tasks import refresh_dashboards
+
+    assert settings.CELERY_BEAT_SCHEDULE["dashboards"]["task"] == "consoles.refresh_dashboards"
+    DashboardRun.objects.create(bucket_seconds=60, window_start=datetime(2026, 1, 1, tzinfo=UTC))
+    assert refresh_dashboards.run() is None
+    assert DashboardRun.objects.count() == 1
+
+
+def test_a_failed_run_is_recorded_and_shown(admin_client, monkeypatch, spark):
+    from consoles.spark import job
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(job, "read_attempts", broken)
+    with pytest.raises(CommandError, match="database went away"):
+        call_command("refresh_dashboards", stdout=io.StringIO())
+    run = DashboardRun.objects.get()
+    assert run.status == "failed" and "database went away" in run.error and run.finished_at is not None
+    html = admin_client.get("/admin/dashboards/").content.decode()
+    assert "failed" in html and "database went away" in html
+
