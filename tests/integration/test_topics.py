@@ -176,3 +176,38 @@ def test_subscription_dead_letters(api, make_topic, make_queue, runtime, purge_k
     # the other subscription still has it
     assert [m["id"] for m in _drain(api, topic, "ok")] == [mid]
     assert parse_message_id(mid) is not None
+
+
+def test_fan_out_with_a_subscription_stopped_and_resumed(api, make_topic, runtime, purge_kv):
+    # given three subscriptions and grouped messages published in rounds
+    topic = make_topic(["a", "b", "c"], partitions=3, block_size=8)
+    ids: list[str] = []
+    got: dict[str, list[dict]] = {s: [] for s in "abc"}
+
+    def consume(sub):
+        while True:
+            batch = api.post(f"/api/v1/topics/{topic}/subscriptions/{sub}/dequeue", {"max": 7},
+                             format="json").json()["messages"]
+            if not batch:
+                return
+            got[sub].extend(batch)
+            api.post(f"/api/v1/topics/{topic}/subscriptions/{sub}/ack",
+                     {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in batch]}, format="json")
+
+    for rnd in range(4):
+        for g in range(5):
+            ids += _publish(api, topic, [f"g{g}-{rnd}-{k}" for k in range(3)], group=f"g{g}")
+        consume("a")
+        consume("b")
+        if rnd == 0:
+            consume("c")  # then "c" stops
+        # nothing "c" has not acked is removed while it is stopped
+        held_by_c = {i for i in ids} - {m["id"] for m in got["c"]}
+        assert None not in runtime.store.get_many(sorted(held_by_c))
+    consume("c")  # resumed
+    for sub in "abc":
+        assert sorted(m["id"] for m in got[sub]) == sorted(ids), sub  # every message exactly once
+        for g in range(5):
+            bodies = [m["body"] for m in got[sub] if m["group"] == f"g{g}"]
+            assert bodies == [f"g{g}-{r}-{k}" for r in range(4) for k in range(3)], (sub, g)
+    assert runtime.store.get_many(ids) == [None] * len(ids)
