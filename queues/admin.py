@@ -13,7 +13,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from .models import Node, Partition, Queue
+from .models import Node, Partition, Queue, Subscription
 
 
 def _age(ts) -> str:
@@ -43,14 +43,117 @@ class PartitionInline(admin.TabularInline):
         return False
 
 
+def subscription_figures(sub: Subscription) -> dict:
+    """A subscription's backlog / in flight / acked, summed over the partitions' published figures."""
+    total = {"backlog": 0, "in_flight": 0, "acked": 0}
+    for cursors in Partition.objects.filter(queue_id=sub.topic_id).values_list("cursors", flat=True):
+        figures = (cursors or {}).get(sub.name) or {}
+        for k in total:
+            total[k] += figures.get(k, 0)
+    return total
+
+
+class SubscriptionInline(admin.TabularInline):
+    model = Subscription
+    fk_name = "topic"
+    extra = 0
+    can_delete = False
+    fields = ["name", "start", "starts_at", "holds", "in_flight", "acked", "dead_letter_queue", "max_receives"]
+    readonly_fields = fields
+
+    @admin.display(description="holds (not acked)")
+    def holds(self, obj):
+        return subscription_figures(obj)["backlog"]
+
+    @admin.display(description="in flight")
+    def in_flight(self, obj):
+        return subscription_figures(obj)["in_flight"]
+
+    @admin.display(description="acked")
+    def acked(self, obj):
+        return subscription_figures(obj)["acked"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Subscription)
+class SubscriptionAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "start", "starts_at", "holds", "in_flight", "dead_letter_queue", "created_at"]
+    list_filter = ["topic"]
+    list_select_related = ["topic", "dead_letter_queue"]
+    readonly_fields = ["topic", "name", "start", "starts_at", "created_at", "holds", "in_flight"]
+    fields = readonly_fields + ["visibility_timeout", "dead_letter_queue", "max_receives"]
+
+    @admin.display(description="holds (not acked)")
+    def holds(self, obj):
+        return subscription_figures(obj)["backlog"]
+
+    @admin.display(description="in flight")
+    def in_flight(self, obj):
+        return subscription_figures(obj)["in_flight"]
+
+    def has_add_permission(self, request):
+        return False  # through the API: creating one reopens the topic's partitions
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        from . import service
+
+        service.get_runtime().topic_changed(obj.topic.name)
+
+    def delete_model(self, request, obj):
+        from . import service
+
+        service.delete_subscription(obj)
+
+
 @admin.register(Queue)
 class QueueAdmin(admin.ModelAdmin):
-    list_display = ["name", "partitions", "depth", "in_flight", "delayed", "dead_letters", "oldest_age",
+    list_display = ["name", "kind", "partitions", "depth", "in_flight", "delayed", "dead_letters", "oldest_age",
                     "enqueue_rate", "ack_rate", "strict", "archive", "dead_letter_queue", "partition_link"]
-    list_filter = ["strict", "archive"]
+    list_filter = ["kind", "strict", "archive"]
     search_fields = ["name"]
-    inlines = [PartitionInline]
+    inlines = [SubscriptionInline, PartitionInline]
     readonly_fields = ["dead_lettered_total", "expired_total", "purged_total", "created_at", "updated_at"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # Keys in the store are named after the queue and its block size shapes its trees: they
+        # never change; partitions only grow, through save_model (service.update_queue).
+        fixed = ["name", "kind", "block_size"] if obj is not None else []
+        return [*fixed, *self.readonly_fields]
+
+    def get_inlines(self, request, obj):
+        return [SubscriptionInline, PartitionInline] if obj is not None and obj.kind == Queue.Kind.TOPIC \
+            else [PartitionInline]
+
+    def save_model(self, request, obj, form, change):
+        from . import service
+
+        fields = {f: form.cleaned_data[f] for f in form.changed_data if f in form.cleaned_data}
+        if not change:
+            obj.pk = service.create_queue(**{f.name: getattr(obj, f.name) for f in Queue._meta.concrete_fields
+                                             if f.name not in ("id", "created_at", "updated_at")}).pk
+            return
+        try:
+            service.update_queue(Queue.objects.get(pk=obj.pk), **fields)
+        except ValueError as exc:
+            self.message_user(request, str(exc), level=messages.ERROR)
+
+    def delete_model(self, request, obj):
+        from . import service
+
+        service.delete_queue(obj)  # its messages leave the store with it
+
+    def delete_queryset(self, request, queryset):
+        for q in queryset:
+            self.delete_model(request, q)
+
+    def get_deleted_objects(self, objs, request):
+        # The partition rows go with their queue; their own delete permission (refused) must
+        # not block the queue's.
+        deleted, counts, _perms_needed, protected = super().get_deleted_objects(objs, request)
+        return deleted, counts, set(), protected
     actions = ["purge", "redrive"]
 
     def get_queryset(self, request):
@@ -135,6 +238,9 @@ class PartitionAdmin(admin.ModelAdmin):
     list_select_related = ["queue", "owner"]
     readonly_fields = ["tree", "lease_age", *[f.name for f in Partition._meta.fields]]
     actions = ["release_lease"]
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a partition goes with its queue, never alone
 
     @admin.display(description="append tree (newest 40 blocks; live/size per block; dashed: pruned)")
     def tree(self, obj):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from queues.messages import block_key, parse_message_id
@@ -159,3 +161,38 @@ def test_purge_action_in_the_admin(admin_client, api, make_queue, runtime, purge
     assert r.status_code == 200 and f"{name}: purged 6 messages" in r.content.decode().lower()
     runtime.tick()
     assert api.get(f"/api/v1/queues/{name}/stats").json()["depth"] == 0
+
+
+def test_topic_page_says_which_subscription_holds_how_much(admin_client, api, runtime, purge_kv, unique_name):
+    topic = unique_name("t")
+    assert api.post("/api/v1/topics", {"name": topic, "partitions": 2}, format="json").status_code == 201
+    for sub in ("fast", "slow"):
+        assert api.post(f"/api/v1/topics/{topic}/subscriptions", {"name": sub}, format="json").status_code == 201
+    runtime.tick()
+    r = api.post(f"/api/v1/topics/{topic}/publish", {"messages": [{"body": str(i)} for i in range(9)]}, format="json")
+    assert r.status_code == 201
+    got = api.post(f"/api/v1/topics/{topic}/subscriptions/fast/dequeue", {"max": 20}, format="json").json()["messages"]
+    api.post(f"/api/v1/topics/{topic}/subscriptions/fast/ack",
+             {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]}, format="json")
+    runtime.tick()
+    q = Queue.objects.get(name=topic)
+    page = admin_client.get(f"/admin/queues/queue/{q.pk}/change/").content.decode()
+    subs = admin_client.get("/admin/queues/subscription/").content.decode()
+    # "slow" holds all nine, "fast" none; both pages read it from the owners' published figures
+    holds = re.findall(r'field-holds">\s*<p>(\d+)</p>', page)
+    assert sorted(holds) == ["0", "9"], holds
+    assert f"{topic}/slow" in subs and '<td class="field-holds">9</td>' in subs
+
+
+def test_admin_cannot_rename_a_queue_and_deleting_one_empties_the_store(admin_client, api, make_queue, runtime,
+                                                                        purge_kv):
+    name = make_queue(partitions=1)
+    runtime.tick()
+    ids = _enqueue(api, name, 3)
+    q = Queue.objects.get(name=name)
+    page = admin_client.get(f"/admin/queues/queue/{q.pk}/change/").content.decode()
+    assert 'name="name"' not in page and 'name="block_size"' not in page
+    assert admin_client.get(f"/admin/queues/partition/{Partition.objects.get(queue=q).pk}/delete/").status_code == 403
+    r = admin_client.post(f"/admin/queues/queue/{q.pk}/delete/", {"post": "yes"}, follow=True)
+    assert r.status_code == 200 and not Queue.objects.filter(pk=q.pk).exists()
+    assert runtime.store.get_many(ids) == [None] * 3
