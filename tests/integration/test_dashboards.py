@@ -13,21 +13,18 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.core.management import CommandError, call_command
+from pyspark.testing import assertDataFrameEqual
 
-pytest.importorskip("pyspark")
+from consoles.charts import format_value
+from consoles.models import DashboardRun, EstimateFit, QueueBucketStats, WorkerStats
+from queues.models import Queue
+from workers.handlers import Handler
+from workers.models import AttemptLog
+from workers.pipeline import Pipeline
+from workers.sdk import Client, NewMessage
 
-from django.core.management import CommandError, call_command  # noqa: E402
-from pyspark.testing import assertDataFrameEqual  # noqa: E402
-
-from consoles.charts import format_value  # noqa: E402
-from consoles.models import DashboardRun, EstimateFit, QueueBucketStats, WorkerStats  # noqa: E402
-from queues.models import Queue  # noqa: E402
-from workers.handlers import Handler  # noqa: E402
-from workers.models import AttemptLog  # noqa: E402
-from workers.pipeline import Pipeline  # noqa: E402
-from workers.sdk import Client, NewMessage  # noqa: E402
-
-from .nodes import NodeProcess, database_url, wait_until  # noqa: E402
+from .nodes import NodeProcess, database_url, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -8,12 +8,9 @@ from __future__ import annotations
 import os
 
 import pytest
+from pyspark.testing import assertDataFrameEqual
 
-pyspark = pytest.importorskip("pyspark")
-
-from pyspark.testing import assertDataFrameEqual  # noqa: E402
-
-from consoles.spark import transforms as tf  # noqa: E402
+from consoles.spark import transforms as tf
 
 T0 = 1_700_000_040.0  # a multiple of 60: the start of a minute bucket
 
