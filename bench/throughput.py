@@ -1093,6 +1093,9 @@ def parse_args(argv=None):
     p.add_argument("--backends", default="file,redis,postgres", help="our service's key-value backends to run")
     p.add_argument("--skip-ours", action="store_true", help="do not run our service")
     p.add_argument("--skip-baselines", action="store_true", help="do not run redis-streams and pgqueuer")
+    p.add_argument("--topic", action="store_true",
+                   help="the topic run instead: publish and delivery rates with 1, 3 and 10 subscriptions")
+    p.add_argument("--topic-messages", type=int, default=5000, help="messages published per topic run")
     p.add_argument("--only-baselines", default="redis-streams,pgqueuer", help="which baselines to run")
     p.add_argument("--json", metavar="OUT.json", help="write all samples, medians and ratios here")
     p.add_argument("--redis-url", default=os.environ.get("MQ_TEST_REDIS_URL", "redis://127.0.0.1:63799"))
@@ -1136,8 +1139,69 @@ def parse_args(argv=None):
     return a
 
 
+def run_topic(args) -> None:
+    """Topic run: publish N messages (batches of 100), then drain every subscription (dequeue
+    100 + ack). Prints the publish rate, the total delivery rate (N x subscriptions / drain
+    time) and the key-value bytes per message right after publishing (Redis backend), for 1, 3
+    and 10 subscriptions: a message is stored once, so that figure must not grow with them."""
+    import redis as redis_lib
+
+    n = args.topic_messages
+    system = OursSystem(args, "redis")
+    system.start()
+    r = redis_lib.Redis.from_url(with_redis_db(args.redis_url, args.kv_redis_db))
+    rows = []
+    try:
+        for subs in (1, 3, 10):
+            for rep in range(args.repeat):
+                name = f"bt-{subs}-{rep}-{uuid.uuid4().hex[:6]}"
+                status, body = system.api("POST", "/api/v1/topics", {"name": name, "partitions": 4})
+                assert status == 201, body
+                for k in range(subs):
+                    status, body = system.api("POST", f"/api/v1/topics/{name}/subscriptions", {"name": f"s{k}"})
+                    assert status == 201, body
+                time.sleep(1.5)  # the node reopens the partitions with the subscriptions
+                before = r.info("memory")["used_memory"]
+                t0 = time.perf_counter()
+                for i in range(0, n, 100):
+                    msgs = [{"body": "x" * 100} for _ in range(min(100, n - i))]
+                    status, body = system.api("POST", f"/api/v1/topics/{name}/publish", {"messages": msgs})
+                    assert status == 201, body
+                publish_s = time.perf_counter() - t0
+                per_message = (r.info("memory")["used_memory"] - before) / n
+                t0 = time.perf_counter()
+                delivered = 0
+                for k in range(subs):
+                    while True:
+                        status, body = system.api("POST", f"/api/v1/topics/{name}/subscriptions/s{k}/dequeue",
+                                                  {"max": 100, "visibility_timeout": 60})
+                        got = json.loads(body)["messages"]
+                        if not got:
+                            break
+                        delivered += len(got)
+                        status, body = system.api(
+                            "POST", f"/api/v1/topics/{name}/subscriptions/s{k}/ack",
+                            {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]})
+                        assert status == 200, body
+                drain_s = time.perf_counter() - t0
+                assert delivered == n * subs, (delivered, n * subs)
+                rows.append((subs, n / publish_s, delivered / drain_s, per_message))
+                system.api("DELETE", f"/api/v1/topics/{name}")
+    finally:
+        system.stop()
+    print(f"\ntopic run: {n} messages of 100 bytes, 4 partitions, redis backend, one client, medians of {args.repeat}")
+    print(f"{'subscriptions':>13} {'publish/s':>10} {'deliveries/s (dequeue+ack)':>27} {'KV bytes/message':>17}")
+    for subs in (1, 3, 10):
+        mine = [x for x in rows if x[0] == subs]
+        print(f"{subs:>13} {median([x[1] for x in mine]):>10,.0f} {median([x[2] for x in mine]):>27,.0f} "
+              f"{median([x[3] for x in mine]):>17,.0f}")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.topic:
+        run_topic(args)
+        return 0
     modes = args.mode_list
     systems: list[System] = []
     if not args.skip_ours:
