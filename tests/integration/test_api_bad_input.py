@@ -361,7 +361,7 @@ CASES += [
     C("unknown-queue-long-name", "GET", f"{API}/{'x' * 300}", ABSENT, 404, "queue_not_found"),
     C("unknown-queue-unicode-name", "GET", f"{API}/%C3%BCber/stats", ABSENT, 404, "queue_not_found"),
     C("unknown-queue-delete-nul", "DELETE", f"{API}/%00", ABSENT, 404, "queue_not_found"),
-    C("unknown-path", "GET", f"{API}/{{q}}/purge", ABSENT, 404, "not_found"),
+    C("unknown-path", "GET", f"{API}/{{q}}/compact", ABSENT, 404, "not_found"),
     # wrong method
     *[C(f"method-{m}-{label}", m, p, ABSENT, 405, "method_not_allowed") for m, p, label in [
         ("GET", QE, "enqueue"), ("GET", QD, "dequeue"), ("GET", QA, "ack"), ("GET", QV, "visibility"),
