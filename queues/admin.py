@@ -53,13 +53,8 @@ def subscription_figures(sub: Subscription) -> dict:
     return total
 
 
-class SubscriptionInline(admin.TabularInline):
-    model = Subscription
-    fk_name = "topic"
-    extra = 0
-    can_delete = False
-    fields = ["name", "start", "starts_at", "holds", "in_flight", "acked", "dead_letter_queue", "max_receives"]
-    readonly_fields = fields
+class SubscriptionFigures:
+    """Columns of a subscription's figures, for its list and for its topic's page."""
 
     @admin.display(description="holds (not acked)")
     def holds(self, obj):
@@ -73,25 +68,26 @@ class SubscriptionInline(admin.TabularInline):
     def acked(self, obj):
         return subscription_figures(obj)["acked"]
 
+
+class SubscriptionInline(SubscriptionFigures, admin.TabularInline):
+    model = Subscription
+    fk_name = "topic"
+    extra = 0
+    can_delete = False
+    fields = ["name", "start", "starts_at", "holds", "in_flight", "acked", "dead_letter_queue", "max_receives"]
+    readonly_fields = fields
+
     def has_add_permission(self, request, obj=None):
         return False
 
 
 @admin.register(Subscription)
-class SubscriptionAdmin(admin.ModelAdmin):
+class SubscriptionAdmin(SubscriptionFigures, admin.ModelAdmin):
     list_display = ["__str__", "start", "starts_at", "holds", "in_flight", "dead_letter_queue", "created_at"]
     list_filter = ["topic"]
     list_select_related = ["topic", "dead_letter_queue"]
-    readonly_fields = ["topic", "name", "start", "starts_at", "created_at", "holds", "in_flight"]
+    readonly_fields = ["topic", "name", "start", "starts_at", "created_at", "holds", "in_flight", "acked"]
     fields = readonly_fields + ["visibility_timeout", "dead_letter_queue", "max_receives"]
-
-    @admin.display(description="holds (not acked)")
-    def holds(self, obj):
-        return subscription_figures(obj)["backlog"]
-
-    @admin.display(description="in flight")
-    def in_flight(self, obj):
-        return subscription_figures(obj)["in_flight"]
 
     def has_add_permission(self, request):
         return False  # through the API: creating one reopens the topic's partitions
