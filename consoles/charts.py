@@ -16,6 +16,8 @@ from django.utils.safestring import SafeString, mark_safe
 
 PALETTE = ("#2f6fb0", "#d9822b", "#3a9a5b", "#c23b3b", "#7b5ea7", "#8c6d31")
 LEFT, RIGHT, TOP, BOTTOM = 58, 14, 30, 34
+#: above this many points a series is drawn as lines without a dot (and tooltip) per point
+MAX_DOTS = 360
 
 
 @dataclass
@@ -111,7 +113,9 @@ def line_chart(title: str, series: list[Series], *, unit: str = "", width: int =
                 coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in run)
                 out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.6" points="{coords}"/>')
         known = [p for run in runs for p in run]
-        radius = 2.5 if len(known) <= 120 else 1.2
+        if len(known) > MAX_DOTS:  # a dot per point would weigh more than the page: lines only
+            known = [p for run in runs if len(run) == 1 for p in run]
+        radius = 2.5 if len(known) <= 120 else 1.5
         for x, y in known:
             when = _time_label(x, 1) if time_axis else f"{x:g}"
             out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="{radius}" fill="{color}">'
