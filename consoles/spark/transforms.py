@@ -202,7 +202,7 @@ def fit_size_regression(samples: DataFrame, min_samples: int = 20) -> DataFrame:
     intercept column's coefficient the estimate itself, and scaling by the size's spread keeps
     the normal equations well conditioned whatever unit ``size`` is in.
     """
-    from pyspark.ml.functions import array_to_vector
+    from pyspark.ml.feature import VectorAssembler
     from pyspark.ml.regression import LinearRegression
 
     spark = samples.sparkSession
@@ -214,23 +214,29 @@ def fit_size_regression(samples: DataFrame, min_samples: int = 20) -> DataFrame:
     ).where(F.col("n") >= min_samples).orderBy("queue", "stage").collect())
     rows = []
     for first in range(0, len(stats), GROUPS_PER_FIT):
-        rows += _fit_groups(spark, samples, stats[first:first + GROUPS_PER_FIT], array_to_vector, LinearRegression)
+        rows += _fit_groups(spark, samples, stats[first:first + GROUPS_PER_FIT], VectorAssembler, LinearRegression)
     return spark.createDataFrame(rows, FIT_SCHEMA)
 
 
-def _fit_groups(spark, samples: DataFrame, stats: list, array_to_vector, LinearRegression) -> list[tuple]:
+def _fit_groups(spark, samples: DataFrame, stats: list, VectorAssembler, LinearRegression) -> list[tuple]:
     """One least-squares fit for the (queue, stage) groups of ``stats``; their FIT_SCHEMA rows."""
     groups = spark.createDataFrame(
         [(s.queue, s.stage, k, float(s.median_size), float(s.size_std or 0.0)) for k, s in enumerate(stats)],
         "queue string, stage string, g int, median double, spread double")
     data = samples.join(F.broadcast(groups), ["queue", "stage"])
-    features = []
+    columns, names = [], []
     for k, s in enumerate(stats):
         mine = F.col("g") == k
-        features.append(F.when(mine, 1.0).otherwise(0.0))
+        columns.append(F.when(mine, 1.0).otherwise(0.0).alias(f"c{k}"))
+        names.append(f"c{k}")
         if s.size_std:  # a constant size gives no slope column: it would repeat the intercept's
-            features.append(F.when(mine, (F.col("size") - F.col("median")) / F.col("spread")).otherwise(0.0))
-    data = data.select("g", "seconds", array_to_vector(F.array(*features)).alias("features"))
+            columns.append(F.when(mine, (F.col("size") - F.col("median")) / F.col("spread")).otherwise(0.0)
+                           .alias(f"s{k}"))
+            names.append(f"s{k}")
+    # VectorAssembler (not an array cast) writes sparse vectors, two non-zeros a row, and the
+    # vector size into the column's metadata, which spares the fit a pass to find it.
+    data = VectorAssembler(inputCols=names, outputCol="features").transform(
+        data.select("g", "seconds", *columns)).select("g", "seconds", "features")
     model = LinearRegression(featuresCol="features", labelCol="seconds", fitIntercept=False, solver="normal",
                              regParam=0.0, standardization=False).fit(data)
     coefficients = model.coefficients.toArray()
