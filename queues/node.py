@@ -60,30 +60,24 @@ class QueueConfig:
     kind: str = "queue"
     #: a topic's subscriptions, by name (None for a queue).
     subscriptions: tuple[SubscriptionSpec, ...] | None = None
-    #: per subscription: (visibility timeout or None, dead-letter queue or None).
-    subscription_rules: tuple[tuple[str, int | None, str | None], ...] = ()
 
     @classmethod
     def from_model(cls, q: Queue) -> "QueueConfig":
         dlq = q.dead_letter_queue.name if q.dead_letter_queue_id else None
-        subs = rules = None
+        subs = None
         if q.kind == Queue.Kind.TOPIC:
-            rows = sorted(q.subscriptions.all(), key=lambda s: s.name)
-            subs = tuple(SubscriptionSpec(s.name, s.starts_at.timestamp() if s.starts_at else None,
-                                          s.max_receives if s.dead_letter_queue_id else None) for s in rows)
-            rules = tuple((s.name, s.visibility_timeout,
-                           s.dead_letter_queue.name if s.dead_letter_queue_id else None) for s in rows)
+            subs = tuple(
+                SubscriptionSpec(s.name, s.starts_at.timestamp() if s.starts_at else None,
+                                 s.max_receives if s.dead_letter_queue_id else None, s.visibility_timeout,
+                                 s.dead_letter_queue.name if s.dead_letter_queue_id else None)
+                for s in sorted(q.subscriptions.all(), key=lambda s: s.name))
         return cls(q.pk, q.name, q.partitions, q.block_size, q.lease_period, q.visibility_timeout,
                    q.max_message_size, q.retention, q.strict, q.delay, dlq,
                    q.max_receives if dlq else None, q.dedup_window, q.preprocess_estimate,
-                   q.process_estimate, q.archive, q.kind, subs, rules or ())
+                   q.process_estimate, q.archive, q.kind, subs)
 
     def subscription(self, name: str) -> SubscriptionSpec | None:
         return next((s for s in self.subscriptions or () if s.name == name), None)
-
-    def rules_of(self, name: str) -> tuple[int | None, str | None]:
-        """A subscription's own visibility timeout and dead-letter queue (None: none of its own)."""
-        return next(((v, d) for n, v, d in self.subscription_rules if n == name), (None, None))
 
 
 def _queue_rows():
@@ -238,10 +232,7 @@ class NodeRuntime:
             if cfg is not None:
                 m.max_receives = cfg.max_receives
                 m.archive = cfg.archive
-                if m.subscriptions != cfg.subscriptions:
-                    # A subscription came or went: reopen from the store with the new set (at
-                    # this pass's claims), rather than teach a live manager a new reader.
-                    self._release(m)
+        self._release_if_subscriptions_changed(fresh)
         for name in gone:
             self._close_queue(name)
 
@@ -281,8 +272,12 @@ class NodeRuntime:
                                                                   digest_size=4).digest())
             for p in order:
                 key = (name, p.index)
-                if key in self.managers or self.hold_off.get(key, 0.0) > monotonic():
+                if key in self.managers:
                     continue
+                if key in self.hold_off:
+                    if self.hold_off[key] > monotonic():
+                        continue
+                    del self.hold_off[key]
                 free = p.owner_id is None
                 if free and held >= share:
                     continue
@@ -403,11 +398,18 @@ class NodeRuntime:
         cfg = QueueConfig.from_model(q)
         with self._lock:
             self.queues[name] = cfg
-        for (queue, _), m in list(self.managers.items()):
-            if queue == name and m.subscriptions != cfg.subscriptions:
-                self._release(m)
+        self._release_if_subscriptions_changed({name: cfg})
         self._claim_partitions(only=name)
         self.notify()
+
+    def _release_if_subscriptions_changed(self, configs: dict[str, QueueConfig]) -> None:
+        """A subscription came or went (or changed): give the topic's partitions held here back,
+        to be claimed again (at once, by the caller's claims) and reopened from the store with
+        the new set, rather than teach a live manager a new reader."""
+        for (queue, _), m in list(self.managers.items()):
+            cfg = configs.get(queue)
+            if cfg is not None and m.subscriptions != cfg.subscriptions:
+                self._release(m)
 
     def queue_deleted(self, name: str) -> None:
         with self._lock:

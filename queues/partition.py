@@ -126,6 +126,10 @@ class SubscriptionSpec:
     #: wall-clock seconds; messages enqueued before are not delivered to it (None: all).
     starts_at: float | None = None
     max_receives: int | None = None
+    #: its own visibility timeout (None: the topic's) and dead-letter queue; the service reads
+    #: these, the owner ignores them.
+    visibility_timeout: int | None = None
+    dead_letter_queue: str | None = None
 
 
 class Cursor:
@@ -364,21 +368,20 @@ class PartitionManager:
         log.info("opened %s/%s epoch %s: %s", self.queue, self.index, self.lease.epoch, self.opened_in)
 
     def _load_receives(self, c: Cursor) -> None:
+        """A cursor's saved receive counts and, for a subscription, its ack markers (their
+        names say it all: ``<block id>.<index>``)."""
         prefix = f"{self.queue}/{self.index}"
-        buckets = [(self._receives_bucket(c), c.receives)]
+        bucket = self._receives_bucket(c)
+        names = self.store.scan(bucket)
+        for name, raw in zip(names, self.store.get_many([f"{bucket}/{n}" for n in names])):
+            block_id, _, idx = name.partition(".")
+            if raw is not None and idx.isdigit():
+                c.receives[f"{prefix}/{block_id}/{idx}"] = int(raw)
         if not c.shared:
-            buckets.append((self._acks_bucket(c), None))
-        for bucket, into in buckets:
-            names = self.store.scan(bucket)
-            values = self.store.get_many([f"{bucket}/{n}" for n in names]) if into is not None else names
-            for name, raw in zip(names, values):
+            for name in self.store.scan(self._acks_bucket(c)):
                 block_id, _, idx = name.partition(".")
-                if raw is None or not idx.isdigit():
-                    continue
-                if into is None:
+                if idx.isdigit():
                     c.acked.add(f"{prefix}/{block_id}/{idx}")
-                else:
-                    into[f"{prefix}/{block_id}/{idx}"] = int(raw)
 
     def _refill_backlog(self) -> bool:
         """Scan the next backlog block and route its messages. One scan and one batched read.
@@ -811,9 +814,11 @@ class PartitionManager:
         with self.lock:
             self._check_serving()
             held = [m for m in items if c.holds(self.blocks, m.block, m.index)]
-            last = [m for m in held
-                    if not any(o is not c and o.holds(self.blocks, m.block, m.index) for o in self._all)]
-            shared = [m for m in held if m not in last]
+            last: list[MessageId] = []
+            shared: list[MessageId] = []
+            for m in held:
+                others = any(o is not c and o.holds(self.blocks, m.block, m.index) for o in self._all)
+                (shared if others else last).append(m)
             try:
                 if acked and last and self.archive != "none":
                     journal = archive_journal.on_ack(self.store, self.cache, self.queue, self.index,
@@ -856,6 +861,11 @@ class PartitionManager:
             state = self.blocks.get(block_id)
             if state is not None:
                 state.live.discard(idx)
+
+    def _stored(self, mid: str) -> bool:
+        block_id, idx = _split(mid)
+        state = self.blocks.get(block_id)
+        return state is not None and idx in state.live
 
     def _remove_everywhere(self, mids: Sequence[str]) -> None:
         """Delete messages that no cursor needs, and forget them everywhere. Lock held."""
@@ -923,8 +933,7 @@ class PartitionManager:
         if self.is_topic:
             with self.lock:
                 self._check_serving()
-                doomed = [d for d in doomed if self.blocks.get(_split(d)[0]) is not None
-                          and _split(d)[1] in self.blocks[_split(d)[0]].live]
+                doomed = [d for d in doomed if self._stored(d)]  # acked meanwhile: gone already
                 try:
                     self._remove_everywhere(doomed)
                 except KVError as exc:
@@ -1036,7 +1045,7 @@ class PartitionManager:
                 enqueue_id=f"{self.queue}/{self.index}/{head.id}/{self.next_index}" if head else "",
                 dequeue_id=first,
                 visible=max(live - in_flight, 0), in_flight=in_flight,
-                delayed=len(set().union(*(c.not_due for c in self._all))) if self._all else 0,
+                delayed=len(set().union(*(c.not_due for c in self._all))),
                 depth_exact=self.backlog is None,
                 live_blocks=len(self.blocks),
                 tree_height=max((h for _, h in self.tree.roots), default=-1) + 1,

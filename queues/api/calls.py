@@ -210,7 +210,7 @@ def dequeue(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int,
     cfg, sub = target(name)
     max_messages, visibility, wait = validation.dequeue_request(data)
     if visibility is None and sub:
-        visibility = cfg.rules_of(sub)[0]
+        visibility = cfg.subscription(sub).visibility_timeout
     rt = service.get_runtime()
     found = service.dequeue(cfg.name, max_messages, visibility, 0, sub)
     _record_abandoned(found)
@@ -245,7 +245,7 @@ def _move_dead_letters(cfg, sub: str = "") -> None:
     in both queues (at least once), never in neither.
     """
     rt = service.get_runtime()
-    dead_letter_queue = cfg.rules_of(sub)[1] if sub else cfg.dead_letter_queue
+    dead_letter_queue = cfg.subscription(sub).dead_letter_queue if sub else cfg.dead_letter_queue
     source = f"{cfg.name}/{sub}" if sub else cfg.name
     for m in rt.local_managers(cfg.name):
         dead = m.take_dead(sub)

@@ -30,8 +30,9 @@ from .errors import PayloadTooLarge, api_error, domain_error
 
 log = logging.getLogger(__name__)
 
-_PATH = re.compile(r"^/api/v1/(?:queues/([^/]+)/(enqueue|dequeue|ack|visibility)"
-                   r"|topics/([^/]+)/(?:subscriptions/([^/]+)/(dequeue|ack|visibility)|(publish)))$")
+_PATH = re.compile(r"^/api/v1/(?:queues/(?P<queue>[^/]+)/(?P<call>enqueue|dequeue|ack|visibility)"
+                   r"|topics/(?P<topic>[^/]+)/(?:subscriptions/(?P<sub>[^/]+)/(?P<sub_call>dequeue|ack|visibility)"
+                   r"|(?P<publish>publish)))$")
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _JSON_TYPES = ("application/json", "application/*", "*/*")
 
@@ -65,12 +66,12 @@ class FastPath:
                 or not (length.isascii() and length.isdigit())):
             # ?format=..., an Accept without JSON (DRF: 406), an odd Content-Length: DRF decides.
             return self.app(environ, start_response)
-        if match[1] is not None:
-            raw_name, call = match[1], match[2]
-        elif match[6] is not None:
-            raw_name, call = match[3], "publish"
-        else:
-            raw_name, call = f"{match[3]}/{match[4]}", match[5]
+        if match["queue"] is not None:
+            raw_name, call = match["queue"], match["call"]
+        elif match["publish"] is not None:
+            raw_name, call = match["topic"], "publish"
+        else:  # a topic's subscription: the calls take "topic/subscription"
+            raw_name, call = f"{match['topic']}/{match['sub']}", match["sub_call"]
         name = raw_name.encode("latin-1").decode("utf-8", "replace")
         headers: dict[str, str] = {}
         try:
