@@ -108,6 +108,25 @@ def message_of(row: ArchivedMessage) -> StoredMessage:
                          row.size, row.estimates, row.history)
 
 
+def store_records(items: Iterable[tuple[str, bytes]]) -> int:
+    """Write ``(message id, StoredMessage bytes)`` to the table now, committed when this
+    returns; rows already there are left as they are. For a topic's owner whose retention
+    moves messages a subscription still holds out of the key-value store (the journal may not
+    have reached the table yet). Returns how many rows are new."""
+    rows = [row_for(mid, raw) for mid, raw in items]
+    with transaction.atomic():
+        return _insert(rows)
+
+
+def _insert(rows: list[ArchivedMessage]) -> int:
+    """Insert ``rows``, leaving those already archived as they are; how many are new."""
+    if not rows:
+        return 0
+    before = ArchivedMessage.objects.filter(message_id__in=[r.message_id for r in rows]).count()
+    ArchivedMessage.objects.bulk_create(rows, ignore_conflicts=True, batch_size=500)
+    return len(rows) - before
+
+
 def lookup(message_ids: Iterable[str]) -> dict[str, StoredMessage]:
     """``{message id: StoredMessage}`` for those of ``message_ids`` that are archived (for an
     owner serving a subscription whose message has left the key-value store)."""
@@ -165,9 +184,7 @@ def archive_partition(store: KeyValueStore, queue: str, partition: int, *, holde
                 except ValueError:
                     log.error("archive: unreadable ack marker for %s dropped", mid)
         with transaction.atomic():
-            before = ArchivedMessage.objects.filter(message_id__in=[r.message_id for r in rows]).count() if rows else 0
-            ArchivedMessage.objects.bulk_create(rows, ignore_conflicts=True, batch_size=500)
-            counts["archived"] += len(rows) - before
+            counts["archived"] += _insert(rows)
             if acked_at:
                 marked = list(ArchivedMessage.objects.filter(message_id__in=list(acked_at), acked_at__isnull=True))
                 for row in marked:

@@ -10,7 +10,7 @@ from django.contrib import admin, messages
 from django.db.models import Count, Min, Sum
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from .models import Node, Partition, Queue, Subscription
@@ -43,11 +43,16 @@ class PartitionInline(admin.TabularInline):
         return False
 
 
+def subscription_partitions(sub: Subscription) -> list[tuple[int, dict]]:
+    """``(partition index, figures)`` of a subscription, as each owner last published them."""
+    rows = Partition.objects.filter(queue_id=sub.topic_id).order_by("index").values_list("index", "cursors")
+    return [(index, (cursors or {}).get(sub.name) or {}) for index, cursors in rows]
+
+
 def subscription_figures(sub: Subscription) -> dict:
-    """A subscription's backlog / in flight / acked, summed over the partitions' published figures."""
-    total = {"backlog": 0, "in_flight": 0, "acked": 0}
-    for cursors in Partition.objects.filter(queue_id=sub.topic_id).values_list("cursors", flat=True):
-        figures = (cursors or {}).get(sub.name) or {}
+    """A subscription's backlog / in flight / acked / held in the archive, summed over its partitions."""
+    total = {"backlog": 0, "in_flight": 0, "acked": 0, "archived": 0}
+    for _, figures in subscription_partitions(sub):
         for k in total:
             total[k] += figures.get(k, 0)
     return total
@@ -68,13 +73,18 @@ class SubscriptionFigures:
     def acked(self, obj):
         return subscription_figures(obj)["acked"]
 
+    @admin.display(description="held in the archive")
+    def archived(self, obj):
+        return subscription_figures(obj)["archived"]
+
 
 class SubscriptionInline(SubscriptionFigures, admin.TabularInline):
     model = Subscription
     fk_name = "topic"
     extra = 0
     can_delete = False
-    fields = ["name", "start", "starts_at", "holds", "in_flight", "acked", "dead_letter_queue", "max_receives"]
+    fields = ["name", "start", "starts_at", "holds", "in_flight", "acked", "archived", "dead_letter_queue",
+              "max_receives"]
     readonly_fields = fields
 
     def has_add_permission(self, request, obj=None):
@@ -83,11 +93,24 @@ class SubscriptionInline(SubscriptionFigures, admin.TabularInline):
 
 @admin.register(Subscription)
 class SubscriptionAdmin(SubscriptionFigures, admin.ModelAdmin):
-    list_display = ["__str__", "start", "starts_at", "holds", "in_flight", "dead_letter_queue", "created_at"]
+    list_display = ["__str__", "start", "starts_at", "holds", "in_flight", "archived", "dead_letter_queue",
+                    "created_at"]
     list_filter = ["topic"]
     list_select_related = ["topic", "dead_letter_queue"]
-    readonly_fields = ["topic", "name", "start", "starts_at", "created_at", "holds", "in_flight", "acked"]
+    readonly_fields = ["topic", "name", "start", "starts_at", "created_at", "holds", "in_flight", "acked",
+                       "archived", "positions"]
     fields = readonly_fields + ["visibility_timeout", "dead_letter_queue", "max_receives"]
+
+    @admin.display(description="positions per partition")
+    def positions(self, obj):
+        """Where the subscription reads in each partition: its next message and what it holds."""
+        rows = format_html_join(
+            "", "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            ((i, f.get("dequeue_id") or "-", f.get("backlog", 0), f.get("in_flight", 0), f.get("acked", 0),
+              f.get("archived", 0)) for i, f in subscription_partitions(obj)))
+        return format_html(
+            '<table class="positions"><thead><tr><th>partition</th><th>next to deliver</th><th>holds</th>'
+            "<th>in flight</th><th>acked</th><th>in the archive</th></tr></thead><tbody>{}</tbody></table>", rows)
 
     def has_add_permission(self, request):
         return False  # through the API: creating one reopens the topic's partitions

@@ -11,13 +11,16 @@ seconds as ASCII decimal). The owner writes them with its fence, beside its own 
 The archiver (``archive.archiver``) copies them to the archive table and only then deletes
 exactly the names it read, so a journaled message is never lost, at worst copied twice.
 Expired and dead-lettered messages are removed without a marker (they were not acknowledged).
+A topic's message that retention moves to the archive while a subscription holds it is written
+to the table by the owner itself (``PartitionManager._expire_topic``); its later ack is a
+marker alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .messages import MessageId, parse_message_id
+from .messages import MessageId, StoredMessage, parse_message_id
 
 ENTRY = "e"
 MARKER = "a"
@@ -66,12 +69,17 @@ def on_ack(store, cache, queue: str, partition: int, mode: str, mids: Sequence[M
             found.append((m, cached.to_bytes()))
         else:
             missing.append(m)
+    stubs: list[MessageId] = []
     if missing:
         for m, raw in zip(missing, store.get_many([str(m) for m in missing])):
-            if raw is not None:  # gone already: acknowledged before, nothing to archive
+            if raw is None:
+                continue  # gone already: acknowledged before, nothing to archive
+            if StoredMessage.from_bytes(raw).archived:
+                stubs.append(m)  # retention archived it already: the ack time is what is new
+            else:
                 found.append((m, raw))
     return (entries(queue, partition, [(str(m), raw) for m, raw in found])
-            + markers(queue, partition, [m for m, _ in found], at))
+            + markers(queue, partition, [m for m, _ in found] + stubs, at))
 
 
 def parse_name(queue: str, partition: int, name: str) -> tuple[str, str] | None:

@@ -81,6 +81,9 @@ class StoredMessage:
     estimates: dict | None = None
     #: for a dead letter: where it came from and how often it was received.
     history: dict | None = None
+    #: a stub: the message is in the archive table, and only what places it in the delivery
+    #: order (times, group, sequence) is still stored (see :meth:`stub`).
+    archived: bool = False
 
     def to_bytes(self) -> bytes:
         data = {"b": self.body, "t": self.enqueued_at, "s": self.sequence}
@@ -88,15 +91,23 @@ class StoredMessage:
                            ("z", self.size), ("e", self.estimates), ("h", self.history)):
             if value is not None:
                 data[key] = value
+        if self.archived:
+            data["x"] = 1
         return orjson.dumps(data)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "StoredMessage":
         d = orjson.loads(raw)
         return cls(d["b"], d["t"], d.get("g"), d.get("s", 0), d.get("n"), d.get("a"), d.get("z"),
-                   d.get("e"), d.get("h"))
+                   d.get("e"), d.get("h"), bool(d.get("x")))
 
     def with_sequence(self, sequence: int) -> "StoredMessage":
         # Positional, not dataclasses.replace: this runs once per enqueued message.
         return StoredMessage(self.body, self.enqueued_at, self.group, sequence, self.not_before,
-                             self.attributes, self.size, self.estimates, self.history)
+                             self.attributes, self.size, self.estimates, self.history, self.archived)
+
+    def stub(self) -> "StoredMessage":
+        """What stays in the key-value store of a message that retention moved to the archive
+        while a subscription still holds it: enough to route it after a takeover, no body."""
+        return StoredMessage("", self.enqueued_at, self.group, self.sequence, self.not_before,
+                             archived=True)

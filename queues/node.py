@@ -314,8 +314,11 @@ class NodeRuntime:
         self.notify()
 
     def _open(self, cfg: QueueConfig, lease: leases.Lease) -> PartitionManager | None:
+        from archive.archiver import lookup, store_records  # the archive app builds on this one
+
         m = PartitionManager(lease, block_size=cfg.block_size, store=self.store, node_id=self.node_id,
-                             cache=self.cache, on_change=self.notify, subscriptions=cfg.subscriptions)
+                             cache=self.cache, on_change=self.notify, subscriptions=cfg.subscriptions,
+                             archive_sink=store_records, archive_source=lookup)
         m.max_receives = cfg.max_receives
         m.archive = cfg.archive
         key = (cfg.name, lease.index)

@@ -17,6 +17,13 @@ cursor holds it any more. A subscription's acks of messages others still hold ar
 markers (``<topic>/<p>/_acks/<subscription>/<block>.<index>``), so a new owner knows them.
 A subscription's cursor starts at the messages enqueued from its ``starts_at`` on (None: all).
 
+Retention on a topic that archives (mode ``all`` or ``acked``) keeps what slow subscriptions
+still hold: the owner makes sure each such message is in the archive table, then replaces its
+stored record by a *stub* (times, group, sequence; no body). The stub keeps the position in the
+tree, so group order, pruning and a takeover work as for any message; a delivery reads the
+body back from the archive (the consensus seed's delivery agent reading from a backing store).
+The last subscription's ack removes the stub like a message.
+
 Locking: one lock per partition guards its memory and is held across its store writes, so a
 message becomes deliverable only after it is stored. Callers that lock several partitions
 take them in index order.
@@ -45,6 +52,10 @@ log = logging.getLogger(__name__)
 
 monotonic = time.monotonic
 
+#: messages a retention pass moves to the archive (or removes) per step on a topic: one
+#: batched read, one archive insert and one store write, the lock held only for the last.
+EXPIRE_BATCH = 1000
+
 
 class PartitionUnavailable(Exception):
     """The partition cannot serve now (lease lost, store down); the client may retry."""
@@ -68,12 +79,14 @@ class Delivery:
     receive_count: int
     #: filled in after the lock is released (bodies are immutable).
     message: StoredMessage | None = None
+    #: the body came from the archive table (retention moved it out of the store).
+    from_archive: bool = False
 
 
 class BlockState:
     """Which positions of a block still hold unacknowledged messages."""
 
-    __slots__ = ("block", "live", "pending", "sealed", "backlog", "newest")
+    __slots__ = ("block", "live", "pending", "sealed", "backlog", "newest", "archived")
 
     def __init__(self, block: Block, live: set[int], *, sealed: bool, backlog: bool):
         self.block = block
@@ -86,6 +99,8 @@ class BlockState:
         self.sealed = sealed
         #: found in the store at open, rather than written by this manager.
         self.backlog = backlog
+        #: live positions whose stored record is a stub: the message is in the archive.
+        self.archived: set[int] = set()
 
 
 class BodyCache:
@@ -215,7 +230,9 @@ class PartitionManager:
                  node_id: str, cache: BodyCache, on_change: Callable[[], None] = lambda: None,
                  set_head: Callable[[leases.Lease, str, str], None] = leases.set_head,
                  read_head: Callable[[leases.Lease], str | None] = leases.read_head,
-                 subscriptions: Sequence[SubscriptionSpec] | None = None):
+                 subscriptions: Sequence[SubscriptionSpec] | None = None,
+                 archive_sink: Callable[[list[tuple[str, bytes]]], None] | None = None,
+                 archive_source: Callable[[list[str]], dict[str, StoredMessage]] | None = None):
         self.lease = lease
         self.queue = lease.queue
         self.index = lease.index
@@ -259,6 +276,13 @@ class PartitionManager:
         self.seq_counter = 0
         #: the queue's archive mode ("none", "all", "acked"): which journal entries we write.
         self.archive = "none"
+        #: writes ``(message id, record)`` pairs to the archive table, returning once they are
+        #: committed (``archive.archiver.store_records``); None: retention cannot keep stubs.
+        self.archive_sink = archive_sink
+        #: ``{message id: record}`` of those archived (``archive.archiver.lookup``).
+        self.archive_source = archive_source
+        #: messages retention moved to the archive, kept as stubs for slow subscriptions.
+        self.offloaded_total = 0
         self.wall = time.time
 
     # --- the queue's cursor, for callers that know no subscriptions ---------------------------
@@ -422,10 +446,13 @@ class PartitionManager:
                     continue  # acknowledged between the scan and the read
                 message = StoredMessage.from_bytes(raw)
                 state.live.add(i)
+                if message.archived:
+                    state.archived.add(i)
                 state.newest = max(state.newest, message.enqueued_at)
                 self.seq_counter = max(self.seq_counter, message.sequence & 0xFFFFFFFF)
                 if self._route_new(mid, block, i, message, backlog=True):
-                    self.cache.put(mid, message)
+                    if not message.archived:  # a stub's body is read from the archive
+                        self.cache.put(mid, message)
                 elif self._all and all(mid in c.acked for c in self._all):
                     done.append(mid)  # acked by every subscription; the owner died before the delete
             if done:
@@ -731,11 +758,16 @@ class PartitionManager:
                 # Nothing is lost: the messages stay in flight and come back after the timeout.
                 raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
             vanished = []
+            stubs = []
             for d, raw in zip(missing, raws):
-                if raw is not None:
-                    d.message = StoredMessage.from_bytes(raw)
-                else:
+                if raw is None:
                     vanished.append(d.id)
+                    continue
+                d.message = StoredMessage.from_bytes(raw)
+                if d.message.archived:
+                    stubs.append(d)
+            if stubs:
+                self._bodies_from_archive(stubs)
             if vanished:
                 # Removed behind our back (acknowledged at a previous owner before our scan
                 # saw it gone, a purge): forget it rather than keep it in flight for ever.
@@ -744,6 +776,34 @@ class PartitionManager:
                         self._forget(c, vanished)
                     self._drop_stored(vanished)
         return [d for d in deliveries if d.message is not None]
+
+    def _bodies_from_archive(self, stubs: list[Delivery]) -> None:
+        """Replace stubs by their archived records. One the archive does not have (its row was
+        deleted by hand) can never be delivered: its stub is removed, and logged."""
+        try:
+            if self.archive_source is None:
+                raise KVError("this node has no archive to read from")
+            found = self.archive_source([d.id for d in stubs])
+        except Exception as exc:  # noqa: BLE001 - the archive's database is down: retry later
+            # Nothing is lost: the messages stay in flight and come back after the timeout.
+            raise PartitionUnavailable(f"{self.queue}/{self.index}: archive read failed: {exc}") from exc
+        lost = []
+        for d in stubs:
+            record = found.get(d.id)
+            if record is None:
+                d.message = None
+                lost.append(d.id)
+            else:
+                d.message, d.from_archive = record, True
+        if lost:
+            log.error("%s/%s: %d archived messages are missing from the archive table and are "
+                      "dropped: %s", self.queue, self.index, len(lost), lost[:10])
+            with self.lock:
+                try:
+                    self._remove_everywhere([mid for mid in lost if self._stored(mid)])
+                except KVError as exc:
+                    self.closed = True  # reopened from the store, which still has the stubs
+                    raise PartitionUnavailable(f"{self.queue}/{self.index}: store delete failed: {exc}") from exc
 
     # --- ack and visibility -------------------------------------------------------------------
     def check_receipts(self, items: Sequence[tuple[MessageId, str | None]], sub: str = "") -> None:
@@ -861,6 +921,7 @@ class PartitionManager:
             state = self.blocks.get(block_id)
             if state is not None:
                 state.live.discard(idx)
+                state.archived.discard(idx)
 
     def _stored(self, mid: str) -> bool:
         block_id, idx = _split(mid)
@@ -915,7 +976,8 @@ class PartitionManager:
 
     def expire(self, cutoff: float) -> int:
         """Remove messages of blocks whose newest message is older than ``cutoff`` (retention),
-        from every subscription.
+        from every subscription; on a topic that archives, move the ones a subscription still
+        holds to the archive instead (see the module's text and :meth:`_expire_topic`).
 
         Works a block at a time from the oldest, so a message outlives its retention by at
         most the time its block took to fill. Returns how many were removed.
@@ -931,16 +993,8 @@ class PartitionManager:
         if not doomed:
             return 0
         if self.is_topic:
-            with self.lock:
-                self._check_serving()
-                doomed = [d for d in doomed if self._stored(d)]  # acked meanwhile: gone already
-                try:
-                    self._remove_everywhere(doomed)
-                except KVError as exc:
-                    raise PartitionUnavailable(f"{self.queue}/{self.index}: store delete failed: {exc}") from exc
-                self.expired_total += len(doomed)
-                self._prune()
-            return len(doomed)
+            return sum(self._expire_topic(doomed[k:k + EXPIRE_BATCH])
+                       for k in range(0, len(doomed), EXPIRE_BATCH))
         parsed = [m for m in (parse_message_id(d) for d in doomed) if m is not None]
         removed = self.delete_acked(parsed, acked=False)
         with self.lock:
@@ -950,6 +1004,91 @@ class PartitionManager:
             self.expired_total += removed
             self._prune()
         return removed
+
+    def _held(self, mid: str) -> bool:
+        block_id, idx = _split(mid)
+        return any(c.holds(self.blocks, block_id, idx) for c in self._all)
+
+    def _is_stub(self, mid: str) -> bool:
+        block_id, idx = _split(mid)
+        state = self.blocks.get(block_id)
+        return state is not None and idx in state.archived
+
+    def _expire_topic(self, doomed: list[str]) -> int:
+        """Retention on a topic's messages: those no subscription holds are removed; with
+        archiving on, those one still holds are written to the archive table (committed
+        first), then their records become stubs; without it they are removed too.
+
+        A stub is written under the lock, after checking that the message is still stored:
+        the last subscription's ack deletes under the same lock, so a stub never brings back
+        a message that was acknowledged meanwhile. Returns how many were removed."""
+        keep = self.archive != "none" and self.archive_sink is not None
+        archived: set[str] = set()
+        records: dict[str, StoredMessage] = {}
+        if keep:
+            with self.lock:
+                self._check_serving()
+                wanted = [d for d in doomed if self._stored(d) and not self._is_stub(d) and self._held(d)]
+            if wanted:
+                records = self._records(wanted)
+                try:
+                    self.archive_sink([(mid, m.to_bytes()) for mid, m in records.items()])
+                except Exception as exc:  # noqa: BLE001 - nothing changed: the next run tries again
+                    raise PartitionUnavailable(
+                        f"{self.queue}/{self.index}: archive write failed, retention deferred: {exc}") from exc
+                archived = set(records)
+        with self.lock:
+            self._check_serving()
+            gone: list[str] = []
+            stubs: list[str] = []
+            for mid in doomed:
+                if not self._stored(mid):
+                    continue  # acknowledged meanwhile: gone already
+                if not keep or not self._held(mid):
+                    gone.append(mid)
+                elif mid in archived and not self._is_stub(mid):
+                    stubs.append(mid)
+            try:
+                if stubs:
+                    self.store.put_many([(mid, records[mid].stub().to_bytes()) for mid in stubs], fence=self.fence)
+                if gone:
+                    self._remove_everywhere(gone)
+            except Fenced as exc:
+                raise self._lost(exc) from exc
+            except KVError as exc:
+                # Memory still says "not a stub" for any stub written: the next run writes it
+                # again; a delivery meanwhile serves the body it has, or the archive's.
+                raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
+            for mid in stubs:
+                block_id, idx = _split(mid)
+                self.blocks[block_id].archived.add(idx)
+                self.cache.discard(mid)
+            self.offloaded_total += len(stubs)
+            self.expired_total += len(gone)
+            self._prune()
+        return len(gone)
+
+    def _records(self, mids: Sequence[str]) -> dict[str, StoredMessage]:
+        """The stored records of ``mids`` (cache, else one batched read); gone ones left out."""
+        out: dict[str, StoredMessage] = {}
+        missing = []
+        for mid in mids:
+            cached = self.cache.get(mid)
+            if cached is not None:
+                out[mid] = cached
+            else:
+                missing.append(mid)
+        if missing:
+            try:
+                raws = self.store.get_many(missing)
+            except KVError as exc:
+                raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
+            for mid, raw in zip(missing, raws):
+                if raw is not None:
+                    message = StoredMessage.from_bytes(raw)
+                    if not message.archived:
+                        out[mid] = message
+        return out
 
     def ack(self, items: Sequence[tuple[MessageId, str | None]], *, acked: bool = True, sub: str = "") -> int:
         """Check receipts, delete, settle: a whole ack on this partition alone (``acked``:
@@ -1033,6 +1172,8 @@ class PartitionManager:
                 for c in self._all:
                     cursors[c.name] = {
                         "backlog": c.backlog_count(), "in_flight": c.inflight.in_flight(now),
+                        "archived": sum(len(live & self.blocks[b].archived)
+                                        for b, live in c.live.items() if b in self.blocks),
                         "acked": c.acked_total, "redelivered": c.redelivered_total,
                         "dequeue_id": (c.backlog_buffer or c.ready or [""])[0],
                     }

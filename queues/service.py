@@ -325,7 +325,7 @@ def subscription_stats(topic: str, sub: str) -> dict:
     for p in Partition.objects.filter(queue_id=cfg.id).order_by("index"):
         figures = local.get(p.index) or (p.cursors or {}).get(sub) or {}
         entry = {"index": p.index, "live": local.get(p.index) is not None,
-                 **{k: figures.get(k, 0) for k in ("backlog", "in_flight", "acked", "redelivered")},
+                 **{k: figures.get(k, 0) for k in ("backlog", "in_flight", "acked", "redelivered", "archived")},
                  "dequeue_id": figures.get("dequeue_id", "")}
         entry["depth"] = max(entry["backlog"] - entry["in_flight"], 0)
         parts.append(entry)
@@ -333,4 +333,5 @@ def subscription_stats(topic: str, sub: str) -> dict:
     return {"queue": f"{topic}/{sub}", "topic": topic, "subscription": sub,
             "backlog": sum(e["backlog"] for e in parts), "depth": sum(e["depth"] for e in parts),
             "in_flight": sum(e["in_flight"] for e in parts), "acked": sum(e["acked"] for e in parts),
+            "archived": sum(e["archived"] for e in parts),
             "oldest_age": None, "partitions": parts}

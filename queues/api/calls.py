@@ -175,6 +175,8 @@ def _deliveries(deliveries, cfg) -> list[dict]:
                 "attributes": m.attributes or {}, "size": m.size, "estimates": estimates}
         if m.history:
             item["history"] = m.history
+        if d.from_archive:
+            item["archived"] = True  # retention had moved it to the archive: read from there
         out.append(item)
     return out
 
@@ -316,16 +318,22 @@ def redrive(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int,
 
 def expire(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dict]:
     """The retention rule on the partitions this node owns: remove messages older than the
-    queue's retention (or ``older_than`` seconds, for operators). Counted on the queue."""
+    queue's retention (or ``older_than`` seconds, for operators). Counted on the queue. On a
+    topic that archives, what a subscription still holds moves to the archive instead
+    (``archived``)."""
     cfg = queue_config(name)
     data = validation._object(data)
     validation._no_extra(data, {"older_than"}, "the request")
     older_than = validation.number(data, "older_than", 0, LIMITS["retention"][1], cfg.retention)
     cutoff = datetime.now(timezone.utc).timestamp() - older_than
-    expired = sum(m.expire(cutoff) for m in service.get_runtime().local_managers(name))
+    expired = archived = 0
+    for m in service.get_runtime().local_managers(name):
+        before = m.offloaded_total
+        expired += m.expire(cutoff)
+        archived += m.offloaded_total - before
     if expired:
         Queue.objects.filter(pk=cfg.id).update(expired_total=F("expired_total") + expired)
-    return 200, {"expired": expired}
+    return 200, {"expired": expired, "archived": archived}
 
 
 def purge(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dict]:

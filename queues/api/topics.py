@@ -26,7 +26,7 @@ class TopicSerializer(QueueSerializer):
 
     class Meta(QueueSerializer.Meta):
         fields = ["name", "partitions", "block_size", "lease_period", "visibility_timeout", "max_message_size",
-                  "retention", "strict", "dedup_window", "delay", "subscriptions", "created_at"]
+                  "retention", "strict", "dedup_window", "delay", "archive", "subscriptions", "created_at"]
         read_only_fields = ["subscriptions", "created_at"]
 
 
