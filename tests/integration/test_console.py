@@ -184,6 +184,36 @@ def test_topic_page_says_which_subscription_holds_how_much(admin_client, api, ru
     assert f"{topic}/slow" in subs and '<td class="field-holds">9</td>' in subs
 
 
+def test_subscription_page_shows_positions_and_what_only_the_archive_holds(admin_client, staff_api, runtime,
+                                                                            purge_kv, unique_name):
+    # given an archiving topic whose slow subscription held six messages when retention passed
+    api = staff_api
+    topic = unique_name("t")
+    r = api.post("/api/v1/topics", {"name": topic, "partitions": 1, "archive": "all"}, format="json")
+    assert r.status_code == 201, r.content
+    for sub in ("fast", "slow"):
+        assert api.post(f"/api/v1/topics/{topic}/subscriptions", {"name": sub}, format="json").status_code == 201
+    runtime.tick()
+    ids = api.post(f"/api/v1/topics/{topic}/publish", {"messages": [{"body": str(i)} for i in range(6)]},
+                   format="json").json()["ids"]
+    got = api.post(f"/api/v1/topics/{topic}/subscriptions/fast/dequeue", {"max": 20}, format="json").json()["messages"]
+    api.post(f"/api/v1/topics/{topic}/subscriptions/fast/ack",
+             {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]}, format="json")
+    r = api.post(f"/api/v1/queues/{topic}/expire", {"older_than": 0}, format="json")
+    assert r.status_code == 200 and r.json() == {"expired": 0, "archived": 6}, r.content
+    runtime.tick()
+    # then its page shows its next message in the partition, six held, six only in the archive
+    from queues.models import Subscription
+
+    slow = Subscription.objects.get(topic__name=topic, name="slow")
+    page = admin_client.get(f"/admin/queues/subscription/{slow.pk}/change/").content.decode()
+    assert re.search(r'field-archived">.*?<div class="readonly">6</div>', page, re.S), page
+    row = re.search(r'<table class="positions">.*?<tbody>(.*?)</tbody>', page, re.S).group(1)
+    assert re.findall(r"<td>(.*?)</td>", row) == ["0", f"<code>{ids[0]}</code>", "6", "0", "0", "6"]
+    listing = admin_client.get("/admin/queues/subscription/", {"topic__id__exact": slow.topic_id}).content.decode()
+    assert '<td class="field-archived">6</td>' in listing and '<td class="field-archived">0</td>' in listing
+
+
 def test_admin_cannot_rename_a_queue_and_deleting_one_empties_the_store(admin_client, api, make_queue, runtime,
                                                                         purge_kv):
     name = make_queue(partitions=1)
