@@ -1032,7 +1032,7 @@ class PartitionManager:
             if wanted:
                 records = self._records(wanted)
                 try:
-                    self.archive_sink([(mid, m.to_bytes()) for mid, m in records.items()])
+                    self.archive_sink([(mid, m.to_bytes()) for mid, m in records.items() if not m.archived])
                 except Exception as exc:  # noqa: BLE001 - nothing changed: the next run tries again
                     raise PartitionUnavailable(
                         f"{self.queue}/{self.index}: archive write failed, retention deferred: {exc}") from exc
@@ -1049,8 +1049,10 @@ class PartitionManager:
                 elif mid in archived and not self._is_stub(mid):
                     stubs.append(mid)
             try:
-                if stubs:
-                    self.store.put_many([(mid, records[mid].stub().to_bytes()) for mid in stubs], fence=self.fence)
+                # (a record that is a stub already was written by a run whose store write failed)
+                writes = [(mid, records[mid].stub().to_bytes()) for mid in stubs if not records[mid].archived]
+                if writes:
+                    self.store.put_many(writes, fence=self.fence)
                 if gone:
                     self._remove_everywhere(gone)
             except Fenced as exc:
@@ -1069,7 +1071,8 @@ class PartitionManager:
         return len(gone)
 
     def _records(self, mids: Sequence[str]) -> dict[str, StoredMessage]:
-        """The stored records of ``mids`` (cache, else one batched read); gone ones left out."""
+        """The stored records of ``mids`` (cache, else one batched read; stubs too); gone ones
+        left out."""
         out: dict[str, StoredMessage] = {}
         missing = []
         for mid in mids:
@@ -1085,9 +1088,7 @@ class PartitionManager:
                 raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
             for mid, raw in zip(missing, raws):
                 if raw is not None:
-                    message = StoredMessage.from_bytes(raw)
-                    if not message.archived:
-                        out[mid] = message
+                    out[mid] = StoredMessage.from_bytes(raw)
         return out
 
     def ack(self, items: Sequence[tuple[MessageId, str | None]], *, acked: bool = True, sub: str = "") -> int:

@@ -9,11 +9,16 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from queues import partition as partition_mod
+from queues.kv import KVError
 from queues.kv.memory import MemoryStore
 from queues.leases import Lease
 from queues.messages import StoredMessage, parse_message_id
-from queues.partition import BodyCache, PartitionManager, PartitionUnavailable, SubscriptionSpec
+from queues.partition import BodyCache, PartitionManager, PartitionUnavailable, ReceiptMismatch, SubscriptionSpec
 
 from .support import Row
 
@@ -234,3 +239,124 @@ def test_mode_acked_archives_held_messages_at_retention_and_marks_the_later_ack(
     journal = sorted(store.scan("t/0/_archive"))
     # the ack journals a marker per message and no entry (the stub has no body to journal)
     assert [n[0] for n in journal] == ["a"] * 3
+
+
+def test_a_stub_write_that_failed_half_way_is_finished_by_the_next_pass(monkeypatch):
+    store, row, archive = MemoryStore(), Row(), Archive()
+    m = open_topic(store, row, archive, cache_bytes=0)
+    sent = publish(m, 4, groups=(None,))
+    drain(m, "fast")
+    real_put = store.put_many
+
+    def put_one_then_fail(items, fence=None):
+        real_put(items[:1], fence=fence)
+        raise KVError("connection reset")
+
+    monkeypatch.setattr(store, "put_many", put_one_then_fail)
+    with pytest.raises(PartitionUnavailable):
+        m.expire(cutoff=10**12)
+    monkeypatch.setattr(store, "put_many", real_put)
+    assert sum(s.archived for s in stored_messages(store).values()) == 1
+    m.expire(cutoff=10**12)
+    assert all(s.archived for s in stored_messages(store).values())
+    assert m.stats().cursors["slow"]["archived"] == 4
+    assert {d.message.body for d in drain(m, "slow")} == set(sent.values())
+
+
+# --- a model -----------------------------------------------------------------------------------
+class TopicMachine(RuleBasedStateMachine):
+    """Random publish / dequeue / ack per subscription / retention / takeover on a topic that
+    archives. For every subscription: nothing confirmed and not acked by it is lost, nothing
+    it acked comes back, bodies are the published ones (from the store or the archive), and a
+    group's message is never delivered while an older one of the group is live for it."""
+
+    SUBS = ("a", "b", "c")
+
+    def __init__(self):
+        super().__init__()
+        self.clock = partition_mod.monotonic
+        self.now = 1000.0
+        partition_mod.monotonic = lambda: self.now
+        self.store, self.row, self.archive = MemoryStore(), Row(), Archive()
+        self.m = open_topic(self.store, self.row, self.archive, self.SUBS, block_size=3, cache_bytes=0)
+        self.sent: dict[str, StoredMessage] = {}   # id -> what was published
+        self.order: dict[str, int] = {}
+        self.live = {s: set() for s in self.SUBS}  # per subscription: confirmed, not acked by it
+        self.receipts = {s: {} for s in self.SUBS}  # this owner's deliveries: id -> (receipt, deadline)
+
+    @rule(n=st.integers(1, 4), group=st.sampled_from([None, "g1", "g2"]))
+    def publish(self, n, group):
+        messages = [StoredMessage(f"m{len(self.sent) + k}", 1000.0, group=group) for k in range(n)]
+        for mid, msg in zip(self.m.enqueue(messages), messages):
+            self.sent[mid] = msg
+            self.order[mid] = len(self.order)
+            for s in self.SUBS:
+                self.live[s].add(mid)
+
+    @rule(sub=st.sampled_from(SUBS), n=st.integers(1, 5), vis=st.sampled_from([1.0, 50.0]))
+    def dequeue(self, sub, n, vis):
+        for d in take_vis(self.m, sub, n, vis):
+            assert d.id in self.live[sub], f"{sub} got {d.id}, which it acked or never saw confirmed"
+            assert d.message.body == self.sent[d.id].body
+            group = self.sent[d.id].group
+            if group is not None:
+                older = [x for x in self.live[sub] if self.sent[x].group == group and self.order[x] < self.order[d.id]]
+                assert not older, f"{sub}: {d.id} delivered before older {older} of {group}"
+                busy = [x for x, (_, dl) in self.receipts[sub].items()
+                        if x != d.id and self.sent[x].group == group and dl > self.now and x in self.live[sub]]
+                assert not busy, f"{sub}: two of {group} in flight"
+            self.receipts[sub][d.id] = (d.receipt, self.now + vis)
+
+    @rule(sub=st.sampled_from(SUBS), data=st.data())
+    def ack(self, sub, data):
+        if not self.receipts[sub]:
+            return
+        ids = data.draw(st.lists(st.sampled_from(sorted(self.receipts[sub])), min_size=1, max_size=3, unique=True))
+        try:
+            self.m.ack([(parse_message_id(i), self.receipts[sub][i][0]) for i in ids], sub=sub)
+        except ReceiptMismatch:
+            return  # redelivered since: that receipt is stale (the whole ack is refused)
+        for i in ids:
+            self.live[sub].discard(i)
+            del self.receipts[sub][i]
+
+    @rule(dt=st.sampled_from([0.5, 5.0, 100.0]))
+    def advance(self, dt):
+        self.now += dt
+
+    @rule()
+    def retention(self):
+        self.m.expire(cutoff=10**12)
+
+    @rule()
+    def takeover(self):
+        self.m = open_topic(self.store, self.row, self.archive, self.SUBS, block_size=3, cache_bytes=0)
+        self.receipts = {s: {} for s in self.SUBS}
+
+    @invariant()
+    def every_held_message_is_stored_or_archived(self):
+        held = set().union(*self.live.values())
+        raws = self.store.get_many(sorted(held))
+        for mid, raw in zip(sorted(held), raws):
+            assert raw is not None, f"{mid} is held but gone from the store"
+            if StoredMessage.from_bytes(raw).archived:
+                assert mid in self.archive.rows, f"{mid} is a stub with no archive row"
+
+    def teardown(self):
+        try:
+            self.now += 1000
+            for sub in self.SUBS:
+                got = {d.id: d.message.body for d in drain(self.m, sub)}
+                assert set(got) == self.live[sub], (sub, sorted(set(got) ^ self.live[sub])[:5])
+                assert all(got[mid] == self.sent[mid].body for mid in got)
+            assert stored_messages(self.store) == {}
+        finally:
+            partition_mod.monotonic = self.clock
+
+
+def take_vis(m, sub, n, vis):
+    return m.load_bodies(m.dequeue(n, vis, sub))
+
+
+TopicMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+TestTopicWithArchive = TopicMachine.TestCase
