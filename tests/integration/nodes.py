@@ -133,3 +133,29 @@ def wait_until(predicate, timeout: float, what: str) -> float:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
     return time.monotonic() - t0
+
+
+def drain(c: Client, path: str, *, batch: int = 100, timeout: float = 60) -> list[dict]:
+    """Dequeue from ``path`` (a queue's or a subscription's, ``queues/q`` or ``topics/t/subscriptions/s``)
+    and ack, until three empty answers in a row; 503 (a takeover in progress) is retried. The
+    messages, in the order they came."""
+    out: list[dict] = []
+    quiet = 0
+    deadline = time.monotonic() + timeout
+    while quiet < 3:
+        assert time.monotonic() < deadline, f"{path}: still draining after {timeout}s ({len(out)} so far)"
+        r = c.post(f"{path}/dequeue", {"max": batch, "visibility_timeout": 120})
+        if r.status_code == 503:
+            time.sleep(0.2)
+            continue
+        assert r.status_code == 200, r.text
+        got = r.json()["messages"]
+        if not got:
+            quiet += 1
+            time.sleep(0.2)
+            continue
+        quiet = 0
+        out.extend(got)
+        r = c.post(f"{path}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]})
+        assert r.status_code == 200, r.text
+    return out

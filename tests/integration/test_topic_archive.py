@@ -11,7 +11,6 @@ group order; the archive then replays them into a queue.
 from __future__ import annotations
 
 import os
-import time
 import uuid
 
 import pytest
@@ -20,34 +19,10 @@ from archive import archiver
 from archive.models import ArchivedMessage
 from queues.messages import StoredMessage
 
-from .nodes import Client, NodeProcess, database_url, wait_until
+from .nodes import Client, NodeProcess, database_url, drain, wait_until
 
 GROUPS = 4
 PER_GROUP = 30
-
-
-def drain(c: Client, path: str, *, timeout: float = 60) -> list[dict]:
-    """Dequeue and ack until three empty answers in a row; 503 (a takeover) is retried."""
-    out: list[dict] = []
-    quiet = 0
-    deadline = time.monotonic() + timeout
-    while quiet < 3:
-        assert time.monotonic() < deadline, f"{path}: still draining after {timeout}s ({len(out)} so far)"
-        r = c.post(f"{path}/dequeue", {"max": 100, "visibility_timeout": 120})
-        if r.status_code == 503:
-            time.sleep(0.2)
-            continue
-        assert r.status_code == 200, r.text
-        got = r.json()["messages"]
-        if not got:
-            quiet += 1
-            time.sleep(0.2)
-            continue
-        quiet = 0
-        out.extend(got)
-        r = c.post(f"{path}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]})
-        assert r.status_code == 200, r.text
-    return out
 
 
 def in_group_order(messages: list[dict]) -> bool:

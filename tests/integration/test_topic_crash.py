@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from .nodes import Client, NodeProcess, database_url, wait_until
+from .nodes import Client, NodeProcess, database_url, drain, wait_until
 
 BATCH = 50
 
@@ -76,31 +76,12 @@ def test_sigkill_on_a_topic_loses_nothing_for_any_subscription(tmp_path, token, 
         second.start()
         c2 = Client(second.url, token)
 
-        def drain(sub: str) -> list[str]:
-            out: list[str] = []
-            quiet = 0
-            while quiet < 3:
-                r = c2.post(f"topics/feed/subscriptions/{sub}/dequeue", {"max": 500, "visibility_timeout": 120})
-                if r.status_code == 503:
-                    time.sleep(0.2)
-                    continue
-                got = r.json()["messages"]
-                if not got:
-                    quiet += 1
-                    time.sleep(0.3)
-                    continue
-                quiet = 0
-                out.extend(m["id"] for m in got)
-                r = c2.post(f"topics/feed/subscriptions/{sub}/ack",
-                            {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]})
-                assert r.status_code == 200, r.text
-            return out
-
         wait_until(lambda: all(p["address"] == f"127.0.0.1:{second.port}"
                                for p in c2.get("queues/feed/partitions").json()["partitions"]), 30,
                    "the second node to own every partition")
         resumed = time.monotonic() - t_kill
-        got = {sub: drain(sub) for sub in ("acker", "reader", "idle")}
+        got = {sub: [m["id"] for m in drain(c2, f"topics/feed/subscriptions/{sub}", batch=500)]
+               for sub in ("acker", "reader", "idle")}
         for sub, ids in got.items():
             assert len(ids) == len(set(ids)), f"{sub}: a message twice in the drain"
         # nothing confirmed is lost for any subscription...
