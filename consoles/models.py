@@ -2,7 +2,8 @@
 
 The job recomputes the figures of a window of the attempt log (``DASHBOARDS_WINDOW``) at each
 run: per-bucket rows in that window are replaced, older ones are kept, so the charts reach
-back further than the attempt log does. Per-worker and per-group figures describe the last
+back further than the attempt log does. End-to-end latency comes from the archive (messages
+acknowledged in the window), per bucket too. Per-worker and per-group figures describe the last
 run's window only. Learned estimates are a history: one row per queue, stage and run.
 """
 
@@ -29,6 +30,7 @@ class DashboardRun(models.Model):
     bucket_seconds = models.PositiveIntegerField()
     window_start = models.DateTimeField(help_text="attempts recorded since this time were read")
     attempts_read = models.BigIntegerField(default=0)
+    archived_read = models.BigIntegerField(default=0, help_text="acknowledged archived messages read (latency)")
     queues = models.PositiveIntegerField(default=0)
     fits = models.PositiveIntegerField(default=0, help_text="regressions fitted (queue x stage)")
     read_seconds = models.FloatField(null=True, blank=True)
@@ -89,6 +91,27 @@ class QueueBucketStats(Figures):
                                                name="queue_bucket_unique")]
         indexes = [models.Index(fields=["bucket_seconds", "bucket_start"], name="bucket_time")]
         verbose_name_plural = "queue bucket stats"
+
+
+class LatencyBucketStats(models.Model):
+    """A queue's (or topic's) end-to-end latency in one time bucket: messages acknowledged in it,
+    and percentiles of enqueue-to-ack seconds, read from the archive (queues that archive)."""
+
+    run = models.ForeignKey(DashboardRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    queue = models.CharField(max_length=80)
+    bucket_seconds = models.PositiveIntegerField()
+    bucket_start = models.DateTimeField()
+    acked = models.BigIntegerField()
+    latency_p50 = models.FloatField(null=True, blank=True)
+    latency_p95 = models.FloatField(null=True, blank=True)
+    latency_p99 = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["queue", "bucket_start"]
+        constraints = [models.UniqueConstraint(fields=["queue", "bucket_seconds", "bucket_start"],
+                                               name="latency_bucket_unique")]
+        indexes = [models.Index(fields=["bucket_seconds", "bucket_start"], name="latency_bucket_time")]
+        verbose_name_plural = "latency bucket stats"
 
 
 class WorkerStats(Figures):

@@ -14,7 +14,7 @@ from django.template.response import TemplateResponse
 from queues.models import Queue
 
 from .charts import Series, format_value, line_chart
-from .models import DashboardRun, EstimateFit, GroupStats, QueueBucketStats, WorkerStats
+from .models import DashboardRun, EstimateFit, GroupStats, LatencyBucketStats, QueueBucketStats, WorkerStats
 
 #: buckets drawn per chart and listed in the table
 MAX_BUCKETS = 1440
@@ -31,13 +31,15 @@ def _percentile_series(rows, measure: str) -> list[Series]:
             for p in (50, 95, 99)]
 
 
-def _charts(rows, fits) -> list:
+def _charts(rows, fits, latency) -> list:
     by_stage: dict[str, list] = {"preprocess": [], "process": []}
     for f in fits:
         by_stage[f.stage].append((_epoch(f.created_at), f.estimate))
     return [
         line_chart("Throughput (succeeded / s)",
                    [Series("succeeded/s", [(_epoch(r.bucket_start), r.throughput) for r in rows])], unit="/s"),
+        line_chart("End-to-end latency (enqueue to ack, from the archive)", _percentile_series(latency, "latency"),
+                   unit="s"),
         line_chart("Wait time (enqueue to processing)", _percentile_series(rows, "wait"), unit="s"),
         line_chart("Processing time", _percentile_series(rows, "process"), unit="s"),
         line_chart("Pre-processing time", _percentile_series(rows, "preprocess"), unit="s"),
@@ -94,11 +96,16 @@ def dashboards(request):
             rows = list(QueueBucketStats.objects.filter(queue=selected, bucket_seconds=bucket)
                         .order_by("-bucket_start")[:MAX_BUCKETS])[::-1]
         fits = list(EstimateFit.objects.filter(queue=selected).order_by("created_at", "stage"))
+        latency = []
+        if last_ok:
+            latency = list(LatencyBucketStats.objects.filter(queue=selected, bucket_seconds=bucket)
+                           .order_by("-bucket_start")[:MAX_BUCKETS])[::-1]
         latest_fit = {}
         for f in fits:
             latest_fit[f.stage] = f
         context.update({
-            "charts": _charts(rows, fits),
+            "charts": _charts(rows, fits, latency),
+            "latency": latency[::-1][:TABLE_BUCKETS],
             "buckets": rows[::-1][:TABLE_BUCKETS],
             "workers": WorkerStats.objects.filter(run=last_ok, queue=selected) if last_ok else [],
             "groups": (GroupStats.objects.filter(run=last_ok, queue=selected)[:TABLE_GROUPS] if last_ok else []),

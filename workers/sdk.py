@@ -386,6 +386,8 @@ class Queue:
     preprocess_estimate: float | None = None
     #: default process estimate of its messages, seconds, or None
     process_estimate: float | None = None
+    #: what is copied to the archive table: "none", "all" (every message) or "acked"
+    archive: str = "none"
     #: when it was created
     created_at: datetime | None = None
     #: when its settings last changed
@@ -574,7 +576,7 @@ def _retry_after(value: str | None) -> float | None:
 _UNSET: Any = object()
 _QUEUE_FIELDS = ("partitions", "block_size", "lease_period", "visibility_timeout", "max_message_size",
                  "retention", "strict", "dead_letter_queue", "max_receives", "dedup_window", "delay",
-                 "preprocess_estimate", "process_estimate")
+                 "preprocess_estimate", "process_estimate", "archive")
 
 
 class _Node:
@@ -683,7 +685,7 @@ class Client:
                      dead_letter_queue: str | None = _UNSET, max_receives: int | None = _UNSET,
                      dedup_window: float = _UNSET, delay: float = _UNSET,
                      preprocess_estimate: float | None = _UNSET,
-                     process_estimate: float | None = _UNSET) -> Queue:
+                     process_estimate: float | None = _UNSET, archive: str = _UNSET) -> Queue:
         """Create a queue; settings left out take the service's defaults. ``BadRequest`` if the
         name is taken or a setting is out of range (``detail`` names the fields)."""
         settings = {k: v for k, v in locals().items() if k in _QUEUE_FIELDS and v is not _UNSET}
@@ -711,7 +713,7 @@ class Client:
                      dead_letter_queue: str | None = _UNSET, max_receives: int | None = _UNSET,
                      dedup_window: float = _UNSET, delay: float = _UNSET,
                      preprocess_estimate: float | None = _UNSET,
-                     process_estimate: float | None = _UNSET) -> Queue:
+                     process_estimate: float | None = _UNSET, archive: str = _UNSET) -> Queue:
         """Change the settings given (``None`` clears the optional ones); partitions only grow."""
         changes = {k: v for k, v in locals().items() if k in _QUEUE_FIELDS and v is not _UNSET}
         queue = Queue.from_json(self._call("PATCH", f"queues/{_q(name)}", changes))

@@ -1,11 +1,12 @@
-"""The dashboards job: read the attempt log, run the transforms, write the results.
+"""The dashboards job: read the attempt log and the archive, run the transforms, write the results.
 
 Kept thin on purpose: every computation is in :mod:`consoles.spark.transforms`. This module
 only knows where data comes from and goes to.
 
-* Reading: on PostgreSQL, Spark reads through JDBC (the Debian driver jar, never a download),
-  a query filtered on ``recorded_at`` and split on ``id`` into parallel reads, so on a cluster
-  the executors read the database directly. Elsewhere (the embedded SQLite default) there is
+* Reading (the attempt log, and the archive's acknowledged messages for end-to-end latency,
+  each a :class:`Source`): on PostgreSQL, Spark reads through JDBC (the Debian driver jar,
+  never a download), a query filtered on the window's time column and split on ``id`` into
+  parallel reads, so on a cluster the executors read the database directly. Elsewhere (the embedded SQLite default) there is
   no driver: the rows are read with Django, in chunks, into frames of the same schema.
 * Writing: the results are small (buckets x queues, workers, groups, a few fits), so they are
   collected and written with Django's ``bulk_create`` in one transaction; the learned
@@ -34,6 +35,7 @@ from consoles.models import (
     DashboardRun,
     EstimateFit,
     GroupStats,
+    LatencyBucketStats,
     QueueBucketStats,
     WorkerStats,
 )
@@ -44,7 +46,7 @@ log = logging.getLogger(__name__)
 
 #: ``progress(step, steps, text)``: called as each phase starts (the command draws it).
 Progress = Callable[[int, int, str], None]
-STEPS = 4
+STEPS = 5
 #: rows per chunk when reading with Django (and per frame handed to Spark)
 DJANGO_CHUNK = 50_000
 #: attempts per JDBC partition (parallel reads), at most SPARK_JDBC_PARTITIONS of them
@@ -106,73 +108,127 @@ def spark_session():
 
 
 # --- reading -------------------------------------------------------------------------------------
-def _attempt_table() -> str:
-    from workers.models import AttemptLog
+@dataclass(frozen=True)
+class Source:
+    """A table the job reads: which model, the rows of which window, into which frame.
 
-    return AttemptLog._meta.db_table
+    ``columns`` pairs each model field with its frame column (in the schema's order); the
+    fields in ``times`` are timestamps, read as epoch seconds. ``window`` is the timestamp
+    field the ``[since, until)`` window is on.
+    """
+
+    model: str
+    window: str
+    columns: tuple[tuple[str, str], ...]
+    times: frozenset[str]
+    schema: object
+
+    def queryset(self, since: datetime, until: datetime | None):
+        rows = self._model().objects.filter(**{f"{self.window}__gte": since})
+        return rows.filter(**{f"{self.window}__lt": until}) if until is not None else rows
+
+    def attnames(self) -> list[str]:
+        """The fields as Django reads them (a foreign key's ``<name>_id``)."""
+        meta = self._model()._meta
+        return [meta.get_field(name).attname for name, _ in self.columns]
+
+    def _model(self):
+        from django.apps import apps
+
+        return apps.get_model(self.model)
+
+    def sql(self, since: datetime, until: datetime | None) -> str:
+        """The JDBC query (a derived table): the columns, times as epoch seconds, the window."""
+        meta = self._model()._meta
+        select = []
+        for name, alias in self.columns:
+            column = f'"{meta.get_field(name).column}"'
+            select.append(f"EXTRACT(EPOCH FROM {column})::float8 AS {alias}" if name in self.times
+                          else f"{column} AS {alias}")
+        window = f'"{meta.get_field(self.window).column}"'
+        where = [f"{window} >= to_timestamp({since.timestamp()!r})"]
+        if until is not None:
+            where.append(f"{window} < to_timestamp({until.timestamp()!r})")
+        return f"(SELECT {', '.join(select)} FROM {meta.db_table} WHERE {' AND '.join(where)}) AS rows"
+
+
+#: the attempt log, by when each attempt was recorded
+ATTEMPTS = Source(
+    "workers.AttemptLog", "recorded_at",
+    (("id", "id"), ("queue", "queue"), ("group", "group"), ("worker", "worker"), ("attempt", "attempt"),
+     ("outcome", "outcome"), ("size", "size"), ("enqueued_at", "enqueued_at"),
+     ("preprocess_started_at", "preprocess_started_at"), ("preprocess_ended_at", "preprocess_ended_at"),
+     ("process_started_at", "process_started_at"), ("process_ended_at", "process_ended_at"),
+     ("recorded_at", "recorded_at")),
+    frozenset({"enqueued_at", "preprocess_started_at", "preprocess_ended_at", "process_started_at",
+               "process_ended_at", "recorded_at"}),
+    tf.ATTEMPT_SCHEMA,
+)
+
+#: archived messages, by when they were acknowledged (unacknowledged ones have no latency yet)
+ARCHIVED = Source(
+    "archive.ArchivedMessage", "acked_at",
+    (("id", "id"), ("queue", "queue"), ("enqueued_at", "enqueued_at"), ("acked_at", "acked_at")),
+    frozenset({"enqueued_at", "acked_at"}),
+    tf.ARCHIVE_SCHEMA,
+)
 
 
 def _epoch(dt: datetime | None) -> float | None:
     return dt.timestamp() if dt is not None else None
 
 
-def read_attempts(spark, since: datetime, until: datetime | None = None):
-    """The attempts recorded in ``[since, until)`` as a frame of :data:`transforms.ATTEMPT_SCHEMA`,
-    and how they were read (``"jdbc"`` or ``"django"``)."""
+def read(spark, source: Source, since: datetime, until: datetime | None = None):
+    """The rows of ``source`` in ``[since, until)`` as a frame of its schema, and how they were
+    read (``"jdbc"`` or ``"django"``)."""
     if connection.vendor == "postgresql" and Path(settings.SPARK_JDBC_JAR).is_file():
-        return _read_jdbc(spark, since, until), "jdbc"
-    return _read_django(spark, since, until), "django"
+        return _read_jdbc(spark, source, since, until), "jdbc"
+    return _read_django(spark, source, since, until), "django"
 
 
-def _window(since: datetime, until: datetime | None):
-    from workers.models import AttemptLog
-
-    rows = AttemptLog.objects.filter(recorded_at__gte=since)
-    return rows.filter(recorded_at__lt=until) if until is not None else rows
+def read_attempts(spark, since: datetime, until: datetime | None = None):
+    """The attempts recorded in ``[since, until)`` (:data:`transforms.ATTEMPT_SCHEMA`)."""
+    return read(spark, ATTEMPTS, since, until)
 
 
-def _read_jdbc(spark, since: datetime, until: datetime | None):
+def read_archived(spark, since: datetime, until: datetime | None = None):
+    """The archived messages acknowledged in ``[since, until)`` (:data:`transforms.ARCHIVE_SCHEMA`)."""
+    return read(spark, ARCHIVED, since, until)
+
+
+def _read_jdbc(spark, source: Source, since: datetime, until: datetime | None):
     from pyspark.sql import functions as F
 
-    bounds = _window(since, until).aggregate(low=Min("id"), high=Max("id"))
+    bounds = source.queryset(since, until).aggregate(low=Min("id"), high=Max("id"))
     if bounds["low"] is None:
-        return spark.createDataFrame([], tf.ATTEMPT_SCHEMA)
+        return spark.createDataFrame([], source.schema)
     s = connection.settings_dict
     url = f"jdbc:postgresql://{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-    epoch = {name: f"EXTRACT(EPOCH FROM {name})::float8 AS {name}"
-             for name in ("enqueued_at", "preprocess_started_at", "preprocess_ended_at",
-                          "process_started_at", "process_ended_at", "recorded_at")}
-    where = f"recorded_at >= to_timestamp({since.timestamp()!r})"
-    if until is not None:
-        where += f" AND recorded_at < to_timestamp({until.timestamp()!r})"
-    query = (f'(SELECT id, queue, "group", worker_id AS worker, attempt, outcome, size, '
-             f'{", ".join(epoch.values())} FROM {_attempt_table()} WHERE {where}) AS attempts')
     span = bounds["high"] - bounds["low"] + 1
     partitions = max(1, min(settings.SPARK_JDBC_PARTITIONS, math.ceil(span / ROWS_PER_JDBC_PARTITION)))
     frame = (spark.read.format("jdbc")
              .option("url", url).option("driver", "org.postgresql.Driver")
              .option("user", s.get("USER") or "").option("password", s.get("PASSWORD") or "")
-             .option("dbtable", query).option("fetchsize", 20_000)
+             .option("dbtable", source.sql(since, until)).option("fetchsize", 20_000)
              .option("partitionColumn", "id").option("lowerBound", bounds["low"])
              .option("upperBound", bounds["high"] + 1).option("numPartitions", partitions)
              .load())
-    return frame.select(*[F.col(f.name).cast(f.dataType) for f in tf.ATTEMPT_SCHEMA])
+    return frame.select(*[F.col(f.name).cast(f.dataType) for f in source.schema])
 
 
-def _read_django(spark, since: datetime, until: datetime | None):
+def _read_django(spark, source: Source, since: datetime, until: datetime | None):
     """Rows through Django, ``DJANGO_CHUNK`` at a time, each chunk its own frame, then one union:
     the Python rows of a chunk can go once Spark has them."""
-    columns = ("id", "queue", "group", "worker_id", "attempt", "outcome", "size", "enqueued_at",
-               "preprocess_started_at", "preprocess_ended_at", "process_started_at", "process_ended_at",
-               "recorded_at")
+    fields = source.attnames()
+    is_time = [name in source.times for name, _ in source.columns]
     frames, chunk = [], []
-    for r in _window(since, until).order_by().values_list(*columns).iterator(chunk_size=5000):
-        chunk.append((r[0], r[1], r[2], r[3], r[4], r[5], r[6], *(_epoch(t) for t in r[7:])))
+    for r in source.queryset(since, until).order_by().values_list(*fields).iterator(chunk_size=5000):
+        chunk.append(tuple(_epoch(v) if t else v for v, t in zip(r, is_time)))
         if len(chunk) >= DJANGO_CHUNK:
-            frames.append(spark.createDataFrame(chunk, tf.ATTEMPT_SCHEMA))
+            frames.append(spark.createDataFrame(chunk, source.schema))
             chunk = []
     if chunk or not frames:
-        frames.append(spark.createDataFrame(chunk, tf.ATTEMPT_SCHEMA))
+        frames.append(spark.createDataFrame(chunk, source.schema))
     frame = frames[0]
     for other in frames[1:]:
         frame = frame.unionByName(other)
@@ -188,6 +244,7 @@ class Results:
     workers: list = field(default_factory=list)
     groups: list = field(default_factory=list)
     fits: list = field(default_factory=list)
+    latency: list = field(default_factory=list)
 
 
 def compute(prepared, bucket_seconds: int, since: float, min_samples: int) -> Results:
@@ -232,8 +289,21 @@ def run(options: Options | None = None, *, trigger: str = "command", progress: P
         t1 = time.perf_counter()
         results = compute(prepared, options.bucket_seconds, start, options.min_samples)
         record.transform_seconds = time.perf_counter() - t1
-        say(4, STEPS, f"writing {len(results.buckets):,} buckets, {len(results.workers):,} workers, "
-                      f"{len(results.groups):,} groups, {len(results.fits)} fits")
+        say(4, STEPS, f"end-to-end latency of archived messages acknowledged since {since:%Y-%m-%d %H:%M:%S} UTC")
+        t3 = time.perf_counter()
+        archived, _ = read_archived(spark, since, options.now)
+        archived = archived.cache()
+        try:
+            record.archived_read = archived.count()
+            record.read_seconds += time.perf_counter() - t3
+            t4 = time.perf_counter()
+            results.latency = tf.latency_bucket_stats(archived, options.bucket_seconds, start).collect()
+            record.transform_seconds += time.perf_counter() - t4
+        finally:
+            archived.unpersist()
+        say(5, STEPS, f"writing {len(results.buckets):,} buckets, {len(results.workers):,} workers, "
+                      f"{len(results.groups):,} groups, {len(results.fits)} fits, "
+                      f"{len(results.latency):,} latency buckets")
         t2 = time.perf_counter()
         write(record, results, options)
         record.write_seconds = time.perf_counter() - t2
@@ -274,6 +344,11 @@ def write(record: DashboardRun, results: Results, options: Options) -> None:
             QueueBucketStats(run=record, queue=r["queue"], bucket_seconds=bucket, bucket_start=_ts(r["bucket_start"]),
                              throughput=r["throughput"], **_figures(r))
             for r in results.buckets], batch_size=1000)
+        LatencyBucketStats.objects.filter(bucket_seconds=bucket, bucket_start__gte=record.window_start).delete()
+        LatencyBucketStats.objects.bulk_create([
+            LatencyBucketStats(run=record, queue=r["queue"], bucket_seconds=bucket, bucket_start=_ts(r["bucket_start"]),
+                               **{name: r[name] for name in tf.LATENCY_COLUMNS})
+            for r in results.latency], batch_size=1000)
         WorkerStats.objects.exclude(run=record).delete()
         WorkerStats.objects.bulk_create([
             WorkerStats(run=record, queue=r["queue"], worker=r["worker"], worker_name=names.get(r["worker"], ""),
@@ -298,8 +373,9 @@ def write(record: DashboardRun, results: Results, options: Options) -> None:
                                     median_size=r["median_size"], estimate=estimate, previous=previous,
                                     applied=applied, created_at=record.started_at))
         EstimateFit.objects.bulk_create(fits)
-        record.queues = len({r["queue"] for r in results.buckets})
+        record.queues = len({r["queue"] for r in [*results.buckets, *results.latency]})
         record.fits = len(fits)
         horizon = timezone.now() - timedelta(days=settings.DASHBOARDS_HISTORY_DAYS)
         QueueBucketStats.objects.filter(bucket_start__lt=horizon).delete()
+        LatencyBucketStats.objects.filter(bucket_start__lt=horizon).delete()
         DashboardRun.objects.filter(started_at__lt=horizon).exclude(pk=record.pk).delete()

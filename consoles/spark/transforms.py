@@ -11,6 +11,7 @@ The pipeline is::
                                    --worker_stats-------> per queue and worker
                                    --group_stats--------> per queue and message group
                                    --regression_samples--> fit_size_regression --> learned estimates
+    archived --latency_bucket_stats--> per queue and time bucket of the ack: end-to-end latency
 
 Percentiles are ``percentile_approx`` with :data:`PERCENTILE_ACCURACY` = 10,000: the answer is
 a value of the column whose rank is within 1/10,000 of the asked rank (exact below 10,000 values
@@ -40,6 +41,16 @@ ATTEMPT_SCHEMA = T.StructType([
     T.StructField("process_started_at", T.DoubleType(), True),
     T.StructField("process_ended_at", T.DoubleType(), True),
     T.StructField("recorded_at", T.DoubleType(), False),
+])
+
+#: One row per acknowledged message of the archive (``archive.ArchivedMessage``): its queue (or
+#: topic), when it was enqueued and when it was acknowledged (a topic's: by its last
+#: subscription), epoch seconds.
+ARCHIVE_SCHEMA = T.StructType([
+    T.StructField("id", T.LongType(), False),
+    T.StructField("queue", T.StringType(), False),
+    T.StructField("enqueued_at", T.DoubleType(), False),
+    T.StructField("acked_at", T.DoubleType(), False),
 ])
 
 #: ``percentile_approx`` accuracy: relative rank error 1/10,000, exact for smaller groups.
@@ -258,3 +269,28 @@ def _fit_groups(spark, samples: DataFrame, stats: list, VectorAssembler, LinearR
         rows.append((s.queue, s.stage, s.n, at_median - slope * s.median_size, slope, r2, rmse,
                      float(s.median_size), estimate))
     return rows
+
+
+LATENCY_COLUMNS = ["acked"] + [f"latency_p{round(p * 100)}" for p in PERCENTILES]
+
+
+def latency_bucket_stats(archived: DataFrame, bucket_seconds: int, since: float | None = None) -> DataFrame:
+    """Per queue and time bucket of the ack: messages acknowledged, and percentiles of their
+    end-to-end latency (ack time - enqueue time, never negative), from the archive.
+
+    The attempt log times the work of each attempt; this is what a producer sees: how long a
+    message lived, every redelivery and wait included. ``since`` drops earlier buckets.
+    """
+    if bucket_seconds <= 0:
+        raise ValueError(f"bucket_seconds must be positive, not {bucket_seconds}")
+    stats = (archived
+             .select("queue",
+                     (F.floor(F.col("acked_at") / bucket_seconds) * bucket_seconds).cast("long").alias("bucket_start"),
+                     F.greatest(F.lit(0.0), F.col("acked_at") - F.col("enqueued_at")).alias("latency"))
+             .groupBy("queue", "bucket_start")
+             .agg(F.count(F.lit(1)).alias("acked"),
+                  F.percentile_approx("latency", list(PERCENTILES), PERCENTILE_ACCURACY).alias("_latency")))
+    if since is not None:
+        stats = stats.where(F.col("bucket_start") >= F.lit(since))
+    return stats.select("queue", "bucket_start", "acked",
+                        *[F.col("_latency")[i].alias(f"latency_p{round(p * 100)}") for i, p in enumerate(PERCENTILES)])

@@ -17,7 +17,10 @@ from django.core.management import CommandError, call_command
 from pyspark.testing import assertDataFrameEqual
 
 from consoles.charts import format_value
-from consoles.models import DashboardRun, EstimateFit, QueueBucketStats, WorkerStats
+from archive import archiver
+from archive.models import ArchivedMessage
+from consoles.models import DashboardRun, EstimateFit, LatencyBucketStats, QueueBucketStats, WorkerStats
+from queues.kv.redis import RedisStore
 from queues.models import Queue
 from workers.handlers import Handler
 from workers.models import AttemptLog
@@ -73,12 +76,13 @@ def _handler(queue: str, failed_once: set[str]) -> Handler:
     return Handler(queue, process, preprocess)
 
 
-def test_traffic_then_refresh_shows_figures_and_learns_estimates(node, token, unique_name, admin_client, spark):
+def test_traffic_then_refresh_shows_figures_and_learns_estimates(node, token, unique_name, admin_client, spark,
+                                                                  redis_client):
     # given a queue with default estimates (0 s) and 60 messages of sizes 1..60 (3 of them flaky),
     # processed by a worker pipeline through a real node
     queue = unique_name("dash")
     client = Client(node.url, token)
-    client.create_queue(queue, partitions=2)
+    client.create_queue(queue, partitions=2, archive="all")
     wait_until(lambda: all(p.owner for p in client.partitions(queue)), 20, "the node to own the partitions")
     client.enqueue_many(queue, [NewMessage(f"m{k}", size=k, group=f"g{k % 3}",
                                            attributes={"flaky": True} if k in (10, 30, 50) else None)
@@ -98,6 +102,9 @@ def test_traffic_then_refresh_shows_figures_and_learns_estimates(node, token, un
     total = logged.count()
     assert total >= MESSAGES + 3 and logged.filter(outcome="failed").count() == 3
     assert Queue.objects.get(name=queue).process_estimate == 0.0
+    # and the archiver copied the queue's journal (every message, its ack time)
+    archiver.run(queue, store=RedisStore(redis_client))
+    assert ArchivedMessage.objects.filter(queue=queue, acked_at__isnull=False).count() == MESSAGES
 
     # when the dashboards are refreshed
     out = io.StringIO()
@@ -106,7 +113,7 @@ def test_traffic_then_refresh_shows_figures_and_learns_estimates(node, token, un
     # then the run read the attempts over JDBC and computed the queue's figures
     run = DashboardRun.objects.get()
     assert run.status == "succeeded" and run.source == "jdbc" and run.attempts_read == total, out.getvalue()
-    assert "4/4" in out.getvalue() and "Done in" in out.getvalue()
+    assert "5/5" in out.getvalue() and "Done in" in out.getvalue()
     buckets = list(QueueBucketStats.objects.filter(queue=queue))
     assert sum(b.attempts for b in buckets) == total
     assert sum(b.succeeded for b in buckets) == MESSAGES
@@ -116,6 +123,12 @@ def test_traffic_then_refresh_shows_figures_and_learns_estimates(node, token, un
     # processing takes 4..64 ms plus sleep overshoot: the median is near 4 + 30 ms
     assert 0.025 < busiest.process_p50 < 0.09 and busiest.process_p50 <= busiest.process_p95 <= busiest.process_p99
     assert busiest.wait_p50 is not None and busiest.wait_p50 >= 0
+    # and the end-to-end latency of every message, from the archive
+    assert run.archived_read >= MESSAGES
+    latency = list(LatencyBucketStats.objects.filter(queue=queue))
+    assert sum(b.acked for b in latency) == MESSAGES
+    slowest = max(latency, key=lambda b: b.acked)
+    assert 0 < slowest.latency_p50 <= slowest.latency_p95 <= slowest.latency_p99 < 60
     worker = WorkerStats.objects.get(queue=queue)
     assert worker.worker == pipeline.consumer_id and worker.attempts == logged.filter(worker_id=pipeline.consumer_id).count() and worker.succeeded == MESSAGES
 
@@ -133,7 +146,9 @@ def test_traffic_then_refresh_shows_figures_and_learns_estimates(node, token, un
     page = admin_client.get("/admin/dashboards/", {"queue": queue})
     html = page.content.decode()
     assert page.status_code == 200
-    assert html.count('<svg class="chart"') >= 6 and "<circle" in html
+    assert html.count('<svg class="chart"') >= 7 and "<circle" in html
+    assert "End-to-end latency" in html and 'id="latency"' in html
+    assert f"<td>{slowest.acked}</td>" in html and format_value(slowest.latency_p50, "s") in html
     assert f">{queue}</a></td><td>{total}</td><td>{MESSAGES}</td>" in html
     assert 'id="estimates"' in html and format_value(learned.process_estimate, "s") in html
     assert "dash-worker" in html and 'id="groups"' in html and "<td>g0</td>" in html
@@ -184,6 +199,32 @@ def test_jdbc_and_django_readers_agree(spark, unique_name, settings):
     first = rows.where(f"queue = '{queue}'").orderBy("id").first()
     assert first.process_started_at == pytest.approx(datetime(2026, 1, 5, 12, 0, 0, 123_456, tzinfo=UTC).timestamp())
     assert first.enqueued_at == pytest.approx(first.process_started_at - 1.5)
+
+
+def test_jdbc_and_django_read_the_archive_alike(spark, unique_name, settings):
+    # given archived messages, four acknowledged (one before the window) and two not
+    from consoles.spark import job
+
+    queue = unique_name("arch")
+    t = datetime(2026, 1, 5, 12, 0, 0, 250_000, tzinfo=UTC)
+    ArchivedMessage.objects.bulk_create([
+        ArchivedMessage(message_id=f"{queue}/0/00000000-abcdef0123456789/{k}", queue=queue, partition=0,
+                        body=f"m{k}", enqueued_at=t + timedelta(seconds=k),
+                        acked_at=None if k >= 4 else t + timedelta(seconds=k + 0.5 * k, days=-30 if k == 0 else 0))
+        for k in range(6)])
+    since = datetime(2026, 1, 1, tzinfo=UTC)
+    # when the archive is read over JDBC and through Django
+    jdbc, how = job.read_archived(spark, since)
+    assert how == "jdbc"
+    settings.SPARK_JDBC_JAR = "/nonexistent/postgresql.jar"
+    rows, how = job.read_archived(spark, since)
+    assert how == "django"
+    # then both hold the three acknowledged in the window, times as epoch seconds
+    mine = f"queue = '{queue}'"
+    assertDataFrameEqual(jdbc.where(mine), rows.where(mine), atol=1e-6)
+    got = sorted((r.enqueued_at, r.acked_at) for r in rows.where(mine).collect())
+    assert got == [((t + timedelta(seconds=k)).timestamp(), (t + timedelta(seconds=1.5 * k)).timestamp())
+                   for k in (1, 2, 3)]
 
 
 def test_bad_options_are_refused_before_anything_runs():

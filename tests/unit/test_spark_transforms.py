@@ -161,3 +161,22 @@ def test_fit_size_regression_learns_the_line_and_the_estimate_at_the_median(spar
         ("q", "process", 30, 0.5, 0.01, 1.0, 0.0, 150.0, 2.0),
     ], tf.FIT_SCHEMA)
     assertDataFrameEqual(got, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_latency_bucket_stats_per_queue_and_ack_bucket(spark):
+    archived = spark.createDataFrame([
+        # queue q: three acked in the first minute after 1, 2 and 4 s; one in the next after 10 s
+        (1, "q", T0 - 1.0, T0 + 0.0), (2, "q", T0 + 1.0, T0 + 3.0), (3, "q", T0 + 6.0, T0 + 10.0),
+        (4, "q", T0 + 55.0, T0 + 65.0),
+        # queue r: a clock a little behind: never a negative latency
+        (5, "r", T0 + 5.25, T0 + 5.0),
+    ], tf.ARCHIVE_SCHEMA)
+    stats = tf.latency_bucket_stats(archived, 60)
+    assertDataFrameEqual(stats, spark.createDataFrame([
+        ("q", int(T0), 3, 2.0, 4.0, 4.0),
+        ("q", int(T0) + 60, 1, 10.0, 10.0, 10.0),
+        ("r", int(T0), 1, 0.0, 0.0, 0.0),
+    ], "queue string, bucket_start bigint, acked bigint, latency_p50 double, latency_p95 double, latency_p99 double"))
+    assert tf.latency_bucket_stats(archived, 60, since=T0 + 60).count() == 1
+    with pytest.raises(ValueError):
+        tf.latency_bucket_stats(archived, 0)
