@@ -230,3 +230,82 @@ def test_dashboards(browser, node, token, admin_login):
         assert browser.find_elements(By.CSS_SELECTOR, "#estimates tbody tr")
     finally:
         get_store().purge(name)
+
+
+def test_topic_subscriptions_and_archive(browser, node, token, admin_login):
+    # A topic's page, a slow subscription's positions, and the archive that holds what
+    # retention moved out of the store while the subscription still needed it.
+    from rest_framework.authtoken.models import Token
+
+    from archive.models import ArchivedMessage
+    from queues.kv import get_store
+    from queues.models import Partition, Queue, Subscription
+
+    user = Token.objects.get(key=token).user
+    user.is_staff = True  # retention on demand is for staff
+    user.save()
+    client = Client(node.url, token)
+    name = f"e2e-t-{uuid.uuid4().hex[:6]}"
+    r = client.post("topics", {"name": name, "partitions": 2, "archive": "all"})
+    assert r.status_code == 201, r.text
+    try:
+        for sub in ("fast", "slow"):
+            assert client.post(f"topics/{name}/subscriptions", {"name": sub, "start": "oldest"}).status_code == 201
+        wait_until(lambda: all(p["owner"] for p in client.get(f"queues/{name}/partitions").json()["partitions"]),
+                   20, "the node to own the topic's partitions")
+        # given 12 published messages that "fast" acknowledged and "slow" never read, past retention
+        ids = client.post(f"topics/{name}/publish", {"messages": [{"body": f"news {i}"} for i in range(12)]}
+                          ).json()["ids"]
+        fast = client.post(f"topics/{name}/subscriptions/fast/dequeue", {"max": 100}).json()["messages"]
+        assert client.post(f"topics/{name}/subscriptions/fast/ack",
+                           {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in fast]}).status_code == 200
+        r = client.post(f"queues/{name}/expire", {"older_than": 0})
+        assert r.status_code == 200 and r.json()["archived"] == 12, r.text
+        topic = Queue.objects.get(name=name)
+
+        def published() -> bool:
+            rows = Partition.objects.filter(queue=topic)
+            return sum(((p.cursors or {}).get("slow") or {}).get("archived", 0) for p in rows) == 12
+        wait_until(published, 10, "the owner to publish the subscriptions' figures")
+
+        # when an operator opens the topic
+        log_in(browser, node.url, *admin_login)
+        browser.get(f"{node.url}/admin/queues/queue/{topic.pk}/change/")
+        assert_styled(browser)
+        group = browser.find_element(By.ID, "subscriptions-group")
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", group)
+        browser.shot("topic page")
+        # then each subscription says how much it holds, and how much of it only the archive has
+        cells = {tr.find_element(By.CSS_SELECTOR, "td.field-name").text:
+                 (tr.find_element(By.CSS_SELECTOR, "td.field-holds").text,
+                  tr.find_element(By.CSS_SELECTOR, "td.field-archived").text)
+                 for tr in group.find_elements(By.CSS_SELECTOR, "tbody tr.has_original")}
+        assert cells == {"fast": ("0", "0"), "slow": ("12", "12")}, cells
+
+        # when they open the slow subscription
+        slow = Subscription.objects.get(topic=topic, name="slow")
+        browser.get(f"{node.url}/admin/queues/subscription/{slow.pk}/change/")
+        table = browser.find_element(By.CSS_SELECTOR, "table.positions")
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", table)
+        browser.shot("subscription positions")
+        # then its position in each partition is its oldest message there, the test's own IDs
+        rows = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+                for tr in table.find_elements(By.CSS_SELECTOR, "tbody tr")]
+        expected = []
+        for p in (0, 1):
+            here = [m for m in ids if m.split("/")[1] == str(p)]  # in publish order: the first is the oldest
+            expected.append([str(p), here[0] if here else "-", str(len(here)), "0", "0", str(len(here))])
+        assert rows == expected, rows
+
+        # when they open the archive, filtered on the topic
+        browser.get(f"{node.url}/admin/archive/archivedmessage/?queue={name}")
+        listing = browser.find_element(By.ID, "result_list")
+        browser.shot("archive list")
+        # then the twelve messages are there with their bodies, written at retention
+        shown = {tr.find_element(By.CSS_SELECTOR, "th.field-message_id, td.field-message_id").text
+                 for tr in listing.find_elements(By.CSS_SELECTOR, "tbody tr")}
+        assert shown == set(ids)
+        assert "news 11" in listing.text
+        assert ArchivedMessage.objects.filter(queue=name).count() == 12
+    finally:
+        get_store().purge(name)
