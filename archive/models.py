@@ -7,7 +7,10 @@ from django.utils import timezone
 
 
 class ArchivedMessage(models.Model):
-    """One message copied from the key-value store by the archiver. Never changed by the queue."""
+    """One message copied from the key-value store by the archiver (or by a topic's owner when
+    retention moves a message a subscription still holds out of the store: the row is then its
+    only copy, read back for that subscription). Never changed by the queue; the admin cannot
+    delete rows."""
 
     message_id = models.CharField(max_length=200, unique=True)
     queue = models.CharField(max_length=80, help_text="the queue it was enqueued to (the name, kept after deletion)")

@@ -50,11 +50,16 @@ def subscription_partitions(sub: Subscription) -> list[tuple[int, dict]]:
 
 
 def subscription_figures(sub: Subscription) -> dict:
-    """A subscription's backlog / in flight / acked / held in the archive, summed over its partitions."""
+    """A subscription's backlog / in flight / acked / held in the archive, summed over its
+    partitions (read once per object and page: each column of a row asks for it)."""
+    cached = getattr(sub, "_figures", None)
+    if cached is not None:
+        return cached
     total = {"backlog": 0, "in_flight": 0, "acked": 0, "archived": 0}
     for _, figures in subscription_partitions(sub):
         for k in total:
             total[k] += figures.get(k, 0)
+    sub._figures = total
     return total
 
 

@@ -231,7 +231,7 @@ class PartitionManager:
                  set_head: Callable[[leases.Lease, str, str], None] = leases.set_head,
                  read_head: Callable[[leases.Lease], str | None] = leases.read_head,
                  subscriptions: Sequence[SubscriptionSpec] | None = None,
-                 archive_sink: Callable[[list[tuple[str, bytes]]], None] | None = None,
+                 archive_sink: Callable[[list[tuple[str, bytes]]], object] | None = None,
                  archive_source: Callable[[list[str]], dict[str, StoredMessage]] | None = None):
         self.lease = lease
         self.queue = lease.queue
@@ -283,6 +283,8 @@ class PartitionManager:
         self.archive_source = archive_source
         #: messages retention moved to the archive, kept as stubs for slow subscriptions.
         self.offloaded_total = 0
+        #: stubs whose archive row was gone, so never delivered (see _bodies_from_archive).
+        self.archive_missing_total = 0
         self.wall = time.time
 
     # --- the queue's cursor, for callers that know no subscriptions ---------------------------
@@ -744,48 +746,86 @@ class PartitionManager:
         block_id, idx = _split(mid)
         return c.holds(self.blocks, block_id, idx)
 
-    def load_bodies(self, deliveries: list[Delivery]) -> list[Delivery]:
-        """Attach the stored messages (cache, else one batched read); drop vanished ones."""
-        missing = []
+    def load_bodies(self, deliveries: list[Delivery], sub: str | None = None) -> list[Delivery]:
+        """Attach the stored messages (cache, else one batched read; a stub's from the archive);
+        drop vanished ones.
+
+        ``sub``: the cursor the deliveries were made for (a queue's is ""). Given, deliveries
+        whose body cannot be read now are given back to it (:meth:`give_back`) rather than left
+        hidden until their visibility runs out: a store failure gives back all of them and
+        raises, an archive failure only the stubs, and the others are delivered. Without it
+        (moving dead letters), any failure raises.
+        """
+        try:
+            records = self._records([d.id for d in deliveries])
+        except PartitionUnavailable:
+            if sub is not None:
+                self.give_back(deliveries, sub)
+            raise
+        vanished, stubs = [], []
         for d in deliveries:
-            d.message = self.cache.get(d.id)
+            d.message = records.get(d.id)
             if d.message is None:
-                missing.append(d)
-        if missing:
+                vanished.append(d.id)
+            elif d.message.archived:
+                stubs.append(d)
+        if stubs:
             try:
-                raws = self.store.get_many([d.id for d in missing])
-            except KVError as exc:
-                # Nothing is lost: the messages stay in flight and come back after the timeout.
-                raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
-            vanished = []
-            stubs = []
-            for d, raw in zip(missing, raws):
-                if raw is None:
-                    vanished.append(d.id)
-                    continue
-                d.message = StoredMessage.from_bytes(raw)
-                if d.message.archived:
-                    stubs.append(d)
-            if stubs:
                 self._bodies_from_archive(stubs)
-            if vanished:
-                # Removed behind our back (acknowledged at a previous owner before our scan
-                # saw it gone, a purge): forget it rather than keep it in flight for ever.
-                with self.lock:
-                    for c in self._all:
-                        self._forget(c, vanished)
-                    self._drop_stored(vanished)
+            except PartitionUnavailable as exc:
+                if sub is None:
+                    raise
+                log.warning("%s", exc)
+                for d in stubs:
+                    d.message = None
+                self.give_back(stubs, sub)
+        if vanished:
+            # Removed behind our back (acknowledged at a previous owner before our scan saw it
+            # gone, a purge): forget it rather than keep it in flight for ever.
+            with self.lock:
+                for c in self._all:
+                    self._forget(c, vanished)
+                self._drop_stored(vanished)
         return [d for d in deliveries if d.message is not None]
 
+    def give_back(self, deliveries: Sequence[Delivery], sub: str = "") -> None:
+        """Undo deliveries that never reached the client: each is deliverable again at once, in
+        its place, with the receive count it had (so a failure of ours never brings a message
+        closer to the dead-letter queue). One acknowledged or redelivered since is left alone."""
+        with self.lock:
+            c = self.cursors.get(sub)
+            if c is None:
+                return
+            for d in reversed(deliveries):  # each goes to the front: keep their order
+                entry = c.inflight.get(d.id)
+                if entry is None or entry.receipt != d.receipt:
+                    continue
+                c.inflight.remove(d.id)
+                if d.receive_count > 1:
+                    c.receives[d.id] = d.receive_count - 1
+                else:
+                    c.receives.pop(d.id, None)
+                if not self._is_live(c, d.id):
+                    continue
+                group = c.group_of.get(d.id)
+                if group is not None:
+                    if c.group_busy.get(group) == d.id:  # still the group's turn
+                        c.unblocked.appendleft(d.id)
+                    continue
+                state = self.blocks.get(_split(d.id)[0])
+                (c.backlog_buffer if state is not None and state.backlog else c.ready).appendleft(d.id)
+        self.on_change()
+
     def _bodies_from_archive(self, stubs: list[Delivery]) -> None:
-        """Replace stubs by their archived records. One the archive does not have (its row was
-        deleted by hand) can never be delivered: its stub is removed, and logged."""
+        """Replace stubs by their archived records (raises PartitionUnavailable when the archive
+        cannot be read). A stub whose row is not in the archive (deleted by hand, a database
+        restored from an older backup) can never be delivered: it is removed, counted in
+        ``archive_missing_total`` and logged as an error."""
         try:
             if self.archive_source is None:
                 raise KVError("this node has no archive to read from")
             found = self.archive_source([d.id for d in stubs])
         except Exception as exc:  # noqa: BLE001 - the archive's database is down: retry later
-            # Nothing is lost: the messages stay in flight and come back after the timeout.
             raise PartitionUnavailable(f"{self.queue}/{self.index}: archive read failed: {exc}") from exc
         lost = []
         for d in stubs:
@@ -804,6 +844,7 @@ class PartitionManager:
                 except KVError as exc:
                     self.closed = True  # reopened from the store, which still has the stubs
                     raise PartitionUnavailable(f"{self.queue}/{self.index}: store delete failed: {exc}") from exc
+                self.archive_missing_total += len(lost)
 
     # --- ack and visibility -------------------------------------------------------------------
     def check_receipts(self, items: Sequence[tuple[MessageId, str | None]], sub: str = "") -> None:
@@ -1023,8 +1064,7 @@ class PartitionManager:
         the last subscription's ack deletes under the same lock, so a stub never brings back
         a message that was acknowledged meanwhile. Returns how many were removed."""
         keep = self.archive != "none" and self.archive_sink is not None
-        archived: set[str] = set()
-        records: dict[str, StoredMessage] = {}
+        records: dict[str, StoredMessage] = {}  # the held ones, read and archived
         if keep:
             with self.lock:
                 self._check_serving()
@@ -1036,7 +1076,6 @@ class PartitionManager:
                 except Exception as exc:  # noqa: BLE001 - nothing changed: the next run tries again
                     raise PartitionUnavailable(
                         f"{self.queue}/{self.index}: archive write failed, retention deferred: {exc}") from exc
-                archived = set(records)
         with self.lock:
             self._check_serving()
             gone: list[str] = []
@@ -1046,7 +1085,7 @@ class PartitionManager:
                     continue  # acknowledged meanwhile: gone already
                 if not keep or not self._held(mid):
                     gone.append(mid)
-                elif mid in archived and not self._is_stub(mid):
+                elif mid in records and not self._is_stub(mid):
                     stubs.append(mid)
             try:
                 # (a record that is a stub already was written by a run whose store write failed)
@@ -1058,8 +1097,8 @@ class PartitionManager:
             except Fenced as exc:
                 raise self._lost(exc) from exc
             except KVError as exc:
-                # Memory still says "not a stub" for any stub written: the next run writes it
-                # again; a delivery meanwhile serves the body it has, or the archive's.
+                # Memory still says "not a stub" for any stub written: the next run finds it in
+                # the store and marks it; a delivery meanwhile reads it from the archive.
                 raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
             for mid in stubs:
                 block_id, idx = _split(mid)
@@ -1173,8 +1212,8 @@ class PartitionManager:
                 for c in self._all:
                     cursors[c.name] = {
                         "backlog": c.backlog_count(), "in_flight": c.inflight.in_flight(now),
-                        "archived": sum(len(live & self.blocks[b].archived)
-                                        for b, live in c.live.items() if b in self.blocks),
+                        "archived": sum(len(live & self.blocks[b].archived) for b, live in c.live.items()
+                                        if b in self.blocks and self.blocks[b].archived),
                         "acked": c.acked_total, "redelivered": c.redelivered_total,
                         "dequeue_id": (c.backlog_buffer or c.ready or [""])[0],
                     }

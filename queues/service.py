@@ -183,10 +183,10 @@ def dequeue(queue: str, max_messages: int, visibility: float | None, wait: float
                 m = managers[(start + i) % len(managers)]
                 try:
                     got = m.dequeue(max_messages - len(out), visibility, sub)
+                    if got:  # what cannot be read now is given back, not left hidden
+                        out.extend(m.load_bodies(got, sub))
                 except PartitionUnavailable:
                     continue
-                if got:
-                    out.extend(m.load_bodies(got))
                 if len(out) >= max_messages:
                     break
         if out:

@@ -30,6 +30,9 @@ def enforce_retention_on(queue: Queue, router: Router) -> int:
             continue
         if status == 200:
             expired += payload.get("expired", 0)
+            if payload.get("deferred"):
+                log.warning("retention on %s at %s deferred for partitions %s", queue.name, address,
+                            payload["deferred"])
         else:
             log.warning("retention on %s at %s: %s %s", queue.name, address, status, payload)
     return expired

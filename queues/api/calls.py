@@ -19,7 +19,7 @@ from ..partition import Delivery
 from django.db.models import F
 
 from ..models import LIMITS, QUEUE_NAME_RE, Partition, Queue
-from ..partition import NotServedHere
+from ..partition import NotServedHere, PartitionUnavailable
 from ..router import MAX_HOPS, Forwarded
 from . import validation
 from .errors import BadRequest
@@ -327,13 +327,19 @@ def expire(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, 
     older_than = validation.number(data, "older_than", 0, LIMITS["retention"][1], cfg.retention)
     cutoff = datetime.now(timezone.utc).timestamp() - older_than
     expired = archived = 0
+    deferred = {}
     for m in service.get_runtime().local_managers(name):
-        before = m.offloaded_total
-        expired += m.expire(cutoff)
-        archived += m.offloaded_total - before
+        # Counted from the manager's totals: a pass that fails half-way did part of its work.
+        before = (m.expired_total, m.offloaded_total)
+        try:
+            m.expire(cutoff)
+        except PartitionUnavailable as exc:  # the others go on; this one tries at the next pass
+            deferred[m.index] = str(exc)
+        expired += m.expired_total - before[0]
+        archived += m.offloaded_total - before[1]
     if expired:
         Queue.objects.filter(pk=cfg.id).update(expired_total=F("expired_total") + expired)
-    return 200, {"expired": expired, "archived": archived}
+    return 200, {"expired": expired, "archived": archived, **({"deferred": deferred} if deferred else {})}
 
 
 def purge(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dict]:

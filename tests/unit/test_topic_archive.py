@@ -11,7 +11,7 @@ import math
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from queues import partition as partition_mod
 from queues.kv import KVError
@@ -58,7 +58,7 @@ def open_topic(store, row: Row, archive: Archive, subs=("fast", "slow"), *, mode
 
 
 def take(m, sub, n=100):
-    return m.load_bodies(m.dequeue(n, 30.0, sub))
+    return m.load_bodies(m.dequeue(n, 30.0, sub), sub)
 
 
 def ack(m, sub, deliveries):
@@ -214,18 +214,38 @@ def test_a_stub_missing_from_the_archive_is_dropped_not_delivered_empty():
     assert stored_messages(store) == {}
 
 
-def test_an_archive_read_failure_keeps_the_message_for_later():
+def test_an_archive_read_failure_gives_the_stubs_back_and_delivers_the_rest():
     store, row, archive = MemoryStore(), Row(), Archive()
-    m = open_topic(store, row, archive)
-    sent = publish(m, 2, groups=(None,))
+    m = open_topic(store, row, archive, subs=("fast", SubscriptionSpec("slow", max_receives=2)))
+    old = publish(m, 3, groups=(None,))
     drain(m, "fast")
     m.expire(cutoff=10**12)
+    new = publish(m, 2, groups=(None,))
+    # given the archive's database is down for longer than max_receives dequeues
     archive.fail = True
-    deliveries = m.dequeue(10, 0.0, "slow")  # visibility 0: due again at once
-    with pytest.raises(PartitionUnavailable):
-        m.load_bodies(deliveries)
+    for _ in range(3):
+        got = m.load_bodies(m.dequeue(10, 30.0, "slow"), "slow")
+        # then the messages the store still has are delivered, the stubs given back
+        assert {d.id for d in got} <= set(new)
+        ack(m, "slow", got)
+    assert m.take_dead("slow") == []
+    # and once it is back, the stubs come out in order with their first receive count
     archive.fail = False
-    assert {d.message.body for d in drain(m, "slow")} == set(sent.values())
+    got = take(m, "slow")
+    assert [d.id for d in got] == list(old) and {d.receive_count for d in got} == {1}
+    assert all(d.from_archive for d in got)
+
+
+def test_a_store_read_failure_gives_every_delivery_back(monkeypatch):
+    store, row, archive = MemoryStore(), Row(), Archive()
+    m = open_topic(store, row, archive, cache_bytes=0)
+    sent = publish(m, 3, groups=("g", None, None))
+    monkeypatch.setattr(store, "get_many", lambda keys: (_ for _ in ()).throw(KVError("reset")))
+    with pytest.raises(PartitionUnavailable):
+        m.load_bodies(m.dequeue(10, 30.0, "slow"), "slow")
+    monkeypatch.undo()
+    got = take(m, "slow")
+    assert sorted(d.id for d in got) == sorted(sent) and {d.receive_count for d in got} == {1}
 
 
 def test_mode_acked_archives_held_messages_at_retention_and_marks_the_later_ack():
@@ -278,11 +298,20 @@ class TopicMachine(RuleBasedStateMachine):
         self.now = 1000.0
         partition_mod.monotonic = lambda: self.now
         self.store, self.row, self.archive = MemoryStore(), Row(), Archive()
-        self.m = open_topic(self.store, self.row, self.archive, self.SUBS, block_size=3, cache_bytes=0)
+        self.cache_bytes = 0
+        self.m = None
         self.sent: dict[str, StoredMessage] = {}   # id -> what was published
         self.order: dict[str, int] = {}
         self.live = {s: set() for s in self.SUBS}  # per subscription: confirmed, not acked by it
         self.receipts = {s: {} for s in self.SUBS}  # this owner's deliveries: id -> (receipt, deadline)
+
+    @initialize(cache_bytes=st.sampled_from([0, 1 << 20]))
+    def open(self, cache_bytes):
+        self.cache_bytes = cache_bytes
+        self.m = self._open()
+
+    def _open(self):
+        return open_topic(self.store, self.row, self.archive, self.SUBS, block_size=3, cache_bytes=self.cache_bytes)
 
     @rule(n=st.integers(1, 4), group=st.sampled_from([None, "g1", "g2"]))
     def publish(self, n, group):
@@ -326,11 +355,18 @@ class TopicMachine(RuleBasedStateMachine):
 
     @rule()
     def retention(self):
-        self.m.expire(cutoff=10**12)
+        try:
+            self.m.expire(cutoff=10**12)
+        except PartitionUnavailable:
+            assert self.archive.fail  # deferred: nothing changed
+
+    @rule(down=st.booleans())
+    def archive_database(self, down):
+        self.archive.fail = down
 
     @rule()
     def takeover(self):
-        self.m = open_topic(self.store, self.row, self.archive, self.SUBS, block_size=3, cache_bytes=0)
+        self.m = self._open()
         self.receipts = {s: {} for s in self.SUBS}
 
     @invariant()
@@ -344,6 +380,9 @@ class TopicMachine(RuleBasedStateMachine):
 
     def teardown(self):
         try:
+            if self.m is None:
+                return
+            self.archive.fail = False
             self.now += 1000
             for sub in self.SUBS:
                 got = {d.id: d.message.body for d in drain(self.m, sub)}
@@ -355,7 +394,7 @@ class TopicMachine(RuleBasedStateMachine):
 
 
 def take_vis(m, sub, n, vis):
-    return m.load_bodies(m.dequeue(n, vis, sub))
+    return m.load_bodies(m.dequeue(n, vis, sub), sub)
 
 
 TopicMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
