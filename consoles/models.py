@@ -76,13 +76,21 @@ class Figures(models.Model):
         abstract = True
 
 
-class QueueBucketStats(Figures):
-    """A queue's figures in one time bucket (attempts that finished in it)."""
+class Bucket(models.Model):
+    """A queue's row for one time bucket; the run that wrote it last (kept when runs go)."""
 
     run = models.ForeignKey(DashboardRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     queue = models.CharField(max_length=80)
     bucket_seconds = models.PositiveIntegerField()
     bucket_start = models.DateTimeField()
+
+    class Meta:
+        abstract = True
+
+
+class QueueBucketStats(Figures, Bucket):
+    """A queue's figures in one time bucket (attempts that finished in it)."""
+
     throughput = models.FloatField(help_text="succeeded attempts per second")
 
     class Meta:
@@ -93,14 +101,10 @@ class QueueBucketStats(Figures):
         verbose_name_plural = "queue bucket stats"
 
 
-class LatencyBucketStats(models.Model):
+class LatencyBucketStats(Bucket):
     """A queue's (or topic's) end-to-end latency in one time bucket: messages acknowledged in it,
     and percentiles of enqueue-to-ack seconds, read from the archive (queues that archive)."""
 
-    run = models.ForeignKey(DashboardRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    queue = models.CharField(max_length=80)
-    bucket_seconds = models.PositiveIntegerField()
-    bucket_start = models.DateTimeField()
     acked = models.BigIntegerField()
     latency_p50 = models.FloatField(null=True, blank=True)
     latency_p95 = models.FloatField(null=True, blank=True)

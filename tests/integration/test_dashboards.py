@@ -181,6 +181,18 @@ def _log_rows(queue: str) -> list[AttemptLog]:
     return rows
 
 
+def _read_both_ways(read, spark, since, settings, queue: str):
+    """``read`` over JDBC (PostgreSQL) and through Django (the embedded default's path): the
+    two frames, restricted to ``queue``, after checking each reader was the one used."""
+    jdbc, how = read(spark, since)
+    assert how == "jdbc"
+    settings.SPARK_JDBC_JAR = "/nonexistent/postgresql.jar"
+    rows, how = read(spark, since)
+    assert how == "django"
+    mine = f"queue = '{queue}'"
+    return jdbc.where(mine), rows.where(mine)
+
+
 def test_jdbc_and_django_readers_agree(spark, unique_name, settings):
     # given attempt records with and without sizes, groups, workers and enqueue times
     from consoles.spark import job
@@ -189,14 +201,10 @@ def test_jdbc_and_django_readers_agree(spark, unique_name, settings):
     AttemptLog.objects.bulk_create(_log_rows(queue))
     since = datetime(2000, 1, 1, tzinfo=UTC)
     # when the log is read over JDBC (PostgreSQL) and through Django (the embedded default's path)
-    jdbc, how = job.read_attempts(spark, since)
-    assert how == "jdbc"
-    settings.SPARK_JDBC_JAR = "/nonexistent/postgresql.jar"
-    rows, how = job.read_attempts(spark, since)
-    assert how == "django"
+    jdbc, rows = _read_both_ways(job.read_attempts, spark, since, settings, queue)
     # then both give the same frame, times as epoch seconds to the microsecond
-    assertDataFrameEqual(jdbc.where(f"queue = '{queue}'"), rows.where(f"queue = '{queue}'"), atol=1e-6)
-    first = rows.where(f"queue = '{queue}'").orderBy("id").first()
+    assertDataFrameEqual(jdbc, rows, atol=1e-6)
+    first = rows.orderBy("id").first()
     assert first.process_started_at == pytest.approx(datetime(2026, 1, 5, 12, 0, 0, 123_456, tzinfo=UTC).timestamp())
     assert first.enqueued_at == pytest.approx(first.process_started_at - 1.5)
 
@@ -214,15 +222,10 @@ def test_jdbc_and_django_read_the_archive_alike(spark, unique_name, settings):
         for k in range(6)])
     since = datetime(2026, 1, 1, tzinfo=UTC)
     # when the archive is read over JDBC and through Django
-    jdbc, how = job.read_archived(spark, since)
-    assert how == "jdbc"
-    settings.SPARK_JDBC_JAR = "/nonexistent/postgresql.jar"
-    rows, how = job.read_archived(spark, since)
-    assert how == "django"
+    jdbc, rows = _read_both_ways(job.read_archived, spark, since, settings, queue)
     # then both hold the three acknowledged in the window, times as epoch seconds
-    mine = f"queue = '{queue}'"
-    assertDataFrameEqual(jdbc.where(mine), rows.where(mine), atol=1e-6)
-    got = sorted((r.enqueued_at, r.acked_at) for r in rows.where(mine).collect())
+    assertDataFrameEqual(jdbc, rows, atol=1e-6)
+    got = sorted((r.enqueued_at, r.acked_at) for r in rows.collect())
     assert got == [((t + timedelta(seconds=k)).timestamp(), (t + timedelta(seconds=1.5 * k)).timestamp())
                    for k in (1, 2, 3)]
 
