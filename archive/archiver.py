@@ -110,9 +110,10 @@ def message_of(row: ArchivedMessage) -> StoredMessage:
 
 def store_records(items: Iterable[tuple[str, bytes]]) -> int:
     """Write ``(message id, StoredMessage bytes)`` to the table now, committed when this
-    returns (called outside any transaction); rows already there are left as they are. For a topic's owner whose retention
-    moves messages a subscription still holds out of the key-value store (the journal may not
-    have reached the table yet). Returns how many rows are new."""
+    returns (called outside any transaction); rows already there are left as they are. For a
+    topic's owner whose retention moves messages a subscription still holds out of the
+    key-value store (the journal may not have reached the table yet). Returns how many rows
+    are new."""
     rows = [row_for(mid, raw) for mid, raw in items]
     with transaction.atomic():
         return _insert(rows)

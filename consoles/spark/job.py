@@ -6,8 +6,9 @@ only knows where data comes from and goes to.
 * Reading (the attempt log, and the archive's acknowledged messages for end-to-end latency,
   each a :class:`Source`): on PostgreSQL, Spark reads through JDBC (the Debian driver jar,
   never a download), a query filtered on the window's time column and split on ``id`` into
-  parallel reads, so on a cluster the executors read the database directly. Elsewhere (the embedded SQLite default) there is
-  no driver: the rows are read with Django, in chunks, into frames of the same schema.
+  parallel reads, so on a cluster the executors read the database directly. Elsewhere (the
+  embedded SQLite default) there is no driver: the rows are read with Django, in chunks, into
+  frames of the same schema.
 * Writing: the results are small (buckets x queues, workers, groups, a few fits), so they are
   collected and written with Django's ``bulk_create`` in one transaction; the learned
   estimates go to ``Queue.preprocess_estimate`` / ``process_estimate``, which nodes reload at
