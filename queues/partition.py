@@ -1047,8 +1047,8 @@ class PartitionManager:
         return removed
 
     def _held(self, mid: str) -> bool:
-        block_id, idx = _split(mid)
-        return any(c.holds(self.blocks, block_id, idx) for c in self._all)
+        """Some subscription still holds ``mid``."""
+        return any(self._is_live(c, mid) for c in self._all)
 
     def _is_stub(self, mid: str) -> bool:
         block_id, idx = _split(mid)
