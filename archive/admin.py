@@ -40,8 +40,17 @@ class ReplayedFilter(admin.SimpleListFilter):
 
 @admin.register(ArchivedMessage)
 class ArchivedMessageAdmin(admin.ModelAdmin):
-    list_display = ("message_id", "queue", "group", "short_body", "enqueued_at", "acked_at",
-                    "latency_s", "archived_at", "replay_count")
+    list_display = (
+        "message_id",
+        "queue",
+        "group",
+        "short_body",
+        "enqueued_at",
+        "acked_at",
+        "latency_s",
+        "archived_at",
+        "replay_count",
+    )
     list_filter = ("queue", AckedFilter, ReplayedFilter)
     search_fields = ("=message_id", "group")
     date_hierarchy = "enqueued_at"

@@ -51,8 +51,9 @@ def _time(value, name: str) -> datetime | None:
         try:
             parsed = datetime.fromisoformat(text)  # "Z" included (3.11+)
         except ValueError:
-            raise BadRequest(f"{name} must be an ISO 8601 time or epoch seconds, got {value!r}",
-                             "invalid_time") from None
+            raise BadRequest(
+                f"{name} must be an ISO 8601 time or epoch seconds, got {value!r}", "invalid_time"
+            ) from None
         return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
     raise BadRequest(f"{name} must be an ISO 8601 time or epoch seconds", "invalid_time")
 
@@ -63,8 +64,7 @@ def _queue_name(value, name: str, *, required: bool) -> str | None:
             raise BadRequest(f"{name} is required", f"missing_{name}")
         return None
     if not isinstance(value, str) or not QUEUE_NAME_RE.fullmatch(value):
-        raise BadRequest(f"{name} must be a queue name (letters, digits, '_' and '-', at most 80)",
-                         f"invalid_{name}")
+        raise BadRequest(f"{name} must be a queue name (letters, digits, '_' and '-', at most 80)", f"invalid_{name}")
     return value
 
 
@@ -77,10 +77,18 @@ def _range(since, until):
 
 def row_json(r: ArchivedMessage) -> dict:
     return {
-        "id": r.message_id, "queue": r.queue, "partition": r.partition, "group": r.group,
-        "body": r.body, "attributes": r.attributes, "size": r.size, "sequence": r.sequence,
-        "enqueued_at": _iso(r.enqueued_at), "acked_at": _iso(r.acked_at),
-        "archived_at": _iso(r.archived_at), "replay_count": r.replay_count,
+        "id": r.message_id,
+        "queue": r.queue,
+        "partition": r.partition,
+        "group": r.group,
+        "body": r.body,
+        "attributes": r.attributes,
+        "size": r.size,
+        "sequence": r.sequence,
+        "enqueued_at": _iso(r.enqueued_at),
+        "acked_at": _iso(r.acked_at),
+        "archived_at": _iso(r.archived_at),
+        "replay_count": r.replay_count,
         "last_replayed_at": _iso(r.last_replayed_at),
     }
 
@@ -100,8 +108,9 @@ class ArchiveListView(APIView):
     )
     def get(self, request):
         params = request.query_params
-        validation._no_extra(dict(params), {"queue", "since", "until", "acked", "limit", "after", "format"},
-                             "the query")
+        validation._no_extra(
+            dict(params), {"queue", "since", "until", "acked", "limit", "after", "format"}, "the query"
+        )
         queue = _queue_name(params.get("queue"), "queue", required=False)
         since, until = _range(params.get("since"), params.get("until"))
         limit = self._int(params.get("limit"), "limit", 1, MAX_PAGE, 100)
@@ -120,11 +129,10 @@ class ArchiveListView(APIView):
             rows = rows.filter(acked_at__isnull=False)
         elif acked in ("false", "0"):
             rows = rows.filter(acked_at__isnull=True)
-        page = list(rows.order_by("pk")[:limit + 1])
+        page = list(rows.order_by("pk")[: limit + 1])
         more = len(page) > limit
         page = page[:limit]
-        return Response({"messages": [row_json(r) for r in page],
-                         "next": str(page[-1].pk) if more else None})
+        return Response({"messages": [row_json(r) for r in page], "next": str(page[-1].pk) if more else None})
 
     @staticmethod
     def _int(value, name, low, high, default) -> int:
@@ -142,10 +150,13 @@ class ArchiveListView(APIView):
 class ReplayView(APIView):
     @extend_schema(
         summary="Enqueue copies of archived messages into a queue (default: their own)",
-        description=("Body: `queue` (the source), optional `into`, and either `ids` (message IDs of the "
-                     "source) or `since`/`until` (on the enqueue time); `max` 1..10000 (default 1000). "
-                     "Copies keep body, group, attributes, size and estimates, in enqueue order."),
-        request=dict, responses={200: dict},
+        description=(
+            "Body: `queue` (the source), optional `into`, and either `ids` (message IDs of the "
+            "source) or `since`/`until` (on the enqueue time); `max` 1..10000 (default 1000). "
+            "Copies keep body, group, attributes, size and estimates, in enqueue order."
+        ),
+        request=dict,
+        responses={200: dict},
     )
     def post(self, request):
         data = validation._object(request.data)
@@ -170,7 +181,16 @@ class ReplayView(APIView):
         try:
             answer = replay(rows, into, hops=hops_of(request.META.get("HTTP_X_MQ_HOPS")))
         except PartialReplay as exc:
-            return Response({"error": "unavailable", "detail": f"stopped part-way, retry the rest: {exc}",
-                             "queue": source, "into": into, "replayed": exc.replayed, "ids": exc.ids},
-                            status=503, headers={"Retry-After": "1"})
+            return Response(
+                {
+                    "error": "unavailable",
+                    "detail": f"stopped part-way, retry the rest: {exc}",
+                    "queue": source,
+                    "into": into,
+                    "replayed": exc.replayed,
+                    "ids": exc.ids,
+                },
+                status=503,
+                headers={"Retry-After": "1"},
+            )
         return Response({"queue": source, "into": into, "selected": len(rows), **answer})

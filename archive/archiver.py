@@ -54,15 +54,18 @@ def claim(queue: str, holder: str, seconds: float = LOCK_SECONDS) -> bool:
         ArchiverLock.objects.get_or_create(queue=queue, defaults={"holder": "", "expires_at": now})
     except IntegrityError:
         pass  # created by another archiver at the same moment
-    taken = (ArchiverLock.objects.filter(queue=queue)
-             .filter(Q(expires_at__lt=now) | Q(holder=holder) | Q(holder=""))
-             .update(holder=holder, expires_at=now + timedelta(seconds=seconds)))
+    taken = (
+        ArchiverLock.objects.filter(queue=queue)
+        .filter(Q(expires_at__lt=now) | Q(holder=holder) | Q(holder=""))
+        .update(holder=holder, expires_at=now + timedelta(seconds=seconds))
+    )
     return taken == 1
 
 
 def renew(queue: str, holder: str, seconds: float = LOCK_SECONDS) -> None:
     if not ArchiverLock.objects.filter(queue=queue, holder=holder).update(
-            expires_at=timezone.now() + timedelta(seconds=seconds)):
+        expires_at=timezone.now() + timedelta(seconds=seconds)
+    ):
         raise LockLost(f"archiver lock of {queue!r} taken by another archiver")
 
 
@@ -89,13 +92,27 @@ def _clean(value):
 def row_for(mid: str, raw: bytes) -> ArchivedMessage:
     m = StoredMessage.from_bytes(raw)
     parsed = parse_message_id(mid)
-    body, attributes, estimates, history = (_clean(m.body), _clean(m.attributes),
-                                            _clean(m.estimates), _clean(m.history))
+    body, attributes, estimates, history = (
+        _clean(m.body),
+        _clean(m.attributes),
+        _clean(m.estimates),
+        _clean(m.history),
+    )
     exact = (body, attributes, estimates, history) == (m.body, m.attributes, m.estimates, m.history)
     return ArchivedMessage(
-        message_id=mid, queue=parsed.queue, partition=parsed.partition, group=m.group, body=body,
-        attributes=attributes, size=m.size, estimates=estimates, history=history, sequence=m.sequence,
-        not_before=_ts(m.not_before), enqueued_at=_ts(m.enqueued_at), raw=None if exact else raw,
+        message_id=mid,
+        queue=parsed.queue,
+        partition=parsed.partition,
+        group=m.group,
+        body=body,
+        attributes=attributes,
+        size=m.size,
+        estimates=estimates,
+        history=history,
+        sequence=m.sequence,
+        not_before=_ts(m.not_before),
+        enqueued_at=_ts(m.enqueued_at),
+        raw=None if exact else raw,
     )
 
 
@@ -103,9 +120,17 @@ def message_of(row: ArchivedMessage) -> StoredMessage:
     """The stored record of an archived row (exact: from ``raw`` when the columns are not)."""
     if row.raw is not None:
         return StoredMessage.from_bytes(bytes(row.raw))
-    return StoredMessage(row.body, row.enqueued_at.timestamp(), row.group, row.sequence,
-                         row.not_before.timestamp() if row.not_before else None, row.attributes,
-                         row.size, row.estimates, row.history)
+    return StoredMessage(
+        row.body,
+        row.enqueued_at.timestamp(),
+        row.group,
+        row.sequence,
+        row.not_before.timestamp() if row.not_before else None,
+        row.attributes,
+        row.size,
+        row.estimates,
+        row.history,
+    )
 
 
 def store_records(items: Iterable[tuple[str, bytes]]) -> int:
@@ -134,14 +159,21 @@ def lookup(message_ids: Iterable[str]) -> dict[str, StoredMessage]:
     ids = list(dict.fromkeys(str(m) for m in message_ids))
     out: dict[str, StoredMessage] = {}
     for start in range(0, len(ids), 1000):
-        for row in ArchivedMessage.objects.filter(message_id__in=ids[start:start + 1000]):
+        for row in ArchivedMessage.objects.filter(message_id__in=ids[start : start + 1000]):
             out[row.message_id] = message_of(row)
     return out
 
 
 # --- one partition ----------------------------------------------------------------------------
-def archive_partition(store: KeyValueStore, queue: str, partition: int, *, holder: str | None = None,
-                      batch: int = BATCH, max_rounds: int = MAX_ROUNDS) -> dict[str, int]:
+def archive_partition(
+    store: KeyValueStore,
+    queue: str,
+    partition: int,
+    *,
+    holder: str | None = None,
+    batch: int = BATCH,
+    max_rounds: int = MAX_ROUNDS,
+) -> dict[str, int]:
     """Copy one partition's journal to the table; counts of rows inserted, acks marked,
     journal names removed. Renews the queue's lock between rounds when ``holder`` is given."""
     bucket = archive_journal.bucket(queue, partition)
@@ -152,7 +184,7 @@ def archive_partition(store: KeyValueStore, queue: str, partition: int, *, holde
         names = store.scan(bucket)
         if not names:
             break
-        entries: dict[str, str] = {}   # message id -> journal name
+        entries: dict[str, str] = {}  # message id -> journal name
         markers: dict[str, str] = {}
         junk: list[str] = []
         for name in names:
@@ -171,14 +203,14 @@ def archive_partition(store: KeyValueStore, queue: str, partition: int, *, holde
         keys = [f"{bucket}/{entries[mid]}" for mid in chosen] + [f"{bucket}/{markers[mid]}" for mid in marks]
         values = store.get_many(keys) if keys else []
         rows, acked_at = [], {}
-        for mid, raw in zip(chosen, values[:len(chosen)]):
+        for mid, raw in zip(chosen, values[: len(chosen)]):
             if raw is None:
                 continue  # removed since the scan (another archiver, a purge)
             try:
                 rows.append(row_for(mid, raw))
             except Exception:  # noqa: BLE001 - never archivable: logged and dropped
                 log.error("archive: unreadable journal entry for %s dropped", mid)
-        for mid, raw in zip(marks, values[len(chosen):]):
+        for mid, raw in zip(marks, values[len(chosen) :]):
             if raw is not None:
                 try:
                     acked_at[mid] = _ts(float(raw))
@@ -220,8 +252,9 @@ def archive_queue(store: KeyValueStore, q: Queue, holder: str, **kw) -> dict:
     return total
 
 
-def run(queue: str | None = None, *, store: KeyValueStore | None = None, holder: str | None = None,
-        **kw) -> dict[str, dict]:
+def run(
+    queue: str | None = None, *, store: KeyValueStore | None = None, holder: str | None = None, **kw
+) -> dict[str, dict]:
     """One archiver pass over every queue (or one): counts per queue that had work or was busy.
 
     Queues with archiving off are visited too, but only if their journal holds something (the
@@ -234,8 +267,7 @@ def run(queue: str | None = None, *, store: KeyValueStore | None = None, holder:
         queues = queues.filter(name=queue)
     report: dict[str, dict] = {}
     for q in queues:
-        if q.archive == "none" and not any(store.scan(archive_journal.bucket(q.name, p))
-                                           for p in range(q.partitions)):
+        if q.archive == "none" and not any(store.scan(archive_journal.bucket(q.name, p)) for p in range(q.partitions)):
             continue
         try:
             counts = archive_queue(store, q, holder, **kw)

@@ -34,7 +34,7 @@ class ArchivedMessage(models.Model):
     raw = models.BinaryField(null=True, blank=True, editable=False)
 
     class Meta:
-        indexes = [  # noqa: RUF012 - Django reads it
+        indexes = [
             models.Index(fields=["queue", "enqueued_at"], name="archive_queue_enqueued"),
             models.Index(fields=["queue", "acked_at"], name="archive_queue_acked"),
         ]

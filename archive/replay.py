@@ -23,8 +23,14 @@ from .models import ArchivedMessage
 MAX_REPLAY = 10_000
 
 
-def select(source: str, *, ids: list[str] | None = None, since: datetime | None = None,
-           until: datetime | None = None, limit: int = 1000) -> list[ArchivedMessage]:
+def select(
+    source: str,
+    *,
+    ids: list[str] | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: int = 1000,
+) -> list[ArchivedMessage]:
     rows = ArchivedMessage.objects.filter(queue=source)
     if ids is not None:
         rows = rows.filter(message_id__in=ids)
@@ -37,8 +43,17 @@ def select(source: str, *, ids: list[str] | None = None, since: datetime | None 
 
 def payload_of(row: ArchivedMessage) -> dict:
     m = message_of(row)
-    return {k: v for k, v in (("body", m.body), ("group", m.group), ("attributes", m.attributes),
-                              ("size", m.size), ("estimates", m.estimates)) if v is not None}
+    return {
+        k: v
+        for k, v in (
+            ("body", m.body),
+            ("group", m.group),
+            ("attributes", m.attributes),
+            ("size", m.size),
+            ("estimates", m.estimates),
+        )
+        if v is not None
+    }
 
 
 class PartialReplay(Exception):
@@ -57,8 +72,10 @@ def replay(rows: list[ArchivedMessage], into: str, *, hops: int = 0) -> dict:
     """
     cfg = calls.queue_config(into)
     items = [payload_of(r) for r in rows]
-    batches = [(rows[i:i + validation.MAX_BATCH], items[i:i + validation.MAX_BATCH])
-               for i in range(0, len(items), validation.MAX_BATCH)]
+    batches = [
+        (rows[i : i + validation.MAX_BATCH], items[i : i + validation.MAX_BATCH])
+        for i in range(0, len(items), validation.MAX_BATCH)
+    ]
     now = datetime.now(UTC).timestamp()
     for _, chunk in batches:
         validation.enqueue_request({"messages": chunk}, cfg, now)  # raises BadRequest
@@ -72,5 +89,6 @@ def replay(rows: list[ArchivedMessage], into: str, *, hops: int = 0) -> dict:
             raise
         ids.extend(answer["ids"])
         ArchivedMessage.objects.filter(pk__in=[r.pk for r in batch_rows]).update(
-            replay_count=F("replay_count") + 1, last_replayed_at=timezone.now())
+            replay_count=F("replay_count") + 1, last_replayed_at=timezone.now()
+        )
     return {"replayed": len(ids), "ids": ids}

@@ -179,8 +179,15 @@ class MarkedManager(PartitionManager):
 def new_manager(store: CountingStore, row: Row, queue: str, block_size: int) -> PartitionManager:
     row.epoch += 1
     lease = Lease(1, queue, 0, row.epoch, "bench", 10.0, math.inf, row.head or "")
-    return MarkedManager(lease, block_size=block_size, store=store, node_id=f"node-{row.epoch}",
-                            cache=BodyCache(0), set_head=row.set_head, read_head=row.read_head)
+    return MarkedManager(
+        lease,
+        block_size=block_size,
+        store=store,
+        node_id=f"node-{row.epoch}",
+        cache=BodyCache(0),
+        set_head=row.set_head,
+        read_head=row.read_head,
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -262,7 +269,7 @@ def build(store: CountingStore, row: Row, queue: str, depth: int, args) -> dict:
     n_acked = min(depth, round(depth * args.acked_fraction))
     t1 = time.perf_counter()
     for start in range(0, n_acked, args.batch):
-        chunk = ids[start:min(start + args.batch, n_acked)]
+        chunk = ids[start : min(start + args.batch, n_acked)]
         m.ack([(parse_message_id(mid), None) for mid in chunk])
     t_ack = time.perf_counter() - t1
     # Optionally leave receive counts behind (read whole by open()): deliver the oldest
@@ -337,7 +344,7 @@ def takeover(store: CountingStore, row: Row, queue: str, facts: dict, args) -> d
         want_id, want_body = facts["oldest_unacked"], facts["oldest_body"]
     ok_first = first is not None and first.id == want_id and first.message.body == want_body
     new_block = parse_message_id(ids[0]).block
-    ok_fresh = (ids[0].endswith("/0") and int(new_block.split("-")[0], 16) > facts["head_ordinal"])
+    ok_fresh = ids[0].endswith("/0") and int(new_block.split("-")[0], 16) > facts["head_ordinal"]
     facts["head_ordinal"] = m.tree.head.ordinal
     return {
         "epoch": m.lease.epoch,
@@ -376,13 +383,17 @@ def run_depth(backend: Backend, depth: int, args) -> dict:
     store = CountingStore(inner)
     row = Row()
     queue = f"fo-{depth}-b{args.block_size}"
-    log(f"depth {depth:,}: building (block size {args.block_size}, batch {args.batch}, "
-        f"acked fraction {args.acked_fraction})")
+    log(
+        f"depth {depth:,}: building (block size {args.block_size}, batch {args.batch}, "
+        f"acked fraction {args.acked_fraction})"
+    )
     facts = build(store, row, queue, depth, args)
-    log(f"depth {depth:,}: built in {facts['build_enqueue_s']:.1f}s enqueue + "
+    log(
+        f"depth {depth:,}: built in {facts['build_enqueue_s']:.1f}s enqueue + "
         f"{facts['build_ack_s']:.1f}s ack; {facts['allocated']:,} blocks allocated, "
         f"{facts['live_blocks']:,} live, {facts['roots']} roots, height {facts['height']}, "
-        f"{facts['acked']:,} acked, {facts['redelivered']:,} redelivered")
+        f"{facts['acked']:,} acked, {facts['redelivered']:,} redelivered"
+    )
     builder = facts.pop("builder")
     runs = []
     fenced = None
@@ -393,10 +404,12 @@ def run_depth(backend: Backend, depth: int, args) -> dict:
             del builder
         res.pop("manager")
         runs.append(res)
-        log(f"depth {depth:,} takeover {r + 1}/{args.repeat} (epoch {res['epoch']}): "
+        log(
+            f"depth {depth:,} takeover {r + 1}/{args.repeat} (epoch {res['epoch']}): "
             f"reads {res['head_reads']}/{res['oldest_reads']}, rt {res['rt_enqueue_ready']}/"
             f"{res['rt_dequeue_ready']}, s_enq {res['s_enqueue'] * 1e3:.3f} ms, "
-            f"s_deq {res['s_dequeue'] * 1e3:.3f} ms, store in open {res['store_open_s'] * 1e3:.3f} ms, first ok {res['ok_first']}")
+            f"s_deq {res['s_dequeue'] * 1e3:.3f} ms, store in open {res['store_open_s'] * 1e3:.3f} ms, first ok {res['ok_first']}"
+        )
         if not res["ok_first"]:
             log(f"  MISMATCH: first delivered {res['first_id']}, oldest unacked {res['want_id']}")
     backend.done_with(inner)
@@ -412,10 +425,22 @@ def run_depth(backend: Backend, depth: int, args) -> dict:
         "height": facts["height"],
         "roots": facts["roots"],
         "build_s": facts["build_enqueue_s"] + facts["build_ack_s"],
-        **{k: med(k) for k in ("head_reads", "oldest_reads", "s_enqueue", "s_dequeue",
-                               "open_enqueue_ready_s", "open_dequeue_ready_s",
-                               "rt_enqueue_ready", "rt_dequeue_ready", "rt_enqueue", "rt_dequeue",
-                               "store_open_s")},
+        **{
+            k: med(k)
+            for k in (
+                "head_reads",
+                "oldest_reads",
+                "s_enqueue",
+                "s_dequeue",
+                "open_enqueue_ready_s",
+                "open_dequeue_ready_s",
+                "rt_enqueue_ready",
+                "rt_dequeue_ready",
+                "rt_enqueue",
+                "rt_dequeue",
+                "store_open_s",
+            )
+        },
         "ok_first": sum(r["ok_first"] for r in runs),
         "ok_fresh": sum(r["ok_fresh"] for r in runs),
         "fenced": fenced,
@@ -434,45 +459,77 @@ def ms(x: float) -> str:
 
 def print_table(rows: list[dict], args, backend: Backend) -> None:
     print()
-    print(f"Failover: {backend.describe()}; block size {args.block_size}; "
-          f"acked fraction {args.acked_fraction}; redelivered {args.redelivered}; medians of {args.repeat} takeovers")
-    hdr = ("depth", "blocks alloc", "blocks live", "height", "reads enq", "reads deq",
-           "rt enq", "rt deq", "ms to enq", "ms to deq", "open enq-ready ms", "open deq-ready ms", "store ms in open",
-           "first=oldest", "fresh blk", "stale fenced", "build s")
+    print(
+        f"Failover: {backend.describe()}; block size {args.block_size}; "
+        f"acked fraction {args.acked_fraction}; redelivered {args.redelivered}; medians of {args.repeat} takeovers"
+    )
+    hdr = (
+        "depth",
+        "blocks alloc",
+        "blocks live",
+        "height",
+        "reads enq",
+        "reads deq",
+        "rt enq",
+        "rt deq",
+        "ms to enq",
+        "ms to deq",
+        "open enq-ready ms",
+        "open deq-ready ms",
+        "store ms in open",
+        "first=oldest",
+        "fresh blk",
+        "stale fenced",
+        "build s",
+    )
     lines = [hdr]
     for r in rows:
-        lines.append((
-            f"{r['depth']:,}", f"{r['allocated']:,}", f"{r['live_blocks']:,}", str(r["height"]),
-            f"{r['head_reads']:g}", f"{r['oldest_reads']:g}",
-            f"{r['rt_enqueue_ready']:g}/{r['rt_enqueue']:g}",
-            f"{r['rt_dequeue_ready']:g}/{r['rt_dequeue']:g}",
-            ms(r["s_enqueue"]), ms(r["s_dequeue"]),
-            ms(r["open_enqueue_ready_s"]), ms(r["open_dequeue_ready_s"]), ms(r["store_open_s"]),
-            f"{r['ok_first']}/{r['repeat']}", f"{r['ok_fresh']}/{r['repeat']}",
-            "yes" if r["fenced"] else "NO", f"{r['build_s']:.1f}",
-        ))
+        lines.append(
+            (
+                f"{r['depth']:,}",
+                f"{r['allocated']:,}",
+                f"{r['live_blocks']:,}",
+                str(r["height"]),
+                f"{r['head_reads']:g}",
+                f"{r['oldest_reads']:g}",
+                f"{r['rt_enqueue_ready']:g}/{r['rt_enqueue']:g}",
+                f"{r['rt_dequeue_ready']:g}/{r['rt_dequeue']:g}",
+                ms(r["s_enqueue"]),
+                ms(r["s_dequeue"]),
+                ms(r["open_enqueue_ready_s"]),
+                ms(r["open_dequeue_ready_s"]),
+                ms(r["store_open_s"]),
+                f"{r['ok_first']}/{r['repeat']}",
+                f"{r['ok_fresh']}/{r['repeat']}",
+                "yes" if r["fenced"] else "NO",
+                f"{r['build_s']:.1f}",
+            )
+        )
     widths = [max(len(line[i]) for line in lines) for i in range(len(hdr))]
     for i, line in enumerate(lines):
         print("  ".join(c.rjust(w) for c, w in zip(line, widths)))
         if i == 0:
             print("  ".join("-" * w for w in widths))
-    print("reads enq/deq: blocks read until enqueue-ready / dequeue-ready (opened_in head_reads, "
-          "oldest_reads). rt enq/deq: store round trips until ready / until the first enqueue or "
-          "dequeue (with its body read) is done. ms to enq: open() start -> first enqueue done; "
-          "ms to deq: open() + first dequeue. open ...-ready ms: open()'s own opened_in figures; store ms in open: time inside store calls "
-          "during open().")
+    print(
+        "reads enq/deq: blocks read until enqueue-ready / dequeue-ready (opened_in head_reads, "
+        "oldest_reads). rt enq/deq: store round trips until ready / until the first enqueue or "
+        "dequeue (with its body read) is done. ms to enq: open() start -> first enqueue done; "
+        "ms to deq: open() + first dequeue. open ...-ready ms: open()'s own opened_in figures; store ms in open: time inside store calls "
+        "during open()."
+    )
     if len(rows) >= 2:
         a, b = rows[0], rows[-1]
         n_ratio = b["depth"] / a["depth"]
         log_ratio = math.log2(b["depth"]) / math.log2(a["depth"])
-        blk_log_ratio = (math.log2(b["allocated"]) / math.log2(a["allocated"])
-                         if a["allocated"] > 1 else float("nan"))
+        blk_log_ratio = math.log2(b["allocated"]) / math.log2(a["allocated"]) if a["allocated"] > 1 else float("nan")
         t_ratio = b["s_dequeue"] / a["s_dequeue"] if a["s_dequeue"] else float("nan")
         o_ratio = b["open_dequeue_ready_s"] / a["open_dequeue_ready_s"] if a["open_dequeue_ready_s"] else float("nan")
         r_ratio = b["oldest_reads"] / a["oldest_reads"] if a["oldest_reads"] else float("nan")
-        print(f"growth {a['depth']:,} -> {b['depth']:,}: dequeue-resume time x{t_ratio:.2f} "
-              f"(open() alone x{o_ratio:.2f}), blocks read x{r_ratio:.2f}; "
-              f"log2 N ratio {log_ratio:.2f}, log2 blocks ratio {blk_log_ratio:.2f}, N ratio {n_ratio:,.0f}")
+        print(
+            f"growth {a['depth']:,} -> {b['depth']:,}: dequeue-resume time x{t_ratio:.2f} "
+            f"(open() alone x{o_ratio:.2f}), blocks read x{r_ratio:.2f}; "
+            f"log2 N ratio {log_ratio:.2f}, log2 blocks ratio {blk_log_ratio:.2f}, N ratio {n_ratio:,.0f}"
+        )
 
 
 def parse_depths(text: str) -> list[int]:
@@ -489,8 +546,9 @@ def parse_depths(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--backend", choices=("redis", "memory", "file"), default="redis")
     p.add_argument("--redis-url", default=os.environ.get("MQ_TEST_REDIS_URL", "redis://127.0.0.1:63799"))
     p.add_argument("--redis-db", type=int, default=7, help="flushed at start, between depths and at the end")
@@ -499,13 +557,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=1000, help="messages per enqueue / ack call while building")
     p.add_argument("--acked-fraction", type=float, default=0.5)
     p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--redelivered", type=int, default=0,
-                   help="leave this many of the oldest unacked messages redelivered once (their receive "
-                        "counts are in the store, and open() reads them all)")
-    p.add_argument("--settle", type=float, default=0.0,
-                   help="seconds to pause before each takeover (lets the store finish background work)")
-    p.add_argument("--log", action="store_true",
-                   help="keep the queues loggers at INFO (open() logs a line, which is then timed too)")
+    p.add_argument(
+        "--redelivered",
+        type=int,
+        default=0,
+        help="leave this many of the oldest unacked messages redelivered once (their receive "
+        "counts are in the store, and open() reads them all)",
+    )
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=0.0,
+        help="seconds to pause before each takeover (lets the store finish background work)",
+    )
+    p.add_argument(
+        "--log",
+        action="store_true",
+        help="keep the queues loggers at INFO (open() logs a line, which is then timed too)",
+    )
     args = p.parse_args(argv)
     if not 0.0 <= args.acked_fraction <= 1.0:
         p.error("--acked-fraction must be within [0, 1]")

@@ -110,8 +110,9 @@ class Timed:
         return result, t1
 
     def dequeue(self, queue, max_messages=1, *, visibility_timeout=None, wait=0):
-        got, _ = self._timed("dequeue", self.client.dequeue, queue, max_messages,
-                             visibility_timeout=visibility_timeout, wait=wait)
+        got, _ = self._timed(
+            "dequeue", self.client.dequeue, queue, max_messages, visibility_timeout=visibility_timeout, wait=wait
+        )
         return got
 
     def ack(self, queue, messages):
@@ -157,8 +158,9 @@ class FakeClient:
 
     def create(self, queue: str, n: int, estimates: dict) -> None:
         with self.cond:
-            self.ready[queue] = [FakeMessage(f"{queue}/0/0/{i}", "", "x", size=1, estimates=dict(estimates))
-                                 for i in range(n)]
+            self.ready[queue] = [
+                FakeMessage(f"{queue}/0/0/{i}", "", "x", size=1, estimates=dict(estimates)) for i in range(n)
+            ]
 
     def _rtt(self) -> None:
         if self.rtt:
@@ -245,13 +247,21 @@ class Node:
         else:
             os.makedirs(os.path.join(self.tmp, "kv"), exist_ok=True)
             kv = f"file://{os.path.join(self.tmp, 'kv')}"
-        env.update(DATABASE_URL=a.database_url, KV_URL=kv, REDIS_URL=a.redis_url, MQ_DATA_DIR=data_dir,
-                   PYTHONUNBUFFERED="1")
+        env.update(
+            DATABASE_URL=a.database_url, KV_URL=kv, REDIS_URL=a.redis_url, MQ_DATA_DIR=data_dir, PYTHONUNBUFFERED="1"
+        )
         return env
 
     def manage(self, *argv: str, timeout: float = 300) -> str:
-        r = subprocess.run([self.args.python, "manage.py", *argv], check=False, cwd=REPO, env=self.env(),
-                           capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(
+            [self.args.python, "manage.py", *argv],
+            check=False,
+            cwd=REPO,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if r.returncode != 0:
             raise BenchError(f"`manage.py {argv[0]}` exited {r.returncode}:\n{(r.stdout + r.stderr)[-3000:]}")
         return r.stdout + r.stderr
@@ -276,7 +286,12 @@ class Node:
         with open(self.logfile, "wb") as lf:
             self.proc = subprocess.Popen(
                 [self.args.python, "manage.py", "runnode", "--host", "127.0.0.1", "--port", str(self.port)],
-                cwd=REPO, env=self.env(), stdout=lf, stderr=subprocess.STDOUT, start_new_session=True)
+                cwd=REPO,
+                env=self.env(),
+                stdout=lf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         import requests
 
         deadline = time.monotonic() + self.args.startup_timeout
@@ -297,10 +312,14 @@ class Node:
         import requests
 
         try:
-            r = requests.get(f"{self.url}/api/v1/logs", params={"queue": queue, "limit": 1000},
-                             headers={"Authorization": f"Token {self.token}"}, timeout=10)
+            r = requests.get(
+                f"{self.url}/api/v1/logs",
+                params={"queue": queue, "limit": 1000},
+                headers={"Authorization": f"Token {self.token}"},
+                timeout=10,
+            )
             return len(r.json()["records"]) if r.status_code == 200 else None
-        except Exception:  # noqa: BLE001 - a figure for the table only
+        except Exception:
             return None
 
     def log_tail(self, n: int = 3000) -> str:
@@ -361,7 +380,7 @@ class Target:
         if self.node is not None:
             try:
                 self.sdk.delete_queue(name)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log(f"delete queue {name}: {exc}")
 
     def stored_records(self, name: str) -> int | None:
@@ -379,8 +398,15 @@ def run_round(target: Target, args, pipelining: bool, n: int, pre: float, proc: 
         time.sleep(proc)
 
     handler = Handler(queue, process, preprocess)
-    pipe = Pipeline(timed, {queue: handler}, concurrency=args.slots, pipelining=pipelining,
-                    wait=args.wait, heartbeat_every=args.heartbeat_every, name="bench/pipeline.py")
+    pipe = Pipeline(
+        timed,
+        {queue: handler},
+        concurrency=args.slots,
+        pipelining=pipelining,
+        wait=args.wait,
+        heartbeat_every=args.heartbeat_every,
+        name="bench/pipeline.py",
+    )
     deadline = time.monotonic() + args.round_timeout
     pipe.start()
     try:
@@ -390,15 +416,23 @@ def run_round(target: Target, args, pipelining: bool, n: int, pre: float, proc: 
         pipe.stop()
     stored = target.stored_records(queue)
     target.drop_queue(queue)
-    out = {"mode": "pipeline" if pipelining else "sequential", "acked": timed.acked, "messages": n,
-           "seconds": None, "rate": None, "failed_calls": timed.failed_calls[:5], "stored_records": stored,
-           "records": len(timed.records)}
+    out = {
+        "mode": "pipeline" if pipelining else "sequential",
+        "acked": timed.acked,
+        "messages": n,
+        "seconds": None,
+        "rate": None,
+        "failed_calls": timed.failed_calls[:5],
+        "stored_records": stored,
+        "records": len(timed.records),
+    }
     if timed.acked and timed.first_dequeue is not None and timed.last_ack is not None:
         out["seconds"] = timed.last_ack - timed.first_dequeue
         out["rate"] = timed.acked / out["seconds"]
     # idle time of a slot between one processing's end and its next processing's start
-    by_worker = sorted((ts(r["process_started_at"]), ts(r["process_ended_at"])) for r in timed.records
-                       if r.get("process_started_at"))
+    by_worker = sorted(
+        (ts(r["process_started_at"]), ts(r["process_ended_at"])) for r in timed.records if r.get("process_started_at")
+    )
     gaps = []
     if args.slots == 1:
         gaps = [b[0] - a[1] for a, b in itertools.pairwise(by_worker)]
@@ -410,10 +444,13 @@ def run_round(target: Target, args, pipelining: bool, n: int, pre: float, proc: 
         out["startup_ms"] = (by_worker[0][0] - timed.first_dequeue) * 1000
         out["tail_ms"] = (timed.last_ack - by_worker[-1][1]) * 1000
     # pre-processing that ended after the previous processing had ended (the slot waited for it)
-    recs = sorted((r for r in timed.records if r.get("preprocess_started_at") and r.get("process_started_at")),
-                  key=lambda r: ts(r["process_started_at"]))
-    out["late_preprocess"] = sum(1 for a, b in itertools.pairwise(recs)
-                                 if ts(b["preprocess_ended_at"]) > ts(a["process_ended_at"]) + 0.001)
+    recs = sorted(
+        (r for r in timed.records if r.get("preprocess_started_at") and r.get("process_started_at")),
+        key=lambda r: ts(r["process_started_at"]),
+    )
+    out["late_preprocess"] = sum(
+        1 for a, b in itertools.pairwise(recs) if ts(b["preprocess_ended_at"]) > ts(a["process_ended_at"]) + 0.001
+    )
     out["dequeue_ms"] = (median(timed.latency["dequeue"]) or 0) * 1000
     out["ack_ms"] = (median(timed.latency["ack"]) or 0) * 1000
     return out
@@ -462,7 +499,7 @@ def main(argv=None) -> int:
     try:
         if not args.fake:
             if not args.database_url:
-                raise BenchError("no DATABASE_URL / MQ_TEST_PG_URL (eval \"$(scripts/services.sh env)\"), or use --fake")
+                raise BenchError('no DATABASE_URL / MQ_TEST_PG_URL (eval "$(scripts/services.sh env)"), or use --fake')
             node = Node(args)
             node.start()
         target = Target(args, node)
@@ -474,9 +511,11 @@ def main(argv=None) -> int:
                 r = run_round(target, args, pipelining, args.messages, pre, proc)
                 r["round"] = i + 1
                 rounds.append(r)
-                log(f"round {i + 1} {r['mode']:<10}: {r['acked']}/{r['messages']} acked in "
+                log(
+                    f"round {i + 1} {r['mode']:<10}: {r['acked']}/{r['messages']} acked in "
                     f"{fmt(r['seconds'], '.2f')}s = {fmt(r['rate'], '.2f')} msg/s"
-                    + (f"; failed calls: {r['failed_calls']}" if r["failed_calls"] else ""))
+                    + (f"; failed calls: {r['failed_calls']}" if r["failed_calls"] else "")
+                )
     except BenchError as exc:
         log(f"ERROR: {exc}")
     finally:
@@ -485,11 +524,16 @@ def main(argv=None) -> int:
 
     ideal = args.slots / proc
     seq_bound = args.slots / (pre + proc)
-    where = "fake in-memory client" + (f" (+{args.fake_rtt * 1000:.1f} ms/call)" if args.fake_rtt else "") \
-        if args.fake else f"real node over HTTP (KV {args.kv}, SDK workers.sdk.Client)"
+    where = (
+        "fake in-memory client" + (f" (+{args.fake_rtt * 1000:.1f} ms/call)" if args.fake_rtt else "")
+        if args.fake
+        else f"real node over HTTP (KV {args.kv}, SDK workers.sdk.Client)"
+    )
     print()
-    print(f"Pipeline benchmark: P = {pre * 1000:.1f} ms pre-processing, T = {proc * 1000:.1f} ms processing, "
-          f"{args.messages} messages, {args.slots} slot(s), {args.repeat} rounds per mode; {where}")
+    print(
+        f"Pipeline benchmark: P = {pre * 1000:.1f} ms pre-processing, T = {proc * 1000:.1f} ms processing, "
+        f"{args.messages} messages, {args.slots} slot(s), {args.repeat} rounds per mode; {where}"
+    )
     print("throughput = acked / (last ack - first dequeue); medians over rounds [min..max]")
     print()
     header = f"{'mode':<28}{'msg/s':>9}{'% of ideal':>12}{'   [min..max] msg/s':<22}{'idle gap':>10}{'dequeue':>9}{'ack':>8}{'logs':>8}"
@@ -501,29 +545,42 @@ def main(argv=None) -> int:
     for mode, label in (("pipeline", "pipeline (pipelining=True)"), ("sequential", "no pipelining")):
         rs = [r for r in rounds if r["mode"] == mode and r["rate"]]
         rate = median([r["rate"] for r in rs])
-        summary[mode] = {"rate": rate, "ratio_to_ideal": rate / ideal if rate else None,
-                         "rates": [r["rate"] for r in rs]}
+        summary[mode] = {
+            "rate": rate,
+            "ratio_to_ideal": rate / ideal if rate else None,
+            "rates": [r["rate"] for r in rs],
+        }
         if not rs:
             print(f"{label:<28}{'-':>9}")
             continue
         rng = f"   [{min(r['rate'] for r in rs):.2f}..{max(r['rate'] for r in rs):.2f}]"
         stored = [r["stored_records"] for r in rs if r["stored_records"] is not None]
         logs = f"{min(stored)}/{args.messages}" if stored else f"{min(r['records'] for r in rs)}/{args.messages}"
-        print(f"{label:<28}{rate:>9.2f}{100 * rate / ideal:>11.1f}%{rng:<22}"
-              f"{fmt(median([r['idle_gap_ms'] for r in rs])):>8}ms{fmt(median([r['dequeue_ms'] for r in rs])):>7}ms"
-              f"{fmt(median([r['ack_ms'] for r in rs])):>6}ms{logs:>8}")
+        print(
+            f"{label:<28}{rate:>9.2f}{100 * rate / ideal:>11.1f}%{rng:<22}"
+            f"{fmt(median([r['idle_gap_ms'] for r in rs])):>8}ms{fmt(median([r['dequeue_ms'] for r in rs])):>7}ms"
+            f"{fmt(median([r['ack_ms'] for r in rs])):>6}ms{logs:>8}"
+        )
     p_rate, s_rate = summary["pipeline"]["rate"], summary["sequential"]["rate"]
     print()
     if p_rate and s_rate:
-        print(f"pipeline / no pipelining = {p_rate / s_rate:.3f}x; pipeline = {100 * p_rate / ideal:.1f}% of ideal "
-              f"(goal >= 95%: {'met' if p_rate >= 0.95 * ideal else 'NOT met'})")
-    print("idle gap = median time a slot waits between one processing's end and the next one's start "
-          "(1 slot only); dequeue/ack = median call latency; logs = attempt records "
-          + ("stored by the service (min over rounds)" if not args.fake else "sent by the pipeline"))
+        print(
+            f"pipeline / no pipelining = {p_rate / s_rate:.3f}x; pipeline = {100 * p_rate / ideal:.1f}% of ideal "
+            f"(goal >= 95%: {'met' if p_rate >= 0.95 * ideal else 'NOT met'})"
+        )
+    print(
+        "idle gap = median time a slot waits between one processing's end and the next one's start "
+        "(1 slot only); dequeue/ack = median call latency; logs = attempt records "
+        + ("stored by the service (min over rounds)" if not args.fake else "sent by the pipeline")
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "pre": pre, "proc": proc, "ideal": ideal, "rounds": rounds,
-                       "summary": summary}, f, indent=2, default=str)
+            json.dump(
+                {"args": vars(args), "pre": pre, "proc": proc, "ideal": ideal, "rounds": rounds, "summary": summary},
+                f,
+                indent=2,
+                default=str,
+            )
         log(f"wrote {args.json}")
     return 0
 

@@ -56,8 +56,9 @@ def bench_database(url: str) -> tuple[str, str]:
 
     cfg = dj_database_url.parse(url)
     if "postgresql" not in cfg["ENGINE"]:
-        raise SystemExit(f"bench/spark_job.py needs PostgreSQL (DATABASE_URL={url!r}): "
-                         "eval \"$(scripts/services.sh env)\" first")
+        raise SystemExit(
+            f'bench/spark_job.py needs PostgreSQL (DATABASE_URL={url!r}): eval "$(scripts/services.sh env)" first'
+        )
     base = url.rsplit("/", 1)[0]
     return url, f"{base}/{cfg['NAME']}_bench_spark"
 
@@ -113,17 +114,25 @@ def generate(n: int, queues: int, workers: int, hours: float) -> float:
     table = AttemptLog._meta.db_table
     with connection.cursor() as cur:
         cur.execute(f"TRUNCATE {table} RESTART IDENTITY")
-        cur.execute(GENERATE.format(table=table),
-                    # ends a minute before END: every record is recorded (a few seconds later) inside the window
-                    {"n": n, "queues": queues, "workers": workers, "seconds": hours * 3600 - 60,
-                     "start": END - timedelta(hours=hours)})
+        cur.execute(
+            GENERATE.format(table=table),
+            # ends a minute before END: every record is recorded (a few seconds later) inside the window
+            {
+                "n": n,
+                "queues": queues,
+                "workers": workers,
+                "seconds": hours * 3600 - 60,
+                "start": END - timedelta(hours=hours),
+            },
+        )
         cur.execute(f"ANALYZE {table}")
     return time.perf_counter() - t0
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     p.add_argument("--sizes", default="100000,1000000", help="attempt records per run, comma-separated")
     p.add_argument("--repeat", type=int, default=3, help="runs per size (medians are printed)")
     p.add_argument("--queues", type=int, default=8)
@@ -150,8 +159,10 @@ def main() -> None:
 
     try:
         call_command("migrate", verbosity=0)
-        print(f"database {name}; Spark master {settings.SPARK_MASTER}, driver memory {settings.SPARK_DRIVER_MEMORY}, "
-              f"shuffle partitions {settings.SPARK_SHUFFLE_PARTITIONS}, JDBC partitions <= {settings.SPARK_JDBC_PARTITIONS}")
+        print(
+            f"database {name}; Spark master {settings.SPARK_MASTER}, driver memory {settings.SPARK_DRIVER_MEMORY}, "
+            f"shuffle partitions {settings.SPARK_SHUFFLE_PARTITIONS}, JDBC partitions <= {settings.SPARK_JDBC_PARTITIONS}"
+        )
         t0 = time.perf_counter()
         spark = job.spark_session()
         print(f"Spark session started in {time.perf_counter() - t0:.1f} s (once, not counted below)\n")
@@ -159,23 +170,32 @@ def main() -> None:
         results = []
         for n in sizes:
             gen = generate(n, args.queues, args.workers, args.hours)
-            print(f"{n:>9,} records generated in {gen:.1f} s ({args.queues} queues, {args.workers} workers, "
-                  f"{args.hours:g} h)")
+            print(
+                f"{n:>9,} records generated in {gen:.1f} s ({args.queues} queues, {args.workers} workers, "
+                f"{args.hours:g} h)"
+            )
             runs = []
             for k in range(args.repeat):
                 t1 = time.perf_counter()
-                run = job.run(job.Options(bucket_seconds=args.bucket, window_seconds=window, now=END,
-                                          apply_estimates=False), trigger="bench", spark=spark)
+                run = job.run(
+                    job.Options(bucket_seconds=args.bucket, window_seconds=window, now=END, apply_estimates=False),
+                    trigger="bench",
+                    spark=spark,
+                )
                 total = time.perf_counter() - t1
                 assert run.attempts_read == n, f"read {run.attempts_read} of {n}"
                 runs.append((run.read_seconds, run.transform_seconds, run.write_seconds, total))
-                print(f"    run {k + 1}: read {run.read_seconds:6.2f} s  transforms {run.transform_seconds:6.2f} s  "
-                      f"write {run.write_seconds:5.2f} s  total {total:6.2f} s   "
-                      f"({run.queues} queues, {run.fits} fits)")
+                print(
+                    f"    run {k + 1}: read {run.read_seconds:6.2f} s  transforms {run.transform_seconds:6.2f} s  "
+                    f"write {run.write_seconds:5.2f} s  total {total:6.2f} s   "
+                    f"({run.queues} queues, {run.fits} fits)"
+                )
             med = [statistics.median(r[i] for r in runs) for i in range(4)]
             results.append((n, *med))
         print(f"\nmedians of {args.repeat} run(s), local mode = {settings.SPARK_MASTER}")
-        print(f"{'records':>10}  {'read s':>8}  {'transforms s':>12}  {'write s':>8}  {'total s':>8}  {'records/s':>10}")
+        print(
+            f"{'records':>10}  {'read s':>8}  {'transforms s':>12}  {'write s':>8}  {'total s':>8}  {'records/s':>10}"
+        )
         for n, read, transform, write, total in results:
             print(f"{n:>10,}  {read:8.2f}  {transform:12.2f}  {write:8.2f}  {total:8.2f}  {n / total:10,.0f}")
     finally:

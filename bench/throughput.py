@@ -97,7 +97,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-import throughput_clients as tc  # noqa: E402
+import throughput_clients as tc
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 FIGURES = ("enqueue", "dequeue", "ack", "cycle")
@@ -217,8 +217,12 @@ class ClientPool:
         self.conns, self.procs = [], []
         for i in range(n):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=tc.worker_main, args=(child, kind, spec, i, self.counter, self.barrier),
-                            name=f"mqbench-{kind}-{i}", daemon=True)
+            p = ctx.Process(
+                target=tc.worker_main,
+                args=(child, kind, spec, i, self.counter, self.barrier),
+                name=f"mqbench-{kind}-{i}",
+                daemon=True,
+            )
             p.start()
             child.close()
             self.conns.append(parent)
@@ -271,8 +275,12 @@ class System:
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
-    def client_spec(self) -> dict: raise NotImplementedError
-    def new_target(self, tag: str) -> dict: raise NotImplementedError
+    def client_spec(self) -> dict:
+        raise NotImplementedError
+
+    def new_target(self, tag: str) -> dict:
+        raise NotImplementedError
+
     def drop_target(self, target: dict) -> None: ...
 
     def server_cpu(self) -> float | None:
@@ -323,8 +331,10 @@ class StreamsSystem(System):
         info = self.r.info("server")
         cfg = self.r.config_get("appendonly")
         cfg.update(self.r.config_get("appendfsync"))
-        return (f"redis {info.get('redis_version')} at {redact(self.url)}: appendonly={cfg.get('appendonly')} "
-                f"appendfsync={cfg.get('appendfsync')} (server CPU = redis-server's INFO cpu)")
+        return (
+            f"redis {info.get('redis_version')} at {redact(self.url)}: appendonly={cfg.get('appendonly')} "
+            f"appendfsync={cfg.get('appendfsync')} (server CPU = redis-server's INFO cpu)"
+        )
 
 
 class PgqSystem(System):
@@ -343,7 +353,6 @@ class PgqSystem(System):
 
     async def _with_queries(self, fn):
         import psycopg
-
         from pgqueuer.adapters.drivers.psycopg import PsycopgDriver
 
         conn = await psycopg.AsyncConnection.connect(self.pg_url, autocommit=True)
@@ -389,8 +398,9 @@ class PgqSystem(System):
 
         try:
             with psycopg.connect(self.pg_url, autocommit=True) as c:
-                pids = [r[0] for r in c.execute(
-                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (self.APP,))]
+                pids = [
+                    r[0] for r in c.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (self.APP,))
+                ]
         except Exception:
             return None
         vals = [proc_cpu_seconds(p) for p in pids]
@@ -408,9 +418,11 @@ class PgqSystem(System):
         from pgqueuer._version import version
 
         dur = tc.pgq_settings(self.schema).durability.value
-        return (f"postgres {ver} at {redact(self.pg_url)}: fsync={fsync} synchronous_commit={sc}; "
-                f"pgqueuer {version} in schema {self.schema}, durability={dur} "
-                f"(server CPU = the client connections' backends)")
+        return (
+            f"postgres {ver} at {redact(self.pg_url)}: fsync={fsync} synchronous_commit={sc}; "
+            f"pgqueuer {version} in schema {self.schema}, durability={dur} "
+            f"(server CPU = the client connections' backends)"
+        )
 
 
 class OursSystem(System):
@@ -443,8 +455,9 @@ class OursSystem(System):
             kv = f"file://{kv_dir}"
         else:
             raise tc.BenchError(f"unknown backend {self.backend!r}")
-        env.update(DATABASE_URL=a.database_url, KV_URL=kv, REDIS_URL=a.redis_url, MQ_DATA_DIR=data_dir,
-                   PYTHONUNBUFFERED="1")
+        env.update(
+            DATABASE_URL=a.database_url, KV_URL=kv, REDIS_URL=a.redis_url, MQ_DATA_DIR=data_dir, PYTHONUNBUFFERED="1"
+        )
         for item in a.node_env:
             k, _, v = item.partition("=")
             env[k] = v
@@ -478,8 +491,16 @@ class OursSystem(System):
         except tc.BenchError as exc:
             log(f"{self.name}: shell -c failed, falling back to createsuperuser + drf_create_token ({exc})")
         try:
-            self._manage("createsuperuser", "--noinput", "--username", user, "--email", f"{user}@example.invalid",
-                         timeout=120, env_extra={"DJANGO_SUPERUSER_PASSWORD": uuid.uuid4().hex})
+            self._manage(
+                "createsuperuser",
+                "--noinput",
+                "--username",
+                user,
+                "--email",
+                f"{user}@example.invalid",
+                timeout=120,
+                env_extra={"DJANGO_SUPERUSER_PASSWORD": uuid.uuid4().hex},
+            )
         except tc.BenchError as exc:
             if "already" not in str(exc).lower():
                 raise
@@ -501,7 +522,12 @@ class OursSystem(System):
         with open(self.logfile, "wb") as lf:
             self.proc = subprocess.Popen(
                 [a.python, "manage.py", "runnode", "--host", "127.0.0.1", "--port", str(self.port)],
-                cwd=a.repo, env=self._env(), stdout=lf, stderr=subprocess.STDOUT, start_new_session=True)
+                cwd=a.repo,
+                env=self._env(),
+                stdout=lf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + a.startup_timeout
         while True:
             if self.proc.poll() is not None:
@@ -547,8 +573,15 @@ class OursSystem(System):
         """A keep-alive connection to the node, for :meth:`api` calls in a timed loop."""
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
 
-    def api(self, method: str, path: str, payload=None, auth: bool = True, timeout: float = 30,
-            conn: http.client.HTTPConnection | None = None):
+    def api(
+        self,
+        method: str,
+        path: str,
+        payload=None,
+        auth: bool = True,
+        timeout: float = 30,
+        conn: http.client.HTTPConnection | None = None,
+    ):
         """One call; on ``conn`` (kept open) if given, else on a connection of its own."""
         own = conn is None
         conn = conn or self.connection(timeout)
@@ -569,9 +602,13 @@ class OursSystem(System):
 
     def client_spec(self) -> dict:
         a = self.args
-        return {"base_url": f"http://127.0.0.1:{self.port}", "token": self.token,
-                "visibility_timeout": a.visibility_timeout, "http_client": a.http_client,
-                "http_timeout": 60.0}
+        return {
+            "base_url": f"http://127.0.0.1:{self.port}",
+            "token": self.token,
+            "visibility_timeout": a.visibility_timeout,
+            "http_client": a.http_client,
+            "http_timeout": 60.0,
+        }
 
     def new_target(self, tag: str, strict: bool = False) -> dict:
         name = f"bench-{tag}"
@@ -603,9 +640,11 @@ class OursSystem(System):
         return None if v != v else v
 
     def describe(self) -> str:
-        return (f"{self.name}: node pid {self.proc.pid if self.proc else '?'} on 127.0.0.1:{self.port}, "
-                f"{self.args.partitions} partitions, KV backend {self.backend}, HTTP client {self.args.http_client} "
-                f"(server CPU = the node process)")
+        return (
+            f"{self.name}: node pid {self.proc.pid if self.proc else '?'} on 127.0.0.1:{self.port}, "
+            f"{self.args.partitions} partitions, KV backend {self.backend}, HTTP client {self.args.http_client} "
+            f"(server CPU = the node process)"
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -653,12 +692,22 @@ def run_round(system: System, pool: ClientPool, mode: str, batch: int, n: int, t
         # chunks of `batch` messages dealt round-robin to the clients
         chunks = [list(range(i, min(i + batch, n))) for i in range(0, n, batch)]
         per_client = [[i for c in chunks[w::k] for i in c] for w in range(k)]
-        enq = run_phase(system, pool, "enqueue",
-                        [{"tag": tag, "indexes": idx, "batch": batch} for idx in per_client], args.phase_timeout + 60)
+        enq = run_phase(
+            system,
+            pool,
+            "enqueue",
+            [{"tag": tag, "indexes": idx, "batch": batch} for idx in per_client],
+            args.phase_timeout + 60,
+        )
         pool.counter.value = 0
-        deq = run_phase(system, pool, "dequeue",
-                        [{"max": batch, "target": enq["count"], "timeout": args.phase_timeout,
-                          "empty_sleep": args.empty_sleep}] * k, args.phase_timeout + 60)
+        deq = run_phase(
+            system,
+            pool,
+            "dequeue",
+            [{"max": batch, "target": enq["count"], "timeout": args.phase_timeout, "empty_sleep": args.empty_sleep}]
+            * k,
+            args.phase_timeout + 60,
+        )
         ack = run_phase(system, pool, "ack", [{"batch": batch}] * k, args.phase_timeout + 60)
     finally:
         try:
@@ -672,8 +721,14 @@ def run_round(system: System, pool: ClientPool, mode: str, batch: int, n: int, t
         vals = [p[key] for p in phases.values()]
         return None if any(v is None for v in vals) else sum(vals)
 
-    cycle = {"wall": wall, "count": ack["count"], "rate": ack["count"] / wall,
-             "client_cpu_s": tot("client_cpu_s"), "server_cpu_s": tot("server_cpu_s"), "box_cpu_s": tot("box_cpu_s")}
+    cycle = {
+        "wall": wall,
+        "count": ack["count"],
+        "rate": ack["count"] / wall,
+        "client_cpu_s": tot("client_cpu_s"),
+        "server_cpu_s": tot("server_cpu_s"),
+        "box_cpu_s": tot("box_cpu_s"),
+    }
     phases["cycle"] = cycle
     for p in phases.values():
         for key in ("client_cpu_s", "server_cpu_s", "box_cpu_s"):
@@ -714,8 +769,13 @@ def check_strict_order(deliveries: list) -> dict:
                 out_of_order += 1
             if t1 < a0:
                 overlapping += 1
-    return {"groups_seen": len([g for g in by_group if g is not None]), "no_group": len(by_group.get(None, [])),
-            "duplicates": len(ids) - len(set(ids)), "out_of_order": out_of_order, "overlapping": overlapping}
+    return {
+        "groups_seen": len([g for g in by_group if g is not None]),
+        "no_group": len(by_group.get(None, [])),
+        "duplicates": len(ids) - len(set(ids)),
+        "out_of_order": out_of_order,
+        "overlapping": overlapping,
+    }
 
 
 def run_strict_round(system: System, pool: ClientPool, mode: str, batch: int, n: int, tag: str, args) -> dict:
@@ -727,21 +787,40 @@ def run_strict_round(system: System, pool: ClientPool, mode: str, batch: int, n:
         pool.send("target", [target] * k)
         chunks = [list(range(i, min(i + batch, n))) for i in range(0, n, batch)]
         per_client = [[i for c in chunks[w::k] for i in c] for w in range(k)]
-        enq = run_phase(system, pool, "enqueue",
-                        [{"tag": tag, "indexes": idx, "batch": batch, "groups": args.strict_groups}
-                         for idx in per_client], args.phase_timeout + 60)
+        enq = run_phase(
+            system,
+            pool,
+            "enqueue",
+            [{"tag": tag, "indexes": idx, "batch": batch, "groups": args.strict_groups} for idx in per_client],
+            args.phase_timeout + 60,
+        )
         pool.counter.value = 0
-        drain = run_phase(system, pool, "drain",
-                          [{"max": batch, "batch": batch, "target": enq["count"], "timeout": args.phase_timeout,
-                            "empty_sleep": args.empty_sleep}] * k, args.phase_timeout + 60)
+        drain = run_phase(
+            system,
+            pool,
+            "drain",
+            [
+                {
+                    "max": batch,
+                    "batch": batch,
+                    "target": enq["count"],
+                    "timeout": args.phase_timeout,
+                    "empty_sleep": args.empty_sleep,
+                }
+            ]
+            * k,
+            args.phase_timeout + 60,
+        )
     finally:
         try:
             system.drop_target(target)
-        except Exception as exc:  # noqa: BLE001 - cleanup only, as in run_round
+        except Exception as exc:
             log(f"{system.name}: cleanup of {target}: {exc}")
     if drain["gave_up"]:
-        raise tc.BenchError(f"{drain['gave_up']} client(s) gave up the drain phase after failed calls, "
-                            f"e.g. {drain['error_samples'][:2]}")
+        raise tc.BenchError(
+            f"{drain['gave_up']} client(s) gave up the drain phase after failed calls, "
+            f"e.g. {drain['error_samples'][:2]}"
+        )
     check = check_strict_order(drain.pop("deliveries"))
     drain["order_check"] = check
     phases = {"enqueue": enq, "drain": drain}
@@ -751,9 +830,14 @@ def run_strict_round(system: System, pool: ClientPool, mode: str, batch: int, n:
         vals = [p[key] for p in phases.values()]
         return None if any(v is None for v in vals) else sum(vals)
 
-    phases["cycle"] = {"wall": wall, "count": drain["count"], "rate": drain["count"] / wall,
-                       "client_cpu_s": tot("client_cpu_s"), "server_cpu_s": tot("server_cpu_s"),
-                       "box_cpu_s": tot("box_cpu_s")}
+    phases["cycle"] = {
+        "wall": wall,
+        "count": drain["count"],
+        "rate": drain["count"] / wall,
+        "client_cpu_s": tot("client_cpu_s"),
+        "server_cpu_s": tot("server_cpu_s"),
+        "box_cpu_s": tot("box_cpu_s"),
+    }
     for p in phases.values():
         for key in ("client_cpu_s", "server_cpu_s", "box_cpu_s"):
             v = p.get(key)
@@ -767,9 +851,12 @@ def run_strict_round(system: System, pool: ClientPool, mode: str, batch: int, n:
         anomalies.append(f"received {drain['received']} but acked {drain['count']}")
     if drain["timed_out"]:
         anomalies.append("drain phase hit --phase-timeout")
-    for key, what in (("duplicates", "duplicate deliveries"), ("no_group", "deliveries without a group"),
-                      ("out_of_order", "deliveries out of their group's sequence order"),
-                      ("overlapping", "deliveries while the group's previous message was still unacked")):
+    for key, what in (
+        ("duplicates", "duplicate deliveries"),
+        ("no_group", "deliveries without a group"),
+        ("out_of_order", "deliveries out of their group's sequence order"),
+        ("overlapping", "deliveries while the group's previous message was still unacked"),
+    ):
         if check[key]:
             anomalies.append(f"{check[key]} {what}")
     if check["groups_seen"] != min(n, args.strict_groups):
@@ -801,8 +888,9 @@ class Runner:
             desc = system.describe()
             if desc:
                 self.notes.append(desc)
-            self.pools[system.name] = ClientPool(system.kind, system.client_spec(), self.args.clients,
-                                                 self.args.phase_timeout + 120)
+            self.pools[system.name] = ClientPool(
+                system.kind, system.client_spec(), self.args.clients, self.args.phase_timeout + 120
+            )
             return True
         except Exception as exc:
             self.fail(system, exc)
@@ -848,12 +936,17 @@ class Runner:
         extra = ""
         if strict:
             d = ph["drain"]
-            extra = (f"  ({d['dequeues']:,} dequeue calls, {d['empty']:,} empty, "
-                     f"{d['received'] / max(1, d['dequeues'] - d['empty']):.1f} msgs per non-empty dequeue)")
-        log(f"{system.name} {mode} {what} [{group}]: "
+            extra = (
+                f"  ({d['dequeues']:,} dequeue calls, {d['empty']:,} empty, "
+                f"{d['received'] / max(1, d['dequeues'] - d['empty']):.1f} msgs per non-empty dequeue)"
+            )
+        log(
+            f"{system.name} {mode} {what} [{group}]: "
             + "  ".join(f"{f} {fmt_rate(ph[f]['rate'])}/s" for f in figures_of(mode))
-            + f"  box CPU {fmt_cores(ph['cycle']['box_cpu_cores'])}" + extra
-            + (f"  ANOMALIES: {r['anomalies']}" if r["anomalies"] else ""))
+            + f"  box CPU {fmt_cores(ph['cycle']['box_cpu_cores'])}"
+            + extra
+            + (f"  ANOMALIES: {r['anomalies']}" if r["anomalies"] else "")
+        )
         if rep is None:
             return
         r["group"], r["rep"] = group, rep
@@ -863,8 +956,9 @@ class Runner:
             entry["anomalies"].append(f"[{group}] round {rep}: " + "; ".join(r["anomalies"]))
 
 
-def run_groups(groups: list[tuple[str, list[System]]], baselines: list[System], args, modes,
-               results: dict, notes: list) -> None:
+def run_groups(
+    groups: list[tuple[str, list[System]]], baselines: list[System], args, modes, results: dict, notes: list
+) -> None:
     """Each group = one of our nodes (if any) plus the baselines, their rounds interleaved
     (ours, redis-streams, pgqueuer, ours, ...) so that load from anything else on the machine
     hits all systems alike. Baselines stay up across groups; each node lives for its group."""
@@ -888,16 +982,17 @@ def run_groups(groups: list[tuple[str, list[System]]], baselines: list[System], 
                     continue  # nothing of ours to pair the baselines with
                 ran = True
                 bg = background_load(1.0)
-                notes.append(f"[{group}] machine busy {bg:.2f} cores over 1 s of idleness before the rounds "
-                             f"(other processes on the box{', plus the idle node' if ours else ''})")
+                notes.append(
+                    f"[{group}] machine busy {bg:.2f} cores over 1 s of idleness before the rounds "
+                    f"(other processes on the box{', plus the idle node' if ours else ''})"
+                )
                 for mode, batch, n in modes:
                     run_id = uuid.uuid4().hex[:6]
                     # strict modes: our nodes only (the baselines have no per-group ordering)
                     live_m = [m for m in live if m.is_ours] if is_strict(mode) else live
                     if args.warmup > 0:
                         for m in live_m:
-                            runner.round(m, mode, batch, min(args.warmup, n), f"{mode}-{run_id}-warm",
-                                         group, None)
+                            runner.round(m, mode, batch, min(args.warmup, n), f"{mode}-{run_id}-warm", group, None)
                     for rep in range(args.repeat):
                         for m in live_m:
                             runner.round(m, mode, batch, n, f"{mode}-{run_id}-r{rep}", group, rep)
@@ -931,7 +1026,7 @@ def summarize(results: dict, modes, systems: list[System]) -> dict:
         per = results.get(mode, {})
         summary[mode] = {}
         if is_strict(mode):
-            std_mode = mode[len("strict-"):]
+            std_mode = mode[len("strict-") :]
             vs = {}
             for s in systems:
                 samples = per.get(s.name, {}).get("samples", [])
@@ -945,13 +1040,17 @@ def summarize(results: dict, modes, systems: list[System]) -> dict:
                 summary[mode][s.name] = m
                 std = results.get(std_mode, {}).get(s.name, {}).get("samples", [])
                 if std:
-                    b = {"enqueue": median([x["phases"]["enqueue"]["rate"] for x in std]),
-                         "drain": median([deq_ack_rate(x) for x in std]),
-                         "cycle": median([x["phases"]["cycle"]["rate"] for x in std]),
-                         "rounds": len(std)}
-                    vs[s.name] = {"standard_mode": std_mode, "standard": b,
-                                  "ratio": {f: (m[f] / b[f] if m[f] is not None and b[f] else None)
-                                            for f in STRICT_FIGURES}}
+                    b = {
+                        "enqueue": median([x["phases"]["enqueue"]["rate"] for x in std]),
+                        "drain": median([deq_ack_rate(x) for x in std]),
+                        "cycle": median([x["phases"]["cycle"]["rate"] for x in std]),
+                        "rounds": len(std),
+                    }
+                    vs[s.name] = {
+                        "standard_mode": std_mode,
+                        "standard": b,
+                        "ratio": {f: (m[f] / b[f] if m[f] is not None and b[f] else None) for f in STRICT_FIGURES},
+                    }
             summary[mode]["_vs_standard"] = vs
             continue
         for s in systems:
@@ -968,7 +1067,8 @@ def summarize(results: dict, modes, systems: list[System]) -> dict:
                 if paired:
                     b = med_of(paired)
                     ratios[f"{s.name} / {base}"] = {
-                        f: (o[f] / b[f] if o[f] is not None and b[f] else None) for f in FIGURES}
+                        f: (o[f] / b[f] if o[f] is not None and b[f] else None) for f in FIGURES
+                    }
         summary[mode]["_ratios"] = ratios
     return summary
 
@@ -980,10 +1080,14 @@ def print_report(args, modes, systems, results, summary, notes) -> None:
     w("=" * 100)
     w("THROUGHPUT (messages per second, medians over rounds; higher is better)")
     w("=" * 100)
-    w(f"machine: {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, Python {platform.python_version()}")
+    w(
+        f"machine: {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+    )
     w(f"clients: {args.clients} client processes (Python, one connection each) on the SAME machine as the servers;")
     w("         their CPU is part of the load: see the client/server/box CPU columns (in cores busy, averaged")
-    w(f"         over the full cycle; box = whole machine from /proc/stat ticks, at most {os.cpu_count()}). Rates are lower")
+    w(
+        f"         over the full cycle; box = whole machine from /proc/stat ticks, at most {os.cpu_count()}). Rates are lower"
+    )
     w("         bounds of what each server alone could do, and the cheapest server is held back the most.")
     w("workload: enqueue N (~100-byte bodies) -> dequeue all (no ack yet) -> ack all; each phase timed separately;")
     w("          cycle/s = acked messages / (enqueue + dequeue + ack seconds)")
@@ -991,7 +1095,7 @@ def print_report(args, modes, systems, results, summary, notes) -> None:
     w("          pgqueuer, ours, ...); the baselines run alongside each of our nodes, so they get more rounds;")
     w("          ratios pair each node with the baseline rounds interleaved with it")
     if any(is_strict(m) for m, _b, _n in modes):
-        w(f"strict:   queue created with \"strict\": true, message i in group g<i % {args.strict_groups}>; enqueue N,")
+        w(f'strict:   queue created with "strict": true, message i in group g<i % {args.strict_groups}>; enqueue N,')
         w("          then ONE timed drain phase: each client loops dequeue(max B) -> ack those (B per call) until")
         w("          all N are acked (a group's next message is only delivered after the previous one is acked,")
         w("          so dequeue-all-then-ack-all cannot drain it). (deq+ack)/s = acked / drain seconds; cycle/s =")
@@ -1004,10 +1108,16 @@ def print_report(args, modes, systems, results, summary, notes) -> None:
         if is_strict(mode):
             print_strict_mode(w, args, mode, batch, n, systems, results, summary)
             continue
-        label = "1 message per call" if batch == 1 else f"{batch} messages per call (redis: pipeline of {batch} XADD, XREADGROUP COUNT {batch}, XACK {batch} ids)"
+        label = (
+            "1 message per call"
+            if batch == 1
+            else f"{batch} messages per call (redis: pipeline of {batch} XADD, XREADGROUP COUNT {batch}, XACK {batch} ids)"
+        )
         w(f"--- mode {mode}: N={n:,} per round, {label}")
-        hdr = (f"{'system':<18}{'enqueue/s':>12}{'dequeue/s':>12}{'ack/s':>12}{'cycle/s':>12}  "
-               f"{'client CPU':>10}{'server CPU':>11}{'box CPU':>9}{'rounds':>8}")
+        hdr = (
+            f"{'system':<18}{'enqueue/s':>12}{'dequeue/s':>12}{'ack/s':>12}{'cycle/s':>12}  "
+            f"{'client CPU':>10}{'server CPU':>11}{'box CPU':>9}{'rounds':>8}"
+        )
         w(hdr)
         w("-" * len(hdr))
         for s in systems:
@@ -1016,9 +1126,12 @@ def print_report(args, modes, systems, results, summary, notes) -> None:
                 fail = results.get("_failures", {}).get(s.name)
                 w(f"{s.name:<18}{'(not measured' + (': ' + fail[:60] if fail else '') + ')'}")
                 continue
-            w(f"{s.name:<18}" + "".join(f"{fmt_rate(m[f]):>12}" for f in FIGURES)
-              + f"  {fmt_cores(m['client_cpu_cores']):>10}{fmt_cores(m['server_cpu_cores']):>11}"
-              f"{fmt_cores(m['box_cpu_cores']):>9}{m['rounds']:>8}")
+            w(
+                f"{s.name:<18}"
+                + "".join(f"{fmt_rate(m[f]):>12}" for f in FIGURES)
+                + f"  {fmt_cores(m['client_cpu_cores']):>10}{fmt_cores(m['server_cpu_cores']):>11}"
+                f"{fmt_cores(m['box_cpu_cores']):>9}{m['rounds']:>8}"
+            )
         ratios = summary.get(mode, {}).get("_ratios", {})
         if ratios:
             w("")
@@ -1045,12 +1158,17 @@ def print_report(args, modes, systems, results, summary, notes) -> None:
 
 
 def print_strict_mode(w, args, mode, batch, n, systems, results, summary) -> None:
-    std_mode = mode[len("strict-"):]
+    std_mode = mode[len("strict-") :]
     per_call = "1 message per call" if batch == 1 else f"{batch} messages per call"
-    w(f"--- mode {mode}: N={n:,} per round, strict queue, {args.strict_groups:,} groups, {per_call} "
-      f"(dequeue max {batch}, ack {batch} per call)")
-    hdr = (f"{'system':<18}" + "".join(f"{STRICT_LABELS[f]:>12}" for f in STRICT_FIGURES)
-           + f"  {'client CPU':>10}{'server CPU':>11}{'box CPU':>9}{'rounds':>8}{'msgs/deq':>10}")
+    w(
+        f"--- mode {mode}: N={n:,} per round, strict queue, {args.strict_groups:,} groups, {per_call} "
+        f"(dequeue max {batch}, ack {batch} per call)"
+    )
+    hdr = (
+        f"{'system':<18}"
+        + "".join(f"{STRICT_LABELS[f]:>12}" for f in STRICT_FIGURES)
+        + f"  {'client CPU':>10}{'server CPU':>11}{'box CPU':>9}{'rounds':>8}{'msgs/deq':>10}"
+    )
     w(hdr)
     w("-" * len(hdr))
     fails = results.get("_failures", {})
@@ -1061,9 +1179,12 @@ def print_strict_mode(w, args, mode, batch, n, systems, results, summary) -> Non
             fail = fails.get(f"{s.name} {mode}") or fails.get(s.name)
             w(f"{s.name:<18}{'(not measured' + (': ' + fail[:70] if fail else '') + ')'}")
             continue
-        w(f"{s.name:<18}" + "".join(f"{fmt_rate(m[f]):>12}" for f in STRICT_FIGURES)
-          + f"  {fmt_cores(m['client_cpu_cores']):>10}{fmt_cores(m['server_cpu_cores']):>11}"
-          f"{fmt_cores(m['box_cpu_cores']):>9}{m['rounds']:>8}{m['msgs_per_dequeue']:>10.1f}")
+        w(
+            f"{s.name:<18}"
+            + "".join(f"{fmt_rate(m[f]):>12}" for f in STRICT_FIGURES)
+            + f"  {fmt_cores(m['client_cpu_cores']):>10}{fmt_cores(m['server_cpu_cores']):>11}"
+            f"{fmt_cores(m['box_cpu_cores']):>9}{m['rounds']:>8}{m['msgs_per_dequeue']:>10.1f}"
+        )
     if not ours:
         w("(our service is not run: --skip-ours)")
     w("baselines: not run in strict modes (Redis Streams and pgqueuer have no per-group, one-at-a-time delivery)")
@@ -1071,8 +1192,11 @@ def print_strict_mode(w, args, mode, batch, n, systems, results, summary) -> Non
     measured = [s for s in ours if s.name in summary.get(mode, {})]
     if measured:
         w("")
-        hdr2 = (f"{'strict vs standard (' + std_mode + ')':<34}" + "".join(f"{STRICT_LABELS[f]:>13}" for f in STRICT_FIGURES)
-                + f"{'rounds':>8}")
+        hdr2 = (
+            f"{'strict vs standard (' + std_mode + ')':<34}"
+            + "".join(f"{STRICT_LABELS[f]:>13}" for f in STRICT_FIGURES)
+            + f"{'rounds':>8}"
+        )
         w(hdr2)
         w("-" * len(hdr2))
         for s in measured:
@@ -1081,49 +1205,81 @@ def print_strict_mode(w, args, mode, batch, n, systems, results, summary) -> Non
                 w(f"{s.name:<34}(no {std_mode} rounds of this node in this run: add {std_mode} to --modes)")
                 continue
             m = summary[mode][s.name]
-            w(f"{s.name + ' strict':<34}" + "".join(f"{fmt_rate(m[f]):>13}" for f in STRICT_FIGURES) + f"{m['rounds']:>8}")
-            w(f"{s.name + ' ' + std_mode:<34}" + "".join(f"{fmt_rate(v['standard'][f]):>13}" for f in STRICT_FIGURES)
-              + f"{v['standard']['rounds']:>8}")
-            w(f"{'  ratio strict / ' + std_mode:<34}"
-              + "".join(f"{('n/a' if v['ratio'][f] is None else format(v['ratio'][f], '.3f') + 'x'):>13}"
-                        for f in STRICT_FIGURES))
+            w(
+                f"{s.name + ' strict':<34}"
+                + "".join(f"{fmt_rate(m[f]):>13}" for f in STRICT_FIGURES)
+                + f"{m['rounds']:>8}"
+            )
+            w(
+                f"{s.name + ' ' + std_mode:<34}"
+                + "".join(f"{fmt_rate(v['standard'][f]):>13}" for f in STRICT_FIGURES)
+                + f"{v['standard']['rounds']:>8}"
+            )
+            w(
+                f"{'  ratio strict / ' + std_mode:<34}"
+                + "".join(
+                    f"{('n/a' if v['ratio'][f] is None else format(v['ratio'][f], '.3f') + 'x'):>13}"
+                    for f in STRICT_FIGURES
+                )
+            )
     for s in ours:
         for a in results.get(mode, {}).get(s.name, {}).get("anomalies", []):
             w(f"  ! {s.name}: {a}")
         m = summary.get(mode, {}).get(s.name)
         if m is not None:
-            w(f"  {s.name}: drain phase, medians per round: {m['dequeue_calls']:,.0f} dequeue calls, "
-              f"{m['empty_dequeues']:,.0f} of them empty; per-group order and one-at-a-time checked on every round"
-              + (" (see anomalies above)" if results.get(mode, {}).get(s.name, {}).get("anomalies") else ": no violation"))
+            w(
+                f"  {s.name}: drain phase, medians per round: {m['dequeue_calls']:,.0f} dequeue calls, "
+                f"{m['empty_dequeues']:,.0f} of them empty; per-group order and one-at-a-time checked on every round"
+                + (
+                    " (see anomalies above)"
+                    if results.get(mode, {}).get(s.name, {}).get("anomalies")
+                    else ": no violation"
+                )
+            )
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description="Throughput of our service vs Redis Streams vs pgqueuer (measures and prints, never fails).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--n", type=int, default=None,
-                   help="messages per round for every mode (default: 2000 for single, 20000 for batch)")
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--n",
+        type=int,
+        default=None,
+        help="messages per round for every mode (default: 2000 for single, 20000 for batch)",
+    )
     p.add_argument("--n-single", type=int, default=2000)
     p.add_argument("--n-batch", type=int, default=20000)
-    p.add_argument("--modes", default="single,batch100",
-                   help="comma list of: single, batch<B> (e.g. batch100), and the strict modes strict-single, "
-                        "strict-batch<B> (e.g. strict-batch100): our service only (no baselines), a strict queue, "
-                        "message i in group g<i %% --strict-groups>, enqueue N then a timed drain of repeated "
-                        "dequeue(max B) + ack(B) until all are acked; printed beside the standard mode of the same "
-                        "batch (list it too, e.g. batch100,strict-batch100) with the ratios strict / standard")
-    p.add_argument("--strict-groups", type=int, default=1000,
-                   help="strict modes: number of message groups (message i gets group g<i %% this>)")
+    p.add_argument(
+        "--modes",
+        default="single,batch100",
+        help="comma list of: single, batch<B> (e.g. batch100), and the strict modes strict-single, "
+        "strict-batch<B> (e.g. strict-batch100): our service only (no baselines), a strict queue, "
+        "message i in group g<i %% --strict-groups>, enqueue N then a timed drain of repeated "
+        "dequeue(max B) + ack(B) until all are acked; printed beside the standard mode of the same "
+        "batch (list it too, e.g. batch100,strict-batch100) with the ratios strict / standard",
+    )
+    p.add_argument(
+        "--strict-groups",
+        type=int,
+        default=1000,
+        help="strict modes: number of message groups (message i gets group g<i %% this>)",
+    )
     p.add_argument("--clients", type=int, default=4, help="concurrent client processes")
     p.add_argument("--repeat", type=int, default=3, help="timed rounds per system and mode (medians printed)")
     p.add_argument("--warmup", type=int, default=500, help="messages in the untimed warm-up round (0: none)")
     p.add_argument("--backends", default="file,redis,postgres", help="our service's key-value backends to run")
     p.add_argument("--skip-ours", action="store_true", help="do not run our service")
     p.add_argument("--skip-baselines", action="store_true", help="do not run redis-streams and pgqueuer")
-    p.add_argument("--topic", action="store_true",
-                   help="the topic run instead: publish rate, delivery rate and Redis bytes per message with 1, "
-                        "3 and 10 subscriptions, on our node (redis backend) and on Redis Streams as the fan-out "
-                        "baseline (one stream, one consumer group per subscription, in --streams-db), rounds "
-                        "interleaved, with the ratios ours / streams")
+    p.add_argument(
+        "--topic",
+        action="store_true",
+        help="the topic run instead: publish rate, delivery rate and Redis bytes per message with 1, "
+        "3 and 10 subscriptions, on our node (redis backend) and on Redis Streams as the fan-out "
+        "baseline (one stream, one consumer group per subscription, in --streams-db), rounds "
+        "interleaved, with the ratios ours / streams",
+    )
     p.add_argument("--topic-messages", type=int, default=5000, help="messages published per topic run")
     p.add_argument("--only-baselines", default="redis-streams,pgqueuer", help="which baselines to run")
     p.add_argument("--json", metavar="OUT.json", help="write all samples, medians and ratios here")
@@ -1140,10 +1296,18 @@ def parse_args(argv=None):
     p.add_argument("--partitions", type=int, default=4, help="partitions of each bench queue")
     p.add_argument("--user", default="mqbench", help="API user created for the bench")
     p.add_argument("--node-env", action="append", default=[], metavar="KEY=VALUE", help="extra env for the node")
-    p.add_argument("--http-client", choices=("httpclient", "requests"), default="httpclient",
-                   help="http.client keep-alive (cheaper client CPU) or requests.Session keep-alive")
-    p.add_argument("--visibility-timeout", type=int, default=300,
-                   help="seconds; every message stays in flight from the dequeue to the ack phase")
+    p.add_argument(
+        "--http-client",
+        choices=("httpclient", "requests"),
+        default="httpclient",
+        help="http.client keep-alive (cheaper client CPU) or requests.Session keep-alive",
+    )
+    p.add_argument(
+        "--visibility-timeout",
+        type=int,
+        default=300,
+        help="seconds; every message stays in flight from the dequeue to the ack phase",
+    )
     p.add_argument("--startup-timeout", type=float, default=90)
     p.add_argument("--phase-timeout", type=float, default=600, help="give up a dequeue phase after this")
     p.add_argument("--empty-sleep", type=float, default=0.001, help="client pause after an empty dequeue")
@@ -1199,16 +1363,23 @@ def topic_round_ours(system: OursSystem, r, subs: int, n: int, tag: str) -> dict
         delivered = 0
         for k in range(subs):
             while True:
-                status, body = system.api("POST", f"/api/v1/topics/{name}/subscriptions/s{k}/dequeue",
-                                          {"max": TOPIC_BATCH, "visibility_timeout": 60}, conn=conn)
+                status, body = system.api(
+                    "POST",
+                    f"/api/v1/topics/{name}/subscriptions/s{k}/dequeue",
+                    {"max": TOPIC_BATCH, "visibility_timeout": 60},
+                    conn=conn,
+                )
                 assert status == 200, body
                 got = json.loads(body)["messages"]
                 if not got:
                     break
                 delivered += len(got)
                 status, body = system.api(
-                    "POST", f"/api/v1/topics/{name}/subscriptions/s{k}/ack",
-                    {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]}, conn=conn)
+                    "POST",
+                    f"/api/v1/topics/{name}/subscriptions/s{k}/ack",
+                    {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]},
+                    conn=conn,
+                )
                 assert status == 200, body
         drain_s = time.perf_counter() - t0
         assert delivered == n * subs, (delivered, n * subs)
@@ -1263,28 +1434,39 @@ def topic_round_streams(streams: StreamsSystem, subs: int, n: int, tag: str) -> 
 
 def print_topic_table(args, rows: list[dict]) -> None:
     """Medians per system and subscription count, with the ratios ours / Redis Streams."""
+
     def med(system: str, subs: int, figure: str):
         return median([x[figure] for x in rows if x["system"] == system and x["subs"] == subs])
 
     def fmt_bytes(x) -> str:
         return "n/a" if x is None else f"{x:,.0f}"
 
-    print(f"\ntopic run: {args.topic_messages} messages of 100 bytes per round, published 100 per call, "
-          f"drained 100 per call (dequeue/XREADGROUP + ack/XACK), one client; medians of {args.repeat} "
-          f"rounds per system, interleaved (ours, streams, ours, ...)")
-    print("ours = our node, redis backend, topic with 4 partitions; streams = Redis Streams on the same Redis "
-          f"(DB {args.streams_db}), one stream, one consumer group per subscription")
-    print("deliv/s = messages delivered and acked over all subscriptions / drain seconds; B/msg = Redis "
-          "used_memory growth over the publish phase / messages")
+    print(
+        f"\ntopic run: {args.topic_messages} messages of 100 bytes per round, published 100 per call, "
+        f"drained 100 per call (dequeue/XREADGROUP + ack/XACK), one client; medians of {args.repeat} "
+        f"rounds per system, interleaved (ours, streams, ours, ...)"
+    )
+    print(
+        "ours = our node, redis backend, topic with 4 partitions; streams = Redis Streams on the same Redis "
+        f"(DB {args.streams_db}), one stream, one consumer group per subscription"
+    )
+    print(
+        "deliv/s = messages delivered and acked over all subscriptions / drain seconds; B/msg = Redis "
+        "used_memory growth over the publish phase / messages"
+    )
     print(f"{'':>5} {'ours':^31} {'redis streams':^31} {'ours / streams':^19}")
-    print(f"{'subs':>5} {'publish/s':>10} {'deliv/s':>10} {'B/msg':>9} {'publish/s':>10} {'deliv/s':>10} {'B/msg':>9}"
-          f" {'publish':>9} {'deliv':>9}")
+    print(
+        f"{'subs':>5} {'publish/s':>10} {'deliv/s':>10} {'B/msg':>9} {'publish/s':>10} {'deliv/s':>10} {'B/msg':>9}"
+        f" {'publish':>9} {'deliv':>9}"
+    )
     for subs in TOPIC_SUBSCRIPTIONS:
         o = {f: med("ours", subs, f) for f in ("publish", "deliver", "bytes")}
         s = {f: med("streams", subs, f) for f in ("publish", "deliver", "bytes")}
-        print(f"{subs:>5} {fmt_rate(o['publish']):>10} {fmt_rate(o['deliver']):>10} {fmt_bytes(o['bytes']):>9} "
-              f"{fmt_rate(s['publish']):>10} {fmt_rate(s['deliver']):>10} {fmt_bytes(s['bytes']):>9} "
-              f"{fmt_ratio(o['publish'], s['publish']):>9} {fmt_ratio(o['deliver'], s['deliver']):>9}")
+        print(
+            f"{subs:>5} {fmt_rate(o['publish']):>10} {fmt_rate(o['deliver']):>10} {fmt_bytes(o['bytes']):>9} "
+            f"{fmt_rate(s['publish']):>10} {fmt_rate(s['deliver']):>10} {fmt_bytes(s['bytes']):>9} "
+            f"{fmt_ratio(o['publish'], s['publish']):>9} {fmt_ratio(o['deliver'], s['deliver']):>9}"
+        )
 
 
 def run_topic(args) -> None:
@@ -1303,8 +1485,10 @@ def run_topic(args) -> None:
     rows = []
 
     def record(label: str, subs: int, rep: int, row: dict) -> None:
-        log(f"topic {label} subs={subs} round {rep + 1}/{args.repeat}: publish {fmt_rate(row['publish'])}/s"
-            f"  deliveries {fmt_rate(row['deliver'])}/s  {row['bytes']:,.0f} B/msg")
+        log(
+            f"topic {label} subs={subs} round {rep + 1}/{args.repeat}: publish {fmt_rate(row['publish'])}/s"
+            f"  deliveries {fmt_rate(row['deliver'])}/s  {row['bytes']:,.0f} B/msg"
+        )
         rows.append({"system": label, "subs": subs} | row)
 
     try:

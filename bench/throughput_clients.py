@@ -128,8 +128,12 @@ class _HttpConn:
                     conn.close()
                     self.conn = None
                 return resp.status, data
-            except (http.client.RemoteDisconnected, ConnectionError, http.client.CannotSendRequest,
-                    http.client.BadStatusLine):
+            except (
+                http.client.RemoteDisconnected,
+                ConnectionError,
+                http.client.CannotSendRequest,
+                http.client.BadStatusLine,
+            ):
                 # a keep-alive connection the server closed: reconnect once
                 conn.close()
                 self.conn = None
@@ -151,8 +155,7 @@ class _RequestsConn:
         self.timeout = timeout
         self.session = requests.Session()
         self.session.headers.update(
-            {"Authorization": f"Token {token}", "Content-Type": "application/json",
-             "Accept": "application/json"}
+            {"Authorization": f"Token {token}", "Content-Type": "application/json", "Accept": "application/json"}
         )
 
     def request(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
@@ -201,11 +204,13 @@ class OursClient:
             time.sleep(0.05 * (attempt + 1))
         return None
 
-    def enqueue_phase(self, st: PhaseStats, bodies: list[str], batch: int,
-                      groups: list[str] | None = None) -> None:
+    def enqueue_phase(self, st: PhaseStats, bodies: list[str], batch: int, groups: list[str] | None = None) -> None:
         """`groups` (strict modes): the group of each message, sent as its "group" field."""
-        items = ([{"body": b} for b in bodies] if groups is None
-                 else [{"body": b, "group": g} for b, g in zip(bodies, groups)])
+        items = (
+            [{"body": b} for b in bodies]
+            if groups is None
+            else [{"body": b, "group": g} for b, g in zip(bodies, groups)]
+        )
         if batch <= 1:
             for item in items:
                 r = self._post(st, "enqueue", item, 201)
@@ -229,8 +234,9 @@ class OursClient:
             if r is not None:
                 st.count += int(r.get("acked", 0))
 
-    def drain_phase(self, st: PhaseStats, max_n: int, batch: int, counter, target: int, deadline: float,
-                    empty_sleep: float) -> None:
+    def drain_phase(
+        self, st: PhaseStats, max_n: int, batch: int, counter, target: int, deadline: float, empty_sleep: float
+    ) -> None:
         """Strict modes: dequeue(max_n) then ack what came (`batch` per call), again and again
         until all clients together acked `target` messages. On a strict queue a group's next
         message is only delivered once the previous one is acked, so this is the only way to
@@ -256,8 +262,7 @@ class OursClient:
             st.received += len(msgs)
             for chunk in chunked(msgs, max(1, batch)):
                 t_ack = time.monotonic()
-                a = self._post(st, "ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]}
-                                                        for m in chunk]}, 200)
+                a = self._post(st, "ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in chunk]}, 200)
                 for m in chunk:
                     records.append((m.get("group"), m.get("sequence"), m["id"], t_recv, t_ack))
                 if a is None:
@@ -351,8 +356,12 @@ def pgq_queries(driver, schema: str):
     from pgqueuer.adapters.persistence.queries import Queries
 
     s = pgq_settings(schema)
-    return Queries(driver, qbe=qb.QueryBuilderEnvironment(settings=s),
-                   qbq=qb.QueryQueueBuilder(settings=s), qbs=qb.QuerySchedulerBuilder(settings=s))
+    return Queries(
+        driver,
+        qbe=qb.QueryBuilderEnvironment(settings=s),
+        qbq=qb.QueryQueueBuilder(settings=s),
+        qbs=qb.QuerySchedulerBuilder(settings=s),
+    )
 
 
 class PgqClient:
@@ -369,13 +378,11 @@ class PgqClient:
 
     def __init__(self, spec: dict, index: int) -> None:
         import psycopg
-
         from pgqueuer.adapters.drivers.psycopg import PsycopgDriver
         from pgqueuer.ports.repository import EntrypointExecutionParameter
 
         self.loop = asyncio.new_event_loop()
-        self.conn = self.loop.run_until_complete(
-            psycopg.AsyncConnection.connect(spec["pg_url"], autocommit=True))
+        self.conn = self.loop.run_until_complete(psycopg.AsyncConnection.connect(spec["pg_url"], autocommit=True))
         self.q = pgq_queries(PsycopgDriver(self.conn), spec["schema"])
         self.param = EntrypointExecutionParameter(concurrency_limit=0)
         self.qm_id = uuid.uuid4()
@@ -402,13 +409,11 @@ class PgqClient:
         else:
             for chunk in chunked(bodies, batch):
                 st.calls += 1
-                ids = await self.q.enqueue([ep] * len(chunk), [b.encode() for b in chunk],
-                                           [0] * len(chunk))
+                ids = await self.q.enqueue([ep] * len(chunk), [b.encode() for b in chunk], [0] * len(chunk))
                 st.count += len(ids)
 
     def dequeue_loop(self, st, max_n, counter, target, deadline, empty_sleep) -> list:
-        return self.loop.run_until_complete(
-            self._dequeue_loop(st, max_n, counter, target, deadline, empty_sleep))
+        return self.loop.run_until_complete(self._dequeue_loop(st, max_n, counter, target, deadline, empty_sleep))
 
     async def _dequeue_loop(self, st, max_n, counter, target, deadline, empty_sleep) -> list:
         received: list = []
@@ -418,9 +423,13 @@ class PgqClient:
                 st.timed_out = True
                 break
             st.calls += 1
-            jobs = await self.q.dequeue(batch_size=max_n, entrypoints=eps,
-                                        queue_manager_id=self.qm_id,
-                                        global_concurrency_limit=None, heartbeat_timeout=self.hb)
+            jobs = await self.q.dequeue(
+                batch_size=max_n,
+                entrypoints=eps,
+                queue_manager_id=self.qm_id,
+                global_concurrency_limit=None,
+                heartbeat_timeout=self.hb,
+            )
             if jobs:
                 received.extend(jobs)
                 with counter.get_lock():
@@ -509,17 +518,18 @@ def worker_main(conn, kind: str, spec: dict, index: int, counter, barrier) -> No
                 else:
                     client.enqueue_phase(st, bodies, args["batch"], groups)
             elif cmd == "drain":
-                client.drain_phase(st, args["max"], args["batch"], counter, args["target"],
-                                   t0 + args["timeout"], args["empty_sleep"])
+                client.drain_phase(
+                    st, args["max"], args["batch"], counter, args["target"], t0 + args["timeout"], args["empty_sleep"]
+                )
             elif cmd == "dequeue":
                 deadline = t0 + args["timeout"]
                 loop = getattr(client, "dequeue_loop", None)
                 if loop is not None:
-                    received = loop(st, args["max"], counter, args["target"], deadline,
-                                    args["empty_sleep"])
+                    received = loop(st, args["max"], counter, args["target"], deadline, args["empty_sleep"])
                 else:
-                    received = generic_dequeue_loop(client, st, args["max"], counter,
-                                                    args["target"], deadline, args["empty_sleep"])
+                    received = generic_dequeue_loop(
+                        client, st, args["max"], counter, args["target"], deadline, args["empty_sleep"]
+                    )
                 st.count = len(received)
             elif cmd == "ack":
                 client.ack_phase(st, handles, args["batch"])

@@ -12,6 +12,6 @@ app.autodiscover_tasks()
 
 # Workers consume the queues that have handlers (see workers/celery_step.py); the step module
 # is light: the SDK and the pipeline are imported only when a worker starts.
-from workers.celery_step import QueueConsumers  # noqa: E402
+from workers.celery_step import QueueConsumers  # noqa: E402 - imported once DJANGO_SETTINGS_MODULE is set
 
 app.steps["worker"].add(QueueConsumers)

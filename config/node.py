@@ -11,17 +11,19 @@ import os
 import threading
 from multiprocessing import util as mp_util
 
+from django.conf import settings
+
 from config.wsgi import application  # noqa: F401  (the app granian serves)
-
-from django.conf import settings  # noqa: E402
-
-from queues import service  # noqa: E402
-from queues.node import NodeRuntime  # noqa: E402
+from queues import service
+from queues.node import NodeRuntime
 
 log = logging.getLogger("queues.runnode")
 
-runtime = NodeRuntime(os.environ.get("NODE_ADDRESS") or settings.NODE_ADDRESS or "in-process", heartbeat=settings.NODE_HEARTBEAT,
-                      cache_bytes=settings.NODE_BODY_CACHE_BYTES)
+runtime = NodeRuntime(
+    os.environ.get("NODE_ADDRESS") or settings.NODE_ADDRESS or "in-process",
+    heartbeat=settings.NODE_HEARTBEAT,
+    cache_bytes=settings.NODE_BODY_CACHE_BYTES,
+)
 service.set_runtime(runtime)
 runtime.start()
 print(f"node {runtime.node_id} serving on http://{runtime.address}/ (pid {os.getpid()})", flush=True)

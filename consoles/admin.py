@@ -37,14 +37,38 @@ class ReadOnly(admin.ModelAdmin):
 
 @admin.register(DashboardRun)
 class DashboardRunAdmin(ReadOnly):
-    list_display = ["id", "started_at", "status", "trigger", "master", "source", "attempts_read", "queues",
-                    "fits", "read_seconds", "transform_seconds", "write_seconds"]
+    list_display = [
+        "id",
+        "started_at",
+        "status",
+        "trigger",
+        "master",
+        "source",
+        "attempts_read",
+        "queues",
+        "fits",
+        "read_seconds",
+        "transform_seconds",
+        "write_seconds",
+    ]
     list_filter = ["status", "trigger"]
 
 
 @admin.register(EstimateFit)
 class EstimateFitAdmin(ReadOnly):
-    list_display = ["created_at", "queue", "stage", "estimate", "previous", "applied", "n", "intercept",
-                    "slope", "r2", "rmse", "median_size"]
+    list_display = [
+        "created_at",
+        "queue",
+        "stage",
+        "estimate",
+        "previous",
+        "applied",
+        "n",
+        "intercept",
+        "slope",
+        "r2",
+        "rmse",
+        "median_size",
+    ]
     list_filter = ["stage", "applied"]
     search_fields = ["queue"]

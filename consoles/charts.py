@@ -57,18 +57,25 @@ def _time_label(x: float, span: float) -> str:
     return dt.strftime("%m-%d %H:%M" if span > 86400 else "%H:%M" if span > 600 else "%H:%M:%S")
 
 
-def line_chart(title: str, series: list[Series], *, unit: str = "", width: int = 640, height: int = 220,
-               time_axis: bool = True) -> SafeString:
+def line_chart(
+    title: str, series: list[Series], *, unit: str = "", width: int = 640, height: int = 220, time_axis: bool = True
+) -> SafeString:
     """One chart: a y axis from 0 to a round top, x from the first to the last point."""
     plot_w, plot_h = width - LEFT - RIGHT, height - TOP - BOTTOM
-    out = [(f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">'),
-           f'<text class="chart-title" x="{LEFT}" y="18" font-size="13" font-weight="bold">{escape(title)}</text>']
+    out = [
+        (
+            f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">'
+        ),
+        f'<text class="chart-title" x="{LEFT}" y="18" font-size="13" font-weight="bold">{escape(title)}</text>',
+    ]
     xs = [x for s in series for x, y in s.points if y is not None]
     ys = [y for s in series for x, y in s.points if y is not None]
     if not xs:
-        out.append(f'<text x="{LEFT + plot_w / 2}" y="{TOP + plot_h / 2}" text-anchor="middle" '
-                   f'fill="#888" font-size="12">no data yet</text></svg>')
+        out.append(
+            f'<text x="{LEFT + plot_w / 2}" y="{TOP + plot_h / 2}" text-anchor="middle" '
+            f'fill="#888" font-size="12">no data yet</text></svg>'
+        )
         return mark_safe("".join(out))
     x0, x1 = min(xs), max(xs)
     if x1 == x0:  # one point (e.g. a single run): centre it in ten minutes
@@ -86,17 +93,23 @@ def line_chart(title: str, series: list[Series], *, unit: str = "", width: int =
     # grid and y labels
     for k in range(5):
         y = top * k / 4
-        out.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{py(y):.1f}" y2="{py(y):.1f}" '
-                   f'stroke="#e3e3e3" stroke-width="1"/>')
-        out.append(f'<text x="{LEFT - 6}" y="{py(y) + 4:.1f}" text-anchor="end" font-size="10" '
-                   f'fill="#555">{escape(format_value(y, unit))}</text>')
+        out.append(
+            f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{py(y):.1f}" y2="{py(y):.1f}" '
+            f'stroke="#e3e3e3" stroke-width="1"/>'
+        )
+        out.append(
+            f'<text x="{LEFT - 6}" y="{py(y) + 4:.1f}" text-anchor="end" font-size="10" '
+            f'fill="#555">{escape(format_value(y, unit))}</text>'
+        )
     # x labels
     ticks = 5
     for k in range(ticks + 1):
         x = x0 + (x1 - x0) * k / ticks
         label = _time_label(x, x1 - x0) if time_axis else f"{x:.3g}"
-        out.append(f'<text x="{px(x):.1f}" y="{TOP + plot_h + 16}" text-anchor="middle" font-size="10" '
-                   f'fill="#555">{escape(label)}</text>')
+        out.append(
+            f'<text x="{px(x):.1f}" y="{TOP + plot_h + 16}" text-anchor="middle" font-size="10" '
+            f'fill="#555">{escape(label)}</text>'
+        )
     out.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{TOP + plot_h}" y2="{TOP + plot_h}" stroke="#999"/>')
     # series: a polyline per run of known values, a dot with a tooltip per point
     for i, s in enumerate(series):
@@ -118,12 +131,16 @@ def line_chart(title: str, series: list[Series], *, unit: str = "", width: int =
         radius = 2.5 if len(known) <= 120 else 1.5
         for x, y in known:
             when = _time_label(x, 1) if time_axis else f"{x:g}"
-            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="{radius}" fill="{color}">'
-                       f'<title>{escape(s.label)} {escape(when)}: {escape(format_value(y, unit))}</title></circle>')
+            out.append(
+                f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="{radius}" fill="{color}">'
+                f"<title>{escape(s.label)} {escape(when)}: {escape(format_value(y, unit))}</title></circle>"
+            )
         out.append("</g>")
         # legend, right-aligned in the title row
         lx = width - RIGHT - 96 * (len(series) - i)
-        out.append(f'<rect x="{lx}" y="9" width="10" height="10" fill="{color}"/>'
-                   f'<text x="{lx + 14}" y="18" font-size="11">{escape(s.label)}</text>')
+        out.append(
+            f'<rect x="{lx}" y="9" width="10" height="10" fill="{color}"/>'
+            f'<text x="{lx + 14}" y="18" font-size="11">{escape(s.label)}</text>'
+        )
     out.append("</svg>")
     return mark_safe("".join(out))

@@ -95,10 +95,14 @@ class QueueBucketStats(Figures, Bucket):
 
     class Meta:
         ordering = ["queue", "bucket_start"]
-        constraints = [models.UniqueConstraint(fields=["queue", "bucket_seconds", "bucket_start"],
-                                               name="queue_bucket_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "bucket_seconds", "bucket_start"], name="queue_bucket_unique")
+        ]
         indexes = [models.Index(fields=["bucket_seconds", "bucket_start"], name="bucket_time")]
         verbose_name_plural = "queue bucket stats"
+
+    def __str__(self) -> str:
+        return f"{self.queue} @ {self.bucket_start:%Y-%m-%d %H:%M:%S}"
 
 
 class LatencyBucketStats(Bucket):
@@ -112,10 +116,14 @@ class LatencyBucketStats(Bucket):
 
     class Meta:
         ordering = ["queue", "bucket_start"]
-        constraints = [models.UniqueConstraint(fields=["queue", "bucket_seconds", "bucket_start"],
-                                               name="latency_bucket_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "bucket_seconds", "bucket_start"], name="latency_bucket_unique")
+        ]
         indexes = [models.Index(fields=["bucket_seconds", "bucket_start"], name="latency_bucket_time")]
         verbose_name_plural = "latency bucket stats"
+
+    def __str__(self) -> str:
+        return f"{self.queue} @ {self.bucket_start:%Y-%m-%d %H:%M:%S}"
 
 
 class WorkerStats(Figures):
@@ -133,6 +141,9 @@ class WorkerStats(Figures):
         ordering = ["queue", "-attempts"]
         verbose_name_plural = "worker stats"
 
+    def __str__(self) -> str:
+        return f"{self.queue}: {self.worker_name or self.worker}"
+
 
 class GroupStats(Figures):
     """A message group's figures on one queue over the run's window."""
@@ -144,6 +155,9 @@ class GroupStats(Figures):
     class Meta:
         ordering = ["queue", "-attempts"]
         verbose_name_plural = "group stats"
+
+    def __str__(self) -> str:
+        return f"{self.queue}: {self.group}"
 
 
 class EstimateFit(models.Model):

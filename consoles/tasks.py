@@ -21,8 +21,9 @@ def refresh_dashboards() -> int | None:
     from consoles.models import DashboardRun
     from consoles.spark import job
 
-    busy = DashboardRun.objects.filter(status=DashboardRun.Status.RUNNING,
-                                       started_at__gte=timezone.now() - STALE_RUN).exists()
+    busy = DashboardRun.objects.filter(
+        status=DashboardRun.Status.RUNNING, started_at__gte=timezone.now() - STALE_RUN
+    ).exists()
     if busy:
         return None
     return job.run(trigger="beat").pk

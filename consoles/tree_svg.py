@@ -30,8 +30,9 @@ class Drawn:
     y: float = 0.0
 
 
-def collect(store: KeyValueStore, queue: str, index: int, head_id: str | None,
-            limit: int = 40) -> tuple[list[Drawn], list[tuple[str, str, str]]]:
+def collect(
+    store: KeyValueStore, queue: str, index: int, head_id: str | None, limit: int = 40
+) -> tuple[list[Drawn], list[tuple[str, str, str]]]:
     """The newest ``limit`` blocks (present or pruned) and the pointers between them."""
     if not head_id:
         return [], []
@@ -66,8 +67,10 @@ def collect(store: KeyValueStore, queue: str, index: int, head_id: str | None,
                 edges.append((kind, block.id, target))
                 if target not in present:
                     ghosts.setdefault(target, -1)
-    drawn = [Drawn(b.id, b.ordinal, b.height, True,
-                   len(store.scan(f"{queue}/{index}/{b.id}")), b.size) for b in present.values()]
+    drawn = [
+        Drawn(b.id, b.ordinal, b.height, True, len(store.scan(f"{queue}/{index}/{b.id}")), b.size)
+        for b in present.values()
+    ]
     for ghost_id in ghosts:
         try:
             ordinal = int(ghost_id.split("-")[0], 16)
@@ -88,8 +91,10 @@ def _height_of(block_id: str, present: dict[str, Block]) -> int:
 def render(drawn: list[Drawn], edges: list[tuple[str, str, str]]) -> str:
     """Blocks left to right in allocation order, parents above their children."""
     if not drawn:
-        return '<svg xmlns="http://www.w3.org/2000/svg" width="320" height="40"><text x="8" y="24">' \
-               "no blocks yet</text></svg>"
+        return (
+            '<svg xmlns="http://www.w3.org/2000/svg" width="320" height="40"><text x="8" y="24">'
+            "no blocks yet</text></svg>"
+        )
     drawn.sort(key=lambda d: d.ordinal)
     top = max(d.height for d in drawn)
     for i, d in enumerate(drawn):
@@ -98,10 +103,16 @@ def render(drawn: list[Drawn], edges: list[tuple[str, str, str]]) -> str:
     at = {d.id: d for d in drawn}
     width = MARGIN * 2 + len(drawn) * (BOX_W + GAP_X)
     height = MARGIN * 2 + (top + 1) * LEVEL_H + 20
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           'font-family="monospace" font-size="10" role="img" aria-label="append tree">',
-           '<defs><marker id="arrow" viewBox="0 0 6 6" refX="6" refY="3" markerWidth="6" markerHeight="6" '
-           'orient="auto"><path d="M0,0 L6,3 L0,6 z" fill="#888"/></marker></defs>']
+    out = [
+        (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            'font-family="monospace" font-size="10" role="img" aria-label="append tree">'
+        ),
+        (
+            '<defs><marker id="arrow" viewBox="0 0 6 6" refX="6" refY="3" markerWidth="6" markerHeight="6" '
+            'orient="auto"><path d="M0,0 L6,3 L0,6 z" fill="#888"/></marker></defs>'
+        ),
+    ]
     for kind, src, dst in edges:
         a, b = at[src], at[dst]
         x1, y1 = a.x + BOX_W / 2, a.y + BOX_H
@@ -109,8 +120,10 @@ def render(drawn: list[Drawn], edges: list[tuple[str, str, str]]) -> str:
             x1, y1 = a.x, a.y + BOX_H / 2
             x2, y2 = b.x + BOX_W, b.y + BOX_H / 2
             mid = (x1 + x2) / 2
-            out.append(f'<path class="prev" d="M{x1},{y1} C{mid},{y1 + 30} {mid},{y2 + 30} {x2},{y2}" '
-                       'fill="none" stroke="#aaa" stroke-dasharray="3,3" marker-end="url(#arrow)"/>')
+            out.append(
+                f'<path class="prev" d="M{x1},{y1} C{mid},{y1 + 30} {mid},{y2 + 30} {x2},{y2}" '
+                'fill="none" stroke="#aaa" stroke-dasharray="3,3" marker-end="url(#arrow)"/>'
+            )
         else:
             x2, y2 = b.x + BOX_W / 2, b.y
             out.append(f'<line class="child" x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="#555"/>')
@@ -119,16 +132,20 @@ def render(drawn: list[Drawn], edges: list[tuple[str, str, str]]) -> str:
         title = escape(d.id)
         if d.present:
             fill = "#e8f3e8" if d.live else "#f4f4f4"
-            out.append(f'<g class="block" data-id="{title}"><title>{title}: {d.live}/{d.size} live</title>'
-                       f'<rect x="{d.x}" y="{d.y}" width="{BOX_W}" height="{BOX_H}" rx="4" '
-                       f'fill="{fill}" stroke="#333"/>'
-                       f'<text x="{d.x + 4}" y="{d.y + 13}">#{label}</text>'
-                       f'<text x="{d.x + 4}" y="{d.y + 27}">{d.live}/{d.size}</text></g>')
+            out.append(
+                f'<g class="block" data-id="{title}"><title>{title}: {d.live}/{d.size} live</title>'
+                f'<rect x="{d.x}" y="{d.y}" width="{BOX_W}" height="{BOX_H}" rx="4" '
+                f'fill="{fill}" stroke="#333"/>'
+                f'<text x="{d.x + 4}" y="{d.y + 13}">#{label}</text>'
+                f'<text x="{d.x + 4}" y="{d.y + 27}">{d.live}/{d.size}</text></g>'
+            )
         else:
-            out.append(f'<g class="pruned" data-id="{title}"><title>{title}: pruned</title>'
-                       f'<rect x="{d.x}" y="{d.y}" width="{BOX_W}" height="{BOX_H}" rx="4" fill="none" '
-                       f'stroke="#bbb" stroke-dasharray="4,3"/>'
-                       f'<text x="{d.x + 4}" y="{d.y + 20}" fill="#999">gone</text></g>')
+            out.append(
+                f'<g class="pruned" data-id="{title}"><title>{title}: pruned</title>'
+                f'<rect x="{d.x}" y="{d.y}" width="{BOX_W}" height="{BOX_H}" rx="4" fill="none" '
+                f'stroke="#bbb" stroke-dasharray="4,3"/>'
+                f'<text x="{d.x + 4}" y="{d.y + 20}" fill="#999">gone</text></g>'
+            )
     out.append("</svg>")
     return "".join(out)
 

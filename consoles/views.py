@@ -27,8 +27,9 @@ def _epoch(dt) -> float:
 
 
 def _percentile_series(rows, measure: str) -> list[Series]:
-    return [Series(f"p{p}", [(_epoch(r.bucket_start), getattr(r, f"{measure}_p{p}")) for r in rows])
-            for p in (50, 95, 99)]
+    return [
+        Series(f"p{p}", [(_epoch(r.bucket_start), getattr(r, f"{measure}_p{p}")) for r in rows]) for p in (50, 95, 99)
+    ]
 
 
 def _charts(rows, fits, latency) -> list:
@@ -36,19 +37,30 @@ def _charts(rows, fits, latency) -> list:
     for f in fits:
         by_stage[f.stage].append((_epoch(f.created_at), f.estimate))
     return [
-        line_chart("Throughput (succeeded / s)",
-                   [Series("succeeded/s", [(_epoch(r.bucket_start), r.throughput) for r in rows])], unit="/s"),
-        line_chart("End-to-end latency (enqueue to ack, from the archive)", _percentile_series(latency, "latency"),
-                   unit="s"),
+        line_chart(
+            "Throughput (succeeded / s)",
+            [Series("succeeded/s", [(_epoch(r.bucket_start), r.throughput) for r in rows])],
+            unit="/s",
+        ),
+        line_chart(
+            "End-to-end latency (enqueue to ack, from the archive)", _percentile_series(latency, "latency"), unit="s"
+        ),
         line_chart("Wait time (enqueue to processing)", _percentile_series(rows, "wait"), unit="s"),
         line_chart("Processing time", _percentile_series(rows, "process"), unit="s"),
         line_chart("Pre-processing time", _percentile_series(rows, "preprocess"), unit="s"),
-        line_chart("Failure and retry rates",
-                   [Series("failures", [(_epoch(r.bucket_start), r.failure_rate) for r in rows]),
-                    Series("retries", [(_epoch(r.bucket_start), r.retry_rate) for r in rows])], unit="%"),
-        line_chart("Learned estimates (per run)",
-                   [Series("pre-process", by_stage["preprocess"]), Series("process", by_stage["process"])],
-                   unit="s"),
+        line_chart(
+            "Failure and retry rates",
+            [
+                Series("failures", [(_epoch(r.bucket_start), r.failure_rate) for r in rows]),
+                Series("retries", [(_epoch(r.bucket_start), r.retry_rate) for r in rows]),
+            ],
+            unit="%",
+        ),
+        line_chart(
+            "Learned estimates (per run)",
+            [Series("pre-process", by_stage["preprocess"]), Series("process", by_stage["process"])],
+            unit="s",
+        ),
     ]
 
 
@@ -60,11 +72,19 @@ def dashboards(request):
 
     overview = []
     if last_ok:
-        totals = (QueueBucketStats.objects.filter(bucket_seconds=bucket, bucket_start__gte=window_start)
-                  .values("queue").annotate(attempts=Sum("attempts"), succeeded=Sum("succeeded"),
-                                            failed=Sum("failed"), timed_out=Sum("timed_out"),
-                                            retries=Sum("retries"), last=Max("bucket_start"))
-                  .order_by("-attempts", "queue"))
+        totals = (
+            QueueBucketStats.objects.filter(bucket_seconds=bucket, bucket_start__gte=window_start)
+            .values("queue")
+            .annotate(
+                attempts=Sum("attempts"),
+                succeeded=Sum("succeeded"),
+                failed=Sum("failed"),
+                timed_out=Sum("timed_out"),
+                retries=Sum("retries"),
+                last=Max("bucket_start"),
+            )
+            .order_by("-attempts", "queue")
+        )
         for t in totals:
             t["failure_rate"] = (t["failed"] + t["timed_out"]) / t["attempts"] if t["attempts"] else None
             t["retry_rate"] = t["retries"] / t["attempts"] if t["attempts"] else None
@@ -83,8 +103,12 @@ def dashboards(request):
     context = {
         **admin.site.each_context(request),
         "title": "Dashboards",
-        "last_run": last_run, "last_ok": last_ok, "bucket": bucket,
-        "overview": overview, "queues": names, "selected": selected,
+        "last_run": last_run,
+        "last_ok": last_ok,
+        "bucket": bucket,
+        "overview": overview,
+        "queues": names,
+        "selected": selected,
     }
     if selected is not None and selected not in names:
         context["unknown"] = selected
@@ -93,24 +117,32 @@ def dashboards(request):
     elif selected is not None:
         rows = []
         if last_ok:
-            rows = list(QueueBucketStats.objects.filter(queue=selected, bucket_seconds=bucket)
-                        .order_by("-bucket_start")[:MAX_BUCKETS])[::-1]
+            rows = list(
+                QueueBucketStats.objects.filter(queue=selected, bucket_seconds=bucket).order_by("-bucket_start")[
+                    :MAX_BUCKETS
+                ]
+            )[::-1]
         fits = list(EstimateFit.objects.filter(queue=selected).order_by("created_at", "stage"))
         latency = []
         if last_ok:
-            latency = list(LatencyBucketStats.objects.filter(queue=selected, bucket_seconds=bucket)
-                           .order_by("-bucket_start")[:MAX_BUCKETS])[::-1]
+            latency = list(
+                LatencyBucketStats.objects.filter(queue=selected, bucket_seconds=bucket).order_by("-bucket_start")[
+                    :MAX_BUCKETS
+                ]
+            )[::-1]
         latest_fit = {}
         for f in fits:
             latest_fit[f.stage] = f
-        context.update({
-            "charts": _charts(rows, fits, latency),
-            "latency": latency[::-1][:TABLE_BUCKETS],
-            "buckets": rows[::-1][:TABLE_BUCKETS],
-            "workers": WorkerStats.objects.filter(run=last_ok, queue=selected) if last_ok else [],
-            "groups": (GroupStats.objects.filter(run=last_ok, queue=selected)[:TABLE_GROUPS] if last_ok else []),
-            "groups_total": GroupStats.objects.filter(run=last_ok, queue=selected).count() if last_ok else 0,
-            "queue_estimates": estimates.get(selected),
-            "fits": [latest_fit[s] for s in ("preprocess", "process") if s in latest_fit],
-        })
+        context.update(
+            {
+                "charts": _charts(rows, fits, latency),
+                "latency": latency[::-1][:TABLE_BUCKETS],
+                "buckets": rows[::-1][:TABLE_BUCKETS],
+                "workers": WorkerStats.objects.filter(run=last_ok, queue=selected) if last_ok else [],
+                "groups": (GroupStats.objects.filter(run=last_ok, queue=selected)[:TABLE_GROUPS] if last_ok else []),
+                "groups_total": GroupStats.objects.filter(run=last_ok, queue=selected).count() if last_ok else 0,
+                "queue_estimates": estimates.get(selected),
+                "fits": [latest_fit[s] for s in ("preprocess", "process") if s in latest_fit],
+            }
+        )
     return TemplateResponse(request, "consoles/dashboards.html", context, status=status)

@@ -31,8 +31,19 @@ class PartitionInline(admin.TabularInline):
     model = Partition
     extra = 0
     can_delete = False
-    fields = ["link", "owner", "epoch", "head_block", "depth", "in_flight", "delayed", "tree_height",
-              "live_blocks", "enqueue_rate", "ack_rate"]
+    fields = [
+        "link",
+        "owner",
+        "epoch",
+        "head_block",
+        "depth",
+        "in_flight",
+        "delayed",
+        "tree_height",
+        "live_blocks",
+        "enqueue_rate",
+        "ack_rate",
+    ]
     readonly_fields = fields
 
     @admin.display(description="partition")
@@ -88,8 +99,17 @@ class SubscriptionInline(SubscriptionFigures, admin.TabularInline):
     fk_name = "topic"
     extra = 0
     can_delete = False
-    fields = ["name", "start", "starts_at", "holds", "in_flight", "acked", "archived", "dead_letter_queue",
-              "max_receives"]
+    fields = [
+        "name",
+        "start",
+        "starts_at",
+        "holds",
+        "in_flight",
+        "acked",
+        "archived",
+        "dead_letter_queue",
+        "max_receives",
+    ]
     readonly_fields = fields
 
     def has_add_permission(self, request, obj=None):
@@ -98,24 +118,55 @@ class SubscriptionInline(SubscriptionFigures, admin.TabularInline):
 
 @admin.register(Subscription)
 class SubscriptionAdmin(SubscriptionFigures, admin.ModelAdmin):
-    list_display = ["__str__", "start", "starts_at", "holds", "in_flight", "archived", "dead_letter_queue",
-                    "created_at"]
+    list_display = [
+        "__str__",
+        "start",
+        "starts_at",
+        "holds",
+        "in_flight",
+        "archived",
+        "dead_letter_queue",
+        "created_at",
+    ]
     list_filter = ["topic"]
     list_select_related = ["topic", "dead_letter_queue"]
-    readonly_fields = ["topic", "name", "start", "starts_at", "created_at", "holds", "in_flight", "acked",
-                       "archived", "positions"]
+    readonly_fields = [
+        "topic",
+        "name",
+        "start",
+        "starts_at",
+        "created_at",
+        "holds",
+        "in_flight",
+        "acked",
+        "archived",
+        "positions",
+    ]
     fields = readonly_fields + ["visibility_timeout", "dead_letter_queue", "max_receives"]
 
     @admin.display(description="positions per partition")
     def positions(self, obj):
         """Where the subscription reads in each partition: its next message and what it holds."""
         rows = format_html_join(
-            "", "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            ((i, f.get("dequeue_id") or "-", f.get("backlog", 0), f.get("in_flight", 0), f.get("acked", 0),
-              f.get("archived", 0)) for i, f in subscription_partitions(obj)))
+            "",
+            "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    i,
+                    f.get("dequeue_id") or "-",
+                    f.get("backlog", 0),
+                    f.get("in_flight", 0),
+                    f.get("acked", 0),
+                    f.get("archived", 0),
+                )
+                for i, f in subscription_partitions(obj)
+            ),
+        )
         return format_html(
             '<table class="positions"><thead><tr><th>partition</th><th>next to deliver</th><th>holds</th>'
-            "<th>in flight</th><th>acked</th><th>in the archive</th></tr></thead><tbody>{}</tbody></table>", rows)
+            "<th>in flight</th><th>acked</th><th>in the archive</th></tr></thead><tbody>{}</tbody></table>",
+            rows,
+        )
 
     def has_add_permission(self, request):
         return False  # through the API: creating one reopens the topic's partitions
@@ -134,8 +185,22 @@ class SubscriptionAdmin(SubscriptionFigures, admin.ModelAdmin):
 
 @admin.register(Queue)
 class QueueAdmin(admin.ModelAdmin):
-    list_display = ["name", "kind", "partitions", "depth", "in_flight", "delayed", "dead_letters", "oldest_age",
-                    "enqueue_rate", "ack_rate", "strict", "archive", "dead_letter_queue", "partition_link"]
+    list_display = [
+        "name",
+        "kind",
+        "partitions",
+        "depth",
+        "in_flight",
+        "delayed",
+        "dead_letters",
+        "oldest_age",
+        "enqueue_rate",
+        "ack_rate",
+        "strict",
+        "archive",
+        "dead_letter_queue",
+        "partition_link",
+    ]
     list_filter = ["kind", "strict", "archive"]
     search_fields = ["name"]
     inlines = [SubscriptionInline, PartitionInline]
@@ -148,16 +213,24 @@ class QueueAdmin(admin.ModelAdmin):
         return [*fixed, *self.readonly_fields]
 
     def get_inlines(self, request, obj):
-        return [SubscriptionInline, PartitionInline] if obj is not None and obj.kind == Queue.Kind.TOPIC \
+        return (
+            [SubscriptionInline, PartitionInline]
+            if obj is not None and obj.kind == Queue.Kind.TOPIC
             else [PartitionInline]
+        )
 
     def save_model(self, request, obj, form, change):
         from . import service
 
         fields = {f: form.cleaned_data[f] for f in form.changed_data if f in form.cleaned_data}
         if not change:
-            obj.pk = service.create_queue(**{f.name: getattr(obj, f.name) for f in Queue._meta.concrete_fields
-                                             if f.name not in ("id", "created_at", "updated_at")}).pk
+            obj.pk = service.create_queue(
+                **{
+                    f.name: getattr(obj, f.name)
+                    for f in Queue._meta.concrete_fields
+                    if f.name not in ("id", "created_at", "updated_at")
+                }
+            ).pk
             return
         try:
             service.update_queue(Queue.objects.get(pk=obj.pk), **fields)
@@ -178,15 +251,24 @@ class QueueAdmin(admin.ModelAdmin):
         # not block the queue's.
         deleted, counts, _perms_needed, protected = super().get_deleted_objects(objs, request)
         return deleted, counts, set(), protected
+
     actions = ["purge", "redrive"]
 
     def get_queryset(self, request):
         # Figures of partitions with no live owner are the last ones published: still shown
         # (they are what the store holds), the partition page says who serves it.
-        return super().get_queryset(request).select_related("dead_letter_queue").annotate(
-            depth_sum=Sum("partition_set__depth"), in_flight_sum=Sum("partition_set__in_flight"),
-            delayed_sum=Sum("partition_set__delayed"), oldest=Min("partition_set__oldest_enqueued_at"),
-            enqueue_rate_sum=Sum("partition_set__enqueue_rate"), ack_rate_sum=Sum("partition_set__ack_rate"),
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("dead_letter_queue")
+            .annotate(
+                depth_sum=Sum("partition_set__depth"),
+                in_flight_sum=Sum("partition_set__in_flight"),
+                delayed_sum=Sum("partition_set__delayed"),
+                oldest=Min("partition_set__oldest_enqueued_at"),
+                enqueue_rate_sum=Sum("partition_set__enqueue_rate"),
+                ack_rate_sum=Sum("partition_set__ack_rate"),
+            )
         )
 
     @admin.display(description="depth", ordering="depth_sum")
@@ -208,8 +290,9 @@ class QueueAdmin(admin.ModelAdmin):
             return "-" if not obj.dead_lettered_total else f"- / {obj.dead_lettered_total}"
         waiting = Partition.objects.filter(queue_id=obj.dead_letter_queue_id).aggregate(n=Sum("depth"))["n"] or 0
         url = reverse("admin:queues_queue_change", args=[obj.dead_letter_queue_id])
-        return format_html('<a href="{}" title="waiting now / moved in all">{} / {}</a>', url, waiting,
-                           obj.dead_lettered_total)
+        return format_html(
+            '<a href="{}" title="waiting now / moved in all">{} / {}</a>', url, waiting, obj.dead_lettered_total
+        )
 
     @admin.display(description="oldest message", ordering="oldest")
     def oldest_age(self, obj):
@@ -250,14 +333,28 @@ class QueueAdmin(admin.ModelAdmin):
             except Exception as exc:  # noqa: BLE001 - shown to the operator
                 self.message_user(request, f"{q.name}: redrive failed: {exc}", level=messages.ERROR)
                 continue
-            self.message_user(request, f"{q.name}: moved {result['moved']} back, "
-                                       f"skipped {result['skipped']} without a source")
+            self.message_user(
+                request, f"{q.name}: moved {result['moved']} back, skipped {result['skipped']} without a source"
+            )
 
 
 @admin.register(Partition)
 class PartitionAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "owner_link", "epoch", "lease_age", "head_block", "tree_height", "live_blocks",
-                    "depth", "in_flight", "delayed", "enqueue_id", "dequeue_id", "stats_age"]
+    list_display = [
+        "__str__",
+        "owner_link",
+        "epoch",
+        "lease_age",
+        "head_block",
+        "tree_height",
+        "live_blocks",
+        "depth",
+        "in_flight",
+        "delayed",
+        "enqueue_id",
+        "dequeue_id",
+        "stats_age",
+    ]
     list_filter = ["queue", "owner"]
     list_select_related = ["queue", "owner"]
     readonly_fields = ["tree", "lease_age", *[f.name for f in Partition._meta.fields]]
@@ -276,14 +373,13 @@ class PartitionAdmin(admin.ModelAdmin):
             svg = partition_svg(obj, get_store())
         except Exception as exc:  # noqa: BLE001 - the store may be down: say so, keep the page
             return f"cannot read the tree from the store: {exc}"
-        return mark_safe(f'<div style="overflow-x:auto;max-width:100%">{svg}</div>')  # noqa: S308 - escaped in tree_svg
+        return mark_safe(f'<div style="overflow-x:auto;max-width:100%">{svg}</div>')
 
     @admin.display(description="owner", ordering="owner__address")
     def owner_link(self, obj):
         if obj.owner is None:
             return "-"
-        return format_html('<a href="{}">{}</a>', reverse("admin:queues_node_change", args=[obj.owner_id]),
-                           obj.owner)
+        return format_html('<a href="{}">{}</a>', reverse("admin:queues_node_change", args=[obj.owner_id]), obj.owner)
 
     @admin.display(description="lease age")
     def lease_age(self, obj):

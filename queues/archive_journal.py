@@ -52,8 +52,9 @@ def markers(queue: str, partition: int, mids: Sequence[MessageId], at: float) ->
     return [(f"{b}/{_name(MARKER, m)}", value) for m in mids]
 
 
-def on_ack(store, cache, queue: str, partition: int, mode: str, mids: Sequence[MessageId],
-           at: float) -> list[tuple[str, bytes]]:
+def on_ack(
+    store, cache, queue: str, partition: int, mode: str, mids: Sequence[MessageId], at: float
+) -> list[tuple[str, bytes]]:
     """What to journal before the delete of an ack: markers (mode ``all``), or entries and
     markers of the messages still stored (mode ``acked``; bodies from the cache, else one
     batched read). Raises the store's errors (the ack then fails and changes nothing)."""
@@ -78,8 +79,9 @@ def on_ack(store, cache, queue: str, partition: int, mode: str, mids: Sequence[M
                 stubs.append(m)  # retention archived it already: the ack time is what is new
             else:
                 found.append((m, raw))
-    return (entries(queue, partition, [(str(m), raw) for m, raw in found])
-            + markers(queue, partition, [m for m, _ in found] + stubs, at))
+    return entries(queue, partition, [(str(m), raw) for m, raw in found]) + markers(
+        queue, partition, [m for m, _ in found] + stubs, at
+    )
 
 
 def parse_name(queue: str, partition: int, name: str) -> tuple[str, str] | None:

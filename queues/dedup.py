@@ -73,8 +73,9 @@ class DatabaseDedup(DedupStore):
         now = timezone.now()
         try:
             with transaction.atomic():
-                DedupEntry.objects.create(queue=queue, dedup_id=dedup_id, message_id=_PENDING,
-                                          expires_at=now + timedelta(seconds=window))
+                DedupEntry.objects.create(
+                    queue=queue, dedup_id=dedup_id, message_id=_PENDING, expires_at=now + timedelta(seconds=window)
+                )
             return None
         except IntegrityError:
             pass
@@ -83,13 +84,15 @@ class DatabaseDedup(DedupStore):
             return _PENDING  # released in between: try again
         if entry.expires_at <= now:
             taken = DedupEntry.objects.filter(pk=entry.pk, expires_at=entry.expires_at).update(
-                message_id=_PENDING, expires_at=now + timedelta(seconds=window))
+                message_id=_PENDING, expires_at=now + timedelta(seconds=window)
+            )
             return None if taken else _PENDING
         return entry.message_id
 
     def confirm(self, queue, dedup_id, message_id, window):
         DedupEntry.objects.filter(queue=queue, dedup_id=dedup_id).update(
-            message_id=message_id, expires_at=timezone.now() + timedelta(seconds=window))
+            message_id=message_id, expires_at=timezone.now() + timedelta(seconds=window)
+        )
 
     def release(self, queue, dedup_id):
         DedupEntry.objects.filter(queue=queue, dedup_id=dedup_id, message_id=_PENDING).delete()

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable
 
 from django.db import transaction
 from django.utils import timezone
@@ -37,9 +37,9 @@ class Clock:
     """A node's clocks. Tests give nodes skewed ones; only ``monotonic`` decides anything."""
 
     #: seconds, only ever compared with other readings of the same clock.
-    monotonic: "Callable[[], float]" = time.monotonic
+    monotonic: Callable[[], float] = time.monotonic
     #: wall-clock time written to the row for people to read (never compared across nodes).
-    wall: "Callable[[], datetime]" = timezone.now
+    wall: Callable[[], datetime] = timezone.now
 
 
 SYSTEM_CLOCK = Clock()
@@ -86,8 +86,9 @@ def _new_nonce() -> str:
     return secrets.token_hex(8)
 
 
-def try_claim(partition: Partition, node_id: str, observations: dict[int, Observation],
-              *, clock: Clock = SYSTEM_CLOCK) -> Lease | None:
+def try_claim(
+    partition: Partition, node_id: str, observations: dict[int, Observation], *, clock: Clock = SYSTEM_CLOCK
+) -> Lease | None:
     """Claim ``partition`` for ``node_id`` if the seed's rule allows it now.
 
     ``partition`` is a fresh read of the row; ``observations`` is this node's memory of rows
@@ -98,8 +99,12 @@ def try_claim(partition: Partition, node_id: str, observations: dict[int, Observ
     owner_id = partition.owner_id
     if owner_id is not None and owner_id != "":
         seen = observations.get(pid)
-        same = (seen is not None and seen.owner_id == owner_id and seen.epoch == partition.epoch
-                and seen.nonce == partition.lease_nonce)
+        same = (
+            seen is not None
+            and seen.owner_id == owner_id
+            and seen.epoch == partition.epoch
+            and seen.nonce == partition.lease_nonce
+        )
         if not same:
             observations[pid] = Observation(owner_id, partition.epoch, partition.lease_nonce, now)
             return None
@@ -110,15 +115,28 @@ def try_claim(partition: Partition, node_id: str, observations: dict[int, Observ
     started = clock.monotonic()
     wall = clock.wall()
     updated = Partition.objects.filter(
-        pk=pid, owner_id=partition.owner_id, epoch=partition.epoch, lease_nonce=partition.lease_nonce,
-    ).update(owner_id=node_id, epoch=partition.epoch + 1, lease_nonce=nonce,
-             lease_acquired_at=wall, lease_renewed_at=wall)
+        pk=pid,
+        owner_id=partition.owner_id,
+        epoch=partition.epoch,
+        lease_nonce=partition.lease_nonce,
+    ).update(
+        owner_id=node_id, epoch=partition.epoch + 1, lease_nonce=nonce, lease_acquired_at=wall, lease_renewed_at=wall
+    )
     observations.pop(pid, None)
     if updated != 1:
         return None  # another node got there first
-    return Lease(pid, partition.queue.name, partition.index, partition.epoch + 1, nonce,
-                 float(partition.lease_period), started + partition.lease_period * LEASE_SAFETY,
-                 partition.head_block, renewed_at=started, clock=clock)
+    return Lease(
+        pid,
+        partition.queue.name,
+        partition.index,
+        partition.epoch + 1,
+        nonce,
+        float(partition.lease_period),
+        started + partition.lease_period * LEASE_SAFETY,
+        partition.head_block,
+        renewed_at=started,
+        clock=clock,
+    )
 
 
 def renew(lease: Lease, node_id: str, period: float | None = None) -> None:

@@ -53,7 +53,7 @@ def fence_key(queue: str, partition: int) -> str:
     return f"{queue}/{partition}/_fence"
 
 
-def receives_key(queue: str, partition: int, msg: "MessageId") -> str:
+def receives_key(queue: str, partition: int, msg: MessageId) -> str:
     """Where a redelivered message's receive count is kept (survives a takeover)."""
     return f"{queue}/{partition}/_receives/{msg.block}.{msg.index}"
 
@@ -87,8 +87,14 @@ class StoredMessage:
 
     def to_bytes(self) -> bytes:
         data = {"b": self.body, "t": self.enqueued_at, "s": self.sequence}
-        for key, value in (("g", self.group), ("n", self.not_before), ("a", self.attributes),
-                           ("z", self.size), ("e", self.estimates), ("h", self.history)):
+        for key, value in (
+            ("g", self.group),
+            ("n", self.not_before),
+            ("a", self.attributes),
+            ("z", self.size),
+            ("e", self.estimates),
+            ("h", self.history),
+        ):
             if value is not None:
                 data[key] = value
         if self.archived:
@@ -96,18 +102,37 @@ class StoredMessage:
         return orjson.dumps(data)
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> "StoredMessage":
+    def from_bytes(cls, raw: bytes) -> StoredMessage:
         d = orjson.loads(raw)
-        return cls(d["b"], d["t"], d.get("g"), d.get("s", 0), d.get("n"), d.get("a"), d.get("z"),
-                   d.get("e"), d.get("h"), bool(d.get("x")))
+        return cls(
+            d["b"],
+            d["t"],
+            d.get("g"),
+            d.get("s", 0),
+            d.get("n"),
+            d.get("a"),
+            d.get("z"),
+            d.get("e"),
+            d.get("h"),
+            bool(d.get("x")),
+        )
 
-    def with_sequence(self, sequence: int) -> "StoredMessage":
+    def with_sequence(self, sequence: int) -> StoredMessage:
         # Positional, not dataclasses.replace: this runs once per enqueued message.
-        return StoredMessage(self.body, self.enqueued_at, self.group, sequence, self.not_before,
-                             self.attributes, self.size, self.estimates, self.history, self.archived)
+        return StoredMessage(
+            self.body,
+            self.enqueued_at,
+            self.group,
+            sequence,
+            self.not_before,
+            self.attributes,
+            self.size,
+            self.estimates,
+            self.history,
+            self.archived,
+        )
 
-    def stub(self) -> "StoredMessage":
+    def stub(self) -> StoredMessage:
         """What stays in the key-value store of a message that retention moved to the archive
         while a subscription still holds it: enough to route it after a takeover, no body."""
-        return StoredMessage("", self.enqueued_at, self.group, self.sequence, self.not_before,
-                             archived=True)
+        return StoredMessage("", self.enqueued_at, self.group, self.sequence, self.not_before, archived=True)

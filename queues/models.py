@@ -73,43 +73,75 @@ class Queue(models.Model):
 
     kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.QUEUE)
     name = models.CharField(
-        max_length=80, unique=True,
+        max_length=80,
+        unique=True,
         validators=[RegexValidator(QUEUE_NAME_RE, "letters, digits, '_' and '-', at most 80")],
     )
     partitions = models.PositiveIntegerField(default=DEFAULTS["partitions"], validators=_bounded("partitions"))
-    block_size = models.PositiveIntegerField(default=DEFAULTS["block_size"], validators=_bounded("block_size"),
-                                             help_text="positions per append-tree block")
-    lease_period = models.PositiveIntegerField(default=DEFAULTS["lease_period"], validators=_bounded("lease_period"),
-                                               help_text="seconds a partition lease lasts")
-    visibility_timeout = models.PositiveIntegerField(default=DEFAULTS["visibility_timeout"],
-                                                     validators=_bounded("visibility_timeout"),
-                                                     help_text="seconds a delivered message stays hidden")
-    max_message_size = models.PositiveIntegerField(default=DEFAULTS["max_message_size"],
-                                                   validators=_bounded("max_message_size"),
-                                                   help_text="bytes of UTF-8 body")
-    retention = models.PositiveIntegerField(default=DEFAULTS["retention"], validators=_bounded("retention"),
-                                            help_text="seconds a message is kept unacknowledged")
+    block_size = models.PositiveIntegerField(
+        default=DEFAULTS["block_size"], validators=_bounded("block_size"), help_text="positions per append-tree block"
+    )
+    lease_period = models.PositiveIntegerField(
+        default=DEFAULTS["lease_period"],
+        validators=_bounded("lease_period"),
+        help_text="seconds a partition lease lasts",
+    )
+    visibility_timeout = models.PositiveIntegerField(
+        default=DEFAULTS["visibility_timeout"],
+        validators=_bounded("visibility_timeout"),
+        help_text="seconds a delivered message stays hidden",
+    )
+    max_message_size = models.PositiveIntegerField(
+        default=DEFAULTS["max_message_size"], validators=_bounded("max_message_size"), help_text="bytes of UTF-8 body"
+    )
+    retention = models.PositiveIntegerField(
+        default=DEFAULTS["retention"],
+        validators=_bounded("retention"),
+        help_text="seconds a message is kept unacknowledged",
+    )
     strict = models.BooleanField(default=False, help_text="every message needs a group; acks need receipts")
-    dead_letter_queue = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
-                                          related_name="dead_letter_sources",
-                                          help_text="where messages go after max_receives deliveries")
-    max_receives = models.PositiveIntegerField(null=True, blank=True, validators=_bounded("max_receives"),
-                                               help_text="deliveries before a message is dead-lettered")
-    dedup_window = models.PositiveIntegerField(default=DEFAULTS["dedup_window"], validators=_bounded("dedup_window"),
-                                               help_text="seconds a dedup_id is remembered")
-    delay = models.PositiveIntegerField(default=DEFAULTS["delay"], validators=_bounded("delay"),
-                                        help_text="seconds every message waits before its first delivery")
-    preprocess_estimate = models.FloatField(default=0.0, validators=_bounded("estimate"),
-                                            help_text="default seconds of pre-processing per message")
-    process_estimate = models.FloatField(default=0.0, validators=_bounded("estimate"),
-                                         help_text="default seconds of processing per message")
+    dead_letter_queue = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="dead_letter_sources",
+        help_text="where messages go after max_receives deliveries",
+    )
+    max_receives = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=_bounded("max_receives"),
+        help_text="deliveries before a message is dead-lettered",
+    )
+    dedup_window = models.PositiveIntegerField(
+        default=DEFAULTS["dedup_window"],
+        validators=_bounded("dedup_window"),
+        help_text="seconds a dedup_id is remembered",
+    )
+    delay = models.PositiveIntegerField(
+        default=DEFAULTS["delay"],
+        validators=_bounded("delay"),
+        help_text="seconds every message waits before its first delivery",
+    )
+    preprocess_estimate = models.FloatField(
+        default=0.0, validators=_bounded("estimate"), help_text="default seconds of pre-processing per message"
+    )
+    process_estimate = models.FloatField(
+        default=0.0, validators=_bounded("estimate"), help_text="default seconds of processing per message"
+    )
+
     class Archive(models.TextChoices):
         NONE = "none", "no archiving"
         ALL = "all", "every message, when enqueued (acks are marked)"
         ACKED = "acked", "acknowledged messages, when acked"
 
-    archive = models.CharField(max_length=8, choices=Archive.choices, default=Archive.NONE,
-                               help_text="what the archiver copies to the archive table")
+    archive = models.CharField(
+        max_length=8,
+        choices=Archive.choices,
+        default=Archive.NONE,
+        help_text="what the archiver copies to the archive table",
+    )
     dead_lettered_total = models.BigIntegerField(default=0)
     expired_total = models.BigIntegerField(default=0, help_text="removed by the retention rule")
     purged_total = models.BigIntegerField(default=0, help_text="removed by purges")
@@ -143,16 +175,25 @@ class Subscription(models.Model):
         NEWEST = "newest"
         OLDEST = "oldest"
 
-    topic = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="subscriptions",
-                              limit_choices_to={"kind": Queue.Kind.TOPIC})
-    name = models.CharField(max_length=80, validators=[RegexValidator(QUEUE_NAME_RE, "letters, digits, '_' and '-', at most 80")])
+    topic = models.ForeignKey(
+        Queue, on_delete=models.CASCADE, related_name="subscriptions", limit_choices_to={"kind": Queue.Kind.TOPIC}
+    )
+    name = models.CharField(
+        max_length=80, validators=[RegexValidator(QUEUE_NAME_RE, "letters, digits, '_' and '-', at most 80")]
+    )
     start = models.CharField(max_length=8, choices=Start.choices, default=Start.NEWEST)
     starts_at = models.DateTimeField(null=True, blank=True)
-    visibility_timeout = models.PositiveIntegerField(null=True, blank=True, validators=_bounded("visibility_timeout"),
-                                                     help_text="seconds; the topic's when empty")
-    dead_letter_queue = models.ForeignKey(Queue, null=True, blank=True, on_delete=models.SET_NULL,
-                                          related_name="dead_letter_subscriptions",
-                                          limit_choices_to={"kind": Queue.Kind.QUEUE})
+    visibility_timeout = models.PositiveIntegerField(
+        null=True, blank=True, validators=_bounded("visibility_timeout"), help_text="seconds; the topic's when empty"
+    )
+    dead_letter_queue = models.ForeignKey(
+        Queue,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="dead_letter_subscriptions",
+        limit_choices_to={"kind": Queue.Kind.QUEUE},
+    )
     max_receives = models.PositiveIntegerField(null=True, blank=True, validators=_bounded("max_receives"))
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -175,6 +216,9 @@ class DedupEntry(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["queue", "dedup_id"], name="dedup_unique")]
 
+    def __str__(self) -> str:
+        return f"{self.queue}: {self.dedup_id}"
+
 
 class Partition(models.Model):
     """A partition and its lease: the seed's partition file.
@@ -189,16 +233,15 @@ class Partition(models.Model):
 
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="partition_set")
     index = models.PositiveIntegerField()
-    owner = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL,
-                              related_name="partitions")
+    owner = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="partitions")
     epoch = models.BigIntegerField(default=0)
     lease_nonce = models.CharField(max_length=32, blank=True)
     lease_period = models.PositiveIntegerField(default=DEFAULTS["lease_period"])
     lease_acquired_at = models.DateTimeField(null=True, blank=True)
-    lease_renewed_at = models.DateTimeField(null=True, blank=True,
-                                            help_text="the owner's clock; informational only")
-    head_block = models.CharField(max_length=64, blank=True,
-                                  help_text="the most recently allocated block of the append tree")
+    lease_renewed_at = models.DateTimeField(null=True, blank=True, help_text="the owner's clock; informational only")
+    head_block = models.CharField(
+        max_length=64, blank=True, help_text="the most recently allocated block of the append tree"
+    )
     # Figures the owner publishes at each heartbeat, for the console (the live state is in
     # the owner's memory).
     enqueue_id = models.CharField(max_length=120, blank=True)
@@ -242,3 +285,6 @@ class KVEntry(models.Model):
         db_table = "queues_kv_entry"
         verbose_name = "key-value entry"
         verbose_name_plural = "key-value entries"
+
+    def __str__(self) -> str:
+        return f"{self.bucket}/{self.name}"

@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import close_old_connections
@@ -62,19 +62,40 @@ class QueueConfig:
     subscriptions: tuple[SubscriptionSpec, ...] | None = None
 
     @classmethod
-    def from_model(cls, q: Queue) -> "QueueConfig":
+    def from_model(cls, q: Queue) -> QueueConfig:
         dlq = q.dead_letter_queue.name if q.dead_letter_queue_id else None
         subs = None
         if q.kind == Queue.Kind.TOPIC:
             subs = tuple(
-                SubscriptionSpec(s.name, s.starts_at.timestamp() if s.starts_at else None,
-                                 s.max_receives if s.dead_letter_queue_id else None, s.visibility_timeout,
-                                 s.dead_letter_queue.name if s.dead_letter_queue_id else None)
-                for s in sorted(q.subscriptions.all(), key=lambda s: s.name))
-        return cls(q.pk, q.name, q.partitions, q.block_size, q.lease_period, q.visibility_timeout,
-                   q.max_message_size, q.retention, q.strict, q.delay, dlq,
-                   q.max_receives if dlq else None, q.dedup_window, q.preprocess_estimate,
-                   q.process_estimate, q.archive, q.kind, subs)
+                SubscriptionSpec(
+                    s.name,
+                    s.starts_at.timestamp() if s.starts_at else None,
+                    s.max_receives if s.dead_letter_queue_id else None,
+                    s.visibility_timeout,
+                    s.dead_letter_queue.name if s.dead_letter_queue_id else None,
+                )
+                for s in sorted(q.subscriptions.all(), key=lambda s: s.name)
+            )
+        return cls(
+            q.pk,
+            q.name,
+            q.partitions,
+            q.block_size,
+            q.lease_period,
+            q.visibility_timeout,
+            q.max_message_size,
+            q.retention,
+            q.strict,
+            q.delay,
+            dlq,
+            q.max_receives if dlq else None,
+            q.dedup_window,
+            q.preprocess_estimate,
+            q.process_estimate,
+            q.archive,
+            q.kind,
+            subs,
+        )
 
     def subscription(self, name: str) -> SubscriptionSpec | None:
         return next((s for s in self.subscriptions or () if s.name == name), None)
@@ -93,9 +114,16 @@ class SubscriptionNotFound(Exception):
 
 
 class NodeRuntime:
-    def __init__(self, address: str, *, store: KeyValueStore | None = None,
-                 heartbeat: float = 1.0, cache_bytes: int = 64 << 20, background: bool = True,
-                 clock: leases.Clock = leases.SYSTEM_CLOCK):
+    def __init__(
+        self,
+        address: str,
+        *,
+        store: KeyValueStore | None = None,
+        heartbeat: float = 1.0,
+        cache_bytes: int = 64 << 20,
+        background: bool = True,
+        clock: leases.Clock = leases.SYSTEM_CLOCK,
+    ):
         self.address = address
         self.node_id = uuid.uuid4().hex
         self.store = store or get_store()
@@ -124,10 +152,16 @@ class NodeRuntime:
         self._rates: dict[tuple[str, int], tuple[float, int, int, float, float]] = {}
 
     # --- life cycle ---------------------------------------------------------------------------
-    def start(self) -> "NodeRuntime":
+    def start(self) -> NodeRuntime:
         now = timezone.now()
-        Node.objects.create(id=self.node_id, address=self.address, hostname=socket.gethostname(),
-                            pid=os.getpid(), started_at=now, heartbeat_at=now)
+        Node.objects.create(
+            id=self.node_id,
+            address=self.address,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            started_at=now,
+            heartbeat_at=now,
+        )
         self.started = True
         self.tick()
         if self.background:
@@ -150,7 +184,7 @@ class NodeRuntime:
             if release:
                 try:
                     leases.release(m.lease, self.node_id)
-                except Exception:  # noqa: BLE001 - best effort at shutdown
+                except Exception:
                     log.exception("releasing %s/%s", m.queue, m.index)
         Node.objects.filter(pk=self.node_id).update(stopped_at=timezone.now())
         self.notify()
@@ -159,7 +193,7 @@ class NodeRuntime:
         while not self._stop.wait(self.heartbeat):
             try:
                 self.tick()
-            except Exception:  # noqa: BLE001 - housekeeping must go on
+            except Exception:
                 log.exception("housekeeping pass failed")
             finally:
                 close_old_connections()
@@ -173,11 +207,15 @@ class NodeRuntime:
         now = monotonic()
         self._failures = [t for t in self._failures if now - t < 10.0]
         in_flight = sum(m.in_flight(now) for m in list(self.managers.values()))
-        cooling = (in_flight > settings.NODE_COOLING_IN_FLIGHT
-                   or len(self._failures) > settings.NODE_COOLING_FAILURES)
+        cooling = in_flight > settings.NODE_COOLING_IN_FLIGHT or len(self._failures) > settings.NODE_COOLING_FAILURES
         if cooling != self.cooling:
-            log.warning("node %s %s cooling (in flight %s, failures in 10 s %s)", self.address,
-                        "starts" if cooling else "ends", in_flight, len(self._failures))
+            log.warning(
+                "node %s %s cooling (in flight %s, failures in 10 s %s)",
+                self.address,
+                "starts" if cooling else "ends",
+                in_flight,
+                len(self._failures),
+            )
         self.cooling = cooling
 
     def tick(self) -> None:
@@ -214,7 +252,7 @@ class NodeRuntime:
         if m.lease.valid():
             try:
                 leases.release(m.lease, self.node_id)
-            except Exception:  # noqa: BLE001 - it then expires by itself
+            except Exception:
                 log.exception("releasing %s/%s after a failure", m.queue, m.index)
 
     def _forget(self, key, m: PartitionManager) -> None:
@@ -268,8 +306,9 @@ class NodeRuntime:
             for extra in sorted(mine, key=lambda m: -m.index)[: max(0, len(mine) - share)]:
                 self._release(extra)
             held = min(len(mine), share)
-            order = sorted(parts, key=lambda p: hashlib.blake2b(f"{self.node_id}/{p.index}".encode(),
-                                                                  digest_size=4).digest())
+            order = sorted(
+                parts, key=lambda p: hashlib.blake2b(f"{self.node_id}/{p.index}".encode(), digest_size=4).digest()
+            )
             for p in order:
                 key = (name, p.index)
                 if key in self.managers:
@@ -293,7 +332,7 @@ class NodeRuntime:
         try:
             leases.release(m.lease, self.node_id)
             log.info("released %s/%s for rebalancing", m.queue, m.index)
-        except Exception:  # noqa: BLE001 - it expires by itself
+        except Exception:
             log.exception("releasing %s/%s", m.queue, m.index)
 
     def release_partition(self, queue: str, index: int) -> bool:
@@ -316,9 +355,17 @@ class NodeRuntime:
     def _open(self, cfg: QueueConfig, lease: leases.Lease) -> PartitionManager | None:
         from archive.archiver import lookup, store_records  # the archive app builds on this one
 
-        m = PartitionManager(lease, block_size=cfg.block_size, store=self.store, node_id=self.node_id,
-                             cache=self.cache, on_change=self.notify, subscriptions=cfg.subscriptions,
-                             archive_sink=store_records, archive_source=lookup)
+        m = PartitionManager(
+            lease,
+            block_size=cfg.block_size,
+            store=self.store,
+            node_id=self.node_id,
+            cache=self.cache,
+            on_change=self.notify,
+            subscriptions=cfg.subscriptions,
+            archive_sink=store_records,
+            archive_source=lookup,
+        )
         m.max_receives = cfg.max_receives
         m.archive = cfg.archive
         key = (cfg.name, lease.index)
@@ -327,7 +374,7 @@ class NodeRuntime:
             with self._lock:
                 self.managers[key] = m  # enqueues are served from here on
             m.open_oldest()
-        except Exception:  # noqa: BLE001 - the store may be down; retried at the next pass
+        except Exception:
             log.exception("opening %s/%s", cfg.name, lease.index)
             with m.lock:
                 m.closed = True
@@ -347,8 +394,10 @@ class NodeRuntime:
             t, enq0, ack0, enq_rate, ack_rate = last
             dt = max(now - t, 1e-3)
             w = 1.0 - math.exp(-dt / RATE_WINDOW)
-            rates = (enq_rate + w * ((enqueued - enq0) / dt - enq_rate),
-                     ack_rate + w * ((acked - ack0) / dt - ack_rate))
+            rates = (
+                enq_rate + w * ((enqueued - enq0) / dt - enq_rate),
+                ack_rate + w * ((acked - ack0) / dt - ack_rate),
+            )
         self._rates[key] = (now, enqueued, acked, *rates)
         return rates
 
@@ -359,15 +408,24 @@ class NodeRuntime:
             del self._rates[key]
         for key, m in managers:
             s = m.stats()
-            oldest = (datetime.fromtimestamp(s.oldest_enqueued_at, tz=dt_timezone.utc)
-                      if s.oldest_enqueued_at else None)
+            oldest = datetime.fromtimestamp(s.oldest_enqueued_at, tz=UTC) if s.oldest_enqueued_at else None
             enqueue_rate, ack_rate = self._rates_of(key, s.enqueued_total, s.acked_total)
             Partition.objects.filter(pk=m.lease.partition_id, owner_id=self.node_id, epoch=m.lease.epoch).update(
-                enqueue_id=s.enqueue_id, dequeue_id=s.dequeue_id, depth=s.visible, delayed=s.delayed,
-                enqueue_rate=round(enqueue_rate, 3), ack_rate=round(ack_rate, 3),
-                in_flight=s.in_flight, tree_height=s.tree_height, live_blocks=s.live_blocks, cursors=s.cursors,
-                enqueued_total=s.enqueued_total, acked_total=s.acked_total,
-                redelivered_total=s.redelivered_total, oldest_enqueued_at=oldest, stats_at=now,
+                enqueue_id=s.enqueue_id,
+                dequeue_id=s.dequeue_id,
+                depth=s.visible,
+                delayed=s.delayed,
+                enqueue_rate=round(enqueue_rate, 3),
+                ack_rate=round(ack_rate, 3),
+                in_flight=s.in_flight,
+                tree_height=s.tree_height,
+                live_blocks=s.live_blocks,
+                cursors=s.cursors,
+                enqueued_total=s.enqueued_total,
+                acked_total=s.acked_total,
+                redelivered_total=s.redelivered_total,
+                oldest_enqueued_at=oldest,
+                stats_at=now,
             )
 
     # --- queues -------------------------------------------------------------------------------

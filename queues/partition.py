@@ -36,15 +36,14 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
 
-from . import archive_journal, leases
 from sortedcontainers import SortedList
 
+from . import archive_journal, leases
 from .kv import Fence, Fenced, KeyValueStore, KVError, ReplicationError
-from .messages import (MessageId, StoredMessage, block_key, fence_key, new_receipt, parse_message_id,
-                       receives_key)
+from .messages import MessageId, StoredMessage, block_key, fence_key, new_receipt, parse_message_id, receives_key
 from .redelivery import RedeliveryIndex
 from .tree import AppendTree, Block
 
@@ -150,8 +149,7 @@ class SubscriptionSpec:
 class Cursor:
     """One reader's delivery state over the partition's blocks (see the module's text)."""
 
-    def __init__(self, name: str, *, shared: bool, starts_at: float | None = None,
-                 max_receives: int | None = None):
+    def __init__(self, name: str, *, shared: bool, starts_at: float | None = None, max_receives: int | None = None):
         self.name = name
         #: a queue's only cursor: its positions are the blocks' own live sets.
         self.shared = shared
@@ -226,13 +224,21 @@ class PartitionStats:
 
 
 class PartitionManager:
-    def __init__(self, lease: leases.Lease, *, block_size: int, store: KeyValueStore,
-                 node_id: str, cache: BodyCache, on_change: Callable[[], None] = lambda: None,
-                 set_head: Callable[[leases.Lease, str, str], None] = leases.set_head,
-                 read_head: Callable[[leases.Lease], str | None] = leases.read_head,
-                 subscriptions: Sequence[SubscriptionSpec] | None = None,
-                 archive_sink: Callable[[list[tuple[str, bytes]]], object] | None = None,
-                 archive_source: Callable[[list[str]], dict[str, StoredMessage]] | None = None):
+    def __init__(
+        self,
+        lease: leases.Lease,
+        *,
+        block_size: int,
+        store: KeyValueStore,
+        node_id: str,
+        cache: BodyCache,
+        on_change: Callable[[], None] = lambda: None,
+        set_head: Callable[[leases.Lease, str, str], None] = leases.set_head,
+        read_head: Callable[[leases.Lease], str | None] = leases.read_head,
+        subscriptions: Sequence[SubscriptionSpec] | None = None,
+        archive_sink: Callable[[list[tuple[str, bytes]]], object] | None = None,
+        archive_source: Callable[[list[str]], dict[str, StoredMessage]] | None = None,
+    ):
         self.lease = lease
         self.queue = lease.queue
         self.index = lease.index
@@ -258,12 +264,15 @@ class PartitionManager:
         self.backlog: Iterator[Block] | None = None
         #: a topic's subscriptions (fixed for the manager's life: a change reopens it).
         self.subscriptions: tuple[SubscriptionSpec, ...] | None = (
-            tuple(subscriptions) if subscriptions is not None else None)
+            tuple(subscriptions) if subscriptions is not None else None
+        )
         if self.subscriptions is None:
             self.cursors = {"": Cursor("", shared=True)}
         else:
-            self.cursors = {s.name: Cursor(s.name, shared=False, starts_at=s.starts_at,
-                                           max_receives=s.max_receives) for s in self.subscriptions}
+            self.cursors = {
+                s.name: Cursor(s.name, shared=False, starts_at=s.starts_at, max_receives=s.max_receives)
+                for s in self.subscriptions
+            }
         self._all = list(self.cursors.values())
         self.enqueue_ready = False
         self.dequeue_ready = False
@@ -297,8 +306,9 @@ class PartitionManager:
         if c is None:
             if not self.is_topic:
                 raise NotServedHere(f"{self.queue} is a queue, it has no subscription {sub!r}")
-            raise PartitionUnavailable(f"{self.queue}/{self.index}: subscription {sub!r} is not loaded "
-                                       "on this node yet; retry")
+            raise PartitionUnavailable(
+                f"{self.queue}/{self.index}: subscription {sub!r} is not loaded on this node yet; retry"
+            )
         return c
 
     @property
@@ -825,7 +835,7 @@ class PartitionManager:
             if self.archive_source is None:
                 raise KVError("this node has no archive to read from")
             found = self.archive_source([d.id for d in stubs])
-        except Exception as exc:  # noqa: BLE001 - the archive's database is down: retry later
+        except Exception as exc:
             raise PartitionUnavailable(f"{self.queue}/{self.index}: archive read failed: {exc}") from exc
         lost = []
         for d in stubs:
@@ -836,8 +846,13 @@ class PartitionManager:
             else:
                 d.message, d.from_archive = record, True
         if lost:
-            log.error("%s/%s: %d archived messages are missing from the archive table and are "
-                      "dropped: %s", self.queue, self.index, len(lost), lost[:10])
+            log.error(
+                "%s/%s: %d archived messages are missing from the archive table and are dropped: %s",
+                self.queue,
+                self.index,
+                len(lost),
+                lost[:10],
+            )
             with self.lock:
                 try:
                     self._remove_everywhere([mid for mid in lost if self._stored(mid)])
@@ -897,8 +912,9 @@ class PartitionManager:
         counts = [self._receives_key(c, m) for m in items if str(m) in c.receives]
         try:
             if acked and self.archive != "none":
-                journal = archive_journal.on_ack(self.store, self.cache, self.queue, self.index,
-                                                 self.archive, items, self.wall())
+                journal = archive_journal.on_ack(
+                    self.store, self.cache, self.queue, self.index, self.archive, items, self.wall()
+                )
                 self.store.put_many(journal, fence=self.fence)
             # Fenced like every write: a stale owner's delete would leave the new owner holding a
             # live message that is gone (in flight for ever, its group blocked).
@@ -922,8 +938,9 @@ class PartitionManager:
                 (shared if others else last).append(m)
             try:
                 if acked and last and self.archive != "none":
-                    journal = archive_journal.on_ack(self.store, self.cache, self.queue, self.index,
-                                                     self.archive, last, self.wall())
+                    journal = archive_journal.on_ack(
+                        self.store, self.cache, self.queue, self.index, self.archive, last, self.wall()
+                    )
                     self.store.put_many(journal, fence=self.fence)
                 if shared:
                     self.store.put_many([(self._ack_key(c, m), b"1") for m in shared], fence=self.fence)
@@ -1034,8 +1051,7 @@ class PartitionManager:
         if not doomed:
             return 0
         if self.is_topic:
-            return sum(self._expire_topic(doomed[k:k + EXPIRE_BATCH])
-                       for k in range(0, len(doomed), EXPIRE_BATCH))
+            return sum(self._expire_topic(doomed[k : k + EXPIRE_BATCH]) for k in range(0, len(doomed), EXPIRE_BATCH))
         parsed = [m for m in (parse_message_id(d) for d in doomed) if m is not None]
         removed = self.delete_acked(parsed, acked=False)
         with self.lock:
@@ -1073,9 +1089,10 @@ class PartitionManager:
                 records = self._records(wanted)
                 try:
                     self.archive_sink([(mid, m.to_bytes()) for mid, m in records.items() if not m.archived])
-                except Exception as exc:  # noqa: BLE001 - nothing changed: the next run tries again
+                except Exception as exc:
                     raise PartitionUnavailable(
-                        f"{self.queue}/{self.index}: archive write failed, retention deferred: {exc}") from exc
+                        f"{self.queue}/{self.index}: archive write failed, retention deferred: {exc}"
+                    ) from exc
         with self.lock:
             self._check_serving()
             gone: list[str] = []
@@ -1148,8 +1165,7 @@ class PartitionManager:
             self.settle_acked(mids, removed, sub)
         return removed
 
-    def change_visibility_locked(self, mid: MessageId, receipt: str | None, timeout: float,
-                                 sub: str = "") -> None:
+    def change_visibility_locked(self, mid: MessageId, receipt: str | None, timeout: float, sub: str = "") -> None:
         c = self.cursor(sub)
         key = str(mid)
         entry = c.inflight.get(key)
@@ -1185,8 +1201,7 @@ class PartitionManager:
         if not doomed:
             return
         try:
-            self.store.delete_many([block_key(self.queue, self.index, s.block.id) for s in doomed],
-                                   fence=self.fence)
+            self.store.delete_many([block_key(self.queue, self.index, s.block.id) for s in doomed], fence=self.fence)
         except Fenced as exc:
             raise self._lost(exc) from exc
         except KVError:
@@ -1211,28 +1226,38 @@ class PartitionManager:
             if self.is_topic:
                 for c in self._all:
                     cursors[c.name] = {
-                        "backlog": c.backlog_count(), "in_flight": c.inflight.in_flight(now),
-                        "archived": sum(len(live & self.blocks[b].archived) for b, live in c.live.items()
-                                        if b in self.blocks and self.blocks[b].archived),
-                        "acked": c.acked_total, "redelivered": c.redelivered_total,
+                        "backlog": c.backlog_count(),
+                        "in_flight": c.inflight.in_flight(now),
+                        "archived": sum(
+                            len(live & self.blocks[b].archived)
+                            for b, live in c.live.items()
+                            if b in self.blocks and self.blocks[b].archived
+                        ),
+                        "acked": c.acked_total,
+                        "redelivered": c.redelivered_total,
                         "dequeue_id": (c.backlog_buffer or c.ready or [""])[0],
                     }
             else:
                 c = self.cursors[""]
                 first = (c.backlog_buffer or c.ready or [""])[0]
             return PartitionStats(
-                queue=self.queue, index=self.index, epoch=self.lease.epoch,
+                queue=self.queue,
+                index=self.index,
+                epoch=self.lease.epoch,
                 head_block=head.id if head else "",
                 enqueue_id=f"{self.queue}/{self.index}/{head.id}/{self.next_index}" if head else "",
                 dequeue_id=first,
-                visible=max(live - in_flight, 0), in_flight=in_flight,
+                visible=max(live - in_flight, 0),
+                in_flight=in_flight,
                 delayed=len(set().union(*(c.not_due for c in self._all))),
                 depth_exact=self.backlog is None,
                 live_blocks=len(self.blocks),
                 tree_height=max((h for _, h in self.tree.roots), default=-1) + 1,
                 oldest_enqueued_at=oldest,
-                enqueued_total=self.enqueued_total, acked_total=self.acked_total,
-                redelivered_total=self.redelivered_total, opened_in=self.opened_in,
+                enqueued_total=self.enqueued_total,
+                acked_total=self.acked_total,
+                redelivered_total=self.redelivered_total,
+                opened_in=self.opened_in,
                 cursors=cursors,
             )
 

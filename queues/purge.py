@@ -42,9 +42,20 @@ def purge_partition(partition_id: int, store: KeyValueStore) -> int:
         old_head, epoch, queue, index = p.head_block, p.epoch + 1, p.queue.name, p.index
         block_size = p.queue.block_size
         Partition.objects.filter(pk=partition_id).update(
-            epoch=epoch, owner=None, lease_nonce=secrets.token_hex(8), head_block="",
-            lease_acquired_at=None, lease_renewed_at=None, enqueue_id="", dequeue_id="", depth=0,
-            in_flight=0, delayed=0, tree_height=0, live_blocks=0, oldest_enqueued_at=None,
+            epoch=epoch,
+            owner=None,
+            lease_nonce=secrets.token_hex(8),
+            head_block="",
+            lease_acquired_at=None,
+            lease_renewed_at=None,
+            enqueue_id="",
+            dequeue_id="",
+            depth=0,
+            in_flight=0,
+            delayed=0,
+            tree_height=0,
+            live_blocks=0,
+            oldest_enqueued_at=None,
         )
     store.advance_fence(fence_key(queue, index), epoch)
     if not old_head:
@@ -82,4 +93,4 @@ def purge_partition(partition_id: int, store: KeyValueStore) -> int:
 
 def _chunks(items: list, size: int):
     for i in range(0, len(items), size):
-        yield items[i:i + size]
+        yield items[i : i + size]

@@ -78,16 +78,22 @@ class Router:
             return None
         return hit[1]
 
-    def forward(self, address: str, queue: str, call: str, payload: dict, hops: int,
-                timeout: float = 10.0) -> tuple[int, dict]:
+    def forward(
+        self, address: str, queue: str, call: str, payload: dict, hops: int, timeout: float = 10.0
+    ) -> tuple[int, dict]:
         """POST the call to ``address``; its status and JSON answer. ``queue`` may name a
         topic's subscription (``"topic/subscription"``)."""
         topic, slash, sub = queue.partition("/")
         path = f"topics/{topic}/subscriptions/{sub}/{call}" if slash else f"queues/{queue}/{call}"
         response = self.http.request(
-            "POST", f"http://{address}/api/v1/{path}", body=orjson.dumps(payload),
-            headers={"Content-Type": "application/json", SECRET_HEADER: settings.CLUSTER_SECRET,
-                     HOPS_HEADER: str(hops + 1)},
+            "POST",
+            f"http://{address}/api/v1/{path}",
+            body=orjson.dumps(payload),
+            headers={
+                "Content-Type": "application/json",
+                SECRET_HEADER: settings.CLUSTER_SECRET,
+                HOPS_HEADER: str(hops + 1),
+            },
             timeout=urllib3.Timeout(connect=1.0, read=timeout),
         )
         try:

@@ -22,8 +22,19 @@ from .partition import Delivery, NotServedHere, PartitionUnavailable, ReceiptMis
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "QueueNotFound", "SubscriptionNotFound", "PartitionUnavailable", "ReceiptMismatch", "get_runtime", "set_runtime",
-    "create_queue", "delete_queue", "enqueue", "dequeue", "ack", "change_visibility", "queue_stats",
+    "QueueNotFound",
+    "SubscriptionNotFound",
+    "PartitionUnavailable",
+    "ReceiptMismatch",
+    "get_runtime",
+    "set_runtime",
+    "create_queue",
+    "delete_queue",
+    "enqueue",
+    "dequeue",
+    "ack",
+    "change_visibility",
+    "queue_stats",
 ]
 
 monotonic = time.monotonic
@@ -42,8 +53,9 @@ def get_runtime() -> NodeRuntime:
         with _runtime_lock:
             if _runtime is None:
                 address = settings.NODE_ADDRESS or "in-process"
-                _runtime = NodeRuntime(address, heartbeat=settings.NODE_HEARTBEAT,
-                                       cache_bytes=settings.NODE_BODY_CACHE_BYTES).start()
+                _runtime = NodeRuntime(
+                    address, heartbeat=settings.NODE_HEARTBEAT, cache_bytes=settings.NODE_BODY_CACHE_BYTES
+                ).start()
     return _runtime
 
 
@@ -127,8 +139,11 @@ def delete_subscription(sub: Subscription) -> None:
 def _subscriptions_changed(topic: Queue) -> None:
     rt = get_runtime()
     rt.topic_changed(topic.name)
-    owners = set(Partition.objects.filter(queue=topic, owner__isnull=False, owner__stopped_at=None)
-                 .exclude(owner_id=rt.node_id).values_list("owner__address", flat=True))
+    owners = set(
+        Partition.objects.filter(queue=topic, owner__isnull=False, owner__stopped_at=None)
+        .exclude(owner_id=rt.node_id)
+        .values_list("owner__address", flat=True)
+    )
     for address in sorted(owners):
         try:
             rt.router.forward(address, topic.name, "refresh", {}, 1)
@@ -285,21 +300,41 @@ def queue_stats(queue: str) -> dict:
         s = local.get(p.index)
         if s is not None:
             entry = {
-                "index": p.index, "owner": rt.address, "epoch": s.epoch, "live": True,
-                "depth": s.visible, "in_flight": s.in_flight, "depth_exact": s.depth_exact,
+                "index": p.index,
+                "owner": rt.address,
+                "epoch": s.epoch,
+                "live": True,
+                "depth": s.visible,
+                "in_flight": s.in_flight,
+                "depth_exact": s.depth_exact,
                 "oldest_age": round(now - s.oldest_enqueued_at, 3) if s.oldest_enqueued_at else None,
-                "head_block": s.head_block, "enqueue_id": s.enqueue_id, "dequeue_id": s.dequeue_id,
-                "tree_height": s.tree_height, "live_blocks": s.live_blocks,
-                "enqueued": s.enqueued_total, "acked": s.acked_total, "redelivered": s.redelivered_total,
+                "head_block": s.head_block,
+                "enqueue_id": s.enqueue_id,
+                "dequeue_id": s.dequeue_id,
+                "tree_height": s.tree_height,
+                "live_blocks": s.live_blocks,
+                "enqueued": s.enqueued_total,
+                "acked": s.acked_total,
+                "redelivered": s.redelivered_total,
             }
         else:
             entry = {
-                "index": p.index, "owner": p.owner.address if p.owner else None, "epoch": p.epoch,
-                "live": False, "depth": p.depth, "in_flight": p.in_flight, "depth_exact": False,
+                "index": p.index,
+                "owner": p.owner.address if p.owner else None,
+                "epoch": p.epoch,
+                "live": False,
+                "depth": p.depth,
+                "in_flight": p.in_flight,
+                "depth_exact": False,
                 "oldest_age": round(now - p.oldest_enqueued_at.timestamp(), 3) if p.oldest_enqueued_at else None,
-                "head_block": p.head_block, "enqueue_id": p.enqueue_id, "dequeue_id": p.dequeue_id,
-                "tree_height": p.tree_height, "live_blocks": p.live_blocks,
-                "enqueued": p.enqueued_total, "acked": p.acked_total, "redelivered": p.redelivered_total,
+                "head_block": p.head_block,
+                "enqueue_id": p.enqueue_id,
+                "dequeue_id": p.dequeue_id,
+                "tree_height": p.tree_height,
+                "live_blocks": p.live_blocks,
+                "enqueued": p.enqueued_total,
+                "acked": p.acked_total,
+                "redelivered": p.redelivered_total,
             }
         parts.append(entry)
     ages = [e["oldest_age"] for e in parts if e["oldest_age"] is not None]
@@ -324,14 +359,24 @@ def subscription_stats(topic: str, sub: str) -> dict:
     parts = []
     for p in Partition.objects.filter(queue_id=cfg.id).order_by("index"):
         figures = local.get(p.index) or (p.cursors or {}).get(sub) or {}
-        entry = {"index": p.index, "live": local.get(p.index) is not None,
-                 **{k: figures.get(k, 0) for k in ("backlog", "in_flight", "acked", "redelivered", "archived")},
-                 "dequeue_id": figures.get("dequeue_id", "")}
+        entry = {
+            "index": p.index,
+            "live": local.get(p.index) is not None,
+            **{k: figures.get(k, 0) for k in ("backlog", "in_flight", "acked", "redelivered", "archived")},
+            "dequeue_id": figures.get("dequeue_id", ""),
+        }
         entry["depth"] = max(entry["backlog"] - entry["in_flight"], 0)
         parts.append(entry)
     # "queue", "depth" and "in_flight" as in a queue's stats: clients read both the same way.
-    return {"queue": f"{topic}/{sub}", "topic": topic, "subscription": sub,
-            "backlog": sum(e["backlog"] for e in parts), "depth": sum(e["depth"] for e in parts),
-            "in_flight": sum(e["in_flight"] for e in parts), "acked": sum(e["acked"] for e in parts),
-            "archived": sum(e["archived"] for e in parts),
-            "oldest_age": None, "partitions": parts}
+    return {
+        "queue": f"{topic}/{sub}",
+        "topic": topic,
+        "subscription": sub,
+        "backlog": sum(e["backlog"] for e in parts),
+        "depth": sum(e["depth"] for e in parts),
+        "in_flight": sum(e["in_flight"] for e in parts),
+        "acked": sum(e["acked"] for e in parts),
+        "archived": sum(e["archived"] for e in parts),
+        "oldest_age": None,
+        "partitions": parts,
+    }

@@ -19,8 +19,11 @@ def enforce_retention_on(queue: Queue, router: Router) -> int:
     so the task calls each owner once; a partition without a live owner is done by the node
     that takes it over, at the next run.
     """
-    addresses = set(Partition.objects.filter(queue=queue, owner__isnull=False, owner__stopped_at=None)
-                    .values_list("owner__address", flat=True))
+    addresses = set(
+        Partition.objects.filter(queue=queue, owner__isnull=False, owner__stopped_at=None).values_list(
+            "owner__address", flat=True
+        )
+    )
     expired = 0
     for address in sorted(addresses):
         try:
@@ -31,8 +34,9 @@ def enforce_retention_on(queue: Queue, router: Router) -> int:
         if status == 200:
             expired += payload.get("expired", 0)
             if payload.get("deferred"):
-                log.warning("retention on %s at %s deferred for partitions %s", queue.name, address,
-                            payload["deferred"])
+                log.warning(
+                    "retention on %s at %s deferred for partitions %s", queue.name, address, payload["deferred"]
+                )
         else:
             log.warning("retention on %s at %s: %s %s", queue.name, address, status, payload)
     return expired

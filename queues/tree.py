@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import orjson
 
@@ -65,12 +65,21 @@ class Block:
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(
-            [self.id, self.ordinal, self.height, self.leaf_number, self.prev, self.left,
-             self.right, self.size, self.created_at]
+            [
+                self.id,
+                self.ordinal,
+                self.height,
+                self.leaf_number,
+                self.prev,
+                self.left,
+                self.right,
+                self.size,
+                self.created_at,
+            ]
         )
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> "Block":
+    def from_bytes(cls, raw: bytes) -> Block:
         return cls(*orjson.loads(raw))
 
     @property
@@ -99,8 +108,9 @@ class AppendTree:
     equal, else a new leaf.
     """
 
-    def __init__(self, block_size: int, *, new_id: Callable[[int], str] = new_block_id,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self, block_size: int, *, new_id: Callable[[int], str] = new_block_id, clock: Callable[[], float] = time.time
+    ):
         if block_size < 1:
             raise ValueError("block_size must be at least 1")
         self.block_size = block_size
@@ -126,14 +136,24 @@ class AppendTree:
             # A parent's previous pointer is its left child's. When the left child has been
             # pruned, so has everything older (prefix rule), and the pointer leads nowhere.
             prev = left.prev if left is not None else None
-            block = Block(self._new_id(ordinal), ordinal, height + 1, leaf_number, prev,
-                          left_id, right_id, self.block_size, self._clock())
+            block = Block(
+                self._new_id(ordinal),
+                ordinal,
+                height + 1,
+                leaf_number,
+                prev,
+                left_id,
+                right_id,
+                self.block_size,
+                self._clock(),
+            )
             del self.roots[-2:]
             self.roots.append((block.id, height + 1))
         else:
             prev = head.id if head is not None else None
-            block = Block(self._new_id(ordinal), ordinal, 0, leaf_number + 1, prev, None, None,
-                          self.block_size, self._clock())
+            block = Block(
+                self._new_id(ordinal), ordinal, 0, leaf_number + 1, prev, None, None, self.block_size, self._clock()
+            )
             self.roots.append((block.id, 0))
         self.blocks[block.id] = block
         self.head = block
@@ -141,7 +161,7 @@ class AppendTree:
 
     # --- loading after a takeover -------------------------------------------------------------
     @classmethod
-    def load(cls, head_id: str | None, read: BlockReader, block_size: int, **kwargs) -> "AppendTree":
+    def load(cls, head_id: str | None, read: BlockReader, block_size: int, **kwargs) -> AppendTree:
         """Rebuild the allocation state from the head pointer. O(log N) block reads.
 
         Follows previous pointers from the head to collect the roots. A root that is missing

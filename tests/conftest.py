@@ -25,8 +25,10 @@ def pytest_report_header(config):
 @pytest.fixture
 def unique_name():
     """A queue name no other test uses."""
+
     def make(prefix: str = "q") -> str:
         return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
     return make
 
 
@@ -103,11 +105,13 @@ def api(runtime, user):
 @pytest.fixture
 def make_queue(api, unique_name):
     """Create a queue through the API; returns its name."""
+
     def make(**fields) -> str:
         fields.setdefault("name", unique_name())
         r = api.post("/api/v1/queues", fields, format="json")
         assert r.status_code == 201, r.content
         return fields["name"]
+
     return make
 
 

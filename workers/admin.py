@@ -12,8 +12,18 @@ from .models import AttemptLog, Consumer
 
 @admin.register(Consumer)
 class ConsumerAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "hostname", "pid", "last_heartbeat", "alive", "load", "capacity",
-                    "held_count", "asleep", "attempts_link"]
+    list_display = [
+        "__str__",
+        "hostname",
+        "pid",
+        "last_heartbeat",
+        "alive",
+        "load",
+        "capacity",
+        "held_count",
+        "asleep",
+        "attempts_link",
+    ]
     search_fields = ["id", "name", "hostname"]
     readonly_fields = [f.name for f in Consumer._meta.fields]
 
@@ -40,8 +50,18 @@ class ConsumerAdmin(admin.ModelAdmin):
 
 @admin.register(AttemptLog)
 class AttemptLogAdmin(admin.ModelAdmin):
-    list_display = ["recorded_at", "message_link", "attempt", "outcome", "queue", "partition_link",
-                    "group", "worker_link", "process_seconds", "error"]
+    list_display = [
+        "recorded_at",
+        "message_link",
+        "attempt",
+        "outcome",
+        "queue",
+        "partition_link",
+        "group",
+        "worker_link",
+        "process_seconds",
+        "error",
+    ]
     list_filter = ["outcome", "queue", "worker"]
     search_fields = ["message_id", "group", "error"]
     date_hierarchy = "recorded_at"
@@ -65,8 +85,9 @@ class AttemptLogAdmin(admin.ModelAdmin):
         p = Partition.objects.filter(queue__name=obj.queue, index=obj.partition).values_list("pk", flat=True).first()
         if p is None:
             return f"{obj.queue}/{obj.partition}"
-        return format_html('<a href="{}">{}/{}</a>', reverse("admin:queues_partition_change", args=[p]),
-                           obj.queue, obj.partition)
+        return format_html(
+            '<a href="{}">{}/{}</a>', reverse("admin:queues_partition_change", args=[p]), obj.queue, obj.partition
+        )
 
     @admin.display(description="processing s")
     def process_seconds(self, obj):

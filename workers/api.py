@@ -58,22 +58,45 @@ class LogsIn(StrictSerializer):
 class AttemptOut(serializers.ModelSerializer):
     class Meta:
         model = AttemptLog
-        fields = ["id", "message_id", "queue", "partition", "group", "worker", "attempt",
-                  "enqueued_at", "preprocess_started_at", "preprocess_ended_at", "process_started_at",
-                  "process_ended_at", "outcome", "error", "traceback", "size", "recorded_at"]
+        fields = [
+            "id",
+            "message_id",
+            "queue",
+            "partition",
+            "group",
+            "worker",
+            "attempt",
+            "enqueued_at",
+            "preprocess_started_at",
+            "preprocess_ended_at",
+            "process_started_at",
+            "process_ended_at",
+            "outcome",
+            "error",
+            "traceback",
+            "size",
+            "recorded_at",
+        ]
 
 
 def attempt_row(record: dict) -> AttemptLog:
     mid = parse_message_id(record["message_id"])
     return AttemptLog(
-        message_id=record["message_id"], queue=mid.queue, partition=mid.partition,
-        group=record.get("group") or "", worker_id=record.get("worker") or None,
-        attempt=record["attempt"], enqueued_at=record.get("enqueued_at"),
+        message_id=record["message_id"],
+        queue=mid.queue,
+        partition=mid.partition,
+        group=record.get("group") or "",
+        worker_id=record.get("worker") or None,
+        attempt=record["attempt"],
+        enqueued_at=record.get("enqueued_at"),
         preprocess_started_at=record.get("preprocess_started_at"),
         preprocess_ended_at=record.get("preprocess_ended_at"),
         process_started_at=record.get("process_started_at"),
-        process_ended_at=record.get("process_ended_at"), outcome=record["outcome"],
-        error=record.get("error", ""), traceback=record.get("traceback", ""), size=record.get("size"),
+        process_ended_at=record.get("process_ended_at"),
+        outcome=record["outcome"],
+        error=record.get("error", ""),
+        traceback=record.get("traceback", ""),
+        size=record.get("size"),
     )
 
 
@@ -85,16 +108,22 @@ class LogsView(APIView):
         rows = AttemptLog.objects.bulk_create([attempt_row(r) for r in ser.validated_data["records"]])
         return Response({"stored": len(rows)}, status=status.HTTP_201_CREATED)
 
-    @extend_schema(responses={200: AttemptOut(many=True)},
-                   summary="Attempt records, newest first: ?queue= &message= &worker= &outcome= &limit=")
+    @extend_schema(
+        responses={200: AttemptOut(many=True)},
+        summary="Attempt records, newest first: ?queue= &message= &worker= &outcome= &limit=",
+    )
     def get(self, request):
         params = request.query_params
         unknown = set(params) - {"queue", "message", "worker", "outcome", "limit"}
         if unknown:
             raise BadRequest(f"unknown filter(s): {', '.join(sorted(unknown))}", "unknown_field")
         rows = AttemptLog.objects.all()
-        for param, field in (("queue", "queue"), ("message", "message_id"), ("worker", "worker_id"),
-                             ("outcome", "outcome")):
+        for param, field in (
+            ("queue", "queue"),
+            ("message", "message_id"),
+            ("worker", "worker_id"),
+            ("outcome", "outcome"),
+        ):
             if params.get(param):
                 rows = rows.filter(**{field: params[param]})
         try:
@@ -125,8 +154,11 @@ class HeartbeatIn(StrictSerializer):
 
 
 class HeartbeatView(APIView):
-    @extend_schema(request=HeartbeatIn, responses={200: dict},
-                   summary="A worker is alive: extend what it holds; continue, take these partitions, or sleep")
+    @extend_schema(
+        request=HeartbeatIn,
+        responses={200: dict},
+        summary="A worker is alive: extend what it holds; continue, take these partitions, or sleep",
+    )
     def post(self, request):
         ser = HeartbeatIn(data=request.data)
         ser.is_valid(raise_exception=True)
@@ -139,14 +171,21 @@ class HeartbeatView(APIView):
         take = self._assign(data["consumer"], queues, now) if instruction == "continue" else []
         if take:
             instruction = "take"
-        Consumer.objects.update_or_create(pk=data["consumer"], defaults={
-            "name": data.get("name", ""), "hostname": data.get("hostname", ""), "pid": data.get("pid"),
-            "queues": queues, "load": data.get("load", 0.0), "capacity": data.get("capacity", 1),
-            "held": [h["id"] for h in held], "last_heartbeat": now,
-            "asleep_until": now + timedelta(seconds=sleep) if sleep else None,
-        })
-        return Response({"instruction": instruction, "sleep": sleep, "take": take,
-                         "extended": extended, "lost": lost})
+        Consumer.objects.update_or_create(
+            pk=data["consumer"],
+            defaults={
+                "name": data.get("name", ""),
+                "hostname": data.get("hostname", ""),
+                "pid": data.get("pid"),
+                "queues": queues,
+                "load": data.get("load", 0.0),
+                "capacity": data.get("capacity", 1),
+                "held": [h["id"] for h in held],
+                "last_heartbeat": now,
+                "asleep_until": now + timedelta(seconds=sleep) if sleep else None,
+            },
+        )
+        return Response({"instruction": instruction, "sleep": sleep, "take": take, "extended": extended, "lost": lost})
 
     @staticmethod
     def _assign(consumer: str, queues: list[str], now) -> list[dict]:
@@ -155,13 +194,25 @@ class HeartbeatView(APIView):
         dequeues from their owners first. Everyone may still take from anywhere."""
         if not queues:
             return []
-        live = sorted({c.pk for c in Consumer.objects.filter(last_heartbeat__gte=now - CONSUMER_ALIVE)
-                       if set(c.queues) & set(queues)} | {consumer})
+        live = sorted(
+            {
+                c.pk
+                for c in Consumer.objects.filter(last_heartbeat__gte=now - CONSUMER_ALIVE)
+                if set(c.queues) & set(queues)
+            }
+            | {consumer}
+        )
         rank, n = live.index(consumer), len(live)
-        rows = (Partition.objects.filter(queue__name__in=queues, depth__gt=0, owner__isnull=False)
-                .select_related("queue", "owner").order_by("queue__name", "index"))
-        return [{"queue": p.queue.name, "partition": p.index, "node": p.owner.address, "depth": p.depth}
-                for k, p in enumerate(rows) if k % n == rank]
+        rows = (
+            Partition.objects.filter(queue__name__in=queues, depth__gt=0, owner__isnull=False)
+            .select_related("queue", "owner")
+            .order_by("queue__name", "index")
+        )
+        return [
+            {"queue": p.queue.name, "partition": p.index, "node": p.owner.address, "depth": p.depth}
+            for k, p in enumerate(rows)
+            if k % n == rank
+        ]
 
     @staticmethod
     def _extend(held: list[dict]) -> tuple[list[str], list[str]]:
@@ -189,8 +240,9 @@ class HeartbeatView(APIView):
                 lost.append(h["id"])
                 continue
             try:
-                calls.visibility(target, {"id": h["id"], "receipt": h["receipt"],
-                                          "visibility_timeout": max(timeouts[mid.queue], 1)})
+                calls.visibility(
+                    target, {"id": h["id"], "receipt": h["receipt"], "visibility_timeout": max(timeouts[mid.queue], 1)}
+                )
                 extended.append(h["id"])
             except (ReceiptMismatch, BadRequest):
                 lost.append(h["id"])
@@ -210,6 +262,5 @@ class HeartbeatView(APIView):
         if depth:
             return "continue", 0
         others = Consumer.objects.filter(last_heartbeat__gte=now - CONSUMER_ALIVE).exclude(pk=consumer)
-        covering = [c for c in others if set(c.queues) & set(queues)
-                    and not (c.asleep_until and c.asleep_until > now)]
+        covering = [c for c in others if set(c.queues) & set(queues) and not (c.asleep_until and c.asleep_until > now)]
         return ("sleep", SLEEP_SECONDS) if covering else ("continue", 0)

@@ -43,9 +43,14 @@ class QueueConsumers(bootsteps.StartStopStep):
         # Three beats per visibility timeout: one lost beat never lets a message go.
         beat = max(0.2, min(10.0, min(timeouts) / 3)) if timeouts else 5.0
         self.pipeline = Pipeline(
-            client, found, queues, concurrency=max(1, int(worker.concurrency or 1)),
-            pipelining=os.environ.get("WORKER_PIPELINING", "1") != "0", heartbeat_every=beat,
-            name=f"{worker.hostname}", wait=float(os.environ.get("WORKER_WAIT", "2")),
+            client,
+            found,
+            queues,
+            concurrency=max(1, int(worker.concurrency or 1)),
+            pipelining=os.environ.get("WORKER_PIPELINING", "1") != "0",
+            heartbeat_every=beat,
+            name=f"{worker.hostname}",
+            wait=float(os.environ.get("WORKER_WAIT", "2")),
         ).start()
         log.info("consuming %s with %s slots (heartbeat every %.1fs)", queues, self.pipeline.concurrency, beat)
 

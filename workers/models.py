@@ -40,11 +40,13 @@ class AttemptLog(models.Model):
     queue = models.CharField(max_length=80)
     partition = models.PositiveIntegerField()
     group = models.CharField(max_length=128, blank=True)
-    worker = models.ForeignKey(Consumer, null=True, blank=True, on_delete=models.SET_NULL,
-                               related_name="attempts", db_constraint=False)
+    worker = models.ForeignKey(
+        Consumer, null=True, blank=True, on_delete=models.SET_NULL, related_name="attempts", db_constraint=False
+    )
     attempt = models.PositiveIntegerField(help_text="the delivery's receive count")
-    enqueued_at = models.DateTimeField(null=True, blank=True,
-                                       help_text="when the message was enqueued: wait time = process start - this")
+    enqueued_at = models.DateTimeField(
+        null=True, blank=True, help_text="when the message was enqueued: wait time = process start - this"
+    )
     preprocess_started_at = models.DateTimeField(null=True, blank=True)
     preprocess_ended_at = models.DateTimeField(null=True, blank=True)
     process_started_at = models.DateTimeField(null=True, blank=True)

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Mapping
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from .handlers import Handler
@@ -38,7 +38,7 @@ _UNSET = object()
 def _iso(ts: float | None) -> str | None:
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
 
 
 def _iso_of(value: Any) -> str | None:
@@ -75,10 +75,21 @@ class Work:
 
 
 class Pipeline:
-    def __init__(self, client, handlers: dict[str, Handler], queues: list[str] | None = None, *,
-                 concurrency: int = 1, pipelining: bool = True, visibility_timeout: float | None = None,
-                 heartbeat_every: float = 5.0, wait: float = 1.0, retry_backoff: float = 1.0,
-                 consumer_id: str | None = None, name: str | None = None):
+    def __init__(
+        self,
+        client,
+        handlers: dict[str, Handler],
+        queues: list[str] | None = None,
+        *,
+        concurrency: int = 1,
+        pipelining: bool = True,
+        visibility_timeout: float | None = None,
+        heartbeat_every: float = 5.0,
+        wait: float = 1.0,
+        retry_backoff: float = 1.0,
+        consumer_id: str | None = None,
+        name: str | None = None,
+    ):
         self.client = client
         self.handlers = handlers
         self.queues = queues or sorted(handlers)
@@ -106,7 +117,7 @@ class Pipeline:
         self.busy = 0
 
     # --- life cycle ---------------------------------------------------------------------------
-    def start(self) -> "Pipeline":
+    def start(self) -> Pipeline:
         for i in range(self.concurrency):
             self._threads.append(threading.Thread(target=self._slot, name=f"slot-{i}", daemon=True))
         self._threads.append(threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True))
@@ -159,8 +170,13 @@ class Pipeline:
             if nodes:  # the service asked us to take these partitions: their owners first
                 hint["node"] = nodes[self._rr % len(nodes)]
             try:
-                got = self.client.dequeue(queue, 1, visibility_timeout=self.visibility_timeout,
-                                          wait=self.wait if len(self.queues) == 1 else 0, **hint)
+                got = self.client.dequeue(
+                    queue,
+                    1,
+                    visibility_timeout=self.visibility_timeout,
+                    wait=self.wait if len(self.queues) == 1 else 0,
+                    **hint,
+                )
             except Exception as exc:  # noqa: BLE001 - the SDK already retried; wait and go on
                 log.warning("dequeue %s: %s", queue, exc)
                 self._stop.wait(1.0)
@@ -277,8 +293,9 @@ class Pipeline:
             taken.set_result(None)
             return taken
 
-    def _finish(self, work: Work, outcome: str, error: BaseException | None,
-                started: float | None, ended: float | None) -> None:
+    def _finish(
+        self, work: Work, outcome: str, error: BaseException | None, started: float | None, ended: float | None
+    ) -> None:
         message = work.message
         self._log(work, outcome, error, started, ended)
         if work.lost:
@@ -308,15 +325,21 @@ class Pipeline:
             self._held.pop(work.message.id, None)
 
     # --- log data -----------------------------------------------------------------------------
-    def _log(self, work: Work, outcome: str, error: BaseException | None,
-             started: float | None, ended: float | None) -> None:
+    def _log(
+        self, work: Work, outcome: str, error: BaseException | None, started: float | None, ended: float | None
+    ) -> None:
         message = work.message
         record = {
-            "message_id": message.id, "group": getattr(message, "group", None), "worker": self.consumer_id,
-            "attempt": message.receive_count, "outcome": outcome,
+            "message_id": message.id,
+            "group": getattr(message, "group", None),
+            "worker": self.consumer_id,
+            "attempt": message.receive_count,
+            "outcome": outcome,
             "enqueued_at": _iso_of(getattr(message, "enqueued_at", None)),
-            "preprocess_started_at": _iso(work.preprocess_started), "preprocess_ended_at": _iso(work.preprocess_ended),
-            "process_started_at": _iso(started), "process_ended_at": _iso(ended),
+            "preprocess_started_at": _iso(work.preprocess_started),
+            "preprocess_ended_at": _iso(work.preprocess_ended),
+            "process_started_at": _iso(started),
+            "process_ended_at": _iso(ended),
             "size": getattr(message, "size", None),
         }
         if error is not None:
@@ -350,8 +373,12 @@ class Pipeline:
         with self._held_lock:
             held = list(self._held.values())
         payload = {
-            "consumer": self.consumer_id, "name": self.name, "hostname": socket.gethostname(),
-            "pid": os.getpid(), "queues": self.queues, "capacity": self.concurrency,
+            "consumer": self.consumer_id,
+            "name": self.name,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "queues": self.queues,
+            "capacity": self.concurrency,
             "load": min(1.0, self.busy / self.concurrency),
             "held": [{"id": w.message.id, "receipt": w.message.receipt, "queue": w.queue} for w in held],
         }

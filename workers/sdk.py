@@ -66,11 +66,13 @@ try:  # the service's own JSON codec when present; the standard library otherwis
     def _loads(raw: bytes) -> Any:
         return orjson.loads(raw)
 except ImportError:  # pragma: no cover - orjson is in the service's requirements
+
     def _dumps(value: Any) -> bytes:
         return json.dumps(value, separators=(",", ":")).encode("utf-8")
 
     def _loads(raw: bytes) -> Any:
         return json.loads(raw)
+
 
 __all__ = [
     "MAX_BATCH",
@@ -111,6 +113,7 @@ OWNERS_RETRY = 1.0
 
 # ----------------------------------------------------------------------------------- errors
 
+
 class ApiError(Exception):
     """An answer the API refused, or no answer at all.
 
@@ -120,8 +123,9 @@ class ApiError(Exception):
     whole JSON answer.
     """
 
-    def __init__(self, status: int, code: str, detail: Any = None, payload: Mapping | None = None,
-                 url: str | None = None):
+    def __init__(
+        self, status: int, code: str, detail: Any = None, payload: Mapping | None = None, url: str | None = None
+    ):
         self.status = status
         self.code = code
         self.detail = detail
@@ -181,6 +185,7 @@ def _error_class(status: int) -> type[ApiError]:
 
 
 # ------------------------------------------------------------------------------ results
+
 
 def _time(value: Any) -> datetime | None:
     """An ISO 8601 time of the API as an aware datetime (UTC), or None."""
@@ -243,8 +248,9 @@ class History:
     def from_json(cls, data: Mapping | None) -> History | None:
         if not data:
             return None
-        return _known(cls, data, enqueued_at=_time(data.get("enqueued_at")),
-                      dead_lettered_at=_time(data.get("dead_lettered_at")))
+        return _known(
+            cls, data, enqueued_at=_time(data.get("enqueued_at")), dead_lettered_at=_time(data.get("dead_lettered_at"))
+        )
 
 
 @dataclass(frozen=True)
@@ -276,12 +282,19 @@ class Message:
 
     @classmethod
     def from_json(cls, data: Mapping) -> Message:
-        return cls(id=data["id"], receipt=data["receipt"], body=data["body"],
-                   receive_count=data.get("receive_count", 1), enqueued_at=_time(data.get("enqueued_at")),
-                   sequence=data.get("sequence"), group=data.get("group"),
-                   attributes=dict(data.get("attributes") or {}), size=data.get("size"),
-                   estimates=Estimates.from_json(data.get("estimates")),
-                   history=History.from_json(data.get("history")))
+        return cls(
+            id=data["id"],
+            receipt=data["receipt"],
+            body=data["body"],
+            receive_count=data.get("receive_count", 1),
+            enqueued_at=_time(data.get("enqueued_at")),
+            sequence=data.get("sequence"),
+            group=data.get("group"),
+            attributes=dict(data.get("attributes") or {}),
+            size=data.get("size"),
+            estimates=Estimates.from_json(data.get("estimates")),
+            history=History.from_json(data.get("history")),
+        )
 
     @property
     def queue(self) -> str:
@@ -326,8 +339,9 @@ class NewMessage:
         if self.attributes is not None:
             out["attributes"] = dict(self.attributes)
         if self.estimates is not None:
-            out["estimates"] = (self.estimates.to_json() if isinstance(self.estimates, Estimates)
-                                else dict(self.estimates))
+            out["estimates"] = (
+                self.estimates.to_json() if isinstance(self.estimates, Estimates) else dict(self.estimates)
+            )
         return out
 
 
@@ -395,8 +409,7 @@ class Queue:
 
     @classmethod
     def from_json(cls, data: Mapping) -> Queue:
-        return _known(cls, data, created_at=_time(data.get("created_at")),
-                      updated_at=_time(data.get("updated_at")))
+        return _known(cls, data, created_at=_time(data.get("created_at")), updated_at=_time(data.get("updated_at")))
 
 
 @dataclass(frozen=True)
@@ -531,6 +544,7 @@ class Health:
 
 # ----------------------------------------------------------------------------- helpers
 
+
 def message_queue(message_id: str) -> str:
     """The queue of a message ID ``<queue>/<partition>/<block>/<index>``."""
     return message_id.split("/", 1)[0]
@@ -574,9 +588,22 @@ def _retry_after(value: str | None) -> float | None:
 
 
 _UNSET: Any = object()
-_QUEUE_FIELDS = ("partitions", "block_size", "lease_period", "visibility_timeout", "max_message_size",
-                 "retention", "strict", "dead_letter_queue", "max_receives", "dedup_window", "delay",
-                 "preprocess_estimate", "process_estimate", "archive")
+_QUEUE_FIELDS = (
+    "partitions",
+    "block_size",
+    "lease_period",
+    "visibility_timeout",
+    "max_message_size",
+    "retention",
+    "strict",
+    "dead_letter_queue",
+    "max_receives",
+    "dedup_window",
+    "delay",
+    "preprocess_estimate",
+    "process_estimate",
+    "archive",
+)
 
 
 class _Node:
@@ -598,6 +625,7 @@ class _Owners:
 
 # ------------------------------------------------------------------------------ client
 
+
 class Client:
     """A client of the messaging API over one or more nodes.
 
@@ -611,9 +639,19 @@ class Client:
     :param node_quarantine: seconds a node that refused a connection is skipped (doubles, up to 8x)
     """
 
-    def __init__(self, urls: str | Sequence[str], token: str, timeout: float = 10.0, retries: int = 4,
-                 backoff: float = 0.1, *, max_backoff: float = 5.0, owners_ttl: float = 30.0,
-                 node_quarantine: float = 2.0, user_agent: str = "mq-sdk/1"):
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        token: str,
+        timeout: float = 10.0,
+        retries: int = 4,
+        backoff: float = 0.1,
+        *,
+        max_backoff: float = 5.0,
+        owners_ttl: float = 30.0,
+        node_quarantine: float = 2.0,
+        user_agent: str = "mq-sdk/1",
+    ):
         if isinstance(urls, str):
             urls = urls.split(",")
         cleaned = [u.strip().rstrip("/") for u in urls if u and u.strip()]
@@ -631,8 +669,12 @@ class Client:
         self.owners_ttl = owners_ttl
         self.node_quarantine = node_quarantine
         self.scheme = cleaned[0].split("://", 1)[0]
-        self._headers = {"Authorization": f"Token {token}", "Content-Type": "application/json",
-                         "Accept": "application/json", "User-Agent": user_agent}
+        self._headers = {
+            "Authorization": f"Token {token}",
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "User-Agent": user_agent,
+        }
         self._lock = threading.Lock()
         self._next = 0
         self._owners: dict[str, _Owners] = {}
@@ -679,13 +721,25 @@ class Client:
 
     # ------------------------------------------------------------------ queues
 
-    def create_queue(self, name: str, *, partitions: int = _UNSET, block_size: int = _UNSET,
-                     lease_period: float = _UNSET, visibility_timeout: float = _UNSET,
-                     max_message_size: int = _UNSET, retention: float = _UNSET, strict: bool = _UNSET,
-                     dead_letter_queue: str | None = _UNSET, max_receives: int | None = _UNSET,
-                     dedup_window: float = _UNSET, delay: float = _UNSET,
-                     preprocess_estimate: float | None = _UNSET,
-                     process_estimate: float | None = _UNSET, archive: str = _UNSET) -> Queue:
+    def create_queue(
+        self,
+        name: str,
+        *,
+        partitions: int = _UNSET,
+        block_size: int = _UNSET,
+        lease_period: float = _UNSET,
+        visibility_timeout: float = _UNSET,
+        max_message_size: int = _UNSET,
+        retention: float = _UNSET,
+        strict: bool = _UNSET,
+        dead_letter_queue: str | None = _UNSET,
+        max_receives: int | None = _UNSET,
+        dedup_window: float = _UNSET,
+        delay: float = _UNSET,
+        preprocess_estimate: float | None = _UNSET,
+        process_estimate: float | None = _UNSET,
+        archive: str = _UNSET,
+    ) -> Queue:
         """Create a queue; settings left out take the service's defaults. ``BadRequest`` if the
         name is taken or a setting is out of range (``detail`` names the fields)."""
         settings = {k: v for k, v in locals().items() if k in _QUEUE_FIELDS and v is not _UNSET}
@@ -707,13 +761,25 @@ class Client:
             data["visibility_timeout"] = own["visibility_timeout"]
         return Queue.from_json(data)
 
-    def update_queue(self, name: str, *, partitions: int = _UNSET, block_size: int = _UNSET,
-                     lease_period: float = _UNSET, visibility_timeout: float = _UNSET,
-                     max_message_size: int = _UNSET, retention: float = _UNSET, strict: bool = _UNSET,
-                     dead_letter_queue: str | None = _UNSET, max_receives: int | None = _UNSET,
-                     dedup_window: float = _UNSET, delay: float = _UNSET,
-                     preprocess_estimate: float | None = _UNSET,
-                     process_estimate: float | None = _UNSET, archive: str = _UNSET) -> Queue:
+    def update_queue(
+        self,
+        name: str,
+        *,
+        partitions: int = _UNSET,
+        block_size: int = _UNSET,
+        lease_period: float = _UNSET,
+        visibility_timeout: float = _UNSET,
+        max_message_size: int = _UNSET,
+        retention: float = _UNSET,
+        strict: bool = _UNSET,
+        dead_letter_queue: str | None = _UNSET,
+        max_receives: int | None = _UNSET,
+        dedup_window: float = _UNSET,
+        delay: float = _UNSET,
+        preprocess_estimate: float | None = _UNSET,
+        process_estimate: float | None = _UNSET,
+        archive: str = _UNSET,
+    ) -> Queue:
         """Change the settings given (``None`` clears the optional ones); partitions only grow."""
         changes = {k: v for k, v in locals().items() if k in _QUEUE_FIELDS and v is not _UNSET}
         queue = Queue.from_json(self._call("PATCH", f"queues/{_q(name)}", changes))
@@ -751,21 +817,38 @@ class Client:
         status, body, _ = self._once("GET", url.rstrip("/"), "healthz", None, self.timeout)
         if status != 200:
             body = body if isinstance(body, dict) else {}
-            raise _error_class(status)(status, str(body.get("error") or f"http_{status}"), body.get("detail"),
-                                       body, url=url)
+            raise _error_class(status)(
+                status, str(body.get("error") or f"http_{status}"), body.get("detail"), body, url=url
+            )
         return Health(**_pick(Health, body))
 
     # ----------------------------------------------------------------- messages
 
-    def enqueue(self, queue: str, body: str, *, group: str | None = None, dedup_id: str | None = None,
-                delay: float | None = None, not_before: float | str | datetime | None = None,
-                attributes: Mapping[str, Any] | None = None, size: int | None = None,
-                estimates: Estimates | Mapping[str, float] | None = None) -> str:
+    def enqueue(
+        self,
+        queue: str,
+        body: str,
+        *,
+        group: str | None = None,
+        dedup_id: str | None = None,
+        delay: float | None = None,
+        not_before: float | str | datetime | None = None,
+        attributes: Mapping[str, Any] | None = None,
+        size: int | None = None,
+        estimates: Estimates | Mapping[str, float] | None = None,
+    ) -> str:
         """Enqueue one message; its ID. A message with a group goes to its partition's owner."""
-        item = NewMessage(body, group=group, dedup_id=dedup_id, delay=delay, not_before=not_before,
-                          attributes=attributes, size=size, estimates=estimates).to_json()
-        return self._call("POST", _path(queue, "enqueue"), item,
-                          owner=self._group_owner(queue, [group]))["id"]
+        item = NewMessage(
+            body,
+            group=group,
+            dedup_id=dedup_id,
+            delay=delay,
+            not_before=not_before,
+            attributes=attributes,
+            size=size,
+            estimates=estimates,
+        ).to_json()
+        return self._call("POST", _path(queue, "enqueue"), item, owner=self._group_owner(queue, [group]))["id"]
 
     def enqueue_batch(self, queue: str, messages: Iterable[str | NewMessage | Mapping]) -> list[str]:
         """Enqueue up to 1,000 messages in one call (stored in order in one partition when none
@@ -778,8 +861,9 @@ class Client:
         owner = self._group_owner(queue, [i.get("group") for i in items])
         return list(self._call("POST", _path(queue, "enqueue"), {"messages": items}, owner=owner)["ids"])
 
-    def enqueue_many(self, queue: str, messages: Iterable[str | NewMessage | Mapping],
-                     batch_size: int = MAX_BATCH) -> list[str]:
+    def enqueue_many(
+        self, queue: str, messages: Iterable[str | NewMessage | Mapping], batch_size: int = MAX_BATCH
+    ) -> list[str]:
         """Enqueue any number of messages in calls of ``batch_size`` (<= 1,000); all IDs, in order.
 
         Each call is separate: if one fails, the batches before it are stored (their IDs are on
@@ -796,8 +880,15 @@ class Client:
                 raise
         return ids
 
-    def dequeue(self, queue: str, max_messages: int = 1, *, visibility_timeout: float | None = None,
-                wait: float = 0, node: str | None = None) -> list[Message]:
+    def dequeue(
+        self,
+        queue: str,
+        max_messages: int = 1,
+        *,
+        visibility_timeout: float | None = None,
+        wait: float = 0,
+        node: str | None = None,
+    ) -> list[Message]:
         """Receive up to ``max_messages`` (1..1,000); each is hidden for ``visibility_timeout``
         seconds (default: the queue's). ``wait`` (0..20 s) long-polls for a first message.
         ``node`` (``host:port``, e.g. from a heartbeat's ``take``) is asked first."""
@@ -807,12 +898,12 @@ class Client:
         if wait:
             payload["wait"] = wait
         timeout = self.timeout + (wait if isinstance(wait, (int, float)) and wait > 0 else 0)
-        answer = self._call("POST", _path(queue, "dequeue"), payload, timeout=timeout,
-                            owner=self._owner_url(node))
+        answer = self._call("POST", _path(queue, "dequeue"), payload, timeout=timeout, owner=self._owner_url(node))
         return [Message.from_json(m) for m in answer.get("messages", ())]
 
-    def receive(self, queue: str, max_messages: int = 1, *, visibility_timeout: float | None = None,
-                wait: float = MAX_WAIT) -> Iterator[Message]:
+    def receive(
+        self, queue: str, max_messages: int = 1, *, visibility_timeout: float | None = None, wait: float = MAX_WAIT
+    ) -> Iterator[Message]:
         """Messages as they come, long-polling forever (stop by leaving the loop). Ack each."""
         while True:
             yield from self.dequeue(queue, max_messages, visibility_timeout=visibility_timeout, wait=wait)
@@ -839,8 +930,9 @@ class Client:
         """Acknowledge (delete) messages by ID, whoever holds them (not on strict queues)."""
         return self._ack(queue, "ids", list(ids), lambda mid: mid)
 
-    def change_visibility(self, queue: str, message: Message | str, visibility_timeout: float, *,
-                          receipt: str | None = None) -> VisibilityResult:
+    def change_visibility(
+        self, queue: str, message: Message | str, visibility_timeout: float, *, receipt: str | None = None
+    ) -> VisibilityResult:
         """Hide a delivered message for ``visibility_timeout`` more seconds from now (0: deliver
         it again at once). ``message`` is a :class:`Message` (its receipt is used) or an ID."""
         if isinstance(message, Message):
@@ -850,10 +942,12 @@ class Client:
         payload: dict[str, Any] = {"id": mid, "visibility_timeout": visibility_timeout}
         if receipt is not None:
             payload["receipt"] = receipt
-        answer = self._call("POST", _path(queue, "visibility"), payload,
-                            owner=self._owner(queue, _partition_or_none(mid)))
-        return VisibilityResult(id=answer.get("id", mid), visibility_timeout=answer.get("visibility_timeout",
-                                                                                      visibility_timeout))
+        answer = self._call(
+            "POST", _path(queue, "visibility"), payload, owner=self._owner(queue, _partition_or_none(mid))
+        )
+        return VisibilityResult(
+            id=answer.get("id", mid), visibility_timeout=answer.get("visibility_timeout", visibility_timeout)
+        )
 
     def release(self, queue: str, message: Message | str, *, receipt: str | None = None) -> VisibilityResult:
         """Give a delivered message back at once (visibility 0)."""
@@ -962,10 +1056,12 @@ class Client:
         with self._lock:
             n = len(self._nodes)
             order = [self._nodes[(self._next + i) % n] for i in range(n)]
-            choice = (next((x for x in order if x.down_until <= now and x.url not in tried), None)
-                      or next((x for x in order if x.down_until <= now), None)
-                      or next((x for x in order if x.url not in tried), None)
-                      or min(order, key=lambda x: x.down_until))
+            choice = (
+                next((x for x in order if x.down_until <= now and x.url not in tried), None)
+                or next((x for x in order if x.down_until <= now), None)
+                or next((x for x in order if x.url not in tried), None)
+                or min(order, key=lambda x: x.down_until)
+            )
             self._next = (self._nodes.index(choice) + 1) % n
             return choice
 
@@ -984,7 +1080,7 @@ class Client:
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         """Full jitter: uniform in [0, backoff * 2^attempt], at least Retry-After, at most max_backoff."""
-        delay = random.uniform(0, self.backoff * (2 ** attempt))
+        delay = random.uniform(0, self.backoff * (2**attempt))
         if retry_after is not None:
             delay = max(delay, retry_after)
         return min(delay, self.max_backoff)
@@ -992,8 +1088,9 @@ class Client:
     def _once(self, method: str, base: str, path: str, payload: Any, timeout: float) -> tuple[int, Any, Mapping]:
         """One HTTP request: ``(status, JSON or None, headers)``; raises requests' exceptions."""
         data = None if payload is None else _dumps(payload)
-        r = self._session().request(method, f"{base}{API_PREFIX}/{path}", data=data,
-                                    timeout=(min(timeout, 5.0), timeout))
+        r = self._session().request(
+            method, f"{base}{API_PREFIX}/{path}", data=data, timeout=(min(timeout, 5.0), timeout)
+        )
         body: Any = None
         if r.content:
             try:
@@ -1002,8 +1099,16 @@ class Client:
                 body = {"error": f"http_{r.status_code}", "detail": r.text[:500]}
         return r.status_code, body, r.headers
 
-    def _call(self, method: str, path: str, payload: Any = None, *, owner: str | None = None,
-              timeout: float | None = None, retries: int | None = None) -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        *,
+        owner: str | None = None,
+        timeout: float | None = None,
+        retries: int | None = None,
+    ) -> Any:
         """The call on ``owner`` first if given, else round robin; retried as the module says."""
         timeout = self.timeout if timeout is None else timeout
         retries = self.retries if retries is None else retries
@@ -1034,8 +1139,9 @@ class Client:
                     self._node_ok(base)
                 return body if body is not None else {}
             body = body if isinstance(body, dict) else {"detail": body}
-            error = _error_class(status)(status, str(body.get("error") or f"http_{status}"),
-                                         body.get("detail"), body, url=base)
+            error = _error_class(status)(
+                status, str(body.get("error") or f"http_{status}"), body.get("detail"), body, url=base
+            )
             if status < 500:
                 raise error
             last = error

@@ -72,8 +72,9 @@ class Options:
         if self.bucket_seconds > 7 * 24 * 3600:
             raise ValueError(f"bucket must be at most a week (604800 s), not {self.bucket_seconds}")
         if not isinstance(self.window_seconds, int) or self.window_seconds < self.bucket_seconds:
-            raise ValueError(f"window ({self.window_seconds!r} s) must be at least one bucket "
-                             f"({self.bucket_seconds} s)")
+            raise ValueError(
+                f"window ({self.window_seconds!r} s) must be at least one bucket ({self.bucket_seconds} s)"
+            )
         if not isinstance(self.min_samples, int) or self.min_samples < 2:
             raise ValueError(f"min-samples must be at least 2 (a line needs two points), not {self.min_samples!r}")
 
@@ -91,15 +92,18 @@ def spark_session():
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no DNS lookups of our own hostname
     with _session_lock:
-        builder = (SparkSession.builder.master(master).appName("mq-dashboards")
-                   .config("spark.ui.enabled", "false")
-                   .config("spark.sql.shuffle.partitions", str(settings.SPARK_SHUFFLE_PARTITIONS))
-                   .config("spark.driver.memory", settings.SPARK_DRIVER_MEMORY)
-                   .config("spark.sql.session.timeZone", "UTC")
-                   .config("spark.sql.adaptive.enabled", "true")
-                   # percentile_approx keeps a sketch per group; past 128 groups a task would
-                   # switch to sort-based aggregation, which is several times slower here.
-                   .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "1000000"))
+        builder = (
+            SparkSession.builder.master(master)
+            .appName("mq-dashboards")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", str(settings.SPARK_SHUFFLE_PARTITIONS))
+            .config("spark.driver.memory", settings.SPARK_DRIVER_MEMORY)
+            .config("spark.sql.session.timeZone", "UTC")
+            .config("spark.sql.adaptive.enabled", "true")
+            # percentile_approx keeps a sketch per group; past 128 groups a task would
+            # switch to sort-based aggregation, which is several times slower here.
+            .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "1000000")
+        )
         if Path(settings.SPARK_JDBC_JAR).is_file():
             builder = builder.config("spark.jars", settings.SPARK_JDBC_JAR)
         spark = builder.getOrCreate()
@@ -144,8 +148,9 @@ class Source:
         select = []
         for name, alias in self.columns:
             column = f'"{meta.get_field(name).column}"'
-            select.append(f"EXTRACT(EPOCH FROM {column})::float8 AS {alias}" if name in self.times
-                          else f"{column} AS {alias}")
+            select.append(
+                f"EXTRACT(EPOCH FROM {column})::float8 AS {alias}" if name in self.times else f"{column} AS {alias}"
+            )
         window = f'"{meta.get_field(self.window).column}"'
         where = [f"{window} >= to_timestamp({since.timestamp()!r})"]
         if until is not None:
@@ -155,20 +160,40 @@ class Source:
 
 #: the attempt log, by when each attempt was recorded
 ATTEMPTS = Source(
-    "workers.AttemptLog", "recorded_at",
-    (("id", "id"), ("queue", "queue"), ("group", "group"), ("worker", "worker"), ("attempt", "attempt"),
-     ("outcome", "outcome"), ("size", "size"), ("enqueued_at", "enqueued_at"),
-     ("preprocess_started_at", "preprocess_started_at"), ("preprocess_ended_at", "preprocess_ended_at"),
-     ("process_started_at", "process_started_at"), ("process_ended_at", "process_ended_at"),
-     ("recorded_at", "recorded_at")),
-    frozenset({"enqueued_at", "preprocess_started_at", "preprocess_ended_at", "process_started_at",
-               "process_ended_at", "recorded_at"}),
+    "workers.AttemptLog",
+    "recorded_at",
+    (
+        ("id", "id"),
+        ("queue", "queue"),
+        ("group", "group"),
+        ("worker", "worker"),
+        ("attempt", "attempt"),
+        ("outcome", "outcome"),
+        ("size", "size"),
+        ("enqueued_at", "enqueued_at"),
+        ("preprocess_started_at", "preprocess_started_at"),
+        ("preprocess_ended_at", "preprocess_ended_at"),
+        ("process_started_at", "process_started_at"),
+        ("process_ended_at", "process_ended_at"),
+        ("recorded_at", "recorded_at"),
+    ),
+    frozenset(
+        {
+            "enqueued_at",
+            "preprocess_started_at",
+            "preprocess_ended_at",
+            "process_started_at",
+            "process_ended_at",
+            "recorded_at",
+        }
+    ),
     tf.ATTEMPT_SCHEMA,
 )
 
 #: archived messages, by when they were acknowledged (unacknowledged ones have no latency yet)
 ARCHIVED = Source(
-    "archive.ArchivedMessage", "acked_at",
+    "archive.ArchivedMessage",
+    "acked_at",
     (("id", "id"), ("queue", "queue"), ("enqueued_at", "enqueued_at"), ("acked_at", "acked_at")),
     frozenset({"enqueued_at", "acked_at"}),
     tf.ARCHIVE_SCHEMA,
@@ -207,13 +232,20 @@ def _read_jdbc(spark, source: Source, since: datetime, until: datetime | None):
     url = f"jdbc:postgresql://{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
     span = bounds["high"] - bounds["low"] + 1
     partitions = max(1, min(settings.SPARK_JDBC_PARTITIONS, math.ceil(span / ROWS_PER_JDBC_PARTITION)))
-    frame = (spark.read.format("jdbc")
-             .option("url", url).option("driver", "org.postgresql.Driver")
-             .option("user", s.get("USER") or "").option("password", s.get("PASSWORD") or "")
-             .option("dbtable", source.sql(since, until)).option("fetchsize", 20_000)
-             .option("partitionColumn", "id").option("lowerBound", bounds["low"])
-             .option("upperBound", bounds["high"] + 1).option("numPartitions", partitions)
-             .load())
+    frame = (
+        spark.read.format("jdbc")
+        .option("url", url)
+        .option("driver", "org.postgresql.Driver")
+        .option("user", s.get("USER") or "")
+        .option("password", s.get("PASSWORD") or "")
+        .option("dbtable", source.sql(since, until))
+        .option("fetchsize", 20_000)
+        .option("partitionColumn", "id")
+        .option("lowerBound", bounds["low"])
+        .option("upperBound", bounds["high"] + 1)
+        .option("numPartitions", partitions)
+        .load()
+    )
     return frame.select(*[F.col(f.name).cast(f.dataType) for f in source.schema])
 
 
@@ -262,8 +294,9 @@ def compute(prepared, bucket_seconds: int, since: float, min_samples: int) -> Re
         samples.unpersist()
 
 
-def run(options: Options | None = None, *, trigger: str = "command", progress: Progress | None = None,
-        spark=None) -> DashboardRun:
+def run(
+    options: Options | None = None, *, trigger: str = "command", progress: Progress | None = None, spark=None
+) -> DashboardRun:
     """One refresh: read the window, compute, write. Returns the run record (also on failure,
     which is recorded and then raised)."""
     options = options or Options()
@@ -274,8 +307,9 @@ def run(options: Options | None = None, *, trigger: str = "command", progress: P
     # attempt log still holds it).
     start = math.floor((now.timestamp() - options.window_seconds) / options.bucket_seconds) * options.bucket_seconds
     since = datetime.fromtimestamp(start, tz=UTC)
-    record = DashboardRun.objects.create(trigger=trigger, master=settings.SPARK_MASTER,
-                                         bucket_seconds=options.bucket_seconds, window_start=since)
+    record = DashboardRun.objects.create(
+        trigger=trigger, master=settings.SPARK_MASTER, bucket_seconds=options.bucket_seconds, window_start=since
+    )
     prepared = None
     try:
         say(1, STEPS, f"starting Spark ({settings.SPARK_MASTER})")
@@ -302,9 +336,13 @@ def run(options: Options | None = None, *, trigger: str = "command", progress: P
             record.transform_seconds += time.perf_counter() - t4
         finally:
             archived.unpersist()
-        say(5, STEPS, f"writing {len(results.buckets):,} buckets, {len(results.workers):,} workers, "
-                      f"{len(results.groups):,} groups, {len(results.fits)} fits, "
-                      f"{len(results.latency):,} latency buckets")
+        say(
+            5,
+            STEPS,
+            f"writing {len(results.buckets):,} buckets, {len(results.workers):,} workers, "
+            f"{len(results.groups):,} groups, {len(results.fits)} fits, "
+            f"{len(results.latency):,} latency buckets",
+        )
         t2 = time.perf_counter()
         write(record, results, options)
         record.write_seconds = time.perf_counter() - t2
@@ -337,30 +375,59 @@ def write(record: DashboardRun, results: Results, options: Options) -> None:
     from workers.models import Consumer
 
     bucket = options.bucket_seconds
-    names = dict(Consumer.objects.filter(pk__in={w["worker"] for w in results.workers})
-                 .values_list("pk", "name"))
+    names = dict(Consumer.objects.filter(pk__in={w["worker"] for w in results.workers}).values_list("pk", "name"))
     with transaction.atomic():
         QueueBucketStats.objects.filter(bucket_seconds=bucket, bucket_start__gte=record.window_start).delete()
-        QueueBucketStats.objects.bulk_create([
-            QueueBucketStats(run=record, queue=r["queue"], bucket_seconds=bucket, bucket_start=_ts(r["bucket_start"]),
-                             throughput=r["throughput"], **_figures(r))
-            for r in results.buckets], batch_size=1000)
+        QueueBucketStats.objects.bulk_create(
+            [
+                QueueBucketStats(
+                    run=record,
+                    queue=r["queue"],
+                    bucket_seconds=bucket,
+                    bucket_start=_ts(r["bucket_start"]),
+                    throughput=r["throughput"],
+                    **_figures(r),
+                )
+                for r in results.buckets
+            ],
+            batch_size=1000,
+        )
         LatencyBucketStats.objects.filter(bucket_seconds=bucket, bucket_start__gte=record.window_start).delete()
-        LatencyBucketStats.objects.bulk_create([
-            LatencyBucketStats(run=record, queue=r["queue"], bucket_seconds=bucket, bucket_start=_ts(r["bucket_start"]),
-                               **{name: r[name] for name in tf.LATENCY_COLUMNS})
-            for r in results.latency], batch_size=1000)
+        LatencyBucketStats.objects.bulk_create(
+            [
+                LatencyBucketStats(
+                    run=record,
+                    queue=r["queue"],
+                    bucket_seconds=bucket,
+                    bucket_start=_ts(r["bucket_start"]),
+                    **{name: r[name] for name in tf.LATENCY_COLUMNS},
+                )
+                for r in results.latency
+            ],
+            batch_size=1000,
+        )
         WorkerStats.objects.exclude(run=record).delete()
-        WorkerStats.objects.bulk_create([
-            WorkerStats(run=record, queue=r["queue"], worker=r["worker"], worker_name=names.get(r["worker"], ""),
-                        busy_seconds=r["busy_seconds"], first_seen=_ts(r["first_bucket"]),
-                        last_seen=_ts(r["last_bucket"] + bucket if r["last_bucket"] is not None else None),
-                        **_figures(r))
-            for r in results.workers], batch_size=1000)
+        WorkerStats.objects.bulk_create(
+            [
+                WorkerStats(
+                    run=record,
+                    queue=r["queue"],
+                    worker=r["worker"],
+                    worker_name=names.get(r["worker"], ""),
+                    busy_seconds=r["busy_seconds"],
+                    first_seen=_ts(r["first_bucket"]),
+                    last_seen=_ts(r["last_bucket"] + bucket if r["last_bucket"] is not None else None),
+                    **_figures(r),
+                )
+                for r in results.workers
+            ],
+            batch_size=1000,
+        )
         GroupStats.objects.exclude(run=record).delete()
-        GroupStats.objects.bulk_create([
-            GroupStats(run=record, queue=r["queue"], group=r["group"], **_figures(r))
-            for r in results.groups], batch_size=1000)
+        GroupStats.objects.bulk_create(
+            [GroupStats(run=record, queue=r["queue"], group=r["group"], **_figures(r)) for r in results.groups],
+            batch_size=1000,
+        )
         fits = []
         for r in results.fits:
             column = f"{r['stage']}_estimate"
@@ -369,10 +436,23 @@ def write(record: DashboardRun, results: Results, options: Options) -> None:
             applied = previous is not None and options.apply_estimates
             if applied:
                 Queue.objects.filter(name=r["queue"]).update(**{column: estimate})
-            fits.append(EstimateFit(run=record, queue=r["queue"], stage=r["stage"], n=r["n"],
-                                    intercept=r["intercept"], slope=r["slope"], r2=r["r2"], rmse=r["rmse"],
-                                    median_size=r["median_size"], estimate=estimate, previous=previous,
-                                    applied=applied, created_at=record.started_at))
+            fits.append(
+                EstimateFit(
+                    run=record,
+                    queue=r["queue"],
+                    stage=r["stage"],
+                    n=r["n"],
+                    intercept=r["intercept"],
+                    slope=r["slope"],
+                    r2=r["r2"],
+                    rmse=r["rmse"],
+                    median_size=r["median_size"],
+                    estimate=estimate,
+                    previous=previous,
+                    applied=applied,
+                    created_at=record.started_at,
+                )
+            )
         EstimateFit.objects.bulk_create(fits)
         record.queues = len({r["queue"] for r in [*results.buckets, *results.latency]})
         record.fits = len(fits)

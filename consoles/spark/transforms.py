@@ -27,31 +27,35 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 #: One row per attempt; every ``*_at`` is epoch seconds (UTC), null when unknown.
-ATTEMPT_SCHEMA = T.StructType([
-    T.StructField("id", T.LongType(), False),
-    T.StructField("queue", T.StringType(), False),
-    T.StructField("group", T.StringType(), True),
-    T.StructField("worker", T.StringType(), True),
-    T.StructField("attempt", T.IntegerType(), False),
-    T.StructField("outcome", T.StringType(), False),
-    T.StructField("size", T.LongType(), True),
-    T.StructField("enqueued_at", T.DoubleType(), True),
-    T.StructField("preprocess_started_at", T.DoubleType(), True),
-    T.StructField("preprocess_ended_at", T.DoubleType(), True),
-    T.StructField("process_started_at", T.DoubleType(), True),
-    T.StructField("process_ended_at", T.DoubleType(), True),
-    T.StructField("recorded_at", T.DoubleType(), False),
-])
+ATTEMPT_SCHEMA = T.StructType(
+    [
+        T.StructField("id", T.LongType(), False),
+        T.StructField("queue", T.StringType(), False),
+        T.StructField("group", T.StringType(), True),
+        T.StructField("worker", T.StringType(), True),
+        T.StructField("attempt", T.IntegerType(), False),
+        T.StructField("outcome", T.StringType(), False),
+        T.StructField("size", T.LongType(), True),
+        T.StructField("enqueued_at", T.DoubleType(), True),
+        T.StructField("preprocess_started_at", T.DoubleType(), True),
+        T.StructField("preprocess_ended_at", T.DoubleType(), True),
+        T.StructField("process_started_at", T.DoubleType(), True),
+        T.StructField("process_ended_at", T.DoubleType(), True),
+        T.StructField("recorded_at", T.DoubleType(), False),
+    ]
+)
 
 #: One row per acknowledged message of the archive (``archive.ArchivedMessage``): its queue (or
 #: topic), when it was enqueued and when it was acknowledged (a topic's: by its last
 #: subscription), epoch seconds.
-ARCHIVE_SCHEMA = T.StructType([
-    T.StructField("id", T.LongType(), False),
-    T.StructField("queue", T.StringType(), False),
-    T.StructField("enqueued_at", T.DoubleType(), False),
-    T.StructField("acked_at", T.DoubleType(), False),
-])
+ARCHIVE_SCHEMA = T.StructType(
+    [
+        T.StructField("id", T.LongType(), False),
+        T.StructField("queue", T.StringType(), False),
+        T.StructField("enqueued_at", T.DoubleType(), False),
+        T.StructField("acked_at", T.DoubleType(), False),
+    ]
+)
 
 #: ``percentile_approx`` accuracy: relative rank error 1/10,000, exact for smaller groups.
 PERCENTILE_ACCURACY = 10_000
@@ -64,17 +68,22 @@ STAGES = ("preprocess", "process")
 ESTIMATE_MAX = 24 * 3600.0
 
 #: the columns the figure aggregations add after their keys, in order
-FIGURE_COLUMNS = (
-    ["attempts", "succeeded", "failed", "timed_out", "abandoned", "retries", "failure_rate", "retry_rate"]
-    + [f"{m}_p{round(p * 100)}" for m in MEASURES for p in PERCENTILES]
-)
+FIGURE_COLUMNS = [
+    "attempts",
+    "succeeded",
+    "failed",
+    "timed_out",
+    "abandoned",
+    "retries",
+    "failure_rate",
+    "retry_rate",
+] + [f"{m}_p{round(p * 100)}" for m in MEASURES for p in PERCENTILES]
 
 
 def _seconds(end: str, start: str) -> Column:
     """``end - start`` in seconds; null when either is unknown, never negative (a worker's
     clock a little behind the node's must not produce a negative wait)."""
-    return F.when(F.col(end).isNotNull() & F.col(start).isNotNull(),
-                  F.greatest(F.lit(0.0), F.col(end) - F.col(start)))
+    return F.when(F.col(end).isNotNull() & F.col(start).isNotNull(), F.greatest(F.lit(0.0), F.col(end) - F.col(start)))
 
 
 def prepare(attempts: DataFrame, bucket_seconds: int) -> DataFrame:
@@ -92,7 +101,10 @@ def prepare(attempts: DataFrame, bucket_seconds: int) -> DataFrame:
     return attempts.select(
         "queue",
         F.when(F.col("group") != "", F.col("group")).alias("group"),
-        "worker", "attempt", "outcome", "size",
+        "worker",
+        "attempt",
+        "outcome",
+        "size",
         (F.floor(finished / bucket_seconds) * bucket_seconds).cast("long").alias("bucket_start"),
         _seconds("process_started_at", "enqueued_at").alias("wait"),
         _seconds("preprocess_ended_at", "preprocess_started_at").alias("preprocess"),
@@ -117,14 +129,18 @@ def _figures(prepared: DataFrame, keys: list[str], extra: tuple[Column, ...] = (
         F.sum("is_retry").alias("retries"),
     ] + [F.percentile_approx(m, list(PERCENTILES), PERCENTILE_ACCURACY).alias(f"_{m}") for m in MEASURES]
     grouped = prepared.groupBy(*keys).agg(*aggregates, *extra)
-    extra_names = grouped.columns[len(keys) + len(aggregates):]
+    extra_names = grouped.columns[len(keys) + len(aggregates) :]
     return grouped.select(
         *keys,
-        "attempts", "succeeded", "failed", "timed_out", "abandoned", "retries",
+        "attempts",
+        "succeeded",
+        "failed",
+        "timed_out",
+        "abandoned",
+        "retries",
         ((F.col("failed") + F.col("timed_out")) / F.col("attempts")).alias("failure_rate"),
         (F.col("retries") / F.col("attempts")).alias("retry_rate"),
-        *[F.col(f"_{m}")[i].alias(f"{m}_p{round(p * 100)}")
-          for m in MEASURES for i, p in enumerate(PERCENTILES)],
+        *[F.col(f"_{m}")[i].alias(f"{m}_p{round(p * 100)}") for m in MEASURES for i, p in enumerate(PERCENTILES)],
         *extra_names,
     )
 
@@ -139,7 +155,9 @@ def queue_bucket_stats(prepared: DataFrame, bucket_seconds: int, since: float | 
     if since is not None:
         stats = stats.where(F.col("bucket_start") >= F.lit(since))
     return stats.select(
-        "queue", "bucket_start", *FIGURE_COLUMNS[:6],
+        "queue",
+        "bucket_start",
+        *FIGURE_COLUMNS[:6],
         (F.col("succeeded") / F.lit(float(bucket_seconds))).alias("throughput"),
         *FIGURE_COLUMNS[6:],
     )
@@ -148,11 +166,17 @@ def queue_bucket_stats(prepared: DataFrame, bucket_seconds: int, since: float | 
 def worker_stats(prepared: DataFrame) -> DataFrame:
     """Per queue and worker over the whole window, plus the worker's busy seconds
     (pre-processing and processing summed) and its first and last bucket."""
-    return _figures(prepared.where(F.col("worker").isNotNull()), ["queue", "worker"], (
-        (F.coalesce(F.sum("preprocess"), F.lit(0.0)) + F.coalesce(F.sum("process"), F.lit(0.0))).alias("busy_seconds"),
-        F.min("bucket_start").alias("first_bucket"),
-        F.max("bucket_start").alias("last_bucket"),
-    ))
+    return _figures(
+        prepared.where(F.col("worker").isNotNull()),
+        ["queue", "worker"],
+        (
+            (F.coalesce(F.sum("preprocess"), F.lit(0.0)) + F.coalesce(F.sum("process"), F.lit(0.0))).alias(
+                "busy_seconds"
+            ),
+            F.min("bucket_start").alias("first_bucket"),
+            F.max("bucket_start").alias("last_bucket"),
+        ),
+    )
 
 
 def group_stats(prepared: DataFrame) -> DataFrame:
@@ -167,26 +191,34 @@ def regression_samples(prepared: DataFrame) -> DataFrame:
     takes. A stage that did not run (no pre-processing function) has no time and no sample.
     """
     done = prepared.where((F.col("is_succeeded") == 1) & F.col("size").isNotNull())
-    per_stage = [done.select("queue", F.lit(stage).alias("stage"), F.col("size").cast("double").alias("size"),
-                             F.col(stage).alias("seconds")).where(F.col("seconds").isNotNull())
-                 for stage in STAGES]
+    per_stage = [
+        done.select(
+            "queue",
+            F.lit(stage).alias("stage"),
+            F.col("size").cast("double").alias("size"),
+            F.col(stage).alias("seconds"),
+        ).where(F.col("seconds").isNotNull())
+        for stage in STAGES
+    ]
     out = per_stage[0]
     for frame in per_stage[1:]:
         out = out.unionByName(frame)
     return out
 
 
-FIT_SCHEMA = T.StructType([
-    T.StructField("queue", T.StringType(), False),
-    T.StructField("stage", T.StringType(), False),
-    T.StructField("n", T.LongType(), False),
-    T.StructField("intercept", T.DoubleType(), False),
-    T.StructField("slope", T.DoubleType(), False),
-    T.StructField("r2", T.DoubleType(), True),
-    T.StructField("rmse", T.DoubleType(), True),
-    T.StructField("median_size", T.DoubleType(), False),
-    T.StructField("estimate", T.DoubleType(), False),
-])
+FIT_SCHEMA = T.StructType(
+    [
+        T.StructField("queue", T.StringType(), False),
+        T.StructField("stage", T.StringType(), False),
+        T.StructField("n", T.LongType(), False),
+        T.StructField("intercept", T.DoubleType(), False),
+        T.StructField("slope", T.DoubleType(), False),
+        T.StructField("r2", T.DoubleType(), True),
+        T.StructField("rmse", T.DoubleType(), True),
+        T.StructField("median_size", T.DoubleType(), False),
+        T.StructField("estimate", T.DoubleType(), False),
+    ]
+)
 
 
 def _finite(value: float | None) -> float | None:
@@ -217,15 +249,21 @@ def fit_size_regression(samples: DataFrame, min_samples: int = 20) -> DataFrame:
     from pyspark.ml.regression import LinearRegression
 
     spark = samples.sparkSession
-    stats = (samples.groupBy("queue", "stage").agg(
-        F.count(F.lit(1)).alias("n"),
-        F.stddev_pop("size").alias("size_std"),
-        F.stddev_pop("seconds").alias("seconds_std"),
-        F.percentile_approx("size", 0.5, PERCENTILE_ACCURACY).alias("median_size"),
-    ).where(F.col("n") >= min_samples).orderBy("queue", "stage").collect())
+    stats = (
+        samples.groupBy("queue", "stage")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.stddev_pop("size").alias("size_std"),
+            F.stddev_pop("seconds").alias("seconds_std"),
+            F.percentile_approx("size", 0.5, PERCENTILE_ACCURACY).alias("median_size"),
+        )
+        .where(F.col("n") >= min_samples)
+        .orderBy("queue", "stage")
+        .collect()
+    )
     rows = []
     for first in range(0, len(stats), GROUPS_PER_FIT):
-        rows += _fit_groups(spark, samples, stats[first:first + GROUPS_PER_FIT], VectorAssembler, LinearRegression)
+        rows += _fit_groups(spark, samples, stats[first : first + GROUPS_PER_FIT], VectorAssembler, LinearRegression)
     return spark.createDataFrame(rows, FIT_SCHEMA)
 
 
@@ -233,7 +271,8 @@ def _fit_groups(spark, samples: DataFrame, stats: list, VectorAssembler, LinearR
     """One least-squares fit for the (queue, stage) groups of ``stats``; their FIT_SCHEMA rows."""
     groups = spark.createDataFrame(
         [(s.queue, s.stage, k, float(s.median_size), float(s.size_std or 0.0)) for k, s in enumerate(stats)],
-        "queue string, stage string, g int, median double, spread double")
+        "queue string, stage string, g int, median double, spread double",
+    )
     data = samples.join(F.broadcast(groups), ["queue", "stage"])
     columns, names = [], []
     for k, s in enumerate(stats):
@@ -241,18 +280,33 @@ def _fit_groups(spark, samples: DataFrame, stats: list, VectorAssembler, LinearR
         columns.append(F.when(mine, 1.0).otherwise(0.0).alias(f"c{k}"))
         names.append(f"c{k}")
         if s.size_std:  # a constant size gives no slope column: it would repeat the intercept's
-            columns.append(F.when(mine, (F.col("size") - F.col("median")) / F.col("spread")).otherwise(0.0)
-                           .alias(f"s{k}"))
+            columns.append(
+                F.when(mine, (F.col("size") - F.col("median")) / F.col("spread")).otherwise(0.0).alias(f"s{k}")
+            )
             names.append(f"s{k}")
     # VectorAssembler (not an array cast) writes sparse vectors, two non-zeros a row, and the
     # vector size into the column's metadata, which spares the fit a pass to find it.
-    data = VectorAssembler(inputCols=names, outputCol="features").transform(
-        data.select("g", "seconds", *columns)).select("g", "seconds", "features")
-    model = LinearRegression(featuresCol="features", labelCol="seconds", fitIntercept=False, solver="normal",
-                             regParam=0.0, standardization=False).fit(data)
+    data = (
+        VectorAssembler(inputCols=names, outputCol="features")
+        .transform(data.select("g", "seconds", *columns))
+        .select("g", "seconds", "features")
+    )
+    model = LinearRegression(
+        featuresCol="features",
+        labelCol="seconds",
+        fitIntercept=False,
+        solver="normal",
+        regParam=0.0,
+        standardization=False,
+    ).fit(data)
     coefficients = model.coefficients.toArray()
-    residuals = {r.g: r.sse for r in model.transform(data).groupBy("g").agg(
-        F.sum((F.col("seconds") - F.col("prediction")) ** 2).alias("sse")).collect()}
+    residuals = {
+        r.g: r.sse
+        for r in model.transform(data)
+        .groupBy("g")
+        .agg(F.sum((F.col("seconds") - F.col("prediction")) ** 2).alias("sse"))
+        .collect()
+    }
     rows, column = [], 0
     for k, s in enumerate(stats):
         at_median = float(coefficients[column])
@@ -266,8 +320,9 @@ def _fit_groups(spark, samples: DataFrame, stats: list, VectorAssembler, LinearR
         r2 = _finite(1.0 - sse / sst) if sst > 0 else None
         rmse = math.sqrt(sse / s.n)
         estimate = min(ESTIMATE_MAX, max(0.0, at_median))
-        rows.append((s.queue, s.stage, s.n, at_median - slope * s.median_size, slope, r2, rmse,
-                     float(s.median_size), estimate))
+        rows.append(
+            (s.queue, s.stage, s.n, at_median - slope * s.median_size, slope, r2, rmse, float(s.median_size), estimate)
+        )
     return rows
 
 
@@ -283,14 +338,23 @@ def latency_bucket_stats(archived: DataFrame, bucket_seconds: int, since: float 
     """
     if bucket_seconds <= 0:
         raise ValueError(f"bucket_seconds must be positive, not {bucket_seconds}")
-    stats = (archived
-             .select("queue",
-                     (F.floor(F.col("acked_at") / bucket_seconds) * bucket_seconds).cast("long").alias("bucket_start"),
-                     F.greatest(F.lit(0.0), F.col("acked_at") - F.col("enqueued_at")).alias("latency"))
-             .groupBy("queue", "bucket_start")
-             .agg(F.count(F.lit(1)).alias("acked"),
-                  F.percentile_approx("latency", list(PERCENTILES), PERCENTILE_ACCURACY).alias("_latency")))
+    stats = (
+        archived.select(
+            "queue",
+            (F.floor(F.col("acked_at") / bucket_seconds) * bucket_seconds).cast("long").alias("bucket_start"),
+            F.greatest(F.lit(0.0), F.col("acked_at") - F.col("enqueued_at")).alias("latency"),
+        )
+        .groupBy("queue", "bucket_start")
+        .agg(
+            F.count(F.lit(1)).alias("acked"),
+            F.percentile_approx("latency", list(PERCENTILES), PERCENTILE_ACCURACY).alias("_latency"),
+        )
+    )
     if since is not None:
         stats = stats.where(F.col("bucket_start") >= F.lit(since))
-    return stats.select("queue", "bucket_start", "acked",
-                        *[F.col("_latency")[i].alias(f"latency_p{round(p * 100)}") for i, p in enumerate(PERCENTILES)])
+    return stats.select(
+        "queue",
+        "bucket_start",
+        "acked",
+        *[F.col("_latency")[i].alias(f"latency_p{round(p * 100)}") for i, p in enumerate(PERCENTILES)],
+    )

@@ -8,28 +8,25 @@ call these, so the two cannot drift apart in what they accept or answer.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
+from django.db.models import F
 from django.utils.timezone import now as timezone_now
 
 from .. import service
 from ..dedup import get_dedup
 from ..messages import StoredMessage, parse_message_id, partition_for
-from ..partition import Delivery
-from django.db.models import F
-
 from ..models import LIMITS, QUEUE_NAME_RE, Partition, Queue
-from ..partition import NotServedHere, PartitionUnavailable
+from ..partition import Delivery, NotServedHere, PartitionUnavailable
 from ..router import MAX_HOPS, Forwarded
 from . import validation
 from .errors import BadRequest
-
 
 log = logging.getLogger(__name__)
 
 
 def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def checked_name(name: str) -> str:
@@ -55,8 +52,10 @@ def target(name: str, *, reading: bool = True):
         if cfg.subscription(sub) is None:
             raise service.SubscriptionNotFound(name)
     elif reading and cfg.kind == "topic":
-        raise BadRequest(f"{queue} is a topic: read it through a subscription "
-                         f"(/api/v1/topics/{queue}/subscriptions/<name>/...)", "is_a_topic")
+        raise BadRequest(
+            f"{queue} is a topic: read it through a subscription (/api/v1/topics/{queue}/subscriptions/<name>/...)",
+            "is_a_topic",
+        )
     return cfg, sub
 
 
@@ -89,7 +88,7 @@ def enqueue(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int,
     at its owner), ungrouped ones to any partition; the IDs come back in the caller's order.
     ``trusted``: the caller is a node (it may carry a dead letter's history)."""
     cfg = queue_config(name)
-    now = datetime.now(timezone.utc).timestamp()
+    now = datetime.now(UTC).timestamp()
     drafts, batch = validation.enqueue_request(data, cfg, now, trusted)
     items = data["messages"] if batch else [data]
     ids: list[str | None] = [None] * len(drafts)
@@ -108,15 +107,17 @@ def enqueue(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int,
                 ids[i] = existing
             else:
                 reserved[d.dedup_id] = i
-        todo = [i for i, d in enumerate(drafts) if ids[i] is None
-                and (d.dedup_id is None or reserved.get(d.dedup_id) == i)]
+        todo = [
+            i for i, d in enumerate(drafts) if ids[i] is None and (d.dedup_id is None or reserved.get(d.dedup_id) == i)
+        ]
         by_partition: dict[int | None, list[int]] = {}
         for i in todo:
             group = drafts[i].group
             by_partition.setdefault(partition_for(group, cfg.partitions) if group else None, []).append(i)
         for index, positions in by_partition.items():
-            stored = _enqueue_somewhere(cfg, index, [drafts[i] for i in positions],
-                                        [items[i] for i in positions], now, hops)
+            stored = _enqueue_somewhere(
+                cfg, index, [drafts[i] for i in positions], [items[i] for i in positions], now, hops
+            )
             for i, mid in zip(positions, stored):
                 ids[i] = mid
     except BaseException:
@@ -136,8 +137,16 @@ def enqueue(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int,
 
 
 def _stored(d, now: float) -> StoredMessage:
-    return StoredMessage(d.body, now, group=d.group, not_before=d.not_before, attributes=d.attributes,
-                         size=d.size, estimates=d.estimates, history=d.history)
+    return StoredMessage(
+        d.body,
+        now,
+        group=d.group,
+        not_before=d.not_before,
+        attributes=d.attributes,
+        size=d.size,
+        estimates=d.estimates,
+        history=d.history,
+    )
 
 
 def _enqueue_somewhere(cfg, index: int | None, drafts, items, now: float, hops: int) -> list[str]:
@@ -147,9 +156,12 @@ def _enqueue_somewhere(cfg, index: int | None, drafts, items, now: float, hops: 
     # A forwarded call must not take the dedup reservations again: they are held here.
     forward = {"messages": [{k: v for k, v in item.items() if k != "dedup_id"} for item in items]}
     if index is None:
+
         def local(even_if_cooling: bool = False):
-            return 201, {"ids": service.enqueue(cfg.name, messages,
-                                                even_if_cooling=even_if_cooling or hops >= MAX_HOPS)}
+            return 201, {
+                "ids": service.enqueue(cfg.name, messages, even_if_cooling=even_if_cooling or hops >= MAX_HOPS)
+            }
+
         status, payload = _local_or_forward(cfg.name, "enqueue", forward, hops, local)
         return payload["ids"]
     if (cfg.name, index) in rt.managers or hops >= MAX_HOPS:
@@ -170,9 +182,18 @@ def _deliveries(deliveries, cfg) -> list[dict]:
         estimates = {"preprocess": cfg.preprocess_estimate, "process": cfg.process_estimate}
         if m.estimates:
             estimates.update(m.estimates)
-        item = {"id": d.id, "receipt": d.receipt, "body": m.body, "receive_count": d.receive_count,
-                "enqueued_at": _iso(m.enqueued_at), "sequence": m.sequence, "group": m.group,
-                "attributes": m.attributes or {}, "size": m.size, "estimates": estimates}
+        item = {
+            "id": d.id,
+            "receipt": d.receipt,
+            "body": m.body,
+            "receive_count": d.receive_count,
+            "enqueued_at": _iso(m.enqueued_at),
+            "sequence": m.sequence,
+            "group": m.group,
+            "attributes": m.attributes or {},
+            "size": m.size,
+            "estimates": estimates,
+        }
         if m.history:
             item["history"] = m.history
         if d.from_archive:
@@ -189,8 +210,7 @@ def _record_abandoned(deliveries) -> None:
         return
     from workers.models import AttemptLog, Consumer
 
-    reported = set(AttemptLog.objects.filter(message_id__in=[d.id for d in again])
-                   .values_list("message_id", "attempt"))
+    reported = set(AttemptLog.objects.filter(message_id__in=[d.id for d in again]).values_list("message_id", "attempt"))
     holders = {}
     for c in Consumer.objects.filter(last_heartbeat__gte=timezone_now() - timedelta(hours=1)).only("id", "held"):
         for mid in c.held:
@@ -200,10 +220,19 @@ def _record_abandoned(deliveries) -> None:
         if (d.id, d.receive_count - 1) in reported:
             continue
         mid = parse_message_id(d.id)
-        rows.append(AttemptLog(message_id=d.id, queue=mid.queue, partition=mid.partition,
-                               group=d.message.group or "", worker_id=holders.get(d.id),
-                               attempt=d.receive_count - 1, outcome=AttemptLog.Outcome.ABANDONED,
-                               error="visibility timeout ran out without an ack", size=d.message.size))
+        rows.append(
+            AttemptLog(
+                message_id=d.id,
+                queue=mid.queue,
+                partition=mid.partition,
+                group=d.message.group or "",
+                worker_id=holders.get(d.id),
+                attempt=d.receive_count - 1,
+                outcome=AttemptLog.Outcome.ABANDONED,
+                error="visibility timeout ran out without an ack",
+                size=d.message.size,
+            )
+        )
     AttemptLog.objects.bulk_create(rows)
 
 
@@ -258,16 +287,31 @@ def _move_dead_letters(cfg, sub: str = "") -> None:
             if dead_letter_queue is None:
                 raise NotServedHere("the queue no longer names a dead-letter queue")
             found = m.load_bodies([Delivery(mid, "", count) for mid, count in dead])
-            now = datetime.now(timezone.utc).timestamp()
+            now = datetime.now(UTC).timestamp()
             items = []
             for d in found:
                 msg = d.message
-                history = {"source": source, "id": d.id, "receive_count": d.receive_count,
-                           "group": msg.group, "enqueued_at": _iso(msg.enqueued_at),
-                           "dead_lettered_at": _iso(now)}
-                items.append({k: v for k, v in (("body", msg.body), ("attributes", msg.attributes),
-                                                ("size", msg.size), ("estimates", msg.estimates),
-                                                ("history", history)) if v is not None})
+                history = {
+                    "source": source,
+                    "id": d.id,
+                    "receive_count": d.receive_count,
+                    "group": msg.group,
+                    "enqueued_at": _iso(msg.enqueued_at),
+                    "dead_lettered_at": _iso(now),
+                }
+                items.append(
+                    {
+                        k: v
+                        for k, v in (
+                            ("body", msg.body),
+                            ("attributes", msg.attributes),
+                            ("size", msg.size),
+                            ("estimates", msg.estimates),
+                            ("history", history),
+                        )
+                        if v is not None
+                    }
+                )
             if items:
                 # Through the routing of any enqueue: the dead-letter queue's partitions may
                 # be on another node (the history field is accepted from nodes only).
@@ -277,7 +321,7 @@ def _move_dead_letters(cfg, sub: str = "") -> None:
             m.ack([(parse_message_id(mid), None) for mid in mids], acked=False, sub=sub)  # not archived
             with m.lock:
                 m.dead_lettered_total += len(found)
-        except Exception:  # noqa: BLE001 - retried at the next dequeue
+        except Exception:
             log.exception("moving %d dead letters of %s", len(mids), cfg.name)
             m.return_dead(mids, sub)
 
@@ -302,12 +346,22 @@ def redrive(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int,
                 continue
             by_source.setdefault(source, []).append(d)
         for source, ds in by_source.items():
-            payload = {"messages": [
-                {k: v for k, v in (("body", d.message.body), ("group", (d.message.history or {}).get("group")),
-                                   ("attributes", d.message.attributes), ("size", d.message.size),
-                                   ("estimates", d.message.estimates)) if v is not None}
-                for d in ds
-            ]}
+            payload = {
+                "messages": [
+                    {
+                        k: v
+                        for k, v in (
+                            ("body", d.message.body),
+                            ("group", (d.message.history or {}).get("group")),
+                            ("attributes", d.message.attributes),
+                            ("size", d.message.size),
+                            ("estimates", d.message.estimates),
+                        )
+                        if v is not None
+                    }
+                    for d in ds
+                ]
+            }
             enqueue(source, payload, hops)
             back.extend(ds)
             moved += len(ds)
@@ -325,7 +379,7 @@ def expire(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, 
     data = validation._object(data)
     validation._no_extra(data, {"older_than"}, "the request")
     older_than = validation.number(data, "older_than", 0, LIMITS["retention"][1], cfg.retention)
-    cutoff = datetime.now(timezone.utc).timestamp() - older_than
+    cutoff = datetime.now(UTC).timestamp() - older_than
     expired = archived = 0
     deferred = {}
     for m in service.get_runtime().local_managers(name):
@@ -359,8 +413,9 @@ def purge(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, d
         rt.purged(name)
         return 200, {"closed": True}
     rows = list(Partition.objects.filter(queue_id=cfg.id).select_related("owner").order_by("index"))
-    owners = {p.owner.address for p in rows
-              if p.owner is not None and p.owner.stopped_at is None and p.owner_id != rt.node_id}
+    owners = {
+        p.owner.address for p in rows if p.owner is not None and p.owner.stopped_at is None and p.owner_id != rt.node_id
+    }
     removed = sum(purge_partition(p.pk, rt.store) for p in rows)
     rt.purged(name)
     for address in sorted(owners):

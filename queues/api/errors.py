@@ -27,6 +27,7 @@ def _record_failure() -> None:
     except Exception:  # noqa: BLE001 - figures must never break an answer
         pass
 
+
 log = logging.getLogger(__name__)
 
 

@@ -30,17 +30,18 @@ from .errors import PayloadTooLarge, api_error, domain_error
 
 log = logging.getLogger(__name__)
 
-_PATH = re.compile(r"^/api/v1/(?:queues/(?P<queue>[^/]+)/(?P<call>enqueue|dequeue|ack|visibility)"
-                   r"|topics/(?P<topic>[^/]+)/(?:subscriptions/(?P<sub>[^/]+)/(?P<sub_call>dequeue|ack|visibility)"
-                   r"|(?P<publish>publish)))$")
+_PATH = re.compile(
+    r"^/api/v1/(?:queues/(?P<queue>[^/]+)/(?P<call>enqueue|dequeue|ack|visibility)"
+    r"|topics/(?P<topic>[^/]+)/(?:subscriptions/(?P<sub>[^/]+)/(?P<sub_call>dequeue|ack|visibility)"
+    r"|(?P<publish>publish)))$"
+)
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _JSON_TYPES = ("application/json", "application/*", "*/*")
 
 
 def _accepts_json(accept: str) -> bool:
     """Whether DRF's content negotiation could pick the JSON renderer (no Accept: any)."""
-    return not accept.strip() or any(
-        t.split(";")[0].strip().lower() in _JSON_TYPES for t in accept.split(","))
+    return not accept.strip() or any(t.split(";")[0].strip().lower() in _JSON_TYPES for t in accept.split(","))
 
 
 class FastPath:
@@ -59,11 +60,15 @@ class FastPath:
         peer = environ.get("HTTP_X_MQ_CLUSTER_SECRET")
         content_type = environ.get("CONTENT_TYPE", "").split(";")[0].strip().lower()
         if content_type != "application/json" or (
-                peer is None and (scheme.lower() != "token" or not key or " " in key)):
+            peer is None and (scheme.lower() != "token" or not key or " " in key)
+        ):
             return self.app(environ, start_response)  # DRF answers exactly as it would
         length = environ.get("CONTENT_LENGTH") or "0"
-        if (environ.get("QUERY_STRING") or not _accepts_json(environ.get("HTTP_ACCEPT", ""))
-                or not (length.isascii() and length.isdigit())):
+        if (
+            environ.get("QUERY_STRING")
+            or not _accepts_json(environ.get("HTTP_ACCEPT", ""))
+            or not (length.isascii() and length.isdigit())
+        ):
             # ?format=..., an Accept without JSON (DRF: 406), an odd Content-Length: DRF decides.
             return self.app(environ, start_response)
         if match["queue"] is not None:
@@ -82,7 +87,7 @@ class FastPath:
                 self.auth.authenticate_credentials(key)
             hops = hops_of(environ.get("HTTP_X_MQ_HOPS"))
             status, payload = calls.CALLS[call](name, self._body(environ), hops, trusted=peer is not None)
-        except Exception as exc:  # noqa: BLE001 - mapped below, like DRF's handler
+        except Exception as exc:
             mapped = domain_error(exc) or api_error(exc)
             if mapped is None:
                 log.exception("fast path: %s %s", call, name)
@@ -93,10 +98,14 @@ class FastPath:
         finally:
             close_old_connections()
         body = orjson.dumps(payload)
-        start_response(f"{status} {_REASONS.get(status, '')}", [
-            ("Content-Type", "application/json"), ("Content-Length", str(len(body))),
-            *headers.items(),
-        ])
+        start_response(
+            f"{status} {_REASONS.get(status, '')}",
+            [
+                ("Content-Type", "application/json"),
+                ("Content-Length", str(len(body))),
+                *headers.items(),
+            ],
+        )
         return [body]
 
     @staticmethod

@@ -21,8 +21,10 @@ class StrictSerializer(serializers.Serializer):
             read_only = {name for name in set(data) & set(self.fields) if self.fields[name].read_only}
             if unknown or read_only:
                 raise serializers.ValidationError(
-                    {**{name: ["unknown field"] for name in sorted(unknown)},
-                     **{name: ["read-only field; it cannot be set here"] for name in sorted(read_only)}},
+                    {
+                        **{name: ["unknown field"] for name in sorted(unknown)},
+                        **{name: ["read-only field; it cannot be set here"] for name in sorted(read_only)},
+                    },
                     code="unknown_field",
                 )
         return super().to_internal_value(data)
@@ -30,15 +32,34 @@ class StrictSerializer(serializers.Serializer):
 
 class QueueSerializer(StrictSerializer, serializers.ModelSerializer):
     dead_letter_queue = serializers.SlugRelatedField(
-        slug_field="name", queryset=Queue.objects.all(), required=False, allow_null=True,
-        help_text="name of the queue that receives messages after max_receives deliveries")
+        slug_field="name",
+        queryset=Queue.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="name of the queue that receives messages after max_receives deliveries",
+    )
 
     class Meta:
         model = Queue
-        fields = ["name", "partitions", "block_size", "lease_period", "visibility_timeout",
-                  "max_message_size", "retention", "strict", "dead_letter_queue", "max_receives",
-                  "dedup_window", "delay", "preprocess_estimate", "process_estimate", "archive",
-                  "created_at", "updated_at"]
+        fields = [
+            "name",
+            "partitions",
+            "block_size",
+            "lease_period",
+            "visibility_timeout",
+            "max_message_size",
+            "retention",
+            "strict",
+            "dead_letter_queue",
+            "max_receives",
+            "dedup_window",
+            "delay",
+            "preprocess_estimate",
+            "process_estimate",
+            "archive",
+            "created_at",
+            "updated_at",
+        ]
         read_only_fields = ["created_at", "updated_at"]
 
     def validate(self, attrs):
@@ -50,11 +71,13 @@ class QueueSerializer(StrictSerializer, serializers.ModelSerializer):
         dlq, max_receives = current("dead_letter_queue"), current("max_receives")
         if (dlq is None) != (max_receives is None):
             raise serializers.ValidationError(
-                {"max_receives": "dead_letter_queue and max_receives go together"}, code="invalid")
+                {"max_receives": "dead_letter_queue and max_receives go together"}, code="invalid"
+            )
         name = self.instance.name if self.instance is not None else attrs.get("name")
         if dlq is not None and dlq.name == name:
             raise serializers.ValidationError(
-                {"dead_letter_queue": "a queue cannot be its own dead-letter queue"}, code="invalid")
+                {"dead_letter_queue": "a queue cannot be its own dead-letter queue"}, code="invalid"
+            )
         return attrs
 
 
@@ -84,10 +107,12 @@ class EnqueueResultDoc(serializers.Serializer):
 
 class DequeueDoc(serializers.Serializer):
     max = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=1)
-    visibility_timeout = serializers.FloatField(required=False, min_value=0, max_value=43200,
-                                                help_text="seconds; default: the queue's")
-    wait = serializers.FloatField(required=False, min_value=0, max_value=20, default=0,
-                                  help_text="long poll: seconds to wait for a first message")
+    visibility_timeout = serializers.FloatField(
+        required=False, min_value=0, max_value=43200, help_text="seconds; default: the queue's"
+    )
+    wait = serializers.FloatField(
+        required=False, min_value=0, max_value=20, default=0, help_text="long poll: seconds to wait for a first message"
+    )
 
 
 class DeliveredDoc(serializers.Serializer):

@@ -16,8 +16,18 @@ from .. import service
 from ..auth import ClusterPeer
 from ..models import QUEUE_NAME_RE, Queue, Subscription
 from . import calls
-from .serializers import (AckDoc, AckResultDoc, DequeueDoc, DequeueResultDoc, EnqueueDoc, EnqueueResultDoc,
-                          ErrorDoc, QueueSerializer, StrictSerializer, VisibilityDoc)
+from .serializers import (
+    AckDoc,
+    AckResultDoc,
+    DequeueDoc,
+    DequeueResultDoc,
+    EnqueueDoc,
+    EnqueueResultDoc,
+    ErrorDoc,
+    QueueSerializer,
+    StrictSerializer,
+    VisibilityDoc,
+)
 from .views import ERRORS, IsClusterPeerOrStaff, _hops
 
 
@@ -25,8 +35,21 @@ class TopicSerializer(QueueSerializer):
     subscriptions = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
 
     class Meta(QueueSerializer.Meta):
-        fields = ["name", "partitions", "block_size", "lease_period", "visibility_timeout", "max_message_size",
-                  "retention", "strict", "dedup_window", "delay", "archive", "subscriptions", "created_at"]
+        fields = [
+            "name",
+            "partitions",
+            "block_size",
+            "lease_period",
+            "visibility_timeout",
+            "max_message_size",
+            "retention",
+            "strict",
+            "dedup_window",
+            "delay",
+            "archive",
+            "subscriptions",
+            "created_at",
+        ]
         read_only_fields = ["subscriptions", "created_at"]
 
 
@@ -42,19 +65,23 @@ class TopicUpdateSerializer(TopicSerializer):
 
 class SubscriptionSerializer(StrictSerializer, serializers.ModelSerializer):
     dead_letter_queue = serializers.SlugRelatedField(
-        slug_field="name", queryset=Queue.objects.filter(kind=Queue.Kind.QUEUE), required=False, allow_null=True,
-        help_text="queue that receives this subscription's messages after max_receives deliveries")
+        slug_field="name",
+        queryset=Queue.objects.filter(kind=Queue.Kind.QUEUE),
+        required=False,
+        allow_null=True,
+        help_text="queue that receives this subscription's messages after max_receives deliveries",
+    )
 
     class Meta:
         model = Subscription
-        fields = ["name", "start", "starts_at", "visibility_timeout", "dead_letter_queue", "max_receives",
-                  "created_at"]
+        fields = ["name", "start", "starts_at", "visibility_timeout", "dead_letter_queue", "max_receives", "created_at"]
         read_only_fields = ["starts_at", "created_at"]
 
     def validate(self, attrs):
         if (attrs.get("dead_letter_queue") is None) != (attrs.get("max_receives") is None):
             raise serializers.ValidationError(
-                {"max_receives": "dead_letter_queue and max_receives go together"}, code="invalid")
+                {"max_receives": "dead_letter_queue and max_receives go together"}, code="invalid"
+            )
         return attrs
 
 
@@ -67,8 +94,11 @@ def _topic(name: str) -> Queue:
 
 def _subscription(topic: str, name: str) -> Subscription:
     t = _topic(topic)
-    sub = Subscription.objects.filter(topic=t, name=name).select_related("topic").first() \
-        if QUEUE_NAME_RE.fullmatch(name) else None
+    sub = (
+        Subscription.objects.filter(topic=t, name=name).select_related("topic").first()
+        if QUEUE_NAME_RE.fullmatch(name)
+        else None
+    )
     if sub is None:
         raise service.SubscriptionNotFound(f"{topic}/{name}")
     return sub
@@ -77,8 +107,11 @@ def _subscription(topic: str, name: str) -> Subscription:
 class TopicListView(APIView):
     @extend_schema(responses={200: TopicSerializer(many=True)}, summary="List topics")
     def get(self, request):
-        return Response(TopicSerializer(Queue.objects.filter(kind=Queue.Kind.TOPIC)
-                                        .prefetch_related("subscriptions"), many=True).data)
+        return Response(
+            TopicSerializer(
+                Queue.objects.filter(kind=Queue.Kind.TOPIC).prefetch_related("subscriptions"), many=True
+            ).data
+        )
 
     @extend_schema(request=TopicSerializer, responses={201: TopicSerializer, **ERRORS}, summary="Create a topic")
     def post(self, request):
@@ -93,8 +126,11 @@ class TopicDetailView(APIView):
     def get(self, request, name):
         return Response(TopicSerializer(_topic(name)).data)
 
-    @extend_schema(request=TopicUpdateSerializer, responses={200: TopicSerializer, **ERRORS},
-                   summary="Change a topic's settings (partitions may only grow)")
+    @extend_schema(
+        request=TopicUpdateSerializer,
+        responses={200: TopicSerializer, **ERRORS},
+        summary="Change a topic's settings (partitions may only grow)",
+    )
     def patch(self, request, name):
         q = _topic(name)
         ser = TopicUpdateSerializer(q, data=request.data, partial=True)
@@ -108,18 +144,25 @@ class TopicDetailView(APIView):
 
 
 class PublishView(APIView):
-    @extend_schema(request=EnqueueDoc, responses={201: EnqueueResultDoc, **ERRORS},
-                   summary="Publish one message or a batch (stored once, read by every subscription)")
+    @extend_schema(
+        request=EnqueueDoc,
+        responses={201: EnqueueResultDoc, **ERRORS},
+        summary="Publish one message or a batch (stored once, read by every subscription)",
+    )
     def post(self, request, name):
-        return Response(*reversed(calls.publish(name, request.data, _hops(request),
-                                                trusted=isinstance(request.user, ClusterPeer))))
+        return Response(
+            *reversed(calls.publish(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)))
+        )
 
 
 class RefreshView(APIView):
     permission_classes = [IsClusterPeerOrStaff]
 
-    @extend_schema(request=None, responses={200: dict, **ERRORS},
-                   summary="(nodes) the topic's subscriptions changed: reopen its partitions held here")
+    @extend_schema(
+        request=None,
+        responses={200: dict, **ERRORS},
+        summary="(nodes) the topic's subscriptions changed: reopen its partitions held here",
+    )
     def post(self, request, name):
         _topic(name)
         return Response(*reversed(calls.refresh(name, {}, _hops(request))))
@@ -130,16 +173,23 @@ class SubscriptionListView(APIView):
     def get(self, request, topic):
         return Response(SubscriptionSerializer(_topic(topic).subscriptions.all(), many=True).data)
 
-    @extend_schema(request=SubscriptionSerializer, responses={201: SubscriptionSerializer, 409: ErrorDoc, **ERRORS},
-                   summary="Create a subscription, starting at the newest message or the oldest retained one")
+    @extend_schema(
+        request=SubscriptionSerializer,
+        responses={201: SubscriptionSerializer, 409: ErrorDoc, **ERRORS},
+        summary="Create a subscription, starting at the newest message or the oldest retained one",
+    )
     def post(self, request, topic):
         t = _topic(topic)
         ser = SubscriptionSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         if t.subscriptions.filter(name=ser.validated_data["name"]).exists():
-            return Response({"error": "subscription_exists",
-                             "detail": f"{topic} already has a subscription {ser.validated_data['name']!r}"},
-                            status=status.HTTP_409_CONFLICT)
+            return Response(
+                {
+                    "error": "subscription_exists",
+                    "detail": f"{topic} already has a subscription {ser.validated_data['name']!r}",
+                },
+                status=status.HTTP_409_CONFLICT,
+            )
         sub = service.create_subscription(t, **ser.validated_data)
         return Response(SubscriptionSerializer(sub).data, status=status.HTTP_201_CREATED)
 
@@ -156,27 +206,51 @@ class SubscriptionDetailView(APIView):
 
 
 class SubscriptionDequeueView(APIView):
-    @extend_schema(request=DequeueDoc, responses={200: DequeueResultDoc, **ERRORS},
-                   summary="Receive up to max messages of the topic, for this subscription")
+    @extend_schema(
+        request=DequeueDoc,
+        responses={200: DequeueResultDoc, **ERRORS},
+        summary="Receive up to max messages of the topic, for this subscription",
+    )
     def post(self, request, topic, name):
-        return Response(*reversed(calls.dequeue(f"{topic}/{name}", request.data, _hops(request),
-                                                trusted=isinstance(request.user, ClusterPeer))))
+        return Response(
+            *reversed(
+                calls.dequeue(
+                    f"{topic}/{name}", request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)
+                )
+            )
+        )
 
 
 class SubscriptionAckView(APIView):
-    @extend_schema(request=AckDoc, responses={200: AckResultDoc, 409: ErrorDoc, **ERRORS},
-                   summary="Acknowledge for this subscription (the message goes when every subscription has)")
+    @extend_schema(
+        request=AckDoc,
+        responses={200: AckResultDoc, 409: ErrorDoc, **ERRORS},
+        summary="Acknowledge for this subscription (the message goes when every subscription has)",
+    )
     def post(self, request, topic, name):
-        return Response(*reversed(calls.ack(f"{topic}/{name}", request.data, _hops(request),
-                                            trusted=isinstance(request.user, ClusterPeer))))
+        return Response(
+            *reversed(
+                calls.ack(
+                    f"{topic}/{name}", request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)
+                )
+            )
+        )
 
 
 class SubscriptionVisibilityView(APIView):
-    @extend_schema(request=VisibilityDoc, responses={200: VisibilityDoc, 409: ErrorDoc, **ERRORS},
-                   summary="Extend or shorten the visibility timeout of a message in flight")
+    @extend_schema(
+        request=VisibilityDoc,
+        responses={200: VisibilityDoc, 409: ErrorDoc, **ERRORS},
+        summary="Extend or shorten the visibility timeout of a message in flight",
+    )
     def post(self, request, topic, name):
-        return Response(*reversed(calls.visibility(f"{topic}/{name}", request.data, _hops(request),
-                                                   trusted=isinstance(request.user, ClusterPeer))))
+        return Response(
+            *reversed(
+                calls.visibility(
+                    f"{topic}/{name}", request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)
+                )
+            )
+        )
 
 
 class SubscriptionStatsView(APIView):

@@ -131,8 +131,9 @@ def _attributes(item: dict, where: str) -> dict | None:
     if value is None:
         return None
     if not isinstance(value, dict) or len(value) > MAX_ATTRIBUTES:
-        raise BadRequest(f"{where}: attributes must be an object of at most {MAX_ATTRIBUTES} entries",
-                         "invalid_attributes")
+        raise BadRequest(
+            f"{where}: attributes must be an object of at most {MAX_ATTRIBUTES} entries", "invalid_attributes"
+        )
     for key, v in value.items():
         if not 1 <= len(key) <= 64 or "\x00" in key:
             raise BadRequest(f"{where}: attribute names are 1 to 64 characters", "invalid_attributes")
@@ -140,8 +141,7 @@ def _attributes(item: dict, where: str) -> dict | None:
             if len(v) > 1024 or "\x00" in v:
                 raise BadRequest(f"{where}: attribute {key!r} is over 1,024 characters", "invalid_attributes")
         elif not isinstance(v, (bool, int, float)) or (isinstance(v, float) and not math.isfinite(v)):
-            raise BadRequest(f"{where}: attribute {key!r} must be a string, number or boolean",
-                             "invalid_attributes")
+            raise BadRequest(f"{where}: attribute {key!r} must be a string, number or boolean", "invalid_attributes")
     return value
 
 
@@ -150,8 +150,9 @@ def _estimates(item: dict, where: str) -> dict | None:
     if value is None:
         return None
     if not isinstance(value, dict) or not value or set(value) - {"preprocess", "process"}:
-        raise BadRequest(f"{where}: estimates is an object with preprocess and/or process (seconds)",
-                         "invalid_estimates")
+        raise BadRequest(
+            f"{where}: estimates is an object with preprocess and/or process (seconds)", "invalid_estimates"
+        )
     return {k: number(value, k, *LIMITS["estimate"], None) for k in value}
 
 
@@ -202,11 +203,9 @@ def dequeue_request(data) -> tuple[int, float | None, float]:
 def message_id(value, cfg: QueueConfig, where: str) -> MessageId:
     mid = parse_message_id(value)
     if mid is None:
-        raise BadRequest(f"{where}: {value!r} is not a message ID (<queue>/<partition>/<block>/<index>)",
-                         "invalid_id")
+        raise BadRequest(f"{where}: {value!r} is not a message ID (<queue>/<partition>/<block>/<index>)", "invalid_id")
     if mid.queue != cfg.name:
-        raise BadRequest(f"{where}: message {value} belongs to queue {mid.queue!r}, not {cfg.name!r}",
-                         "wrong_queue")
+        raise BadRequest(f"{where}: message {value} belongs to queue {mid.queue!r}, not {cfg.name!r}", "wrong_queue")
     if mid.partition >= cfg.partitions:
         raise BadRequest(f"{where}: queue {cfg.name!r} has no partition {mid.partition}", "invalid_id")
     return mid
@@ -221,11 +220,11 @@ def _receipt(value, where: str) -> str:
 def ack_request(data, cfg: QueueConfig) -> list[tuple[MessageId, str | None]]:
     data = _object(data)
     if cfg.strict and "ids" in data:
-        raise BadRequest(f"queue {cfg.name!r} is strict: acknowledge with messages [{{id, receipt}}]",
-                         "receipt_required")
+        raise BadRequest(
+            f"queue {cfg.name!r} is strict: acknowledge with messages [{{id, receipt}}]", "receipt_required"
+        )
     if ("ids" in data) == ("messages" in data):
-        raise BadRequest("give either ids (a list of message IDs) or messages (a list of {id, receipt})",
-                         "invalid_ack")
+        raise BadRequest("give either ids (a list of message IDs) or messages (a list of {id, receipt})", "invalid_ack")
     if "ids" in data:
         _no_extra(data, {"ids"}, "the request")
         ids = _batch(data, "ids", "invalid_ack")
@@ -251,7 +250,6 @@ def visibility_request(data, cfg: QueueConfig) -> tuple[MessageId, str | None, f
     mid = message_id(data.get("id"), cfg, "id")
     receipt = _receipt(data["receipt"], "receipt") if data.get("receipt") is not None else None
     if data.get("visibility_timeout") is None:
-        raise BadRequest("visibility_timeout is required (seconds from now; 0 makes it visible)",
-                         "missing_field")
+        raise BadRequest("visibility_timeout is required (seconds from now; 0 makes it visible)", "missing_field")
     timeout = number(data, "visibility_timeout", *LIMITS["visibility_timeout"], None)
     return mid, receipt, timeout

@@ -9,14 +9,23 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import service
-from ..models import Partition, Queue
 from ..auth import ClusterPeer
+from ..models import Partition, Queue
 from ..router import hops_of
 from . import calls
 from .errors import BadRequest
-from .serializers import (AckDoc, AckResultDoc, DequeueDoc, DequeueResultDoc, EnqueueDoc,
-                          EnqueueResultDoc, ErrorDoc, QueueSerializer, QueueUpdateSerializer,
-                          VisibilityDoc)
+from .serializers import (
+    AckDoc,
+    AckResultDoc,
+    DequeueDoc,
+    DequeueResultDoc,
+    EnqueueDoc,
+    EnqueueResultDoc,
+    ErrorDoc,
+    QueueSerializer,
+    QueueUpdateSerializer,
+    VisibilityDoc,
+)
 
 ERRORS = {
     400: OpenApiResponse(ErrorDoc, description="bad input; nothing was changed"),
@@ -37,8 +46,7 @@ class HealthView(APIView):
     @extend_schema(responses={200: dict}, summary="Liveness of this node (no authentication)")
     def get(self, request):
         rt = service.get_runtime()
-        return Response({"status": "ok", "node": rt.node_id, "address": rt.address,
-                         "partitions": len(rt.managers)})
+        return Response({"status": "ok", "node": rt.node_id, "address": rt.address, "partitions": len(rt.managers)})
 
 
 class QueueListView(APIView):
@@ -59,8 +67,11 @@ class QueueDetailView(APIView):
     def get(self, request, name):
         return Response(QueueSerializer(self._get(name)).data)
 
-    @extend_schema(request=QueueUpdateSerializer, responses={200: QueueSerializer, **ERRORS},
-                   summary="Change a queue's settings (partitions may only grow)")
+    @extend_schema(
+        request=QueueUpdateSerializer,
+        responses={200: QueueSerializer, **ERRORS},
+        summary="Change a queue's settings (partitions may only grow)",
+    )
     def patch(self, request, name):
         q = self._get(name)
         ser = QueueUpdateSerializer(q, data=request.data, partial=True)
@@ -85,52 +96,90 @@ class QueueDetailView(APIView):
 
 
 class EnqueueView(APIView):
-    @extend_schema(request=EnqueueDoc, responses={201: EnqueueResultDoc, **ERRORS},
-                   summary="Enqueue one message, or a batch of up to 1,000 (stored in order)")
+    @extend_schema(
+        request=EnqueueDoc,
+        responses={201: EnqueueResultDoc, **ERRORS},
+        summary="Enqueue one message, or a batch of up to 1,000 (stored in order)",
+    )
     def post(self, request, name):
-        return Response(*reversed(calls.enqueue(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer))))
+        return Response(
+            *reversed(calls.enqueue(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)))
+        )
 
 
 class DequeueView(APIView):
-    @extend_schema(request=DequeueDoc, responses={200: DequeueResultDoc, **ERRORS},
-                   summary="Receive up to max messages; each stays hidden for visibility_timeout")
+    @extend_schema(
+        request=DequeueDoc,
+        responses={200: DequeueResultDoc, **ERRORS},
+        summary="Receive up to max messages; each stays hidden for visibility_timeout",
+    )
     def post(self, request, name):
-        return Response(*reversed(calls.dequeue(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer))))
+        return Response(
+            *reversed(calls.dequeue(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)))
+        )
 
 
 class AckView(APIView):
-    @extend_schema(request=AckDoc, responses={200: AckResultDoc, 409: ErrorDoc, **ERRORS},
-                   summary="Acknowledge (delete) messages; a stale receipt refuses the whole call")
+    @extend_schema(
+        request=AckDoc,
+        responses={200: AckResultDoc, 409: ErrorDoc, **ERRORS},
+        summary="Acknowledge (delete) messages; a stale receipt refuses the whole call",
+    )
     def post(self, request, name):
-        return Response(*reversed(calls.ack(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer))))
+        return Response(
+            *reversed(calls.ack(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)))
+        )
 
 
 class VisibilityView(APIView):
-    @extend_schema(request=VisibilityDoc, responses={200: VisibilityDoc, 409: ErrorDoc, **ERRORS},
-                   summary="Extend or shorten the visibility timeout of a message in flight")
+    @extend_schema(
+        request=VisibilityDoc,
+        responses={200: VisibilityDoc, 409: ErrorDoc, **ERRORS},
+        summary="Extend or shorten the visibility timeout of a message in flight",
+    )
     def post(self, request, name):
-        return Response(*reversed(calls.visibility(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer))))
+        return Response(
+            *reversed(
+                calls.visibility(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer))
+            )
+        )
 
 
 class PartitionsView(APIView):
-    @extend_schema(responses={200: dict, **ERRORS},
-                   summary="Who serves each partition: clients may call the owner directly")
+    @extend_schema(
+        responses={200: dict, **ERRORS}, summary="Who serves each partition: clients may call the owner directly"
+    )
     def get(self, request, name):
         rt = service.get_runtime()
         cfg = rt.queue(calls.checked_name(name))
         rows = Partition.objects.filter(queue_id=cfg.id).select_related("owner").order_by("index")
-        return Response({"queue": name, "partitions": [
-            {"index": p.index, "owner": p.owner_id, "address": p.owner.address if p.owner else None,
-             "epoch": p.epoch, "cooling": bool(p.owner and p.owner.cooling)}
-            for p in rows
-        ]})
+        return Response(
+            {
+                "queue": name,
+                "partitions": [
+                    {
+                        "index": p.index,
+                        "owner": p.owner_id,
+                        "address": p.owner.address if p.owner else None,
+                        "epoch": p.epoch,
+                        "cooling": bool(p.owner and p.owner.cooling),
+                    }
+                    for p in rows
+                ],
+            }
+        )
 
 
 class RedriveView(APIView):
-    @extend_schema(request=dict, responses={200: dict, **ERRORS},
-                   summary="On a dead-letter queue: move up to max messages back to where they came from")
+    @extend_schema(
+        request=dict,
+        responses={200: dict, **ERRORS},
+        summary="On a dead-letter queue: move up to max messages back to where they came from",
+    )
     def post(self, request, name):
-        return Response(*reversed(calls.redrive(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer))))
+        return Response(
+            *reversed(calls.redrive(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)))
+        )
 
 
 class IsClusterPeerOrStaff(BasePermission):
@@ -141,27 +190,39 @@ class IsClusterPeerOrStaff(BasePermission):
 class ExpireView(APIView):
     permission_classes = [IsClusterPeerOrStaff]
 
-    @extend_schema(request=dict, responses={200: dict, **ERRORS},
-                   summary="Apply the retention rule on this node's partitions (nodes and staff only)")
+    @extend_schema(
+        request=dict,
+        responses={200: dict, **ERRORS},
+        summary="Apply the retention rule on this node's partitions (nodes and staff only)",
+    )
     def post(self, request, name):
-        return Response(*reversed(calls.expire(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer))))
+        return Response(
+            *reversed(calls.expire(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)))
+        )
 
 
 class PurgeView(APIView):
     permission_classes = [IsClusterPeerOrStaff]
 
-    @extend_schema(request=dict, responses={200: dict, **ERRORS},
-                   summary="Delete every message of the queue, in flight ones too (staff only)")
+    @extend_schema(
+        request=dict,
+        responses={200: dict, **ERRORS},
+        summary="Delete every message of the queue, in flight ones too (staff only)",
+    )
     def post(self, request, name):
-        return Response(*reversed(calls.purge(name, request.data, _hops(request),
-                                              trusted=isinstance(request.user, ClusterPeer))))
+        return Response(
+            *reversed(calls.purge(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)))
+        )
 
 
 class ReleasePartitionView(APIView):
     permission_classes = [IsClusterPeerOrStaff]
 
-    @extend_schema(request=None, responses={200: dict, 409: ErrorDoc, **ERRORS},
-                   summary="The owner gives up the partition's lease; another node takes it (staff only)")
+    @extend_schema(
+        request=None,
+        responses={200: dict, 409: ErrorDoc, **ERRORS},
+        summary="The owner gives up the partition's lease; another node takes it (staff only)",
+    )
     def post(self, request, name, index):
         return Response(*reversed(calls.release_partition(name, index, _hops(request))))
 

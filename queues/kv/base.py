@@ -18,8 +18,8 @@ that is gone); unfenced writes are for callers outside the lease, such as a queu
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 
 class KVError(Exception):
@@ -81,7 +81,7 @@ class KeyValueStore(abc.ABC):
     def purge(self, prefix: str) -> None:
         """Remove every key under ``prefix/`` at any depth (queue deletion; not a hot path)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: stores without connections keep it
         """Release connections."""
 
     # --- conveniences built on the batch calls ------------------------------------------------

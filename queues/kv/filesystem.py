@@ -23,9 +23,9 @@ import os
 import re
 import secrets
 import shutil
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from .base import Fence, Fenced, KeyValueStore, KVError, split_key
 
@@ -54,10 +54,10 @@ class FileStore(KeyValueStore):
         self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
 
     @classmethod
-    def from_url(cls, url: str) -> "FileStore":
+    def from_url(cls, url: str) -> FileStore:
         if not url.startswith("file://"):
             raise ValueError(f"not a file URL: {url}")
-        path = url[len("file://"):]
+        path = url[len("file://") :]
         if not path.startswith("/"):
             raise ValueError(f"file URL needs an absolute path (file:///...): {url}")
         return cls(path)
@@ -211,8 +211,11 @@ class FileStore(KeyValueStore):
         try:
             with os.scandir(directory) as entries:
                 # d_type from the directory listing: no stat per entry.
-                return [e.name for e in entries if not e.name.startswith(".")
-                        and not e.name.endswith(".lock") and e.is_file()]
+                return [
+                    e.name
+                    for e in entries
+                    if not e.name.startswith(".") and not e.name.endswith(".lock") and e.is_file()
+                ]
         except (FileNotFoundError, NotADirectoryError):
             return []
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 from .base import Fence, Fenced, KeyValueStore, split_key
 

@@ -14,7 +14,7 @@ allows, but it is never reported as stored.)
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 import redis as redis_lib
 
@@ -70,8 +70,7 @@ _GROUP = 2000
 class RedisStore(KeyValueStore):
     schemes = ("redis", "rediss", "unix")
 
-    def __init__(self, client: "redis_lib.Redis", *, min_replicas: int = 0,
-                 replica_timeout_ms: int = 1000):
+    def __init__(self, client: redis_lib.Redis, *, min_replicas: int = 0, replica_timeout_ms: int = 1000):
         self.client = client
         self.min_replicas = min_replicas
         self.replica_timeout_ms = replica_timeout_ms
@@ -80,7 +79,7 @@ class RedisStore(KeyValueStore):
         self._cas = client.register_script(_CAS)
 
     @classmethod
-    def from_settings(cls) -> "RedisStore":
+    def from_settings(cls) -> RedisStore:
         from django.conf import settings
         from django_redis import get_redis_connection
 
@@ -110,8 +109,7 @@ class RedisStore(KeyValueStore):
             raise KVError(f"redis: {exc}") from exc
         if replicas < self.min_replicas:
             raise ReplicationError(
-                f"only {replicas} of {self.min_replicas} replicas acknowledged within "
-                f"{self.replica_timeout_ms} ms"
+                f"only {replicas} of {self.min_replicas} replicas acknowledged within {self.replica_timeout_ms} ms"
             )
         return result
 
@@ -131,7 +129,7 @@ class RedisStore(KeyValueStore):
             results = pipe.execute()
         except redis_lib.RedisError as exc:
             raise KVError(f"redis: {exc}") from exc
-        for (bucket, entries), values in zip(by_bucket.items(), results):
+        for (_, entries), values in zip(by_bucket.items(), results):
             for (i, _), value in zip(entries, values):
                 out[i] = value
         return out
@@ -146,7 +144,7 @@ class RedisStore(KeyValueStore):
         args = self._fence_args(fence)
         for bucket, pairs in by_bucket.items():
             for start in range(0, len(pairs), _GROUP):
-                chunk = pairs[start:start + _GROUP]
+                chunk = pairs[start : start + _GROUP]
                 args.append(bucket)
                 args.append(len(chunk))
                 for name, value in chunk:
@@ -164,7 +162,7 @@ class RedisStore(KeyValueStore):
         args = self._fence_args(fence)
         for bucket, names in by_bucket.items():
             for start in range(0, len(names), _GROUP):
-                chunk = names[start:start + _GROUP]
+                chunk = names[start : start + _GROUP]
                 args.append(bucket)
                 args.append(len(chunk))
                 args.extend(chunk)

@@ -10,7 +10,7 @@ gives the same order.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from django.db import DatabaseError, connection, transaction
 
@@ -30,8 +30,7 @@ class SQLStore(KeyValueStore):
             return
         bucket, name = split_key(fence.key)
         lock = " FOR SHARE" if self.vendor == "postgresql" else ""
-        cursor.execute(f"SELECT value FROM {TABLE} WHERE bucket = %s AND name = %s{lock}",
-                       [bucket, name])
+        cursor.execute(f"SELECT value FROM {TABLE} WHERE bucket = %s AND name = %s{lock}", [bucket, name])
         row = cursor.fetchone()
         current = bytes(row[0]) if row else None
         if current is None or int(current) != fence.epoch:
@@ -55,10 +54,12 @@ class SQLStore(KeyValueStore):
                 else:
                     rows = []
                     for start in range(0, len(pairs), 400):
-                        chunk = pairs[start:start + 400]
+                        chunk = pairs[start : start + 400]
                         where = " OR ".join(["(bucket = %s AND name = %s)"] * len(chunk))
-                        cursor.execute(f"SELECT bucket, name, value FROM {TABLE} WHERE {where}",
-                                       [x for pair in chunk for x in pair])
+                        cursor.execute(
+                            f"SELECT bucket, name, value FROM {TABLE} WHERE {where}",
+                            [x for pair in chunk for x in pair],
+                        )
                         rows.extend(cursor.fetchall())
         except DatabaseError as exc:
             raise KVError(f"database: {exc}") from exc
@@ -108,8 +109,7 @@ class SQLStore(KeyValueStore):
                     return cursor.rowcount
                 removed = 0
                 for bucket, name in pairs:
-                    cursor.execute(f"DELETE FROM {TABLE} WHERE bucket = %s AND name = %s",
-                                   [bucket, name])
+                    cursor.execute(f"DELETE FROM {TABLE} WHERE bucket = %s AND name = %s", [bucket, name])
                     removed += cursor.rowcount
                 return removed
         except DatabaseError as exc:
@@ -127,8 +127,7 @@ class SQLStore(KeyValueStore):
                     )
                 else:
                     cursor.execute(
-                        f"UPDATE {TABLE} SET value = %s WHERE bucket = %s AND name = %s "
-                        "AND value = %s",
+                        f"UPDATE {TABLE} SET value = %s WHERE bucket = %s AND name = %s AND value = %s",
                         [value, bucket, name, expected],
                     )
                 return cursor.rowcount == 1

@@ -52,10 +52,19 @@ def _driver(chromium_paths, tmp_path_factory):
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     profile = tempfile.mkdtemp(prefix="chromium-", dir=tmp_path_factory.getbasetemp())
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--window-size=1400,1000",
-                 f"--user-data-dir={profile}"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,1000",
+        f"--user-data-dir={profile}",
+    ):
         options.add_argument(flag)
     log = tmp_path_factory.getbasetemp() / "chromedriver.log"
     driver = webdriver.Chrome(service=Service(chromedriver, log_output=str(log)), options=options)
@@ -78,9 +87,11 @@ class Screenshots:
         path = self.folder / f"{self.count:02d}-{re.sub(r'[^a-z0-9]+', '-', step.lower()).strip('-')}.png"
         # The whole page, not just the window: grow the window to the document for the shot.
         height = self.driver.execute_script(
-            "return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)")
+            "return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)"
+        )
         width = self.driver.execute_script(
-            "return Math.max(document.body.scrollWidth, document.documentElement.scrollWidth)")
+            "return Math.max(document.body.scrollWidth, document.documentElement.scrollWidth)"
+        )
         self.driver.set_window_size(max(1400, min(int(width), 4000)), max(1000, min(int(height) + 140, 6000)))
         try:
             assert self.driver.save_screenshot(str(path)), f"could not save {path}"
@@ -120,8 +131,13 @@ def node(transactional_db, tmp_path, request):
     can read what the node wrote. Stopped before the database is flushed."""
     from django.conf import settings
 
-    env = {"DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "data"),
-           "KV_URL": settings.KV_URL, "NODE_HEARTBEAT": "0.3", "DEBUG": "0"}
+    env = {
+        "DATABASE_URL": database_url(),
+        "MQ_DATA_DIR": str(tmp_path / "data"),
+        "KV_URL": settings.KV_URL,
+        "NODE_HEARTBEAT": "0.3",
+        "DEBUG": "0",
+    }
     n = NodeProcess(env, tmp_path).start()
     yield n
     n.stop()

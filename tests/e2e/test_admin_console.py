@@ -44,10 +44,10 @@ def assert_styled(browser) -> None:
     """The admin's CSS loaded (served by WhiteNoise from the node): the header is coloured."""
     loaded = browser.execute_script(
         "return [...document.styleSheets].filter(s => s.href && s.href.includes('/static/admin/css/'))"
-        ".map(s => { try { return s.cssRules.length } catch (e) { return -1 } })")
+        ".map(s => { try { return s.cssRules.length } catch (e) { return -1 } })"
+    )
     assert loaded and all(n > 0 for n in loaded), f"admin stylesheets missing or empty: {loaded}"
-    background = browser.execute_script(
-        "return getComputedStyle(document.getElementById('header')).backgroundColor")
+    background = browser.execute_script("return getComputedStyle(document.getElementById('header')).backgroundColor")
     assert background not in ("", "transparent", "rgba(0, 0, 0, 0)"), background
 
 
@@ -98,7 +98,7 @@ def test_queue_partitions_and_tree(browser, node, token, admin_login):
         r = client.post(f"queues/{name}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in to_ack]})
         assert r.status_code == 200 and r.json()["acked"] == len(to_ack), r.text
         acked = {m["id"] for m in to_ack}
-        live = Counter(block_of(m) for m in ids if m not in acked)       # (partition, block) -> live messages
+        live = Counter(block_of(m) for m in ids if m not in acked)  # (partition, block) -> live messages
         pruned = {block_of(m) for m in acked} - set(live)
         # the partition with the most live blocks gets drawn
         index = Counter(p for p, _ in live).most_common(1)[0][0]
@@ -140,8 +140,9 @@ def test_queue_partitions_and_tree(browser, node, token, admin_login):
         for p in Partition.objects.filter(queue=queue):
             assert p.head_block in listing
         # and one partition's page
-        browser.find_element(By.CSS_SELECTOR,
-                             f"#result_list a[href^='/admin/queues/partition/{row().pk}/change/']").click()
+        browser.find_element(
+            By.CSS_SELECTOR, f"#result_list a[href^='/admin/queues/partition/{row().pk}/change/']"
+        ).click()
         _wait(browser, EC.url_contains(f"/admin/queues/partition/{row().pk}/change/"))
         svg = _wait(browser, EC.presence_of_element_located((By.CSS_SELECTOR, ".field-tree svg")))
         browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", svg)
@@ -182,8 +183,12 @@ def test_dashboards(browser, node, token, admin_login):
     name = make_queue(client, 2)
     try:
         now = timezone.now()
-        workers = [Consumer.objects.create(id=f"w-{uuid.uuid4().hex[:8]}", name=f"celery@e2e-{k}",
-                                           queues=[name], last_heartbeat=now) for k in range(2)]
+        workers = [
+            Consumer.objects.create(
+                id=f"w-{uuid.uuid4().hex[:8]}", name=f"celery@e2e-{k}", queues=[name], last_heartbeat=now
+            )
+            for k in range(2)
+        ]
         has_enqueued_at = any(f.name == "enqueued_at" for f in AttemptLog._meta.get_fields())
         rng = random.Random(6)
         rows = []
@@ -195,9 +200,15 @@ def test_dashboards(browser, node, token, admin_login):
             partition = i % 2
             fields = {
                 "message_id": f"{name}/{partition}/{i // BLOCK_SIZE:08x}-e2e/{i % BLOCK_SIZE}",
-                "queue": name, "partition": partition, "group": f"g{i % 5}", "worker": workers[i % 2],
-                "attempt": 2 if i % 7 == 0 else 1, "outcome": outcome, "size": rng.randrange(100, 5000),
-                "preprocess_started_at": start, "preprocess_ended_at": start + timedelta(seconds=pre),
+                "queue": name,
+                "partition": partition,
+                "group": f"g{i % 5}",
+                "worker": workers[i % 2],
+                "attempt": 2 if i % 7 == 0 else 1,
+                "outcome": outcome,
+                "size": rng.randrange(100, 5000),
+                "preprocess_started_at": start,
+                "preprocess_ended_at": start + timedelta(seconds=pre),
                 "process_started_at": start + timedelta(seconds=pre),
                 "process_ended_at": start + timedelta(seconds=pre + proc),
             }
@@ -219,8 +230,10 @@ def test_dashboards(browser, node, token, admin_login):
         assert name in tables, f"{name} not in the figures tables"
         # and its figures are the test's attempts: counts per queue and per worker
         succeeded = sum(r.outcome == "succeeded" for r in rows)
-        overview = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-                    for tr in browser.find_elements(By.CSS_SELECTOR, "#overview tbody tr")]
+        overview = [
+            [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+            for tr in browser.find_elements(By.CSS_SELECTOR, "#overview tbody tr")
+        ]
         assert [name, "300", str(succeeded)] in [cells[:3] for cells in overview], overview
         workers_table = browser.find_element(By.ID, "workers").text
         assert "celery@e2e-0" in workers_table and "celery@e2e-1" in workers_table
@@ -251,14 +264,23 @@ def test_topic_subscriptions_and_archive(browser, node, token, admin_login):
     try:
         for sub in ("fast", "slow"):
             assert client.post(f"topics/{name}/subscriptions", {"name": sub, "start": "oldest"}).status_code == 201
-        wait_until(lambda: all(p["owner"] for p in client.get(f"queues/{name}/partitions").json()["partitions"]),
-                   20, "the node to own the topic's partitions")
+        wait_until(
+            lambda: all(p["owner"] for p in client.get(f"queues/{name}/partitions").json()["partitions"]),
+            20,
+            "the node to own the topic's partitions",
+        )
         # given 12 published messages that "fast" acknowledged and "slow" never read, past retention
-        ids = client.post(f"topics/{name}/publish", {"messages": [{"body": f"news {i}"} for i in range(12)]}
-                          ).json()["ids"]
+        ids = client.post(f"topics/{name}/publish", {"messages": [{"body": f"news {i}"} for i in range(12)]}).json()[
+            "ids"
+        ]
         fast = client.post(f"topics/{name}/subscriptions/fast/dequeue", {"max": 100}).json()["messages"]
-        assert client.post(f"topics/{name}/subscriptions/fast/ack",
-                           {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in fast]}).status_code == 200
+        assert (
+            client.post(
+                f"topics/{name}/subscriptions/fast/ack",
+                {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in fast]},
+            ).status_code
+            == 200
+        )
         r = client.post(f"queues/{name}/expire", {"older_than": 0})
         assert r.status_code == 200 and r.json()["archived"] == 12, r.text
         topic = Queue.objects.get(name=name)
@@ -266,6 +288,7 @@ def test_topic_subscriptions_and_archive(browser, node, token, admin_login):
         def published() -> bool:
             rows = Partition.objects.filter(queue=topic)
             return sum(((p.cursors or {}).get("slow") or {}).get("archived", 0) for p in rows) == 12
+
         wait_until(published, 10, "the owner to publish the subscriptions' figures")
 
         # when an operator opens the topic
@@ -276,10 +299,13 @@ def test_topic_subscriptions_and_archive(browser, node, token, admin_login):
         browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", group)
         browser.shot("topic page")
         # then each subscription says how much it holds, and how much of it only the archive has
-        cells = {tr.find_element(By.CSS_SELECTOR, "td.field-name").text:
-                 (tr.find_element(By.CSS_SELECTOR, "td.field-holds").text,
-                  tr.find_element(By.CSS_SELECTOR, "td.field-archived").text)
-                 for tr in group.find_elements(By.CSS_SELECTOR, "tbody tr.has_original")}
+        cells = {
+            tr.find_element(By.CSS_SELECTOR, "td.field-name").text: (
+                tr.find_element(By.CSS_SELECTOR, "td.field-holds").text,
+                tr.find_element(By.CSS_SELECTOR, "td.field-archived").text,
+            )
+            for tr in group.find_elements(By.CSS_SELECTOR, "tbody tr.has_original")
+        }
         assert cells == {"fast": ("0", "0"), "slow": ("12", "12")}, cells
 
         # when they open the slow subscription
@@ -289,8 +315,10 @@ def test_topic_subscriptions_and_archive(browser, node, token, admin_login):
         browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", table)
         browser.shot("subscription positions")
         # then its position in each partition is its oldest message there, the test's own IDs
-        rows = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-                for tr in table.find_elements(By.CSS_SELECTOR, "tbody tr")]
+        rows = [
+            [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+            for tr in table.find_elements(By.CSS_SELECTOR, "tbody tr")
+        ]
         expected = []
         for p in (0, 1):
             here = [m for m in ids if m.split("/")[1] == str(p)]  # in publish order: the first is the oldest
@@ -302,8 +330,10 @@ def test_topic_subscriptions_and_archive(browser, node, token, admin_login):
         listing = browser.find_element(By.ID, "result_list")
         browser.shot("archive list")
         # then the twelve messages are there with their bodies, written at retention
-        shown = {tr.find_element(By.CSS_SELECTOR, "th.field-message_id, td.field-message_id").text
-                 for tr in listing.find_elements(By.CSS_SELECTOR, "tbody tr")}
+        shown = {
+            tr.find_element(By.CSS_SELECTOR, "th.field-message_id, td.field-message_id").text
+            for tr in listing.find_elements(By.CSS_SELECTOR, "tbody tr")
+        }
         assert shown == set(ids)
         assert "news 11" in listing.text
         assert ArchivedMessage.objects.filter(queue=name).count() == 12

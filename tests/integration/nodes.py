@@ -57,11 +57,14 @@ class NodeProcess:
         self.log_path = log_dir / f"node-{self.port}.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 30) -> "NodeProcess":
+    def start(self, timeout: float = 30) -> NodeProcess:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "manage.py", "runnode", "--host", "127.0.0.1", "--port", str(self.port)],
-            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # runnode and its worker: signals go to the whole group
         )
         deadline = time.monotonic() + timeout

@@ -57,8 +57,9 @@ def test_redrive_action_moves_dead_letters_back(admin_client, api, make_queue, r
 
     assert api.get(f"/api/v1/queues/{dlq}/stats").json()["depth"] == 1
     # when an operator runs the redrive action on the dead-letter queue
-    r = admin_client.post("/admin/queues/queue/", {"action": "redrive", "_selected_action": [Queue.objects.get(name=dlq).pk]},
-                          follow=True)
+    r = admin_client.post(
+        "/admin/queues/queue/", {"action": "redrive", "_selected_action": [Queue.objects.get(name=dlq).pk]}, follow=True
+    )
     # then the message is back in its source queue
     assert r.status_code == 200 and "moved 1 back" in r.content.decode()
     back = api.post(f"/api/v1/queues/{source}/dequeue", {}, format="json").json()["messages"]
@@ -70,8 +71,11 @@ def test_attempts_link_message_worker_and_partition(admin_client, api, make_queu
     name = make_queue(partitions=1)
     mid = api.post(f"/api/v1/queues/{name}/enqueue", {"body": "x"}, format="json").json()["id"]
     api.post("/api/v1/consumers/heartbeat", {"consumer": "w-1", "name": "celery@box", "queues": [name]}, format="json")
-    api.post("/api/v1/logs", {"records": [{"message_id": mid, "worker": "w-1", "attempt": 1,
-                                           "outcome": "failed", "error": "boom"}]}, format="json")
+    api.post(
+        "/api/v1/logs",
+        {"records": [{"message_id": mid, "worker": "w-1", "attempt": 1, "outcome": "failed", "error": "boom"}]},
+        format="json",
+    )
     # when the operator opens the attempt log and the consumers
     attempts = admin_client.get("/admin/workers/attemptlog/").content.decode()
     consumers = admin_client.get("/admin/workers/consumer/").content.decode()

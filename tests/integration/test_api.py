@@ -66,8 +66,15 @@ def stats(api, name):
 def test_queue_lifecycle_create_list_get_patch_delete(api, unique_name):
     # given
     name = unique_name()
-    fields = {"name": name, "partitions": 3, "block_size": 16, "lease_period": 20,
-              "visibility_timeout": 45, "max_message_size": 2048, "retention": 3600}
+    fields = {
+        "name": name,
+        "partitions": 3,
+        "block_size": 16,
+        "lease_period": 20,
+        "visibility_timeout": 45,
+        "max_message_size": 2048,
+        "retention": 3600,
+    }
 
     # when
     created = api.post(API, fields, format="json")
@@ -90,8 +97,7 @@ def test_queue_lifecycle_create_list_get_patch_delete(api, unique_name):
     assert len(stats(api, name)["partitions"]) == 3
 
     # when: settings change, partitions grow
-    patched = api.patch(url(name), {"visibility_timeout": 5, "partitions": 5, "retention": 7200},
-                        format="json")
+    patched = api.patch(url(name), {"visibility_timeout": 5, "partitions": 5, "retention": 7200}, format="json")
 
     # then
     assert patched.status_code == 200, patched.content
@@ -165,8 +171,18 @@ def test_enqueue_single_and_dequeue_fields(api, make_queue):
     # then
     assert len(msgs) == 1
     m = msgs[0]
-    assert set(m) == {"id", "receipt", "body", "receive_count", "enqueued_at", "sequence", "group",
-                      "attributes", "size", "estimates"}
+    assert set(m) == {
+        "id",
+        "receipt",
+        "body",
+        "receive_count",
+        "enqueued_at",
+        "sequence",
+        "group",
+        "attributes",
+        "size",
+        "estimates",
+    }
     assert (m["id"], m["body"], m["receive_count"]) == (mid, "héllo ✓", 1)
     assert isinstance(m["receipt"], str) and m["receipt"]
     assert m["enqueued_at"].endswith("Z")
@@ -226,8 +242,9 @@ def test_ack_removes_and_stats_track_it(api, make_queue):
     assert (s2["depth"], s2["in_flight"]) == (2, 3)
 
     # when: ack two by receipt and one by bare ID
-    r = api.post(url(name, "ack"), {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in msgs[:2]]},
-                 format="json")
+    r = api.post(
+        url(name, "ack"), {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in msgs[:2]]}, format="json"
+    )
     r2 = api.post(url(name, "ack"), {"ids": [msgs[2]["id"]]}, format="json")
 
     # then
@@ -282,8 +299,9 @@ def test_visibility_call_zero_makes_visible_and_extension_hides(api, make_queue)
     (d1,) = dequeue(api, name, visibility_timeout=0.3)
 
     # when: extended to 60 s before it expires
-    r = api.post(url(name, "visibility"), {"id": mid, "receipt": d1["receipt"], "visibility_timeout": 60},
-                 format="json")
+    r = api.post(
+        url(name, "visibility"), {"id": mid, "receipt": d1["receipt"], "visibility_timeout": 60}, format="json"
+    )
     time.sleep(0.4)
 
     # then
@@ -293,8 +311,7 @@ def test_visibility_call_zero_makes_visible_and_extension_hides(api, make_queue)
     assert stats(api, name)["in_flight"] == 1
 
     # when: shortened to 0
-    r = api.post(url(name, "visibility"), {"id": mid, "receipt": d1["receipt"], "visibility_timeout": 0},
-                 format="json")
+    r = api.post(url(name, "visibility"), {"id": mid, "receipt": d1["receipt"], "visibility_timeout": 0}, format="json")
 
     # then
     assert r.status_code == 200, r.content
@@ -308,16 +325,16 @@ def test_stale_receipt_is_409_on_ack_and_visibility_and_changes_nothing(api, mak
     name = make_queue(partitions=1)
     (mid,) = enqueue(api, name, "s")
     (d1,) = dequeue(api, name, visibility_timeout=30)
-    api.post(url(name, "visibility"), {"id": mid, "receipt": d1["receipt"], "visibility_timeout": 0},
-             format="json")
+    api.post(url(name, "visibility"), {"id": mid, "receipt": d1["receipt"], "visibility_timeout": 0}, format="json")
     (d2,) = dequeue(api, name, visibility_timeout=30)
     assert d2["receipt"] != d1["receipt"]
     before = stats(api, name)
 
     # when
     ack = api.post(url(name, "ack"), {"messages": [{"id": mid, "receipt": d1["receipt"]}]}, format="json")
-    vis = api.post(url(name, "visibility"), {"id": mid, "receipt": d1["receipt"], "visibility_timeout": 0},
-                   format="json")
+    vis = api.post(
+        url(name, "visibility"), {"id": mid, "receipt": d1["receipt"], "visibility_timeout": 0}, format="json"
+    )
 
     # then
     assert ack.status_code == 409, ack.content
@@ -406,15 +423,19 @@ def test_each_transport_serves_the_message_calls(api, make_queue):
         "dequeue": api.post(url(name, "dequeue"), {"max": 1}, format="json"),
     }
     (m,) = calls["dequeue"].json()["messages"]
-    calls["visibility"] = api.post(url(name, "visibility"),
-                                   {"id": m["id"], "receipt": m["receipt"], "visibility_timeout": 5},
-                                   format="json")
+    calls["visibility"] = api.post(
+        url(name, "visibility"), {"id": m["id"], "receipt": m["receipt"], "visibility_timeout": 5}, format="json"
+    )
     calls["ack"] = api.post(url(name, "ack"), {"ids": [m["id"]]}, format="json")
     other = api.get(url(name))
 
     # then
     assert {k: r.status_code for k, r in calls.items()} == {
-        "enqueue": 201, "dequeue": 200, "visibility": 200, "ack": 200}
+        "enqueue": 201,
+        "dequeue": 200,
+        "visibility": 200,
+        "ack": 200,
+    }
     assert calls["ack"].json() == {"acked": 1, "not_found": 0}
     assert other.status_code == 200
     if api.transport == "fastpath":
@@ -437,9 +458,15 @@ def test_schema_and_docs_answer(api, runtime):
     import json
 
     paths = json.loads(schema.content)["paths"]
-    for p in ("/api/v1/queues", "/api/v1/queues/{name}", "/api/v1/queues/{name}/enqueue",
-              "/api/v1/queues/{name}/dequeue", "/api/v1/queues/{name}/ack",
-              "/api/v1/queues/{name}/visibility", "/api/v1/queues/{name}/stats"):
+    for p in (
+        "/api/v1/queues",
+        "/api/v1/queues/{name}",
+        "/api/v1/queues/{name}/enqueue",
+        "/api/v1/queues/{name}/dequeue",
+        "/api/v1/queues/{name}/ack",
+        "/api/v1/queues/{name}/visibility",
+        "/api/v1/queues/{name}/stats",
+    ):
         assert p in paths
     assert docs.status_code == 200
     assert b"swagger" in docs.content.lower()

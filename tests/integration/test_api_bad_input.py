@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from queues import service
 from queues.messages import StoredMessage, block_key
@@ -72,15 +73,23 @@ def world(api, make_queue, unique_name) -> World:
     other_id = post(other, "enqueue", {"body": "theirs"})["id"]
     visible = [m for m in [*_all_positions(q)] if m not in {a["id"], b["id"], c["id"]}]
     head, part, block, index = a["id"].rsplit("/", 3)
-    return World(q, other, {
-        "@inflight": a["id"], "@receipt": a["receipt"],
-        "@inflight2": b["id"], "@receipt2": b["receipt"],
-        "@redelivered": c["id"], "@stale": c["receipt"], "@current": c2["receipt"],
-        "@visible": visible[0],
-        "@other_id": other_id,
-        "@p9": f"{head}/9/{block}/{index}",
-        "@missing": f"{q}/0/00000000-0000000000000000/0",
-    })
+    return World(
+        q,
+        other,
+        {
+            "@inflight": a["id"],
+            "@receipt": a["receipt"],
+            "@inflight2": b["id"],
+            "@receipt2": b["receipt"],
+            "@redelivered": c["id"],
+            "@stale": c["receipt"],
+            "@current": c2["receipt"],
+            "@visible": visible[0],
+            "@other_id": other_id,
+            "@p9": f"{head}/9/{block}/{index}",
+            "@missing": f"{q}/0/00000000-0000000000000000/0",
+        },
+    )
 
 
 def _all_positions(queue: str) -> list[str]:
@@ -105,16 +114,20 @@ def snapshot(*queues: str) -> dict:
     snap: dict = {"queues": list(Queue.objects.order_by("name").values())}
     for name in queues:
         snap[f"partitions:{name}"] = list(
-            Partition.objects.filter(queue__name=name).order_by("index")
-            .values("index", "owner_id", "epoch", "head_block", "lease_period"))
+            Partition.objects.filter(queue__name=name)
+            .order_by("index")
+            .values("index", "owner_id", "epoch", "head_block", "lease_period")
+        )
         snap[f"stats:{name}"] = _no_ages(service.queue_stats(name))
         for m in sorted(rt.local_managers(name), key=lambda m: m.index):
             with m.lock:
                 snap[f"mem:{name}/{m.index}"] = {
                     "inflight": {k: (e.deadline, e.receipt, e.receive_count) for k, e in m.inflight.by_id.items()},
-                    "ready": list(m.ready), "backlog": list(m.backlog_buffer),
+                    "ready": list(m.ready),
+                    "backlog": list(m.backlog_buffer),
                     "blocks": {bid: sorted(s.live) for bid, s in m.blocks.items()},
-                    "head": m.tree.head.id if m.tree.head else None, "next_index": m.next_index,
+                    "head": m.tree.head.id if m.tree.head else None,
+                    "next_index": m.next_index,
                     "totals": (m.enqueued_total, m.acked_total, m.redelivered_total),
                 }
                 block_ids = list(m.blocks)
@@ -144,24 +157,46 @@ def C(id, method, path, body=ABSENT, status=400, code=None, **kw) -> Case:
     return Case(id, method, path, body, status, code, **kw)
 
 
-Q, QE, QD, QA, QV, QS = (f"{API}/{{q}}", f"{API}/{{q}}/enqueue", f"{API}/{{q}}/dequeue",
-                         f"{API}/{{q}}/ack", f"{API}/{{q}}/visibility", f"{API}/{{q}}/stats")
+Q, QE, QD, QA, QV, QS = (
+    f"{API}/{{q}}",
+    f"{API}/{{q}}/enqueue",
+    f"{API}/{{q}}/dequeue",
+    f"{API}/{{q}}/ack",
+    f"{API}/{{q}}/visibility",
+    f"{API}/{{q}}/stats",
+)
 POSTS = {"enqueue": QE, "dequeue": QD, "ack": QA, "visibility": QV, "create": API}
 GOOD = {
-    QE: {"body": "fine"}, QD: {"max": 1}, QA: {"ids": ["@visible"]},
-    QV: {"id": "@inflight", "visibility_timeout": 0}, API: {"name": "brand-new"},
+    QE: {"body": "fine"},
+    QD: {"max": 1},
+    QA: {"ids": ["@visible"]},
+    QV: {"id": "@inflight", "visibility_timeout": 0},
+    API: {"name": "brand-new"},
     Q: {"visibility_timeout": 1},
 }
-ENDPOINTS = [("GET", API), ("POST", API), ("GET", Q), ("PATCH", Q), ("DELETE", Q), ("POST", QE),
-             ("POST", QD), ("POST", QA), ("POST", QV), ("GET", QS)]
+ENDPOINTS = [
+    ("GET", API),
+    ("POST", API),
+    ("GET", Q),
+    ("PATCH", Q),
+    ("DELETE", Q),
+    ("POST", QE),
+    ("POST", QD),
+    ("POST", QA),
+    ("POST", QV),
+    ("GET", QS),
+]
 
 CASES: list[Case] = []
 
 # authentication, on every endpoint (with an otherwise valid request)
 for method, path in ENDPOINTS:
     tail = path.removeprefix(API).replace("{q}", "q") or "/"
-    for auth, code in (("none", "not_authenticated"), ("bad", "authentication_failed"),
-                       ("bearer", "not_authenticated")):
+    for auth, code in (
+        ("none", "not_authenticated"),
+        ("bad", "authentication_failed"),
+        ("bearer", "not_authenticated"),
+    ):
         CASES.append(C(f"auth-{auth}-{method}{tail}", method, path, GOOD.get(path, ABSENT), 401, code, auth=auth))
 
 # bodies that are not a JSON object, on every endpoint that takes one
@@ -178,10 +213,16 @@ for ep, path in [*POSTS.items(), ("patch", Q)]:
         C(f"{ep}-string", method, path, "body", 400),
         C(f"{ep}-number", method, path, 5, 400),
         C(f"{ep}-null", method, path, None, 400),
-        C(f"{ep}-text-plain", method, path, b'{"body": "x"}', 415, "unsupported_media_type",
-          content_type="text/plain"),
-        C(f"{ep}-form", method, path, b"body=x", 415, "unsupported_media_type",
-          content_type="application/x-www-form-urlencoded"),
+        C(f"{ep}-text-plain", method, path, b'{"body": "x"}', 415, "unsupported_media_type", content_type="text/plain"),
+        C(
+            f"{ep}-form",
+            method,
+            path,
+            b"body=x",
+            415,
+            "unsupported_media_type",
+            content_type="application/x-www-form-urlencoded",
+        ),
     ]
 
 CASES += [
@@ -261,34 +302,102 @@ CASES += [
     C("ack-messages-item-string", "POST", QA, {"messages": ["@inflight"]}, 400, "invalid_ack"),
     C("ack-messages-item-null", "POST", QA, {"messages": [None]}, 400, "invalid_ack"),
     C("ack-messages-missing-id", "POST", QA, {"messages": [{"receipt": "@receipt"}]}, 400, "invalid_id"),
-    C("ack-messages-receipt-number", "POST", QA,
-      {"messages": [{"id": "@inflight", "receipt": 5}]}, 400, "invalid_receipt"),
-    C("ack-messages-receipt-empty", "POST", QA,
-      {"messages": [{"id": "@inflight", "receipt": ""}]}, 400, "invalid_receipt"),
-    C("ack-messages-receipt-list", "POST", QA,
-      {"messages": [{"id": "@inflight", "receipt": ["@receipt"]}]}, 400, "invalid_receipt"),
-    C("ack-messages-receipt-too-long", "POST", QA,
-      {"messages": [{"id": "@inflight", "receipt": "r" * 65}]}, 400, "invalid_receipt"),
-    C("ack-messages-unknown-field", "POST", QA,
-      {"messages": [{"id": "@inflight", "receipt": "@receipt", "ttl": 1}]}, 400, "unknown_field"),
-    C("ack-messages-good-then-bad-receipt-type", "POST", QA,
-      {"messages": [{"id": "@inflight", "receipt": "@receipt"}, {"id": "@inflight2", "receipt": 7}]},
-      400, "invalid_receipt"),
-    C("ack-messages-other-queue", "POST", QA,
-      {"messages": [{"id": "@inflight", "receipt": "@receipt"}, {"id": "@other_id"}]}, 400, "wrong_queue"),
-    C("ack-stale-receipt", "POST", QA, {"messages": [{"id": "@redelivered", "receipt": "@stale"}]},
-      409, "receipt_mismatch"),
-    C("ack-good-then-stale-receipt", "POST", QA,
-      {"messages": [{"id": "@inflight", "receipt": "@receipt"}, {"id": "@redelivered", "receipt": "@stale"}]},
-      409, "receipt_mismatch"),
-    C("ack-receipt-of-another-message", "POST", QA,
-      {"messages": [{"id": "@inflight", "receipt": "@receipt2"}]}, 409, "receipt_mismatch"),
-    C("ack-receipt-for-undelivered", "POST", QA,
-      {"messages": [{"id": "@inflight", "receipt": "@receipt"}, {"id": "@visible", "receipt": "@receipt"}]},
-      409, "receipt_mismatch"),
-    C("ack-receipt-for-missing", "POST", QA,
-      {"messages": [{"id": "@inflight", "receipt": "@receipt"}, {"id": "@missing", "receipt": "abc"}]},
-      409, "receipt_mismatch"),
+    C(
+        "ack-messages-receipt-number",
+        "POST",
+        QA,
+        {"messages": [{"id": "@inflight", "receipt": 5}]},
+        400,
+        "invalid_receipt",
+    ),
+    C(
+        "ack-messages-receipt-empty",
+        "POST",
+        QA,
+        {"messages": [{"id": "@inflight", "receipt": ""}]},
+        400,
+        "invalid_receipt",
+    ),
+    C(
+        "ack-messages-receipt-list",
+        "POST",
+        QA,
+        {"messages": [{"id": "@inflight", "receipt": ["@receipt"]}]},
+        400,
+        "invalid_receipt",
+    ),
+    C(
+        "ack-messages-receipt-too-long",
+        "POST",
+        QA,
+        {"messages": [{"id": "@inflight", "receipt": "r" * 65}]},
+        400,
+        "invalid_receipt",
+    ),
+    C(
+        "ack-messages-unknown-field",
+        "POST",
+        QA,
+        {"messages": [{"id": "@inflight", "receipt": "@receipt", "ttl": 1}]},
+        400,
+        "unknown_field",
+    ),
+    C(
+        "ack-messages-good-then-bad-receipt-type",
+        "POST",
+        QA,
+        {"messages": [{"id": "@inflight", "receipt": "@receipt"}, {"id": "@inflight2", "receipt": 7}]},
+        400,
+        "invalid_receipt",
+    ),
+    C(
+        "ack-messages-other-queue",
+        "POST",
+        QA,
+        {"messages": [{"id": "@inflight", "receipt": "@receipt"}, {"id": "@other_id"}]},
+        400,
+        "wrong_queue",
+    ),
+    C(
+        "ack-stale-receipt",
+        "POST",
+        QA,
+        {"messages": [{"id": "@redelivered", "receipt": "@stale"}]},
+        409,
+        "receipt_mismatch",
+    ),
+    C(
+        "ack-good-then-stale-receipt",
+        "POST",
+        QA,
+        {"messages": [{"id": "@inflight", "receipt": "@receipt"}, {"id": "@redelivered", "receipt": "@stale"}]},
+        409,
+        "receipt_mismatch",
+    ),
+    C(
+        "ack-receipt-of-another-message",
+        "POST",
+        QA,
+        {"messages": [{"id": "@inflight", "receipt": "@receipt2"}]},
+        409,
+        "receipt_mismatch",
+    ),
+    C(
+        "ack-receipt-for-undelivered",
+        "POST",
+        QA,
+        {"messages": [{"id": "@inflight", "receipt": "@receipt"}, {"id": "@visible", "receipt": "@receipt"}]},
+        409,
+        "receipt_mismatch",
+    ),
+    C(
+        "ack-receipt-for-missing",
+        "POST",
+        QA,
+        {"messages": [{"id": "@inflight", "receipt": "@receipt"}, {"id": "@missing", "receipt": "abc"}]},
+        409,
+        "receipt_mismatch",
+    ),
     # visibility
     C("visibility-empty", "POST", QV, {}, 400, "invalid_id"),
     C("visibility-no-request-body", "POST", QV, ABSENT, 400, "invalid_id"),
@@ -303,16 +412,46 @@ CASES += [
     C("visibility-id-list", "POST", QV, {"id": ["@inflight"], "visibility_timeout": 1}, 400, "invalid_id"),
     C("visibility-other-queue", "POST", QV, {"id": "@other_id", "visibility_timeout": 0}, 400, "wrong_queue"),
     C("visibility-partition-out-of-range", "POST", QV, {"id": "@p9", "visibility_timeout": 0}, 400, "invalid_id"),
-    C("visibility-unknown-field", "POST", QV, {"id": "@inflight", "visibility_timeout": 0, "max": 1},
-      400, "unknown_field"),
-    C("visibility-receipt-number", "POST", QV, {"id": "@inflight", "receipt": 1, "visibility_timeout": 0},
-      400, "invalid_receipt"),
-    C("visibility-receipt-empty", "POST", QV, {"id": "@inflight", "receipt": "", "visibility_timeout": 0},
-      400, "invalid_receipt"),
-    C("visibility-stale-receipt", "POST", QV, {"id": "@redelivered", "receipt": "@stale", "visibility_timeout": 0},
-      409, "receipt_mismatch"),
-    C("visibility-wrong-receipt", "POST", QV, {"id": "@inflight", "receipt": "@receipt2", "visibility_timeout": 0},
-      409, "receipt_mismatch"),
+    C(
+        "visibility-unknown-field",
+        "POST",
+        QV,
+        {"id": "@inflight", "visibility_timeout": 0, "max": 1},
+        400,
+        "unknown_field",
+    ),
+    C(
+        "visibility-receipt-number",
+        "POST",
+        QV,
+        {"id": "@inflight", "receipt": 1, "visibility_timeout": 0},
+        400,
+        "invalid_receipt",
+    ),
+    C(
+        "visibility-receipt-empty",
+        "POST",
+        QV,
+        {"id": "@inflight", "receipt": "", "visibility_timeout": 0},
+        400,
+        "invalid_receipt",
+    ),
+    C(
+        "visibility-stale-receipt",
+        "POST",
+        QV,
+        {"id": "@redelivered", "receipt": "@stale", "visibility_timeout": 0},
+        409,
+        "receipt_mismatch",
+    ),
+    C(
+        "visibility-wrong-receipt",
+        "POST",
+        QV,
+        {"id": "@inflight", "receipt": "@receipt2", "visibility_timeout": 0},
+        409,
+        "receipt_mismatch",
+    ),
     C("visibility-not-in-flight", "POST", QV, {"id": "@visible", "visibility_timeout": 0}, 409, "receipt_mismatch"),
     C("visibility-missing-message", "POST", QV, {"id": "@missing", "visibility_timeout": 0}, 409, "receipt_mismatch"),
     # queue create
@@ -329,17 +468,26 @@ CASES += [
     C("create-duplicate", "POST", API, {"name": "{q}"}, 400, "invalid"),
     C("create-duplicate-other-settings", "POST", API, {"name": "{q}", "partitions": 1}, 400, "invalid"),
     C("create-unknown-field", "POST", API, {"name": "fresh-one", "colour": "red"}, 400, "invalid"),
-    C("create-read-only-field", "POST", API, {"name": "fresh-one", "created_at": "2020-01-01T00:00:00Z"},
-      400, "invalid"),
-    *[C(f"create-{f}-{label}", "POST", API, {"name": "fresh-one", f: v}, 400, "invalid")
-      for f, values in {
-          "partitions": [0, 257, -1, 1.5, "many", True, None, [2]],
-          "block_size": [0, 10_001],
-          "lease_period": [0, 3601],
-          "visibility_timeout": [-1, 43_201, 0.5],
-          "max_message_size": [0, 1024 * 1024 + 1],
-          "retention": [59, 14 * 24 * 3600 + 1],
-      }.items() for label, v in [(json.dumps(v), v) for v in values]],
+    C(
+        "create-read-only-field",
+        "POST",
+        API,
+        {"name": "fresh-one", "created_at": "2020-01-01T00:00:00Z"},
+        400,
+        "invalid",
+    ),
+    *[
+        C(f"create-{f}-{label}", "POST", API, {"name": "fresh-one", f: v}, 400, "invalid")
+        for f, values in {
+            "partitions": [0, 257, -1, 1.5, "many", True, None, [2]],
+            "block_size": [0, 10_001],
+            "lease_period": [0, 3601],
+            "visibility_timeout": [-1, 43_201, 0.5],
+            "max_message_size": [0, 1024 * 1024 + 1],
+            "retention": [59, 14 * 24 * 3600 + 1],
+        }.items()
+        for label, v in [(json.dumps(v), v) for v in values]
+    ],
     # queue patch
     C("patch-shrink-partitions", "PATCH", Q, {"partitions": 1}, 400, "invalid"),
     C("patch-partitions-zero", "PATCH", Q, {"partitions": 0}, 400, "invalid"),
@@ -352,9 +500,18 @@ CASES += [
     C("patch-good-and-bad", "PATCH", Q, {"retention": 600, "block_size": 0}, 400, "invalid"),
     C("patch-max-message-size-string", "PATCH", Q, {"max_message_size": "big"}, 400, "invalid"),
     # unknown queue, on every endpoint that names one
-    *[C(f"unknown-queue-{m}{p.removeprefix(API + '/{q}') or '/'}", m, p.replace("{q}", "no-such-queue"),
-        GOOD.get(p, ABSENT), 404, "queue_not_found")
-      for m, p in ENDPOINTS if "{q}" in p],
+    *[
+        C(
+            f"unknown-queue-{m}{p.removeprefix(API + '/{q}') or '/'}",
+            m,
+            p.replace("{q}", "no-such-queue"),
+            GOOD.get(p, ABSENT),
+            404,
+            "queue_not_found",
+        )
+        for m, p in ENDPOINTS
+        if "{q}" in p
+    ],
     C("unknown-queue-bad-body", "POST", f"{API}/no-such-queue/enqueue", {"body": ""}, 404, "queue_not_found"),
     C("unknown-queue-nul-name", "GET", f"{API}/a%00b/stats", ABSENT, 404, "queue_not_found"),
     C("unknown-queue-nul-name-enqueue", "POST", f"{API}/a%00b/enqueue", {"body": "x"}, 404, "queue_not_found"),
@@ -363,12 +520,24 @@ CASES += [
     C("unknown-queue-delete-nul", "DELETE", f"{API}/%00", ABSENT, 404, "queue_not_found"),
     C("unknown-path", "GET", f"{API}/{{q}}/compact", ABSENT, 404, "not_found"),
     # wrong method
-    *[C(f"method-{m}-{label}", m, p, ABSENT, 405, "method_not_allowed") for m, p, label in [
-        ("GET", QE, "enqueue"), ("GET", QD, "dequeue"), ("GET", QA, "ack"), ("GET", QV, "visibility"),
-        ("PUT", QE, "enqueue"), ("DELETE", QD, "dequeue"), ("POST", QS, "stats"), ("DELETE", QS, "stats"),
-        ("PUT", Q, "detail"), ("POST", Q, "detail"), ("DELETE", API, "list"), ("PATCH", API, "list"),
-        ("PUT", API, "list"),
-    ]],
+    *[
+        C(f"method-{m}-{label}", m, p, ABSENT, 405, "method_not_allowed")
+        for m, p, label in [
+            ("GET", QE, "enqueue"),
+            ("GET", QD, "dequeue"),
+            ("GET", QA, "ack"),
+            ("GET", QV, "visibility"),
+            ("PUT", QE, "enqueue"),
+            ("DELETE", QD, "dequeue"),
+            ("POST", QS, "stats"),
+            ("DELETE", QS, "stats"),
+            ("PUT", Q, "detail"),
+            ("POST", Q, "detail"),
+            ("DELETE", API, "list"),
+            ("PATCH", API, "list"),
+            ("PUT", API, "list"),
+        ]
+    ],
 ]
 
 
@@ -451,17 +620,21 @@ def test_the_good_requests_of_the_matrix_work(api, world):
         assert r.status_code in (200, 201), (path, r.content)
 
 
-@pytest.mark.parametrize("method, path, body", [
-    ("POST", QE, {"body": "x"}),
-    ("POST", QD, {"max": 1}),
-    ("POST", QA, {"ids": ["@visible"]}),
-    ("POST", QA, {"messages": [{"id": "@redelivered", "receipt": "@current"}]}),
-    ("POST", QV, {"id": "@inflight", "receipt": "@receipt", "visibility_timeout": 900}),
-    ("PATCH", Q, {"retention": 600}),
-    ("PATCH", Q, {"partitions": 3}),
-    ("DELETE", f"{API}/{{other}}", ABSENT),
-    ("POST", API, {"name": "brand-new"}),
-], ids=["enqueue", "dequeue", "ack-id", "ack-receipt", "visibility", "patch", "patch-grow", "delete", "create"])
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        ("POST", QE, {"body": "x"}),
+        ("POST", QD, {"max": 1}),
+        ("POST", QA, {"ids": ["@visible"]}),
+        ("POST", QA, {"messages": [{"id": "@redelivered", "receipt": "@current"}]}),
+        ("POST", QV, {"id": "@inflight", "receipt": "@receipt", "visibility_timeout": 900}),
+        ("PATCH", Q, {"retention": 600}),
+        ("PATCH", Q, {"partitions": 3}),
+        ("DELETE", f"{API}/{{other}}", ABSENT),
+        ("POST", API, {"name": "brand-new"}),
+    ],
+    ids=["enqueue", "dequeue", "ack-id", "ack-receipt", "visibility", "patch", "patch-grow", "delete", "create"],
+)
 def test_the_snapshot_sees_each_kind_of_change(api, world, method, path, body):
     """Control for the matrix: a valid call of each kind does change the snapshot."""
     # given
@@ -490,11 +663,15 @@ def test_request_over_the_upload_limit_is_413(api, world, settings):
 
 
 @pytest.mark.parametrize("action", ["enqueue", "dequeue", "ack", "visibility"])
-@pytest.mark.parametrize("query, extra, status, code", [
-    ("", {"HTTP_ACCEPT": "text/csv"}, 406, "not_acceptable"),
-    ("", {"HTTP_ACCEPT": "text/plain, application/xml"}, 406, "not_acceptable"),
-    ("?format=xml", {}, 404, "not_found"),
-], ids=["accept-csv", "accept-no-json", "format-xml"])
+@pytest.mark.parametrize(
+    "query, extra, status, code",
+    [
+        ("", {"HTTP_ACCEPT": "text/csv"}, 406, "not_acceptable"),
+        ("", {"HTTP_ACCEPT": "text/plain, application/xml"}, 406, "not_acceptable"),
+        ("?format=xml", {}, 404, "not_found"),
+    ],
+    ids=["accept-csv", "accept-no-json", "format-xml"],
+)
 def test_content_negotiation_refuses_and_changes_nothing(api, world, action, query, extra, status, code):
     """DRF negotiates the answer's format before the view runs; the fast path must not skip that."""
     # given
@@ -502,8 +679,9 @@ def test_content_negotiation_refuses_and_changes_nothing(api, world, action, que
     body = _fill(GOOD[POSTS[action]], world)
 
     # when
-    r = api.generic("POST", f"{API}/{world.q}/{action}{query}", json.dumps(body).encode(),
-                    content_type="application/json", **extra)
+    r = api.generic(
+        "POST", f"{API}/{world.q}/{action}{query}", json.dumps(body).encode(), content_type="application/json", **extra
+    )
 
     # then
     assert_error(r, status, code)
@@ -521,8 +699,7 @@ def test_odd_content_length_is_answered_as_drf_answers(api, world, length):
 
     # when
     answers = [
-        client.generic("POST", f"{API}/{world.q}/enqueue", raw, content_type="application/json",
-                       CONTENT_LENGTH=length)
+        client.generic("POST", f"{API}/{world.q}/enqueue", raw, content_type="application/json", CONTENT_LENGTH=length)
         for client in (reference, api)
     ]
 
@@ -547,18 +724,37 @@ text = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=(
 
 
 def json_values(refs: list[str]):
-    scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70)
-               | st.floats(allow_nan=False, allow_infinity=False) | text | st.sampled_from(refs))
+    scalars = (
+        st.none()
+        | st.booleans()
+        | st.integers(-(2**70), 2**70)
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | text
+        | st.sampled_from(refs)
+    )
     return st.recursive(
         scalars,
-        lambda children: st.lists(children, max_size=4)
-        | st.dictionaries(st.sampled_from(KEYS) | text, children, max_size=4),
+        lambda children: (
+            st.lists(children, max_size=4) | st.dictionaries(st.sampled_from(KEYS) | text, children, max_size=4)
+        ),
         max_leaves=12,
     )
 
 
-REFS = ["@inflight", "@receipt", "@inflight2", "@receipt2", "@redelivered", "@stale", "@current",
-        "@visible", "@other_id", "@p9", "@missing", "{q}"]
+REFS = [
+    "@inflight",
+    "@receipt",
+    "@inflight2",
+    "@receipt2",
+    "@redelivered",
+    "@stale",
+    "@current",
+    "@visible",
+    "@other_id",
+    "@p9",
+    "@missing",
+    "{q}",
+]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -584,8 +780,10 @@ def test_random_json_never_5xx_and_4xx_changes_nothing(api, world, data):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(action=st.sampled_from(["enqueue", "dequeue", "ack", "visibility", ""]),
-       raw=st.binary(max_size=40) | text.map(str.encode))
+@given(
+    action=st.sampled_from(["enqueue", "dequeue", "ack", "visibility", ""]),
+    raw=st.binary(max_size=40) | text.map(str.encode),
+)
 def test_random_bytes_never_5xx(api, world, action, raw):
     # given
     before = snapshot(world.q, world.other)

@@ -81,6 +81,7 @@ def queue(api, unique_name):
         assert r.status_code == 201, r.content
         assert r.json()["archive"] == fields.get("archive", "none")
         return fields["name"]
+
     return make
 
 
@@ -107,8 +108,7 @@ def consume(api, name, n) -> list[dict]:
     """Dequeue and acknowledge ``n`` messages (groups give one at a time)."""
     done: list[dict] = []
     while len(done) < n:
-        r = api.post(f"/api/v1/queues/{name}/dequeue", {"max": n - len(done), "visibility_timeout": 60},
-                     format="json")
+        r = api.post(f"/api/v1/queues/{name}/dequeue", {"max": n - len(done), "visibility_timeout": 60}, format="json")
         got = r.json()["messages"]
         assert got, "ran dry"
         ack_ids(api, name, got)
@@ -117,8 +117,11 @@ def consume(api, name, n) -> list[dict]:
 
 
 def ack_ids(api, name, messages) -> None:
-    r = api.post(f"/api/v1/queues/{name}/ack",
-                 {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in messages]}, format="json")
+    r = api.post(
+        f"/api/v1/queues/{name}/ack",
+        {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in messages]},
+        format="json",
+    )
     assert r.status_code == 200, r.content
 
 
@@ -132,8 +135,7 @@ def test_mode_all_archives_every_message_and_marks_acks(api, rt, queue):
     # given a queue archiving every message, and 60 enqueued through the API
     name = queue(archive="all")
     bodies = [f"body-{i}" for i in range(60)]
-    ids = enqueue(api, name, [{"body": b, "group": f"g{i % 3}", "attributes": {"i": i}}
-                              for i, b in enumerate(bodies)])
+    ids = enqueue(api, name, [{"body": b, "group": f"g{i % 3}", "attributes": {"i": i}} for i, b in enumerate(bodies)])
     # when the archiver runs
     report = archiver.run(name, store=rt.store)
     # then 60 rows hold the bodies, none acknowledged, and the journal is empty
@@ -149,7 +151,9 @@ def test_mode_all_archives_every_message_and_marks_acks(api, rt, queue):
     report = archiver.run(name, store=rt.store)
     # then exactly those rows have acked_at, nothing was copied twice, the journal is empty
     assert report[name] == {"archived": 0, "acked": 25, "removed": 25}
-    marked = set(ArchivedMessage.objects.filter(queue=name, acked_at__isnull=False).values_list("message_id", flat=True))
+    marked = set(
+        ArchivedMessage.objects.filter(queue=name, acked_at__isnull=False).values_list("message_id", flat=True)
+    )
     assert marked == {m["id"] for m in acked}
     assert ArchivedMessage.objects.filter(queue=name).count() == 60
     assert journal_size(rt.store, name) == 0
@@ -200,8 +204,14 @@ def test_archive_mode_can_be_changed_through_the_api(api, queue):
 @pytest.mark.django_db
 def test_lookup_gives_back_the_stored_records(api, rt, queue):
     name = queue(archive="all")
-    ids = enqueue(api, name, [{"body": "plain", "group": "g", "attributes": {"k": "v", "n": 2}, "size": 7},
-                              {"body": "with\x00nul", "attributes": {"x": "ab"}}])
+    ids = enqueue(
+        api,
+        name,
+        [
+            {"body": "plain", "group": "g", "attributes": {"k": "v", "n": 2}, "size": 7},
+            {"body": "with\x00nul", "attributes": {"x": "ab"}},
+        ],
+    )
     stored = {mid: rt.manager(name, int(mid.split("/")[1])).cache.get(mid) for mid in ids}
     archiver.run(name, store=rt.store)
     found = archive.lookup([*ids, f"{name}/0/00000000-0000000000000000/0"])
@@ -253,8 +263,9 @@ def test_replay_round_trip_into_another_queue(api, rt, queue):
     assert r.json()["replayed"] == 40 and len(r.json()["ids"]) == 40
     # then a drain of the target gives the same bodies, groups and attributes, in group order
     got = drain(api, dst)
-    assert sorted((m["body"], m.get("group"), m["attributes"]["i"]) for m in got) == \
-        sorted((s["body"], s["group"], s["attributes"]["i"]) for s in sent)
+    assert sorted((m["body"], m.get("group"), m["attributes"]["i"]) for m in got) == sorted(
+        (s["body"], s["group"], s["attributes"]["i"]) for s in sent
+    )
     for g in range(4):
         in_group = [int(m["body"][1:]) for m in got if m.get("group") == f"g{g}"]
         assert in_group == sorted(in_group)
@@ -272,12 +283,18 @@ def test_bad_replay_input_is_a_4xx_and_enqueues_nothing(api, rt, queue):
     ids = enqueue(api, src, [{"body": f"m{i}"} for i in range(5)])
     archiver.run(src, store=rt.store)
     cases = [
-        ([1, 2], 400), ({}, 400), ({"queue": "bad/name"}, 400), ({"queue": src, "into": 7}, 400),
-        ({"queue": src, "colour": "red"}, 400), ({"queue": src, "max": 0}, 400),
-        ({"queue": src, "max": 10001}, 400), ({"queue": src, "since": "soon"}, 400),
+        ([1, 2], 400),
+        ({}, 400),
+        ({"queue": "bad/name"}, 400),
+        ({"queue": src, "into": 7}, 400),
+        ({"queue": src, "colour": "red"}, 400),
+        ({"queue": src, "max": 0}, 400),
+        ({"queue": src, "max": 10001}, 400),
+        ({"queue": src, "since": "soon"}, 400),
         ({"queue": src, "since": "2030-01-01T00:00:00Z", "until": "2020-01-01T00:00:00Z"}, 400),
         ({"queue": src, "ids": ids[:1], "since": "2020-01-01T00:00:00Z"}, 400),
-        ({"queue": src, "ids": []}, 400), ({"queue": src, "ids": ["nope"]}, 400),
+        ({"queue": src, "ids": []}, 400),
+        ({"queue": src, "ids": ["nope"]}, 400),
         ({"queue": src, "ids": [ids[0].replace(src, dst, 1)]}, 400),
         ({"queue": src, "into": strict}, 400),  # the copies have no group: the strict queue refuses
         ({"queue": src, "into": "no-such-queue"}, 404),
@@ -319,8 +336,7 @@ def test_two_archivers_at_once_one_works_no_duplicates(api, rt, queue, monkeypat
         ids += enqueue(api, name, [{"body": f"{k}-{i}"} for i in range(1000)])
     # when two archivers start together (each round slowed down, so they surely overlap)
     real = archiver.archive_partition
-    monkeypatch.setattr(archiver, "archive_partition",
-                        lambda *a, **kw: (time.sleep(0.5), real(*a, **kw))[1])
+    monkeypatch.setattr(archiver, "archive_partition", lambda *a, **kw: (time.sleep(0.5), real(*a, **kw))[1])
     barrier = threading.Barrier(2)
     reports = []
 
@@ -372,7 +388,9 @@ def test_every_confirmed_message_of_a_killed_node_is_archived(kind, tmp_path, to
             pc = Client(node.url, token)
             for b in range(200):
                 try:
-                    resp = pc.post(f"queues/{name}/enqueue", {"messages": [{"body": f"{k}:{b}:{i}"} for i in range(50)]})
+                    resp = pc.post(
+                        f"queues/{name}/enqueue", {"messages": [{"body": f"{k}:{b}:{i}"} for i in range(50)]}
+                    )
                 except Exception:  # noqa: BLE001 - the node is being killed
                     return
                 if resp.status_code == 201:

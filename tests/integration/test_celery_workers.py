@@ -23,7 +23,7 @@ import pytest
 from workers.models import Consumer
 
 from .handlers_for_tests import QUEUE, events
-from .nodes import wait_until, ROOT, Client, NodeProcess, database_url
+from .nodes import ROOT, Client, NodeProcess, database_url, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -43,9 +43,26 @@ class WorkerProcess:
     def start(self, timeout: float = 30) -> WorkerProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [CELERY, "-A", "config", "worker", "--pool", "solo", "-c", str(self.concurrency), "-l", "info",
-                 "-n", f"{self.log_path.stem}@%h"],
-                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    CELERY,
+                    "-A",
+                    "config",
+                    "worker",
+                    "--pool",
+                    "solo",
+                    "-c",
+                    str(self.concurrency),
+                    "-l",
+                    "info",
+                    "-n",
+                    f"{self.log_path.stem}@%h",
+                ],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while "consuming [" not in self.log():
             if self.proc.poll() is not None:
@@ -85,8 +102,15 @@ class WorkerProcess:
 
 @pytest.fixture
 def node(tmp_path, redis_client):
-    n = NodeProcess({"DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "node-data"),
-                     "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5", "NODE_HEARTBEAT": "0.3"}, tmp_path).start()
+    n = NodeProcess(
+        {
+            "DATABASE_URL": database_url(),
+            "MQ_DATA_DIR": str(tmp_path / "node-data"),
+            "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5",
+            "NODE_HEARTBEAT": "0.3",
+        },
+        tmp_path,
+    ).start()
     yield n
     n.stop()
 
@@ -101,10 +125,17 @@ def handler_out(tmp_path) -> Path:
 @pytest.fixture
 def celery_worker(tmp_path, node, token, handler_out):
     """Start real Celery workers on demand (``start(concurrency, **env)``); all are stopped at the end."""
-    env = {**os.environ, "DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "worker-data"),
-           "CELERY_BROKER_URL": "filesystem://", "QUEUE_API_URL": node.url, "QUEUE_API_TOKEN": token,
-           "WORKER_HANDLERS": "tests.integration.handlers_for_tests", "TEST_HANDLER_OUT": str(handler_out),
-           "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "MQ_DATA_DIR": str(tmp_path / "worker-data"),
+        "CELERY_BROKER_URL": "filesystem://",
+        "QUEUE_API_URL": node.url,
+        "QUEUE_API_TOKEN": token,
+        "WORKER_HANDLERS": "tests.integration.handlers_for_tests",
+        "TEST_HANDLER_OUT": str(handler_out),
+        "PYTHONPATH": str(ROOT),
+    }
     env.pop("WORKER_QUEUES", None)
     env.pop("WORKER_PIPELINING", None)
     workers: list[WorkerProcess] = []
@@ -128,8 +159,11 @@ def _create_queue(api: Client, **fields) -> None:
     r = api.post("queues", fields)
     assert r.status_code == 201, r.text
     name = fields["name"]
-    _wait(lambda: all(p["owner"] for p in api.get(f"queues/{name}/partitions").json()["partitions"]), 20,
-          f"the node to own every partition of {name}")
+    _wait(
+        lambda: all(p["owner"] for p in api.get(f"queues/{name}/partitions").json()["partitions"]),
+        20,
+        f"the node to own every partition of {name}",
+    )
 
 
 def _enqueue(api: Client, messages: list[dict]) -> list[str]:
@@ -180,8 +214,10 @@ def test_a_worker_drains_a_queue_processing_each_message_once(api, celery_worker
         assert pre_start <= pre_end <= proc_start <= proc_end, r
     stats = api.get(f"queues/{QUEUE}/stats").json()
     assert stats["depth"] == 0 and stats["in_flight"] == 0
-    print(f"[drain] 200 messages, 2 slots: drained in {drained:.2f}s "
-          f"({200 / max(drained, 1e-9):.0f} msg/s, worker up {time.monotonic() - t0:.1f}s)")
+    print(
+        f"[drain] 200 messages, 2 slots: drained in {drained:.2f}s "
+        f"({200 / max(drained, 1e-9):.0f} msg/s, worker up {time.monotonic() - t0:.1f}s)"
+    )
 
 
 def test_a_message_held_by_a_killed_worker_is_processed_by_another(api, celery_worker, handler_out):
@@ -200,7 +236,7 @@ def test_a_message_held_by_a_killed_worker_is_processed_by_another(api, celery_w
     killed = time.monotonic()
     worker_b = celery_worker(1)
     # then the second worker processes it after the visibility timeout, as its second delivery
-    _wait(lambda: ("succeeded" in {o for _, o in _attempts(api, mid)}), 20, "the message to succeed")
+    _wait(lambda: "succeeded" in {o for _, o in _attempts(api, mid)}, 20, "the message to succeed")
     recovered = time.monotonic() - killed
     worker_b.stop()
     done = [e for e in events(handler_out) if e[0] == "done"]
@@ -251,16 +287,25 @@ def test_a_worker_consumes_a_topic_subscription_unchanged(api, celery_worker, ha
     assert r.status_code == 201, r.text
     for sub in ("mail", "sms"):
         assert api.post("topics/news/subscriptions", {"name": sub}).status_code == 201
-    _wait(lambda: all(p["owner"] for p in api.get("queues/news/partitions").json()["partitions"]), 20,
-          "the node to own every partition of news")
+    _wait(
+        lambda: all(p["owner"] for p in api.get("queues/news/partitions").json()["partitions"]),
+        20,
+        "the node to own every partition of news",
+    )
     r = api.post("topics/news/publish", {"messages": [{"body": f"n{i}"} for i in range(30)]})
     assert r.status_code == 201, r.text
     ids = r.json()["ids"]
     # when a real worker consumes "news/mail" (its handler is registered under that name)
-    worker = celery_worker(1, WORKER_QUEUES="news/mail", WORKER_HANDLERS="tests.integration.handlers_for_tests,"
-                                                                       "tests.integration.handlers_for_topic_tests")
-    _wait(lambda: api.get("topics/news/subscriptions/mail/stats").json()["backlog"] == 0, 40,
-          "the mail subscription to be drained")
+    worker = celery_worker(
+        1,
+        WORKER_QUEUES="news/mail",
+        WORKER_HANDLERS="tests.integration.handlers_for_tests,tests.integration.handlers_for_topic_tests",
+    )
+    _wait(
+        lambda: api.get("topics/news/subscriptions/mail/stats").json()["backlog"] == 0,
+        40,
+        "the mail subscription to be drained",
+    )
     worker.stop()
     # then each message was processed once for "mail", and "sms" still holds all of them
     done = Counter(mid for event, mid, _, _ in events(handler_out) if event == "done")

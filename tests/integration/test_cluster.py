@@ -17,7 +17,7 @@ from itertools import cycle
 
 import pytest
 
-from .nodes import wait_until, Client, NodeProcess, database_url
+from .nodes import Client, NodeProcess, database_url, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -27,8 +27,12 @@ LEASE = 2
 @pytest.fixture
 def cluster(tmp_path, redis_client):
     """Start nodes on demand; every node is stopped at the end."""
-    env = {"DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "data"),
-           "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5", "NODE_HEARTBEAT": "0.3"}
+    env = {
+        "DATABASE_URL": database_url(),
+        "MQ_DATA_DIR": str(tmp_path / "data"),
+        "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5",
+        "NODE_HEARTBEAT": "0.3",
+    }
     nodes: list[NodeProcess] = []
 
     def start(**extra_env) -> NodeProcess:
@@ -49,8 +53,8 @@ class Load:
         self.token, self.queue, self.batch = token, queue, batch
         self.confirmed: dict[str, str] = {}
         self.issued_twice: list[str] = []
-        self.acked: set[str] = set()      # ack answered 200: must never come back
-        self.ack_sent: set[str] = set()   # ack sent, answer lost: may or may not come back
+        self.acked: set[str] = set()  # ack answered 200: must never come back
+        self.ack_sent: set[str] = set()  # ack sent, answer lost: may or may not come back
         self.delivered: dict[str, int] = {}
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -101,12 +105,15 @@ class Load:
                 self.record(got)
                 with self.lock:
                     self.ack_sent.update(m["id"] for m in got)
-                a = c.post(f"queues/{self.queue}/ack",
-                           {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]}, timeout=10)
+                a = c.post(
+                    f"queues/{self.queue}/ack",
+                    {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]},
+                    timeout=10,
+                )
                 if a.status_code == 200:
                     with self.lock:
                         self.acked.update(m["id"] for m in got)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a node being killed: move to the next one
                 c = next(clients)
 
     def record(self, got: list[dict]) -> None:
@@ -115,7 +122,7 @@ class Load:
                 self.delivered[m["id"]] = self.delivered.get(m["id"], 0) + 1
                 assert m["body"] == self.confirmed.get(m["id"], m["body"]), "body changed"
 
-    def start(self, producers: int = 3, consumers: int = 2) -> "Load":
+    def start(self, producers: int = 3, consumers: int = 2) -> Load:
         for k in range(producers):
             self.threads.append(threading.Thread(target=self._produce, args=(k,), daemon=True))
         for _ in range(consumers):
@@ -161,8 +168,11 @@ class Load:
 
     def check(self, label: str) -> dict:
         lost = set(self.confirmed) - self.ack_sent - set(self.delivered)
-        figures = {"confirmed": len(self.confirmed), "delivered": len(self.delivered),
-                   "redelivered": sum(n - 1 for n in self.delivered.values())}
+        figures = {
+            "confirmed": len(self.confirmed),
+            "delivered": len(self.delivered),
+            "redelivered": sum(n - 1 for n in self.delivered.values()),
+        }
         print(f"\n[{label}] " + " ".join(f"{k}={v}" for k, v in figures.items()))
         assert not self.issued_twice, f"message IDs issued twice: {self.issued_twice[:3]}"
         assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:3]}"
@@ -189,8 +199,9 @@ _wait = wait_until
 
 def _make_queue(node: NodeProcess, token: str, partitions: int) -> str:
     name = f"cl-{uuid.uuid4().hex[:8]}"
-    r = Client(node.url, token).post("queues", {"name": name, "partitions": partitions, "lease_period": LEASE,
-                                                "block_size": 64})
+    r = Client(node.url, token).post(
+        "queues", {"name": name, "partitions": partitions, "lease_period": LEASE, "block_size": 64}
+    )
     assert r.status_code == 201, r.text
     return name
 
@@ -213,6 +224,7 @@ def test_sigkill_one_of_three_nodes_mid_load(cluster, token):
     group = next(f"g{i}" for i in range(10_000) if partition_for(f"g{i}", 6) in victim_parts)
     victim.kill()
     load.urls = [n.url for n in nodes[:2]]
+
     # then its partitions serve enqueues and dequeues again, on the other nodes
     def enqueue_lands() -> bool:
         return c0.post(f"queues/{name}/enqueue", {"body": "aimed", "group": group}).status_code == 201
@@ -242,8 +254,10 @@ def test_sigkill_one_of_three_nodes_mid_load(cluster, token):
     load.finish()
     load.drain()
     figures = load.check("sigkill")
-    print(f"[sigkill] after the kill (lease {LEASE} s): enqueues into its partitions again after "
-          f"{to_enqueue:.2f}s, dequeues from them after {to_dequeue:.2f}s; redelivered={figures['redelivered']}")
+    print(
+        f"[sigkill] after the kill (lease {LEASE} s): enqueues into its partitions again after "
+        f"{to_enqueue:.2f}s, dequeues from them after {to_dequeue:.2f}s; redelivered={figures['redelivered']}"
+    )
     assert figures["confirmed"] >= 4000
 
 
@@ -294,14 +308,19 @@ def test_a_fourth_node_joins_under_load(cluster, token):
     newcomer_id = _node_id(newcomer)
     load.add_node(newcomer)
     # then it ends up owning its share (two) without anyone restarting
-    joined = _wait(lambda: sum(p["owner"] == newcomer_id for p in _partitions(c0, name)) >= 2, 30,
-                   "the newcomer to own two partitions")
+    joined = _wait(
+        lambda: sum(p["owner"] == newcomer_id for p in _partitions(c0, name)) >= 2,
+        30,
+        "the newcomer to own two partitions",
+    )
     _wait(lambda: len(load.confirmed) >= 3000, 60, "load to go on")
     load.finish()
     load.drain()
     load.check("scale-out")
     owners = [p["owner"] for p in _partitions(c0, name)]
-    print(f"[scale-out] newcomer owned its share {joined:.2f}s after start; owners {sorted(owners.count(o) for o in set(owners))}")
+    print(
+        f"[scale-out] newcomer owned its share {joined:.2f}s after start; owners {sorted(owners.count(o) for o in set(owners))}"
+    )
     assert all(owners.count(o) == 2 for o in set(owners))
 
 
@@ -325,16 +344,20 @@ def test_forwarding_is_authenticated_and_bounded(cluster, token):
     # a forged cluster secret is refused, and a spent hop count is never forwarded again
     import requests
 
-    forged = requests.post(f"{a.url}/api/v1/queues/{name}/enqueue", json={"body": "x"},
-                           headers={"X-MQ-Cluster-Secret": "wrong"}, timeout=5)
+    forged = requests.post(
+        f"{a.url}/api/v1/queues/{name}/enqueue", json={"body": "x"}, headers={"X-MQ-Cluster-Secret": "wrong"}, timeout=5
+    )
     assert forged.status_code == 401
     parts = {p["index"]: p["address"] for p in _partitions(ca, name)}
     mid = ids[0]
     owner = parts[int(mid.split("/")[1])]
     elsewhere = b if owner == a.url.removeprefix("http://") else a
-    spent = requests.post(f"{elsewhere.url}/api/v1/queues/{name}/visibility",
-                          json={"id": mid, "visibility_timeout": 5},
-                          headers={"Authorization": f"Token {token}", "X-MQ-Hops": "2"}, timeout=5)
+    spent = requests.post(
+        f"{elsewhere.url}/api/v1/queues/{name}/visibility",
+        json={"id": mid, "visibility_timeout": 5},
+        headers={"Authorization": f"Token {token}", "X-MQ-Hops": "2"},
+        timeout=5,
+    )
     assert spent.status_code == 503 and spent.json()["error"] == "unavailable"
 
 
@@ -375,18 +398,29 @@ def test_cluster_command_starts_and_stops_k_nodes(tmp_path, token):
     from .nodes import ROOT, free_ports
 
     base = free_ports(3)
-    env = {**os.environ, "DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "data"),
-           "KV_URL": f"file://{tmp_path / 'kv'}", "NODE_HEARTBEAT": "0.3"}
-    proc = subprocess.Popen([sys.executable, "manage.py", "cluster", "--nodes", "3", "--base-port", str(base)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "MQ_DATA_DIR": str(tmp_path / "data"),
+        "KV_URL": f"file://{tmp_path / 'kv'}",
+        "NODE_HEARTBEAT": "0.3",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "cluster", "--nodes", "3", "--base-port", str(base)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         urls = [f"http://127.0.0.1:{base + i}" for i in range(3)]
 
         def all_up() -> bool:
             try:
                 return all(Client(u, token).get("healthz", timeout=1).status_code == 200 for u in urls)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - not up yet (refused, reset, timeout)
                 return False
 
         _wait(all_up, 40, "three nodes to answer")
@@ -413,8 +447,10 @@ def test_dead_letters_move_to_a_queue_owned_by_another_node(cluster, token):
     a = cluster()
     ca = Client(a.url, token)
     source = f"src-{uuid.uuid4().hex[:6]}"
-    assert ca.post("queues", {"name": source, "partitions": 1, "dead_letter_queue": dlq,
-                              "max_receives": 2}).status_code == 201
+    assert (
+        ca.post("queues", {"name": source, "partitions": 1, "dead_letter_queue": dlq, "max_receives": 2}).status_code
+        == 201
+    )
     a_id, b_id = _node_id(a), _node_id(b)
     assert [p["owner"] for p in _partitions(ca, source)] == [a_id]
     assert [p["owner"] for p in _partitions(ca, dlq)] == [b_id]

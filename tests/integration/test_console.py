@@ -29,14 +29,16 @@ def staff_api(api, user):
 
 
 def _enqueue(api, name, n, **extra):
-    r = api.post(f"/api/v1/queues/{name}/enqueue",
-                 {"messages": [{"body": f"m{i}", **extra} for i in range(n)]}, format="json")
+    r = api.post(
+        f"/api/v1/queues/{name}/enqueue", {"messages": [{"body": f"m{i}", **extra} for i in range(n)]}, format="json"
+    )
     assert r.status_code == 201, r.content
     return r.json()["ids"]
 
 
-def test_queue_page_shows_depth_in_flight_delayed_dead_letters_age_and_rates(admin_client, api, make_queue,
-                                                                              runtime, purge_kv):
+def test_queue_page_shows_depth_in_flight_delayed_dead_letters_age_and_rates(
+    admin_client, api, make_queue, runtime, purge_kv
+):
     # given a queue with 7 ready, 2 of them then in flight, 3 delayed, and a dead-letter queue
     # holding one message
     dlq = make_queue(partitions=1)
@@ -59,9 +61,9 @@ def test_queue_page_shows_depth_in_flight_delayed_dead_letters_age_and_rates(adm
     assert sum(p.delayed for p in rows) == 3
     assert sum(p.enqueue_rate for p in rows) > 0
     assert all(p.oldest_enqueued_at is not None for p in rows if p.depth)
-    assert "<td class=\"field-depth\">13</td>" in page
-    assert "<td class=\"field-in_flight\">2</td>" in page
-    assert "<td class=\"field-delayed\">3</td>" in page
+    assert '<td class="field-depth">13</td>' in page
+    assert '<td class="field-in_flight">2</td>' in page
+    assert '<td class="field-delayed">3</td>' in page
     assert "1 / 0" in page  # one waiting in the dead-letter queue, none moved by this queue yet
     assert "field-oldest_age" in page and " s</td>" in page
 
@@ -89,13 +91,15 @@ def test_purge_removes_every_message_and_fences_the_old_owner(staff_api, make_qu
     runtime.tick()
     assert api.post(f"/api/v1/queues/{name}/dequeue", {}, format="json").json()["messages"] == []
     fresh = _enqueue(api, name, 2)
-    assert [m["body"] for m in api.post(f"/api/v1/queues/{name}/dequeue", {"max": 5}, format="json")
-            .json()["messages"]] == ["m0", "m1"]
+    assert [
+        m["body"] for m in api.post(f"/api/v1/queues/{name}/dequeue", {"max": 5}, format="json").json()["messages"]
+    ] == ["m0", "m1"]
     assert Partition.objects.get(queue__name=name, index=0).epoch > old.lease.epoch
     assert parse_message_id(fresh[0]).block not in old_blocks
     # an ack of a purged delivery changes nothing (its message is gone)
-    r = api.post(f"/api/v1/queues/{name}/ack", {"messages": [{"id": got[0]["id"], "receipt": got[0]["receipt"]}]},
-                 format="json")
+    r = api.post(
+        f"/api/v1/queues/{name}/ack", {"messages": [{"id": got[0]["id"], "receipt": got[0]["receipt"]}]}, format="json"
+    )
     assert r.status_code == 409
     assert Queue.objects.get(name=name).purged_total == 30
 
@@ -135,8 +139,9 @@ def test_release_gives_the_lease_up_for_a_lease_period(staff_api, admin_client, 
     p = Partition.objects.get(queue__name=name, index=1)
     assert p.owner_id == runtime.node_id
     # when an operator releases its lease from the partition list
-    r = admin_client.post("/admin/queues/partition/", {"action": "release_lease", "_selected_action": [p.pk]},
-                          follow=True)
+    r = admin_client.post(
+        "/admin/queues/partition/", {"action": "release_lease", "_selected_action": [p.pk]}, follow=True
+    )
     # then the row is free, this node does not take it back at once, and the other still serves
     assert r.status_code == 200 and "released by test-node" in r.content.decode()
     assert Partition.objects.get(pk=p.pk).owner_id is None
@@ -172,8 +177,11 @@ def test_topic_page_says_which_subscription_holds_how_much(admin_client, api, ru
     r = api.post(f"/api/v1/topics/{topic}/publish", {"messages": [{"body": str(i)} for i in range(9)]}, format="json")
     assert r.status_code == 201
     got = api.post(f"/api/v1/topics/{topic}/subscriptions/fast/dequeue", {"max": 20}, format="json").json()["messages"]
-    api.post(f"/api/v1/topics/{topic}/subscriptions/fast/ack",
-             {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]}, format="json")
+    api.post(
+        f"/api/v1/topics/{topic}/subscriptions/fast/ack",
+        {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]},
+        format="json",
+    )
     runtime.tick()
     q = Queue.objects.get(name=topic)
     page = admin_client.get(f"/admin/queues/queue/{q.pk}/change/").content.decode()
@@ -184,8 +192,9 @@ def test_topic_page_says_which_subscription_holds_how_much(admin_client, api, ru
     assert f"{topic}/slow" in subs and '<td class="field-holds">9</td>' in subs
 
 
-def test_subscription_page_shows_positions_and_what_only_the_archive_holds(admin_client, staff_api, runtime,
-                                                                            purge_kv, unique_name):
+def test_subscription_page_shows_positions_and_what_only_the_archive_holds(
+    admin_client, staff_api, runtime, purge_kv, unique_name
+):
     # given an archiving topic whose slow subscription held six messages when retention passed
     api = staff_api
     topic = unique_name("t")
@@ -194,11 +203,15 @@ def test_subscription_page_shows_positions_and_what_only_the_archive_holds(admin
     for sub in ("fast", "slow"):
         assert api.post(f"/api/v1/topics/{topic}/subscriptions", {"name": sub}, format="json").status_code == 201
     runtime.tick()
-    ids = api.post(f"/api/v1/topics/{topic}/publish", {"messages": [{"body": str(i)} for i in range(6)]},
-                   format="json").json()["ids"]
+    ids = api.post(
+        f"/api/v1/topics/{topic}/publish", {"messages": [{"body": str(i)} for i in range(6)]}, format="json"
+    ).json()["ids"]
     got = api.post(f"/api/v1/topics/{topic}/subscriptions/fast/dequeue", {"max": 20}, format="json").json()["messages"]
-    api.post(f"/api/v1/topics/{topic}/subscriptions/fast/ack",
-             {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]}, format="json")
+    api.post(
+        f"/api/v1/topics/{topic}/subscriptions/fast/ack",
+        {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]},
+        format="json",
+    )
     r = api.post(f"/api/v1/queues/{topic}/expire", {"older_than": 0}, format="json")
     assert r.status_code == 200 and r.json() == {"expired": 0, "archived": 6}, r.content
     runtime.tick()
@@ -214,8 +227,9 @@ def test_subscription_page_shows_positions_and_what_only_the_archive_holds(admin
     assert '<td class="field-archived">6</td>' in listing and '<td class="field-archived">0</td>' in listing
 
 
-def test_admin_cannot_rename_a_queue_and_deleting_one_empties_the_store(admin_client, api, make_queue, runtime,
-                                                                        purge_kv):
+def test_admin_cannot_rename_a_queue_and_deleting_one_empties_the_store(
+    admin_client, api, make_queue, runtime, purge_kv
+):
     name = make_queue(partitions=1)
     runtime.tick()
     ids = _enqueue(api, name, 3)

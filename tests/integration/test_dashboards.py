@@ -16,9 +16,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from pyspark.testing import assertDataFrameEqual
 
-from consoles.charts import format_value
 from archive import archiver
 from archive.models import ArchivedMessage
+from consoles.charts import format_value
 from consoles.models import DashboardRun, EstimateFit, LatencyBucketStats, QueueBucketStats, WorkerStats
 from queues.kv.redis import RedisStore
 from queues.models import Queue
@@ -47,8 +47,15 @@ def spark():
 
 @pytest.fixture
 def node(tmp_path, redis_client, token):
-    n = NodeProcess({"DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "node-data"),
-                     "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5", "NODE_HEARTBEAT": "0.3"}, tmp_path).start()
+    n = NodeProcess(
+        {
+            "DATABASE_URL": database_url(),
+            "MQ_DATA_DIR": str(tmp_path / "node-data"),
+            "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5",
+            "NODE_HEARTBEAT": "0.3",
+        },
+        tmp_path,
+    ).start()
     yield n
     n.stop()
 
@@ -76,23 +83,39 @@ def _handler(queue: str, failed_once: set[str]) -> Handler:
     return Handler(queue, process, preprocess)
 
 
-def test_traffic_then_refresh_shows_figures_and_learns_estimates(node, token, unique_name, admin_client, spark,
-                                                                  redis_client):
+def test_traffic_then_refresh_shows_figures_and_learns_estimates(
+    node, token, unique_name, admin_client, spark, redis_client
+):
     # given a queue with default estimates (0 s) and 60 messages of sizes 1..60 (3 of them flaky),
     # processed by a worker pipeline through a real node
     queue = unique_name("dash")
     client = Client(node.url, token)
     client.create_queue(queue, partitions=2, archive="all")
     wait_until(lambda: all(p.owner for p in client.partitions(queue)), 20, "the node to own the partitions")
-    client.enqueue_many(queue, [NewMessage(f"m{k}", size=k, group=f"g{k % 3}",
-                                           attributes={"flaky": True} if k in (10, 30, 50) else None)
-                                for k in range(1, MESSAGES + 1)])
+    client.enqueue_many(
+        queue,
+        [
+            NewMessage(f"m{k}", size=k, group=f"g{k % 3}", attributes={"flaky": True} if k in (10, 30, 50) else None)
+            for k in range(1, MESSAGES + 1)
+        ],
+    )
     failed_once: set[str] = set()
-    pipeline = Pipeline(client, {queue: _handler(queue, failed_once)}, concurrency=2, visibility_timeout=30,
-                        heartbeat_every=1.0, wait=0.5, retry_backoff=1.0, name="dash-worker").start()
+    pipeline = Pipeline(
+        client,
+        {queue: _handler(queue, failed_once)},
+        concurrency=2,
+        visibility_timeout=30,
+        heartbeat_every=1.0,
+        wait=0.5,
+        retry_backoff=1.0,
+        name="dash-worker",
+    ).start()
     try:
-        wait_until(lambda: AttemptLog.objects.filter(queue=queue, outcome="succeeded").count() == MESSAGES,
-                   60, "every message processed and logged")
+        wait_until(
+            lambda: AttemptLog.objects.filter(queue=queue, outcome="succeeded").count() == MESSAGES,
+            60,
+            "every message processed and logged",
+        )
     finally:
         pipeline.stop()
     assert len(failed_once) == 3
@@ -130,7 +153,11 @@ def test_traffic_then_refresh_shows_figures_and_learns_estimates(node, token, un
     slowest = max(latency, key=lambda b: b.acked)
     assert 0 < slowest.latency_p50 <= slowest.latency_p95 <= slowest.latency_p99 < 60
     worker = WorkerStats.objects.get(queue=queue)
-    assert worker.worker == pipeline.consumer_id and worker.attempts == logged.filter(worker_id=pipeline.consumer_id).count() and worker.succeeded == MESSAGES
+    assert (
+        worker.worker == pipeline.consumer_id
+        and worker.attempts == logged.filter(worker_id=pipeline.consumer_id).count()
+        and worker.succeeded == MESSAGES
+    )
 
     # and the regression found the slope and moved the queue's defaults to the time at the median size
     fit = EstimateFit.objects.get(queue=queue, stage="process")
@@ -139,8 +166,10 @@ def test_traffic_then_refresh_shows_figures_and_learns_estimates(node, token, un
     learned = Queue.objects.get(name=queue)
     assert learned.process_estimate == pytest.approx(fit.estimate)
     assert 0.025 < learned.process_estimate < 0.09
-    assert learned.preprocess_estimate == pytest.approx(
-        EstimateFit.objects.get(queue=queue, stage="preprocess").estimate) and learned.preprocess_estimate > 0
+    assert (
+        learned.preprocess_estimate == pytest.approx(EstimateFit.objects.get(queue=queue, stage="preprocess").estimate)
+        and learned.preprocess_estimate > 0
+    )
 
     # and the admin's dashboards page shows the charts, the figures and the learned estimates
     page = admin_client.get("/admin/dashboards/", {"queue": queue})
@@ -171,13 +200,23 @@ def _log_rows(queue: str) -> list[AttemptLog]:
     rows = []
     for k in range(6):
         start = t + timedelta(seconds=10 * k, microseconds=123_456)
-        rows.append(AttemptLog(
-            message_id=f"{queue}/0/00000000-abcdef/{k}", queue=queue, partition=0, group="g" if k % 2 else "",
-            worker_id=None if k == 5 else "w-1", attempt=1 + (k == 4), size=None if k == 3 else 100 * k,
-            enqueued_at=None if k == 2 else start - timedelta(seconds=1.5),
-            preprocess_started_at=start - timedelta(seconds=1), preprocess_ended_at=start - timedelta(seconds=0.75),
-            process_started_at=start, process_ended_at=start + timedelta(seconds=k / 4),
-            outcome="failed" if k == 1 else "succeeded"))
+        rows.append(
+            AttemptLog(
+                message_id=f"{queue}/0/00000000-abcdef/{k}",
+                queue=queue,
+                partition=0,
+                group="g" if k % 2 else "",
+                worker_id=None if k == 5 else "w-1",
+                attempt=1 + (k == 4),
+                size=None if k == 3 else 100 * k,
+                enqueued_at=None if k == 2 else start - timedelta(seconds=1.5),
+                preprocess_started_at=start - timedelta(seconds=1),
+                preprocess_ended_at=start - timedelta(seconds=0.75),
+                process_started_at=start,
+                process_ended_at=start + timedelta(seconds=k / 4),
+                outcome="failed" if k == 1 else "succeeded",
+            )
+        )
     return rows
 
 
@@ -215,25 +254,37 @@ def test_jdbc_and_django_read_the_archive_alike(spark, unique_name, settings):
 
     queue = unique_name("arch")
     t = datetime(2026, 1, 5, 12, 0, 0, 250_000, tzinfo=UTC)
-    ArchivedMessage.objects.bulk_create([
-        ArchivedMessage(message_id=f"{queue}/0/00000000-abcdef0123456789/{k}", queue=queue, partition=0,
-                        body=f"m{k}", enqueued_at=t + timedelta(seconds=k),
-                        acked_at=None if k >= 4 else t + timedelta(seconds=k + 0.5 * k, days=-30 if k == 0 else 0))
-        for k in range(6)])
+    ArchivedMessage.objects.bulk_create(
+        [
+            ArchivedMessage(
+                message_id=f"{queue}/0/00000000-abcdef0123456789/{k}",
+                queue=queue,
+                partition=0,
+                body=f"m{k}",
+                enqueued_at=t + timedelta(seconds=k),
+                acked_at=None if k >= 4 else t + timedelta(seconds=k + 0.5 * k, days=-30 if k == 0 else 0),
+            )
+            for k in range(6)
+        ]
+    )
     since = datetime(2026, 1, 1, tzinfo=UTC)
     # when the archive is read over JDBC and through Django
     jdbc, rows = _read_both_ways(job.read_archived, spark, since, settings, queue)
     # then both hold the three acknowledged in the window, times as epoch seconds
     assertDataFrameEqual(jdbc, rows, atol=1e-6)
     got = sorted((r.enqueued_at, r.acked_at) for r in rows.collect())
-    assert got == [((t + timedelta(seconds=k)).timestamp(), (t + timedelta(seconds=1.5 * k)).timestamp())
-                   for k in (1, 2, 3)]
+    assert got == [
+        ((t + timedelta(seconds=k)).timestamp(), (t + timedelta(seconds=1.5 * k)).timestamp()) for k in (1, 2, 3)
+    ]
 
 
 def test_bad_options_are_refused_before_anything_runs():
-    for args, text in ((["--bucket", "0"], "at least 1"), (["--bucket", "x"], "whole number"),
-                       (["--bucket", "120", "--window", "60"], "at least one bucket"),
-                       (["--min-samples", "1"], "at least 2")):
+    for args, text in (
+        (["--bucket", "0"], "at least 1"),
+        (["--bucket", "x"], "whole number"),
+        (["--bucket", "120", "--window", "60"], "at least one bucket"),
+        (["--min-samples", "1"], "at least 2"),
+    ):
         with pytest.raises(CommandError, match=text):
             call_command("refresh_dashboards", *args, stdout=io.StringIO())
     assert not DashboardRun.objects.exists()
@@ -261,4 +312,3 @@ def test_a_failed_run_is_recorded_and_shown(admin_client, monkeypatch, spark):
     assert run.status == "failed" and "database went away" in run.error and run.finished_at is not None
     html = admin_client.get("/admin/dashboards/").content.decode()
     assert "failed" in html and "database went away" in html
-

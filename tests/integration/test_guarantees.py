@@ -167,8 +167,11 @@ def test_dead_letter_after_max_receives_then_redrive(api, make_queue):
     assert (s["depth"], s["in_flight"]) == (0, 0), s
     (dead,) = dequeue(api, dlq, visibility_timeout=60)
     assert dead["body"] == "poison" and dead["attributes"] == {"k": "v"}
-    assert {k: dead["history"][k] for k in ("source", "id", "receive_count")} == \
-        {"source": name, "id": mid, "receive_count": 3}
+    assert {k: dead["history"][k] for k in ("source", "id", "receive_count")} == {
+        "source": name,
+        "id": mid,
+        "receive_count": 3,
+    }
     assert dead["history"]["group"] == "g"
     # when it is given back (visible again) and redriven
     r = post(api, dlq, "visibility", {"id": dead["id"], "receipt": dead["receipt"], "visibility_timeout": 0})
@@ -237,10 +240,16 @@ def test_attributes_size_and_estimates_round_trip(api, make_queue):
     name = make_queue(preprocess_estimate=0.5, process_estimate=3)
     attributes = {"kind": "thumbnail", "priority": 2, "ratio": 0.25, "urgent": True, "empty": ""}
     # when one message carries attributes, size and its own estimates, and another none
-    ids = enqueue(api, name, {"messages": [
-        {"body": "rich", "attributes": attributes, "size": 123456, "estimates": {"process": 7.5}},
-        {"body": "plain"},
-    ]})["ids"]
+    ids = enqueue(
+        api,
+        name,
+        {
+            "messages": [
+                {"body": "rich", "attributes": attributes, "size": 123456, "estimates": {"process": 7.5}},
+                {"body": "plain"},
+            ]
+        },
+    )["ids"]
     got = {m["id"]: m for m in dequeue(api, name, max=10)}
     # then they come back as sent, with the queue's estimates where the message gave none
     rich, plain = got[ids[0]], got[ids[1]]
@@ -263,10 +272,18 @@ def test_dedup_id_stores_one_message(api, make_queue):
     assert again == first
     assert stats(api, name)["depth"] == 1
     # when a batch repeats a dedup_id inside itself and repeats the earlier one
-    ids = enqueue(api, name, {"messages": [
-        {"body": "b", "dedup_id": "order-2"}, {"body": "b2", "dedup_id": "order-2"},
-        {"body": "a3", "dedup_id": "order-1"}, {"body": "free"},
-    ]})["ids"]
+    ids = enqueue(
+        api,
+        name,
+        {
+            "messages": [
+                {"body": "b", "dedup_id": "order-2"},
+                {"body": "b2", "dedup_id": "order-2"},
+                {"body": "a3", "dedup_id": "order-1"},
+                {"body": "free"},
+            ]
+        },
+    )["ids"]
     # then repeats take the first one's ID, and only new messages are stored
     assert ids[0] == ids[1] and ids[2] == first and len({ids[0], ids[3], first}) == 3
     assert stats(api, name)["depth"] == 3
@@ -285,8 +302,9 @@ def test_a_failed_enqueue_gives_back_every_dedup_reservation(api, make_queue, mo
     assert store.reserve(name, "busy", 300) is None
     try:
         # when a batch with a fresh dedup_id and the busy one is refused (503: busy elsewhere)
-        r = post(api, name, "enqueue", {"messages": [{"body": "a", "dedup_id": "fresh"},
-                                                      {"body": "b", "dedup_id": "busy"}]})
+        r = post(
+            api, name, "enqueue", {"messages": [{"body": "a", "dedup_id": "fresh"}, {"body": "b", "dedup_id": "busy"}]}
+        )
         assert r.status_code == 503, r.content
         assert stats(api, name)["depth"] == 0
         # then the fresh dedup_id was given back: a retry of it alone is stored at once
@@ -335,8 +353,11 @@ def test_bad_new_fields_are_400_and_store_nothing(runtime, make_queue, transport
     for message, code in BAD:
         # when a bad message comes alone, or after a good one in a batch that reserves a dedup_id
         single = client.post(f"{API}/{name}/enqueue", message, format="json")
-        batch = client.post(f"{API}/{name}/enqueue", {"messages": [
-            {"body": "good", "dedup_id": "d-1", "group": "g"}, message]}, format="json")
+        batch = client.post(
+            f"{API}/{name}/enqueue",
+            {"messages": [{"body": "good", "dedup_id": "d-1", "group": "g"}, message]},
+            format="json",
+        )
         # then each is refused with its code
         for r in (single, batch):
             assert r.status_code == 400, (message, r.status_code, r.content)
@@ -380,8 +401,7 @@ def drain(clients: list[Client], queue: str, idle: float = 1.0, limit: float = 3
             if got:
                 got_any = True
                 out.extend(got)
-                a = c.post(f"queues/{queue}/ack",
-                           {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]})
+                a = c.post(f"queues/{queue}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]})
                 assert a.status_code == 200, a.text
         if got_any:
             quiet_since = None
@@ -396,9 +416,13 @@ def drain(clients: list[Client], queue: str, idle: float = 1.0, limit: float = 3
 @pytest.fixture
 def nodes(tmp_path, redis_client):
     """Start node processes on demand (KV in Redis db 5, dedup in Redis db 0); all stopped at the end."""
-    env = {"DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "data"),
-           "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5",
-           "REDIS_URL": os.environ["MQ_TEST_REDIS_URL"] + "/0", "NODE_HEARTBEAT": "0.3"}
+    env = {
+        "DATABASE_URL": database_url(),
+        "MQ_DATA_DIR": str(tmp_path / "data"),
+        "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5",
+        "REDIS_URL": os.environ["MQ_TEST_REDIS_URL"] + "/0",
+        "NODE_HEARTBEAT": "0.3",
+    }
     started: list[NodeProcess] = []
 
     def start(**extra) -> NodeProcess:
@@ -460,8 +484,9 @@ def services(*args: str) -> None:
     env = dict(os.environ)
     # the replica follows the test Redis: take its port from the URL the suite was given
     env.setdefault("MQ_REDIS_PORT", str(urlsplit(os.environ["MQ_TEST_REDIS_URL"]).port or 6379))
-    done = subprocess.run([str(ROOT / "scripts" / "services.sh"), *args], env=env, check=False,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "services.sh"), *args], env=env, check=False, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, f"services.sh {' '.join(args)}: {done.stderr[-2000:]}"
 
 

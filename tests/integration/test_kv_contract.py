@@ -57,8 +57,7 @@ def test_get_put_get_many(store):
     store.put(f"{p}/0/a", b"A")
     store.put_many([(f"{p}/0/b", b"B"), (f"{p}/1/blk/c", b"C")])
     assert store.get(f"{p}/0/a") == b"A"
-    keys = [f"{p}/1/blk/c", f"{p}/0/absent", f"{p}/0/a", f"{p}/nobucket/x", f"{p}/0/b",
-            f"{p}/0/a"]
+    keys = [f"{p}/1/blk/c", f"{p}/0/absent", f"{p}/0/a", f"{p}/nobucket/x", f"{p}/0/b", f"{p}/0/a"]
     assert store.get_many(keys) == [b"C", None, b"A", None, b"B", b"A"]
 
 
@@ -66,8 +65,7 @@ def test_put_many_overwrites(store):
     p = _prefix()
     store.put_many([(f"{p}/0/a", b"1"), (f"{p}/0/b", b"1"), (f"{p}/1/c", b"1")])
     store.put_many([(f"{p}/0/b", b"2"), (f"{p}/1/c", b"2"), (f"{p}/1/d", b"2")])
-    assert store.get_many([f"{p}/0/a", f"{p}/0/b", f"{p}/1/c", f"{p}/1/d"]) == \
-        [b"1", b"2", b"2", b"2"]
+    assert store.get_many([f"{p}/0/a", f"{p}/0/b", f"{p}/1/c", f"{p}/1/d"]) == [b"1", b"2", b"2", b"2"]
     store.put(f"{p}/0/a", b"3")
     assert store.get(f"{p}/0/a") == b"3"
     store.put_many([])  # an empty batch is a no-op
@@ -121,13 +119,17 @@ def test_compare_and_set(store):
 
 def test_scan_lists_exactly_the_bucket(store):
     p = _prefix()
-    store.put_many([
-        (f"{p}/0/blk/1", b"x"), (f"{p}/0/blk/2", b"x"), (f"{p}/0/blk/10", b"x"),
-        (f"{p}/0/blk/deeper/3", b"x"),      # a bucket inside the bucket
-        (f"{p}/0/blk2/4", b"x"),             # sibling bucket sharing a string prefix
-        (f"{p}/0/bl/5", b"x"),               # sibling bucket that is a string prefix
-        (f"{p}/0/parent", b"x"),             # a key of the parent bucket
-    ])
+    store.put_many(
+        [
+            (f"{p}/0/blk/1", b"x"),
+            (f"{p}/0/blk/2", b"x"),
+            (f"{p}/0/blk/10", b"x"),
+            (f"{p}/0/blk/deeper/3", b"x"),  # a bucket inside the bucket
+            (f"{p}/0/blk2/4", b"x"),  # sibling bucket sharing a string prefix
+            (f"{p}/0/bl/5", b"x"),  # sibling bucket that is a string prefix
+            (f"{p}/0/parent", b"x"),  # a key of the parent bucket
+        ]
+    )
     assert sorted(store.scan(f"{p}/0/blk")) == ["1", "10", "2"]
     assert store.scan(f"{p}/0/blk/deeper") == ["3"]
     assert store.scan(f"{p}/0/blk2") == ["4"]
@@ -154,20 +156,22 @@ def test_scan_after_fenced_writes_shows_only_keys(store):
     assert store.scan(f"{p}/0/blk") == ["1"]
 
 
-@pytest.mark.parametrize("name,siblings", [
-    ("q1", ["q10", "q1x", "q", "xq1"]),
-    ("q_1", ["qa1", "q_10", "q__1"]),          # '_' is a LIKE wildcard
-    ("my-queue", ["my-queue2", "my", "my-queue_"]),
-    ("a.b", ["axb", "a.bc"]),
-])
+@pytest.mark.parametrize(
+    "name,siblings",
+    [
+        ("q1", ["q10", "q1x", "q", "xq1"]),
+        ("q_1", ["qa1", "q_10", "q__1"]),  # '_' is a LIKE wildcard
+        ("my-queue", ["my-queue2", "my", "my-queue_"]),
+        ("a.b", ["axb", "a.bc"]),
+    ],
+)
 def test_purge_removes_the_prefix_at_any_depth_only(store, name, siblings):
     p = _prefix()
     name = f"{p}{name}"
     siblings = [f"{p}{s}" for s in siblings]
 
     def tree(q: str) -> list[str]:
-        return [f"{q}/top", f"{q}/0/_fence", f"{q}/0/blk/1", f"{q}/0/blk/2",
-                f"{q}/0/_blocks/blk", f"{q}/1/a/b/c/deep"]
+        return [f"{q}/top", f"{q}/0/_fence", f"{q}/0/blk/1", f"{q}/0/blk/2", f"{q}/0/_blocks/blk", f"{q}/1/a/b/c/deep"]
 
     doomed = tree(name)
     kept = [k for s in siblings for k in tree(s)]
@@ -185,8 +189,7 @@ def test_purge_removes_the_prefix_at_any_depth_only(store, name, siblings):
 
 def test_purge_of_a_deeper_prefix(store):
     p = _prefix()
-    keys = {f"{p}/0/blk/1": False, f"{p}/0/x": False, f"{p}/00/blk/1": True,
-            f"{p}/1/blk/1": True, f"{p}/top": True}
+    keys = {f"{p}/0/blk/1": False, f"{p}/0/x": False, f"{p}/00/blk/1": True, f"{p}/1/blk/1": True, f"{p}/top": True}
     store.put_many([(k, b"v") for k in keys])
     store.purge(f"{p}/0")
     assert store.get_many(list(keys)) == [b"v" if keep else None for keep in keys.values()]
@@ -195,10 +198,20 @@ def test_purge_of_a_deeper_prefix(store):
 # --------------------------------------------------------------------------------- values
 
 
-@pytest.mark.parametrize("value", [
-    b"\x00", b"", b"\x00\x00\xff\x00", bytes(range(256)), "é€😀".encode(), b"\r\n\r\n",
-    b"FENCED", b"\\x00",
-], ids=["nul", "empty", "nuls", "all-bytes", "utf8", "crlf", "fenced-text", "escaped"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"\x00",
+        b"",
+        b"\x00\x00\xff\x00",
+        bytes(range(256)),
+        "é€😀".encode(),
+        b"\r\n\r\n",
+        b"FENCED",
+        b"\\x00",
+    ],
+    ids=["nul", "empty", "nuls", "all-bytes", "utf8", "crlf", "fenced-text", "escaped"],
+)
 def test_binary_values_round_trip(store, value):
     p = _prefix()
     store.put(f"{p}/0/v", value)
@@ -261,13 +274,17 @@ def test_fenced_writes_with_the_current_epoch(store):
     assert store.get_many([f"{p}/0/a", f"{p}/1/b", f"{p}/0/c"]) == [None] * 3
 
 
-@pytest.mark.parametrize("stored,epoch", [
-    (5, 4),        # stale
-    (5, 0),
-    (5, 6),        # newer than stored: not "the stored epoch" either
-    (None, 1),     # no fence at all
-    (None, 0),
-], ids=["stale", "zero", "future", "missing", "missing-zero"])
+@pytest.mark.parametrize(
+    "stored,epoch",
+    [
+        (5, 4),  # stale
+        (5, 0),
+        (5, 6),  # newer than stored: not "the stored epoch" either
+        (None, 1),  # no fence at all
+        (None, 0),
+    ],
+    ids=["stale", "zero", "future", "missing", "missing-zero"],
+)
 def test_fenced_writes_with_a_wrong_epoch_change_nothing(store, stored, epoch):
     p = _prefix()
     fk = f"{p}/0/_fence"
@@ -277,9 +294,13 @@ def test_fenced_writes_with_a_wrong_epoch_change_nothing(store, stored, epoch):
     store.put_many(existing)
     bad = Fence(fk, epoch)
     # a batch that is partly new keys, partly overwrites, over several buckets
-    batch = [(f"{p}/0/new", b"new"), (f"{p}/0/old", b"overwritten"),
-             (f"{p}/1/blk/new", b"new"), (f"{p}/1/blk/old", b"overwritten"),
-             (f"{p}/2/fresh/1", b"new")]
+    batch = [
+        (f"{p}/0/new", b"new"),
+        (f"{p}/0/old", b"overwritten"),
+        (f"{p}/1/blk/new", b"new"),
+        (f"{p}/1/blk/old", b"overwritten"),
+        (f"{p}/2/fresh/1", b"new"),
+    ]
     with pytest.raises(Fenced):
         store.put_many(batch, fence=bad)
     with pytest.raises(Fenced):
@@ -289,8 +310,7 @@ def test_fenced_writes_with_a_wrong_epoch_change_nothing(store, stored, epoch):
     with pytest.raises(Fenced):
         store.delete(f"{p}/0/old", fence=bad)
 
-    assert store.get_many([k for k, _ in batch] + [f"{p}/0/single"]) == \
-        [None, b"old", None, b"old", None, None]
+    assert store.get_many([k for k, _ in batch] + [f"{p}/0/single"]) == [None, b"old", None, b"old", None, None]
     assert sorted(store.scan(f"{p}/0")) == (["_fence", "old"] if stored is not None else ["old"])
     assert store.scan(f"{p}/1/blk") == ["old"]
     assert store.scan(f"{p}/2/fresh") == []
@@ -307,8 +327,8 @@ def test_advance_fence_never_lowers(store):
     assert store.read_fence(fk) == 0
     assert store.advance_fence(fk, 3) is True
     assert store.read_fence(fk) == 3
-    assert store.advance_fence(fk, 3) is True      # equal: still ours
-    assert store.advance_fence(fk, 2) is False     # someone newer owns
+    assert store.advance_fence(fk, 3) is True  # equal: still ours
+    assert store.advance_fence(fk, 2) is False  # someone newer owns
     assert store.read_fence(fk) == 3
     assert store.advance_fence(fk, 10) is True
     assert store.advance_fence(fk, 9) is False
@@ -337,7 +357,7 @@ def test_concurrent_advance_fence_one_winner_per_epoch(store):
         try:
             barrier.wait()
             results[epoch] = store.advance_fence(fk, epoch)
-        except BaseException as exc:  # pragma: no cover - reported below
+        except BaseException as exc:  # noqa: BLE001 - collected and re-raised by the test thread
             errors.append(exc)
         finally:
             _close_db_connection(store)
@@ -403,7 +423,7 @@ def test_no_old_epoch_write_succeeds_after_the_fence_is_raised(store):
                 i += 1
                 if fenced_in_a_row >= 5:
                     break
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - collected and re-raised by the test thread
             errors.append(exc)
         finally:
             _close_db_connection(store)
@@ -465,15 +485,17 @@ _names = st.sampled_from(["a", "b", "c", "10", "x_y"])
 _buckets = st.sampled_from(["0/blk", "0/blk2", "1/blk", "0"])
 _keys = st.builds(lambda b, n: f"{b}/{n}", _buckets, _names)
 _values = st.binary(max_size=12)
-_ops = st.lists(st.one_of(
-    st.tuples(st.just("put"), st.lists(st.tuples(_keys, _values), max_size=5)),
-    st.tuples(st.just("delete"), st.lists(_keys, max_size=5)),
-    st.tuples(st.just("cas"), _keys, st.one_of(st.none(), _values), _values),
-), max_size=12)
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), st.lists(st.tuples(_keys, _values), max_size=5)),
+        st.tuples(st.just("delete"), st.lists(_keys, max_size=5)),
+        st.tuples(st.just("cas"), _keys, st.one_of(st.none(), _values), _values),
+    ),
+    max_size=12,
+)
 
 
-@settings(max_examples=25, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=_ops)
 def test_behaves_like_a_dict(store, ops):
     p = _prefix()  # fresh keys per example: the store is shared by the examples
@@ -496,20 +518,36 @@ def test_behaves_like_a_dict(store, ops):
             assert store.compare_and_set(k, expected, value) is should
             if should:
                 model[k] = value
-    all_keys = [f"{p}/{b}/{n}" for b in ["0/blk", "0/blk2", "1/blk", "0"]
-                for n in ["a", "b", "c", "10", "x_y"]]
+    all_keys = [f"{p}/{b}/{n}" for b in ["0/blk", "0/blk2", "1/blk", "0"] for n in ["a", "b", "c", "10", "x_y"]]
     assert store.get_many(all_keys) == [model.get(k) for k in all_keys]
     for b in ["0/blk", "0/blk2", "1/blk", "0"]:
         assert sorted(store.scan(f"{p}/{b}")) == sorted(
-            k.rpartition("/")[2] for k in model if k.rpartition("/")[0] == f"{p}/{b}")
+            k.rpartition("/")[2] for k in model if k.rpartition("/")[0] == f"{p}/{b}"
+        )
 
 
 # --------------------------------------------------------------------------------- file keys
 
 
-BAD_KEYS = ["nokey", "a//b", "/a/b", "a/b/", "a/../b", "../x", "a/..", "..", "a/.hidden",
-            ".a/b", "a/./b", "a/.", "../../etc/passwd", "a/b/..", "a/b\x00c", "a/b c/d",
-            "a/b.lock"]
+BAD_KEYS = [
+    "nokey",
+    "a//b",
+    "/a/b",
+    "a/b/",
+    "a/../b",
+    "../x",
+    "a/..",
+    "..",
+    "a/.hidden",
+    ".a/b",
+    "a/./b",
+    "a/.",
+    "../../etc/passwd",
+    "a/b/..",
+    "a/b\x00c",
+    "a/b c/d",
+    "a/b.lock",
+]
 
 
 def _tree(root) -> dict[str, bytes | None]:
@@ -563,8 +601,9 @@ def test_file_store_refuses_bad_keys(tmp_path, bad):
     s.close()
 
 
-@pytest.mark.parametrize("bad", ["..", "../d1", "a/../..", "../../outside", "good/..", ".", "",
-                                 "/", "good//0", ".hidden"])
+@pytest.mark.parametrize(
+    "bad", ["..", "../d1", "a/../..", "../../outside", "good/..", ".", "", "/", "good//0", ".hidden"]
+)
 def test_file_store_scan_and_purge_stay_inside_the_root(tmp_path, bad):
     from queues.kv.filesystem import FileStore
 

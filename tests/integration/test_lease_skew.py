@@ -57,7 +57,7 @@ def overlaps(intervals: list[Interval]) -> list[tuple[Interval, Interval]]:
     for ivs in by_partition.values():
         ivs = sorted(ivs, key=lambda i: (i.start, i.end))
         for i, a in enumerate(ivs):
-            for b in ivs[i + 1:]:
+            for b in ivs[i + 1 :]:
                 if b.start >= a.end:
                     break
                 if a.node != b.node and b.start < a.end and a.start < b.end:
@@ -94,8 +94,11 @@ class SimNode:
 
     def available_throughout(self, t0: float, t1: float) -> bool:
         """Could this node act during the whole of [t0, t1]?"""
-        return (self.started_at <= t0 and (self.crashed_at is None or self.crashed_at > t1)
-                and not any(a < t1 and t0 < b for a, b in self.unavailable))
+        return (
+            self.started_at <= t0
+            and (self.crashed_at is None or self.crashed_at > t1)
+            and not any(a < t1 and t0 < b for a, b in self.unavailable)
+        )
 
 
 @dataclass
@@ -110,8 +113,7 @@ class SimResult:
 def simulate(seed: int, steps: int = STEPS, *, check_progress: bool = True) -> SimResult:
     rng = random.Random(seed)
     world = World()
-    queue = Queue.objects.create(name=f"skew-{seed}-{rng.getrandbits(32):08x}", partitions=3,
-                                 lease_period=PERIOD)
+    queue = Queue.objects.create(name=f"skew-{seed}-{rng.getrandbits(32):08x}", partitions=3, lease_period=PERIOD)
     Partition.objects.bulk_create([Partition(queue=queue, index=i, lease_period=PERIOD) for i in range(3)])
     pids = list(Partition.objects.filter(queue=queue).order_by("index").values_list("pk", flat=True))
 
@@ -234,15 +236,18 @@ def simulate(seed: int, steps: int = STEPS, *, check_progress: bool = True) -> S
             for pid in owned:
                 crash_checks += 1
                 # someone else's interval that starts, or is already running, by the deadline
-                if not any(iv.partition == pid and iv.node != victim.node_id and iv.start <= deadline
-                           and iv.end > t_crash for iv in log):
+                if not any(
+                    iv.partition == pid and iv.node != victim.node_id and iv.start <= deadline and iv.end > t_crash
+                    for iv in log
+                ):
                     late.append((seed, pid, victim.node_id, t_crash))
     return SimResult(log, crash_checks, stall_losses, claims, late)
 
 
 def _describe(pairs) -> str:
-    return "; ".join(f"p{a.partition}: {a.node}[{a.start},{a.end}) vs {b.node}[{b.start},{b.end})"
-                     for a, b in pairs[:5])
+    return "; ".join(
+        f"p{a.partition}: {a.node}[{a.start},{a.end}) vs {b.node}[{b.start},{b.end})" for a, b in pairs[:5]
+    )
 
 
 # --- 1. the randomized simulation -----------------------------------------------------------------
@@ -375,8 +380,7 @@ def test_shrinking_lease_period_under_an_owner(db):
     assert a is not None  # valid for 48 s on A's clock
 
     def b_claims(seen):
-        return leases.try_claim(Partition.objects.select_related("queue").get(pk=p.pk), "node-b", seen,
-                                clock=b_clock)
+        return leases.try_claim(Partition.objects.select_related("queue").get(pk=p.pk), "node-b", seen, clock=b_clock)
 
     # the operator lowers the period to 10 s: service.update_queue changes free rows only
     world.T = 1.0

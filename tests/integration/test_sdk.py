@@ -26,8 +26,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def cluster(transactional_db, tmp_path, redis_client):
-    env = {"DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "data"),
-           "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5", "NODE_HEARTBEAT": "0.3"}
+    env = {
+        "DATABASE_URL": database_url(),
+        "MQ_DATA_DIR": str(tmp_path / "data"),
+        "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5",
+        "NODE_HEARTBEAT": "0.3",
+    }
     nodes: list[NodeProcess] = []
 
     def start() -> NodeProcess:
@@ -118,8 +122,9 @@ def test_every_call_round_trips_with_typed_results(cluster, token):
     # queues: create, read, list, change
     dlq = mq.create_queue(_name("dlq"), partitions=1)
     name = _name()
-    q = mq.create_queue(name, partitions=2, visibility_timeout=45, dead_letter_queue=dlq.name, max_receives=2,
-                        process_estimate=3.5)
+    q = mq.create_queue(
+        name, partitions=2, visibility_timeout=45, dead_letter_queue=dlq.name, max_receives=2, process_estimate=3.5
+    )
     assert isinstance(q, sdk.Queue) and q.partitions == 2 and q.visibility_timeout == 45
     assert q.dead_letter_queue == dlq.name and q.max_receives == 2 and isinstance(q.created_at, datetime)
     assert mq.get_queue(name) == q
@@ -131,8 +136,15 @@ def test_every_call_round_trips_with_typed_results(cluster, token):
     assert mq.health().status == "ok" and mq.health(node.url).partitions >= 3
 
     # enqueue with every field, then a batch of plain bodies, NewMessages and dicts
-    mid = mq.enqueue(name, "first", group="g1", dedup_id="d-1", attributes={"kind": "order", "n": 3, "ok": True},
-                     size=42, estimates={"preprocess": 0.5})
+    mid = mq.enqueue(
+        name,
+        "first",
+        group="g1",
+        dedup_id="d-1",
+        attributes={"kind": "order", "n": 3, "ok": True},
+        size=42,
+        estimates={"preprocess": 0.5},
+    )
     assert mid.startswith(f"{name}/") and sdk.message_queue(mid) == name
     assert mq.enqueue(name, "first again", group="g1", dedup_id="d-1") == mid  # deduplicated
     later = mq.enqueue(name, "later", delay=600)

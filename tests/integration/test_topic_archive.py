@@ -35,7 +35,8 @@ def in_group_order(messages: list[dict]) -> bool:
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_slow_subscription_reads_from_the_archive_after_a_takeover_and_replay_round_trips(
-        tmp_path, token, redis_client):
+    tmp_path, token, redis_client
+):
     from rest_framework.authtoken.models import Token
 
     user = Token.objects.get(key=token).user
@@ -44,24 +45,31 @@ def test_a_slow_subscription_reads_from_the_archive_after_a_takeover_and_replay_
     from queues.kv.redis import RedisStore
 
     store = RedisStore(redis_client)
-    env = {"DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "data"),
-           "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5"}
+    env = {
+        "DATABASE_URL": database_url(),
+        "MQ_DATA_DIR": str(tmp_path / "data"),
+        "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5",
+    }
     first = NodeProcess(env, tmp_path).start()
     second = NodeProcess(env, tmp_path)
     topic, copy = f"news-{uuid.uuid4().hex[:6]}", f"copy-{uuid.uuid4().hex[:6]}"
     try:
         c = Client(first.url, token)
-        r = c.post("topics", {"name": topic, "partitions": 2, "block_size": 16, "lease_period": 2,
-                              "archive": "all"})
+        r = c.post("topics", {"name": topic, "partitions": 2, "block_size": 16, "lease_period": 2, "archive": "all"})
         assert r.status_code == 201 and r.json()["archive"] == "all", r.text
         for sub in ("fast", "slow"):
             assert c.post(f"topics/{topic}/subscriptions", {"name": sub, "start": "oldest"}).status_code == 201
-        wait_until(lambda: all(p["owner"] for p in c.get(f"queues/{topic}/partitions").json()["partitions"]), 20,
-                   "the node to own every partition")
+        wait_until(
+            lambda: all(p["owner"] for p in c.get(f"queues/{topic}/partitions").json()["partitions"]),
+            20,
+            "the node to own every partition",
+        )
         sent: dict[str, dict] = {}
         for g in range(GROUPS):
-            batch = [{"body": f"g{g}-m{k}", "group": f"g{g}", "attributes": {"i": g * PER_GROUP + k}}
-                     for k in range(PER_GROUP)]
+            batch = [
+                {"body": f"g{g}-m{k}", "group": f"g{g}", "attributes": {"i": g * PER_GROUP + k}}
+                for k in range(PER_GROUP)
+            ]
             r = c.post(f"topics/{topic}/publish", {"messages": batch})
             assert r.status_code == 201, r.text
             sent.update(zip(r.json()["ids"], batch))
@@ -87,17 +95,25 @@ def test_a_slow_subscription_reads_from_the_archive_after_a_takeover_and_replay_
         first.kill()
         second.start()
         c2 = Client(second.url, token)
-        wait_until(lambda: all(p["address"] == f"127.0.0.1:{second.port}"
-                               for p in c2.get(f"queues/{topic}/partitions").json()["partitions"]), 30,
-                   "the second node to own every partition")
+        wait_until(
+            lambda: all(
+                p["address"] == f"127.0.0.1:{second.port}"
+                for p in c2.get(f"queues/{topic}/partitions").json()["partitions"]
+            ),
+            30,
+            "the second node to own every partition",
+        )
         # then the slow subscription gets every message once, each body from the archive, in
         # group order, and the fast one nothing
         slow = drain(c2, f"topics/{topic}/subscriptions/slow")
         assert sorted(m["id"] for m in slow) == sorted(sent)
         for m in slow:
             assert m["archived"] is True
-            assert (m["body"], m["group"], m["attributes"]) == \
-                (sent[m["id"]]["body"], sent[m["id"]]["group"], sent[m["id"]]["attributes"])
+            assert (m["body"], m["group"], m["attributes"]) == (
+                sent[m["id"]]["body"],
+                sent[m["id"]]["group"],
+                sent[m["id"]]["attributes"],
+            )
         assert in_group_order(slow)
         assert drain(c2, f"topics/{topic}/subscriptions/fast") == []
         # and once it acked them, the stubs are gone from the store
@@ -115,8 +131,9 @@ def test_a_slow_subscription_reads_from_the_archive_after_a_takeover_and_replay_
         assert r.status_code == 200 and r.json()["replayed"] == len(sent), r.text
         # then the queue gives back the same messages, in group order
         copied = drain(c2, f"queues/{copy}")
-        assert sorted((m["body"], m["group"], m["attributes"]["i"]) for m in copied) == \
-            sorted((s["body"], s["group"], s["attributes"]["i"]) for s in sent.values())
+        assert sorted((m["body"], m["group"], m["attributes"]["i"]) for m in copied) == sorted(
+            (s["body"], s["group"], s["attributes"]["i"]) for s in sent.values()
+        )
         assert in_group_order(copied)
     finally:
         first.stop()

@@ -22,17 +22,25 @@ BATCH = 50
 
 @pytest.mark.slow
 def test_sigkill_on_a_topic_loses_nothing_for_any_subscription(tmp_path, token, redis_client):
-    env = {"DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "data"),
-           "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5"}
+    env = {
+        "DATABASE_URL": database_url(),
+        "MQ_DATA_DIR": str(tmp_path / "data"),
+        "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5",
+    }
     first = NodeProcess(env, tmp_path).start()
     second = NodeProcess(env, tmp_path)
     try:
         c = Client(first.url, token)
-        assert c.post("topics", {"name": "feed", "partitions": 3, "block_size": 32, "lease_period": 2}).status_code == 201
+        assert (
+            c.post("topics", {"name": "feed", "partitions": 3, "block_size": 32, "lease_period": 2}).status_code == 201
+        )
         for sub in ("acker", "reader", "idle"):
             assert c.post("topics/feed/subscriptions", {"name": sub}).status_code == 201
-        wait_until(lambda: all(p["owner"] for p in c.get("queues/feed/partitions").json()["partitions"]), 20,
-                   "the node to own every partition")
+        wait_until(
+            lambda: all(p["owner"] for p in c.get("queues/feed/partitions").json()["partitions"]),
+            20,
+            "the node to own every partition",
+        )
         confirmed: set[str] = set()
         acked: set[str] = set()
         ack_sent: set[str] = set()  # acked, or in doubt if the answer never came
@@ -43,8 +51,9 @@ def test_sigkill_on_a_topic_loses_nothing_for_any_subscription(tmp_path, token, 
             i = 0
             while not stop.is_set():
                 try:
-                    r = c.post("topics/feed/publish", {"messages": [{"body": f"m{i + k}"} for k in range(BATCH)]},
-                               timeout=5)
+                    r = c.post(
+                        "topics/feed/publish", {"messages": [{"body": f"m{i + k}"} for k in range(BATCH)]}, timeout=5
+                    )
                 except Exception:  # noqa: BLE001 - the node died mid-call: not confirmed
                     return
                 if r.status_code == 201:
@@ -60,8 +69,11 @@ def test_sigkill_on_a_topic_loses_nothing_for_any_subscription(tmp_path, token, 
                     if got:
                         with lock:
                             ack_sent.update(m["id"] for m in got)
-                        r = c.post("topics/feed/subscriptions/acker/ack",
-                                   {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]}, timeout=5)
+                        r = c.post(
+                            "topics/feed/subscriptions/acker/ack",
+                            {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]},
+                            timeout=5,
+                        )
                         if r.status_code == 200:
                             with lock:
                                 acked.update(m["id"] for m in got)
@@ -80,12 +92,19 @@ def test_sigkill_on_a_topic_loses_nothing_for_any_subscription(tmp_path, token, 
         second.start()
         c2 = Client(second.url, token)
 
-        wait_until(lambda: all(p["address"] == f"127.0.0.1:{second.port}"
-                               for p in c2.get("queues/feed/partitions").json()["partitions"]), 30,
-                   "the second node to own every partition")
+        wait_until(
+            lambda: all(
+                p["address"] == f"127.0.0.1:{second.port}"
+                for p in c2.get("queues/feed/partitions").json()["partitions"]
+            ),
+            30,
+            "the second node to own every partition",
+        )
         resumed = time.monotonic() - t_kill
-        got = {sub: [m["id"] for m in drain(c2, f"topics/feed/subscriptions/{sub}", batch=500)]
-               for sub in ("acker", "reader", "idle")}
+        got = {
+            sub: [m["id"] for m in drain(c2, f"topics/feed/subscriptions/{sub}", batch=500)]
+            for sub in ("acker", "reader", "idle")
+        }
         for sub, ids in got.items():
             assert len(ids) == len(set(ids)), f"{sub}: a message twice in the drain"
         # nothing confirmed is lost for any subscription...
@@ -98,9 +117,11 @@ def test_sigkill_on_a_topic_loses_nothing_for_any_subscription(tmp_path, token, 
         # after all three acked, the topic holds nothing
         stats = c2.get("queues/feed/stats").json()
         assert stats["depth"] == 0 and stats["in_flight"] == 0
-        print(f"[topic crash] {len(confirmed)} confirmed, {len(acked)} acked by 'acker' before the kill "
-              f"({len(in_doubt)} more in doubt, {len(in_doubt & set(got['acker']))} of them came back); "
-              f"all partitions on the new node {resumed:.1f}s after the kill; nothing lost for any subscription")
+        print(
+            f"[topic crash] {len(confirmed)} confirmed, {len(acked)} acked by 'acker' before the kill "
+            f"({len(in_doubt)} more in doubt, {len(in_doubt & set(got['acker']))} of them came back); "
+            f"all partitions on the new node {resumed:.1f}s after the kill; nothing lost for any subscription"
+        )
     finally:
         first.stop()
         second.stop()

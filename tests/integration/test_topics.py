@@ -18,8 +18,7 @@ def api(request, runtime, user):
 
 
 def _publish(api, topic, bodies, **extra):
-    r = api.post(f"/api/v1/topics/{topic}/publish", {"messages": [{"body": b, **extra} for b in bodies]},
-                 format="json")
+    r = api.post(f"/api/v1/topics/{topic}/publish", {"messages": [{"body": b, **extra} for b in bodies]}, format="json")
     assert r.status_code == 201, r.content
     return r.json()["ids"]
 
@@ -34,8 +33,11 @@ def _drain(api, topic, sub, *, ack=True, max_rounds=50):
             break
         got.extend(batch)
         if ack:
-            r = api.post(f"/api/v1/topics/{topic}/subscriptions/{sub}/ack",
-                         {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in batch]}, format="json")
+            r = api.post(
+                f"/api/v1/topics/{topic}/subscriptions/{sub}/ack",
+                {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in batch]},
+                format="json",
+            )
             assert r.status_code == 200 and r.json()["acked"] == len(batch), r.content
     return got
 
@@ -52,6 +54,7 @@ def make_topic(api, unique_name, runtime):
             assert r.status_code == 201, r.content
         runtime.tick()
         return fields["name"]
+
     return make
 
 
@@ -81,8 +84,8 @@ def test_nothing_is_removed_before_the_slowest_subscription_acks(api, make_topic
     assert api.get(f"/api/v1/topics/{topic}/subscriptions/fast/stats").json()["backlog"] == 0
     # a takeover keeps what "fast" acked: it gets nothing again, "slow" gets everything
     runtime.stop(release=True)
-    from queues.node import NodeRuntime
     from queues import service
+    from queues.node import NodeRuntime
 
     rt2 = NodeRuntime("test-node-2", background=False).start()
     service.set_runtime(rt2)
@@ -103,16 +106,20 @@ def test_group_order_per_subscription(api, make_topic, runtime, purge_kv):
     for sub in "xy":
         seen: dict[str, list[str]] = {}
         while True:
-            batch = api.post(f"/api/v1/topics/{topic}/subscriptions/{sub}/dequeue", {"max": 10},
-                             format="json").json()["messages"]
+            batch = api.post(f"/api/v1/topics/{topic}/subscriptions/{sub}/dequeue", {"max": 10}, format="json").json()[
+                "messages"
+            ]
             if not batch:
                 break
             groups = [m["group"] for m in batch]
             assert len(groups) == len(set(groups)), "two of one group in flight at once"
             for m in batch:
                 seen.setdefault(m["group"], []).append(m["body"])
-            api.post(f"/api/v1/topics/{topic}/subscriptions/{sub}/ack",
-                     {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in batch]}, format="json")
+            api.post(
+                f"/api/v1/topics/{topic}/subscriptions/{sub}/ack",
+                {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in batch]},
+                format="json",
+            )
         assert seen == {g: [f"{g}-{i}" for i in range(6)] for g in ("g1", "g2")}
 
 
@@ -135,8 +142,11 @@ def test_redelivery_and_receipts_are_per_subscription(api, make_topic, runtime, 
     b = api.post(f"/api/v1/topics/{topic}/subscriptions/b/dequeue", {}, format="json").json()
     assert a["messages"][0]["id"] == b["messages"][0]["id"] == mid
     # a's receipt is not b's
-    r = api.post(f"/api/v1/topics/{topic}/subscriptions/b/ack",
-                 {"messages": [{"id": mid, "receipt": a["messages"][0]["receipt"]}]}, format="json")
+    r = api.post(
+        f"/api/v1/topics/{topic}/subscriptions/b/ack",
+        {"messages": [{"id": mid, "receipt": a["messages"][0]["receipt"]}]},
+        format="json",
+    )
     assert r.status_code == 409
     # a's visibility ran out: a gets it again (receive count 2); b still holds it
     again = api.post(f"/api/v1/topics/{topic}/subscriptions/a/dequeue", {}, format="json").json()["messages"]
@@ -154,8 +164,14 @@ def test_bad_topic_calls_are_refused(api, make_topic, make_queue, runtime, purge
     assert api.post(f"/api/v1/topics/{topic}/subscriptions/nope/dequeue", {}, format="json").status_code == 404
     assert api.post(f"/api/v1/topics/{queue}/publish", {"body": "x"}, format="json").status_code == 404
     assert api.post(f"/api/v1/topics/{queue}/subscriptions", {"name": "s"}, format="json").status_code == 404
-    for bad in ({"name": "a"}, {"name": "bad/name"}, {"name": "s", "start": "middle"}, {"name": ""},
-                {"name": "s", "extra": 1}, {"name": "s", "max_receives": 2}):
+    for bad in (
+        {"name": "a"},
+        {"name": "bad/name"},
+        {"name": "s", "start": "middle"},
+        {"name": ""},
+        {"name": "s", "extra": 1},
+        {"name": "s", "max_receives": 2},
+    ):
         r = api.post(f"/api/v1/topics/{topic}/subscriptions", bad, format="json")
         assert r.status_code in (400, 409), (bad, r.content)
     assert [s["name"] for s in api.get(f"/api/v1/topics/{topic}/subscriptions").json()] == ["a"]
@@ -167,8 +183,9 @@ def test_subscription_dead_letters(api, make_topic, make_queue, runtime, purge_k
     dlq = make_queue(partitions=1)
     topic = make_topic([{"name": "picky", "dead_letter_queue": dlq, "max_receives": 1}, "ok"], partitions=1)
     [mid] = _publish(api, topic, ["poison"])
-    first = api.post(f"/api/v1/topics/{topic}/subscriptions/picky/dequeue", {"visibility_timeout": 0},
-                     format="json").json()["messages"]
+    first = api.post(
+        f"/api/v1/topics/{topic}/subscriptions/picky/dequeue", {"visibility_timeout": 0}, format="json"
+    ).json()["messages"]
     assert [m["id"] for m in first] == [mid]
     assert api.post(f"/api/v1/topics/{topic}/subscriptions/picky/dequeue", {}, format="json").json()["messages"] == []
     moved = api.post(f"/api/v1/queues/{dlq}/dequeue", {}, format="json").json()["messages"]
@@ -186,13 +203,17 @@ def test_fan_out_with_a_subscription_stopped_and_resumed(api, make_topic, runtim
 
     def consume(sub):
         while True:
-            batch = api.post(f"/api/v1/topics/{topic}/subscriptions/{sub}/dequeue", {"max": 7},
-                             format="json").json()["messages"]
+            batch = api.post(f"/api/v1/topics/{topic}/subscriptions/{sub}/dequeue", {"max": 7}, format="json").json()[
+                "messages"
+            ]
             if not batch:
                 return
             got[sub].extend(batch)
-            api.post(f"/api/v1/topics/{topic}/subscriptions/{sub}/ack",
-                     {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in batch]}, format="json")
+            api.post(
+                f"/api/v1/topics/{topic}/subscriptions/{sub}/ack",
+                {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in batch]},
+                format="json",
+            )
 
     for rnd in range(4):
         for g in range(5):
@@ -202,7 +223,7 @@ def test_fan_out_with_a_subscription_stopped_and_resumed(api, make_topic, runtim
         if rnd == 0:
             consume("c")  # then "c" stops
         # nothing "c" has not acked is removed while it is stopped
-        held_by_c = {i for i in ids} - {m["id"] for m in got["c"]}
+        held_by_c = set(ids) - {m["id"] for m in got["c"]}
         assert None not in runtime.store.get_many(sorted(held_by_c))
     consume("c")  # resumed
     for sub in "abc":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -27,12 +27,27 @@ def test_logs_round_trip_with_filters(api, make_queue):
     # given a delivered message and two reported attempts
     name = make_queue(partitions=1)
     mid = api.post(f"/api/v1/queues/{name}/enqueue", {"body": "x", "size": 7}, format="json").json()["id"]
-    t0 = datetime.now(timezone.utc)
+    t0 = datetime.now(UTC)
     records = [
-        {"message_id": mid, "worker": "w1", "attempt": 1, "outcome": "failed", "error": "boom",
-         "traceback": "Traceback...", "process_started_at": _iso(t0), "process_ended_at": _iso(t0 + timedelta(seconds=1))},
-        {"message_id": mid, "worker": "w1", "attempt": 2, "outcome": "succeeded", "size": 7,
-         "preprocess_started_at": _iso(t0), "preprocess_ended_at": _iso(t0)},
+        {
+            "message_id": mid,
+            "worker": "w1",
+            "attempt": 1,
+            "outcome": "failed",
+            "error": "boom",
+            "traceback": "Traceback...",
+            "process_started_at": _iso(t0),
+            "process_ended_at": _iso(t0 + timedelta(seconds=1)),
+        },
+        {
+            "message_id": mid,
+            "worker": "w1",
+            "attempt": 2,
+            "outcome": "succeeded",
+            "size": 7,
+            "preprocess_started_at": _iso(t0),
+            "preprocess_ended_at": _iso(t0),
+        },
     ]
     # when they are sent in one batch
     r = api.post("/api/v1/logs", {"records": records}, format="json")
@@ -40,20 +55,39 @@ def test_logs_round_trip_with_filters(api, make_queue):
     assert r.status_code == 201 and r.json() == {"stored": 2}
     got = api.get(f"/api/v1/logs?message={mid}").json()["records"]
     assert [(g["attempt"], g["outcome"], g["queue"], g["partition"]) for g in got] == [
-        (2, "succeeded", name, 0), (1, "failed", name, 0)]
+        (2, "succeeded", name, 0),
+        (1, "failed", name, 0),
+    ]
     assert api.get("/api/v1/logs?outcome=failed&queue=" + name).json()["records"][0]["error"] == "boom"
     assert api.get("/api/v1/logs?worker=nobody").json()["records"] == []
 
 
-@pytest.mark.parametrize("payload, field", [
-    ({"records": []}, "records"),
-    ({"records": [{"message_id": "not-an-id", "attempt": 1, "outcome": "failed"}]}, "records"),
-    ({"records": [{"message_id": "q/0/00000000-0000000000000000/0", "attempt": 0, "outcome": "failed"}]}, "records"),
-    ({"records": [{"message_id": "q/0/00000000-0000000000000000/0", "attempt": 1, "outcome": "maybe"}]}, "records"),
-    ({"records": [{"message_id": "q/0/00000000-0000000000000000/0", "attempt": 1, "outcome": "failed",
-                   "colour": "red"}]}, "records"),
-    ({"rows": []}, "rows"),
-])
+@pytest.mark.parametrize(
+    "payload, field",
+    [
+        ({"records": []}, "records"),
+        ({"records": [{"message_id": "not-an-id", "attempt": 1, "outcome": "failed"}]}, "records"),
+        (
+            {"records": [{"message_id": "q/0/00000000-0000000000000000/0", "attempt": 0, "outcome": "failed"}]},
+            "records",
+        ),
+        ({"records": [{"message_id": "q/0/00000000-0000000000000000/0", "attempt": 1, "outcome": "maybe"}]}, "records"),
+        (
+            {
+                "records": [
+                    {
+                        "message_id": "q/0/00000000-0000000000000000/0",
+                        "attempt": 1,
+                        "outcome": "failed",
+                        "colour": "red",
+                    }
+                ]
+            },
+            "records",
+        ),
+        ({"rows": []}, "rows"),
+    ],
+)
 def test_bad_log_batches_are_refused_whole(api, payload, field):
     before = AttemptLog.objects.count()
     r = api.post("/api/v1/logs", payload, format="json")
@@ -75,15 +109,28 @@ def test_heartbeats_keep_a_long_task_hidden(api, make_queue):
     consumer = uuid.uuid4().hex
     # when its worker heartbeats for three times the timeout
     for _ in range(6):
-        r = api.post("/api/v1/consumers/heartbeat", {
-            "consumer": consumer, "name": "celery@test", "queues": [name], "load": 1.0, "capacity": 1,
-            "held": [{"id": m["id"], "receipt": m["receipt"]}]}, format="json")
+        r = api.post(
+            "/api/v1/consumers/heartbeat",
+            {
+                "consumer": consumer,
+                "name": "celery@test",
+                "queues": [name],
+                "load": 1.0,
+                "capacity": 1,
+                "held": [{"id": m["id"], "receipt": m["receipt"]}],
+            },
+            format="json",
+        )
         assert r.status_code == 200 and r.json()["extended"] == [m["id"]] and r.json()["instruction"] == "continue"
         assert _deliver(api, name) == [], "delivered twice while its worker heartbeats"
         time.sleep(0.5)
     # then it is still the worker's, and the admin-side record says what it holds
-    assert api.post(f"/api/v1/queues/{name}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]}]},
-                    format="json").json()["acked"] == 1
+    assert (
+        api.post(
+            f"/api/v1/queues/{name}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]}]}, format="json"
+        ).json()["acked"]
+        == 1
+    )
     c = Consumer.objects.get(pk=consumer)
     assert c.held == [m["id"]] and c.load == 1.0
 
@@ -96,9 +143,11 @@ def test_a_stale_receipt_is_reported_lost_and_the_abandoned_attempt_logged(api, 
     (second,) = _deliver(api, name, visibility_timeout=30)
     assert second["receive_count"] == 2
     # when the first worker heartbeats with its old receipt
-    r = api.post("/api/v1/consumers/heartbeat", {"consumer": "w-old", "queues": [name],
-                                                  "held": [{"id": first["id"], "receipt": first["receipt"]}]},
-                 format="json")
+    r = api.post(
+        "/api/v1/consumers/heartbeat",
+        {"consumer": "w-old", "queues": [name], "held": [{"id": first["id"], "receipt": first["receipt"]}]},
+        format="json",
+    )
     # then it is told the message is lost to it, and the service logged attempt 1 as abandoned
     assert r.json()["lost"] == [first["id"]] and r.json()["extended"] == []
     logs = AttemptLog.objects.filter(message_id=first["id"])
@@ -109,10 +158,16 @@ def test_a_reported_failure_is_not_logged_again_as_abandoned(api, make_queue):
     name = make_queue(partitions=1)
     api.post(f"/api/v1/queues/{name}/enqueue", {"body": "x"}, format="json")
     (first,) = _deliver(api, name, visibility_timeout=30)
-    api.post("/api/v1/logs", {"records": [{"message_id": first["id"], "attempt": 1, "outcome": "failed",
-                                           "error": "boom"}]}, format="json")
-    api.post(f"/api/v1/queues/{name}/visibility", {"id": first["id"], "receipt": first["receipt"],
-                                                   "visibility_timeout": 0}, format="json")
+    api.post(
+        "/api/v1/logs",
+        {"records": [{"message_id": first["id"], "attempt": 1, "outcome": "failed", "error": "boom"}]},
+        format="json",
+    )
+    api.post(
+        f"/api/v1/queues/{name}/visibility",
+        {"id": first["id"], "receipt": first["receipt"], "visibility_timeout": 0},
+        format="json",
+    )
     (second,) = _deliver(api, name)
     assert second["receive_count"] == 2
     assert [(a.attempt, a.outcome) for a in AttemptLog.objects.filter(message_id=first["id"])] == [(1, "failed")]
@@ -122,7 +177,10 @@ def test_an_idle_worker_sleeps_while_another_covers_the_queue(api, make_queue):
     name = make_queue(partitions=1)
     beat = {"queues": [name], "held": []}
     # a lone idle worker keeps polling
-    assert api.post("/api/v1/consumers/heartbeat", {"consumer": "a", **beat}, format="json").json()["instruction"] == "continue"
+    assert (
+        api.post("/api/v1/consumers/heartbeat", {"consumer": "a", **beat}, format="json").json()["instruction"]
+        == "continue"
+    )
     # a second idle worker on the same empty queue is told to sleep
     r = api.post("/api/v1/consumers/heartbeat", {"consumer": "b", **beat}, format="json").json()
     assert r["instruction"] == "sleep" and r["sleep"] > 0
@@ -131,7 +189,10 @@ def test_an_idle_worker_sleeps_while_another_covers_the_queue(api, make_queue):
     from queues import service
 
     service.get_runtime().tick()  # publishes the partition's depth
-    assert api.post("/api/v1/consumers/heartbeat", {"consumer": "b", **beat}, format="json").json()["instruction"] == "continue"
+    assert (
+        api.post("/api/v1/consumers/heartbeat", {"consumer": "b", **beat}, format="json").json()["instruction"]
+        == "continue"
+    )
 
 
 def test_heartbeat_bad_input(api):

@@ -153,8 +153,7 @@ class WsgiClient:
     def delete(self, path, data=None, format=None, content_type=None, **extra):
         return self._with_body("DELETE", path, data, format, content_type, extra)
 
-    def generic(self, method, path, data=b"", content_type="application/octet-stream", *,
-                headers=None, **extra):
+    def generic(self, method, path, data=b"", content_type="application/octet-stream", *, headers=None, **extra):
         if isinstance(data, str):
             data = data.encode("utf-8")
         environ = self._environ(method, path, bytes(data or b""), content_type, headers, extra)
@@ -241,8 +240,9 @@ class WsgiClient:
                 signals.got_request_exception.disconnect(dispatch_uid=f"wsgi-client-{id(self)}")
                 signals.request_started.disconnect(dispatch_uid=f"wsgi-client-{id(self)}")
         assert started, "the application returned without calling start_response"
-        response = WsgiResponse(started[0], started[1], b"".join(chunks),
-                                "django" if captured.get("django") else "fastpath")
+        response = WsgiResponse(
+            started[0], started[1], b"".join(chunks), "django" if captured.get("django") else "fastpath"
+        )
         exc_info = captured.get("exc_info") or capture.exc_info
         if self.raise_request_exception and exc_info is not None and exc_info[1] is not None:
             raise exc_info[1].with_traceback(exc_info[2])

@@ -6,8 +6,16 @@ from consoles.charts import Series, format_value, line_chart, nice_ceiling
 
 
 def test_axis_tops_are_round_numbers_at_or_above_the_maximum():
-    assert [nice_ceiling(v) for v in (0.7, 1.0, 1.3, 2.2, 3.0, 7.0, 0.012, 4500.0)] == \
-           [1.0, 1.0, 2.0, 2.5, 5.0, 10.0, 0.02, 5000.0]
+    assert [nice_ceiling(v) for v in (0.7, 1.0, 1.3, 2.2, 3.0, 7.0, 0.012, 4500.0)] == [
+        1.0,
+        1.0,
+        2.0,
+        2.5,
+        5.0,
+        10.0,
+        0.02,
+        5000.0,
+    ]
     assert nice_ceiling(0) == 1.0
 
 

@@ -64,13 +64,28 @@ class Clocks:
         self.wall += dt
 
 
-def open_manager(store, row: Row, clocks: Clocks, *, block_size: int, cache_bytes: int = 0,
-                 max_receives: int | None = None, full: bool = True) -> PartitionManager:
+def open_manager(
+    store,
+    row: Row,
+    clocks: Clocks,
+    *,
+    block_size: int,
+    cache_bytes: int = 0,
+    max_receives: int | None = None,
+    full: bool = True,
+) -> PartitionManager:
     """A takeover: the next epoch opens the partition (both phases, or only the head)."""
     row.epoch += 1
     lease = Lease(1, "q", 0, row.epoch, "n", 10.0, math.inf, row.head or "")
-    m = PartitionManager(lease, block_size=block_size, store=store, node_id="node",
-                         cache=BodyCache(cache_bytes), set_head=row.set_head, read_head=row.read_head)
+    m = PartitionManager(
+        lease,
+        block_size=block_size,
+        store=store,
+        node_id="node",
+        cache=BodyCache(cache_bytes),
+        set_head=row.set_head,
+        read_head=row.read_head,
+    )
     m.wall = clocks.time  # before open: backlog messages are routed by their delay
     m.max_receives = max_receives
     if full:
@@ -98,40 +113,54 @@ class GroupMachine(RuleBasedStateMachine):
         self.max_receives: int | None = None
         self.groups = GROUPS[:1]
         # the model
-        self.pos: dict[str, int] = {}                 # id -> enqueue order
+        self.pos: dict[str, int] = {}  # id -> enqueue order
         self.group_of: dict[str, str | None] = {}
-        self.by_group: dict[str, list[str]] = {}      # group -> ids in enqueue order
+        self.by_group: dict[str, list[str]] = {}  # group -> ids in enqueue order
         self.not_before: dict[str, float | None] = {}
         self.body: dict[str, str] = {}
-        self.live: set[str] = set()                   # confirmed, not acked, not dead-lettered
+        self.live: set[str] = set()  # confirmed, not acked, not dead-lettered
         self.dead: set[str] = set()
         self.inflight: dict[str, tuple[str, float]] = {}  # id -> (receipt, deadline), this owner
         self.deliveries: Counter[str] = Counter()
         self.last_seq = -1
         self.last_group_seq: dict[str, int] = {}
 
-    @initialize(block_size=st.integers(1, 4), ngroups=st.integers(1, 4),
-                max_receives=st.sampled_from([None, None, 1, 2, 3]), cache=st.sampled_from([0, 1 << 20]))
+    @initialize(
+        block_size=st.integers(1, 4),
+        ngroups=st.integers(1, 4),
+        max_receives=st.sampled_from([None, None, 1, 2, 3]),
+        cache=st.sampled_from([0, 1 << 20]),
+    )
     def start(self, block_size, ngroups, max_receives, cache):
         self.block_size, self.max_receives, self.cache_bytes = block_size, max_receives, cache
         self.groups = GROUPS[:ngroups]
         self.m = self._open(full=True)
 
     def _open(self, *, full: bool) -> PartitionManager:
-        return open_manager(self.store, self.row, self.clocks, block_size=self.block_size,
-                            cache_bytes=self.cache_bytes, max_receives=self.max_receives, full=full)
+        return open_manager(
+            self.store,
+            self.row,
+            self.clocks,
+            block_size=self.block_size,
+            cache_bytes=self.cache_bytes,
+            max_receives=self.max_receives,
+            full=full,
+        )
 
     # --- rules --------------------------------------------------------------------------------
-    @rule(items=st.lists(st.tuples(st.sampled_from([None, 0, 1, 2, 3]),
-                                   st.sampled_from([None, None, None, 0.0, 0.5, 3.0, 20.0])),
-                         min_size=1, max_size=5))
+    @rule(
+        items=st.lists(
+            st.tuples(st.sampled_from([None, 0, 1, 2, 3]), st.sampled_from([None, None, None, 0.0, 0.5, 3.0, 20.0])),
+            min_size=1,
+            max_size=5,
+        )
+    )
     def enqueue(self, items):
         msgs = []
         for gi, delay in items:
             group = None if gi is None else self.groups[gi % len(self.groups)]
             nb = None if delay is None else self.clocks.wall + delay
-            msgs.append(StoredMessage(f"b{len(self.pos) + len(msgs)}", self.clocks.wall, group=group,
-                                      not_before=nb))
+            msgs.append(StoredMessage(f"b{len(self.pos) + len(msgs)}", self.clocks.wall, group=group, not_before=nb))
         ids = self.m.enqueue(msgs)
         assert len(ids) == len(msgs)
         for mid, msg in zip(ids, msgs):
@@ -197,8 +226,7 @@ class GroupMachine(RuleBasedStateMachine):
     def stale_owner_acks(self, data):
         # a consumer acks at the old owner: refused (fenced), and the store is unchanged, or the
         # new owner would hold a live head that is gone (its group blocked for good)
-        ids = data.draw(st.lists(st.sampled_from(sorted(self.stale_receipts)), min_size=1, max_size=3,
-                                 unique=True))
+        ids = data.draw(st.lists(st.sampled_from(sorted(self.stale_receipts)), min_size=1, max_size=3, unique=True))
         before = {k: dict(v) for k, v in self.store.buckets.items()}
         with pytest.raises(PartitionUnavailable):
             self.stale.ack([(parse_message_id(i), self.stale_receipts[i]) for i in ids])
@@ -231,8 +259,9 @@ class GroupMachine(RuleBasedStateMachine):
                 earlier = [x for x in self.by_group[group] if self.pos[x] < self.pos[mid] and x in self.live]
                 assert not earlier, f"{group}: {mid} delivered while earlier {earlier} still live"
                 # (2) one in flight at a time
-                busy = [x for x, (_, dl) in self.inflight.items()
-                        if x != mid and self.group_of[x] == group and dl > now]
+                busy = [
+                    x for x, (_, dl) in self.inflight.items() if x != mid and self.group_of[x] == group and dl > now
+                ]
                 assert not busy, f"{group}: {mid} delivered while {busy} in flight"
             if self.max_receives is not None:
                 assert d.receive_count <= self.max_receives, "delivered past max_receives"
@@ -301,8 +330,10 @@ def clocks(monkeypatch):
 
 def _enqueue(m, clocks, *specs):
     """specs: (body, group) or (body, group, delay)."""
-    msgs = [StoredMessage(s[0], clocks.wall, group=s[1],
-                          not_before=clocks.wall + s[2] if len(s) > 2 else None) for s in specs]
+    msgs = [
+        StoredMessage(s[0], clocks.wall, group=s[1], not_before=clocks.wall + s[2] if len(s) > 2 else None)
+        for s in specs
+    ]
     return m.enqueue(msgs)
 
 

@@ -40,8 +40,15 @@ class FakeClock:
 def open_manager(store, row: Row, block_size: int, cache_bytes: int) -> PartitionManager:
     row.epoch += 1
     lease = Lease(1, "q", 0, row.epoch, "n", 10.0, math.inf, row.head or "")
-    m = PartitionManager(lease, block_size=block_size, store=store, node_id="node",
-                         cache=BodyCache(cache_bytes), set_head=row.set_head, read_head=row.read_head)
+    m = PartitionManager(
+        lease,
+        block_size=block_size,
+        store=store,
+        node_id="node",
+        cache=BodyCache(cache_bytes),
+        set_head=row.set_head,
+        read_head=row.read_head,
+    )
     m.open()
     return m
 
@@ -59,8 +66,8 @@ class PartitionMachine(RuleBasedStateMachine):
         self.m: PartitionManager | None = None
         self.stale: PartitionManager | None = None
         self.seq = 0
-        self.order: dict[str, int] = {}      # id -> enqueue sequence
-        self.live: dict[str, str] = {}        # confirmed and not acknowledged: id -> body
+        self.order: dict[str, int] = {}  # id -> enqueue sequence
+        self.live: dict[str, str] = {}  # confirmed and not acknowledged: id -> body
         self.receipts: dict[str, tuple[str, float]] = {}  # id -> (receipt, deadline) this owner
         self.first_delivered: set[str] = set()
         self.last_first = -1

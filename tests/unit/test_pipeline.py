@@ -75,14 +75,29 @@ class FakeClient:
         self.max_outstanding = 0
 
     # -- test side
-    def add(self, queue: str, body: Any = "", *, estimates: Any = None, group: str | None = None,
-            deliveries: int = 0, size: int | None = None) -> str:
+    def add(
+        self,
+        queue: str,
+        body: Any = "",
+        *,
+        estimates: Any = None,
+        group: str | None = None,
+        deliveries: int = 0,
+        size: int | None = None,
+    ) -> str:
         """Enqueue; ``deliveries`` earlier deliveries make its next ``receive_count`` deliveries + 1."""
         body = body if isinstance(body, str) else json.dumps(body)
         with self.cond:
             mid = f"{queue}/0/0/{next(self._seq)}"
-            msg = FakeMessage(id=mid, receipt="", body=body, group=group, attributes={"k": "v"},
-                              size=size if size is not None else len(body), estimates=estimates)
+            msg = FakeMessage(
+                id=mid,
+                receipt="",
+                body=body,
+                group=group,
+                attributes={"k": "v"},
+                size=size if size is not None else len(body),
+                estimates=estimates,
+            )
             self.queues.setdefault(queue, []).append(_Stored(msg, deliveries=deliveries))
             self.cond.notify_all()
         return mid
@@ -106,8 +121,15 @@ class FakeClient:
         return None
 
     # -- the SDK's methods
-    def dequeue(self, queue: str, max_messages: int = 1, *, visibility_timeout: float | None = None,
-                wait: float = 0, node: str | None = None) -> list[FakeMessage]:
+    def dequeue(
+        self,
+        queue: str,
+        max_messages: int = 1,
+        *,
+        visibility_timeout: float | None = None,
+        wait: float = 0,
+        node: str | None = None,
+    ) -> list[FakeMessage]:
         t0 = time.time()
         self.nodes_asked.append(node)
         deadline = time.monotonic() + (wait or 0)
@@ -181,8 +203,12 @@ class Calls:
             getattr(self, kind).append(mid)
 
 
-def sleeping_handler(queue: str = "jobs", calls: Calls | None = None, timeout: float | None = None,
-                     gates: dict[str, threading.Event] | None = None) -> Handler:
+def sleeping_handler(
+    queue: str = "jobs",
+    calls: Calls | None = None,
+    timeout: float | None = None,
+    gates: dict[str, threading.Event] | None = None,
+) -> Handler:
     """Body: ``{"pre": s, "proc": s, "fail": bool, "pre_fail": bool}``; ``gates[id]``, when
     given, is awaited at the start of that message's processing."""
     calls = calls or Calls()
@@ -241,8 +267,11 @@ def run_all(client: FakeClient, handler: Handler, n: int, **options) -> tuple[Pi
 # ------------------------------------------------------------------------------ timing
 
 
-@pytest.mark.parametrize("estimates", [{"preprocess": 0.1, "process": 0.6}, Estimates(preprocess=0.1, process=0.6)],
-                         ids=["mapping", "sdk-Estimates"])
+@pytest.mark.parametrize(
+    "estimates",
+    [{"preprocess": 0.1, "process": 0.6}, Estimates(preprocess=0.1, process=0.6)],
+    ids=["mapping", "sdk-Estimates"],
+)
 def test_next_preprocessing_is_timed_to_end_with_current_processing(estimates):
     client = FakeClient()
     for _ in range(3):
@@ -326,7 +355,11 @@ def test_one_log_record_per_attempt_with_its_outcome():
     assert sorted(r["message_id"] for r in recs) == sorted([ok, fail, slow, prefail])  # one each
     by_id = {r["message_id"]: r for r in recs}
     assert {m: by_id[m]["outcome"] for m in by_id} == {
-        ok: "succeeded", fail: "failed", slow: "timed_out", prefail: "failed"}
+        ok: "succeeded",
+        fail: "failed",
+        slow: "timed_out",
+        prefail: "failed",
+    }
     for r in recs:
         assert r["attempt"] == 1 and r["worker"] == pipe.consumer_id and r["size"] is not None
     assert by_id[ok]["group"] == "g1"
@@ -411,16 +444,23 @@ def test_take_instruction_sends_dequeues_to_the_assigned_owners():
     try:
         wait_for(lambda: client.dequeue_count() >= 2, what="idle polling")
         assert set(client.nodes_asked) == {None}
-        client.heartbeat_answer = {"instruction": "take", "sleep": 0, "extended": [], "lost": [],
-                                   "take": [{"queue": "jobs", "partition": 3, "node": "10.0.0.7:8000"},
-                                            {"queue": "other", "partition": 1, "node": "10.0.0.8:8000"}]}
+        client.heartbeat_answer = {
+            "instruction": "take",
+            "sleep": 0,
+            "extended": [],
+            "lost": [],
+            "take": [
+                {"queue": "jobs", "partition": 3, "node": "10.0.0.7:8000"},
+                {"queue": "other", "partition": 1, "node": "10.0.0.8:8000"},
+            ],
+        }
         pipe.heartbeat_once()
         n = len(client.nodes_asked)
         wait_for(lambda: len(client.nodes_asked) >= n + 3, what="polls after the assignment")
     finally:
         pipe.stop()
     # only the handled queue's assignment counts, and its owner is asked first
-    assert set(client.nodes_asked[n + 1:]) == {"10.0.0.7:8000"}
+    assert set(client.nodes_asked[n + 1 :]) == {"10.0.0.7:8000"}
 
 
 # ------------------------------------------------------------------------------ stopping

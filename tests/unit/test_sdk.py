@@ -29,10 +29,15 @@ class Stub:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
                 with stub.lock:
-                    stub.requests.append({"method": self.command, "path": self.path,
-                                          "json": json.loads(raw) if raw else None,
-                                          "auth": self.headers.get("Authorization"),
-                                          "thread": threading.get_ident()})
+                    stub.requests.append(
+                        {
+                            "method": self.command,
+                            "path": self.path,
+                            "json": json.loads(raw) if raw else None,
+                            "auth": self.headers.get("Authorization"),
+                            "thread": threading.get_ident(),
+                        }
+                    )
                     status, body, headers = stub.answers[0] if len(stub.answers) == 1 else stub.answers.pop(0)
                 data = body if isinstance(body, bytes) else (b"" if body is None else json.dumps(body).encode())
                 self.send_response(status)
@@ -90,8 +95,14 @@ def _client(urls, **kw) -> tuple[Client, list[float]]:
 def test_urls_from_a_comma_separated_string_and_from_env():
     c = Client(" http://a:1/ ,b:2,,http://a:1", "t")
     assert c.urls == ["http://a:1", "http://b:2"]
-    c = Client.from_env({"QUEUE_API_URL": "http://x:8000,http://y:8000", "QUEUE_API_TOKEN": "k",
-                         "QUEUE_API_TIMEOUT": "3", "QUEUE_API_RETRIES": "1"})
+    c = Client.from_env(
+        {
+            "QUEUE_API_URL": "http://x:8000,http://y:8000",
+            "QUEUE_API_TOKEN": "k",
+            "QUEUE_API_TIMEOUT": "3",
+            "QUEUE_API_RETRIES": "1",
+        }
+    )
     assert c.urls == ["http://x:8000", "http://y:8000"] and c.token == "k" and c.timeout == 3 and c.retries == 1
     with pytest.raises(ValueError):
         Client.from_env({"QUEUE_API_URL": "http://x"})
@@ -100,13 +111,29 @@ def test_urls_from_a_comma_separated_string_and_from_env():
 
 
 def test_message_parsing_and_message_ids():
-    m = sdk.Message.from_json({
-        "id": "q/3/00000001-ab/7", "receipt": "r", "body": "b", "receive_count": 2,
-        "enqueued_at": "2026-01-02T03:04:05.678Z", "sequence": 5, "group": None, "attributes": {"a": 1},
-        "size": None, "estimates": {"preprocess": None, "process": 2.0}, "future_field": 1,
-        "history": {"source": "src", "id": "src/0/x/1", "receive_count": 3, "group": "g",
-                    "enqueued_at": "2026-01-01T00:00:00Z", "dead_lettered_at": "2026-01-01T00:01:00Z"},
-    })
+    m = sdk.Message.from_json(
+        {
+            "id": "q/3/00000001-ab/7",
+            "receipt": "r",
+            "body": "b",
+            "receive_count": 2,
+            "enqueued_at": "2026-01-02T03:04:05.678Z",
+            "sequence": 5,
+            "group": None,
+            "attributes": {"a": 1},
+            "size": None,
+            "estimates": {"preprocess": None, "process": 2.0},
+            "future_field": 1,
+            "history": {
+                "source": "src",
+                "id": "src/0/x/1",
+                "receive_count": 3,
+                "group": "g",
+                "enqueued_at": "2026-01-01T00:00:00Z",
+                "dead_lettered_at": "2026-01-01T00:01:00Z",
+            },
+        }
+    )
     assert m.queue == "q" and m.partition == 3 and m.receive_count == 2
     assert m.enqueued_at == datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
     assert m.estimates == sdk.Estimates(None, 2.0) and m.history.source == "src" and m.history.receive_count == 3
@@ -115,14 +142,21 @@ def test_message_parsing_and_message_ids():
     assert sdk.group_partition("g1", 4) == sdk.group_partition("g1", 4) < 4
     with pytest.raises(ValueError):
         sdk.message_partition("nonsense")
-    nm = sdk.NewMessage("x", group="g", not_before=datetime(2030, 1, 1, tzinfo=UTC),
-                        estimates=sdk.Estimates(process=1.0))
-    assert nm.to_json() == {"body": "x", "group": "g", "not_before": "2030-01-01T00:00:00+00:00",
-                            "estimates": {"process": 1.0}}
+    nm = sdk.NewMessage(
+        "x", group="g", not_before=datetime(2030, 1, 1, tzinfo=UTC), estimates=sdk.Estimates(process=1.0)
+    )
+    assert nm.to_json() == {
+        "body": "x",
+        "group": "g",
+        "not_before": "2030-01-01T00:00:00+00:00",
+        "estimates": {"process": 1.0},
+    }
 
 
-@pytest.mark.parametrize("status,cls", [(400, sdk.BadRequest), (401, sdk.Unauthorized), (404, sdk.NotFound),
-                                        (409, sdk.Conflict), (413, sdk.BadRequest)])
+@pytest.mark.parametrize(
+    "status,cls",
+    [(400, sdk.BadRequest), (401, sdk.Unauthorized), (404, sdk.NotFound), (409, sdk.Conflict), (413, sdk.BadRequest)],
+)
 def test_4xx_are_typed_and_never_retried(stubs, status, cls):
     s = stubs()
     s.answers = [(status, {"error": "some_code", "detail": "what", "id": "q/0/b/1"}, {})]
@@ -137,9 +171,11 @@ def test_4xx_are_typed_and_never_retried(stubs, status, cls):
 
 def test_5xx_is_retried_with_backoff_honouring_retry_after(stubs):
     s = stubs()
-    s.answers = [(503, {"error": "unavailable", "detail": "x"}, {"Retry-After": "1"}),
-                 (500, b"<html>oops</html>", {}),
-                 (201, {"id": "q/0/b/0"}, {})]
+    s.answers = [
+        (503, {"error": "unavailable", "detail": "x"}, {"Retry-After": "1"}),
+        (500, b"<html>oops</html>", {}),
+        (201, {"id": "q/0/b/0"}, {}),
+    ]
     c, slept = _client(s.url)
     assert c.enqueue("q", "x") == "q/0/b/0"
     assert len(s.requests) == 3 and slept[0] == 1.0 and 0 <= slept[1] <= 0.02
@@ -174,16 +210,30 @@ def test_round_robin_skips_a_dead_node(stubs):
 def test_enqueue_many_and_ack_batch_by_owner(stubs):
     a, b = stubs(), stubs()
     c, _ = _client(a.url)
-    a.answers = [(201, {"ids": [f"q/0/b/{i}" for i in range(1000)]}, {}),
-                 (201, {"ids": [f"q/0/b/{i}" for i in range(1000, 1700)]}, {})]
+    a.answers = [
+        (201, {"ids": [f"q/0/b/{i}" for i in range(1000)]}, {}),
+        (201, {"ids": [f"q/0/b/{i}" for i in range(1000, 1700)]}, {}),
+    ]
     ids = c.enqueue_many("q", ({"body": str(i)} for i in range(1700)))
     assert len(ids) == 1700 and [len(r["json"]["messages"]) for r in a.requests] == [1000, 700]
     assert c.enqueue_many("q", []) == [] and len(a.requests) == 2
     # owners: partition 0 on a, partition 1 on b
     a.requests.clear()
-    a.answers = [(200, {"queue": "q", "partitions": [{"index": 0, "owner": "na", "address": a.address},
-                                                     {"index": 1, "owner": "nb", "address": b.address}]}, {}),
-                 (200, {"acked": 1000, "not_found": 0}, {}), (200, {"acked": 200, "not_found": 1}, {})]
+    a.answers = [
+        (
+            200,
+            {
+                "queue": "q",
+                "partitions": [
+                    {"index": 0, "owner": "na", "address": a.address},
+                    {"index": 1, "owner": "nb", "address": b.address},
+                ],
+            },
+            {},
+        ),
+        (200, {"acked": 1000, "not_found": 0}, {}),
+        (200, {"acked": 200, "not_found": 1}, {}),
+    ]
     b.answers = [(200, {"acked": 5, "not_found": 0}, {})]
     msgs = [(f"q/0/b/{i}", "r") for i in range(1201)] + [(f"q/1/b/{i}", "r") for i in range(5)]
     assert c.ack("q", msgs) == sdk.AckResult(1205, 1)
@@ -227,8 +277,10 @@ def test_owner_lookup_gaps_and_unreachable_owners(stubs):
 
     a = stubs()
     dead = _closed_url().removeprefix("http://")
-    owners = {"queue": "q", "partitions": [{"index": 0, "owner": "x", "address": dead},
-                                           {"index": 1, "owner": None, "address": None}]}
+    owners = {
+        "queue": "q",
+        "partitions": [{"index": 0, "owner": "x", "address": dead}, {"index": 1, "owner": None, "address": None}],
+    }
     acked = {"acked": 1, "not_found": 0}
     a.answers = [(200, owners, {}), (200, acked, {}), (200, owners, {}), (200, acked, {}), (200, acked, {})]
     c, slept = _client(a.url, owners_ttl=30)

@@ -44,14 +44,23 @@ class Archive:
         return {mid: StoredMessage.from_bytes(self.rows[mid]) for mid in mids if mid in self.rows}
 
 
-def open_topic(store, row: Row, archive: Archive, subs=("fast", "slow"), *, mode="all",
-               block_size=4, cache_bytes=1 << 20) -> PartitionManager:
+def open_topic(
+    store, row: Row, archive: Archive, subs=("fast", "slow"), *, mode="all", block_size=4, cache_bytes=1 << 20
+) -> PartitionManager:
     row.epoch += 1
     lease = Lease(1, "t", 0, row.epoch, "n", 10.0, math.inf, row.head or "")
-    m = PartitionManager(lease, block_size=block_size, store=store, node_id="node",
-                         cache=BodyCache(cache_bytes), set_head=row.set_head, read_head=row.read_head,
-                         subscriptions=[s if isinstance(s, SubscriptionSpec) else SubscriptionSpec(s) for s in subs],
-                         archive_sink=archive.sink, archive_source=archive.source)
+    m = PartitionManager(
+        lease,
+        block_size=block_size,
+        store=store,
+        node_id="node",
+        cache=BodyCache(cache_bytes),
+        set_head=row.set_head,
+        read_head=row.read_head,
+        subscriptions=[s if isinstance(s, SubscriptionSpec) else SubscriptionSpec(s) for s in subs],
+        archive_sink=archive.sink,
+        archive_source=archive.source,
+    )
     m.archive = mode
     m.open()
     return m
@@ -300,7 +309,7 @@ class TopicMachine(RuleBasedStateMachine):
         self.store, self.row, self.archive = MemoryStore(), Row(), Archive()
         self.cache_bytes = 0
         self.m = None
-        self.sent: dict[str, StoredMessage] = {}   # id -> what was published
+        self.sent: dict[str, StoredMessage] = {}  # id -> what was published
         self.order: dict[str, int] = {}
         self.live = {s: set() for s in self.SUBS}  # per subscription: confirmed, not acked by it
         self.receipts = {s: {} for s in self.SUBS}  # this owner's deliveries: id -> (receipt, deadline)
@@ -331,8 +340,11 @@ class TopicMachine(RuleBasedStateMachine):
             if group is not None:
                 older = [x for x in self.live[sub] if self.sent[x].group == group and self.order[x] < self.order[d.id]]
                 assert not older, f"{sub}: {d.id} delivered before older {older} of {group}"
-                busy = [x for x, (_, dl) in self.receipts[sub].items()
-                        if x != d.id and self.sent[x].group == group and dl > self.now and x in self.live[sub]]
+                busy = [
+                    x
+                    for x, (_, dl) in self.receipts[sub].items()
+                    if x != d.id and self.sent[x].group == group and dl > self.now and x in self.live[sub]
+                ]
                 assert not busy, f"{sub}: two of {group} in flight"
             self.receipts[sub][d.id] = (d.receipt, self.now + vis)
 

@@ -25,10 +25,19 @@ def test_allocation_follows_the_seed_figures():
     # then the order, kinds, previous and child pointers are those of DESIGN.md
     assert [b.id for b in blocks] == list("ABCDEFGH")
     assert {b.id: b.prev for b in blocks} == {
-        "A": None, "B": "A", "C": None, "D": "C", "E": "D", "F": "C", "G": None, "H": "G",
+        "A": None,
+        "B": "A",
+        "C": None,
+        "D": "C",
+        "E": "D",
+        "F": "C",
+        "G": None,
+        "H": "G",
     }
     assert [(b.id, b.left, b.right) for b in blocks if not b.is_leaf] == [
-        ("C", "A", "B"), ("F", "D", "E"), ("G", "C", "F"),
+        ("C", "A", "B"),
+        ("F", "D", "E"),
+        ("G", "C", "F"),
     ]
     assert [b.leaf_number for b in blocks if b.is_leaf] == [0, 1, 2, 3, 4]
     assert by_id["G"].height == 2 and by_id["H"].height == 0
@@ -101,7 +110,7 @@ def test_block_reads_grow_with_log_n(capsys):
     # given trees of 10^2 .. 10^6 blocks (block size 1: one message per block, the worst case)
     rows = []
     for exp in range(2, 7):
-        n = 10 ** exp
+        n = 10**exp
         tree = AppendTree(1, new_id=lambda o: f"{o:08x}-0000000000000000", clock=lambda: 0.0)
         blocks = [tree.allocate() for _ in range(n)]
         worst_head, worst_oldest = 0, 0

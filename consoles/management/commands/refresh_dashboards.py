@@ -20,28 +20,45 @@ def _positive(minimum: int = 1):
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
         return value
+
     return parse
 
 
 class Command(BaseCommand):
-    help = ("Compute the dashboards' figures and the queues' learned time estimates from the attempt "
-            "log with Spark (local mode, or the cluster named by SPARK_MASTER).")
+    help = (
+        "Compute the dashboards' figures and the queues' learned time estimates from the attempt "
+        "log with Spark (local mode, or the cluster named by SPARK_MASTER)."
+    )
 
     def add_arguments(self, parser):
-        parser.add_argument("--bucket", type=_positive(), default=settings.DASHBOARDS_BUCKET,
-                            help="seconds per time bucket (default DASHBOARDS_BUCKET=%(default)s)")
-        parser.add_argument("--window", type=_positive(), default=settings.DASHBOARDS_WINDOW,
-                            help="seconds of attempt log to read (default DASHBOARDS_WINDOW=%(default)s)")
-        parser.add_argument("--min-samples", type=_positive(2), default=settings.DASHBOARDS_MIN_SAMPLES,
-                            help="samples a queue needs before its estimates are learned (default %(default)s)")
-        parser.add_argument("--no-apply", action="store_true",
-                            help="record the learned estimates without changing the queues' defaults")
+        parser.add_argument(
+            "--bucket",
+            type=_positive(),
+            default=settings.DASHBOARDS_BUCKET,
+            help="seconds per time bucket (default DASHBOARDS_BUCKET=%(default)s)",
+        )
+        parser.add_argument(
+            "--window",
+            type=_positive(),
+            default=settings.DASHBOARDS_WINDOW,
+            help="seconds of attempt log to read (default DASHBOARDS_WINDOW=%(default)s)",
+        )
+        parser.add_argument(
+            "--min-samples",
+            type=_positive(2),
+            default=settings.DASHBOARDS_MIN_SAMPLES,
+            help="samples a queue needs before its estimates are learned (default %(default)s)",
+        )
+        parser.add_argument(
+            "--no-apply", action="store_true", help="record the learned estimates without changing the queues' defaults"
+        )
 
     def handle(self, *args, bucket: int, window: int, min_samples: int, no_apply: bool, **options):
         from consoles.spark import job
 
-        opts = job.Options(bucket_seconds=bucket, window_seconds=window, min_samples=min_samples,
-                           apply_estimates=not no_apply)
+        opts = job.Options(
+            bucket_seconds=bucket, window_seconds=window, min_samples=min_samples, apply_estimates=not no_apply
+        )
         try:
             opts.validate()
         except ValueError as exc:
@@ -65,12 +82,17 @@ class Command(BaseCommand):
             raise CommandError(f"the dashboards job failed: {type(exc).__name__}: {exc}") from exc
         self.stdout.write(f"  ({time.perf_counter() - last['t']:.1f} s)")
         fits = run.estimate_fits.order_by("queue", "stage")
-        self.stdout.write(self.style.SUCCESS(
-            f"Done in {time.perf_counter() - started:.1f} s: {run.attempts_read:,} attempts ({run.source}), "
-            f"{run.queues} queue(s), read {run.read_seconds:.1f} s, compute {run.transform_seconds:.1f} s, "
-            f"write {run.write_seconds:.1f} s."))
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"Done in {time.perf_counter() - started:.1f} s: {run.attempts_read:,} attempts ({run.source}), "
+                f"{run.queues} queue(s), read {run.read_seconds:.1f} s, compute {run.transform_seconds:.1f} s, "
+                f"write {run.write_seconds:.1f} s."
+            )
+        )
         for fit in fits:
             change = "" if fit.previous is None else f" (was {fit.previous:.3f} s)"
             note = "" if fit.applied else " [not applied]"
-            self.stdout.write(f"  {fit.queue} {fit.stage}: {fit.estimate:.3f} s at size {fit.median_size:g}"
-                              f"{change}, n={fit.n}, r2={'-' if fit.r2 is None else f'{fit.r2:.3f}'}{note}")
+            self.stdout.write(
+                f"  {fit.queue} {fit.stage}: {fit.estimate:.3f} s at size {fit.median_size:g}"
+                f"{change}, n={fit.n}, r2={'-' if fit.r2 is None else f'{fit.r2:.3f}'}{note}"
+            )

@@ -33,10 +33,12 @@ class Command(BaseCommand):
         procs: list[subprocess.Popen] = []
         for i in range(nodes):
             port = base_port + i
-            procs.append(subprocess.Popen(
-                [sys.executable, manage, "runnode", "--host", host, "--port", str(port)],
-                start_new_session=True,  # a Ctrl-C reaches us once; we stop each node ourselves
-            ))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, manage, "runnode", "--host", host, "--port", str(port)],
+                    start_new_session=True,  # a Ctrl-C reaches us once; we stop each node ourselves
+                )
+            )
             self.stdout.write(f"node {i + 1}: http://{host}:{port}/ (pid {procs[-1].pid})")
         stopping = False
 

@@ -19,24 +19,34 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--threads", type=int, default=int(os.environ.get("NODE_THREADS", "64")),
-                            help="request threads (a long poll holds one)")
-        parser.add_argument("--advertise", default="",
-                            help="address other nodes and clients use to reach this one (default host:port)")
+        parser.add_argument(
+            "--threads",
+            type=int,
+            default=int(os.environ.get("NODE_THREADS", "64")),
+            help="request threads (a long poll holds one)",
+        )
+        parser.add_argument(
+            "--advertise", default="", help="address other nodes and clients use to reach this one (default host:port)"
+        )
 
     def handle(self, *args, host, port, threads, advertise, **options):
+        from django.db import connections
         from granian import Granian
         from granian.constants import Interfaces
-
-        from django.db import connections
 
         # The worker process reads its address from the environment it inherits.
         os.environ["NODE_ADDRESS"] = advertise or f"{host}:{port}"
         connections.close_all()  # the worker is forked: it must open its own
         server = Granian(
             "config.node:application",
-            address=host, port=port, interface=Interfaces.WSGI, workers=1,
-            blocking_threads=threads, backpressure=threads * 4, backlog=2048,
-            log_access=False, workers_kill_timeout=15,
+            address=host,
+            port=port,
+            interface=Interfaces.WSGI,
+            workers=1,
+            blocking_threads=threads,
+            backpressure=threads * 4,
+            backlog=2048,
+            log_access=False,
+            workers_kill_timeout=15,
         )
         server.serve()
