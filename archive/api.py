@@ -108,9 +108,7 @@ class ArchiveListView(APIView):
     )
     def get(self, request):
         params = request.query_params
-        validation.no_extra(
-            dict(params), {"queue", "since", "until", "acked", "limit", "after", "format"}, "the query"
-        )
+        validation.no_extra(dict(params), {"queue", "since", "until", "acked", "limit", "after", "format"}, "the query")
         queue = _queue_name(params.get("queue"), "queue", required=False)
         since, until = _range(params.get("since"), params.get("until"))
         limit = self._int(params.get("limit"), "limit", 1, MAX_PAGE, 100)
