@@ -191,4 +191,6 @@ class ReplayView(APIView):
                 status=503,
                 headers={"Retry-After": "1"},
             )
-        return Response({"queue": source, "into": into, "selected": len(rows), **answer})
+        return Response(
+            {"queue": source, "into": into, "selected": len(rows), "replayed": answer.replayed, "ids": answer.ids}
+        )

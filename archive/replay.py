@@ -8,6 +8,7 @@ queue before the first is enqueued: bad input changes nothing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.db.models import F
@@ -46,6 +47,14 @@ def draft_of(row: ArchivedMessage) -> MessageDraft:
     return MessageDraft(m.body, group=m.group, attributes=m.attributes, size=m.size, estimates=m.estimates)
 
 
+@dataclass(frozen=True)
+class ReplayResult:
+    #: copies enqueued.
+    replayed: int
+    #: their new message IDs, in archive order.
+    ids: list[str]
+
+
 class PartialReplay(Exception):
     """A batch failed after earlier ones were enqueued (those are counted and marked)."""
 
@@ -54,8 +63,9 @@ class PartialReplay(Exception):
         self.cause, self.replayed, self.ids = cause, replayed, ids
 
 
-def replay(rows: list[ArchivedMessage], into: str, *, hops: int = 0) -> dict:
-    """Enqueue copies of ``rows`` into ``into``; ``{"replayed": n, "ids": [...]}``.
+def replay(rows: list[ArchivedMessage], into: str, *, hops: int = 0) -> ReplayResult:
+    """Enqueue copies of ``rows`` into ``into``, in batches of ``service.MAX_BATCH``; each
+    batch's rows are marked replayed (count, time) once it is stored.
 
     Raises the service's errors (QueueNotFound, InvalidRequest: a message the target refuses)
     before anything is enqueued, and :class:`PartialReplay` if the store fails part-way.
@@ -79,4 +89,4 @@ def replay(rows: list[ArchivedMessage], into: str, *, hops: int = 0) -> dict:
         ArchivedMessage.objects.filter(pk__in=[r.pk for r in batch_rows]).update(
             replay_count=F("replay_count") + 1, last_replayed_at=timezone.now()
         )
-    return {"replayed": len(ids), "ids": ids}
+    return ReplayResult(len(ids), ids)

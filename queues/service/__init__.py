@@ -6,12 +6,25 @@ function takes checked Python values and returns typed results (``types``); it r
 exceptions in ``errors``, which the API maps to statuses in one place (``queues.api.errors``).
 Its docstring states what it locks and what it raises.
 
-Modules: ``queues`` (descriptions, subscriptions, figures), ``messages`` (enqueue, dequeue,
+Modules: ``descriptions`` (queues, topics, subscriptions, their figures), ``messages`` (enqueue, dequeue,
 ack, visibility, the dead-letter move), ``operations`` (purge, redrive, expire, release),
 ``peers`` (calls to other nodes, a protocol the API implements), ``runtime`` (this process's
 node).
 """
 
+from .descriptions import (
+    create_queue,
+    create_subscription,
+    delete_queue,
+    delete_subscription,
+    get_queue,
+    get_subscription,
+    partition_owners,
+    queue_stats,
+    refresh_topic,
+    subscription_stats,
+    update_queue,
+)
 from .errors import (
     Conflict,
     InvalidRequest,
@@ -25,19 +38,6 @@ from .errors import (
 from .messages import MAX_BATCH, MAX_WAIT, ack, change_visibility, check_drafts, dequeue, enqueue, iso, publish
 from .operations import close_purged, expire, expire_everywhere, purge, redrive, release_partition
 from .peers import Peers, get_peers, set_peers
-from .queues import (
-    create_queue,
-    create_subscription,
-    delete_queue,
-    delete_subscription,
-    get_queue,
-    get_subscription,
-    partition_owners,
-    queue_stats,
-    refresh_topic,
-    subscription_stats,
-    update_queue,
-)
 from .runtime import get_runtime, set_runtime
 from .targets import checked_name, queue_config, resolve
 from .types import AckResult, ExpireResult, MessageDraft, RedriveResult, ReleaseResult
