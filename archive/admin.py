@@ -91,7 +91,7 @@ class ArchivedMessageAdmin(admin.ModelAdmin):
                 detail = getattr(exc, "detail", None) or str(exc) or type(exc).__name__
                 self.message_user(request, f"{queue}: nothing replayed: {detail}", messages.ERROR)
             else:
-                self.message_user(request, f"{queue}: {answer['replayed']} message(s) replayed")
+                self.message_user(request, f"{queue}: {answer.replayed} message(s) replayed")
 
 
 @admin.register(ArchiverLock)

@@ -108,9 +108,7 @@ class ArchiveListView(APIView):
     )
     def get(self, request):
         params = request.query_params
-        validation._no_extra(
-            dict(params), {"queue", "since", "until", "acked", "limit", "after", "format"}, "the query"
-        )
+        validation.no_extra(dict(params), {"queue", "since", "until", "acked", "limit", "after", "format"}, "the query")
         queue = _queue_name(params.get("queue"), "queue", required=False)
         since, until = _range(params.get("since"), params.get("until"))
         limit = self._int(params.get("limit"), "limit", 1, MAX_PAGE, 100)
@@ -159,8 +157,8 @@ class ReplayView(APIView):
         responses={200: dict},
     )
     def post(self, request):
-        data = validation._object(request.data)
-        validation._no_extra(data, {"queue", "into", "since", "until", "ids", "max"}, "the request")
+        data = validation.object_of(request.data)
+        validation.no_extra(data, {"queue", "into", "since", "until", "ids", "max"}, "the request")
         source = _queue_name(data.get("queue"), "queue", required=True)
         into = _queue_name(data.get("into"), "into", required=False) or source
         limit = validation.number(data, "max", 1, MAX_REPLAY, 1000, integer=True)
@@ -193,4 +191,6 @@ class ReplayView(APIView):
                 status=503,
                 headers={"Retry-After": "1"},
             )
-        return Response({"queue": source, "into": into, "selected": len(rows), **answer})
+        return Response(
+            {"queue": source, "into": into, "selected": len(rows), "replayed": answer.replayed, "ids": answer.ids}
+        )

@@ -1,6 +1,6 @@
 """Replay: archived messages enqueued again, as copies, into a queue (their own or another).
 
-Copies go through the normal enqueue path (``queues.api.calls.enqueue``: validation, group
+Copies go through the normal enqueue path (``queues.service.enqueue``: the queue's rules, group
 routing, forwarding to the owners), in batches of 1,000 in archive order (enqueue time, then
 sequence), so a group's copies keep their order. Every batch is validated against the target
 queue before the first is enqueued: bad input changes nothing.
@@ -8,14 +8,15 @@ queue before the first is enqueued: bad input changes nothing.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import datetime
 
 from django.db.models import F
 from django.utils import timezone
 
-from queues.api import calls, validation
+from queues import service
 from queues.kv import KVError
-from queues.partition import PartitionUnavailable
+from queues.service import MessageDraft, PartitionUnavailable
 
 from .archiver import message_of
 from .models import ArchivedMessage
@@ -41,19 +42,17 @@ def select(
     return list(rows.order_by("enqueued_at", "sequence", "id")[:limit])
 
 
-def payload_of(row: ArchivedMessage) -> dict:
+def draft_of(row: ArchivedMessage) -> MessageDraft:
     m = message_of(row)
-    return {
-        k: v
-        for k, v in (
-            ("body", m.body),
-            ("group", m.group),
-            ("attributes", m.attributes),
-            ("size", m.size),
-            ("estimates", m.estimates),
-        )
-        if v is not None
-    }
+    return MessageDraft(m.body, group=m.group, attributes=m.attributes, size=m.size, estimates=m.estimates)
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    #: copies enqueued.
+    replayed: int
+    #: their new message IDs, in archive order.
+    ids: list[str]
 
 
 class PartialReplay(Exception):
@@ -64,31 +63,30 @@ class PartialReplay(Exception):
         self.cause, self.replayed, self.ids = cause, replayed, ids
 
 
-def replay(rows: list[ArchivedMessage], into: str, *, hops: int = 0) -> dict:
-    """Enqueue copies of ``rows`` into ``into``; ``{"replayed": n, "ids": [...]}``.
+def replay(rows: list[ArchivedMessage], into: str, *, hops: int = 0) -> ReplayResult:
+    """Enqueue copies of ``rows`` into ``into``, in batches of ``service.MAX_BATCH``; each
+    batch's rows are marked replayed (count, time) once it is stored.
 
-    Raises the API's errors (404 no such queue, 400 a message the target refuses) before
-    anything is enqueued, and :class:`PartialReplay` if the store fails part-way.
+    Raises the service's errors (QueueNotFound, InvalidRequest: a message the target refuses)
+    before anything is enqueued, and :class:`PartialReplay` if the store fails part-way.
     """
-    cfg = calls.queue_config(into)
-    items = [payload_of(r) for r in rows]
+    drafts = [draft_of(r) for r in rows]
     batches = [
-        (rows[i : i + validation.MAX_BATCH], items[i : i + validation.MAX_BATCH])
-        for i in range(0, len(items), validation.MAX_BATCH)
+        (rows[i : i + service.MAX_BATCH], drafts[i : i + service.MAX_BATCH])
+        for i in range(0, len(drafts), service.MAX_BATCH)
     ]
-    now = datetime.now(UTC).timestamp()
     for _, chunk in batches:
-        validation.enqueue_request({"messages": chunk}, cfg, now)  # raises BadRequest
+        service.check_drafts(service.queue_config(into), chunk)
     ids: list[str] = []
     for batch_rows, chunk in batches:
         try:
-            _, answer = calls.enqueue(into, {"messages": chunk}, hops)
+            answer = service.enqueue(into, chunk, hops=hops)
         except (PartitionUnavailable, KVError) as exc:
             if ids:
                 raise PartialReplay(exc, len(ids), ids) from exc
             raise
-        ids.extend(answer["ids"])
+        ids.extend(answer)
         ArchivedMessage.objects.filter(pk__in=[r.pk for r in batch_rows]).update(
             replay_count=F("replay_count") + 1, last_replayed_at=timezone.now()
         )
-    return {"replayed": len(ids), "ids": ids}
+    return ReplayResult(len(ids), ids)

@@ -2,8 +2,8 @@
 
 Every figure is read from live state: the partition rows, which each owner refreshes at every
 heartbeat (depth, in flight, delayed, rates, the append tree's shape), and the key-value store
-for the tree drawing. The actions (purge, redrive, release a lease) go through the same calls
-as the API, so they route to the owners like any client call.
+for the tree drawing. The actions (purge, redrive, release a lease) call the same service
+functions as the API, so they route to the owners like any client call.
 """
 
 from django.contrib import admin, messages
@@ -13,6 +13,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from . import service
 from .models import Node, Partition, Queue, Subscription
 
 
@@ -173,13 +174,9 @@ class SubscriptionAdmin(SubscriptionFigures, admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
-        from . import service
-
         service.get_runtime().topic_changed(obj.topic.name)
 
     def delete_model(self, request, obj):
-        from . import service
-
         service.delete_subscription(obj)
 
 
@@ -220,8 +217,6 @@ class QueueAdmin(admin.ModelAdmin):
         )
 
     def save_model(self, request, obj, form, change):
-        from . import service
-
         fields = {f: form.cleaned_data[f] for f in form.changed_data if f in form.cleaned_data}
         if not change:
             obj.pk = service.create_queue(
@@ -234,12 +229,10 @@ class QueueAdmin(admin.ModelAdmin):
             return
         try:
             service.update_queue(Queue.objects.get(pk=obj.pk), **fields)
-        except ValueError as exc:
-            self.message_user(request, str(exc), level=messages.ERROR)
+        except service.InvalidRequest as exc:
+            self.message_user(request, exc.detail, level=messages.ERROR)
 
     def delete_model(self, request, obj):
-        from . import service
-
         service.delete_queue(obj)  # its messages leave the store with it
 
     def delete_queryset(self, request, queryset):
@@ -313,28 +306,24 @@ class QueueAdmin(admin.ModelAdmin):
 
     @admin.action(description="Purge: delete every message of the selected queues (in flight ones too)")
     def purge(self, request, queryset):
-        from .api import calls
-
         for q in queryset:
             try:
-                _, result = calls.purge(q.name, {})
+                removed = service.purge(q.name)
             except Exception as exc:  # noqa: BLE001 - shown to the operator
                 self.message_user(request, f"{q.name}: purge failed: {exc}", level=messages.ERROR)
                 continue
-            self.message_user(request, f"{q.name}: purged {result['purged']} messages")
+            self.message_user(request, f"{q.name}: purged {removed} messages")
 
     @admin.action(description="Redrive dead letters back to their source queues (up to 1,000 each)")
     def redrive(self, request, queryset):
-        from .api import calls
-
         for q in queryset:
             try:
-                _, result = calls.redrive(q.name, {"max": 1000})
+                result = service.redrive(q.name, 1000)
             except Exception as exc:  # noqa: BLE001 - shown to the operator
                 self.message_user(request, f"{q.name}: redrive failed: {exc}", level=messages.ERROR)
                 continue
             self.message_user(
-                request, f"{q.name}: moved {result['moved']} back, skipped {result['skipped']} without a source"
+                request, f"{q.name}: moved {result.moved} back, skipped {result.skipped} without a source"
             )
 
 
@@ -391,18 +380,17 @@ class PartitionAdmin(admin.ModelAdmin):
 
     @admin.action(description="Release the lease: the owner gives the partition up, another node takes it")
     def release_lease(self, request, queryset):
-        from .api import calls
-
         for p in queryset.select_related("queue"):
             try:
-                status, result = calls.release_partition(p.queue.name, p.index)
+                node = service.release_partition(p.queue.name, p.index)
+            except service.Conflict as exc:
+                self.message_user(request, f"{p}: {exc.detail}", level=messages.WARNING)
+            except service.RemoteError as exc:
+                self.message_user(request, f"{p}: {exc.payload.get('detail', exc.payload)}", level=messages.WARNING)
             except Exception as exc:  # noqa: BLE001 - shown to the operator
                 self.message_user(request, f"{p}: release failed: {exc}", level=messages.ERROR)
-                continue
-            if status == 200:
-                self.message_user(request, f"{p}: released by {result.get('node')}")
             else:
-                self.message_user(request, f"{p}: {result.get('detail', result)}", level=messages.WARNING)
+                self.message_user(request, f"{p}: released by {node}")
 
     def has_add_permission(self, request):
         return False

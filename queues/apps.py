@@ -4,3 +4,10 @@ from django.apps import AppConfig
 class QueuesConfig(AppConfig):
     name = "queues"
     verbose_name = "Queues"
+
+    def ready(self) -> None:
+        # The service reaches other nodes through the REST API: the transport is the API's.
+        from .api.peers import HttpPeers
+        from .service import set_peers
+
+        set_peers(HttpPeers())

@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -27,6 +28,7 @@ from django.utils import timezone
 
 from . import leases
 from .kv import KeyValueStore, get_store
+from .messages import StoredMessage
 from .models import Node, Partition, Queue
 from .partition import BodyCache, PartitionManager, PartitionUnavailable, SubscriptionSpec
 from .router import Router
@@ -101,6 +103,28 @@ class QueueConfig:
         return next((s for s in self.subscriptions or () if s.name == name), None)
 
 
+@dataclass
+class ArchiveHooks:
+    """Where retention on a topic that archives puts what slow subscriptions still hold
+    (``sink``: ``[(message id, stored bytes)]``), and where a delivery reads such a body back
+    (``source``: message IDs -> StoredMessage). The archive app installs its table here when it
+    starts (``archive.apps``); without it such topics keep their messages in the store."""
+
+    sink: Callable[[list[tuple[str, bytes]]], object] | None = None
+    source: Callable[[list[str]], dict[str, StoredMessage]] | None = None
+
+
+#: The archive this process's partition managers use (see :class:`ArchiveHooks`).
+ARCHIVE = ArchiveHooks()
+
+
+def install_archive(
+    sink: Callable[[list[tuple[str, bytes]]], object], source: Callable[[list[str]], dict[str, StoredMessage]]
+) -> None:
+    """Called by the archive app's ``ready()``; managers opened from then on use it."""
+    ARCHIVE.sink, ARCHIVE.source = sink, source
+
+
 def _queue_rows():
     return Queue.objects.select_related("dead_letter_queue").prefetch_related("subscriptions__dead_letter_queue")
 
@@ -114,6 +138,19 @@ class SubscriptionNotFound(Exception):
 
 
 class NodeRuntime:
+    """One server process's membership of the cluster, and the partitions it serves.
+
+    It registers a ``Node`` row, heartbeats it, and every ``heartbeat`` seconds runs one
+    housekeeping pass (:meth:`tick`): renew its leases, reload the queue descriptions, claim its
+    fair share of partitions (and orphans), give back its surplus, publish each partition's
+    figures. Each partition it leases is a :class:`PartitionManager` in ``managers``; request
+    threads reach them through :mod:`queues.service`, and long polls wait on its change
+    condition (:meth:`wait_for_change`, woken by enqueues and releases).
+
+    Locking: ``_lock`` guards the ``managers`` and ``queues`` maps only; each manager's own lock
+    guards the partition. ``queues`` holds :class:`QueueConfig` snapshots, replaced whole.
+    """
+
     def __init__(
         self,
         address: str,
@@ -353,8 +390,6 @@ class NodeRuntime:
         self.notify()
 
     def _open(self, cfg: QueueConfig, lease: leases.Lease) -> PartitionManager | None:
-        from archive.archiver import lookup, store_records  # the archive app builds on this one
-
         m = PartitionManager(
             lease,
             block_size=cfg.block_size,
@@ -363,8 +398,8 @@ class NodeRuntime:
             cache=self.cache,
             on_change=self.notify,
             subscriptions=cfg.subscriptions,
-            archive_sink=store_records,
-            archive_source=lookup,
+            archive_sink=ARCHIVE.sink,
+            archive_source=ARCHIVE.source,
         )
         m.max_receives = cfg.max_receives
         m.archive = cfg.archive

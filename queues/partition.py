@@ -1165,7 +1165,9 @@ class PartitionManager:
             self.settle_acked(mids, removed, sub)
         return removed
 
-    def change_visibility_locked(self, mid: MessageId, receipt: str | None, timeout: float, sub: str = "") -> None:
+    def change_visibility_locked(self, mid: MessageId, receipt: str | None, timeout: float, sub: str = "") -> int:
+        """Move the message's visibility deadline to ``timeout`` seconds from now (0: deliverable
+        at once); returns its receive count. Called with ``lock`` held."""
         c = self.cursor(sub)
         key = str(mid)
         entry = c.inflight.get(key)
@@ -1178,6 +1180,7 @@ class PartitionManager:
         c.inflight.change_deadline(key, monotonic() + timeout)
         if timeout == 0:
             self.on_change()
+        return c.receives.get(key, 1)
 
     def _prune(self) -> None:
         """Delete fully acknowledged blocks from the front of the allocation order.

@@ -1,10 +1,11 @@
-"""The router: which node serves a partition, and forwarding to it.
+"""The router: which node serves a partition.
 
 A node serves the partitions it leases. A call it cannot serve here (an ack for a partition
 another node owns, an enqueue when it owns no partition of the queue or is cooling, a dequeue
 that finds nothing here) goes to the owner, found on the partition rows (read at most twice a
-second). Forwarded calls carry the cluster secret (not the client's token) and a hop count;
-a call that has made ``MAX_HOPS`` hops is answered where it is, so nothing loops.
+second). The service decides where a call goes; the API carries it (``queues.api.peers``):
+forwarded calls carry the cluster secret (not the client's token) and a hop count, and a call
+that has made ``MAX_HOPS`` hops is answered where it is, so nothing loops.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import hmac
 import threading
 import time
 
-import orjson
-import urllib3
 from django.conf import settings
 
 from .models import Partition
@@ -36,21 +35,11 @@ def hops_of(value: str | None) -> int:
         return MAX_HOPS  # a garbled count is treated as spent: never forward it again
 
 
-class Forwarded(Exception):
-    """An answer from another node, to pass on as it is."""
-
-    def __init__(self, status: int, payload: dict):
-        super().__init__(status)
-        self.status = status
-        self.payload = payload
-
-
 class Router:
     def __init__(self, node_id: str):
         self.node_id = node_id
         self._owners: dict[str, tuple[float, dict[int, tuple[str, str, int]]]] = {}
         self._lock = threading.Lock()
-        self.http = urllib3.PoolManager(num_pools=32, maxsize=16, retries=False)
 
     def owners(self, queue_id: int, queue: str) -> dict[int, tuple[str, str, int]]:
         """``index -> (node id, address, depth)`` for partitions with a live owner."""
@@ -77,27 +66,3 @@ class Router:
         if hit is None or hit[0] == self.node_id:
             return None
         return hit[1]
-
-    def forward(
-        self, address: str, queue: str, call: str, payload: dict, hops: int, timeout: float = 10.0
-    ) -> tuple[int, dict]:
-        """POST the call to ``address``; its status and JSON answer. ``queue`` may name a
-        topic's subscription (``"topic/subscription"``)."""
-        topic, slash, sub = queue.partition("/")
-        path = f"topics/{topic}/subscriptions/{sub}/{call}" if slash else f"queues/{queue}/{call}"
-        response = self.http.request(
-            "POST",
-            f"http://{address}/api/v1/{path}",
-            body=orjson.dumps(payload),
-            headers={
-                "Content-Type": "application/json",
-                SECRET_HEADER: settings.CLUSTER_SECRET,
-                HOPS_HEADER: str(hops + 1),
-            },
-            timeout=urllib3.Timeout(connect=1.0, read=timeout),
-        )
-        try:
-            body = orjson.loads(response.data) if response.data else {}
-        except orjson.JSONDecodeError:
-            body = {"error": "bad_gateway", "detail": f"{address} answered {response.status} without JSON"}
-        return response.status, body

@@ -13,15 +13,21 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from .. import service
 from ..kv import KVError
-from ..node import QueueNotFound, SubscriptionNotFound
-from ..partition import NotServedHere, PartitionUnavailable, ReceiptMismatch
-from ..router import Forwarded
+from ..service import (
+    Conflict,
+    InvalidRequest,
+    NotServedHere,
+    PartitionUnavailable,
+    QueueNotFound,
+    ReceiptMismatch,
+    RemoteError,
+    SubscriptionNotFound,
+)
 
 
 def _record_failure() -> None:
-    from .. import service
-
     try:
         service.get_runtime().record_failure()
     except Exception:  # noqa: BLE001 - figures must never break an answer
@@ -65,8 +71,12 @@ _DRF_CODES = {
 
 def domain_error(exc) -> tuple[int, dict, dict] | None:
     """``(status, payload, headers)`` for the service's own exceptions, else None."""
-    if isinstance(exc, Forwarded):
+    if isinstance(exc, RemoteError):  # another node's answer, passed on as it is
         return exc.status, exc.payload, ({"Retry-After": "1"} if exc.status == 503 else {})
+    if isinstance(exc, InvalidRequest):
+        return 400, {"error": exc.code, "detail": exc.detail}, {}
+    if isinstance(exc, Conflict):
+        return 409, {"error": exc.code, "detail": exc.detail}, {}
     if isinstance(exc, SubscriptionNotFound):
         return 404, {"error": "subscription_not_found", "detail": f"no subscription {exc.args[0]!r}"}, {}
     if isinstance(exc, QueueNotFound):

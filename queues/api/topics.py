@@ -7,14 +7,13 @@ per subscription). The message calls are the queue's, on the target ``"<topic>/<
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import service
-from ..auth import ClusterPeer
-from ..models import QUEUE_NAME_RE, Queue, Subscription
+from ..models import Queue, Subscription
 from . import calls
 from .serializers import (
     AckDoc,
@@ -28,7 +27,7 @@ from .serializers import (
     StrictSerializer,
     VisibilityDoc,
 )
-from .views import ERRORS, IsClusterPeerOrStaff, _hops
+from .views import ERRORS, CallView, IsClusterPeerOrStaff, _hops
 
 
 class TopicSerializer(QueueSerializer):
@@ -86,22 +85,11 @@ class SubscriptionSerializer(StrictSerializer, serializers.ModelSerializer):
 
 
 def _topic(name: str) -> Queue:
-    q = Queue.objects.filter(name=calls.checked_name(name), kind=Queue.Kind.TOPIC).first()
-    if q is None:
-        raise service.QueueNotFound(name)
-    return q
+    return service.get_queue(name, Queue.Kind.TOPIC)
 
 
 def _subscription(topic: str, name: str) -> Subscription:
-    t = _topic(topic)
-    sub = (
-        Subscription.objects.filter(topic=t, name=name).select_related("topic").first()
-        if QUEUE_NAME_RE.fullmatch(name)
-        else None
-    )
-    if sub is None:
-        raise service.SubscriptionNotFound(f"{topic}/{name}")
-    return sub
+    return service.get_subscription(topic, name)
 
 
 class TopicListView(APIView):
@@ -143,16 +131,15 @@ class TopicDetailView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class PublishView(APIView):
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         request=EnqueueDoc,
         responses={201: EnqueueResultDoc, **ERRORS},
         summary="Publish one message or a batch (stored once, read by every subscription)",
     )
-    def post(self, request, name):
-        return Response(
-            *reversed(calls.publish(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)))
-        )
+)
+class PublishView(CallView):
+    call = calls.publish
 
 
 class RefreshView(APIView):
@@ -165,7 +152,15 @@ class RefreshView(APIView):
     )
     def post(self, request, name):
         _topic(name)
-        return Response(*reversed(calls.refresh(name, {}, _hops(request))))
+        status_code, payload = calls.refresh(name, {}, _hops(request))
+        return Response(payload, status=status_code)
+
+
+class SubscriptionCallView(CallView):
+    """A message call on a topic's subscription: the service's target is ``topic/subscription``."""
+
+    def target(self, **kwargs: str) -> str:
+        return f"{kwargs['topic']}/{kwargs['name']}"
 
 
 class SubscriptionListView(APIView):
@@ -182,14 +177,6 @@ class SubscriptionListView(APIView):
         t = _topic(topic)
         ser = SubscriptionSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
-        if t.subscriptions.filter(name=ser.validated_data["name"]).exists():
-            return Response(
-                {
-                    "error": "subscription_exists",
-                    "detail": f"{topic} already has a subscription {ser.validated_data['name']!r}",
-                },
-                status=status.HTTP_409_CONFLICT,
-            )
         sub = service.create_subscription(t, **ser.validated_data)
         return Response(SubscriptionSerializer(sub).data, status=status.HTTP_201_CREATED)
 
@@ -205,52 +192,37 @@ class SubscriptionDetailView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class SubscriptionDequeueView(APIView):
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         request=DequeueDoc,
         responses={200: DequeueResultDoc, **ERRORS},
         summary="Receive up to max messages of the topic, for this subscription",
     )
-    def post(self, request, topic, name):
-        return Response(
-            *reversed(
-                calls.dequeue(
-                    f"{topic}/{name}", request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)
-                )
-            )
-        )
+)
+class SubscriptionDequeueView(SubscriptionCallView):
+    call = calls.dequeue
 
 
-class SubscriptionAckView(APIView):
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         request=AckDoc,
         responses={200: AckResultDoc, 409: ErrorDoc, **ERRORS},
         summary="Acknowledge for this subscription (the message goes when every subscription has)",
     )
-    def post(self, request, topic, name):
-        return Response(
-            *reversed(
-                calls.ack(
-                    f"{topic}/{name}", request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)
-                )
-            )
-        )
+)
+class SubscriptionAckView(SubscriptionCallView):
+    call = calls.ack
 
 
-class SubscriptionVisibilityView(APIView):
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         request=VisibilityDoc,
         responses={200: VisibilityDoc, 409: ErrorDoc, **ERRORS},
         summary="Extend or shorten the visibility timeout of a message in flight",
     )
-    def post(self, request, topic, name):
-        return Response(
-            *reversed(
-                calls.visibility(
-                    f"{topic}/{name}", request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)
-                )
-            )
-        )
+)
+class SubscriptionVisibilityView(SubscriptionCallView):
+    call = calls.visibility
 
 
 class SubscriptionStatsView(APIView):

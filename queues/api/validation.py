@@ -8,12 +8,12 @@ most of its time there. These functions check the same things in plain Python an
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from datetime import datetime
 
 from ..messages import MessageId, parse_message_id
 from ..models import LIMITS
 from ..node import QueueConfig
+from ..service.types import MessageDraft
 from .errors import BadRequest
 
 MAX_BATCH = 1000
@@ -21,13 +21,13 @@ MAX_DEQUEUE = 1000
 MAX_WAIT = 20
 
 
-def _object(data, what: str = "request body") -> dict:
+def object_of(data, what: str = "request body") -> dict:
     if not isinstance(data, dict):
         raise BadRequest(f"the {what} must be a JSON object")
     return data
 
 
-def _no_extra(data: dict, allowed: set[str], where: str) -> None:
+def no_extra(data: dict, allowed: set[str], where: str) -> None:
     extra = set(data) - allowed
     if extra:
         raise BadRequest(f"unknown field(s) in {where}: {', '.join(sorted(extra))}", "unknown_field")
@@ -83,21 +83,6 @@ def _body(item, cfg: QueueConfig, where: str) -> str:
 
 MESSAGE_FIELDS = {"body", "group", "dedup_id", "delay", "not_before", "attributes", "size", "estimates"}
 MAX_ATTRIBUTES = 16
-
-
-@dataclass
-class Draft:
-    """A checked message to enqueue, before it has an ID."""
-
-    body: str
-    group: str | None = None
-    dedup_id: str | None = None
-    not_before: float | None = None
-    attributes: dict | None = None
-    size: int | None = None
-    estimates: dict | None = None
-    #: a dead letter's history; only nodes may set it (the dead-letter move, forwarded).
-    history: dict | None = None
 
 
 def _short_text(item: dict, name: str, where: str) -> str | None:
@@ -156,10 +141,10 @@ def _estimates(item: dict, where: str) -> dict | None:
     return {k: number(value, k, *LIMITS["estimate"], None) for k in value}
 
 
-def _message(item: dict, cfg: QueueConfig, now: float, where: str, trusted: bool = False) -> Draft:
+def _message(item: dict, cfg: QueueConfig, now: float, where: str, trusted: bool = False) -> MessageDraft:
     if len(item) != 1:
-        _no_extra(item, MESSAGE_FIELDS | ({"history"} if trusted else set()), where)
-    draft = Draft(_body(item, cfg, where))
+        no_extra(item, MESSAGE_FIELDS | ({"history"} if trusted else set()), where)
+    draft = MessageDraft(_body(item, cfg, where))
     if trusted and isinstance(item.get("history"), dict):
         draft.history = item["history"]
     if len(item) == 1 and not cfg.strict and not cfg.delay:
@@ -176,11 +161,11 @@ def _message(item: dict, cfg: QueueConfig, now: float, where: str, trusted: bool
     return draft
 
 
-def enqueue_request(data, cfg: QueueConfig, now: float, trusted: bool = False) -> tuple[list[Draft], bool]:
+def enqueue_request(data, cfg: QueueConfig, now: float, trusted: bool = False) -> tuple[list[MessageDraft], bool]:
     """The checked messages to enqueue, and whether the call was a batch."""
-    data = _object(data)
+    data = object_of(data)
     if "messages" in data:
-        _no_extra(data, {"messages"}, "the request")
+        no_extra(data, {"messages"}, "the request")
         items = _batch(data, "messages", "invalid_messages")
         drafts = []
         for i, item in enumerate(items):
@@ -192,8 +177,8 @@ def enqueue_request(data, cfg: QueueConfig, now: float, trusted: bool = False) -
 
 
 def dequeue_request(data) -> tuple[int, float | None, float]:
-    data = _object(data)
-    _no_extra(data, {"max", "visibility_timeout", "wait"}, "the request")
+    data = object_of(data)
+    no_extra(data, {"max", "visibility_timeout", "wait"}, "the request")
     max_messages = number(data, "max", 1, MAX_DEQUEUE, 1, integer=True)
     visibility = number(data, "visibility_timeout", *LIMITS["visibility_timeout"], None)
     wait = number(data, "wait", 0, MAX_WAIT, 0)
@@ -218,7 +203,7 @@ def _receipt(value, where: str) -> str:
 
 
 def ack_request(data, cfg: QueueConfig) -> list[tuple[MessageId, str | None]]:
-    data = _object(data)
+    data = object_of(data)
     if cfg.strict and "ids" in data:
         raise BadRequest(
             f"queue {cfg.name!r} is strict: acknowledge with messages [{{id, receipt}}]", "receipt_required"
@@ -226,17 +211,17 @@ def ack_request(data, cfg: QueueConfig) -> list[tuple[MessageId, str | None]]:
     if ("ids" in data) == ("messages" in data):
         raise BadRequest("give either ids (a list of message IDs) or messages (a list of {id, receipt})", "invalid_ack")
     if "ids" in data:
-        _no_extra(data, {"ids"}, "the request")
+        no_extra(data, {"ids"}, "the request")
         ids = _batch(data, "ids", "invalid_ack")
         return [(message_id(v, cfg, f"ids[{i}]"), None) for i, v in enumerate(ids)]
-    _no_extra(data, {"messages"}, "the request")
+    no_extra(data, {"messages"}, "the request")
     items = _batch(data, "messages", "invalid_ack")
     out = []
     for i, item in enumerate(items):
         where = f"messages[{i}]"
         if not isinstance(item, dict):
             raise BadRequest(f"{where} must be an object with id and receipt", "invalid_ack")
-        _no_extra(item, {"id", "receipt"}, where)
+        no_extra(item, {"id", "receipt"}, where)
         receipt = _receipt(item["receipt"], where) if item.get("receipt") is not None else None
         if receipt is None and cfg.strict:
             raise BadRequest(f"{where}: queue {cfg.name!r} is strict: a receipt is required", "receipt_required")
@@ -245,8 +230,8 @@ def ack_request(data, cfg: QueueConfig) -> list[tuple[MessageId, str | None]]:
 
 
 def visibility_request(data, cfg: QueueConfig) -> tuple[MessageId, str | None, float]:
-    data = _object(data)
-    _no_extra(data, {"id", "receipt", "visibility_timeout"}, "the request")
+    data = object_of(data)
+    no_extra(data, {"id", "receipt", "visibility_timeout"}, "the request")
     mid = message_id(data.get("id"), cfg, "id")
     receipt = _receipt(data["receipt"], "receipt") if data.get("receipt") is not None else None
     if data.get("visibility_timeout") is None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from collections.abc import Callable
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import status
 from rest_framework.permissions import AllowAny, BasePermission
 from rest_framework.response import Response
@@ -10,10 +12,9 @@ from rest_framework.views import APIView
 
 from .. import service
 from ..auth import ClusterPeer
-from ..models import Partition, Queue
+from ..models import Queue
 from ..router import hops_of
 from . import calls
-from .errors import BadRequest
 from .serializers import (
     AckDoc,
     AckResultDoc,
@@ -76,10 +77,7 @@ class QueueDetailView(APIView):
         q = self._get(name)
         ser = QueueUpdateSerializer(q, data=request.data, partial=True)
         ser.is_valid(raise_exception=True)
-        try:
-            q = service.update_queue(q, **ser.validated_data)
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
+        q = service.update_queue(q, **ser.validated_data)
         return Response(QueueSerializer(q).data)
 
     @extend_schema(responses={204: None, **ERRORS}, summary="Delete a queue and all its messages")
@@ -89,60 +87,66 @@ class QueueDetailView(APIView):
 
     @staticmethod
     def _get(name):
-        q = Queue.objects.filter(name=calls.checked_name(name), kind=Queue.Kind.QUEUE).first()
-        if q is None:
-            raise service.QueueNotFound(name)
-        return q
+        return service.get_queue(name)
 
 
-class EnqueueView(APIView):
-    @extend_schema(
+class CallView(APIView):
+    """A POST that runs one of ``calls`` on the queue (or ``topic/subscription``) in the URL."""
+
+    call: Callable[..., calls.Answer]
+
+    def target(self, **kwargs: str) -> str:
+        return kwargs["name"]
+
+    def post(self, request, **kwargs):
+        status_code, payload = type(self).call(
+            self.target(**kwargs), request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)
+        )
+        return Response(payload, status=status_code)
+
+
+@extend_schema_view(
+    post=extend_schema(
         request=EnqueueDoc,
         responses={201: EnqueueResultDoc, **ERRORS},
         summary="Enqueue one message, or a batch of up to 1,000 (stored in order)",
     )
-    def post(self, request, name):
-        return Response(
-            *reversed(calls.enqueue(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)))
-        )
+)
+class EnqueueView(CallView):
+    call = calls.enqueue
 
 
-class DequeueView(APIView):
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         request=DequeueDoc,
         responses={200: DequeueResultDoc, **ERRORS},
         summary="Receive up to max messages; each stays hidden for visibility_timeout",
     )
-    def post(self, request, name):
-        return Response(
-            *reversed(calls.dequeue(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)))
-        )
+)
+class DequeueView(CallView):
+    call = calls.dequeue
 
 
-class AckView(APIView):
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         request=AckDoc,
         responses={200: AckResultDoc, 409: ErrorDoc, **ERRORS},
         summary="Acknowledge (delete) messages; a stale receipt refuses the whole call",
     )
-    def post(self, request, name):
-        return Response(
-            *reversed(calls.ack(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)))
-        )
+)
+class AckView(CallView):
+    call = calls.ack
 
 
-class VisibilityView(APIView):
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         request=VisibilityDoc,
         responses={200: VisibilityDoc, 409: ErrorDoc, **ERRORS},
         summary="Extend or shorten the visibility timeout of a message in flight",
     )
-    def post(self, request, name):
-        return Response(
-            *reversed(
-                calls.visibility(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer))
-            )
-        )
+)
+class VisibilityView(CallView):
+    call = calls.visibility
 
 
 class PartitionsView(APIView):
@@ -150,36 +154,18 @@ class PartitionsView(APIView):
         responses={200: dict, **ERRORS}, summary="Who serves each partition: clients may call the owner directly"
     )
     def get(self, request, name):
-        rt = service.get_runtime()
-        cfg = rt.queue(calls.checked_name(name))
-        rows = Partition.objects.filter(queue_id=cfg.id).select_related("owner").order_by("index")
-        return Response(
-            {
-                "queue": name,
-                "partitions": [
-                    {
-                        "index": p.index,
-                        "owner": p.owner_id,
-                        "address": p.owner.address if p.owner else None,
-                        "epoch": p.epoch,
-                        "cooling": bool(p.owner and p.owner.cooling),
-                    }
-                    for p in rows
-                ],
-            }
-        )
+        return Response({"queue": name, "partitions": service.partition_owners(name)})
 
 
-class RedriveView(APIView):
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         request=dict,
         responses={200: dict, **ERRORS},
         summary="On a dead-letter queue: move up to max messages back to where they came from",
     )
-    def post(self, request, name):
-        return Response(
-            *reversed(calls.redrive(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)))
-        )
+)
+class RedriveView(CallView):
+    call = calls.redrive
 
 
 class IsClusterPeerOrStaff(BasePermission):
@@ -187,32 +173,28 @@ class IsClusterPeerOrStaff(BasePermission):
         return isinstance(request.user, ClusterPeer) or bool(getattr(request.user, "is_staff", False))
 
 
-class ExpireView(APIView):
-    permission_classes = [IsClusterPeerOrStaff]
-
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         request=dict,
         responses={200: dict, **ERRORS},
         summary="Apply the retention rule on this node's partitions (nodes and staff only)",
     )
-    def post(self, request, name):
-        return Response(
-            *reversed(calls.expire(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)))
-        )
-
-
-class PurgeView(APIView):
+)
+class ExpireView(CallView):
     permission_classes = [IsClusterPeerOrStaff]
+    call = calls.expire
 
-    @extend_schema(
+
+@extend_schema_view(
+    post=extend_schema(
         request=dict,
         responses={200: dict, **ERRORS},
         summary="Delete every message of the queue, in flight ones too (staff only)",
     )
-    def post(self, request, name):
-        return Response(
-            *reversed(calls.purge(name, request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)))
-        )
+)
+class PurgeView(CallView):
+    permission_classes = [IsClusterPeerOrStaff]
+    call = calls.purge
 
 
 class ReleasePartitionView(APIView):
@@ -224,10 +206,11 @@ class ReleasePartitionView(APIView):
         summary="The owner gives up the partition's lease; another node takes it (staff only)",
     )
     def post(self, request, name, index):
-        return Response(*reversed(calls.release_partition(name, index, _hops(request))))
+        status_code, payload = calls.release_partition(name, index, _hops(request))
+        return Response(payload, status=status_code)
 
 
 class StatsView(APIView):
     @extend_schema(responses={200: dict, **ERRORS}, summary="Depth, in flight, oldest age, per partition")
     def get(self, request, name):
-        return Response(service.queue_stats(calls.checked_name(name)))
+        return Response(service.queue_stats(name))

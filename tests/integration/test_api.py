@@ -14,7 +14,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from queues import service
-from queues.messages import StoredMessage, parse_message_id
+from queues.messages import parse_message_id
+from queues.service import MessageDraft
 
 from .wsgi_client import TRANSPORTS, make_client, token_client
 
@@ -364,7 +365,7 @@ def test_long_poll_returns_promptly_when_a_message_arrives(api, make_queue):
 
     def later():
         time.sleep(0.3)
-        sent.extend(service.enqueue(name, [StoredMessage("late", time.time())]))
+        sent.extend(service.enqueue(name, [MessageDraft("late")]))
 
     t = threading.Thread(target=later)
 

@@ -18,8 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from queues import service
-from queues.messages import StoredMessage, block_key
+from queues.messages import block_key
 from queues.models import Partition, Queue
+from queues.service import MessageDraft
 
 from .wsgi_client import TRANSPORTS, make_client, token_client
 
@@ -762,7 +763,7 @@ REFS = [
 def test_random_json_never_5xx_and_4xx_changes_nothing(api, world, data):
     # given: something visible, so a valid long poll returns at once
     if service.queue_stats(world.q)["depth"] == 0:
-        service.enqueue(world.q, [StoredMessage(f"top-up {i}", time.time()) for i in range(3)])
+        service.enqueue(world.q, [MessageDraft(f"top-up {i}") for i in range(3)])
     action = data.draw(st.sampled_from(["enqueue", "dequeue", "ack", "visibility"]), label="action")
     payload = _fill(data.draw(json_values(REFS), label="payload"), world)
     before = snapshot(world.q, world.other)

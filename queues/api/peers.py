@@ -1,0 +1,133 @@
+"""The service's calls to other nodes (``queues.service.peers.Peers``), over the REST API.
+
+A forwarded call is the same REST call a client makes, authenticated as a cluster peer (the
+cluster secret, never a user's token) and carrying its hop count; the answer is turned back
+into the service's types, and a refusal into ``RemoteError`` (status and body, passed on as
+they are by whoever called).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import orjson
+import urllib3
+from django.conf import settings
+
+from ..messages import MessageId, StoredMessage
+from ..partition import Delivery
+from ..router import HOPS_HEADER, MAX_HOPS, SECRET_HEADER
+from ..service import AckResult, ExpireResult, MessageDraft, RemoteError
+
+#: Seconds a forwarded call may take (a long poll is never forwarded: its wait is 0 there).
+TIMEOUT = 10.0
+
+
+def draft_json(d: MessageDraft) -> dict[str, Any]:
+    """A draft as the enqueue call's message object. ``delay: 0`` when it has no ``not_before``:
+    the receiver must not apply its queue's default delay a second time."""
+    item: dict[str, Any] = {"body": d.body}
+    for key, value in (
+        ("group", d.group),
+        ("dedup_id", d.dedup_id),
+        ("attributes", d.attributes),
+        ("size", d.size),
+        ("estimates", d.estimates),
+        ("history", d.history),
+    ):
+        if value is not None:
+            item[key] = value
+    if d.not_before is not None:
+        item["not_before"] = d.not_before
+    else:
+        item["delay"] = 0
+    return item
+
+
+def delivery_of(item: dict[str, Any]) -> Delivery:
+    """A delivery from the dequeue call's answer (the inverse of ``calls.delivery_json``)."""
+    enqueued_at = datetime.fromisoformat(item["enqueued_at"].replace("Z", "+00:00")).timestamp()
+    message = StoredMessage(
+        item["body"],
+        enqueued_at,
+        group=item.get("group"),
+        sequence=item.get("sequence", 0),
+        attributes=item.get("attributes") or None,
+        size=item.get("size"),
+        estimates=item.get("estimates"),
+        history=item.get("history"),
+    )
+    return Delivery(item["id"], item["receipt"], item["receive_count"], message, bool(item.get("archived")))
+
+
+class HttpPeers:
+    def __init__(self) -> None:
+        self.http = urllib3.PoolManager(num_pools=32, maxsize=16, retries=False)
+
+    def post(self, address: str, path: str, payload: dict[str, Any], hops: int) -> tuple[int, dict[str, Any]]:
+        """POST ``/api/v1/<path>`` at ``address``; its status and JSON answer."""
+        response = self.http.request(
+            "POST",
+            f"http://{address}/api/v1/{path}",
+            body=orjson.dumps(payload),
+            headers={
+                "Content-Type": "application/json",
+                SECRET_HEADER: settings.CLUSTER_SECRET,
+                HOPS_HEADER: str(hops + 1),
+            },
+            timeout=urllib3.Timeout(connect=1.0, read=TIMEOUT),
+        )
+        try:
+            body = orjson.loads(response.data) if response.data else {}
+        except orjson.JSONDecodeError:
+            body = {"error": "bad_gateway", "detail": f"{address} answered {response.status} without JSON"}
+        return response.status, body
+
+    def call(self, address: str, target: str, call: str, payload: dict[str, Any], hops: int, ok: int = 200) -> Any:
+        """A call on a queue or on a topic's subscription (``"topic/subscription"``)."""
+        topic, slash, sub = target.partition("/")
+        path = f"topics/{topic}/subscriptions/{sub}/{call}" if slash else f"queues/{target}/{call}"
+        status, body = self.post(address, path, payload, hops)
+        if status != ok:
+            raise RemoteError(status, body)
+        return body
+
+    def enqueue(self, address: str, queue: str, drafts: Sequence[MessageDraft], hops: int) -> list[str]:
+        body = self.call(address, queue, "enqueue", {"messages": [draft_json(d) for d in drafts]}, hops, ok=201)
+        return body["ids"]
+
+    def dequeue(
+        self, address: str, target: str, max_messages: int, visibility: float | None, hops: int
+    ) -> list[Delivery]:
+        payload: dict[str, Any] = {"max": max_messages, "wait": 0}
+        if visibility is not None:
+            payload["visibility_timeout"] = visibility
+        body = self.call(address, target, "dequeue", payload, hops)
+        return [delivery_of(item) for item in body.get("messages", ())]
+
+    def ack(self, address: str, target: str, items: Sequence[tuple[MessageId, str | None]], hops: int) -> AckResult:
+        payload = {"messages": [{"id": str(mid), "receipt": receipt} for mid, receipt in items]}
+        body = self.call(address, target, "ack", payload, hops)
+        return AckResult(body.get("acked", 0), body.get("not_found", 0))
+
+    def change_visibility(
+        self, address: str, target: str, mid: MessageId, receipt: str | None, timeout: float, hops: int
+    ) -> None:
+        payload = {"id": str(mid), "receipt": receipt, "visibility_timeout": timeout}
+        self.call(address, target, "visibility", payload, hops)
+
+    def release_partition(self, address: str, queue: str, index: int, hops: int) -> str:
+        return self.call(address, queue, f"partitions/{index}/release", {}, hops)["node"]
+
+    def close_purged(self, address: str, queue: str) -> None:
+        self.call(address, queue, "purge", {"close_only": True}, MAX_HOPS - 1)
+
+    def refresh_topic(self, address: str, topic: str) -> None:
+        self.call(address, topic, "refresh", {}, 1)
+
+    def expire(self, address: str, queue: str) -> ExpireResult:
+        body = self.call(address, queue, "expire", {}, MAX_HOPS - 1)
+        deferred = {int(k): v for k, v in (body.get("deferred") or {}).items()}
+        return ExpireResult(body.get("expired", 0), body.get("archived", 0), deferred)

@@ -1,0 +1,93 @@
+"""The service layer: every operation of the messaging core, one typed function each.
+
+Every entrance calls these and only these: the REST API's views and its WSGI fast path
+(``queues.api``), the admin, Celery tasks, the archive's replay and the workers app. Each
+function takes checked Python values and returns typed results (``types``); it raises the
+exceptions in ``errors``, which the API maps to statuses in one place (``queues.api.errors``).
+Its docstring states what it locks and what it raises.
+
+Modules: ``descriptions`` (queues, topics, subscriptions, their figures), ``messages`` (enqueue, dequeue,
+ack, visibility, the dead-letter move), ``operations`` (purge, redrive, expire, release),
+``peers`` (calls to other nodes, a protocol the API implements), ``runtime`` (this process's
+node).
+"""
+
+from .descriptions import (
+    create_queue,
+    create_subscription,
+    delete_queue,
+    delete_subscription,
+    get_queue,
+    get_subscription,
+    partition_owners,
+    queue_stats,
+    refresh_topic,
+    subscription_stats,
+    update_queue,
+)
+from .errors import (
+    Conflict,
+    InvalidRequest,
+    NotServedHere,
+    PartitionUnavailable,
+    QueueNotFound,
+    ReceiptMismatch,
+    RemoteError,
+    SubscriptionNotFound,
+)
+from .messages import MAX_BATCH, MAX_WAIT, ack, change_visibility, check_drafts, dequeue, enqueue, iso, publish
+from .operations import close_purged, expire, expire_everywhere, purge, redrive, release_partition
+from .peers import Peers, get_peers, set_peers
+from .runtime import get_runtime, set_runtime
+from .targets import checked_name, queue_config, resolve
+from .types import AckResult, ExpireResult, MessageDraft, RedriveResult, ReleaseResult
+
+__all__ = [
+    "MAX_BATCH",
+    "MAX_WAIT",
+    "AckResult",
+    "Conflict",
+    "ExpireResult",
+    "InvalidRequest",
+    "MessageDraft",
+    "NotServedHere",
+    "PartitionUnavailable",
+    "Peers",
+    "QueueNotFound",
+    "ReceiptMismatch",
+    "RedriveResult",
+    "ReleaseResult",
+    "RemoteError",
+    "SubscriptionNotFound",
+    "ack",
+    "change_visibility",
+    "check_drafts",
+    "checked_name",
+    "close_purged",
+    "create_queue",
+    "create_subscription",
+    "delete_queue",
+    "delete_subscription",
+    "dequeue",
+    "enqueue",
+    "expire",
+    "expire_everywhere",
+    "get_peers",
+    "get_queue",
+    "get_runtime",
+    "get_subscription",
+    "iso",
+    "partition_owners",
+    "publish",
+    "purge",
+    "queue_config",
+    "queue_stats",
+    "redrive",
+    "refresh_topic",
+    "release_partition",
+    "resolve",
+    "set_peers",
+    "set_runtime",
+    "subscription_stats",
+    "update_queue",
+]

@@ -1,0 +1,252 @@
+"""Queue and topic descriptions, their subscriptions, and the figures read from them.
+
+Rows change in one transaction each (the queue's row locked with SELECT FOR UPDATE where a
+change depends on its current value); the node runtime is told after the commit, so the
+partition managers never see a description that was rolled back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from ..models import Partition, Queue, Subscription
+from .errors import Conflict, InvalidRequest, QueueNotFound, SubscriptionNotFound
+from .peers import get_peers
+from .runtime import get_runtime
+from .targets import checked_name, queue_config
+
+log = logging.getLogger(__name__)
+
+
+# --- queues and topics --------------------------------------------------------------------------
+def get_queue(name: str, kind: str = Queue.Kind.QUEUE) -> Queue:
+    """The row of queue (or topic, by ``kind``) ``name``. Raises QueueNotFound."""
+    q = Queue.objects.filter(name=checked_name(name), kind=kind).first()
+    if q is None:
+        raise QueueNotFound(name)
+    return q
+
+
+def create_queue(**fields: Any) -> Queue:
+    """A new queue (or topic, ``kind="topic"``) and its partition rows, in one transaction;
+    this node claims its share of the partitions at once. Raises django's ValidationError."""
+    with transaction.atomic():
+        q = Queue(**fields)
+        q.full_clean()
+        q.save()
+        Partition.objects.bulk_create(
+            [Partition(queue=q, index=i, lease_period=q.lease_period) for i in range(q.partitions)]
+        )
+    get_runtime().queue_created(q)
+    return q
+
+
+def update_queue(q: Queue, **fields: Any) -> Queue:
+    """Change settings under the row's lock; partitions may only grow (existing ones hold
+    messages): new partition rows are created in the same transaction. Raises InvalidRequest
+    (``partitions_shrink``), django's ValidationError."""
+    with transaction.atomic():
+        q = Queue.objects.select_for_update().get(pk=q.pk)
+        old_partitions = q.partitions
+        for k, v in fields.items():
+            setattr(q, k, v)
+        q.full_clean()
+        if q.partitions < old_partitions:
+            raise InvalidRequest("partitions can only grow: existing partitions hold messages", "partitions_shrink")
+        q.save()
+        Partition.objects.bulk_create(
+            [Partition(queue=q, index=i, lease_period=q.lease_period) for i in range(old_partitions, q.partitions)]
+        )
+        if "lease_period" in fields:
+            # Owned rows take the new period from their owner's next renewal (leases.renew).
+            Partition.objects.filter(queue=q, owner__isnull=True).update(lease_period=q.lease_period)
+    get_runtime().queue_changed(q)
+    return q
+
+
+def delete_queue(q: Queue) -> None:
+    """Delete the queue (its rows cascade), then its managers here and its keys in the store.
+    Other owners stop at their next renewal (the rows are gone)."""
+    name = q.name
+    with transaction.atomic():
+        q.delete()
+    get_runtime().queue_deleted(name)
+
+
+def partition_owners(queue: str) -> list[dict[str, Any]]:
+    """Who serves each partition now (clients may call the owner directly)."""
+    cfg = queue_config(queue)
+    rows = Partition.objects.filter(queue_id=cfg.id).select_related("owner").order_by("index")
+    return [
+        {
+            "index": p.index,
+            "owner": p.owner_id,
+            "address": p.owner.address if p.owner else None,
+            "epoch": p.epoch,
+            "cooling": bool(p.owner and p.owner.cooling),
+        }
+        for p in rows
+    ]
+
+
+# --- subscriptions ------------------------------------------------------------------------------
+def get_subscription(topic: str, name: str) -> Subscription:
+    """Raises QueueNotFound (no such topic), SubscriptionNotFound."""
+    t = get_queue(topic, Queue.Kind.TOPIC)
+    sub = None
+    try:
+        sub = Subscription.objects.filter(topic=t, name=checked_name(name)).select_related("topic").first()
+    except QueueNotFound:
+        pass
+    if sub is None:
+        raise SubscriptionNotFound(f"{topic}/{name}")
+    return sub
+
+
+def create_subscription(topic: Queue, **fields: Any) -> Subscription:
+    """A new reader of ``topic``. ``start="newest"``: it gets what is published from now on;
+    ``"oldest"``: also every message the topic still holds. The owners reopen the topic's
+    partitions with the new reader (here at once, elsewhere when told, or at their next
+    heartbeat if they cannot be reached). Raises Conflict (``subscription_exists``)."""
+    with transaction.atomic():
+        if topic.subscriptions.filter(name=fields.get("name")).exists():
+            raise Conflict(f"{topic.name} already has a subscription {fields.get('name')!r}", "subscription_exists")
+        sub = Subscription(topic=topic, **fields)
+        if sub.start == Subscription.Start.NEWEST:
+            sub.starts_at = timezone.now()
+        sub.full_clean()
+        sub.save()
+    _subscriptions_changed(topic)
+    return sub
+
+
+def delete_subscription(sub: Subscription) -> None:
+    """Remove a reader; what only it held stays until the topic's retention removes it."""
+    topic = sub.topic
+    with transaction.atomic():
+        sub.delete()
+    _subscriptions_changed(topic)
+    store = get_runtime().store
+    for index in range(topic.partitions):
+        for kind in ("_acks", "_receives"):
+            store.purge(f"{topic.name}/{index}/{kind}/{sub.name}")
+
+
+def refresh_topic(topic: str) -> None:
+    """A topic's subscriptions changed (told by another node): reopen its partitions held here."""
+    get_runtime().topic_changed(queue_config(topic).name)
+
+
+def _subscriptions_changed(topic: Queue) -> None:
+    rt = get_runtime()
+    rt.topic_changed(topic.name)
+    owners = set(
+        Partition.objects.filter(queue=topic, owner__isnull=False, owner__stopped_at=None)
+        .exclude(owner_id=rt.node_id)
+        .values_list("owner__address", flat=True)
+    )
+    for address in sorted(owners):
+        try:
+            get_peers().refresh_topic(address, topic.name)
+        except Exception as exc:  # noqa: BLE001 - it sees the change at its next heartbeat
+            log.warning("telling %s about %s's subscriptions: %s", address, topic.name, exc)
+
+
+# --- figures ------------------------------------------------------------------------------------
+def queue_stats(queue: str) -> dict[str, Any]:
+    """Depth, in flight, oldest age, per partition: live from this node's managers, else as
+    the owners last published them. Raises QueueNotFound."""
+    rt = get_runtime()
+    cfg = queue_config(queue)
+    local = {m.index: m.stats() for m in rt.local_managers(queue)}
+    parts = []
+    now = time.time()
+    for p in Partition.objects.filter(queue_id=cfg.id).select_related("owner").order_by("index"):
+        s = local.get(p.index)
+        if s is not None:
+            entry = {
+                "index": p.index,
+                "owner": rt.address,
+                "epoch": s.epoch,
+                "live": True,
+                "depth": s.visible,
+                "in_flight": s.in_flight,
+                "depth_exact": s.depth_exact,
+                "oldest_age": round(now - s.oldest_enqueued_at, 3) if s.oldest_enqueued_at else None,
+                "head_block": s.head_block,
+                "enqueue_id": s.enqueue_id,
+                "dequeue_id": s.dequeue_id,
+                "tree_height": s.tree_height,
+                "live_blocks": s.live_blocks,
+                "enqueued": s.enqueued_total,
+                "acked": s.acked_total,
+                "redelivered": s.redelivered_total,
+            }
+        else:
+            entry = {
+                "index": p.index,
+                "owner": p.owner.address if p.owner else None,
+                "epoch": p.epoch,
+                "live": False,
+                "depth": p.depth,
+                "in_flight": p.in_flight,
+                "depth_exact": False,
+                "oldest_age": round(now - p.oldest_enqueued_at.timestamp(), 3) if p.oldest_enqueued_at else None,
+                "head_block": p.head_block,
+                "enqueue_id": p.enqueue_id,
+                "dequeue_id": p.dequeue_id,
+                "tree_height": p.tree_height,
+                "live_blocks": p.live_blocks,
+                "enqueued": p.enqueued_total,
+                "acked": p.acked_total,
+                "redelivered": p.redelivered_total,
+            }
+        parts.append(entry)
+    ages = [e["oldest_age"] for e in parts if e["oldest_age"] is not None]
+    out = {
+        "queue": queue,
+        "depth": sum(e["depth"] for e in parts),
+        "in_flight": sum(e["in_flight"] for e in parts),
+        "oldest_age": max(ages) if ages else None,
+        "partitions": parts,
+    }
+    if cfg.kind == "topic":
+        out["subscriptions"] = {s.name: subscription_stats(queue, s.name) for s in cfg.subscriptions or ()}
+    return out
+
+
+def subscription_stats(topic: str, sub: str) -> dict[str, Any]:
+    """What a subscription holds: messages not yet acked by it (in flight included), per
+    partition; live from this node's managers, else as the owners last published it."""
+    rt = get_runtime()
+    cfg = queue_config(topic)
+    local = {m.index: m.stats().cursors.get(sub) for m in rt.local_managers(topic)}
+    parts = []
+    for p in Partition.objects.filter(queue_id=cfg.id).order_by("index"):
+        figures = local.get(p.index) or (p.cursors or {}).get(sub) or {}
+        entry = {
+            "index": p.index,
+            "live": local.get(p.index) is not None,
+            **{k: figures.get(k, 0) for k in ("backlog", "in_flight", "acked", "redelivered", "archived")},
+            "dequeue_id": figures.get("dequeue_id", ""),
+        }
+        entry["depth"] = max(entry["backlog"] - entry["in_flight"], 0)
+        parts.append(entry)
+    # "queue", "depth" and "in_flight" as in a queue's stats: clients read both the same way.
+    return {
+        "queue": f"{topic}/{sub}",
+        "topic": topic,
+        "subscription": sub,
+        "backlog": sum(e["backlog"] for e in parts),
+        "depth": sum(e["depth"] for e in parts),
+        "in_flight": sum(e["in_flight"] for e in parts),
+        "acked": sum(e["acked"] for e in parts),
+        "archived": sum(e["archived"] for e in parts),
+        "oldest_age": None,
+        "partitions": parts,
+    }

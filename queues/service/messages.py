@@ -1,0 +1,462 @@
+"""The message operations: enqueue, dequeue, ack, change of visibility, and the dead-letter move.
+
+Each takes a *target* (a queue, or ``"topic/subscription"`` for the reading calls) and checked
+values, runs on this node's partition managers where it can, and asks the owner node through
+:mod:`.peers` where it cannot (``hops`` counts how often the call was forwarded already; past
+``router.MAX_HOPS`` it is answered where it is, so nothing loops).
+
+Locking: a partition manager's lock guards its memory and is held across its store writes;
+callers here never hold one while calling another node. Several partitions are locked in
+index order (:func:`ack`), so two calls never wait on each other in a cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+
+from ..dedup import get_dedup
+from ..messages import MessageId, StoredMessage, parse_message_id, partition_for
+from ..node import QueueConfig
+from ..partition import Delivery, PartitionManager
+from ..router import MAX_HOPS
+from ..signals import given_back, redelivered
+from .errors import InvalidRequest, NotServedHere, PartitionUnavailable, QueueNotFound, RemoteError
+from .peers import get_peers
+from .runtime import get_runtime
+from .targets import queue_config, resolve
+from .types import AckResult, MessageDraft
+
+log = logging.getLogger(__name__)
+
+monotonic = time.monotonic
+
+#: Longest long poll, as SQS.
+MAX_WAIT = 20.0
+#: Most messages one call enqueues, dequeues or acknowledges.
+MAX_BATCH = 1000
+
+
+def iso(ts: float) -> str:
+    """Wall-clock seconds as ISO 8601 in UTC with milliseconds (the API's time format)."""
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# --- enqueue ----------------------------------------------------------------------------------
+def enqueue(queue: str, drafts: Sequence[MessageDraft], *, hops: int = 0) -> list[str]:
+    """Store ``drafts`` and return their IDs in the caller's order.
+
+    Dedup first (the reservations are shared by all nodes), then each message goes to its
+    group's partition (here or at its owner), ungrouped ones to any partition; one call's
+    messages of one partition are stored in order. A repeated ``dedup_id`` gets the first
+    message's ID.
+
+    Raises QueueNotFound, InvalidRequest (a message the queue's rules refuse: nothing stored),
+    PartitionUnavailable / NotServedHere (503: retry), RemoteError (an owner's refusal).
+    """
+    cfg = queue_config(queue)
+    check_drafts(cfg, drafts)
+    now = datetime.now(UTC).timestamp()
+    ids: list[str | None] = [None] * len(drafts)
+    dedup = get_dedup() if any(d.dedup_id for d in drafts) else None
+    reserved: dict[str, int] = {}  # dedup_id -> index of the draft that stores it
+    try:
+        # Inside the try: a later reservation that fails (busy elsewhere, store down) must give
+        # back the ones already taken, or their dedup_ids stay blocked for the whole window.
+        for i, d in enumerate(drafts):
+            if d.dedup_id is None or d.dedup_id in reserved:
+                continue  # a repeat inside the batch takes the first one's ID below
+            assert dedup is not None
+            existing = dedup.reserve(cfg.name, d.dedup_id, cfg.dedup_window)
+            if existing is not None:
+                ids[i] = existing
+            else:
+                reserved[d.dedup_id] = i
+        todo = [
+            i for i, d in enumerate(drafts) if ids[i] is None and (d.dedup_id is None or reserved.get(d.dedup_id) == i)
+        ]
+        by_partition: dict[int | None, list[int]] = {}
+        for i in todo:
+            group = drafts[i].group
+            by_partition.setdefault(partition_for(group, cfg.partitions) if group else None, []).append(i)
+        for index, positions in by_partition.items():
+            stored = _enqueue_somewhere(cfg, index, [drafts[i] for i in positions], now, hops)
+            for i, mid in zip(positions, stored):
+                ids[i] = mid
+    except BaseException:
+        # Stored ones keep their dedup_id (a retry gets their IDs); the rest are given back.
+        for dedup_id, i in reserved.items():
+            assert dedup is not None
+            mid = ids[i]
+            if mid is None:
+                dedup.release(cfg.name, dedup_id)
+            else:
+                dedup.confirm(cfg.name, dedup_id, mid, cfg.dedup_window)
+        raise
+    for dedup_id, i in reserved.items():
+        assert dedup is not None
+        dedup.confirm(cfg.name, dedup_id, ids[i], cfg.dedup_window)  # type: ignore[arg-type]
+    for i, d in enumerate(drafts):
+        if ids[i] is None:
+            ids[i] = ids[reserved[d.dedup_id]]  # type: ignore[index]
+    return ids  # type: ignore[return-value]
+
+
+def check_drafts(cfg: QueueConfig, drafts: Sequence[MessageDraft]) -> None:
+    """The queue's own rules, whoever built the drafts (the API checks the same, and more)."""
+    if not 1 <= len(drafts) <= MAX_BATCH:
+        raise InvalidRequest(f"1 to {MAX_BATCH} messages per call, got {len(drafts)}", "batch_too_large")
+    for i, d in enumerate(drafts):
+        if cfg.strict and d.group is None:
+            raise InvalidRequest(
+                f"messages[{i}]: queue {cfg.name!r} is strict: every message needs a group", "missing_group"
+            )
+        if len(d.body) * 4 > cfg.max_message_size and len(d.body.encode("utf-8")) > cfg.max_message_size:
+            raise InvalidRequest(
+                f"messages[{i}]: body is over the queue's max_message_size of {cfg.max_message_size}",
+                "body_too_large",
+            )
+
+
+def _stored(d: MessageDraft, now: float) -> StoredMessage:
+    return StoredMessage(
+        d.body,
+        now,
+        group=d.group,
+        not_before=d.not_before,
+        attributes=d.attributes,
+        size=d.size,
+        estimates=d.estimates,
+        history=d.history,
+    )
+
+
+def _enqueue_somewhere(
+    cfg: QueueConfig, index: int | None, drafts: list[MessageDraft], now: float, hops: int
+) -> list[str]:
+    """Store in partition ``index`` (None: any), here if this node serves it, else at its owner.
+
+    A forwarded call carries no dedup_id: the reservations are held here.
+    """
+    rt = get_runtime()
+    messages = [_stored(d, now) for d in drafts]
+    forward = [_without_dedup(d) for d in drafts]
+    if index is None:
+        return _local_or_forward(
+            cfg,
+            hops,
+            lambda even_if_cooling: _enqueue_any_local(cfg.name, messages, even_if_cooling=even_if_cooling),
+            lambda address: get_peers().enqueue(address, cfg.name, forward, hops),
+        )
+    if (cfg.name, index) in rt.managers or hops >= MAX_HOPS:
+        return rt.manager(cfg.name, index).enqueue(messages)
+    address = rt.router.owner_of(cfg.id, cfg.name, index)
+    if address is None:
+        raise NotServedHere(f"partition {cfg.name}/{index} has no live owner now; retry")
+    return get_peers().enqueue(address, cfg.name, forward, hops)
+
+
+def _without_dedup(d: MessageDraft) -> MessageDraft:
+    return MessageDraft(d.body, d.group, None, d.not_before, d.attributes, d.size, d.estimates, d.history)
+
+
+def _enqueue_any_local(queue: str, messages: list[StoredMessage], *, even_if_cooling: bool = False) -> list[str]:
+    """Store the messages in one partition of this node, in order; each in turn until one takes them.
+
+    Raises NotServedHere when this node has no partition of the queue, or is cooling (over its
+    load or failure threshold) and ``even_if_cooling`` is false.
+    """
+    rt = get_runtime()
+    managers = [m for m in rt.local_managers(queue) if m.enqueue_ready]
+    if not managers:
+        raise NotServedHere(f"no partition of {queue!r} is served by this node now; retry")
+    if rt.cooling and not even_if_cooling:
+        raise NotServedHere(f"node {rt.address} is cooling: enqueues go to other nodes")
+    start = rt.rotation(len(managers))
+    last: PartitionUnavailable | None = None
+    for i in range(len(managers)):
+        m = managers[(start + i) % len(managers)]
+        try:
+            return m.enqueue(messages)
+        except PartitionUnavailable as exc:
+            last = exc
+    assert last is not None
+    raise last
+
+
+def _local_or_forward(
+    cfg: QueueConfig, hops: int, local: Callable[[bool], list[str]], remote: Callable[[str], list[str]]
+) -> list[str]:
+    """Run ``local``; if this node does not serve the call, pass it to a node that does; if
+    none can, a cooling node still serves rather than refuse."""
+    try:
+        return local(hops >= MAX_HOPS)
+    except NotServedHere:
+        if hops >= MAX_HOPS:
+            raise
+    rt = get_runtime()
+    last: Exception | None = None
+    for address in rt.router.other_nodes(cfg.id, cfg.name):
+        try:
+            return remote(address)
+        except RemoteError as exc:
+            if exc.status < 500:
+                raise  # the owner refused it: so would the others
+            last = exc
+        except Exception as exc:  # noqa: BLE001 - unreachable or unavailable: try the next owner
+            last = exc
+    if rt.local_managers(cfg.name):
+        return local(True)
+    raise NotServedHere(f"no node serves queue {cfg.name!r} now ({last or 'no owner'}); retry")
+
+
+# --- dequeue ----------------------------------------------------------------------------------
+def dequeue(
+    target: str, *, max_messages: int = 1, visibility: float | None = None, wait: float = 0.0, hops: int = 0
+) -> list[Delivery]:
+    """Up to ``max_messages`` deliveries, each hidden for ``visibility`` seconds (None: the
+    queue's or subscription's default); here first, then from the other owners (deepest first),
+    then waiting here up to ``wait`` seconds for the first.
+
+    Redeliveries are announced (``signals.redelivered``); messages past ``max_receives`` are moved
+    to the dead-letter queue. Raises QueueNotFound, SubscriptionNotFound, InvalidRequest
+    (``is_a_topic``).
+    """
+    cfg, sub = resolve(target)
+    local_visibility = visibility
+    if local_visibility is None and sub:
+        local_visibility = cfg.subscription(sub).visibility_timeout  # type: ignore[union-attr]
+    if local_visibility is None:
+        local_visibility = cfg.visibility_timeout
+    found = _dequeue_local(cfg, sub, max_messages, local_visibility, 0)
+    _announce(target, found)
+    if (cfg.subscription(sub).max_receives if sub else cfg.max_receives) is not None:  # type: ignore[union-attr]
+        _move_dead_letters(cfg, sub)
+    if found or hops >= MAX_HOPS:
+        if not found and wait:
+            found = _dequeue_local(cfg, sub, max_messages, local_visibility, wait)
+            _announce(target, found)
+        return found
+    rt = get_runtime()
+    for address in rt.router.other_nodes(cfg.id, cfg.name):
+        try:
+            got = get_peers().dequeue(address, target, max_messages, visibility, hops)
+        except Exception:  # noqa: BLE001 - that owner is unreachable or refused: try the next
+            continue
+        if got:
+            return got
+    if wait:
+        found = _dequeue_local(cfg, sub, max_messages, local_visibility, wait)
+        _announce(target, found)
+    return found
+
+
+def _announce(target: str, deliveries: list[Delivery]) -> None:
+    again = [d for d in deliveries if d.receive_count > 1]
+    if again:
+        redelivered.send_robust(sender=None, target=target, deliveries=again)
+
+
+def _dequeue_local(cfg: QueueConfig, sub: str, max_messages: int, visibility: float, wait: float) -> list[Delivery]:
+    """This node's partitions only, in turn; waits up to ``wait`` for the first delivery
+    (woken by an enqueue here or by the next visibility deadline)."""
+    rt = get_runtime()
+    give_up = monotonic() + min(wait, MAX_WAIT)
+    while True:
+        seq = rt.change_seq()
+        managers = rt.local_managers(cfg.name)
+        out: list[Delivery] = []
+        if managers:
+            start = rt.rotation(len(managers))
+            for i in range(len(managers)):
+                m = managers[(start + i) % len(managers)]
+                try:
+                    got = m.dequeue(max_messages - len(out), visibility, sub)
+                    if got:  # what cannot be read now is given back, not left hidden
+                        out.extend(m.load_bodies(got, sub))
+                except PartitionUnavailable:
+                    continue
+                if len(out) >= max_messages:
+                    break
+        if out:
+            return out
+        now = monotonic()
+        if now >= give_up:
+            return out
+        timeout = give_up - now
+        for m in managers:
+            nd = m.next_wakeup(sub)
+            if nd is not None:
+                timeout = min(timeout, max(nd - now, 0.0) + 0.001)
+        rt.wait_for_change(seq, timeout)
+
+
+def _move_dead_letters(cfg: QueueConfig, sub: str = "") -> None:
+    """Move the messages this node set aside (past max_receives) to the dead-letter queue.
+
+    The copy is stored first, then the original removed: a crash in between leaves a message
+    in both queues (at least once), never in neither. A failure gives them back to the source
+    (retried at the next dequeue).
+    """
+    rt = get_runtime()
+    spec = cfg.subscription(sub) if sub else None
+    dead_letter_queue = spec.dead_letter_queue if spec is not None else cfg.dead_letter_queue
+    source = f"{cfg.name}/{sub}" if sub else cfg.name
+    for m in rt.local_managers(cfg.name):
+        dead = m.take_dead(sub)
+        if not dead:
+            continue
+        mids = [mid for mid, _ in dead]
+        try:
+            if dead_letter_queue is None:
+                raise NotServedHere("the queue no longer names a dead-letter queue")
+            found = m.load_bodies([Delivery(mid, "", count) for mid, count in dead])
+            now = datetime.now(UTC).timestamp()
+            drafts = []
+            for d in found:
+                msg = d.message
+                assert msg is not None
+                history = {
+                    "source": source,
+                    "id": d.id,
+                    "receive_count": d.receive_count,
+                    "group": msg.group,
+                    "enqueued_at": iso(msg.enqueued_at),
+                    "dead_lettered_at": iso(now),
+                }
+                drafts.append(
+                    MessageDraft(
+                        msg.body, attributes=msg.attributes, size=msg.size, estimates=msg.estimates, history=history
+                    )
+                )
+            if drafts:
+                # Through the routing of any enqueue: the dead-letter queue's partitions may
+                # be on another node.
+                dlq = queue_config(dead_letter_queue)
+                check_drafts(dlq, drafts)
+                _enqueue_somewhere(dlq, None, drafts, now, 0)
+            m.ack([(parse_message_id(mid), None) for mid in mids], acked=False, sub=sub)  # not archived
+            with m.lock:
+                m.dead_lettered_total += len(found)
+        except Exception:
+            log.exception("moving %d dead letters of %s", len(mids), cfg.name)
+            m.return_dead(mids, sub)
+
+
+# --- ack and visibility -----------------------------------------------------------------------
+def ack(target: str, items: Sequence[tuple[MessageId, str | None]], *, hops: int = 0) -> AckResult:
+    """Acknowledge (remove) messages: this node's partitions here, the rest at their owners,
+    one call per owner.
+
+    Receipts are all checked before anything is removed on each node (ReceiptMismatch, 409,
+    changes nothing there); across nodes the calls are separate, so a refusal from one owner
+    leaves the other owners' acks done. Raises QueueNotFound, SubscriptionNotFound,
+    ReceiptMismatch, NotServedHere (a partition with no live owner), RemoteError.
+    """
+    cfg, sub = resolve(target)
+    rt = get_runtime()
+    local = [(mid, r) for mid, r in items if (cfg.name, mid.partition) in rt.managers]
+    remote: dict[str, list[tuple[MessageId, str | None]]] = {}
+    for mid, receipt in items:
+        if (cfg.name, mid.partition) in rt.managers:
+            continue
+        address = rt.router.owner_of(cfg.id, cfg.name, mid.partition) if hops < MAX_HOPS else None
+        if address is None:
+            raise NotServedHere(f"partition {cfg.name}/{mid.partition} has no live owner now; retry")
+        remote.setdefault(address, []).append((mid, receipt))
+    acked = not_found = 0
+    if local:
+        result = _ack_local(cfg.name, local, sub)
+        acked, not_found = result.acked, result.not_found
+    for address, batch in remote.items():
+        result = get_peers().ack(address, target, batch, hops)
+        acked += result.acked
+        not_found += result.not_found
+    return AckResult(acked, not_found)
+
+
+def _managers_of(queue: str, items: list[tuple[MessageId, str | None]]):
+    rt = get_runtime()
+    by_partition: dict[int, list[tuple[MessageId, str | None]]] = {}
+    for mid, receipt in items:
+        by_partition.setdefault(mid.partition, []).append((mid, receipt))
+    return [(rt.manager(queue, p), by_partition[p]) for p in sorted(by_partition)]
+
+
+def _ack_local(queue: str, items: Sequence[tuple[MessageId, str | None]], sub: str = "") -> AckResult:
+    """Acknowledge on this node's partitions; all receipts are checked before anything is removed.
+
+    Receipts are checked with every involved partition locked (in index order), and the
+    messages pinned against redelivery; the deletes then run without the locks.
+    """
+    unique = list({str(mid): (mid, receipt) for mid, receipt in items}.values())
+    groups = _managers_of(queue, unique)
+    if len(groups) == 1:
+        m, group = groups[0]
+        removed = m.ack(group, sub=sub)
+        return AckResult(removed, len(unique) - removed)
+    pins: list[dict[str, float]] = []
+    locked: list[PartitionManager] = []
+    try:
+        for m, _ in groups:
+            m.lock.acquire()
+            locked.append(m)
+            m._check_serving()
+        for m, group in groups:
+            m.check_receipts(group, sub)
+        pins = [m.pin_for_ack([mid for mid, _ in group], sub) for m, group in groups]
+    finally:
+        for m in reversed(locked):
+            m.lock.release()
+    acked = 0
+    failure: Exception | None = None
+    for (m, group), pinned in zip(groups, pins):
+        mids = [mid for mid, _ in group]
+        try:
+            removed = m.delete_acked(mids, sub=sub)
+        except PartitionUnavailable as exc:
+            failure = exc
+            with m.lock:
+                m.unpin(pinned, sub)
+            continue
+        acked += removed
+        try:
+            with m.lock:
+                m.settle_acked(mids, removed, sub)
+        except PartitionUnavailable as exc:
+            failure = exc  # deleted; the manager closed itself and its memory goes with it
+    if failure is not None:
+        raise failure
+    return AckResult(acked, len(unique) - acked)
+
+
+def change_visibility(target: str, mid: MessageId, receipt: str | None, timeout: float, *, hops: int = 0) -> None:
+    """Hide a message in flight for ``timeout`` more seconds from now; 0 gives it back at once
+    (announced as ``signals.given_back``). At the partition's owner, wherever that is.
+
+    Raises QueueNotFound, SubscriptionNotFound, ReceiptMismatch (not in flight, or an earlier
+    delivery's receipt), PartitionUnavailable, RemoteError.
+    """
+    cfg, sub = resolve(target)
+    rt = get_runtime()
+    if (cfg.name, mid.partition) not in rt.managers and hops < MAX_HOPS:
+        address = rt.router.owner_of(cfg.id, cfg.name, mid.partition)
+        if address is not None:
+            get_peers().change_visibility(address, target, mid, receipt, timeout, hops)
+            return
+    ((m, _),) = _managers_of(cfg.name, [(mid, receipt)])
+    with m.lock:
+        m._check_serving()
+        receive_count = m.change_visibility_locked(mid, receipt, timeout, sub)
+    if timeout == 0:
+        given_back.send_robust(sender=None, target=target, message_id=str(mid), receive_count=receive_count)
+
+
+def publish(topic: str, drafts: Sequence[MessageDraft], *, hops: int = 0) -> list[str]:
+    """Enqueue to a topic: stored once, read by every subscription. Raises QueueNotFound when
+    ``topic`` is not a topic, and what :func:`enqueue` raises."""
+    if queue_config(topic).kind != "topic":
+        raise QueueNotFound(topic)
+    return enqueue(topic, drafts, hops=hops)

@@ -1,0 +1,175 @@
+"""Operators' actions on a queue's messages and leases: purge, redrive, expire, release.
+
+Each is one function with the same contract whoever calls it (the REST API, the admin, a Celery
+task): typed arguments, a typed result, the service's exceptions.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+from django.db.models import F
+
+from ..messages import parse_message_id
+from ..models import LIMITS, QUEUE_NAME_RE, Partition, Queue
+from ..partition import Delivery
+from ..purge import purge_partition
+from ..router import MAX_HOPS
+from .errors import Conflict, InvalidRequest, PartitionUnavailable
+from .messages import _ack_local, _dequeue_local, enqueue
+from .peers import get_peers
+from .runtime import get_runtime
+from .targets import queue_config
+from .types import ExpireResult, MessageDraft, RedriveResult
+
+log = logging.getLogger(__name__)
+
+#: How long redrive hides the dead letters it is moving (they are acked or given back first).
+REDRIVE_VISIBILITY = 60.0
+
+
+def purge(queue: str) -> int:
+    """Remove every message of ``queue``, in flight ones too; returns how many were removed.
+
+    Done here whoever owns the partitions (see ``queues.purge``: each row's epoch moves on
+    in its own transaction, then the store's fence, then the old tree is deleted); the owners
+    are then told to drop their managers, which they would do anyway at their next renewal.
+    Acks of purged messages answer ``not_found``. Raises QueueNotFound.
+    """
+    cfg = queue_config(queue)
+    rt = get_runtime()
+    rows = list(Partition.objects.filter(queue_id=cfg.id).select_related("owner").order_by("index"))
+    owners = {
+        p.owner.address for p in rows if p.owner is not None and p.owner.stopped_at is None and p.owner_id != rt.node_id
+    }
+    removed = sum(purge_partition(p.pk, rt.store) for p in rows)
+    rt.purged(cfg.name)
+    for address in sorted(owners):
+        try:
+            get_peers().close_purged(address, cfg.name)
+        except Exception as exc:  # noqa: BLE001 - it stops at its next renewal anyway
+            log.warning("purge of %s: telling %s failed: %s", cfg.name, address, exc)
+    Queue.objects.filter(pk=cfg.id).update(purged_total=F("purged_total") + removed)
+    log.info("purged %s: %d messages", cfg.name, removed)
+    return removed
+
+
+def close_purged(queue: str) -> None:
+    """Another node purged ``queue``: drop this node's managers of it now."""
+    get_runtime().purged(queue_config(queue).name)
+
+
+def redrive(queue: str, max_messages: int = 100, *, hops: int = 0) -> RedriveResult:
+    """Move up to ``max_messages`` dead letters of ``queue`` back to the queues they came from
+    (``history.source``), each with its group, as new messages; then acknowledge them here.
+
+    Raises QueueNotFound, and what :func:`enqueue` raises for a source (what was moved before
+    stays moved).
+    """
+    cfg = queue_config(queue)
+    moved = skipped = 0
+    while moved + skipped < max_messages:
+        got = _dequeue_local(cfg, "", min(100, max_messages - moved - skipped), REDRIVE_VISIBILITY, 0)
+        if not got:
+            break
+        by_source: dict[str, list[Delivery]] = {}
+        back: list[Delivery] = []
+        for d in got:
+            assert d.message is not None
+            source = (d.message.history or {}).get("source")
+            if source is None or not QUEUE_NAME_RE.fullmatch(source):
+                skipped += 1
+                continue
+            by_source.setdefault(source, []).append(d)
+        for source, ds in by_source.items():
+            drafts = [
+                MessageDraft(
+                    d.message.body,  # type: ignore[union-attr]
+                    group=(d.message.history or {}).get("group"),  # type: ignore[union-attr]
+                    attributes=d.message.attributes,  # type: ignore[union-attr]
+                    size=d.message.size,  # type: ignore[union-attr]
+                    estimates=d.message.estimates,  # type: ignore[union-attr]
+                )
+                for d in ds
+            ]
+            enqueue(source, drafts, hops=hops)
+            back.extend(ds)
+            moved += len(ds)
+        if back:
+            _ack_local(cfg.name, [(parse_message_id(d.id), d.receipt) for d in back])  # type: ignore[misc]
+    return RedriveResult(moved, skipped)
+
+
+def expire(queue: str, older_than: float | None = None) -> ExpireResult:
+    """Apply the retention rule on the partitions this node owns: remove messages older than
+    the queue's retention (or ``older_than`` seconds). On a topic that archives, what a
+    subscription still holds moves to the archive instead (``archived``). Counted on the queue.
+
+    A partition whose pass fails is reported in ``deferred`` and the others go on; the pass is
+    counted from the managers' totals, since one that fails half-way did part of its work.
+    Raises QueueNotFound, InvalidRequest (``older_than`` out of range).
+    """
+    cfg = queue_config(queue)
+    high = LIMITS["retention"][1]
+    if older_than is None:
+        older_than = cfg.retention
+    elif not 0 <= older_than <= high:
+        raise InvalidRequest(f"older_than must be between 0 and {high}, got {older_than}", "out_of_range")
+    cutoff = datetime.now(UTC).timestamp() - older_than
+    expired = archived = 0
+    deferred: dict[int, str] = {}
+    for m in get_runtime().local_managers(cfg.name):
+        before = (m.expired_total, m.offloaded_total)
+        try:
+            m.expire(cutoff)
+        except PartitionUnavailable as exc:
+            deferred[m.index] = str(exc)
+        expired += m.expired_total - before[0]
+        archived += m.offloaded_total - before[1]
+    if expired:
+        Queue.objects.filter(pk=cfg.id).update(expired_total=F("expired_total") + expired)
+    return ExpireResult(expired, archived, deferred)
+
+
+def expire_everywhere(queue: Queue) -> int:
+    """Ask every node that owns a partition of ``queue`` to apply the retention rule there
+    (the Celery beat task). Only an owner can remove its partition's messages (it holds them
+    in its append tree); a partition without a live owner is done by the node that takes it
+    over, at the next run. Returns how many messages were removed; failures are logged."""
+    addresses = set(
+        Partition.objects.filter(queue=queue, owner__isnull=False, owner__stopped_at=None).values_list(
+            "owner__address", flat=True
+        )
+    )
+    expired = 0
+    for address in sorted(addresses):
+        try:
+            result = get_peers().expire(address, queue.name)
+        except Exception as exc:  # noqa: BLE001 - the next run tries again
+            log.warning("retention on %s at %s: %s", queue.name, address, exc)
+            continue
+        expired += result.expired
+        if result.deferred:
+            log.warning("retention on %s at %s deferred for partitions %s", queue.name, address, result.deferred)
+    return expired
+
+
+def release_partition(queue: str, index: int, *, hops: int = 0) -> str:
+    """The owner gives the partition's lease up (an operator's action) and leaves it to
+    another node for one lease period; asked of the owner wherever it is. Returns the address
+    of the node that released it.
+
+    Raises QueueNotFound, InvalidRequest (``no_such_partition``), Conflict (``not_owned``: no
+    live node holds it), RemoteError.
+    """
+    cfg = queue_config(queue)
+    if not 0 <= index < cfg.partitions:
+        raise InvalidRequest(f"{queue} has partitions 0..{cfg.partitions - 1}, not {index}", "no_such_partition")
+    rt = get_runtime()
+    if rt.release_partition(cfg.name, index):
+        return rt.address
+    address = rt.router.owner_of(cfg.id, cfg.name, index) if hops < MAX_HOPS else None
+    if address is None:
+        raise Conflict(f"no live node holds {queue}/{index} now", "not_owned")
+    return get_peers().release_partition(address, cfg.name, index, hops)

@@ -1,0 +1,65 @@
+"""Calls to other nodes, in the service's own types.
+
+The service decides *where* a call must run (the router knows the partitions' owners); how it
+travels is the API's business: ``queues.api.peers.HttpPeers`` implements this protocol over the
+REST API and is installed when the app starts (``QueuesConfig.ready``). A peer's refusal comes
+back as the exception the peer raised (``RemoteError`` carries a peer's answer that has no type
+of ours, to be passed on as it is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from ..messages import MessageId
+from ..partition import Delivery
+from .types import AckResult, ExpireResult, MessageDraft
+
+
+class RemoteError(Exception):
+    """An answer from another node that the caller passes on unchanged (its status, its body)."""
+
+    def __init__(self, status: int, payload: dict):
+        super().__init__(status, payload)
+        self.status = status
+        self.payload = payload
+
+
+class Peers(Protocol):
+    """One method per call a node makes of another. ``hops``: how often the call has been
+    forwarded so far (the peer answers where it is past ``router.MAX_HOPS``)."""
+
+    def enqueue(self, address: str, queue: str, drafts: Sequence[MessageDraft], hops: int) -> list[str]: ...
+
+    def dequeue(
+        self, address: str, target: str, max_messages: int, visibility: float | None, hops: int
+    ) -> list[Delivery]: ...
+
+    def ack(self, address: str, target: str, items: Sequence[tuple[MessageId, str | None]], hops: int) -> AckResult: ...
+
+    def change_visibility(
+        self, address: str, target: str, mid: MessageId, receipt: str | None, timeout: float, hops: int
+    ) -> None: ...
+
+    def release_partition(self, address: str, queue: str, index: int, hops: int) -> str: ...
+
+    def close_purged(self, address: str, queue: str) -> None: ...
+
+    def refresh_topic(self, address: str, topic: str) -> None: ...
+
+    def expire(self, address: str, queue: str) -> ExpireResult: ...
+
+
+_peers: Peers | None = None
+
+
+def set_peers(peers: Peers | None) -> None:
+    global _peers
+    _peers = peers
+
+
+def get_peers() -> Peers:
+    if _peers is None:
+        raise RuntimeError("no transport to other nodes is installed (queues.apps installs the HTTP one)")
+    return _peers
