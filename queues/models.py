@@ -251,7 +251,8 @@ class Partition(models.Model):
     delayed = models.BigIntegerField(default=0, help_text="stored, waiting for their delay to pass")
     enqueue_rate = models.FloatField(default=0.0, help_text="messages/s enqueued, over the last minute")
     ack_rate = models.FloatField(default=0.0, help_text="messages/s acknowledged, over the last minute")
-    #: on a topic, per subscription: {"backlog": .., "in_flight": .., "dequeue_id": .., "acked": ..}.
+    #: on a topic, per subscription: {"held": .., "in_flight": .., "dequeue_id": .., "acked": ..,
+    #: "oldest_enqueued_at": ..} (``PartitionStats.cursors``).
     cursors = models.JSONField(default=dict, blank=True)
     tree_height = models.PositiveIntegerField(default=0)
     live_blocks = models.BigIntegerField(default=0)

@@ -15,7 +15,7 @@ from django.utils.timezone import now as timezone_now
 
 from .. import service
 from ..dedup import get_dedup
-from ..messages import StoredMessage, parse_message_id, partition_for
+from ..messages import StoredMessage, group_partition, parse_message_id
 from ..models import LIMITS, QUEUE_NAME_RE, Partition, Queue
 from ..partition import Delivery, NotServedHere, PartitionUnavailable
 from ..router import MAX_HOPS, Forwarded
@@ -113,7 +113,7 @@ def enqueue(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int,
         by_partition: dict[int | None, list[int]] = {}
         for i in todo:
             group = drafts[i].group
-            by_partition.setdefault(partition_for(group, cfg.partitions) if group else None, []).append(i)
+            by_partition.setdefault(group_partition(group, cfg.partitions) if group else None, []).append(i)
         for index, positions in by_partition.items():
             stored = _enqueue_somewhere(
                 cfg, index, [drafts[i] for i in positions], [items[i] for i in positions], now, hops
@@ -318,12 +318,12 @@ def _move_dead_letters(cfg, sub: str = "") -> None:
                 dlq = queue_config(dead_letter_queue)
                 drafts, _ = validation.enqueue_request({"messages": items}, dlq, now, trusted=True)
                 _enqueue_somewhere(dlq, None, drafts, items, now, 0)
-            m.ack([(parse_message_id(mid), None) for mid in mids], acked=False, sub=sub)  # not archived
+            m.remove_dead_lettered([parse_message_id(mid) for mid in mids], sub)  # not archived
             with m.lock:
                 m.dead_lettered_total += len(found)
         except Exception:
             log.exception("moving %d dead letters of %s", len(mids), cfg.name)
-            m.return_dead(mids, sub)
+            m.give_back_dead(mids, sub)
 
 
 def redrive(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, dict]:
@@ -384,13 +384,13 @@ def expire(name: str, data, hops: int = 0, trusted: bool = False) -> tuple[int, 
     deferred = {}
     for m in service.get_runtime().local_managers(name):
         # Counted from the manager's totals: a pass that fails half-way did part of its work.
-        before = (m.expired_total, m.offloaded_total)
+        before = (m.expired_total, m.archived_total)
         try:
             m.expire(cutoff)
         except PartitionUnavailable as exc:  # the others go on; this one tries at the next pass
             deferred[m.index] = str(exc)
         expired += m.expired_total - before[0]
-        archived += m.offloaded_total - before[1]
+        archived += m.archived_total - before[1]
     if expired:
         Queue.objects.filter(pk=cfg.id).update(expired_total=F("expired_total") + expired)
     return 200, {"expired": expired, "archived": archived, **({"deferred": deferred} if deferred else {})}

@@ -80,8 +80,8 @@ def test_nothing_is_removed_before_the_slowest_subscription_acks(api, make_topic
     # the slow one has not read: every message is still stored, and the admin figures say who holds them
     assert None not in runtime.store.get_many(ids)
     stats = api.get(f"/api/v1/topics/{topic}/subscriptions/slow/stats").json()
-    assert stats["backlog"] == 10 and stats["acked"] == 0
-    assert api.get(f"/api/v1/topics/{topic}/subscriptions/fast/stats").json()["backlog"] == 0
+    assert stats["held"] == 10 and stats["acked"] == 0
+    assert api.get(f"/api/v1/topics/{topic}/subscriptions/fast/stats").json()["held"] == 0
     # a takeover keeps what "fast" acked: it gets nothing again, "slow" gets everything
     runtime.stop(release=True)
     from queues import service
