@@ -12,6 +12,8 @@ import re
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
+from . import keys
+
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,79}$")
 
 #: Limits on a queue's settings, shared by the model, the API and the docs.
@@ -271,7 +273,7 @@ class Partition(models.Model):
 
     @property
     def key_prefix(self) -> str:
-        return f"{self.queue.name}/{self.index}"
+        return keys.partition_prefix(self.queue.name, self.index)
 
 
 class KVEntry(models.Model):
