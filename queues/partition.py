@@ -24,11 +24,16 @@ still hold: the owner makes sure each such message is in the archive table, then
 stored record by a *stub* (times, group, sequence; no body). The stub keeps the position in the
 tree, so group order, pruning and a takeover work as for any message; a delivery reads the
 body back from the archive (the consensus seed's delivery agent reading from a backing store).
-The last subscription's ack removes the stub like a message. (``queues.topic_retention``.)
+The last subscription's ack removes the stub like a message. That part of the manager lives
+in ``queues.topic_retention``.
 
 Locking: one lock per partition guards its memory and is held across its store writes, so a
 message becomes deliverable only after it is stored. Callers that lock several partitions
 take them in index order.
+
+Built from: ``queues.cursor`` (a reader's delivery state), ``queues.body_cache`` (the node's
+recent bodies), ``queues.keys`` (where everything is stored), ``queues.topic_retention`` and
+``queues.errors`` (what it raises, re-exported here).
 """
 
 from __future__ import annotations
@@ -223,7 +228,8 @@ class PartitionManager:
         #: messages retention moved to the archive, kept as stubs for slow subscriptions
         #: (``queues.topic_retention``).
         self.archived_total = 0
-        #: stubs whose archive row was gone, so never delivered (see topic_retention.bodies_from_archive).
+        #: stubs whose archive row was gone, so never delivered
+        #: (see ``topic_retention.bodies_from_archive``).
         self.archive_missing_total = 0
         self.wall = time.time
 
