@@ -98,10 +98,10 @@ def archive_bucket(queue: str, partition: int) -> str:
     return f"{queue}/{partition}/_archive"
 
 
-def block_and_index(message_key: str) -> tuple[str, int]:
+def block_and_index(key: str) -> tuple[str, int]:
     """``"<queue>/<p>/<block id>/<index>"`` -> ``(block id, index)``, for a key known to be a
     message's (hot paths: no regex, unlike ``queues.messages.parse_message_id``)."""
-    _, _, rest = message_key.partition("/")
+    _, _, rest = key.partition("/")
     _, _, rest = rest.partition("/")
     block_id, _, idx = rest.partition("/")
     return block_id, int(idx)
