@@ -127,8 +127,8 @@ class CountingStore(KeyValueStore):
     def scan(self, bucket):
         return self._timed("scan", self.inner.scan, bucket)
 
-    def purge(self, prefix):
-        return self._timed("purge", self.inner.purge, prefix)
+    def delete_prefix(self, prefix):
+        return self._timed("delete_prefix", self.inner.delete_prefix, prefix)
 
     def close(self):
         self.inner.close()

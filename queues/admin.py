@@ -62,12 +62,12 @@ def subscription_partitions(sub: Subscription) -> list[tuple[int, dict]]:
 
 
 def subscription_figures(sub: Subscription) -> dict:
-    """A subscription's backlog / in flight / acked / held in the archive, summed over its
+    """A subscription's held (not acked) / in flight / acked / archived figures, summed over its
     partitions (read once per object and page: each column of a row asks for it)."""
     cached = getattr(sub, "_figures", None)
     if cached is not None:
         return cached
-    total = {"backlog": 0, "in_flight": 0, "acked": 0, "archived": 0}
+    total = {"held": 0, "in_flight": 0, "acked": 0, "archived": 0}
     for _, figures in subscription_partitions(sub):
         for k in total:
             total[k] += figures.get(k, 0)
@@ -80,7 +80,7 @@ class SubscriptionFigures:
 
     @admin.display(description="holds (not acked)")
     def holds(self, obj):
-        return subscription_figures(obj)["backlog"]
+        return subscription_figures(obj)["held"]
 
     @admin.display(description="in flight")
     def in_flight(self, obj):
@@ -155,7 +155,7 @@ class SubscriptionAdmin(SubscriptionFigures, admin.ModelAdmin):
                 (
                     i,
                     f.get("dequeue_id") or "-",
-                    f.get("backlog", 0),
+                    f.get("held", 0),
                     f.get("in_flight", 0),
                     f.get("acked", 0),
                     f.get("archived", 0),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from . import keys
 from .messages import MessageId, StoredMessage, parse_message_id
 
 ENTRY = "e"
@@ -27,11 +28,11 @@ MARKER = "a"
 
 
 def bucket(queue: str, partition: int) -> str:
-    return f"{queue}/{partition}/_archive"
+    return keys.archive_bucket(queue, partition)
 
 
 def _name(kind: str, mid: MessageId) -> str:
-    return f"{kind}.{mid.block}.{mid.index}"
+    return f"{kind}.{keys.position(mid)}"
 
 
 def entries(queue: str, partition: int, items: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
@@ -87,8 +88,8 @@ def on_ack(
 def parse_name(queue: str, partition: int, name: str) -> tuple[str, str] | None:
     """``("e" | "a", message id)`` for a journal name, None for anything else."""
     kind, _, rest = name.partition(".")
-    block, _, index = rest.rpartition(".")
-    if kind not in (ENTRY, MARKER) or not block:
+    pos = keys.parse_position(rest)
+    if kind not in (ENTRY, MARKER) or pos is None:
         return None
-    mid = f"{queue}/{partition}/{block}/{index}"
+    mid = keys.message_key(queue, partition, *pos)
     return (kind, mid) if parse_message_id(mid) is not None else None

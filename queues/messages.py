@@ -1,4 +1,5 @@
-"""Message IDs, receipts and the stored message record."""
+"""Message IDs, receipts, the group hash and the stored message record (where they are stored:
+``queues.keys``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import secrets
 from dataclasses import dataclass
 
 import orjson
+
+from .keys import block_key as block_key  # re-exported for consoles.tree_svg, which reads blocks
+from .keys import message_key
 
 _MESSAGE_ID = re.compile(
     r"^(?P<queue>[A-Za-z0-9][A-Za-z0-9_-]{0,79})/(?P<partition>0|[1-9][0-9]{0,3})/"
@@ -25,7 +29,7 @@ class MessageId:
     text: str = ""
 
     def __str__(self) -> str:
-        return self.text or f"{self.queue}/{self.partition}/{self.block}/{self.index}"
+        return self.text or message_key(self.queue, self.partition, self.block, self.index)
 
 
 def parse_message_id(text: object) -> MessageId | None:
@@ -38,24 +42,11 @@ def parse_message_id(text: object) -> MessageId | None:
     return MessageId(m["queue"], int(m["partition"]), m["block"], int(m["index"]), text)
 
 
-def partition_for(group: str, partitions: int) -> int:
-    """The partition a group's messages go to: the same on every node and every release."""
+def group_partition(group: str, partitions: int) -> int:
+    """The partition a group's messages go to: the same on every node and every release (and
+    in the SDK, ``workers.sdk.group_partition``; a test pins the two equal)."""
     digest = hashlib.blake2b(group.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "big") % partitions
-
-
-def block_key(queue: str, partition: int, block_id: str) -> str:
-    """Where a block's record lives: beside, not inside, the bucket of its messages."""
-    return f"{queue}/{partition}/_blocks/{block_id}"
-
-
-def fence_key(queue: str, partition: int) -> str:
-    return f"{queue}/{partition}/_fence"
-
-
-def receives_key(queue: str, partition: int, msg: MessageId) -> str:
-    """Where a redelivered message's receive count is kept (survives a takeover)."""
-    return f"{queue}/{partition}/_receives/{msg.block}.{msg.index}"
 
 
 def new_receipt() -> str:

@@ -12,6 +12,8 @@ import re
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
+from . import keys
+
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,79}$")
 
 #: Limits on a queue's settings, shared by the model, the API and the docs.
@@ -251,7 +253,8 @@ class Partition(models.Model):
     delayed = models.BigIntegerField(default=0, help_text="stored, waiting for their delay to pass")
     enqueue_rate = models.FloatField(default=0.0, help_text="messages/s enqueued, over the last minute")
     ack_rate = models.FloatField(default=0.0, help_text="messages/s acknowledged, over the last minute")
-    #: on a topic, per subscription: {"backlog": .., "in_flight": .., "dequeue_id": .., "acked": ..}.
+    #: on a topic, per subscription: {"held": .., "in_flight": .., "dequeue_id": .., "acked": ..,
+    #: "oldest_enqueued_at": ..} (``PartitionStats.cursors``).
     cursors = models.JSONField(default=dict, blank=True)
     tree_height = models.PositiveIntegerField(default=0)
     live_blocks = models.BigIntegerField(default=0)
@@ -270,7 +273,7 @@ class Partition(models.Model):
 
     @property
     def key_prefix(self) -> str:
-        return f"{self.queue.name}/{self.index}"
+        return keys.partition_prefix(self.queue.name, self.index)
 
 
 class KVEntry(models.Model):

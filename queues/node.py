@@ -26,11 +26,13 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
-from . import leases
+from . import keys, leases
+from .body_cache import BodyCache
+from .cursor import SubscriptionSpec
 from .kv import KeyValueStore, get_store
 from .messages import StoredMessage
 from .models import Node, Partition, Queue
-from .partition import BodyCache, PartitionManager, PartitionUnavailable, SubscriptionSpec
+from .partition import PartitionManager, PartitionUnavailable
 from .router import Router
 
 log = logging.getLogger(__name__)
@@ -243,7 +245,7 @@ class NodeRuntime:
     def _update_cooling(self) -> None:
         now = monotonic()
         self._failures = [t for t in self._failures if now - t < 10.0]
-        in_flight = sum(m.in_flight(now) for m in list(self.managers.values()))
+        in_flight = sum(m.in_flight_count(now) for m in list(self.managers.values()))
         cooling = in_flight > settings.NODE_COOLING_IN_FLIGHT or len(self._failures) > settings.NODE_COOLING_FAILURES
         if cooling != self.cooling:
             log.warning(
@@ -511,7 +513,7 @@ class NodeRuntime:
         with self._lock:
             self.queues.pop(name, None)
         self._close_queue(name)
-        self.store.purge(name)
+        self.store.delete_prefix(keys.queue_prefix(name))
 
     def _close_queue(self, name: str) -> None:
         for key, m in list(self.managers.items()):

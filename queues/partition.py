@@ -7,14 +7,16 @@ of its epoch, so a paused owner that wakes after a takeover writes nothing.
 
 Opening after a takeover (:meth:`PartitionManager.open`): raise the fence, read the head and
 the previous pointers (O(log N) blocks): enqueues may start, into a fresh block. Then descend
-to the oldest live block and scan it: dequeues may start. Older blocks ("the backlog") are
-read one at a time as the dequeue position reaches them.
+to the oldest live block and scan it: dequeues may start. The other blocks found at open are
+*unscanned* until the dequeue position reaches them; each is then read by a *scan* (its
+messages, in one batched read), one at a time.
 
 Readers: a queue's partition has one *cursor* (its delivery state: dequeue position,
 redelivery index, group order, delays, receive counts, dead letters). A topic's partition has
 one per subscription, over the same blocks: a message is stored once and removed when no
 cursor holds it any more. A subscription's acks of messages others still hold are kept as
-markers (``<topic>/<p>/_acks/<subscription>/<block>.<index>``), so a new owner knows them.
+markers (``<topic>/<p>/_acks/<subscription>/<block>.<index>``, see ``queues.keys``), so a new
+owner knows them.
 A subscription's cursor starts at the messages enqueued from its ``starts_at`` on (None: all).
 
 Retention on a topic that archives (mode ``all`` or ``acked``) keeps what slow subscriptions
@@ -22,11 +24,16 @@ still hold: the owner makes sure each such message is in the archive table, then
 stored record by a *stub* (times, group, sequence; no body). The stub keeps the position in the
 tree, so group order, pruning and a takeover work as for any message; a delivery reads the
 body back from the archive (the consensus seed's delivery agent reading from a backing store).
-The last subscription's ack removes the stub like a message.
+The last subscription's ack removes the stub like a message. That part of the manager lives
+in ``queues.topic_retention``.
 
 Locking: one lock per partition guards its memory and is held across its store writes, so a
 message becomes deliverable only after it is stored. Callers that lock several partitions
 take them in index order.
+
+Built from: ``queues.cursor`` (a reader's delivery state), ``queues.body_cache`` (the node's
+recent bodies), ``queues.keys`` (where everything is stored), ``queues.topic_retention`` and
+``queues.errors`` (what it raises, re-exported here).
 """
 
 from __future__ import annotations
@@ -35,15 +42,19 @@ import heapq
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from sortedcontainers import SortedList
 
-from . import archive_journal, leases
+from . import archive_journal, keys, leases, topic_retention
+from .body_cache import BodyCache
+from .cursor import Cursor, SubscriptionSpec
+from .errors import NotServedHere, PartitionUnavailable, ReceiptMismatch
+from .keys import block_and_index
 from .kv import Fence, Fenced, KeyValueStore, KVError, ReplicationError
-from .messages import MessageId, StoredMessage, block_key, fence_key, new_receipt, parse_message_id, receives_key
+from .messages import MessageId, StoredMessage, new_receipt, parse_message_id
 from .redelivery import RedeliveryIndex
 from .tree import AppendTree, Block
 
@@ -51,24 +62,16 @@ log = logging.getLogger(__name__)
 
 monotonic = time.monotonic
 
-#: messages a retention pass moves to the archive (or removes) per step on a topic: one
-#: batched read, one archive insert and one store write, the lock held only for the last.
-EXPIRE_BATCH = 1000
-
-
-class PartitionUnavailable(Exception):
-    """The partition cannot serve now (lease lost, store down); the client may retry."""
-
-
-class NotServedHere(PartitionUnavailable):
-    """This node holds no (usable) partition for the call; another node may."""
-
-
-class ReceiptMismatch(Exception):
-    def __init__(self, msg_id: str, reason: str):
-        super().__init__(f"{msg_id}: {reason}")
-        self.msg_id = msg_id
-        self.reason = reason
+__all__ = [
+    "BodyCache",
+    "Delivery",
+    "NotServedHere",
+    "PartitionManager",
+    "PartitionStats",
+    "PartitionUnavailable",
+    "ReceiptMismatch",
+    "SubscriptionSpec",
+]
 
 
 @dataclass(slots=True)
@@ -85,9 +88,9 @@ class Delivery:
 class BlockState:
     """Which positions of a block still hold unacknowledged messages."""
 
-    __slots__ = ("block", "live", "pending", "sealed", "backlog", "newest", "archived")
+    __slots__ = ("block", "live", "pending", "sealed", "scanned", "newest", "archived")
 
-    def __init__(self, block: Block, live: set[int], *, sealed: bool, backlog: bool):
+    def __init__(self, block: Block, live: set[int], *, sealed: bool, scanned: bool):
         self.block = block
         self.live = live
         #: positions reserved by enqueues whose store write has not finished.
@@ -96,107 +99,10 @@ class BlockState:
         self.newest = block.created_at
         #: no position will be written any more (not the head, or the head of a dead owner).
         self.sealed = sealed
-        #: found in the store at open, rather than written by this manager.
-        self.backlog = backlog
+        #: read by a scan (found in the store at open), rather than written by this manager.
+        self.scanned = scanned
         #: live positions whose stored record is a stub: the message is in the archive.
         self.archived: set[int] = set()
-
-
-class BodyCache:
-    """Recently enqueued bodies, so a prompt dequeue needs no store read. Bounded in bytes."""
-
-    def __init__(self, budget: int):
-        self.budget = budget
-        self.used = 0
-        self._items: OrderedDict[str, StoredMessage] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def put(self, msg_id: str, message: StoredMessage) -> None:
-        if self.budget <= 0:
-            return
-        cost = len(message.body) + 96
-        with self._lock:
-            self._items[msg_id] = message
-            self.used += cost
-            while self.used > self.budget and self._items:
-                _, old = self._items.popitem(last=False)
-                self.used -= len(old.body) + 96
-
-    def get(self, msg_id: str) -> StoredMessage | None:
-        return self._items.get(msg_id)
-
-    def discard(self, msg_id: str) -> None:
-        with self._lock:
-            old = self._items.pop(msg_id, None)
-            if old is not None:
-                self.used -= len(old.body) + 96
-
-
-@dataclass(frozen=True)
-class SubscriptionSpec:
-    """What an owner needs of a topic's subscription (``queues.models.Subscription``)."""
-
-    name: str
-    #: wall-clock seconds; messages enqueued before are not delivered to it (None: all).
-    starts_at: float | None = None
-    max_receives: int | None = None
-    #: its own visibility timeout (None: the topic's) and dead-letter queue; the service reads
-    #: these, the owner ignores them.
-    visibility_timeout: int | None = None
-    dead_letter_queue: str | None = None
-
-
-class Cursor:
-    """One reader's delivery state over the partition's blocks (see the module's text)."""
-
-    def __init__(self, name: str, *, shared: bool, starts_at: float | None = None, max_receives: int | None = None):
-        self.name = name
-        #: a queue's only cursor: its positions are the blocks' own live sets.
-        self.shared = shared
-        #: a subscription's positions still to acknowledge, by block id.
-        self.live: dict[str, set[int]] = {}
-        self.starts_at = starts_at
-        #: message IDs this subscription acknowledged before the open (its markers).
-        self.acked: set[str] = set()
-        self.ready: deque[str] = deque()
-        self.backlog_buffer: deque[str] = deque()
-        self.inflight = RedeliveryIndex()
-        #: a group's undelivered and in-flight messages, by position: its head goes first.
-        self.groups: dict[str, SortedList] = {}
-        self.group_of: dict[str, str] = {}
-        #: the group's message that is released for delivery or in flight (one at a time).
-        self.group_busy: dict[str, str] = {}
-        #: group heads whose turn has come.
-        self.unblocked: deque[str] = deque()
-        #: (not_before, id) of messages whose delay has not passed.
-        self.delayed: list[tuple[float, str]] = []
-        self.not_due: set[str] = set()
-        #: receive counts of redelivered messages, kept in the store so they survive a takeover.
-        self.receives: dict[str, int] = {}
-        #: deliveries after which a message is dead-lettered instead (None: never).
-        self.max_receives = max_receives
-        #: messages waiting to be moved to the dead-letter queue, with their receive counts.
-        self.dead: list[tuple[str, int]] = []
-        self.acked_total = 0
-        self.redelivered_total = 0
-
-    def holds(self, blocks: dict, block_id: str, idx: int) -> bool:
-        if self.shared:
-            state = blocks.get(block_id)
-            return state is not None and idx in state.live
-        live = self.live.get(block_id)
-        return live is not None and idx in live
-
-    def backlog_count(self) -> int:
-        return sum(len(s) for s in self.live.values())
-
-
-def _split(mid: str) -> tuple[str, int]:
-    """``"q/p/<block>/<index>"`` -> ``(block, index)`` without the regex of parse_message_id."""
-    _, _, rest = mid.partition("/")
-    _, _, rest = rest.partition("/")
-    block_id, _, idx = rest.partition("/")
-    return block_id, int(idx)
 
 
 @dataclass
@@ -219,11 +125,39 @@ class PartitionStats:
     acked_total: int
     redelivered_total: int
     opened_in: dict
-    #: a topic's figures per subscription: backlog (held, in flight included), in flight, acked.
+    #: a topic's figures per subscription (``{name: {...}}``): held (not acked yet, in flight
+    #: included), in_flight, archived (held, only in the archive), acked, redelivered,
+    #: dequeue_id and oldest_enqueued_at (epoch seconds, of the oldest held; None: none held).
     cursors: dict
 
 
 class PartitionManager:
+    """One leased partition of a queue or topic, served from the memory of its owner node.
+
+    Holds the partition's append tree and the state of each of its blocks (:class:`BlockState`:
+    the positions still stored, stubs among them), the enqueue ID (head block, next index), and
+    one :class:`~queues.cursor.Cursor` per reader: ``""`` for a queue, one per subscription for
+    a topic. It writes the partition's keys (``queues.keys``) with the fence of its lease's
+    epoch, and bodies go through the node's :class:`~queues.body_cache.BodyCache`.
+
+    Lock: ``lock`` guards all of that memory and is held across the store writes that decide
+    what a reader sees (new blocks and the head pointer, a subscription's ack, retention's
+    stubs), so memory never runs ahead of the store. Message writes and a queue's deletes run
+    outside it. Methods named ``*_locked``, and those whose docstring says "Lock held", expect
+    the caller to hold it (``queues.service`` does, across several partitions, in index order).
+
+    Callers: the node runtime (``queues.node.NodeRuntime``) creates, opens, renews and closes
+    managers and publishes their :meth:`stats`; the service layer (``queues.service``) and the
+    API call enqueue, dequeue, ack, visibility, expire and dead-letter moves on them.
+
+    Life: built for a lease just claimed; :meth:`open_head` raises the fence and loads the head
+    (enqueues may start); :meth:`open_oldest` loads the saved receive counts and scans the oldest
+    block (dequeues may start); it then serves until ``closed`` is set, by the node (lease lost or
+    given up, queue deleted or purged) or by the manager itself after a store failure that left
+    memory and store apart (the node then reopens the partition under a new epoch). A closed
+    manager refuses every call with :class:`PartitionUnavailable` and is never reopened.
+    """
+
     def __init__(
         self,
         lease: leases.Lease,
@@ -249,19 +183,20 @@ class PartitionManager:
         self.on_change = on_change
         self._set_head = set_head
         self._read_head = read_head
-        self.fence = Fence(fence_key(self.queue, self.index), lease.epoch)
+        self.fence = Fence(keys.fence_key(self.queue, self.index), lease.epoch)
         self.lock = threading.Lock()
         self.tree = AppendTree(block_size)
         #: live blocks whose positions are known, by id; their ``live`` sets are the positions
         #: still stored (held by at least one cursor, or by none yet on a topic).
         self.blocks: dict[str, BlockState] = {}
-        # The same blocks in allocation order: first those found in the store at open (every
-        # one older than any this manager allocates), then this manager's own.
-        self.backlog_order: deque[BlockState] = deque()
+        # The same blocks in allocation order: first those scanned (found in the store at open,
+        # every one older than any this manager allocates), then this manager's own.
+        self.scanned_order: deque[BlockState] = deque()
         self.local_order: deque[BlockState] = deque()
         self.next_index = 0
         self.head_writable = False
-        self.backlog: Iterator[Block] | None = None
+        #: the blocks found at open and not scanned yet, oldest first (None: all scanned).
+        self.unscanned: Iterator[Block] | None = None
         #: a topic's subscriptions (fixed for the manager's life: a change reopens it).
         self.subscriptions: tuple[SubscriptionSpec, ...] | None = (
             tuple(subscriptions) if subscriptions is not None else None
@@ -290,9 +225,11 @@ class PartitionManager:
         self.archive_sink = archive_sink
         #: ``{message id: record}`` of those archived (``archive.archiver.lookup``).
         self.archive_source = archive_source
-        #: messages retention moved to the archive, kept as stubs for slow subscriptions.
-        self.offloaded_total = 0
-        #: stubs whose archive row was gone, so never delivered (see _bodies_from_archive).
+        #: messages retention moved to the archive, kept as stubs for slow subscriptions
+        #: (``queues.topic_retention``).
+        self.archived_total = 0
+        #: stubs whose archive row was gone, so never delivered
+        #: (see ``topic_retention.bodies_from_archive``).
         self.archive_missing_total = 0
         self.wall = time.time
 
@@ -312,16 +249,16 @@ class PartitionManager:
         return c
 
     @property
-    def inflight(self) -> RedeliveryIndex:
-        return self.cursor().inflight
+    def redelivery(self) -> RedeliveryIndex:
+        return self.cursor().redelivery
 
     @property
     def ready(self) -> deque[str]:
         return self.cursor().ready
 
     @property
-    def backlog_buffer(self) -> deque[str]:
-        return self.cursor().backlog_buffer
+    def scanned_ready(self) -> deque[str]:
+        return self.cursor().scanned_ready
 
     @property
     def max_receives(self) -> int | None:
@@ -342,27 +279,20 @@ class PartitionManager:
     def redelivered_total(self) -> int:
         return sum(c.redelivered_total for c in self._all)
 
-    def in_flight(self, now: float) -> int:
-        return sum(c.inflight.in_flight(now) for c in self._all)
+    def in_flight_count(self, now: float) -> int:
+        """Messages in flight at ``now``, every cursor's."""
+        return sum(c.redelivery.in_flight_count(now) for c in self._all)
 
     # --- keys of a cursor's own records -------------------------------------------------------
-    def _receives_bucket(self, c: Cursor) -> str:
-        return f"{self.queue}/{self.index}/_receives" + (f"/{c.name}" if c.name else "")
-
     def _receives_key(self, c: Cursor, mid: MessageId) -> str:
-        if not c.name:
-            return receives_key(self.queue, self.index, mid)
-        return f"{self._receives_bucket(c)}/{mid.block}.{mid.index}"
-
-    def _acks_bucket(self, c: Cursor) -> str:
-        return f"{self.queue}/{self.index}/_acks/{c.name}"
+        return keys.receives_key(self.queue, self.index, mid, c.name)
 
     def _ack_key(self, c: Cursor, mid: MessageId) -> str:
-        return f"{self._acks_bucket(c)}/{mid.block}.{mid.index}"
+        return keys.ack_key(self.queue, self.index, c.name, mid)
 
     # --- opening ------------------------------------------------------------------------------
     def _read_block(self, block_id: str) -> Block | None:
-        raw = self.store.get(block_key(self.queue, self.index, block_id))
+        raw = self.store.get(keys.block_key(self.queue, self.index, block_id))
         return Block.from_bytes(raw) if raw is not None else None
 
     def open(self) -> None:
@@ -385,7 +315,7 @@ class PartitionManager:
             self.head_writable = False
             if self.tree.head is not None:
                 # A generator: no read yet, but from now on local blocks wait behind it.
-                self.backlog = self.tree.iter_from_oldest(self._read_block, upto=self.tree.head.ordinal)
+                self.unscanned = self.tree.iter_from_oldest(self._read_block, upto=self.tree.head.ordinal)
             self.enqueue_ready = True
         self.opened_in = {"enqueue_ready_s": monotonic() - self._t0, "head_reads": self.tree.reads}
 
@@ -397,8 +327,8 @@ class PartitionManager:
             for c in self._all:
                 self._load_receives(c)
         with self.lock:
-            if self.backlog is not None and not self.backlog_order:
-                self._refill_backlog()
+            if self.unscanned is not None and not self.scanned_order:
+                self._scan()
             self.dequeue_ready = True
         self.opened_in.update(dequeue_ready_s=monotonic() - self._t0, oldest_reads=self.tree.reads)
         log.info("opened %s/%s epoch %s: %s", self.queue, self.index, self.lease.epoch, self.opened_in)
@@ -406,21 +336,21 @@ class PartitionManager:
     def _load_receives(self, c: Cursor) -> None:
         """A cursor's saved receive counts and, for a subscription, its ack markers (their
         names say it all: ``<block id>.<index>``)."""
-        prefix = f"{self.queue}/{self.index}"
-        bucket = self._receives_bucket(c)
+        bucket = keys.receives_bucket(self.queue, self.index, c.name)
         names = self.store.scan(bucket)
         for name, raw in zip(names, self.store.get_many([f"{bucket}/{n}" for n in names])):
-            block_id, _, idx = name.partition(".")
-            if raw is not None and idx.isdigit():
-                c.receives[f"{prefix}/{block_id}/{idx}"] = int(raw)
+            pos = keys.parse_position(name)
+            if raw is not None and pos is not None:
+                c.receives[keys.message_key(self.queue, self.index, *pos)] = int(raw)
         if not c.shared:
-            for name in self.store.scan(self._acks_bucket(c)):
-                block_id, _, idx = name.partition(".")
-                if idx.isdigit():
-                    c.acked.add(f"{prefix}/{block_id}/{idx}")
+            for name in self.store.scan(keys.acks_bucket(self.queue, self.index, c.name)):
+                pos = keys.parse_position(name)
+                if pos is not None:
+                    c.acked.add(keys.message_key(self.queue, self.index, *pos))
 
-    def _refill_backlog(self) -> bool:
-        """Scan the next backlog block and route its messages. One scan and one batched read.
+    def _scan(self) -> bool:
+        """Scan the next unscanned block and route its messages. One store scan and one batched
+        read.
 
         The records are read (not only the keys) because a message's group and delay decide
         where it goes; the bodies land in the cache for the delivery that follows. Any failure
@@ -429,29 +359,29 @@ class PartitionManager:
         store under a new epoch.
         """
         try:
-            return self._refill_backlog_once()
+            return self._scan_once()
         except Exception:
             self.closed = True
             raise
 
-    def _refill_backlog_once(self) -> bool:
-        while self.backlog is not None:
-            block = next(self.backlog, None)
+    def _scan_once(self) -> bool:
+        while self.unscanned is not None:
+            block = next(self.unscanned, None)
             if block is None:
-                self.backlog = None
+                self.unscanned = None
                 for c in self._all:
                     c.acked.clear()  # every marker has met its message by now
                     for group in list(c.groups):
-                        self._release_group(c, group)  # local heads were waiting for the backlog
+                        self._unblock_group(c, group)  # local heads waited for the unscanned blocks
                 self._prune()  # and so were this manager's own emptied blocks
                 break
-            bucket = f"{self.queue}/{self.index}/{block.id}"
+            bucket = keys.block_bucket(self.queue, self.index, block.id)
             live = sorted(int(n) for n in self.store.scan(bucket) if n.isdigit())
             ids = [f"{bucket}/{i}" for i in live]
             records = self.store.get_many(ids) if ids else []
-            state = BlockState(block, set(), sealed=True, backlog=True)
+            state = BlockState(block, set(), sealed=True, scanned=True)
             self.blocks[block.id] = state
-            self.backlog_order.append(state)
+            self.scanned_order.append(state)
             done: list[str] = []
             for i, mid, raw in zip(live, ids, records):
                 if raw is None:
@@ -462,7 +392,7 @@ class PartitionManager:
                     state.archived.add(i)
                 state.newest = max(state.newest, message.enqueued_at)
                 self.seq_counter = max(self.seq_counter, message.sequence & 0xFFFFFFFF)
-                if self._route_new(mid, block, i, message, backlog=True):
+                if self._route_new(mid, block, i, message, scanned=True):
                     if not message.archived:  # a stub's body is read from the archive
                         self.cache.put(mid, message)
                 elif self._all and all(mid in c.acked for c in self._all):
@@ -474,7 +404,7 @@ class PartitionManager:
             self._prune()
         return False
 
-    def _route_new(self, mid: str, block: Block, i: int, message: StoredMessage, *, backlog: bool) -> bool:
+    def _route_new(self, mid: str, block: Block, i: int, message: StoredMessage, *, scanned: bool) -> bool:
         """Give a stored message to every cursor that should read it. Lock held. True if any took it."""
         taken = False
         for c in self._all:
@@ -482,11 +412,11 @@ class PartitionManager:
                 if mid in c.acked or (c.starts_at is not None and message.enqueued_at < c.starts_at):
                     continue
                 c.live.setdefault(block.id, set()).add(i)
-            self._route(c, mid, (block.ordinal, i), message, backlog=backlog)
+            self._route(c, mid, (block.ordinal, i), message, scanned=scanned)
             taken = True
         return taken
 
-    def _route(self, c: Cursor, mid: str, pos: tuple[int, int], message: StoredMessage, *, backlog: bool) -> None:
+    def _route(self, c: Cursor, mid: str, pos: tuple[int, int], message: StoredMessage, *, scanned: bool) -> None:
         """Put a stored, undelivered message where its turn will come in ``c``. Lock held."""
         if message.not_before is not None and message.not_before > self.wall():
             heapq.heappush(c.delayed, (message.not_before, mid))
@@ -494,18 +424,18 @@ class PartitionManager:
         if message.group is not None:
             c.group_of[mid] = message.group
             c.groups.setdefault(message.group, SortedList()).add((pos, mid))
-            self._release_group(c, message.group)
+            self._unblock_group(c, message.group)
             return
         if mid in c.not_due:
             return
-        (c.backlog_buffer if backlog else c.ready).append(mid)
+        (c.scanned_ready if scanned else c.ready).append(mid)
 
-    def _release_group(self, c: Cursor, group: str) -> None:
+    def _unblock_group(self, c: Cursor, group: str) -> None:
         """Let the group's head be delivered if the group has nothing out. Lock held.
 
         The head is the group's oldest live message. A message this manager enqueued waits
-        while older blocks found at open are still unread: one of them may hold an older
-        message of the same group.
+        while blocks found at open are still unscanned: one of them may hold an older message
+        of the same group.
         """
         if group in c.group_busy:
             return
@@ -517,12 +447,13 @@ class PartitionManager:
         if head in c.not_due:
             return
         state = self.blocks.get(head.rsplit("/", 2)[1])
-        if self.backlog is not None and state is not None and not state.backlog:
+        if self.unscanned is not None and state is not None and not state.scanned:
             return
         c.group_busy[group] = head
         c.unblocked.append(head)
 
-    def _release_due(self, c: Cursor) -> None:
+    def _unblock_due(self, c: Cursor) -> None:
+        """Messages whose delay (not_before) has passed become deliverable. Lock held."""
         now = self.wall()
         while c.delayed and c.delayed[0][0] <= now:
             _, mid = heapq.heappop(c.delayed)
@@ -531,7 +462,7 @@ class PartitionManager:
             c.not_due.discard(mid)
             group = c.group_of.get(mid)
             if group is not None:
-                self._release_group(c, group)
+                self._unblock_group(c, group)
             elif self._is_live(c, mid):
                 c.ready.append(mid)
 
@@ -576,7 +507,7 @@ class PartitionManager:
             if new_blocks:
                 try:
                     self.store.put_many(
-                        [(block_key(self.queue, self.index, b.id), b.to_bytes()) for b in new_blocks],
+                        [(keys.block_key(self.queue, self.index, b.id), b.to_bytes()) for b in new_blocks],
                         fence=self.fence,
                     )
                     # Durable pointer before any message goes into the new block: a new owner
@@ -599,7 +530,7 @@ class PartitionManager:
             base = self.lease.epoch << 32
             messages = [m.with_sequence(base | (self.seq_counter + k + 1)) for k, m in enumerate(messages)]
             self.seq_counter += len(messages)
-        ids = [f"{self.queue}/{self.index}/{b.id}/{i}" for b, i in positions]
+        ids = [keys.message_key(self.queue, self.index, b.id, i) for b, i in positions]
         items = [(mid, m.to_bytes()) for mid, m in zip(ids, messages)]
         if self.archive == "all":  # the journal entries go in the same (atomic) write
             items += archive_journal.entries(self.queue, self.index, items)
@@ -636,7 +567,7 @@ class PartitionManager:
                 state.live.add(i)
                 state.newest = max(state.newest, message.enqueued_at)
                 self.cache.put(mid, message)
-                self._route_new(mid, block, i, message, backlog=False)
+                self._route_new(mid, block, i, message, scanned=False)
             self.enqueued_total += len(ids)
         self.on_change()
         return ids
@@ -647,7 +578,7 @@ class PartitionManager:
         if self.local_order:
             self.local_order[-1].sealed = True  # the previous head
         for b in new_blocks:
-            state = BlockState(b, set(), sealed=b is not new_blocks[-1], backlog=False)
+            state = BlockState(b, set(), sealed=b is not new_blocks[-1], scanned=False)
             self.blocks[b.id] = state
             self.local_order.append(state)
 
@@ -665,45 +596,45 @@ class PartitionManager:
                 return out
             now = monotonic()
             deadline = now + visibility
-            for mid in c.inflight.expired(now, max_messages):
+            for mid in c.redelivery.expired(now, max_messages):
                 if not self._is_live(c, mid):
-                    c.inflight.remove(mid)
+                    c.redelivery.remove(mid)
                     continue
-                entry = c.inflight.get(mid)
+                entry = c.redelivery.get(mid)
                 if c.max_receives is not None and entry.receive_count >= c.max_receives:
-                    c.inflight.change_deadline(mid, float("inf"))  # pinned until moved
+                    c.redelivery.change_deadline(mid, float("inf"))  # pinned until moved
                     c.dead.append((mid, entry.receive_count))
                     continue
                 receipt = new_receipt()
                 count = entry.receive_count + 1
-                c.inflight.add(mid, deadline, receipt, count)
+                c.redelivery.add(mid, deadline, receipt, count)
                 c.redelivered_total += 1
                 counts.append((mid, count))
                 out.append(Delivery(mid, receipt, count))
-            self._release_due(c)
+            self._unblock_due(c)
             scans = 0
             try:
                 while len(out) < max_messages:
                     if c.unblocked:
                         mid = c.unblocked.popleft()
-                    elif c.backlog_buffer:
-                        mid = c.backlog_buffer.popleft()
-                    elif self.backlog is not None and scans < 8:
+                    elif c.scanned_ready:
+                        mid = c.scanned_ready.popleft()
+                    elif self.unscanned is not None and scans < 8:
                         scans += 1
-                        self._refill_backlog()
+                        self._scan()
                         continue
                     elif c.ready:
                         mid = c.ready.popleft()
                     else:
                         break
-                    if self._is_live(c, mid) and mid not in c.inflight and mid not in c.not_due:
+                    if self._is_live(c, mid) and mid not in c.redelivery and mid not in c.not_due:
                         delivery = self._deliver_first(c, mid, deadline)
                         if delivery is not None:
                             out.append(delivery)
                             if delivery.receive_count > 1:
                                 counts.append((mid, delivery.receive_count))
             except KVError as exc:
-                # The manager is closed (see _refill_backlog): what it took is handed out by
+                # The manager is closed (see _scan): what it took is handed out by
                 # the next owner, not here.
                 raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
             for mid, count in counts:
@@ -732,28 +663,29 @@ class PartitionManager:
             dead, c.dead = c.dead, []
         return dead
 
-    def return_dead(self, mids: Sequence[str], sub: str = "") -> None:
-        """The move failed: let them expire now, to be set aside again at the next dequeue."""
+    def give_back_dead(self, mids: Sequence[str], sub: str = "") -> None:
+        """Give back messages set aside by :meth:`take_dead` whose move failed: their
+        visibility runs out now, and the next dequeue sets them aside again."""
         with self.lock:
             c = self.cursor(sub)
             now = monotonic()
             for mid in mids:
-                if mid in c.inflight:
-                    c.inflight.change_deadline(mid, now)
+                if mid in c.redelivery:
+                    c.redelivery.change_deadline(mid, now)
 
     def _deliver_first(self, c: Cursor, mid: str, deadline: float) -> Delivery | None:
         """First delivery by this owner; the count goes on from one saved before a takeover."""
         count = c.receives.get(mid, 0) + 1
         if c.max_receives is not None and count > c.max_receives:
-            c.inflight.add(mid, float("inf"), new_receipt(), count - 1)
+            c.redelivery.add(mid, float("inf"), new_receipt(), count - 1)
             c.dead.append((mid, count - 1))
             return None
         receipt = new_receipt()
-        c.inflight.add(mid, deadline, receipt, count)
+        c.redelivery.add(mid, deadline, receipt, count)
         return Delivery(mid, receipt, count)
 
     def _is_live(self, c: Cursor, mid: str) -> bool:
-        block_id, idx = _split(mid)
+        block_id, idx = block_and_index(mid)
         return c.holds(self.blocks, block_id, idx)
 
     def load_bodies(self, deliveries: list[Delivery], sub: str | None = None) -> list[Delivery]:
@@ -781,7 +713,7 @@ class PartitionManager:
                 stubs.append(d)
         if stubs:
             try:
-                self._bodies_from_archive(stubs)
+                topic_retention.bodies_from_archive(self, stubs)
             except PartitionUnavailable as exc:
                 if sub is None:
                     raise
@@ -807,10 +739,10 @@ class PartitionManager:
             if c is None:
                 return
             for d in reversed(deliveries):  # each goes to the front: keep their order
-                entry = c.inflight.get(d.id)
+                entry = c.redelivery.get(d.id)
                 if entry is None or entry.receipt != d.receipt:
                     continue
-                c.inflight.remove(d.id)
+                c.redelivery.remove(d.id)
                 if d.receive_count > 1:
                     c.receives[d.id] = d.receive_count - 1
                 else:
@@ -822,44 +754,9 @@ class PartitionManager:
                     if c.group_busy.get(group) == d.id:  # still the group's turn
                         c.unblocked.appendleft(d.id)
                     continue
-                state = self.blocks.get(_split(d.id)[0])
-                (c.backlog_buffer if state is not None and state.backlog else c.ready).appendleft(d.id)
+                state = self.blocks.get(block_and_index(d.id)[0])
+                (c.scanned_ready if state is not None and state.scanned else c.ready).appendleft(d.id)
         self.on_change()
-
-    def _bodies_from_archive(self, stubs: list[Delivery]) -> None:
-        """Replace stubs by their archived records (raises PartitionUnavailable when the archive
-        cannot be read). A stub whose row is not in the archive (deleted by hand, a database
-        restored from an older backup) can never be delivered: it is removed, counted in
-        ``archive_missing_total`` and logged as an error."""
-        try:
-            if self.archive_source is None:
-                raise KVError("this node has no archive to read from")
-            found = self.archive_source([d.id for d in stubs])
-        except Exception as exc:
-            raise PartitionUnavailable(f"{self.queue}/{self.index}: archive read failed: {exc}") from exc
-        lost = []
-        for d in stubs:
-            record = found.get(d.id)
-            if record is None:
-                d.message = None
-                lost.append(d.id)
-            else:
-                d.message, d.from_archive = record, True
-        if lost:
-            log.error(
-                "%s/%s: %d archived messages are missing from the archive table and are dropped: %s",
-                self.queue,
-                self.index,
-                len(lost),
-                lost[:10],
-            )
-            with self.lock:
-                try:
-                    self._remove_everywhere([mid for mid in lost if self._stored(mid)])
-                except KVError as exc:
-                    self.closed = True  # reopened from the store, which still has the stubs
-                    raise PartitionUnavailable(f"{self.queue}/{self.index}: store delete failed: {exc}") from exc
-                self.archive_missing_total += len(lost)
 
     # --- ack and visibility -------------------------------------------------------------------
     def check_receipts(self, items: Sequence[tuple[MessageId, str | None]], sub: str = "") -> None:
@@ -868,7 +765,7 @@ class PartitionManager:
         for mid, receipt in items:
             if receipt is None:
                 continue
-            entry = c.inflight.get(str(mid))
+            entry = c.redelivery.get(str(mid))
             if entry is None:
                 raise ReceiptMismatch(str(mid), "not in flight (never delivered, or already acknowledged)")
             if entry.receipt != receipt:
@@ -883,22 +780,28 @@ class PartitionManager:
         pinned = {}
         for mid in items:
             key = str(mid)
-            entry = c.inflight.get(key)
+            entry = c.redelivery.get(key)
             if entry is not None and key not in pinned:
                 pinned[key] = entry.deadline
-                c.inflight.change_deadline(key, float("inf"))
+                c.redelivery.change_deadline(key, float("inf"))
         return pinned
 
     def unpin(self, pinned: dict[str, float], sub: str = "") -> None:
         """Give back the deadlines taken by :meth:`pin_for_ack`. Lock held."""
         c = self.cursor(sub)
         for key, deadline in pinned.items():
-            if key in c.inflight:
-                c.inflight.change_deadline(key, deadline)
+            if key in c.redelivery:
+                c.redelivery.change_deadline(key, deadline)
 
-    def delete_acked(self, items: Sequence[MessageId], *, acked: bool = True, sub: str = "") -> int:
-        """The store half of an ack. Returns how many were still held (a queue: stored).
-        ``acked``: false for removals that are no ack (retention, dead-lettering): not journaled.
+    def delete_acked(self, items: Sequence[MessageId], sub: str = "") -> int:
+        """The store half of an ack: journaled for the archive (if the queue archives), then
+        deleted. Returns how many were still held (a queue: stored). See :meth:`_delete`."""
+        return self._delete(items, journal=True, sub=sub)
+
+    def _delete(self, items: Sequence[MessageId], *, journal: bool, sub: str = "") -> int:
+        """Delete messages ``sub`` holds. ``journal``: it is an ack, which the archive journal
+        records; removals that are no ack (retention, a move to the dead-letter queue) are not
+        archived.
 
         A queue's runs without the lock. A subscription's decides, under the lock, whether
         another subscription still holds each message: then only its marker is written, else
@@ -908,14 +811,14 @@ class PartitionManager:
         """
         c = self.cursor(sub)
         if not c.shared:
-            return self._delete_acked_by_subscription(c, items, acked)
+            return self._delete_by_subscription(c, items, journal)
         counts = [self._receives_key(c, m) for m in items if str(m) in c.receives]
         try:
-            if acked and self.archive != "none":
-                journal = archive_journal.on_ack(
+            if journal and self.archive != "none":
+                entries = archive_journal.on_ack(
                     self.store, self.cache, self.queue, self.index, self.archive, items, self.wall()
                 )
-                self.store.put_many(journal, fence=self.fence)
+                self.store.put_many(entries, fence=self.fence)
             # Fenced like every write: a stale owner's delete would leave the new owner holding a
             # live message that is gone (in flight for ever, its group blocked).
             removed = self.store.delete_many([str(m) for m in items], fence=self.fence)
@@ -927,7 +830,7 @@ class PartitionManager:
         except KVError as exc:
             raise PartitionUnavailable(f"{self.queue}/{self.index}: store delete failed: {exc}") from exc
 
-    def _delete_acked_by_subscription(self, c: Cursor, items: Sequence[MessageId], acked: bool) -> int:
+    def _delete_by_subscription(self, c: Cursor, items: Sequence[MessageId], journal: bool) -> int:
         with self.lock:
             self._check_serving()
             held = [m for m in items if c.holds(self.blocks, m.block, m.index)]
@@ -937,11 +840,11 @@ class PartitionManager:
                 others = any(o is not c and o.holds(self.blocks, m.block, m.index) for o in self._all)
                 (shared if others else last).append(m)
             try:
-                if acked and last and self.archive != "none":
-                    journal = archive_journal.on_ack(
+                if journal and last and self.archive != "none":
+                    entries = archive_journal.on_ack(
                         self.store, self.cache, self.queue, self.index, self.archive, last, self.wall()
                     )
-                    self.store.put_many(journal, fence=self.fence)
+                    self.store.put_many(entries, fence=self.fence)
                 if shared:
                     self.store.put_many([(self._ack_key(c, m), b"1") for m in shared], fence=self.fence)
                 if last:
@@ -975,14 +878,14 @@ class PartitionManager:
         """Memory of messages no longer stored (block live sets, cache). Lock held."""
         for key in mids:
             self.cache.discard(key)
-            block_id, idx = _split(key)
+            block_id, idx = block_and_index(key)
             state = self.blocks.get(block_id)
             if state is not None:
                 state.live.discard(idx)
                 state.archived.discard(idx)
 
     def _stored(self, mid: str) -> bool:
-        block_id, idx = _split(mid)
+        block_id, idx = block_and_index(mid)
         state = self.blocks.get(block_id)
         return state is not None and idx in state.live
 
@@ -1008,12 +911,12 @@ class PartitionManager:
 
     def _forget(self, c: Cursor, mids: Sequence[str]) -> None:
         """Drop acknowledged (or dead-lettered, or expired) messages from a cursor. Lock held."""
-        released: set[str] = set()
+        freed: set[str] = set()
         for key in mids:
-            c.inflight.remove(key)
+            c.redelivery.remove(key)
             c.receives.pop(key, None)
             c.not_due.discard(key)
-            block_id, idx = _split(key)
+            block_id, idx = block_and_index(key)
             if not c.shared:
                 live = c.live.get(block_id)
                 if live is not None:
@@ -1028,14 +931,14 @@ class PartitionManager:
                     pending.discard(((state.block.ordinal, idx), key))
                 if c.group_busy.get(group) == key:
                     del c.group_busy[group]
-                released.add(group)
-        for group in released:
-            self._release_group(c, group)
+                freed.add(group)
+        for group in freed:
+            self._unblock_group(c, group)
 
     def expire(self, cutoff: float) -> int:
         """Remove messages of blocks whose newest message is older than ``cutoff`` (retention),
         from every subscription; on a topic that archives, move the ones a subscription still
-        holds to the archive instead (see the module's text and :meth:`_expire_topic`).
+        holds to the archive instead (see ``queues.topic_retention``).
 
         Works a block at a time from the oldest, so a message outlives its retention by at
         most the time its block took to fill. Returns how many were removed.
@@ -1043,17 +946,18 @@ class PartitionManager:
         with self.lock:
             self._check_serving()
             doomed: list[str] = []
-            for state in [*self.backlog_order, *self.local_order]:
+            for state in [*self.scanned_order, *self.local_order]:
                 if state.newest >= cutoff or state.pending:
                     break
-                bucket = f"{self.queue}/{self.index}/{state.block.id}"
+                bucket = keys.block_bucket(self.queue, self.index, state.block.id)
                 doomed.extend(f"{bucket}/{i}" for i in sorted(state.live))
         if not doomed:
             return 0
         if self.is_topic:
-            return sum(self._expire_topic(doomed[k : k + EXPIRE_BATCH]) for k in range(0, len(doomed), EXPIRE_BATCH))
+            batch = topic_retention.EXPIRE_BATCH
+            return sum(topic_retention.expire(self, doomed[k : k + batch]) for k in range(0, len(doomed), batch))
         parsed = [m for m in (parse_message_id(d) for d in doomed) if m is not None]
-        removed = self.delete_acked(parsed, acked=False)
+        removed = self._delete(parsed, journal=False)
         with self.lock:
             for c in self._all:
                 self._forget(c, doomed)
@@ -1061,70 +965,6 @@ class PartitionManager:
             self.expired_total += removed
             self._prune()
         return removed
-
-    def _held(self, mid: str) -> bool:
-        """Some subscription still holds ``mid``."""
-        return any(self._is_live(c, mid) for c in self._all)
-
-    def _is_stub(self, mid: str) -> bool:
-        block_id, idx = _split(mid)
-        state = self.blocks.get(block_id)
-        return state is not None and idx in state.archived
-
-    def _expire_topic(self, doomed: list[str]) -> int:
-        """Retention on a topic's messages: those no subscription holds are removed; with
-        archiving on, those one still holds are written to the archive table (committed
-        first), then their records become stubs; without it they are removed too.
-
-        A stub is written under the lock, after checking that the message is still stored:
-        the last subscription's ack deletes under the same lock, so a stub never brings back
-        a message that was acknowledged meanwhile. Returns how many were removed."""
-        keep = self.archive != "none" and self.archive_sink is not None
-        records: dict[str, StoredMessage] = {}  # the held ones, read and archived
-        if keep:
-            with self.lock:
-                self._check_serving()
-                wanted = [d for d in doomed if self._stored(d) and not self._is_stub(d) and self._held(d)]
-            if wanted:
-                records = self._records(wanted)
-                try:
-                    self.archive_sink([(mid, m.to_bytes()) for mid, m in records.items() if not m.archived])
-                except Exception as exc:
-                    raise PartitionUnavailable(
-                        f"{self.queue}/{self.index}: archive write failed, retention deferred: {exc}"
-                    ) from exc
-        with self.lock:
-            self._check_serving()
-            gone: list[str] = []
-            stubs: list[str] = []
-            for mid in doomed:
-                if not self._stored(mid):
-                    continue  # acknowledged meanwhile: gone already
-                if not keep or not self._held(mid):
-                    gone.append(mid)
-                elif mid in records and not self._is_stub(mid):
-                    stubs.append(mid)
-            try:
-                # (a record that is a stub already was written by a run whose store write failed)
-                writes = [(mid, records[mid].stub().to_bytes()) for mid in stubs if not records[mid].archived]
-                if writes:
-                    self.store.put_many(writes, fence=self.fence)
-                if gone:
-                    self._remove_everywhere(gone)
-            except Fenced as exc:
-                raise self._lost(exc) from exc
-            except KVError as exc:
-                # Memory still says "not a stub" for any stub written: the next run finds it in
-                # the store and marks it; a delivery meanwhile reads it from the archive.
-                raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
-            for mid in stubs:
-                block_id, idx = _split(mid)
-                self.blocks[block_id].archived.add(idx)
-                self.cache.discard(mid)
-            self.offloaded_total += len(stubs)
-            self.expired_total += len(gone)
-            self._prune()
-        return len(gone)
 
     def _records(self, mids: Sequence[str]) -> dict[str, StoredMessage]:
         """The stored records of ``mids`` (cache, else one batched read; stubs too); gone ones
@@ -1147,16 +987,24 @@ class PartitionManager:
                     out[mid] = StoredMessage.from_bytes(raw)
         return out
 
-    def ack(self, items: Sequence[tuple[MessageId, str | None]], *, acked: bool = True, sub: str = "") -> int:
-        """Check receipts, delete, settle: a whole ack on this partition alone (``acked``:
-        see :meth:`delete_acked`)."""
+    def ack(self, items: Sequence[tuple[MessageId, str | None]], sub: str = "") -> int:
+        """Check receipts, delete, settle: a whole ack on this partition alone (journaled for
+        the archive: :meth:`delete_acked`). Returns how many were still held."""
+        return self._ack(items, journal=True, sub=sub)
+
+    def remove_dead_lettered(self, items: Sequence[MessageId], sub: str = "") -> int:
+        """Remove messages that were moved to the dead-letter queue: like an ack without
+        receipts, but not journaled (a dead letter is not acknowledged, so not archived)."""
+        return self._ack([(m, None) for m in items], journal=False, sub=sub)
+
+    def _ack(self, items: Sequence[tuple[MessageId, str | None]], *, journal: bool, sub: str) -> int:
         mids = [mid for mid, _ in items]
         with self.lock:
             self._check_serving()
             self.check_receipts(items, sub)
             pinned = self.pin_for_ack(mids, sub)
         try:
-            removed = self.delete_acked(mids, acked=acked, sub=sub)
+            removed = self._delete(mids, journal=journal, sub=sub)
         except PartitionUnavailable:
             with self.lock:
                 self.unpin(pinned, sub)
@@ -1170,14 +1018,14 @@ class PartitionManager:
         at once); returns its receive count. Called with ``lock`` held."""
         c = self.cursor(sub)
         key = str(mid)
-        entry = c.inflight.get(key)
+        entry = c.redelivery.get(key)
         if entry is None or not self._is_live(c, key):
             raise ReceiptMismatch(key, "not in flight (never delivered, or already acknowledged)")
         if receipt is not None and entry.receipt != receipt:
             raise ReceiptMismatch(key, "the receipt is from an earlier delivery")
         if entry.deadline == float("inf"):
             raise ReceiptMismatch(key, "it is being acknowledged or dead-lettered")
-        c.inflight.change_deadline(key, monotonic() + timeout)
+        c.redelivery.change_deadline(key, monotonic() + timeout)
         if timeout == 0:
             self.on_change()
         return c.receives.get(key, 1)
@@ -1199,18 +1047,20 @@ class PartitionManager:
                 doomed.append(state)
             return True
 
-        if take(self.backlog_order) and self.backlog is None:
+        if take(self.scanned_order) and self.unscanned is None:
             take(self.local_order)
         if not doomed:
             return
         try:
-            self.store.delete_many([block_key(self.queue, self.index, s.block.id) for s in doomed], fence=self.fence)
+            self.store.delete_many(
+                [keys.block_key(self.queue, self.index, s.block.id) for s in doomed], fence=self.fence
+            )
         except Fenced as exc:
             raise self._lost(exc) from exc
         except KVError:
             return  # try again at the next ack
         for s in doomed:
-            order = self.backlog_order if s.backlog else self.local_order
+            order = self.scanned_order if s.scanned else self.local_order
             order.popleft()
             del self.blocks[s.block.id]
             self.tree.forget(s.block.id)
@@ -1220,8 +1070,8 @@ class PartitionManager:
         with self.lock:
             now = monotonic()
             live = sum(len(s.live) for s in self.blocks.values())
-            ordered = [*self.backlog_order, *self.local_order]
-            in_flight = self.in_flight(now)
+            ordered = [*self.scanned_order, *self.local_order]
+            in_flight = self.in_flight_count(now)
             head = self.tree.head
             oldest = next((s.block.created_at for s in ordered if s.live), None)
             first = ""
@@ -1229,8 +1079,8 @@ class PartitionManager:
             if self.is_topic:
                 for c in self._all:
                     cursors[c.name] = {
-                        "backlog": c.backlog_count(),
-                        "in_flight": c.inflight.in_flight(now),
+                        "held": c.held_count(),
+                        "in_flight": c.redelivery.in_flight_count(now),
                         "archived": sum(
                             len(live & self.blocks[b].archived)
                             for b, live in c.live.items()
@@ -1238,22 +1088,30 @@ class PartitionManager:
                         ),
                         "acked": c.acked_total,
                         "redelivered": c.redelivered_total,
-                        "dequeue_id": (c.backlog_buffer or c.ready or [""])[0],
+                        "dequeue_id": (c.scanned_ready or c.ready or [""])[0],
+                        "oldest_enqueued_at": min(
+                            (
+                                self.blocks[b].block.created_at
+                                for b, live in c.live.items()
+                                if live and b in self.blocks
+                            ),
+                            default=None,
+                        ),
                     }
             else:
                 c = self.cursors[""]
-                first = (c.backlog_buffer or c.ready or [""])[0]
+                first = (c.scanned_ready or c.ready or [""])[0]
             return PartitionStats(
                 queue=self.queue,
                 index=self.index,
                 epoch=self.lease.epoch,
                 head_block=head.id if head else "",
-                enqueue_id=f"{self.queue}/{self.index}/{head.id}/{self.next_index}" if head else "",
+                enqueue_id=keys.message_key(self.queue, self.index, head.id, self.next_index) if head else "",
                 dequeue_id=first,
                 visible=max(live - in_flight, 0),
                 in_flight=in_flight,
                 delayed=len(set().union(*(c.not_due for c in self._all))),
-                depth_exact=self.backlog is None,
+                depth_exact=self.unscanned is None,
                 live_blocks=len(self.blocks),
                 tree_height=max((h for _, h in self.tree.roots), default=-1) + 1,
                 oldest_enqueued_at=oldest,
@@ -1267,5 +1125,5 @@ class PartitionManager:
     def next_wakeup(self, sub: str | None = None) -> float | None:
         """Monotonic time at which an in-flight message becomes deliverable again."""
         cursors = self._all if sub is None else [self.cursors[sub]] if sub in self.cursors else []
-        deadlines = [d for d in (c.inflight.next_deadline() for c in cursors) if d is not None]
+        deadlines = [d for d in (c.redelivery.next_deadline() for c in cursors) if d is not None]
         return min(deadlines, default=None)

@@ -24,8 +24,8 @@ import secrets
 
 from django.db import transaction
 
+from .keys import block_bucket, block_key, fence_key, parse_position, receives_bucket
 from .kv import KeyValueStore
-from .messages import block_key, fence_key
 from .models import Partition
 from .tree import AppendTree, Block, CorruptTree
 
@@ -73,7 +73,7 @@ def purge_partition(partition_id: int, store: KeyValueStore) -> int:
     removed = 0
     doomed: list[str] = []
     for block in tree.iter_from_oldest(read):
-        bucket = f"{queue}/{index}/{block.id}"
+        bucket = block_bucket(queue, index, block.id)
         doomed.extend(f"{bucket}/{name}" for name in store.scan(bucket))
         if len(doomed) >= BATCH:
             removed += store.delete_many(doomed)
@@ -84,8 +84,8 @@ def purge_partition(partition_id: int, store: KeyValueStore) -> int:
         store.delete_many(keys)
     # Saved receive counts of the old blocks (names are "<block id>.<index>"); the next
     # owner's are left alone.
-    receives = f"{queue}/{index}/_receives"
-    old = [n for n in store.scan(receives) if n.partition(".")[0] in tree.blocks]
+    receives = receives_bucket(queue, index)
+    old = [n for n in store.scan(receives) if (pos := parse_position(n)) is not None and pos[0] in tree.blocks]
     for names in _chunks(old, BATCH):
         store.delete_many([f"{receives}/{n}" for n in names])
     return removed

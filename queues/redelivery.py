@@ -16,7 +16,10 @@ from sortedcontainers import SortedList
 
 
 @dataclass(slots=True)
-class InFlight:
+class RedeliveryEntry:
+    """A delivered message's entry: in flight until its deadline, kept after it until the
+    message is delivered again or acknowledged."""
+
     #: monotonic time at which the message becomes deliverable again.
     deadline: float
     #: the receipt of the latest delivery; an ack or visibility change must carry it.
@@ -27,7 +30,7 @@ class InFlight:
 
 class RedeliveryIndex:
     def __init__(self):
-        self.by_id: dict[str, InFlight] = {}
+        self.by_id: dict[str, RedeliveryEntry] = {}
         self.by_deadline: SortedList = SortedList()
 
     def __len__(self) -> int:
@@ -36,7 +39,7 @@ class RedeliveryIndex:
     def __contains__(self, msg_id: str) -> bool:
         return msg_id in self.by_id
 
-    def get(self, msg_id: str) -> InFlight | None:
+    def get(self, msg_id: str) -> RedeliveryEntry | None:
         return self.by_id.get(msg_id)
 
     def add(self, msg_id: str, deadline: float, receipt: str, receive_count: int) -> None:
@@ -44,10 +47,10 @@ class RedeliveryIndex:
         old = self.by_id.get(msg_id)
         if old is not None:
             self.by_deadline.remove((old.deadline, msg_id))
-        self.by_id[msg_id] = InFlight(deadline, receipt, receive_count)
+        self.by_id[msg_id] = RedeliveryEntry(deadline, receipt, receive_count)
         self.by_deadline.add((deadline, msg_id))
 
-    def remove(self, msg_id: str) -> InFlight | None:
+    def remove(self, msg_id: str) -> RedeliveryEntry | None:
         """Forget a message (acknowledged). O(log n)."""
         entry = self.by_id.pop(msg_id, None)
         if entry is not None:
@@ -69,7 +72,7 @@ class RedeliveryIndex:
             out.append(msg_id)
         return out
 
-    def in_flight(self, now: float) -> int:
+    def in_flight_count(self, now: float) -> int:
         """Entries still hidden at ``now``. O(log n)."""
         return len(self.by_deadline) - self.by_deadline.bisect_left((now, ""))
 

@@ -86,7 +86,7 @@ def purge_kv(runtime):
     from queues.models import Queue
 
     for name in Queue.objects.values_list("name", flat=True):
-        runtime.store.purge(name)
+        runtime.store.delete_prefix(name)
 
 
 @pytest.fixture

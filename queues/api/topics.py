@@ -226,7 +226,7 @@ class SubscriptionVisibilityView(SubscriptionCallView):
 
 
 class SubscriptionStatsView(APIView):
-    @extend_schema(responses={200: dict, **ERRORS}, summary="Backlog and in flight of the subscription")
+    @extend_schema(responses={200: dict, **ERRORS}, summary="Held (not acked) and in flight of the subscription")
     def get(self, request, topic, name):
         sub = _subscription(topic, name)
         return Response(service.subscription_stats(sub.topic.name, sub.name))

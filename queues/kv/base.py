@@ -78,7 +78,7 @@ class KeyValueStore(abc.ABC):
         """Names of the keys directly in ``bucket`` (unordered)."""
 
     @abc.abstractmethod
-    def purge(self, prefix: str) -> None:
+    def delete_prefix(self, prefix: str) -> None:
         """Remove every key under ``prefix/`` at any depth (queue deletion; not a hot path)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook: stores without connections keep it

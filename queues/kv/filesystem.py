@@ -219,6 +219,6 @@ class FileStore(KeyValueStore):
         except (FileNotFoundError, NotADirectoryError):
             return []
 
-    def purge(self, prefix: str) -> None:
+    def delete_prefix(self, prefix: str) -> None:
         directory = self._dir(prefix)  # "" and "/" (the whole store) are refused here too
         shutil.rmtree(directory, ignore_errors=True)

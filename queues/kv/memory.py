@@ -73,7 +73,7 @@ class MemoryStore(KeyValueStore):
         with self._lock:
             return list(self.buckets.get(bucket, {}))
 
-    def purge(self, prefix: str) -> None:
+    def delete_prefix(self, prefix: str) -> None:
         with self._lock:
             for bucket in [b for b in self.buckets if b == prefix or b.startswith(prefix + "/")]:
                 del self.buckets[bucket]

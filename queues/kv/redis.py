@@ -179,7 +179,7 @@ class RedisStore(KeyValueStore):
         except redis_lib.RedisError as exc:
             raise KVError(f"redis: {exc}") from exc
 
-    def purge(self, prefix: str) -> None:
+    def delete_prefix(self, prefix: str) -> None:
         try:
             batch = [prefix]
             for key in self.client.scan_iter(match=_glob_escape(prefix) + "/*", count=1000):

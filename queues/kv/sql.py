@@ -142,7 +142,7 @@ class SQLStore(KeyValueStore):
         except DatabaseError as exc:
             raise KVError(f"database: {exc}") from exc
 
-    def purge(self, prefix: str) -> None:
+    def delete_prefix(self, prefix: str) -> None:
         like = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "/%"
         try:
             with transaction.atomic(), connection.cursor() as cursor:

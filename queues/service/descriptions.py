@@ -14,6 +14,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from .. import keys
 from ..models import Partition, Queue, Subscription
 from .errors import Conflict, InvalidRequest, QueueNotFound, SubscriptionNotFound
 from .peers import get_peers
@@ -133,8 +134,8 @@ def delete_subscription(sub: Subscription) -> None:
     _subscriptions_changed(topic)
     store = get_runtime().store
     for index in range(topic.partitions):
-        for kind in ("_acks", "_receives"):
-            store.purge(f"{topic.name}/{index}/{kind}/{sub.name}")
+        store.delete_prefix(keys.acks_bucket(topic.name, index, sub.name))
+        store.delete_prefix(keys.receives_bucket(topic.name, index, sub.name))
 
 
 def refresh_topic(topic: str) -> None:
@@ -226,27 +227,32 @@ def subscription_stats(topic: str, sub: str) -> dict[str, Any]:
     rt = get_runtime()
     cfg = queue_config(topic)
     local = {m.index: m.stats().cursors.get(sub) for m in rt.local_managers(topic)}
+    now = time.time()
     parts = []
     for p in Partition.objects.filter(queue_id=cfg.id).order_by("index"):
         figures = local.get(p.index) or (p.cursors or {}).get(sub) or {}
         entry = {
             "index": p.index,
             "live": local.get(p.index) is not None,
-            **{k: figures.get(k, 0) for k in ("backlog", "in_flight", "acked", "redelivered", "archived")},
+            **{k: figures.get(k, 0) for k in ("held", "in_flight", "acked", "redelivered", "archived")},
             "dequeue_id": figures.get("dequeue_id", ""),
         }
-        entry["depth"] = max(entry["backlog"] - entry["in_flight"], 0)
+        oldest = figures.get("oldest_enqueued_at")  # held, in flight included
+        entry["oldest_age"] = round(now - oldest, 3) if oldest else None
+        entry["depth"] = max(entry["held"] - entry["in_flight"], 0)
         parts.append(entry)
-    # "queue", "depth" and "in_flight" as in a queue's stats: clients read both the same way.
+    ages = [e["oldest_age"] for e in parts if e["oldest_age"] is not None]
+    # "queue", "depth", "in_flight" and "oldest_age" as in a queue's stats: clients read both
+    # the same way.
     return {
         "queue": f"{topic}/{sub}",
         "topic": topic,
         "subscription": sub,
-        "backlog": sum(e["backlog"] for e in parts),
+        "held": sum(e["held"] for e in parts),
         "depth": sum(e["depth"] for e in parts),
         "in_flight": sum(e["in_flight"] for e in parts),
         "acked": sum(e["acked"] for e in parts),
         "archived": sum(e["archived"] for e in parts),
-        "oldest_age": None,
+        "oldest_age": max(ages) if ages else None,
         "partitions": parts,
     }

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from ..dedup import get_dedup
-from ..messages import MessageId, StoredMessage, parse_message_id, partition_for
+from ..messages import MessageId, StoredMessage, group_partition, parse_message_id
 from ..node import QueueConfig
 from ..partition import Delivery, PartitionManager
 from ..router import MAX_HOPS
@@ -80,7 +80,7 @@ def enqueue(queue: str, drafts: Sequence[MessageDraft], *, hops: int = 0) -> lis
         by_partition: dict[int | None, list[int]] = {}
         for i in todo:
             group = drafts[i].group
-            by_partition.setdefault(partition_for(group, cfg.partitions) if group else None, []).append(i)
+            by_partition.setdefault(group_partition(group, cfg.partitions) if group else None, []).append(i)
         for index, positions in by_partition.items():
             stored = _enqueue_somewhere(cfg, index, [drafts[i] for i in positions], now, hops)
             for i, mid in zip(positions, stored):
@@ -337,12 +337,12 @@ def _move_dead_letters(cfg: QueueConfig, sub: str = "") -> None:
                 dlq = queue_config(dead_letter_queue)
                 check_drafts(dlq, drafts)
                 _enqueue_somewhere(dlq, None, drafts, now, 0)
-            m.ack([(parse_message_id(mid), None) for mid in mids], acked=False, sub=sub)  # not archived
+            m.remove_dead_lettered([parse_message_id(mid) for mid in mids], sub)  # not archived
             with m.lock:
                 m.dead_lettered_total += len(found)
         except Exception:
             log.exception("moving %d dead letters of %s", len(mids), cfg.name)
-            m.return_dead(mids, sub)
+            m.give_back_dead(mids, sub)
 
 
 # --- ack and visibility -----------------------------------------------------------------------

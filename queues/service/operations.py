@@ -120,13 +120,13 @@ def expire(queue: str, older_than: float | None = None) -> ExpireResult:
     expired = archived = 0
     deferred: dict[int, str] = {}
     for m in get_runtime().local_managers(cfg.name):
-        before = (m.expired_total, m.offloaded_total)
+        before = (m.expired_total, m.archived_total)
         try:
             m.expire(cutoff)
         except PartitionUnavailable as exc:
             deferred[m.index] = str(exc)
         expired += m.expired_total - before[0]
-        archived += m.offloaded_total - before[1]
+        archived += m.archived_total - before[1]
     if expired:
         Queue.objects.filter(pk=cfg.id).update(expired_total=F("expired_total") + expired)
     return ExpireResult(expired, archived, deferred)

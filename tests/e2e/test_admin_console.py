@@ -164,7 +164,7 @@ def test_queue_partitions_and_tree(browser, node, token, admin_login):
         # it is really painted: the drawing has a size on the page
         assert svg.size["width"] > 100 and svg.size["height"] > 50, svg.size
     finally:
-        get_store().purge(name)
+        get_store().delete_prefix(name)
 
 
 def test_dashboards(browser, node, token, admin_login):
@@ -242,7 +242,7 @@ def test_dashboards(browser, node, token, admin_login):
         assert 0.2 <= learned.process_estimate <= 3.0, learned.process_estimate
         assert browser.find_elements(By.CSS_SELECTOR, "#estimates tbody tr")
     finally:
-        get_store().purge(name)
+        get_store().delete_prefix(name)
 
 
 def test_topic_subscriptions_and_archive(browser, node, token, admin_login):
@@ -338,4 +338,4 @@ def test_topic_subscriptions_and_archive(browser, node, token, admin_login):
         assert "news 11" in listing.text
         assert ArchivedMessage.objects.filter(queue=name).count() == 12
     finally:
-        get_store().purge(name)
+        get_store().delete_prefix(name)

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from queues import service
-from queues.messages import block_key
+from queues.keys import block_key
 from queues.models import Partition, Queue
 from queues.service import MessageDraft
 
@@ -123,9 +123,9 @@ def snapshot(*queues: str) -> dict:
         for m in sorted(rt.local_managers(name), key=lambda m: m.index):
             with m.lock:
                 snap[f"mem:{name}/{m.index}"] = {
-                    "inflight": {k: (e.deadline, e.receipt, e.receive_count) for k, e in m.inflight.by_id.items()},
+                    "redelivery": {k: (e.deadline, e.receipt, e.receive_count) for k, e in m.redelivery.by_id.items()},
                     "ready": list(m.ready),
-                    "backlog": list(m.backlog_buffer),
+                    "scanned_ready": list(m.scanned_ready),
                     "blocks": {bid: sorted(s.live) for bid, s in m.blocks.items()},
                     "head": m.tree.head.id if m.tree.head else None,
                     "next_index": m.next_index,

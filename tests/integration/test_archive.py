@@ -58,7 +58,7 @@ def rt(backend, request, tmp_path, kv_reset):
     from queues.models import Queue
 
     for name in Queue.objects.values_list("name", flat=True):
-        store.purge(name)
+        store.delete_prefix(name)
     runtime.stop(release=True)
     service.set_runtime(None)
 
@@ -414,7 +414,7 @@ def test_every_confirmed_message_of_a_killed_node_is_archived(kind, tmp_path, to
     archived = set(ArchivedMessage.objects.filter(queue=name).values_list("message_id", flat=True))
     assert len(confirmed) >= 2000
     assert confirmed <= archived
-    store.purge(name)
+    store.delete_prefix(name)
 
 
 def _redis_store():

@@ -302,7 +302,7 @@ def test_a_worker_consumes_a_topic_subscription_unchanged(api, celery_worker, ha
         WORKER_HANDLERS="tests.integration.handlers_for_tests,tests.integration.handlers_for_topic_tests",
     )
     _wait(
-        lambda: api.get("topics/news/subscriptions/mail/stats").json()["backlog"] == 0,
+        lambda: api.get("topics/news/subscriptions/mail/stats").json()["held"] == 0,
         40,
         "the mail subscription to be drained",
     )
@@ -310,6 +310,6 @@ def test_a_worker_consumes_a_topic_subscription_unchanged(api, celery_worker, ha
     # then each message was processed once for "mail", and "sms" still holds all of them
     done = Counter(mid for event, mid, _, _ in events(handler_out) if event == "done")
     assert set(done) == set(ids) and set(done.values()) == {1}
-    assert api.get("topics/news/subscriptions/sms/stats").json()["backlog"] == 30
+    assert api.get("topics/news/subscriptions/sms/stats").json()["held"] == 30
     got = api.post("topics/news/subscriptions/sms/dequeue", {"max": 100}).json()["messages"]
     assert sorted(m["id"] for m in got) == sorted(ids)

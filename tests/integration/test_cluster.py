@@ -219,9 +219,9 @@ def test_sigkill_one_of_three_nodes_mid_load(cluster, token):
     victim_id = _node_id(victim)
     victim_parts = {p["index"] for p in _partitions(c0, name) if p["owner"] == victim_id}
     # a group whose stable hash lands in one of the victim's partitions, to aim enqueues there
-    from queues.messages import partition_for
+    from queues.messages import group_partition
 
-    group = next(f"g{i}" for i in range(10_000) if partition_for(f"g{i}", 6) in victim_parts)
+    group = next(f"g{i}" for i in range(10_000) if group_partition(f"g{i}", 6) in victim_parts)
     victim.kill()
     load.urls = [n.url for n in nodes[:2]]
 

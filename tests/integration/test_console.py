@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from queues.messages import block_key, parse_message_id
+from queues.keys import block_key
+from queues.messages import parse_message_id
 from queues.models import Partition, Queue
 from queues.partition import PartitionUnavailable
 

@@ -165,7 +165,7 @@ def test_scan_after_fenced_writes_shows_only_keys(store):
         ("a.b", ["axb", "a.bc"]),
     ],
 )
-def test_purge_removes_the_prefix_at_any_depth_only(store, name, siblings):
+def test_delete_prefix_removes_the_prefix_at_any_depth_only(store, name, siblings):
     p = _prefix()
     name = f"{p}{name}"
     siblings = [f"{p}{s}" for s in siblings]
@@ -176,7 +176,7 @@ def test_purge_removes_the_prefix_at_any_depth_only(store, name, siblings):
     doomed = tree(name)
     kept = [k for s in siblings for k in tree(s)]
     store.put_many([(k, k.encode()) for k in doomed + kept])
-    store.purge(name)
+    store.delete_prefix(name)
     assert store.get_many(doomed) == [None] * len(doomed)
     for bucket in {k.rpartition("/")[0] for k in doomed}:
         assert store.scan(bucket) == []
@@ -184,14 +184,14 @@ def test_purge_removes_the_prefix_at_any_depth_only(store, name, siblings):
     # the keys can be written again afterwards
     store.put(doomed[2], b"again")
     assert store.get(doomed[2]) == b"again"
-    store.purge(f"{p}never-existed")  # absent prefix: no error
+    store.delete_prefix(f"{p}never-existed")  # absent prefix: no error
 
 
-def test_purge_of_a_deeper_prefix(store):
+def test_delete_prefix_of_a_deeper_prefix(store):
     p = _prefix()
     keys = {f"{p}/0/blk/1": False, f"{p}/0/x": False, f"{p}/00/blk/1": True, f"{p}/1/blk/1": True, f"{p}/top": True}
     store.put_many([(k, b"v") for k in keys])
-    store.purge(f"{p}/0")
+    store.delete_prefix(f"{p}/0")
     assert store.get_many(list(keys)) == [b"v" if keep else None for keep in keys.values()]
 
 
@@ -604,7 +604,7 @@ def test_file_store_refuses_bad_keys(tmp_path, bad):
 @pytest.mark.parametrize(
     "bad", ["..", "../d1", "a/../..", "../../outside", "good/..", ".", "", "/", "good//0", ".hidden"]
 )
-def test_file_store_scan_and_purge_stay_inside_the_root(tmp_path, bad):
+def test_file_store_scan_and_delete_prefix_stay_inside_the_root(tmp_path, bad):
     from queues.kv.filesystem import FileStore
 
     (tmp_path / "outside").write_bytes(b"keep")
@@ -614,7 +614,7 @@ def test_file_store_scan_and_purge_stay_inside_the_root(tmp_path, bad):
     (tmp_path / "d1" / "sibling").write_bytes(b"keep")
     before = _tree(tmp_path)
     with pytest.raises(ValueError):
-        s.purge(bad)
+        s.delete_prefix(bad)
     with pytest.raises(ValueError):
         s.scan(bad)
     assert _tree(tmp_path) == before

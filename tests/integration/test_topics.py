@@ -80,8 +80,8 @@ def test_nothing_is_removed_before_the_slowest_subscription_acks(api, make_topic
     # the slow one has not read: every message is still stored, and the admin figures say who holds them
     assert None not in runtime.store.get_many(ids)
     stats = api.get(f"/api/v1/topics/{topic}/subscriptions/slow/stats").json()
-    assert stats["backlog"] == 10 and stats["acked"] == 0
-    assert api.get(f"/api/v1/topics/{topic}/subscriptions/fast/stats").json()["backlog"] == 0
+    assert stats["held"] == 10 and stats["acked"] == 0
+    assert api.get(f"/api/v1/topics/{topic}/subscriptions/fast/stats").json()["held"] == 0
     # a takeover keeps what "fast" acked: it gets nothing again, "slow" gets everything
     runtime.stop(release=True)
     from queues import service
@@ -96,6 +96,31 @@ def test_nothing_is_removed_before_the_slowest_subscription_acks(api, make_topic
     finally:
         rt2.stop(release=True)
         service.set_runtime(runtime)
+
+
+def test_a_subscriptions_stats_give_the_age_of_what_it_holds_in_flight(api, make_topic, runtime, purge_kv):
+    # given a subscription with its only message in flight (the queue's stats give an age then)
+    topic = make_topic(["s", "other"], partitions=2)
+    _publish(api, topic, ["m"])
+    [m] = _drain(api, topic, "s", ack=False)
+    # when its stats are read, live from the owner and as the owner published them
+    live = api.get(f"/api/v1/topics/{topic}/subscriptions/s/stats").json()
+    runtime.tick()
+    part = Partition.objects.get(queue__name=topic, index=parse_message_id(m["id"]).partition)
+    # then it holds one, in flight, and says how old it is
+    assert (live["held"], live["in_flight"], live["depth"]) == (1, 1, 0)
+    assert live["oldest_age"] is not None and live["oldest_age"] >= 0
+    assert part.cursors["s"]["held"] == 1 and part.cursors["s"]["oldest_enqueued_at"] is not None
+    # and once acked it holds nothing, and has no age
+    r = api.post(
+        f"/api/v1/topics/{topic}/subscriptions/s/ack",
+        {"messages": [{"id": m["id"], "receipt": m["receipt"]}]},
+        format="json",
+    )
+    assert r.status_code == 200, r.content
+    done = api.get(f"/api/v1/topics/{topic}/subscriptions/s/stats").json()
+    assert (done["held"], done["in_flight"], done["oldest_age"]) == (0, 0, None)
+    assert api.get(f"/api/v1/topics/{topic}/subscriptions/other/stats").json()["oldest_age"] is not None
 
 
 def test_group_order_per_subscription(api, make_topic, runtime, purge_kv):

@@ -120,7 +120,7 @@ class GroupMachine(RuleBasedStateMachine):
         self.body: dict[str, str] = {}
         self.live: set[str] = set()  # confirmed, not acked, not dead-lettered
         self.dead: set[str] = set()
-        self.inflight: dict[str, tuple[str, float]] = {}  # id -> (receipt, deadline), this owner
+        self.in_flight: dict[str, tuple[str, float]] = {}  # id -> (receipt, deadline), this owner
         self.deliveries: Counter[str] = Counter()
         self.last_seq = -1
         self.last_group_seq: dict[str, int] = {}
@@ -189,24 +189,24 @@ class GroupMachine(RuleBasedStateMachine):
             assert got == [], "delivered before the oldest live block was reached"
 
     @rule(data=st.data())
-    @precondition(lambda self: self.inflight)
+    @precondition(lambda self: self.in_flight)
     def ack(self, data):
-        ids = data.draw(st.lists(st.sampled_from(sorted(self.inflight)), min_size=1, max_size=4, unique=True))
-        removed = self.m.ack([(parse_message_id(i), self.inflight[i][0]) for i in ids])
+        ids = data.draw(st.lists(st.sampled_from(sorted(self.in_flight)), min_size=1, max_size=4, unique=True))
+        removed = self.m.ack([(parse_message_id(i), self.in_flight[i][0]) for i in ids])
         assert removed == len(ids)
         for i in ids:
             self.live.discard(i)
-            del self.inflight[i]
+            del self.in_flight[i]
 
     @rule(data=st.data())
-    @precondition(lambda self: any(dl > self.clocks.mono for _, dl in self.inflight.values()))
+    @precondition(lambda self: any(dl > self.clocks.mono for _, dl in self.in_flight.values()))
     def change_visibility_to_zero(self, data):
-        hidden = sorted(i for i, (_, dl) in self.inflight.items() if dl > self.clocks.mono)
+        hidden = sorted(i for i, (_, dl) in self.in_flight.items() if dl > self.clocks.mono)
         mid = data.draw(st.sampled_from(hidden))
-        receipt = self.inflight[mid][0]
+        receipt = self.in_flight[mid][0]
         with self.m.lock:
             self.m.change_visibility_locked(parse_message_id(mid), receipt, 0)
-        self.inflight[mid] = (receipt, self.clocks.mono)
+        self.in_flight[mid] = (receipt, self.clocks.mono)
 
     @rule(dt=st.sampled_from([0.1, 0.5, 1.0, 5.0, 30.0]))
     def advance(self, dt):
@@ -216,10 +216,10 @@ class GroupMachine(RuleBasedStateMachine):
     def takeover(self, full):
         # the old owner is abandoned; its deliveries count as expired (at least once)
         self.stale = self.m
-        self.stale_receipts = {i: r for i, (r, _) in self.inflight.items()}
+        self.stale_receipts = {i: r for i, (r, _) in self.in_flight.items()}
         self.m = self._open(full=full)
         self.half_open = not full
-        self.inflight.clear()
+        self.in_flight.clear()
 
     @rule(data=st.data())
     @precondition(lambda self: self.stale_receipts)
@@ -248,7 +248,7 @@ class GroupMachine(RuleBasedStateMachine):
             mid = d.id
             assert mid in self.live, f"delivered {mid}, which was acked, dead-lettered or never confirmed"
             assert d.message.body == self.body[mid]
-            held = self.inflight.get(mid)
+            held = self.in_flight.get(mid)
             assert held is None or held[1] <= now, "delivered while hidden"
             # (3) never before its delay
             nb = self.not_before[mid]
@@ -260,13 +260,13 @@ class GroupMachine(RuleBasedStateMachine):
                 assert not earlier, f"{group}: {mid} delivered while earlier {earlier} still live"
                 # (2) one in flight at a time
                 busy = [
-                    x for x, (_, dl) in self.inflight.items() if x != mid and self.group_of[x] == group and dl > now
+                    x for x, (_, dl) in self.in_flight.items() if x != mid and self.group_of[x] == group and dl > now
                 ]
                 assert not busy, f"{group}: {mid} delivered while {busy} in flight"
             if self.max_receives is not None:
                 assert d.receive_count <= self.max_receives, "delivered past max_receives"
             self.deliveries[mid] += 1
-            self.inflight[mid] = (d.receipt, now + vis)
+            self.in_flight[mid] = (d.receipt, now + vis)
         self._move_dead()
         return got
 
@@ -283,7 +283,7 @@ class GroupMachine(RuleBasedStateMachine):
         self.m.ack([(parse_message_id(mid), None) for mid, _ in dead])
         for mid, _ in dead:
             self.live.discard(mid)
-            self.inflight.pop(mid, None)
+            self.in_flight.pop(mid, None)
             self.dead.add(mid)
 
     @invariant()
@@ -310,7 +310,7 @@ class GroupMachine(RuleBasedStateMachine):
                     self.m.ack([(parse_message_id(d.id), d.receipt) for d in got])
                     for d in got:
                         self.live.discard(d.id)
-                        del self.inflight[d.id]
+                        del self.in_flight[d.id]
             assert not self.live, f"never delivered: {sorted(self.live, key=self.pos.get)[:5]}"
         finally:
             partition_mod.monotonic = self._saved

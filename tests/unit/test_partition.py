@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from queues import partition as partition_mod
+from queues.keys import block_key
 from queues.kv.memory import MemoryStore
 from queues.leases import Lease
-from queues.messages import StoredMessage, block_key, parse_message_id
+from queues.messages import StoredMessage, parse_message_id
 from queues.partition import (
     BodyCache,
     PartitionManager,

@@ -108,7 +108,7 @@ def test_retention_moves_what_a_slow_subscription_holds_to_the_archive():
     assert m.expire(cutoff=10**12) == 0
     # then nothing was removed for the slow one: the messages are in the archive and only
     # stubs (no body) are left in the store, under the same IDs
-    assert m.offloaded_total == 10
+    assert m.archived_total == 10
     assert set(archive.rows) == set(sent)
     stubs = stored_messages(store)
     assert set(stubs) == set(sent)

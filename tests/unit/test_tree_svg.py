@@ -5,8 +5,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from consoles.tree_svg import collect, render
+from queues.keys import block_key
 from queues.kv.memory import MemoryStore
-from queues.messages import block_key
 from queues.tree import AppendTree
 
 SVG = "{http://www.w3.org/2000/svg}"

@@ -1,0 +1,47 @@
+"""The store's layout (``queues.keys``): what an owner finds after an upgrade depends on it, so
+every key is pinned here as it is written today."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from queues import keys
+from queues.messages import MessageId, parse_message_id
+
+BLOCK = "00000001-aaaaaaaaaaaaaaaa"
+MID = parse_message_id(f"q/3/{BLOCK}/17")
+
+
+def test_every_key_of_a_partition_as_stored():
+    assert keys.message_key("q", 3, BLOCK, 17) == str(MID) == f"q/3/{BLOCK}/17"
+    assert keys.block_bucket("q", 3, BLOCK) == f"q/3/{BLOCK}"
+    assert keys.blocks_bucket("q", 3) == "q/3/_blocks"
+    assert keys.block_key("q", 3, BLOCK) == f"q/3/_blocks/{BLOCK}"
+    assert keys.fence_key("q", 3) == "q/3/_fence"
+    assert keys.receives_bucket("q", 3) == "q/3/_receives"
+    assert keys.receives_key("q", 3, MID) == f"q/3/_receives/{BLOCK}.17"
+    assert keys.receives_bucket("q", 3, "sub") == "q/3/_receives/sub"
+    assert keys.receives_key("q", 3, MID, "sub") == f"q/3/_receives/sub/{BLOCK}.17"
+    assert keys.acks_bucket("q", 3, "sub") == "q/3/_acks/sub"
+    assert keys.ack_key("q", 3, "sub", MID) == f"q/3/_acks/sub/{BLOCK}.17"
+    assert keys.archive_bucket("q", 3) == "q/3/_archive"
+    assert keys.partition_prefix("q", 3) == "q/3"
+    assert keys.queue_prefix("q") == "q"
+
+
+def test_a_message_id_built_from_its_parts_is_its_key():
+    assert str(MessageId("q", 3, BLOCK, 17)) == keys.message_key("q", 3, BLOCK, 17)
+
+
+@given(index=st.integers(min_value=0, max_value=99_999))
+def test_positions_read_back_and_keys_split(index):
+    mid = parse_message_id(keys.message_key("q", 0, BLOCK, index))
+    assert keys.parse_position(keys.position(mid)) == (BLOCK, index)
+    assert keys.block_and_index(str(mid)) == (BLOCK, index)
+
+
+@pytest.mark.parametrize("name", ["", "junk", f"{BLOCK}.", f".{BLOCK}", f"{BLOCK}.x", f"{BLOCK}.01", f"{BLOCK}.-1"])
+def test_names_that_are_no_position(name):
+    assert keys.parse_position(name) is None
