@@ -165,10 +165,10 @@ def test_every_call_round_trips_with_typed_results(cluster, token):
     assert [by_body[b].id for b in "abc"] == ids and by_body["b"].attributes == {"x": 1}
     assert by_body["a"].sequence < by_body["b"].sequence < by_body["c"].sequence
 
-    # visibility: extend one, release another (delivered again, receive count 2)
+    # visibility: extend one, give another back (delivered again, receive count 2)
     v = mq.change_visibility(name, by_body["a"], 120)
     assert v == sdk.VisibilityResult(id=ids[0], visibility_timeout=120)
-    mq.release(name, by_body["b"])
+    mq.give_back(name, by_body["b"])
     again = mq.dequeue(name, 10, wait=2)
     assert [m.body for m in again] == ["b"] and again[0].receive_count == 2
 
