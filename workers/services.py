@@ -154,9 +154,9 @@ def record_redeliveries(deliveries: Iterable[Delivery]) -> int:
     ``given_back`` then, by :func:`record_given_back`, and counts as reported). The row names
     the consumer whose latest heartbeat listed the message. Returns how many rows were written.
 
-    Reads then one bulk INSERT, no lock: two calls racing on the same redelivery (there is one
-    delivery per receive count, so only a worker's late report can race) may log one attempt
-    twice, which the log tolerates. Raises nothing of its own (database errors pass through).
+    Reads then one bulk INSERT, no lock: there is one delivery per receive count, so only a
+    worker's report arriving meanwhile can race with it (the attempt is then logged twice,
+    which the log tolerates). Raises nothing of its own (database errors pass through).
     """
     again = [d for d in deliveries if d.receive_count > 1]
     if not again:
@@ -186,21 +186,29 @@ def record_redeliveries(deliveries: Iterable[Delivery]) -> int:
 
 
 def record_given_back(message_id: str, attempt: int) -> bool:
-    """Log attempt ``attempt`` of ``message_id`` as given back, unless it was reported already.
+    """Log attempt ``attempt`` of ``message_id`` as given back, unless its worker reported it.
 
     A consumer that sets a message's visibility to 0 gives it back on purpose; this record
     keeps the redelivery that follows from logging the attempt as abandoned. The row names the
     consumer whose latest heartbeat listed the message; group and size are not known here.
-    Returns whether a row was written.
+    Returns whether a row was written or corrected.
 
-    Read then INSERT, no lock (as :func:`record_redeliveries`). Raises :class:`InvalidAttempt`
-    when ``message_id`` is not a message ID.
+    The core announces a give back after releasing the partition lock, so a consumer long
+    polling the queue may be handed the message, and :func:`record_redeliveries` log the
+    attempt abandoned, first. Only a give back can make the message visible before its
+    deadline, so that row is corrected here rather than left standing beside this one.
+
+    Read then UPDATE or INSERT, no lock (as :func:`record_redeliveries`). Raises
+    :class:`InvalidAttempt` when ``message_id`` is not a message ID.
     """
     mid = parse_message_id(message_id)
     if mid is None:
         raise InvalidAttempt(f"{message_id!r} is not a message ID")
-    if AttemptLog.objects.filter(message_id=message_id, attempt=attempt).exists():
+    rows = AttemptLog.objects.filter(message_id=message_id, attempt=attempt)
+    if rows.exclude(outcome=AttemptLog.Outcome.ABANDONED).exists():
         return False
+    if rows.update(outcome=AttemptLog.Outcome.GIVEN_BACK, error=GIVEN_BACK_ERROR):
+        return True
     AttemptLog.objects.create(
         message_id=message_id,
         queue=mid.queue,

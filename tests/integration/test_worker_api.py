@@ -294,6 +294,23 @@ def test_a_give_back_announced_by_the_core_is_logged_and_its_redelivery_is_not_a
     assert _rows(reported) == [(1, "failed", None)]
 
 
+def test_a_give_back_announced_after_its_redelivery_corrects_the_abandoned_row(db):
+    # given a message given back that a long poll delivered again before the give back was announced
+    from queues import signals
+    from queues.messages import StoredMessage
+    from queues.partition import Delivery
+
+    given = _mid("sig", 6)
+    _holding("w-racer", given)
+    signals.redelivered.send(sender=None, target="sig", deliveries=[Delivery(given, "r2", 2, StoredMessage("b", 0.0))])
+    assert _rows(given) == [(1, "abandoned", "w-racer")]
+    # when the give back is announced
+    signals.given_back.send(sender=None, target="sig", message_id=given, receive_count=1)
+    # then the attempt is logged once, as given back
+    assert _rows(given) == [(1, "given_back", "w-racer")]
+    assert AttemptLog.objects.get(message_id=given).error == "given back (visibility 0) without a report"
+
+
 def test_the_core_gives_back_and_the_log_says_given_back_not_abandoned(api, make_queue):
     """End to end through the core: needs the core to send ``queues.signals``."""
     # given a delivered message its consumer holds (it says so in a heartbeat)
