@@ -193,7 +193,7 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
     "retention": {"task": "queues.expire", "schedule": envfloat("RETENTION_EVERY", 60.0)},
-    "attempt-logs": {"task": "workers.purge_attempt_logs", "schedule": 3600.0},
+    "attempt-logs": {"task": "workers.expire_attempt_logs", "schedule": 3600.0},
     "dashboards": {"task": "consoles.refresh_dashboards", "schedule": envfloat("DASHBOARDS_EVERY", 300.0)},
     "archive": {"task": "archive.run_archiver", "schedule": envfloat("ARCHIVE_EVERY", 10.0)},
 }

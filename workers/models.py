@@ -34,7 +34,10 @@ class AttemptLog(models.Model):
         SUCCEEDED = "succeeded"
         FAILED = "failed"
         TIMED_OUT = "timed_out"
+        #: the service's record: the visibility ran out without an ack or a report.
         ABANDONED = "abandoned"
+        #: the service's record: the consumer gave the message back (visibility 0) unreported.
+        GIVEN_BACK = "given_back"
 
     message_id = models.CharField(max_length=200, db_index=True)
     queue = models.CharField(max_length=80)

@@ -137,7 +137,7 @@ class Pipeline:
             leftover = list(self._held.values())
             self._held.clear()
         for work in leftover:
-            self._release(work)
+            self._give_back(work)
         for _ in range(100):  # everything, 1,000 a call, while the service takes them
             with self._logs_lock:
                 pending = len(self._logs)
@@ -234,7 +234,7 @@ class Pipeline:
         try:
             prepared = work.prepared.result()
         except CancelledError:  # stopping before it started: give it back untouched
-            self._release(work)
+            self._give_back(work)
             self._forget(work)
             return None
         except BaseException as exc:  # noqa: BLE001 - pre-processing failed: an attempt that failed
@@ -311,10 +311,10 @@ class Pipeline:
                 backoff = min(self.retry_backoff * 2 ** max(0, message.receive_count - 1), 300.0)
                 self.client.change_visibility(work.queue, message, backoff)
         except Exception as exc:  # noqa: BLE001 - a stale receipt or a lost node: it comes back
-            log.warning("%s %s: %s", "ack" if outcome == "succeeded" else "release", message.id, exc)
+            log.warning("%s %s: %s", "ack" if outcome == "succeeded" else "retry later", message.id, exc)
         self._forget(work)
 
-    def _release(self, work: Work) -> None:
+    def _give_back(self, work: Work) -> None:
         try:
             self.client.change_visibility(work.queue, work.message, 0)
         except Exception:  # noqa: BLE001 - it comes back after its timeout anyway

@@ -949,8 +949,9 @@ class Client:
             id=answer.get("id", mid), visibility_timeout=answer.get("visibility_timeout", visibility_timeout)
         )
 
-    def release(self, queue: str, message: Message | str, *, receipt: str | None = None) -> VisibilityResult:
-        """Give a delivered message back at once (visibility 0)."""
+    def give_back(self, queue: str, message: Message | str, *, receipt: str | None = None) -> VisibilityResult:
+        """Give a delivered message back at once (visibility 0): delivered again, and logged as
+        given back rather than abandoned (unless the attempt was reported)."""
         return self.change_visibility(queue, message, 0, receipt=receipt)
 
     def redrive(self, dead_letter_queue: str, max_messages: int = 100) -> RedriveResult:

@@ -165,10 +165,10 @@ def test_every_call_round_trips_with_typed_results(cluster, token):
     assert [by_body[b].id for b in "abc"] == ids and by_body["b"].attributes == {"x": 1}
     assert by_body["a"].sequence < by_body["b"].sequence < by_body["c"].sequence
 
-    # visibility: extend one, release another (delivered again, receive count 2)
+    # visibility: extend one, give another back (delivered again, receive count 2)
     v = mq.change_visibility(name, by_body["a"], 120)
     assert v == sdk.VisibilityResult(id=ids[0], visibility_timeout=120)
-    mq.release(name, by_body["b"])
+    mq.give_back(name, by_body["b"])
     again = mq.dequeue(name, 10, wait=2)
     assert [m.body for m in again] == ["b"] and again[0].receive_count == 2
 
@@ -352,3 +352,58 @@ def test_acks_and_visibility_go_straight_to_the_owner(cluster, token):
     assert [c[1] for c in calls if c[2].endswith("/ack")] == [b.url, a.url]
     assert set(via_a.owners(name).values()) == {a_address}
     assert [m.body for m in _drain(via_a, name, 1)] == ["grouped"]
+
+
+def _attempts(mid: str) -> list[tuple[int, str, str | None]]:
+    from workers.models import AttemptLog
+
+    return [(a.attempt, a.outcome, a.worker_id) for a in AttemptLog.objects.filter(message_id=mid).order_by("attempt")]
+
+
+def test_a_message_given_back_is_logged_given_back_and_one_timed_out_abandoned(cluster, token):
+    """Needs the core to send ``queues.signals`` (the workers app keeps the log from them)."""
+    node = cluster()
+    mq = Client(node.url, token)
+    name = mq.create_queue(_name(), partitions=1).name
+    _wait(lambda: _served(mq, name), 20, "the node to serve the queue")
+    mid = mq.enqueue(name, "x")
+    # given a delivered message its consumer says it holds
+    consumer = uuid.uuid4().hex
+    (m,) = mq.dequeue(name, visibility_timeout=60, wait=2)
+    beat = mq.heartbeat({"consumer": consumer, "queues": [name], "held": [{"id": m.id, "receipt": m.receipt}]})
+    assert beat["extended"] == [mid]
+    # when the consumer gives it back and it is delivered again
+    mq.give_back(name, m)
+    (again,) = mq.dequeue(name, visibility_timeout=0, wait=2)
+    assert again.id == mid and again.receive_count == 2
+    # then attempt 1 was given back, not abandoned
+    assert _attempts(mid) == [(1, "given_back", consumer)]
+    # and attempt 2, whose visibility ran out (0 s), is abandoned when it is delivered a third time
+    (third,) = mq.dequeue(name, visibility_timeout=60, wait=2)
+    assert third.receive_count == 3
+    assert _attempts(mid) == [(1, "given_back", consumer), (2, "abandoned", consumer)]
+
+
+def test_heartbeats_extend_held_messages_at_their_owner(cluster, token):
+    """A heartbeat to one node extends a message held from the other's partition (the core's
+    ``change_visibility`` forwards to the owner)."""
+    a, b = cluster(), cluster()
+    admin = Client([a.url, b.url], token)
+    name = admin.create_queue(_name(), partitions=2, visibility_timeout=2, lease_period=2).name
+    _wait(lambda: _served(admin, name, owners=2), 20, "one partition on each node")
+    a_address = a.url.removeprefix("http://")
+    a_partition = next(p.index for p in admin.partitions(name) if p.address == a_address)
+    group = next(f"g{i}" for i in range(1000) if sdk.group_partition(f"g{i}", 2) == a_partition)
+    mid = admin.enqueue(name, "long job", group=group)
+    (m,) = Client(a.url, token).dequeue(name, visibility_timeout=2, wait=2)
+    assert m.id == mid
+    # when its worker heartbeats to B only, for twice the visibility timeout
+    via_b = Client(b.url, token)
+    held = [{"id": m.id, "receipt": m.receipt}]
+    for _ in range(4):
+        beat = via_b.heartbeat({"consumer": "w-far", "queues": [name], "held": held})
+        assert beat["extended"] == [mid] and beat["lost"] == []
+        assert Client(a.url, token).dequeue(name, visibility_timeout=30) == [], "delivered twice while held"
+        time.sleep(1)
+    # then the message is still the worker's
+    assert admin.ack(name, [m]).acked == 1

@@ -86,6 +86,20 @@ def test_logs_round_trip_with_filters(api, make_queue):
             "records",
         ),
         ({"rows": []}, "rows"),
+        (
+            {
+                "records": [
+                    {
+                        "message_id": "q/0/00000000-0000000000000000/0",
+                        "attempt": 1,
+                        "outcome": "failed",
+                        "process_started_at": "2026-01-01T00:00:01Z",
+                        "process_ended_at": "2026-01-01T00:00:00Z",
+                    }
+                ]
+            },
+            "records",
+        ),
     ],
 )
 def test_bad_log_batches_are_refused_whole(api, payload, field):
@@ -220,3 +234,123 @@ def test_workers_are_told_which_partitions_to_take(api, make_queue, runtime):
     assert taken_a and taken_b and not taken_a & taken_b
     assert taken_a | taken_b == {0, 1, 2, 3}
     assert all(t["node"] == runtime.address for t in a["take"] + b["take"])
+
+
+# --- the attempt log kept from the core's signals (workers/receivers.py) ----------------------
+
+
+def _mid(queue: str, index: int) -> str:
+    return f"{queue}/0/00000000-0000000000000000/{index}"
+
+
+def _holding(consumer: str, *mids: str) -> None:
+    Consumer.objects.create(pk=consumer, held=list(mids), last_heartbeat=datetime.now(UTC))
+
+
+def _rows(mid: str) -> list[tuple[int, str, str | None]]:
+    return [(a.attempt, a.outcome, a.worker_id) for a in AttemptLog.objects.filter(message_id=mid).order_by("attempt")]
+
+
+def test_redeliveries_announced_by_the_core_are_logged_abandoned_unless_reported(db):
+    # given three deliveries: a first one, a redelivery nobody reported, one whose worker reported
+    from queues import signals
+    from queues.messages import StoredMessage
+    from queues.partition import Delivery
+
+    first, dropped, reported = _mid("sig", 1), _mid("sig", 2), _mid("sig", 3)
+    _holding("w-holder", dropped)
+    AttemptLog.objects.create(message_id=reported, queue="sig", partition=0, attempt=2, outcome="failed")
+    msg = StoredMessage("body", 0.0, group="g7", size=11)
+    deliveries = [Delivery(first, "r1", 1, msg), Delivery(dropped, "r2", 3, msg), Delivery(reported, "r3", 3, msg)]
+    # when the core announces them
+    signals.redelivered.send(sender=None, target="sig", deliveries=deliveries)
+    # then only the unreported attempt before the redelivery is logged, as abandoned, by its holder
+    assert _rows(first) == []
+    assert _rows(dropped) == [(2, "abandoned", "w-holder")]
+    row = AttemptLog.objects.get(message_id=dropped)
+    assert (row.queue, row.partition, row.group, row.size) == ("sig", 0, "g7", 11)
+    assert row.error == "visibility timeout ran out without an ack"
+    assert _rows(reported) == [(2, "failed", None)]
+
+
+def test_a_give_back_announced_by_the_core_is_logged_and_its_redelivery_is_not_abandoned(db):
+    # given a message its consumer holds, and another whose worker reported the attempt
+    from queues import signals
+    from queues.messages import StoredMessage
+    from queues.partition import Delivery
+
+    given, reported = _mid("sig", 4), _mid("sig", 5)
+    _holding("w-giver", given)
+    AttemptLog.objects.create(message_id=reported, queue="sig", partition=0, attempt=1, outcome="failed")
+    # when the core announces both given back, then redelivers them
+    for mid in (given, reported):
+        signals.given_back.send(sender=None, target="sig", message_id=mid, receive_count=1)
+    msg = StoredMessage("body", 0.0)
+    signals.redelivered.send(
+        sender=None, target="sig", deliveries=[Delivery(given, "r2", 2, msg), Delivery(reported, "r2", 2, msg)]
+    )
+    # then the first attempt is logged once, as given back by its holder; a reported one is left alone
+    assert _rows(given) == [(1, "given_back", "w-giver")]
+    assert _rows(reported) == [(1, "failed", None)]
+
+
+def test_a_give_back_announced_after_its_redelivery_corrects_the_abandoned_row(db):
+    # given a message given back that a long poll delivered again before the give back was announced
+    from queues import signals
+    from queues.messages import StoredMessage
+    from queues.partition import Delivery
+
+    given = _mid("sig", 6)
+    _holding("w-racer", given)
+    signals.redelivered.send(sender=None, target="sig", deliveries=[Delivery(given, "r2", 2, StoredMessage("b", 0.0))])
+    assert _rows(given) == [(1, "abandoned", "w-racer")]
+    # when the give back is announced
+    signals.given_back.send(sender=None, target="sig", message_id=given, receive_count=1)
+    # then the attempt is logged once, as given back
+    assert _rows(given) == [(1, "given_back", "w-racer")]
+    assert AttemptLog.objects.get(message_id=given).error == "given back (visibility 0) without a report"
+
+
+def test_the_core_gives_back_and_the_log_says_given_back_not_abandoned(api, make_queue):
+    """End to end through the core: needs the core to send ``queues.signals``."""
+    # given a delivered message its consumer holds (it says so in a heartbeat)
+    name = make_queue(partitions=1)
+    api.post(f"/api/v1/queues/{name}/enqueue", {"body": "x", "size": 3}, format="json")
+    (first,) = _deliver(api, name, visibility_timeout=30)
+    held = [{"id": first["id"], "receipt": first["receipt"]}]
+    beat = api.post(
+        "/api/v1/consumers/heartbeat", {"consumer": "w-give", "queues": [name], "held": held}, format="json"
+    )
+    assert beat.json()["extended"] == [first["id"]]
+    # when the consumer gives it back (visibility 0) and it is delivered again
+    r = api.post(
+        f"/api/v1/queues/{name}/visibility",
+        {"id": first["id"], "receipt": first["receipt"], "visibility_timeout": 0},
+        format="json",
+    )
+    assert r.status_code == 200, r.content
+    (second,) = _deliver(api, name, visibility_timeout=0)
+    assert second["id"] == first["id"] and second["receive_count"] == 2
+    # then attempt 1 is logged once, given back by that consumer, and nothing is abandoned
+    assert _rows(first["id"]) == [(1, "given_back", "w-give")]
+    # and when that second delivery's visibility simply runs out, attempt 2 is abandoned
+    (third,) = _deliver(api, name, visibility_timeout=30)
+    assert third["receive_count"] == 3
+    assert _rows(first["id"]) == [(1, "given_back", "w-give"), (2, "abandoned", "w-give")]
+
+
+def test_expiring_the_attempt_log_keeps_what_retention_allows(db, settings):
+    # given one record older than the attempt log's retention and one recent
+    from workers.tasks import expire_attempt_logs
+
+    settings.ATTEMPT_LOG_RETENTION_DAYS = 2
+    old, new = (
+        AttemptLog.objects.create(message_id=_mid("exp", i), queue="exp", partition=0, attempt=1, outcome="succeeded")
+        for i in (1, 2)
+    )
+    AttemptLog.objects.filter(pk=old.pk).update(recorded_at=datetime.now(UTC) - timedelta(days=3))
+    # when the beat task runs
+    expired = expire_attempt_logs()
+    # then only the old one is gone
+    assert expired == 1
+    assert list(AttemptLog.objects.filter(queue="exp").values_list("pk", flat=True)) == [new.pk]

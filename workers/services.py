@@ -1,0 +1,400 @@
+"""The workers app's operations: the attempt log and consumer heartbeats.
+
+Typed arguments in, typed results out, no HTTP: the DRF views (``workers/api.py``) parse and
+shape, the receivers of the core's signals (``workers/receivers.py``) and the Celery tasks
+(``workers/tasks.py``) call these. Each docstring says what it locks (mostly nothing: attempt
+records are appended, heartbeats are advisory) and what it raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Literal
+
+from django.db.models import Sum
+from django.utils import timezone
+
+from queues import service
+from queues.messages import parse_message_id
+from queues.models import Partition, Queue
+
+from .models import AttemptLog, Consumer
+
+if TYPE_CHECKING:
+    from queues.partition import Delivery
+
+#: The most attempt records one call stores or lists.
+MAX_RECORDS = 1000
+#: A consumer whose last heartbeat is older than this is not counted as covering the load.
+CONSUMER_ALIVE = timedelta(seconds=30)
+#: How long an idle worker is told to sleep while others cover its queues.
+SLEEP_SECONDS = 5
+#: The holder of a message the service logs is looked for among consumers heard from this recently.
+HOLDER_HEARD = timedelta(hours=1)
+#: The error text of an attempt the service logs for a worker that did not report it.
+ABANDONED_ERROR = "visibility timeout ran out without an ack"
+GIVEN_BACK_ERROR = "given back (visibility 0) without a report"
+
+
+class InvalidAttempt(ValueError):
+    """An attempt report the log cannot store (not a message ID, times out of order)."""
+
+
+class LimitOutOfRange(ValueError):
+    """A listing asked for fewer than one or more than :data:`MAX_RECORDS` records."""
+
+
+# --- the attempt log ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptReport:
+    """One processing attempt as a worker reports it."""
+
+    #: ``<queue>/<partition>/<block>/<index>``; the queue and partition are taken from it.
+    message_id: str
+    #: the delivery's receive count.
+    attempt: int
+    #: one of :class:`AttemptLog.Outcome`.
+    outcome: str
+    group: str | None = None
+    #: the consumer's ID (its heartbeat's ``consumer``).
+    worker: str | None = None
+    enqueued_at: datetime | None = None
+    preprocess_started_at: datetime | None = None
+    preprocess_ended_at: datetime | None = None
+    process_started_at: datetime | None = None
+    process_ended_at: datetime | None = None
+    error: str = ""
+    traceback: str = ""
+    size: int | None = None
+
+
+def record_attempts(reports: Sequence[AttemptReport]) -> int:
+    """Store a worker's attempt reports; returns how many were stored.
+
+    All or none: every report is checked before one bulk INSERT (a single statement, so no
+    transaction is needed around it). No lock: attempt records are only ever appended.
+
+    Raises :class:`InvalidAttempt` (nothing stored) when a report names no message ID, has an
+    unknown outcome, or ends a phase before it starts.
+    """
+    rows = []
+    for r in reports:
+        mid = parse_message_id(r.message_id)
+        if mid is None:
+            raise InvalidAttempt(f"{r.message_id!r} is not a message ID (<queue>/<partition>/<block>/<index>)")
+        if r.outcome not in AttemptLog.Outcome.values:
+            raise InvalidAttempt(f"{r.outcome!r} is not an outcome")
+        for start, end in (
+            (r.preprocess_started_at, r.preprocess_ended_at),
+            (r.process_started_at, r.process_ended_at),
+        ):
+            if start and end and end < start:
+                raise InvalidAttempt(f"{r.message_id}: a phase ends before it starts")
+        rows.append(
+            AttemptLog(
+                message_id=r.message_id,
+                queue=mid.queue,
+                partition=mid.partition,
+                group=r.group or "",
+                worker_id=r.worker or None,
+                attempt=r.attempt,
+                enqueued_at=r.enqueued_at,
+                preprocess_started_at=r.preprocess_started_at,
+                preprocess_ended_at=r.preprocess_ended_at,
+                process_started_at=r.process_started_at,
+                process_ended_at=r.process_ended_at,
+                outcome=r.outcome,
+                error=r.error,
+                traceback=r.traceback,
+                size=r.size,
+            )
+        )
+    return len(AttemptLog.objects.bulk_create(rows))
+
+
+def list_attempts(
+    *,
+    queue: str | None = None,
+    message_id: str | None = None,
+    worker: str | None = None,
+    outcome: str | None = None,
+    limit: int = 100,
+) -> list[AttemptLog]:
+    """Attempt records, newest first, filtered by whichever of the arguments are given.
+
+    One read, no lock. Raises :class:`LimitOutOfRange` unless ``1 <= limit <= MAX_RECORDS``.
+    """
+    if not 1 <= limit <= MAX_RECORDS:
+        raise LimitOutOfRange(f"limit must be between 1 and {MAX_RECORDS}")
+    rows = AttemptLog.objects.all()
+    for column, value in (("queue", queue), ("message_id", message_id), ("worker_id", worker), ("outcome", outcome)):
+        if value:
+            rows = rows.filter(**{column: value})
+    return list(rows[:limit])
+
+
+def _holders() -> dict[str, str]:
+    """Message ID -> the consumer that said in its latest heartbeat that it holds it."""
+    holders = {}
+    for c in Consumer.objects.filter(last_heartbeat__gte=timezone.now() - HOLDER_HEARD).only("id", "held"):
+        for mid in c.held:
+            holders[mid] = c.pk
+    return holders
+
+
+def record_redeliveries(deliveries: Iterable[Delivery]) -> int:
+    """Log the attempt before each redelivery as abandoned, unless it was reported already.
+
+    A delivery with ``receive_count > 1`` means the previous attempt (``receive_count - 1``)
+    ended without an ack: its visibility ran out (a consumer that gave it back was logged
+    ``given_back`` then, by :func:`record_given_back`, and counts as reported). The row names
+    the consumer whose latest heartbeat listed the message. Returns how many rows were written.
+
+    Reads then one bulk INSERT, no lock: there is one delivery per receive count, so only a
+    worker's report arriving meanwhile can race with it (the attempt is then logged twice,
+    which the log tolerates). Raises nothing of its own (database errors pass through).
+    """
+    again = [d for d in deliveries if d.receive_count > 1]
+    if not again:
+        return 0
+    reported = set(AttemptLog.objects.filter(message_id__in=[d.id for d in again]).values_list("message_id", "attempt"))
+    holders = _holders()
+    rows = []
+    for d in again:
+        if (d.id, d.receive_count - 1) in reported:
+            continue
+        mid = parse_message_id(d.id)
+        rows.append(
+            AttemptLog(
+                message_id=d.id,
+                queue=mid.queue,
+                partition=mid.partition,
+                group=(d.message.group if d.message is not None else None) or "",
+                worker_id=holders.get(d.id),
+                attempt=d.receive_count - 1,
+                outcome=AttemptLog.Outcome.ABANDONED,
+                error=ABANDONED_ERROR,
+                size=d.message.size if d.message is not None else None,
+            )
+        )
+    AttemptLog.objects.bulk_create(rows)
+    return len(rows)
+
+
+def record_given_back(message_id: str, attempt: int) -> bool:
+    """Log attempt ``attempt`` of ``message_id`` as given back, unless its worker reported it.
+
+    A consumer that sets a message's visibility to 0 gives it back on purpose; this record
+    keeps the redelivery that follows from logging the attempt as abandoned. The row names the
+    consumer whose latest heartbeat listed the message; group and size are not known here.
+    Returns whether a row was written or corrected.
+
+    The core announces a give back after releasing the partition lock, so a consumer long
+    polling the queue may be handed the message, and :func:`record_redeliveries` log the
+    attempt abandoned, first. Only a give back can make the message visible before its
+    deadline, so that row is corrected here rather than left standing beside this one.
+
+    Read then UPDATE or INSERT, no lock (as :func:`record_redeliveries`). Raises
+    :class:`InvalidAttempt` when ``message_id`` is not a message ID.
+    """
+    mid = parse_message_id(message_id)
+    if mid is None:
+        raise InvalidAttempt(f"{message_id!r} is not a message ID")
+    rows = AttemptLog.objects.filter(message_id=message_id, attempt=attempt)
+    if rows.exclude(outcome=AttemptLog.Outcome.ABANDONED).exists():
+        return False
+    if rows.update(outcome=AttemptLog.Outcome.GIVEN_BACK, error=GIVEN_BACK_ERROR):
+        return True
+    AttemptLog.objects.create(
+        message_id=message_id,
+        queue=mid.queue,
+        partition=mid.partition,
+        worker_id=_holders().get(message_id),
+        attempt=attempt,
+        outcome=AttemptLog.Outcome.GIVEN_BACK,
+        error=GIVEN_BACK_ERROR,
+    )
+    return True
+
+
+def expire_attempt_logs(retention: timedelta, *, now: datetime | None = None) -> int:
+    """Delete the attempt records older than ``retention``; returns how many.
+
+    One DELETE statement, no lock (records are never updated). Raises nothing of its own.
+    """
+    cutoff = (now or timezone.now()) - retention
+    deleted, _ = AttemptLog.objects.filter(recorded_at__lt=cutoff).delete()
+    return deleted
+
+
+# --- heartbeats --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A message a consumer holds (pre-processing or processing)."""
+
+    id: str
+    receipt: str
+    #: what it was dequeued from: the queue, or ``"topic/subscription"`` (None: the ID's queue).
+    target: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """What a consumer says about itself each beat."""
+
+    #: chosen by the worker (a UUID).
+    consumer: str
+    name: str = ""
+    hostname: str = ""
+    pid: int | None = None
+    #: the queues (or ``"topic/subscription"``) it consumes.
+    queues: tuple[str, ...] = ()
+    #: busy share of its capacity, 0..1.
+    load: float = 0.0
+    capacity: int = 1
+    held: tuple[Held, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Take:
+    """A partition a consumer should dequeue from first, at its owner."""
+
+    queue: str
+    partition: int
+    #: the owner's address.
+    node: str
+    depth: int
+
+
+@dataclass(frozen=True, slots=True)
+class Instructions:
+    """The answer to a heartbeat."""
+
+    instruction: Literal["continue", "take", "sleep"]
+    #: seconds to sleep (0 unless told to sleep).
+    sleep: int
+    take: list[Take] = field(default_factory=list)
+    #: held messages whose visibility was pushed out.
+    extended: list[str] = field(default_factory=list)
+    #: held messages no longer the consumer's (redelivered, or their queue is gone): do not ack.
+    lost: list[str] = field(default_factory=list)
+
+
+def heartbeat(beat: Heartbeat, *, now: datetime | None = None) -> Instructions:
+    """A consumer is alive: extend what it holds, record it, and say what it should do next.
+
+    Every held message's visibility is pushed out by its queue's timeout at the partition's
+    owner (:func:`extend_held`); then the consumer is told to sleep (idle while others cover its
+    queues), to take some partitions first (the queues' non-empty partitions spread over their
+    live consumers), or to continue. The consumer's row is upserted last.
+
+    Call it outside any transaction: extending calls other nodes, and a database transaction
+    must not stay open across them. The reads of other consumers are not locked: assignment
+    and sleep are advice (anyone may still dequeue from anywhere), so a stale read costs at
+    most one beat of imbalance; two beats of one consumer racing leave the later row.
+
+    Raises nothing of its own: a held message that cannot be extended now is left for the
+    next beat (database errors pass through).
+    """
+    now = now or timezone.now()
+    extended, lost = extend_held(beat.held)
+    instruction, sleep = _decide(beat.consumer, beat.queues, bool(beat.held), now)
+    take = _assign(beat.consumer, beat.queues, now) if instruction == "continue" else []
+    if take:
+        instruction = "take"
+    Consumer.objects.update_or_create(
+        pk=beat.consumer,
+        defaults={
+            "name": beat.name,
+            "hostname": beat.hostname,
+            "pid": beat.pid,
+            "queues": list(beat.queues),
+            "load": beat.load,
+            "capacity": beat.capacity,
+            "held": [h.id for h in beat.held],
+            "last_heartbeat": now,
+            "asleep_until": now + timedelta(seconds=sleep) if sleep else None,
+        },
+    )
+    return Instructions(instruction, sleep, take, extended, lost)
+
+
+def extend_held(held: Sequence[Held]) -> tuple[list[str], list[str]]:
+    """Push each held message's visibility out by its queue's timeout, at its owner:
+    ``(extended, lost)`` IDs.
+
+    A message is lost to its holder when its receipt is no longer current (redelivered to
+    someone else), when it does not belong to what it was dequeued from, or when that queue
+    or subscription is gone: the worker should abandon it rather than ack a message another
+    worker holds. A message whose owner cannot be reached now is in neither list (the next
+    beat tries again). No database lock; one read per queue; a call to the owner per message.
+    """
+    extended: list[str] = []
+    lost: list[str] = []
+    queues: dict[str, tuple[int, int] | None] = {}
+    for h in held:
+        mid = parse_message_id(h.id)
+        # A topic's message is held through a subscription ("topic/subscription").
+        target = h.target or (mid.queue if mid is not None else "")
+        if mid is None or target.partition("/")[0] != mid.queue:
+            lost.append(h.id)
+            continue
+        if mid.queue not in queues:
+            queues[mid.queue] = (
+                Queue.objects.filter(name=mid.queue).values_list("visibility_timeout", "partitions").first()
+            )
+        found = queues[mid.queue]
+        if found is None or mid.partition >= found[1]:
+            lost.append(h.id)
+            continue
+        try:
+            service.change_visibility(target, mid, h.receipt, max(found[0], 1))
+        except (service.ReceiptMismatch, service.QueueNotFound, service.SubscriptionNotFound):
+            lost.append(h.id)
+        except Exception:  # noqa: BLE001 - partition unavailable or owner unreachable now: try again next beat
+            continue
+        else:
+            extended.append(h.id)
+    return extended, lost
+
+
+def _decide(
+    consumer: str, queues: Sequence[str], holds: bool, now: datetime
+) -> tuple[Literal["continue", "sleep"], int]:
+    """Sleep when this worker holds nothing, its queues are empty, and other live workers
+    consume them (the seed's consumer sleep): fewer idle polls against the nodes."""
+    if holds or not queues:
+        return "continue", 0
+    # A subscription ("topic/name") counts its topic's depth: an upper bound of its own.
+    names = {q.partition("/")[0] for q in queues}
+    depth = Partition.objects.filter(queue__name__in=names).aggregate(d=Sum("depth"))["d"] or 0
+    if depth:
+        return "continue", 0
+    others = Consumer.objects.filter(last_heartbeat__gte=now - CONSUMER_ALIVE).exclude(pk=consumer)
+    covering = [c for c in others if set(c.queues) & set(queues) and not (c.asleep_until and c.asleep_until > now)]
+    return ("sleep", SLEEP_SECONDS) if covering else ("continue", 0)
+
+
+def _assign(consumer: str, queues: Sequence[str], now: datetime) -> list[Take]:
+    """Spread the queues' non-empty partitions over their live consumers (the seed's
+    consumer assignment): this consumer takes every n-th, by its rank among them, and
+    dequeues from their owners first. Everyone may still take from anywhere."""
+    if not queues:
+        return []
+    live = sorted(
+        {c.pk for c in Consumer.objects.filter(last_heartbeat__gte=now - CONSUMER_ALIVE) if set(c.queues) & set(queues)}
+        | {consumer}
+    )
+    rank, n = live.index(consumer), len(live)
+    rows = (
+        Partition.objects.filter(queue__name__in=queues, depth__gt=0, owner__isnull=False)
+        .select_related("queue", "owner")
+        .order_by("queue__name", "index")
+    )
+    return [Take(p.queue.name, p.index, p.owner.address, p.depth) for k, p in enumerate(rows) if k % n == rank]
