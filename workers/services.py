@@ -357,6 +357,9 @@ def extend_held(held: Sequence[Held]) -> tuple[list[str], list[str]]:
             service.change_visibility(target, mid, h.receipt, max(found[0], 1))
         except (service.ReceiptMismatch, service.QueueNotFound, service.SubscriptionNotFound):
             lost.append(h.id)
+        except service.RemoteError as exc:  # the owner's own answer: the same refusals, by status
+            if exc.status in (404, 409):
+                lost.append(h.id)
         except Exception:  # noqa: BLE001 - partition unavailable or owner unreachable now: try again next beat
             continue
         else:
