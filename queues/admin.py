@@ -13,7 +13,10 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from . import service
+from .kv import get_store
 from .models import Node, Partition, Queue, Subscription
+from .tree_svg import partition_svg
 
 
 def _age(ts) -> str:
@@ -173,13 +176,9 @@ class SubscriptionAdmin(SubscriptionFigures, admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
-        from . import service
-
         service.get_runtime().topic_changed(obj.topic.name)
 
     def delete_model(self, request, obj):
-        from . import service
-
         service.delete_subscription(obj)
 
 
@@ -220,8 +219,6 @@ class QueueAdmin(admin.ModelAdmin):
         )
 
     def save_model(self, request, obj, form, change):
-        from . import service
-
         fields = {f: form.cleaned_data[f] for f in form.changed_data if f in form.cleaned_data}
         if not change:
             obj.pk = service.create_queue(
@@ -238,8 +235,6 @@ class QueueAdmin(admin.ModelAdmin):
             self.message_user(request, str(exc), level=messages.ERROR)
 
     def delete_model(self, request, obj):
-        from . import service
-
         service.delete_queue(obj)  # its messages leave the store with it
 
     def delete_queryset(self, request, queryset):
@@ -365,10 +360,6 @@ class PartitionAdmin(admin.ModelAdmin):
 
     @admin.display(description="append tree (newest 40 blocks; live/size per block; dashed: pruned)")
     def tree(self, obj):
-        from consoles.tree_svg import partition_svg
-
-        from .kv import get_store
-
         try:
             svg = partition_svg(obj, get_store())
         except Exception as exc:  # noqa: BLE001 - the store may be down: say so, keep the page
