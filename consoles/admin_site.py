@@ -19,6 +19,7 @@ class ConsoleSite(admin.AdminSite):
     site_title = "mq console"
     index_title = "Queues, partitions, nodes and workers"
     index_template = "consoles/admin_index.html"
+    site_url = None  # no "view site" link: the node serves an API, nothing at "/"
 
     def get_urls(self):
         return [path("dashboards/", self.admin_view(self.dashboards), name="dashboards"), *super().get_urls()]

@@ -350,7 +350,7 @@ def test_topic_subscriptions_and_archive(browser, node, token, admin_login):
         # then each subscription says how much it holds, and how much of it only the archive has
         cells = {
             tr.find_element(By.CSS_SELECTOR, "td.field-name").text: (
-                tr.find_element(By.CSS_SELECTOR, "td.field-holds").text,
+                tr.find_element(By.CSS_SELECTOR, "td.field-held").text,
                 tr.find_element(By.CSS_SELECTOR, "td.field-archived").text,
             )
             for tr in group.find_elements(By.CSS_SELECTOR, "tbody tr.has_original")
