@@ -87,7 +87,7 @@ ALLOWED_HOSTS = [h.strip() for h in env("ALLOWED_HOSTS", "*").split(",") if h.st
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in env("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "config.apps.MQAdminConfig",  # django.contrib.admin, its default site the console's
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

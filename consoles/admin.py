@@ -1,28 +1,14 @@
-"""The dashboards in the admin: the page at ``/admin/dashboards/`` (``admin:dashboards``), a
-link to it on the admin index, and read-only lists of the job's runs and learned estimates.
+"""Read-only lists of the dashboards job's runs and learned estimates, on the console's site.
 
-The page is added to the default admin site's URLs (wrapping ``get_urls``) rather than to the
-project's URLconf, so that it lives in the ``admin`` namespace, behind the admin's login and
-staff check, with the admin's own look.
+The dashboards page itself and the index's link to it belong to the site
+(:class:`consoles.admin_site.ConsoleSite`).
 """
 
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import path
 
-from . import views
 from .models import DashboardRun, EstimateFit
-
-_admin_urls = admin.site.get_urls
-
-
-def _urls_with_dashboards():
-    return [path("dashboards/", admin.site.admin_view(views.dashboards), name="dashboards")] + _admin_urls()
-
-
-admin.site.get_urls = _urls_with_dashboards
-admin.site.index_template = "consoles/admin_index.html"
 
 
 class ReadOnly(admin.ModelAdmin):

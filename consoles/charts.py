@@ -15,7 +15,13 @@ from html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 PALETTE = ("#2f6fb0", "#d9822b", "#3a9a5b", "#c23b3b", "#7b5ea7", "#8c6d31")
-LEFT, RIGHT, TOP, BOTTOM = 58, 14, 30, 34
+#: margins around the plot; the right one grows to half the last x label (centred on the edge)
+LEFT, RIGHT, TOP, BOTTOM = 58, 14, 48, 34
+#: baselines of the title row and, under it, the legend row (never beside the title: a long
+#: title would run under it)
+TITLE_Y, LEGEND_Y = 18, 36
+#: a generous width of one character, in em, for laying out text the server cannot measure
+EM_WIDTH = 0.62
 #: above this many points a series is drawn as lines without a dot (and tooltip) per point
 MAX_DOTS = 360
 
@@ -52,22 +58,28 @@ def format_value(value: float | None, unit: str = "") -> str:
     return f"{text} {unit}".rstrip()
 
 
+def text_width(text: str, font_size: float) -> float:
+    """A generous estimate of ``text``'s drawn width (the server has no font to measure with)."""
+    return len(text) * font_size * EM_WIDTH
+
+
 def _time_label(x: float, span: float) -> str:
     dt = datetime.fromtimestamp(x, tz=UTC)
     return dt.strftime("%m-%d %H:%M" if span > 86400 else "%H:%M" if span > 600 else "%H:%M:%S")
 
 
 def line_chart(
-    title: str, series: list[Series], *, unit: str = "", width: int = 640, height: int = 220, time_axis: bool = True
+    title: str, series: list[Series], *, unit: str = "", width: int = 640, height: int = 236, time_axis: bool = True
 ) -> SafeString:
-    """One chart: a y axis from 0 to a round top, x from the first to the last point."""
+    """One chart: a y axis from 0 to a round top, x from the first to the last point; the
+    title on the first row, the legend on the row under it."""
     plot_w, plot_h = width - LEFT - RIGHT, height - TOP - BOTTOM
     out = [
         (
             f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">'
         ),
-        f'<text class="chart-title" x="{LEFT}" y="18" font-size="13" font-weight="bold">{escape(title)}</text>',
+        f'<text class="chart-title" x="{LEFT}" y="{TITLE_Y}" font-size="13" font-weight="bold">{escape(title)}</text>',
     ]
     xs = [x for s in series for x, y in s.points if y is not None]
     ys = [y for s in series for x, y in s.points if y is not None]
@@ -80,6 +92,13 @@ def line_chart(
     x0, x1 = min(xs), max(xs)
     if x1 == x0:  # one point (e.g. a single run): centre it in ten minutes
         x0, x1 = x0 - 300, x1 + 300
+    ticks = 5
+    x_labels = [
+        (x, _time_label(x, x1 - x0) if time_axis else f"{x:.3g}")
+        for x in (x0 + (x1 - x0) * k / ticks for k in range(ticks + 1))
+    ]
+    # the last label is centred on the plot's right edge: leave half of it to the right
+    plot_w = width - LEFT - max(RIGHT, math.ceil(text_width(x_labels[-1][1], 10) / 2) + 2)
     top = nice_ceiling(max(ys)) if unit != "%" or max(ys) > 0 else 1.0
     if unit == "%":
         top = min(1.0, nice_ceiling(max(ys))) if max(ys) > 0 else 1.0
@@ -102,12 +121,9 @@ def line_chart(
             f'fill="#555">{escape(format_value(y, unit))}</text>'
         )
     # x labels
-    ticks = 5
-    for k in range(ticks + 1):
-        x = x0 + (x1 - x0) * k / ticks
-        label = _time_label(x, x1 - x0) if time_axis else f"{x:.3g}"
+    for x, label in x_labels:
         out.append(
-            f'<text x="{px(x):.1f}" y="{TOP + plot_h + 16}" text-anchor="middle" font-size="10" '
+            f'<text class="x-label" x="{px(x):.1f}" y="{TOP + plot_h + 16}" text-anchor="middle" font-size="10" '
             f'fill="#555">{escape(label)}</text>'
         )
     out.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{TOP + plot_h}" y2="{TOP + plot_h}" stroke="#999"/>')
@@ -136,11 +152,14 @@ def line_chart(
                 f"<title>{escape(s.label)} {escape(when)}: {escape(format_value(y, unit))}</title></circle>"
             )
         out.append("</g>")
-        # legend, right-aligned in the title row
-        lx = width - RIGHT - 96 * (len(series) - i)
+    # legend, in its own row under the title, left-aligned with it
+    out.append('<g class="legend">')
+    lx = LEFT
+    for i, s in enumerate(series):
         out.append(
-            f'<rect x="{lx}" y="9" width="10" height="10" fill="{color}"/>'
-            f'<text x="{lx + 14}" y="18" font-size="11">{escape(s.label)}</text>'
+            f'<rect x="{lx}" y="{LEGEND_Y - 9}" width="10" height="10" fill="{PALETTE[i % len(PALETTE)]}"/>'
+            f'<text x="{lx + 14}" y="{LEGEND_Y}" font-size="11">{escape(s.label)}</text>'
         )
-    out.append("</svg>")
+        lx += 14 + math.ceil(text_width(s.label, 11)) + 16
+    out.append("</g></svg>")
     return mark_safe("".join(out))

@@ -64,7 +64,7 @@ def _charts(rows, fits, latency) -> list:
     ]
 
 
-def dashboards(request):
+def dashboards(request, site: admin.AdminSite):
     last_run = DashboardRun.objects.first()
     last_ok = DashboardRun.objects.filter(status=DashboardRun.Status.SUCCEEDED).first()
     bucket = last_ok.bucket_seconds if last_ok else None
@@ -101,7 +101,7 @@ def dashboards(request):
     selected = request.GET.get("queue") or (overview[0]["queue"] if overview else (names[0] if names else None))
     status = 200
     context = {
-        **admin.site.each_context(request),
+        **site.each_context(request),
         "title": "Dashboards",
         "last_run": last_run,
         "last_ok": last_ok,

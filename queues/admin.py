@@ -14,7 +14,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from . import service
+from .kv import get_store
 from .models import Node, Partition, Queue, Subscription
+from .tree_svg import partition_svg
 
 
 def _age(ts) -> str:
@@ -58,12 +60,18 @@ class PartitionInline(admin.TabularInline):
 def subscription_partitions(sub: Subscription) -> list[tuple[int, dict]]:
     """``(partition index, figures)`` of a subscription, as each owner last published them."""
     rows = Partition.objects.filter(queue_id=sub.topic_id).order_by("index").values_list("index", "cursors")
-    return [(index, (cursors or {}).get(sub.name) or {}) for index, cursors in rows]
+    parts = []
+    for index, cursors in rows:
+        figures = dict((cursors or {}).get(sub.name) or {})
+        figures.setdefault("held", 0)
+        parts.append((index, figures))
+    return parts
 
 
 def subscription_figures(sub: Subscription) -> dict:
-    """A subscription's held (not acked) / in flight / acked / archived figures, summed over its
-    partitions (read once per object and page: each column of a row asks for it)."""
+    """What a subscription holds (not acked yet, in flight included), in flight, acked, and
+    of what it holds, how much only the archive has; summed over its partitions (read once per
+    object and page: each column of a row asks for it)."""
     cached = getattr(sub, "_figures", None)
     if cached is not None:
         return cached
@@ -78,8 +86,8 @@ def subscription_figures(sub: Subscription) -> dict:
 class SubscriptionFigures:
     """Columns of a subscription's figures, for its list and for its topic's page."""
 
-    @admin.display(description="holds (not acked)")
-    def holds(self, obj):
+    @admin.display(description="held (not acked)")
+    def held(self, obj):
         return subscription_figures(obj)["held"]
 
     @admin.display(description="in flight")
@@ -104,7 +112,7 @@ class SubscriptionInline(SubscriptionFigures, admin.TabularInline):
         "name",
         "start",
         "starts_at",
-        "holds",
+        "held",
         "in_flight",
         "acked",
         "archived",
@@ -123,7 +131,7 @@ class SubscriptionAdmin(SubscriptionFigures, admin.ModelAdmin):
         "__str__",
         "start",
         "starts_at",
-        "holds",
+        "held",
         "in_flight",
         "archived",
         "dead_letter_queue",
@@ -137,7 +145,7 @@ class SubscriptionAdmin(SubscriptionFigures, admin.ModelAdmin):
         "start",
         "starts_at",
         "created_at",
-        "holds",
+        "held",
         "in_flight",
         "acked",
         "archived",
@@ -155,7 +163,7 @@ class SubscriptionAdmin(SubscriptionFigures, admin.ModelAdmin):
                 (
                     i,
                     f.get("dequeue_id") or "-",
-                    f.get("held", 0),
+                    f["held"],
                     f.get("in_flight", 0),
                     f.get("acked", 0),
                     f.get("archived", 0),
@@ -164,7 +172,7 @@ class SubscriptionAdmin(SubscriptionFigures, admin.ModelAdmin):
             ),
         )
         return format_html(
-            '<table class="positions"><thead><tr><th>partition</th><th>next to deliver</th><th>holds</th>'
+            '<table class="positions"><thead><tr><th>partition</th><th>next to deliver</th><th>held</th>'
             "<th>in flight</th><th>acked</th><th>in the archive</th></tr></thead><tbody>{}</tbody></table>",
             rows,
         )
@@ -354,10 +362,6 @@ class PartitionAdmin(admin.ModelAdmin):
 
     @admin.display(description="append tree (newest 40 blocks; live/size per block; dashed: pruned)")
     def tree(self, obj):
-        from consoles.tree_svg import partition_svg
-
-        from .kv import get_store
-
         try:
             svg = partition_svg(obj, get_store())
         except Exception as exc:  # noqa: BLE001 - the store may be down: say so, keep the page

@@ -51,6 +51,33 @@ def assert_styled(browser) -> None:
     assert background not in ("", "transparent", "rgba(0, 0, 0, 0)"), background
 
 
+_CHART_GEOMETRY = """
+const box = b => [b.x, b.y, b.x + b.width, b.y + b.height];
+return [...document.querySelectorAll('svg.chart')].map(svg => ({
+    title: svg.querySelector('.chart-title').textContent,
+    width: svg.viewBox.baseVal.width,
+    title_box: box(svg.querySelector('.chart-title').getBBox()),
+    legend: [...svg.querySelectorAll('.legend > *')].map(e => box(e.getBBox())),
+    x_labels: [...svg.querySelectorAll('.x-label')].map(e => box(e.getBBox())),
+}));
+"""
+
+
+def assert_charts_laid_out(browser) -> None:
+    """In every chart as the browser drew it (its own text metrics): the legend clear of the
+    title, every x label inside the drawing. The latency chart has three series: a legend."""
+    charts = browser.execute_script(_CHART_GEOMETRY)
+    assert charts, "no charts"
+    for chart in charts:
+        t = chart["title_box"]
+        for b in chart["legend"]:
+            assert b[2] <= t[0] or t[2] <= b[0] or b[3] <= t[1] or t[3] <= b[1], (chart["title"], t, b)
+        for b in chart["x_labels"]:
+            assert 0 <= b[0] and b[2] <= chart["width"], (chart["title"], b, chart["width"])
+    latency = [c for c in charts if c["title"].startswith("End-to-end latency")]
+    assert len(latency) == 1 and len(latency[0]["legend"]) == 6 and len(latency[0]["x_labels"]) == 6, latency
+
+
 def make_queue(client: Client, partitions: int, **fields) -> str:
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     r = client.post("queues", {"name": name, "partitions": partitions, **fields})
@@ -174,6 +201,7 @@ def test_dashboards(browser, node, token, admin_login):
     from django.urls import reverse
     from django.utils import timezone
 
+    from archive.models import ArchivedMessage
     from queues.kv import get_store
     from queues.models import Queue
     from workers.models import AttemptLog, Consumer
@@ -216,12 +244,33 @@ def test_dashboards(browser, node, token, admin_login):
                 fields["enqueued_at"] = start - timedelta(seconds=rng.uniform(0.1, 5))
             rows.append(AttemptLog(**fields))
         AttemptLog.objects.bulk_create(rows)
+        # and acknowledged messages in the archive, for the end-to-end latency chart
+        ArchivedMessage.objects.bulk_create(
+            ArchivedMessage(
+                message_id=f"{name}/0/{i:08x}-e2e-archived/0",
+                queue=name,
+                partition=0,
+                body="x",
+                enqueued_at=now - timedelta(minutes=60) + timedelta(seconds=30 * i),
+                acked_at=now - timedelta(minutes=60) + timedelta(seconds=30 * i + rng.uniform(0.5, 9)),
+            )
+            for i in range(100)
+        )
         # when the figures are computed and an operator opens the dashboards
         call_command("refresh_dashboards")
         log_in(browser, node.url, *admin_login)
         browser.get(node.url + reverse("admin:dashboards"))
         assert_styled(browser)
         charts = browser.find_elements(By.CSS_SELECTOR, "svg.chart")
+        # then the page fits a 1400 px window: nothing makes it scroll sideways
+        widths = browser.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
+        assert widths[1] == 1400 and widths[0] <= widths[1], f"page scrolls sideways: {widths}"
+        cut = browser.execute_script(
+            "return [...document.querySelectorAll('.table-scroll')].filter(d => d.scrollWidth > d.clientWidth)"
+            ".map(d => [d.querySelector('table').id, d.scrollWidth, d.clientWidth])"
+        )
+        assert not cut, f"tables wider than the page at 1400 px: {cut}"
+        assert_charts_laid_out(browser)
         browser.shot("dashboards")
         # then there are charts, and the figures table has a row for the queue
         assert charts, "no <svg class=chart> on the dashboards page"
@@ -301,7 +350,7 @@ def test_topic_subscriptions_and_archive(browser, node, token, admin_login):
         # then each subscription says how much it holds, and how much of it only the archive has
         cells = {
             tr.find_element(By.CSS_SELECTOR, "td.field-name").text: (
-                tr.find_element(By.CSS_SELECTOR, "td.field-holds").text,
+                tr.find_element(By.CSS_SELECTOR, "td.field-held").text,
                 tr.find_element(By.CSS_SELECTOR, "td.field-archived").text,
             )
             for tr in group.find_elements(By.CSS_SELECTOR, "tbody tr.has_original")

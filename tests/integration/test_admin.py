@@ -44,6 +44,25 @@ def test_admin_needs_a_login(client):
     assert r.status_code == 302 and "/admin/login/" in r["Location"]
 
 
+def test_the_console_is_the_projects_own_admin_site(admin_client):
+    # given the default admin site every app registers its models on
+    from django.contrib import admin
+    from django.test import Client
+
+    from consoles.admin_site import ConsoleSite
+
+    site = admin.site._wrapped if hasattr(admin.site, "_wrapped") else admin.site
+    # then it is the console's, with its URLs from its class, not a patched instance
+    assert type(site) is ConsoleSite and "get_urls" not in vars(site)
+    labels = {m._meta.label for m in site._registry}
+    assert {"queues.Queue", "queues.Partition", "workers.AttemptLog", "consoles.DashboardRun"} <= labels
+    # and its index carries its header and the link to the dashboards, which need a login
+    index = admin_client.get("/admin/").content.decode()
+    assert ConsoleSite.site_header in index and 'href="/admin/dashboards/"' in index
+    r = Client().get("/admin/dashboards/")
+    assert r.status_code == 302 and "/admin/login/" in r["Location"]
+
+
 def test_redrive_action_moves_dead_letters_back(admin_client, api, make_queue, runtime):
     # given a message dead-lettered after one delivery
     dlq = make_queue(partitions=1)

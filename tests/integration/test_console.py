@@ -188,9 +188,9 @@ def test_topic_page_says_which_subscription_holds_how_much(admin_client, api, ru
     page = admin_client.get(f"/admin/queues/queue/{q.pk}/change/").content.decode()
     subs = admin_client.get("/admin/queues/subscription/").content.decode()
     # "slow" holds all nine, "fast" none; both pages read it from the owners' published figures
-    holds = re.findall(r'field-holds">\s*<p>(\d+)</p>', page)
+    holds = re.findall(r'field-held">\s*<p>(\d+)</p>', page)
     assert sorted(holds) == ["0", "9"], holds
-    assert f"{topic}/slow" in subs and '<td class="field-holds">9</td>' in subs
+    assert f"{topic}/slow" in subs and '<td class="field-held">9</td>' in subs
 
 
 def test_subscription_page_shows_positions_and_what_only_the_archive_holds(

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from html import escape
 
-from queues.kv import KeyValueStore
-from queues.messages import block_key
-from queues.tree import AppendTree, Block
+from .keys import block_key
+from .kv import KeyValueStore
+from .tree import AppendTree, Block
 
 BOX_W, BOX_H, GAP_X, LEVEL_H, MARGIN = 64, 34, 14, 64, 24
 
