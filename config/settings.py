@@ -226,6 +226,8 @@ NODE_ADDRESS = env("NODE_ADDRESS", "")
 NODE_HEARTBEAT = envfloat("NODE_HEARTBEAT", 1.0)
 #: Bytes of message bodies a node keeps in memory after enqueue, to deliver without a read.
 NODE_BODY_CACHE_BYTES = envint("NODE_BODY_CACHE_BYTES", 64 * 1024 * 1024, minimum=0)
+#: Request threads of `runnode` (its --threads default): a long poll holds one for up to 20 s.
+NODE_THREADS = envint("NODE_THREADS", 64, minimum=1)
 
 #: Cooling (enqueues sent to other nodes) above this many messages in flight on the node...
 NODE_COOLING_IN_FLIGHT = envint("NODE_COOLING_IN_FLIGHT", 500_000, minimum=0)

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import orjson
 
-from .keys import block_key as block_key  # re-exported for consoles.tree_svg, which reads blocks
 from .keys import message_key
 
 _MESSAGE_ID = re.compile(

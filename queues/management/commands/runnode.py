@@ -2,14 +2,15 @@
 
 The worker process imports ``config.node``, which starts the node runtime (registration,
 partition leases, housekeeping). One worker, because a node is one owner of its leases;
-scale out by starting more nodes. Requests run on ``--threads`` Python threads; a long poll
-holds one for up to 20 s.
+scale out by starting more nodes. Requests run on ``--threads`` Python threads (default
+``settings.NODE_THREADS``); a long poll holds one for up to 20 s.
 """
 
 from __future__ import annotations
 
 import os
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 
 
@@ -22,8 +23,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--threads",
             type=int,
-            default=int(os.environ.get("NODE_THREADS", "64")),
-            help="request threads (a long poll holds one)",
+            default=settings.NODE_THREADS,
+            help="request threads (a long poll holds one; default %(default)s: settings.NODE_THREADS)",
         )
         parser.add_argument(
             "--advertise", default="", help="address other nodes and clients use to reach this one (default host:port)"
