@@ -40,7 +40,17 @@ from .operations import close_purged, expire, expire_everywhere, purge, redrive,
 from .peers import Peers, get_peers, set_peers
 from .runtime import get_runtime, set_runtime
 from .targets import checked_name, queue_config, resolve
-from .types import AckResult, ExpireResult, MessageDraft, RedriveResult, ReleaseResult
+from .types import (
+    AckResult,
+    ExpireResult,
+    MessageDraft,
+    PartitionFigures,
+    PartitionOwner,
+    QueueStats,
+    RedriveResult,
+    ReleaseResult,
+    SubscriptionStats,
+)
 
 __all__ = [
     "MAX_BATCH",
@@ -51,14 +61,18 @@ __all__ = [
     "InvalidRequest",
     "MessageDraft",
     "NotServedHere",
+    "PartitionFigures",
+    "PartitionOwner",
     "PartitionUnavailable",
     "Peers",
     "QueueNotFound",
+    "QueueStats",
     "ReceiptMismatch",
     "RedriveResult",
     "ReleaseResult",
     "RemoteError",
     "SubscriptionNotFound",
+    "SubscriptionStats",
     "ack",
     "change_visibility",
     "check_drafts",

@@ -20,6 +20,7 @@ from .errors import Conflict, InvalidRequest, QueueNotFound, SubscriptionNotFoun
 from .peers import get_peers
 from .runtime import get_runtime
 from .targets import checked_name, queue_config
+from .types import PartitionFigures, PartitionOwner, QueueStats, SubscriptionPartitionFigures, SubscriptionStats
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def delete_queue(q: Queue) -> None:
     get_runtime().queue_deleted(name)
 
 
-def partition_owners(queue: str) -> list[dict[str, Any]]:
+def partition_owners(queue: str) -> list[PartitionOwner]:
     """Who serves each partition now (clients may call the owner directly)."""
     cfg = queue_config(queue)
     rows = Partition.objects.filter(queue_id=cfg.id).select_related("owner").order_by("index")
@@ -159,18 +160,18 @@ def _subscriptions_changed(topic: Queue) -> None:
 
 
 # --- figures ------------------------------------------------------------------------------------
-def queue_stats(queue: str) -> dict[str, Any]:
+def queue_stats(queue: str) -> QueueStats:
     """Depth, in flight, oldest age, per partition: live from this node's managers, else as
     the owners last published them. Raises QueueNotFound."""
     rt = get_runtime()
     cfg = queue_config(queue)
     local = {m.index: m.stats() for m in rt.local_managers(queue)}
-    parts = []
+    parts: list[PartitionFigures] = []
     now = time.time()
     for p in Partition.objects.filter(queue_id=cfg.id).select_related("owner").order_by("index"):
         s = local.get(p.index)
         if s is not None:
-            entry = {
+            entry: PartitionFigures = {
                 "index": p.index,
                 "owner": rt.address,
                 "epoch": s.epoch,
@@ -209,7 +210,7 @@ def queue_stats(queue: str) -> dict[str, Any]:
             }
         parts.append(entry)
     ages = [e["oldest_age"] for e in parts if e["oldest_age"] is not None]
-    out = {
+    out: QueueStats = {
         "queue": queue,
         "depth": sum(e["depth"] for e in parts),
         "in_flight": sum(e["in_flight"] for e in parts),
@@ -221,26 +222,32 @@ def queue_stats(queue: str) -> dict[str, Any]:
     return out
 
 
-def subscription_stats(topic: str, sub: str) -> dict[str, Any]:
+def subscription_stats(topic: str, sub: str) -> SubscriptionStats:
     """What a subscription holds: messages not yet acked by it (in flight included), per
     partition; live from this node's managers, else as the owners last published it."""
     rt = get_runtime()
     cfg = queue_config(topic)
     local = {m.index: m.stats().cursors.get(sub) for m in rt.local_managers(topic)}
     now = time.time()
-    parts = []
+    parts: list[SubscriptionPartitionFigures] = []
     for p in Partition.objects.filter(queue_id=cfg.id).order_by("index"):
         figures = local.get(p.index) or (p.cursors or {}).get(sub) or {}
-        entry = {
-            "index": p.index,
-            "live": local.get(p.index) is not None,
-            **{k: figures.get(k, 0) for k in ("held", "in_flight", "acked", "redelivered", "archived")},
-            "dequeue_id": figures.get("dequeue_id", ""),
-        }
         oldest = figures.get("oldest_enqueued_at")  # held, in flight included
-        entry["oldest_age"] = round(now - oldest, 3) if oldest else None
-        entry["depth"] = max(entry["held"] - entry["in_flight"], 0)
-        parts.append(entry)
+        held, in_flight = figures.get("held", 0), figures.get("in_flight", 0)
+        parts.append(
+            {
+                "index": p.index,
+                "live": local.get(p.index) is not None,
+                "held": held,
+                "in_flight": in_flight,
+                "acked": figures.get("acked", 0),
+                "redelivered": figures.get("redelivered", 0),
+                "archived": figures.get("archived", 0),
+                "dequeue_id": figures.get("dequeue_id", ""),
+                "oldest_age": round(now - oldest, 3) if oldest else None,
+                "depth": max(held - in_flight, 0),
+            }
+        )
     ages = [e["oldest_age"] for e in parts if e["oldest_age"] is not None]
     # "queue", "depth", "in_flight" and "oldest_age" as in a queue's stats: clients read both
     # the same way.

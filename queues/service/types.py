@@ -7,6 +7,7 @@ from its own input and shapes its own output from them; nothing here knows about
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NotRequired, TypedDict
 
 
 @dataclass(slots=True)
@@ -58,3 +59,74 @@ class ExpireResult:
 class ReleaseResult:
     #: the node that gave the lease up.
     node: str
+
+
+class PartitionOwner(TypedDict):
+    """Who serves one partition now (clients may call the owner directly)."""
+
+    index: int
+    owner: str | None
+    address: str | None
+    epoch: int
+    cooling: bool
+
+
+class PartitionFigures(TypedDict):
+    """One partition of a queue's stats: live from its owner here, else as last published."""
+
+    index: int
+    owner: str | None
+    epoch: int
+    #: served by this node now (figures exact), or the owner's last published ones.
+    live: bool
+    depth: int
+    in_flight: int
+    depth_exact: bool
+    oldest_age: float | None
+    head_block: str
+    enqueue_id: str
+    dequeue_id: str
+    tree_height: int
+    live_blocks: int
+    enqueued: int
+    acked: int
+    redelivered: int
+
+
+class SubscriptionPartitionFigures(TypedDict):
+    index: int
+    live: bool
+    held: int
+    in_flight: int
+    acked: int
+    redelivered: int
+    archived: int
+    dequeue_id: str
+    oldest_age: float | None
+    depth: int
+
+
+class SubscriptionStats(TypedDict):
+    """What a subscription holds; ``queue``, ``depth``, ``in_flight`` and ``oldest_age`` read as a
+    queue's do."""
+
+    queue: str
+    topic: str
+    subscription: str
+    held: int
+    depth: int
+    in_flight: int
+    acked: int
+    archived: int
+    oldest_age: float | None
+    partitions: list[SubscriptionPartitionFigures]
+
+
+class QueueStats(TypedDict):
+    queue: str
+    depth: int
+    in_flight: int
+    oldest_age: float | None
+    partitions: list[PartitionFigures]
+    #: a topic's, by subscription name.
+    subscriptions: NotRequired[dict[str, SubscriptionStats]]
