@@ -79,6 +79,20 @@ def summarize(results: dict, modes, systems: list[System]) -> dict:
     return summary
 
 
+def system_row(name: str, m: dict, figures) -> str:
+    """A system's line of a mode's table: its median rates, CPU in cores, rounds."""
+    return (
+        f"{name:<18}"
+        + "".join(f"{fmt_rate(m[f]):>12}" for f in figures)
+        + f"  {fmt_cores(m['client_cpu_cores']):>10}{fmt_cores(m['server_cpu_cores']):>11}"
+        f"{fmt_cores(m['box_cpu_cores']):>9}{m['rounds']:>8}"
+    )
+
+
+def not_measured_row(name: str, failure: str | None, width: int) -> str:
+    return f"{name:<18}{'(not measured' + (': ' + failure[:width] if failure else '') + ')'}"
+
+
 def print_report(args, modes, systems, results, summary, notes) -> None:
     out = []
     w = out.append
@@ -129,15 +143,9 @@ def print_report(args, modes, systems, results, summary, notes) -> None:
         for s in systems:
             m = summary.get(mode, {}).get(s.name)
             if m is None:
-                fail = results.get("_failures", {}).get(s.name)
-                w(f"{s.name:<18}{'(not measured' + (': ' + fail[:60] if fail else '') + ')'}")
+                w(not_measured_row(s.name, results.get("_failures", {}).get(s.name), 60))
                 continue
-            w(
-                f"{s.name:<18}"
-                + "".join(f"{fmt_rate(m[f]):>12}" for f in FIGURES)
-                + f"  {fmt_cores(m['client_cpu_cores']):>10}{fmt_cores(m['server_cpu_cores']):>11}"
-                f"{fmt_cores(m['box_cpu_cores']):>9}{m['rounds']:>8}"
-            )
+            w(system_row(s.name, m, FIGURES))
         ratios = summary.get(mode, {}).get("_ratios", {})
         if ratios:
             w("")
@@ -182,15 +190,9 @@ def print_strict_mode(w, args, mode, batch, n, systems, results, summary) -> Non
     for s in ours:
         m = summary.get(mode, {}).get(s.name)
         if m is None:
-            fail = fails.get(f"{s.name} {mode}") or fails.get(s.name)
-            w(f"{s.name:<18}{'(not measured' + (': ' + fail[:70] if fail else '') + ')'}")
+            w(not_measured_row(s.name, fails.get(f"{s.name} {mode}") or fails.get(s.name), 70))
             continue
-        w(
-            f"{s.name:<18}"
-            + "".join(f"{fmt_rate(m[f]):>12}" for f in STRICT_FIGURES)
-            + f"  {fmt_cores(m['client_cpu_cores']):>10}{fmt_cores(m['server_cpu_cores']):>11}"
-            f"{fmt_cores(m['box_cpu_cores']):>9}{m['rounds']:>8}{m['msgs_per_dequeue']:>10.1f}"
-        )
+        w(system_row(s.name, m, STRICT_FIGURES) + f"{m['msgs_per_dequeue']:>10.1f}")
     if not ours:
         w("(our service is not run: --skip-ours)")
     w("baselines: not run in strict modes (Redis Streams and pgqueuer have no per-group, one-at-a-time delivery)")

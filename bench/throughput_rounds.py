@@ -8,6 +8,7 @@ import multiprocessing as mp
 import time
 import traceback
 import uuid
+from contextlib import contextmanager
 
 import throughput_clients as tc
 from common import BenchError, fmt_cores, fmt_rate, log
@@ -163,19 +164,39 @@ def request_errors(*phases: dict) -> list[str]:
     return [f"{errs} request errors/retries, e.g. {samples[:2]}"]
 
 
+@contextmanager
+def fresh_target(system: System, pool: ClientPool, tag: str, **options):
+    """A new target (queue, stream...) for one round, given to every client; dropped after."""
+    target = system.new_target(tag, **options)
+    try:
+        pool.send("target", [target] * len(pool.conns))
+        yield target
+    finally:
+        try:
+            system.drop_target(target)
+        except Exception as exc:
+            log(f"{system.name}: cleanup of {target}: {exc}")
+
+
+def enqueue_phase(system: System, pool: ClientPool, tag: str, n: int, batch: int, args, **extra) -> dict:
+    """The timed enqueue of messages 0..n-1, ``batch`` per call; then the shared counter the
+    next phase counts in starts at 0."""
+    k = len(pool.conns)
+    enq = run_phase(
+        system,
+        pool,
+        "enqueue",
+        [{"tag": tag, "indexes": idx, "batch": batch, **extra} for idx in deal(n, batch, k)],
+        args.phase_timeout + 60,
+    )
+    pool.counter.value = 0
+    return enq
+
+
 def run_round(system: System, pool: ClientPool, mode: str, batch: int, n: int, tag: str, args) -> dict:
     k = len(pool.conns)
-    target = system.new_target(tag)
-    try:
-        pool.send("target", [target] * k)
-        enq = run_phase(
-            system,
-            pool,
-            "enqueue",
-            [{"tag": tag, "indexes": idx, "batch": batch} for idx in deal(n, batch, k)],
-            args.phase_timeout + 60,
-        )
-        pool.counter.value = 0
+    with fresh_target(system, pool, tag):
+        enq = enqueue_phase(system, pool, tag, n, batch, args)
         deq = run_phase(
             system,
             pool,
@@ -185,11 +206,6 @@ def run_round(system: System, pool: ClientPool, mode: str, batch: int, n: int, t
             args.phase_timeout + 60,
         )
         ack = run_phase(system, pool, "ack", [{"batch": batch}] * k, args.phase_timeout + 60)
-    finally:
-        try:
-            system.drop_target(target)
-        except Exception as exc:
-            log(f"{system.name}: cleanup of {target}: {exc}")
     phases = {"enqueue": enq, "dequeue": deq, "ack": ack}
     add_cycle(phases, ack["count"])
     anomalies = []
@@ -237,17 +253,8 @@ def run_strict_round(system: System, pool: ClientPool, mode: str, batch: int, n:
     """Strict queue: enqueue N with group g<i % groups>, then one timed drain phase in which
     every client loops dequeue(max=batch) -> ack those, until all N are acked."""
     k = len(pool.conns)
-    target = system.new_target(tag, strict=True)
-    try:
-        pool.send("target", [target] * k)
-        enq = run_phase(
-            system,
-            pool,
-            "enqueue",
-            [{"tag": tag, "indexes": idx, "batch": batch, "groups": args.strict_groups} for idx in deal(n, batch, k)],
-            args.phase_timeout + 60,
-        )
-        pool.counter.value = 0
+    with fresh_target(system, pool, tag, strict=True):
+        enq = enqueue_phase(system, pool, tag, n, batch, args, groups=args.strict_groups)
         drain = run_phase(
             system,
             pool,
@@ -264,11 +271,6 @@ def run_strict_round(system: System, pool: ClientPool, mode: str, batch: int, n:
             * k,
             args.phase_timeout + 60,
         )
-    finally:
-        try:
-            system.drop_target(target)
-        except Exception as exc:
-            log(f"{system.name}: cleanup of {target}: {exc}")
     if drain["gave_up"]:
         raise BenchError(
             f"{drain['gave_up']} client(s) gave up the drain phase after failed calls, "
