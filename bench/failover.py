@@ -71,19 +71,16 @@ import django
 
 django.setup()
 
+from common import log
+
 from queues import partition as partition_mod
 from queues.kv.base import Fence, KeyValueStore
-from queues.leases import Lease, LeaseLost
 from queues.messages import StoredMessage, parse_message_id
-from queues.partition import BodyCache, PartitionManager, PartitionUnavailable
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
+from queues.partition import PartitionManager, PartitionUnavailable
+from queues.testing import PartitionRow, next_owner
 
 # --------------------------------------------------------------------------------------
-# the store proxy and the partition row
+# the store proxy and the takeover
 # --------------------------------------------------------------------------------------
 
 
@@ -134,23 +131,6 @@ class CountingStore(KeyValueStore):
         self.inner.close()
 
 
-class Row:
-    """The Partition row without the database: the head pointer, written only by its epoch."""
-
-    def __init__(self):
-        self.head: str | None = None
-        self.epoch = 0
-
-    def set_head(self, lease, node_id, head):
-        if lease.epoch != self.epoch:
-            raise LeaseLost(f"epoch {lease.epoch} is stale (row has {self.epoch})")
-        self.head = head
-        lease.head_block = head
-
-    def read_head(self, lease):
-        return self.head
-
-
 class MarkedManager(PartitionManager):
     """A PartitionManager that notes the store's call count and the time at the moment its
     own code declares enqueues (and dequeues) ready: the flags are properties here."""
@@ -176,17 +156,9 @@ class MarkedManager(PartitionManager):
             self.bench_dequeue_mark = (time.perf_counter(), self.store.total)
 
 
-def new_manager(store: CountingStore, row: Row, queue: str, block_size: int) -> PartitionManager:
-    row.epoch += 1
-    lease = Lease(1, queue, 0, row.epoch, "bench", 10.0, math.inf, row.head or "")
-    return MarkedManager(
-        lease,
-        block_size=block_size,
-        store=store,
-        node_id=f"node-{row.epoch}",
-        cache=BodyCache(0),
-        set_head=row.set_head,
-        read_head=row.read_head,
+def new_manager(store: CountingStore, row: PartitionRow, queue: str, block_size: int) -> PartitionManager:
+    return next_owner(
+        store, row, block_size=block_size, queue=queue, node_id=f"node-{row.epoch + 1}", manager=MarkedManager
     )
 
 
@@ -255,7 +227,7 @@ class Backend:
 # --------------------------------------------------------------------------------------
 
 
-def build(store: CountingStore, row: Row, queue: str, depth: int, args) -> dict:
+def build(store: CountingStore, row: PartitionRow, queue: str, depth: int, args) -> dict:
     """Epoch 1 enqueues ``depth`` messages and acks the oldest fraction. Returns facts."""
     m = new_manager(store, row, queue, args.block_size)
     m.open()
@@ -316,7 +288,7 @@ def build(store: CountingStore, row: Row, queue: str, depth: int, args) -> dict:
     return facts
 
 
-def takeover(store: CountingStore, row: Row, queue: str, facts: dict, args) -> dict:
+def takeover(store: CountingStore, row: PartitionRow, queue: str, facts: dict, args) -> dict:
     """One new owner: open, one enqueue, one dequeue. Times, reads, round trips, checks."""
     gc.collect()
     if args.settle > 0:
@@ -381,7 +353,7 @@ def stale_owner_fenced(builder: PartitionManager) -> bool:
 def run_depth(backend: Backend, depth: int, args) -> dict:
     inner = backend.fresh()
     store = CountingStore(inner)
-    row = Row()
+    row = PartitionRow()
     queue = f"fo-{depth}-b{args.block_size}"
     log(
         f"depth {depth:,}: building (block size {args.block_size}, batch {args.batch}, "

@@ -34,40 +34,26 @@ import argparse
 import itertools
 import json
 import os
-import re
-import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlencode
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
 
+from common import BenchError, BenchNode, log, median
+
+from queues.testing import FakeMessage
 from workers.handlers import Handler
 from workers.pipeline import Pipeline
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def median(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
 
 
 def ts(value: str | None) -> float | None:
@@ -135,18 +121,6 @@ class Timed:
         return self._timed("heartbeat", self.client.heartbeat, payload)[0]
 
 
-@dataclass(frozen=True)
-class FakeMessage:
-    id: str
-    receipt: str
-    body: str
-    group: str | None = None
-    attributes: dict = field(default_factory=dict)
-    size: int | None = None
-    estimates: Any = None
-    receive_count: int = 1
-
-
 class FakeClient:
     """The pipeline-facing SDK methods over in-memory queues; ``rtt`` seconds per call."""
 
@@ -203,146 +177,38 @@ class FakeClient:
 
 
 # --------------------------------------------------------------------------------------
-# a real node: migrate, user + token, runnode (as bench/throughput.py does it)
+# a real node: common.BenchNode (migrate, user + token, runnode), and the attempt records it stored
 # --------------------------------------------------------------------------------------
 
 
-class BenchError(Exception):
-    pass
+def start_node(args) -> BenchNode:
+    node = BenchNode(
+        "node",
+        args.kv,
+        database_url=args.database_url,
+        redis_url=args.redis_url,
+        kv_redis_db=args.kv_redis_db,
+        python=args.python,
+        port=args.port,
+        user=args.user,
+        startup_timeout=args.startup_timeout,
+        keep_tmp=args.keep_tmp,
+    )
+    try:
+        node.start()
+    except BaseException:
+        node.stop()
+        raise
+    return node
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def with_redis_db(url: str, db: int) -> str:
-    u = urlsplit(url)
-    return urlunsplit((u.scheme, u.netloc, f"/{db}", u.query, u.fragment))
-
-
-class Node:
-    def __init__(self, args) -> None:
-        self.args = args
-        self.tmp = tempfile.mkdtemp(prefix="mqbench-pipeline-")
-        self.proc: subprocess.Popen | None = None
-        self.port = args.port or free_port()
-        self.token = ""
-        self.logfile = os.path.join(self.tmp, "node.log")
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def env(self) -> dict:
-        a = self.args
-        env = os.environ.copy()
-        data_dir = os.path.join(self.tmp, "data")
-        os.makedirs(data_dir, exist_ok=True)
-        if a.kv == "redis":
-            kv = with_redis_db(a.redis_url, a.kv_redis_db)
-        elif a.kv == "postgres":
-            kv = "postgres"
-        else:
-            os.makedirs(os.path.join(self.tmp, "kv"), exist_ok=True)
-            kv = f"file://{os.path.join(self.tmp, 'kv')}"
-        env.update(
-            DATABASE_URL=a.database_url, KV_URL=kv, REDIS_URL=a.redis_url, MQ_DATA_DIR=data_dir, PYTHONUNBUFFERED="1"
-        )
-        return env
-
-    def manage(self, *argv: str, timeout: float = 300) -> str:
-        r = subprocess.run(
-            [self.args.python, "manage.py", *argv],
-            check=False,
-            cwd=REPO,
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if r.returncode != 0:
-            raise BenchError(f"`manage.py {argv[0]}` exited {r.returncode}:\n{(r.stdout + r.stderr)[-3000:]}")
-        return r.stdout + r.stderr
-
-    def start(self) -> None:
-        log("node: migrate")
-        self.manage("migrate", "--noinput", timeout=600)
-        code = (
-            "from django.contrib.auth import get_user_model\n"
-            "from rest_framework.authtoken.models import Token\n"
-            f"u, _ = get_user_model().objects.get_or_create(username={self.args.user!r})\n"
-            "u.is_staff = u.is_superuser = True\n"
-            "u.set_unusable_password(); u.save()\n"
-            "t, _ = Token.objects.get_or_create(user=u)\n"
-            "print('MQBENCH_TOKEN=' + t.key)\n"
-        )
-        m = re.search(r"MQBENCH_TOKEN=(\w+)", self.manage("shell", "-c", code, timeout=120))
-        if not m:
-            raise BenchError("no token from manage.py shell")
-        self.token = m.group(1)
-        log(f"node: runnode on {self.url} (KV {self.args.kv}, log {self.logfile})")
-        with open(self.logfile, "wb") as lf:
-            self.proc = subprocess.Popen(
-                [self.args.python, "manage.py", "runnode", "--host", "127.0.0.1", "--port", str(self.port)],
-                cwd=REPO,
-                env=self.env(),
-                stdout=lf,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        import requests
-
-        deadline = time.monotonic() + self.args.startup_timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise BenchError(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if requests.get(f"{self.url}/api/v1/healthz", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise BenchError(f"/api/v1/healthz not 200 after {self.args.startup_timeout}s:\n{self.log_tail()}")
-            time.sleep(0.2)
-        log("node: healthy")
-
-    def stored_records(self, queue: str) -> int | None:
-        import requests
-
-        try:
-            r = requests.get(
-                f"{self.url}/api/v1/logs",
-                params={"queue": queue, "limit": 1000},
-                headers={"Authorization": f"Token {self.token}"},
-                timeout=10,
-            )
-            return len(r.json()["records"]) if r.status_code == 200 else None
-        except Exception:
-            return None
-
-    def log_tail(self, n: int = 3000) -> str:
-        try:
-            return Path(self.logfile).read_text(errors="replace")[-n:]
-        except OSError:
-            return "(no log)"
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)  # the node's own session, started above
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        if self.args.keep_tmp:
-            log(f"node: kept {self.tmp}")
-        else:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+def stored_records(node: BenchNode, queue: str) -> int | None:
+    """How many attempt records the node stored for ``queue`` (None if it cannot say)."""
+    try:
+        status, body = node.api("GET", "/api/v1/logs?" + urlencode({"queue": queue, "limit": 1000}), timeout=10)
+        return len(json.loads(body)["records"]) if status == 200 else None
+    except Exception:
+        return None
 
 
 # --------------------------------------------------------------------------------------
@@ -353,7 +219,7 @@ class Node:
 class Target:
     """Where rounds run: fresh queues filled with the workload, a client for the pipeline."""
 
-    def __init__(self, args, node: Node | None) -> None:
+    def __init__(self, args, node: BenchNode | None) -> None:
         self.args = args
         self.node = node
         if node is None:
@@ -384,7 +250,7 @@ class Target:
                 log(f"delete queue {name}: {exc}")
 
     def stored_records(self, name: str) -> int | None:
-        return None if self.node is None else self.node.stored_records(name)
+        return None if self.node is None else stored_records(self.node, name)
 
 
 def run_round(target: Target, args, pipelining: bool, n: int, pre: float, proc: float) -> dict:
@@ -500,8 +366,7 @@ def main(argv=None) -> int:
         if not args.fake:
             if not args.database_url:
                 raise BenchError('no DATABASE_URL / MQ_TEST_PG_URL (eval "$(scripts/services.sh env)"), or use --fake')
-            node = Node(args)
-            node.start()
+            node = start_node(args)
         target = Target(args, node)
         if args.warmup:
             log(f"warm-up: {args.warmup} messages")

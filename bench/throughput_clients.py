@@ -28,6 +28,8 @@ import uuid
 from datetime import timedelta
 from urllib.parse import urlsplit
 
+from common import BenchError
+
 BODY_LEN = 100
 DRAIN_ABORT = 1 << 50  # added to the shared counter by a client that gives up a drain phase
 
@@ -36,10 +38,6 @@ def make_body(tag: str, i: int) -> str:
     """A ~100-byte ASCII body, unique per message."""
     head = f"{tag}:{i:09d}:"
     return (head + "x" * BODY_LEN)[:BODY_LEN]
-
-
-class BenchError(RuntimeError):
-    pass
 
 
 # --------------------------------------------------------------------------------------

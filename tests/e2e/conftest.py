@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.nodes import ROOT, NodeProcess, database_url
+from queues.testing import ROOT, NodeProcess, node_env
+from tests.integration.nodes import database_url
 
 CHROMIUM = os.environ.get("MQ_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("MQ_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -131,13 +132,9 @@ def node(transactional_db, tmp_path, request):
     can read what the node wrote. Stopped before the database is flushed."""
     from django.conf import settings
 
-    env = {
-        "DATABASE_URL": database_url(),
-        "MQ_DATA_DIR": str(tmp_path / "data"),
-        "KV_URL": settings.KV_URL,
-        "NODE_HEARTBEAT": "0.3",
-        "DEBUG": "0",
-    }
+    env = node_env(
+        database_url=database_url(), data_dir=tmp_path / "data", kv=settings.KV_URL, NODE_HEARTBEAT="0.3", DEBUG="0"
+    )
     n = NodeProcess(env, tmp_path).start()
     yield n
     n.stop()

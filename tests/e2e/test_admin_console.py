@@ -18,7 +18,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.integration.nodes import Client, wait_until
+from queues.testing import wait_until
+from tests.integration.nodes import Client
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

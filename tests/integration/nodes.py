@@ -1,4 +1,4 @@
-"""Real node processes on loopback, for the integration tests.
+"""Helpers of the integration tests around real node processes (``queues.testing`` starts them).
 
 A test that uses them must commit its data (``django_db(transaction=True)``) so the node
 processes, which connect to the same test database, can see it.
@@ -7,38 +7,16 @@ processes, which connect to the same test database, can see it.
 from __future__ import annotations
 
 import os
-import random
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import requests
 from django.db import connection
 
-ROOT = Path(__file__).resolve().parents[2]
+from queues.testing import NodeProcess, kv_url, node_env
 
-
-def free_ports(count: int = 1) -> int:
-    """The first of ``count`` consecutive free ports, below the ephemeral range (32768+), so
-    that the client connections of earlier tests cannot be sitting on them."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 32000 - count)
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError(f"no {count} consecutive free ports found")
-
-
-def free_port() -> int:
-    return free_ports(1)
+#: The Redis database of the tests' key-value store (the ``redis_client`` fixture flushes it).
+KV_REDIS_DB = 5
 
 
 def database_url() -> str:
@@ -49,68 +27,32 @@ def database_url() -> str:
     return f"postgres://{s['USER']}:{s['PASSWORD']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
 
 
-class NodeProcess:
-    def __init__(self, env: dict[str, str], log_dir: Path, port: int | None = None):
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, **env, "NODE_HEARTBEAT": env.get("NODE_HEARTBEAT", "0.5")}
-        self.log_path = log_dir / f"node-{self.port}.log"
-        self.proc: subprocess.Popen | None = None
+def local_node_env(tmp_path: Path, backend: str = "redis", *, data: str = "data", **extra: str) -> dict[str, str]:
+    """A node's environment in a test: the test database, its data under ``tmp_path / data``,
+    its key-value store on ``backend`` (Redis db 5, files under ``tmp_path / "kv"``, or
+    PostgreSQL); ``extra`` adds variables."""
+    kv = kv_url(
+        backend, redis_url=os.environ.get("MQ_TEST_REDIS_URL", ""), redis_db=KV_REDIS_DB, directory=tmp_path / "kv"
+    )
+    return node_env(database_url=database_url(), data_dir=tmp_path / data, kv=kv, **extra)
 
-    def start(self, timeout: float = 30) -> NodeProcess:
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "runnode", "--host", "127.0.0.1", "--port", str(self.port)],
-            cwd=ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # runnode and its worker: signals go to the whole group
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"node exited with {self.proc.returncode}; see {self.log_path}")
-            try:
-                if requests.get(f"{self.url}/api/v1/healthz", timeout=1).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"node on {self.port} did not answer within {timeout}s; see {self.log_path}")
 
-    def signal(self, sig: int) -> None:
-        """Send ``sig`` to the node's process group (the server and its worker)."""
-        assert self.proc is not None
-        os.killpg(self.proc.pid, sig)
+class NodeSet:
+    """Nodes started on demand with one environment, logging into ``log_dir``; ``stop()``
+    stops every one (a node that failed to start too)."""
 
-    def kill(self) -> None:
-        """SIGKILL: no leases released, no buffers flushed by us."""
-        self.signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
+    def __init__(self, env: dict[str, str], log_dir: Path):
+        self.env, self.log_dir = env, log_dir
+        self.nodes: list[NodeProcess] = []
+
+    def start(self, **extra_env: str) -> NodeProcess:
+        node = NodeProcess({**self.env, **extra_env}, self.log_dir)
+        self.nodes.append(node)
+        return node.start()
 
     def stop(self) -> None:
-        """Graceful stop (SIGTERM: leases released); SIGKILL if it hangs."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # whatever is left of the group
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=5)
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        for node in self.nodes:
+            node.stop()
 
 
 class Client:
@@ -126,16 +68,6 @@ class Client:
 
     def get(self, path: str, timeout: float = 30) -> requests.Response:
         return self.session.get(f"{self.base}/api/v1/{path}", timeout=timeout)
-
-
-def wait_until(predicate, timeout: float, what: str) -> float:
-    """Poll ``predicate`` until true; the seconds it took. Fails the test after ``timeout``."""
-    t0 = time.monotonic()
-    while not predicate():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
-    return time.monotonic() - t0
 
 
 def drain(c: Client, path: str, *, batch: int = 100, timeout: float = 60) -> list[dict]:

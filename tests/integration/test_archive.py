@@ -19,8 +19,9 @@ import archive
 from archive import archiver
 from archive.models import ArchivedMessage, ArchiverLock
 from queues import archive_journal, service
+from queues.testing import NodeProcess
 
-from .nodes import Client, NodeProcess, database_url
+from .nodes import Client, local_node_env
 
 BACKENDS = ["file", "redis", "postgres"]
 
@@ -368,14 +369,8 @@ def test_two_archivers_at_once_one_works_no_duplicates(api, rt, queue, monkeypat
 @pytest.mark.parametrize("kind", BACKENDS)
 def test_every_confirmed_message_of_a_killed_node_is_archived(kind, tmp_path, token, request):
     if kind == "redis":
-        request.getfixturevalue("redis_client")
-        kv = {"KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5"}
-    elif kind == "file":
-        kv = {"KV_URL": f"file://{tmp_path / 'kv'}"}
-    else:
-        kv = {"KV_URL": "postgres"}
-    env = {"DATABASE_URL": database_url(), "MQ_DATA_DIR": str(tmp_path / "data"), **kv}
-    node = NodeProcess(env, tmp_path).start()
+        request.getfixturevalue("redis_client")  # flushes db 5
+    node = NodeProcess(local_node_env(tmp_path, kind), tmp_path).start()
     name = f"archcrash-{uuid.uuid4().hex[:6]}"
     confirmed: set[str] = set()
     lock = threading.Lock()

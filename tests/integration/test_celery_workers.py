@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from queues.testing import ROOT, NodeProcess, wait_until
 from workers.models import Consumer
 
 from .handlers_for_tests import QUEUE, events
-from .nodes import ROOT, Client, NodeProcess, database_url, wait_until
+from .nodes import Client, database_url, local_node_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -102,15 +103,7 @@ class WorkerProcess:
 
 @pytest.fixture
 def node(tmp_path, redis_client):
-    n = NodeProcess(
-        {
-            "DATABASE_URL": database_url(),
-            "MQ_DATA_DIR": str(tmp_path / "node-data"),
-            "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5",
-            "NODE_HEARTBEAT": "0.3",
-        },
-        tmp_path,
-    ).start()
+    n = NodeProcess(local_node_env(tmp_path, data="node-data", NODE_HEARTBEAT="0.3"), tmp_path).start()
     yield n
     n.stop()
 

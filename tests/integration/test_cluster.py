@@ -17,7 +17,9 @@ from itertools import cycle
 
 import pytest
 
-from .nodes import Client, NodeProcess, database_url, wait_until
+from queues.testing import NodeProcess, wait_until
+
+from .nodes import Client, NodeSet, database_url, local_node_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -27,22 +29,9 @@ LEASE = 2
 @pytest.fixture
 def cluster(tmp_path, redis_client):
     """Start nodes on demand; every node is stopped at the end."""
-    env = {
-        "DATABASE_URL": database_url(),
-        "MQ_DATA_DIR": str(tmp_path / "data"),
-        "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5",
-        "NODE_HEARTBEAT": "0.3",
-    }
-    nodes: list[NodeProcess] = []
-
-    def start(**extra_env) -> NodeProcess:
-        node = NodeProcess({**env, **extra_env}, tmp_path).start()
-        nodes.append(node)
-        return node
-
-    yield start
-    for node in nodes:
-        node.stop()
+    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="0.3"), tmp_path)
+    yield nodes.start
+    nodes.stop()
 
 
 class Load:
@@ -395,7 +384,7 @@ def test_cluster_command_starts_and_stops_k_nodes(tmp_path, token):
     import subprocess
     import sys
 
-    from .nodes import ROOT, free_ports
+    from queues.testing import ROOT, free_ports
 
     base = free_ports(3)
     env = {

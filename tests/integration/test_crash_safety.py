@@ -9,38 +9,25 @@ unless it was acknowledged; no acknowledged message may come back.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 import pytest
 
-from .nodes import Client, NodeProcess, database_url
+from queues.testing import NodeProcess
+
+from .nodes import Client, local_node_env
 
 TOTAL = 5000
 BATCH = 100
-
-
-def _backend_env(backend: str, tmp_path, redis_client) -> dict[str, str]:
-    if backend == "file":
-        return {"KV_URL": f"file://{tmp_path / 'kv'}"}
-    if backend == "redis":
-        return {"KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5"}
-    return {"KV_URL": "postgres"}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["file", "redis", "postgres"])
 def test_sigkill_loses_no_confirmed_message(backend, tmp_path, token, request):
     if backend == "redis":
-        redis_client = request.getfixturevalue("redis_client")  # flushes db 5
-    else:
-        redis_client = None
-    env = {
-        "DATABASE_URL": database_url(),
-        "MQ_DATA_DIR": str(tmp_path / "data"),
-        **_backend_env(backend, tmp_path, redis_client),
-    }
+        request.getfixturevalue("redis_client")  # flushes db 5
+    env = local_node_env(tmp_path, backend)
     first = NodeProcess(env, tmp_path).start()
     second = NodeProcess(env, tmp_path)
     try:

@@ -22,12 +22,13 @@ from consoles.charts import format_value
 from consoles.models import DashboardRun, EstimateFit, LatencyBucketStats, QueueBucketStats, WorkerStats
 from queues.kv.redis import RedisStore
 from queues.models import Queue
+from queues.testing import NodeProcess, wait_until
 from workers.handlers import Handler
 from workers.models import AttemptLog
 from workers.pipeline import Pipeline
 from workers.sdk import Client, NewMessage
 
-from .nodes import NodeProcess, database_url, wait_until
+from .nodes import local_node_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -47,15 +48,7 @@ def spark():
 
 @pytest.fixture
 def node(tmp_path, redis_client, token):
-    n = NodeProcess(
-        {
-            "DATABASE_URL": database_url(),
-            "MQ_DATA_DIR": str(tmp_path / "node-data"),
-            "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5",
-            "NODE_HEARTBEAT": "0.3",
-        },
-        tmp_path,
-    ).start()
+    n = NodeProcess(local_node_env(tmp_path, data="node-data", NODE_HEARTBEAT="0.3"), tmp_path).start()
     yield n
     n.stop()
 

@@ -19,7 +19,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from .nodes import ROOT, Client, NodeProcess, database_url, free_port
+from queues.testing import ROOT, free_port
+
+from .nodes import Client, NodeSet, local_node_env
 from .wsgi_client import TRANSPORTS, token_client
 
 API = "/api/v1/queues"
@@ -416,23 +418,10 @@ def drain(clients: list[Client], queue: str, idle: float = 1.0, limit: float = 3
 @pytest.fixture
 def nodes(tmp_path, redis_client):
     """Start node processes on demand (KV in Redis db 5, dedup in Redis db 0); all stopped at the end."""
-    env = {
-        "DATABASE_URL": database_url(),
-        "MQ_DATA_DIR": str(tmp_path / "data"),
-        "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5",
-        "REDIS_URL": os.environ["MQ_TEST_REDIS_URL"] + "/0",
-        "NODE_HEARTBEAT": "0.3",
-    }
-    started: list[NodeProcess] = []
-
-    def start(**extra) -> NodeProcess:
-        node = NodeProcess({**env, **extra}, tmp_path)
-        started.append(node)
-        return node.start()
-
-    yield start
-    for node in started:
-        node.stop()
+    env = local_node_env(tmp_path, REDIS_URL=os.environ["MQ_TEST_REDIS_URL"] + "/0", NODE_HEARTBEAT="0.3")
+    started = NodeSet(env, tmp_path)
+    yield started.start
+    started.stop()
 
 
 @pytest.mark.slow

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 
 import pytest
 
-from .nodes import Client, NodeProcess, database_url
+from queues.testing import NodeProcess
+
+from .nodes import Client, local_node_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -17,15 +18,7 @@ def test_retention_task_removes_old_messages_and_counts_them(tmp_path, token, re
     from queues.models import Queue
     from queues.service import expire_everywhere
 
-    node = NodeProcess(
-        {
-            "DATABASE_URL": database_url(),
-            "MQ_DATA_DIR": str(tmp_path / "data"),
-            "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5",
-            "NODE_HEARTBEAT": "0.2",
-        },
-        tmp_path,
-    ).start()
+    node = NodeProcess(local_node_env(tmp_path, NODE_HEARTBEAT="0.2"), tmp_path).start()
     try:
         # given a queue with old and new messages, on a node
         c = Client(node.url, token)

@@ -7,7 +7,6 @@ the partition's owner, so they succeed even when the only node the client was gi
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -16,32 +15,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from queues.testing import free_port
 from workers import sdk
 from workers.sdk import Client, Message, NewMessage
 
-from .nodes import NodeProcess, database_url, free_port
+from .nodes import NodeSet, local_node_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
 def cluster(transactional_db, tmp_path, redis_client):
-    env = {
-        "DATABASE_URL": database_url(),
-        "MQ_DATA_DIR": str(tmp_path / "data"),
-        "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5",
-        "NODE_HEARTBEAT": "0.3",
-    }
-    nodes: list[NodeProcess] = []
-
-    def start() -> NodeProcess:
-        node = NodeProcess(env, tmp_path).start()
-        nodes.append(node)
-        return node
-
-    yield start
-    for node in nodes:
-        node.stop()
+    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="0.3"), tmp_path)
+    yield nodes.start
+    nodes.stop()
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ group order; the archive then replays them into a queue.
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
@@ -18,8 +17,9 @@ import pytest
 from archive import archiver
 from archive.models import ArchivedMessage
 from queues.messages import StoredMessage
+from queues.testing import NodeProcess, wait_until
 
-from .nodes import Client, NodeProcess, database_url, drain, wait_until
+from .nodes import Client, drain, local_node_env
 
 GROUPS = 4
 PER_GROUP = 30
@@ -45,11 +45,7 @@ def test_a_slow_subscription_reads_from_the_archive_after_a_takeover_and_replay_
     from queues.kv.redis import RedisStore
 
     store = RedisStore(redis_client)
-    env = {
-        "DATABASE_URL": database_url(),
-        "MQ_DATA_DIR": str(tmp_path / "data"),
-        "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5",
-    }
+    env = local_node_env(tmp_path)
     first = NodeProcess(env, tmp_path).start()
     second = NodeProcess(env, tmp_path)
     topic, copy = f"news-{uuid.uuid4().hex[:6]}", f"copy-{uuid.uuid4().hex[:6]}"

@@ -9,24 +9,21 @@ may have applied it, so such a message may or may not come back to "acker".
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 import pytest
 
-from .nodes import Client, NodeProcess, database_url, drain, wait_until
+from queues.testing import NodeProcess, wait_until
+
+from .nodes import Client, drain, local_node_env
 
 BATCH = 50
 
 
 @pytest.mark.slow
 def test_sigkill_on_a_topic_loses_nothing_for_any_subscription(tmp_path, token, redis_client):
-    env = {
-        "DATABASE_URL": database_url(),
-        "MQ_DATA_DIR": str(tmp_path / "data"),
-        "KV_URL": os.environ["MQ_TEST_REDIS_URL"] + "/5",
-    }
+    env = local_node_env(tmp_path)
     first = NodeProcess(env, tmp_path).start()
     second = NodeProcess(env, tmp_path)
     try:

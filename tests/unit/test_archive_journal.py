@@ -8,8 +8,8 @@ from queues import archive_journal
 from queues.kv.memory import MemoryStore
 from queues.messages import StoredMessage, parse_message_id
 from queues.partition import PartitionUnavailable
+from queues.testing import PartitionRow
 
-from .support import Row
 from .test_partition import open_manager
 
 
@@ -25,7 +25,7 @@ def _ack(m, ids):
 
 
 def test_mode_none_writes_no_journal():
-    store, row = MemoryStore(), Row()
+    store, row = MemoryStore(), PartitionRow()
     m = open_manager(store, row, 4, 1 << 20)
     ids = m.enqueue([StoredMessage(f"m{i}", 1.0) for i in range(3)])
     _ack(m, ids)
@@ -33,7 +33,7 @@ def test_mode_none_writes_no_journal():
 
 
 def test_mode_all_journals_at_enqueue_and_marks_acks():
-    store, row = MemoryStore(), Row()
+    store, row = MemoryStore(), PartitionRow()
     m = open_manager(store, row, 4, 1 << 20)
     m.archive = "all"
     ids = m.enqueue([StoredMessage(f"m{i}", 1.0, group="g" if i else None) for i in range(3)])
@@ -53,7 +53,7 @@ def test_mode_all_journals_at_enqueue_and_marks_acks():
 
 
 def test_mode_acked_journals_only_acked_messages():
-    store, row = MemoryStore(), Row()
+    store, row = MemoryStore(), PartitionRow()
     m = open_manager(store, row, 4, 0)  # no body cache: the bodies are read back
     m.archive = "acked"
     ids = m.enqueue([StoredMessage(f"m{i}", 1.0) for i in range(5)])
@@ -71,7 +71,7 @@ def test_mode_acked_journals_only_acked_messages():
 
 
 def test_a_stale_owner_journals_nothing():
-    store, row = MemoryStore(), Row()
+    store, row = MemoryStore(), PartitionRow()
     old = open_manager(store, row, 4, 1 << 20)
     old.archive = "all"
     open_manager(store, row, 4, 1 << 20)

@@ -21,7 +21,6 @@ Runs on the in-memory store, with fake monotonic and wall clocks that advance to
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import pytest
@@ -37,11 +36,9 @@ from hypothesis.stateful import (
 
 from queues import partition as partition_mod
 from queues.kv.memory import MemoryStore
-from queues.leases import Lease
 from queues.messages import StoredMessage, parse_message_id
-from queues.partition import BodyCache, PartitionManager, PartitionUnavailable
-
-from .support import Row
+from queues.partition import PartitionManager, PartitionUnavailable
+from queues.testing import PartitionRow, next_owner
 
 GROUPS = ["g1", "g2", "g3", "g4"]
 
@@ -66,7 +63,7 @@ class Clocks:
 
 def open_manager(
     store,
-    row: Row,
+    row: PartitionRow,
     clocks: Clocks,
     *,
     block_size: int,
@@ -75,18 +72,8 @@ def open_manager(
     full: bool = True,
 ) -> PartitionManager:
     """A takeover: the next epoch opens the partition (both phases, or only the head)."""
-    row.epoch += 1
-    lease = Lease(1, "q", 0, row.epoch, "n", 10.0, math.inf, row.head or "")
-    m = PartitionManager(
-        lease,
-        block_size=block_size,
-        store=store,
-        node_id="node",
-        cache=BodyCache(cache_bytes),
-        set_head=row.set_head,
-        read_head=row.read_head,
-    )
-    m.wall = clocks.time  # before open: backlog messages are routed by their delay
+    m = next_owner(store, row, block_size=block_size, cache_bytes=cache_bytes)
+    m.wall = clocks.time  # before open: messages of unscanned blocks are routed by their delay
     m.max_receives = max_receives
     if full:
         m.open()
@@ -102,7 +89,7 @@ class GroupMachine(RuleBasedStateMachine):
         self._saved = partition_mod.monotonic
         partition_mod.monotonic = self.clocks.monotonic
         self.store = MemoryStore()
-        self.row = Row()
+        self.row = PartitionRow()
         self.m: PartitionManager | None = None
         self.half_open = False
         #: the abandoned owner and the receipts it handed out.
@@ -347,7 +334,7 @@ def _ack(m, got):
 
 
 def test_group_delivered_one_at_a_time(clocks):
-    m = open_manager(MemoryStore(), Row(), clocks, block_size=4)
+    m = open_manager(MemoryStore(), PartitionRow(), clocks, block_size=4)
     _enqueue(m, clocks, ("a1", "a"), ("x", None), ("a2", "a"), ("a3", "a"), ("y", None))
     bodies, got = _bodies(m, 10)
     assert sorted(bodies) == ["a1", "x", "y"]
@@ -361,7 +348,7 @@ def test_group_delivered_one_at_a_time(clocks):
 
 
 def test_redelivered_head_blocks_its_group(clocks):
-    m = open_manager(MemoryStore(), Row(), clocks, block_size=4)
+    m = open_manager(MemoryStore(), PartitionRow(), clocks, block_size=4)
     _enqueue(m, clocks, ("a1", "a"), ("a2", "a"), ("b1", "b"))
     bodies, got = _bodies(m, 10, vis=1.0)
     assert sorted(bodies) == ["a1", "b1"]
@@ -380,8 +367,8 @@ def test_redelivered_head_blocks_its_group(clocks):
 
 
 @pytest.mark.parametrize("full", [True, False])
-def test_group_order_across_takeover_backlog_then_new(clocks, full):
-    store, row = MemoryStore(), Row()
+def test_group_order_across_takeover_unscanned_then_new(clocks, full):
+    store, row = MemoryStore(), PartitionRow()
     old = open_manager(store, row, clocks, block_size=1)
     _enqueue(old, clocks, ("a1", "a"), ("x1", None), ("a2", "a"))
     _enqueue(old, clocks, ("a3", "a"))
@@ -404,7 +391,7 @@ def test_group_order_across_takeover_backlog_then_new(clocks, full):
 
 
 def test_delayed_head_holds_its_group(clocks):
-    m = open_manager(MemoryStore(), Row(), clocks, block_size=4)
+    m = open_manager(MemoryStore(), PartitionRow(), clocks, block_size=4)
     _enqueue(m, clocks, ("a1", "a", 10.0), ("a2", "a"), ("u", None, 5.0), ("v", None))
     assert _bodies(m, 10, vis=100.0)[0] == ["v"]
     clocks.advance(4.9)
@@ -419,7 +406,7 @@ def test_delayed_head_holds_its_group(clocks):
 
 
 def test_ack_at_a_stale_owner_is_fenced(clocks):
-    store, row = MemoryStore(), Row()
+    store, row = MemoryStore(), PartitionRow()
     old = open_manager(store, row, clocks, block_size=4)
     _enqueue(old, clocks, ("a1", "a"), ("a2", "a"))
     _, got = _bodies(old, 10)
@@ -434,7 +421,7 @@ def test_ack_at_a_stale_owner_is_fenced(clocks):
 
 
 def test_dead_letter_releases_the_group(clocks):
-    m = open_manager(MemoryStore(), Row(), clocks, block_size=4, max_receives=1)
+    m = open_manager(MemoryStore(), PartitionRow(), clocks, block_size=4, max_receives=1)
     _enqueue(m, clocks, ("a1", "a"), ("a2", "a"))
     assert _bodies(m, 10, vis=1.0)[0] == ["a1"]
     clocks.advance(2.0)

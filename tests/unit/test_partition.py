@@ -8,8 +8,6 @@ enqueue order, and leave nothing behind once everything is acknowledged.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -18,16 +16,13 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from queues import partition as partition_mod
 from queues.keys import block_key
 from queues.kv.memory import MemoryStore
-from queues.leases import Lease
 from queues.messages import StoredMessage, parse_message_id
 from queues.partition import (
-    BodyCache,
     PartitionManager,
     PartitionUnavailable,
     ReceiptMismatch,
 )
-
-from .support import Row
+from queues.testing import PartitionRow, next_owner
 
 
 class FakeClock:
@@ -38,18 +33,8 @@ class FakeClock:
         return self.now
 
 
-def open_manager(store, row: Row, block_size: int, cache_bytes: int) -> PartitionManager:
-    row.epoch += 1
-    lease = Lease(1, "q", 0, row.epoch, "n", 10.0, math.inf, row.head or "")
-    m = PartitionManager(
-        lease,
-        block_size=block_size,
-        store=store,
-        node_id="node",
-        cache=BodyCache(cache_bytes),
-        set_head=row.set_head,
-        read_head=row.read_head,
-    )
+def open_manager(store, row: PartitionRow, block_size: int, cache_bytes: int) -> PartitionManager:
+    m = next_owner(store, row, block_size=block_size, cache_bytes=cache_bytes)
     m.open()
     return m
 
@@ -61,7 +46,7 @@ class PartitionMachine(RuleBasedStateMachine):
         self._saved = partition_mod.monotonic
         partition_mod.monotonic = self.clock
         self.store = MemoryStore()
-        self.row = Row()
+        self.row = PartitionRow()
         self.block_size = 3
         self.cache_bytes = 0
         self.m: PartitionManager | None = None
@@ -196,9 +181,9 @@ class FlakyStore(MemoryStore):
         return super().scan(bucket)
 
 
-def test_a_store_failure_while_reading_the_backlog_closes_and_loses_nothing():
+def test_a_store_failure_while_scanning_an_unscanned_block_closes_and_loses_nothing():
     # given 12 messages in blocks of 3, and a new owner whose store fails while it reads them
-    store, row = FlakyStore(), Row()
+    store, row = FlakyStore(), PartitionRow()
     first = open_manager(store, row, 3, 0)
     ids = first.enqueue([StoredMessage(f"m{i}", 0.0) for i in range(12)])
     second = open_manager(store, row, 3, 0)

@@ -13,12 +13,13 @@ import json
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 import pytest
 
+from queues.testing import FakeMessage
 from workers.handlers import Handler
 from workers.pipeline import Pipeline
 from workers.sdk import Estimates
@@ -27,18 +28,6 @@ TOL = 0.08  # scheduling slack on a busy 2-core machine; the delays below are 3-
 
 
 # ------------------------------------------------------------------------------ the fake client
-
-
-@dataclass(frozen=True)
-class FakeMessage:
-    id: str
-    receipt: str
-    body: str
-    group: str | None = None
-    attributes: dict = field(default_factory=dict)
-    size: int | None = None
-    estimates: Any = None
-    receive_count: int = 1
 
 
 @dataclass

@@ -4,30 +4,22 @@ subscription holds (not acked yet, in flight included) and since when."""
 
 from __future__ import annotations
 
-import math
 import time
 
-from queues.body_cache import BodyCache
 from queues.cursor import SubscriptionSpec
 from queues.kv.memory import MemoryStore
-from queues.leases import Lease
 from queues.messages import StoredMessage, parse_message_id
 from queues.partition import PartitionManager
+from queues.testing import PartitionRow, next_owner
 
-from .support import Row
 
-
-def open_topic(store, row: Row, subs=("fast", "slow"), *, block_size=4) -> PartitionManager:
-    row.epoch += 1
-    lease = Lease(1, "t", 0, row.epoch, "n", 10.0, math.inf, row.head or "")
-    m = PartitionManager(
-        lease,
+def open_topic(store, row: PartitionRow, subs=("fast", "slow"), *, block_size=4) -> PartitionManager:
+    m = next_owner(
+        store,
+        row,
         block_size=block_size,
-        store=store,
-        node_id="node",
-        cache=BodyCache(1 << 20),
-        set_head=row.set_head,
-        read_head=row.read_head,
+        queue="t",
+        cache_bytes=1 << 20,
         subscriptions=[SubscriptionSpec(s) for s in subs],
     )
     m.open()
@@ -36,7 +28,7 @@ def open_topic(store, row: Row, subs=("fast", "slow"), *, block_size=4) -> Parti
 
 def test_a_subscription_holds_its_in_flight_messages_and_says_since_when():
     # given a topic with two subscriptions and six messages over two blocks
-    store, row = MemoryStore(), Row()
+    store, row = MemoryStore(), PartitionRow()
     m = open_topic(store, row)
     before = time.time()
     m.enqueue([StoredMessage(f"m{i}", time.time()) for i in range(6)])
@@ -73,7 +65,7 @@ def test_a_subscription_holds_its_in_flight_messages_and_says_since_when():
 
 def test_figures_survive_a_takeover():
     # given a slow subscription holding three messages, one of them in flight
-    store, row = MemoryStore(), Row()
+    store, row = MemoryStore(), PartitionRow()
     m = open_topic(store, row)
     m.enqueue([StoredMessage(f"m{i}", time.time()) for i in range(3)])
     assert len(m.dequeue(1, 30.0, "slow")) == 1

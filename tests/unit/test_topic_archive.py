@@ -6,8 +6,6 @@ The partition manager on the in-memory store, with a dict standing in for the ar
 
 from __future__ import annotations
 
-import math
-
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -16,11 +14,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from queues import partition as partition_mod
 from queues.kv import KVError
 from queues.kv.memory import MemoryStore
-from queues.leases import Lease
 from queues.messages import StoredMessage, parse_message_id
-from queues.partition import BodyCache, PartitionManager, PartitionUnavailable, ReceiptMismatch, SubscriptionSpec
-
-from .support import Row
+from queues.partition import PartitionManager, PartitionUnavailable, ReceiptMismatch, SubscriptionSpec
+from queues.testing import PartitionRow, next_owner
 
 
 class Archive:
@@ -45,18 +41,14 @@ class Archive:
 
 
 def open_topic(
-    store, row: Row, archive: Archive, subs=("fast", "slow"), *, mode="all", block_size=4, cache_bytes=1 << 20
+    store, row: PartitionRow, archive: Archive, subs=("fast", "slow"), *, mode="all", block_size=4, cache_bytes=1 << 20
 ) -> PartitionManager:
-    row.epoch += 1
-    lease = Lease(1, "t", 0, row.epoch, "n", 10.0, math.inf, row.head or "")
-    m = PartitionManager(
-        lease,
+    m = next_owner(
+        store,
+        row,
         block_size=block_size,
-        store=store,
-        node_id="node",
-        cache=BodyCache(cache_bytes),
-        set_head=row.set_head,
-        read_head=row.read_head,
+        cache_bytes=cache_bytes,
+        queue="t",
         subscriptions=[s if isinstance(s, SubscriptionSpec) else SubscriptionSpec(s) for s in subs],
         archive_sink=archive.sink,
         archive_source=archive.source,
@@ -99,7 +91,7 @@ def publish(m, n, groups=("a", "b", None)):
 
 
 def test_retention_moves_what_a_slow_subscription_holds_to_the_archive():
-    store, row, archive = MemoryStore(), Row(), Archive()
+    store, row, archive = MemoryStore(), PartitionRow(), Archive()
     m = open_topic(store, row, archive)
     sent = publish(m, 10)
     # given a fast subscription that acked everything and a slow one that read nothing
@@ -130,7 +122,7 @@ def test_retention_moves_what_a_slow_subscription_holds_to_the_archive():
 
 
 def test_a_new_owner_serves_stubs_from_the_archive_in_group_order():
-    store, row, archive = MemoryStore(), Row(), Archive()
+    store, row, archive = MemoryStore(), PartitionRow(), Archive()
     m = open_topic(store, row, archive)
     old = publish(m, 9, groups=("g",))
     drain(m, "fast")
@@ -149,7 +141,7 @@ def test_a_new_owner_serves_stubs_from_the_archive_in_group_order():
 
 
 def test_without_archiving_retention_removes_for_every_subscription():
-    store, row, archive = MemoryStore(), Row(), Archive()
+    store, row, archive = MemoryStore(), PartitionRow(), Archive()
     m = open_topic(store, row, archive, mode="none")
     publish(m, 6)
     drain(m, "fast")
@@ -159,7 +151,7 @@ def test_without_archiving_retention_removes_for_every_subscription():
 
 
 def test_messages_no_subscription_holds_are_removed_not_archived():
-    store, row, archive = MemoryStore(), Row(), Archive()
+    store, row, archive = MemoryStore(), PartitionRow(), Archive()
     m = open_topic(store, row, archive)
     sent = publish(m, 8)
     drain(m, "fast")
@@ -167,7 +159,7 @@ def test_messages_no_subscription_holds_are_removed_not_archived():
     # given the slow subscription is deleted, and one that starts after these messages is added
     # (so they are neither held nor acked by every subscription: they wait for retention)
     m2 = open_topic(store, row, archive, subs=("fast", SubscriptionSpec("late", starts_at=10**11)))
-    take(m2, "fast")  # reads the whole backlog
+    take(m2, "fast")  # scans every unscanned block
     assert len(stored_messages(store)) == 8
     # then the next retention pass removes the stubs nobody holds
     assert m2.expire(cutoff=10**12) == 8
@@ -176,7 +168,7 @@ def test_messages_no_subscription_holds_are_removed_not_archived():
 
 
 def test_an_archive_that_cannot_be_written_defers_retention_and_changes_nothing():
-    store, row, archive = MemoryStore(), Row(), Archive()
+    store, row, archive = MemoryStore(), PartitionRow(), Archive()
     m = open_topic(store, row, archive)
     sent = publish(m, 5)
     drain(m, "fast")
@@ -190,7 +182,7 @@ def test_an_archive_that_cannot_be_written_defers_retention_and_changes_nothing(
 
 
 def test_an_ack_during_the_archive_write_is_not_undone_by_the_stub():
-    store, row, archive = MemoryStore(), Row(), Archive()
+    store, row, archive = MemoryStore(), PartitionRow(), Archive()
     m = open_topic(store, row, archive)
     sent = publish(m, 4, groups=(None,))
     drain(m, "fast")
@@ -210,7 +202,7 @@ def test_an_ack_during_the_archive_write_is_not_undone_by_the_stub():
 
 
 def test_a_stub_missing_from_the_archive_is_dropped_not_delivered_empty():
-    store, row, archive = MemoryStore(), Row(), Archive()
+    store, row, archive = MemoryStore(), PartitionRow(), Archive()
     m = open_topic(store, row, archive)
     sent = publish(m, 3, groups=(None,))
     drain(m, "fast")
@@ -224,7 +216,7 @@ def test_a_stub_missing_from_the_archive_is_dropped_not_delivered_empty():
 
 
 def test_an_archive_read_failure_gives_the_stubs_back_and_delivers_the_rest():
-    store, row, archive = MemoryStore(), Row(), Archive()
+    store, row, archive = MemoryStore(), PartitionRow(), Archive()
     m = open_topic(store, row, archive, subs=("fast", SubscriptionSpec("slow", max_receives=2)))
     old = publish(m, 3, groups=(None,))
     drain(m, "fast")
@@ -246,7 +238,7 @@ def test_an_archive_read_failure_gives_the_stubs_back_and_delivers_the_rest():
 
 
 def test_a_store_read_failure_gives_every_delivery_back(monkeypatch):
-    store, row, archive = MemoryStore(), Row(), Archive()
+    store, row, archive = MemoryStore(), PartitionRow(), Archive()
     m = open_topic(store, row, archive, cache_bytes=0)
     sent = publish(m, 3, groups=("g", None, None))
     monkeypatch.setattr(store, "get_many", lambda keys: (_ for _ in ()).throw(KVError("reset")))
@@ -258,7 +250,7 @@ def test_a_store_read_failure_gives_every_delivery_back(monkeypatch):
 
 
 def test_mode_acked_archives_held_messages_at_retention_and_marks_the_later_ack():
-    store, row, archive = MemoryStore(), Row(), Archive()
+    store, row, archive = MemoryStore(), PartitionRow(), Archive()
     m = open_topic(store, row, archive, mode="acked")
     sent = publish(m, 3, groups=(None,))
     drain(m, "fast")
@@ -271,7 +263,7 @@ def test_mode_acked_archives_held_messages_at_retention_and_marks_the_later_ack(
 
 
 def test_a_stub_write_that_failed_half_way_is_finished_by_the_next_pass(monkeypatch):
-    store, row, archive = MemoryStore(), Row(), Archive()
+    store, row, archive = MemoryStore(), PartitionRow(), Archive()
     m = open_topic(store, row, archive, cache_bytes=0)
     sent = publish(m, 4, groups=(None,))
     drain(m, "fast")
@@ -306,7 +298,7 @@ class TopicMachine(RuleBasedStateMachine):
         self.clock = partition_mod.monotonic
         self.now = 1000.0
         partition_mod.monotonic = lambda: self.now
-        self.store, self.row, self.archive = MemoryStore(), Row(), Archive()
+        self.store, self.row, self.archive = MemoryStore(), PartitionRow(), Archive()
         self.cache_bytes = 0
         self.m = None
         self.sent: dict[str, StoredMessage] = {}  # id -> what was published

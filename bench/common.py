@@ -1,0 +1,233 @@
+"""What the benchmarks share: logging, medians, and one node started for a benchmark.
+
+A benchmark node (:class:`BenchNode`) is what ``bench/throughput.py`` and ``bench/pipeline.py``
+run against: a temp dir of its own (data, file KV, log), ``manage.py migrate``, a staff user with
+an API token, then ``manage.py runnode`` started and stopped by ``queues.testing.NodeProcess``
+(the launcher the integration tests use too).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+if str(REPO) not in sys.path:  # run as `python bench/x.py`: the project's packages are one up
+    sys.path.insert(0, str(REPO))
+
+from queues.testing import NodeFailed, NodeProcess, free_port, kv_url, node_env
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def median(xs):
+    """The median of the numbers in ``xs`` (None and NaN left out); None if there are none."""
+    xs = [x for x in xs if x is not None and x == x]
+    return statistics.median(xs) if xs else None
+
+
+def fmt_rate(x) -> str:
+    """A rate per second as printed: whole numbers from 100 up, one decimal below."""
+    if x is None:
+        return "n/a"
+    return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
+
+
+def fmt_cores(x) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def fmt_ratio(a, b) -> str:
+    if a is None or b in (None, 0):
+        return "n/a"
+    return f"{a / b:.3f}x"
+
+
+def redact(url: str) -> str:
+    """``url`` with its password hidden, for printing."""
+    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+
+
+class BenchNode:
+    """One node for a benchmark on the key-value ``backend`` (file, redis, postgres).
+
+    ``start()`` migrates the database, creates (or reuses) the staff user ``user`` and its
+    token, and starts the node on ``port`` (0: a free one) with ``extra_env`` (``KEY=VALUE``
+    items) added; ``stop()`` stops it and removes the temp dir unless ``keep_tmp``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        backend: str,
+        *,
+        database_url: str,
+        redis_url: str,
+        kv_redis_db: int,
+        python: str = sys.executable,
+        repo: Path | str = REPO,
+        port: int = 0,
+        user: str = "mqbench",
+        extra_env: Sequence[str] = (),
+        startup_timeout: float = 90,
+        keep_tmp: bool = False,
+    ) -> None:
+        self.name, self.backend = name, backend
+        self.database_url, self.redis_url, self.kv_redis_db = database_url, redis_url, kv_redis_db
+        self.python, self.repo, self.user = python, repo, user
+        self.extra_env = list(extra_env)
+        self.startup_timeout, self.keep_tmp = startup_timeout, keep_tmp
+        self.tmp: str | None = None  # made by start()
+        self.port = port
+        self.token = ""
+        self.process: NodeProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    # -- process ----------------------------------------------------------------------------
+    def env(self) -> dict[str, str]:
+        """The node's variables (on top of this process's environment)."""
+        kv_dir = os.path.join(self.tmp, "kv")
+        if self.backend == "file":
+            os.makedirs(kv_dir, exist_ok=True)
+        try:
+            kv = kv_url(self.backend, redis_url=self.redis_url, redis_db=self.kv_redis_db, directory=kv_dir)
+        except ValueError as exc:
+            raise BenchError(str(exc)) from exc
+        data_dir = os.path.join(self.tmp, "data")
+        os.makedirs(data_dir, exist_ok=True)
+        env = node_env(
+            database_url=self.database_url, data_dir=data_dir, kv=kv, REDIS_URL=self.redis_url, PYTHONUNBUFFERED="1"
+        )
+        for item in self.extra_env:
+            k, _, v = item.partition("=")
+            env[k] = v
+        return env
+
+    def manage(self, *argv: str, timeout: float = 300, env_extra: dict | None = None) -> str:
+        """``manage.py argv`` with the node's environment; its output. BenchError if it fails."""
+        env = {**os.environ, **self.env(), **(env_extra or {})}
+        cmd = [self.python, "manage.py", *argv]
+        r = subprocess.run(cmd, cwd=self.repo, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        if r.returncode != 0:
+            raise BenchError(f"`manage.py {argv[0]}` exited {r.returncode}:\n{(r.stdout + r.stderr)[-3000:]}")
+        return r.stdout + r.stderr
+
+    def _create_token(self) -> str:
+        user = self.user
+        code = (
+            "from django.contrib.auth import get_user_model\n"
+            "from rest_framework.authtoken.models import Token\n"
+            f"u, _ = get_user_model().objects.get_or_create(username={user!r})\n"
+            "u.is_staff = u.is_superuser = True\n"
+            "u.set_unusable_password(); u.save()\n"
+            "t, _ = Token.objects.get_or_create(user=u)\n"
+            "print('MQBENCH_TOKEN=' + t.key)\n"
+        )
+        try:
+            out = self.manage("shell", "-c", code, timeout=120)
+            m = re.search(r"MQBENCH_TOKEN=(\w+)", out)
+            if m:
+                return m.group(1)
+        except BenchError as exc:
+            log(f"{self.name}: shell -c failed, falling back to createsuperuser + drf_create_token ({exc})")
+        try:
+            self.manage(
+                "createsuperuser",
+                "--noinput",
+                "--username",
+                user,
+                "--email",
+                f"{user}@example.invalid",
+                timeout=120,
+                env_extra={"DJANGO_SUPERUSER_PASSWORD": uuid.uuid4().hex},
+            )
+        except BenchError as exc:
+            if "already" not in str(exc).lower():
+                raise
+        out = self.manage("drf_create_token", user, timeout=120)
+        m = re.search(r"Generated token (\w+) for user", out)
+        if not m:
+            raise BenchError(f"no token in drf_create_token output: {out[-500:]}")
+        return m.group(1)
+
+    def start(self) -> None:
+        self.tmp = tempfile.mkdtemp(prefix=f"mqbench-{self.backend}-")
+        self.port = self.port or free_port()
+        log(f"{self.name}: migrate")
+        self.manage("migrate", "--noinput", timeout=600)
+        self.token = self._create_token()
+        self.process = NodeProcess(self.env(), self.tmp, self.port, heartbeat=None, python=self.python, cwd=self.repo)
+        log(f"{self.name}: runnode on 127.0.0.1:{self.port} (KV {self.backend}, log {self.process.log_path})")
+        try:
+            self.process.start(timeout=self.startup_timeout)
+        except NodeFailed as exc:
+            raise BenchError(str(exc)) from exc
+        log(f"{self.name}: healthy")
+
+    def log_tail(self) -> str:
+        return "(no log)" if self.process is None else self.process.log_tail()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop(timeout=15)
+        if self.tmp and not self.keep_tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        elif self.tmp:
+            log(f"{self.name}: kept {self.tmp}")
+
+    # -- API -------------------------------------------------------------------------------
+    def connection(self, timeout: float = 30) -> http.client.HTTPConnection:
+        """A keep-alive connection to the node, for :meth:`api` calls in a timed loop."""
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def api(
+        self,
+        method: str,
+        path: str,
+        payload=None,
+        auth: bool = True,
+        timeout: float = 30,
+        conn: http.client.HTTPConnection | None = None,
+    ) -> tuple[int, bytes]:
+        """One call; on ``conn`` (kept open) if given, else on a connection of its own."""
+        own = conn is None
+        conn = conn or self.connection(timeout)
+        headers = {"Accept": "application/json"}
+        body = None
+        if payload is not None:
+            body = json.dumps(payload).encode()
+            headers["Content-Type"] = "application/json"
+        if auth:
+            headers["Authorization"] = f"Token {self.token}"
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            if own:
+                conn.close()

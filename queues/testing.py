@@ -1,0 +1,266 @@
+"""What the tests and the benchmarks share: real node processes on loopback, and stand-ins.
+
+- The launcher: :func:`free_ports` / :func:`free_port`, :func:`kv_url` and :func:`node_env` for a
+  node's environment, :class:`NodeProcess` (``manage.py runnode`` in a process group of its own:
+  readiness wait on ``/api/v1/healthz``, log file, graceful stop, SIGKILL), :func:`wait_until`.
+- Stand-ins for the partition manager without a database: :class:`PartitionRow` (the Partition
+  row's head pointer, fenced by epoch) and :func:`next_owner` (a takeover: the next epoch's lease
+  and manager); :class:`FakeMessage`, the shape of ``workers.sdk.Message`` for in-memory clients.
+
+Nothing here imports ``tests`` or ``bench``. The launcher and ``FakeMessage`` need no Django set
+up (the benchmarks import them before any settings exist); the partition stand-ins import the core
+when called, which does.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+if TYPE_CHECKING:
+    from queues.leases import Lease
+    from queues.partition import PartitionManager
+
+#: The repository root (where ``manage.py`` is).
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The key-value backends a node can run on (``KV_URL``).
+KV_BACKENDS = ("file", "redis", "postgres")
+
+
+# ---------------------------------------------------------------------------------- environment
+
+
+def free_ports(count: int = 1) -> int:
+    """The first of ``count`` consecutive free ports, below the ephemeral range (32768+), so
+    that the client connections of earlier runs cannot be sitting on them."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000 - count)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
+def free_port() -> int:
+    return free_ports(1)
+
+
+def with_redis_db(url: str, db: int) -> str:
+    """``url`` with its database number set to ``db`` (``redis://host:port/db``)."""
+    u = urlsplit(url)
+    return urlunsplit((u.scheme, u.netloc, f"/{db}", u.query, u.fragment))
+
+
+def kv_url(backend: str, *, redis_url: str, redis_db: int, directory: Path | str) -> str:
+    """A node's ``KV_URL`` on ``backend``: database ``redis_db`` of ``redis_url``, the
+    PostgreSQL database the node uses, or files under ``directory`` (file backend only)."""
+    if backend == "redis":
+        return with_redis_db(redis_url, redis_db)
+    if backend == "postgres":
+        return "postgres"
+    if backend == "file":
+        return f"file://{directory}"
+    raise ValueError(f"unknown key-value backend {backend!r} (one of {', '.join(KV_BACKENDS)})")
+
+
+def node_env(*, database_url: str, data_dir: Path | str, kv: str, **extra: str) -> dict[str, str]:
+    """The variables a node needs on top of the caller's environment; ``extra`` adds others
+    (``NODE_HEARTBEAT``, ``REDIS_URL``, ...)."""
+    return {"DATABASE_URL": database_url, "MQ_DATA_DIR": str(data_dir), "KV_URL": kv, **extra}
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> float:
+    """Poll ``predicate`` until true; the seconds it took. AssertionError after ``timeout``."""
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+# ------------------------------------------------------------------------------------- launcher
+
+
+class NodeFailed(RuntimeError):
+    """The node exited, or did not answer ``/api/v1/healthz`` in time (the log's tail says why)."""
+
+
+class NodeProcess:
+    """``manage.py runnode`` on 127.0.0.1, started in a session of its own so that signals
+    reach the server and its worker together; output appended to ``node-<port>.log`` in
+    ``log_dir``.
+
+    ``env`` is added to this process's environment; ``heartbeat`` (seconds) is the default
+    ``NODE_HEARTBEAT`` when ``env`` does not set one (None: the node's own default).
+    """
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_dir: Path | str,
+        port: int | None = None,
+        *,
+        heartbeat: float | None = 0.5,
+        python: str = sys.executable,
+        cwd: Path | str = ROOT,
+    ):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, **env}
+        if heartbeat is not None:
+            self.env.setdefault("NODE_HEARTBEAT", str(heartbeat))
+        self.python, self.cwd = python, cwd
+        self.log_path = Path(log_dir) / f"node-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30) -> NodeProcess:
+        """Start the node and wait until ``/api/v1/healthz`` answers 200."""
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [self.python, "manage.py", "runnode", "--host", "127.0.0.1", "--port", str(self.port)],
+                cwd=self.cwd,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # runnode and its worker: signals go to the whole group
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise NodeFailed(f"node exited with {self.proc.returncode}; {self.log_path}:\n{self.log_tail()}")
+            if self.healthy():
+                return self
+            time.sleep(0.1)
+        raise NodeFailed(f"node on {self.port} did not answer within {timeout}s; {self.log_path}:\n{self.log_tail()}")
+
+    def healthy(self) -> bool:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1)
+        try:
+            conn.request("GET", "/api/v1/healthz")
+            return conn.getresponse().status == 200
+        except OSError:  # refused, reset or timed out: not serving yet
+            return False
+        finally:
+            conn.close()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the node's process group (the server and its worker)."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL: no leases released, no buffers flushed by us."""
+        self.signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = 20) -> None:
+        """Graceful stop (SIGTERM: leases released); SIGKILL to what is left after ``timeout``."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.signal(signal.SIGCONT)  # a paused node cannot handle SIGTERM
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # whatever is left of the group
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=5)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+# ---------------------------------------------------------------------------------- stand-ins
+
+
+@dataclass(frozen=True)
+class FakeMessage:
+    """A delivered message as ``workers.sdk.Message`` has it, for in-memory clients."""
+
+    id: str
+    receipt: str
+    body: str
+    group: str | None = None
+    attributes: dict = field(default_factory=dict)
+    size: int | None = None
+    estimates: Any = None
+    receive_count: int = 1
+
+
+class PartitionRow:
+    """The Partition row without the database: the head pointer, written only under the
+    current epoch (as ``queues.leases.set_head`` / ``read_head`` do it)."""
+
+    def __init__(self) -> None:
+        self.head: str | None = None
+        self.epoch = 0
+
+    def set_head(self, lease: Lease, node_id: str, head: str) -> None:
+        from queues.leases import LeaseLost  # the core needs Django set up; the launcher does not
+
+        if lease.epoch != self.epoch:
+            raise LeaseLost(f"epoch {lease.epoch} is stale (row has {self.epoch})")
+        self.head = head
+        lease.head_block = head
+
+    def read_head(self, lease: Lease) -> str | None:
+        return self.head
+
+
+def next_owner(
+    store,
+    row: PartitionRow,
+    *,
+    block_size: int,
+    cache_bytes: int = 0,
+    queue: str = "q",
+    node_id: str = "node",
+    manager: type[PartitionManager] | None = None,
+    **options: Any,
+) -> PartitionManager:
+    """A takeover: the row's next epoch, its lease and a ``manager`` (PartitionManager by
+    default) on partition 0 of ``queue``, not opened yet. ``options`` go to the manager."""
+    from queues.leases import Lease
+    from queues.partition import BodyCache, PartitionManager
+
+    row.epoch += 1
+    lease = Lease(1, queue, 0, row.epoch, "n", 10.0, float("inf"), row.head or "")
+    return (manager or PartitionManager)(
+        lease,
+        block_size=block_size,
+        store=store,
+        node_id=node_id,
+        cache=BodyCache(cache_bytes),
+        set_head=row.set_head,
+        read_head=row.read_head,
+        **options,
+    )
