@@ -1,6 +1,9 @@
 # Developer entry points. Every target builds/reuses the venv (scripts/venv.sh) on its own.
 #   make run                      node on 127.0.0.1:$(PORT) + Celery worker, embedded defaults
 #   make test [ARGS="-k foo"]     pytest with real PostgreSQL + Redis (started, then always stopped)
+#   make test-unit [ARGS=...]     tests/unit on the embedded defaults, no services, not the slow ones
+#   make lint                     ruff check, ruff format --check, mypy, lint-imports (what CI runs first)
+#   make fmt                      ruff format, then ruff check --fix
 #   make bench                    bench/throughput.py with PostgreSQL + Redis
 #   make services-start | services-stop | services-status
 SHELL := /bin/bash
@@ -10,7 +13,7 @@ PORT ?= 8000
 ARGS ?=
 export PORT
 
-.PHONY: help venv run test bench services-start services-stop services-status services-env
+.PHONY: help venv run test test-unit lint fmt bench services-start services-stop services-status services-env
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -23,6 +26,16 @@ run:
 
 test:
 	@scripts/test.sh $(ARGS)
+
+test-unit:
+	@scripts/test-unit.sh $(ARGS)
+
+lint:
+	@scripts/lint.sh
+
+fmt:
+	@scripts/in-venv.sh ruff format .
+	@scripts/in-venv.sh ruff check --fix .
 
 bench:
 	@scripts/with-services.sh python bench/throughput.py $(ARGS)

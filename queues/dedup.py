@@ -34,7 +34,7 @@ class DedupStore:
                 raise PartitionUnavailable(f"dedup_id {dedup_id!r} is being enqueued by another call; retry")
             time.sleep(0.02)
 
-    def _claim(self, queue, dedup_id, window) -> str | None:
+    def _claim(self, queue: str, dedup_id: str, window: int) -> str | None:
         raise NotImplementedError
 
     def confirm(self, queue: str, dedup_id: str, message_id: str, window: int) -> None:
@@ -45,31 +45,31 @@ class DedupStore:
 
 
 class RedisDedup(DedupStore):
-    def __init__(self):
+    def __init__(self) -> None:
         from django_redis import get_redis_connection
 
         self.redis = get_redis_connection("default")
 
     @staticmethod
-    def _key(queue, dedup_id) -> str:
+    def _key(queue: str, dedup_id: str) -> str:
         return f"mq:dedup:{queue}:{dedup_id}"
 
-    def _claim(self, queue, dedup_id, window):
+    def _claim(self, queue: str, dedup_id: str, window: int) -> str | None:
         key = self._key(queue, dedup_id)
         if self.redis.set(key, _PENDING, nx=True, ex=max(window, 1)):
             return None
         value = self.redis.get(key)
         return _PENDING if value is None else value.decode()  # None: it just expired; try again
 
-    def confirm(self, queue, dedup_id, message_id, window):
+    def confirm(self, queue: str, dedup_id: str, message_id: str, window: int) -> None:
         self.redis.set(self._key(queue, dedup_id), message_id, ex=max(window, 1))
 
-    def release(self, queue, dedup_id):
+    def release(self, queue: str, dedup_id: str) -> None:
         self.redis.delete(self._key(queue, dedup_id))
 
 
 class DatabaseDedup(DedupStore):
-    def _claim(self, queue, dedup_id, window):
+    def _claim(self, queue: str, dedup_id: str, window: int) -> str | None:
         now = timezone.now()
         try:
             with transaction.atomic():
@@ -89,12 +89,12 @@ class DatabaseDedup(DedupStore):
             return None if taken else _PENDING
         return entry.message_id
 
-    def confirm(self, queue, dedup_id, message_id, window):
+    def confirm(self, queue: str, dedup_id: str, message_id: str, window: int) -> None:
         DedupEntry.objects.filter(queue=queue, dedup_id=dedup_id).update(
             message_id=message_id, expires_at=timezone.now() + timedelta(seconds=window)
         )
 
-    def release(self, queue, dedup_id):
+    def release(self, queue: str, dedup_id: str) -> None:
         DedupEntry.objects.filter(queue=queue, dedup_id=dedup_id, message_id=_PENDING).delete()
 
 

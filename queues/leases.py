@@ -99,13 +99,8 @@ def try_claim(
     owner_id = partition.owner_id
     if owner_id is not None and owner_id != "":
         seen = observations.get(pid)
-        same = (
-            seen is not None
-            and seen.owner_id == owner_id
-            and seen.epoch == partition.epoch
-            and seen.nonce == partition.lease_nonce
-        )
-        if not same:
+        sighting = (owner_id, partition.epoch, partition.lease_nonce)
+        if seen is None or (seen.owner_id, seen.epoch, seen.nonce) != sighting:
             observations[pid] = Observation(owner_id, partition.epoch, partition.lease_nonce, now)
             return None
         if now - seen.seen_at < partition.lease_period:

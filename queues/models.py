@@ -156,7 +156,7 @@ class Queue(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    def clean(self):
+    def clean(self) -> None:
         from django.core.exceptions import ValidationError
 
         if self.dead_letter_queue_id is not None and self.dead_letter_queue_id == self.pk:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Iterator
 
 from django.db import transaction
 
@@ -91,6 +92,6 @@ def purge_partition(partition_id: int, store: KeyValueStore) -> int:
     return removed
 
 
-def _chunks(items: list, size: int):
+def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]

@@ -29,7 +29,7 @@ class RedeliveryEntry:
 
 
 class RedeliveryIndex:
-    def __init__(self):
+    def __init__(self) -> None:
         self.by_id: dict[str, RedeliveryEntry] = {}
         self.by_deadline: SortedList = SortedList()
 
@@ -65,7 +65,7 @@ class RedeliveryIndex:
 
     def expired(self, now: float, limit: int) -> list[str]:
         """Up to ``limit`` IDs whose deadline has passed, earliest first. O(limit)."""
-        out = []
+        out: list[str] = []
         for deadline, msg_id in self.by_deadline:
             if deadline > now or len(out) >= limit:
                 break

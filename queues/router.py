@@ -25,7 +25,9 @@ _TTL = 0.5
 
 
 def cluster_secret_ok(value: str | None) -> bool:
-    return bool(value) and hmac.compare_digest(value.encode(), settings.CLUSTER_SECRET.encode())
+    if not value:
+        return False
+    return hmac.compare_digest(value.encode(), settings.CLUSTER_SECRET.encode())
 
 
 def hops_of(value: str | None) -> int:
@@ -48,7 +50,10 @@ class Router:
         if hit is not None and now - hit[0] < _TTL:
             return hit[1]
         rows = Partition.objects.filter(queue_id=queue_id, owner__isnull=False, owner__stopped_at=None)
-        owners = {p.index: (p.owner_id, p.owner.address, p.depth) for p in rows.select_related("owner")}
+        owners: dict[int, tuple[str, str, int]] = {}
+        for p in rows.select_related("owner"):
+            if p.owner is not None:  # always, by the filter; said for the type checker
+                owners[p.index] = (p.owner.id, p.owner.address, p.depth)
         with self._lock:
             self._owners[queue] = (now, owners)
         return owners

@@ -32,6 +32,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -161,7 +162,7 @@ class AppendTree:
 
     # --- loading after a takeover -------------------------------------------------------------
     @classmethod
-    def load(cls, head_id: str | None, read: BlockReader, block_size: int, **kwargs) -> AppendTree:
+    def load(cls, head_id: str | None, read: BlockReader, block_size: int, **kwargs: Any) -> AppendTree:
         """Rebuild the allocation state from the head pointer. O(log N) block reads.
 
         Follows previous pointers from the head to collect the roots. A root that is missing

@@ -2,7 +2,8 @@
 # `make run`: one node + one Celery worker in the foreground, embedded defaults (no services needed).
 #   PORT (default 8000)        node HTTP port on 127.0.0.1
 #   ADMIN_PASSWORD             password for the `admin` superuser (else a random one, shown once at creation)
-# Ctrl-C stops both; if either exits, the other is stopped too.
+# Ctrl-C (or a TERM) stops both and exits 0 once they have stopped in time; if either exits on its
+# own, the other is stopped too and the script exits with that code.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -69,6 +70,8 @@ bar="=================================================================="
 pids=()
 names=()
 stopping=0
+requested=0     # 1 once Ctrl-C or TERM asked us to stop: a stop we asked for, not a failure
+forced=0        # 1 if anything had to be killed
 
 # TERM goes to the main processes only (Celery's warm shutdown manages its pool itself);
 # KILL goes to the whole process groups.
@@ -93,7 +96,7 @@ cleanup() {
     local rc=$?
     [ "$stopping" = 1 ] && return
     stopping=1
-    trap 'echo "run: forcing stop" >&2; signal_all KILL' INT
+    trap 'echo "run: forcing stop" >&2; forced=1; signal_all KILL' INT
     trap '' TERM
     if [ ${#pids[@]} -gt 0 ] && any_alive; then
         echo "run: stopping ${names[*]}" >&2
@@ -102,15 +105,23 @@ cleanup() {
         for i in $(seq 1 100); do any_alive || break; sleep 0.2; done
         if any_alive; then
             echo "run: still running after 20s; killing" >&2
+            forced=1
             signal_all KILL
         fi
     fi
     wait 2>/dev/null || true
+    # Stopping on request is the normal end of `make run`: exit 0 so make reports no error
+    # (it printed "Error 130/143" before). A forced stop, or one before both started, keeps the
+    # signal's code.
+    if [ "$requested" = 1 ] && [ "$forced" = 0 ] && [ ${#pids[@]} -gt 0 ]; then
+        echo "run: stopped" >&2
+        rc=0
+    fi
     exit "$rc"
 }
 trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap 'requested=1; exit 130' INT
+trap 'requested=1; exit 143' TERM
 
 start() {   # name cmd...
     names+=("$1"); shift

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Print (last line of stdout) the path of a ready virtualenv for this repo.
 #
-#   path: ${MQ_VENV:-$HOME/.cache/mq/venv-<first 12 hex of sha256(requirements.txt)>}
+#   path: ${MQ_VENV:-$HOME/.cache/mq/venv-<first 12 hex of sha256(requirements.txt + requirements-dev.txt)>}
 #
-# Clones on the same machine share it; editing requirements.txt yields a new path (a new venv).
+# It holds the runtime (requirements.txt) and the test, benchmark and lint tools
+# (requirements-dev.txt, which includes requirements.txt). Clones on the same machine share it;
+# editing either file yields a new path (a new venv).
 # The build happens in a staging directory that is renamed into place only when it is complete,
 # so an interrupted build is never mistaken for a ready venv. Progress goes to stderr.
 # Env: MQ_VENV (override the path), MQ_PYTHON (interpreter, default python3.11).
@@ -11,10 +13,14 @@ set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 req="$repo/requirements.txt"
+dev="$repo/requirements-dev.txt"     # `-r requirements.txt` plus the tools; this is what gets installed
 python="${MQ_PYTHON:-python3.11}"
 
-[ -f "$req" ] || { echo "venv.sh: $req not found" >&2; exit 1; }
-hash="$(sha256sum "$req" | cut -c1-12)"
+for f in "$req" "$dev"; do
+    [ -f "$f" ] || { echo "venv.sh: $f not found" >&2; exit 1; }
+done
+# Both files, in a fixed order, so a change to either one changes the path.
+hash="$(cat "$req" "$dev" | sha256sum | cut -c1-12)"
 venv="${MQ_VENV:-$HOME/.cache/mq/venv-$hash}"
 venv="${venv%/}"
 marker="$venv/.mq-ready"        # contains the requirements hash; written last
@@ -52,10 +58,10 @@ stage="$venv.building"
 rm -rf "$stage" "$venv.old"
 trap 'rm -rf "$stage"' EXIT
 
-log "building $venv (from $(basename "$req"), sha256 $hash) with $("$python" --version 2>&1)"
+log "building $venv (from $(basename "$dev") + $(basename "$req"), sha256 $hash) with $("$python" --version 2>&1)"
 "$python" -m venv --prompt "$(basename "$venv")" "$stage" >&2
 "$stage/bin/python" -m pip install --disable-pip-version-check -q --upgrade pip >&2
-"$stage/bin/python" -m pip install --disable-pip-version-check -q -r "$req" >&2
+"$stage/bin/python" -m pip install --disable-pip-version-check -q -r "$dev" >&2
 "$stage/bin/python" -m pip check >&2 || log "warning: pip check reported conflicts (see above)"
 
 # Rename into place (an old incomplete/other-hash venv at the same path is moved aside first).

@@ -23,7 +23,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -32,7 +32,7 @@ from .base import Fence, Fenced, KeyValueStore, KVError, split_key
 _SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
-def _load_syncfs():
+def _load_syncfs() -> Callable[[int], int] | None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.syncfs

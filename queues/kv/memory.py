@@ -16,7 +16,7 @@ from .base import Fence, Fenced, KeyValueStore, split_key
 class MemoryStore(KeyValueStore):
     schemes = ("memory",)
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.buckets: dict[str, dict[str, bytes]] = defaultdict(dict)
         self.calls: Counter[str] = Counter()
         self._lock = threading.Lock()

@@ -15,10 +15,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
 
 import redis as redis_lib
 
 from .base import Fence, Fenced, KeyValueStore, KVError, ReplicationError, split_key
+
+if TYPE_CHECKING:
+    from redis.commands.core import Script
+
+#: A Lua script's ARGV: redis-py encodes str, bytes and int alike.
+Args = list[str | bytes | int]
 
 # ARGV: fence bucket, fence field, epoch ("" = unfenced), then groups of
 # (bucket, n, field1, value1, ..., fieldn, valuen).
@@ -87,13 +94,13 @@ class RedisStore(KeyValueStore):
 
     # --- helpers ------------------------------------------------------------------------------
     @staticmethod
-    def _fence_args(fence: Fence | None) -> list[str | bytes]:
+    def _fence_args(fence: Fence | None) -> Args:
         if fence is None:
             return ["", "", ""]
         bucket, name = split_key(fence.key)
         return [bucket, name, str(fence.epoch)]
 
-    def _run(self, script, args: list) -> int:
+    def _run(self, script: Script, args: Args) -> int:
         try:
             if not self.min_replicas:
                 return script(args=args)
@@ -170,12 +177,13 @@ class RedisStore(KeyValueStore):
 
     def compare_and_set(self, key: str, expected: bytes | None, value: bytes) -> bool:
         bucket, name = split_key(key)
-        args = [bucket, name, "0" if expected is None else "1", expected or b"", value]
+        args: Args = [bucket, name, "0" if expected is None else "1", expected or b"", value]
         return bool(self._run(self._cas, args))
 
     def scan(self, bucket: str) -> list[str]:
         try:
-            return [n.decode() for n in self.client.hkeys(bucket)]
+            # The client does not decode responses (django-redis' default): fields come back as bytes.
+            return [n.decode() for n in cast("list[bytes]", self.client.hkeys(bucket))]
         except redis_lib.RedisError as exc:
             raise KVError(f"redis: {exc}") from exc
 

@@ -11,10 +11,14 @@ gives the same order.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connection, transaction
 
 from .base import Fence, Fenced, KeyValueStore, KVError, split_key
+
+if TYPE_CHECKING:
+    from django.db.backends.utils import CursorWrapper
 
 TABLE = "queues_kv_entry"
 
@@ -22,10 +26,10 @@ TABLE = "queues_kv_entry"
 class SQLStore(KeyValueStore):
     schemes = ("postgres", "postgresql", "sql")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.vendor = connection.vendor
 
-    def _check_fence(self, cursor, fence: Fence | None) -> None:
+    def _check_fence(self, cursor: CursorWrapper, fence: Fence | None) -> None:
         if fence is None:
             return
         bucket, name = split_key(fence.key)

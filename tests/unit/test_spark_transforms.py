@@ -12,6 +12,9 @@ from pyspark.testing import assertDataFrameEqual
 
 from consoles.spark import transforms as tf
 
+# Starting the JVM takes seconds: `make test` runs these, `make test-unit` leaves them out.
+pytestmark = pytest.mark.slow
+
 T0 = 1_700_000_040.0  # a multiple of 60: the start of a minute bucket
 
 
