@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from . import keys
+from .body_cache import BodyCache
+from .kv import KeyValueStore
 from .messages import MessageId, StoredMessage, parse_message_id
 
 ENTRY = "e"
@@ -54,7 +56,7 @@ def markers(queue: str, partition: int, mids: Sequence[MessageId], at: float) ->
 
 
 def on_ack(
-    store, cache, queue: str, partition: int, mode: str, mids: Sequence[MessageId], at: float
+    store: KeyValueStore, cache: BodyCache, queue: str, partition: int, mode: str, mids: Sequence[MessageId], at: float
 ) -> list[tuple[str, bytes]]:
     """What to journal before the delete of an ack: markers (mode ``all``), or entries and
     markers of the messages still stored (mode ``acked``; bodies from the cache, else one

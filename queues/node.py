@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import close_old_connections
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from . import keys, leases
@@ -67,7 +68,7 @@ class QueueConfig:
 
     @classmethod
     def from_model(cls, q: Queue) -> QueueConfig:
-        dlq = q.dead_letter_queue.name if q.dead_letter_queue_id else None
+        dlq = q.dead_letter_queue.name if q.dead_letter_queue is not None else None
         subs = None
         if q.kind == Queue.Kind.TOPIC:
             subs = tuple(
@@ -76,7 +77,7 @@ class QueueConfig:
                     s.starts_at.timestamp() if s.starts_at else None,
                     s.max_receives if s.dead_letter_queue_id else None,
                     s.visibility_timeout,
-                    s.dead_letter_queue.name if s.dead_letter_queue_id else None,
+                    s.dead_letter_queue.name if s.dead_letter_queue is not None else None,
                 )
                 for s in sorted(q.subscriptions.all(), key=lambda s: s.name)
             )
@@ -127,7 +128,7 @@ def install_archive(
     ARCHIVE.sink, ARCHIVE.source = sink, source
 
 
-def _queue_rows():
+def _queue_rows() -> QuerySet[Queue]:
     return Queue.objects.select_related("dead_letter_queue").prefetch_related("subscriptions__dead_letter_queue")
 
 
@@ -283,7 +284,7 @@ class NodeRuntime:
                     m.closed = True
                 self._forget(key, m)
 
-    def _reopen_or_drop(self, key, m: PartitionManager) -> None:
+    def _reopen_or_drop(self, key: tuple[str, int], m: PartitionManager) -> None:
         """A manager closed itself after a failure: hand the lease back rather than reopen
         under the same epoch, so that the next claim (this node's, usually at the next pass)
         raises the fence and any late write of the closed manager is refused."""
@@ -294,7 +295,7 @@ class NodeRuntime:
             except Exception:
                 log.exception("releasing %s/%s after a failure", m.queue, m.index)
 
-    def _forget(self, key, m: PartitionManager) -> None:
+    def _forget(self, key: tuple[str, int], m: PartitionManager) -> None:
         with self._lock:
             if self.managers.get(key) is m:
                 del self.managers[key]
@@ -420,7 +421,7 @@ class NodeRuntime:
         self.notify()
         return m
 
-    def _rates_of(self, key, enqueued: int, acked: int) -> tuple[float, float]:
+    def _rates_of(self, key: tuple[str, int], enqueued: int, acked: int) -> tuple[float, float]:
         """Enqueue and ack rates of a partition, averaged over about a minute (an EWMA of the
         counters' growth between passes; zero for a partition just taken over)."""
         now = monotonic()

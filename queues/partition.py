@@ -601,6 +601,7 @@ class PartitionManager:
                     c.redelivery.remove(mid)
                     continue
                 entry = c.redelivery.get(mid)
+                assert entry is not None  # due() lists only entries of the index
                 if c.max_receives is not None and entry.receive_count >= c.max_receives:
                     c.redelivery.change_deadline(mid, float("inf"))  # pinned until moved
                     c.dead.append((mid, entry.receive_count))

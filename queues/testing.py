@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
+    from queues.kv import KeyValueStore
     from queues.leases import Lease
     from queues.partition import PartitionManager
 
@@ -173,6 +174,7 @@ class NodeProcess:
     def kill(self) -> None:
         """SIGKILL: no leases released, no buffers flushed by us."""
         self.signal(signal.SIGKILL)
+        assert self.proc is not None
         self.proc.wait(timeout=10)
 
     def stop(self, timeout: float = 20) -> None:
@@ -237,7 +239,7 @@ class PartitionRow:
 
 
 def next_owner(
-    store,
+    store: KeyValueStore,
     row: PartitionRow,
     *,
     block_size: int,

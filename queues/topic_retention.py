@@ -55,16 +55,17 @@ def expire(m: PartitionManager, doomed: list[str]) -> int:
     A stub is written under the lock, after checking that the message is still stored:
     the last subscription's ack deletes under the same lock, so a stub never brings back
     a message that was acknowledged meanwhile. Returns how many were removed."""
-    keep = m.archive != "none" and m.archive_sink is not None
+    sink = m.archive_sink
+    keep = m.archive != "none" and sink is not None
     records: dict[str, StoredMessage] = {}  # the held ones, read and archived
-    if keep:
+    if keep and sink is not None:
         with m.lock:
             m._check_serving()
             wanted = [d for d in doomed if m._stored(d) and not is_stub(m, d) and held(m, d)]
         if wanted:
             records = m._records(wanted)
             try:
-                m.archive_sink([(mid, rec.to_bytes()) for mid, rec in records.items() if not rec.archived])
+                sink([(mid, rec.to_bytes()) for mid, rec in records.items() if not rec.archived])
             except Exception as exc:
                 raise PartitionUnavailable(
                     f"{m.queue}/{m.index}: archive write failed, retention deferred: {exc}"

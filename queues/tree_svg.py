@@ -13,6 +13,7 @@ from html import escape
 
 from .keys import block_key
 from .kv import KeyValueStore
+from .models import Partition
 from .tree import AppendTree, Block
 
 BOX_W, BOX_H, GAP_X, LEVEL_H, MARGIN = 64, 34, 14, 64, 24
@@ -150,6 +151,6 @@ def render(drawn: list[Drawn], edges: list[tuple[str, str, str]]) -> str:
     return "".join(out)
 
 
-def partition_svg(partition, store: KeyValueStore, limit: int = 40) -> str:
+def partition_svg(partition: Partition, store: KeyValueStore, limit: int = 40) -> str:
     drawn, edges = collect(store, partition.queue.name, partition.index, partition.head_block or None, limit)
     return render(drawn, edges)

@@ -89,19 +89,20 @@ def enqueue(queue: str, drafts: Sequence[MessageDraft], *, hops: int = 0) -> lis
         # Stored ones keep their dedup_id (a retry gets their IDs); the rest are given back.
         for dedup_id, i in reserved.items():
             assert dedup is not None
-            mid = ids[i]
-            if mid is None:
+            stored_id = ids[i]
+            if stored_id is None:
                 dedup.release(cfg.name, dedup_id)
             else:
-                dedup.confirm(cfg.name, dedup_id, mid, cfg.dedup_window)
+                dedup.confirm(cfg.name, dedup_id, stored_id, cfg.dedup_window)
         raise
+    stored = [mid if mid is not None else "" for mid in ids]  # every reserved one is stored now
     for dedup_id, i in reserved.items():
         assert dedup is not None
-        dedup.confirm(cfg.name, dedup_id, ids[i], cfg.dedup_window)  # type: ignore[arg-type]
+        dedup.confirm(cfg.name, dedup_id, stored[i], cfg.dedup_window)
     for i, d in enumerate(drafts):
-        if ids[i] is None:
-            ids[i] = ids[reserved[d.dedup_id]]  # type: ignore[index]
-    return ids  # type: ignore[return-value]
+        if not stored[i] and d.dedup_id is not None:
+            stored[i] = stored[reserved[d.dedup_id]]  # a repeat inside the batch: the first one's ID
+    return stored
 
 
 def check_drafts(cfg: QueueConfig, drafts: Sequence[MessageDraft]) -> None:
@@ -225,14 +226,15 @@ def dequeue(
     (``is_a_topic``).
     """
     cfg, sub = resolve(target)
+    spec = cfg.subscription(sub) if sub else None
     local_visibility = visibility
-    if local_visibility is None and sub:
-        local_visibility = cfg.subscription(sub).visibility_timeout  # type: ignore[union-attr]
+    if local_visibility is None and spec is not None:
+        local_visibility = spec.visibility_timeout
     if local_visibility is None:
         local_visibility = cfg.visibility_timeout
     found = _dequeue_local(cfg, sub, max_messages, local_visibility, 0)
     _announce(target, found)
-    if (cfg.subscription(sub).max_receives if sub else cfg.max_receives) is not None:  # type: ignore[union-attr]
+    if (spec.max_receives if spec is not None else cfg.max_receives) is not None:
         _move_dead_letters(cfg, sub)
     if found or hops >= MAX_HOPS:
         if not found and wait:
@@ -337,7 +339,7 @@ def _move_dead_letters(cfg: QueueConfig, sub: str = "") -> None:
                 dlq = queue_config(dead_letter_queue)
                 check_drafts(dlq, drafts)
                 _enqueue_somewhere(dlq, None, drafts, now, 0)
-            m.remove_dead_lettered([parse_message_id(mid) for mid in mids], sub)  # not archived
+            m.remove_dead_lettered([_message_id(mid) for mid in mids], sub)  # not archived
             with m.lock:
                 m.dead_lettered_total += len(found)
         except Exception:
@@ -377,7 +379,16 @@ def ack(target: str, items: Sequence[tuple[MessageId, str | None]], *, hops: int
     return AckResult(acked, not_found)
 
 
-def _managers_of(queue: str, items: list[tuple[MessageId, str | None]]):
+def _message_id(text: str) -> MessageId:
+    """The parsed ID of a message this node stored (so well-formed)."""
+    mid = parse_message_id(text)
+    assert mid is not None, text
+    return mid
+
+
+def _managers_of(
+    queue: str, items: list[tuple[MessageId, str | None]]
+) -> list[tuple[PartitionManager, list[tuple[MessageId, str | None]]]]:
     rt = get_runtime()
     by_partition: dict[int, list[tuple[MessageId, str | None]]] = {}
     for mid, receipt in items:

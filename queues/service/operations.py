@@ -11,13 +11,13 @@ from datetime import UTC, datetime
 
 from django.db.models import F
 
-from ..messages import parse_message_id
+from ..messages import StoredMessage
 from ..models import LIMITS, QUEUE_NAME_RE, Partition, Queue
 from ..partition import Delivery
 from ..purge import purge_partition
 from ..router import MAX_HOPS
 from .errors import Conflict, InvalidRequest, PartitionUnavailable
-from .messages import _ack_local, _dequeue_local, enqueue
+from .messages import _ack_local, _dequeue_local, _message_id, enqueue
 from .peers import get_peers
 from .runtime import get_runtime
 from .targets import queue_config
@@ -83,22 +83,24 @@ def redrive(queue: str, max_messages: int = 100, *, hops: int = 0) -> RedriveRes
                 continue
             by_source.setdefault(source, []).append(d)
         for source, ds in by_source.items():
-            drafts = [
-                MessageDraft(
-                    d.message.body,  # type: ignore[union-attr]
-                    group=(d.message.history or {}).get("group"),  # type: ignore[union-attr]
-                    attributes=d.message.attributes,  # type: ignore[union-attr]
-                    size=d.message.size,  # type: ignore[union-attr]
-                    estimates=d.message.estimates,  # type: ignore[union-attr]
-                )
-                for d in ds
-            ]
+            drafts = [_back_to_source(d.message) for d in ds if d.message is not None]
             enqueue(source, drafts, hops=hops)
             back.extend(ds)
             moved += len(ds)
         if back:
-            _ack_local(cfg.name, [(parse_message_id(d.id), d.receipt) for d in back])  # type: ignore[misc]
+            _ack_local(cfg.name, [(_message_id(d.id), d.receipt) for d in back])
     return RedriveResult(moved, skipped)
+
+
+def _back_to_source(m: StoredMessage) -> MessageDraft:
+    """A dead letter as a new message for the queue it came from, in its group again."""
+    return MessageDraft(
+        m.body,
+        group=(m.history or {}).get("group"),
+        attributes=m.attributes,
+        size=m.size,
+        estimates=m.estimates,
+    )
 
 
 def expire(queue: str, older_than: float | None = None) -> ExpireResult:
