@@ -385,7 +385,7 @@ class Grant(models.Model):
 
     def __str__(self) -> str:
         who = f"user {self.user}" if self.user_id else f"group {self.group}"
-        return f"{who}: {self.action} on {self.queue.name if self.queue_id else self.pattern}"
+        return f"{who}: {self.action} on {self.queue.name if self.queue is not None else self.pattern}"
 
 
 class AuditEntry(models.Model):
