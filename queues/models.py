@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
@@ -143,6 +144,14 @@ class Queue(models.Model):
         choices=Archive.choices,
         default=Archive.NONE,
         help_text="what the archiver copies to the archive table",
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="who created it: that user may manage it (change, delete, purge, grant...)",
     )
     dead_lettered_total = models.BigIntegerField(default=0)
     expired_total = models.BigIntegerField(default=0, help_text="removed by the retention rule")
@@ -291,3 +300,108 @@ class KVEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.bucket}/{self.name}"
+
+
+#: A grant's name pattern: a queue (or topic) name, or one with ``*`` standing for any run of
+#: name characters (``billing-*``), so queues created later are covered too.
+GRANT_PATTERN_RE = re.compile(r"^[A-Za-z0-9*][A-Za-z0-9_*-]{0,79}$")
+
+
+class Grant(models.Model):
+    """One action on one queue (or topic), or on every queue whose name matches a pattern,
+    granted to a user or to a Django group.
+
+    ``produce``: enqueue, publish. ``consume``: dequeue, ack, visibility, a subscription's calls.
+    ``manage``: change, delete, purge, redrive, subscriptions, replay, release, grants; it
+    includes produce and consume. ``read``: see it in lists, its stats; every other action
+    includes it. A queue's creator may manage it without a grant; superusers may do anything.
+    """
+
+    class Action(models.TextChoices):
+        READ = "read", "read (see it, its stats)"
+        PRODUCE = "produce", "produce (enqueue, publish)"
+        CONSUME = "consume", "consume (dequeue, ack, visibility, subscriptions' calls)"
+        MANAGE = "manage", "manage (change, delete, purge, redrive, subscriptions, replay, release)"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="mq_grants"
+    )
+    group = models.ForeignKey("auth.Group", null=True, blank=True, on_delete=models.CASCADE, related_name="mq_grants")
+    queue = models.ForeignKey(
+        Queue,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="grants",
+        help_text="this queue or topic (the grant goes with it when it is deleted)",
+    )
+    pattern = models.CharField(
+        max_length=80,
+        blank=True,
+        validators=[RegexValidator(GRANT_PATTERN_RE, "a queue name, with * for any run of name characters")],
+        help_text="or every queue and topic whose name matches, now and later (billing-*)",
+    )
+    action = models.CharField(max_length=8, choices=Action.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["pattern", "queue__name", "action"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(user__isnull=False, group__isnull=True)
+                | models.Q(user__isnull=True, group__isnull=False),
+                name="grant_one_principal",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(queue__isnull=False, pattern="")
+                | models.Q(queue__isnull=True) & ~models.Q(pattern=""),
+                name="grant_one_target",
+            ),
+            # One row per principal, target and action (partial indexes: NULLs never compare equal).
+            models.UniqueConstraint(
+                fields=["user", "queue", "action"],
+                condition=models.Q(user__isnull=False, queue__isnull=False),
+                name="grant_user_queue",
+            ),
+            models.UniqueConstraint(
+                fields=["user", "pattern", "action"],
+                condition=models.Q(user__isnull=False, queue__isnull=True),
+                name="grant_user_pattern",
+            ),
+            models.UniqueConstraint(
+                fields=["group", "queue", "action"],
+                condition=models.Q(group__isnull=False, queue__isnull=False),
+                name="grant_group_queue",
+            ),
+            models.UniqueConstraint(
+                fields=["group", "pattern", "action"],
+                condition=models.Q(group__isnull=False, queue__isnull=True),
+                name="grant_group_pattern",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        who = f"user {self.user}" if self.user_id else f"group {self.group}"
+        return f"{who}: {self.action} on {self.queue.name if self.queue is not None else self.pattern}"
+
+
+class AuditEntry(models.Model):
+    """A management action: who did what to which queue or topic, and when (read-only)."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    #: the user's name as it was then (the user may be deleted later).
+    actor = models.CharField(max_length=150)
+    #: create, change, delete, purge, redrive, replay, release, grant, revoke, subscribe, unsubscribe.
+    action = models.CharField(max_length=16, db_index=True)
+    target = models.CharField(max_length=200, db_index=True, help_text="queue, topic or topic/subscription")
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at"]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"
