@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 
 from queues import service
 from queues.messages import parse_message_id
+from queues.access import SYSTEM
 from queues.service import MessageDraft
 
 from .wsgi_client import TRANSPORTS, make_client, token_client
@@ -365,7 +366,7 @@ def test_long_poll_returns_promptly_when_a_message_arrives(api, make_queue):
 
     def later():
         time.sleep(0.3)
-        sent.extend(service.enqueue(name, [MessageDraft("late")]))
+        sent.extend(service.enqueue(name, [MessageDraft("late")], caller=SYSTEM))
 
     t = threading.Thread(target=later)
 
