@@ -14,8 +14,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from queues import service
-from queues.messages import parse_message_id
 from queues.access import SYSTEM
+from queues.messages import parse_message_id
 from queues.service import MessageDraft
 
 from .wsgi_client import TRANSPORTS, make_client, token_client

@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from queues import service
+from queues.access import SYSTEM
 from queues.keys import block_key
 from queues.models import Partition, Queue
-from queues.access import SYSTEM
 from queues.service import MessageDraft
 
 from .wsgi_client import TRANSPORTS, make_client, token_client
