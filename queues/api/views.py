@@ -187,7 +187,10 @@ class RedriveView(CallView):
 
 class IsClusterPeerOrStaff(BasePermission):
     def has_permission(self, request, view):
-        return isinstance(request.user, ClusterPeer) or bool(getattr(request.user, "is_staff", False))
+        user = request.user
+        return isinstance(user, ClusterPeer) or bool(
+            getattr(user, "is_staff", False) or getattr(user, "is_superuser", False)
+        )
 
 
 @extend_schema_view(
