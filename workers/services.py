@@ -313,8 +313,11 @@ def heartbeat(beat: Heartbeat, *, caller: Caller, now: datetime | None = None) -
     """
     now = now or timezone.now()
     extended, lost = extend_held(beat.held, caller=caller)
-    instruction, sleep = _decide(beat.consumer, beat.queues, bool(beat.held), now)
-    take = _assign(beat.consumer, beat.queues, now) if instruction == "continue" else []
+    # Depths and owners only of the queues the worker's user may read.
+    readable = service.readable_names(caller)
+    queues = tuple(q for q in beat.queues if readable is None or q.partition("/")[0] in readable)
+    instruction, sleep = _decide(beat.consumer, queues, bool(beat.held), now)
+    take = _assign(beat.consumer, queues, now) if instruction == "continue" else []
     if take:
         instruction = "take"
     Consumer.objects.update_or_create(
