@@ -424,3 +424,43 @@ def test_a_forwarded_call_acts_for_its_user_at_the_owner(two_nodes):
     # and acks it through A (forwarded to B, as the consumer)
     r = cc.post(f"queues/{name}/ack", {"messages": [{"id": got[0]["id"], "receipt": got[0]["receipt"]}]})
     assert r.json() == {"acked": 1, "not_found": 0}
+
+
+# --- the admin's actions go through the same checks ----------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("grant", [None, "consume", "manage"])
+def test_the_admins_purge_action_needs_manage_on_the_queue(runtime, purge_kv, client, grant):
+    from django.contrib.auth.models import Permission, User
+
+    from queues import service
+    from queues.service import MessageDraft
+
+    owner = Caller.of(User.objects.create(username=f"owner-{uuid.uuid4().hex[:6]}"))
+    name = f"app-{uuid.uuid4().hex[:8]}"
+    q = service.create_queue(caller=owner, name=name, partitions=1)
+    service.enqueue(name, [MessageDraft("a"), MessageDraft("b")], caller=owner)
+    # a staff operator with the admin's model permissions, and the grant of this case
+    operator = User.objects.create(username=f"op-{uuid.uuid4().hex[:6]}", is_staff=True)
+    operator.user_permissions.add(*Permission.objects.filter(codename__in=["view_queue", "change_queue"]))
+    if grant is not None:
+        Grant.objects.create(user=operator, queue=q, action=grant)
+    client.force_login(operator)
+    r = client.post("/admin/queues/queue/", {"action": "purge", "_selected_action": [q.pk]}, follow=True)
+    assert r.status_code == 200
+    shown = " ".join(str(m) for m in r.context["messages"])
+    depth = service.queue_stats(name, caller=owner)["depth"]
+    if grant == "manage":
+        assert f"{name}: purged 2 messages" in shown and depth == 0
+        assert AuditEntry.objects.filter(target=name, action="purge", actor=operator.username).exists()
+    else:
+        # refused: told why, nothing removed, nothing recorded
+        expected = (
+            f"{name}: not purged: you may not see {name!r}"
+            if grant is None
+            else f"{name}: not purged: {operator.username} may not manage {name!r}"
+        )
+        assert expected in shown, shown
+        assert depth == 2
+        assert not AuditEntry.objects.filter(target=name, action="purge").exists()
