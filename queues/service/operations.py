@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from django.db.models import F
 
 from .. import audit
-from ..access import Caller
+from ..access import Caller, require
 from ..messages import StoredMessage
 from ..models import LIMITS, QUEUE_NAME_RE, Partition, Queue
 from ..partition import Delivery
@@ -148,8 +148,9 @@ def expire_everywhere(queue: Queue, *, caller: Caller) -> int:
     (the Celery beat task). Only an owner can remove its partition's messages (it holds them
     in its append tree); a partition without a live owner is done by the node that takes it
     over, at the next run. Returns how many messages were removed; failures are logged.
-    ``manage`` (the beat task is ``access.SYSTEM``); the nodes are asked as nodes."""
-    authorize(queue.name, "manage", caller=caller)
+    ``manage`` (the beat task is ``access.SYSTEM``); the nodes are asked as nodes. Checked on
+    the row: a Celery worker has no node runtime and must not start one."""
+    require(caller, "manage", queue.pk, queue.name, queue.created_by_id)
     addresses = set(
         Partition.objects.filter(queue=queue, owner__isnull=False, owner__stopped_at=None).values_list(
             "owner__address", flat=True
