@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 
+from queues.access import Caller
+
 from .models import ArchivedMessage, ArchiverLock
 from .replay import PartialReplay, replay
 
@@ -84,7 +86,7 @@ class ArchivedMessageAdmin(admin.ModelAdmin):
             by_queue.setdefault(row.queue, []).append(row)
         for queue, rows in by_queue.items():
             try:
-                answer = replay(rows, queue)
+                answer = replay(rows, queue, caller=Caller.of(request.user))
             except PartialReplay as exc:
                 self.message_user(request, f"{queue}: {exc.replayed} replayed, then: {exc}", messages.ERROR)
             except Exception as exc:  # noqa: BLE001 - shown to the operator

@@ -13,14 +13,16 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from queues import service
 from queues.api import validation
 from queues.api.errors import BadRequest
+from queues.auth import request_caller
 from queues.messages import parse_message_id
 from queues.models import QUEUE_NAME_RE
 from queues.router import hops_of
 
 from .models import ArchivedMessage
-from .replay import MAX_REPLAY, PartialReplay, replay, select
+from .replay import MAX_REPLAY, PartialReplay, replay, require_source, select
 
 MAX_PAGE = 1000
 
@@ -117,6 +119,9 @@ class ArchiveListView(APIView):
         if acked not in (None, "", "true", "false", "1", "0"):
             raise BadRequest("acked must be true or false", "invalid_acked")
         rows = ArchivedMessage.objects.filter(pk__gt=after)
+        readable = service.readable_names(request_caller(request.user))
+        if readable is not None:  # only what came from queues the caller may read
+            rows = rows.filter(queue__in=readable)
         if queue is not None:
             rows = rows.filter(queue=queue)
         if since is not None:
@@ -175,9 +180,12 @@ class ReplayView(APIView):
                 if parsed is None or parsed.queue != source:
                     raise BadRequest(f"ids[{i}]: not a message ID of queue {source!r}", "invalid_id")
         since, until = _range(data.get("since"), data.get("until"))
+        caller = request_caller(request.user)
+        service.authorize(into, "manage", caller=caller)  # before anything is selected
+        require_source(caller, source)
         rows = select(source, ids=ids, since=since, until=until, limit=limit)
         try:
-            answer = replay(rows, into, hops=hops_of(request.META.get("HTTP_X_MQ_HOPS")))
+            answer = replay(rows, into, caller=caller, hops=hops_of(request.META.get("HTTP_X_MQ_HOPS")))
         except PartialReplay as exc:
             return Response(
                 {

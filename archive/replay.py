@@ -14,8 +14,10 @@ from datetime import datetime
 from django.db.models import F
 from django.utils import timezone
 
-from queues import service
+from queues import audit, service
+from queues.access import Caller, require
 from queues.kv import KVError
+from queues.models import Queue
 from queues.service import MessageDraft, PartitionUnavailable
 
 from .archiver import message_of
@@ -63,13 +65,29 @@ class PartialReplay(Exception):
         self.cause, self.replayed, self.ids = cause, replayed, ids
 
 
-def replay(rows: list[ArchivedMessage], into: str, *, hops: int = 0) -> ReplayResult:
-    """Enqueue copies of ``rows`` into ``into``, in batches of ``service.MAX_BATCH``; each
-    batch's rows are marked replayed (count, time) once it is stored.
+def require_source(caller: Caller, source: str) -> None:
+    """``read`` on the queue archived messages came from (gone: only a name pattern or a
+    superuser covers it). Raises QueueNotFound."""
+    q = Queue.objects.filter(name=source).only("pk", "name", "created_by_id").first()
+    if q is None:
+        require(caller, "read", -1, source, None)
+    else:
+        require(caller, "read", q.pk, q.name, q.created_by_id)
 
-    Raises the service's errors (QueueNotFound, InvalidRequest: a message the target refuses)
-    before anything is enqueued, and :class:`PartialReplay` if the store fails part-way.
+
+def replay(rows: list[ArchivedMessage], into: str, *, caller: Caller, hops: int = 0) -> ReplayResult:
+    """Enqueue copies of ``rows`` into ``into``, in batches of ``service.MAX_BATCH``; each
+    batch's rows are marked replayed (count, time) once it is stored. ``caller`` needs
+    ``manage`` on ``into`` and ``read`` on every queue the rows came from; the replay is
+    recorded in the audit trail.
+
+    Raises the service's errors (QueueNotFound, ``access.Forbidden``, InvalidRequest: a message
+    the target refuses) before anything is enqueued, and :class:`PartialReplay` if the store
+    fails part-way.
     """
+    service.authorize(into, "manage", caller=caller)
+    for source in sorted({r.queue for r in rows}):
+        require_source(caller, source)
     drafts = [draft_of(r) for r in rows]
     batches = [
         (rows[i : i + service.MAX_BATCH], drafts[i : i + service.MAX_BATCH])
@@ -80,13 +98,16 @@ def replay(rows: list[ArchivedMessage], into: str, *, hops: int = 0) -> ReplayRe
     ids: list[str] = []
     for batch_rows, chunk in batches:
         try:
-            answer = service.enqueue(into, chunk, hops=hops)
+            answer = service.enqueue(into, chunk, caller=caller, hops=hops)
         except (PartitionUnavailable, KVError) as exc:
             if ids:
+                audit.record(caller, "replay", into, sources=sorted({r.queue for r in rows}), replayed=len(ids))
                 raise PartialReplay(exc, len(ids), ids) from exc
             raise
         ids.extend(answer)
         ArchivedMessage.objects.filter(pk__in=[r.pk for r in batch_rows]).update(
             replay_count=F("replay_count") + 1, last_replayed_at=timezone.now()
         )
+    if ids:
+        audit.record(caller, "replay", into, sources=sorted({r.queue for r in rows}), replayed=len(ids))
     return ReplayResult(len(ids), ids)

@@ -14,9 +14,17 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from . import service
+from .access import Caller, Forbidden
 from .kv import get_store
 from .models import Node, Partition, Queue, Subscription
 from .tree_svg import partition_svg
+
+
+def _refusal(exc: Exception) -> str:
+    """What the operator is told when the service refuses them an action."""
+    if isinstance(exc, Forbidden):
+        return str(exc)
+    return f"you may not see {exc.args[0]!r}: it needs a grant on it"
 
 
 def _age(ts) -> str:
@@ -185,7 +193,10 @@ class SubscriptionAdmin(SubscriptionFigures, admin.ModelAdmin):
         service.get_runtime().topic_changed(obj.topic.name)
 
     def delete_model(self, request, obj):
-        service.delete_subscription(obj)
+        try:
+            service.delete_subscription(obj, caller=Caller.of(request.user))
+        except (Forbidden, service.QueueNotFound) as exc:
+            self.message_user(request, f"{obj}: not deleted: {_refusal(exc)}", level=messages.ERROR)
 
 
 @admin.register(Queue)
@@ -228,20 +239,26 @@ class QueueAdmin(admin.ModelAdmin):
         fields = {f: form.cleaned_data[f] for f in form.changed_data if f in form.cleaned_data}
         if not change:
             obj.pk = service.create_queue(
+                caller=Caller.of(request.user),
                 **{
                     f.name: getattr(obj, f.name)
                     for f in Queue._meta.concrete_fields
                     if f.name not in ("id", "created_at", "updated_at")
-                }
+                },
             ).pk
             return
         try:
-            service.update_queue(Queue.objects.get(pk=obj.pk), **fields)
+            service.update_queue(Queue.objects.get(pk=obj.pk), caller=Caller.of(request.user), **fields)
         except service.InvalidRequest as exc:
             self.message_user(request, exc.detail, level=messages.ERROR)
+        except (Forbidden, service.QueueNotFound) as exc:
+            self.message_user(request, f"{obj.name}: not changed: {_refusal(exc)}", level=messages.ERROR)
 
     def delete_model(self, request, obj):
-        service.delete_queue(obj)  # its messages leave the store with it
+        try:
+            service.delete_queue(obj, caller=Caller.of(request.user))  # its messages leave the store with it
+        except (Forbidden, service.QueueNotFound) as exc:
+            self.message_user(request, f"{obj.name}: not deleted: {_refusal(exc)}", level=messages.ERROR)
 
     def delete_queryset(self, request, queryset):
         for q in queryset:
@@ -316,7 +333,10 @@ class QueueAdmin(admin.ModelAdmin):
     def purge(self, request, queryset):
         for q in queryset:
             try:
-                removed = service.purge(q.name)
+                removed = service.purge(q.name, caller=Caller.of(request.user))
+            except (Forbidden, service.QueueNotFound) as exc:
+                self.message_user(request, f"{q.name}: not purged: {_refusal(exc)}", level=messages.ERROR)
+                continue
             except Exception as exc:  # noqa: BLE001 - shown to the operator
                 self.message_user(request, f"{q.name}: purge failed: {exc}", level=messages.ERROR)
                 continue
@@ -326,7 +346,10 @@ class QueueAdmin(admin.ModelAdmin):
     def redrive(self, request, queryset):
         for q in queryset:
             try:
-                result = service.redrive(q.name, 1000)
+                result = service.redrive(q.name, 1000, caller=Caller.of(request.user))
+            except (Forbidden, service.QueueNotFound) as exc:
+                self.message_user(request, f"{q.name}: not redriven: {_refusal(exc)}", level=messages.ERROR)
+                continue
             except Exception as exc:  # noqa: BLE001 - shown to the operator
                 self.message_user(request, f"{q.name}: redrive failed: {exc}", level=messages.ERROR)
                 continue
@@ -386,7 +409,9 @@ class PartitionAdmin(admin.ModelAdmin):
     def release_lease(self, request, queryset):
         for p in queryset.select_related("queue"):
             try:
-                node = service.release_partition(p.queue.name, p.index)
+                node = service.release_partition(p.queue.name, p.index, caller=Caller.of(request.user))
+            except (Forbidden, service.QueueNotFound) as exc:
+                self.message_user(request, f"{p}: not released: {_refusal(exc)}", level=messages.ERROR)
             except service.Conflict as exc:
                 self.message_user(request, f"{p}: {exc.detail}", level=messages.WARNING)
             except service.RemoteError as exc:

@@ -1,8 +1,15 @@
-"""Token authentication with a short in-process cache.
+"""Token authentication with a short in-process cache, the cluster's own authentication, and
+the :class:`~queues.access.Caller` a request acts as.
 
 DRF's ``TokenAuthentication`` reads the token and its user from the database on every call;
 at a few hundred calls a second that is most of a request's cost. A key is trusted from the
-cache for ``TTL`` seconds, so a deleted token stops working within that time.
+cache for ``TTL`` seconds, so a deleted token stops working within that time; so are a user's
+groups (its ``Caller``).
+
+A node forwards a call with the cluster secret and ``X-MQ-On-Behalf-Of`` (the user's id, or
+``system`` for the service's own work): the receiving node acts as that user and checks its
+rights again. Without the header a node may make only the node-only calls (refresh, the
+``close_only`` purge, expire).
 """
 
 from __future__ import annotations
@@ -11,11 +18,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from django.contrib.auth import get_user_model
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication, TokenAuthentication
-from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 from rest_framework.request import Request
 
+from .access import ANONYMOUS, SYSTEM, Caller
 from .router import SECRET_HEADER, cluster_secret_ok
 
 if TYPE_CHECKING:
@@ -44,24 +53,108 @@ class CachedTokenAuthentication(TokenAuthentication):
     def forget(cls) -> None:
         with cls._lock:
             cls._cache.clear()
+        _Callers.forget()
+
+
+class _Callers:
+    """user id -> Caller (its groups read once), trusted for ``TTL`` seconds."""
+
+    _cache: dict[int, tuple[float, Caller]] = {}
+    _lock = threading.Lock()
+
+    @classmethod
+    def get(cls, user_id: int, load: Any) -> Caller:
+        now = time.monotonic()
+        hit = cls._cache.get(user_id)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        caller = load()
+        with cls._lock:
+            if len(cls._cache) > 10_000:
+                cls._cache.clear()
+            cls._cache[user_id] = (now + TTL, caller)
+        return caller
+
+    @classmethod
+    def forget(cls) -> None:
+        with cls._lock:
+            cls._cache.clear()
+
+
+def caller_of(user: Any) -> Caller:
+    """The caller a request's user acts as (cached; an anonymous user is ``ANONYMOUS``)."""
+    if isinstance(user, ClusterPeer):
+        raise TypeError("a node's call: use request_caller")
+    if user is None or not getattr(user, "is_authenticated", False) or getattr(user, "pk", None) is None:
+        return ANONYMOUS
+    return _Callers.get(user.pk, lambda: Caller.of(user))
+
+
+def caller_on_behalf_of(value: str) -> Caller:
+    """The caller named by a forwarded call's ``X-MQ-On-Behalf-Of``: ``system`` or a user's id.
+    Raises AuthenticationFailed (no such active user)."""
+    if value == "system":
+        return SYSTEM
+    if not (value.isascii() and value.isdigit()):
+        raise AuthenticationFailed("X-MQ-On-Behalf-Of must be a user id or 'system'")
+    user_id = int(value)
+
+    def load() -> Caller:
+        user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
+        if user is None:
+            raise AuthenticationFailed(f"X-MQ-On-Behalf-Of names no active user ({user_id})")
+        return Caller.of(user)
+
+    return _Callers.get(user_id, load)
+
+
+def on_behalf_value(caller: Caller) -> str:
+    """``X-MQ-On-Behalf-Of`` for a call forwarded for ``caller``."""
+    if caller.system:
+        return "system"
+    if caller.user_id is None:
+        raise ValueError("an anonymous caller's call is never forwarded")
+    return str(caller.user_id)
 
 
 class ClusterPeer:
-    """The identity of a call forwarded by another node."""
+    """The identity of a call forwarded by another node; ``caller``: the user it acts for
+    (None: the node's own call, which may only be a node-only one)."""
 
     is_authenticated = True
     is_active = True
     is_staff = False
     username = "cluster-peer"
 
+    def __init__(self, caller: Caller | None = None):
+        self.caller = caller
+
     def __str__(self) -> str:
-        return self.username
+        return self.username if self.caller is None else f"{self.username} for {self.caller}"
+
+
+def request_caller(user: Any, *, node_only: bool = False) -> Caller:
+    """Who a request acts as: its user; a node's call acts for the user it names, and one that
+    names none is the node's own (``SYSTEM``), allowed only for a ``node_only`` call. Raises
+    PermissionDenied (a node's own call to anything else)."""
+    if isinstance(user, ClusterPeer):
+        if user.caller is not None:
+            return user.caller
+        if node_only:
+            return SYSTEM
+        raise PermissionDenied(
+            "a node's call must name the user it acts for (X-MQ-On-Behalf-Of); "
+            "without it only refresh, close_only purge and expire are allowed"
+        )
+    return caller_of(user)
 
 
 class ClusterAuthentication(BaseAuthentication):
-    """Nodes forward calls with the cluster secret, never with a user's token."""
+    """Nodes forward calls with the cluster secret (never with a user's token) and the user
+    they act for (``X-MQ-On-Behalf-Of``)."""
 
     header = "HTTP_X_MQ_CLUSTER_SECRET"
+    on_behalf_header = "HTTP_X_MQ_ON_BEHALF_OF"
 
     def authenticate(self, request: Request) -> tuple[ClusterPeer, None] | None:
         value = request.META.get(self.header)
@@ -69,7 +162,8 @@ class ClusterAuthentication(BaseAuthentication):
             return None
         if not cluster_secret_ok(value):
             raise AuthenticationFailed("bad cluster secret")
-        return ClusterPeer(), None
+        on_behalf = request.META.get(self.on_behalf_header)
+        return ClusterPeer(caller_on_behalf_of(on_behalf) if on_behalf is not None else None), None
 
 
 class ClusterAuthenticationScheme(OpenApiAuthenticationExtension):

@@ -65,6 +65,8 @@ class QueueConfig:
     kind: str = "queue"
     #: a topic's subscriptions, by name (None for a queue).
     subscriptions: tuple[SubscriptionSpec, ...] | None = None
+    #: the user who created it (it may manage it: ``queues.access``), so the hot path needs no query.
+    created_by: int | None = None
 
     @classmethod
     def from_model(cls, q: Queue) -> QueueConfig:
@@ -100,6 +102,7 @@ class QueueConfig:
             q.archive,
             q.kind,
             subs,
+            q.created_by_id,
         )
 
     def subscription(self, name: str) -> SubscriptionSpec | None:

@@ -7,6 +7,7 @@ import logging
 from celery import shared_task
 
 from . import service
+from .access import SYSTEM
 from .models import Queue
 
 log = logging.getLogger(__name__)
@@ -15,7 +16,7 @@ log = logging.getLogger(__name__)
 @shared_task(name="queues.expire", ignore_result=True)
 def expire() -> dict[str, int]:
     """Apply every queue's retention rule at its owners; messages removed, per queue."""
-    counts = {q.name: service.expire_everywhere(q) for q in Queue.objects.all()}
+    counts = {q.name: service.expire_everywhere(q, caller=SYSTEM) for q in Queue.objects.all()}
     total = sum(counts.values())
     if total:
         log.info("retention removed %d messages: %s", total, {k: v for k, v in counts.items() if v})

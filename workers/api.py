@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from queues.api.errors import BadRequest
 from queues.api.serializers import StrictSerializer
+from queues.auth import request_caller
 from queues.messages import parse_message_id
 
 from . import services
@@ -97,6 +98,7 @@ class LogsView(APIView):
             raise BadRequest("limit must be a whole number", "invalid_number") from None
         try:
             rows = services.list_attempts(
+                caller=request_caller(request.user),
                 queue=params.get("queue"),
                 message_id=params.get("message"),
                 worker=params.get("worker"),
@@ -146,4 +148,4 @@ class HeartbeatView(APIView):
             capacity=data.get("capacity", 1),
             held=tuple(services.Held(h["id"], h["receipt"], h.get("queue")) for h in data.get("held", [])),
         )
-        return Response(asdict(services.heartbeat(beat)))
+        return Response(asdict(services.heartbeat(beat, caller=request_caller(request.user))))

@@ -17,6 +17,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from queues import service
+from queues.access import Caller, Forbidden
 from queues.messages import parse_message_id
 from queues.models import Partition, Queue
 
@@ -118,19 +119,24 @@ def record_attempts(reports: Sequence[AttemptReport]) -> int:
 
 def list_attempts(
     *,
+    caller: Caller,
     queue: str | None = None,
     message_id: str | None = None,
     worker: str | None = None,
     outcome: str | None = None,
     limit: int = 100,
 ) -> list[AttemptLog]:
-    """Attempt records, newest first, filtered by whichever of the arguments are given.
+    """Attempt records of the queues ``caller`` may read, newest first, filtered by whichever
+    of the arguments are given.
 
     One read, no lock. Raises :class:`LimitOutOfRange` unless ``1 <= limit <= MAX_RECORDS``.
     """
     if not 1 <= limit <= MAX_RECORDS:
         raise LimitOutOfRange(f"limit must be between 1 and {MAX_RECORDS}")
     rows = AttemptLog.objects.all()
+    readable = service.readable_names(caller)
+    if readable is not None:
+        rows = rows.filter(queue__in=readable)
     for column, value in (("queue", queue), ("message_id", message_id), ("worker_id", worker), ("outcome", outcome)):
         if value:
             rows = rows.filter(**{column: value})
@@ -286,7 +292,7 @@ class Instructions:
     lost: list[str] = field(default_factory=list)
 
 
-def heartbeat(beat: Heartbeat, *, now: datetime | None = None) -> Instructions:
+def heartbeat(beat: Heartbeat, *, caller: Caller, now: datetime | None = None) -> Instructions:
     """A consumer is alive: extend what it holds, record it, and say what it should do next.
 
     Every held message's visibility is pushed out by its queue's timeout at the partition's
@@ -299,13 +305,19 @@ def heartbeat(beat: Heartbeat, *, now: datetime | None = None) -> Instructions:
     and sleep are advice (anyone may still dequeue from anywhere), so a stale read costs at
     most one beat of imbalance; two beats of one consumer racing leave the later row.
 
+    Held messages are extended as ``caller`` (the worker's user: ``consume`` on their queues;
+    one it may not consume is lost to it).
+
     Raises nothing of its own: a held message that cannot be extended now is left for the
     next beat (database errors pass through).
     """
     now = now or timezone.now()
-    extended, lost = extend_held(beat.held)
-    instruction, sleep = _decide(beat.consumer, beat.queues, bool(beat.held), now)
-    take = _assign(beat.consumer, beat.queues, now) if instruction == "continue" else []
+    extended, lost = extend_held(beat.held, caller=caller)
+    # Depths and owners only of the queues the worker's user may read.
+    readable = service.readable_names(caller)
+    queues = tuple(q for q in beat.queues if readable is None or q.partition("/")[0] in readable)
+    instruction, sleep = _decide(beat.consumer, queues, bool(beat.held), now)
+    take = _assign(beat.consumer, queues, now) if instruction == "continue" else []
     if take:
         instruction = "take"
     Consumer.objects.update_or_create(
@@ -325,7 +337,7 @@ def heartbeat(beat: Heartbeat, *, now: datetime | None = None) -> Instructions:
     return Instructions(instruction, sleep, take, extended, lost)
 
 
-def extend_held(held: Sequence[Held]) -> tuple[list[str], list[str]]:
+def extend_held(held: Sequence[Held], *, caller: Caller) -> tuple[list[str], list[str]]:
     """Push each held message's visibility out by its queue's timeout, at its owner:
     ``(extended, lost)`` IDs.
 
@@ -354,11 +366,11 @@ def extend_held(held: Sequence[Held]) -> tuple[list[str], list[str]]:
             lost.append(h.id)
             continue
         try:
-            service.change_visibility(target, mid, h.receipt, max(found[0], 1))
-        except (service.ReceiptMismatch, service.QueueNotFound, service.SubscriptionNotFound):
+            service.change_visibility(target, mid, h.receipt, max(found[0], 1), caller=caller)
+        except (service.ReceiptMismatch, service.QueueNotFound, service.SubscriptionNotFound, Forbidden):
             lost.append(h.id)
         except service.RemoteError as exc:  # the owner's own answer: the same refusals, by status
-            if exc.status in (404, 409):
+            if exc.status in (403, 404, 409):
                 lost.append(h.id)
         except Exception:  # noqa: BLE001 - partition unavailable or owner unreachable now: try again next beat
             continue

@@ -1,8 +1,9 @@
 """The message calls in the API's shapes, shared by the DRF views and the fast path.
 
-Each function takes the name in the URL, the parsed JSON body, the hop count and whether the
-caller is a node; it checks the body (``validation``), calls the service, and returns
-``(status, payload)``. The rules live in ``queues.service``; the JSON lives here, so the two
+Each function takes the name in the URL, the parsed JSON body, the hop count, whether the
+request comes from a node, and the ``caller`` it acts as; it checks the caller's right first
+(``service.authorize``: a queue it may not see is not found, whatever the body), then the body
+(``validation``), calls the service (which checks again), and returns ``(status, payload)``. The rules live in ``queues.service``; the JSON lives here, so the two
 entrances cannot drift apart in what they accept or answer.
 """
 
@@ -12,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import service
+from ..access import Caller
 from ..models import LIMITS
 from ..node import QueueConfig
 from ..partition import Delivery
@@ -46,81 +48,82 @@ def delivery_json(d: Delivery, cfg: QueueConfig) -> dict[str, Any]:
     return item
 
 
-def enqueue(name: str, data: Any, hops: int = 0, trusted: bool = False) -> Answer:
-    """``trusted``: the caller is a node (it may carry a dead letter's history)."""
-    cfg = service.queue_config(name)
+def enqueue(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
+    """``trusted``: the request comes from a node (it may carry a dead letter's history)."""
+    cfg, _ = service.authorize(name, "produce", caller=caller)
     drafts, batch = validation.enqueue_request(data, cfg, datetime.now(UTC).timestamp(), trusted)
-    ids = service.enqueue(cfg.name, drafts, hops=hops)
+    ids = service.enqueue(cfg.name, drafts, caller=caller, hops=hops)
     return 201, ({"ids": ids} if batch else {"id": ids[0]})
 
 
-def publish(name: str, data: Any, hops: int = 0, trusted: bool = False) -> Answer:
+def publish(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
     cfg = service.queue_config(name)
     if cfg.kind != "topic":
         raise service.QueueNotFound(name)
+    service.authorize(name, "produce", caller=caller)
     drafts, batch = validation.enqueue_request(data, cfg, datetime.now(UTC).timestamp(), trusted)
-    ids = service.publish(cfg.name, drafts, hops=hops)
+    ids = service.publish(cfg.name, drafts, caller=caller, hops=hops)
     return 201, ({"ids": ids} if batch else {"id": ids[0]})
 
 
-def dequeue(name: str, data: Any, hops: int = 0, trusted: bool = False) -> Answer:
-    cfg, _ = service.resolve(name)
+def dequeue(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
+    cfg, _ = service.authorize(name, "consume", caller=caller, reading=True)
     max_messages, visibility, wait = validation.dequeue_request(data)
-    found = service.dequeue(name, max_messages=max_messages, visibility=visibility, wait=wait, hops=hops)
+    found = service.dequeue(name, caller=caller, max_messages=max_messages, visibility=visibility, wait=wait, hops=hops)
     return 200, {"messages": [delivery_json(d, cfg) for d in found]}
 
 
-def ack(name: str, data: Any, hops: int = 0, trusted: bool = False) -> Answer:
-    cfg, _ = service.resolve(name)
-    result = service.ack(name, validation.ack_request(data, cfg), hops=hops)
+def ack(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
+    cfg, _ = service.authorize(name, "consume", caller=caller, reading=True)
+    result = service.ack(name, validation.ack_request(data, cfg), caller=caller, hops=hops)
     return 200, {"acked": result.acked, "not_found": result.not_found}
 
 
-def visibility(name: str, data: Any, hops: int = 0, trusted: bool = False) -> Answer:
-    cfg, _ = service.resolve(name)
+def visibility(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
+    cfg, _ = service.authorize(name, "consume", caller=caller, reading=True)
     mid, receipt, timeout = validation.visibility_request(data, cfg)
-    service.change_visibility(name, mid, receipt, timeout, hops=hops)
+    service.change_visibility(name, mid, receipt, timeout, caller=caller, hops=hops)
     return 200, {"id": str(mid), "visibility_timeout": timeout}
 
 
-def redrive(name: str, data: Any, hops: int = 0, trusted: bool = False) -> Answer:
-    service.queue_config(name)
+def redrive(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
+    service.authorize(name, "manage", caller=caller)
     data = validation.object_of(data)
     validation.no_extra(data, {"max"}, "the request")
     limit = validation.number(data, "max", 1, validation.MAX_DEQUEUE, 100, integer=True)
-    result = service.redrive(name, limit, hops=hops)
+    result = service.redrive(name, limit, caller=caller, hops=hops)
     return 200, {"moved": result.moved, "skipped": result.skipped}
 
 
-def expire(name: str, data: Any, hops: int = 0, trusted: bool = False) -> Answer:
-    cfg = service.queue_config(name)
+def expire(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
+    cfg, _ = service.authorize(name, "manage", caller=caller)
     data = validation.object_of(data)
     validation.no_extra(data, {"older_than"}, "the request")
     older_than = validation.number(data, "older_than", 0, LIMITS["retention"][1], cfg.retention)
-    result = service.expire(name, older_than)
+    result = service.expire(name, older_than, caller=caller)
     payload: dict[str, Any] = {"expired": result.expired, "archived": result.archived}
     if result.deferred:
         payload["deferred"] = result.deferred
     return 200, payload
 
 
-def purge(name: str, data: Any, hops: int = 0, trusted: bool = False) -> Answer:
+def purge(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
     """``{"close_only": true}`` (from nodes only): another node purged; drop the managers here."""
-    service.queue_config(name)
+    service.authorize(name, "manage", caller=caller)
     data = validation.object_of(data)
     validation.no_extra(data, {"close_only"} if trusted else set(), "the request")
     if data.get("close_only") is True:
-        service.close_purged(name)
+        service.close_purged(name, caller=caller)
         return 200, {"closed": True}
-    return 200, {"purged": service.purge(name)}
+    return 200, {"purged": service.purge(name, caller=caller)}
 
 
-def release_partition(name: str, index: int, hops: int = 0) -> Answer:
-    return 200, {"released": True, "node": service.release_partition(name, index, hops=hops)}
+def release_partition(name: str, index: int, hops: int = 0, *, caller: Caller) -> Answer:
+    return 200, {"released": True, "node": service.release_partition(name, index, caller=caller, hops=hops)}
 
 
-def refresh(name: str, data: Any, hops: int = 0, trusted: bool = False) -> Answer:
-    service.refresh_topic(name)
+def refresh(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
+    service.refresh_topic(name, caller=caller)
     return 200, {"refreshed": True}
 
 

@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from .. import service
+from ..access import Forbidden
 from ..kv import KVError
 from ..service import (
     Conflict,
@@ -73,6 +74,8 @@ def domain_error(exc) -> tuple[int, dict, dict] | None:
     """``(status, payload, headers)`` for the service's own exceptions, else None."""
     if isinstance(exc, RemoteError):  # another node's answer, passed on as it is
         return exc.status, exc.payload, ({"Retry-After": "1"} if exc.status == 503 else {})
+    if isinstance(exc, Forbidden):
+        return 403, {"error": "permission_denied", "detail": str(exc), "missing": exc.action}, {}
     if isinstance(exc, InvalidRequest):
         return 400, {"error": exc.code, "detail": exc.detail}, {}
     if isinstance(exc, Conflict):

@@ -5,7 +5,9 @@ negotiation cost about 500 µs a call, against 15 µs for enqueueing one message
 calls are most of a queue's traffic, so for ``POST /api/v1/queues/<name>/{enqueue, dequeue,
 ack, visibility}`` with a ``Token`` header and a JSON body this layer authenticates (the same
 cached token check as DRF), parses with orjson, and calls the very functions the DRF views call
-(``calls``), mapping errors with the same functions as the DRF exception handler.
+(``calls``) as the same :class:`~queues.access.Caller` (the token's user; for a node, the user
+named by ``X-MQ-On-Behalf-Of``: without it a node may make none of these calls), mapping errors
+with the same functions as the DRF exception handler.
 
 Everything else, and every request it is not sure about (no token, a session cookie, another
 content type, another method), goes to Django and DRF unchanged; so do the schema and the
@@ -23,7 +25,7 @@ from django.conf import settings
 from django.db import close_old_connections
 from rest_framework import exceptions
 
-from ..auth import CachedTokenAuthentication
+from ..auth import CachedTokenAuthentication, ClusterPeer, caller_of, caller_on_behalf_of, request_caller
 from ..router import cluster_secret_ok, hops_of
 from . import calls
 from .errors import PayloadTooLarge, api_error, domain_error
@@ -83,10 +85,15 @@ class FastPath:
             if peer is not None:
                 if not cluster_secret_ok(peer):
                     raise exceptions.AuthenticationFailed("bad cluster secret")
+                on_behalf = environ.get("HTTP_X_MQ_ON_BEHALF_OF")
+                caller = request_caller(ClusterPeer(caller_on_behalf_of(on_behalf) if on_behalf is not None else None))
             else:
-                self.auth.authenticate_credentials(key)
+                user, _ = self.auth.authenticate_credentials(key)
+                caller = caller_of(user)
             hops = hops_of(environ.get("HTTP_X_MQ_HOPS"))
-            status, payload = calls.CALLS[call](name, self._body(environ), hops, trusted=peer is not None)
+            status, payload = calls.CALLS[call](
+                name, self._body(environ), hops, trusted=peer is not None, caller=caller
+            )
         except Exception as exc:
             mapped = domain_error(exc) or api_error(exc)
             if mapped is None:

@@ -1,7 +1,8 @@
 """The service's calls to other nodes (``queues.service.peers.Peers``), over the REST API.
 
 A forwarded call is the same REST call a client makes, authenticated as a cluster peer (the
-cluster secret, never a user's token) and carrying its hop count; the answer is turned back
+cluster secret, never a user's token), naming the user it acts for (``X-MQ-On-Behalf-Of``: the
+peer checks that user's rights again) and carrying its hop count; the answer is turned back
 into the service's types, and a refusal into ``RemoteError`` (status and body, passed on as
 they are by whoever called).
 """
@@ -16,9 +17,11 @@ import orjson
 import urllib3
 from django.conf import settings
 
+from ..access import Caller
+from ..auth import on_behalf_value
 from ..messages import MessageId, StoredMessage
 from ..partition import Delivery
-from ..router import HOPS_HEADER, MAX_HOPS, SECRET_HEADER
+from ..router import HOPS_HEADER, MAX_HOPS, ON_BEHALF_HEADER, SECRET_HEADER
 from ..service import AckResult, ExpireResult, MessageDraft, RemoteError
 
 #: Seconds a forwarded call may take (a long poll is never forwarded: its wait is 0 there).
@@ -66,17 +69,23 @@ class HttpPeers:
     def __init__(self) -> None:
         self.http = urllib3.PoolManager(num_pools=32, maxsize=16, retries=False)
 
-    def post(self, address: str, path: str, payload: dict[str, Any], hops: int) -> tuple[int, dict[str, Any]]:
-        """POST ``/api/v1/<path>`` at ``address``; its status and JSON answer."""
+    def post(
+        self, address: str, path: str, payload: dict[str, Any], hops: int, caller: Caller | None
+    ) -> tuple[int, dict[str, Any]]:
+        """POST ``/api/v1/<path>`` at ``address`` for ``caller`` (None: the node's own call);
+        its status and JSON answer."""
+        headers = {
+            "Content-Type": "application/json",
+            SECRET_HEADER: settings.CLUSTER_SECRET,
+            HOPS_HEADER: str(hops + 1),
+        }
+        if caller is not None:
+            headers[ON_BEHALF_HEADER] = on_behalf_value(caller)
         response = self.http.request(
             "POST",
             f"http://{address}/api/v1/{path}",
             body=orjson.dumps(payload),
-            headers={
-                "Content-Type": "application/json",
-                SECRET_HEADER: settings.CLUSTER_SECRET,
-                HOPS_HEADER: str(hops + 1),
-            },
+            headers=headers,
             timeout=urllib3.Timeout(connect=1.0, read=TIMEOUT),
         )
         try:
@@ -85,49 +94,61 @@ class HttpPeers:
             body = {"error": "bad_gateway", "detail": f"{address} answered {response.status} without JSON"}
         return response.status, body
 
-    def call(self, address: str, target: str, call: str, payload: dict[str, Any], hops: int, ok: int = 200) -> Any:
+    def call(
+        self,
+        address: str,
+        target: str,
+        call: str,
+        payload: dict[str, Any],
+        hops: int,
+        caller: Caller | None,
+        ok: int = 200,
+    ) -> Any:
         """A call on a queue or on a topic's subscription (``"topic/subscription"``)."""
         topic, slash, sub = target.partition("/")
         path = f"topics/{topic}/subscriptions/{sub}/{call}" if slash else f"queues/{target}/{call}"
-        status, body = self.post(address, path, payload, hops)
+        status, body = self.post(address, path, payload, hops, caller)
         if status != ok:
             raise RemoteError(status, body)
         return body
 
-    def enqueue(self, address: str, queue: str, drafts: Sequence[MessageDraft], hops: int) -> list[str]:
-        body = self.call(address, queue, "enqueue", {"messages": [draft_json(d) for d in drafts]}, hops, ok=201)
+    def enqueue(self, address: str, queue: str, drafts: Sequence[MessageDraft], hops: int, caller: Caller) -> list[str]:
+        payload = {"messages": [draft_json(d) for d in drafts]}
+        body = self.call(address, queue, "enqueue", payload, hops, caller, ok=201)
         return body["ids"]
 
     def dequeue(
-        self, address: str, target: str, max_messages: int, visibility: float | None, hops: int
+        self, address: str, target: str, max_messages: int, visibility: float | None, hops: int, caller: Caller
     ) -> list[Delivery]:
         payload: dict[str, Any] = {"max": max_messages, "wait": 0}
         if visibility is not None:
             payload["visibility_timeout"] = visibility
-        body = self.call(address, target, "dequeue", payload, hops)
+        body = self.call(address, target, "dequeue", payload, hops, caller)
         return [delivery_of(item) for item in body.get("messages", ())]
 
-    def ack(self, address: str, target: str, items: Sequence[tuple[MessageId, str | None]], hops: int) -> AckResult:
+    def ack(
+        self, address: str, target: str, items: Sequence[tuple[MessageId, str | None]], hops: int, caller: Caller
+    ) -> AckResult:
         payload = {"messages": [{"id": str(mid), "receipt": receipt} for mid, receipt in items]}
-        body = self.call(address, target, "ack", payload, hops)
+        body = self.call(address, target, "ack", payload, hops, caller)
         return AckResult(body.get("acked", 0), body.get("not_found", 0))
 
     def change_visibility(
-        self, address: str, target: str, mid: MessageId, receipt: str | None, timeout: float, hops: int
+        self, address: str, target: str, mid: MessageId, receipt: str | None, timeout: float, hops: int, caller: Caller
     ) -> None:
         payload = {"id": str(mid), "receipt": receipt, "visibility_timeout": timeout}
-        self.call(address, target, "visibility", payload, hops)
+        self.call(address, target, "visibility", payload, hops, caller)
 
-    def release_partition(self, address: str, queue: str, index: int, hops: int) -> str:
-        return self.call(address, queue, f"partitions/{index}/release", {}, hops)["node"]
+    def release_partition(self, address: str, queue: str, index: int, hops: int, caller: Caller) -> str:
+        return self.call(address, queue, f"partitions/{index}/release", {}, hops, caller)["node"]
 
     def close_purged(self, address: str, queue: str) -> None:
-        self.call(address, queue, "purge", {"close_only": True}, MAX_HOPS - 1)
+        self.call(address, queue, "purge", {"close_only": True}, MAX_HOPS - 1, None)
 
     def refresh_topic(self, address: str, topic: str) -> None:
-        self.call(address, topic, "refresh", {}, 1)
+        self.call(address, topic, "refresh", {}, 1, None)
 
     def expire(self, address: str, queue: str) -> ExpireResult:
-        body = self.call(address, queue, "expire", {}, MAX_HOPS - 1)
+        body = self.call(address, queue, "expire", {}, MAX_HOPS - 1, None)
         deferred = {int(k): v for k, v in (body.get("deferred") or {}).items()}
         return ExpireResult(body.get("expired", 0), body.get("archived", 0), deferred)

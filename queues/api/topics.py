@@ -27,7 +27,7 @@ from .serializers import (
     StrictSerializer,
     VisibilityDoc,
 )
-from .views import ERRORS, CallView, IsClusterPeerOrStaff, _hops
+from .views import ERRORS, CallView, IsClusterPeerOrStaff, _hops, caller
 
 
 class TopicSerializer(QueueSerializer):
@@ -84,35 +84,33 @@ class SubscriptionSerializer(StrictSerializer, serializers.ModelSerializer):
         return attrs
 
 
-def _topic(name: str) -> Queue:
-    return service.get_queue(name, Queue.Kind.TOPIC)
+def _topic(request, name: str) -> Queue:
+    return service.get_queue(name, Queue.Kind.TOPIC, caller=caller(request))
 
 
-def _subscription(topic: str, name: str) -> Subscription:
-    return service.get_subscription(topic, name)
+def _subscription(request, topic: str, name: str) -> Subscription:
+    return service.get_subscription(topic, name, caller=caller(request))
 
 
 class TopicListView(APIView):
     @extend_schema(responses={200: TopicSerializer(many=True)}, summary="List topics")
     def get(self, request):
-        return Response(
-            TopicSerializer(
-                Queue.objects.filter(kind=Queue.Kind.TOPIC).prefetch_related("subscriptions"), many=True
-            ).data
-        )
+        topics = service.list_queues(Queue.Kind.TOPIC, caller=caller(request))
+        return Response(TopicSerializer(topics, many=True).data)
 
     @extend_schema(request=TopicSerializer, responses={201: TopicSerializer, **ERRORS}, summary="Create a topic")
     def post(self, request):
+        who = caller(request)
         ser = TopicSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
-        q = service.create_queue(kind=Queue.Kind.TOPIC, **ser.validated_data)
+        q = service.create_queue(kind=Queue.Kind.TOPIC, caller=who, **ser.validated_data)
         return Response(TopicSerializer(q).data, status=status.HTTP_201_CREATED)
 
 
 class TopicDetailView(APIView):
     @extend_schema(responses={200: TopicSerializer, **ERRORS}, summary="A topic's settings and subscriptions")
     def get(self, request, name):
-        return Response(TopicSerializer(_topic(name)).data)
+        return Response(TopicSerializer(_topic(request, name)).data)
 
     @extend_schema(
         request=TopicUpdateSerializer,
@@ -120,14 +118,15 @@ class TopicDetailView(APIView):
         summary="Change a topic's settings (partitions may only grow)",
     )
     def patch(self, request, name):
-        q = _topic(name)
+        q = _topic(request, name)
+        service.authorize(q.name, "manage", caller=caller(request))  # before the body is looked at
         ser = TopicUpdateSerializer(q, data=request.data, partial=True)
         ser.is_valid(raise_exception=True)
-        return Response(TopicSerializer(service.update_queue(q, **ser.validated_data)).data)
+        return Response(TopicSerializer(service.update_queue(q, caller=caller(request), **ser.validated_data)).data)
 
     @extend_schema(responses={204: None, **ERRORS}, summary="Delete a topic, its subscriptions and messages")
     def delete(self, request, name):
-        service.delete_queue(_topic(name))
+        service.delete_queue(_topic(request, name), caller=caller(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -151,8 +150,9 @@ class RefreshView(APIView):
         summary="(nodes) the topic's subscriptions changed: reopen its partitions held here",
     )
     def post(self, request, name):
-        _topic(name)
-        status_code, payload = calls.refresh(name, {}, _hops(request))
+        who = caller(request, node_only=True)
+        service.get_queue(name, Queue.Kind.TOPIC, caller=who)
+        status_code, payload = calls.refresh(name, {}, _hops(request), caller=who)
         return Response(payload, status=status_code)
 
 
@@ -166,7 +166,7 @@ class SubscriptionCallView(CallView):
 class SubscriptionListView(APIView):
     @extend_schema(responses={200: SubscriptionSerializer(many=True), **ERRORS}, summary="A topic's subscriptions")
     def get(self, request, topic):
-        return Response(SubscriptionSerializer(_topic(topic).subscriptions.all(), many=True).data)
+        return Response(SubscriptionSerializer(_topic(request, topic).subscriptions.all(), many=True).data)
 
     @extend_schema(
         request=SubscriptionSerializer,
@@ -174,21 +174,22 @@ class SubscriptionListView(APIView):
         summary="Create a subscription, starting at the newest message or the oldest retained one",
     )
     def post(self, request, topic):
-        t = _topic(topic)
+        t = _topic(request, topic)
+        service.authorize(t.name, "manage", caller=caller(request))  # before the body is looked at
         ser = SubscriptionSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
-        sub = service.create_subscription(t, **ser.validated_data)
+        sub = service.create_subscription(t, caller=caller(request), **ser.validated_data)
         return Response(SubscriptionSerializer(sub).data, status=status.HTTP_201_CREATED)
 
 
 class SubscriptionDetailView(APIView):
     @extend_schema(responses={200: SubscriptionSerializer, **ERRORS}, summary="A subscription")
     def get(self, request, topic, name):
-        return Response(SubscriptionSerializer(_subscription(topic, name)).data)
+        return Response(SubscriptionSerializer(_subscription(request, topic, name)).data)
 
     @extend_schema(responses={204: None, **ERRORS}, summary="Delete a subscription (its acks and positions)")
     def delete(self, request, topic, name):
-        service.delete_subscription(_subscription(topic, name))
+        service.delete_subscription(_subscription(request, topic, name), caller=caller(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -228,5 +229,5 @@ class SubscriptionVisibilityView(SubscriptionCallView):
 class SubscriptionStatsView(APIView):
     @extend_schema(responses={200: dict, **ERRORS}, summary="Held (not acked) and in flight of the subscription")
     def get(self, request, topic, name):
-        sub = _subscription(topic, name)
-        return Response(service.subscription_stats(sub.topic.name, sub.name))
+        sub = _subscription(request, topic, name)
+        return Response(service.subscription_stats(sub.topic.name, sub.name, caller=caller(request)))

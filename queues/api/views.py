@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import service
-from ..auth import ClusterPeer
+from ..auth import ClusterPeer, request_caller
 from ..models import Queue
 from ..router import hops_of
 from . import calls
@@ -31,13 +31,19 @@ from .serializers import (
 ERRORS = {
     400: OpenApiResponse(ErrorDoc, description="bad input; nothing was changed"),
     401: OpenApiResponse(ErrorDoc, description="no or bad token"),
-    404: OpenApiResponse(ErrorDoc, description="no such queue"),
+    403: OpenApiResponse(ErrorDoc, description="the caller may see the queue but lacks the permission (`missing`)"),
+    404: OpenApiResponse(ErrorDoc, description="no such queue, or one the caller may not see"),
     503: OpenApiResponse(ErrorDoc, description="partition not available on this node now; retry"),
 }
 
 
 def _hops(request) -> int:
     return hops_of(request.META.get("HTTP_X_MQ_HOPS"))
+
+
+def caller(request, *, node_only: bool = False):
+    """Who the request acts as (``auth.request_caller``)."""
+    return request_caller(request.user, node_only=node_only)
 
 
 class HealthView(APIView):
@@ -53,20 +59,22 @@ class HealthView(APIView):
 class QueueListView(APIView):
     @extend_schema(responses={200: QueueSerializer(many=True)}, summary="List queues")
     def get(self, request):
-        return Response(QueueSerializer(Queue.objects.filter(kind=Queue.Kind.QUEUE), many=True).data)
+        queues = service.list_queues(Queue.Kind.QUEUE, caller=caller(request))
+        return Response(QueueSerializer(queues, many=True).data)
 
     @extend_schema(request=QueueSerializer, responses={201: QueueSerializer, **ERRORS}, summary="Create a queue")
     def post(self, request):
+        who = caller(request)
         ser = QueueSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
-        q = service.create_queue(**ser.validated_data)
+        q = service.create_queue(caller=who, **ser.validated_data)
         return Response(QueueSerializer(q).data, status=status.HTTP_201_CREATED)
 
 
 class QueueDetailView(APIView):
     @extend_schema(responses={200: QueueSerializer, **ERRORS}, summary="A queue's settings")
     def get(self, request, name):
-        return Response(QueueSerializer(self._get(name)).data)
+        return Response(QueueSerializer(self._get(request, name)).data)
 
     @extend_schema(
         request=QueueUpdateSerializer,
@@ -74,20 +82,21 @@ class QueueDetailView(APIView):
         summary="Change a queue's settings (partitions may only grow)",
     )
     def patch(self, request, name):
-        q = self._get(name)
+        q = self._get(request, name)
+        service.authorize(q.name, "manage", caller=caller(request))  # before the body is looked at
         ser = QueueUpdateSerializer(q, data=request.data, partial=True)
         ser.is_valid(raise_exception=True)
-        q = service.update_queue(q, **ser.validated_data)
+        q = service.update_queue(q, caller=caller(request), **ser.validated_data)
         return Response(QueueSerializer(q).data)
 
     @extend_schema(responses={204: None, **ERRORS}, summary="Delete a queue and all its messages")
     def delete(self, request, name):
-        service.delete_queue(self._get(name))
+        service.delete_queue(self._get(request, name), caller=caller(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @staticmethod
-    def _get(name):
-        return service.get_queue(name)
+    def _get(request, name):
+        return service.get_queue(name, caller=caller(request))
 
 
 class CallView(APIView):
@@ -98,9 +107,17 @@ class CallView(APIView):
     def target(self, **kwargs: str) -> str:
         return kwargs["name"]
 
+    def node_only(self, request) -> bool:
+        """Whether this request is one a node may make for itself (no user named)."""
+        return False
+
     def post(self, request, **kwargs):
         status_code, payload = type(self).call(
-            self.target(**kwargs), request.data, _hops(request), trusted=isinstance(request.user, ClusterPeer)
+            self.target(**kwargs),
+            request.data,
+            _hops(request),
+            trusted=isinstance(request.user, ClusterPeer),
+            caller=caller(request, node_only=self.node_only(request)),
         )
         return Response(payload, status=status_code)
 
@@ -154,7 +171,7 @@ class PartitionsView(APIView):
         responses={200: dict, **ERRORS}, summary="Who serves each partition: clients may call the owner directly"
     )
     def get(self, request, name):
-        return Response({"queue": name, "partitions": service.partition_owners(name)})
+        return Response({"queue": name, "partitions": service.partition_owners(name, caller=caller(request))})
 
 
 @extend_schema_view(
@@ -170,7 +187,10 @@ class RedriveView(CallView):
 
 class IsClusterPeerOrStaff(BasePermission):
     def has_permission(self, request, view):
-        return isinstance(request.user, ClusterPeer) or bool(getattr(request.user, "is_staff", False))
+        user = request.user
+        return isinstance(user, ClusterPeer) or bool(
+            getattr(user, "is_staff", False) or getattr(user, "is_superuser", False)
+        )
 
 
 @extend_schema_view(
@@ -184,33 +204,36 @@ class ExpireView(CallView):
     permission_classes = [IsClusterPeerOrStaff]
     call = calls.expire
 
+    def node_only(self, request) -> bool:
+        return True
+
 
 @extend_schema_view(
     post=extend_schema(
         request=dict,
         responses={200: dict, **ERRORS},
-        summary="Delete every message of the queue, in flight ones too (staff only)",
+        summary="Delete every message of the queue, in flight ones too (manage)",
     )
 )
 class PurgeView(CallView):
-    permission_classes = [IsClusterPeerOrStaff]
     call = calls.purge
+
+    def node_only(self, request) -> bool:
+        return isinstance(request.data, dict) and request.data.get("close_only") is True
 
 
 class ReleasePartitionView(APIView):
-    permission_classes = [IsClusterPeerOrStaff]
-
     @extend_schema(
         request=None,
         responses={200: dict, 409: ErrorDoc, **ERRORS},
-        summary="The owner gives up the partition's lease; another node takes it (staff only)",
+        summary="The owner gives up the partition's lease; another node takes it (manage)",
     )
     def post(self, request, name, index):
-        status_code, payload = calls.release_partition(name, index, _hops(request))
+        status_code, payload = calls.release_partition(name, index, _hops(request), caller=caller(request))
         return Response(payload, status=status_code)
 
 
 class StatsView(APIView):
     @extend_schema(responses={200: dict, **ERRORS}, summary="Depth, in flight, oldest age, per partition")
     def get(self, request, name):
-        return Response(service.queue_stats(name))
+        return Response(service.queue_stats(name, caller=caller(request)))

@@ -19,8 +19,10 @@ from .descriptions import (
     delete_subscription,
     get_queue,
     get_subscription,
+    list_queues,
     partition_owners,
     queue_stats,
+    readable_names,
     refresh_topic,
     subscription_stats,
     update_queue,
@@ -39,7 +41,7 @@ from .messages import MAX_BATCH, MAX_WAIT, ack, change_visibility, check_drafts,
 from .operations import close_purged, expire, expire_everywhere, purge, redrive, release_partition
 from .peers import Peers, get_peers, set_peers
 from .runtime import get_runtime, set_runtime
-from .targets import checked_name, queue_config, resolve
+from .targets import authorize, checked_name, queue_config, resolve
 from .types import (
     AckResult,
     ExpireResult,
@@ -74,6 +76,7 @@ __all__ = [
     "SubscriptionNotFound",
     "SubscriptionStats",
     "ack",
+    "authorize",
     "change_visibility",
     "check_drafts",
     "checked_name",
@@ -91,11 +94,13 @@ __all__ = [
     "get_runtime",
     "get_subscription",
     "iso",
+    "list_queues",
     "partition_owners",
     "publish",
     "purge",
     "queue_config",
     "queue_stats",
+    "readable_names",
     "redrive",
     "refresh_topic",
     "release_partition",

@@ -14,29 +14,60 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .. import keys
+from .. import audit, keys
+from ..access import Caller, Forbidden, require, visible
 from ..models import Partition, Queue, Subscription
 from .errors import Conflict, InvalidRequest, QueueNotFound, SubscriptionNotFound
 from .peers import get_peers
 from .runtime import get_runtime
-from .targets import checked_name, queue_config
+from .targets import authorize, checked_name
 from .types import PartitionFigures, PartitionOwner, QueueStats, SubscriptionPartitionFigures, SubscriptionStats
 
 log = logging.getLogger(__name__)
 
 
 # --- queues and topics --------------------------------------------------------------------------
-def get_queue(name: str, kind: str = Queue.Kind.QUEUE) -> Queue:
-    """The row of queue (or topic, by ``kind``) ``name``. Raises QueueNotFound."""
+def _require(caller: Caller, action: str, q: Queue, target: str = "") -> None:
+    require(caller, action, q.pk, q.name, q.created_by_id, target=target or q.name)
+
+
+def get_queue(name: str, kind: str = Queue.Kind.QUEUE, *, caller: Caller) -> Queue:
+    """The row of queue (or topic, by ``kind``) ``name``, if ``caller`` may read it. Raises
+    QueueNotFound (no such queue, or one the caller may not read)."""
     q = Queue.objects.filter(name=checked_name(name), kind=kind).first()
     if q is None:
         raise QueueNotFound(name)
+    _require(caller, "read", q)
     return q
 
 
-def create_queue(**fields: Any) -> Queue:
+def list_queues(kind: str = Queue.Kind.QUEUE, *, caller: Caller) -> list[Queue]:
+    """The queues (or topics) ``caller`` may read, by name (a topic's subscriptions prefetched)."""
+    rows = Queue.objects.filter(kind=kind)
+    if kind == Queue.Kind.TOPIC:
+        rows = rows.prefetch_related("subscriptions")
+    return list(rows) if caller.unrestricted else visible(caller, rows)
+
+
+def readable_names(caller: Caller) -> set[str] | None:
+    """Names of the queues and topics ``caller`` may read (None: every one, even those gone),
+    to filter what is kept by queue name (the attempt log, the archive)."""
+    if caller.unrestricted:
+        return None
+    return {q.name for q in visible(caller, Queue.objects.only("pk", "name", "created_by_id"))}
+
+
+def create_queue(*, caller: Caller, **fields: Any) -> Queue:
     """A new queue (or topic, ``kind="topic"``) and its partition rows, in one transaction;
-    this node claims its share of the partitions at once. Raises django's ValidationError."""
+    this node claims its share of the partitions at once. Any authenticated caller may create
+    one; it is recorded as the creator (``created_by``), who may manage it. Raises
+    ``access.Forbidden`` (an anonymous caller), django's ValidationError."""
+    if caller.user_id is None and not caller.system:
+        raise Forbidden(caller, "create", str(fields.get("name", "")))
+    if fields.get("created_by") is None and fields.get("created_by_id") is None:
+        fields.pop("created_by", None)
+        fields["created_by_id"] = caller.user_id
+    _require_dead_letter_queue(caller, fields)
     with transaction.atomic():
         q = Queue(**fields)
         q.full_clean()
@@ -44,14 +75,18 @@ def create_queue(**fields: Any) -> Queue:
         Partition.objects.bulk_create(
             [Partition(queue=q, index=i, lease_period=q.lease_period) for i in range(q.partitions)]
         )
+        audit.record(caller, "create", q.name, kind=q.kind, partitions=q.partitions)
     get_runtime().queue_created(q)
     return q
 
 
-def update_queue(q: Queue, **fields: Any) -> Queue:
-    """Change settings under the row's lock; partitions may only grow (existing ones hold
-    messages): new partition rows are created in the same transaction. Raises InvalidRequest
-    (``partitions_shrink``), django's ValidationError."""
+def update_queue(q: Queue, *, caller: Caller, **fields: Any) -> Queue:
+    """Change settings under the row's lock (``manage``); partitions may only grow (existing
+    ones hold messages): new partition rows are created in the same transaction. Raises
+    QueueNotFound / ``access.Forbidden``, InvalidRequest (``partitions_shrink``), django's
+    ValidationError."""
+    _require(caller, "manage", q)
+    _require_dead_letter_queue(caller, fields)
     with transaction.atomic():
         q = Queue.objects.select_for_update().get(pk=q.pk)
         old_partitions = q.partitions
@@ -67,22 +102,39 @@ def update_queue(q: Queue, **fields: Any) -> Queue:
         if "lease_period" in fields:
             # Owned rows take the new period from their owner's next renewal (leases.renew).
             Partition.objects.filter(queue=q, owner__isnull=True).update(lease_period=q.lease_period)
+        audit.record(caller, "change", q.name, fields=_json_fields(fields))
     get_runtime().queue_changed(q)
     return q
 
 
-def delete_queue(q: Queue) -> None:
-    """Delete the queue (its rows cascade), then its managers here and its keys in the store.
-    Other owners stop at their next renewal (the rows are gone)."""
+def _require_dead_letter_queue(caller: Caller, fields: dict[str, Any]) -> None:
+    """Dead letters are moved by the service itself: naming a dead-letter queue needs
+    ``produce`` on it, or a manager of one queue could fill another it may not write to."""
+    dlq = fields.get("dead_letter_queue")
+    if isinstance(dlq, Queue):
+        _require(caller, "produce", dlq)
+
+
+def _json_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """Changed settings as the audit trail keeps them (a related queue by its name)."""
+    return {k: (v if v is None or isinstance(v, (bool, int, float, str)) else str(v)) for k, v in fields.items()}
+
+
+def delete_queue(q: Queue, *, caller: Caller) -> None:
+    """Delete the queue (``manage``; its rows cascade), then its managers here and its keys in
+    the store. Other owners stop at their next renewal (the rows are gone). Raises
+    QueueNotFound / ``access.Forbidden``."""
+    _require(caller, "manage", q)
     name = q.name
     with transaction.atomic():
         q.delete()
+        audit.record(caller, "delete", name, kind=q.kind)
     get_runtime().queue_deleted(name)
 
 
-def partition_owners(queue: str) -> list[PartitionOwner]:
-    """Who serves each partition now (clients may call the owner directly)."""
-    cfg = queue_config(queue)
+def partition_owners(queue: str, *, caller: Caller) -> list[PartitionOwner]:
+    """Who serves each partition now (clients may call the owner directly); ``read``."""
+    cfg, _ = authorize(queue, "read", caller=caller)
     rows = Partition.objects.filter(queue_id=cfg.id).select_related("owner").order_by("index")
     return [
         {
@@ -97,9 +149,10 @@ def partition_owners(queue: str) -> list[PartitionOwner]:
 
 
 # --- subscriptions ------------------------------------------------------------------------------
-def get_subscription(topic: str, name: str) -> Subscription:
-    """Raises QueueNotFound (no such topic), SubscriptionNotFound."""
-    t = get_queue(topic, Queue.Kind.TOPIC)
+def get_subscription(topic: str, name: str, *, caller: Caller) -> Subscription:
+    """``read`` on the topic. Raises QueueNotFound (no such topic, or one the caller may not
+    read), SubscriptionNotFound."""
+    t = get_queue(topic, Queue.Kind.TOPIC, caller=caller)
     sub = None
     try:
         sub = Subscription.objects.filter(topic=t, name=checked_name(name)).select_related("topic").first()
@@ -110,11 +163,14 @@ def get_subscription(topic: str, name: str) -> Subscription:
     return sub
 
 
-def create_subscription(topic: Queue, **fields: Any) -> Subscription:
-    """A new reader of ``topic``. ``start="newest"``: it gets what is published from now on;
-    ``"oldest"``: also every message the topic still holds. The owners reopen the topic's
-    partitions with the new reader (here at once, elsewhere when told, or at their next
-    heartbeat if they cannot be reached). Raises Conflict (``subscription_exists``)."""
+def create_subscription(topic: Queue, *, caller: Caller, **fields: Any) -> Subscription:
+    """A new reader of ``topic`` (``manage`` on it). ``start="newest"``: it gets what is
+    published from now on; ``"oldest"``: also every message the topic still holds. The owners
+    reopen the topic's partitions with the new reader (here at once, elsewhere when told, or at
+    their next heartbeat if they cannot be reached). Raises QueueNotFound /
+    ``access.Forbidden``, Conflict (``subscription_exists``)."""
+    _require(caller, "manage", topic)
+    _require_dead_letter_queue(caller, fields)
     with transaction.atomic():
         if topic.subscriptions.filter(name=fields.get("name")).exists():
             raise Conflict(f"{topic.name} already has a subscription {fields.get('name')!r}", "subscription_exists")
@@ -123,15 +179,19 @@ def create_subscription(topic: Queue, **fields: Any) -> Subscription:
             sub.starts_at = timezone.now()
         sub.full_clean()
         sub.save()
+        audit.record(caller, "subscribe", f"{topic.name}/{sub.name}", start=sub.start)
     _subscriptions_changed(topic)
     return sub
 
 
-def delete_subscription(sub: Subscription) -> None:
-    """Remove a reader; what only it held stays until the topic's retention removes it."""
+def delete_subscription(sub: Subscription, *, caller: Caller) -> None:
+    """Remove a reader (``manage`` on its topic); what only it held stays until the topic's
+    retention removes it. Raises QueueNotFound / ``access.Forbidden``."""
     topic = sub.topic
+    _require(caller, "manage", topic, f"{topic.name}/{sub.name}")
     with transaction.atomic():
         sub.delete()
+        audit.record(caller, "unsubscribe", f"{topic.name}/{sub.name}")
     _subscriptions_changed(topic)
     store = get_runtime().store
     for index in range(topic.partitions):
@@ -139,9 +199,10 @@ def delete_subscription(sub: Subscription) -> None:
         store.delete_prefix(keys.receives_bucket(topic.name, index, sub.name))
 
 
-def refresh_topic(topic: str) -> None:
-    """A topic's subscriptions changed (told by another node): reopen its partitions held here."""
-    get_runtime().topic_changed(queue_config(topic).name)
+def refresh_topic(topic: str, *, caller: Caller) -> None:
+    """A topic's subscriptions changed (told by another node): reopen its partitions held here
+    (``read``: it changes nothing but this node's memory)."""
+    get_runtime().topic_changed(authorize(topic, "read", caller=caller)[0].name)
 
 
 def _subscriptions_changed(topic: Queue) -> None:
@@ -160,11 +221,11 @@ def _subscriptions_changed(topic: Queue) -> None:
 
 
 # --- figures ------------------------------------------------------------------------------------
-def queue_stats(queue: str) -> QueueStats:
-    """Depth, in flight, oldest age, per partition: live from this node's managers, else as
-    the owners last published them. Raises QueueNotFound."""
+def queue_stats(queue: str, *, caller: Caller) -> QueueStats:
+    """Depth, in flight, oldest age, per partition (``read``): live from this node's managers,
+    else as the owners last published them. Raises QueueNotFound."""
     rt = get_runtime()
-    cfg = queue_config(queue)
+    cfg, _ = authorize(queue, "read", caller=caller)
     local = {m.index: m.stats() for m in rt.local_managers(queue)}
     parts: list[PartitionFigures] = []
     now = time.time()
@@ -218,15 +279,18 @@ def queue_stats(queue: str) -> QueueStats:
         "partitions": parts,
     }
     if cfg.kind == "topic":
-        out["subscriptions"] = {s.name: subscription_stats(queue, s.name) for s in cfg.subscriptions or ()}
+        out["subscriptions"] = {
+            s.name: subscription_stats(queue, s.name, caller=caller) for s in cfg.subscriptions or ()
+        }
     return out
 
 
-def subscription_stats(topic: str, sub: str) -> SubscriptionStats:
+def subscription_stats(topic: str, sub: str, *, caller: Caller) -> SubscriptionStats:
     """What a subscription holds: messages not yet acked by it (in flight included), per
-    partition; live from this node's managers, else as the owners last published it."""
+    partition (``read`` on the topic); live from this node's managers, else as the owners last
+    published it. Raises QueueNotFound."""
     rt = get_runtime()
-    cfg = queue_config(topic)
+    cfg, _ = authorize(topic, "read", caller=caller)
     local = {m.index: m.stats().cursors.get(sub) for m in rt.local_managers(topic)}
     now = time.time()
     parts: list[SubscriptionPartitionFigures] = []

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
+from ..access import SYSTEM, Caller
 from ..dedup import get_dedup
 from ..messages import MessageId, StoredMessage, group_partition, parse_message_id
 from ..node import QueueConfig
@@ -26,7 +27,7 @@ from ..signals import given_back, redelivered
 from .errors import InvalidRequest, NotServedHere, PartitionUnavailable, QueueNotFound, RemoteError
 from .peers import get_peers
 from .runtime import get_runtime
-from .targets import queue_config, resolve
+from .targets import authorize, queue_config
 from .types import AckResult, MessageDraft
 
 log = logging.getLogger(__name__)
@@ -45,18 +46,20 @@ def iso(ts: float) -> str:
 
 
 # --- enqueue ----------------------------------------------------------------------------------
-def enqueue(queue: str, drafts: Sequence[MessageDraft], *, hops: int = 0) -> list[str]:
-    """Store ``drafts`` and return their IDs in the caller's order.
+def enqueue(queue: str, drafts: Sequence[MessageDraft], *, caller: Caller, hops: int = 0) -> list[str]:
+    """Store ``drafts`` and return their IDs in the caller's order (``produce``; forwarded
+    shares act for ``caller`` at their owners).
 
     Dedup first (the reservations are shared by all nodes), then each message goes to its
     group's partition (here or at its owner), ungrouped ones to any partition; one call's
     messages of one partition are stored in order. A repeated ``dedup_id`` gets the first
     message's ID.
 
-    Raises QueueNotFound, InvalidRequest (a message the queue's rules refuse: nothing stored),
-    PartitionUnavailable / NotServedHere (503: retry), RemoteError (an owner's refusal).
+    Raises QueueNotFound, ``access.Forbidden``, InvalidRequest (a message the queue's rules
+    refuse: nothing stored), PartitionUnavailable / NotServedHere (503: retry), RemoteError (an
+    owner's refusal).
     """
-    cfg = queue_config(queue)
+    cfg, _ = authorize(queue, "produce", caller=caller)
     check_drafts(cfg, drafts)
     now = datetime.now(UTC).timestamp()
     ids: list[str | None] = [None] * len(drafts)
@@ -82,7 +85,7 @@ def enqueue(queue: str, drafts: Sequence[MessageDraft], *, hops: int = 0) -> lis
             group = drafts[i].group
             by_partition.setdefault(group_partition(group, cfg.partitions) if group else None, []).append(i)
         for index, positions in by_partition.items():
-            stored = _enqueue_somewhere(cfg, index, [drafts[i] for i in positions], now, hops)
+            stored = _enqueue_somewhere(cfg, index, [drafts[i] for i in positions], now, hops, caller)
             for i, mid in zip(positions, stored):
                 ids[i] = mid
     except BaseException:
@@ -135,7 +138,7 @@ def _stored(d: MessageDraft, now: float) -> StoredMessage:
 
 
 def _enqueue_somewhere(
-    cfg: QueueConfig, index: int | None, drafts: list[MessageDraft], now: float, hops: int
+    cfg: QueueConfig, index: int | None, drafts: list[MessageDraft], now: float, hops: int, caller: Caller
 ) -> list[str]:
     """Store in partition ``index`` (None: any), here if this node serves it, else at its owner.
 
@@ -149,14 +152,14 @@ def _enqueue_somewhere(
             cfg,
             hops,
             lambda even_if_cooling: _enqueue_any_local(cfg.name, messages, even_if_cooling=even_if_cooling),
-            lambda address: get_peers().enqueue(address, cfg.name, forward, hops),
+            lambda address: get_peers().enqueue(address, cfg.name, forward, hops, caller),
         )
     if (cfg.name, index) in rt.managers or hops >= MAX_HOPS:
         return rt.manager(cfg.name, index).enqueue(messages)
     address = rt.router.owner_of(cfg.id, cfg.name, index)
     if address is None:
         raise NotServedHere(f"partition {cfg.name}/{index} has no live owner now; retry")
-    return get_peers().enqueue(address, cfg.name, forward, hops)
+    return get_peers().enqueue(address, cfg.name, forward, hops, caller)
 
 
 def _without_dedup(d: MessageDraft) -> MessageDraft:
@@ -215,17 +218,23 @@ def _local_or_forward(
 
 # --- dequeue ----------------------------------------------------------------------------------
 def dequeue(
-    target: str, *, max_messages: int = 1, visibility: float | None = None, wait: float = 0.0, hops: int = 0
+    target: str,
+    *,
+    caller: Caller,
+    max_messages: int = 1,
+    visibility: float | None = None,
+    wait: float = 0.0,
+    hops: int = 0,
 ) -> list[Delivery]:
     """Up to ``max_messages`` deliveries, each hidden for ``visibility`` seconds (None: the
     queue's or subscription's default); here first, then from the other owners (deepest first),
     then waiting here up to ``wait`` seconds for the first.
 
     Redeliveries are announced (``signals.redelivered``); messages past ``max_receives`` are moved
-    to the dead-letter queue. Raises QueueNotFound, SubscriptionNotFound, InvalidRequest
-    (``is_a_topic``).
+    to the dead-letter queue. ``consume``; other owners are asked for ``caller``. Raises
+    QueueNotFound, ``access.Forbidden``, SubscriptionNotFound, InvalidRequest (``is_a_topic``).
     """
-    cfg, sub = resolve(target)
+    cfg, sub = authorize(target, "consume", caller=caller, reading=True)
     spec = cfg.subscription(sub) if sub else None
     local_visibility = visibility
     if local_visibility is None and spec is not None:
@@ -244,7 +253,7 @@ def dequeue(
     rt = get_runtime()
     for address in rt.router.other_nodes(cfg.id, cfg.name):
         try:
-            got = get_peers().dequeue(address, target, max_messages, visibility, hops)
+            got = get_peers().dequeue(address, target, max_messages, visibility, hops, caller)
         except Exception:  # noqa: BLE001 - that owner is unreachable or refused: try the next
             continue
         if got:
@@ -338,7 +347,7 @@ def _move_dead_letters(cfg: QueueConfig, sub: str = "") -> None:
                 # be on another node.
                 dlq = queue_config(dead_letter_queue)
                 check_drafts(dlq, drafts)
-                _enqueue_somewhere(dlq, None, drafts, now, 0)
+                _enqueue_somewhere(dlq, None, drafts, now, 0, SYSTEM)
             m.remove_dead_lettered([_message_id(mid) for mid in mids], sub)  # not archived
             with m.lock:
                 m.dead_lettered_total += len(found)
@@ -348,16 +357,17 @@ def _move_dead_letters(cfg: QueueConfig, sub: str = "") -> None:
 
 
 # --- ack and visibility -----------------------------------------------------------------------
-def ack(target: str, items: Sequence[tuple[MessageId, str | None]], *, hops: int = 0) -> AckResult:
+def ack(target: str, items: Sequence[tuple[MessageId, str | None]], *, caller: Caller, hops: int = 0) -> AckResult:
     """Acknowledge (remove) messages: this node's partitions here, the rest at their owners,
     one call per owner.
 
     Receipts are all checked before anything is removed on each node (ReceiptMismatch, 409,
     changes nothing there); across nodes the calls are separate, so a refusal from one owner
-    leaves the other owners' acks done. Raises QueueNotFound, SubscriptionNotFound,
-    ReceiptMismatch, NotServedHere (a partition with no live owner), RemoteError.
+    leaves the other owners' acks done. ``consume``. Raises QueueNotFound, ``access.Forbidden``,
+    SubscriptionNotFound, ReceiptMismatch, NotServedHere (a partition with no live owner),
+    RemoteError.
     """
-    cfg, sub = resolve(target)
+    cfg, sub = authorize(target, "consume", caller=caller, reading=True)
     rt = get_runtime()
     local = [(mid, r) for mid, r in items if (cfg.name, mid.partition) in rt.managers]
     remote: dict[str, list[tuple[MessageId, str | None]]] = {}
@@ -373,7 +383,7 @@ def ack(target: str, items: Sequence[tuple[MessageId, str | None]], *, hops: int
         result = _ack_local(cfg.name, local, sub)
         acked, not_found = result.acked, result.not_found
     for address, batch in remote.items():
-        result = get_peers().ack(address, target, batch, hops)
+        result = get_peers().ack(address, target, batch, hops, caller)
         acked += result.acked
         not_found += result.not_found
     return AckResult(acked, not_found)
@@ -443,19 +453,22 @@ def _ack_local(queue: str, items: Sequence[tuple[MessageId, str | None]], sub: s
     return AckResult(acked, len(unique) - acked)
 
 
-def change_visibility(target: str, mid: MessageId, receipt: str | None, timeout: float, *, hops: int = 0) -> None:
+def change_visibility(
+    target: str, mid: MessageId, receipt: str | None, timeout: float, *, caller: Caller, hops: int = 0
+) -> None:
     """Hide a message in flight for ``timeout`` more seconds from now; 0 gives it back at once
     (announced as ``signals.given_back``). At the partition's owner, wherever that is.
 
-    Raises QueueNotFound, SubscriptionNotFound, ReceiptMismatch (not in flight, or an earlier
-    delivery's receipt), PartitionUnavailable, RemoteError.
+    ``consume``. Raises QueueNotFound, ``access.Forbidden``, SubscriptionNotFound,
+    ReceiptMismatch (not in flight, or an earlier delivery's receipt), PartitionUnavailable,
+    RemoteError.
     """
-    cfg, sub = resolve(target)
+    cfg, sub = authorize(target, "consume", caller=caller, reading=True)
     rt = get_runtime()
     if (cfg.name, mid.partition) not in rt.managers and hops < MAX_HOPS:
         address = rt.router.owner_of(cfg.id, cfg.name, mid.partition)
         if address is not None:
-            get_peers().change_visibility(address, target, mid, receipt, timeout, hops)
+            get_peers().change_visibility(address, target, mid, receipt, timeout, hops, caller)
             return
     ((m, _),) = _managers_of(cfg.name, [(mid, receipt)])
     with m.lock:
@@ -465,9 +478,9 @@ def change_visibility(target: str, mid: MessageId, receipt: str | None, timeout:
         given_back.send_robust(sender=None, target=target, message_id=str(mid), receive_count=receive_count)
 
 
-def publish(topic: str, drafts: Sequence[MessageDraft], *, hops: int = 0) -> list[str]:
-    """Enqueue to a topic: stored once, read by every subscription. Raises QueueNotFound when
-    ``topic`` is not a topic, and what :func:`enqueue` raises."""
+def publish(topic: str, drafts: Sequence[MessageDraft], *, caller: Caller, hops: int = 0) -> list[str]:
+    """Enqueue to a topic (``produce``): stored once, read by every subscription. Raises
+    QueueNotFound when ``topic`` is not a topic, and what :func:`enqueue` raises."""
     if queue_config(topic).kind != "topic":
         raise QueueNotFound(topic)
-    return enqueue(topic, drafts, hops=hops)
+    return enqueue(topic, drafts, caller=caller, hops=hops)

@@ -11,6 +11,8 @@ from datetime import UTC, datetime
 
 from django.db.models import F
 
+from .. import audit
+from ..access import Caller, require
 from ..messages import StoredMessage
 from ..models import LIMITS, QUEUE_NAME_RE, Partition, Queue
 from ..partition import Delivery
@@ -20,7 +22,7 @@ from .errors import Conflict, InvalidRequest, PartitionUnavailable
 from .messages import _ack_local, _dequeue_local, _message_id, enqueue
 from .peers import get_peers
 from .runtime import get_runtime
-from .targets import queue_config
+from .targets import authorize
 from .types import ExpireResult, MessageDraft, RedriveResult
 
 log = logging.getLogger(__name__)
@@ -29,15 +31,16 @@ log = logging.getLogger(__name__)
 REDRIVE_VISIBILITY = 60.0
 
 
-def purge(queue: str) -> int:
-    """Remove every message of ``queue``, in flight ones too; returns how many were removed.
+def purge(queue: str, *, caller: Caller) -> int:
+    """Remove every message of ``queue``, in flight ones too (``manage``); returns how many
+    were removed.
 
     Done here whoever owns the partitions (see ``queues.purge``: each row's epoch moves on
     in its own transaction, then the store's fence, then the old tree is deleted); the owners
     are then told to drop their managers, which they would do anyway at their next renewal.
-    Acks of purged messages answer ``not_found``. Raises QueueNotFound.
+    Acks of purged messages answer ``not_found``. Raises QueueNotFound, ``access.Forbidden``.
     """
-    cfg = queue_config(queue)
+    cfg, _ = authorize(queue, "manage", caller=caller)
     rt = get_runtime()
     rows = list(Partition.objects.filter(queue_id=cfg.id).select_related("owner").order_by("index"))
     owners = {
@@ -51,23 +54,26 @@ def purge(queue: str) -> int:
         except Exception as exc:  # noqa: BLE001 - it stops at its next renewal anyway
             log.warning("purge of %s: telling %s failed: %s", cfg.name, address, exc)
     Queue.objects.filter(pk=cfg.id).update(purged_total=F("purged_total") + removed)
+    audit.record(caller, "purge", cfg.name, removed=removed)
     log.info("purged %s: %d messages", cfg.name, removed)
     return removed
 
 
-def close_purged(queue: str) -> None:
-    """Another node purged ``queue``: drop this node's managers of it now."""
-    get_runtime().purged(queue_config(queue).name)
+def close_purged(queue: str, *, caller: Caller) -> None:
+    """Another node purged ``queue``: drop this node's managers of it now (``manage``: a
+    node's own call comes as ``access.SYSTEM``)."""
+    get_runtime().purged(authorize(queue, "manage", caller=caller)[0].name)
 
 
-def redrive(queue: str, max_messages: int = 100, *, hops: int = 0) -> RedriveResult:
+def redrive(queue: str, max_messages: int = 100, *, caller: Caller, hops: int = 0) -> RedriveResult:
     """Move up to ``max_messages`` dead letters of ``queue`` back to the queues they came from
     (``history.source``), each with its group, as new messages; then acknowledge them here.
+    ``manage`` on ``queue``, and ``produce`` on each source (checked by :func:`enqueue`).
 
-    Raises QueueNotFound, and what :func:`enqueue` raises for a source (what was moved before
-    stays moved).
+    Raises QueueNotFound, ``access.Forbidden``, and what :func:`enqueue` raises for a source
+    (what was moved before stays moved; the rest comes back after ``REDRIVE_VISIBILITY``).
     """
-    cfg = queue_config(queue)
+    cfg, _ = authorize(queue, "manage", caller=caller)
     moved = skipped = 0
     while moved + skipped < max_messages:
         got = _dequeue_local(cfg, "", min(100, max_messages - moved - skipped), REDRIVE_VISIBILITY, 0)
@@ -84,11 +90,12 @@ def redrive(queue: str, max_messages: int = 100, *, hops: int = 0) -> RedriveRes
             by_source.setdefault(source, []).append(d)
         for source, ds in by_source.items():
             drafts = [_back_to_source(d.message) for d in ds if d.message is not None]
-            enqueue(source, drafts, hops=hops)
+            enqueue(source, drafts, caller=caller, hops=hops)
             back.extend(ds)
             moved += len(ds)
         if back:
             _ack_local(cfg.name, [(_message_id(d.id), d.receipt) for d in back])
+    audit.record(caller, "redrive", cfg.name, moved=moved, skipped=skipped)
     return RedriveResult(moved, skipped)
 
 
@@ -103,16 +110,18 @@ def _back_to_source(m: StoredMessage) -> MessageDraft:
     )
 
 
-def expire(queue: str, older_than: float | None = None) -> ExpireResult:
+def expire(queue: str, older_than: float | None = None, *, caller: Caller) -> ExpireResult:
     """Apply the retention rule on the partitions this node owns: remove messages older than
     the queue's retention (or ``older_than`` seconds). On a topic that archives, what a
     subscription still holds moves to the archive instead (``archived``). Counted on the queue.
 
     A partition whose pass fails is reported in ``deferred`` and the others go on; the pass is
     counted from the managers' totals, since one that fails half-way did part of its work.
-    Raises QueueNotFound, InvalidRequest (``older_than`` out of range).
+    ``manage`` (the API lets only staff and nodes call it; a node's own call comes as
+    ``access.SYSTEM``). Raises QueueNotFound, ``access.Forbidden``, InvalidRequest
+    (``older_than`` out of range).
     """
-    cfg = queue_config(queue)
+    cfg, _ = authorize(queue, "manage", caller=caller)
     high = LIMITS["retention"][1]
     if older_than is None:
         older_than = cfg.retention
@@ -134,11 +143,14 @@ def expire(queue: str, older_than: float | None = None) -> ExpireResult:
     return ExpireResult(expired, archived, deferred)
 
 
-def expire_everywhere(queue: Queue) -> int:
+def expire_everywhere(queue: Queue, *, caller: Caller) -> int:
     """Ask every node that owns a partition of ``queue`` to apply the retention rule there
     (the Celery beat task). Only an owner can remove its partition's messages (it holds them
     in its append tree); a partition without a live owner is done by the node that takes it
-    over, at the next run. Returns how many messages were removed; failures are logged."""
+    over, at the next run. Returns how many messages were removed; failures are logged.
+    ``manage`` (the beat task is ``access.SYSTEM``); the nodes are asked as nodes. Checked on
+    the row: a Celery worker has no node runtime and must not start one."""
+    require(caller, "manage", queue.pk, queue.name, queue.created_by_id)
     addresses = set(
         Partition.objects.filter(queue=queue, owner__isnull=False, owner__stopped_at=None).values_list(
             "owner__address", flat=True
@@ -157,21 +169,23 @@ def expire_everywhere(queue: Queue) -> int:
     return expired
 
 
-def release_partition(queue: str, index: int, *, hops: int = 0) -> str:
+def release_partition(queue: str, index: int, *, caller: Caller, hops: int = 0) -> str:
     """The owner gives the partition's lease up (an operator's action) and leaves it to
     another node for one lease period; asked of the owner wherever it is. Returns the address
     of the node that released it.
 
-    Raises QueueNotFound, InvalidRequest (``no_such_partition``), Conflict (``not_owned``: no
-    live node holds it), RemoteError.
+    ``manage``; asked of the owner for ``caller``. Raises QueueNotFound, ``access.Forbidden``,
+    InvalidRequest (``no_such_partition``), Conflict (``not_owned``: no live node holds it),
+    RemoteError.
     """
-    cfg = queue_config(queue)
+    cfg, _ = authorize(queue, "manage", caller=caller)
     if not 0 <= index < cfg.partitions:
         raise InvalidRequest(f"{queue} has partitions 0..{cfg.partitions - 1}, not {index}", "no_such_partition")
     rt = get_runtime()
     if rt.release_partition(cfg.name, index):
+        audit.record(caller, "release", f"{cfg.name}/{index}", node=rt.address)
         return rt.address
     address = rt.router.owner_of(cfg.id, cfg.name, index) if hops < MAX_HOPS else None
     if address is None:
         raise Conflict(f"no live node holds {queue}/{index} now", "not_owned")
-    return get_peers().release_partition(address, cfg.name, index, hops)
+    return get_peers().release_partition(address, cfg.name, index, hops, caller)

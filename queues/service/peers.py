@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from ..access import Caller
 from ..messages import MessageId
 from ..partition import Delivery
 from .types import AckResult, ExpireResult, MessageDraft
@@ -28,21 +29,31 @@ class RemoteError(Exception):
 
 class Peers(Protocol):
     """One method per call a node makes of another. ``hops``: how often the call has been
-    forwarded so far (the peer answers where it is past ``router.MAX_HOPS``)."""
+    forwarded so far (the peer answers where it is past ``router.MAX_HOPS``).
 
-    def enqueue(self, address: str, queue: str, drafts: Sequence[MessageDraft], hops: int) -> list[str]: ...
+    ``caller``: who the call is made for; the peer acts as that user (``access.SYSTEM``: the
+    service's own work) and checks its rights again, so a forwarded call never has more rights
+    than its user. The node-only calls (``close_purged``, ``refresh_topic``, ``expire``) are the
+    node's own and carry no caller.
+    """
+
+    def enqueue(
+        self, address: str, queue: str, drafts: Sequence[MessageDraft], hops: int, caller: Caller
+    ) -> list[str]: ...
 
     def dequeue(
-        self, address: str, target: str, max_messages: int, visibility: float | None, hops: int
+        self, address: str, target: str, max_messages: int, visibility: float | None, hops: int, caller: Caller
     ) -> list[Delivery]: ...
 
-    def ack(self, address: str, target: str, items: Sequence[tuple[MessageId, str | None]], hops: int) -> AckResult: ...
+    def ack(
+        self, address: str, target: str, items: Sequence[tuple[MessageId, str | None]], hops: int, caller: Caller
+    ) -> AckResult: ...
 
     def change_visibility(
-        self, address: str, target: str, mid: MessageId, receipt: str | None, timeout: float, hops: int
+        self, address: str, target: str, mid: MessageId, receipt: str | None, timeout: float, hops: int, caller: Caller
     ) -> None: ...
 
-    def release_partition(self, address: str, queue: str, index: int, hops: int) -> str: ...
+    def release_partition(self, address: str, queue: str, index: int, hops: int, caller: Caller) -> str: ...
 
     def close_purged(self, address: str, queue: str) -> None: ...
 

@@ -3,6 +3,7 @@ topic's subscription (``"news/mail"``, read through)."""
 
 from __future__ import annotations
 
+from ..access import Caller, require
 from ..models import QUEUE_NAME_RE
 from ..node import QueueConfig
 from .errors import InvalidRequest, QueueNotFound, SubscriptionNotFound
@@ -40,3 +41,19 @@ def resolve(target: str, *, reading: bool = True) -> tuple[QueueConfig, str]:
             "is_a_topic",
         )
     return cfg, sub
+
+
+def authorize(target: str, action: str, *, caller: Caller, reading: bool = False) -> tuple[QueueConfig, str]:
+    """:func:`resolve` ``target`` and check that ``caller`` may take ``action`` on its queue or
+    topic (a subscription's calls are checked on its topic) before anything else is looked at.
+
+    Raises QueueNotFound (also when the caller may not even read it: answered as if it did not
+    exist), ``access.Forbidden`` (it may read it but lacks ``action``), SubscriptionNotFound,
+    InvalidRequest (``is_a_topic``, with ``reading``).
+    """
+    queue, slash, _ = target.partition("/")
+    cfg = queue_config(queue)
+    require(caller, action, cfg.id, cfg.name, cfg.created_by, target=target if slash else cfg.name)
+    if slash or reading:
+        return resolve(target, reading=reading)
+    return cfg, ""

@@ -14,6 +14,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from queues import service
+from queues.access import SYSTEM
 from queues.messages import parse_message_id
 from queues.service import MessageDraft
 
@@ -365,7 +366,7 @@ def test_long_poll_returns_promptly_when_a_message_arrives(api, make_queue):
 
     def later():
         time.sleep(0.3)
-        sent.extend(service.enqueue(name, [MessageDraft("late")]))
+        sent.extend(service.enqueue(name, [MessageDraft("late")], caller=SYSTEM))
 
     t = threading.Thread(target=later)
 

@@ -111,14 +111,27 @@ def _any_message():
     return StoredMessage("late", 0.0)
 
 
-def test_purge_and_release_need_staff(api, make_queue, runtime, purge_kv):
+def test_purge_and_release_need_manage(api, make_queue, runtime, purge_kv):
+    import uuid
+
+    from django.contrib.auth.models import User
+
+    from queues.models import Grant
+
+    from .wsgi_client import token_client
+
     name = make_queue(partitions=1)
     runtime.tick()
     _enqueue(api, name, 2)
-    assert api.post(f"/api/v1/queues/{name}/purge", {}, format="json").status_code == 403
-    assert api.post(f"/api/v1/queues/{name}/partitions/0/release", {}, format="json").status_code == 403
+    # a user who may consume (not manage) the queue is refused both, and told what it lacks
+    worker = User.objects.create(username=f"w-{uuid.uuid4().hex[:8]}")
+    Grant.objects.create(user=worker, queue=Queue.objects.get(name=name), action="consume")
+    other = token_client("drf", worker)
+    for path in (f"/api/v1/queues/{name}/purge", f"/api/v1/queues/{name}/partitions/0/release"):
+        r = other.post(path, {}, format="json")
+        assert r.status_code == 403 and r.json()["missing"] == "manage", r.content
     # nothing changed
-    assert len(api.post(f"/api/v1/queues/{name}/dequeue", {"max": 5}, format="json").json()["messages"]) == 2
+    assert len(other.post(f"/api/v1/queues/{name}/dequeue", {"max": 5}, format="json").json()["messages"]) == 2
 
 
 def test_bad_purge_and_release_requests_are_refused(staff_api, make_queue, runtime, purge_kv):

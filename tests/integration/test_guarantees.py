@@ -350,8 +350,13 @@ def test_bad_new_fields_are_400_and_store_nothing(runtime, make_queue, transport
     # given a queue, through each transport (DRF, and the node's fast path)
     from django.contrib.auth.models import User
 
-    client = token_client(transport, User.objects.create(username=f"b-{uuid.uuid4().hex[:8]}"))
+    from queues.models import Grant, Queue
+
+    user = User.objects.create(username=f"b-{uuid.uuid4().hex[:8]}")
+    client = token_client(transport, user)
     name = make_queue()
+    for action in ("produce", "consume"):  # another user made the queue: this one is granted what it does
+        Grant.objects.create(user=user, queue=Queue.objects.get(name=name), action=action)
     for message, code in BAD:
         # when a bad message comes alone, or after a good one in a batch that reserves a dedup_id
         single = client.post(f"{API}/{name}/enqueue", message, format="json")

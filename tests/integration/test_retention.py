@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 def test_retention_task_removes_old_messages_and_counts_them(tmp_path, token, redis_client):
+    from queues.access import SYSTEM
     from queues.models import Queue
     from queues.service import expire_everywhere
 
@@ -27,13 +28,13 @@ def test_retention_task_removes_old_messages_and_counts_them(tmp_path, token, re
         old = c.post(f"queues/{name}/enqueue", {"messages": [{"body": f"old{i}"} for i in range(8)]}).json()["ids"]
         queue = Queue.objects.get(name=name)
         # when nothing is past the retention yet, the task removes nothing
-        assert expire_everywhere(queue) == 0
+        assert expire_everywhere(queue, caller=SYSTEM) == 0
         # and when the retention shrinks below the messages' age (as if time had passed)
         time.sleep(1.2)
         Queue.objects.filter(pk=queue.pk).update(retention=1)
         time.sleep(0.6)  # the node reads the queue's settings at its next housekeeping pass
         new = c.post(f"queues/{name}/enqueue", {"messages": [{"body": f"new{i}"} for i in range(4)]}).json()["ids"]
-        expired = expire_everywhere(queue)
+        expired = expire_everywhere(queue, caller=SYSTEM)
         # then the old messages are gone and counted, and the new ones are delivered
         assert expired == len(old)
         got = c.post(f"queues/{name}/dequeue", {"max": 100, "wait": 0.5}).json()["messages"]
