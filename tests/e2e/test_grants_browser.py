@@ -14,6 +14,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import Select
 
+from queues import access
 from queues.testing import wait_until
 from tests.e2e.test_admin_console import _wait, log_in
 from tests.integration.nodes import Client
@@ -94,8 +95,9 @@ def test_a_pattern_grant_made_in_the_admin_lets_a_user_produce_but_not_consume(b
         # ---- from here on the API must enforce the grants (access-core's service layer) ----
         # when the clerk enqueues into billing-eu with its token (another process of the node
         # may have read the grants before they changed: it sees them within access.TTL)
-        deadline = time.monotonic() + 3 * 2.0
-        while (r := clerk_api.post(f"queues/{QUEUE}/enqueue", {"messages": [{"body": "invoice 1"}]})).status_code != 201:
+        invoice = {"messages": [{"body": "invoice 1"}]}
+        deadline = time.monotonic() + 3 * access.TTL
+        while (r := clerk_api.post(f"queues/{QUEUE}/enqueue", invoice)).status_code != 201:
             assert time.monotonic() < deadline, (r.status_code, r.text)
             time.sleep(0.2)
         # then it is stored, and the operator can see it waiting
