@@ -207,20 +207,27 @@ class GrantForm(forms.ModelForm):
         if self.instance.pk is not None or self.errors:
             return data  # grants are never edited; a delete is checked when it is made
         queue = data.get("queue") if "queue" in data else getattr(self.instance, "queue", None)
+        fields = {
+            "action": data.get("action", ""),
+            "user": data.get("user"),
+            "group": data.get("group"),
+            "queue": queue,
+            "pattern": data.get("pattern", ""),
+        }
         try:
-            service.check_grant(
-                caller=self.caller,
-                action=data.get("action", ""),
-                user=data.get("user"),
-                group=data.get("group"),
-                queue=queue,
-                pattern=data.get("pattern", ""),
-            )
+            service.check_grant(caller=self.caller, **fields)
         except service.InvalidRequest as exc:
             raise ValidationError(exc.detail) from exc
         except (access.Forbidden, service.QueueNotFound) as exc:
             raise ValidationError(f"you may not grant this: {exc}") from exc
+        if Grant.objects.filter(**fields).exists():
+            raise ValidationError("this grant exists already")
         return data
+
+    def _get_validation_exclusions(self):
+        # clean() said in words what the table's constraints (one principal, one target, one
+        # row each) would only name: the model need not check them again.
+        return super()._get_validation_exclusions() | {"user", "group", "queue", "pattern"}
 
 
 def _with_caller(form_class: type[GrantForm], request) -> type[GrantForm]:

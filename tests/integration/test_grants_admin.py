@@ -129,6 +129,7 @@ def test_a_grant_row_needs_one_user_or_one_group(admin_client, make):
     )
     r = admin_client.post(url, data)
     assert r.status_code == 200 and "a grant is for one user or one group" in r.content.decode()
+    assert "Constraint" not in r.content.decode()  # said once, in words
     assert not Grant.objects.exists() and not AuditEntry.objects.exists()
 
 
@@ -190,7 +191,7 @@ def test_a_pattern_grant_made_in_the_grants_list_covers_queues_made_later(admin_
 @pytest.mark.parametrize(
     "form, error",
     [
-        ({"pattern": "billing/*", "action": "produce"}, "a queue name, with * for any run of name characters"),
+        ({"pattern": "billing/*", "action": "produce"}, "bad pattern &#x27;billing/*&#x27;: a queue name"),
         ({"pattern": "", "action": "produce"}, "a grant is on one queue or on one name pattern"),
         ({"pattern": "billing-*", "action": "own"}, "Select a valid choice"),
     ],
@@ -200,6 +201,16 @@ def test_the_grants_list_refuses_a_bad_grant(admin_client, form, error):
     r = admin_client.post("/admin/queues/grant/add/", {"user": bob.pk, **form})
     assert r.status_code == 200 and error in r.content.decode()
     assert not Grant.objects.exists() and not AuditEntry.objects.exists()
+
+
+def test_the_grants_list_says_when_a_grant_exists_already(admin_client):
+    bob = User.objects.create(username="bob")
+    form = {"user": bob.pk, "pattern": "billing-*", "action": "produce"}
+    assert admin_client.post("/admin/queues/grant/add/", form).status_code == 302
+    r = admin_client.post("/admin/queues/grant/add/", form)
+    assert r.status_code == 200 and "this grant exists already" in r.content.decode()
+    assert "Constraint" not in r.content.decode()
+    assert Grant.objects.count() == 1 and AuditEntry.objects.count() == 1
 
 
 def test_a_staff_user_may_grant_only_on_what_it_manages(client, make):
