@@ -11,7 +11,7 @@ import pytest
 from django.contrib.auth.models import Group, Permission, User
 from django.core.management import CommandError, call_command
 
-from queues import access, service
+from queues import access
 from queues.models import AuditEntry, Grant, Queue
 from queues.testing import ROOT, node_env
 from tests.integration.nodes import database_url
@@ -25,11 +25,13 @@ def admin_client(client, django_user_model):
 
 
 @pytest.fixture
-def make(runtime, unique_name, purge_kv):
-    """A queue (or topic, ``kind="topic"``) made through the service; returns its row."""
+def make(runtime, unique_name):
+    """A queue's (or topic's, ``kind="topic"``) row: what the admin's pages show and the
+    grants name (no node serves it: these tests send no messages). Saving a queue page
+    tells this process's runtime (the fixture's, without housekeeping) that it changed."""
 
     def create(name: str | None = None, **fields) -> Queue:
-        return service.create_queue(name=name or unique_name(), partitions=1, **fields)
+        return Queue.objects.create(name=name or unique_name(), partitions=1, **fields)
 
     return create
 
