@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import models
 from django.db.models.signals import post_delete, post_save
 
 from .models import Grant
@@ -139,15 +140,25 @@ class _Rules:
 RULES = _Rules()
 
 
+def _names(rule: _Rule, queue_id: int, name: str) -> bool:
+    """Whether the grant is on this queue (by its id, or by a pattern its name matches)."""
+    if rule.queue_id is not None:
+        return rule.queue_id == queue_id
+    return rule.pattern is not None and rule.pattern.match(name) is not None
+
+
 def _applies(rule: _Rule, caller: Caller, queue_id: int, name: str) -> bool:
     if rule.user_id is not None:
         if rule.user_id != caller.user_id:
             return False
     elif rule.group_id not in caller.group_ids:
         return False
-    if rule.queue_id is not None:
-        return rule.queue_id == queue_id
-    return rule.pattern is not None and rule.pattern.match(name) is not None
+    return _names(rule, queue_id, name)
+
+
+def _implied(have: set[str]) -> frozenset[str]:
+    """The actions the granted ones allow (``manage`` allows all, any allows ``read``)."""
+    return frozenset(a for a in ACTIONS if _SATISFIED_BY[a] & have)
 
 
 def granted(caller: Caller, queue_id: int, name: str, created_by: int | None) -> frozenset[str]:
@@ -156,12 +167,22 @@ def granted(caller: Caller, queue_id: int, name: str, created_by: int | None) ->
         return frozenset(ACTIONS)
     if caller.user_id is None:
         return frozenset()
-    have = {r.action for r in RULES.current() if _applies(r, caller, queue_id, name)}
-    return frozenset(a for a in ACTIONS if _SATISFIED_BY[a] & have)
+    return _implied({r.action for r in RULES.current() if _applies(r, caller, queue_id, name)})
 
 
-def allowed(caller: Caller, action: str, queue_id: int, name: str, created_by: int | None) -> bool:
-    return action in granted(caller, queue_id, name, created_by)
+def granted_to_group(group_id: int, queue_id: int, name: str) -> frozenset[str]:
+    """Every action the grants to group ``group_id`` allow its members on the queue."""
+    return _implied({r.action for r in RULES.current() if r.group_id == group_id and _names(r, queue_id, name)})
+
+
+def grants_on(queue_id: int, name: str) -> list[Grant]:
+    """The grants that name the queue, by its id or by a pattern its name matches, read now
+    (not cached), with their user and group: who has rights on it besides its creator and the
+    superusers (the admin's effective-access table)."""
+    rows = Grant.objects.filter(models.Q(queue_id=queue_id) | models.Q(queue__isnull=True)).select_related(
+        "user", "group"
+    )
+    return [g for g in rows if g.queue_id == queue_id or pattern_regex(g.pattern).match(name)]
 
 
 def require(caller: Caller, action: str, queue_id: int, name: str, created_by: int | None, *, target: str = "") -> None:

@@ -6,17 +6,19 @@ for the tree drawing. The actions (purge, redrive, release a lease) call the sam
 functions as the API, so they route to the owners like any client call.
 """
 
+from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 from django.db.models import Count, Min, Sum
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from . import service
+from . import access, service
 from .access import Caller, Forbidden
 from .kv import get_store
-from .models import Node, Partition, Queue, Subscription
+from .models import AuditEntry, Grant, Node, Partition, Queue, Subscription
 from .tree_svg import partition_svg
 
 
@@ -199,6 +201,157 @@ class SubscriptionAdmin(SubscriptionFigures, admin.ModelAdmin):
             self.message_user(request, f"{obj}: not deleted: {_refusal(exc)}", level=messages.ERROR)
 
 
+class GrantForm(forms.ModelForm):
+    """A new grant, checked by the service as the admin's user makes it (well formed, and the
+    user may grant on that queue or pattern), so the form shows why one is refused."""
+
+    #: who makes the grant: set per request (``GrantAdmin.get_form``, ``GrantInline.get_formset``).
+    caller: Caller = access.ANONYMOUS
+
+    class Meta:
+        model = Grant
+        fields = ["user", "group", "queue", "pattern", "action"]
+
+    def clean(self):
+        data = super().clean()
+        if self.instance.pk is not None or self.errors:
+            return data  # grants are never edited; a delete is checked when it is made
+        queue = data.get("queue") if "queue" in data else getattr(self.instance, "queue", None)
+        fields = {
+            "action": data.get("action", ""),
+            "user": data.get("user"),
+            "group": data.get("group"),
+            "queue": queue,
+            "pattern": data.get("pattern", ""),
+        }
+        try:
+            service.check_grant(caller=self.caller, **fields)
+        except service.InvalidRequest as exc:
+            raise ValidationError(exc.detail) from exc
+        except (access.Forbidden, service.QueueNotFound) as exc:
+            raise ValidationError(f"you may not grant this: {exc}") from exc
+        if Grant.objects.filter(**fields).exists():
+            raise ValidationError("this grant exists already")
+        return data
+
+    def _get_validation_exclusions(self):
+        # clean() said in words what the table's constraints (one principal, one target, one
+        # row each) would only name: the model need not check them again.
+        return super()._get_validation_exclusions() | {"user", "group", "queue", "pattern"}
+
+
+def _with_caller(form_class: type[GrantForm], request) -> type[GrantForm]:
+    return type(form_class.__name__, (form_class,), {"caller": Caller.of(request.user)})
+
+
+def _grant_fields(g: Grant) -> dict:
+    return {"action": g.action, "user": g.user, "group": g.group, "queue": g.queue, "pattern": g.pattern}
+
+
+def save_grants(request, formset) -> None:
+    """Save a formset of grants through the service (so each is checked and recorded in the
+    audit trail): new rows are granted, deleted ones revoked; rows are never edited."""
+    caller = Caller.of(request.user)
+    formset.save(commit=False)
+    for obj in formset.deleted_objects:
+        # the view-only row's form did not post its fields: revoke what the database holds
+        current = Grant.objects.select_related("user", "group", "queue").filter(pk=obj.pk).first()
+        if current is None:
+            continue
+        try:
+            service.revoke(caller=caller, **_grant_fields(current))
+        except (service.InvalidRequest, access.Forbidden, service.QueueNotFound) as exc:
+            messages.error(request, f"{current}: not revoked: {exc}")
+    for obj in formset.new_objects:
+        row, _ = service.grant(caller=caller, **_grant_fields(obj))
+        obj.pk, obj._state.adding = row.pk, False
+
+
+class GrantInline(admin.TabularInline):
+    """The grants on this queue or topic by its name (pattern grants: in the grants list)."""
+
+    model = Grant
+    form = GrantForm
+    fk_name = "queue"
+    extra = 0
+    fields = ["user", "group", "action", "created_at", "created_by"]
+    readonly_fields = ["created_at", "created_by"]
+    verbose_name = "grant on this queue"
+    verbose_name_plural = "grants on this queue (user or group, action; pattern grants are in the grants list)"
+
+    def get_formset(self, request, obj=None, **kwargs):
+        formset = super().get_formset(request, obj, **kwargs)
+        formset.form = _with_caller(formset.form, request)
+        return formset
+
+    def has_change_permission(self, request, obj=None):
+        return False  # a grant is given or revoked, never edited
+
+
+_MARK = {True: "\u2713", False: "\u2013"}
+
+
+def effective_access_table(q: Queue) -> str:
+    """Who may do what to ``q`` now, as ``queues.access.granted`` decides it: the superusers,
+    its creator, each user and group a grant on it (by name or pattern) names; a user's row
+    includes what its groups are granted."""
+    from django.contrib.auth import get_user_model
+
+    grants = access.grants_on(q.pk, q.name)
+    users = {g.user_id: g.user for g in grants if g.user_id is not None}
+    groups = {g.group_id: g.group for g in grants if g.group_id is not None}
+    if q.created_by_id is not None and q.created_by is not None:
+        users.setdefault(q.created_by_id, q.created_by)
+    member_of: dict[int, set[int]] = {}
+    for user_id, group_id in (
+        get_user_model().groups.through.objects.filter(user_id__in=users).values_list("user_id", "group_id")
+    ):
+        member_of.setdefault(user_id, set()).add(group_id)
+    here = "this topic" if q.kind == Queue.Kind.TOPIC else "this queue"
+
+    def because(g: Grant) -> str:
+        return f"{g.action} on {here if g.queue_id is not None else g.pattern}"
+
+    rows = [("superusers", "superusers", frozenset(access.ACTIONS), "superuser")]
+    for user in sorted(users.values(), key=lambda u: u.get_username()):
+        caller = Caller(
+            user.pk, user.get_username(), user.is_superuser, user.is_staff, frozenset(member_of.get(user.pk, ()))
+        )
+        why = (["creator"] if user.pk == q.created_by_id else []) + (["superuser"] if user.is_superuser else [])
+        why += [because(g) for g in grants if g.user_id == user.pk]
+        why += [f"group {groups[gid].name}" for gid in sorted(member_of.get(user.pk, set()) & set(groups))]
+        have = access.granted(caller, q.pk, q.name, q.created_by_id)
+        rows.append((f"user:{user.get_username()}", f"user {user.get_username()}", have, "; ".join(why)))
+    for group in sorted(groups.values(), key=lambda g: g.name):
+        have = access.granted_to_group(group.pk, q.pk, q.name)
+        why = "; ".join(because(g) for g in grants if g.group_id == group.pk)
+        rows.append((f"group:{group.name}", f"group {group.name}", have, why))
+    body = format_html_join(
+        "",
+        '<tr data-principal="{}"><td>{}</td>{}<td>{}</td></tr>',
+        (
+            (
+                key,
+                label,
+                format_html_join(
+                    "",
+                    '<td class="action-{}" data-granted="{}">{}</td>',
+                    ((a, "yes" if a in have else "no", _MARK[a in have]) for a in access.ACTIONS),
+                ),
+                why,
+            )
+            for key, label, have, why in rows
+        ),
+    )
+    head = format_html_join("", "<th>{}</th>", ((a,) for a in access.ACTIONS))
+    return format_html(
+        '<table class="effective-access"><thead><tr><th>who</th>{}<th>because</th></tr></thead>'
+        "<tbody>{}</tbody></table>",
+        head,
+        body,
+    )
+
+
 @admin.register(Queue)
 class QueueAdmin(admin.ModelAdmin):
     list_display = [
@@ -219,21 +372,56 @@ class QueueAdmin(admin.ModelAdmin):
     ]
     list_filter = ["kind", "strict", "archive"]
     search_fields = ["name"]
-    inlines = [SubscriptionInline, PartitionInline]
-    readonly_fields = ["dead_lettered_total", "expired_total", "purged_total", "created_at", "updated_at"]
+    inlines = [SubscriptionInline, GrantInline, PartitionInline]
+    readonly_fields = [
+        "created_by",
+        "dead_lettered_total",
+        "expired_total",
+        "purged_total",
+        "created_at",
+        "updated_at",
+    ]
 
     def get_readonly_fields(self, request, obj=None):
         # Keys in the store are named after the queue and its block size shapes its trees: they
         # never change; partitions only grow, through save_model (service.update_queue).
         fixed = ["name", "kind", "block_size"] if obj is not None else []
-        return [*fixed, *self.readonly_fields]
+        shown = ["effective_access"] if obj is not None else []
+        return [*fixed, *self.readonly_fields, *shown]
+
+    def get_fieldsets(self, request, obj=None):
+        # Who may do what gets its own section under the settings.
+        fields = [f for f in self.get_fields(request, obj) if f != "effective_access"]
+        if obj is None:
+            return [(None, {"fields": fields})]
+        return [
+            (None, {"fields": fields}),
+            (
+                "Effective access",
+                {
+                    "fields": ["effective_access"],
+                    "description": "who may do what to it now: its grants below, grants on patterns its name "
+                    "matches (made in the grants list), its creator and the superusers",
+                },
+            ),
+        ]
 
     def get_inlines(self, request, obj):
-        return (
-            [SubscriptionInline, PartitionInline]
-            if obj is not None and obj.kind == Queue.Kind.TOPIC
-            else [PartitionInline]
-        )
+        if obj is None:
+            return [PartitionInline]
+        if obj.kind == Queue.Kind.TOPIC:
+            return [SubscriptionInline, GrantInline, PartitionInline]
+        return [GrantInline, PartitionInline]
+
+    def save_formset(self, request, form, formset, change):
+        if formset.model is Grant:
+            save_grants(request, formset)
+        else:
+            super().save_formset(request, form, formset, change)
+
+    @admin.display(description="effective access")
+    def effective_access(self, obj):
+        return effective_access_table(obj)
 
     def save_model(self, request, obj, form, change):
         fields = {f: form.cleaned_data[f] for f in form.changed_data if f in form.cleaned_data}
@@ -444,4 +632,69 @@ class NodeAdmin(admin.ModelAdmin):
         return obj.stopped_at is None and (timezone.now() - obj.heartbeat_at).total_seconds() < 5
 
     def has_add_permission(self, request):
+        return False
+
+
+@admin.register(Grant)
+class GrantAdmin(admin.ModelAdmin):
+    """Every grant: on a queue or topic by name, or on a name pattern (``billing-*`` covers
+    queues made later: made here). Given and revoked through the service, so each change is
+    checked and recorded in the audit trail; a grant is never edited."""
+
+    form = GrantForm
+    list_display = ["principal", "on", "action", "created_at", "created_by"]
+    list_filter = ["action", ("user", admin.RelatedOnlyFieldListFilter), ("group", admin.RelatedOnlyFieldListFilter)]
+    search_fields = ["pattern", "queue__name"]
+    list_select_related = ["user", "group", "queue", "created_by"]
+    fields = ["user", "group", "queue", "pattern", "action"]
+
+    def get_form(self, request, obj=None, **kwargs):
+        return _with_caller(super().get_form(request, obj, **kwargs), request)
+
+    @admin.display(description="to", ordering="user__username")
+    def principal(self, obj):
+        return f"user {obj.user}" if obj.user_id is not None else f"group {obj.group}"
+
+    @admin.display(description="on", ordering="queue__name")
+    def on(self, obj):
+        if obj.queue_id is None:
+            return format_html("pattern <code>{}</code>", obj.pattern)
+        url = reverse("admin:queues_queue_change", args=[obj.queue_id])
+        return format_html('{} <a href="{}">{}</a>', obj.queue.kind, url, obj.queue.name)
+
+    def has_change_permission(self, request, obj=None):
+        return False  # a grant is given or revoked, never edited
+
+    def save_model(self, request, obj, form, change):
+        row, _ = service.grant(caller=Caller.of(request.user), **_grant_fields(obj))
+        obj.pk, obj._state.adding = row.pk, False
+
+    def delete_model(self, request, obj):
+        try:
+            service.revoke(caller=Caller.of(request.user), **_grant_fields(obj))
+        except (service.InvalidRequest, access.Forbidden, service.QueueNotFound) as exc:
+            self.message_user(request, f"{obj}: not revoked: {exc}", level=messages.ERROR)
+
+    def delete_queryset(self, request, queryset):
+        for g in queryset.select_related("user", "group", "queue"):
+            self.delete_model(request, g)
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(admin.ModelAdmin):
+    """The audit trail, newest first: read only (the service writes it)."""
+
+    list_display = ["at", "actor", "action", "target", "detail"]
+    list_filter = ["action", "actor"]
+    search_fields = ["target"]
+    ordering = ["-at", "-id"]
+    readonly_fields = ["at", "actor", "action", "target", "detail"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
         return False

@@ -13,7 +13,8 @@ from .access import Caller
 from .models import AuditEntry
 
 
-def record(caller: Caller, action: str, target: str, **detail: Any) -> AuditEntry:
+def record(caller: Caller, action: str, target: str, /, **detail: Any) -> AuditEntry:
     """Write one entry: ``caller`` did ``action`` to ``target`` (a queue, topic or
-    ``topic/subscription``); ``detail`` is JSON (counts, changed fields...)."""
+    ``topic/subscription``); ``detail`` is JSON (counts, changed fields...), and may have keys
+    named like the parameters (a grant's ``action``): they are positional only."""
     return AuditEntry.objects.create(actor=caller.username, action=action, target=target, detail=detail)

@@ -8,6 +8,7 @@ Its docstring states what it locks and what it raises.
 
 Modules: ``descriptions`` (queues, topics, subscriptions, their figures), ``messages`` (enqueue, dequeue,
 ack, visibility, the dead-letter move), ``operations`` (purge, redrive, expire, release),
+``grants`` (grant, revoke: who may do what, recorded in the audit trail),
 ``peers`` (calls to other nodes, a protocol the API implements), ``runtime`` (this process's
 node).
 """
@@ -37,6 +38,7 @@ from .errors import (
     RemoteError,
     SubscriptionNotFound,
 )
+from .grants import check_grant, grant, revoke
 from .messages import MAX_BATCH, MAX_WAIT, ack, change_visibility, check_drafts, dequeue, enqueue, iso, publish
 from .operations import close_purged, expire, expire_everywhere, purge, redrive, release_partition
 from .peers import Peers, get_peers, set_peers
@@ -79,6 +81,7 @@ __all__ = [
     "authorize",
     "change_visibility",
     "check_drafts",
+    "check_grant",
     "checked_name",
     "close_purged",
     "create_queue",
@@ -93,6 +96,7 @@ __all__ = [
     "get_queue",
     "get_runtime",
     "get_subscription",
+    "grant",
     "iso",
     "list_queues",
     "partition_owners",
@@ -105,6 +109,7 @@ __all__ = [
     "refresh_topic",
     "release_partition",
     "resolve",
+    "revoke",
     "set_peers",
     "set_runtime",
     "subscription_stats",
