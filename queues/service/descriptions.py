@@ -11,7 +11,8 @@ import logging
 import time
 from typing import Any
 
-from django.db import transaction
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from .. import keys
@@ -36,48 +37,96 @@ def get_queue(name: str, kind: str = Queue.Kind.QUEUE) -> Queue:
 
 def create_queue(**fields: Any) -> Queue:
     """A new queue (or topic, ``kind="topic"``) and its partition rows, in one transaction;
-    this node claims its share of the partitions at once. Raises django's ValidationError."""
-    with transaction.atomic():
-        q = Queue(**fields)
-        q.full_clean()
-        q.save()
-        Partition.objects.bulk_create(
-            [Partition(queue=q, index=i, lease_period=q.lease_period) for i in range(q.partitions)]
-        )
+    this node claims its share of the partitions at once. Raises django's ValidationError,
+    Conflict (``queue_exists``: created meanwhile by another call; ``concurrent_change``: e.g.
+    its dead-letter queue was deleted meanwhile)."""
+    name = fields.get("name")
+    try:
+        with transaction.atomic():
+            q = Queue(**fields)
+            q.full_clean()
+            q.save()
+            Partition.objects.bulk_create(
+                [
+                    Partition(queue=q, index=i, lease_period=q.lease_period, epoch=_first_epoch(q.name, i))
+                    for i in range(q.partitions)
+                ]
+            )
+    except ValidationError as exc:
+        if "name" in getattr(exc, "error_dict", {}) and Queue.objects.filter(name=name).exists():
+            raise Conflict(f"a queue named {name!r} was created meanwhile", "queue_exists") from exc
+        raise
+    except IntegrityError as exc:
+        if Queue.objects.filter(name=name).exists():
+            raise Conflict(f"a queue named {name!r} was created meanwhile", "queue_exists") from exc
+        raise Conflict(f"{name}: a queue it names was changed meanwhile; retry ({exc})", "concurrent_change") from exc
     get_runtime().queue_created(q)
     return q
+
+
+def _first_epoch(queue: str, index: int) -> int:
+    """A new partition's epoch: past any fence an earlier queue of the same name left in the
+    store (a late write of its owner after the delete), so the first claim can raise it."""
+    return get_runtime().store.read_fence(keys.fence_key(queue, index))
 
 
 def update_queue(q: Queue, **fields: Any) -> Queue:
     """Change settings under the row's lock; partitions may only grow (existing ones hold
     messages): new partition rows are created in the same transaction. Raises InvalidRequest
-    (``partitions_shrink``), django's ValidationError."""
-    with transaction.atomic():
-        q = Queue.objects.select_for_update().get(pk=q.pk)
-        old_partitions = q.partitions
-        for k, v in fields.items():
-            setattr(q, k, v)
-        q.full_clean()
-        if q.partitions < old_partitions:
-            raise InvalidRequest("partitions can only grow: existing partitions hold messages", "partitions_shrink")
-        q.save()
-        Partition.objects.bulk_create(
-            [Partition(queue=q, index=i, lease_period=q.lease_period) for i in range(old_partitions, q.partitions)]
-        )
-        if "lease_period" in fields:
-            # Owned rows take the new period from their owner's next renewal (leases.renew).
-            Partition.objects.filter(queue=q, owner__isnull=True).update(lease_period=q.lease_period)
+    (``partitions_shrink``), QueueNotFound (deleted meanwhile), Conflict (``partitions_changed``:
+    grown meanwhile past the number asked for; ``concurrent_change``: e.g. the dead-letter queue
+    it names was deleted meanwhile), django's ValidationError."""
+    seen = q.partitions  # what the caller saw
+    try:
+        with transaction.atomic():
+            locked = Queue.objects.select_for_update().filter(pk=q.pk).first()
+            if locked is None:
+                raise QueueNotFound(q.name)
+            q = locked
+            old_partitions = q.partitions
+            for k, v in fields.items():
+                setattr(q, k, v)
+            q.full_clean()
+            if q.partitions < old_partitions:
+                if q.partitions >= seen:
+                    raise Conflict(
+                        f"{q.name} has {old_partitions} partitions now (grown meanwhile), more than {q.partitions}",
+                        "partitions_changed",
+                    )
+                raise InvalidRequest("partitions can only grow: existing partitions hold messages", "partitions_shrink")
+            q.save()
+            Partition.objects.bulk_create(
+                [
+                    Partition(queue=q, index=i, lease_period=q.lease_period, epoch=_first_epoch(q.name, i))
+                    for i in range(old_partitions, q.partitions)
+                ]
+            )
+            if "lease_period" in fields:
+                # Owned rows take the new period from their owner's next renewal (leases.renew).
+                Partition.objects.filter(queue=q, owner__isnull=True).update(lease_period=q.lease_period)
+    except IntegrityError as exc:
+        raise Conflict(f"{q.name}: a queue it names was changed meanwhile; retry ({exc})", "concurrent_change") from exc
     get_runtime().queue_changed(q)
     return q
 
 
 def delete_queue(q: Queue) -> None:
-    """Delete the queue (its rows cascade), then its managers here and its keys in the store.
-    Other owners stop at their next renewal (the rows are gone)."""
-    name = q.name
+    """Delete the queue (its rows cascade) and its keys in the store, then its managers here.
+    Other owners stop at their next housekeeping pass (the rows are gone; their writes are
+    refused from the moment the keys, fences included, are gone).
+
+    The keys go first, under the row's lock: while the row holds the name no queue can be
+    created again under it, so a new queue's keys are never deleted with the old ones. Raises
+    QueueNotFound (deleted meanwhile by another call)."""
+    name, queue_id = q.name, q.pk
+    rt = get_runtime()
     with transaction.atomic():
-        q.delete()
-    get_runtime().queue_deleted(name)
+        row = Queue.objects.select_for_update().filter(pk=queue_id).first()
+        if row is None:
+            raise QueueNotFound(name)
+        rt.store.delete_prefix(keys.queue_prefix(name))
+        row.delete()
+    rt.queue_deleted(name, queue_id)
 
 
 def partition_owners(queue: str) -> list[PartitionOwner]:
