@@ -41,7 +41,8 @@ def purge_partition(partition_id: int, store: KeyValueStore) -> int | None:
     or None when the row is gone: the queue was deleted (its messages with it) since the
     caller listed its partitions."""
     with transaction.atomic():
-        p = Partition.objects.select_for_update().select_related("queue").filter(pk=partition_id).first()
+        # Only the partition's row is locked (not the queue's: a delete locks that one first).
+        p = Partition.objects.select_for_update(of=("self",)).select_related("queue").filter(pk=partition_id).first()
         if p is None:
             return None
         old_head, epoch, queue, index = p.head_block, p.epoch + 1, p.queue.name, p.index
@@ -62,7 +63,9 @@ def purge_partition(partition_id: int, store: KeyValueStore) -> int | None:
             live_blocks=0,
             oldest_enqueued_at=None,
         )
-    store.advance_fence(fence_key(queue, index), epoch)
+        # Before the row is free again: a delete of the queue (which waits for the row) then
+        # finds this fence and keeps the next queue of the name past it.
+        store.advance_fence(fence_key(queue, index), epoch)
     if not old_head:
         return 0
 

@@ -112,21 +112,43 @@ def update_queue(q: Queue, **fields: Any) -> Queue:
 
 def delete_queue(q: Queue) -> None:
     """Delete the queue (its rows cascade) and its keys in the store, then its managers here.
-    Other owners stop at their next housekeeping pass (the rows are gone; their writes are
-    refused from the moment the keys, fences included, are gone).
+    The other owners are told to drop their managers (else they do at their next pass: the rows
+    are gone; their writes are refused from the moment the keys, fences included, are gone).
 
     The keys go first, under the row's lock: while the row holds the name no queue can be
-    created again under it, so a new queue's keys are never deleted with the old ones. Raises
-    QueueNotFound (deleted meanwhile by another call)."""
+    created again under it, so a new queue's keys are never deleted with the old ones. Only
+    the partitions' fences stay, one past the last epoch, so that no owner of the deleted queue
+    can write into a queue created again under the name. Raises QueueNotFound (deleted
+    meanwhile by another call)."""
     name, queue_id = q.name, q.pk
     rt = get_runtime()
     with transaction.atomic():
         row = Queue.objects.select_for_update().filter(pk=queue_id).first()
         if row is None:
             raise QueueNotFound(name)
+        # The partitions' rows too (as the delete would), so no claim moves an epoch meanwhile.
+        parts = list(
+            Partition.objects.select_for_update(of=("self",)).filter(queue_id=queue_id).select_related("owner")
+        )
+        owners = {
+            p.owner.address
+            for p in parts
+            if p.owner is not None and p.owner.stopped_at is None and p.owner_id != rt.node_id
+        }
         rt.store.delete_prefix(keys.queue_prefix(name))
+        for p in parts:
+            # The fence stays, past every epoch an owner of this queue held: a late write of
+            # one is refused, in a queue created again under the name too (_first_epoch).
+            rt.store.advance_fence(keys.fence_key(name, p.index), p.epoch + 1)
         row.delete()
     rt.queue_deleted(name, queue_id)
+    # The other owners drop their managers now rather than serve the deleted queue from memory
+    # until their next pass (they keep those of a queue created again under the name since).
+    for address in sorted(owners):
+        try:
+            get_peers().close_purged(address, name)
+        except Exception as exc:  # noqa: BLE001 - it drops them at its next pass anyway
+            log.info("deleting %s: telling %s failed: %s", name, address, exc)
 
 
 def partition_owners(queue: str) -> list[PartitionOwner]:
@@ -163,8 +185,13 @@ def create_subscription(topic: Queue, **fields: Any) -> Subscription:
     """A new reader of ``topic``. ``start="newest"``: it gets what is published from now on;
     ``"oldest"``: also every message the topic still holds. The owners reopen the topic's
     partitions with the new reader (here at once, elsewhere when told, or at their next
-    heartbeat if they cannot be reached). Raises Conflict (``subscription_exists``)."""
+    heartbeat if they cannot be reached). Raises Conflict (``subscription_exists``),
+    QueueNotFound (the topic was deleted meanwhile)."""
     with transaction.atomic():
+        # The topic's row locked: a concurrent create of the same name waits and then finds
+        # this one, a concurrent delete of the topic waits or went first.
+        if Queue.objects.select_for_update().filter(pk=topic.pk).values_list("pk", flat=True).first() is None:
+            raise QueueNotFound(topic.name)
         if topic.subscriptions.filter(name=fields.get("name")).exists():
             raise Conflict(f"{topic.name} already has a subscription {fields.get('name')!r}", "subscription_exists")
         sub = Subscription(topic=topic, **fields)

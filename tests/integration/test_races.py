@@ -445,3 +445,41 @@ def test_redrive_racing_delete_of_the_dead_letter_queue(ops, make_queue, runtime
         assert r.json()["error"] == "queue_not_found"
     else:
         assert r["Retry-After"]
+
+
+# --- subscriptions ------------------------------------------------------------------------------
+def _topic(ops, unique_name) -> str:
+    name = unique_name("t")
+    r = ops.post("/api/v1/topics", {"name": name, "partitions": 1}, format="json")
+    assert r.status_code == 201, r.content
+    return name
+
+
+def test_subscription_racing_delete_of_its_topic_answers_404(ops, unique_name):
+    # given a topic
+    topic = _topic(ops, unique_name)
+    # when the topic is deleted between the request's read of it and the subscription's insert
+    with after_once(service, "get_queue", lambda: delete_topic(topic)) as done:
+        r = ops.post(f"/api/v1/topics/{topic}/subscriptions", {"name": "s"}, format="json")
+    # then
+    assert done
+    assert_error(r, 404, "queue_not_found")
+
+
+def test_subscription_racing_the_same_subscription_answers_409(ops, unique_name):
+    # given a topic
+    topic = _topic(ops, unique_name)
+
+    def same():
+        service.create_subscription(service.get_queue(topic, Queue.Kind.TOPIC), name="s")
+
+    # when another client creates the same subscription meanwhile
+    with after_once(service, "get_queue", same) as done:
+        r = ops.post(f"/api/v1/topics/{topic}/subscriptions", {"name": "s"}, format="json")
+    # then
+    assert done
+    assert_error(r, 409, "subscription_exists")
+
+
+def delete_topic(name: str) -> None:
+    service.delete_queue(service.get_queue(name, Queue.Kind.TOPIC))
