@@ -113,7 +113,7 @@ def update_queue(q: Queue, **fields: Any) -> Queue:
 def delete_queue(q: Queue) -> None:
     """Delete the queue (its rows cascade) and its keys in the store, then its managers here.
     The other owners are told to drop their managers (else they do at their next pass: the rows
-    are gone; their writes are refused from the moment the keys, fences included, are gone).
+    are gone; their writes are refused from the moment the fences move past their epochs).
 
     The keys go first, under the row's lock: while the row holds the name no queue can be
     created again under it, so a new queue's keys are never deleted with the old ones. Only
