@@ -27,7 +27,7 @@ from django.db import close_old_connections
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from . import keys, leases
+from . import leases
 from .body_cache import BodyCache
 from .cursor import SubscriptionSpec
 from .kv import KeyValueStore, get_store
@@ -193,6 +193,9 @@ class NodeRuntime:
         self.hold_off: dict[tuple[str, int], float] = {}
         #: per partition: (monotonic time, enqueued total, acked total, enqueue rate, ack rate).
         self._rates: dict[tuple[str, int], tuple[float, int, int, float, float]] = {}
+        #: ids of the queues deleted through this node: a description read before the delete
+        #: committed must not be cached after it (guarded by ``_lock``).
+        self._deleted: set[int] = set()
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> NodeRuntime:
@@ -267,6 +270,7 @@ class NodeRuntime:
         Node.objects.filter(pk=self.node_id).update(heartbeat_at=timezone.now(), cooling=self.cooling)
         self._renew_leases()
         self.refresh_queues()
+        self._drop_stale()
         self._claim_partitions()
         self._publish_stats()
 
@@ -306,6 +310,8 @@ class NodeRuntime:
     def refresh_queues(self) -> None:
         fresh = {q.name: QueueConfig.from_model(q) for q in _queue_rows()}
         with self._lock:
+            # Read before a delete here committed: not served again.
+            fresh = {name: cfg for name, cfg in fresh.items() if cfg.id not in self._deleted}
             gone = set(self.queues) - set(fresh)
             self.queues = fresh
         for (name, _), m in list(self.managers.items()):
@@ -340,9 +346,14 @@ class NodeRuntime:
             rows = rows.filter(queue__name=only)
         n_nodes = max(1, len(self.live_nodes()))
         by_queue: dict[str, list[Partition]] = {}
+        configs: dict[str, QueueConfig] = {}
         for p in rows:
-            if p.queue.name in self.queues:
+            cfg = self.queues.get(p.queue.name)
+            # Only the rows of the queue this node knows (not those of a queue deleted since,
+            # nor of one created again under the name before this node read it).
+            if cfg is not None and cfg.id == p.queue_id:
                 by_queue.setdefault(p.queue.name, []).append(p)
+                configs[p.queue.name] = cfg
         for name, parts in by_queue.items():
             share = math.ceil(len(parts) / n_nodes)
             mine = [m for (q, _), m in list(self.managers.items()) if q == name]
@@ -364,7 +375,7 @@ class NodeRuntime:
                 if free and held >= share:
                     continue
                 lease = leases.try_claim(p, self.node_id, self.observations, clock=self.clock)
-                if lease is not None and self._open(self.queues[name], lease) is not None:
+                if lease is not None and self._open(configs[name], lease) is not None:
                     held += 1
 
     def _release(self, m: PartitionManager) -> None:
@@ -390,10 +401,32 @@ class NodeRuntime:
         return True
 
     def purged(self, queue: str) -> None:
-        """The queue's partitions were purged (their epochs moved on): drop the managers now,
-        rather than serve from memory until the next renewal fails."""
-        self._close_queue(queue)
+        """The queue's partitions were purged (their epochs moved on): drop those managers now,
+        rather than serve from memory until the next renewal fails, and claim the emptied
+        partitions again at once. A manager opened after the purge (a partition added or
+        claimed since) is kept."""
+        self._drop_stale(queue)
+        if queue in self.queues:
+            self._claim_partitions(only=queue)
         self.notify()
+
+    def _drop_stale(self, queue: str | None = None) -> None:
+        """Close this node's managers (of ``queue``, or all) whose partition row says they no
+        longer serve: the row is gone (the queue was deleted, maybe created again since under
+        the same name), or its epoch or owner moved on (purged, taken over). One query."""
+        mine = [(key, m) for key, m in list(self.managers.items()) if queue is None or key[0] == queue]
+        if not mine:
+            return
+        rows = Partition.objects.filter(pk__in=[m.lease.partition_id for _, m in mine]).values_list(
+            "pk", "epoch", "owner_id"
+        )
+        now = {pk: (epoch, owner) for pk, epoch, owner in rows}
+        for key, m in mine:
+            if now.get(m.lease.partition_id) != (m.lease.epoch, self.node_id):
+                log.info("%s/%s: epoch %s is over here (purged, deleted or taken over)", *key, m.lease.epoch)
+                with m.lock:
+                    m.closed = True
+                self._forget(key, m)
 
     def _open(self, cfg: QueueConfig, lease: leases.Lease) -> PartitionManager | None:
         m = PartitionManager(
@@ -477,20 +510,26 @@ class NodeRuntime:
             if q is None:
                 raise QueueNotFound(name)
             cfg = QueueConfig.from_model(q)
-            with self._lock:
-                self.queues[name] = cfg
+            if not self._remember(cfg):
+                raise QueueNotFound(name)  # deleted here while we read it
         return cfg
+
+    def _remember(self, cfg: QueueConfig) -> bool:
+        """Cache a description just read, unless its queue was deleted here meanwhile."""
+        with self._lock:
+            if cfg.id in self._deleted:
+                return False
+            self.queues[cfg.name] = cfg
+            return True
 
     def queue_created(self, q: Queue) -> None:
         """Take the new queue's partitions at once rather than at the next pass."""
-        with self._lock:
-            self.queues[q.name] = QueueConfig.from_model(q)
-        self._claim_partitions(only=q.name)
+        if self._remember(QueueConfig.from_model(q)):
+            self._claim_partitions(only=q.name)
 
     def queue_changed(self, q: Queue) -> None:
-        with self._lock:
-            self.queues[q.name] = QueueConfig.from_model(q)
-        self._claim_partitions(only=q.name)
+        if self._remember(QueueConfig.from_model(q)):
+            self._claim_partitions(only=q.name)
 
     def topic_changed(self, name: str) -> None:
         """A subscription came or went: reload the topic, reopen its partitions held here."""
@@ -498,8 +537,8 @@ class NodeRuntime:
         if q is None:
             return
         cfg = QueueConfig.from_model(q)
-        with self._lock:
-            self.queues[name] = cfg
+        if not self._remember(cfg):
+            return
         self._release_if_subscriptions_changed({name: cfg})
         self._claim_partitions(only=name)
         self.notify()
@@ -513,11 +552,17 @@ class NodeRuntime:
             if cfg is not None and m.subscriptions != cfg.subscriptions:
                 self._release(m)
 
-    def queue_deleted(self, name: str) -> None:
+    def queue_deleted(self, name: str, queue_id: int) -> None:
+        """Queue ``queue_id`` was deleted (committed; its keys are gone, see
+        ``service.delete_queue``): forget it and close its managers here. A queue created again
+        under the name since then keeps its description and managers."""
         with self._lock:
-            self.queues.pop(name, None)
-        self._close_queue(name)
-        self.store.delete_prefix(keys.queue_prefix(name))
+            self._deleted.add(queue_id)
+            cfg = self.queues.get(name)
+            if cfg is not None and cfg.id == queue_id:
+                del self.queues[name]
+        self._drop_stale(name)
+        self.notify()
 
     def _close_queue(self, name: str) -> None:
         for key, m in list(self.managers.items()):

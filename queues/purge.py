@@ -36,10 +36,15 @@ log = logging.getLogger(__name__)
 BATCH = 1000
 
 
-def purge_partition(partition_id: int, store: KeyValueStore) -> int:
-    """Empty one partition (see the module's text). Returns how many messages were removed."""
+def purge_partition(partition_id: int, store: KeyValueStore) -> int | None:
+    """Empty one partition (see the module's text). Returns how many messages were removed,
+    or None when the row is gone: the queue was deleted (its messages with it) since the
+    caller listed its partitions."""
     with transaction.atomic():
-        p = Partition.objects.select_for_update().select_related("queue").get(pk=partition_id)
+        # Only the partition's row is locked (not the queue's: a delete locks that one first).
+        p = Partition.objects.select_for_update(of=("self",)).select_related("queue").filter(pk=partition_id).first()
+        if p is None:
+            return None
         old_head, epoch, queue, index = p.head_block, p.epoch + 1, p.queue.name, p.index
         block_size = p.queue.block_size
         Partition.objects.filter(pk=partition_id).update(
@@ -58,7 +63,9 @@ def purge_partition(partition_id: int, store: KeyValueStore) -> int:
             live_blocks=0,
             oldest_enqueued_at=None,
         )
-    store.advance_fence(fence_key(queue, index), epoch)
+        # Before the row is free again: a delete of the queue (which waits for the row) then
+        # finds this fence and keeps the next queue of the name past it.
+        store.advance_fence(fence_key(queue, index), epoch)
     if not old_head:
         return 0
 

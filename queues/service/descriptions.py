@@ -11,7 +11,8 @@ import logging
 import time
 from typing import Any
 
-from django.db import transaction
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from .. import audit, keys
@@ -61,48 +62,86 @@ def create_queue(*, caller: Caller, **fields: Any) -> Queue:
     """A new queue (or topic, ``kind="topic"``) and its partition rows, in one transaction;
     this node claims its share of the partitions at once. Any authenticated caller may create
     one; it is recorded as the creator (``created_by``), who may manage it. Raises
-    ``access.Forbidden`` (an anonymous caller), django's ValidationError."""
+    ``access.Forbidden`` (an anonymous caller), django's ValidationError, Conflict
+    (``queue_exists``: created meanwhile by another call; ``concurrent_change``: e.g. its
+    dead-letter queue was deleted meanwhile)."""
     if caller.user_id is None and not caller.system:
         raise Forbidden(caller, "create", str(fields.get("name", "")))
     if fields.get("created_by") is None and fields.get("created_by_id") is None:
         fields.pop("created_by", None)
         fields["created_by_id"] = caller.user_id
     _require_dead_letter_queue(caller, fields)
-    with transaction.atomic():
-        q = Queue(**fields)
-        q.full_clean()
-        q.save()
-        Partition.objects.bulk_create(
-            [Partition(queue=q, index=i, lease_period=q.lease_period) for i in range(q.partitions)]
-        )
-        audit.record(caller, "create", q.name, kind=q.kind, partitions=q.partitions)
+    name = fields.get("name")
+    try:
+        with transaction.atomic():
+            q = Queue(**fields)
+            q.full_clean()
+            q.save()
+            Partition.objects.bulk_create(
+                [
+                    Partition(queue=q, index=i, lease_period=q.lease_period, epoch=_first_epoch(q.name, i))
+                    for i in range(q.partitions)
+                ]
+            )
+            audit.record(caller, "create", q.name, kind=q.kind, partitions=q.partitions)
+    except ValidationError as exc:
+        if "name" in getattr(exc, "error_dict", {}) and Queue.objects.filter(name=name).exists():
+            raise Conflict(f"a queue named {name!r} was created meanwhile", "queue_exists") from exc
+        raise
+    except IntegrityError as exc:
+        if Queue.objects.filter(name=name).exists():
+            raise Conflict(f"a queue named {name!r} was created meanwhile", "queue_exists") from exc
+        raise Conflict(f"{name}: a queue it names was changed meanwhile; retry ({exc})", "concurrent_change") from exc
     get_runtime().queue_created(q)
     return q
+
+
+def _first_epoch(queue: str, index: int) -> int:
+    """A new partition's epoch: past any fence an earlier queue of the same name left in the
+    store (a late write of its owner after the delete), so the first claim can raise it."""
+    return get_runtime().store.read_fence(keys.fence_key(queue, index))
 
 
 def update_queue(q: Queue, *, caller: Caller, **fields: Any) -> Queue:
     """Change settings under the row's lock (``manage``); partitions may only grow (existing
     ones hold messages): new partition rows are created in the same transaction. Raises
-    QueueNotFound / ``access.Forbidden``, InvalidRequest (``partitions_shrink``), django's
-    ValidationError."""
+    QueueNotFound (also when deleted meanwhile) / ``access.Forbidden``, InvalidRequest
+    (``partitions_shrink``), Conflict (``partitions_changed``: grown meanwhile past the number
+    asked for; ``concurrent_change``: e.g. the dead-letter queue it names was deleted
+    meanwhile), django's ValidationError."""
     _require(caller, "manage", q)
     _require_dead_letter_queue(caller, fields)
-    with transaction.atomic():
-        q = Queue.objects.select_for_update().get(pk=q.pk)
-        old_partitions = q.partitions
-        for k, v in fields.items():
-            setattr(q, k, v)
-        q.full_clean()
-        if q.partitions < old_partitions:
-            raise InvalidRequest("partitions can only grow: existing partitions hold messages", "partitions_shrink")
-        q.save()
-        Partition.objects.bulk_create(
-            [Partition(queue=q, index=i, lease_period=q.lease_period) for i in range(old_partitions, q.partitions)]
-        )
-        if "lease_period" in fields:
-            # Owned rows take the new period from their owner's next renewal (leases.renew).
-            Partition.objects.filter(queue=q, owner__isnull=True).update(lease_period=q.lease_period)
-        audit.record(caller, "change", q.name, fields=_json_fields(fields))
+    seen = q.partitions  # what the caller saw
+    try:
+        with transaction.atomic():
+            locked = Queue.objects.select_for_update().filter(pk=q.pk).first()
+            if locked is None:
+                raise QueueNotFound(q.name)
+            q = locked
+            old_partitions = q.partitions
+            for k, v in fields.items():
+                setattr(q, k, v)
+            q.full_clean()
+            if q.partitions < old_partitions:
+                if q.partitions >= seen:
+                    raise Conflict(
+                        f"{q.name} has {old_partitions} partitions now (grown meanwhile), more than {q.partitions}",
+                        "partitions_changed",
+                    )
+                raise InvalidRequest("partitions can only grow: existing partitions hold messages", "partitions_shrink")
+            q.save()
+            Partition.objects.bulk_create(
+                [
+                    Partition(queue=q, index=i, lease_period=q.lease_period, epoch=_first_epoch(q.name, i))
+                    for i in range(old_partitions, q.partitions)
+                ]
+            )
+            if "lease_period" in fields:
+                # Owned rows take the new period from their owner's next renewal (leases.renew).
+                Partition.objects.filter(queue=q, owner__isnull=True).update(lease_period=q.lease_period)
+            audit.record(caller, "change", q.name, fields=_json_fields(fields))
+    except IntegrityError as exc:
+        raise Conflict(f"{q.name}: a queue it names was changed meanwhile; retry ({exc})", "concurrent_change") from exc
     get_runtime().queue_changed(q)
     return q
 
@@ -121,15 +160,47 @@ def _json_fields(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def delete_queue(q: Queue, *, caller: Caller) -> None:
-    """Delete the queue (``manage``; its rows cascade), then its managers here and its keys in
-    the store. Other owners stop at their next renewal (the rows are gone). Raises
-    QueueNotFound / ``access.Forbidden``."""
+    """Delete the queue (``manage``; its rows cascade) and its keys in the store, then its
+    managers here. The other owners are told to drop their managers (else they do at their next
+    pass: the rows are gone; their writes are refused from the moment the fences move past
+    their epochs).
+
+    The keys go first, under the row's lock: while the row holds the name no queue can be
+    created again under it, so a new queue's keys are never deleted with the old ones. Only
+    the partitions' fences stay, one past the last epoch, so that no owner of the deleted queue
+    can write into a queue created again under the name. Raises QueueNotFound (also when
+    deleted meanwhile by another call) / ``access.Forbidden``."""
     _require(caller, "manage", q)
-    name = q.name
+    name, queue_id, kind = q.name, q.pk, q.kind
+    rt = get_runtime()
     with transaction.atomic():
-        q.delete()
-        audit.record(caller, "delete", name, kind=q.kind)
-    get_runtime().queue_deleted(name)
+        row = Queue.objects.select_for_update().filter(pk=queue_id).first()
+        if row is None:
+            raise QueueNotFound(name)
+        # The partitions' rows too (as the delete would), so no claim moves an epoch meanwhile.
+        parts = list(
+            Partition.objects.select_for_update(of=("self",)).filter(queue_id=queue_id).select_related("owner")
+        )
+        owners = {
+            p.owner.address
+            for p in parts
+            if p.owner is not None and p.owner.stopped_at is None and p.owner_id != rt.node_id
+        }
+        rt.store.delete_prefix(keys.queue_prefix(name))
+        for p in parts:
+            # The fence stays, past every epoch an owner of this queue held: a late write of
+            # one is refused, in a queue created again under the name too (_first_epoch).
+            rt.store.advance_fence(keys.fence_key(name, p.index), p.epoch + 1)
+        row.delete()
+        audit.record(caller, "delete", name, kind=kind)
+    rt.queue_deleted(name, queue_id)
+    # The other owners drop their managers now rather than serve the deleted queue from memory
+    # until their next pass (they keep those of a queue created again under the name since).
+    for address in sorted(owners):
+        try:
+            get_peers().close_purged(address, name)
+        except Exception as exc:  # noqa: BLE001 - it drops them at its next pass anyway
+            log.info("deleting %s: telling %s failed: %s", name, address, exc)
 
 
 def partition_owners(queue: str, *, caller: Caller) -> list[PartitionOwner]:
@@ -167,11 +238,15 @@ def create_subscription(topic: Queue, *, caller: Caller, **fields: Any) -> Subsc
     """A new reader of ``topic`` (``manage`` on it). ``start="newest"``: it gets what is
     published from now on; ``"oldest"``: also every message the topic still holds. The owners
     reopen the topic's partitions with the new reader (here at once, elsewhere when told, or at
-    their next heartbeat if they cannot be reached). Raises QueueNotFound /
-    ``access.Forbidden``, Conflict (``subscription_exists``)."""
+    their next heartbeat if they cannot be reached). Raises QueueNotFound (also when the topic
+    was deleted meanwhile) / ``access.Forbidden``, Conflict (``subscription_exists``)."""
     _require(caller, "manage", topic)
     _require_dead_letter_queue(caller, fields)
     with transaction.atomic():
+        # The topic's row locked: a concurrent create of the same name waits and then finds
+        # this one, a concurrent delete of the topic waits or went first.
+        if Queue.objects.select_for_update().filter(pk=topic.pk).values_list("pk", flat=True).first() is None:
+            raise QueueNotFound(topic.name)
         if topic.subscriptions.filter(name=fields.get("name")).exists():
             raise Conflict(f"{topic.name} already has a subscription {fields.get('name')!r}", "subscription_exists")
         sub = Subscription(topic=topic, **fields)

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from ..access import SYSTEM, Caller
 from ..dedup import get_dedup
 from ..messages import MessageId, StoredMessage, group_partition, parse_message_id
+from ..models import Queue
 from ..node import QueueConfig
 from ..partition import Delivery, PartitionManager
 from ..router import MAX_HOPS
@@ -158,7 +159,7 @@ def _enqueue_somewhere(
         return rt.manager(cfg.name, index).enqueue(messages)
     address = rt.router.owner_of(cfg.id, cfg.name, index)
     if address is None:
-        raise NotServedHere(f"partition {cfg.name}/{index} has no live owner now; retry")
+        raise _unserved(cfg.name, f"partition {cfg.name}/{index} has no live owner now; retry")
     return get_peers().enqueue(address, cfg.name, forward, hops, caller)
 
 
@@ -213,7 +214,15 @@ def _local_or_forward(
             last = exc
     if rt.local_managers(cfg.name):
         return local(True)
-    raise NotServedHere(f"no node serves queue {cfg.name!r} now ({last or 'no owner'}); retry")
+    raise _unserved(cfg.name, f"no node serves queue {cfg.name!r} now ({last or 'no owner'}); retry")
+
+
+def _unserved(queue: str, detail: str) -> Exception:
+    """Why no node serves ``queue``: it was deleted (this node's description of it is a moment
+    old: QueueNotFound), else no owner now (NotServedHere, 503: retry)."""
+    if not Queue.objects.filter(name=queue).exists():
+        return QueueNotFound(queue)
+    return NotServedHere(detail)
 
 
 # --- dequeue ----------------------------------------------------------------------------------
@@ -376,7 +385,7 @@ def ack(target: str, items: Sequence[tuple[MessageId, str | None]], *, caller: C
             continue
         address = rt.router.owner_of(cfg.id, cfg.name, mid.partition) if hops < MAX_HOPS else None
         if address is None:
-            raise NotServedHere(f"partition {cfg.name}/{mid.partition} has no live owner now; retry")
+            raise _unserved(cfg.name, f"partition {cfg.name}/{mid.partition} has no live owner now; retry")
         remote.setdefault(address, []).append((mid, receipt))
     acked = not_found = 0
     if local:

@@ -18,7 +18,7 @@ from ..models import LIMITS, QUEUE_NAME_RE, Partition, Queue
 from ..partition import Delivery
 from ..purge import purge_partition
 from ..router import MAX_HOPS
-from .errors import Conflict, InvalidRequest, PartitionUnavailable
+from .errors import Conflict, InvalidRequest, PartitionUnavailable, QueueNotFound
 from .messages import _ack_local, _dequeue_local, _message_id, enqueue
 from .peers import get_peers
 from .runtime import get_runtime
@@ -38,22 +38,36 @@ def purge(queue: str, *, caller: Caller) -> int:
     Done here whoever owns the partitions (see ``queues.purge``: each row's epoch moves on
     in its own transaction, then the store's fence, then the old tree is deleted); the owners
     are then told to drop their managers, which they would do anyway at their next renewal.
-    Acks of purged messages answer ``not_found``. Raises QueueNotFound, ``access.Forbidden``.
+    Acks of purged messages answer ``not_found``. What was enqueued before the purge started
+    is removed; a partition added meanwhile is not purged.
+
+    Raises QueueNotFound (also when the queue is deleted while it runs: its messages went with
+    it), ``access.Forbidden``.
     """
     cfg, _ = authorize(queue, "manage", caller=caller)
     rt = get_runtime()
-    rows = list(Partition.objects.filter(queue_id=cfg.id).select_related("owner").order_by("index"))
+    # The queue as the database holds it now: this node's description may be a moment old
+    # (deleted since, or created again under the name).
+    queue_id = Queue.objects.filter(name=cfg.name).values_list("pk", flat=True).first()
+    if queue_id is None:
+        raise QueueNotFound(queue)
+    rows = list(Partition.objects.filter(queue_id=queue_id).select_related("owner").order_by("index"))
     owners = {
         p.owner.address for p in rows if p.owner is not None and p.owner.stopped_at is None and p.owner_id != rt.node_id
     }
-    removed = sum(purge_partition(p.pk, rt.store) for p in rows)
+    removed = 0
+    for p in rows:
+        count = purge_partition(p.pk, rt.store)
+        if count is None:
+            raise QueueNotFound(queue)  # deleted meanwhile
+        removed += count
     rt.purged(cfg.name)
     for address in sorted(owners):
         try:
             get_peers().close_purged(address, cfg.name)
         except Exception as exc:  # noqa: BLE001 - it stops at its next renewal anyway
             log.warning("purge of %s: telling %s failed: %s", cfg.name, address, exc)
-    Queue.objects.filter(pk=cfg.id).update(purged_total=F("purged_total") + removed)
+    Queue.objects.filter(pk=queue_id).update(purged_total=F("purged_total") + removed)
     audit.record(caller, "purge", cfg.name, removed=removed)
     log.info("purged %s: %d messages", cfg.name, removed)
     return removed
@@ -94,7 +108,9 @@ def redrive(queue: str, max_messages: int = 100, *, caller: Caller, hops: int = 
             back.extend(ds)
             moved += len(ds)
         if back:
-            _ack_local(cfg.name, [(_message_id(d.id), d.receipt) for d in back])
+            # Without receipts: moved is moved, whoever holds them now; one purged meanwhile
+            # counts as not found rather than refusing the others.
+            _ack_local(cfg.name, [(_message_id(d.id), None) for d in back])
     audit.record(caller, "redrive", cfg.name, moved=moved, skipped=skipped)
     return RedriveResult(moved, skipped)
 
