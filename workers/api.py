@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -71,7 +71,11 @@ class AttemptOut(serializers.ModelSerializer):
 
 
 class LogsView(APIView):
-    @extend_schema(request=LogsIn, responses={201: dict}, summary="Store attempt records (batches of up to 1,000)")
+    @extend_schema(
+        request=LogsIn,
+        responses={201: inline_serializer("Stored", {"stored": serializers.IntegerField()})},
+        summary="Store attempt records (batches of up to 1,000)",
+    )
     def post(self, request):
         ser = LogsIn(data=request.data)
         ser.is_valid(raise_exception=True)
@@ -83,7 +87,14 @@ class LogsView(APIView):
         return Response({"stored": stored}, status=status.HTTP_201_CREATED)
 
     @extend_schema(
-        responses={200: AttemptOut(many=True)},
+        parameters=[
+            OpenApiParameter("queue", str, description="only this queue's"),
+            OpenApiParameter("message", str, description="only this message's (its ID)"),
+            OpenApiParameter("worker", str, description="only this worker's"),
+            OpenApiParameter("outcome", str, enum=[c for c, _ in AttemptLog.Outcome.choices]),
+            OpenApiParameter("limit", int, description=f"1..{MAX_RECORDS}, default 100"),
+        ],
+        responses={200: inline_serializer("AttemptPage", {"records": AttemptOut(many=True)})},
         summary="Attempt records, newest first: ?queue= &message= &worker= &outcome= &limit=",
     )
     def get(self, request):
@@ -91,6 +102,9 @@ class LogsView(APIView):
         unknown = set(params) - {"queue", "message", "worker", "outcome", "limit"}
         if unknown:
             raise BadRequest(f"unknown filter(s): {', '.join(sorted(unknown))}", "unknown_field")
+        outcome = params.get("outcome")
+        if outcome and outcome not in AttemptLog.Outcome.values:
+            raise BadRequest(f"outcome must be one of {', '.join(AttemptLog.Outcome.values)}", "invalid_outcome")
         try:
             limit = int(params.get("limit", 100))
         except ValueError:
@@ -119,7 +133,7 @@ class HeartbeatIn(StrictSerializer):
     consumer = serializers.CharField(max_length=64)
     name = serializers.CharField(max_length=200, required=False, allow_blank=True)
     hostname = serializers.CharField(max_length=200, required=False, allow_blank=True)
-    pid = serializers.IntegerField(required=False, min_value=0)
+    pid = serializers.IntegerField(required=False, min_value=0, max_value=2**31 - 1)
     queues = serializers.ListField(child=serializers.CharField(max_length=161), max_length=100, required=False)
     load = serializers.FloatField(min_value=0, max_value=1, required=False)
     capacity = serializers.IntegerField(min_value=1, max_value=100_000, required=False)

@@ -27,7 +27,7 @@ from .serializers import (
     StrictSerializer,
     VisibilityDoc,
 )
-from .views import ERRORS, CallView, IsClusterPeerOrStaff, _hops
+from .views import ERRORS, CallView, IsClusterPeerOrStaff, _hops, create_named
 
 
 class TopicSerializer(QueueSerializer):
@@ -105,7 +105,7 @@ class TopicListView(APIView):
     def post(self, request):
         ser = TopicSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
-        q = service.create_queue(kind=Queue.Kind.TOPIC, **ser.validated_data)
+        q = create_named(ser.validated_data, Queue.Kind.TOPIC)
         return Response(TopicSerializer(q).data, status=status.HTTP_201_CREATED)
 
 
@@ -145,11 +145,8 @@ class PublishView(CallView):
 class RefreshView(APIView):
     permission_classes = [IsClusterPeerOrStaff]
 
-    @extend_schema(
-        request=None,
-        responses={200: dict, **ERRORS},
-        summary="(nodes) the topic's subscriptions changed: reopen its partitions held here",
-    )
+    # Between nodes only, not part of the public API (and not in its schema).
+    @extend_schema(exclude=True)
     def post(self, request, name):
         _topic(name)
         status_code, payload = calls.refresh(name, {}, _hops(request))

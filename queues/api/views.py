@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import IntegrityError
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import status
 from rest_framework.permissions import AllowAny, BasePermission
@@ -36,6 +38,17 @@ ERRORS = {
 }
 
 
+def create_named(fields: dict, kind: str = Queue.Kind.QUEUE) -> Queue:
+    """``service.create_queue``; a name already taken (by a queue or a topic, found by the
+    database, so two concurrent creates cannot both pass) is 409 ``already_exists``."""
+    try:
+        return service.create_queue(kind=kind, **fields)
+    except (IntegrityError, DjangoValidationError):
+        if Queue.objects.filter(name=fields.get("name")).exists():
+            raise service.Conflict(f"a queue or topic named {fields.get('name')!r} exists", "already_exists") from None
+        raise
+
+
 def _hops(request) -> int:
     return hops_of(request.META.get("HTTP_X_MQ_HOPS"))
 
@@ -59,7 +72,7 @@ class QueueListView(APIView):
     def post(self, request):
         ser = QueueSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
-        q = service.create_queue(**ser.validated_data)
+        q = create_named(ser.validated_data)
         return Response(QueueSerializer(q).data, status=status.HTTP_201_CREATED)
 
 
