@@ -99,3 +99,92 @@ def test_schemathesis_finds_nothing(tmp_path, superuser_token, redis_client):
     # Every phase ran and passed; the stateful one is the links being followed.
     for phase in ("Coverage", "Fuzzing", "Stateful"):
         assert re.search(rf"✅ {phase}", summary), f"{phase} phase did not pass:\n{summary}"
+
+
+# ------------------------------------------------------------------ the links, followed by hand
+
+
+def _schema() -> dict:
+    from drf_spectacular.generators import SchemaGenerator
+
+    return SchemaGenerator().get_schema(request=None, public=True)
+
+
+def _evaluate(value, request_path: dict, response_body):
+    """An OpenAPI runtime expression (``$response.body#/a/0/b``, ``$request.path.x``) or a
+    structure of them, as a client following the link computes it."""
+    if isinstance(value, dict):
+        return {k: _evaluate(v, request_path, response_body) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_evaluate(v, request_path, response_body) for v in value]
+    if isinstance(value, str) and value.startswith("$request.path."):
+        return request_path[value.removeprefix("$request.path.")]
+    if isinstance(value, str) and value.startswith("$response.body#"):
+        out = response_body
+        for part in value.removeprefix("$response.body#/").split("/"):
+            out = out[int(part)] if isinstance(out, list) else out[part]
+        return out
+    return value
+
+
+def _follow(api, schema: dict, source: tuple[str, str, str], link_name: str, path_params: dict, response):
+    """Call what the link named ``link_name`` of ``source`` (path, method, status) points to."""
+    path, method, status = source
+    link = schema["paths"][path][method]["responses"][status]["links"][link_name]
+    targets = {
+        op["operationId"]: (p, m) for p, ops in schema["paths"].items() for m, op in ops.items() if "operationId" in op
+    }
+    target_path, target_method = targets[link["operationId"]]
+    params = _evaluate(link.get("parameters", {}), path_params, response.json())
+    url = target_path
+    for name, value in params.items():
+        url = url.replace("{" + name + "}", str(value))
+    assert "{" not in url, (link_name, url)
+    body = _evaluate(link.get("requestBody", {}), path_params, response.json())
+    return getattr(api, target_method)(url, body, format="json"), params
+
+
+def test_the_links_lead_from_a_new_queue_to_its_messages_and_back(api, unique_name):
+    schema = _schema()
+    name = unique_name()
+    created = api.post("/api/v1/queues", {"name": name, "partitions": 1}, format="json")
+    assert created.status_code == 201, created.content
+    r, params = _follow(api, schema, ("/api/v1/queues", "post", "201"), "POST enqueue", {}, created)
+    assert params == {"name": name}
+    r = api.post(f"/api/v1/queues/{name}/enqueue", {"body": "hello"}, format="json")
+    assert r.status_code == 201, r.content
+    dequeued, params = _follow(
+        api, schema, ("/api/v1/queues/{name}/enqueue", "post", "201"), "dequeue", {"name": name}, r
+    )
+    assert dequeued.status_code == 200 and dequeued.json()["messages"][0]["body"] == "hello", dequeued.content
+    source = ("/api/v1/queues/{name}/dequeue", "post", "200")
+    shown, _ = _follow(api, schema, source, "visibility", {"name": name}, dequeued)
+    assert shown.status_code == 200, shown.content
+    again = api.post(f"/api/v1/queues/{name}/dequeue", {}, format="json")
+    assert again.json()["messages"][0]["receive_count"] == 2, again.content
+    acked, _ = _follow(api, schema, source, "ack", {"name": name}, again)
+    assert acked.status_code == 200 and acked.json() == {"acked": 1, "not_found": 0}, acked.content
+    stats, _ = _follow(api, schema, ("/api/v1/queues", "post", "201"), "GET stats", {}, created)
+    assert stats.status_code == 200 and stats.json()["depth"] == 0, stats.content
+
+
+def test_the_links_lead_from_a_new_topic_to_a_subscription_and_its_messages(api, unique_name):
+    schema = _schema()
+    topic = unique_name()
+    created = api.post("/api/v1/topics", {"name": topic, "partitions": 1}, format="json")
+    assert created.status_code == 201, created.content
+    sub, params = _follow(api, schema, ("/api/v1/topics", "post", "201"), "POST subscriptions", {}, created)
+    assert params == {"topic": topic} and sub.status_code == 400  # the link gives the topic; the body is the client's
+    sub = api.post(f"/api/v1/topics/{topic}/subscriptions", {"name": "s", "start": "oldest"}, format="json")
+    assert sub.status_code == 201, sub.content
+    published, _ = _follow(api, schema, ("/api/v1/topics", "post", "201"), "POST publish", {}, created)
+    assert published.status_code == 400  # an empty body: the link carries only the name
+    assert api.post(f"/api/v1/topics/{topic}/publish", {"body": "hi"}, format="json").status_code == 201
+    subs = "/api/v1/topics/{topic}/subscriptions"
+    dequeued, params = _follow(api, schema, (subs, "post", "201"), "POST dequeue", {"topic": topic}, sub)
+    assert params == {"topic": topic, "name": "s"}
+    assert dequeued.status_code == 200 and dequeued.json()["messages"][0]["body"] == "hi", dequeued.content
+    acked, _ = _follow(
+        api, schema, (subs + "/{name}/dequeue", "post", "200"), "ack", {"topic": topic, "name": "s"}, dequeued
+    )
+    assert acked.status_code == 200 and acked.json()["acked"] == 1, acked.content
