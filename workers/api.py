@@ -140,10 +140,31 @@ class HeartbeatIn(StrictSerializer):
     held = HeldIn(many=True, required=False, max_length=MAX_RECORDS)
 
 
+class TakeOut(serializers.Serializer):
+    queue = serializers.CharField()
+    partition = serializers.IntegerField()
+    node = serializers.CharField(help_text="the owner's address")
+    depth = serializers.IntegerField()
+
+
+class InstructionsOut(serializers.Serializer):
+    """``services.Instructions`` as the heartbeat answers it."""
+
+    instruction = serializers.ChoiceField(choices=["continue", "take", "sleep"])
+    sleep = serializers.IntegerField(help_text="seconds to sleep (0 unless told to sleep)")
+    take = TakeOut(many=True, help_text="partitions to dequeue from first, at their owners")
+    extended = serializers.ListField(
+        child=serializers.CharField(), help_text="held messages whose visibility was pushed out"
+    )
+    lost = serializers.ListField(
+        child=serializers.CharField(), help_text="held messages no longer this consumer's: do not ack"
+    )
+
+
 class HeartbeatView(APIView):
     @extend_schema(
         request=HeartbeatIn,
-        responses={200: dict},
+        responses={200: InstructionsOut},
         summary="A worker is alive: extend what it holds; continue, take these partitions, or sleep",
     )
     def post(self, request):

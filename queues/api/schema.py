@@ -431,7 +431,138 @@ def _add_links(schema: dict) -> None:
         )
 
 
-def postprocess(result: dict, generator, request, public) -> dict:
+# ------------------------------------------------------------------------ response bodies
+
+
+def type_schema(tp: Any) -> dict:
+    """The JSON schema of a Python type the service answers with (TypedDicts, dataclasses,
+    their fields' types), so the documented answers follow the code's types."""
+    import dataclasses
+    import types
+    import typing
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        schema = type_schema(inner[0]) if len(inner) == 1 else {"anyOf": [type_schema(a) for a in inner]}
+        return {**schema, "nullable": True} if len(inner) < len(args) else schema
+    if origin is typing.Literal:
+        return {"type": "string", "enum": list(args)}
+    if origin is list:
+        return {"type": "array", "items": type_schema(args[0])}
+    if origin is dict:
+        return {"type": "object", "additionalProperties": type_schema(args[1])}
+    if origin in (typing.NotRequired, typing.Required):
+        return type_schema(args[0])
+    if tp is bool:
+        return {"type": "boolean"}
+    if tp is int:
+        return {"type": "integer"}
+    if tp is float:
+        return {"type": "number"}
+    if tp is str:
+        return {"type": "string"}
+    if typing.is_typeddict(tp) or dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp, include_extras=True)
+        if typing.is_typeddict(tp):
+            # From the hints, not __required_keys__: with string annotations (``from __future__
+            # import annotations``) Python 3.11 counts NotRequired keys as required there.
+            required = [k for k, v in hints.items() if typing.get_origin(v) is not typing.NotRequired]
+        else:
+            required = [f.name for f in dataclasses.fields(tp)]
+        return {"type": "object", "properties": {k: type_schema(v) for k, v in hints.items()}, "required": required}
+    return {}
+
+
+def _responses() -> dict[tuple[str, str, str], dict]:
+    from ..service.types import ExpireResult, PartitionOwner, QueueStats, RedriveResult, SubscriptionStats
+
+    expire = type_schema(ExpireResult)
+    expire["required"] = ["expired", "archived"]  # deferred only when a partition's pass failed
+    archived = {
+        "type": "object",
+        "required": ["id", "queue", "partition", "body", "enqueued_at", "archived_at", "replay_count"],
+        "properties": {
+            "id": {"type": "string"},
+            "queue": {"type": "string"},
+            "partition": {"type": "integer"},
+            "group": {"type": "string", "nullable": True},
+            "body": {"type": "string"},
+            "attributes": {"type": "object", "nullable": True},
+            "size": {"type": "integer", "nullable": True},
+            "sequence": {"type": "integer", "nullable": True},
+            "enqueued_at": {"type": "string", "format": "date-time", "nullable": True},
+            "acked_at": {"type": "string", "format": "date-time", "nullable": True},
+            "archived_at": {"type": "string", "format": "date-time", "nullable": True},
+            "replay_count": {"type": "integer"},
+            "last_replayed_at": {"type": "string", "format": "date-time", "nullable": True},
+        },
+    }
+    q = "/api/v1/queues/{name}"
+    s = "/api/v1/topics/{topic}/subscriptions/{name}"
+    return {
+        ("/api/v1/healthz", "get", "200"): {
+            "type": "object",
+            "required": ["status", "node", "address", "partitions"],
+            "properties": {
+                "status": {"type": "string", "enum": ["ok"]},
+                "node": {"type": "string"},
+                "address": {"type": "string"},
+                "partitions": {"type": "integer", "description": "partitions this node serves"},
+            },
+        },
+        (q + "/stats", "get", "200"): type_schema(QueueStats),
+        (s + "/stats", "get", "200"): type_schema(SubscriptionStats),
+        (q + "/partitions", "get", "200"): {
+            "type": "object",
+            "required": ["queue", "partitions"],
+            "properties": {"queue": {"type": "string"}, "partitions": type_schema(list[PartitionOwner])},
+        },
+        (q + "/redrive", "post", "200"): type_schema(RedriveResult),
+        (q + "/expire", "post", "200"): expire,
+        (q + "/purge", "post", "200"): {
+            "type": "object",
+            "required": ["purged"],
+            "properties": {"purged": {"type": "integer", "description": "messages removed"}},
+        },
+        (q + "/partitions/{index}/release", "post", "200"): {
+            "type": "object",
+            "required": ["released", "node"],
+            "properties": {
+                "released": {"type": "boolean"},
+                "node": {"type": "string", "nullable": True, "description": "the node that gave the lease up"},
+            },
+        },
+        ("/api/v1/archive", "get", "200"): {
+            "type": "object",
+            "required": ["messages", "next"],
+            "properties": {
+                "messages": {"type": "array", "items": archived},
+                "next": {"type": "string", "nullable": True, "description": "give it as `after` for the next page"},
+            },
+        },
+        ("/api/v1/archive/replay", "post", "200"): {
+            "type": "object",
+            "required": ["queue", "into", "selected", "replayed", "ids"],
+            "properties": {
+                "queue": {"type": "string"},
+                "into": {"type": "string"},
+                "selected": {"type": "integer"},
+                "replayed": {"type": "integer"},
+                "ids": {"type": "array", "items": {"type": "string"}, "description": "the copies' IDs"},
+            },
+        },
+    }
+
+
+def _document_responses(schema: dict) -> None:
+    for (path, method, status), body in _responses().items():
+        response = schema["paths"].get(path, {}).get(method, {}).get("responses", {}).get(status)
+        if response is not None:
+            response["content"] = {"application/json": {"schema": body}}
+
+
+def postprocess(result: dict, generator: Any, request: Any, public: bool) -> dict:
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     schemas["ErrorDoc"] = ERROR
     schemas["MessageIn"] = MESSAGE_IN
@@ -452,6 +583,7 @@ def postprocess(result: dict, generator, request, public) -> dict:
                 param["schema"] = dict(NAME)
     _close_requests(result)
     _limits(result)
+    _document_responses(result)
     _add_errors(result)
     _add_links(result)
     for (path, _method), op in _operations(result).items():
