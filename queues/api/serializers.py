@@ -183,11 +183,22 @@ class DequeueDoc(serializers.Serializer):
 
 
 class DeliveredDoc(serializers.Serializer):
+    """A delivered message, as ``calls.delivery_json`` answers it."""
+
     id = serializers.CharField()
     receipt = serializers.CharField(help_text="carry it in ack and visibility calls")
     body = serializers.CharField()
     receive_count = serializers.IntegerField()
     enqueued_at = serializers.DateTimeField()
+    sequence = serializers.IntegerField(help_text="its position in its partition")
+    group = serializers.CharField(allow_null=True)
+    attributes = serializers.DictField(help_text="as enqueued ({} when none)")
+    size = serializers.IntegerField(allow_null=True)
+    estimates = serializers.DictField(
+        child=serializers.FloatField(), help_text="preprocess and process seconds: the message's, else the queue's"
+    )
+    history = serializers.JSONField(required=False, help_text="a dead letter's: where it came from")
+    archived = serializers.BooleanField(required=False, help_text="true when it was read from the archive")
 
 
 class DequeueResultDoc(serializers.Serializer):
