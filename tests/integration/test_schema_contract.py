@@ -89,6 +89,9 @@ def test_schemathesis_finds_nothing(tmp_path, superuser_token, redis_client):
         node.stop()
     out = proc.stdout + proc.stderr
     summary = out[out.rfind("SUMMARY") :] if "SUMMARY" in out else out[-3000:]
+    phases = [line.strip() for line in out.splitlines() if re.search(r"\((in [\d.]+s)\)|Scenarios:|API Links:", line)]
+    print("\n".join(phases))
+    print(out[out.find("WARNINGS") : out.find("SUMMARY")] if "WARNINGS" in out else "")
     print(summary)
     print(f"schemathesis: {elapsed:.0f} s, seed {seed}")
     generated = re.search(r"(\d+) generated", summary)
