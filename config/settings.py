@@ -257,6 +257,13 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Enqueue, dequeue and ack over partitioned queues with append-tree tracking.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Request bodies get components of their own (no read-only fields): what a client may send.
+    "COMPONENT_SPLIT_REQUEST": True,
+    # Exact request limits of the message calls, every error status, links (queues/api/schema.py).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "queues.api.schema.postprocess",
+    ],
 }
 
 # --- the rest -----------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -72,7 +72,11 @@ class AttemptOut(serializers.ModelSerializer):
 
 
 class LogsView(APIView):
-    @extend_schema(request=LogsIn, responses={201: dict}, summary="Store attempt records (batches of up to 1,000)")
+    @extend_schema(
+        request=LogsIn,
+        responses={201: inline_serializer("Stored", {"stored": serializers.IntegerField()})},
+        summary="Store attempt records (batches of up to 1,000)",
+    )
     def post(self, request):
         ser = LogsIn(data=request.data)
         ser.is_valid(raise_exception=True)
@@ -84,7 +88,14 @@ class LogsView(APIView):
         return Response({"stored": stored}, status=status.HTTP_201_CREATED)
 
     @extend_schema(
-        responses={200: AttemptOut(many=True)},
+        parameters=[
+            OpenApiParameter("queue", str, description="only this queue's"),
+            OpenApiParameter("message", str, description="only this message's (its ID)"),
+            OpenApiParameter("worker", str, description="only this worker's"),
+            OpenApiParameter("outcome", str, enum=[c for c, _ in AttemptLog.Outcome.choices]),
+            OpenApiParameter("limit", int, description=f"1..{MAX_RECORDS}, default 100"),
+        ],
+        responses={200: inline_serializer("AttemptPage", {"records": AttemptOut(many=True)})},
         summary="Attempt records, newest first: ?queue= &message= &worker= &outcome= &limit=",
     )
     def get(self, request):
@@ -92,6 +103,9 @@ class LogsView(APIView):
         unknown = set(params) - {"queue", "message", "worker", "outcome", "limit"}
         if unknown:
             raise BadRequest(f"unknown filter(s): {', '.join(sorted(unknown))}", "unknown_field")
+        outcome = params.get("outcome")
+        if outcome and outcome not in AttemptLog.Outcome.values:
+            raise BadRequest(f"outcome must be one of {', '.join(AttemptLog.Outcome.values)}", "invalid_outcome")
         try:
             limit = int(params.get("limit", 100))
         except ValueError:
@@ -121,17 +135,38 @@ class HeartbeatIn(StrictSerializer):
     consumer = serializers.CharField(max_length=64)
     name = serializers.CharField(max_length=200, required=False, allow_blank=True)
     hostname = serializers.CharField(max_length=200, required=False, allow_blank=True)
-    pid = serializers.IntegerField(required=False, min_value=0)
+    pid = serializers.IntegerField(required=False, min_value=0, max_value=2**31 - 1)
     queues = serializers.ListField(child=serializers.CharField(max_length=161), max_length=100, required=False)
     load = serializers.FloatField(min_value=0, max_value=1, required=False)
     capacity = serializers.IntegerField(min_value=1, max_value=100_000, required=False)
     held = HeldIn(many=True, required=False, max_length=MAX_RECORDS)
 
 
+class TakeOut(serializers.Serializer):
+    queue = serializers.CharField()
+    partition = serializers.IntegerField()
+    node = serializers.CharField(help_text="the owner's address")
+    depth = serializers.IntegerField()
+
+
+class InstructionsOut(serializers.Serializer):
+    """``services.Instructions`` as the heartbeat answers it."""
+
+    instruction = serializers.ChoiceField(choices=["continue", "take", "sleep"])
+    sleep = serializers.IntegerField(help_text="seconds to sleep (0 unless told to sleep)")
+    take = TakeOut(many=True, help_text="partitions to dequeue from first, at their owners")
+    extended = serializers.ListField(
+        child=serializers.CharField(), help_text="held messages whose visibility was pushed out"
+    )
+    lost = serializers.ListField(
+        child=serializers.CharField(), help_text="held messages no longer this consumer's: do not ack"
+    )
+
+
 class HeartbeatView(APIView):
     @extend_schema(
         request=HeartbeatIn,
-        responses={200: dict},
+        responses={200: InstructionsOut},
         summary="A worker is alive: extend what it holds; continue, take these partitions, or sleep",
     )
     def post(self, request):

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import logging
 
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import IntegrityError
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -70,6 +72,10 @@ _DRF_CODES = {
 }
 
 
+#: InvalidRequest codes that mean "the path names nothing here" (404, not 400).
+NOT_FOUND_CODES = {"is_a_topic", "no_such_partition"}
+
+
 def domain_error(exc) -> tuple[int, dict, dict] | None:
     """``(status, payload, headers)`` for the service's own exceptions, else None."""
     if isinstance(exc, RemoteError):  # another node's answer, passed on as it is
@@ -77,7 +83,17 @@ def domain_error(exc) -> tuple[int, dict, dict] | None:
     if isinstance(exc, Forbidden):
         return 403, {"error": "permission_denied", "detail": str(exc), "missing": exc.action}, {}
     if isinstance(exc, InvalidRequest):
-        return 400, {"error": exc.code, "detail": exc.detail}, {}
+        # The resource in the path is not there: a topic's name under /queues/, a partition
+        # index past the queue's partitions.
+        status_code = 404 if exc.code in NOT_FOUND_CODES else 400
+        return status_code, {"error": exc.code, "detail": exc.detail}, {}
+    if isinstance(exc, DjangoValidationError):  # a model's full_clean, past the serializer
+        detail = exc.message_dict if hasattr(exc, "error_dict") else exc.messages
+        return 400, {"error": "invalid", "detail": detail}, {}
+    if isinstance(exc, ObjectDoesNotExist):  # removed by a concurrent call (a delete racing this one)
+        return 404, {"error": "not_found", "detail": f"removed by a concurrent call: {exc}"}, {}
+    if isinstance(exc, IntegrityError):  # a concurrent change got there first (a race)
+        return 409, {"error": "conflict", "detail": "changed concurrently by another call; retry"}, {}
     if isinstance(exc, Conflict):
         return 409, {"error": exc.code, "detail": exc.detail}, {}
     if isinstance(exc, SubscriptionNotFound):

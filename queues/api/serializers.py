@@ -6,16 +6,80 @@ describe their JSON for the OpenAPI schema.
 
 from __future__ import annotations
 
+from django.core.validators import RegexValidator
 from rest_framework import serializers
 
-from ..models import Queue
+from ..models import QUEUE_NAME_RE, Queue
+
+NAME_RULE = "letters, digits, '_' and '-', at most 80"
+
+
+def _json_type_ok(field: serializers.Field, value) -> bool:
+    """Whether ``value`` has the JSON type the schema gives ``field`` (DRF would coerce
+    ``"5"`` to 5, ``0`` to false, 5 to ``"5"``: the schema says integer, boolean, string)."""
+    if value is None:
+        return True  # DRF decides (allow_null)
+    if isinstance(field, serializers.BooleanField):
+        return isinstance(value, bool)
+    if isinstance(field, serializers.IntegerField):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(field, (serializers.FloatField, serializers.DecimalField)):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(field, (serializers.CharField, serializers.ChoiceField, serializers.DateTimeField)):
+        return isinstance(value, str)
+    if isinstance(field, serializers.RelatedField):
+        return isinstance(value, str)
+    if isinstance(field, serializers.ListField):
+        return isinstance(value, list) and all(_json_type_ok(field.child, v) for v in value)
+    if isinstance(field, (serializers.ListSerializer, serializers.ManyRelatedField)):
+        return isinstance(value, list)
+    return True
+
+
+def _bad_text(value) -> bool:
+    """Text PostgreSQL cannot store: a NUL, or a lone surrogate (not Unicode)."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return True
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, list):
+        return any(_bad_text(v) for v in value)
+    return False
 
 
 class StrictSerializer(serializers.Serializer):
-    """Unknown fields are an error, not silently dropped: a typo must not pass unnoticed."""
+    """Unknown fields are an error, not silently dropped: a typo must not pass unnoticed.
+    Values must have the JSON type of their field (no ``"5"`` for 5, no 0 for false), and text
+    is taken as sent (not trimmed): the API accepts what its OpenAPI schema says, no more."""
+
+    def get_fields(self):
+        fields = super().get_fields()
+        for field in fields.values():
+            for f in (field, getattr(field, "child", None)):
+                if isinstance(f, serializers.CharField):
+                    f.trim_whitespace = False
+        return fields
 
     def to_internal_value(self, data):
         if isinstance(data, dict):
+            wrong = {
+                name: ["wrong JSON type for this field"]
+                for name, value in data.items()
+                if name in self.fields and not _json_type_ok(self.fields[name], value)
+            }
+            wrong.update(
+                {
+                    name: ["text with a NUL character or a lone surrogate (not Unicode)"]
+                    for name, value in data.items()
+                    if name not in wrong and _bad_text(value)
+                }
+            )
+            if wrong:
+                raise serializers.ValidationError(wrong, code="invalid")
             unknown = set(data) - set(self.fields)
             # Read-only fields (name on PATCH, created_at) would be dropped silently: refuse them.
             read_only = {name for name in set(data) & set(self.fields) if self.fields[name].read_only}
@@ -61,6 +125,9 @@ class QueueSerializer(StrictSerializer, serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = ["created_at", "updated_at"]
+        # No uniqueness check here: a taken name is a conflict (409 already_exists), found by
+        # the database itself so that two concurrent creates cannot both pass it.
+        extra_kwargs = {"name": {"validators": [RegexValidator(QUEUE_NAME_RE, NAME_RULE)]}}
 
     def validate(self, attrs):
         def current(field):
@@ -116,11 +183,22 @@ class DequeueDoc(serializers.Serializer):
 
 
 class DeliveredDoc(serializers.Serializer):
+    """A delivered message, as ``calls.delivery_json`` answers it."""
+
     id = serializers.CharField()
     receipt = serializers.CharField(help_text="carry it in ack and visibility calls")
     body = serializers.CharField()
     receive_count = serializers.IntegerField()
     enqueued_at = serializers.DateTimeField()
+    sequence = serializers.IntegerField(help_text="its position in its partition")
+    group = serializers.CharField(allow_null=True)
+    attributes = serializers.DictField(help_text="as enqueued ({} when none)")
+    size = serializers.IntegerField(allow_null=True)
+    estimates = serializers.DictField(
+        child=serializers.FloatField(), help_text="preprocess and process seconds: the message's, else the queue's"
+    )
+    history = serializers.JSONField(required=False, help_text="a dead letter's: where it came from")
+    archived = serializers.BooleanField(required=False, help_text="true when it was read from the archive")
 
 
 class DequeueResultDoc(serializers.Serializer):

@@ -144,11 +144,8 @@ class PublishView(CallView):
 class RefreshView(APIView):
     permission_classes = [IsClusterPeerOrStaff]
 
-    @extend_schema(
-        request=None,
-        responses={200: dict, **ERRORS},
-        summary="(nodes) the topic's subscriptions changed: reopen its partitions held here",
-    )
+    # Between nodes only, not part of the public API (and not in its schema).
+    @extend_schema(exclude=True)
     def post(self, request, name):
         who = caller(request, node_only=True)
         service.get_queue(name, Queue.Kind.TOPIC, caller=who)

@@ -95,7 +95,7 @@ def _short_text(item: dict, name: str, where: str) -> str | None:
 
 
 def _not_before(item: dict, cfg: QueueConfig, now: float, where: str) -> float | None:
-    if item.get("delay") is not None and item.get("not_before") is not None:
+    if "delay" in item and "not_before" in item:  # even with one null: the schema says "not both"
         raise BadRequest(f"{where}: give delay or not_before, not both", "invalid_delay")
     horizon = LIMITS["delay"][1]
     if item.get("not_before") is not None:

@@ -63,7 +63,7 @@ def create_queue(*, caller: Caller, **fields: Any) -> Queue:
     this node claims its share of the partitions at once. Any authenticated caller may create
     one; it is recorded as the creator (``created_by``), who may manage it. Raises
     ``access.Forbidden`` (an anonymous caller), django's ValidationError, Conflict
-    (``queue_exists``: created meanwhile by another call; ``concurrent_change``: e.g. its
+    (``already_exists``: the name is taken, also by a concurrent create; ``concurrent_change``: e.g. its
     dead-letter queue was deleted meanwhile)."""
     if caller.user_id is None and not caller.system:
         raise Forbidden(caller, "create", str(fields.get("name", "")))
@@ -86,11 +86,11 @@ def create_queue(*, caller: Caller, **fields: Any) -> Queue:
             audit.record(caller, "create", q.name, kind=q.kind, partitions=q.partitions)
     except ValidationError as exc:
         if "name" in getattr(exc, "error_dict", {}) and Queue.objects.filter(name=name).exists():
-            raise Conflict(f"a queue named {name!r} was created meanwhile", "queue_exists") from exc
+            raise Conflict(f"a queue or topic named {name!r} exists", "already_exists") from exc
         raise
     except IntegrityError as exc:
         if Queue.objects.filter(name=name).exists():
-            raise Conflict(f"a queue named {name!r} was created meanwhile", "queue_exists") from exc
+            raise Conflict(f"a queue or topic named {name!r} exists", "already_exists") from exc
         raise Conflict(f"{name}: a queue it names was changed meanwhile; retry ({exc})", "concurrent_change") from exc
     get_runtime().queue_created(q)
     return q

@@ -467,8 +467,9 @@ CASES += [
     C("create-name-dot", "POST", API, {"name": "a.b"}, 400, "invalid"),
     C("create-name-nul", "POST", API, {"name": "a\x00b"}, 400, "invalid"),
     C("create-name-null", "POST", API, {"name": None}, 400, "invalid"),
-    C("create-duplicate", "POST", API, {"name": "{q}"}, 400, "invalid"),
-    C("create-duplicate-other-settings", "POST", API, {"name": "{q}", "partitions": 1}, 400, "invalid"),
+    # a taken name is a conflict with what exists (409), as two concurrent creates find it
+    C("create-duplicate", "POST", API, {"name": "{q}"}, 409, "already_exists"),
+    C("create-duplicate-other-settings", "POST", API, {"name": "{q}", "partitions": 1}, 409, "already_exists"),
     C("create-unknown-field", "POST", API, {"name": "fresh-one", "colour": "red"}, 400, "invalid"),
     C(
         "create-read-only-field",

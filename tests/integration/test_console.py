@@ -142,7 +142,7 @@ def test_bad_purge_and_release_requests_are_refused(staff_api, make_queue, runti
     assert staff_api.post(f"/api/v1/queues/{name}/purge", [1], format="json").status_code == 400
     assert staff_api.post("/api/v1/queues/nope/purge", {}, format="json").status_code == 404
     r = staff_api.post(f"/api/v1/queues/{name}/partitions/7/release", {}, format="json")
-    assert r.status_code == 400 and r.json()["error"] == "no_such_partition"
+    assert r.status_code == 404 and r.json()["error"] == "no_such_partition"
     assert staff_api.get(f"/api/v1/queues/{name}/stats").json()["depth"] == 2
 
 

@@ -377,7 +377,7 @@ def test_create_racing_create_answers_409(ops, unique_name):
         r = ops.post(API, {"name": name, "partitions": 2}, format="json")
     # then
     assert done
-    assert_error(r, 409, "queue_exists")
+    assert_error(r, 409, "already_exists")
     assert Queue.objects.get(name=name).partitions == 1
 
 

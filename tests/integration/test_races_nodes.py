@@ -37,7 +37,7 @@ RACE_ANSWERS = {
     (404, "queue_not_found"),
     (409, "receipt_mismatch"),
     (409, "partitions_changed"),
-    (409, "queue_exists"),
+    (409, "already_exists"),
     (409, "not_owned"),
     # an ack of a deleted queue's message, once a new queue of the name has fewer partitions
     (400, "invalid_id"),

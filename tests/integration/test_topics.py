@@ -183,9 +183,9 @@ def test_bad_topic_calls_are_refused(api, make_topic, make_queue, runtime, purge
     topic = make_topic(["a"], partitions=1)
     queue = make_queue(partitions=1)
     _publish(api, topic, ["x"])
-    # a topic is read through a subscription only
+    # a topic is read through a subscription only: under /queues/ it is not found, and says why
     r = api.post(f"/api/v1/queues/{topic}/dequeue", {}, format="json")
-    assert r.status_code == 400 and r.json()["error"] == "is_a_topic"
+    assert r.status_code == 404 and r.json()["error"] == "is_a_topic"
     assert api.post(f"/api/v1/topics/{topic}/subscriptions/nope/dequeue", {}, format="json").status_code == 404
     assert api.post(f"/api/v1/topics/{queue}/publish", {"body": "x"}, format="json").status_code == 404
     assert api.post(f"/api/v1/topics/{queue}/subscriptions", {"name": "s"}, format="json").status_code == 404
