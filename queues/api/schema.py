@@ -265,6 +265,10 @@ _NO_400 = {"/api/v1/queues/{name}/partitions/{index}/release", "/api/v1/queues/{
 _NO_409 = {"/api/v1/logs", "/api/v1/consumers/heartbeat"}
 
 
+#: Operations whose body names a queue (404 when there is none, or the caller may not see it).
+_NAMES_IN_BODY = {"/api/v1/archive/replay"}
+
+
 def _statuses(path: str, method: str, op: dict) -> list[int]:
     """The error statuses an operation can answer."""
     if not op.get("security") or op.get("security") == [{}]:
@@ -275,7 +279,7 @@ def _statuses(path: str, method: str, op: dict) -> list[int]:
     if (writes and path not in _NO_400) or (method == "get" and op.get("parameters")):
         if not (method == "delete"):
             out.append(400)
-    if "{" in path:
+    if "{" in path or path in _NAMES_IN_BODY:
         out.append(404)
     if writes and path not in _NO_409:
         out.append(409)
