@@ -104,7 +104,7 @@ class LogsView(APIView):
         if unknown:
             raise BadRequest(f"unknown filter(s): {', '.join(sorted(unknown))}", "unknown_field")
         outcome = params.get("outcome")
-        if outcome and outcome not in AttemptLog.Outcome.values:
+        if outcome is not None and outcome not in AttemptLog.Outcome.values:  # "" too: no such outcome
             raise BadRequest(f"outcome must be one of {', '.join(AttemptLog.Outcome.values)}", "invalid_outcome")
         try:
             limit = int(params.get("limit", 100))

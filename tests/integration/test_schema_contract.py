@@ -9,8 +9,11 @@ subscription, then call what takes its name; enqueue, dequeue, then ack or chang
 visibility of what was received. ``tests/integration/schemathesis.toml`` holds the settings
 and says why each is there.
 
-The seed is printed (and taken from ``MQ_SCHEMA_SEED`` when set) so a failure can be
-replayed: ``MQ_SCHEMA_SEED=<seed> scripts/test.sh tests/integration/test_schema_contract.py``.
+The seed is printed so a failure can be replayed:
+``MQ_SCHEMA_SEED=<seed> scripts/test.sh tests/integration/test_schema_contract.py``. The suite
+runs a fixed seed (``FIXED_SEED``), so a red run is the change's and not the dice's; explore new
+cases with ``MQ_SCHEMA_SEED=random`` and add what they find as fixes (and, once fixed, may move
+``FIXED_SEED`` to that seed).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from queues.testing import NodeProcess
 from .nodes import local_node_env
 
 HERE = Path(__file__).resolve().parent
+#: the suite's seed: it found the empty `outcome=` that /logs accepted (fixed since).
+FIXED_SEED = 1770479938
 REPO = HERE.parents[1]
 #: Cases per operation and phase; with 4 workers the run takes about 1.5 minutes on 2 cores.
 CASES = int(os.environ.get("MQ_SCHEMA_CASES", "20"))
@@ -48,7 +53,8 @@ def superuser_token(transactional_db):
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_schemathesis_finds_nothing(tmp_path, superuser_token, redis_client):
-    seed = int(os.environ.get("MQ_SCHEMA_SEED") or random.randrange(2**31))
+    chosen = os.environ.get("MQ_SCHEMA_SEED", "")
+    seed = random.randrange(2**31) if chosen == "random" else int(chosen or FIXED_SEED)
     print(f"schemathesis seed: {seed} (replay: MQ_SCHEMA_SEED={seed})")
     node = NodeProcess(local_node_env(tmp_path), tmp_path).start()
     try:

@@ -231,9 +231,9 @@ def test_errors_are_typed_and_4xx_are_not_retried(cluster, token):
     with pytest.raises(sdk.BadRequest) as exc:
         mq.dequeue(name, 0)
     assert exc.value.code == "out_of_range"
-    with pytest.raises(sdk.BadRequest) as exc:
+    with pytest.raises(sdk.Conflict) as exc:
         mq.create_queue(name)  # taken
-    assert "name" in exc.value.detail
+    assert exc.value.status == 409 and exc.value.code == "already_exists" and name in exc.value.detail
     assert len(calls) == 4
     # 409: a stale receipt, after the message was delivered again
     mid = mq.enqueue(name, "x")
