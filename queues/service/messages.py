@@ -147,24 +147,26 @@ def _enqueue_somewhere(
     """
     rt = get_runtime()
     messages = [_stored(d, now) for d in drafts]
-    forward = [_without_dedup(d) for d in drafts]
     if index is None:
         return _local_or_forward(
             cfg,
             hops,
             lambda even_if_cooling: _enqueue_any_local(cfg.name, messages, even_if_cooling=even_if_cooling),
-            lambda address: get_peers().enqueue(address, cfg.name, forward, hops, caller),
+            lambda address: get_peers().enqueue(address, cfg.name, _without_dedup(drafts), hops, caller),
         )
     if (cfg.name, index) in rt.managers or hops >= MAX_HOPS:
         return rt.manager(cfg.name, index).enqueue(messages)
     address = rt.router.owner_of(cfg.id, cfg.name, index)
     if address is None:
         raise _unserved(cfg.name, f"partition {cfg.name}/{index} has no live owner now; retry")
-    return get_peers().enqueue(address, cfg.name, forward, hops, caller)
+    return get_peers().enqueue(address, cfg.name, _without_dedup(drafts), hops, caller)
 
 
-def _without_dedup(d: MessageDraft) -> MessageDraft:
-    return MessageDraft(d.body, d.group, None, d.not_before, d.attributes, d.size, d.estimates, d.history)
+def _without_dedup(drafts: list[MessageDraft]) -> list[MessageDraft]:
+    """The drafts as forwarded (built only when forwarding: most enqueues are served here)."""
+    return [
+        MessageDraft(d.body, d.group, None, d.not_before, d.attributes, d.size, d.estimates, d.history) for d in drafts
+    ]
 
 
 def _enqueue_any_local(queue: str, messages: list[StoredMessage], *, even_if_cooling: bool = False) -> list[str]:
