@@ -740,8 +740,9 @@ class Client:
         process_estimate: float | None = _UNSET,
         archive: str = _UNSET,
     ) -> Queue:
-        """Create a queue; settings left out take the service's defaults. ``BadRequest`` if the
-        name is taken or a setting is out of range (``detail`` names the fields)."""
+        """Create a queue; settings left out take the service's defaults. ``Conflict`` (409
+        ``already_exists``) if the name is taken, ``BadRequest`` if a setting is out of range
+        (``detail`` names the fields)."""
         settings = {k: v for k, v in locals().items() if k in _QUEUE_FIELDS and v is not _UNSET}
         return Queue.from_json(self._call("POST", "queues", {"name": name, **settings}))
 
