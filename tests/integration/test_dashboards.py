@@ -76,6 +76,19 @@ def _handler(queue: str, failed_once: set[str]) -> Handler:
     return Handler(queue, process, preprocess)
 
 
+def _median_process(attempts, bucket) -> float:
+    """The lower median of the processing time of ``attempts`` that finished in ``bucket``."""
+    start = bucket.bucket_start
+    end = start + timedelta(seconds=bucket.bucket_seconds)
+    durations = sorted(
+        (a.process_ended_at - a.process_started_at).total_seconds()
+        for a in attempts
+        if a.process_ended_at and a.process_started_at and start <= a.process_ended_at < end
+    )
+    assert durations, "the busiest bucket holds processed attempts"
+    return durations[(len(durations) - 1) // 2]
+
+
 def test_traffic_then_refresh_shows_figures_and_learns_estimates(
     node, token, unique_name, admin_client, spark, redis_client
 ):
@@ -136,8 +149,11 @@ def test_traffic_then_refresh_shows_figures_and_learns_estimates(
     assert sum(b.failed for b in buckets) == 3 and sum(b.retries for b in buckets) == 3
     busiest = max(buckets, key=lambda b: b.attempts)
     assert busiest.failure_rate == pytest.approx(busiest.failed / busiest.attempts)
-    # processing takes 4..64 ms plus sleep overshoot: the median is near 4 + 30 ms
-    assert 0.025 < busiest.process_p50 < 0.09 and busiest.process_p50 <= busiest.process_p95 <= busiest.process_p99
+    # the bucket's median processing time is the median of the attempts that finished in it (a
+    # run that straddles a minute splits the sizes between two buckets, so no fixed bound holds);
+    # percentile_approx answers the lower median, an element of the data
+    assert busiest.process_p50 == pytest.approx(_median_process(logged, busiest), abs=1e-3)
+    assert BASE <= busiest.process_p50 < 0.09 and busiest.process_p50 <= busiest.process_p95 <= busiest.process_p99
     assert busiest.wait_p50 is not None and busiest.wait_p50 >= 0
     # and the end-to-end latency of every message, from the archive
     assert run.archived_read >= MESSAGES
