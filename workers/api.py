@@ -82,7 +82,7 @@ class LogsView(APIView):
         ser.is_valid(raise_exception=True)
         reports = [services.AttemptReport(**r) for r in ser.validated_data["records"]]
         try:
-            stored = services.record_attempts(reports)
+            stored = services.record_attempts(reports, caller=request_caller(request.user))
         except services.InvalidAttempt as exc:
             raise BadRequest(f"records: {exc}") from None
         return Response({"stored": stored}, status=status.HTTP_201_CREATED)

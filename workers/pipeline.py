@@ -356,6 +356,11 @@ class Pipeline:
         try:
             self.client.send_logs(batch)
         except Exception as exc:  # noqa: BLE001 - keep them for the next flush
+            if 400 <= getattr(exc, "status", 0) < 500 and exc.status not in (408, 429):
+                # refused for good (a queue deleted meanwhile, a right taken away): sending the
+                # same batch again would be refused again and hold every later record behind it
+                log.error("dropping %d log records the service refused: %s", len(batch), exc)
+                return
             log.warning("sending %d log records: %s", len(batch), exc)
             with self._logs_lock:
                 self._logs[:0] = batch

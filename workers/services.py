@@ -73,14 +73,17 @@ class AttemptReport:
     size: int | None = None
 
 
-def record_attempts(reports: Sequence[AttemptReport]) -> int:
+def record_attempts(reports: Sequence[AttemptReport], *, caller: Caller) -> int:
     """Store a worker's attempt reports; returns how many were stored.
 
-    All or none: every report is checked before one bulk INSERT (a single statement, so no
-    transaction is needed around it). No lock: attempt records are only ever appended.
+    All or none: every report is checked, then the caller's right to ``consume`` each queue the
+    reports name (a worker reports attempts on what it consumed; nobody else writes a queue's
+    log), then one bulk INSERT (a single statement, so no transaction is needed around it). No
+    lock: attempt records are only ever appended.
 
     Raises :class:`InvalidAttempt` (nothing stored) when a report names no message ID, has an
-    unknown outcome, or ends a phase before it starts.
+    unknown outcome, or ends a phase before it starts; ``QueueNotFound`` (a queue that does not
+    exist, or that the caller may not read) and ``access.Forbidden`` (it lacks ``consume``).
     """
     rows = []
     for r in reports:
@@ -114,6 +117,8 @@ def record_attempts(reports: Sequence[AttemptReport]) -> int:
                 size=r.size,
             )
         )
+    for queue in sorted({row.queue for row in rows}):
+        service.authorize(queue, "consume", caller=caller)
     return len(AttemptLog.objects.bulk_create(rows))
 
 

@@ -266,7 +266,8 @@ _NO_409 = {"/api/v1/logs", "/api/v1/consumers/heartbeat"}
 
 
 #: Operations whose body names a queue (404 when there is none, or the caller may not see it).
-_NAMES_IN_BODY = {"/api/v1/archive/replay"}
+#: POST /logs names them in its records' message IDs.
+_NAMES_IN_BODY = {"/api/v1/archive/replay", "/api/v1/logs"}
 
 
 def _statuses(path: str, method: str, op: dict) -> list[int]:
@@ -279,7 +280,7 @@ def _statuses(path: str, method: str, op: dict) -> list[int]:
     if (writes and path not in _NO_400) or (method == "get" and op.get("parameters")):
         if not (method == "delete"):
             out.append(400)
-    if "{" in path or path in _NAMES_IN_BODY:
+    if "{" in path or (path in _NAMES_IN_BODY and has_body):
         out.append(404)
     if writes and path not in _NO_409:
         out.append(409)

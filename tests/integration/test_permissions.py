@@ -342,6 +342,37 @@ def test_the_attempt_log_and_the_archive_list_only_what_the_caller_may_read(runt
     assert {x["queue"] for x in c.get("/api/v1/logs").json()["records"]} >= {a, b}
 
 
+@pytest.mark.django_db
+def test_only_a_consumer_of_a_queue_writes_its_attempt_log(runtime, purge_kv):
+    from django.contrib.auth.models import User
+
+    from workers.models import AttemptLog
+
+    from .wsgi_client import token_client
+
+    owner = User.objects.create(username=f"o-{uuid.uuid4().hex[:6]}")
+    stranger = User.objects.create(username=f"s-{uuid.uuid4().hex[:6]}")
+    name = f"logged-{uuid.uuid4().hex[:6]}"
+    c = token_client("drf", owner)
+    assert c.post("/api/v1/queues", {"name": name, "partitions": 1}, format="json").status_code == 201
+    mid = c.post(f"/api/v1/queues/{name}/enqueue", {"body": "x"}, format="json").json()["id"]
+    record = {"message_id": mid, "attempt": 1, "outcome": "failed", "error": "forged"}
+    s = token_client("drf", stranger)
+    # a stranger cannot write (nor learn of) the queue's log
+    r = s.post("/api/v1/logs", {"records": [record]}, format="json")
+    assert r.status_code == 404 and r.json()["error"] == "queue_not_found"
+    # reading is not enough: writing the log is part of consuming
+    Grant.objects.create(user=stranger, queue=Queue.objects.get(name=name), action="read")
+    r = s.post("/api/v1/logs", {"records": [record]}, format="json")
+    assert r.status_code == 403 and r.json()["missing"] == "consume"
+    assert not AttemptLog.objects.filter(queue=name).exists()
+    # with consume it may, and so may the owner
+    Grant.objects.create(user=stranger, queue=Queue.objects.get(name=name), action="consume")
+    assert s.post("/api/v1/logs", {"records": [record]}, format="json").status_code == 201
+    assert c.post("/api/v1/logs", {"records": [record]}, format="json").status_code == 201
+    assert AttemptLog.objects.filter(queue=name).count() == 2
+
+
 # --- forwarded calls, on two node processes --------------------------------------------------------
 
 

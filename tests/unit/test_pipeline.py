@@ -22,7 +22,7 @@ import pytest
 from queues.testing import FakeMessage
 from workers.handlers import Handler
 from workers.pipeline import Pipeline
-from workers.sdk import Estimates
+from workers.sdk import ApiError, Estimates, Unavailable
 
 TOL = 0.08  # scheduling slack on a busy 2-core machine; the delays below are 3-10x larger
 
@@ -474,3 +474,26 @@ def test_stop_finishes_current_gives_back_next_and_flushes_logs():
     assert client.outstanding == 0
     recs = client.records()  # sent by stop(): the flusher had not run yet
     assert [(r["message_id"], r["outcome"]) for r in recs] == [(a, "succeeded")]
+
+
+@pytest.mark.parametrize(
+    "error, kept",
+    [
+        (ApiError(404, "queue_not_found"), False),
+        (ApiError(403, "permission_denied"), False),
+        (Unavailable(503, "x"), True),
+    ],
+)
+def test_log_records_the_service_refuses_are_dropped_and_outages_retried(error, kept):
+    client = FakeClient()
+    pipe = make_pipeline(client, sleeping_handler(calls=Calls()))
+    pipe._logs.append({"message_id": "q/0/0/0", "attempt": 1, "outcome": "failed"})
+
+    def refuse(records):
+        raise error
+
+    client.send_logs = refuse
+    pipe._flush_logs()
+    # a refusal for good drops the batch (sending it again would only be refused again and hold
+    # every later record behind it); an outage keeps it for the next flush
+    assert len(pipe._logs) == (1 if kept else 0)
