@@ -24,12 +24,12 @@ import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
 
 import boto3
 from botocore.config import Config
-
-from bench.common import BenchNode, fmt_rate, fmt_ratio, log, median
+from common import BenchNode, fmt_rate, fmt_ratio, log, median
 
 BATCH = 10
 
