@@ -245,6 +245,12 @@ def _redrive_policy(value: str, ctx: Context) -> tuple[Any, int]:
     return dlq, count
 
 
+def _attribute_integer(name: str, value: str, low: int, high: int) -> int:
+    if not value.strip().isdigit() or not low <= int(value) <= high:
+        raise SQSError("InvalidAttributeValue", f"Invalid value for the parameter {name}: {low} to {high}.")
+    return int(value)
+
+
 def _checked_attributes(attrs: Any, ctx: Context, *, fifo: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """(queue fields, QueueSettings fields) of CreateQueue's or SetQueueAttributes' attributes."""
     if attrs is None:
@@ -257,12 +263,9 @@ def _checked_attributes(attrs: Any, ctx: Context, *, fifo: bool) -> tuple[dict[s
     for name, value in attrs.items():
         if name in QUEUE_FIELDS:
             field, low, high = QUEUE_FIELDS[name]
-            number = _integer({name: value}, name, low, high)
-            if number is None:
-                raise SQSError("InvalidAttributeValue", f"Invalid value for the parameter {name}.")
-            fields[field] = number
+            fields[field] = _attribute_integer(name, value, low, high)
         elif name == "ReceiveMessageWaitTimeSeconds":
-            extra["receive_wait"] = _integer({name: value}, name, 0, MAX_WAIT)
+            extra["receive_wait"] = _attribute_integer(name, value, 0, MAX_WAIT)
         elif name == "RedrivePolicy":
             if value == "":
                 fields["dead_letter_queue"], fields["max_receives"] = None, None
@@ -999,9 +1002,25 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     return {"Messages": messages} if messages else {}
 
 
+#: the service's reason for a receipt whose message is not in flight: acknowledged already.
+_NOT_IN_FLIGHT = "not in flight"
+
+
 def _ack(q: Any, ctx: Context, items: list[tuple[service.MessageId, str]]) -> None:
+    """Acknowledge; one message deleted already succeeds (SQS: a repeated delete does), one
+    received again since is ReceiptHandleIsInvalid. A batch refused as a whole is retried
+    entry by entry by the caller."""
     with service_errors():
-        service.ack(q.name, items, caller=ctx.caller)
+        try:
+            service.ack(q.name, items, caller=ctx.caller)
+        except service.ReceiptMismatch as exc:
+            if len(items) == 1 and exc.reason.startswith(_NOT_IN_FLIGHT):
+                return
+            raise
+        except service.RemoteError as exc:
+            if len(items) == 1 and exc.status == 409 and _NOT_IN_FLIGHT in json.dumps(exc.payload):
+                return
+            raise
 
 
 def delete_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
