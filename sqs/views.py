@@ -8,6 +8,7 @@ A store or database outage is ServiceUnavailable (503, Retry-After), never a 500
 
 from __future__ import annotations
 
+import importlib
 import logging
 import uuid
 from typing import Any
@@ -24,10 +25,16 @@ from . import actions, sigv4, wire
 from .errors import SQSError
 from .models import AccessKey
 
-try:  # the query protocol's codec (``Action=...`` form posts, XML answers)
-    from . import query
+#: The query protocol's codec (``Action=...`` form posts, XML answers), pure functions:
+#: ``decode_request(form: dict[str, str]) -> (action, params)`` (params in the JSON protocol's
+#: shape), ``encode_response(action, result, request_id) -> (status, headers, body)`` and
+#: ``encode_error(err: SQSError, request_id) -> (status, headers, body)``. Without it, only
+#: the JSON protocol is served.
+query: Any
+try:
+    query = importlib.import_module("sqs.query")
 except ImportError:  # pragma: no cover - not there yet
-    query = None  # type: ignore[assignment]
+    query = None
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +74,8 @@ def _authenticate(request: HttpRequest, headers: dict[str, str], body: bytes) ->
     return keys[cred.access_key_id], cred
 
 
-def _respond(status: int, headers: dict[str, str], body: bytes, request_id: str) -> HttpResponse:
+def _respond(answer: tuple[int, dict[str, str], bytes], request_id: str) -> HttpResponse:
+    status, headers, body = answer
     response = HttpResponse(body, status=status)
     for k, v in headers.items():
         response[k] = v
@@ -112,12 +120,12 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
         log.exception("SQS call failed")
         return _error(SQSError("InternalFailure", "The request processing has failed."), json_protocol, request_id)
     if json_protocol:
-        return _respond(*wire.encode(result), request_id)
+        return _respond(wire.encode(result), request_id)
     assert query is not None
-    return _respond(*query.encode_response(action, result, request_id), request_id)
+    return _respond(query.encode_response(action, result, request_id), request_id)
 
 
 def _error(err: SQSError, json_protocol: bool, request_id: str) -> HttpResponse:
     if json_protocol or query is None:
-        return _respond(*wire.encode_error(err), request_id)
-    return _respond(*query.encode_error(err, request_id), request_id)
+        return _respond(wire.encode_error(err), request_id)
+    return _respond(query.encode_error(err, request_id), request_id)
