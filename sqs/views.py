@@ -15,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from queues import service
@@ -81,6 +81,15 @@ def _respond(answer: tuple[int, dict[str, str], bytes], request_id: str) -> Http
         response[k] = v
     response["x-amzn-RequestId"] = request_id
     return response
+
+
+@csrf_exempt
+def root(request: HttpRequest) -> HttpResponse:
+    """``/``: an SQS call (a POST, or a GET naming an ``Action``) goes to :func:`endpoint`;
+    anything else is not found, as before the SQS API existed."""
+    if request.method == "POST" or "Action" in request.GET:
+        return endpoint(request)
+    raise Http404("nothing here: the API is under /api/v1/, the console under /admin/")
 
 
 @csrf_exempt

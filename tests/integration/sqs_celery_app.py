@@ -28,7 +28,7 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     task_default_queue=os.environ.get("MQ_SQS_QUEUE", "sqs-celery"),
     task_ignore_result=True,
-    worker_prefetch_multiplier=1,
+    worker_prefetch_multiplier=4,  # up to 8 messages per ReceiveMessage with two processes
     worker_hijack_root_logger=False,
 )
 

@@ -99,7 +99,7 @@ def _ran(out: Path) -> Counter:
     return done
 
 
-def test_a_celery_worker_runs_every_task_once_over_sqs(node, access_key, tmp_path):
+def test_a_celery_worker_runs_every_task_once_over_sqs(node, access_key, tmp_path, monkeypatch):
     queue = f"celery-{uuid.uuid4().hex[:8]}"
     out = tmp_path / "ran"
     out.mkdir()
@@ -111,12 +111,17 @@ def test_a_celery_worker_runs_every_task_once_over_sqs(node, access_key, tmp_pat
         "MQ_SQS_OUT": str(out),
         "MQ_SQS_VISIBILITY": str(VISIBILITY),
     }
-    os.environ.update({k: env[k] for k in ("MQ_SQS_BROKER_URL", "MQ_SQS_QUEUE", "MQ_SQS_OUT", "MQ_SQS_VISIBILITY")})
+    # Celery's CELERY_BROKER_URL wins over the app's broker_url: the suite's (Redis) must go
+    env.pop("CELERY_BROKER_URL", None)
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+    for k in ("MQ_SQS_BROKER_URL", "MQ_SQS_QUEUE", "MQ_SQS_OUT", "MQ_SQS_VISIBILITY"):
+        monkeypatch.setenv(k, env[k])
     from tests.integration.sqs_celery_app import app, record
 
     app.conf.broker_url = env["MQ_SQS_BROKER_URL"]
     app.conf.task_default_queue = queue
     app.conf.broker_transport_options = _transport_options()
+    assert app.connection_for_write().as_uri().startswith("sqs://")
     # given 500 tasks and one that runs longer than the queue's visibility timeout, published
     # through kombu's SQS transport
     record.delay(-1, sleep=LONG_SLEEP)
@@ -139,4 +144,5 @@ def test_a_celery_worker_runs_every_task_once_over_sqs(node, access_key, tmp_pat
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=5)
-    assert "Traceback" not in (tmp_path / "celery.log").read_text(errors="replace")
+    log = (tmp_path / "celery.log").read_text(errors="replace")
+    assert "transport:   sqs://" in log and "Traceback" not in log
