@@ -15,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from queues import service
@@ -129,3 +129,11 @@ def _error(err: SQSError, json_protocol: bool, request_id: str) -> HttpResponse:
     if json_protocol or query is None:
         return _respond(wire.encode_error(err), request_id)
     return _respond(query.encode_error(err, request_id), request_id)
+
+
+@csrf_exempt
+def root_endpoint(request: HttpRequest) -> HttpResponse:
+    """``POST /``: the SQS endpoint for clients configured with a host and port only."""
+    if request.method != "POST":
+        raise Http404("nothing here: the REST API is under /api/v1/, the SQS API under /sqs/")
+    return endpoint(request)

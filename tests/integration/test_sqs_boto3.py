@@ -546,6 +546,24 @@ def test_messages_cross_between_boto3_and_the_rest_api(node):
     assert [(x["body"], x["group"]) for x in r.json()["messages"]] == [("f", "g")]
 
 
+def test_the_endpoint_answers_at_the_root_too(node):
+    # kombu's SQS transport (so Celery) takes a host and port only and posts to /
+    key = AccessKey.issue(_user())
+    at_root = boto3.client(
+        "sqs",
+        endpoint_url=node.url,
+        region_name="eu-west-1",
+        aws_access_key_id=key.access_key_id,
+        aws_secret_access_key=key.secret,
+    )
+    url = at_root.create_queue(QueueName=_name())["QueueUrl"]
+    assert url.startswith(f"{node.url}/sqs/000000000000/")
+    at_root.send_message(QueueUrl=url, MessageBody="via /")
+    (m,) = _client(node, key).receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
+    assert m["Body"] == "via /"
+    assert requests.get(f"{node.url}/", timeout=10).status_code == 404
+
+
 # --- outage -------------------------------------------------------------------------------------
 def test_a_store_outage_is_service_unavailable_never_500(transactional_db, tmp_path, redis_client):
     # given a node whose key-value store is unreachable (nothing listens on its Redis port)
