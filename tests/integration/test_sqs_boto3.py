@@ -405,6 +405,10 @@ def test_dead_letter_queue_by_redrive_policy_and_the_move_back(sqs):
     assert back["Body"] == "poison"
     assert "Messages" not in sqs.receive_message(QueueUrl=dlq_url, WaitTimeSeconds=1)
 
+    # a FIFO queue's dead-letter queue is a FIFO queue
+    with pytest.raises(ClientError) as exc:
+        sqs.create_queue(QueueName=_name("f") + ".fifo", Attributes={"FifoQueue": "true", "RedrivePolicy": policy})
+    assert _code(exc) == "InvalidParameterValue"
     # "" removes the policy
     sqs.set_queue_attributes(QueueUrl=url, Attributes={"RedrivePolicy": ""})
     assert "RedrivePolicy" not in sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
