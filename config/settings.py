@@ -100,6 +100,7 @@ INSTALLED_APPS = [
     "workers",
     "consoles",
     "archive",
+    "sqs",
 ]
 
 MIDDLEWARE = [
@@ -286,3 +287,6 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
     "loggers": {"django.request": {"level": "ERROR"}},
 }
+
+# The SQS API (``sqs/``): the account ID in its queue URLs and ARNs (one account: the node's).
+SQS_ACCOUNT_ID = env("SQS_ACCOUNT_ID", "000000000000")

@@ -7,6 +7,7 @@ urlpatterns = [
     path("api/v1/", include("queues.api.urls")),
     path("api/v1/", include("workers.urls")),
     path("api/v1/", include("archive.urls")),
+    path("", include("sqs.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
 ]

@@ -13,6 +13,8 @@ ack, visibility, the dead-letter move), ``operations`` (purge, redrive, expire, 
 node).
 """
 
+from ..kv import KVError
+from ..messages import MessageId, parse_message_id
 from .descriptions import (
     create_queue,
     create_subscription,
@@ -63,7 +65,9 @@ __all__ = [
     "Conflict",
     "ExpireResult",
     "InvalidRequest",
+    "KVError",
     "MessageDraft",
+    "MessageId",
     "NotServedHere",
     "PartitionFigures",
     "PartitionOwner",
@@ -99,6 +103,7 @@ __all__ = [
     "grant",
     "iso",
     "list_queues",
+    "parse_message_id",
     "partition_owners",
     "publish",
     "purge",

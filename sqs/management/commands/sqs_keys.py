@@ -1,0 +1,58 @@
+"""``manage.py sqs_keys create <user> [--description D]`` | ``list [<user>]`` | ``revoke <key id or user>``."""
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from sqs.models import AccessKey
+
+
+class Command(BaseCommand):
+    help = "Create, list and revoke the SQS API's access keys (SigV4) of the service's users."
+
+    def add_arguments(self, parser):
+        sub = parser.add_subparsers(dest="command", required=True)
+        create = sub.add_parser("create", help="a new key pair for a user (the secret is printed once)")
+        create.add_argument("user")
+        create.add_argument("--description", default="")
+        listing = sub.add_parser("list", help="keys with their last use")
+        listing.add_argument("user", nargs="?")
+        revoke = sub.add_parser("revoke", help="revoke one key by its ID, or every key of a user")
+        revoke.add_argument("key_or_user")
+
+    def handle(self, *args, **opts):
+        return getattr(self, f"_{opts['command']}")(opts)
+
+    def _user(self, name):
+        user = get_user_model().objects.filter(username=name).first()
+        if user is None:
+            raise CommandError(f"no user {name!r}")
+        return user
+
+    def _create(self, opts):
+        key = AccessKey.issue(self._user(opts["user"]), opts["description"])
+        self.stdout.write(f"aws_access_key_id = {key.access_key_id}\naws_secret_access_key = {key.secret}")
+
+    def _list(self, opts):
+        rows = AccessKey.objects.select_related("user")
+        if opts["user"]:
+            rows = rows.filter(user=self._user(opts["user"]))
+        for k in rows:
+            used = k.last_used_at.isoformat(timespec="seconds") if k.last_used_at else "never"
+            state = "active" if k.active else f"revoked {k.revoked_at.isoformat(timespec='seconds')}"
+            self.stdout.write(
+                f"{k.access_key_id}  {k.user}  created {k.created_at:%Y-%m-%d %H:%M}  used {used}  {state}"
+            )
+
+    def _revoke(self, opts):
+        target = opts["key_or_user"]
+        keys = list(AccessKey.objects.filter(access_key_id=target, revoked_at__isnull=True))
+        if not keys:
+            user = get_user_model().objects.filter(username=target).first()
+            if user is None and not AccessKey.objects.filter(access_key_id=target).exists():
+                raise CommandError(f"no key or user {target!r}")
+            keys = list(AccessKey.objects.filter(user=user, revoked_at__isnull=True)) if user else []
+        for k in keys:
+            k.revoke()
+            self.stdout.write(f"revoked {k.access_key_id} of {k.user}")
+        if not keys:
+            self.stdout.write("nothing to revoke")

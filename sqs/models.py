@@ -1,0 +1,80 @@
+"""Access keys for SigV4, and what SQS knows about a queue that the service does not."""
+
+from __future__ import annotations
+
+import secrets
+import string
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+_KEY_ALPHABET = string.ascii_uppercase + string.digits
+
+#: ``last_used_at`` is written at most this often per key (seconds): not one UPDATE per call.
+LAST_USED_RESOLUTION = 60
+
+
+class AccessKey(models.Model):
+    """An access key pair of one user: the SQS API acts as that user.
+
+    The secret is kept as given out (not hashed): SigV4 is an HMAC keyed by the secret, so the
+    server must hold it to check a signature, as AWS does. It is shown once, when created.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sqs_access_keys")
+    access_key_id = models.CharField(max_length=32, unique=True, editable=False)
+    secret = models.CharField(max_length=64, editable=False)
+    description = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.access_key_id
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+    @classmethod
+    def issue(cls, user: object, description: str = "") -> AccessKey:
+        """A new active key pair for ``user`` (ID ``AKMQ`` + 16 characters, 40-character secret)."""
+        key_id = "AKMQ" + "".join(secrets.choice(_KEY_ALPHABET) for _ in range(16))
+        secret = secrets.token_urlsafe(30)[:40]
+        return cls.objects.create(user=user, access_key_id=key_id, secret=secret, description=description)
+
+    def revoke(self) -> None:
+        if self.revoked_at is None:
+            self.revoked_at = timezone.now()
+            self.save(update_fields=["revoked_at"])
+
+    def touch(self) -> None:
+        """Record a use (compare-and-set on the old value: concurrent calls write once)."""
+        now = timezone.now()
+        if self.last_used_at is None or (now - self.last_used_at).total_seconds() >= LAST_USED_RESOLUTION:
+            AccessKey.objects.filter(pk=self.pk, last_used_at=self.last_used_at).update(last_used_at=now)
+            self.last_used_at = now
+
+
+class QueueSettings(models.Model):
+    """The SQS attributes of a queue the service's ``Queue`` has no field for; one row per queue
+    created or changed over the SQS API (absent: the SQS defaults). Deleted with its queue."""
+
+    queue = models.OneToOneField("queues.Queue", on_delete=models.CASCADE, primary_key=True, related_name="sqs")
+    #: ReceiveMessageWaitTimeSeconds: the long poll of a ReceiveMessage that names none.
+    receive_wait = models.PositiveIntegerField(default=0)
+    #: ContentBasedDeduplication (FIFO): the SHA-256 of the body is the dedup ID.
+    content_based_dedup = models.BooleanField(default=False)
+    #: TagQueue's tags.
+    tags = models.JSONField(default=dict, blank=True)
+    #: attributes kept as given and answered back, with no effect here (Policy, KmsMasterKeyId,
+    #: RedriveAllowPolicy, DeduplicationScope, FifoThroughputLimit...).
+    opaque = models.JSONField(default=dict, blank=True)
+    modified_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"SQS settings of queue {self.queue_id}"

@@ -1,0 +1,191 @@
+"""AWS Signature Version 4, checked by hand (stdlib ``hmac``/``hashlib``): in the
+``Authorization`` header or in the query string (a presigned URL).
+
+The canonical request is rebuilt from what arrived (method, path, query, the signed headers,
+the payload's SHA-256) exactly as the AWS documentation and botocore build it, the signing key
+derived from the key's secret and the credential scope, and the HMACs compared in constant
+time. A request dated more than ``MAX_SKEW`` from now is refused, as SQS does, so a captured
+request cannot be replayed later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from urllib.parse import parse_qsl, quote
+
+ALGORITHM = "AWS4-HMAC-SHA256"
+#: SQS refuses a signature dated more than 15 minutes from its clock.
+MAX_SKEW = 15 * 60
+UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
+
+
+class SignatureError(Exception):
+    """Why a request's signature is refused: ``code`` is SQS's error code."""
+
+    def __init__(self, code: str, message: str, status: int = 403):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the signature covers, as it arrived."""
+
+    method: str
+    #: the path as sent (percent-encoded).
+    path: str
+    #: the raw query string.
+    query: str
+    #: header names in lower case.
+    headers: Mapping[str, str]
+    body: bytes
+
+
+@dataclass(frozen=True)
+class Credential:
+    access_key_id: str
+    date: str
+    region: str
+    service: str
+
+
+def _hmac(key: bytes, text: str) -> bytes:
+    return hmac.new(key, text.encode("utf-8"), hashlib.sha256).digest()
+
+
+def signing_key(secret: str, date: str, region: str, service: str) -> bytes:
+    k = _hmac(("AWS4" + secret).encode("utf-8"), date)
+    k = _hmac(k, region)
+    k = _hmac(k, service)
+    return _hmac(k, "aws4_request")
+
+
+def _encode(text: str) -> str:
+    return quote(text, safe="-_.~")
+
+
+def canonical_query(query: str, *, without: str = "") -> str:
+    """Each name and value percent-encoded as SigV4 says (RFC 3986 unreserved kept), sorted."""
+    pairs = [(_encode(k), _encode(v)) for k, v in parse_qsl(query, keep_blank_values=True) if k != without]
+    return "&".join(f"{k}={v}" for k, v in sorted(pairs))
+
+
+def canonical_request(req: Request, signed_headers: list[str], payload_hash: str, *, without: str = "") -> str:
+    headers = "".join(f"{h}:{' '.join(req.headers.get(h, '').split())}\n" for h in signed_headers)
+    # Services other than S3 encode the (already encoded) path once more: botocore does.
+    path = quote(req.path or "/", safe="/~")
+    return "\n".join(
+        [
+            req.method.upper(),
+            path,
+            canonical_query(req.query, without=without),
+            headers,
+            ";".join(signed_headers),
+            payload_hash,
+        ]
+    )
+
+
+def string_to_sign(amz_date: str, cred: Credential, canonical: str) -> str:
+    scope = f"{cred.date}/{cred.region}/{cred.service}/aws4_request"
+    return "\n".join([ALGORITHM, amz_date, scope, hashlib.sha256(canonical.encode("utf-8")).hexdigest()])
+
+
+def _parse_credential(value: str) -> Credential:
+    parts = value.split("/")
+    if len(parts) != 5 or parts[4] != "aws4_request" or not parts[0]:
+        raise SignatureError("IncompleteSignature", f"malformed credential scope {value!r}", 400)
+    return Credential(parts[0], parts[1], parts[2], parts[3])
+
+
+def _parse_date(amz_date: str) -> datetime:
+    try:
+        return datetime.strptime(amz_date, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        raise SignatureError("IncompleteSignature", f"malformed X-Amz-Date {amz_date!r}", 400) from None
+
+
+def verify(req: Request, secret_of: Callable[[str], str | None], now: datetime | None = None) -> Credential:
+    """The credential of a correctly signed, fresh request.
+
+    ``secret_of`` gives an active key's secret (None: no such key, or revoked). Raises
+    SignatureError: MissingAuthenticationToken (unsigned), IncompleteSignature (malformed),
+    InvalidClientTokenId (unknown or revoked key), RequestExpired (dated more than
+    ``MAX_SKEW`` away, or a presigned URL past its expiry), SignatureDoesNotMatch.
+    """
+    now = now or datetime.now(UTC)
+    query = dict(parse_qsl(req.query, keep_blank_values=True))
+    auth = req.headers.get("authorization", "")
+    if auth:
+        algorithm, _, rest = auth.partition(" ")
+        if algorithm != ALGORITHM:
+            raise SignatureError("IncompleteSignature", f"only {ALGORITHM} signatures are accepted", 400)
+        fields = {}
+        for item in rest.split(","):
+            name, _, value = item.strip().partition("=")
+            fields[name] = value
+        if not {"Credential", "SignedHeaders", "Signature"} <= fields.keys():
+            raise SignatureError(
+                "IncompleteSignature", "Authorization needs Credential, SignedHeaders and Signature", 400
+            )
+        cred = _parse_credential(fields["Credential"])
+        signed_headers = fields["SignedHeaders"].split(";")
+        signature = fields["Signature"]
+        amz_date = req.headers.get("x-amz-date", "")
+        if not amz_date:
+            raise SignatureError("IncompleteSignature", "the request needs an X-Amz-Date header", 400)
+        expires = None
+        without = ""
+    elif "X-Amz-Signature" in query:
+        if query.get("X-Amz-Algorithm") != ALGORITHM:
+            raise SignatureError("IncompleteSignature", f"only {ALGORITHM} signatures are accepted", 400)
+        cred = _parse_credential(query.get("X-Amz-Credential", ""))
+        signed_headers = query.get("X-Amz-SignedHeaders", "").split(";")
+        signature = query["X-Amz-Signature"]
+        amz_date = query.get("X-Amz-Date", "")
+        try:
+            expires = int(query.get("X-Amz-Expires", "900"))
+        except ValueError:
+            raise SignatureError("IncompleteSignature", "X-Amz-Expires must be a number of seconds", 400) from None
+        without = "X-Amz-Signature"
+    else:
+        raise SignatureError("MissingAuthenticationToken", "the request must be signed with AWS Signature Version 4")
+    signed_at = _parse_date(amz_date)
+    if cred.date != amz_date[:8]:
+        raise SignatureError("SignatureDoesNotMatch", "the credential scope's date is not the request's date")
+    if "host" not in signed_headers:
+        raise SignatureError("SignatureDoesNotMatch", "the Host header must be signed")
+    skew = (now - signed_at).total_seconds()
+    if abs(skew) > MAX_SKEW and (expires is None or skew < 0):
+        raise SignatureError(
+            "RequestExpired",
+            f"Signature expired: {amz_date} is more than 15 minutes from the server's time "
+            f"{now.strftime('%Y%m%dT%H%M%SZ')}",
+            400,
+        )
+    if expires is not None and skew > expires:
+        raise SignatureError("RequestExpired", f"the presigned request expired {skew - expires:.0f} s ago", 400)
+    secret = secret_of(cred.access_key_id)
+    if secret is None:
+        raise SignatureError("InvalidClientTokenId", "The security token included in the request is invalid.")
+    key = signing_key(secret, cred.date, cred.region, cred.service)
+    declared = req.headers.get("x-amz-content-sha256")
+    hashes = [declared] if declared else [hashlib.sha256(req.body).hexdigest(), UNSIGNED_PAYLOAD]
+    if declared and declared != UNSIGNED_PAYLOAD and declared != hashlib.sha256(req.body).hexdigest():
+        raise SignatureError("SignatureDoesNotMatch", "x-amz-content-sha256 is not the payload's SHA-256")
+    for payload_hash in hashes:
+        canonical = canonical_request(req, signed_headers, payload_hash, without=without)
+        expected = hmac.new(key, string_to_sign(amz_date, cred, canonical).encode("utf-8"), hashlib.sha256).hexdigest()
+        if hmac.compare_digest(expected, signature):
+            return cred
+    raise SignatureError(
+        "SignatureDoesNotMatch",
+        "The request signature we calculated does not match the signature you provided. "
+        "Check your AWS Secret Access Key and signing method.",
+    )

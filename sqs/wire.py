@@ -1,0 +1,56 @@
+"""The AWS JSON 1.0 protocol of SQS (``X-Amz-Target: AmazonSQS.<Action>``): what boto3 and
+current SDKs send. A request is an action name and a JSON object of parameters, the answer a
+JSON object; both are the canonical shapes ``actions`` takes and returns (the query protocol,
+``query``, is translated to and from them).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import SQSError
+
+CONTENT_TYPE = "application/x-amz-json-1.0"
+TARGET_PREFIX = "AmazonSQS."
+
+
+def is_json_request(headers: Mapping[str, str]) -> bool:
+    """``headers`` in lower case."""
+    return "x-amz-target" in headers or headers.get("content-type", "").startswith(CONTENT_TYPE)
+
+
+def decode(headers: Mapping[str, str], body: bytes) -> tuple[str, dict[str, Any]]:
+    """(action, params). Raises SQSError (InvalidAction, MalformedQueryString)."""
+    target = headers.get("x-amz-target", "")
+    prefix, dot, action = target.partition(".")
+    if not dot or prefix != TARGET_PREFIX[:-1] or not action:
+        raise SQSError("InvalidAction", f"X-Amz-Target must be AmazonSQS.<Action>, got {target!r}")
+    if not body.strip():
+        return action, {}
+    try:
+        params = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SQSError("MalformedQueryString", f"the body is not JSON: {exc}") from None
+    if not isinstance(params, dict):
+        raise SQSError("MalformedQueryString", "the body must be a JSON object")
+    return action, params
+
+
+def encode(result: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body) of a successful answer."""
+    return 200, {"Content-Type": CONTENT_TYPE}, json.dumps(result, separators=(",", ":")).encode("utf-8")
+
+
+def encode_error(err: SQSError) -> tuple[int, dict[str, str], bytes]:
+    """SQS's JSON error: ``__type`` the shape, ``x-amzn-query-error`` the query code and fault
+    (botocore reads the code from it and raises e.g. ``QueueDoesNotExist``)."""
+    headers = {
+        "Content-Type": CONTENT_TYPE,
+        "x-amzn-query-error": f"{err.query_code};{'Sender' if err.sender_fault else 'Receiver'}",
+    }
+    if err.retry_after is not None:
+        headers["Retry-After"] = f"{err.retry_after:g}"
+    body = {"__type": f"com.amazonaws.sqs#{err.code}", "message": err.message}
+    return err.status, headers, json.dumps(body).encode("utf-8")
