@@ -270,7 +270,12 @@ def _checked_attributes(attrs: Any, ctx: Context, *, fifo: bool) -> tuple[dict[s
             if value == "":
                 fields["dead_letter_queue"], fields["max_receives"] = None, None
             else:
-                fields["dead_letter_queue"], fields["max_receives"] = _redrive_policy(value, ctx)
+                dlq, fields["max_receives"] = _redrive_policy(value, ctx)
+                if dlq.strict != fifo:  # SQS: a FIFO queue's dead letters go to a FIFO queue
+                    raise SQSError(
+                        "InvalidParameterValue", "the dead-letter queue's type (FIFO or standard) must match"
+                    )
+                fields["dead_letter_queue"] = dlq
         elif name == "FifoQueue":
             if value.lower() not in ("true", "false") or (value.lower() == "true") != fifo:
                 raise SQSError(

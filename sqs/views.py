@@ -84,15 +84,6 @@ def _respond(answer: tuple[int, dict[str, str], bytes], request_id: str) -> Http
 
 
 @csrf_exempt
-def root(request: HttpRequest) -> HttpResponse:
-    """``/``: an SQS call (a POST, or a GET naming an ``Action``) goes to :func:`endpoint`;
-    anything else is not found, as before the SQS API existed."""
-    if request.method == "POST" or "Action" in request.GET:
-        return endpoint(request)
-    raise Http404("nothing here: the API is under /api/v1/, the console under /admin/")
-
-
-@csrf_exempt
 def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
     request_id = str(uuid.uuid4())
     headers = _headers(request)
@@ -138,3 +129,11 @@ def _error(err: SQSError, json_protocol: bool, request_id: str) -> HttpResponse:
     if json_protocol or query is None:
         return _respond(wire.encode_error(err), request_id)
     return _respond(query.encode_error(err, request_id), request_id)
+
+
+@csrf_exempt
+def root_endpoint(request: HttpRequest) -> HttpResponse:
+    """``POST /``: the SQS endpoint for clients configured with a host and port only."""
+    if request.method != "POST":
+        raise Http404("nothing here: the REST API is under /api/v1/, the SQS API under /sqs/")
+    return endpoint(request)

@@ -24,8 +24,8 @@ from botocore.exceptions import ClientError
 from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 
-from queues.models import Grant, Queue
-from queues.testing import wait_until
+from queues.models import Grant, Partition, Queue
+from queues.testing import free_port, wait_until
 from sqs.models import AccessKey
 
 from .nodes import Client, NodeSet, local_node_env
@@ -405,6 +405,10 @@ def test_dead_letter_queue_by_redrive_policy_and_the_move_back(sqs):
     assert back["Body"] == "poison"
     assert "Messages" not in sqs.receive_message(QueueUrl=dlq_url, WaitTimeSeconds=1)
 
+    # a FIFO queue's dead-letter queue is a FIFO queue
+    with pytest.raises(ClientError) as exc:
+        sqs.create_queue(QueueName=_name("f") + ".fifo", Attributes={"FifoQueue": "true", "RedrivePolicy": policy})
+    assert _code(exc) == "InvalidParameterValue"
     # "" removes the policy
     sqs.set_queue_attributes(QueueUrl=url, Attributes={"RedrivePolicy": ""})
     assert "RedrivePolicy" not in sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
@@ -544,3 +548,61 @@ def test_messages_cross_between_boto3_and_the_rest_api(node):
     sqs.send_message(QueueUrl=fifo, MessageBody="f", MessageGroupId="g", MessageDeduplicationId="1")
     r = rest.post(f"queues/{name}-fifo/dequeue", {"max": 1, "wait": 5})
     assert [(x["body"], x["group"]) for x in r.json()["messages"]] == [("f", "g")]
+
+
+def test_the_endpoint_answers_at_the_root_too(node):
+    # kombu's SQS transport (so Celery) takes a host and port only and posts to /
+    key = AccessKey.issue(_user())
+    at_root = boto3.client(
+        "sqs",
+        endpoint_url=node.url,
+        region_name="eu-west-1",
+        aws_access_key_id=key.access_key_id,
+        aws_secret_access_key=key.secret,
+    )
+    url = at_root.create_queue(QueueName=_name())["QueueUrl"]
+    assert url.startswith(f"{node.url}/sqs/000000000000/")
+    at_root.send_message(QueueUrl=url, MessageBody="via /")
+    (m,) = _client(node, key).receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
+    assert m["Body"] == "via /"
+    assert requests.get(f"{node.url}/", timeout=10).status_code == 404
+
+
+# --- outage -------------------------------------------------------------------------------------
+def test_a_store_outage_is_service_unavailable_never_500(transactional_db, tmp_path, redis_client):
+    # given a node whose key-value store is unreachable (nothing listens on its Redis port)
+    env = local_node_env(tmp_path, NODE_HEARTBEAT="0.3")
+    env["KV_URL"] = f"redis://127.0.0.1:{free_port()}/5"
+    nodes = NodeSet(env, tmp_path)
+    try:
+        node = nodes.start()
+        key = AccessKey.issue(_user())
+        raw = boto3.client(
+            "sqs",
+            endpoint_url=f"{node.url}/sqs",
+            region_name="eu-west-1",
+            aws_access_key_id=key.access_key_id,
+            aws_secret_access_key=key.secret,
+            config=Config(retries={"max_attempts": 1}),
+        )
+        # a queue its rows describe (the node cannot create one: a new partition reads the store)
+        name = _name()
+        q = Queue.objects.create(name=name, partitions=1, created_by=key.user)
+        Partition.objects.create(queue=q, index=0)
+        url = f"{node.url}/sqs/000000000000/{name}"
+        # when a queue is created or a message sent, then the answer is 503 with Retry-After
+        for call in (
+            lambda: raw.create_queue(QueueName=_name()),
+            lambda: raw.send_message(QueueUrl=url, MessageBody="x"),
+            lambda: raw.send_message_batch(QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "x"}]),
+        ):
+            with pytest.raises(ClientError) as exc:
+                call()
+            meta = exc.value.response["ResponseMetadata"]
+            assert meta["HTTPStatusCode"] == 503, exc.value.response
+            assert _code(exc) == "ServiceUnavailable"
+            assert meta["HTTPHeaders"]["retry-after"]
+        # a receive finds no partition served: an empty answer, as the REST API's dequeue
+        assert "Messages" not in raw.receive_message(QueueUrl=url)
+    finally:
+        nodes.stop()
