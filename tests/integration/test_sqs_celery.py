@@ -1,0 +1,148 @@
+"""kombu's SQS transport and a real Celery worker, pointed at a node's SQS endpoint.
+
+The applications are configured exactly as for Amazon SQS (``sqs://<key>:<secret>@host:port``),
+with an access key of an ordinary user; the node runs on PostgreSQL + Redis. kombu builds its
+endpoint from the broker URL's host and port only, so the node answers SQS calls at ``/`` too
+(and at the queue URLs it hands out).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from kombu import Connection
+
+from queues.testing import ROOT, NodeProcess, wait_until
+
+from .nodes import local_node_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+CELERY = str(Path(sys.executable).with_name("celery"))
+TASKS = 500
+LONG_SLEEP = 8  # seconds: longer than the queue's visibility timeout below
+VISIBILITY = 4
+
+
+@pytest.fixture
+def node(tmp_path, redis_client):
+    n = NodeProcess(local_node_env(tmp_path, data="node-data", NODE_HEARTBEAT="0.3"), tmp_path).start()
+    yield n
+    n.stop()
+
+
+@pytest.fixture
+def access_key(django_user_model):
+    from sqs.models import AccessKey
+
+    user = django_user_model.objects.create_user(f"celery-app-{uuid.uuid4().hex[:6]}")
+    return AccessKey.issue(user, "kombu test")
+
+
+def _broker_url(node: NodeProcess, key) -> str:
+    host, port = node.url.removeprefix("http://").split(":")
+    return f"sqs://{quote(key.access_key_id, safe='')}:{quote(key.secret, safe='')}@{host}:{port}"
+
+
+def _transport_options() -> dict:
+    return {"region": "us-east-1", "is_secure": False, "wait_time_seconds": 1, "visibility_timeout": VISIBILITY}
+
+
+def test_kombu_publishes_and_consumes_through_the_sqs_endpoint(node, access_key):
+    queue = f"kombu-{uuid.uuid4().hex[:8]}"
+    with Connection(_broker_url(node, access_key), transport_options=_transport_options()) as conn:
+        q = conn.SimpleQueue(queue)
+        try:
+            for i in range(5):
+                q.put({"n": i, "text": "héllo"})
+            got = []
+            for _ in range(5):
+                m = q.get(block=True, timeout=10)
+                got.append(m.payload["n"])
+                assert m.payload["text"] == "héllo"
+                m.ack()
+            assert sorted(got) == list(range(5))
+            # acked means deleted: nothing comes back after the visibility timeout
+            time.sleep(VISIBILITY + 1)
+            with pytest.raises(q.Empty):
+                q.get(block=True, timeout=2)
+        finally:
+            q.close()
+
+
+def _worker(tmp_path: Path, env: dict[str, str]) -> subprocess.Popen:
+    log = open(tmp_path / "celery.log", "ab")  # the worker holds it; closed when the test process exits
+    return subprocess.Popen(
+        [CELERY, "-A", "tests.integration.sqs_celery_app", "worker", "-P", "prefork", "-c", "2"]
+        + ["--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "info", "-n", "sqs@%h"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _ran(out: Path) -> Counter:
+    done: Counter = Counter()
+    for f in out.glob("*.log"):
+        done.update(int(line) for line in f.read_text().split())
+    return done
+
+
+def test_a_celery_worker_runs_every_task_once_over_sqs(node, access_key, tmp_path, monkeypatch):
+    queue = f"celery-{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "ran"
+    out.mkdir()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "MQ_SQS_BROKER_URL": _broker_url(node, access_key),
+        "MQ_SQS_QUEUE": queue,
+        "MQ_SQS_OUT": str(out),
+        "MQ_SQS_VISIBILITY": str(VISIBILITY),
+    }
+    # Celery's CELERY_BROKER_URL wins over the app's broker_url: the suite's (Redis) must go
+    env.pop("CELERY_BROKER_URL", None)
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+    for k in ("MQ_SQS_BROKER_URL", "MQ_SQS_QUEUE", "MQ_SQS_OUT", "MQ_SQS_VISIBILITY"):
+        monkeypatch.setenv(k, env[k])
+    from tests.integration.sqs_celery_app import app, record
+
+    app.conf.broker_url = env["MQ_SQS_BROKER_URL"]
+    app.conf.task_default_queue = queue
+    app.conf.broker_transport_options = _transport_options()
+    assert app.connection_for_write().as_uri().startswith("sqs://")
+    # given 500 tasks and one that runs longer than the queue's visibility timeout, published
+    # through kombu's SQS transport
+    record.delay(-1, sleep=LONG_SLEEP)
+    for n in range(TASKS):
+        record.delay(n)
+    # when a real Celery worker (two processes) consumes the queue
+    proc = _worker(tmp_path, env)
+    try:
+        wait_until(lambda: sum(_ran(out).values()) >= TASKS + 1, 180, "every task to run")
+        # then, past another visibility timeout (a message not deleted would come back now),
+        # every task ran exactly once, the long one too
+        time.sleep(VISIBILITY + 2)
+        ran = _ran(out)
+        assert set(ran) == set(range(-1, TASKS)), sorted(set(range(-1, TASKS)) - set(ran))[:10]
+        assert [n for n, c in ran.items() if c != 1] == []
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+    log = (tmp_path / "celery.log").read_text(errors="replace")
+    assert "transport:   sqs://" in log and "Traceback" not in log
