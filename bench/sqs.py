@@ -15,6 +15,7 @@ SQS / REST. It measures and prints; it never fails on a figure.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import re
@@ -30,14 +31,9 @@ if str(HERE) not in sys.path:
 import boto3
 from botocore.config import Config
 from common import BenchNode, fmt_rate, fmt_ratio, log, median
+from throughput_systems import tree_cpu_seconds as node_cpu
 
 BATCH = 10
-
-
-def node_cpu(pid: int) -> float:
-    """The node process's user + system CPU seconds so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def chunks(xs: list, n: int):
@@ -88,7 +84,13 @@ class Rest:
         self.node, self.queue, self.conn = node, queue, node.connection()
 
     def _post(self, action: str, payload: dict, ok: int) -> dict:
-        status, data = self.node.api("POST", f"/api/v1/queues/{self.queue}/{action}", payload, conn=self.conn)
+        path = f"/api/v1/queues/{self.queue}/{action}"
+        try:
+            status, data = self.node.api("POST", path, payload, conn=self.conn)
+        except (ConnectionError, http.client.HTTPException):  # the server closed an idle keep-alive
+            self.conn.close()
+            self.conn = self.node.connection()
+            status, data = self.node.api("POST", path, payload, conn=self.conn)
         assert status == ok, (status, data[:300])
         return json.loads(data)
 
