@@ -59,7 +59,7 @@ def query_error_code(code: str) -> str:
 def _single_values(form: Mapping[str, Any]) -> dict[str, str]:
     """One value per key, the last one as Django's ``QueryDict`` reads it; accepts a QueryDict,
     a ``parse_qs`` dict of lists, or a plain dict of strings."""
-    lists: Iterable[tuple[str, Any]] = form.lists() if hasattr(form, "lists") else form.items()  # type: ignore[union-attr]
+    lists: Iterable[tuple[str, Any]] = form.lists() if hasattr(form, "lists") else form.items()
     flat = {}
     for key, values in lists:
         if isinstance(values, str):
