@@ -1,0 +1,266 @@
+"""SQS's query protocol (``Action=...`` form posts, XML answers) as a pure codec.
+
+The SQS app's canonical form is the AWS JSON 1.0 protocol's: an action takes a params dict shaped
+as botocore's JSON protocol sends it and returns a result dict shaped as it expects. This module
+turns a query form into that shape (``decode``) and a result or an error back into the XML SQS
+answers with (``encode``, ``encode_error``), driven by the static shape description
+``sqs.query_shapes`` (generated from botocore's model: botocore is not a runtime dependency).
+
+Wire rules, as botocore's query serializer and parser apply them:
+- a structure member goes under its wire name: ``QueueUrl``, ``Attribute`` (for ``Attributes``);
+- a flattened list's elements are numbered from 1 under the element's name when it has one
+  (``AttributeName.1``, ``SendMessageBatchRequestEntry.2.Id``), else under the member's; a list
+  that is not flattened nests them (``Name.member.1``); an empty list is sent as ``Name=``;
+- a map's entries are numbered the same way with their key and value under their names
+  (``Attribute.1.Name``, ``Attribute.1.Value``, ``MessageAttribute.1.Value.DataType``);
+- integers and longs as decimals, booleans as ``true``/``false``, blobs as base64 (which is
+  also how the JSON protocol carries them, so they stay base64 strings in the params).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+from xml.sax.saxutils import escape
+
+from sqs.query_shapes import ERROR_CODES, OPERATIONS, SHAPES, XML_NAMESPACE
+
+__all__ = ["QueryError", "decode", "encode", "encode_error", "query_error_code"]
+
+_INDEX = re.compile(r"[1-9][0-9]{0,5}")
+
+
+class QueryError(Exception):
+    """A query request this codec cannot read: the SQS error to answer with. Its fields are
+    those of the SQS app's ``SQSError(code, message, status, sender_fault)``."""
+
+    def __init__(self, code: str, message: str, status: int = 400, sender_fault: bool = True) -> None:
+        super().__init__(message)
+        #: The JSON protocol's error code (``encode_error`` gives the query protocol's).
+        self.code = code
+        self.message = message
+        self.status = status
+        self.sender_fault = sender_fault
+
+
+def query_error_code(code: str) -> str:
+    """The query protocol's code for a JSON-protocol error code: ``QueueDoesNotExist`` ->
+    ``AWS.SimpleQueueService.NonExistentQueue``; codes SQS shares between the two (such as
+    ``InvalidParameterValue``) and codes already in query form pass through."""
+    return ERROR_CODES.get(code, code)
+
+
+# -- decode -------------------------------------------------------------------------------------
+
+
+def _single_values(form: Mapping[str, Any]) -> dict[str, str]:
+    """One value per key, the last one as Django's ``QueryDict`` reads it; accepts a QueryDict,
+    a ``parse_qs`` dict of lists, or a plain dict of strings."""
+    lists: Iterable[tuple[str, Any]] = form.lists() if hasattr(form, "lists") else form.items()
+    flat = {}
+    for key, values in lists:
+        if isinstance(values, str):
+            flat[key] = values
+        elif values:
+            flat[key] = values[-1]
+    return flat
+
+
+class _Form:
+    """The flat form with, per prefix, the indices numbered under it (``Attribute`` -> {1, 2})."""
+
+    def __init__(self, flat: dict[str, str]) -> None:
+        self.flat = flat
+        self.indices: dict[str, set[int]] = {}
+        self.prefixes: set[str] = set()
+        for key in flat:
+            parts = key.split(".")
+            for end in range(1, len(parts)):
+                prefix = ".".join(parts[:end])
+                self.prefixes.add(prefix)
+                if _INDEX.fullmatch(parts[end]):
+                    self.indices.setdefault(prefix, set()).add(int(parts[end]))
+
+    def present(self, key: str) -> bool:
+        return key in self.flat or key in self.prefixes
+
+
+def _scalar(kind: str, key: str, text: str) -> Any:
+    if kind == "string":
+        return text
+    if kind in ("integer", "long"):
+        try:
+            return int(text)
+        except ValueError:
+            raise QueryError(
+                "InvalidParameterValue", f"Value {text!r} for parameter {key} is not an integer."
+            ) from None
+    if kind == "boolean":
+        if text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        raise QueryError("InvalidParameterValue", f"Value {text!r} for parameter {key} is not a boolean.")
+    if kind == "blob":
+        try:
+            return base64.b64encode(base64.b64decode(text, validate=True)).decode("ascii")
+        except binascii.Error:
+            raise QueryError("InvalidParameterValue", f"Value for parameter {key} is not valid base64.") from None
+    raise QueryError("InvalidParameterValue", f"Parameter {key} has a type this service does not read ({kind}).")
+
+
+def _decode_value(form: _Form, shape_name: str, key: str) -> Any:
+    """The value of ``shape_name`` sent under ``key`` (which is present)."""
+    shape = SHAPES[shape_name]
+    if shape[0] == "structure":
+        return _decode_structure(form, shape_name, key + ".")
+    if key not in form.flat:
+        raise QueryError("InvalidParameterValue", f"Parameter {key} must be a single value.")
+    return _scalar(shape[0], key, form.flat[key])
+
+
+def _decode_structure(form: _Form, shape_name: str, prefix: str) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for member, (target, wire, flattened) in SHAPES[shape_name][1].items():
+        shape = SHAPES[target]
+        key = prefix + wire
+        if shape[0] == "list":
+            if flattened:
+                base = prefix + (shape[2] or wire)
+            else:
+                base = f"{key}.{shape[2] or 'member'}"
+            indices = sorted(form.indices.get(base, ()))
+            if indices:
+                params[member] = [_decode_value(form, shape[1], f"{base}.{i}") for i in indices]
+            elif form.flat.get(key) == "":
+                params[member] = []
+        elif shape[0] == "map":
+            _, key_shape, key_name, value_shape, value_name = shape
+            base = key if flattened else f"{key}.entry"
+            entries = {}
+            for i in sorted(form.indices.get(base, ())):
+                entry_key = f"{base}.{i}.{key_name}"
+                if entry_key not in form.flat:
+                    raise QueryError("MissingParameter", f"The request must contain the parameter {entry_key}.")
+                name = _scalar(SHAPES[key_shape][0], entry_key, form.flat[entry_key])
+                value_key = f"{base}.{i}.{value_name}"
+                if not form.present(value_key):
+                    raise QueryError("MissingParameter", f"The request must contain the parameter {value_key}.")
+                entries[name] = _decode_value(form, value_shape, value_key)
+            if entries:
+                params[member] = entries
+        elif shape[0] == "structure":
+            if form.present(key):
+                params[member] = _decode_structure(form, target, key + ".")
+        elif key in form.flat:
+            params[member] = _scalar(shape[0], key, form.flat[key])
+    return params
+
+
+def decode(form: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The action of a query request and its params in the JSON protocol's shape.
+
+    ``form`` is the request's form (the body of a POST, the query string of a GET): a Django
+    ``QueryDict``, a ``urllib.parse.parse_qs`` dict of lists, or a dict of strings. Keys the
+    action does not take (``Version``, the signature's) are ignored; values are typed by the
+    action's input shape. Raises ``QueryError`` (``MissingAction``, ``InvalidAction``,
+    ``InvalidParameterValue``, ``MissingParameter``) for a form it cannot read. Cost: O(keys x
+    key depth) to index the form, then O(members) per structure.
+    """
+    flat = _single_values(form)
+    action = flat.get("Action")
+    if not action:
+        raise QueryError("MissingAction", "The request must contain the parameter Action.")
+    if action not in OPERATIONS:
+        raise QueryError("InvalidAction", f"The action {action} is not valid for this endpoint.")
+    request_shape = OPERATIONS[action][0]
+    if request_shape is None:
+        return action, {}
+    return action, _decode_structure(_Form(flat), request_shape, "")
+
+
+# -- encode -------------------------------------------------------------------------------------
+
+
+def _text(value: str) -> str:
+    # A carriage return would come back as a line feed from any XML parser: SQS escapes it.
+    return escape(value).replace("\r", "&#xD;")
+
+
+def _encode_scalar(kind: str, value: Any) -> str:
+    if kind == "boolean":
+        return "true" if value else "false"
+    if kind in ("integer", "long"):
+        return str(int(value))
+    if kind == "blob" and isinstance(value, bytes | bytearray):
+        return base64.b64encode(value).decode("ascii")
+    return _text(str(value)) if kind != "blob" else str(value)
+
+
+def _encode_value(out: list[str], shape_name: str, tag: str, value: Any) -> None:
+    shape = SHAPES[shape_name]
+    out.append(f"<{tag}>")
+    if shape[0] == "structure":
+        _encode_structure(out, shape_name, value)
+    else:
+        out.append(_encode_scalar(shape[0], value))
+    out.append(f"</{tag}>")
+
+
+def _encode_structure(out: list[str], shape_name: str, values: Mapping[str, Any]) -> None:
+    for member, (target, wire, flattened) in SHAPES[shape_name][1].items():
+        value = values.get(member)
+        if value is None:
+            continue
+        shape = SHAPES[target]
+        if shape[0] == "list":
+            if flattened:
+                for element in value:
+                    _encode_value(out, shape[1], shape[2] or wire, element)
+            else:
+                out.append(f"<{wire}>")
+                for element in value:
+                    _encode_value(out, shape[1], shape[2] or "member", element)
+                out.append(f"</{wire}>")
+        elif shape[0] == "map":
+            _, key_shape, key_name, value_shape, value_name = shape
+            if not flattened:
+                out.append(f"<{wire}>")
+            entry = wire if flattened else "entry"
+            for key, item in value.items():
+                out.append(f"<{entry}>")
+                _encode_value(out, key_shape, key_name, key)
+                _encode_value(out, value_shape, value_name, item)
+                out.append(f"</{entry}>")
+            if not flattened:
+                out.append(f"</{wire}>")
+        else:
+            _encode_value(out, target, wire, value)
+
+
+def encode(action: str, result: Mapping[str, Any] | None, request_id: str) -> bytes:
+    """The XML body SQS's query protocol answers ``action`` with, for a result dict in the JSON
+    protocol's shape (blobs as base64 strings or bytes): ``<{Action}Response><{Action}Result>...
+    </{Action}Result><ResponseMetadata><RequestId>...``. An action without a result shape
+    (DeleteQueue, ...) answers with the metadata alone. ``KeyError`` for an unknown action."""
+    result_shape = OPERATIONS[action][1]
+    out = [f'<?xml version="1.0"?><{action}Response xmlns="{XML_NAMESPACE}">']
+    if result_shape is not None:
+        out.append(f"<{action}Result>")
+        _encode_structure(out, result_shape, result or {})
+        out.append(f"</{action}Result>")
+    out.append(f"<ResponseMetadata><RequestId>{_text(request_id)}</RequestId></ResponseMetadata>")
+    out.append(f"</{action}Response>")
+    return "".join(out).encode("utf-8")
+
+
+def encode_error(code: str, message: str, sender_fault: bool, request_id: str) -> bytes:
+    """SQS's query-protocol error body for a JSON-protocol error ``code`` (mapped by
+    ``query_error_code``): ``<ErrorResponse><Error><Type>Sender|Receiver</Type><Code>..``."""
+    kind = "Sender" if sender_fault else "Receiver"
+    return (
+        f'<?xml version="1.0"?><ErrorResponse xmlns="{XML_NAMESPACE}"><Error><Type>{kind}</Type>'
+        f"<Code>{_text(query_error_code(code))}</Code><Message>{_text(message)}</Message><Detail/></Error>"
+        f"<RequestId>{_text(request_id)}</RequestId></ErrorResponse>"
+    ).encode()
