@@ -8,7 +8,6 @@ A store or database outage is ServiceUnavailable (503, Retry-After), never a 500
 
 from __future__ import annotations
 
-import importlib
 import logging
 import uuid
 from typing import Any
@@ -21,20 +20,9 @@ from django.views.decorators.csrf import csrf_exempt
 from queues import service
 from queues.auth import caller_of
 
-from . import actions, sigv4, wire
+from . import actions, query, sigv4, wire
 from .errors import SQSError
 from .models import AccessKey
-
-#: The query protocol's codec (``Action=...`` form posts, XML answers), pure functions:
-#: ``decode_request(form: dict[str, str]) -> (action, params)`` (params in the JSON protocol's
-#: shape), ``encode_response(action, result, request_id) -> (status, headers, body)`` and
-#: ``encode_error(err: SQSError, request_id) -> (status, headers, body)``. Without it, only
-#: the JSON protocol is served.
-query: Any
-try:
-    query = importlib.import_module("sqs.query")
-except ImportError:  # pragma: no cover - not there yet
-    query = None
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +85,11 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
         if json_protocol:
             action, params = wire.decode(headers, body)
         else:
-            if query is None:
-                raise SQSError("InvalidAction", "the query protocol is not served by this node; use AWS JSON 1.0")
             form = {**request.GET.dict(), **request.POST.dict()}
-            action, params = query.decode_request(form)
+            try:
+                action, params = query.decode(form)
+            except query.QueryError as exc:
+                raise SQSError(exc.code, exc.message, exc.status, exc.sender_fault) from None
         ctx = actions.Context(
             caller=caller_of(key.user),
             base_url=f"{request.scheme}://{request.get_host()}/sqs",
@@ -121,14 +110,21 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
         return _error(SQSError("InternalFailure", "The request processing has failed."), json_protocol, request_id)
     if json_protocol:
         return _respond(wire.encode(result), request_id)
-    assert query is not None
-    return _respond(query.encode_response(action, result, request_id), request_id)
+    return _respond((200, {"Content-Type": XML}, query.encode(action, result, request_id)), request_id)
+
+
+#: The query protocol's answers, as SQS sends them.
+XML = "text/xml"
 
 
 def _error(err: SQSError, json_protocol: bool, request_id: str) -> HttpResponse:
-    if json_protocol or query is None:
+    if json_protocol:
         return _respond(wire.encode_error(err), request_id)
-    return _respond(query.encode_error(err, request_id), request_id)
+    headers = {"Content-Type": XML}
+    if err.retry_after is not None:
+        headers["Retry-After"] = f"{err.retry_after:g}"
+    body = query.encode_error(err.code, err.message, err.sender_fault, request_id)
+    return _respond((err.status, headers, body), request_id)
 
 
 @csrf_exempt
