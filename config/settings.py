@@ -96,6 +96,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI served by the node, never from a CDN
     "queues",
     "workers",
     "consoles",
@@ -257,6 +258,17 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Enqueue, dequeue and ack over partitioned queues with append-tree tracking.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema and its pages need a user (token or the console's session): the schema maps
+    # every call, the cluster's internal ones included, and no client needs it before it has a
+    # token. A browser without a session is sent to the console's login (config/urls.py).
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    # The pages' JavaScript, CSS and favicon come from drf-spectacular-sidecar's static files,
+    # served by the node (WhiteNoise): no third-party script runs in the console's origin, and
+    # the docs work without Internet access.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    # validatorUrl: Swagger UI would send the schema to validator.swagger.io for its badge.
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     # Request bodies get components of their own (no read-only fields): what a client may send.
     "COMPONENT_SPLIT_REQUEST": True,
     # Exact request limits of the message calls, every error status, links (queues/api/schema.py).
