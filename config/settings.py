@@ -83,6 +83,42 @@ if MQ_ENV == "production":
     if CLUSTER_SECRET == _DEFAULT_SECRET:
         raise ImproperlyConfigured("MQ_ENV=production needs CLUSTER_SECRET (or CLUSTER_SECRET_FILE)")
 
+# --- HTTPS, cookies, login -----------------------------------------------------------------
+_production = MQ_ENV == "production"
+# Production: the session and CSRF cookies travel over HTTPS only (not configurable there).
+SESSION_COOKIE_SECURE = _production
+CSRF_COOKIE_SECURE = _production
+#: Seconds browsers keep to HTTPS after an HTTPS answer (HSTS; sent on HTTPS answers only,
+#: so behind a TLS proxy it needs SECURE_PROXY_SSL_HEADER). 0: none (the embedded default).
+SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 365 * 24 * 3600 if _production else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", _production)
+#: Listing in the browsers' preload lists is a commitment for the whole domain: opt in.
+SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", False)
+
+
+def _proxy_ssl_header(raw: str) -> tuple[str, str] | None:
+    """``"X-Forwarded-Proto: https"`` -> ``("HTTP_X_FORWARDED_PROTO", "https")``."""
+    if not raw.strip():
+        return None
+    name, sep, value = raw.partition(":")
+    if not sep or not name.strip() or not value.strip():
+        raise ImproperlyConfigured(f"SECURE_PROXY_SSL_HEADER={raw!r}: use 'Header-Name: value'")
+    return "HTTP_" + name.strip().upper().replace("-", "_"), value.strip()
+
+
+#: Where TLS ends at a proxy: the header (and value) it sets on HTTPS requests, e.g.
+#: ``X-Forwarded-Proto: https``. Only behind a proxy that always sets or strips it: a client
+#: could send it otherwise. Empty: requests are HTTPS only when the node itself sees TLS.
+SECURE_PROXY_SSL_HEADER = _proxy_ssl_header(env("SECURE_PROXY_SSL_HEADER", ""))
+#: Redirect plain HTTP to HTTPS. Off by default even in production: nodes forward calls to
+#: each other's NODE_ADDRESS over plain HTTP inside the cluster, and a redirect would break
+#: them; let the TLS proxy redirect the public side.
+SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", False)
+#: Failed console logins allowed per username (and 4x that per client address) within
+#: ADMIN_LOGIN_WINDOW seconds; past them the login answers 429 (consoles/login_guard.py).
+ADMIN_LOGIN_FAILURES = envint("ADMIN_LOGIN_FAILURES", 5, minimum=1)
+ADMIN_LOGIN_WINDOW = envint("ADMIN_LOGIN_WINDOW", 900, minimum=1)
+
 ALLOWED_HOSTS = [h.strip() for h in env("ALLOWED_HOSTS", "*").split(",") if h.strip()]
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in env("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
 
@@ -250,6 +286,14 @@ REST_FRAMEWORK = {
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
     "EXCEPTION_HANDLER": "queues.api.errors.exception_handler",
+    # Calls per user and per anonymous address (queues/api/throttles.py; the fast path too).
+    # Off in the embedded mode unless set; production defaults: a guard against a runaway or
+    # hostile client, far above what one application's calls need (a batch is one call).
+    "DEFAULT_THROTTLE_CLASSES": ["queues.api.throttles.UserRate", "queues.api.throttles.AnonRate"],
+    "DEFAULT_THROTTLE_RATES": {
+        "user": env("API_THROTTLE_USER", "1000/s" if _production else "") or None,
+        "anon": env("API_THROTTLE_ANON", "60/m" if _production else "") or None,
+    },
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
