@@ -79,7 +79,12 @@ class ArchivedMessageAdmin(admin.ModelAdmin):
     def latency_s(self, obj):
         return None if obj.latency is None else round(obj.latency, 3)
 
-    @admin.action(description="Replay into the source queue")
+    def has_replay_permission(self, request):
+        # Its own permission: viewing the archive is not enough; the service still checks
+        # ``manage`` on the queue replayed into and ``read`` on the sources.
+        return request.user.has_perm("archive.replay_archivedmessage")
+
+    @admin.action(description="Replay into the source queue", permissions=["replay"])
     def replay_into_source(self, request, queryset):
         by_queue: dict[str, list[ArchivedMessage]] = {}
         for row in queryset.order_by("enqueued_at", "sequence", "id")[:10_000]:

@@ -39,6 +39,7 @@ class ArchivedMessage(models.Model):
             models.Index(fields=["queue", "acked_at"], name="archive_queue_acked"),
         ]
         verbose_name = "archived message"
+        permissions = [("replay_archivedmessage", "Can replay archived messages into their queue")]
 
     def __str__(self) -> str:
         return self.message_id

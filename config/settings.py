@@ -83,6 +83,42 @@ if MQ_ENV == "production":
     if CLUSTER_SECRET == _DEFAULT_SECRET:
         raise ImproperlyConfigured("MQ_ENV=production needs CLUSTER_SECRET (or CLUSTER_SECRET_FILE)")
 
+# --- HTTPS, cookies, login -----------------------------------------------------------------
+_production = MQ_ENV == "production"
+# Production: the session and CSRF cookies travel over HTTPS only (not configurable there).
+SESSION_COOKIE_SECURE = _production
+CSRF_COOKIE_SECURE = _production
+#: Seconds browsers keep to HTTPS after an HTTPS answer (HSTS; sent on HTTPS answers only,
+#: so behind a TLS proxy it needs SECURE_PROXY_SSL_HEADER). 0: none (the embedded default).
+SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 365 * 24 * 3600 if _production else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", _production)
+#: Listing in the browsers' preload lists is a commitment for the whole domain: opt in.
+SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", False)
+
+
+def _proxy_ssl_header(raw: str) -> tuple[str, str] | None:
+    """``"X-Forwarded-Proto: https"`` -> ``("HTTP_X_FORWARDED_PROTO", "https")``."""
+    if not raw.strip():
+        return None
+    name, sep, value = raw.partition(":")
+    if not sep or not name.strip() or not value.strip():
+        raise ImproperlyConfigured(f"SECURE_PROXY_SSL_HEADER={raw!r}: use 'Header-Name: value'")
+    return "HTTP_" + name.strip().upper().replace("-", "_"), value.strip()
+
+
+#: Where TLS ends at a proxy: the header (and value) it sets on HTTPS requests, e.g.
+#: ``X-Forwarded-Proto: https``. Only behind a proxy that always sets or strips it: a client
+#: could send it otherwise. Empty: requests are HTTPS only when the node itself sees TLS.
+SECURE_PROXY_SSL_HEADER = _proxy_ssl_header(env("SECURE_PROXY_SSL_HEADER", ""))
+#: Redirect plain HTTP to HTTPS. Off by default even in production: nodes forward calls to
+#: each other's NODE_ADDRESS over plain HTTP inside the cluster, and a redirect would break
+#: them; let the TLS proxy redirect the public side.
+SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", False)
+#: Failed console logins allowed per username (and 4x that per client address) within
+#: ADMIN_LOGIN_WINDOW seconds; past them the login answers 429 (consoles/login_guard.py).
+ADMIN_LOGIN_FAILURES = envint("ADMIN_LOGIN_FAILURES", 5, minimum=1)
+ADMIN_LOGIN_WINDOW = envint("ADMIN_LOGIN_WINDOW", 900, minimum=1)
+
 ALLOWED_HOSTS = [h.strip() for h in env("ALLOWED_HOSTS", "*").split(",") if h.strip()]
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in env("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
 
@@ -96,6 +132,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI served by the node, never from a CDN
     "queues",
     "workers",
     "consoles",
@@ -250,6 +287,14 @@ REST_FRAMEWORK = {
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
     "EXCEPTION_HANDLER": "queues.api.errors.exception_handler",
+    # Calls per user and per anonymous address (queues/api/throttles.py; the fast path too).
+    # Off in the embedded mode unless set; production defaults: a guard against a runaway or
+    # hostile client, far above what one application's calls need (a batch is one call).
+    "DEFAULT_THROTTLE_CLASSES": ["queues.api.throttles.UserRate", "queues.api.throttles.AnonRate"],
+    "DEFAULT_THROTTLE_RATES": {
+        "user": env("API_THROTTLE_USER", "1000/s" if _production else "") or None,
+        "anon": env("API_THROTTLE_ANON", "60/m" if _production else "") or None,
+    },
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
@@ -258,6 +303,17 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Enqueue, dequeue and ack over partitioned queues with append-tree tracking.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema and its pages need a user (token or the console's session): the schema maps
+    # every call, the cluster's internal ones included, and no client needs it before it has a
+    # token. A browser without a session is sent to the console's login (config/urls.py).
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    # The pages' JavaScript, CSS and favicon come from drf-spectacular-sidecar's static files,
+    # served by the node (WhiteNoise): no third-party script runs in the console's origin, and
+    # the docs work without Internet access.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    # validatorUrl: Swagger UI would send the schema to validator.swagger.io for its badge.
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     # Request bodies get components of their own (no read-only fields): what a client may send.
     "COMPONENT_SPLIT_REQUEST": True,
     # Exact request limits of the message calls, every error status, links (queues/api/schema.py).

@@ -1,6 +1,26 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.contrib.auth.views import redirect_to_login
+from django.urls import include, path, reverse
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.exceptions import NotAuthenticated
+
+# No ReDoc page: drf-spectacular's ReDoc template loads Google's fonts, a third-party request
+# from the console's origin; Swagger UI (from drf-spectacular-sidecar) needs none.
+
+
+class _LoginFirst:
+    """A docs page asked for without a login: send the browser to the console's login and back
+    (the schema itself answers 401 like every API call)."""
+
+    def handle_exception(self, exc):
+        if isinstance(exc, NotAuthenticated):
+            return redirect_to_login(self.request.get_full_path(), reverse("admin:login"))
+        return super().handle_exception(exc)
+
+
+class DocsView(_LoginFirst, SpectacularSwaggerView):
+    pass
+
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -9,7 +29,7 @@ urlpatterns = [
     path("api/v1/", include("archive.urls")),
     path("", include("sqs.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("api/docs/", DocsView.as_view(url_name="schema"), name="docs"),
 ]
 
 handler404 = "queues.api.errors.json_404"

@@ -8,10 +8,12 @@ with the admin's look. Its index links to the dashboards (``templates/consoles/a
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import admin
+from django.http import HttpResponse
 from django.urls import path
 
-from . import views
+from . import login_guard, views
 
 
 class ConsoleSite(admin.AdminSite):
@@ -23,6 +25,20 @@ class ConsoleSite(admin.AdminSite):
 
     def get_urls(self):
         return [path("dashboards/", self.admin_view(self.dashboards), name="dashboards"), *super().get_urls()]
+
+    def login(self, request, extra_context=None):
+        """The admin's login, refused (429) after too many failures (:mod:`consoles.login_guard`)."""
+        if request.method == "POST" and login_guard.refused(request):
+            return HttpResponse(
+                "Too many failed logins: try again later.\n",
+                status=429,
+                content_type="text/plain; charset=utf-8",
+                headers={"Retry-After": str(settings.ADMIN_LOGIN_WINDOW)},
+            )
+        response = super().login(request, extra_context)
+        if request.method == "POST" and response.status_code == 200 and not request.user.is_authenticated:
+            login_guard.failed(request)  # the form came back: wrong password, or not staff
+        return response
 
     def dashboards(self, request):
         """The dashboards page (:func:`consoles.views.dashboards`), in this site's frame."""

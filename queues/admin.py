@@ -517,7 +517,19 @@ class QueueAdmin(admin.ModelAdmin):
         url = reverse("admin:queues_partition_changelist") + f"?queue__id__exact={obj.pk}"
         return format_html('<a href="{}">partitions</a>', url)
 
-    @admin.action(description="Purge: delete every message of the selected queues (in flight ones too)")
+    # Each action is offered only to a user with its own permission (``queues.purge_queue``,
+    # ``queues.redrive_queue``): viewing the queues is not enough. Who may act on which queue is
+    # still the service's call (its grant check, with the admin's user as the caller).
+    def has_purge_permission(self, request):
+        return request.user.has_perm("queues.purge_queue")
+
+    def has_redrive_permission(self, request):
+        return request.user.has_perm("queues.redrive_queue")
+
+    @admin.action(
+        description="Purge: delete every message of the selected queues (in flight ones too)",
+        permissions=["purge"],
+    )
     def purge(self, request, queryset):
         for q in queryset:
             try:
@@ -530,7 +542,10 @@ class QueueAdmin(admin.ModelAdmin):
                 continue
             self.message_user(request, f"{q.name}: purged {removed} messages")
 
-    @admin.action(description="Redrive dead letters back to their source queues (up to 1,000 each)")
+    @admin.action(
+        description="Redrive dead letters back to their source queues (up to 1,000 each)",
+        permissions=["redrive"],
+    )
     def redrive(self, request, queryset):
         for q in queryset:
             try:
@@ -593,7 +608,13 @@ class PartitionAdmin(admin.ModelAdmin):
     def stats_age(self, obj):
         return _age(obj.stats_at) + " ago" if obj.stats_at else "-"
 
-    @admin.action(description="Release the lease: the owner gives the partition up, another node takes it")
+    def has_release_permission(self, request):
+        return request.user.has_perm("queues.release_partition")
+
+    @admin.action(
+        description="Release the lease: the owner gives the partition up, another node takes it",
+        permissions=["release"],
+    )
     def release_lease(self, request, queryset):
         for p in queryset.select_related("queue"):
             try:

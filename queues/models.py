@@ -161,6 +161,12 @@ class Queue(models.Model):
 
     class Meta:
         ordering = ["name"]
+        # The console's actions, each its own permission (a staff user who may only view the
+        # queues is offered none); the service still checks the caller's grant on each queue.
+        permissions = [
+            ("purge_queue", "Can purge the messages of a queue"),
+            ("redrive_queue", "Can redrive a dead-letter queue's messages to their sources"),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -276,6 +282,7 @@ class Partition(models.Model):
     class Meta:
         ordering = ["queue__name", "index"]
         constraints = [models.UniqueConstraint(fields=["queue", "index"], name="partition_unique_index")]
+        permissions = [("release_partition", "Can release a partition's lease")]
 
     def __str__(self) -> str:
         return f"{self.queue.name}/{self.index}"

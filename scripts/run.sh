@@ -17,39 +17,23 @@ export DJANGO_SETTINGS_MODULE="${DJANGO_SETTINGS_MODULE:-config.settings}"
 echo "run: migrating" >&2
 python manage.py migrate --noinput
 
-# --- superuser `admin` (idempotent) -------------------------------------------------------------
-admin_out="$(python manage.py shell -v 0 -c '
-import os, secrets
-from django.contrib.auth import get_user_model
-User = get_user_model()
-given = os.environ.get("ADMIN_PASSWORD") or ""
-user = User.objects.filter(username="admin").first()
-if user is None:
-    password = given or secrets.token_urlsafe(12)
-    User.objects.create_superuser(username="admin", email="admin@localhost", password=password)
-    print("MQ_ADMIN created", "given" if given else password)
-elif given:
-    user.set_password(given)
-    user.is_staff = user.is_superuser = user.is_active = True
-    user.save()
-    print("MQ_ADMIN reset given")
-else:
-    print("MQ_ADMIN exists -")
-')"
-admin_state="" admin_pw=""
-read -r _ admin_state admin_pw < <(grep '^MQ_ADMIN ' <<<"$admin_out" | tail -n 1) || true
-
-token_out="$(python manage.py drf_create_token admin 2>&1)" || {
-    echo "$token_out" >&2
-    echo "run: WARNING: could not create the API token (drf_create_token failed)" >&2
-}
-token="$(sed -n 's/^Generated token \([^ ]*\) for user.*/\1/p' <<<"$token_out")"
+# --- the console's superuser and the applications' user and token (idempotent) ----------------
+# `admin` is for the console only; the API token printed is an ordinary user's (`app`: produce and
+# consume on every queue, not staff), see queues/management/commands/quickstart.py.
+setup_out="$(python manage.py quickstart)"
+admin_state="" admin_pw="" app_user="" token=""
+read -r _ admin_state admin_pw < <(grep '^MQ_ADMIN ' <<<"$setup_out" | tail -n 1) || true
+read -r _ app_user < <(grep '^MQ_APP ' <<<"$setup_out" | tail -n 1) || true
+read -r _ token < <(grep '^MQ_APP_TOKEN ' <<<"$setup_out" | tail -n 1) || true
+if grep -q '^MQ_ADMIN_TOKEN revoked' <<<"$setup_out"; then
+    echo "run: the admin's old API token was deleted: applications use the token below" >&2
+fi
 
 bar="=================================================================="
 {
     echo "$bar"
     echo "  node:      http://127.0.0.1:$port/        admin: http://127.0.0.1:$port/admin/"
-    echo "  user:      admin"
+    echo "  console:   user admin (superuser: the console only, no API token)"
     case "$admin_state $admin_pw" in
         "created given"|"reset given") echo "  password:  (the one in \$ADMIN_PASSWORD)" ;;
         created*) echo "  password:  $admin_pw      <- shown only this once" ;;
@@ -58,6 +42,7 @@ bar="=================================================================="
     if [ -n "$token" ]; then
         echo "  API token: $token"
         echo "             (header  Authorization: Token $token)"
+        echo "             user $app_user: produce and consume on every queue; not staff"
     else
         echo "  API token: (none)"
     fi

@@ -27,7 +27,7 @@ from rest_framework import exceptions
 
 from ..auth import CachedTokenAuthentication, ClusterPeer, caller_of, caller_on_behalf_of, request_caller
 from ..router import cluster_secret_ok, hops_of
-from . import calls
+from . import calls, throttles
 from .errors import PayloadTooLarge, api_error, domain_error
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,7 @@ class FastPath:
                 caller = request_caller(ClusterPeer(caller_on_behalf_of(on_behalf) if on_behalf is not None else None))
             else:
                 user, _ = self.auth.authenticate_credentials(key)
+                throttles.check_user(user.pk)
                 caller = caller_of(user)
             hops = hops_of(environ.get("HTTP_X_MQ_HOPS"))
             status, payload = calls.CALLS[call](

@@ -472,9 +472,9 @@ def test_the_admins_purge_action_needs_manage_on_the_queue(runtime, purge_kv, cl
     name = f"app-{uuid.uuid4().hex[:8]}"
     q = service.create_queue(caller=owner, name=name, partitions=1)
     service.enqueue(name, [MessageDraft("a"), MessageDraft("b")], caller=owner)
-    # a staff operator with the admin's model permissions, and the grant of this case
+    # a staff operator with the admin's permission to purge, and the grant of this case
     operator = User.objects.create(username=f"op-{uuid.uuid4().hex[:6]}", is_staff=True)
-    operator.user_permissions.add(*Permission.objects.filter(codename__in=["view_queue", "change_queue"]))
+    operator.user_permissions.add(*Permission.objects.filter(codename__in=["view_queue", "purge_queue"]))
     if grant is not None:
         Grant.objects.create(user=operator, queue=q, action=grant)
     client.force_login(operator)

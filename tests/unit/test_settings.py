@@ -66,3 +66,76 @@ def test_unknown_kv_scheme_fails_loudly():
 
     with pytest.raises(ImproperlyConfigured, match="unknown scheme"):
         open_store("s3://bucket/x")
+
+
+# --- production hardening -------------------------------------------------------------------
+_PRODUCTION = {
+    "MQ_ENV": "production",
+    "SECRET_KEY": "k3y-" + "AbCdEfGhIjKlMnOpQrStUvWxYz0123456789-_+=!@#$%^&*()",
+    "CLUSTER_SECRET": "cl-" + "ZyXwVuTsRqPoNmLkJiHgFeDcBa9876543210_-+=",
+    "ALLOWED_HOSTS": "mq.example.com",
+    "KV_URL": "file:///tmp/mq-settings-test",
+}
+_SHOW = (
+    "import django, json; django.setup(); from django.conf import settings as s; "
+    "print(json.dumps({k: getattr(s, k) for k in ('SESSION_COOKIE_SECURE', 'CSRF_COOKIE_SECURE', "
+    "'SECURE_HSTS_SECONDS', 'SECURE_HSTS_INCLUDE_SUBDOMAINS', 'SECURE_PROXY_SSL_HEADER', "
+    "'SECURE_SSL_REDIRECT')} | {'throttles': s.REST_FRAMEWORK.get('DEFAULT_THROTTLE_CLASSES'), "
+    "'rates': s.REST_FRAMEWORK.get('DEFAULT_THROTTLE_RATES')}))"
+)
+
+
+def _run(args: list[str], env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in ("MQ_ENV", "DEBUG", *_PRODUCTION)}
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env={**clean, "DJANGO_SETTINGS_MODULE": "config.settings", "MQ_DATA_DIR": str(tmp_path / "data"), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_production_has_secure_cookies_hsts_and_throttles(tmp_path):
+    import json
+
+    # when production settings load behind a TLS proxy
+    result = _run(["-c", _SHOW], {**_PRODUCTION, "SECURE_PROXY_SSL_HEADER": "X-Forwarded-Proto: https"}, tmp_path)
+    # then cookies go over HTTPS only, HSTS is on, the proxy's header says what is HTTPS, and
+    # the API is throttled per user and per anonymous address
+    assert result.returncode == 0, result.stderr
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got["SESSION_COOKIE_SECURE"] is True and got["CSRF_COOKIE_SECURE"] is True
+    assert got["SECURE_HSTS_SECONDS"] >= 365 * 24 * 3600 and got["SECURE_HSTS_INCLUDE_SUBDOMAINS"] is True
+    assert got["SECURE_PROXY_SSL_HEADER"] == ["HTTP_X_FORWARDED_PROTO", "https"]
+    assert got["SECURE_SSL_REDIRECT"] is False  # nodes forward to each other over plain HTTP
+    assert got["throttles"] == ["queues.api.throttles.UserRate", "queues.api.throttles.AnonRate"]
+    assert got["rates"]["user"] and got["rates"]["anon"]
+
+
+def test_the_embedded_mode_keeps_plain_http_working(tmp_path):
+    import json
+
+    result = _run(["-c", _SHOW], {"KV_URL": "file:///tmp/mq-settings-test"}, tmp_path)
+    assert result.returncode == 0, result.stderr
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got["SESSION_COOKIE_SECURE"] is False and got["SECURE_HSTS_SECONDS"] == 0
+    assert got["rates"] == {"user": None, "anon": None}
+
+
+def test_a_malformed_proxy_header_fails_loudly(tmp_path):
+    result = _run(["-c", _SHOW], {**_PRODUCTION, "SECURE_PROXY_SSL_HEADER": "X-Forwarded-Proto"}, tmp_path)
+    assert result.returncode != 0 and "SECURE_PROXY_SSL_HEADER" in result.stderr
+
+
+@pytest.mark.parametrize("redirect", ["0", "1"])
+def test_check_deploy_has_no_cookie_or_hsts_warnings_in_production(tmp_path, redirect):
+    # when Django's deployment checklist runs on the production settings
+    result = _run(["manage.py", "check", "--deploy"], {**_PRODUCTION, "SECURE_SSL_REDIRECT": redirect}, tmp_path)
+    out = result.stdout + result.stderr
+    # then none of the cookie and HSTS warnings remain
+    for check in ("security.W004", "security.W005", "security.W012", "security.W016", "security.W009"):
+        assert check not in out, out
+    # and the HTTPS redirect is one only when asked for (see SECURE_SSL_REDIRECT in the settings)
+    assert ("security.W008" in out) == (redirect == "0"), out

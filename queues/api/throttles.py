@@ -1,0 +1,83 @@
+"""Call rates per user and per anonymous client (``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]``:
+``user``, ``anon``; None: no limit), counted in Django's default cache.
+
+DRF's own ``SimpleRateThrottle`` keeps the time of every call of a client in one cache entry,
+read and written whole on every call: at the rates a queue's clients call (hundreds a second)
+that list is the cost. These count calls in fixed windows instead, one ``incr`` per call; a
+client may make up to twice its rate across a window's edge. With the embedded local-memory
+cache the count is per process; with ``REDIS_URL`` it is the cluster's.
+
+A call forwarded by another node is not counted again (it was counted where it came in): its
+user (a cluster peer) has no ``pk``. The fast path counts its calls with :func:`check_user`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from rest_framework import exceptions, throttling
+from rest_framework.settings import api_settings
+
+
+class _Window(throttling.SimpleRateThrottle):
+    _wait = 0.0
+
+    def get_rate(self) -> str | None:
+        # read per instance, not at import: the settings' rates, even overridden in a test
+        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+
+    def allow_request(self, request, view) -> bool:
+        if self.rate is None:
+            return True
+        key = self.get_cache_key(request, view)
+        return key is None or self.hit(key)
+
+    def hit(self, key: str) -> bool:
+        """Count one call of ``key``; whether it is within the rate."""
+        now = time.time()
+        window = int(now // self.duration)
+        counter = f"{key}:{window}"
+        self.cache.add(counter, 0, self.duration + 1)
+        try:
+            n = self.cache.incr(counter)
+        except ValueError:  # evicted between add and incr: this call starts the window
+            self.cache.set(counter, 1, self.duration + 1)
+            n = 1
+        self._wait = (window + 1) * self.duration - now
+        return n <= self.num_requests
+
+    def wait(self) -> float:
+        return math.ceil(self._wait)  # Retry-After is whole seconds: never say 0 too early
+
+
+class UserRate(_Window):
+    """Calls per authenticated user (its token or session)."""
+
+    scope = "user"
+
+    def get_cache_key(self, request, view) -> str | None:
+        pk = getattr(request.user, "pk", None)
+        if pk is None:
+            return None  # anonymous (AnonRate counts it) or a cluster peer
+        return self.cache_format % {"scope": self.scope, "ident": pk}
+
+
+class AnonRate(_Window):
+    """Calls without credentials, per client address."""
+
+    scope = "anon"
+
+    def get_cache_key(self, request, view) -> str | None:
+        if request.user is not None and getattr(request.user, "is_authenticated", False):
+            return None
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+
+def check_user(user_id: int) -> None:
+    """Count a fast-path call of the user; raise ``Throttled`` (429, Retry-After) past its rate."""
+    throttle = UserRate()
+    if throttle.rate is None:
+        return
+    if not throttle.hit(throttle.cache_format % {"scope": throttle.scope, "ident": user_id}):
+        raise exceptions.Throttled(wait=throttle.wait())
