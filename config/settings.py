@@ -276,7 +276,11 @@ STATIC_ROOT = DATA_DIR / "static"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns on every request otherwise
 WHITENOISE_USE_FINDERS = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024 * 1024
+#: The most bytes of a request body, refused by its Content-Length before a byte is read (413).
+#: Parsing costs about 24 times a body's size, so this bounds a request's memory; a message
+#: call's own limit is lower still (``queues.api.calls.body_limit``: the queue's limits).
+API_MAX_REQUEST_BYTES = envint("API_MAX_REQUEST_BYTES", 8 * 1024 * 1024, minimum=64 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_REQUEST_BYTES
 
 LOGGING = {
     "version": 1,
