@@ -228,6 +228,11 @@ NODE_HEARTBEAT = envfloat("NODE_HEARTBEAT", 1.0)
 NODE_BODY_CACHE_BYTES = envint("NODE_BODY_CACHE_BYTES", 64 * 1024 * 1024, minimum=0)
 #: Request threads of `runnode` (its --threads default): a long poll holds one for up to 20 s.
 NODE_THREADS = envint("NODE_THREADS", 64, minimum=1)
+#: Concurrent long polls (dequeue with wait > 0) one user may have waiting on a node; past it 429.
+LONG_POLL_MAX_PER_USER = envint("LONG_POLL_MAX_PER_USER", 16, minimum=1)
+#: Concurrent long polls on a node in all (default: half its request threads, so waits never
+#: take the threads acks and enqueues need); past it 429.
+LONG_POLL_MAX_PER_NODE = envint("LONG_POLL_MAX_PER_NODE", max(1, NODE_THREADS // 2), minimum=1)
 
 #: Cooling (enqueues sent to other nodes) above this many messages in flight on the node...
 NODE_COOLING_IN_FLIGHT = envint("NODE_COOLING_IN_FLIGHT", 500_000, minimum=0)

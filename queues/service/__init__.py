@@ -37,6 +37,7 @@ from .errors import (
     ReceiptMismatch,
     RemoteError,
     SubscriptionNotFound,
+    TooManyWaits,
 )
 from .grants import check_grant, grant, revoke
 from .messages import MAX_BATCH, MAX_WAIT, ack, change_visibility, check_drafts, dequeue, enqueue, iso, publish
@@ -76,6 +77,7 @@ __all__ = [
     "ReleaseResult",
     "RemoteError",
     "SubscriptionNotFound",
+    "TooManyWaits",
     "SubscriptionStats",
     "ack",
     "authorize",
