@@ -194,11 +194,18 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
     "retention": {"task": "queues.expire", "schedule": envfloat("RETENTION_EVERY", 60.0)},
     "attempt-logs": {"task": "workers.expire_attempt_logs", "schedule": 3600.0},
+    "consumers": {"task": "workers.expire_consumers", "schedule": 300.0},
     "dashboards": {"task": "consoles.refresh_dashboards", "schedule": envfloat("DASHBOARDS_EVERY", 300.0)},
     "archive": {"task": "archive.run_archiver", "schedule": envfloat("ARCHIVE_EVERY", 10.0)},
 }
 #: Days an attempt record is kept.
 ATTEMPT_LOG_RETENTION_DAYS = envint("ATTEMPT_LOG_RETENTION_DAYS", 30, minimum=1)
+#: Seconds a consumer (a worker's heartbeat row) is kept after its last heartbeat.
+CONSUMER_RETENTION = envint("CONSUMER_RETENTION", 3600, minimum=60)
+#: Consumers one user may have heard from within CONSUMER_RETENTION; a new one past it is 429.
+WORKER_MAX_CONSUMERS_PER_USER = envint("WORKER_MAX_CONSUMERS_PER_USER", 100, minimum=1)
+#: Held messages one heartbeat may list (400 past it).
+WORKER_MAX_HELD = envint("WORKER_MAX_HELD", 1000, minimum=1)
 
 # --- Spark --------------------------------------------------------------------------------
 SPARK_MASTER = env("SPARK_MASTER", "local[2]")

@@ -41,7 +41,15 @@ from .errors import (
 )
 from .grants import check_grant, grant, revoke
 from .messages import MAX_BATCH, MAX_WAIT, ack, change_visibility, check_drafts, dequeue, enqueue, iso, publish
-from .operations import close_purged, expire, expire_everywhere, purge, redrive, release_partition
+from .operations import (
+    close_purged,
+    expire,
+    expire_everywhere,
+    forget_expired_dedup,
+    purge,
+    redrive,
+    release_partition,
+)
 from .peers import Peers, get_peers, set_peers
 from .runtime import get_runtime, set_runtime
 from .targets import authorize, checked_name, queue_config, resolve
@@ -94,6 +102,7 @@ __all__ = [
     "enqueue",
     "expire",
     "expire_everywhere",
+    "forget_expired_dedup",
     "get_peers",
     "get_queue",
     "get_runtime",
