@@ -39,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
-from bench.common import REPO, BenchNode, log  # noqa: E402
+from bench.common import REPO, BenchNode, log
 
 MiB = 1024 * 1024
 
