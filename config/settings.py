@@ -232,11 +232,18 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
     "retention": {"task": "queues.expire", "schedule": envfloat("RETENTION_EVERY", 60.0)},
     "attempt-logs": {"task": "workers.expire_attempt_logs", "schedule": 3600.0},
+    "consumers": {"task": "workers.expire_consumers", "schedule": 300.0},
     "dashboards": {"task": "consoles.refresh_dashboards", "schedule": envfloat("DASHBOARDS_EVERY", 300.0)},
     "archive": {"task": "archive.run_archiver", "schedule": envfloat("ARCHIVE_EVERY", 10.0)},
 }
 #: Days an attempt record is kept.
 ATTEMPT_LOG_RETENTION_DAYS = envint("ATTEMPT_LOG_RETENTION_DAYS", 30, minimum=1)
+#: Seconds a consumer (a worker's heartbeat row) is kept after its last heartbeat.
+CONSUMER_RETENTION = envint("CONSUMER_RETENTION", 3600, minimum=60)
+#: Consumers one user may have heard from within CONSUMER_RETENTION; a new one past it is 429.
+WORKER_MAX_CONSUMERS_PER_USER = envint("WORKER_MAX_CONSUMERS_PER_USER", 100, minimum=1)
+#: Held messages one heartbeat may list (400 past it).
+WORKER_MAX_HELD = envint("WORKER_MAX_HELD", 1000, minimum=1)
 
 # --- Spark --------------------------------------------------------------------------------
 SPARK_MASTER = env("SPARK_MASTER", "local[2]")
@@ -266,6 +273,11 @@ NODE_HEARTBEAT = envfloat("NODE_HEARTBEAT", 1.0)
 NODE_BODY_CACHE_BYTES = envint("NODE_BODY_CACHE_BYTES", 64 * 1024 * 1024, minimum=0)
 #: Request threads of `runnode` (its --threads default): a long poll holds one for up to 20 s.
 NODE_THREADS = envint("NODE_THREADS", 64, minimum=1)
+#: Concurrent long polls (dequeue with wait > 0) one user may have waiting on a node; past it 429.
+LONG_POLL_MAX_PER_USER = envint("LONG_POLL_MAX_PER_USER", 16, minimum=1)
+#: Concurrent long polls on a node in all (default: half its request threads, so waits never
+#: take the threads acks and enqueues need); past it 429.
+LONG_POLL_MAX_PER_NODE = envint("LONG_POLL_MAX_PER_NODE", max(1, NODE_THREADS // 2), minimum=1)
 
 #: Cooling (enqueues sent to other nodes) above this many messages in flight on the node...
 NODE_COOLING_IN_FLIGHT = envint("NODE_COOLING_IN_FLIGHT", 500_000, minimum=0)
@@ -333,7 +345,11 @@ STATIC_ROOT = DATA_DIR / "static"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns on every request otherwise
 WHITENOISE_USE_FINDERS = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024 * 1024
+#: The most bytes of a request body, refused by its Content-Length before a byte is read (413).
+#: Parsing costs about 24 times a body's size, so this bounds a request's memory; a message
+#: call's own limit is lower still (``queues.api.calls.body_limit``: the queue's limits).
+API_MAX_REQUEST_BYTES = envint("API_MAX_REQUEST_BYTES", 8 * 1024 * 1024, minimum=64 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_REQUEST_BYTES
 
 LOGGING = {
     "version": 1,

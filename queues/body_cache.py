@@ -6,45 +6,81 @@ and evicting the oldest first. Stored messages are immutable, so an entry is nev
 its message is stored; the manager discards it when the message goes (ack, expiry, dead
 letter) or becomes an archive stub. A miss is never wrong, only slower: the manager reads the
 store.
+
+Each entry is charged what it holds in memory (:func:`held_bytes`): the body, the attributes,
+estimates and history, the group, the ID and the record itself. Charging the body alone let a
+1-character body with 16 attributes of 1 KB cost 97 bytes while it held about 18 KB, so the
+budget admitted gigabytes (issue 14).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 
 from .messages import StoredMessage
 
-#: bytes counted per entry beyond its body (key, record, dict slot), roughly.
-OVERHEAD = 96
+#: bytes per entry beyond its strings and dicts: the record (112 with its slots), its floats
+#: and ints (~80), the ordered dict's slot and links (~100), the charge kept beside it (~40).
+#: Measured with tracemalloc on CPython 3.11 (tests/unit/test_body_cache.py checks the sum).
+OVERHEAD = 330
+
+
+def _deep(value: object) -> int:
+    """Bytes a JSON-like value holds: strings, numbers, and the dicts and lists around them."""
+    if isinstance(value, dict):
+        return sys.getsizeof(value) + sum(_deep(k) + _deep(v) for k, v in value.items())
+    if isinstance(value, list):
+        return sys.getsizeof(value) + sum(_deep(v) for v in value)
+    return sys.getsizeof(value)
+
+
+def held_bytes(msg_id: str, message: StoredMessage) -> int:
+    """What an entry holds in memory, in bytes (``sys.getsizeof`` counts a str's real size,
+    up to 4 bytes a character). Attributes are at most 16, so this is a few microseconds."""
+    cost = OVERHEAD + sys.getsizeof(msg_id) + sys.getsizeof(message.body)
+    if message.group is not None:
+        cost += sys.getsizeof(message.group)
+    for extra in (message.attributes, message.estimates, message.history):
+        if extra:
+            cost += _deep(extra)
+    return cost
 
 
 class BodyCache:
-    """Recently enqueued bodies, by message ID. Bounded in bytes (``budget``; 0: off)."""
+    """Recently enqueued messages, by message ID. Bounded in bytes held (``budget``; 0: off)."""
 
     def __init__(self, budget: int):
         self.budget = budget
+        #: bytes charged for what is held now (never above ``budget`` after a put).
         self.used = 0
-        self._items: OrderedDict[str, StoredMessage] = OrderedDict()
+        self._items: OrderedDict[str, tuple[StoredMessage, int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def put(self, msg_id: str, message: StoredMessage) -> None:
         if self.budget <= 0:
             return
-        cost = len(message.body) + OVERHEAD
+        cost = held_bytes(msg_id, message)
+        if cost > self.budget:
+            return  # it would evict everything and still not fit
         with self._lock:
-            self._items[msg_id] = message
+            old = self._items.pop(msg_id, None)
+            if old is not None:
+                self.used -= old[1]
+            self._items[msg_id] = (message, cost)
             self.used += cost
             while self.used > self.budget and self._items:
-                _, old = self._items.popitem(last=False)
-                self.used -= len(old.body) + OVERHEAD
+                _, (_, charged) = self._items.popitem(last=False)
+                self.used -= charged
 
     def get(self, msg_id: str) -> StoredMessage | None:
         # No lock: a dict read is atomic, and a racing eviction only turns a hit into a miss.
-        return self._items.get(msg_id)
+        hit = self._items.get(msg_id)
+        return hit[0] if hit is not None else None
 
     def discard(self, msg_id: str) -> None:
         with self._lock:
             old = self._items.pop(msg_id, None)
             if old is not None:
-                self.used -= len(old.body) + OVERHEAD
+                self.used -= old[1]

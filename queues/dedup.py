@@ -43,6 +43,10 @@ class DedupStore:
     def release(self, queue: str, dedup_id: str) -> None:
         raise NotImplementedError
 
+    def expire(self) -> int:
+        """Forget the dedup_ids past their window; how many (Redis: its TTL does it, 0)."""
+        return 0
+
 
 class RedisDedup(DedupStore):
     def __init__(self) -> None:
@@ -96,6 +100,12 @@ class DatabaseDedup(DedupStore):
 
     def release(self, queue: str, dedup_id: str) -> None:
         DedupEntry.objects.filter(queue=queue, dedup_id=dedup_id, message_id=_PENDING).delete()
+
+    def expire(self) -> int:
+        """One DELETE of the rows past their window (indexed on ``expires_at``): they were
+        never deleted, only taken over by a repeat of the same dedup_id."""
+        deleted, _ = DedupEntry.objects.filter(expires_at__lt=timezone.now()).delete()
+        return deleted
 
 
 _store: DedupStore | None = None

@@ -20,4 +20,7 @@ def expire() -> dict[str, int]:
     total = sum(counts.values())
     if total:
         log.info("retention removed %d messages: %s", total, {k: v for k, v in counts.items() if v})
+    forgotten = service.forget_expired_dedup()
+    if forgotten:
+        log.info("forgot %d dedup_ids past their window", forgotten)
     return counts

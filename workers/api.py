@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
-from rest_framework import serializers, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -183,4 +183,10 @@ class HeartbeatView(APIView):
             capacity=data.get("capacity", 1),
             held=tuple(services.Held(h["id"], h["receipt"], h.get("queue")) for h in data.get("held", [])),
         )
-        return Response(asdict(services.heartbeat(beat, caller=request_caller(request.user))))
+        try:
+            instructions = services.heartbeat(beat, caller=request_caller(request.user))
+        except services.TooManyHeld as exc:
+            raise BadRequest(str(exc), "too_many_held") from None
+        except services.TooManyConsumers as exc:
+            raise exceptions.Throttled(wait=60, detail=str(exc)) from None
+        return Response(asdict(instructions))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 
@@ -19,12 +20,27 @@ class Consumer(models.Model):
     asleep_until = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     last_heartbeat = models.DateTimeField(db_index=True)
+    #: whose token heartbeats it: a user has at most WORKER_MAX_CONSUMERS_PER_USER of them.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="consumers"
+    )
 
     class Meta:
         ordering = ["-last_heartbeat"]
 
     def __str__(self) -> str:
         return self.name or self.id[:12]
+
+
+class HeldMessage(models.Model):
+    """A message a consumer said it holds in its latest heartbeat, by ID: a redelivery looks
+    up its holder here by index instead of loading every consumer's ``held`` list."""
+
+    consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="held_messages")
+    message_id = models.CharField(max_length=200, db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.consumer_id}: {self.message_id}"
 
 
 class AttemptLog(models.Model):

@@ -19,7 +19,8 @@ What it does for you:
   API's ``status``, ``code`` (e.g. ``queue_not_found``, ``receipt_mismatch``) and ``detail``.
 * **Batching.** :meth:`Client.enqueue_many`, :meth:`Client.ack` and :meth:`Client.ack_ids` split
   their input into calls of at most 1,000 items (the API's limit).
-* **Retries.** A 4xx is never retried (the call was wrong and changed nothing). A 5xx (503 means
+* **Retries.** A 4xx other than 429 is never retried (the call was wrong and changed nothing). A
+  429 (a node's cap on concurrent long polls or consumers) is retried like a 5xx. A 5xx (503 means
   "this partition is not served here right now") and a connection error are retried up to
   ``retries`` times with exponential backoff and full jitter, honouring ``Retry-After``, each time on
   the next node of the round robin. A node that refused a connection is skipped for a short while.
@@ -175,7 +176,7 @@ def _error_class(status: int) -> type[ApiError]:
         return Conflict
     if status in (401, 403):
         return Unauthorized
-    if status == 503:
+    if status in (429, 503):
         return Unavailable
     if status >= 500:
         return ServerError
@@ -1144,9 +1145,9 @@ class Client:
             error = _error_class(status)(
                 status, str(body.get("error") or f"http_{status}"), body.get("detail"), body, url=base
             )
-            if status < 500:
+            if status < 500 and status != 429:
                 raise error
-            last = error
+            last = error  # 5xx, and 429 (a node's cap on long polls or consumers): later may do
             if direct:  # the owner moved or is failing: the round robin, at once
                 self._forget_owner_of(path)
             elif attempt < retries:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal
 
+from django.conf import settings
+from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -21,7 +23,7 @@ from queues.access import Caller, Forbidden
 from queues.messages import parse_message_id
 from queues.models import Partition, Queue
 
-from .models import AttemptLog, Consumer
+from .models import AttemptLog, Consumer, HeldMessage
 
 if TYPE_CHECKING:
     from queues.partition import Delivery
@@ -45,6 +47,15 @@ class InvalidAttempt(ValueError):
 
 class LimitOutOfRange(ValueError):
     """A listing asked for fewer than one or more than :data:`MAX_RECORDS` records."""
+
+
+class TooManyHeld(ValueError):
+    """A heartbeat lists more held messages than ``WORKER_MAX_HELD`` (nothing recorded)."""
+
+
+class TooManyConsumers(Exception):
+    """A new consumer of a user that has ``WORKER_MAX_CONSUMERS_PER_USER`` heard from within
+    ``CONSUMER_RETENTION`` already (nothing recorded; the oldest expire)."""
 
 
 # --- the attempt log ---------------------------------------------------------------------------
@@ -148,13 +159,14 @@ def list_attempts(
     return list(rows[:limit])
 
 
-def _holders() -> dict[str, str]:
-    """Message ID -> the consumer that said in its latest heartbeat that it holds it."""
-    holders = {}
-    for c in Consumer.objects.filter(last_heartbeat__gte=timezone.now() - HOLDER_HEARD).only("id", "held"):
-        for mid in c.held:
-            holders[mid] = c.pk
-    return holders
+def _holders(message_ids: Sequence[str]) -> dict[str, str]:
+    """Message ID -> the consumer that said in its latest heartbeat that it holds it, for
+    ``message_ids`` only: one indexed read (it loaded every consumer's list before, on every
+    dequeue with a redelivery)."""
+    rows = HeldMessage.objects.filter(
+        message_id__in=list(message_ids), consumer__last_heartbeat__gte=timezone.now() - HOLDER_HEARD
+    ).values_list("message_id", "consumer_id")
+    return dict(rows)
 
 
 def record_redeliveries(deliveries: Iterable[Delivery]) -> int:
@@ -173,7 +185,7 @@ def record_redeliveries(deliveries: Iterable[Delivery]) -> int:
     if not again:
         return 0
     reported = set(AttemptLog.objects.filter(message_id__in=[d.id for d in again]).values_list("message_id", "attempt"))
-    holders = _holders()
+    holders = _holders([d.id for d in again])
     rows = []
     for d in again:
         if (d.id, d.receive_count - 1) in reported:
@@ -224,7 +236,7 @@ def record_given_back(message_id: str, attempt: int) -> bool:
         message_id=message_id,
         queue=mid.queue,
         partition=mid.partition,
-        worker_id=_holders().get(message_id),
+        worker_id=_holders([message_id]).get(message_id),
         attempt=attempt,
         outcome=AttemptLog.Outcome.GIVEN_BACK,
         error=GIVEN_BACK_ERROR,
@@ -317,6 +329,7 @@ def heartbeat(beat: Heartbeat, *, caller: Caller, now: datetime | None = None) -
     next beat (database errors pass through).
     """
     now = now or timezone.now()
+    _check_bounds(beat, caller, now)
     extended, lost = extend_held(beat.held, caller=caller)
     # Depths and owners only of the queues the worker's user may read.
     readable = service.readable_names(caller)
@@ -325,21 +338,58 @@ def heartbeat(beat: Heartbeat, *, caller: Caller, now: datetime | None = None) -
     take = _assign(beat.consumer, queues, now) if instruction == "continue" else []
     if take:
         instruction = "take"
-    Consumer.objects.update_or_create(
-        pk=beat.consumer,
-        defaults={
-            "name": beat.name,
-            "hostname": beat.hostname,
-            "pid": beat.pid,
-            "queues": list(beat.queues),
-            "load": beat.load,
-            "capacity": beat.capacity,
-            "held": [h.id for h in beat.held],
-            "last_heartbeat": now,
-            "asleep_until": now + timedelta(seconds=sleep) if sleep else None,
-        },
-    )
+    with transaction.atomic():
+        consumer, _ = Consumer.objects.update_or_create(
+            pk=beat.consumer,
+            defaults={
+                "name": beat.name,
+                "hostname": beat.hostname,
+                "pid": beat.pid,
+                "queues": list(beat.queues),
+                "load": beat.load,
+                "capacity": beat.capacity,
+                "held": [h.id for h in beat.held],
+                "last_heartbeat": now,
+                "asleep_until": now + timedelta(seconds=sleep) if sleep else None,
+                "user_id": caller.user_id,
+            },
+        )
+        HeldMessage.objects.filter(consumer=consumer).delete()
+        HeldMessage.objects.bulk_create(HeldMessage(consumer=consumer, message_id=h.id) for h in beat.held)
     return Instructions(instruction, sleep, take, extended, lost)
+
+
+def _check_bounds(beat: Heartbeat, caller: Caller, now: datetime) -> None:
+    """A heartbeat's bounds (issue 14: rows under any ID, never deleted, 1,000 held IDs each):
+    at most ``WORKER_MAX_HELD`` held messages; a consumer ID taken by another user is not
+    overwritten (``Conflict``); a user's new consumer past ``WORKER_MAX_CONSUMERS_PER_USER``
+    live ones is refused (:class:`TooManyConsumers`). Reads only, no lock: two new consumers
+    racing may pass the count together, by one each (a bound, not an exact quota)."""
+    if len(beat.held) > settings.WORKER_MAX_HELD:
+        raise TooManyHeld(f"a heartbeat lists at most {settings.WORKER_MAX_HELD} held messages, got {len(beat.held)}")
+    if caller.user_id is None:
+        return  # the service itself
+    owner = Consumer.objects.filter(pk=beat.consumer).values_list("user_id", flat=True).first()
+    if owner is not None and owner != caller.user_id:
+        raise service.Conflict(f"consumer {beat.consumer!r} belongs to another user", "consumer_taken")
+    if owner is None and not Consumer.objects.filter(pk=beat.consumer).exists():
+        cap = settings.WORKER_MAX_CONSUMERS_PER_USER
+        alive = Consumer.objects.filter(
+            user_id=caller.user_id, last_heartbeat__gte=now - timedelta(seconds=settings.CONSUMER_RETENTION)
+        ).count()
+        if alive >= cap:
+            raise TooManyConsumers(
+                f"this user has {alive} consumers heard from in the last {settings.CONSUMER_RETENTION} s "
+                f"(at most {cap}); reuse a consumer ID, or wait for idle ones to expire"
+            )
+
+
+def expire_consumers(*, now: datetime | None = None) -> int:
+    """Delete the consumers not heard from in ``CONSUMER_RETENTION`` seconds (and what they
+    held); returns how many. One DELETE, no lock: a consumer that beats again is recreated."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=settings.CONSUMER_RETENTION)
+    deleted, per_model = Consumer.objects.filter(last_heartbeat__lt=cutoff).delete()
+    return per_model.get(Consumer._meta.label, 0)
 
 
 def extend_held(held: Sequence[Held], *, caller: Caller) -> tuple[list[str], list[str]]:

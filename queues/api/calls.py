@@ -12,6 +12,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
+
 from .. import service
 from ..access import Caller
 from ..models import LIMITS
@@ -125,6 +127,55 @@ def release_partition(name: str, index: int, hops: int = 0, *, caller: Caller) -
 def refresh(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
     service.refresh_topic(name, caller=caller)
     return 200, {"refreshed": True}
+
+
+#: Bytes a message may take in a batch beside its body: its JSON keys, group, dedup_id, times,
+#: size, estimates and a few attributes (16 attributes of 1 KB fit one message, not a batch).
+MESSAGE_ENVELOPE = 1024
+#: Bytes one message of at most ``max_message_size`` may always take: its body JSON-escaped at
+#: worst (``\u00XX``: 6 bytes a byte) and its attributes at their largest.
+SINGLE_ENVELOPE = 24 * 1024
+#: The most bytes of a call that names no messages (dequeue, visibility, redrive, ...).
+SMALL_BODY = 64 * 1024
+#: The most bytes of an ack: 1,000 IDs of up to 200 characters and receipts of up to 64.
+ACK_BODY = 512 * 1024
+
+_ACTIONS = {
+    "enqueue": ("produce", False),
+    "publish": ("produce", False),
+    "dequeue": ("consume", True),
+    "ack": ("consume", True),
+    "visibility": ("consume", True),
+}
+
+
+#: The message calls: their body limits depend on the queue.
+MESSAGE_CALLS = frozenset(_ACTIONS)
+
+
+def body_limit(call: str, name: str, *, caller: Caller | None) -> int:
+    """The most bytes the request body of ``call`` on ``name`` may have, checked against its
+    ``Content-Length`` before a byte is read: the queue's own limits, under the node's
+    ``API_MAX_REQUEST_BYTES``. An enqueue may take a batch of ``MAX_BATCH`` messages of
+    ``max_message_size`` each with :data:`MESSAGE_ENVELOPE` beside each, or a single message
+    of ``max_message_size`` escaped at worst (:data:`SINGLE_ENVELOPE`), whichever is more.
+
+    Checks the caller's right first (as every call does, before its body): raises
+    QueueNotFound, Forbidden, SubscriptionNotFound as the call itself would. ``caller`` may be
+    None for a call not in :data:`MESSAGE_CALLS` (its limit names no queue).
+    """
+    cap = settings.API_MAX_REQUEST_BYTES
+    action = _ACTIONS.get(call)
+    if action is None or caller is None:
+        return min(cap, SMALL_BODY)
+    cfg, _ = service.authorize(name, action[0], caller=caller, reading=action[1])
+    if call == "ack":
+        return min(cap, ACK_BODY)
+    if call in ("dequeue", "visibility"):
+        return min(cap, SMALL_BODY)
+    batch = validation.MAX_BATCH * (cfg.max_message_size + MESSAGE_ENVELOPE) + SMALL_BODY
+    single = 6 * cfg.max_message_size + SINGLE_ENVELOPE
+    return min(cap, max(batch, single))
 
 
 #: The calls the fast path serves, by the last segment of their path.

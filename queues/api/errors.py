@@ -27,6 +27,7 @@ from ..service import (
     ReceiptMismatch,
     RemoteError,
     SubscriptionNotFound,
+    TooManyWaits,
 )
 
 
@@ -80,6 +81,8 @@ def domain_error(exc) -> tuple[int, dict, dict] | None:
     """``(status, payload, headers)`` for the service's own exceptions, else None."""
     if isinstance(exc, RemoteError):  # another node's answer, passed on as it is
         return exc.status, exc.payload, ({"Retry-After": "1"} if exc.status == 503 else {})
+    if isinstance(exc, TooManyWaits):
+        return 429, {"error": "too_many_waits", "detail": exc.detail}, {"Retry-After": str(exc.retry_after)}
     if isinstance(exc, Forbidden):
         return 403, {"error": "permission_denied", "detail": str(exc), "missing": exc.action}, {}
     if isinstance(exc, InvalidRequest):

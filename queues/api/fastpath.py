@@ -21,7 +21,6 @@ import re
 from http import HTTPStatus
 
 import orjson
-from django.conf import settings
 from django.db import close_old_connections
 from rest_framework import exceptions
 
@@ -92,8 +91,10 @@ class FastPath:
                 throttles.check_user(user.pk)
                 caller = caller_of(user)
             hops = hops_of(environ.get("HTTP_X_MQ_HOPS"))
+            # The caller's right and the queue's limits before a byte of the body is read.
+            limit = calls.body_limit(call, name, caller=caller)
             status, payload = calls.CALLS[call](
-                name, self._body(environ), hops, trusted=peer is not None, caller=caller
+                name, self._body(environ, limit), hops, trusted=peer is not None, caller=caller
             )
         except Exception as exc:
             mapped = domain_error(exc) or api_error(exc)
@@ -117,17 +118,22 @@ class FastPath:
         return [body]
 
     @staticmethod
-    def _body(environ):
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            raise exceptions.ParseError("bad Content-Length") from None
-        if limit and length > limit:
-            raise PayloadTooLarge(f"request body of {length} bytes is over the limit of {limit}")
+    def _body(environ, limit: int):
+        """The JSON body, refused (413) by its ``Content-Length`` before it is read when over
+        ``limit``; a chunked body (no length) is read to at most ``limit`` + 1 bytes."""
+        length = int(environ.get("CONTENT_LENGTH") or 0)  # digits: checked by the caller
+        if length > limit:
+            raise PayloadTooLarge(f"request body of {length} bytes is over this call's limit of {limit} bytes")
         if length <= 0:
-            return {}  # as DRF: an empty body is an empty object
-        raw = environ["wsgi.input"].read(length)
+            if "chunked" not in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+                return {}  # as DRF: an empty body is an empty object
+            raw = environ["wsgi.input"].read(limit + 1)
+            if len(raw) > limit:
+                raise PayloadTooLarge(f"request body is over this call's limit of {limit} bytes")
+            if not raw:
+                return {}
+        else:
+            raw = environ["wsgi.input"].read(length)
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:

@@ -12,19 +12,23 @@ class FastJSONParser(BaseParser):
     media_type = "application/json"
 
     def parse(self, stream, media_type=None, parser_context=None):
-        request = (parser_context or {}).get("request")
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        length = int(request.META.get("CONTENT_LENGTH") or 0) if request is not None else 0
+        context = parser_context or {}
+        request, view = context.get("request"), context.get("view")
+        limit = settings.API_MAX_REQUEST_BYTES
         # Imported here, not at the top: errors imports rest_framework.views, whose APIView
         # class body loads this module through DEFAULT_PARSER_CLASSES (an import cycle when
         # errors is imported first).
         from .errors import PayloadTooLarge
 
-        if limit and length > limit:
-            raise PayloadTooLarge(f"request body of {length} bytes is over the limit of {limit}")
-        raw = stream.read() if stream is not None else b""
-        if limit and len(raw) > limit:
-            raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
+        if request is not None and hasattr(view, "body_limit"):
+            limit = view.body_limit(request)  # a message call: the queue's own limits
+        length = int(request.META.get("CONTENT_LENGTH") or 0) if request is not None else 0
+        if length > limit:
+            raise PayloadTooLarge(f"request body of {length} bytes is over this call's limit of {limit} bytes")
+        # Never more than the limit and one byte, whatever the length said (or did not say).
+        raw = stream.read(limit + 1) if stream is not None else b""
+        if len(raw) > limit:
+            raise PayloadTooLarge(f"request body is over this call's limit of {limit} bytes")
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:

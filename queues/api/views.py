@@ -111,6 +111,13 @@ class CallView(APIView):
         """Whether this request is one a node may make for itself (no user named)."""
         return False
 
+    def body_limit(self, request) -> int:
+        """The most bytes this call's body may have: ``FastJSONParser`` refuses a longer one by
+        its Content-Length before reading it (the caller's right is checked first)."""
+        name = type(self).call.__name__
+        who = caller(request) if name in calls.MESSAGE_CALLS else None
+        return calls.body_limit(name, self.target(**self.kwargs), caller=who)
+
     def post(self, request, **kwargs):
         status_code, payload = type(self).call(
             self.target(**kwargs),

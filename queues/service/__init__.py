@@ -39,10 +39,19 @@ from .errors import (
     ReceiptMismatch,
     RemoteError,
     SubscriptionNotFound,
+    TooManyWaits,
 )
 from .grants import check_grant, grant, revoke
 from .messages import MAX_BATCH, MAX_WAIT, ack, change_visibility, check_drafts, dequeue, enqueue, iso, publish
-from .operations import close_purged, expire, expire_everywhere, purge, redrive, release_partition
+from .operations import (
+    close_purged,
+    expire,
+    expire_everywhere,
+    forget_expired_dedup,
+    purge,
+    redrive,
+    release_partition,
+)
 from .peers import Peers, get_peers, set_peers
 from .runtime import get_runtime, set_runtime
 from .targets import authorize, checked_name, queue_config, resolve
@@ -80,6 +89,7 @@ __all__ = [
     "ReleaseResult",
     "RemoteError",
     "SubscriptionNotFound",
+    "TooManyWaits",
     "SubscriptionStats",
     "ack",
     "authorize",
@@ -96,6 +106,7 @@ __all__ = [
     "enqueue",
     "expire",
     "expire_everywhere",
+    "forget_expired_dedup",
     "get_peers",
     "get_queue",
     "get_runtime",

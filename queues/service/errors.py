@@ -16,6 +16,7 @@ __all__ = [
     "ReceiptMismatch",
     "RemoteError",
     "SubscriptionNotFound",
+    "TooManyWaits",
 ]
 
 
@@ -36,3 +37,13 @@ class Conflict(Exception):
         super().__init__(detail)
         self.detail = detail
         self.code = code
+
+
+class TooManyWaits(Exception):
+    """A long poll past the node's cap on concurrent waits (429 with Retry-After): nothing was
+    dequeued. Each waiting poll holds a request thread, so one user must not hold them all."""
+
+    def __init__(self, detail: str, retry_after: int = 1):
+        super().__init__(detail)
+        self.detail = detail
+        self.retry_after = retry_after

@@ -13,9 +13,12 @@ index order (:func:`ack`), so two calls never wait on each other in a cycle.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+
+from django.conf import settings
 
 from ..access import SYSTEM, Caller
 from ..dedup import get_dedup
@@ -25,7 +28,7 @@ from ..node import QueueConfig
 from ..partition import Delivery, PartitionManager
 from ..router import MAX_HOPS
 from ..signals import given_back, redelivered
-from .errors import InvalidRequest, NotServedHere, PartitionUnavailable, QueueNotFound, RemoteError
+from .errors import InvalidRequest, NotServedHere, PartitionUnavailable, QueueNotFound, RemoteError, TooManyWaits
 from .peers import get_peers
 from .runtime import get_runtime
 from .targets import authorize, queue_config
@@ -242,10 +245,84 @@ def dequeue(
     then waiting here up to ``wait`` seconds for the first.
 
     Redeliveries are announced (``signals.redelivered``); messages past ``max_receives`` are moved
-    to the dead-letter queue. ``consume``; other owners are asked for ``caller``. Raises
-    QueueNotFound, ``access.Forbidden``, SubscriptionNotFound, InvalidRequest (``is_a_topic``).
+    to the dead-letter queue. ``consume``; other owners are asked for ``caller``, once: a
+    forwarded dequeue (``hops`` >= 1) never forwards again. Raises QueueNotFound,
+    ``access.Forbidden``, SubscriptionNotFound, InvalidRequest (``is_a_topic``), TooManyWaits
+    (``wait`` > 0 past the node's cap on concurrent long polls: :class:`WaitSlots`).
     """
     cfg, sub = authorize(target, "consume", caller=caller, reading=True)
+    if wait > 0:
+        with _WAITS.slot(caller):
+            return _dequeue(target, cfg, sub, caller, max_messages, visibility, wait, hops)
+    return _dequeue(target, cfg, sub, caller, max_messages, visibility, wait, hops)
+
+
+class WaitSlots:
+    """Concurrent long polls on this node, per user and in all: each holds a request thread
+    for up to ``MAX_WAIT`` seconds (granian's WSGI worker runs a request on one thread until
+    it returns), so a user past ``LONG_POLL_MAX_PER_USER`` or a node past
+    ``LONG_POLL_MAX_PER_NODE`` is answered 429 at once rather than starving acks and enqueues.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_user: dict[object, int] = {}
+        self.total = 0
+
+    def slot(self, caller: Caller) -> _Slot:
+        key = caller.user_id if caller.user_id is not None else caller.username
+        per_user, per_node = settings.LONG_POLL_MAX_PER_USER, settings.LONG_POLL_MAX_PER_NODE
+        with self._lock:
+            held = self._by_user.get(key, 0)
+            if held >= per_user:
+                raise TooManyWaits(
+                    f"{held} long polls of this user are waiting on this node already (at most {per_user}); "
+                    "retry, or poll with a shorter wait"
+                )
+            if self.total >= per_node:
+                raise TooManyWaits(f"{self.total} long polls are waiting on this node already (at most {per_node})")
+            self._by_user[key] = held + 1
+            self.total += 1
+        return _Slot(self, key)
+
+    def _release(self, key: object) -> None:
+        with self._lock:
+            self.total -= 1
+            left = self._by_user[key] - 1
+            if left:
+                self._by_user[key] = left
+            else:
+                del self._by_user[key]
+
+    def held(self, caller: Caller) -> int:
+        return self._by_user.get(caller.user_id if caller.user_id is not None else caller.username, 0)
+
+
+class _Slot:
+    def __init__(self, slots: WaitSlots, key: object):
+        self.slots, self.key = slots, key
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self.slots._release(self.key)
+
+
+#: This node's long polls (one process: one node).
+_WAITS = WaitSlots()
+
+
+def _dequeue(
+    target: str,
+    cfg: QueueConfig,
+    sub: str,
+    caller: Caller,
+    max_messages: int,
+    visibility: float | None,
+    wait: float,
+    hops: int,
+) -> list[Delivery]:
     spec = cfg.subscription(sub) if sub else None
     local_visibility = visibility
     if local_visibility is None and spec is not None:
@@ -256,7 +333,9 @@ def dequeue(
     _announce(target, found)
     if (spec.max_receives if spec is not None else cfg.max_receives) is not None:
         _move_dead_letters(cfg, sub)
-    if found or hops >= MAX_HOPS:
+    # A forwarded dequeue (hops >= 1) answers from here only: forwarding again made every
+    # empty poll cost N(N-1) internal calls on N nodes, each with its own timeout.
+    if found or hops >= 1:
         if not found and wait:
             found = _dequeue_local(cfg, sub, max_messages, local_visibility, wait)
             _announce(target, found)

@@ -13,6 +13,7 @@ from django.db.models import F
 
 from .. import audit
 from ..access import Caller, require
+from ..dedup import get_dedup
 from ..messages import StoredMessage
 from ..models import LIMITS, QUEUE_NAME_RE, Partition, Queue
 from ..partition import Delivery
@@ -205,3 +206,9 @@ def release_partition(queue: str, index: int, *, caller: Caller, hops: int = 0) 
     if address is None:
         raise Conflict(f"no live node holds {queue}/{index} now", "not_owned")
     return get_peers().release_partition(address, cfg.name, index, hops, caller)
+
+
+def forget_expired_dedup() -> int:
+    """Forget the dedup_ids past their queue's window (the database's rows; Redis expires its
+    own keys); returns how many. Run by the retention task: the rows were never deleted."""
+    return get_dedup().expire()

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from workers.models import AttemptLog, Consumer
+from workers.models import AttemptLog, Consumer, HeldMessage
 
 pytestmark = pytest.mark.django_db
 
@@ -244,7 +244,9 @@ def _mid(queue: str, index: int) -> str:
 
 
 def _holding(consumer: str, *mids: str) -> None:
-    Consumer.objects.create(pk=consumer, held=list(mids), last_heartbeat=datetime.now(UTC))
+    """What a heartbeat of ``consumer`` holding ``mids`` records."""
+    c = Consumer.objects.create(pk=consumer, held=list(mids), last_heartbeat=datetime.now(UTC))
+    HeldMessage.objects.bulk_create(HeldMessage(consumer=c, message_id=m) for m in mids)
 
 
 def _rows(mid: str) -> list[tuple[int, str, str | None]]:

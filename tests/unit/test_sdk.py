@@ -169,6 +169,18 @@ def test_4xx_are_typed_and_never_retried(stubs, status, cls):
         assert exc.value.message_id == "q/0/b/1"
 
 
+def test_429_is_retried_honouring_retry_after(stubs):
+    """A node's cap on concurrent long polls answers 429 with Retry-After: the poll is tried again."""
+    s = stubs()
+    s.answers = [
+        (429, {"error": "too_many_waits", "detail": "x"}, {"Retry-After": "1"}),
+        (200, {"messages": []}, {}),
+    ]
+    c, slept = _client(s.url)
+    assert c.dequeue("q", wait=5) == []
+    assert len(s.requests) == 2 and slept == [1.0]
+
+
 def test_5xx_is_retried_with_backoff_honouring_retry_after(stubs):
     s = stubs()
     s.answers = [

@@ -1,0 +1,110 @@
+"""A node under a hostile producer keeps its bounds (issue 14; the memory figure itself is
+``bench/hostile.py``'s).
+
+- The body cache's charged bytes stay under its budget while a producer sends messages whose
+  attributes are most of them, and the charge covers what is held.
+- On a real node: a request claiming a huge Content-Length is refused without the node reading
+  it, and long polls past the cap are 429 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import uuid
+
+import pytest
+import requests
+
+from queues.testing import wait_until
+
+from .nodes import NodeSet, local_node_env
+
+API = "/api/v1/queues"
+
+
+@pytest.mark.django_db
+def test_the_body_cache_stays_under_its_budget_under_large_attributes(api, make_queue, runtime):
+    # given a node whose body cache may hold 1 MiB
+    runtime.cache.budget = 1 << 20
+    name = make_queue(partitions=2)
+    attributes = {f"attribute-{k:02d}": "a" * 1024 for k in range(16)}
+
+    # when a producer sends 1,000 messages of a 1-character body and 16 KB of attributes
+    for _ in range(10):
+        r = api.post(
+            f"{API}/{name}/enqueue", {"messages": [{"body": "x", "attributes": attributes}] * 100}, format="json"
+        )
+        assert r.status_code == 201, r.content
+
+    # then the cache's charge stays under its budget and covers the attributes it holds
+    held = len(runtime.cache._items)
+    assert 0 < runtime.cache.used <= runtime.cache.budget
+    assert runtime.cache.used >= held * 16 * 1024, f"{held} entries charged {runtime.cache.used} bytes"
+    assert held < 100, "the budget admitted far more than 1 MiB of messages"
+
+
+@pytest.fixture
+def node(tmp_path, redis_client):
+    nodes = NodeSet(local_node_env(tmp_path, LONG_POLL_MAX_PER_USER="2", NODE_HEARTBEAT="0.3"), tmp_path)
+    yield nodes.start()
+    nodes.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_real_node_refuses_oversized_claims_unread_and_caps_long_polls(node, token):
+    headers = {"Authorization": f"Token {token}"}
+    name = f"hostile-{uuid.uuid4().hex[:8]}"
+    r = requests.post(f"{node.url}{API}", json={"name": name, "partitions": 1}, headers=headers, timeout=10)
+    assert r.status_code == 201, r.text
+
+    # when a request says it carries 1 GiB and sends nothing
+    conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=10)
+    conn.putrequest("POST", f"{API}/{name}/enqueue")
+    conn.putheader("Authorization", f"Token {token}")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", str(1 << 30))
+    conn.endheaders()
+    answer = conn.getresponse()
+
+    # then it is answered 413 at once: the node never waited for (or read) the body
+    assert answer.status == 413
+    assert b"payload_too_large" in answer.read()
+    conn.close()
+
+    # when two long polls wait (the cap of this user), a third comes
+    done = []
+
+    def poll():
+        done.append(
+            requests.post(f"{node.url}{API}/{name}/dequeue", json={"wait": 20}, headers=headers, timeout=60).status_code
+        )
+
+    waiters = [threading.Thread(target=poll) for _ in range(2)]
+    for t in waiters:
+        t.start()
+    refused = []
+
+    def third_refused() -> bool:
+        r = requests.post(f"{node.url}{API}/{name}/dequeue", json={"wait": 0.2}, headers=headers, timeout=30)
+        if r.status_code == 429:
+            refused.append(r)
+            return True
+        return False
+
+    try:
+        # then it is 429 with Retry-After (once both are seen waiting)
+        wait_until(third_refused, 30, "a third long poll refused")
+        assert refused[0].json()["error"] == "too_many_waits"
+        assert int(refused[0].headers["Retry-After"]) >= 1
+    finally:
+        requests.post(
+            f"{node.url}{API}/{name}/enqueue",
+            json={"messages": [{"body": "a"}, {"body": "b"}]},
+            headers=headers,
+            timeout=10,
+        )
+        for t in waiters:
+            t.join(timeout=60)
+    assert done == [200, 200]

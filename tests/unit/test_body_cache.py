@@ -1,0 +1,69 @@
+"""The body cache charges what it holds, so its byte budget bounds the node's memory.
+
+Issue 14: a 1-character body with 16 attributes of 1 KB was charged 97 bytes while the entry
+held about 18 KB, so a 64 MiB budget admitted gigabytes.
+"""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+
+from queues.body_cache import BodyCache, held_bytes
+from queues.messages import StoredMessage
+
+
+def hostile(i: int) -> StoredMessage:
+    """A 1-character body with 16 attributes of 1 KB (the most the API takes), and a group."""
+    attributes = {f"attribute-{k:02d}-{i}": f"{k}{i}".ljust(1024, "x") for k in range(16)}
+    return StoredMessage("x", 1000.0 + i, group=f"group-{i}", sequence=i, attributes=attributes)
+
+
+def mid(i: int) -> str:
+    return f"q/0/00000001-{i:016x}/{i % 1000}"
+
+
+def test_an_entry_is_charged_at_least_what_it_holds():
+    # given a message whose attributes are most of it
+    message = hostile(1)
+
+    # when it is charged
+    cost = held_bytes(mid(1), message)
+
+    # then the charge covers its body, attributes, group and ID (not 1 + 96 bytes)
+    assert cost >= 16 * 1024 + 16 * 12 + len("group-1") + len(mid(1))
+
+
+def test_the_budget_bounds_the_memory_held():
+    # given a cache of 1 MiB
+    budget = 1 << 20
+    cache = BodyCache(budget)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+
+        # when a hostile producer puts 500 messages of ~18 KB each (9 MB) through it
+        for i in range(500):
+            cache.put(mid(i), hostile(i))
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+    # then the charged bytes stay under the budget and cover what is really held
+    assert 0 < cache.used <= budget
+    assert held <= budget * 1.1, f"the cache holds {held} bytes against a budget of {budget}"
+    assert cache.used >= held * 0.8, f"charged {cache.used} for {held} bytes held"
+
+
+def test_discard_and_eviction_give_back_exactly_what_was_charged():
+    cache = BodyCache(200_000)
+    for i in range(50):
+        cache.put(mid(i), hostile(i))
+    for i in range(50):
+        cache.discard(mid(i))
+    assert cache.used == 0
+    cache.put(mid(1), hostile(1))
+    cache.put(mid(1), hostile(1))  # the same ID again: charged once
+    assert cache.used == held_bytes(mid(1), hostile(1))
