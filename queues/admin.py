@@ -550,7 +550,7 @@ class QueueAdmin(admin.ModelAdmin):
         for q in queryset:
             try:
                 result = service.redrive(q.name, 1000, caller=Caller.of(request.user))
-            except (Forbidden, service.QueueNotFound) as exc:
+            except (Forbidden, service.QueueNotFound, service.SubscriptionNotFound) as exc:
                 self.message_user(request, f"{q.name}: not redriven: {_refusal(exc)}", level=messages.ERROR)
                 continue
             except Exception as exc:  # noqa: BLE001 - shown to the operator

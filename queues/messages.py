@@ -74,6 +74,8 @@ class StoredMessage:
     #: a stub: the message is in the archive table, and only what places it in the delivery
     #: order (times, group, sequence) is still stored (see :meth:`stub`).
     archived: bool = False
+    #: on a topic: the only subscription that reads it (a redriven dead letter); None: all.
+    subscription: str | None = None
 
     def to_bytes(self) -> bytes:
         data = {"b": self.body, "t": self.enqueued_at, "s": self.sequence}
@@ -89,6 +91,8 @@ class StoredMessage:
                 data[key] = value
         if self.archived:
             data["x"] = 1
+        if self.subscription is not None:
+            data["r"] = self.subscription
         return orjson.dumps(data)
 
     @classmethod
@@ -105,6 +109,7 @@ class StoredMessage:
             d.get("e"),
             d.get("h"),
             bool(d.get("x")),
+            d.get("r"),
         )
 
     def with_sequence(self, sequence: int) -> StoredMessage:
@@ -120,9 +125,18 @@ class StoredMessage:
             self.estimates,
             self.history,
             self.archived,
+            self.subscription,
         )
 
     def stub(self) -> StoredMessage:
         """What stays in the key-value store of a message that retention moved to the archive
         while a subscription still holds it: enough to route it after a takeover, no body."""
-        return StoredMessage("", self.enqueued_at, self.group, self.sequence, self.not_before, archived=True)
+        return StoredMessage(
+            "",
+            self.enqueued_at,
+            self.group,
+            self.sequence,
+            self.not_before,
+            archived=True,
+            subscription=self.subscription,
+        )

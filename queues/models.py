@@ -178,6 +178,38 @@ class Queue(models.Model):
             raise ValidationError({"dead_letter_queue": "a queue cannot be its own dead-letter queue"})
         if (self.dead_letter_queue_id is None) != (self.max_receives is None):
             raise ValidationError({"max_receives": "dead_letter_queue and max_receives go together"})
+        if self.dead_letter_queue_id is not None and self.dead_letter_queue is not None:
+            why = dead_letter_mismatch(self, self.dead_letter_queue)
+            if why:
+                raise ValidationError({"dead_letter_queue": why})
+        if self.pk is not None and self.kind == self.Kind.QUEUE:
+            # This queue as the dead-letter queue of others: a change must still take theirs.
+            for source in Queue.objects.filter(dead_letter_queue_id=self.pk).exclude(pk=self.pk):
+                why = dead_letter_mismatch(source, self)
+                if why:
+                    raise ValidationError({"max_message_size" if "size" in why else "strict": why})
+            for topic in Queue.objects.filter(subscriptions__dead_letter_queue_id=self.pk).distinct():
+                why = dead_letter_mismatch(topic, self)
+                if why:
+                    raise ValidationError({"max_message_size" if "size" in why else "strict": why})
+
+
+def dead_letter_mismatch(source: Queue, dlq: Queue) -> str | None:
+    """Why ``dlq`` cannot take every dead letter of ``source`` (a queue, or the topic of a
+    subscription), or None. A dead letter keeps its body and its group; one the dead-letter
+    queue refused would be set aside again at every dequeue of the source, for ever."""
+    if dlq.kind != Queue.Kind.QUEUE:
+        return f"{dlq.name} is a topic: a dead-letter queue must be a queue"
+    if dlq.max_message_size < source.max_message_size:
+        return (
+            f"{dlq.name}'s max_message_size ({dlq.max_message_size}) is smaller than {source.name}'s "
+            f"({source.max_message_size}): some dead letters would not fit"
+        )
+    if dlq.strict and not source.strict:
+        return (
+            f"{dlq.name} is strict (every message needs a group) and {source.name} is not: its messages may have none"
+        )
+    return None
 
 
 class Subscription(models.Model):
@@ -220,6 +252,14 @@ class Subscription(models.Model):
 
     def __str__(self) -> str:
         return f"{self.topic.name}/{self.name}"
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        if self.dead_letter_queue_id is not None and self.dead_letter_queue is not None and self.topic_id is not None:
+            why = dead_letter_mismatch(self.topic, self.dead_letter_queue)
+            if why:
+                raise ValidationError({"dead_letter_queue": why})
 
 
 class DedupEntry(models.Model):

@@ -395,7 +395,7 @@ class PartitionManager:
                 if self._route_new(mid, block, i, message, scanned=True):
                     if not message.archived:  # a stub's body is read from the archive
                         self.cache.put(mid, message)
-                elif self._all and all(mid in c.acked for c in self._all):
+                elif self._all and all(mid in c.acked for c in self._all if message.subscription in (None, c.name)):
                     done.append(mid)  # acked by every subscription; the owner died before the delete
             if done:
                 self._remove_everywhere(done)
@@ -411,6 +411,8 @@ class PartitionManager:
             if not c.shared:
                 if mid in c.acked or (c.starts_at is not None and message.enqueued_at < c.starts_at):
                     continue
+                if message.subscription is not None and message.subscription != c.name:
+                    continue  # a redriven dead letter: only its subscription reads it again
                 c.live.setdefault(block.id, set()).add(i)
             self._route(c, mid, (block.ordinal, i), message, scanned=scanned)
             taken = True

@@ -523,10 +523,12 @@ class VisibilityResult:
 class RedriveResult:
     """What a redrive moved from a dead-letter queue."""
 
-    #: messages moved back to the queue they came from
+    #: messages moved back to the queue (or topic subscription) they came from
     moved: int = 0
-    #: messages left in place (no known source queue)
+    #: messages left in place (no source named in their history)
     skipped: int = 0
+    #: ``moved`` by source: a queue's name, or ``topic/subscription``
+    sources: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -959,7 +961,9 @@ class Client:
     def redrive(self, dead_letter_queue: str, max_messages: int = 100) -> RedriveResult:
         """Move up to ``max_messages`` dead letters back to the queues they came from."""
         answer = self._call("POST", f"queues/{_q(dead_letter_queue)}/redrive", {"max": max_messages})
-        return RedriveResult(moved=answer.get("moved", 0), skipped=answer.get("skipped", 0))
+        return RedriveResult(
+            moved=answer.get("moved", 0), skipped=answer.get("skipped", 0), sources=answer.get("sources") or {}
+        )
 
     def expire(self, queue: str, older_than: float | None = None) -> int:
         """Apply the retention rule now on the node called (staff tokens only); how many expired."""

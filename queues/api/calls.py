@@ -50,10 +50,24 @@ def delivery_json(d: Delivery, cfg: QueueConfig) -> dict[str, Any]:
     return item
 
 
+def check_only(data: Any, trusted: bool) -> tuple[Any, bool]:
+    """A node's call may ask only to check (``"check_only": true``: the receipts of an ack, the
+    messages of an enqueue, as this node sees them; nothing changes); the body without it."""
+    if trusted and isinstance(data, dict) and "check_only" in data:
+        data = dict(data)
+        return data, data.pop("check_only") is True
+    return data, False
+
+
 def enqueue(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
-    """``trusted``: the request comes from a node (it may carry a dead letter's history)."""
+    """``trusted``: the request comes from a node (it may carry a dead letter's history, or
+    ask only to check)."""
     cfg, _ = service.authorize(name, "produce", caller=caller)
+    data, checking = check_only(data, trusted)
     drafts, batch = validation.enqueue_request(data, cfg, datetime.now(UTC).timestamp(), trusted)
+    if checking:
+        service.enqueue(cfg.name, drafts, caller=caller, hops=hops, check_only=True)
+        return 200, {"checked": len(drafts)}
     ids = service.enqueue(cfg.name, drafts, caller=caller, hops=hops)
     return 201, ({"ids": ids} if batch else {"id": ids[0]})
 
@@ -77,7 +91,12 @@ def dequeue(name: str, data: Any, hops: int = 0, trusted: bool = False, *, calle
 
 def ack(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
     cfg, _ = service.authorize(name, "consume", caller=caller, reading=True)
-    result = service.ack(name, validation.ack_request(data, cfg), caller=caller, hops=hops)
+    data, checking = check_only(data, trusted)
+    items = validation.ack_request(data, cfg)
+    if checking:
+        service.ack(name, items, caller=caller, hops=hops, check_only=True)
+        return 200, {"checked": len(items)}
+    result = service.ack(name, items, caller=caller, hops=hops)
     return 200, {"acked": result.acked, "not_found": result.not_found}
 
 
@@ -94,7 +113,7 @@ def redrive(name: str, data: Any, hops: int = 0, trusted: bool = False, *, calle
     validation.no_extra(data, {"max"}, "the request")
     limit = validation.number(data, "max", 1, validation.MAX_DEQUEUE, 100, integer=True)
     result = service.redrive(name, limit, caller=caller, hops=hops)
-    return 200, {"moved": result.moved, "skipped": result.skipped}
+    return 200, {"moved": result.moved, "skipped": result.skipped, "sources": result.sources}
 
 
 def expire(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:

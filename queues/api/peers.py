@@ -22,7 +22,10 @@ from ..auth import on_behalf_value
 from ..messages import MessageId, StoredMessage
 from ..partition import Delivery
 from ..router import HOPS_HEADER, MAX_HOPS, ON_BEHALF_HEADER, SECRET_HEADER
-from ..service import AckResult, ExpireResult, MessageDraft, RemoteError
+from ..service import AckResult, ExpireResult, MessageDraft, RedriveResult, RemoteError
+
+#: In a node's enqueue or ack call: check it, change nothing (``calls.check_only``).
+CHECK_ONLY = "check_only"
 
 #: Seconds a forwarded call may take (a long poll is never forwarded: its wait is 0 there).
 TIMEOUT = 10.0
@@ -39,6 +42,7 @@ def draft_json(d: MessageDraft) -> dict[str, Any]:
         ("size", d.size),
         ("estimates", d.estimates),
         ("history", d.history),
+        ("subscription", d.subscription),
     ):
         if value is not None:
             item[key] = value
@@ -117,6 +121,12 @@ class HttpPeers:
         body = self.call(address, queue, "enqueue", payload, hops, caller, ok=201)
         return body["ids"]
 
+    def check_enqueue(
+        self, address: str, queue: str, drafts: Sequence[MessageDraft], hops: int, caller: Caller
+    ) -> None:
+        payload = {"messages": [draft_json(d) for d in drafts], CHECK_ONLY: True}
+        self.call(address, queue, "enqueue", payload, hops, caller)
+
     def dequeue(
         self, address: str, target: str, max_messages: int, visibility: float | None, hops: int, caller: Caller
     ) -> list[Delivery]:
@@ -133,6 +143,12 @@ class HttpPeers:
         body = self.call(address, target, "ack", payload, hops, caller)
         return AckResult(body.get("acked", 0), body.get("not_found", 0))
 
+    def check_ack(
+        self, address: str, target: str, items: Sequence[tuple[MessageId, str | None]], hops: int, caller: Caller
+    ) -> None:
+        payload = {"messages": [{"id": str(mid), "receipt": receipt} for mid, receipt in items], CHECK_ONLY: True}
+        self.call(address, target, "ack", payload, hops, caller)
+
     def change_visibility(
         self, address: str, target: str, mid: MessageId, receipt: str | None, timeout: float, hops: int, caller: Caller
     ) -> None:
@@ -147,6 +163,10 @@ class HttpPeers:
 
     def refresh_topic(self, address: str, topic: str) -> None:
         self.call(address, topic, "refresh", {}, 1, None)
+
+    def redrive(self, address: str, queue: str, max_messages: int, hops: int, caller: Caller) -> RedriveResult:
+        body = self.call(address, queue, "redrive", {"max": max_messages}, hops, caller)
+        return RedriveResult(body.get("moved", 0), body.get("skipped", 0), body.get("sources") or {})
 
     def expire(self, address: str, queue: str) -> ExpireResult:
         body = self.call(address, queue, "expire", {}, MAX_HOPS - 1, None)

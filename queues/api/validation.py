@@ -141,12 +141,19 @@ def _estimates(item: dict, where: str) -> dict | None:
     return {k: number(value, k, *LIMITS["estimate"], None) for k in value}
 
 
+#: What only a node may send with a message: a dead letter's history, the one subscription of
+#: a topic that reads it (a redriven dead letter).
+NODE_FIELDS = frozenset({"history", "subscription"})
+
+
 def _message(item: dict, cfg: QueueConfig, now: float, where: str, trusted: bool = False) -> MessageDraft:
     if len(item) != 1:
-        no_extra(item, MESSAGE_FIELDS | ({"history"} if trusted else set()), where)
+        no_extra(item, MESSAGE_FIELDS | (NODE_FIELDS if trusted else set()), where)
     draft = MessageDraft(_body(item, cfg, where))
     if trusted and isinstance(item.get("history"), dict):
         draft.history = item["history"]
+    if trusted and isinstance(item.get("subscription"), str):
+        draft.subscription = item["subscription"]
     if len(item) == 1 and not cfg.strict and not cfg.delay:
         return draft
     draft.group = _short_text(item, "group", where)

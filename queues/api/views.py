@@ -134,6 +134,11 @@ class CallView(APIView):
         request=EnqueueDoc,
         responses={201: EnqueueResultDoc, **ERRORS},
         summary="Enqueue one message, or a batch of up to 1,000 (stored in order)",
+        description=(
+            "All or nothing for refusals: a batch whose messages go to partitions on several nodes is "
+            "checked by every owner before any message is stored, so a 4xx (from this node or an owner) "
+            "stores nothing. A 5xx may leave part of a batch stored: retry with dedup_id."
+        ),
     )
 )
 class EnqueueView(CallView):
@@ -156,6 +161,10 @@ class DequeueView(CallView):
         request=AckDoc,
         responses={200: AckResultDoc, 409: ErrorDoc, **ERRORS},
         summary="Acknowledge (delete) messages; a stale receipt refuses the whole call",
+        description=(
+            "Every receipt is checked, on this node and at every other owner, before any message is "
+            "removed: a 409 (or any 4xx) acknowledges nothing anywhere."
+        ),
     )
 )
 class AckView(CallView):
@@ -186,6 +195,14 @@ class PartitionsView(APIView):
         request=dict,
         responses={200: dict, **ERRORS},
         summary="On a dead-letter queue: move up to max messages back to where they came from",
+        description=(
+            "Each dead letter goes back to its history.source (a queue, or topic/subscription: then only "
+            "that subscription reads it again), in its group, as a new message. Every source a round "
+            "names is checked before anything is copied (404 / 403 naming it); each source's share is "
+            "stored there, then removed here. Dead letters without a source are skipped and deliverable "
+            "again when the call ends, their receive counts unchanged. The answer: moved, skipped, and "
+            "sources (moved per source). The dead-letter queue's partitions on other nodes are asked too."
+        ),
     )
 )
 class RedriveView(CallView):

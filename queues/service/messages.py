@@ -50,9 +50,17 @@ def iso(ts: float) -> str:
 
 
 # --- enqueue ----------------------------------------------------------------------------------
-def enqueue(queue: str, drafts: Sequence[MessageDraft], *, caller: Caller, hops: int = 0) -> list[str]:
+def enqueue(
+    queue: str, drafts: Sequence[MessageDraft], *, caller: Caller, hops: int = 0, check_only: bool = False
+) -> list[str]:
     """Store ``drafts`` and return their IDs in the caller's order (``produce``; forwarded
     shares act for ``caller`` at their owners).
+
+    A call that stores in several partitions, some of them at other nodes, first has each of
+    those owners check its share (``check_only``: the rights and the queue's rules as that node
+    sees them, nothing stored, ``[]`` returned), so that an owner's refusal (4xx) comes before
+    anything is stored anywhere. What can still fail after the checks is a 5xx (an owner lost,
+    the store down): retry, with ``dedup_id`` to make the retry exact.
 
     Dedup first (the reservations are shared by all nodes), then each message goes to its
     group's partition (here or at its owner), ungrouped ones to any partition; one call's
@@ -65,6 +73,10 @@ def enqueue(queue: str, drafts: Sequence[MessageDraft], *, caller: Caller, hops:
     """
     cfg, _ = authorize(queue, "produce", caller=caller)
     check_drafts(cfg, drafts)
+    if check_only:
+        return []
+    if hops < MAX_HOPS:
+        _check_elsewhere(cfg, drafts, hops, caller)
     now = datetime.now(UTC).timestamp()
     ids: list[str | None] = [None] * len(drafts)
     dedup = get_dedup() if any(d.dedup_id for d in drafts) else None
@@ -112,6 +124,39 @@ def enqueue(queue: str, drafts: Sequence[MessageDraft], *, caller: Caller, hops:
     return stored
 
 
+def _check_elsewhere(cfg: QueueConfig, drafts: Sequence[MessageDraft], hops: int, caller: Caller) -> None:
+    """Have each other node that would store a share of a multi-partition enqueue check it
+    first (see :func:`enqueue`). A call that stores in one partition needs none: one owner stores
+    all or nothing. Only a refusal (4xx) counts; an owner that cannot be asked now is left to
+    the store itself (which tries the next node, or answers 503)."""
+    shares: dict[int | None, list[MessageDraft]] = {}
+    for d in drafts:
+        shares.setdefault(group_partition(d.group, cfg.partitions) if d.group else None, []).append(d)
+    if len(shares) < 2:
+        return
+    rt = get_runtime()
+    remote: dict[str, list[MessageDraft]] = {}
+    for index, share in shares.items():
+        if index is None:
+            if not rt.cooling and any(m.enqueue_ready for m in rt.local_managers(cfg.name)):
+                continue
+            address = next(iter(rt.router.other_nodes(cfg.id, cfg.name)), None)
+        elif (cfg.name, index) in rt.managers:
+            continue
+        else:
+            address = rt.router.owner_of(cfg.id, cfg.name, index)
+        if address is not None:
+            remote.setdefault(address, []).extend(share)
+    for address, share in remote.items():
+        try:
+            get_peers().check_enqueue(address, cfg.name, _without_dedup(share), hops, caller)
+        except RemoteError as exc:
+            if exc.status < 500:
+                raise
+        except Exception as exc:  # noqa: BLE001 - not a refusal: storing will find out
+            log.info("enqueue to %s: %s could not check its share first: %s", cfg.name, address, exc)
+
+
 def check_drafts(cfg: QueueConfig, drafts: Sequence[MessageDraft]) -> None:
     """The queue's own rules, whoever built the drafts (the API checks the same, and more)."""
     if not 1 <= len(drafts) <= MAX_BATCH:
@@ -138,6 +183,7 @@ def _stored(d: MessageDraft, now: float) -> StoredMessage:
         size=d.size,
         estimates=d.estimates,
         history=d.history,
+        subscription=d.subscription,
     )
 
 
@@ -168,7 +214,8 @@ def _enqueue_somewhere(
 def _without_dedup(drafts: list[MessageDraft]) -> list[MessageDraft]:
     """The drafts as forwarded (built only when forwarding: most enqueues are served here)."""
     return [
-        MessageDraft(d.body, d.group, None, d.not_before, d.attributes, d.size, d.estimates, d.history) for d in drafts
+        MessageDraft(d.body, d.group, None, d.not_before, d.attributes, d.size, d.estimates, d.history, d.subscription)
+        for d in drafts
     ]
 
 
@@ -427,9 +474,16 @@ def _move_dead_letters(cfg: QueueConfig, sub: str = "") -> None:
                     "enqueued_at": iso(msg.enqueued_at),
                     "dead_lettered_at": iso(now),
                 }
+                # In its group still: a strict dead-letter queue needs one, and its dead letters
+                # keep their order there (and when redriven).
                 drafts.append(
                     MessageDraft(
-                        msg.body, attributes=msg.attributes, size=msg.size, estimates=msg.estimates, history=history
+                        msg.body,
+                        group=msg.group,
+                        attributes=msg.attributes,
+                        size=msg.size,
+                        estimates=msg.estimates,
+                        history=history,
                     )
                 )
             if drafts:
@@ -437,7 +491,12 @@ def _move_dead_letters(cfg: QueueConfig, sub: str = "") -> None:
                 # be on another node.
                 dlq = queue_config(dead_letter_queue)
                 check_drafts(dlq, drafts)
-                _enqueue_somewhere(dlq, None, drafts, now, 0, SYSTEM)
+                shares: dict[int | None, list[MessageDraft]] = {}
+                for draft in drafts:  # a group's dead letters in its partition, in order
+                    index = group_partition(draft.group, dlq.partitions) if draft.group else None
+                    shares.setdefault(index, []).append(draft)
+                for index, share in shares.items():
+                    _enqueue_somewhere(dlq, index, share, now, 0, SYSTEM)
             m.remove_dead_lettered([_message_id(mid) for mid in mids], sub)  # not archived
             with m.lock:
                 m.dead_lettered_total += len(found)
@@ -447,15 +506,25 @@ def _move_dead_letters(cfg: QueueConfig, sub: str = "") -> None:
 
 
 # --- ack and visibility -----------------------------------------------------------------------
-def ack(target: str, items: Sequence[tuple[MessageId, str | None]], *, caller: Caller, hops: int = 0) -> AckResult:
+def ack(
+    target: str,
+    items: Sequence[tuple[MessageId, str | None]],
+    *,
+    caller: Caller,
+    hops: int = 0,
+    check_only: bool = False,
+) -> AckResult:
     """Acknowledge (remove) messages: this node's partitions here, the rest at their owners,
     one call per owner.
 
-    Receipts are all checked before anything is removed on each node (ReceiptMismatch, 409,
-    changes nothing there); across nodes the calls are separate, so a refusal from one owner
-    leaves the other owners' acks done. ``consume``. Raises QueueNotFound, ``access.Forbidden``,
-    SubscriptionNotFound, ReceiptMismatch, NotServedHere (a partition with no live owner),
-    RemoteError.
+    Every receipt is checked before anything is removed anywhere: here with the partitions
+    locked, then at each other owner (``check_only``: it checks the receipts of its partitions
+    and removes nothing), and only then are the acks applied, so a ReceiptMismatch (409) from
+    any owner changes nothing. A receipt can still go stale between the check and the ack at
+    another node (its visibility ran out in between): that owner then answers 409 after the
+    others removed theirs, the same as an ack that came too late. ``consume``. Raises
+    QueueNotFound, ``access.Forbidden``, SubscriptionNotFound, ReceiptMismatch, NotServedHere
+    (a partition with no live owner), RemoteError.
     """
     cfg, sub = authorize(target, "consume", caller=caller, reading=True)
     rt = get_runtime()
@@ -468,6 +537,13 @@ def ack(target: str, items: Sequence[tuple[MessageId, str | None]], *, caller: C
         if address is None:
             raise _unserved(cfg.name, f"partition {cfg.name}/{mid.partition} has no live owner now; retry")
         remote.setdefault(address, []).append((mid, receipt))
+    if check_only or remote:
+        if local:
+            _check_local(cfg.name, local, sub)
+        if check_only:
+            return AckResult(0, 0)
+        for address, batch in remote.items():
+            get_peers().check_ack(address, target, batch, hops, caller)
     acked = not_found = 0
     if local:
         result = _ack_local(cfg.name, local, sub)
@@ -494,6 +570,23 @@ def _managers_of(
     for mid, receipt in items:
         by_partition.setdefault(mid.partition, []).append((mid, receipt))
     return [(rt.manager(queue, p), by_partition[p]) for p in sorted(by_partition)]
+
+
+def _check_local(queue: str, items: Sequence[tuple[MessageId, str | None]], sub: str) -> None:
+    """Raise ReceiptMismatch if a receipt of this node's partitions is not current; removes
+    nothing. The partitions are locked in index order, as :func:`_ack_local` does."""
+    groups = _managers_of(queue, list(items))
+    locked: list[PartitionManager] = []
+    try:
+        for m, _ in groups:
+            m.lock.acquire()
+            locked.append(m)
+            m._check_serving()
+        for m, group in groups:
+            m.check_receipts(group, sub)
+    finally:
+        for m in reversed(locked):
+            m.lock.release()
 
 
 def _ack_local(queue: str, items: Sequence[tuple[MessageId, str | None]], sub: str = "") -> AckResult:

@@ -7,6 +7,7 @@ task): typed arguments, a typed result, the service's exceptions.
 from __future__ import annotations
 
 import logging
+import re
 from datetime import UTC, datetime
 
 from django.db.models import F
@@ -16,11 +17,12 @@ from ..access import Caller, require
 from ..dedup import get_dedup
 from ..messages import StoredMessage
 from ..models import LIMITS, QUEUE_NAME_RE, Partition, Queue
-from ..partition import Delivery
+from ..node import QueueConfig
+from ..partition import Delivery, PartitionManager
 from ..purge import purge_partition
 from ..router import MAX_HOPS
-from .errors import Conflict, InvalidRequest, PartitionUnavailable, QueueNotFound
-from .messages import _ack_local, _dequeue_local, _message_id, enqueue
+from .errors import Conflict, InvalidRequest, PartitionUnavailable, QueueNotFound, RemoteError
+from .messages import _ack_local, _message_id, enqueue
 from .peers import get_peers
 from .runtime import get_runtime
 from .targets import authorize
@@ -28,7 +30,8 @@ from .types import ExpireResult, MessageDraft, RedriveResult
 
 log = logging.getLogger(__name__)
 
-#: How long redrive hides the dead letters it is moving (they are acked or given back first).
+#: How long redrive hides the dead letters it is moving (they are acked or given back before
+#: it answers; this only matters if the node dies meanwhile).
 REDRIVE_VISIBILITY = 60.0
 
 
@@ -81,49 +84,153 @@ def close_purged(queue: str, *, caller: Caller) -> None:
 
 
 def redrive(queue: str, max_messages: int = 100, *, caller: Caller, hops: int = 0) -> RedriveResult:
-    """Move up to ``max_messages`` dead letters of ``queue`` back to the queues they came from
-    (``history.source``), each with its group, as new messages; then acknowledge them here.
-    ``manage`` on ``queue``, and ``produce`` on each source (checked by :func:`enqueue`).
+    """Move up to ``max_messages`` dead letters of ``queue`` back to where they came from
+    (``history.source``: a queue, or ``topic/subscription``), each with its group, as new
+    messages; each source's share is stored there, then acknowledged here, before the next
+    source's. ``manage`` on ``queue``, ``produce`` on each source.
 
-    Raises QueueNotFound, ``access.Forbidden``, and what :func:`enqueue` raises for a source
-    (what was moved before stays moved; the rest comes back after ``REDRIVE_VISIBILITY``).
+    The dead letters are taken in rounds (a grouped one's successor is deliverable only once it
+    is acked); every source a round names is checked (it exists, the caller may produce to it)
+    before anything of that round is copied. Dead letters that name no source (enqueued here by
+    a client) are skipped: they stay hidden while the call runs, so a round never takes them
+    twice, and are given back when it ends, their receive counts as they were. This node's
+    partitions first, then (``hops`` 0) each other owner's, asked for ``caller``.
+
+    Raises QueueNotFound / SubscriptionNotFound / ``access.Forbidden`` for ``queue`` or for a
+    source (nothing of that round copied; earlier rounds stay moved, acknowledged here, so a
+    retry does not copy them twice), and what :func:`enqueue` raises for a source (that source's
+    share and the rest of the round are given back).
     """
     cfg, _ = authorize(queue, "manage", caller=caller)
-    moved = skipped = 0
-    while moved + skipped < max_messages:
-        got = _dequeue_local(cfg, "", min(100, max_messages - moved - skipped), REDRIVE_VISIBILITY, 0)
-        if not got:
+    moved: dict[str, int] = {}
+    skipped = 0
+    held: list[tuple[PartitionManager, list[Delivery]]] = []  # skipped: given back at the end
+    try:
+        while sum(moved.values()) + skipped < max_messages:
+            taken = _take_local(cfg, min(100, max_messages - sum(moved.values()) - skipped))
+            if not taken:
+                break
+            by_source: dict[str, list[tuple[PartitionManager, Delivery]]] = {}
+            for m, ds in taken:
+                skip = []
+                for d in ds:
+                    assert d.message is not None
+                    source = (d.message.history or {}).get("source")
+                    if isinstance(source, str) and _SOURCE_RE.fullmatch(source):
+                        by_source.setdefault(source, []).append((m, d))
+                    else:
+                        skip.append(d)
+                if skip:
+                    held.append((m, skip))
+                    skipped += len(skip)
+            todo = list(by_source.items())
+            try:
+                for source, _ in todo:
+                    _check_source(source, caller)
+                while todo:
+                    source, pairs = todo[0]
+                    _move(source, pairs, caller)
+                    todo.pop(0)
+                    moved[source] = moved.get(source, 0) + len(pairs)
+            finally:
+                for _, pairs in todo:  # not moved: back at once, counts as they were
+                    _give_back(pairs)
+    finally:
+        for m, ds in held:
+            m.give_back(ds)
+    result = RedriveResult(sum(moved.values()), skipped, moved)
+    if hops == 0 and result.moved + result.skipped < max_messages:
+        result = _redrive_elsewhere(cfg, max_messages, result, caller)
+    audit.record(caller, "redrive", cfg.name, moved=result.moved, skipped=result.skipped)
+    return result
+
+
+#: A dead letter's ``history.source``: a queue, or a topic's subscription.
+_NAME = QUEUE_NAME_RE.pattern.strip("^$")
+_SOURCE_RE = re.compile(rf"{_NAME}(/{_NAME})?")
+
+
+def _take_local(cfg: QueueConfig, max_messages: int) -> list[tuple[PartitionManager, list[Delivery]]]:
+    """Up to ``max_messages`` dead letters from this node's partitions, hidden for
+    ``REDRIVE_VISIBILITY``, with the manager each came from (to give them back to)."""
+    out: list[tuple[PartitionManager, list[Delivery]]] = []
+    count = 0
+    for m in get_runtime().local_managers(cfg.name):
+        try:
+            got = m.dequeue(max_messages - count, REDRIVE_VISIBILITY)
+            if got:
+                got = m.load_bodies(got, "")
+        except PartitionUnavailable:
+            continue
+        if got:
+            out.append((m, got))
+            count += len(got)
+        if count >= max_messages:
             break
-        by_source: dict[str, list[Delivery]] = {}
-        back: list[Delivery] = []
-        for d in got:
-            assert d.message is not None
-            source = (d.message.history or {}).get("source")
-            if source is None or not QUEUE_NAME_RE.fullmatch(source):
-                skipped += 1
-                continue
-            by_source.setdefault(source, []).append(d)
-        for source, ds in by_source.items():
-            drafts = [_back_to_source(d.message) for d in ds if d.message is not None]
-            enqueue(source, drafts, caller=caller, hops=hops)
-            back.extend(ds)
-            moved += len(ds)
-        if back:
-            # Without receipts: moved is moved, whoever holds them now; one purged meanwhile
-            # counts as not found rather than refusing the others.
-            _ack_local(cfg.name, [(_message_id(d.id), None) for d in back])
-    audit.record(caller, "redrive", cfg.name, moved=moved, skipped=skipped)
-    return RedriveResult(moved, skipped)
+    return out
 
 
-def _back_to_source(m: StoredMessage) -> MessageDraft:
-    """A dead letter as a new message for the queue it came from, in its group again."""
+def _check_source(source: str, caller: Caller) -> None:
+    """Refuse a source that does not exist now, or that ``caller`` may not produce to."""
+    topic, _, sub = source.partition("/")
+    cfg, _ = authorize(topic, "produce", caller=caller)
+    if sub:
+        if cfg.kind != "topic":
+            raise QueueNotFound(topic)
+        cfg.subscription(sub)  # SubscriptionNotFound
+    elif cfg.kind == "topic":
+        raise QueueNotFound(source)  # a queue's dead letter whose name is a topic's now
+
+
+def _move(source: str, pairs: list[tuple[PartitionManager, Delivery]], caller: Caller) -> None:
+    """Store one source's dead letters there (in their order), then acknowledge them here."""
+    topic, _, sub = source.partition("/")
+    drafts = [_back_to_source(d.message, sub or None) for _, d in pairs if d.message is not None]
+    # A new call from here (hops 0): this may be a redrive forwarded by another node.
+    enqueue(topic, drafts, caller=caller)
+    # Without receipts: moved is moved, whoever holds them now; one purged meanwhile counts as
+    # not found rather than refusing the others.
+    _ack_local(pairs[0][0].queue, [(_message_id(d.id), None) for _, d in pairs])
+
+
+def _give_back(pairs: list[tuple[PartitionManager, Delivery]]) -> None:
+    by_manager: dict[int, tuple[PartitionManager, list[Delivery]]] = {}
+    for m, d in pairs:
+        by_manager.setdefault(id(m), (m, []))[1].append(d)
+    for m, ds in by_manager.values():
+        m.give_back(ds)
+
+
+def _redrive_elsewhere(cfg: QueueConfig, max_messages: int, result: RedriveResult, caller: Caller) -> RedriveResult:
+    """The rest at the other owners of ``queue``'s partitions, one after the other."""
+    moved, skipped, sources = result.moved, result.skipped, dict(result.sources)
+    for address in get_runtime().router.other_nodes(cfg.id, cfg.name):
+        if moved + skipped >= max_messages:
+            break
+        try:
+            got = get_peers().redrive(address, cfg.name, max_messages - moved - skipped, 0, caller)
+        except RemoteError:
+            raise  # its refusal (a source not found, forbidden) is the caller's answer
+        except Exception as exc:  # noqa: BLE001 - unreachable: its dead letters wait for the next call
+            log.warning("redrive of %s at %s: %s", cfg.name, address, exc)
+            continue
+        moved += got.moved
+        skipped += got.skipped
+        for source, n in got.sources.items():
+            sources[source] = sources.get(source, 0) + n
+    return RedriveResult(moved, skipped, sources)
+
+
+def _back_to_source(m: StoredMessage, subscription: str | None = None) -> MessageDraft:
+    """A dead letter as a new message for the queue (or only the subscription) it came from,
+    in its group again."""
     return MessageDraft(
         m.body,
         group=(m.history or {}).get("group"),
         attributes=m.attributes,
         size=m.size,
         estimates=m.estimates,
+        subscription=subscription,
     )
 
 

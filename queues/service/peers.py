@@ -15,7 +15,7 @@ from typing import Protocol
 from ..access import Caller
 from ..messages import MessageId
 from ..partition import Delivery
-from .types import AckResult, ExpireResult, MessageDraft
+from .types import AckResult, ExpireResult, MessageDraft, RedriveResult
 
 
 class RemoteError(Exception):
@@ -41,6 +41,10 @@ class Peers(Protocol):
         self, address: str, queue: str, drafts: Sequence[MessageDraft], hops: int, caller: Caller
     ) -> list[str]: ...
 
+    def check_enqueue(
+        self, address: str, queue: str, drafts: Sequence[MessageDraft], hops: int, caller: Caller
+    ) -> None: ...
+
     def dequeue(
         self, address: str, target: str, max_messages: int, visibility: float | None, hops: int, caller: Caller
     ) -> list[Delivery]: ...
@@ -49,11 +53,17 @@ class Peers(Protocol):
         self, address: str, target: str, items: Sequence[tuple[MessageId, str | None]], hops: int, caller: Caller
     ) -> AckResult: ...
 
+    def check_ack(
+        self, address: str, target: str, items: Sequence[tuple[MessageId, str | None]], hops: int, caller: Caller
+    ) -> None: ...
+
     def change_visibility(
         self, address: str, target: str, mid: MessageId, receipt: str | None, timeout: float, hops: int, caller: Caller
     ) -> None: ...
 
     def release_partition(self, address: str, queue: str, index: int, hops: int, caller: Caller) -> str: ...
+
+    def redrive(self, address: str, queue: str, max_messages: int, hops: int, caller: Caller) -> RedriveResult: ...
 
     def close_purged(self, address: str, queue: str) -> None: ...
 

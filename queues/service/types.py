@@ -27,6 +27,9 @@ class MessageDraft:
     estimates: dict | None = None
     #: a dead letter's history; only nodes set it (the dead-letter move, forwarded).
     history: dict | None = None
+    #: on a topic: the one subscription that reads it (a redriven dead letter of that
+    #: subscription); None: every subscription. Only nodes set it (redrive, forwarded).
+    subscription: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +44,11 @@ class AckResult:
 class RedriveResult:
     #: dead letters enqueued again into their source and removed from the dead-letter queue.
     moved: int
-    #: dead letters that name no source that exists now: given back at once, counts unchanged.
+    #: dead letters that name no source (``history.source``, e.g. enqueued into the dead-letter
+    #: queue by a client): given back when the call ends, their receive counts unchanged.
     skipped: int
+    #: ``moved`` by source (a queue, or ``topic/subscription``).
+    sources: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -180,7 +180,7 @@ def test_dead_letter_after_max_receives_then_redrive(api, make_queue):
     assert r.status_code == 200, r.content
     r = post(api, dlq, "redrive", {"max": 10})
     # then it is back in its queue, counting receives from one again, and gone from the DLQ
-    assert r.status_code == 200 and r.json() == {"moved": 1, "skipped": 0}, r.content
+    assert r.status_code == 200 and r.json() == {"moved": 1, "skipped": 0, "sources": {name: 1}}, r.content
     s = stats(api, dlq)
     assert (s["depth"], s["in_flight"]) == (0, 0), s
     (back,) = dequeue(api, name, visibility_timeout=60)

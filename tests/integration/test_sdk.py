@@ -179,7 +179,7 @@ def test_every_call_round_trips_with_typed_results(cluster, token):
     dead = mq.dequeue(dlq.name, visibility_timeout=0)
     assert dead[0].body == "poison" and dead[0].history.source == name and dead[0].history.id == poison
     assert dead[0].history.receive_count >= 2 and isinstance(dead[0].history.dead_lettered_at, datetime)
-    assert mq.redrive(dlq.name, 10) == sdk.RedriveResult(moved=1, skipped=0)
+    assert mq.redrive(dlq.name, 10) == sdk.RedriveResult(moved=1, skipped=0, sources={name: 1})
     assert [m.body for m in mq.dequeue(name, wait=2)] == ["poison"]
 
     # delete
