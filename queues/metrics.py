@@ -11,7 +11,7 @@ What is here is incremented at the one place each event happens:
 - API calls: latency by operation and status (the fast path, and Django's middleware below);
 - the key-value store: call latency and errors by backend and operation (``queues.kv.base``).
 
-A leaf module (only ``prometheus_client``), so the store and the partition manager import it
+A leaf module (``prometheus_client``, and Django's types), so the store and the partition manager import it
 without cycles. Multiprocess-safe: with ``PROMETHEUS_MULTIPROC_DIR`` set when the process
 starts, ``prometheus_client`` keeps these values in memory-mapped files of that folder and
 ``/metrics`` adds up every process's (see the README, Metrics).
@@ -20,7 +20,9 @@ starts, ``prometheus_client`` keeps these values in memory-mapped files of that 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
+from django.http import HttpRequest, HttpResponse
 from prometheus_client import Counter, Histogram
 
 #: Seconds: API calls and store calls (a store call is often well under a millisecond).
@@ -100,10 +102,10 @@ class ApiTimingMiddleware:
     """Times every call Django answers under ``/api/``, labelled with the URL's name (the same
     names the fast path uses, so an operation has one series whichever path served it)."""
 
-    def __init__(self, get_response):
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
         self.get_response = get_response
 
-    def __call__(self, request):
+    def __call__(self, request: HttpRequest) -> HttpResponse:
         if not request.path.startswith("/api/"):
             return self.get_response(request)
         started = time.perf_counter()
