@@ -161,3 +161,21 @@ def test_readyz_is_200_on_a_healthy_node_and_503_when_the_store_is_unreachable(n
     assert r.headers["Retry-After"] == "5"
     assert r.json() == {"status": "not_ready", "not_ready": ["store"]}
     assert requests.get(f"{nobody.url}/api/v1/healthz", timeout=10).status_code == 200
+
+
+def test_metrics_in_multiprocess_mode(nodes, token, unique_name, tmp_path):
+    # given: a node whose prometheus-client keeps its values in files (several processes' mode)
+    folder = tmp_path / "prometheus"
+    folder.mkdir()
+    node = nodes.start(PROMETHEUS_MULTIPROC_DIR=str(folder))
+    c = Client(node.url, token)
+    q = unique_name("m")
+    assert c.post("queues", {"name": q, "partitions": 1}).status_code == 201
+    # when
+    assert c.post(f"queues/{q}/enqueue", {"messages": [{"body": "a"}, {"body": "b"}]}).status_code == 201
+    # then: the counters come from the files, the figures from the node
+    m = scrape(node.url)
+    assert value(m, "mq_messages_enqueued_total", queue=q) == 2
+    assert value(m, "mq_queue_depth", queue=q, kind="queue") == 2
+    assert value(m, "mq_api_call_seconds_count", operation="queue-enqueue", status="201") == 1
+    assert any(folder.glob("*.db"))
