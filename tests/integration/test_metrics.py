@@ -161,6 +161,10 @@ def test_readyz_is_200_on_a_healthy_node_and_503_when_the_store_is_unreachable(n
     assert r.headers["Retry-After"] == "5"
     assert r.json() == {"status": "not_ready", "not_ready": ["store"]}
     assert requests.get(f"{nobody.url}/api/v1/healthz", timeout=10).status_code == 200
+    # and the failed probes show as store errors, the alert's figure
+    m = scrape(nobody.url)
+    assert value(m, "mq_store_errors_total", backend="redis", operation="get_many") >= 1
+    assert value(m, "mq_store_call_seconds_count", backend="redis", operation="get_many") >= 1
 
 
 def test_metrics_in_multiprocess_mode(nodes, token, unique_name, tmp_path):
