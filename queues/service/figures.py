@@ -90,6 +90,7 @@ class NodeCollector(Collector):
         cooling.add_metric([], 1.0 if rt.cooling else 0.0)
 
         per_queue: dict[str, list[float]] = {}  # name -> [depth, in flight, delayed, oldest age, partitions]
+        per_sub: dict[tuple[str, str], list[float]] = {}  # (topic, sub) -> [held, in flight, oldest age]
         live: dict[str, float] = {}  # messages held per queue (the dead-letter figure of those naming it)
         for m in list(rt.managers.values()):
             if m.closed:
@@ -110,11 +111,13 @@ class NodeCollector(Collector):
             epoch.add_metric([m.queue, index], float(s.epoch))
             open_s.add_metric([m.queue, index], float(s.opened_in.get("dequeue_ready_s", 0.0)))
             open_reads.add_metric([m.queue, index], float(s.opened_in.get("oldest_reads", 0)))
-            for sub, f in s.cursors.items():
-                held.add_metric([m.queue, sub], float(f.get("held", 0)))
-                sub_in_flight.add_metric([m.queue, sub], float(f.get("in_flight", 0)))
+            for sub, f in s.cursors.items():  # one series per subscription: add the partitions up
+                figures = per_sub.setdefault((m.queue, sub), [0.0, 0.0, 0.0])
+                figures[0] += f.get("held", 0)
+                figures[1] += f.get("in_flight", 0)
                 first = f.get("oldest_enqueued_at")
-                sub_oldest.add_metric([m.queue, sub], now - first if first else 0.0)
+                if first:
+                    figures[2] = max(figures[2], now - first)
         for name, row in sorted(per_queue.items()):
             labels = [name, "topic" if row[5] else "queue"]
             depth.add_metric(labels, row[0])
@@ -122,6 +125,10 @@ class NodeCollector(Collector):
             delayed.add_metric(labels, row[2])
             oldest.add_metric(labels, row[3])
             served.add_metric(labels, row[4])
+        for (name, sub), (n_held, n_in_flight, age) in sorted(per_sub.items()):
+            held.add_metric([name, sub], n_held)
+            sub_in_flight.add_metric([name, sub], n_in_flight)
+            sub_oldest.add_metric([name, sub], age)
         for name, cfg in sorted(rt.queues.items()):
             if cfg.dead_letter_queue is not None:
                 dead.add_metric([name, "", cfg.dead_letter_queue], live.get(cfg.dead_letter_queue, 0.0))

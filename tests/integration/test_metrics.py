@@ -33,11 +33,14 @@ def scrape(url: str, **headers: str) -> dict[tuple[str, tuple[tuple[str, str], .
     r = requests.get(f"{url}/metrics", headers=headers, timeout=10)
     assert r.status_code == 200, r.text
     assert r.headers["Content-Type"].startswith("text/plain")
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
+    samples = [
+        ((s.name, tuple(sorted(s.labels.items()))), s.value)
         for family in text_string_to_metric_families(r.text)
         for s in family.samples
-    }
+    ]
+    out = dict(samples)
+    assert len(out) == len(samples), "a series appears twice in one scrape"
+    return out
 
 
 def value(samples, name: str, **labels: str) -> float:
@@ -183,3 +186,28 @@ def test_metrics_in_multiprocess_mode(nodes, token, unique_name, tmp_path):
     assert value(m, "mq_queue_depth", queue=q, kind="queue") == 2
     assert value(m, "mq_api_call_seconds_count", operation="queue-enqueue", status="201") == 1
     assert any(folder.glob("*.db"))
+
+
+def test_topic_figures_equal_the_subscription_stats(nodes, token, unique_name):
+    node = nodes.start()
+    c = Client(node.url, token)
+    t = unique_name("t")
+    assert c.post("topics", {"name": t, "partitions": 2}).status_code == 201
+    for sub in ("fast", "slow"):
+        assert c.post(f"topics/{t}/subscriptions", {"name": sub, "start": "oldest"}).status_code == 201
+    assert c.post(f"topics/{t}/publish", {"messages": [{"body": str(i)} for i in range(5)]}).status_code == 201
+    got = c.post(f"topics/{t}/subscriptions/fast/dequeue", {"max": 3, "visibility_timeout": 300}).json()["messages"]
+    assert len(got) == 3
+    r = c.post(f"topics/{t}/subscriptions/fast/ack", {"messages": [{"id": got[0]["id"], "receipt": got[0]["receipt"]}]})
+    assert r.json()["acked"] == 1
+
+    m = scrape(node.url)
+    for sub, held, in_flight, acked in (("fast", 4, 2, 1), ("slow", 5, 0, 0)):
+        stats = c.get(f"topics/{t}/subscriptions/{sub}/stats").json()
+        assert stats["held"] == held == value(m, "mq_subscription_held", queue=t, subscription=sub)
+        assert stats["in_flight"] == in_flight == value(m, "mq_subscription_in_flight", queue=t, subscription=sub)
+        assert stats["acked"] == acked == value(m, "mq_messages_acked_total", queue=t, subscription=sub)
+    assert value(m, "mq_messages_enqueued_total", queue=t) == 5
+    assert value(m, "mq_messages_delivered_total", queue=t, subscription="fast") == 3
+    assert value(m, "mq_api_call_seconds_count", operation="topic-publish", status="201") == 1
+    assert value(m, "mq_api_call_seconds_count", operation="subscription-dequeue", status="200") == 1
