@@ -7,6 +7,7 @@ Setting ``MQ_ENV=production`` turns on the checks that refuse an unsafe configur
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 
@@ -149,6 +150,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # API call latency (the fast path times its own calls).
+    "queues.metrics.ApiTimingMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -283,6 +286,23 @@ LONG_POLL_MAX_PER_NODE = envint("LONG_POLL_MAX_PER_NODE", max(1, NODE_THREADS //
 NODE_COOLING_IN_FLIGHT = envint("NODE_COOLING_IN_FLIGHT", 500_000, minimum=0)
 #: ...or above this many store/partition failures in ten seconds.
 NODE_COOLING_FAILURES = envint("NODE_COOLING_FAILURES", 50, minimum=0)
+
+# --- metrics (GET /metrics, Prometheus) ---------------------------------------------------
+#: A bearer token of its own for /metrics (unset: only METRICS_ALLOW's networks may scrape).
+METRICS_TOKEN = envsecret("METRICS_TOKEN", "")
+
+
+def envnetworks(name: str, default: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """A comma-separated list of networks (``10.0.0.0/8``, ``::1``); empty: none."""
+    raw = env(name, default)
+    try:
+        return [ipaddress.ip_network(part.strip(), strict=False) for part in raw.split(",") if part.strip()]
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}={raw!r}: {exc}") from None
+
+
+#: Addresses that may scrape /metrics without the token (default: loopback only).
+METRICS_ALLOW = envnetworks("METRICS_ALLOW", "127.0.0.0/8,::1/128")
 
 # --- API ----------------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -4,6 +4,8 @@ from django.urls import include, path, reverse
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.exceptions import NotAuthenticated
 
+from queues.api.observability import metrics_view
+
 # No ReDoc page: drf-spectacular's ReDoc template loads Google's fonts, a third-party request
 # from the console's origin; Swagger UI (from drf-spectacular-sidecar) needs none.
 
@@ -30,6 +32,7 @@ urlpatterns = [
     path("", include("sqs.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", DocsView.as_view(url_name="schema"), name="docs"),
+    path("metrics", metrics_view, name="metrics"),
 ]
 
 handler404 = "queues.api.errors.json_404"

@@ -27,7 +27,7 @@ from django.db import close_old_connections
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from . import leases
+from . import leases, metrics
 from .body_cache import BodyCache
 from .cursor import SubscriptionSpec
 from .kv import KeyValueStore, get_store
@@ -184,6 +184,8 @@ class NodeRuntime:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.started = False
+        #: monotonic time the last housekeeping pass finished (None: none yet), for readyz.
+        self.last_pass: float | None = None
         self.router = Router(self.node_id)
         #: over its load or failure threshold: enqueues go to other nodes (the seed's
         #: cooling period); dequeues and acks are still served here.
@@ -273,6 +275,7 @@ class NodeRuntime:
         self._drop_stale()
         self._claim_partitions()
         self._publish_stats()
+        self.last_pass = monotonic()
 
     def _renew_leases(self) -> None:
         for key, m in list(self.managers.items()):
@@ -285,8 +288,10 @@ class NodeRuntime:
                 continue
             try:
                 leases.renew(m.lease, self.node_id, cfg.lease_period if cfg else None)
+                metrics.LEASE_RENEWALS.labels(m.queue, str(m.index)).inc()
             except leases.LeaseLost as exc:
                 log.warning("%s", exc)
+                metrics.LEASES_LOST.labels(m.queue, str(m.index)).inc()
                 with m.lock:
                     m.closed = True
                 self._forget(key, m)
@@ -375,8 +380,19 @@ class NodeRuntime:
                 if free and held >= share:
                     continue
                 lease = leases.try_claim(p, self.node_id, self.observations, clock=self.clock)
-                if lease is not None and self._open(configs[name], lease) is not None:
+                opened = self._open(configs[name], lease) if lease is not None else None
+                if opened is not None:
                     held += 1
+                    self._count_open(opened, takeover=not free)
+
+    @staticmethod
+    def _count_open(m: PartitionManager, *, takeover: bool) -> None:
+        """A partition opened here: a takeover when its row still named an owner (one that
+        stopped renewing), else the claim of a free partition."""
+        label = "true" if takeover else "false"
+        metrics.OPENS.labels(m.queue, str(m.index), label).inc()
+        metrics.OPEN_SECONDS.labels(m.queue, label).observe(m.opened_in.get("dequeue_ready_s", 0.0))
+        metrics.OPEN_READS.labels(m.queue, label).observe(m.opened_in.get("oldest_reads", 0))
 
     def _release(self, m: PartitionManager) -> None:
         """Give a partition back (rebalancing): stop serving it, then free the row."""

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 from sortedcontainers import SortedList
 
-from . import archive_journal, keys, leases, topic_retention
+from . import archive_journal, keys, leases, metrics, topic_retention
 from .body_cache import BodyCache
 from .cursor import Cursor, SubscriptionSpec
 from .errors import NotServedHere, PartitionUnavailable, ReceiptMismatch
@@ -571,6 +571,7 @@ class PartitionManager:
                 self.cache.put(mid, message)
                 self._route_new(mid, block, i, message, scanned=False)
             self.enqueued_total += len(ids)
+        metrics.ENQUEUED.labels(self.queue).inc(len(ids))
         self.on_change()
         return ids
 
@@ -612,6 +613,7 @@ class PartitionManager:
                 count = entry.receive_count + 1
                 c.redelivery.add(mid, deadline, receipt, count)
                 c.redelivered_total += 1
+                metrics.REDELIVERED.labels(self.queue, sub).inc()
                 counts.append((mid, count))
                 out.append(Delivery(mid, receipt, count))
             self._unblock_due(c)
@@ -644,6 +646,8 @@ class PartitionManager:
                 c.receives[mid] = count
         if counts:
             self._save_receives(c, counts)
+        if out:
+            metrics.DELIVERED.labels(self.queue, sub).inc(len(out))
         return out
 
     def _save_receives(self, c: Cursor, counts: list[tuple[str, int]]) -> None:
@@ -902,14 +906,17 @@ class PartitionManager:
             self._forget(c, mids)
         self._drop_stored(mids)
 
-    def settle_acked(self, items: Sequence[MessageId], removed: int, sub: str = "") -> None:
-        """The memory half of an ack, after the delete. Lock held."""
+    def settle_acked(self, items: Sequence[MessageId], removed: int, sub: str = "", *, ack: bool = True) -> None:
+        """The memory half of an ack, after the delete. Lock held. ``ack=False``: a removal
+        that is no ack (a move to the dead-letter queue), left out of ``mq_messages_acked``."""
         c = self.cursor(sub)
         mids = [str(m) for m in items]
         self._forget(c, mids)
         if c.shared:
             self._drop_stored(mids)
         c.acked_total += removed
+        if ack:
+            metrics.ACKED.labels(self.queue, sub).inc(removed)
         self._prune()
 
     def _forget(self, c: Cursor, mids: Sequence[str]) -> None:
@@ -966,6 +973,7 @@ class PartitionManager:
                 self._forget(c, doomed)
             self._drop_stored(doomed)
             self.expired_total += removed
+            metrics.EXPIRED.labels(self.queue).inc(removed)
             self._prune()
         return removed
 
@@ -1013,7 +1021,7 @@ class PartitionManager:
                 self.unpin(pinned, sub)
             raise
         with self.lock:
-            self.settle_acked(mids, removed, sub)
+            self.settle_acked(mids, removed, sub, ack=journal)
         return removed
 
     def change_visibility_locked(self, mid: MessageId, receipt: str | None, timeout: float, sub: str = "") -> int:

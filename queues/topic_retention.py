@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from . import metrics
 from .errors import PartitionUnavailable
 from .keys import block_and_index
 from .kv import Fenced, KVError
@@ -100,6 +101,7 @@ def expire(m: PartitionManager, doomed: list[str]) -> int:
             m.cache.discard(mid)
         m.archived_total += len(stubs)
         m.expired_total += len(gone)
+        metrics.EXPIRED.labels(m.queue).inc(len(gone))
         m._prune()
     return len(gone)
 

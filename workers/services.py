@@ -23,6 +23,7 @@ from queues.access import Caller, Forbidden
 from queues.messages import parse_message_id
 from queues.models import Partition, Queue
 
+from . import metrics
 from .models import AttemptLog, Consumer, HeldMessage
 
 if TYPE_CHECKING:
@@ -130,7 +131,9 @@ def record_attempts(reports: Sequence[AttemptReport], *, caller: Caller) -> int:
         )
     for queue in sorted({row.queue for row in rows}):
         service.authorize(queue, "consume", caller=caller)
-    return len(AttemptLog.objects.bulk_create(rows))
+    stored = AttemptLog.objects.bulk_create(rows)
+    metrics.count_attempts(stored)
+    return len(stored)
 
 
 def list_attempts(
@@ -205,6 +208,7 @@ def record_redeliveries(deliveries: Iterable[Delivery]) -> int:
             )
         )
     AttemptLog.objects.bulk_create(rows)
+    metrics.count_attempts(rows)
     return len(rows)
 
 
@@ -232,7 +236,7 @@ def record_given_back(message_id: str, attempt: int) -> bool:
         return False
     if rows.update(outcome=AttemptLog.Outcome.GIVEN_BACK, error=GIVEN_BACK_ERROR):
         return True
-    AttemptLog.objects.create(
+    row = AttemptLog.objects.create(
         message_id=message_id,
         queue=mid.queue,
         partition=mid.partition,
@@ -241,6 +245,7 @@ def record_given_back(message_id: str, attempt: int) -> bool:
         outcome=AttemptLog.Outcome.GIVEN_BACK,
         error=GIVEN_BACK_ERROR,
     )
+    metrics.count_attempts([row])
     return True
 
 

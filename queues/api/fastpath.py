@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from http import HTTPStatus
 
 import orjson
 from django.db import close_old_connections
 from rest_framework import exceptions
 
+from .. import metrics
 from ..auth import CachedTokenAuthentication, ClusterPeer, caller_of, caller_on_behalf_of, request_caller
 from ..router import cluster_secret_ok, hops_of
 from . import calls, throttles
@@ -80,6 +82,7 @@ class FastPath:
             raw_name, call = f"{match['topic']}/{match['sub']}", match["sub_call"]
         name = raw_name.encode("latin-1").decode("utf-8", "replace")
         headers: dict[str, str] = {}
+        started = time.perf_counter()
         try:
             if peer is not None:
                 if not cluster_secret_ok(peer):
@@ -107,6 +110,9 @@ class FastPath:
         finally:
             close_old_connections()
         body = orjson.dumps(payload)
+        # Labelled with the URL's name (urls.py), as Django's middleware does for the same call.
+        kind = "queue" if match["queue"] is not None else "topic" if call == "publish" else "subscription"
+        metrics.observe_call(f"{kind}-{call}", status, started)
         start_response(
             f"{status} {_REASONS.get(status, '')}",
             [

@@ -18,8 +18,13 @@ that is gone); unfenced writes are for callers outside the lease, such as a queu
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Sequence
+import functools
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from .. import metrics
 
 
 class KVError(Exception):
@@ -55,6 +60,19 @@ class KeyValueStore(abc.ABC):
 
     #: URL scheme(s) this backend answers to, for the registry.
     schemes: tuple[str, ...] = ()
+    #: the ``backend`` label of the store metrics (``RedisStore`` -> ``redis``).
+    metrics_name: str = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Time every backend's calls, in this one place: each interface method a backend
+        defines is wrapped (``queues.metrics``: ``mq_store_call_seconds``, ``mq_store_errors``)."""
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("metrics_name") or cls.__name__.removesuffix("Store").lower()
+        cls.metrics_name = name
+        for op in _TIMED:
+            fn = cls.__dict__.get(op)
+            if fn is not None and not getattr(fn, "_timed", False):
+                setattr(cls, op, _timed(fn, name, op))
 
     @abc.abstractmethod
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
@@ -110,6 +128,31 @@ class KeyValueStore(abc.ABC):
                 return current == epoch
             if self.compare_and_set(key, raw, str(epoch).encode()):
                 return True
+
+
+#: the interface methods whose latency and errors are measured.
+_TIMED = ("get_many", "put_many", "delete_many", "compare_and_set", "scan", "delete_prefix")
+
+
+def _timed(fn: Callable[..., Any], backend: str, op: str) -> Callable[..., Any]:
+    seconds = metrics.STORE_CALLS.labels(backend, op)
+    errors = metrics.STORE_ERRORS.labels(backend, op)
+
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        except Fenced:
+            raise  # the store answered: a stale owner's write, not a store failure
+        except Exception:
+            errors.inc()
+            raise
+        finally:
+            seconds.observe(time.perf_counter() - started)
+
+    timed._timed = True  # type: ignore[attr-defined]
+    return timed
 
 
 def check_keys(keys: Iterable[str]) -> None:

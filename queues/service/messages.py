@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 
+from .. import metrics
 from ..access import SYSTEM, Caller
 from ..dedup import get_dedup
 from ..messages import MessageId, StoredMessage, group_partition, parse_message_id
@@ -500,6 +501,7 @@ def _move_dead_letters(cfg: QueueConfig, sub: str = "") -> None:
             m.remove_dead_lettered([_message_id(mid) for mid in mids], sub)  # not archived
             with m.lock:
                 m.dead_lettered_total += len(found)
+            metrics.DEAD_LETTERED.labels(cfg.name, sub).inc(len(found))
         except Exception:
             log.exception("moving %d dead letters of %s", len(mids), cfg.name)
             m.give_back_dead(mids, sub)

@@ -28,3 +28,8 @@ def set_runtime(runtime: NodeRuntime | None) -> None:
     global _runtime
     with _runtime_lock:
         _runtime = runtime
+
+
+def current_runtime() -> NodeRuntime | None:
+    """This process's runtime if one was started, without starting one (for figures)."""
+    return _runtime
