@@ -15,7 +15,6 @@ import requests
 from django.conf import settings
 from django.db import connection
 
-from queues import peerauth
 from queues.testing import NodeProcess, kv_url, node_env
 
 #: The Redis database of the tests' key-value store (the ``redis_client`` fixture flushes it).
@@ -56,6 +55,8 @@ def peer_request(
     """``method url`` as a node makes it: signed with this process's cluster secret
     (``queues.peerauth``), ``hops`` and ``on_behalf`` under the signature; ``headers`` are sent
     too (after signing: a header signed differently breaks the signature)."""
+    from queues import peerauth
+
     body = b"" if payload is None else orjson.dumps(payload)
     path = "/" + url.split("://", 1)[1].split("/", 1)[1]
     signed = peerauth.sign(method, path, body, hops, on_behalf)

@@ -234,15 +234,19 @@ def test_a_client_sent_hop_count_is_ignored(nodes, token):
     ca = Client(a.url, token)
     assert ca.post("queues", {"name": name, "partitions": 2}).status_code == 201
     wait_until(lambda: len({p["owner"] for p in _partitions(ca, name)} - {None}) == 2, 30, "two owners")
-    ids = [ca.post(f"queues/{name}/enqueue", {"body": str(i)}).json()["id"] for i in range(6)]
+    clients = [ca, Client(b.url, token)]
+    ids = [c.post(f"queues/{name}/enqueue", {"body": str(i)}).json()["id"] for i in range(3) for c in clients]
     got: list[dict] = []
     deadline = time.monotonic() + 30
     while len(got) < len(ids) and time.monotonic() < deadline:
-        got += ca.post(f"queues/{name}/dequeue", {"max": 10, "visibility_timeout": 60}).json()["messages"]
+        for c in clients:
+            got += c.post(f"queues/{name}/dequeue", {"max": 10, "visibility_timeout": 60}).json()["messages"]
     owners = {p["index"]: p["address"] for p in _partitions(ca, name)}
     # a message of each node's partition, to send to the other node (whose call must be forwarded)
     for node, other in ((a, b), (b, a)):
-        held = next(m for m in got if owners[int(m["id"].split("/")[1])] == other.url.removeprefix("http://"))
+        theirs = [m for m in got if owners[int(m["id"].split("/")[1])] == other.url.removeprefix("http://")]
+        assert theirs, (owners, [m["id"] for m in got])
+        held = theirs[0]
         for query in ("", "?format=json"):  # the fast path, and DRF
             # when a client sends it to the node that does not own it, claiming two hops already
             r = requests.post(
