@@ -48,7 +48,8 @@ ON_BEHALF_HEADER = "X-MQ-On-Behalf-Of"
 #: the header of the old scheme (the secret itself in clear): refused.
 LEGACY_SECRET_HEADER = "X-MQ-Cluster-Secret"
 
-#: signatures remembered at most (about 100 bytes each).
+#: signatures remembered at most: about 240 bytes each, 24 MB full (measured with tracemalloc);
+#: 100,000 in 60 s (twice the default window) is 1,666 forwarded calls a second into one node.
 SEEN_MAX = 100_000
 _SCHEME = b"MQ-HMAC-SHA256-v1"
 
