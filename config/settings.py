@@ -67,22 +67,74 @@ def envsecret(name: str, default: str) -> str:
     return os.environ.get(name, default)
 
 
+def generated_secret(path: Path) -> str:
+    """The secret in ``path``, made on first use: 48 random bytes (URL-safe base64), mode 0600.
+
+    Made atomically: written whole to a private temporary file, then hard-linked to ``path``,
+    which fails if it exists. Of several processes starting at once (the nodes of one embedded
+    cluster share the data folder) exactly one link succeeds and every one reads that file.
+    """
+    try:
+        value = path.read_text().strip()
+    except FileNotFoundError:
+        value = ""
+    if value:
+        return value
+    import secrets
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # 0600 by mkstemp
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(48) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process made it first: theirs is the secret
+    finally:
+        os.unlink(tmp)
+    value = path.read_text().strip()
+    if not value:
+        raise ImproperlyConfigured(f"{path} is empty: delete it (a new secret is made) or set CLUSTER_SECRET")
+    return value
+
+
 MQ_ENV = env("MQ_ENV", "embedded")
 if MQ_ENV not in ("embedded", "production"):
     raise ImproperlyConfigured(f"MQ_ENV={MQ_ENV!r}: use 'embedded' or 'production'")
 
 SECRET_KEY = envsecret("SECRET_KEY", _DEFAULT_SECRET)
 DEBUG = envbool("DEBUG", False)
-# Forwarding between nodes is authenticated with this, never with a user's token.
-CLUSTER_SECRET = envsecret("CLUSTER_SECRET", SECRET_KEY)
+# Nodes sign forwarded calls with this (an HMAC, queues/peerauth.py); it never travels. Unset:
+# production refuses to start; embedded generates one into the data folder on first start,
+# shared by every node using that folder (nodes elsewhere must be given the same one).
+CLUSTER_SECRET_PATH = DATA_DIR / "cluster-secret"
+CLUSTER_SECRET = envsecret("CLUSTER_SECRET", "")
+# Seconds a forwarded call's timestamp may be off this node's clock (either way); a replayed
+# signature is refused within it, and outside it the timestamp is.
+CLUSTER_CLOCK_SKEW = envfloat("CLUSTER_CLOCK_SKEW", 30.0)
 
 if MQ_ENV == "production":
     if DEBUG:
         raise ImproperlyConfigured("MQ_ENV=production refuses DEBUG=1")
     if SECRET_KEY == _DEFAULT_SECRET:
         raise ImproperlyConfigured("MQ_ENV=production needs SECRET_KEY (or SECRET_KEY_FILE)")
-    if CLUSTER_SECRET == _DEFAULT_SECRET:
+    if not CLUSTER_SECRET:
         raise ImproperlyConfigured("MQ_ENV=production needs CLUSTER_SECRET (or CLUSTER_SECRET_FILE)")
+    if "ALLOWED_HOSTS" not in os.environ:
+        raise ImproperlyConfigured("MQ_ENV=production needs ALLOWED_HOSTS (the names clients and nodes call it by)")
+elif not CLUSTER_SECRET:
+    CLUSTER_SECRET = generated_secret(CLUSTER_SECRET_PATH)
+if CLUSTER_SECRET in (SECRET_KEY, _DEFAULT_SECRET):
+    raise ImproperlyConfigured(
+        "CLUSTER_SECRET must differ from SECRET_KEY and from the published default: "
+        "each is a secret of its own (CLUSTER_SECRET is shared by every node)"
+    )
+if not 0 < CLUSTER_CLOCK_SKEW <= 300:
+    raise ImproperlyConfigured(f"CLUSTER_CLOCK_SKEW={CLUSTER_CLOCK_SKEW}: use seconds in (0, 300]")
 
 # --- HTTPS, cookies, login -----------------------------------------------------------------
 _production = MQ_ENV == "production"
@@ -120,7 +172,12 @@ SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", False)
 ADMIN_LOGIN_FAILURES = envint("ADMIN_LOGIN_FAILURES", 5, minimum=1)
 ADMIN_LOGIN_WINDOW = envint("ADMIN_LOGIN_WINDOW", 900, minimum=1)
 
-ALLOWED_HOSTS = [h.strip() for h in env("ALLOWED_HOSTS", "*").split(",") if h.strip()]
+# Embedded default: the loopback names and the host this node advertises to its peers
+# (``runnode --advertise``), so a web page cannot reach the node by DNS rebinding.
+_advertised = os.environ.get("NODE_ADDRESS", "").rpartition(":")[0]
+ALLOWED_HOSTS = [
+    h.strip() for h in env("ALLOWED_HOSTS", f"localhost,127.0.0.1,[::1],{_advertised}").split(",") if h.strip()
+]
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in env("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
 
 INSTALLED_APPS = [

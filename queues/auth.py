@@ -6,9 +6,10 @@ at a few hundred calls a second that is most of a request's cost. A key is trust
 cache for ``TTL`` seconds, so a deleted token stops working within that time; so are a user's
 groups (its ``Caller``).
 
-A node forwards a call with the cluster secret and ``X-MQ-On-Behalf-Of`` (the user's id, or
-``system`` for the service's own work): the receiving node acts as that user and checks its
-rights again. Without the header a node may make only the node-only calls (refresh, the
+A node forwards a call signed with the cluster secret (``queues.peerauth``: an HMAC over the
+request, its hop count, its user and a timestamp) naming in ``X-MQ-On-Behalf-Of`` the user's
+id, or ``system`` for the service's own work: the receiving node acts as that user and checks
+its rights again. Without the header a node may make only the node-only calls (refresh, the
 ``close_only`` purge, expire).
 """
 
@@ -24,8 +25,9 @@ from rest_framework.authentication import BaseAuthentication, TokenAuthenticatio
 from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 from rest_framework.request import Request
 
+from . import peerauth
 from .access import ANONYMOUS, SYSTEM, Caller
-from .router import SECRET_HEADER, cluster_secret_ok
+from .router import hops_of
 
 if TYPE_CHECKING:
     from drf_spectacular.openapi import AutoSchema
@@ -118,19 +120,40 @@ def on_behalf_value(caller: Caller) -> str:
 
 
 class ClusterPeer:
-    """The identity of a call forwarded by another node; ``caller``: the user it acts for
-    (None: the node's own call, which may only be a node-only one)."""
+    """The identity of a call forwarded by another node (its signature checked); ``caller``:
+    the user it acts for (None: the node's own call, which may only be a node-only one);
+    ``hops``: the hop count it was signed with."""
 
     is_authenticated = True
     is_active = True
     is_staff = False
     username = "cluster-peer"
 
-    def __init__(self, caller: Caller | None = None):
+    def __init__(self, caller: Caller | None = None, hops: int = 0):
         self.caller = caller
+        self.hops = hops
 
     def __str__(self) -> str:
         return self.username if self.caller is None else f"{self.username} for {self.caller}"
+
+
+def request_hops(user: Any) -> int:
+    """The hop count a request has made: a node's signed count; a client's is 0, whatever
+    ``X-MQ-Hops`` it sends (a client must not skip forwarding or cooling)."""
+    return user.hops if isinstance(user, ClusterPeer) else 0
+
+
+def peer_of(environ: Any, method: str, path: str, body: bytes) -> ClusterPeer | None:
+    """The node a request proves it comes from (``peerauth.verify``), acting for the user it
+    names; None: it does not claim to come from a node. Raises AuthenticationFailed."""
+    try:
+        call = peerauth.verify(environ, method, path, body)
+    except peerauth.PeerAuthFailed as exc:
+        raise AuthenticationFailed(str(exc)) from None
+    if call is None:
+        return None
+    caller = caller_on_behalf_of(call.on_behalf) if call.on_behalf is not None else None
+    return ClusterPeer(caller, hops_of(call.hops))
 
 
 def request_caller(user: Any, *, node_only: bool = False) -> Caller:
@@ -150,20 +173,19 @@ def request_caller(user: Any, *, node_only: bool = False) -> Caller:
 
 
 class ClusterAuthentication(BaseAuthentication):
-    """Nodes forward calls with the cluster secret (never with a user's token) and the user
-    they act for (``X-MQ-On-Behalf-Of``)."""
-
-    header = "HTTP_X_MQ_CLUSTER_SECRET"
-    on_behalf_header = "HTTP_X_MQ_ON_BEHALF_OF"
+    """Nodes forward calls signed with the cluster secret (never with a user's token, never
+    the secret itself) for the user they act for (``X-MQ-On-Behalf-Of``)."""
 
     def authenticate(self, request: Request) -> tuple[ClusterPeer, None] | None:
-        value = request.META.get(self.header)
-        if value is None:
+        meta = request.META
+        if peerauth.SIGNATURE_META not in meta and peerauth.LEGACY_SECRET_META not in meta:
             return None
-        if not cluster_secret_ok(value):
-            raise AuthenticationFailed("bad cluster secret")
-        on_behalf = request.META.get(self.on_behalf_header)
-        return ClusterPeer(caller_on_behalf_of(on_behalf) if on_behalf is not None else None), None
+        body = request._request.body  # read once; DRF parses it from Django's copy afterwards
+        peer = peer_of(meta, request.method or "", peerauth.request_path(meta), body)
+        return None if peer is None else (peer, None)
+
+    def authenticate_header(self, request: Request) -> str:
+        return peerauth.SIGNATURE_HEADER
 
 
 class ClusterAuthenticationScheme(OpenApiAuthenticationExtension):
@@ -173,12 +195,16 @@ class ClusterAuthenticationScheme(OpenApiAuthenticationExtension):
     """
 
     target_class = ClusterAuthentication
-    name = "clusterSecret"
+    name = "clusterSignature"
 
     def get_security_definition(self, auto_schema: AutoSchema) -> dict[str, str]:
         return {
             "type": "apiKey",
             "in": "header",
-            "name": SECRET_HEADER,
-            "description": "The cluster secret: calls one node forwards to another, not for clients.",
+            "name": peerauth.SIGNATURE_HEADER,
+            "description": (
+                "Calls one node forwards to another, not for clients: HMAC-SHA256 under the cluster secret "
+                f"over the request, with {peerauth.TIMESTAMP_HEADER}, {peerauth.NONCE_HEADER}, "
+                f"{peerauth.HOPS_HEADER} and {peerauth.ON_BEHALF_HEADER}."
+            ),
         }

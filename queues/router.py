@@ -4,33 +4,20 @@ A node serves the partitions it leases. A call it cannot serve here (an ack for 
 another node owns, an enqueue when it owns no partition of the queue or is cooling, a dequeue
 that finds nothing here) goes to the owner, found on the partition rows (read at most twice a
 second). The service decides where a call goes; the API carries it (``queues.api.peers``):
-forwarded calls carry the cluster secret (not the client's token), the user they act for and a
-hop count, and a call
-that has made ``MAX_HOPS`` hops is answered where it is, so nothing loops.
+forwarded calls are signed with the cluster secret (``queues.peerauth``; not the client's token)
+and carry the user they act for and a hop count, and a call that has made ``MAX_HOPS`` hops is
+answered where it is, so nothing loops. Only a signed call's hop count counts: a client's is 0.
 """
 
 from __future__ import annotations
 
-import hmac
 import threading
 import time
-
-from django.conf import settings
 
 from .models import Partition
 
 MAX_HOPS = 2
-SECRET_HEADER = "X-MQ-Cluster-Secret"
-HOPS_HEADER = "X-MQ-Hops"
-#: beside the cluster secret: the user (id, or ``system``) a forwarded call acts for.
-ON_BEHALF_HEADER = "X-MQ-On-Behalf-Of"
 _TTL = 0.5
-
-
-def cluster_secret_ok(value: str | None) -> bool:
-    if not value:
-        return False
-    return hmac.compare_digest(value.encode(), settings.CLUSTER_SECRET.encode())
 
 
 def hops_of(value: str | None) -> int:

@@ -533,15 +533,15 @@ class RedriveResult:
 
 @dataclass(frozen=True)
 class Health:
-    """A node's liveness answer."""
+    """A node's liveness answer. Only a staff user's token (or a node) is told the rest."""
 
     #: ``"ok"``
     status: str
-    #: the node's ID
+    #: the node's ID (staff only, else None)
     node: str | None = None
-    #: the node's ``host:port``
+    #: the node's ``host:port`` (staff only, else None)
     address: str | None = None
-    #: partitions it holds now, all queues
+    #: partitions it holds now, all queues (staff only, else 0)
     partitions: int = 0
 
 

@@ -18,6 +18,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from .. import service
 from ..access import Forbidden
 from ..kv import KVError
+from ..peerauth import PeerAuthBusy
 from ..service import (
     Conflict,
     InvalidRequest,
@@ -105,6 +106,8 @@ def domain_error(exc) -> tuple[int, dict, dict] | None:
         return 404, {"error": "queue_not_found", "detail": f"no queue named {exc.args[0]!r}"}, {}
     if isinstance(exc, ReceiptMismatch):
         return 409, {"error": "receipt_mismatch", "detail": str(exc), "id": exc.msg_id}, {}
+    if isinstance(exc, PeerAuthBusy):  # the replay guard is full: the forwarding node retries
+        return 503, {"error": "unavailable", "detail": str(exc)}, {"Retry-After": "1"}
     if isinstance(exc, (PartitionUnavailable, KVError)):
         log.warning("unavailable: %s", exc)
         if not isinstance(exc, NotServedHere):

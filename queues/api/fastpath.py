@@ -5,9 +5,10 @@ negotiation cost about 500 µs a call, against 15 µs for enqueueing one message
 calls are most of a queue's traffic, so for ``POST /api/v1/queues/<name>/{enqueue, dequeue,
 ack, visibility}`` with a ``Token`` header and a JSON body this layer authenticates (the same
 cached token check as DRF), parses with orjson, and calls the very functions the DRF views call
-(``calls``) as the same :class:`~queues.access.Caller` (the token's user; for a node, the user
-named by ``X-MQ-On-Behalf-Of``: without it a node may make none of these calls), mapping errors
-with the same functions as the DRF exception handler.
+(``calls``) as the same :class:`~queues.access.Caller` (the token's user; for a node, whose
+call is signed (``queues.peerauth``), the user named by ``X-MQ-On-Behalf-Of``: without it a node
+may make none of these calls), mapping errors with the same functions as the DRF exception
+handler. A client's ``X-MQ-Hops`` is ignored (hop 0), as in DRF.
 
 Everything else, and every request it is not sure about (no token, a session cookie, another
 content type, another method), goes to Django and DRF unchanged; so do the schema and the
@@ -22,12 +23,13 @@ import time
 from http import HTTPStatus
 
 import orjson
+from django.conf import settings
 from django.db import close_old_connections
+from django.http.request import split_domain_port, validate_host
 from rest_framework import exceptions
 
-from .. import metrics
-from ..auth import CachedTokenAuthentication, ClusterPeer, caller_of, caller_on_behalf_of, request_caller
-from ..router import cluster_secret_ok, hops_of
+from .. import metrics, peerauth
+from ..auth import CachedTokenAuthentication, caller_of, peer_of, request_caller
 from . import calls, throttles
 from .errors import PayloadTooLarge, api_error, domain_error
 
@@ -47,6 +49,13 @@ def _accepts_json(accept: str) -> bool:
     return not accept.strip() or any(t.split(";")[0].strip().lower() in _JSON_TYPES for t in accept.split(","))
 
 
+def _host_allowed(environ) -> bool:
+    """Whether the Host header is one of ``ALLOWED_HOSTS`` (as Django's ``get_host`` checks)."""
+    host = environ.get("HTTP_HOST") or environ.get("SERVER_NAME", "")
+    domain, _ = split_domain_port(host)
+    return bool(domain) and validate_host(domain, settings.ALLOWED_HOSTS)
+
+
 class FastPath:
     def __init__(self, app):
         self.app = app
@@ -58,13 +67,15 @@ class FastPath:
         match = _PATH.match(environ.get("PATH_INFO", ""))
         if match is None:
             return self.app(environ, start_response)
+        if not _host_allowed(environ):
+            return self.app(environ, start_response)  # Django refuses it (400), as for every other call
         scheme, _, key = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
         key = key.strip()
-        peer = environ.get("HTTP_X_MQ_CLUSTER_SECRET")
+        # A node's signed call (or the old secret header, refused) comes without Authorization;
+        # with one, DRF's order holds: the token decides.
+        peer = not scheme and (peerauth.SIGNATURE_META in environ or peerauth.LEGACY_SECRET_META in environ)
         content_type = environ.get("CONTENT_TYPE", "").split(";")[0].strip().lower()
-        if content_type != "application/json" or (
-            peer is None and (scheme.lower() != "token" or not key or " " in key)
-        ):
+        if content_type != "application/json" or (not peer and (scheme.lower() != "token" or not key or " " in key)):
             return self.app(environ, start_response)  # DRF answers exactly as it would
         length = environ.get("CONTENT_LENGTH") or "0"
         if (
@@ -84,21 +95,24 @@ class FastPath:
         headers: dict[str, str] = {}
         started = time.perf_counter()
         try:
-            if peer is not None:
-                if not cluster_secret_ok(peer):
-                    raise exceptions.AuthenticationFailed("bad cluster secret")
-                on_behalf = environ.get("HTTP_X_MQ_ON_BEHALF_OF")
-                caller = request_caller(ClusterPeer(caller_on_behalf_of(on_behalf) if on_behalf is not None else None))
+            if peer:
+                # the signature covers the body: read it (to the node's limit) before checking
+                raw = self._read(environ, settings.API_MAX_REQUEST_BYTES)
+                node = peer_of(environ, "POST", peerauth.request_path(environ), raw)
+                assert node is not None  # it claimed to be a node: a node, or AuthenticationFailed
+                caller, hops = request_caller(node), node.hops
+                limit = calls.body_limit(call, name, caller=caller)
+                if len(raw) > limit:
+                    raise PayloadTooLarge(
+                        f"request body of {len(raw)} bytes is over this call's limit of {limit} bytes"
+                    )
             else:
                 user, _ = self.auth.authenticate_credentials(key)
                 throttles.check_user(user.pk)
-                caller = caller_of(user)
-            hops = hops_of(environ.get("HTTP_X_MQ_HOPS"))
-            # The caller's right and the queue's limits before a byte of the body is read.
-            limit = calls.body_limit(call, name, caller=caller)
-            status, payload = calls.CALLS[call](
-                name, self._body(environ, limit), hops, trusted=peer is not None, caller=caller
-            )
+                caller, hops = caller_of(user), 0  # a client's X-MQ-Hops is ignored
+                # The caller's right and the queue's limits before a byte of the body is read.
+                raw = self._read(environ, calls.body_limit(call, name, caller=caller))
+            status, payload = calls.CALLS[call](name, self._parse(raw), hops, trusted=peer, caller=caller)
         except Exception as exc:
             mapped = domain_error(exc) or api_error(exc)
             if mapped is None:
@@ -124,22 +138,25 @@ class FastPath:
         return [body]
 
     @staticmethod
-    def _body(environ, limit: int):
-        """The JSON body, refused (413) by its ``Content-Length`` before it is read when over
+    def _read(environ, limit: int) -> bytes:
+        """The body, refused (413) by its ``Content-Length`` before it is read when over
         ``limit``; a chunked body (no length) is read to at most ``limit`` + 1 bytes."""
         length = int(environ.get("CONTENT_LENGTH") or 0)  # digits: checked by the caller
         if length > limit:
             raise PayloadTooLarge(f"request body of {length} bytes is over this call's limit of {limit} bytes")
-        if length <= 0:
-            if "chunked" not in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
-                return {}  # as DRF: an empty body is an empty object
-            raw = environ["wsgi.input"].read(limit + 1)
-            if len(raw) > limit:
-                raise PayloadTooLarge(f"request body is over this call's limit of {limit} bytes")
-            if not raw:
-                return {}
-        else:
-            raw = environ["wsgi.input"].read(length)
+        if length > 0:
+            return environ["wsgi.input"].read(length)
+        if "chunked" not in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+            return b""
+        raw = environ["wsgi.input"].read(limit + 1)
+        if len(raw) > limit:
+            raise PayloadTooLarge(f"request body is over this call's limit of {limit} bytes")
+        return raw
+
+    @staticmethod
+    def _parse(raw: bytes):
+        if not raw:
+            return {}  # as DRF: an empty body is an empty object
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:

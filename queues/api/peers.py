@@ -1,8 +1,9 @@
 """The service's calls to other nodes (``queues.service.peers.Peers``), over the REST API.
 
-A forwarded call is the same REST call a client makes, authenticated as a cluster peer (the
-cluster secret, never a user's token), naming the user it acts for (``X-MQ-On-Behalf-Of``: the
-peer checks that user's rights again) and carrying its hop count; the answer is turned back
+A forwarded call is the same REST call a client makes, authenticated as a cluster peer (signed
+with the cluster secret by ``queues.peerauth``; never a user's token, never the secret itself),
+naming the user it acts for (``X-MQ-On-Behalf-Of``: the peer checks that user's rights again)
+and carrying its hop count, both covered by the signature; the answer is turned back
 into the service's types, and a refusal into ``RemoteError`` (status and body, passed on as
 they are by whoever called).
 """
@@ -15,13 +16,13 @@ from typing import Any
 
 import orjson
 import urllib3
-from django.conf import settings
 
+from .. import peerauth
 from ..access import Caller
 from ..auth import on_behalf_value
 from ..messages import MessageId, StoredMessage
 from ..partition import Delivery
-from ..router import HOPS_HEADER, MAX_HOPS, ON_BEHALF_HEADER, SECRET_HEADER
+from ..router import MAX_HOPS
 from ..service import AckResult, ExpireResult, MessageDraft, RedriveResult, RemoteError
 
 #: In a node's enqueue or ack call: check it, change nothing (``calls.check_only``).
@@ -78,17 +79,14 @@ class HttpPeers:
     ) -> tuple[int, dict[str, Any]]:
         """POST ``/api/v1/<path>`` at ``address`` for ``caller`` (None: the node's own call);
         its status and JSON answer."""
-        headers = {
-            "Content-Type": "application/json",
-            SECRET_HEADER: settings.CLUSTER_SECRET,
-            HOPS_HEADER: str(hops + 1),
-        }
-        if caller is not None:
-            headers[ON_BEHALF_HEADER] = on_behalf_value(caller)
+        full_path = f"/api/v1/{path}"
+        data = orjson.dumps(payload)
+        on_behalf = on_behalf_value(caller) if caller is not None else None
+        headers = {"Content-Type": "application/json", **peerauth.sign("POST", full_path, data, hops + 1, on_behalf)}
         response = self.http.request(
             "POST",
-            f"http://{address}/api/v1/{path}",
-            body=orjson.dumps(payload),
+            f"http://{address}{full_path}",
+            body=data,
             headers=headers,
             timeout=urllib3.Timeout(connect=1.0, read=TIMEOUT),
         )

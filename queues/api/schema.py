@@ -508,12 +508,12 @@ def _responses() -> dict[tuple[str, str, str], dict]:
     return {
         ("/api/v1/healthz", "get", "200"): {
             "type": "object",
-            "required": ["status", "node", "address", "partitions"],
+            "required": ["status"],
             "properties": {
                 "status": {"type": "string", "enum": ["ok"]},
-                "node": {"type": "string"},
-                "address": {"type": "string"},
-                "partitions": {"type": "integer", "description": "partitions this node serves"},
+                "node": {"type": "string", "description": "this node's ID (staff and nodes only)"},
+                "address": {"type": "string", "description": "its host:port (staff and nodes only)"},
+                "partitions": {"type": "integer", "description": "partitions it serves (staff and nodes only)"},
             },
         },
         (q + "/stats", "get", "200"): type_schema(QueueStats),

@@ -11,9 +11,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import service
-from ..auth import ClusterPeer, request_caller
+from ..auth import CachedTokenAuthentication, ClusterAuthentication, ClusterPeer, request_caller, request_hops
 from ..models import Queue
-from ..router import hops_of
 from . import calls
 from .serializers import (
     AckDoc,
@@ -38,7 +37,8 @@ ERRORS = {
 
 
 def _hops(request) -> int:
-    return hops_of(request.META.get("HTTP_X_MQ_HOPS"))
+    """A node's signed hop count; a client's ``X-MQ-Hops`` is ignored (0)."""
+    return request_hops(request.user)
 
 
 def caller(request, *, node_only: bool = False):
@@ -47,13 +47,36 @@ def caller(request, *, node_only: bool = False):
 
 
 class HealthView(APIView):
-    permission_classes = [AllowAny]
-    authentication_classes: list = []
+    """Liveness, for anyone (load balancers, ``NodeProcess``): ``{"status": "ok"}`` and nothing
+    about the node. Staff (a token or a session) and nodes also get its ID, address and
+    partition count. A bad token is not refused here: liveness answers regardless."""
 
-    @extend_schema(responses={200: dict}, summary="Liveness of this node (no authentication)")
+    permission_classes = [AllowAny]
+    authentication_classes: list = []  # asked below, so a bad token cannot make it answer 401
+
+    @extend_schema(
+        responses={200: dict}, summary="Liveness of this node (no authentication; details to staff and nodes)"
+    )
     def get(self, request):
+        if not self._insider(request):
+            return Response({"status": "ok"})
         rt = service.get_runtime()
         return Response({"status": "ok", "node": rt.node_id, "address": rt.address, "partitions": len(rt.managers)})
+
+    @staticmethod
+    def _insider(request) -> bool:
+        session_user = getattr(request._request, "user", None)  # AuthenticationMiddleware's
+        if getattr(session_user, "is_staff", False):
+            return True
+        for auth in (CachedTokenAuthentication(), ClusterAuthentication()):
+            try:
+                found = auth.authenticate(request)
+            except Exception:  # noqa: BLE001 - a bad credential is an anonymous caller here
+                continue
+            if found is not None:
+                user = found[0]
+                return isinstance(user, ClusterPeer) or bool(getattr(user, "is_staff", False))
+        return False
 
 
 class QueueListView(APIView):

@@ -133,7 +133,12 @@ def node(transactional_db, tmp_path, request):
     from django.conf import settings
 
     env = node_env(
-        database_url=database_url(), data_dir=tmp_path / "data", kv=settings.KV_URL, NODE_HEARTBEAT="0.3", DEBUG="0"
+        database_url=database_url(),
+        data_dir=tmp_path / "data",
+        kv=settings.KV_URL,
+        NODE_HEARTBEAT="0.3",
+        DEBUG="0",
+        CLUSTER_SECRET=settings.CLUSTER_SECRET,  # what this process forwards to it is signed with its own
     )
     n = NodeProcess(env, tmp_path).start()
     yield n

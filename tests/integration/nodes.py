@@ -10,7 +10,9 @@ import os
 import time
 from pathlib import Path
 
+import orjson
 import requests
+from django.conf import settings
 from django.db import connection
 
 from queues.testing import NodeProcess, kv_url, node_env
@@ -30,11 +32,44 @@ def database_url() -> str:
 def local_node_env(tmp_path: Path, backend: str = "redis", *, data: str = "data", **extra: str) -> dict[str, str]:
     """A node's environment in a test: the test database, its data under ``tmp_path / data``,
     its key-value store on ``backend`` (Redis db 5, files under ``tmp_path / "kv"``, or
-    PostgreSQL); ``extra`` adds variables."""
+    PostgreSQL), this process's cluster secret (so every node of the test, and the test
+    itself, sign and check forwarded calls alike, whatever data folder each uses); ``extra``
+    adds variables."""
     kv = kv_url(
         backend, redis_url=os.environ.get("MQ_TEST_REDIS_URL", ""), redis_db=KV_REDIS_DB, directory=tmp_path / "kv"
     )
+    extra.setdefault("CLUSTER_SECRET", settings.CLUSTER_SECRET)
     return node_env(database_url=database_url(), data_dir=tmp_path / data, kv=kv, **extra)
+
+
+def peer_request(
+    method: str,
+    url: str,
+    payload: dict | None = None,
+    *,
+    hops: int = 1,
+    on_behalf: str | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 10,
+) -> requests.Response:
+    """``method url`` as a node makes it: signed with this process's cluster secret
+    (``queues.peerauth``), ``hops`` and ``on_behalf`` under the signature; ``headers`` are sent
+    too (after signing: a header signed differently breaks the signature)."""
+    from queues import peerauth
+
+    body = b"" if payload is None else orjson.dumps(payload)
+    path = "/" + url.split("://", 1)[1].split("/", 1)[1]
+    signed = peerauth.sign(method, path, body, hops, on_behalf)
+    if body:
+        signed["Content-Type"] = "application/json"
+    return requests.request(method, url, data=body or None, headers={**signed, **(headers or {})}, timeout=timeout)
+
+
+def node_info(url: str) -> dict:
+    """A node's ``healthz`` as its peers see it (ID, address, partitions): a signed call."""
+    r = peer_request("GET", f"{url}/api/v1/healthz", hops=0)
+    assert r.status_code == 200 and "node" in r.json(), r.text
+    return r.json()
 
 
 class NodeSet:

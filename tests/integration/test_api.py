@@ -486,5 +486,4 @@ def test_healthz_needs_no_auth(runtime):
 
     # then
     assert r.status_code == 200
-    assert r.json()["status"] == "ok"
-    assert r.json()["node"] == runtime.node_id
+    assert r.json() == {"status": "ok"}  # liveness only: nothing about the node (test_node_identity)

@@ -19,7 +19,7 @@ import pytest
 
 from queues.testing import NodeProcess, wait_until
 
-from .nodes import Client, NodeSet, database_url, local_node_env
+from .nodes import Client, NodeSet, database_url, local_node_env, node_info, peer_request
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -180,7 +180,7 @@ def _all_served(c: Client, queue: str, excluding: str | None = None) -> bool:
 
 
 def _node_id(node: NodeProcess) -> str:
-    return Client(node.url, "").get("healthz").json()["node"]
+    return node_info(node.url)["node"]
 
 
 _wait = wait_until
@@ -330,22 +330,33 @@ def test_forwarding_is_authenticated_and_bounded(cluster, token):
         got += more
     r = cb.post(f"queues/{name}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]})
     assert r.status_code == 200 and r.json()["acked"] == 6
-    # a forged cluster secret is refused, and a spent hop count is never forwarded again
+    # a forged cluster secret or signature is refused, and a spent hop count is never forwarded again
     import requests
+    from rest_framework.authtoken.models import Token
 
     forged = requests.post(
         f"{a.url}/api/v1/queues/{name}/enqueue", json={"body": "x"}, headers={"X-MQ-Cluster-Secret": "wrong"}, timeout=5
+    )
+    assert forged.status_code == 401
+    user_id = str(Token.objects.get(key=token).user_id)
+    forged = peer_request(
+        "POST",
+        f"{a.url}/api/v1/queues/{name}/enqueue",
+        {"body": "x"},
+        on_behalf=user_id,
+        headers={"X-MQ-Cluster-Signature": "0" * 64},
     )
     assert forged.status_code == 401
     parts = {p["index"]: p["address"] for p in _partitions(ca, name)}
     mid = ids[0]
     owner = parts[int(mid.split("/")[1])]
     elsewhere = b if owner == a.url.removeprefix("http://") else a
-    spent = requests.post(
+    spent = peer_request(
+        "POST",
         f"{elsewhere.url}/api/v1/queues/{name}/visibility",
-        json={"id": mid, "visibility_timeout": 5},
-        headers={"Authorization": f"Token {token}", "X-MQ-Hops": "2"},
-        timeout=5,
+        {"id": mid, "visibility_timeout": 5},
+        hops=2,
+        on_behalf=user_id,
     )
     assert spent.status_code == 503 and spent.json()["error"] == "unavailable"
 

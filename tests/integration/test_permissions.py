@@ -18,7 +18,6 @@ import time
 import uuid
 
 import pytest
-import requests
 
 from queues.access import Caller
 from queues.models import AuditEntry, Grant, Queue
@@ -388,13 +387,12 @@ def two_nodes(tmp_path, redis_client):
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_forwarded_call_acts_for_its_user_at_the_owner(two_nodes):
-    from django.conf import settings
     from django.contrib.auth.models import User
     from rest_framework.authtoken.models import Token
 
     from queues.testing import wait_until
 
-    from .nodes import Client
+    from .nodes import Client, peer_request
 
     def token_of(user) -> str:
         return Token.objects.create(user=user).key
@@ -432,16 +430,15 @@ def test_a_forwarded_call_acts_for_its_user_at_the_owner(two_nodes):
     r = pc.post(f"queues/{name}/dequeue", {"max": 10})
     assert r.status_code == 403 and r.json()["missing"] == "consume"
     # ... and at the owner, when a node forwards the call for it: rights are checked again there
-    peer = {"X-MQ-Cluster-Secret": settings.CLUSTER_SECRET, "X-MQ-Hops": "1"}
     url = f"{b.url}/api/v1/queues/{name}/dequeue"
-    r = requests.post(url, json={"max": 10}, headers={**peer, "X-MQ-On-Behalf-Of": str(producer.pk)}, timeout=10)
+    r = peer_request("POST", url, {"max": 10}, on_behalf=str(producer.pk))
     assert r.status_code == 403 and r.json()["missing"] == "consume", r.text
     # a node's call that names no user may make only the node-only calls
-    r = requests.post(url, json={"max": 10}, headers=peer, timeout=10)
+    r = peer_request("POST", url, {"max": 10})
     assert r.status_code == 403 and r.json()["error"] == "permission_denied", r.text
     # a user who may not read the queue is told it does not exist, at the owner too
     stranger = User.objects.create(username=f"stranger-{uuid.uuid4().hex[:6]}")
-    r = requests.post(url, json={"max": 10}, headers={**peer, "X-MQ-On-Behalf-Of": str(stranger.pk)}, timeout=10)
+    r = peer_request("POST", url, {"max": 10}, on_behalf=str(stranger.pk))
     assert r.status_code == 404, r.text
     # the message is still there: the consumer, asking A, gets B's message through a forwarded dequeue
     cc = Client(a.url, token_of(consumer))

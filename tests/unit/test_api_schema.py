@@ -31,6 +31,7 @@ def test_schema_validates_without_warnings(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "Warning" not in proc.stderr, proc.stderr
     text = schema.read_text()
-    # The cluster peers' authentication is described, as a header carrying the cluster secret.
-    assert "clusterSecret:" in text
-    assert "name: X-MQ-Cluster-Secret" in text
+    # The cluster peers' authentication is described, as a header carrying a signature (never the secret).
+    assert "clusterSignature:" in text
+    assert "name: X-MQ-Cluster-Signature" in text
+    assert "X-MQ-Cluster-Secret" not in text

@@ -12,51 +12,91 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load(env: dict[str, str]) -> subprocess.CompletedProcess:
-    clean = {
-        k: v for k, v in os.environ.items() if k not in ("MQ_ENV", "DEBUG", "SECRET_KEY", "CLUSTER_SECRET", "KV_URL")
-    }
-    return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import django; django.setup(); from django.conf import settings; print(settings.KV_URL, settings.DEBUG)",
-        ],
+_OWN = ("MQ_ENV", "DEBUG", "SECRET_KEY", "SECRET_KEY_FILE", "CLUSTER_SECRET", "CLUSTER_SECRET_FILE", "KV_URL")
+_OWN += ("ALLOWED_HOSTS", "MQ_DATA_DIR", "NODE_ADDRESS")
+_PRINT = "import django; django.setup(); from django.conf import settings; print(settings.KV_URL, settings.DEBUG)"
+_SECRET = "import django; django.setup(); from django.conf import settings; print(settings.CLUSTER_SECRET)"
+
+
+def _start(env: dict[str, str], code: str, data_dir: Path) -> subprocess.Popen:
+    clean = {k: v for k, v in os.environ.items() if k not in _OWN}
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
         cwd=ROOT,
-        env={**clean, "DJANGO_SETTINGS_MODULE": "config.settings", **env},
-        capture_output=True,
+        env={**clean, "DJANGO_SETTINGS_MODULE": "config.settings", "MQ_DATA_DIR": str(data_dir), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=60,
     )
+
+
+def _load(env: dict[str, str], data_dir: Path, code: str = _PRINT) -> subprocess.CompletedProcess:
+    proc = _start(env, code, data_dir)
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+_PROD = {"MQ_ENV": "production", "SECRET_KEY": "s" * 50, "CLUSTER_SECRET": "c" * 50, "ALLOWED_HOSTS": "mq.example"}
 
 
 @pytest.mark.parametrize(
     "env, complaint",
     [
-        ({"MQ_ENV": "production", "DEBUG": "1", "SECRET_KEY": "s" * 50, "CLUSTER_SECRET": "c" * 50}, "DEBUG"),
-        ({"MQ_ENV": "production", "CLUSTER_SECRET": "c" * 50}, "SECRET_KEY"),
+        ({**_PROD, "DEBUG": "1"}, "DEBUG"),
+        ({"MQ_ENV": "production", "CLUSTER_SECRET": "c" * 50, "ALLOWED_HOSTS": "mq.example"}, "SECRET_KEY"),
+        # production never makes up a cluster secret, nor reuses SECRET_KEY as one
+        ({"MQ_ENV": "production", "SECRET_KEY": "s" * 50, "ALLOWED_HOSTS": "mq.example"}, "CLUSTER_SECRET"),
+        ({**_PROD, "CLUSTER_SECRET": "s" * 50}, "CLUSTER_SECRET must differ from SECRET_KEY"),
+        ({"SECRET_KEY": "k" * 50, "CLUSTER_SECRET": "k" * 50}, "CLUSTER_SECRET must differ from SECRET_KEY"),
+        ({"CLUSTER_SECRET": "embedded-insecure-secret-change-me"}, "CLUSTER_SECRET must differ"),
+        ({key: v for key, v in _PROD.items() if key != "ALLOWED_HOSTS"}, "ALLOWED_HOSTS"),
         ({"MQ_ENV": "staging"}, "MQ_ENV"),
         ({"DEBUG": "maybe"}, "DEBUG"),
         ({"KV_MIN_REPLICAS": "-1"}, "KV_MIN_REPLICAS"),
+        ({"CLUSTER_CLOCK_SKEW": "0"}, "CLUSTER_CLOCK_SKEW"),
     ],
 )
-def test_refuses_to_start(env, complaint):
-    result = _load(env)
+def test_refuses_to_start(env, complaint, tmp_path):
+    result = _load(env, tmp_path)
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and complaint in result.stderr
 
 
-def test_production_starts_when_configured():
-    result = _load(
-        {
-            "MQ_ENV": "production",
-            "SECRET_KEY": "s" * 50,
-            "CLUSTER_SECRET": "c" * 50,
-            "KV_URL": "file:///tmp/mq-settings-test",
-        }
-    )
+def test_production_starts_when_configured(tmp_path):
+    result = _load({**_PROD, "KV_URL": "file:///tmp/mq-settings-test"}, tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["file:///tmp/mq-settings-test", "False"]
+    assert not (tmp_path / "cluster-secret").exists()  # given one: nothing generated
+
+
+def test_an_unset_cluster_secret_is_generated_once_private_and_kept(tmp_path):
+    # given a data folder without a secret, and eight processes starting on it at once
+    procs = [_start({}, _SECRET, tmp_path) for _ in range(8)]
+    # when they load the settings
+    outs = [p.communicate(timeout=60) for p in procs]
+    # then they all use one secret, made into the data folder, readable by its owner only
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
+    secrets = {out.strip() for out, _ in outs}
+    path = tmp_path / "cluster-secret"
+    assert len(secrets) == 1 and path.read_text().strip() in secrets
+    secret = secrets.pop()
+    assert len(secret) >= 48 and secret != "embedded-insecure-secret-change-me"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".cluster-secret")]  # no temporary left
+    # and a restart reads it back; another data folder gets another secret
+    assert _load({}, tmp_path, _SECRET).stdout.strip() == secret
+    other = _load({}, tmp_path / "other", _SECRET)
+    assert other.returncode == 0 and other.stdout.strip() not in ("", secret)
+
+
+def test_allowed_hosts_default_to_loopback_in_the_embedded_mode(tmp_path):
+    code = "import django; django.setup(); from django.conf import settings; print(settings.ALLOWED_HOSTS)"
+    assert _load({}, tmp_path, code).stdout.strip() == "['localhost', '127.0.0.1', '[::1]']"
+    advertised = _load({"NODE_ADDRESS": "mq-3.internal:8000"}, tmp_path, code).stdout.strip()
+    assert advertised == "['localhost', '127.0.0.1', '[::1]', 'mq-3.internal']"
+    assert (
+        _load({"ALLOWED_HOSTS": "a.example,b.example"}, tmp_path, code).stdout.strip() == "['a.example', 'b.example']"
+    )
 
 
 def test_unknown_kv_scheme_fails_loudly():

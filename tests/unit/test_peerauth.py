@@ -1,0 +1,72 @@
+"""The signature of forwarded calls (``queues.peerauth``), without HTTP."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from queues import peerauth
+
+
+def _environ(headers: dict[str, str], path: str = "/api/v1/queues/q/enqueue", query: str = "") -> dict[str, str]:
+    env = {"PATH_INFO": path, "QUERY_STRING": query}
+    env.update({peerauth.meta_key(k): v for k, v in headers.items()})
+    return env
+
+
+def test_a_signed_call_verifies_once_and_names_its_user_and_hops():
+    body = b'{"body": "x"}'
+    headers = peerauth.sign("POST", "/api/v1/queues/q/enqueue", body, 1, "42")
+    assert not any(_secret() in v for v in headers.values())  # the secret never travels
+    env = _environ(headers)
+    call = peerauth.verify(env, "POST", peerauth.request_path(env), body)
+    assert call == peerauth.PeerCall("1", "42")
+    with pytest.raises(peerauth.PeerAuthFailed, match="replayed"):
+        peerauth.verify(env, "POST", peerauth.request_path(env), body)
+
+
+def test_a_call_without_a_signature_is_not_a_nodes_and_the_old_header_is_refused():
+    assert peerauth.verify(_environ({"X-MQ-Hops": "2"}), "POST", "/x", b"") is None
+    with pytest.raises(peerauth.PeerAuthFailed, match="X-MQ-Cluster-Secret"):
+        peerauth.verify(_environ({"X-MQ-Cluster-Secret": _secret()}), "POST", "/x", b"")
+
+
+@pytest.mark.parametrize(
+    "method, path, query, body",
+    [
+        ("PUT", "/api/v1/queues/q/enqueue", "", b"{}"),
+        ("POST", "/api/v1/queues/r/enqueue", "", b"{}"),
+        ("POST", "/api/v1/queues/q/enqueue", "format=api", b"{}"),
+        ("POST", "/api/v1/queues/q/enqueue", "", b"{ }"),
+    ],
+)
+def test_a_signature_fits_one_request_only(method, path, query, body):
+    headers = peerauth.sign("POST", "/api/v1/queues/q/enqueue", b"{}", 1, None)
+    env = _environ(headers, path, query)
+    with pytest.raises(peerauth.PeerAuthFailed, match="bad cluster signature"):
+        peerauth.verify(env, method, peerauth.request_path(env), body)
+
+
+@pytest.mark.parametrize("offset", [-31.0, 31.0, float("nan"), float("inf")])
+def test_a_timestamp_out_of_the_window_is_refused(offset):
+    now = time.time()
+    headers = peerauth.sign("POST", "/p", b"", 0, None, now=now + offset)  # signed, but off (or garbled)
+    with pytest.raises(peerauth.PeerAuthFailed, match="timestamp"):
+        peerauth.verify(_environ(headers, "/p"), "POST", "/p", b"", now=now)
+
+
+def test_the_replay_guard_forgets_after_its_window_and_refuses_when_full():
+    seen = peerauth.SeenSignatures(limit=2)
+    assert seen.add("a", 0.0, 60) and not seen.add("a", 59.0, 60)
+    assert seen.add("a", 60.0, 60)  # expired: the timestamp check refuses such a replay anyway
+    assert seen.add("b", 61.0, 60)
+    with pytest.raises(peerauth.PeerAuthBusy):
+        seen.add("c", 62.0, 60)
+    assert seen.add("c", 120.5, 60)  # "a" expired: room again
+
+
+def _secret() -> str:
+    from django.conf import settings
+
+    return settings.CLUSTER_SECRET
