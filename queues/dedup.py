@@ -43,6 +43,12 @@ class DedupStore:
     def release(self, queue: str, dedup_id: str) -> None:
         raise NotImplementedError
 
+    def forget(self, queue: str) -> None:
+        """Drop every dedup_id of ``queue`` (it is being deleted): a queue created again under
+        the name must take a retried dedup_id as a new message, not answer with the ID of one
+        that went with the old queue."""
+        raise NotImplementedError
+
 
 class RedisDedup(DedupStore):
     def __init__(self) -> None:
@@ -52,7 +58,8 @@ class RedisDedup(DedupStore):
 
     @staticmethod
     def _key(queue: str, dedup_id: str) -> str:
-        return f"mq:dedup:{queue}:{dedup_id}"
+        # Under the service's key prefix, like the store's keys (the cache's Redis may be shared).
+        return f"{settings.KV_PREFIX}dedup:{queue}:{dedup_id}"
 
     def _claim(self, queue: str, dedup_id: str, window: int) -> str | None:
         key = self._key(queue, dedup_id)
@@ -66,6 +73,18 @@ class RedisDedup(DedupStore):
 
     def release(self, queue: str, dedup_id: str) -> None:
         self.redis.delete(self._key(queue, dedup_id))
+
+    def forget(self, queue: str) -> None:
+        # Queue names have no ":" nor glob characters (models.QUEUE_NAME_RE): the pattern is
+        # this queue's keys only.
+        batch: list[bytes] = []
+        for key in self.redis.scan_iter(match=self._key(queue, "*"), count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                self.redis.delete(*batch)
+                batch = []
+        if batch:
+            self.redis.delete(*batch)
 
 
 class DatabaseDedup(DedupStore):
@@ -96,6 +115,9 @@ class DatabaseDedup(DedupStore):
 
     def release(self, queue: str, dedup_id: str) -> None:
         DedupEntry.objects.filter(queue=queue, dedup_id=dedup_id, message_id=_PENDING).delete()
+
+    def forget(self, queue: str) -> None:
+        DedupEntry.objects.filter(queue=queue).delete()
 
 
 _store: DedupStore | None = None
