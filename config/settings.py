@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from pathlib import Path
 
 import dj_database_url
@@ -249,6 +250,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 
 #: Where messages and append-tree blocks live: file:///path, redis://host:port/db, postgres.
 KV_URL = env("KV_URL", f"file://{DATA_DIR / 'kv'}")
+#: Every key the service writes starts with this (letters, digits, _ . : -; not empty), and
+#: deleting a queue reaches no key outside it: a Redis database can be shared with Celery's
+#: broker or another application. Changing it on a store in use hides the existing keys
+#: (they are not read under another prefix): see README, "Upgrading".
+KV_PREFIX = env("KV_PREFIX", "mq:")
+if not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$", KV_PREFIX):
+    raise ImproperlyConfigured(f"KV_PREFIX={KV_PREFIX!r}: use letters, digits and _ . : - (no /), not empty")
 #: Redis only: every write waits until this many replicas have it (WAIT), else fails.
 KV_MIN_REPLICAS = envint("KV_MIN_REPLICAS", 0, minimum=0)
 

@@ -47,6 +47,12 @@ class DedupStore:
         """Forget the dedup_ids past their window; how many (Redis: its TTL does it, 0)."""
         return 0
 
+    def forget(self, queue: str) -> None:
+        """Drop every dedup_id of ``queue`` (it is being deleted): a queue created again under
+        the name must take a retried dedup_id as a new message, not answer with the ID of one
+        that went with the old queue."""
+        raise NotImplementedError
+
 
 class RedisDedup(DedupStore):
     def __init__(self) -> None:
@@ -56,7 +62,8 @@ class RedisDedup(DedupStore):
 
     @staticmethod
     def _key(queue: str, dedup_id: str) -> str:
-        return f"mq:dedup:{queue}:{dedup_id}"
+        # Under the service's key prefix, like the store's keys (the cache's Redis may be shared).
+        return f"{settings.KV_PREFIX}dedup:{queue}:{dedup_id}"
 
     def _claim(self, queue: str, dedup_id: str, window: int) -> str | None:
         key = self._key(queue, dedup_id)
@@ -70,6 +77,18 @@ class RedisDedup(DedupStore):
 
     def release(self, queue: str, dedup_id: str) -> None:
         self.redis.delete(self._key(queue, dedup_id))
+
+    def forget(self, queue: str) -> None:
+        # Queue names have no ":" nor glob characters (models.QUEUE_NAME_RE): the pattern is
+        # this queue's keys only.
+        batch: list[bytes] = []
+        for key in self.redis.scan_iter(match=self._key(queue, "*"), count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                self.redis.delete(*batch)
+                batch = []
+        if batch:
+            self.redis.delete(*batch)
 
 
 class DatabaseDedup(DedupStore):
@@ -106,6 +125,9 @@ class DatabaseDedup(DedupStore):
         never deleted, only taken over by a repeat of the same dedup_id."""
         deleted, _ = DedupEntry.objects.filter(expires_at__lt=timezone.now()).delete()
         return deleted
+
+    def forget(self, queue: str) -> None:
+        DedupEntry.objects.filter(queue=queue).delete()
 
 
 _store: DedupStore | None = None

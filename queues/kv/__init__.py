@@ -2,6 +2,10 @@
 
 ``file:///path`` (the embedded default), ``redis://host:port/db`` (through django-redis) and
 ``postgres`` (a table in the default database); ``memory://`` for unit tests. An unknown scheme fails loudly at start-up.
+
+The service's store (:func:`get_store`) is a view under ``KV_PREFIX`` (``mq:`` by default):
+every key it writes starts with it and ``delete_prefix`` reaches nothing outside it, so a
+Redis database may be shared with Celery's broker or another application.
 """
 
 from __future__ import annotations
@@ -11,9 +15,19 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .base import Fence, Fenced, KeyValueStore, KVError, ReplicationError
+from .base import Fence, Fenced, KeyValueStore, KVError, PrefixedStore, ReplicationError
 
-__all__ = ["Fence", "Fenced", "KeyValueStore", "KVError", "ReplicationError", "open_store", "get_store", "reset_store"]
+__all__ = [
+    "Fence",
+    "Fenced",
+    "KeyValueStore",
+    "KVError",
+    "PrefixedStore",
+    "ReplicationError",
+    "open_store",
+    "get_store",
+    "reset_store",
+]
 
 
 def open_store(url: str) -> KeyValueStore:
@@ -44,14 +58,14 @@ _lock = threading.Lock()
 
 
 def get_store() -> KeyValueStore:
-    """The process's store, opened from settings on first use."""
+    """The process's store, opened from settings on first use: ``KV_URL`` under ``KV_PREFIX``."""
     global _store
     if _store is None:
         with _lock:
             if _store is None:
                 from django.conf import settings
 
-                _store = open_store(settings.KV_URL)
+                _store = open_store(settings.KV_URL).within(settings.KV_PREFIX)
     return _store
 
 

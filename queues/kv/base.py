@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -67,6 +68,8 @@ class KeyValueStore(abc.ABC):
         """Time every backend's calls, in this one place: each interface method a backend
         defines is wrapped (``queues.metrics``: ``mq_store_call_seconds``, ``mq_store_errors``)."""
         super().__init_subclass__(**kwargs)
+        if not cls.__dict__.get("metrics_timed", True):
+            return  # a view over another store: the store under it is timed
         name = cls.__dict__.get("metrics_name") or cls.__name__.removesuffix("Store").lower()
         cls.metrics_name = name
         for op in _TIMED:
@@ -101,6 +104,11 @@ class KeyValueStore(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook: stores without connections keep it
         """Release connections."""
+
+    def within(self, prefix: str) -> KeyValueStore:
+        """A view of this store in which every key, bucket and prefix starts with ``prefix``
+        (see :class:`PrefixedStore`)."""
+        return PrefixedStore(self, prefix)
 
     # --- conveniences built on the batch calls ------------------------------------------------
     def get(self, key: str) -> bytes | None:
@@ -153,6 +161,66 @@ def _timed(fn: Callable[..., Any], backend: str, op: str) -> Callable[..., Any]:
 
     timed._timed = True  # type: ignore[attr-defined]
     return timed
+
+
+#: What a prefix may be made of: it becomes part of a Redis key, a file name, a column value,
+#: and must not contain the ``/`` that separates buckets (nor glob or LIKE wildcards).
+PREFIX = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$")
+
+
+class PrefixedStore(KeyValueStore):
+    """Every key, bucket, fence and prefix of ``inner``, with ``prefix`` put in front.
+
+    The service's store is such a view (``KV_PREFIX``, by :func:`queues.kv.get_store`), so
+    nothing it writes, and nothing its ``delete_prefix`` can reach, lies outside the prefix:
+    a queue named ``celery`` is ``mq:celery`` in a Redis database it shares with Celery's
+    broker. Views nest (a queue's incarnation is a view of the service's view). Scanned names
+    come back as they are: names are the last segment, never prefixed.
+    """
+
+    metrics_timed = False
+
+    def __init__(self, inner: KeyValueStore, prefix: str):
+        if not PREFIX.match(prefix):
+            raise ValueError(f"key prefix {prefix!r}: use letters, digits and _ . : - (no /), not empty")
+        self.inner = inner
+        self.prefix = prefix
+        self.schemes = inner.schemes
+
+    def _k(self, key: str) -> str:
+        return self.prefix + key
+
+    def _fence(self, fence: Fence | None) -> Fence | None:
+        return None if fence is None else Fence(self.prefix + fence.key, fence.epoch)
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        return self.inner.get_many([self.prefix + k for k in keys])
+
+    def put_many(self, items: Sequence[tuple[str, bytes]], *, fence: Fence | None = None) -> None:
+        self.inner.put_many([(self.prefix + k, v) for k, v in items], fence=self._fence(fence))
+
+    def delete_many(self, keys: Sequence[str], *, fence: Fence | None = None) -> int:
+        return self.inner.delete_many([self.prefix + k for k in keys], fence=self._fence(fence))
+
+    def compare_and_set(self, key: str, expected: bytes | None, value: bytes) -> bool:
+        return self.inner.compare_and_set(self.prefix + key, expected, value)
+
+    def scan(self, bucket: str) -> list[str]:
+        return self.inner.scan(self.prefix + bucket)
+
+    def delete_prefix(self, prefix: str) -> None:
+        if not prefix:
+            raise ValueError("delete_prefix needs a non-empty prefix")
+        self.inner.delete_prefix(self.prefix + prefix)
+
+    def read_fence(self, key: str) -> int:
+        return self.inner.read_fence(self.prefix + key)
+
+    def advance_fence(self, key: str, epoch: int) -> bool:
+        return self.inner.advance_fence(self.prefix + key, epoch)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 def check_keys(keys: Iterable[str]) -> None:

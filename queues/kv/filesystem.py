@@ -29,7 +29,8 @@ from pathlib import Path
 
 from .base import Fence, Fenced, KeyValueStore, KVError, split_key
 
-_SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+# ":" for the key prefix (``KV_PREFIX``, "mq:" by default) that starts every key of the service.
+_SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$")
 
 
 def _load_syncfs() -> Callable[[int], int] | None:

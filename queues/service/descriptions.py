@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from .. import audit, keys
 from ..access import Caller, Forbidden, require, visible
+from ..dedup import get_dedup
 from ..models import Partition, Queue, Subscription
 from .errors import Conflict, InvalidRequest, QueueNotFound, SubscriptionNotFound
 from .peers import get_peers
@@ -192,6 +193,9 @@ def delete_queue(q: Queue, *, caller: Caller) -> None:
             # one is refused, in a queue created again under the name too (_first_epoch).
             rt.store.advance_fence(keys.fence_key(name, p.index), p.epoch + 1)
         row.delete()
+        # Under the row's lock too: no dedup_id of a queue created again under the name is
+        # taken for the old queue's (the database's rows go with this transaction).
+        get_dedup().forget(name)
         audit.record(caller, "delete", name, kind=kind)
     rt.queue_deleted(name, queue_id)
     # The other owners drop their managers now rather than serve the deleted queue from memory

@@ -13,6 +13,7 @@ import time
 import uuid
 
 import pytest
+from django.conf import settings
 from rest_framework.test import APIClient
 
 import archive
@@ -27,17 +28,18 @@ BACKENDS = ["file", "redis", "postgres"]
 
 
 def _store(backend, request, tmp_path):
+    """The backend under the service's key prefix, as a node opens it (it reads what nodes wrote)."""
     if backend == "file":
         from queues.kv.filesystem import FileStore
 
-        return FileStore(tmp_path / "kv")
+        return FileStore(tmp_path / "kv").within(settings.KV_PREFIX)
     if backend == "redis":
         from queues.kv.redis import RedisStore
 
-        return RedisStore(request.getfixturevalue("redis_client"))
+        return RedisStore(request.getfixturevalue("redis_client")).within(settings.KV_PREFIX)
     from queues.kv.sql import SQLStore
 
-    return SQLStore()
+    return SQLStore().within(settings.KV_PREFIX)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -417,7 +419,7 @@ def _redis_store():
 
     from queues.kv.redis import RedisStore
 
-    return RedisStore(redis.Redis.from_url(os.environ["MQ_TEST_REDIS_URL"] + "/5"))
+    return RedisStore(redis.Redis.from_url(os.environ["MQ_TEST_REDIS_URL"] + "/5")).within(settings.KV_PREFIX)
 
 
 @pytest.mark.django_db

@@ -13,6 +13,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.conf import settings
 from django.core.management import CommandError, call_command
 from pyspark.testing import assertDataFrameEqual
 
@@ -132,7 +133,7 @@ def test_traffic_then_refresh_shows_figures_and_learns_estimates(
     assert total >= MESSAGES + 3 and logged.filter(outcome="failed").count() == 3
     assert Queue.objects.get(name=queue).process_estimate == 0.0
     # and the archiver copied the queue's journal (every message, its ack time)
-    archiver.run(queue, store=RedisStore(redis_client))
+    archiver.run(queue, store=RedisStore(redis_client).within(settings.KV_PREFIX))
     assert ArchivedMessage.objects.filter(queue=queue, acked_at__isnull=False).count() == MESSAGES
 
     # when the dashboards are refreshed

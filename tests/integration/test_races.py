@@ -486,3 +486,16 @@ def test_subscription_racing_the_same_subscription_answers_409(ops, unique_name)
 
 def delete_topic(name: str) -> None:
     service.delete_queue(service.get_queue(name, Queue.Kind.TOPIC, caller=SYSTEM), caller=SYSTEM)
+
+
+def test_a_retried_dedup_id_after_delete_and_recreate_is_a_new_message(ops, make_queue):
+    # given a message enqueued with a dedup_id
+    name = make_queue(partitions=1)
+    [old_id] = enqueue(ops, name, 1, prefix="old", dedup_id="order-7")
+    # when the queue is deleted, created again under the name, and the producer retries
+    delete(name)
+    make_queue(name=name, partitions=1)
+    [new_id] = enqueue(ops, name, 1, prefix="new", dedup_id="order-7")
+    # then the retry is a new message of the new queue, not the ID of one that went with the old
+    assert new_id != old_id
+    assert drain(ops, name) == ["new0"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from django.conf import settings
 
 from archive import archiver
 from archive.models import ArchivedMessage
@@ -44,7 +45,7 @@ def test_a_slow_subscription_reads_from_the_archive_after_a_takeover_and_replay_
     user.save()
     from queues.kv.redis import RedisStore
 
-    store = RedisStore(redis_client)
+    store = RedisStore(redis_client).within(settings.KV_PREFIX)  # as the nodes open it
     env = local_node_env(tmp_path)
     first = NodeProcess(env, tmp_path).start()
     second = NodeProcess(env, tmp_path)
