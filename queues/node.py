@@ -198,6 +198,10 @@ class NodeRuntime:
         #: ids of the queues deleted through this node: a description read before the delete
         #: committed must not be cached after it (guarded by ``_lock``).
         self._deleted: set[int] = set()
+        #: Counts descriptions cached by :meth:`_remember`; ``_remembered[name]`` is the count when
+        #: ``name``'s was, so a refresh whose read began earlier keeps it (it is newer).
+        self._generation = 0
+        self._remembered: dict[str, int] = {}
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> NodeRuntime:
@@ -313,10 +317,20 @@ class NodeRuntime:
                 del self.managers[key]
 
     def refresh_queues(self) -> None:
+        with self._lock:
+            started = self._generation
         fresh = {q.name: QueueConfig.from_model(q) for q in _queue_rows()}
         with self._lock:
             # Read before a delete here committed: not served again.
             fresh = {name: cfg for name, cfg in fresh.items() if cfg.id not in self._deleted}
+            # A description cached while the rows were being read (a change made here, the
+            # queue created here) is newer than the row read: keep it, or a queue grown a moment
+            # ago would be served with its old partition count until the next pass.
+            for name, generation in list(self._remembered.items()):
+                if generation <= started:
+                    del self._remembered[name]
+                elif name in self.queues and self.queues[name].id not in self._deleted:
+                    fresh[name] = self.queues[name]
             gone = set(self.queues) - set(fresh)
             self.queues = fresh
         for (name, _), m in list(self.managers.items()):
@@ -536,6 +550,8 @@ class NodeRuntime:
             if cfg.id in self._deleted:
                 return False
             self.queues[cfg.name] = cfg
+            self._generation += 1
+            self._remembered[cfg.name] = self._generation
             return True
 
     def queue_created(self, q: Queue) -> None:

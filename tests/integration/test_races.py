@@ -499,3 +499,33 @@ def test_a_retried_dedup_id_after_delete_and_recreate_is_a_new_message(ops, make
     # then the retry is a new message of the new queue, not the ID of one that went with the old
     assert new_id != old_id
     assert drain(ops, name) == ["new0"]
+
+
+def test_a_refresh_racing_a_change_keeps_the_newer_description(ops, make_queue, runtime, monkeypatch):
+    # given a queue of 2 partitions described on this node
+    name = make_queue(partitions=2)
+    assert runtime.queue(name).partitions == 2
+    import queues.node as node
+
+    rows = node._queue_rows
+
+    def stale_rows():
+        # the housekeeping pass reads the rows (2 partitions) ... then the queue grows here
+        # before the pass stores what it read
+        read = [q for q in rows() if q.name == name]
+        r = ops.patch(f"{API}/{name}", {"partitions": 3}, format="json")
+        assert r.status_code == 200, r.content
+        return read
+
+    monkeypatch.setattr(node, "_queue_rows", stale_rows)
+    runtime.refresh_queues()
+    monkeypatch.setattr(node, "_queue_rows", rows)
+    # then the node keeps the grown queue's description, not the rows read before the change
+    # (with those, an ID of partition 2 was refused as "no partition 2" until the next pass)
+    assert runtime.queue(name).partitions == 3
+    fake = f"{name}/2/00000001-0000000000000000/0"
+    r = ops.post(f"{API}/{name}/visibility", {"id": fake, "receipt": "x" * 16, "visibility_timeout": 5}, format="json")
+    assert r.status_code != 400, r.content
+    # and the next pass, which reads after the change, agrees
+    runtime.refresh_queues()
+    assert runtime.queue(name).partitions == 3
