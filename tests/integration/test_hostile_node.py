@@ -59,6 +59,13 @@ def test_a_real_node_refuses_oversized_claims_unread_and_caps_long_polls(node, t
     r = requests.post(f"{node.url}{API}", json={"name": name, "partitions": 1}, headers=headers, timeout=10)
     assert r.status_code == 201, r.text
 
+    def served() -> bool:
+        got = requests.get(f"{node.url}{API}/{name}/partitions", headers=headers, timeout=10)
+        return got.status_code == 200 and all(p["owner"] for p in got.json()["partitions"])
+
+    # a dequeue of a partition not served yet answers 503 at once instead of waiting
+    wait_until(served, 30, "the node to serve the queue")
+
     # when a request says it carries 1 GiB and sends nothing
     conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=10)
     conn.putrequest("POST", f"{API}/{name}/enqueue")
