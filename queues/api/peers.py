@@ -23,7 +23,7 @@ from ..auth import on_behalf_value
 from ..messages import MessageId, StoredMessage
 from ..partition import Delivery
 from ..router import MAX_HOPS
-from ..service import AckResult, ExpireResult, MessageDraft, RedriveResult, RemoteError
+from ..service import AckResult, ExpireResult, MessageDraft, PeerUnreachable, RedriveResult, RemoteError
 
 #: In a node's enqueue or ack call: check it, change nothing (``calls.check_only``).
 CHECK_ONLY = "check_only"
@@ -83,13 +83,16 @@ class HttpPeers:
         data = orjson.dumps(payload)
         on_behalf = on_behalf_value(caller) if caller is not None else None
         headers = {"Content-Type": "application/json", **peerauth.sign("POST", full_path, data, hops + 1, on_behalf)}
-        response = self.http.request(
-            "POST",
-            f"http://{address}{full_path}",
-            body=data,
-            headers=headers,
-            timeout=urllib3.Timeout(connect=1.0, read=TIMEOUT),
-        )
+        try:
+            response = self.http.request(
+                "POST",
+                f"http://{address}{full_path}",
+                body=data,
+                headers=headers,
+                timeout=urllib3.Timeout(connect=1.0, read=TIMEOUT),
+            )
+        except urllib3.exceptions.HTTPError as exc:  # refused, reset, timed out
+            raise PeerUnreachable(f"node {address} did not answer ({type(exc).__name__}); retry") from exc
         try:
             body = orjson.loads(response.data) if response.data else {}
         except orjson.JSONDecodeError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..node import QueueNotFound, SubscriptionNotFound
 from ..partition import NotServedHere, PartitionUnavailable, ReceiptMismatch
-from .peers import RemoteError
+from .peers import PeerUnreachable, RemoteError
 
 __all__ = [
     "Conflict",
@@ -14,6 +14,7 @@ __all__ = [
     "PartitionUnavailable",
     "QueueNotFound",
     "ReceiptMismatch",
+    "PeerUnreachable",
     "RemoteError",
     "SubscriptionNotFound",
     "TooManyWaits",

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ..access import Caller
+from ..errors import PartitionUnavailable
 from ..messages import MessageId
 from ..partition import Delivery
 from .types import AckResult, ExpireResult, MessageDraft, RedriveResult
@@ -25,6 +26,12 @@ class RemoteError(Exception):
         super().__init__(status, payload)
         self.status = status
         self.payload = payload
+
+
+class PeerUnreachable(PartitionUnavailable):
+    """Another node did not answer: refused, reset or timed out (a node that just died and
+    whose lease has not run out yet). 503 with Retry-After: by then its lease may have passed
+    to a live node."""
 
 
 class Peers(Protocol):

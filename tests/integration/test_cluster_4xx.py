@@ -123,3 +123,26 @@ def test_redrive_moves_dead_letters_that_another_node_serves(cluster, token):
     got = ca.post(f"queues/{source}/dequeue", {"wait": 2}).json()["messages"]
     assert [(m["body"], m["receive_count"]) for m in got] == [("poison", 1)]
     assert cb.get(f"queues/{dlq}/stats").json()["depth"] == 0
+
+
+def test_a_call_forwarded_to_a_node_that_just_died_answers_503(cluster, token):
+    # given a queue split over nodes A and B with a long lease, a message in flight on B's
+    # partition, and B killed: its lease still names it the owner for a while
+    a, b = cluster(), cluster()
+    name, _, at_b = split_queue(a, b, token, lease_period=60)
+    ca, cb = Client(a.url, token), Client(b.url, token)
+    r = ca.post(f"queues/{name}/enqueue", {"body": "b", "group": group_in(at_b)})
+    assert r.status_code == 201, r.text
+    (mb,) = cb.post(f"queues/{name}/dequeue", {"visibility_timeout": 120}).json()["messages"]
+    b.kill()
+    # when A is asked for calls it forwards to B
+    calls = [
+        ("ack", {"messages": [{"id": mb["id"], "receipt": mb["receipt"]}]}),
+        ("visibility", {"id": mb["id"], "receipt": mb["receipt"], "visibility_timeout": 5}),
+        ("enqueue", {"body": "c", "group": group_in(at_b)}),
+    ]
+    for call, body in calls:
+        r = ca.post(f"queues/{name}/{call}", body)
+        # then each answers 503 with Retry-After (the owner is unreachable), never 500
+        assert r.status_code == 503, (call, r.status_code, r.text)
+        assert r.headers.get("Retry-After"), call
