@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 from django.conf import settings
@@ -574,21 +575,29 @@ def _managers_of(
     return [(rt.manager(queue, p), by_partition[p]) for p in sorted(by_partition)]
 
 
-def _check_local(queue: str, items: Sequence[tuple[MessageId, str | None]], sub: str) -> None:
-    """Raise ReceiptMismatch if a receipt of this node's partitions is not current; removes
-    nothing. The partitions are locked in index order, as :func:`_ack_local` does."""
-    groups = _managers_of(queue, list(items))
+@contextmanager
+def _serving_locked(groups: list[tuple[PartitionManager, list[tuple[MessageId, str | None]]]]) -> Iterator[None]:
+    """Every manager of ``groups`` locked, in index order (so two batch calls never deadlock),
+    each checked to be serving still; released in reverse order, whatever happens."""
     locked: list[PartitionManager] = []
     try:
         for m, _ in groups:
             m.lock.acquire()
             locked.append(m)
             m._check_serving()
-        for m, group in groups:
-            m.check_receipts(group, sub)
+        yield
     finally:
         for m in reversed(locked):
             m.lock.release()
+
+
+def _check_local(queue: str, items: Sequence[tuple[MessageId, str | None]], sub: str) -> None:
+    """Raise ReceiptMismatch if a receipt of this node's partitions is not current; removes
+    nothing. The partitions are locked as :func:`_ack_local` locks them."""
+    groups = _managers_of(queue, list(items))
+    with _serving_locked(groups):
+        for m, group in groups:
+            m.check_receipts(group, sub)
 
 
 def _ack_local(queue: str, items: Sequence[tuple[MessageId, str | None]], sub: str = "") -> AckResult:
@@ -603,19 +612,10 @@ def _ack_local(queue: str, items: Sequence[tuple[MessageId, str | None]], sub: s
         m, group = groups[0]
         removed = m.ack(group, sub=sub)
         return AckResult(removed, len(unique) - removed)
-    pins: list[dict[str, float]] = []
-    locked: list[PartitionManager] = []
-    try:
-        for m, _ in groups:
-            m.lock.acquire()
-            locked.append(m)
-            m._check_serving()
+    with _serving_locked(groups):
         for m, group in groups:
             m.check_receipts(group, sub)
         pins = [m.pin_for_ack([mid for mid, _ in group], sub) for m, group in groups]
-    finally:
-        for m in reversed(locked):
-            m.lock.release()
     acked = 0
     failure: Exception | None = None
     for (m, group), pinned in zip(groups, pins):
