@@ -66,12 +66,35 @@ def redact(url: str) -> str:
     return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
 
 
+def runnode_options(python: str = sys.executable, repo: Path | str = REPO, database_url: str | None = None) -> str:
+    """The text of ``manage.py runnode --help`` (to ask which options this checkout's runnode
+    takes, e.g. ``--processes``); BenchError if it cannot be run."""
+    with tempfile.TemporaryDirectory(prefix="mqbench-help-") as tmp:
+        env = {**os.environ, "MQ_DATA_DIR": tmp, "KV_URL": f"file://{tmp}/kv"}
+        if database_url:
+            env["DATABASE_URL"] = database_url
+        r = subprocess.run(
+            [python, "manage.py", "runnode", "--help"],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    if r.returncode != 0:
+        raise BenchError(f"`manage.py runnode --help` exited {r.returncode}:\n{(r.stdout + r.stderr)[-2000:]}")
+    return r.stdout
+
+
 class BenchNode:
-    """One node for a benchmark on the key-value ``backend`` (file, redis, postgres).
+    """One node for a benchmark on the key-value ``backend`` (file, redis, postgres), or on the
+    store ``kv`` names (a ``KV_URL``, e.g. ``redis-cluster://...``) when given.
 
     ``start()`` migrates the database, creates (or reuses) the staff user ``user`` and its
-    token, and starts the node on ``port`` (0: a free one) with ``extra_env`` (``KEY=VALUE``
-    items) added; ``stop()`` stops it and removes the temp dir unless ``keep_tmp``.
+    token, and starts the node (``manage.py runnode``, with ``--processes processes`` when
+    given) on ``port`` (0: a free one) with ``extra_env`` (``KEY=VALUE`` items) added;
+    ``stop()`` stops it and removes the temp dir unless ``keep_tmp``.
     """
 
     def __init__(
@@ -89,12 +112,15 @@ class BenchNode:
         extra_env: Sequence[str] = (),
         startup_timeout: float = 90,
         keep_tmp: bool = False,
+        kv: str | None = None,
+        processes: int | None = None,
     ) -> None:
         self.name, self.backend = name, backend
         self.database_url, self.redis_url, self.kv_redis_db = database_url, redis_url, kv_redis_db
         self.python, self.repo, self.user = python, repo, user
         self.extra_env = list(extra_env)
         self.startup_timeout, self.keep_tmp = startup_timeout, keep_tmp
+        self.kv, self.processes = kv, processes
         self.tmp: str | None = None  # made by start()
         self.port = port
         self.token = ""
@@ -115,7 +141,7 @@ class BenchNode:
         if self.backend == "file":
             os.makedirs(kv_dir, exist_ok=True)
         try:
-            kv = kv_url(self.backend, redis_url=self.redis_url, redis_db=self.kv_redis_db, directory=kv_dir)
+            kv = self.kv or kv_url(self.backend, redis_url=self.redis_url, redis_db=self.kv_redis_db, directory=kv_dir)
         except ValueError as exc:
             raise BenchError(str(exc)) from exc
         data_dir = os.path.join(self.tmp, "data")
@@ -181,8 +207,15 @@ class BenchNode:
         log(f"{self.name}: migrate")
         self.manage("migrate", "--noinput", timeout=600)
         self.token = self._create_token()
-        self.process = NodeProcess(self.env(), self.tmp, self.port, heartbeat=None, python=self.python, cwd=self.repo)
-        log(f"{self.name}: runnode on 127.0.0.1:{self.port} (KV {self.backend}, log {self.process.log_path})")
+        options = {} if self.processes is None else {"processes": self.processes}
+        try:
+            self.process = NodeProcess(
+                self.env(), self.tmp, self.port, heartbeat=None, python=self.python, cwd=self.repo, **options
+            )
+        except TypeError as exc:  # a checkout from before runnode --processes
+            raise BenchError(f"queues.testing.NodeProcess takes no processes= in this checkout: {exc}") from exc
+        extra = "" if self.processes is None else f" --processes {self.processes}"
+        log(f"{self.name}: runnode{extra} on 127.0.0.1:{self.port} (KV {self.backend}, log {self.process.log_path})")
         try:
             self.process.start(timeout=self.startup_timeout)
         except NodeFailed as exc:

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Throughput benchmark: our service vs Redis Streams vs pgqueuer, same workload, same run.
+"""Throughput benchmark: our service vs Redis Streams, pgqueuer and a hand-written PostgreSQL
+SKIP LOCKED queue, same workload, same run, with the CPU each side spends per message.
 
 It MEASURES AND PRINTS; it never passes or fails.
 
@@ -30,8 +31,14 @@ messages out at once and that each group came out in its sequence order.
 
 Systems:
   ours[<backend>]  our REST API over HTTP keep-alive, one node started by this script per
-                   key-value backend (file, redis, postgres): migrate, bench user + token,
-                   `manage.py runnode`, wait for /api/v1/healthz, one fresh queue per round.
+                   key-value backend (file, redis, postgres, redis-cluster): migrate, bench user
+                   + token, `manage.py runnode`, wait for /api/v1/healthz, one fresh queue per
+                   round. With --node-processes 1,2: one node per backend and per count N,
+                   named ours[<backend>,p<N>], started with `runnode --processes N` (the
+                   run stops at once, saying so, if this checkout's runnode has no such option).
+                   redis-cluster: KV_URL=redis-cluster://h1:p1,h2:p2,h3:p3 from
+                   --redis-cluster-url, else from `scripts/services.sh redis-cluster start`
+                   (skipped, with a line saying why, when neither gives one).
   redis-streams    XADD / XREADGROUP (consumer group, one consumer per client) / XACK on the
                    same Redis (separate DB, default 3); batch = a pipeline of 100 XADDs,
                    XREADGROUP COUNT 100, XACK of 100 ids. One fresh stream per round, deleted.
@@ -39,6 +46,22 @@ Systems:
                    schema (default mqbench_pgq) and uninstalled at the end. Its Queries API:
                    enqueue (single / lists of 100), dequeue(batch_size=1|100), and
                    log_jobs(successful) as the ack -- the calls its QueueManager makes.
+  skip-locked      the queue a user writes by hand on the same PostgreSQL (schema
+                   --skip-locked-schema, dropped at the end): a table (id, body, visible_at,
+                   receives); enqueue = INSERT of one row / of 100 through unnest; dequeue =
+                   UPDATE ... SET visible_at = now() + visibility timeout FROM (SELECT id ...
+                   WHERE visible_at <= now() ORDER BY visible_at, id LIMIT 1|100 FOR UPDATE
+                   SKIP LOCKED) RETURNING; ack = DELETE of the (id, receive count) pairs.
+
+CPU per message, every system, each side apart (bench/throughput_cpu.py): server = ours: every
+process of the node's session (all its serving processes and its worker); redis-streams:
+redis-server's INFO cpu; pgqueuer, skip-locked: the PostgreSQL backends of their connections
+(pg_stat_activity by application_name, /proc/<pid>/stat). store = ours only: redis-server (every
+node of a Redis Cluster) plus the node's own PostgreSQL backends (PGAPPNAME). client = the
+client processes' own process time. Printed per mode as microseconds per acked message over the
+full cycle (and per call), then a summary for the closing note: the full-cycle table with the
+server CPU per message, the same-run ratios beside issue 17's goals, and our nodes compared
+(1 vs N processes, Redis vs Redis Cluster).
 
 Topic run (``--topic``; our service on the redis backend and Redis Streams, nothing else): for 1, 3
 and 10 subscriptions, --repeat rounds per system, interleaved (ours, streams, ours, streams, ...).
@@ -62,6 +85,9 @@ CPU, which is printed next to the rates.
 
 Examples:
   python bench/throughput.py --skip-ours                       # baselines only
+  python bench/throughput.py --backends redis,postgres --modes single,batch100 --repeat 3
+  python bench/throughput.py --backends redis --node-processes 1,2 --modes batch100
+  python bench/throughput.py --backends redis,redis-cluster --modes single,batch100
   python bench/throughput.py --backends redis --modes batch100,strict-batch100 --skip-baselines
   python bench/throughput.py --backends redis --repeat 5 --json /tmp/tp.json
   python bench/throughput.py --topic --repeat 3 --topic-messages 3000     # topics vs Redis Streams
@@ -76,6 +102,7 @@ import json
 import os
 import platform
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -84,11 +111,13 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from common import REPO, log, redact
+from common import REPO, BenchError, log, redact, runnode_options
 from throughput_report import print_report, summarize
 from throughput_rounds import run_groups
-from throughput_systems import OursSystem, PgqSystem, StreamsSystem, System
+from throughput_systems import OursSystem, PgqSystem, SkipLockedSystem, StreamsSystem, System
 from throughput_topic import run_topic
+
+CLUSTER_URL = re.compile(r"redis-cluster://[^\s'\"]+")
 
 
 def parse_args(argv=None):
@@ -122,7 +151,26 @@ def parse_args(argv=None):
     p.add_argument("--clients", type=int, default=4, help="concurrent client processes")
     p.add_argument("--repeat", type=int, default=3, help="timed rounds per system and mode (medians printed)")
     p.add_argument("--warmup", type=int, default=500, help="messages in the untimed warm-up round (0: none)")
-    p.add_argument("--backends", default="file,redis,postgres", help="our service's key-value backends to run")
+    p.add_argument(
+        "--backends",
+        default="file,redis,postgres",
+        help="our service's key-value backends to run: file, redis, postgres, redis-cluster",
+    )
+    p.add_argument(
+        "--node-processes",
+        default=None,
+        metavar="N[,N...]",
+        help="run each of our backends once per count N, with `manage.py runnode --processes N` "
+        "(the node's CPU = all its processes); default: one node per backend as "
+        "queues.testing.NodeProcess starts it",
+    )
+    p.add_argument(
+        "--redis-cluster-url",
+        default=None,
+        help="KV_URL of the redis-cluster backend (redis-cluster://h1:p1,h2:p2,...); default: "
+        "`scripts/services.sh redis-cluster start` and the URL `services.sh env` prints, else "
+        "$MQ_TEST_REDIS_CLUSTER_URL",
+    )
     p.add_argument("--skip-ours", action="store_true", help="do not run our service")
     p.add_argument("--skip-baselines", action="store_true", help="do not run redis-streams and pgqueuer")
     p.add_argument(
@@ -134,14 +182,21 @@ def parse_args(argv=None):
         "interleaved, with the ratios ours / streams",
     )
     p.add_argument("--topic-messages", type=int, default=5000, help="messages published per topic run")
-    p.add_argument("--only-baselines", default="redis-streams,pgqueuer", help="which baselines to run")
+    p.add_argument("--only-baselines", default="redis-streams,pgqueuer,skip-locked", help="which baselines to run")
     p.add_argument("--json", metavar="OUT.json", help="write all samples, medians and ratios here")
     p.add_argument("--redis-url", default=os.environ.get("MQ_TEST_REDIS_URL", "redis://127.0.0.1:63799"))
     p.add_argument("--pg-url", default=os.environ.get("MQ_TEST_PG_URL", "postgres://mq:mq@127.0.0.1:54329/mq"))
     p.add_argument("--streams-db", type=int, default=3, help="Redis DB number for the streams baseline")
     p.add_argument("--kv-redis-db", type=int, default=1, help="Redis DB number for our redis KV backend")
     p.add_argument("--pg-schema", default="mqbench_pgq", help="schema pgqueuer is installed into (dropped at the end)")
-    p.add_argument("--keep-pgq-schema", action="store_true", help="leave pgqueuer's schema installed")
+    p.add_argument(
+        "--skip-locked-schema",
+        default="mqbench_skiplocked",
+        help="schema of the skip-locked table (dropped at the end)",
+    )
+    p.add_argument(
+        "--keep-pgq-schema", action="store_true", help="leave pgqueuer's and the skip-locked schema installed"
+    )
     p.add_argument("--database-url", default=None, help="DATABASE_URL for our nodes (default: --pg-url)")
     p.add_argument("--repo", default=str(REPO), help="repository root (where manage.py is)")
     p.add_argument("--python", default=sys.executable, help="python that runs manage.py")
@@ -182,7 +237,94 @@ def parse_args(argv=None):
     if a.strict_groups < 1:
         p.error("--strict-groups must be at least 1")
     a.mode_list = modes
+    try:
+        a.process_counts = parse_counts(a.node_processes)
+    except ValueError as exc:
+        p.error(f"--node-processes: {exc}")
     return a
+
+
+def parse_counts(text: str | None) -> list[int | None]:
+    """``"1,2"`` -> ``[1, 2]``; None or empty -> ``[None]`` (NodeProcess' default)."""
+    if not text or not text.strip():
+        return [None]
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item.isdigit() or int(item) < 1:
+            raise ValueError(f"{item!r} is not a count of processes (1, 2, ...)")
+        if int(item) not in out:
+            out.append(int(item))
+    return out
+
+
+def find_cluster_url(text: str) -> str | None:
+    """The first ``redis-cluster://...`` URL in ``text`` (what services.sh printed)."""
+    m = CLUSTER_URL.search(text)
+    return m.group(0) if m else None
+
+
+def resolve_cluster_url(args) -> tuple[str | None, str]:
+    """The redis-cluster backend's KV_URL, or None and why there is none.
+
+    --redis-cluster-url is used as given. Otherwise, if this checkout's scripts/services.sh
+    has a ``redis-cluster`` command, ``redis-cluster start`` (it returns at once when the
+    cluster is up) and the URL it or ``services.sh env`` prints; else the environment's
+    MQ_TEST_REDIS_CLUSTER_URL (a cluster run by other means)."""
+    if args.redis_cluster_url:
+        return args.redis_cluster_url, ""
+    from_env = os.environ.get("MQ_TEST_REDIS_CLUSTER_URL")
+    script = Path(args.repo) / "scripts" / "services.sh"
+    if "redis-cluster" not in script.read_text():
+        if from_env:
+            return from_env, ""
+        return None, (
+            "scripts/services.sh has no `redis-cluster` command in this checkout (issue 17 item 3 adds it); "
+            "pass --redis-cluster-url redis-cluster://h1:p1,h2:p2,h3:p3 to use a running cluster"
+        )
+    log("redis-cluster: scripts/services.sh redis-cluster start")
+    r = subprocess.run(
+        [str(script), "redis-cluster", "start"], capture_output=True, text=True, timeout=300, check=False
+    )
+    if r.returncode != 0:
+        return None, f"`scripts/services.sh redis-cluster start` exited {r.returncode}: {(r.stdout + r.stderr)[-500:]}"
+    url = find_cluster_url(r.stdout + r.stderr)
+    if url is None:
+        env = subprocess.run([str(script), "env"], capture_output=True, text=True, timeout=60, check=False)
+        url = find_cluster_url(env.stdout) or from_env
+    if url is None:
+        return None, (
+            "`scripts/services.sh redis-cluster start` ran, but neither it nor `services.sh env` printed a "
+            "redis-cluster:// URL; pass --redis-cluster-url"
+        )
+    log(f"redis-cluster: {url} (left running; `scripts/services.sh redis-cluster stop` stops it)")
+    return url, ""
+
+
+def check_node_processes(args) -> None:
+    """BenchError unless this checkout's runnode takes --processes (when it is asked for)."""
+    if args.process_counts == [None]:
+        return
+    if "--processes" not in runnode_options(args.python, args.repo, args.database_url):
+        raise BenchError(
+            "--node-processes: `manage.py runnode` does not accept --processes in this checkout "
+            "(issue 17 item 2 adds it); run without --node-processes"
+        )
+
+
+def our_systems(args, notes: list[str]) -> list[System]:
+    """One of our systems per backend and per count of node processes."""
+    out: list[System] = []
+    for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
+        kv = None
+        if backend == "redis-cluster":
+            kv, why = resolve_cluster_url(args)
+            if kv is None:
+                log(f"ours[redis-cluster]: SKIPPED: {why}")
+                notes.append(f"ours[redis-cluster] skipped: {why}")
+                continue
+        out += [OursSystem(args, backend, processes=n, kv=kv) for n in args.process_counts]
+    return out
 
 
 def main(argv=None) -> int:
@@ -192,19 +334,26 @@ def main(argv=None) -> int:
         return 0
     modes = args.mode_list
     systems: list[System] = []
+    notes: list[str] = []
     if not args.skip_ours:
-        systems += [OursSystem(args, b.strip()) for b in args.backends.split(",") if b.strip()]
+        try:
+            check_node_processes(args)
+        except BenchError as exc:
+            print(f"throughput.py: {exc}", file=sys.stderr)
+            return 2
+        systems += our_systems(args, notes)
     if not args.skip_baselines:
         wanted = {x.strip() for x in args.only_baselines.split(",")}
-        if "redis-streams" in wanted:
-            systems.append(StreamsSystem(args))
+        if "skip-locked" in wanted:
+            systems.append(SkipLockedSystem(args))
         if "pgqueuer" in wanted:
             systems.append(PgqSystem(args))
+        if "redis-streams" in wanted:
+            systems.append(StreamsSystem(args))
     if not systems:
         print("nothing to run (both --skip-ours and --skip-baselines)")
         return 0
     results: dict = {}
-    notes: list[str] = []
     started = time.time()
     ours = [x for x in systems if x.is_ours]
     baselines = [x for x in systems if not x.is_ours]
@@ -216,7 +365,7 @@ def main(argv=None) -> int:
         doc = {
             "started": started,
             "duration_s": time.time() - started,
-            "config": {k: v for k, v in vars(args).items() if k not in ("mode_list",)}
+            "config": {k: v for k, v in vars(args).items() if k not in ("mode_list", "process_counts")}
             | {"pg_url": redact(args.pg_url), "database_url": redact(args.database_url)},
             "modes": [{"mode": m, "batch": b, "n": n} for m, b, n in modes],
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},

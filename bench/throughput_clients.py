@@ -5,7 +5,7 @@ parent) that owns one connection to the system under test. The parent drives all
 through pipes, phase by phase; the clients start each timed phase together on a barrier and
 report their own monotonic start/end times, CPU seconds and counts.
 
-Three systems, one interface (``set_target``, ``enqueue_phase``, ``dequeue_phase``,
+Four systems, one interface (``set_target``, ``enqueue_phase``, ``dequeue_phase``,
 ``ack_phase``); our service alone also has ``drain_phase`` for the strict modes (a strict
 queue delivers one message per group at a time, so it is drained by dequeue+ack cycles):
 
@@ -15,6 +15,8 @@ queue delivers one message per group at a time, so it is drained by dequeue+ack 
 * ``PgqClient``       -- pgqueuer 1.6.0's own ``Queries`` object over a psycopg async
                           connection: ``enqueue`` / ``dequeue`` / ``log_jobs(successful)``,
                           which is exactly what pgqueuer's QueueManager calls internally.
+* ``SkipLockedClient`` -- the queue a user writes by hand: a PostgreSQL table, INSERT, UPDATE ...
+                          RETURNING over a FOR UPDATE SKIP LOCKED subselect, DELETE.
 """
 
 from __future__ import annotations
@@ -451,7 +453,108 @@ class PgqClient:
         return str(h.id)
 
 
-CLIENTS = {"ours": OursClient, "streams": StreamsClient, "pgq": PgqClient}
+# --------------------------------------------------------------------------------------
+# (d) the queue a user writes by hand: a PostgreSQL table and FOR UPDATE SKIP LOCKED
+# --------------------------------------------------------------------------------------
+
+
+def skip_locked_table(schema: str) -> str:
+    return f"{schema}.messages"
+
+
+def skip_locked_ddl(schema: str) -> list[str]:
+    """The schema of the hand-written queue (a leftover of an interrupted run is dropped).
+
+    ``visible_at``: when the message may be delivered (again): now() at enqueue, the visibility
+    deadline once received. ``receives`` counts deliveries; an ack names it, so an ack that
+    comes after the deadline (the message went to someone else) deletes nothing. The index
+    serves the dequeue's ``visible_at <= now() ORDER BY visible_at, id``: in-flight messages
+    (deadline in the future) are not scanned over."""
+    t = skip_locked_table(schema)
+    return [
+        f"DROP SCHEMA IF EXISTS {schema} CASCADE",
+        f"CREATE SCHEMA {schema}",
+        (
+            f"CREATE TABLE {t} (id bigserial PRIMARY KEY, body text NOT NULL, "
+            "visible_at timestamptz NOT NULL DEFAULT now(), receives integer NOT NULL DEFAULT 0)"
+        ),
+        f"CREATE INDEX ON {t} (visible_at, id)",
+    ]
+
+
+class SkipLockedClient:
+    """One psycopg connection (autocommit: every call is one statement, one transaction;
+    psycopg prepares a statement from its 5th run on).
+
+    enqueue: ``INSERT ... VALUES (%s)`` or ``INSERT ... SELECT unnest(%s::text[])`` (B rows).
+    dequeue: ``UPDATE t SET visible_at = now() + vt, receives = receives + 1 FROM (SELECT id ...
+             WHERE visible_at <= now() ORDER BY visible_at, id LIMIT B FOR UPDATE SKIP LOCKED)
+             RETURNING id, receives, body``.
+    ack:     ``DELETE`` of the (id, receives) pairs: one, or B through unnest.
+    """
+
+    def __init__(self, spec: dict, index: int) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(spec["pg_url"], autocommit=True)
+        t = spec["table"]
+        vt = int(spec.get("visibility_timeout", 300))
+        self.insert_one = f"INSERT INTO {t} (body) VALUES (%s)"
+        self.insert_many = f"INSERT INTO {t} (body) SELECT unnest(%s::text[])"
+        self.dequeue_sql = (
+            f"UPDATE {t} AS m SET visible_at = now() + interval '{vt} seconds', receives = m.receives + 1 "
+            f"FROM (SELECT id FROM {t} WHERE visible_at <= now() ORDER BY visible_at, id LIMIT %s "
+            "FOR UPDATE SKIP LOCKED) AS next WHERE m.id = next.id RETURNING m.id, m.receives, m.body"
+        )
+        self.delete_one = f"DELETE FROM {t} WHERE id = %s AND receives = %s"
+        self.delete_many = (
+            f"DELETE FROM {t} AS m USING unnest(%s::bigint[], %s::integer[]) AS a(id, receives) "
+            "WHERE m.id = a.id AND m.receives = a.receives"
+        )
+
+    def set_target(self, target: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def enqueue_phase(self, st: PhaseStats, bodies: list[str], batch: int) -> None:
+        cur = self.conn.cursor()
+        if batch <= 1:
+            for b in bodies:
+                st.calls += 1
+                cur.execute(self.insert_one, (b,))
+                st.count += cur.rowcount
+        else:
+            for chunk in chunked(bodies, batch):
+                st.calls += 1
+                cur.execute(self.insert_many, (chunk,))
+                st.count += cur.rowcount
+
+    def dequeue_once(self, st: PhaseStats, max_n: int) -> list:
+        st.calls += 1
+        rows = self.conn.execute(self.dequeue_sql, (max_n,)).fetchall()
+        return [(r[0], r[1]) for r in rows]
+
+    def ack_phase(self, st: PhaseStats, handles: list, batch: int) -> None:
+        cur = self.conn.cursor()
+        if batch <= 1:
+            for mid, receives in handles:
+                st.calls += 1
+                cur.execute(self.delete_one, (mid, receives))
+                st.count += cur.rowcount
+        else:
+            for chunk in chunked(handles, batch):
+                st.calls += 1
+                cur.execute(self.delete_many, ([h[0] for h in chunk], [h[1] for h in chunk]))
+                st.count += cur.rowcount
+
+    @staticmethod
+    def handle_id(h) -> str:
+        return str(h[0])
+
+
+CLIENTS = {"ours": OursClient, "streams": StreamsClient, "pgq": PgqClient, "skip": SkipLockedClient}
 
 
 def generic_dequeue_loop(client, st, max_n, counter, target, deadline, empty_sleep) -> list:

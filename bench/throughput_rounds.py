@@ -12,7 +12,8 @@ from contextlib import contextmanager
 
 import throughput_clients as tc
 from common import BenchError, fmt_cores, fmt_rate, log
-from throughput_systems import System, background_load, box_busy_seconds
+from throughput_cpu import background_load, box_busy_seconds, per_message_us
+from throughput_systems import System
 
 FIGURES = ("enqueue", "dequeue", "ack", "cycle")
 STRICT_FIGURES = ("enqueue", "drain", "cycle")  # drain = the combined dequeue+ack phase
@@ -94,10 +95,17 @@ class ClientPool:
 # --------------------------------------------------------------------------------------
 
 
+CPU_KEYS = ("client_cpu_s", "server_cpu_s", "store_cpu_s", "box_cpu_s")
+
+
 def run_phase(system: System, pool: ClientPool, cmd: str, args_per_client: list, timeout: float) -> dict:
-    s0, b0 = system.server_cpu(), box_busy_seconds()
+    """One timed phase on every client; its counts, and the CPU seconds each side spent:
+    clients (their own process time over the phase), server (:meth:`System.server_cpu`),
+    store (ours: :meth:`System.store_cpu`) and the whole machine, read right before the
+    clients are released and right after the last one reported."""
+    s0, t0, b0 = system.server_cpu(), system.store_cpu(), box_busy_seconds()
     res = pool.send(cmd, args_per_client, timeout=timeout)
-    s1, b1 = system.server_cpu(), box_busy_seconds()
+    s1, t1, b1 = system.server_cpu(), system.store_cpu(), box_busy_seconds()
     wall = max(r["t1"] for r in res) - min(r["t0"] for r in res)
     wall = max(wall, 1e-9)
     count = sum(r["count"] for r in res)
@@ -112,6 +120,7 @@ def run_phase(system: System, pool: ClientPool, cmd: str, args_per_client: list,
         "timed_out": any(r["timed_out"] for r in res),
         "client_cpu_s": sum(r["cpu"] for r in res),
         "server_cpu_s": (s1 - s0) if s0 is not None and s1 is not None else None,
+        "store_cpu_s": (t1 - t0) if t0 is not None and t1 is not None else None,
         "box_cpu_s": b1 - b0,
     }
     if cmd == "dequeue":
@@ -134,25 +143,28 @@ def deal(n: int, batch: int, k: int) -> list[list[int]]:
 
 def add_cycle(phases: dict, count: int) -> None:
     """Add the ``cycle`` figure (every phase taken together, ``count`` messages through), then
-    each figure's CPU seconds as cores busy over its wall time."""
+    each figure's CPU seconds as cores busy over its wall time and as microseconds per
+    message (``*_us_msg``: over the messages of that phase; the cycle's over ``count``) and
+    per call (``*_us_call``: over every call the clients made in it, empty dequeues too)."""
     wall = sum(p["wall"] for p in phases.values())
 
     def tot(key):
-        vals = [p[key] for p in phases.values()]
+        vals = [p.get(key) for p in phases.values()]
         return None if any(v is None for v in vals) else sum(vals)
 
     phases["cycle"] = {
         "wall": wall,
         "count": count,
         "rate": count / wall,
-        "client_cpu_s": tot("client_cpu_s"),
-        "server_cpu_s": tot("server_cpu_s"),
-        "box_cpu_s": tot("box_cpu_s"),
+        "calls": tot("calls"),
+        **{key: tot(key) for key in CPU_KEYS},
     }
     for p in phases.values():
-        for key in ("client_cpu_s", "server_cpu_s", "box_cpu_s"):
+        for key in CPU_KEYS:
             v = p.get(key)
             p[key.replace("_s", "_cores")] = None if v is None else v / p["wall"]
+            p[key.replace("_s", "_us_msg")] = per_message_us(v, p["count"])
+            p[key.replace("_s", "_us_call")] = per_message_us(v, p.get("calls"))
 
 
 def request_errors(*phases: dict) -> list[str]:
@@ -416,10 +428,16 @@ def run_groups(
                 if not live or (ours and not any(runner.alive(o) for o in ours)):
                     continue  # nothing of ours to pair the baselines with
                 ran = True
+                idle0 = {m.name: m.server_cpu() for m in live}
                 bg = background_load(1.0)
+                idle = []
+                for m in live:
+                    v0, v1 = idle0[m.name], m.server_cpu()
+                    idle.append(f"{m.name} {'n/a' if v0 is None or v1 is None else format(v1 - v0, '.2f')}")
                 notes.append(
                     f"[{group}] machine busy {bg:.2f} cores over 1 s of idleness before the rounds "
-                    f"(other processes on the box{', plus the idle node' if ours else ''})"
+                    f"(other processes on the box{', plus the idle node' if ours else ''}); "
+                    f"idle server CPU in that second, cores: {', '.join(idle)}"
                 )
                 for mode, batch, n in modes:
                     run_id = uuid.uuid4().hex[:6]

@@ -1,76 +1,48 @@
 """The systems bench/throughput.py measures, parent side: setup, a fresh target per round,
-teardown, and the server CPU each one burns (the client side is in throughput_clients.py).
+teardown, and the CPU each one burns on the server side (the client side is in
+throughput_clients.py; the counters in throughput_cpu.py).
 
-  ours[<backend>]  our node (common.BenchNode) on a key-value backend: file, redis or postgres.
-  redis-streams    Redis Streams on the same Redis, in its own DB.
-  pgqueuer         pgqueuer installed into a schema of its own on the same PostgreSQL.
+  ours[<backend>]  our node (common.BenchNode) on a key-value backend: file, redis, postgres or
+                   redis-cluster; ``ours[<backend>,p<N>]`` with ``runnode --processes N``.
+                   Server CPU = every process of the node's session; store CPU = what the
+                   stores spent for it: redis-server (INFO cpu, every node of a cluster) and the
+                   PostgreSQL backends of its connections (application_name from PGAPPNAME).
+  redis-streams    Redis Streams on the same Redis, in its own DB. Server CPU = redis-server.
+  pgqueuer         pgqueuer installed into a schema of its own on the same PostgreSQL. Server
+                   CPU = the backends of its clients' connections.
+  skip-locked      the queue a user writes by hand: one PostgreSQL table, dequeued with
+                   ``FOR UPDATE SKIP LOCKED`` under a visibility deadline (throughput_clients.
+                   SkipLockedClient has the statements). Server CPU = its clients' backends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import time
+import uuid
 
 import throughput_clients as tc
 from common import BenchError, BenchNode, log, redact
+from throughput_cpu import (
+    PgBackendMeter,
+    parse_cluster_nodes,
+    parse_cluster_url,
+    redis_cpu_seconds,
+    session_cpu_seconds,
+    session_pids,
+    summed,
+)
 
 from queues.testing import with_redis_db
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-# --------------------------------------------------------------------------------------
-# CPU time, from /proc
-# --------------------------------------------------------------------------------------
-
-
-def box_busy_seconds() -> float:
-    """Busy CPU seconds of the whole machine (all cores), from /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            parts = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return float("nan")
-    idle = parts[3] + (parts[4] if len(parts) > 4 else 0)
-    return (sum(parts[:8]) - idle) / CLK_TCK
-
-
-def proc_cpu_seconds(pid: int) -> float:
-    """utime + stime (+ reaped children) of one process, from /proc/<pid>/stat."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            data = f.read()
-    except OSError:
-        return float("nan")
-    fields = data[data.rindex(")") + 2 :].split()
-    return sum(int(x) for x in fields[11:15]) / CLK_TCK
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds of a process and its live descendants (a node serves from a worker child)."""
-    total = proc_cpu_seconds(pid)
-    try:
-        children = open(f"/proc/{pid}/task/{pid}/children").read().split()
-    except OSError:
-        children = []
-    for child in children:
-        v = tree_cpu_seconds(int(child))
-        if v == v:
-            total += v
-    return total
-
-
-def background_load(seconds: float) -> float:
-    """Cores busy on the machine over `seconds` while the bench itself does nothing."""
-    b0 = box_busy_seconds()
-    time.sleep(seconds)
-    return (box_busy_seconds() - b0) / seconds
-
 
 # --------------------------------------------------------------------------------------
 # systems (parent side: setup, per-round targets, teardown, server CPU)
 # --------------------------------------------------------------------------------------
+
+
+def app_conninfo(pg_url: str, app: str) -> str:
+    """``pg_url`` with ``application_name=app``: the server side finds its backends by it."""
+    sep = "&" if "?" in pg_url else "?"
+    return f"{pg_url}{sep}application_name={app}"
 
 
 class System:
@@ -89,6 +61,11 @@ class System:
     def drop_target(self, target: dict) -> None: ...
 
     def server_cpu(self) -> float | None:
+        """Cumulative CPU seconds of the server side (the node, for ours); None if unknown."""
+        return None
+
+    def store_cpu(self) -> float | None:
+        """Ours only: cumulative CPU seconds of the stores the node uses; None otherwise."""
         return None
 
     def describe(self) -> str:
@@ -129,8 +106,7 @@ class StreamsSystem(System):
         self.r.close()
 
     def server_cpu(self) -> float | None:
-        info = self.r.info("cpu")
-        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+        return redis_cpu_seconds([self.r])
 
     def describe(self) -> str:
         info = self.r.info("server")
@@ -151,10 +127,10 @@ class PgqSystem(System):
         self.schema = args.pg_schema
         self.keep = args.keep_pgq_schema
         self.installed = False
+        self.meter = PgBackendMeter(self.pg_url, self.APP)
 
     def _conninfo(self) -> str:
-        sep = "&" if "?" in self.pg_url else "?"
-        return f"{self.pg_url}{sep}application_name={self.APP}"
+        return app_conninfo(self.pg_url, self.APP)
 
     async def _with_queries(self, fn):
         import psycopg
@@ -195,23 +171,12 @@ class PgqSystem(System):
             await q.uninstall()
             await conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
 
+        self.meter.close()
         asyncio.run(self._with_queries(uninstall))
 
     def server_cpu(self) -> float | None:
         """CPU of the PostgreSQL backends serving our clients, if they run on this machine."""
-        import psycopg
-
-        try:
-            with psycopg.connect(self.pg_url, autocommit=True) as c:
-                pids = [
-                    r[0] for r in c.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (self.APP,))
-                ]
-        except Exception:
-            return None
-        vals = [proc_cpu_seconds(p) for p in pids]
-        if not vals or any(v != v for v in vals):
-            return None
-        return sum(vals)
+        return self.meter.read()
 
     def describe(self) -> str:
         import psycopg
@@ -230,16 +195,78 @@ class PgqSystem(System):
         )
 
 
+class SkipLockedSystem(System):
+    """The queue a user writes by hand on PostgreSQL: one table, ``FOR UPDATE SKIP LOCKED``.
+
+    Its schema (``--skip-locked-schema``) is created at the start and dropped at the end; the
+    table is emptied (TRUNCATE) for each round. The statements are in
+    throughput_clients.SkipLockedClient."""
+
+    name, kind = "skip-locked", "skip"
+    APP = "mqbench-skiplocked"
+
+    def __init__(self, args) -> None:
+        self.pg_url = args.pg_url
+        self.schema = args.skip_locked_schema
+        self.keep = args.keep_pgq_schema
+        self.vt = args.visibility_timeout
+        self.created = False
+        self.meter = PgBackendMeter(self.pg_url, self.APP)
+
+    def _run(self, *statements: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.pg_url, autocommit=True) as c:
+            for st in statements:
+                c.execute(st)
+
+    def start(self) -> None:
+        self._run(*tc.skip_locked_ddl(self.schema))
+        self.created = True
+
+    def client_spec(self) -> dict:
+        return {
+            "pg_url": app_conninfo(self.pg_url, self.APP),
+            "table": tc.skip_locked_table(self.schema),
+            "visibility_timeout": self.vt,
+        }
+
+    def new_target(self, tag: str) -> dict:
+        self._run(f"TRUNCATE {tc.skip_locked_table(self.schema)} RESTART IDENTITY")
+        return {}
+
+    def stop(self) -> None:
+        self.meter.close()
+        if self.created and not self.keep:
+            self._run(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
+
+    def server_cpu(self) -> float | None:
+        return self.meter.read()
+
+    def describe(self) -> str:
+        return (
+            f"skip-locked: table {tc.skip_locked_table(self.schema)} on the same PostgreSQL: INSERT (one row or "
+            f"unnest of B), UPDATE ... SET visible_at = now() + vt FROM (SELECT ... WHERE visible_at <= now() "
+            f"ORDER BY visible_at, id LIMIT B FOR UPDATE SKIP LOCKED) RETURNING, DELETE by (id, receive count); "
+            f"autocommit, one statement per call (server CPU = the client connections' backends)"
+        )
+
+
 class OursSystem(System):
-    """Our service: one node (a :class:`common.BenchNode`) on the key-value ``backend``."""
+    """Our service: one node (a :class:`common.BenchNode`) on the key-value ``backend``, with
+    ``runnode --processes N`` when ``processes`` is given; ``kv`` is the KV_URL of a backend
+    the bench cannot derive (``redis-cluster://...``)."""
 
     kind = "ours"
     is_ours = True
 
-    def __init__(self, args, backend: str) -> None:
+    def __init__(self, args, backend: str, processes: int | None = None, kv: str | None = None) -> None:
         self.args = args
         self.backend = backend
-        self.name = f"ours[{backend}]"
+        self.processes = processes
+        self.name = f"ours[{backend}]" if processes is None else f"ours[{backend},p{processes}]"
+        # the node's PostgreSQL connections (Django's, and the postgres store's) carry this name
+        self.app = f"mqbench-node-{uuid.uuid4().hex[:8]}"
         self.node = BenchNode(
             self.name,
             backend,
@@ -250,19 +277,49 @@ class OursSystem(System):
             repo=args.repo,
             port=args.port,
             user=args.user,
-            extra_env=args.node_env,
+            extra_env=[f"PGAPPNAME={self.app}", *args.node_env],
             startup_timeout=args.startup_timeout,
             keep_tmp=args.keep_tmp,
+            kv=kv,
+            processes=processes,
         )
+        self.kv = kv
         self.queues: set[str] = set()
+        self.redis_servers: list = []
+        self.pg_meter: PgBackendMeter | None = None
+        self.node_pids: list[int] = []
 
     def start(self) -> None:
+        self.redis_servers = self._redis_servers()
+        if self.args.database_url.startswith(("postgres://", "postgresql://")):
+            self.pg_meter = PgBackendMeter(self.args.database_url, self.app)
         self.node.start()
+        if self.node.pid is not None:
+            self.node_pids = session_pids(self.node.pid)
+
+    def _redis_servers(self) -> list:
+        """One redis-py client per Redis server the node's store runs on (for INFO cpu)."""
+        import redis
+
+        if self.backend == "redis":
+            return [redis.Redis.from_url(self.args.redis_url)]
+        if self.backend == "redis-cluster" and self.kv:
+            seeds = parse_cluster_url(self.kv)
+            host, port = seeds[0]
+            first = redis.Redis(host=host, port=port)
+            nodes = parse_cluster_nodes(first.execute_command("CLUSTER NODES").decode())
+            first.close()
+            return [redis.Redis(host=h, port=p) for h, p in nodes or seeds]
+        return []
 
     def stop(self) -> None:
         for q in list(self.queues):
             self._delete_queue(q)
         self.node.stop()
+        for r in self.redis_servers:
+            r.close()
+        if self.pg_meter is not None:
+            self.pg_meter.close()
 
     def client_spec(self) -> dict:
         a = self.args
@@ -298,14 +355,32 @@ class OursSystem(System):
         self._delete_queue(target["queue"])
 
     def server_cpu(self) -> float | None:
+        """Every process of the node (runnode leads a session of its own: its serving
+        processes and its worker are in it)."""
         if self.node.pid is None:
             return None
-        v = tree_cpu_seconds(self.node.pid)
+        v = session_cpu_seconds(self.node.pid)
         return None if v != v else v
 
+    def store_cpu(self) -> float | None:
+        meters = []
+        if self.redis_servers:
+            meters.append(lambda: redis_cpu_seconds(self.redis_servers))
+        if self.pg_meter is not None:
+            meters.append(self.pg_meter.read)
+        return summed(*meters) if meters else None
+
     def describe(self) -> str:
+        procs = "NodeProcess' default processes" if self.processes is None else f"--processes {self.processes}"
+        store = []
+        if self.redis_servers:
+            n = len(self.redis_servers)
+            store.append("redis-server (INFO cpu)" if n == 1 else f"{n} Redis Cluster nodes (INFO cpu)")
+        if self.pg_meter is not None:
+            store.append("the node's PostgreSQL backends")
         return (
-            f"{self.name}: node pid {self.node.pid or '?'} on 127.0.0.1:{self.node.port}, "
-            f"{self.args.partitions} partitions, KV backend {self.backend}, HTTP client {self.args.http_client} "
-            f"(server CPU = the node process)"
+            f"{self.name}: node pid {self.node.pid or '?'} on 127.0.0.1:{self.node.port}, {procs} "
+            f"({len(self.node_pids)} processes in its session at start), {self.args.partitions} partitions, "
+            f"KV {redact(self.kv) if self.kv else self.backend}, HTTP client {self.args.http_client} (server CPU = all the node's "
+            f"processes; store CPU = {' + '.join(store) or 'n/a'})"
         )

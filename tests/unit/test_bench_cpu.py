@@ -1,0 +1,181 @@
+"""The CPU accounting and the summary of bench/throughput.py: the /proc and Redis parsers, the
+per-message arithmetic of a round, the options, and the closing summary's ratios and goals."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import throughput  # noqa: E402
+import throughput_cpu as cpu  # noqa: E402
+from throughput_report import closing_summary, ours_pairs  # noqa: E402
+from throughput_rounds import add_cycle  # noqa: E402
+
+# /proc/<pid>/stat of a process whose name holds ") (" and spaces: session 4242, utime 150,
+# stime 50, cutime 7, cstime 3 (fields 6 and 14..17)
+STAT = "1234 (we) ird (name) S 1 1234 4242 0 -1 4194560 900 0 0 0 150 50 7 3 20 0 5 0 123 4096 300 0"
+
+
+def test_parse_proc_stat_counts_fields_after_the_last_parenthesis():
+    assert cpu.parse_proc_stat(STAT) == (4242, 150 + 50 + 7 + 3)
+
+
+def test_parse_proc_stat_rejects_a_truncated_line():
+    with pytest.raises(ValueError):
+        cpu.parse_proc_stat("1234 (x) S 1 2 3")
+
+
+def test_this_process_reads_its_own_session_and_cpu():
+    session, ticks0 = cpu.read_proc_stat(os.getpid())
+    assert session == os.getsid(0)
+    t = time.process_time()
+    while time.process_time() - t < 0.05:  # burn 5 ticks
+        pass
+    assert cpu.read_proc_stat(os.getpid())[1] > ticks0
+    assert os.getpid() in cpu.session_pids(session)
+    assert cpu.session_cpu_seconds(session) >= cpu.proc_cpu_seconds(os.getpid())
+
+
+def test_a_gone_process_reads_as_unknown():
+    assert cpu.read_proc_stat(2**22 + 1) is None  # above the kernel's pid_max
+    assert cpu.session_cpu_seconds(2**22 + 1) != cpu.session_cpu_seconds(2**22 + 1)  # NaN
+
+
+def test_parse_cluster_nodes_lists_live_addresses():
+    text = (
+        "a1 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460\n"
+        "b2 127.0.0.1:7002@17002,host-b master - 0 1 2 connected 5461-10922\n"
+        "c3 127.0.0.1:7003@17003 master,fail - 0 1 3 disconnected\n"
+        "d4 :0@0 master,noaddr - 0 1 4 disconnected\n"
+    )
+    assert cpu.parse_cluster_nodes(text) == [("127.0.0.1", 7001), ("127.0.0.1", 7002)]
+
+
+def test_parse_cluster_url():
+    url = "redis-cluster://127.0.0.1:7001,127.0.0.1:7002,localhost:7003/0"
+    assert cpu.parse_cluster_url(url) == [("127.0.0.1", 7001), ("127.0.0.1", 7002), ("localhost", 7003)]
+    with pytest.raises(ValueError):
+        cpu.parse_cluster_url("redis://127.0.0.1:6379/0")
+    with pytest.raises(ValueError):
+        cpu.parse_cluster_url("redis-cluster://127.0.0.1")
+
+
+def test_per_message_us():
+    assert cpu.per_message_us(0.5, 1000) == pytest.approx(500.0)
+    assert cpu.per_message_us(None, 1000) is None
+    assert cpu.per_message_us(float("nan"), 1000) is None
+    assert cpu.per_message_us(0.5, 0) is None
+
+
+def test_summed_is_unknown_when_any_part_is():
+    assert cpu.summed(lambda: 1.5, lambda: 2.0) == 3.5
+    assert cpu.summed(lambda: 1.5, lambda: None) is None
+
+
+def phase(wall, count, calls, server, client=0.1, store=None, box=1.0):
+    return {
+        "wall": wall,
+        "count": count,
+        "calls": calls,
+        "client_cpu_s": client,
+        "server_cpu_s": server,
+        "store_cpu_s": store,
+        "box_cpu_s": box,
+    }
+
+
+def test_add_cycle_gives_cpu_per_message_and_per_call():
+    phases = {
+        "enqueue": phase(1.0, 1000, 10, 0.02),
+        "dequeue": phase(2.0, 1000, 12, 0.05),
+        "ack": phase(1.0, 1000, 10, 0.03),
+    }
+    add_cycle(phases, 1000)
+    c = phases["cycle"]
+    assert c["rate"] == pytest.approx(250.0)
+    assert c["calls"] == 32
+    assert c["server_cpu_us_msg"] == pytest.approx(100.0)  # 0.1 s over 1,000 messages
+    assert c["server_cpu_us_call"] == pytest.approx(0.1 / 32 * 1e6)
+    assert c["server_cpu_cores"] == pytest.approx(0.025)
+    assert phases["dequeue"]["server_cpu_us_msg"] == pytest.approx(50.0)
+    assert c["store_cpu_us_msg"] is None  # a system without a store
+
+
+def test_parse_counts():
+    assert throughput.parse_counts(None) == [None]
+    assert throughput.parse_counts("1,2,2") == [1, 2]
+    for bad in ("0", "x", "1,-2"):
+        with pytest.raises(ValueError):
+            throughput.parse_counts(bad)
+
+
+def test_find_cluster_url():
+    out = "export MQ_TEST_REDIS_URL=redis://127.0.0.1:1\nexport MQ_TEST_REDIS_CLUSTER_URL=redis-cluster://127.0.0.1:7001,127.0.0.1:7002\n"
+    assert throughput.find_cluster_url(out) == "redis-cluster://127.0.0.1:7001,127.0.0.1:7002"
+    assert throughput.find_cluster_url("redis-cluster: running") is None
+
+
+def test_node_processes_fail_clearly_without_runnode_support(monkeypatch):
+    monkeypatch.setattr(throughput, "runnode_options", lambda *a: "usage: manage.py runnode [--port PORT]")
+    args = throughput.parse_args(["--node-processes", "1,2"])
+    with pytest.raises(throughput.BenchError, match="does not accept --processes"):
+        throughput.check_node_processes(args)
+    monkeypatch.setattr(throughput, "runnode_options", lambda *a: "  --processes PROCESSES")
+    throughput.check_node_processes(args)
+
+
+def system(name, backend=None, processes=None):
+    return SimpleNamespace(name=name, is_ours=backend is not None, backend=backend or "", processes=processes)
+
+
+def medians(cycle, us_msg, us_call=None):
+    return {"cycle": cycle, "server_cpu_us_msg": us_msg, "server_cpu_us_call": us_call, "server_cpu_cores": 0.9}
+
+
+def test_closing_summary_quotes_rates_ratios_and_goals():
+    ours, pgq, streams = system("ours[redis]", "redis", 1), system("pgqueuer"), system("redis-streams")
+    two = system("ours[redis,p2]", "redis", 2)
+    summary = {
+        "single": {
+            "ours[redis]": medians(600, 480, 160),
+            "ours[redis,p2]": medians(700, 500, 170),
+            "pgqueuer": medians(400, 900),
+            "redis-streams": medians(1700, 30),
+            "_ratios": {"ours[redis] / redis-streams": {"cycle": 600 / 1700}},
+        },
+        "batch100": {
+            "ours[redis]": medians(9000, 100, 3000),
+            "pgqueuer": medians(10000, 80),
+            "redis-streams": medians(40000, 10),
+            "_ratios": {
+                "ours[redis] / pgqueuer": {"cycle": 0.9},
+                "ours[redis] / redis-streams": {"cycle": 0.55},
+            },
+        },
+    }
+    modes = [("single", 1, 2000), ("batch100", 100, 20000)]
+    text = "\n".join(closing_summary(modes, [ours, two, pgq, streams], summary))
+    assert "| full cycle, msg/s (server µs/msg) | ours[redis] | ours[redis,p2] | pgqueuer | redis-streams |" in text
+    assert "| one message per call (single) | 600 (480) | 700 (500) | 400 (900) | 1,700 (30.0) |" in text
+    assert "| 100 per call (batch100) | 9,000 (100) | n/a | 10,000 (80.0) | 40,000 (10.0) |" in text
+    assert "vs redis-streams 0.35x (goal >= 0.6: NOT met)" in text
+    assert "vs pgqueuer 0.90x (goal >= 2: NOT met)" in text
+    assert "vs redis-streams 0.55x (goal >= 0.5: met)" in text
+    assert "100 µs/msg (goal <= 40: NOT met)" in text
+    assert "160 µs/call (goal <= 200: met)" in text
+    assert "ours[redis,p2] / ours[redis]: cycle 1.17x" in text
+
+
+def test_ours_pairs_compare_processes_and_cluster():
+    r1, r2 = system("r1", "redis", 1), system("r2", "redis", 2)
+    c1, p1 = system("c1", "redis-cluster", 1), system("p1", "postgres", 1)
+    assert ours_pairs([r1, r2, c1, p1]) == [(r2, r1), (c1, r1)]
