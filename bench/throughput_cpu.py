@@ -43,11 +43,15 @@ def parse_proc_stat(text: str) -> tuple[int, int]:
     return int(fields[3]), sum(int(x) for x in fields[11:15])
 
 
-def parse_cluster_nodes(text: str) -> list[tuple[str, int]]:
+def parse_cluster_nodes(reply) -> list[tuple[str, int]]:
     """``(host, port)`` of every node a ``CLUSTER NODES`` reply lists, failed ones left out.
 
     A line is ``<id> <ip:port@cport[,hostname]> <flags> ...``; the address may be ``:0`` for
-    a node that has no address yet (left out too)."""
+    a node that has no address yet (left out too). redis-py hands the reply over parsed, as
+    ``{"ip:port@cport": {"node_id": ..., "flags": ...}, ...}``: taken as such lines."""
+    if isinstance(reply, dict):
+        reply = "\n".join(f"{v.get('node_id', '?')} {addr} {v.get('flags', '')}" for addr, v in reply.items())
+    text = reply.decode() if isinstance(reply, bytes) else reply
     out = []
     for line in text.splitlines():
         parts = line.split()

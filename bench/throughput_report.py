@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
-from common import fmt_cores, fmt_rate, median
+from common import fmt_cores, fmt_rate, fmt_ratio, median
 from throughput_rounds import FIGURES, STRICT_FIGURES, STRICT_LABELS, is_strict
 from throughput_systems import System
 
@@ -286,7 +286,7 @@ def closing_summary(modes, systems, summary: dict) -> list[str]:
             for base in BASELINES:
                 r = ratios.get(f"{s.name} / {base}", {}).get("cycle")
                 if r is not None:
-                    parts.append(f"vs {base} {r:.2f}x{goal_text(mode, s, 'vs ' + base, r)}")
+                    parts.append(f"vs {base} {r:.3f}x{goal_text(mode, s, 'vs ' + base, r)}")
             if parts:
                 w(f"  {mode:<9} {s.name}: " + "; ".join(parts))
     w("")
@@ -313,15 +313,11 @@ def closing_summary(modes, systems, summary: dict) -> list[str]:
                 if ma is None or mb is None:
                     continue
                 w(
-                    f"  {mode:<9} {a.name} / {b.name}: cycle {ratio(ma['cycle'], mb['cycle'])}, "
-                    f"node µs/msg {ratio(ma.get('server_cpu_us_msg'), mb.get('server_cpu_us_msg'))}, "
+                    f"  {mode:<9} {a.name} / {b.name}: cycle {fmt_ratio(ma['cycle'], mb['cycle'])}, "
+                    f"node µs/msg {fmt_ratio(ma.get('server_cpu_us_msg'), mb.get('server_cpu_us_msg'))}, "
                     f"node cores busy {fmt_cores(ma.get('server_cpu_cores'))} vs {fmt_cores(mb.get('server_cpu_cores'))}"
                 )
     return out
-
-
-def ratio(a, b) -> str:
-    return "n/a" if a is None or not b else f"{a / b:.2f}x"
 
 
 def ours_pairs(ours: list) -> list[tuple]:

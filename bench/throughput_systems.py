@@ -307,7 +307,7 @@ class OursSystem(System):
             seeds = parse_cluster_url(self.kv)
             host, port = seeds[0]
             first = redis.Redis(host=host, port=port)
-            nodes = parse_cluster_nodes(first.execute_command("CLUSTER NODES").decode())
+            nodes = parse_cluster_nodes(first.execute_command("CLUSTER NODES"))
             first.close()
             return [redis.Redis(host=h, port=p) for h, p in nodes or seeds]
         return []

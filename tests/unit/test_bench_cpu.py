@@ -58,6 +58,12 @@ def test_parse_cluster_nodes_lists_live_addresses():
         "d4 :0@0 master,noaddr - 0 1 4 disconnected\n"
     )
     assert cpu.parse_cluster_nodes(text) == [("127.0.0.1", 7001), ("127.0.0.1", 7002)]
+    parsed = {  # as redis-py hands it over
+        "127.0.0.1:7001@17001": {"node_id": "a1", "flags": "myself,master", "connected": True},
+        "127.0.0.1:7003@17003": {"node_id": "c3", "flags": "master,fail", "connected": False},
+    }
+    assert cpu.parse_cluster_nodes(parsed) == [("127.0.0.1", 7001)]
+    assert cpu.parse_cluster_nodes(text.encode()) == cpu.parse_cluster_nodes(text)
 
 
 def test_parse_cluster_url():
@@ -167,12 +173,12 @@ def test_closing_summary_quotes_rates_ratios_and_goals():
     assert "| full cycle, msg/s (server µs/msg) | ours[redis] | ours[redis,p2] | pgqueuer | redis-streams |" in text
     assert "| one message per call (single) | 600 (480) | 700 (500) | 400 (900) | 1,700 (30.0) |" in text
     assert "| 100 per call (batch100) | 9,000 (100) | n/a | 10,000 (80.0) | 40,000 (10.0) |" in text
-    assert "vs redis-streams 0.35x (goal >= 0.6: NOT met)" in text
-    assert "vs pgqueuer 0.90x (goal >= 2: NOT met)" in text
-    assert "vs redis-streams 0.55x (goal >= 0.5: met)" in text
+    assert "vs redis-streams 0.353x (goal >= 0.6: NOT met)" in text
+    assert "vs pgqueuer 0.900x (goal >= 2: NOT met)" in text
+    assert "vs redis-streams 0.550x (goal >= 0.5: met)" in text
     assert "100 µs/msg (goal <= 40: NOT met)" in text
     assert "160 µs/call (goal <= 200: met)" in text
-    assert "ours[redis,p2] / ours[redis]: cycle 1.17x" in text
+    assert "ours[redis,p2] / ours[redis]: cycle 1.167x" in text
 
 
 def test_ours_pairs_compare_processes_and_cluster():
