@@ -3,16 +3,21 @@
 #
 #   scripts/services.sh start | stop | restart | status | env
 #   scripts/services.sh redis-replica start|stop|status PORT   # a replica of the main Redis
+#   scripts/services.sh redis-cluster start|stop|status        # the three-primary Redis Cluster
 #
 # Env: MQ_SERVICES_DIR (default <repo>/.services), MQ_PG_PORT (54329), MQ_REDIS_PORT (63799),
+#      MQ_REDIS_CLUSTER_PORT (MQ_REDIS_PORT + 101: 63900 by default): the cluster's three
+#      primaries listen on it and the next two ports, their cluster bus on the three after
+#      (63900-63905 by default; a worktree with its own MQ_REDIS_PORT gets its own cluster),
 #      MQ_SERVICES_TIMEOUT (seconds to wait for readiness, default 30).
-# Both servers listen on 127.0.0.1 only. PostgreSQL runs as the `postgres` user when we are root.
+# Every server listens on 127.0.0.1 only; `start` starts the cluster too, `stop` stops it. PostgreSQL runs as the `postgres` user when we are root.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 svc="${MQ_SERVICES_DIR:-$repo/.services}"
 pg_port="${MQ_PG_PORT:-54329}"
 redis_port="${MQ_REDIS_PORT:-63799}"
+cluster_port="${MQ_REDIS_CLUSTER_PORT:-$((redis_port + 101))}"
 timeout="${MQ_SERVICES_TIMEOUT:-30}"
 
 pgdata="$svc/pg"
@@ -319,6 +324,101 @@ stop_all_replicas() {
     done
 }
 
+# ---------------------------------------------------------------- redis cluster
+
+# Three primaries and no replicas (`KV_URL=redis-cluster://...`): ports cluster_port+0..2, their
+# cluster bus on cluster_port+3..5 (the default bus port, port + 10000, is past 65535 here).
+cluster_ports() { echo "$cluster_port" "$((cluster_port + 1))" "$((cluster_port + 2))"; }
+cluster_dir() { echo "$svc/redis-cluster-$1"; }
+
+# $1: a primary's port; prints one word: ok (this node sees the whole cluster serving every
+# slot), new (a node that was never joined to one), or other (forming, or half made).
+cluster_node_state() {
+    local info
+    info="$(RCLI_TIMEOUT=2 rcli "$1" cluster info 2>/dev/null | tr -d '\r')" || { echo other; return 0; }
+    if grep -q '^cluster_state:ok' <<<"$info" && grep -q '^cluster_known_nodes:3$' <<<"$info" \
+        && grep -q '^cluster_slots_assigned:16384$' <<<"$info"; then
+        echo ok
+    elif grep -q '^cluster_known_nodes:1$' <<<"$info" && grep -q '^cluster_slots_assigned:0$' <<<"$info"; then
+        echo new
+    else
+        echo other
+    fi
+}
+
+# ok | new | other, for the three primaries together
+cluster_state() {
+    local p s all=""
+    for p in $(cluster_ports); do s="$(cluster_node_state "$p")"; all="$all $s"; done
+    case "$all" in " ok ok ok") echo ok ;; " new new new") echo new ;; *) echo other ;; esac
+}
+
+cluster_wait_ok() {  # $1: seconds
+    local t0=$SECONDS
+    while [ $((SECONDS - t0)) -lt "$1" ]; do
+        [ "$(cluster_state)" = ok ] && return 0
+        sleep 0.2
+    done
+    return 1
+}
+
+redis_cluster_start() {
+    local p addrs=()
+    for p in $(cluster_ports); do
+        redis_start_in "$(cluster_dir "$p")" "$p" "cluster-enabled yes
+cluster-config-file nodes.conf
+cluster-port $((p + 3))
+cluster-node-timeout 5000"
+        addrs+=("127.0.0.1:$p")
+    done
+    local state; state="$(cluster_state)"
+    # A restart finds its nodes.conf and the cluster forms again by itself within moments.
+    if [ "$state" = other ] && ! cluster_wait_ok "$timeout"; then
+        # (a create that was interrupted: these are test data, start over from empty nodes)
+        log "redis cluster on ${addrs[*]} did not form; resetting its nodes and creating it again"
+        for p in $(cluster_ports); do
+            rcli "$p" flushall >/dev/null 2>&1 || true
+            rcli "$p" cluster reset hard >/dev/null || die "CLUSTER RESET on :$p failed"
+        done
+        state=new
+    fi
+    if [ "$state" = new ]; then
+        log "creating redis cluster on ${addrs[*]} (3 primaries, no replicas)"
+        RCLI_TIMEOUT=120 rcli "$cluster_port" --cluster create "${addrs[@]}" --cluster-replicas 0 --cluster-yes \
+            >"$svc/redis-cluster-create.log" 2>&1 \
+            || { tail -n 20 "$svc/redis-cluster-create.log" >&2; die "redis-cli --cluster create failed"; }
+        cluster_wait_ok "$timeout" || die "redis cluster on ${addrs[*]} not ok ${timeout}s after its creation"
+    fi
+}
+
+redis_cluster_stop() {
+    local p rc=0
+    for p in $(cluster_ports); do redis_stop_in "$(cluster_dir "$p")" "$p" || rc=1; done
+    return $rc
+}
+
+redis_cluster_status() {
+    local p running=0
+    for p in $(cluster_ports); do
+        [ -n "$(redis_pid "$(cluster_dir "$p")")" ] && running=$((running + 1))
+    done
+    if [ "$running" -eq 3 ] && [ "$(cluster_state)" = ok ]; then
+        echo "redis-cluster: running on 127.0.0.1:$cluster_port-$((cluster_port + 2)) (3 primaries, state ok)"
+    else
+        echo "redis-cluster: not running ($running of 3 primaries up, ports $cluster_port-$((cluster_port + 2)))"
+        return 3
+    fi
+}
+
+redis_cluster() {
+    case "${1:-}" in
+        start) ensure_packages; with_lock; redis_cluster_start ;;
+        stop) [ -d "$svc" ] || return 0; with_lock; redis_cluster_stop ;;
+        status) redis_cluster_status ;;
+        *) die "usage: $0 redis-cluster start|stop|status" ;;
+    esac
+}
+
 # ---------------------------------------------------------------- commands
 
 with_lock() {  # serialize start/stop across concurrent invocations
@@ -334,7 +434,8 @@ cmd_start() {
     with_lock
     pg_start
     redis_start_in "$rdir" "$redis_port"
-    log "ready: postgres 127.0.0.1:$pg_port, redis 127.0.0.1:$redis_port"
+    redis_cluster_start
+    log "ready: postgres 127.0.0.1:$pg_port, redis 127.0.0.1:$redis_port, redis cluster 127.0.0.1:$cluster_port-$((cluster_port + 2))"
 }
 
 cmd_stop() {
@@ -343,6 +444,7 @@ cmd_stop() {
     local rc=0
     stop_all_replicas || rc=1
     redis_stop_in "$rdir" "$redis_port" || rc=1
+    redis_cluster_stop || rc=1
     if command -v pg_ctl >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
         (pg_stop) || rc=1
     fi
@@ -370,6 +472,7 @@ cmd_status() {
     for d in "$svc"/redis-replica-*; do
         [ -d "$d" ] && [ -n "$(redis_pid "$d")" ] && redis_replica status "${d##*/redis-replica-}" || true
     done
+    redis_cluster_status || rc=3
     return $rc
 }
 
@@ -381,6 +484,7 @@ export KV_URL=redis://127.0.0.1:$redis_port/1
 export CELERY_BROKER_URL=redis://127.0.0.1:$redis_port/2
 export MQ_TEST_PG_URL=postgres://mq:mq@127.0.0.1:$pg_port/mq
 export MQ_TEST_REDIS_URL=redis://127.0.0.1:$redis_port
+export MQ_TEST_REDIS_CLUSTER_URL=redis-cluster://127.0.0.1:$cluster_port,127.0.0.1:$((cluster_port + 1)),127.0.0.1:$((cluster_port + 2))
 EOF
 }
 
@@ -391,5 +495,6 @@ case "${1:-}" in
     status)  cmd_status ;;
     env)     cmd_env ;;
     redis-replica) shift; redis_replica "$@" ;;
-    *) echo "usage: $0 start|stop|restart|status|env | redis-replica start|stop|status PORT" >&2; exit 2 ;;
+    redis-cluster) shift; redis_cluster "$@" ;;
+    *) echo "usage: $0 start|stop|restart|status|env | redis-replica start|stop|status PORT | redis-cluster start|stop|status" >&2; exit 2 ;;
 esac

@@ -10,7 +10,7 @@ cd "$repo"
 venv="$(scripts/venv.sh | tail -n 1)"
 export VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"
 # The embedded defaults, whatever the shell has exported for services.
-unset DATABASE_URL KV_URL REDIS_URL CELERY_BROKER_URL CELERY_RESULT_BACKEND MQ_TEST_PG_URL MQ_TEST_REDIS_URL
+unset DATABASE_URL KV_URL REDIS_URL CELERY_BROKER_URL CELERY_RESULT_BACKEND MQ_TEST_PG_URL MQ_TEST_REDIS_URL MQ_TEST_REDIS_CLUSTER_URL
 data="$(mktemp -d "${TMPDIR:-/tmp}/mq-unit.XXXXXX")"
 trap 'rm -rf "$data"' EXIT
 export MQ_DATA_DIR="$data" DJANGO_SETTINGS_MODULE=config.settings SPARK_LOCAL_IP=127.0.0.1
