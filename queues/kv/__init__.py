@@ -1,7 +1,9 @@
 """Key-value store backends, chosen by the scheme of ``KV_URL``.
 
-``file:///path`` (the embedded default), ``redis://host:port/db`` (through django-redis) and
-``postgres`` (a table in the default database); ``memory://`` for unit tests. An unknown scheme fails loudly at start-up.
+``file:///path`` (the embedded default), ``redis://host:port/db`` (through django-redis),
+``redis-cluster://host:port,host:port,...`` (a Redis Cluster, named by seed nodes) and
+``postgres`` (a table in the default database); ``memory://`` for unit tests. An unknown scheme
+fails loudly at start-up.
 
 The service's store (:func:`get_store`) is a view under ``KV_PREFIX`` (``mq:`` by default):
 every key it writes starts with it and ``delete_prefix`` reaches nothing outside it, so a
@@ -40,6 +42,12 @@ def open_store(url: str) -> KeyValueStore:
         from .redis import RedisStore
 
         return RedisStore.from_settings()
+    if scheme in ("redis-cluster", "rediss-cluster"):
+        from django.conf import settings
+
+        from .redis_cluster import RedisClusterStore
+
+        return RedisClusterStore.from_url(url, min_replicas=settings.KV_MIN_REPLICAS)
     if scheme == "memory":
         from .memory import MemoryStore
 
@@ -49,7 +57,8 @@ def open_store(url: str) -> KeyValueStore:
 
         return SQLStore()
     raise ImproperlyConfigured(
-        f"KV_URL={url!r}: unknown scheme {scheme!r}; use file:///path, redis://host:port/db or postgres"
+        f"KV_URL={url!r}: unknown scheme {scheme!r}; use file:///path, redis://host:port/db, "
+        "redis-cluster://host:port,host:port,... or postgres"
     )
 
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 import redis as redis_lib
+from redis.exceptions import RedisClusterException
 
 from .base import Fence, Fenced, KeyValueStore, KVError, ReplicationError, split_key
 
@@ -27,55 +28,64 @@ if TYPE_CHECKING:
 #: A Lua script's ARGV: redis-py encodes str, bytes and int alike.
 Args = list[str | bytes | int]
 
-# ARGV: fence bucket, fence field, epoch ("" = unfenced), then groups of
-# (bucket, n, field1, value1, ..., fieldn, valuen).
+# The scripts declare every key they touch in KEYS (Redis Cluster routes a script by its keys,
+# which must share one hash slot). KEYS[1]: the fence's hash (any hash of the batch when
+# unfenced); KEYS[2..]: one hash per group. ARGV[1], ARGV[2]: the fence's field and epoch
+# ("" = unfenced), then per group its count n and its n field/value pairs (put) or n fields.
 _PUT = """
-if ARGV[3] ~= '' then
-  local cur = redis.call('HGET', ARGV[1], ARGV[2])
-  if cur ~= ARGV[3] then return redis.error_reply('FENCED ' .. tostring(cur)) end
+if ARGV[2] ~= '' then
+  local cur = redis.call('HGET', KEYS[1], ARGV[1])
+  if cur ~= ARGV[2] then return redis.error_reply('FENCED ' .. tostring(cur)) end
 end
-local i = 4
-while i <= #ARGV do
-  local bucket, n = ARGV[i], tonumber(ARGV[i + 1])
-  redis.call('HSET', bucket, unpack(ARGV, i + 2, i + 1 + 2 * n))
-  i = i + 2 + 2 * n
+local i = 3
+for k = 2, #KEYS do
+  local n = tonumber(ARGV[i])
+  redis.call('HSET', KEYS[k], unpack(ARGV, i + 1, i + 2 * n))
+  i = i + 1 + 2 * n
 end
 return 1
 """
 
-# ARGV: fence bucket, fence field, epoch, then groups of (bucket, n, field1..fieldn).
 _DELETE = """
-if ARGV[3] ~= '' then
-  local cur = redis.call('HGET', ARGV[1], ARGV[2])
-  if cur ~= ARGV[3] then return redis.error_reply('FENCED ' .. tostring(cur)) end
+if ARGV[2] ~= '' then
+  local cur = redis.call('HGET', KEYS[1], ARGV[1])
+  if cur ~= ARGV[2] then return redis.error_reply('FENCED ' .. tostring(cur)) end
 end
-local i, removed = 4, 0
-while i <= #ARGV do
-  local bucket, n = ARGV[i], tonumber(ARGV[i + 1])
-  removed = removed + redis.call('HDEL', bucket, unpack(ARGV, i + 2, i + 1 + n))
-  i = i + 2 + n
+local i, removed = 3, 0
+for k = 2, #KEYS do
+  local n = tonumber(ARGV[i])
+  removed = removed + redis.call('HDEL', KEYS[k], unpack(ARGV, i + 1, i + n))
+  i = i + 1 + n
 end
 return removed
 """
 
-# ARGV: bucket, field, has_expected ("1"/"0"), expected, value
+# KEYS[1]: the hash; ARGV: field, has_expected ("1"/"0"), expected, value
 _CAS = """
-local cur = redis.call('HGET', ARGV[1], ARGV[2])
-if ARGV[3] == '1' then
-  if cur ~= ARGV[4] then return 0 end
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if ARGV[2] == '1' then
+  if cur ~= ARGV[3] then return 0 end
 elseif cur then
   return 0
 end
-redis.call('HSET', ARGV[1], ARGV[2], ARGV[5])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
 return 1
 """
 
 # Lua's unpack has a stack limit (LUAI_MAXCSTACK 8000); keep each HSET/HDEL group below it.
 _GROUP = 2000
 
+#: One script call: its KEYS and ARGV.
+Call = tuple[list[str], Args]
+
 
 class RedisStore(KeyValueStore):
-    schemes = ("redis", "rediss", "unix")
+    """One Redis server (``redis://``), or its primary with replicas (``KV_MIN_REPLICAS``).
+
+    A bucket's Redis key is the bucket itself (:meth:`redis_key`); every batch is one script call.
+    """
+
+    schemes: tuple[str, ...] = ("redis", "rediss", "unix")
 
     def __init__(self, client: redis_lib.Redis, *, min_replicas: int = 0, replica_timeout_ms: int = 1000):
         self.client = client
@@ -92,27 +102,41 @@ class RedisStore(KeyValueStore):
 
         return cls(get_redis_connection("kv"), min_replicas=settings.KV_MIN_REPLICAS)
 
-    # --- helpers ------------------------------------------------------------------------------
+    # --- key naming: where a bucket lives, the one place that says it ------------------------
     @staticmethod
-    def _fence_args(fence: Fence | None) -> Args:
-        if fence is None:
-            return ["", "", ""]
-        bucket, name = split_key(fence.key)
-        return [bucket, name, str(fence.epoch)]
+    def redis_key(bucket: str) -> str:
+        """The Redis key of a bucket's hash."""
+        return bucket
 
-    def _run(self, script: Script, args: Args) -> int:
+    def _calls(self, fence: Fence | None, groups: list[tuple[str, int, Args]]) -> list[Call]:
+        """The script calls of a batch: ``groups`` are (bucket, n, flat fields or pairs). One
+        server runs the whole batch in one call, atomically with its fence."""
+        fence_args: Args = ["", ""]
+        head = groups[0][0]
+        if fence is not None:
+            head, name = split_key(fence.key)
+            fence_args = [name, str(fence.epoch)]
+        rkeys = [self.redis_key(head)]
+        args = fence_args
+        for bucket, n, flat in groups:
+            rkeys.append(self.redis_key(bucket))
+            args.append(n)
+            args.extend(flat)
+        return [(rkeys, args)]
+
+    def _run(self, script: Script, keys: list[str], args: Args) -> int:
         try:
             if not self.min_replicas:
-                return script(args=args)
+                return script(keys=keys, args=args)
             pipe = self.client.pipeline(transaction=False)
-            script(args=args, client=pipe)
+            script(keys=keys, args=args, client=pipe)
             pipe.wait(self.min_replicas, self.replica_timeout_ms)
             result, replicas = pipe.execute()
         except redis_lib.ResponseError as exc:
             if str(exc).startswith("FENCED"):
                 raise Fenced(str(exc)) from exc
             raise KVError(str(exc)) from exc
-        except redis_lib.RedisError as exc:
+        except (redis_lib.RedisError, RedisClusterException) as exc:
             raise KVError(f"redis: {exc}") from exc
         if replicas < self.min_replicas:
             raise ReplicationError(
@@ -132,9 +156,9 @@ class RedisStore(KeyValueStore):
         try:
             pipe = self.client.pipeline(transaction=False)
             for bucket, entries in by_bucket.items():
-                pipe.hmget(bucket, [name for _, name in entries])
+                pipe.hmget(self.redis_key(bucket), [name for _, name in entries])
             results = pipe.execute()
-        except redis_lib.RedisError as exc:
+        except (redis_lib.RedisError, RedisClusterException) as exc:
             raise KVError(f"redis: {exc}") from exc
         for (_, entries), values in zip(by_bucket.items(), results):
             for (i, _), value in zip(entries, values):
@@ -148,16 +172,17 @@ class RedisStore(KeyValueStore):
         for key, value in items:
             bucket, name = split_key(key)
             by_bucket[bucket].append((name, value))
-        args = self._fence_args(fence)
+        groups: list[tuple[str, int, Args]] = []
         for bucket, pairs in by_bucket.items():
             for start in range(0, len(pairs), _GROUP):
                 chunk = pairs[start : start + _GROUP]
-                args.append(bucket)
-                args.append(len(chunk))
+                flat: Args = []
                 for name, value in chunk:
-                    args.append(name)
-                    args.append(value)
-        self._run(self._put, args)
+                    flat.append(name)
+                    flat.append(value)
+                groups.append((bucket, len(chunk), flat))
+        for keys, args in self._calls(fence, groups):
+            self._run(self._put, keys, args)
 
     def delete_many(self, keys: Sequence[str], *, fence: Fence | None = None) -> int:
         if not keys:
@@ -166,25 +191,23 @@ class RedisStore(KeyValueStore):
         for key in keys:
             bucket, name = split_key(key)
             by_bucket[bucket].append(name)
-        args = self._fence_args(fence)
+        groups: list[tuple[str, int, Args]] = []
         for bucket, names in by_bucket.items():
             for start in range(0, len(names), _GROUP):
-                chunk = names[start : start + _GROUP]
-                args.append(bucket)
-                args.append(len(chunk))
-                args.extend(chunk)
-        return int(self._run(self._delete, args))
+                chunk: Args = list(names[start : start + _GROUP])
+                groups.append((bucket, len(chunk), chunk))
+        return sum(int(self._run(self._delete, rkeys, args)) for rkeys, args in self._calls(fence, groups))
 
     def compare_and_set(self, key: str, expected: bytes | None, value: bytes) -> bool:
         bucket, name = split_key(key)
-        args: Args = [bucket, name, "0" if expected is None else "1", expected or b"", value]
-        return bool(self._run(self._cas, args))
+        args: Args = [name, "0" if expected is None else "1", expected or b"", value]
+        return bool(self._run(self._cas, [self.redis_key(bucket)], args))
 
     def scan(self, bucket: str) -> list[str]:
         try:
             # The client does not decode responses (django-redis' default): fields come back as bytes.
-            return [n.decode() for n in cast("list[bytes]", self.client.hkeys(bucket))]
-        except redis_lib.RedisError as exc:
+            return [n.decode() for n in cast("list[bytes]", self.client.hkeys(self.redis_key(bucket)))]
+        except (redis_lib.RedisError, RedisClusterException) as exc:
             raise KVError(f"redis: {exc}") from exc
 
     def delete_prefix(self, prefix: str) -> None:

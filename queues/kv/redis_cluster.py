@@ -1,0 +1,172 @@
+"""The Redis Cluster backend: ``KV_URL=redis-cluster://host:port,host:port,...``.
+
+The URL names seed nodes (one is enough; name several so that a start-up finds the cluster
+while one is down): ``redis-cluster://[user:password@]host:port[,host:port...]``, or
+``rediss-cluster://`` for TLS. The client (redis-py's ``RedisCluster``) learns every primary
+and the hash slots each serves from them, and follows the cluster's redirections.
+
+Redis Cluster spreads keys over 16,384 hash slots by the part of a key inside its first
+``{...}`` (its *hash tag*), and runs a script only if every key it declares lies in one slot.
+So the Redis key of a bucket puts its *partition* in a tag (:func:`redis_key`): the bucket's
+first two segments, ``<queue>/<partition>``, which every key of a partition shares
+(``queues.keys``). With ``KV_PREFIX=mq:``::
+
+    message orders/0/<block>/17   field 17      of hash mq:{orders/0}/<block>
+    block   orders/0/_blocks/<b>  field <b>     of hash mq:{orders/0}/_blocks
+    fence   orders/0/_fence       field _fence  of hash mq:{orders/0}
+
+The tag opens after the last ``:`` of the first segment: queue names have none, and the
+store's prefixes (``KV_PREFIX``, a queue's incarnation) end with one, so every key still
+begins with ``KV_PREFIX``, and the tag (the queue and partition) hashes alike under any prefix.
+A prefix without a trailing ``:`` only moves the tag's opening to the front of the key: the
+partition still shares one slot.
+
+What holds on one Redis holds per partition here: a fenced batch is one script on the
+partition's primary, the fence checked and every write made atomically, as on one server. A
+fenced batch must therefore hold keys of its fence's partition only (the partition manager's
+are; anything else is refused with ``ValueError`` before it is sent). An unfenced batch that
+spans partitions runs as one script per partition: each atomic, the whole not.
+:meth:`delete_prefix` scans every primary. ``KV_MIN_REPLICAS`` is not supported here (``WAIT``
+would have to follow each script on its primary's connection): a cluster store refuses it at
+start-up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
+
+from .base import Fence, KVError, split_key
+from .redis import Call, RedisStore, _glob_escape
+
+SCHEMES = ("redis-cluster", "rediss-cluster")
+
+
+def _tag_span(bucket: str) -> tuple[int, int]:
+    """Where the partition's name lies in ``bucket``: from after the last ``:`` of the first
+    segment to the end of the second (or of the bucket)."""
+    first = bucket.find("/")
+    if first < 0:
+        first = end = len(bucket)
+    else:
+        end = bucket.find("/", first + 1)
+        if end < 0:
+            end = len(bucket)
+    return bucket.rfind(":", 0, first) + 1, end
+
+
+def redis_key(bucket: str) -> str:
+    """The Redis key of ``bucket`` on a cluster: ``mq:orders/0/<b>`` -> ``mq:{orders/0}/<b>``."""
+    start, end = _tag_span(bucket)
+    return f"{bucket[:start]}{{{bucket[start:end]}}}{bucket[end:]}"
+
+
+def bucket_of(key: str) -> str:
+    """:func:`redis_key` undone: the first ``{`` and the ``}`` after it removed."""
+    opening = key.find("{")
+    closing = key.find("}", opening + 1)
+    if opening < 0 or closing < 0:
+        return key  # not one of ours
+    return key[:opening] + key[opening + 1 : closing] + key[closing + 1 :]
+
+
+def scan_head(prefix: str) -> str:
+    """What the Redis key of every bucket under ``prefix`` (itself, or below ``prefix/``) begins
+    with: its own Redis key, less the closing ``}`` when it is one segment (``mq:{orders``
+    reaches ``mq:{orders/0}/...``). It may begin others too (``mq:{ordersx/0}``): a match
+    narrows a scan, :func:`bucket_of` decides."""
+    head = redis_key(prefix)
+    return head if "/" in prefix else head[:-1]
+
+
+def partition_of(bucket: str) -> str:
+    """The part of ``bucket`` that names its partition (``mq:orders/0``): buckets with the same
+    one hash to the same slot."""
+    return bucket[: _tag_span(bucket)[1]]
+
+
+def parse_url(url: str) -> dict[str, Any]:
+    """``RedisCluster`` keyword arguments from a ``redis-cluster://`` URL."""
+    u = urlsplit(url)
+    if u.scheme not in SCHEMES:
+        raise ImproperlyConfigured(f"KV_URL={url!r}: a Redis Cluster URL starts with redis-cluster://")
+    userinfo, _, hosts = u.netloc.rpartition("@")
+    nodes = []
+    for seed in hosts.split(","):
+        host, _, port = seed.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ImproperlyConfigured(f"KV_URL={url!r}: name the seed nodes as host:port[,host:port...], got {seed!r}")
+        nodes.append(ClusterNode(host.strip("[]"), int(port)))
+    if u.path not in ("", "/", "/0"):
+        raise ImproperlyConfigured(f"KV_URL={url!r}: Redis Cluster has database 0 only")
+    kwargs: dict[str, Any] = {"startup_nodes": nodes, "ssl": u.scheme == "rediss-cluster"}
+    if userinfo:
+        user, has_password, password = userinfo.partition(":")
+        kwargs["username"] = unquote(user) or None
+        kwargs["password"] = unquote(password) if has_password else None
+    return kwargs
+
+
+def cluster_client(url: str, **options: Any) -> RedisCluster:
+    """A client of the cluster ``url`` names (``options`` go to ``RedisCluster``)."""
+    return RedisCluster(**parse_url(url), **options)
+
+
+class RedisClusterStore(RedisStore):
+    schemes = SCHEMES
+    #: the calls it inherits are timed as the single Redis' are: one label for both
+    metrics_name = "redis"
+
+    def __init__(self, client: RedisCluster):
+        super().__init__(client)  # type: ignore[arg-type]  # the script and pipeline calls are alike
+
+    @classmethod
+    def from_url(cls, url: str, *, min_replicas: int = 0) -> RedisClusterStore:
+        if min_replicas:
+            raise ImproperlyConfigured(
+                f"KV_MIN_REPLICAS={min_replicas}: not supported with a Redis Cluster KV_URL (use 0)"
+            )
+        # As many connections per primary as the single Redis' pool (config/settings.py).
+        return cls(cluster_client(url, max_connections=256, health_check_interval=30))
+
+    # --- key naming: the module's function above ----------------------------------------------
+    redis_key = staticmethod(redis_key)
+
+    def _calls(self, fence: Fence | None, groups: list) -> list[Call]:
+        """One script call per partition (its keys share a slot); a fenced batch is one."""
+        by_partition: dict[str, list] = {}
+        for group in groups:
+            by_partition.setdefault(partition_of(group[0]), []).append(group)
+        if fence is not None:
+            fenced = partition_of(split_key(fence.key)[0])
+            if by_partition.keys() != {fenced}:
+                others = sorted(set(by_partition) - {fenced})
+                raise ValueError(
+                    f"a fenced batch on Redis Cluster holds keys of its fence's partition {fenced!r} only, "
+                    f"not of {others[:3]}"
+                )
+            return super()._calls(fence, groups)
+        calls: list[Call] = []
+        for part in by_partition.values():
+            calls.extend(super()._calls(None, part))
+        return calls
+
+    def delete_prefix(self, prefix: str) -> None:
+        below = prefix + "/"
+        try:
+            batch: list[bytes] = []
+            for key in self.client.scan_iter(match=_glob_escape(scan_head(prefix)) + "*", count=1000):  # every primary
+                bucket = bucket_of(key.decode())
+                if bucket == prefix or bucket.startswith(below):
+                    batch.append(key)
+                if len(batch) >= 500:
+                    self.client.delete(*batch)  # one DEL per slot
+                    batch = []
+            if batch:
+                self.client.delete(*batch)
+        except (RedisError, RedisClusterException) as exc:
+            raise KVError(f"redis cluster: {exc}") from exc
