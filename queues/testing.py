@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 
 #: The key-value backends a node can run on (``KV_URL``).
-KV_BACKENDS = ("file", "redis", "postgres")
+KV_BACKENDS = ("file", "redis", "redis-cluster", "postgres")
 
 
 # ---------------------------------------------------------------------------------- environment
@@ -69,11 +69,16 @@ def with_redis_db(url: str, db: int) -> str:
     return urlunsplit((u.scheme, u.netloc, f"/{db}", u.query, u.fragment))
 
 
-def kv_url(backend: str, *, redis_url: str, redis_db: int, directory: Path | str) -> str:
-    """A node's ``KV_URL`` on ``backend``: database ``redis_db`` of ``redis_url``, the
-    PostgreSQL database the node uses, or files under ``directory`` (file backend only)."""
+def kv_url(backend: str, *, redis_url: str, redis_db: int, directory: Path | str, redis_cluster_url: str = "") -> str:
+    """A node's ``KV_URL`` on ``backend``: database ``redis_db`` of ``redis_url``, the Redis
+    Cluster ``redis_cluster_url`` names, the PostgreSQL database the node uses, or files under
+    ``directory`` (file backend only)."""
     if backend == "redis":
         return with_redis_db(redis_url, redis_db)
+    if backend == "redis-cluster":
+        if not redis_cluster_url:
+            raise ValueError("the redis-cluster backend needs redis_cluster_url (redis-cluster://host:port,...)")
+        return redis_cluster_url
     if backend == "postgres":
         return "postgres"
     if backend == "file":

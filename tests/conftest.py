@@ -1,8 +1,9 @@
 """Fixtures shared by every test layer.
 
-The suite runs against real services: ``make test`` starts PostgreSQL and Redis on loopback
-and exports ``DATABASE_URL``, ``KV_URL``, ``MQ_TEST_PG_URL`` and ``MQ_TEST_REDIS_URL``. Unit
-tests of the pure core need none of them.
+The suite runs against real services: ``make test`` starts PostgreSQL, Redis and a
+three-primary Redis Cluster on loopback and exports ``DATABASE_URL``, ``KV_URL``,
+``MQ_TEST_PG_URL``, ``MQ_TEST_REDIS_URL`` and ``MQ_TEST_REDIS_CLUSTER_URL``. Unit tests of the
+pure core need none of them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 
 REDIS_URL = os.environ.get("MQ_TEST_REDIS_URL", "")
 PG_URL = os.environ.get("MQ_TEST_PG_URL", "")
+REDIS_CLUSTER_URL = os.environ.get("MQ_TEST_REDIS_CLUSTER_URL", "")
 
 
 def pytest_report_header(config):
@@ -42,6 +44,22 @@ def redis_client():
     client.flushdb()
     yield client
     client.flushdb()
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_client():
+    """A client of the test Redis Cluster, its primaries flushed at the start and the end of the
+    session only (a flush of three primaries and a new client cost 0.3 s): the tests that use
+    it write under keys of their own (a random prefix, a queue name used once)."""
+    if not REDIS_CLUSTER_URL:
+        pytest.skip("MQ_TEST_REDIS_CLUSTER_URL is not set (make test sets it)")
+    from queues.kv.redis_cluster import cluster_client
+
+    client = cluster_client(REDIS_CLUSTER_URL)
+    client.flushall()
+    yield client
+    client.flushall()
     client.close()
 
 

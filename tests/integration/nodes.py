@@ -31,12 +31,16 @@ def database_url() -> str:
 
 def local_node_env(tmp_path: Path, backend: str = "redis", *, data: str = "data", **extra: str) -> dict[str, str]:
     """A node's environment in a test: the test database, its data under ``tmp_path / data``,
-    its key-value store on ``backend`` (Redis db 5, files under ``tmp_path / "kv"``, or
-    PostgreSQL), this process's cluster secret (so every node of the test, and the test
+    its key-value store on ``backend`` (Redis db 5, the test Redis Cluster, files under
+    ``tmp_path / "kv"``, or PostgreSQL), this process's cluster secret (so every node of the test, and the test
     itself, sign and check forwarded calls alike, whatever data folder each uses); ``extra``
     adds variables."""
     kv = kv_url(
-        backend, redis_url=os.environ.get("MQ_TEST_REDIS_URL", ""), redis_db=KV_REDIS_DB, directory=tmp_path / "kv"
+        backend,
+        redis_url=os.environ.get("MQ_TEST_REDIS_URL", ""),
+        redis_db=KV_REDIS_DB,
+        directory=tmp_path / "kv",
+        redis_cluster_url=os.environ.get("MQ_TEST_REDIS_CLUSTER_URL", ""),
     )
     extra.setdefault("CLUSTER_SECRET", settings.CLUSTER_SECRET)
     return node_env(database_url=database_url(), data_dir=tmp_path / data, kv=kv, **extra)

@@ -1,8 +1,14 @@
 """One contract for every key-value backend (queues/kv/base.py), run against each of them.
 
 ``store`` is parametrized over the filesystem store (in ``tmp_path``), Redis (db 5 of
-``MQ_TEST_REDIS_URL``, flushed around each test) and the SQL table in the default database
-(PostgreSQL in ``make test``). A backend whose service is not configured is skipped.
+``MQ_TEST_REDIS_URL``, flushed around each test), Redis Cluster (the three primaries of
+``MQ_TEST_REDIS_CLUSTER_URL``, flushed around each test) and the SQL table in the default
+database (PostgreSQL in ``make test``). A backend whose service is not configured is skipped.
+
+One difference is part of the contract: on Redis Cluster a fenced batch holds keys of its
+fence's partition (``<queue>/<partition>``) only, and one that does not is refused with
+``ValueError`` and changes nothing (:func:`_other_partition` gives those tests partitions
+inside the fence's on that backend).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from hypothesis import strategies as st
 
 from queues.kv.base import Fence, Fenced, KeyValueStore
 
-BACKENDS = ["file", "redis", "sql"]
+BACKENDS = ["file", "redis", "cluster", "sql"]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -32,6 +38,10 @@ def store(request, tmp_path) -> KeyValueStore:
         from queues.kv.redis import RedisStore
 
         s = RedisStore(request.getfixturevalue("redis_client"))
+    elif kind == "cluster":
+        from queues.kv.redis_cluster import RedisClusterStore
+
+        s = RedisClusterStore(request.getfixturevalue("redis_cluster_client"))
     else:
         # ``db`` honours a django_db(transaction=True) mark on the test (then it is transactional).
         request.getfixturevalue("db")
@@ -45,6 +55,12 @@ def store(request, tmp_path) -> KeyValueStore:
 
 def _prefix() -> str:
     return f"t{uuid.uuid4().hex[:8]}"
+
+
+def _other_partition(store, p: str, n: int) -> str:
+    """Where a fenced test puts keys "of partition ``n``" beside those of ``{p}/0``, its fence's:
+    ``{p}/n``, or on Redis Cluster (one fenced batch, one partition) a bucket inside ``{p}/0``."""
+    return f"{p}/0/part{n}" if store.kind == "cluster" else f"{p}/{n}"
 
 
 # --------------------------------------------------------------------------------- basic I/O
@@ -266,12 +282,13 @@ def test_fenced_writes_with_the_current_epoch(store):
     assert store.advance_fence(fk, 3)
     assert store.read_fence(fk) == 3
     f = Fence(fk, 3)
-    store.put_many([(f"{p}/0/a", b"1"), (f"{p}/1/b", b"1")], fence=f)
+    p1 = _other_partition(store, p, 1)
+    store.put_many([(f"{p}/0/a", b"1"), (f"{p1}/b", b"1")], fence=f)
     store.put(f"{p}/0/c", b"1", fence=f)
-    assert store.get_many([f"{p}/0/a", f"{p}/1/b", f"{p}/0/c"]) == [b"1"] * 3
-    assert store.delete_many([f"{p}/0/a", f"{p}/1/b", f"{p}/0/absent"], fence=f) == 2
+    assert store.get_many([f"{p}/0/a", f"{p1}/b", f"{p}/0/c"]) == [b"1"] * 3
+    assert store.delete_many([f"{p}/0/a", f"{p1}/b", f"{p}/0/absent"], fence=f) == 2
     assert store.delete(f"{p}/0/c", fence=f) == 1
-    assert store.get_many([f"{p}/0/a", f"{p}/1/b", f"{p}/0/c"]) == [None] * 3
+    assert store.get_many([f"{p}/0/a", f"{p1}/b", f"{p}/0/c"]) == [None] * 3
 
 
 @pytest.mark.parametrize(
@@ -290,35 +307,59 @@ def test_fenced_writes_with_a_wrong_epoch_change_nothing(store, stored, epoch):
     fk = f"{p}/0/_fence"
     if stored is not None:
         assert store.advance_fence(fk, stored)
-    existing = [(f"{p}/0/old", b"old"), (f"{p}/1/blk/old", b"old")]
+    p1, p2 = _other_partition(store, p, 1), _other_partition(store, p, 2)
+    existing = [(f"{p}/0/old", b"old"), (f"{p1}/blk/old", b"old")]
     store.put_many(existing)
     bad = Fence(fk, epoch)
     # a batch that is partly new keys, partly overwrites, over several buckets
     batch = [
         (f"{p}/0/new", b"new"),
         (f"{p}/0/old", b"overwritten"),
-        (f"{p}/1/blk/new", b"new"),
-        (f"{p}/1/blk/old", b"overwritten"),
-        (f"{p}/2/fresh/1", b"new"),
+        (f"{p1}/blk/new", b"new"),
+        (f"{p1}/blk/old", b"overwritten"),
+        (f"{p2}/fresh/1", b"new"),
     ]
     with pytest.raises(Fenced):
         store.put_many(batch, fence=bad)
     with pytest.raises(Fenced):
         store.put(f"{p}/0/single", b"x", fence=bad)
     with pytest.raises(Fenced):
-        store.delete_many([f"{p}/0/old", f"{p}/1/blk/old", f"{p}/0/absent"], fence=bad)
+        store.delete_many([f"{p}/0/old", f"{p1}/blk/old", f"{p}/0/absent"], fence=bad)
     with pytest.raises(Fenced):
         store.delete(f"{p}/0/old", fence=bad)
 
     assert store.get_many([k for k, _ in batch] + [f"{p}/0/single"]) == [None, b"old", None, b"old", None, None]
     assert sorted(store.scan(f"{p}/0")) == (["_fence", "old"] if stored is not None else ["old"])
-    assert store.scan(f"{p}/1/blk") == ["old"]
-    assert store.scan(f"{p}/2/fresh") == []
+    assert store.scan(f"{p1}/blk") == ["old"]
+    assert store.scan(f"{p2}/fresh") == []
     assert store.read_fence(fk) == (stored or 0)
     # unfenced deletes (acks) work whatever the fence
     assert store.delete(f"{p}/0/old") == 1
-    assert store.delete_many([f"{p}/1/blk/old", f"{p}/1/blk/absent"]) == 1
-    assert store.get_many([f"{p}/0/old", f"{p}/1/blk/old"]) == [None, None]
+    assert store.delete_many([f"{p1}/blk/old", f"{p1}/blk/absent"]) == 1
+    assert store.get_many([f"{p}/0/old", f"{p1}/blk/old"]) == [None, None]
+
+
+def test_cluster_refuses_a_fenced_batch_outside_its_fence_partition(redis_cluster_client):
+    """(One server makes any fenced batch atomic: only Redis Cluster refuses.)"""
+    from queues.kv.redis_cluster import RedisClusterStore
+
+    store = RedisClusterStore(redis_cluster_client)
+    p = _prefix()
+    fk = f"{p}/0/_fence"
+    assert store.advance_fence(fk, 2)
+    store.put_many([(f"{p}/1/blk/old", b"old")])
+    f = Fence(fk, 2)
+    # a batch of the fence's partition and another's, partly overwrites: refused as a whole
+    with pytest.raises(ValueError, match="partition"):
+        store.put_many([(f"{p}/0/blk/new", b"new"), (f"{p}/1/blk/old", b"overwritten")], fence=f)
+    with pytest.raises(ValueError, match="partition"):
+        store.delete_many([f"{p}/1/blk/old"], fence=f)
+    with pytest.raises(ValueError, match="partition"):  # a partition whose name extends the fence's
+        store.put(f"{p}/00/blk/x", b"x", fence=f)
+    assert store.get_many([f"{p}/0/blk/new", f"{p}/1/blk/old", f"{p}/00/blk/x"]) == [None, b"old", None]
+    # the fence's own partition, at any depth, is one atomic script
+    store.put_many([(f"{p}/0/blk/new", b"new"), (f"{p}/0/_acks/s/b.1", b"1"), (f"{p}/0/m", b"m")], fence=f)
+    assert store.get_many([f"{p}/0/blk/new", f"{p}/0/_acks/s/b.1", f"{p}/0/m"]) == [b"new", b"1", b"m"]
 
 
 def test_advance_fence_never_lowers(store):

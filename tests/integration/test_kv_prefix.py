@@ -2,10 +2,13 @@
 
 A Redis database is often shared: Celery's broker keeps a list named after each queue
 (``celery`` by default) and bindings beside it. A queue of ours named ``celery`` must not touch
-them when it is created, purged or deleted.
+them when it is created, purged or deleted: not on one Redis, nor on Redis Cluster, where
+the hash tag stands after the prefix (``mq:{celery/0}/...``).
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import redis
@@ -20,18 +23,27 @@ pytestmark = pytest.mark.django_db
 API = "/api/v1/queues"
 
 
-@pytest.fixture
-def kv_redis(runtime):
-    """A client of the Redis database the service's store uses."""
-    if not settings.KV_URL.startswith("redis://"):
-        pytest.skip("KV_URL is not Redis (make test sets it)")
-    client = redis.Redis.from_url(settings.KV_URL)
+@pytest.fixture(params=["redis", "cluster"])
+def kv_redis(request, settings, kv_reset):
+    """A client of the Redis database the service's store uses: ``KV_URL``'s, or the test Redis
+    Cluster's (then the service's store for the test is the cluster: hash-tagged keys)."""
+    if request.param == "cluster":
+        from queues.kv.redis_cluster import cluster_client
+
+        request.getfixturevalue("redis_cluster_client")  # skips without a cluster
+        settings.KV_URL = os.environ["MQ_TEST_REDIS_CLUSTER_URL"]
+        client = cluster_client(settings.KV_URL)
+    else:
+        if not settings.KV_URL.startswith("redis://"):
+            pytest.skip("KV_URL is not Redis (make test sets it)")
+        client = redis.Redis.from_url(settings.KV_URL)
     yield client
     client.close()
 
 
 @pytest.fixture
-def ops(api, user, purge_kv) -> APIClient:
+def ops(kv_redis, api, user, purge_kv) -> APIClient:
+    """A staff client, on the store ``kv_redis`` names (set before the runtime opens it)."""
     user.is_staff = user.is_superuser = True
     user.save()
     from queues.auth import CachedTokenAuthentication
