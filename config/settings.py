@@ -248,7 +248,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         # Node processes started by the tests must see the same file, not a memory DB.
         DATABASES["default"]["TEST"] = {"NAME": test_name}
 
-#: Where messages and append-tree blocks live: file:///path, redis://host:port/db, postgres.
+#: Where messages and append-tree blocks live: file:///path, redis://host:port/db,
+#: redis-cluster://host:port,host:port,... (seed nodes of a Redis Cluster), postgres.
 KV_URL = env("KV_URL", f"file://{DATA_DIR / 'kv'}")
 #: Every key the service writes starts with this (letters, digits, _ . : -; not empty), and
 #: deleting a queue reaches no key outside it: a Redis database can be shared with Celery's
@@ -257,7 +258,7 @@ KV_URL = env("KV_URL", f"file://{DATA_DIR / 'kv'}")
 KV_PREFIX = env("KV_PREFIX", "mq:")
 if not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$", KV_PREFIX):
     raise ImproperlyConfigured(f"KV_PREFIX={KV_PREFIX!r}: use letters, digits and _ . : - (no /), not empty")
-#: Redis only: every write waits until this many replicas have it (WAIT), else fails.
+#: Redis only (not a Redis Cluster): every write waits until this many replicas have it (WAIT), else fails.
 KV_MIN_REPLICAS = envint("KV_MIN_REPLICAS", 0, minimum=0)
 
 REDIS_URL = env("REDIS_URL", "")

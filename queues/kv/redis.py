@@ -9,6 +9,10 @@ followed, in the same round trip, by ``WAIT n timeout``; fewer replicas than ask
 :class:`ReplicationError` and the caller confirms nothing. (Redis cannot undo a write that
 reached the primary only; such a message may still be delivered later, which at-least-once
 allows, but it is never reported as stored.)
+
+The scripts declare their hashes in KEYS, and a bucket's Redis key is made in one place
+(:meth:`RedisStore.redis_key`, the identity here): ``queues.kv.redis_cluster`` runs the same
+scripts on Redis Cluster, with hash-tagged keys and one script per partition (:meth:`_calls`).
 """
 
 from __future__ import annotations
