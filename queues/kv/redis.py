@@ -131,7 +131,7 @@ class RedisStore(KeyValueStore):
     def _run(self, script: Script, keys: list[str], args: Args) -> int:
         try:
             if not self.min_replicas:
-                return script(keys=keys, args=args)
+                return script(keys=keys, args=args, client=self.client)
             pipe = self.client.pipeline(transaction=False)
             script(keys=keys, args=args, client=pipe)
             pipe.wait(self.min_replicas, self.replica_timeout_ms)

@@ -33,15 +33,18 @@ start-up.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import redis as redis_lib
 from django.core.exceptions import ImproperlyConfigured
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from .base import Fence, KVError, split_key
-from .redis import Call, RedisStore, _glob_escape
+from .redis import _CAS, _DELETE, _PUT, Call, RedisStore, _glob_escape
 
 SCHEMES = ("redis-cluster", "rediss-cluster")
 
@@ -117,12 +120,43 @@ def cluster_client(url: str, **options: Any) -> RedisCluster:
 
 
 class RedisClusterStore(RedisStore):
+    """The store on a Redis Cluster. It connects on first use, as django-redis does for a single
+    Redis: a node started while the cluster is unreachable answers 503 until it is back."""
+
     schemes = SCHEMES
     #: the calls it inherits are timed as the single Redis' are: one label for both
     metrics_name = "redis"
 
-    def __init__(self, client: RedisCluster):
-        super().__init__(client)  # type: ignore[arg-type]  # the script and pipeline calls are alike
+    def __init__(self, client: RedisCluster | Callable[[], RedisCluster]):
+        # (not RedisStore.__init__: its client is made at once and its scripts registered on it)
+        self.min_replicas = 0
+        self.replica_timeout_ms = 0
+        self._client: RedisCluster | None = None
+        self._connect: Callable[[], RedisCluster] | None = None
+        if isinstance(client, RedisCluster):
+            self._client = client  # (its giver's to close)
+        else:
+            self._connect = client
+        self._lock = threading.Lock()
+        # The scripts are called with the cluster client (``_run``): this one never connects,
+        # it only encodes them to hash them.
+        scripts = redis_lib.Redis()
+        self._put = scripts.register_script(_PUT)
+        self._delete = scripts.register_script(_DELETE)
+        self._cas = scripts.register_script(_CAS)
+
+    @property
+    def client(self) -> RedisCluster:  # type: ignore[override]  # a RedisCluster, made on first use
+        """The cluster client, made on first use (contacting the seed nodes); raises
+        ``RedisClusterException`` while none answers, which the calls turn into :class:`KVError`."""
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    assert self._connect is not None
+                    self._client = self._connect()
+                client = self._client
+        return client
 
     @classmethod
     def from_url(cls, url: str, *, min_replicas: int = 0) -> RedisClusterStore:
@@ -130,8 +164,14 @@ class RedisClusterStore(RedisStore):
             raise ImproperlyConfigured(
                 f"KV_MIN_REPLICAS={min_replicas}: not supported with a Redis Cluster KV_URL (use 0)"
             )
+        parse_url(url)  # a malformed URL fails at start-up, an unreachable cluster on use
         # As many connections per primary as the single Redis' pool (config/settings.py).
-        return cls(cluster_client(url, max_connections=256, health_check_interval=30))
+        return cls(lambda: cluster_client(url, max_connections=256, health_check_interval=30))
+
+    def close(self) -> None:
+        if self._connect is not None and self._client is not None:
+            self._client.close()
+            self._client = None
 
     # --- key naming: the module's function above ----------------------------------------------
     redis_key = staticmethod(redis_key)

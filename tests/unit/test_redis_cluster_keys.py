@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from queues import keys
-from queues.kv.base import split_key
-from queues.kv.redis_cluster import bucket_of, parse_url, partition_of, redis_key, scan_head
+from queues.kv.base import KVError, split_key
+from queues.kv.redis_cluster import RedisClusterStore, bucket_of, parse_url, partition_of, redis_key, scan_head
 from queues.messages import parse_message_id
 
 BLOCK = "00000001-aaaaaaaaaaaaaaaa"
@@ -100,3 +100,16 @@ def test_seed_nodes_from_the_url():
     for bad in ["redis-cluster://", "redis-cluster://host", "redis-cluster://h:1,h", "redis-cluster://h:1/3"]:
         with pytest.raises(ImproperlyConfigured):
             parse_url(bad)
+
+
+def test_an_unreachable_cluster_is_a_store_failure_not_a_start_failure():
+    # given a store whose seed answers nothing (port 1): made without connecting
+    store = RedisClusterStore.from_url("redis-cluster://127.0.0.1:1")
+    # then each call fails as the store failing (a 503 to a client), and again on the next
+    for call in (lambda: store.get("q/0/k"), lambda: store.put("q/0/k", b"v"), lambda: store.scan("q/0")):
+        with pytest.raises(KVError):
+            call()
+    with pytest.raises(ImproperlyConfigured, match="KV_MIN_REPLICAS"):
+        RedisClusterStore.from_url("redis-cluster://127.0.0.1:1", min_replicas=1)
+    with pytest.raises(ImproperlyConfigured):
+        RedisClusterStore.from_url("redis-cluster://no-port")
