@@ -6,6 +6,9 @@ under ``<queue>/<partition>``:
 - ``<queue>/<p>/<block id>/<index>``: a message (its key is its message ID);
 - ``<queue>/<p>/_blocks/<block id>``: a block of the append tree, beside its messages;
 - ``<queue>/<p>/_fence``: the fence, the epoch whose writes are accepted;
+- ``<queue>/<p>/_head``: the head record, the newest block and the epoch that wrote it
+  (``queues.tree.head_record``), written with the blocks under the fence: the store alone
+  leads a new owner to the newest blocks, whatever the database's row says;
 - ``<queue>/<p>/_receives/<block id>.<index>``: a queue's saved receive count of a message,
   and ``<queue>/<p>/_receives/<subscription>/<block id>.<index>`` a subscription's;
 - ``<queue>/<p>/_acks/<subscription>/<block id>.<index>``: a subscription's ack of a message
@@ -58,6 +61,11 @@ def block_key(queue: str, partition: int, block_id: str) -> str:
 
 def fence_key(queue: str, partition: int) -> str:
     return f"{queue}/{partition}/_fence"
+
+
+def head_key(queue: str, partition: int) -> str:
+    """The head record's key: beside the fence (in Redis, a field of the same hash)."""
+    return f"{queue}/{partition}/_head"
 
 
 def position(mid: MessageId) -> str:

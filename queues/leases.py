@@ -155,6 +155,18 @@ def renew(lease: Lease, node_id: str, period: float | None = None) -> None:
     lease.valid_until = started + lease.period * LEASE_SAFETY
 
 
+def move_epoch(lease: Lease, node_id: str, epoch: int) -> None:
+    """Move our row on to ``epoch`` (past a fence ahead of it, see
+    ``PartitionManager.open_head``) by compare-and-set on the epoch we hold; raises
+    :class:`LeaseLost` if the row is no longer ours. The nonce stays: the lease is not renewed."""
+    if epoch <= lease.epoch:
+        raise ValueError(f"epoch {epoch} does not move on from {lease.epoch}")
+    updated = Partition.objects.filter(pk=lease.partition_id, owner_id=node_id, epoch=lease.epoch).update(epoch=epoch)
+    if updated != 1:
+        raise LeaseLost(f"{lease.queue}/{lease.index}: epoch {lease.epoch} lost before moving to {epoch}")
+    lease.epoch = epoch
+
+
 def set_head(lease: Lease, node_id: str, head_block: str) -> None:
     """Point the partition at its newest block, only while we still own epoch ``lease.epoch``."""
     updated = Partition.objects.filter(pk=lease.partition_id, owner_id=node_id, epoch=lease.epoch).update(

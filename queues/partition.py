@@ -5,8 +5,10 @@ messages not yet delivered, oldest first) and the redelivery index, and it is th
 of its partition in the key-value store while its lease lasts. Every write carries the fence
 of its epoch, so a paused owner that wakes after a takeover writes nothing.
 
-Opening after a takeover (:meth:`PartitionManager.open`): raise the fence, read the head and
-the previous pointers (O(log N) blocks): enqueues may start, into a fresh block. Then descend
+Opening after a takeover (:meth:`PartitionManager.open`): raise the fence (moving the epoch
+past it when it is ahead: a restored database), read the head (the newer of the row's pointer
+and the store's head record, which every new block is written with) and the previous pointers
+(O(log N) blocks): enqueues may start, into a fresh block. Then descend
 to the oldest live block and scan it: dequeues may start. The other blocks found at open are
 *unscanned* until the dequeue position reaches them; each is then read by a *scan* (its
 messages, in one batched read), one at a time.
@@ -56,11 +58,15 @@ from .keys import block_and_index
 from .kv import Fence, Fenced, KeyValueStore, KVError, ReplicationError
 from .messages import MessageId, StoredMessage, new_receipt, parse_message_id
 from .redelivery import RedeliveryIndex
-from .tree import AppendTree, Block
+from .tree import AppendTree, Block, BlockReader, head_record, newest_head, parse_head_record
 
 log = logging.getLogger(__name__)
 
 monotonic = time.monotonic
+
+#: times an opening owner moves its epoch past a fence ahead of it before it gives up (each
+#: try meets a fence raised again meanwhile, which only a row restored under it can cause).
+FENCE_ATTEMPTS = 5
 
 __all__ = [
     "BodyCache",
@@ -72,6 +78,18 @@ __all__ = [
     "ReceiptMismatch",
     "SubscriptionSpec",
 ]
+
+
+def _memo(read: BlockReader) -> BlockReader:
+    """``read``, each block read once (choosing the head, then loading the tree from it)."""
+    seen: dict[str, Block | None] = {}
+
+    def memo(block_id: str) -> Block | None:
+        if block_id not in seen:
+            seen[block_id] = read(block_id)
+        return seen[block_id]
+
+    return memo
 
 
 @dataclass(slots=True)
@@ -169,6 +187,7 @@ class PartitionManager:
         on_change: Callable[[], None] = lambda: None,
         set_head: Callable[[leases.Lease, str, str], None] = leases.set_head,
         read_head: Callable[[leases.Lease], str | None] = leases.read_head,
+        move_epoch: Callable[[leases.Lease, str, int], None] = leases.move_epoch,
         subscriptions: Sequence[SubscriptionSpec] | None = None,
         archive_sink: Callable[[list[tuple[str, bytes]]], object] | None = None,
         archive_source: Callable[[list[str]], dict[str, StoredMessage]] | None = None,
@@ -183,6 +202,7 @@ class PartitionManager:
         self.on_change = on_change
         self._set_head = set_head
         self._read_head = read_head
+        self._move_epoch = move_epoch
         self.fence = Fence(keys.fence_key(self.queue, self.index), lease.epoch)
         self.lock = threading.Lock()
         self.tree = AppendTree(block_size)
@@ -304,12 +324,25 @@ class PartitionManager:
         """Fence out earlier owners and load the head: enqueues may start. O(log N) reads."""
         self._t0 = monotonic()
         with self.lock:
-            if not self.store.advance_fence(self.fence.key, self.lease.epoch):
-                raise leases.LeaseLost(f"{self.queue}/{self.index}: a newer epoch fenced us at open")
-            # The head pointer as the row holds it now: read again after the fence, so that no
-            # earlier owner can have moved it since.
-            head_id = self._read_head(self.lease)
-            self.tree = AppendTree.load(head_id, self._read_block, self.block_size)
+            self._raise_fence()
+            # The head as the row and the store hold it now: read after the fence, so that no
+            # earlier owner can move either since. The store's head record was written with the
+            # blocks under the fence; the row may be behind it (a database restored from a
+            # backup, or rebuilt from the queue descriptions): the newer wins (newest_head).
+            row_head = self._read_head(self.lease)
+            record = parse_head_record(self.store.get(keys.head_key(self.queue, self.index)))
+            read = _memo(self._read_block)
+            head_id = newest_head(row_head, record, read)
+            if head_id != row_head:
+                log.warning(
+                    "%s/%s: the row's head %s is behind the store's %s (restored database?): following the store",
+                    self.queue,
+                    self.index,
+                    row_head,
+                    head_id,
+                )
+                self._set_head(self.lease, self.node_id, head_id or "")  # for the admin, a purge
+            self.tree = AppendTree.load(head_id, read, self.block_size)
             # The old head is sealed: an earlier owner may have used any of its positions, and
             # it can write no more (fenced), so new messages go into a fresh block.
             self.head_writable = False
@@ -318,6 +351,33 @@ class PartitionManager:
                 self.unscanned = self.tree.iter_from_oldest(self._read_block, upto=self.tree.head.ordinal)
             self.enqueue_ready = True
         self.opened_in = {"enqueue_ready_s": monotonic() - self._t0, "head_reads": self.tree.reads}
+
+    def _raise_fence(self) -> None:
+        """Raise the fence to our epoch, or move our epoch past the fence. Lock held.
+
+        A fence at or ahead of our epoch means the row forgot epochs the store remembers: a
+        database restored from a backup, a store left by an earlier deployment of the same
+        queue names, an owner whose row change was rolled back. Whoever was given such an epoch
+        may still be writing, so we share none of them: we move our row past the fence
+        (compare-and-set on the epoch we hold) and raise the fence to the new epoch, which we
+        then hold alone. One claim pass however far ahead the fence is (it used to cost a
+        lease period per epoch behind). Raises LeaseLost if the row is no longer ours.
+        """
+        for _ in range(FENCE_ATTEMPTS):
+            held = self.store.raise_fence(self.fence.key, self.lease.epoch)
+            if held < self.lease.epoch:
+                return
+            log.warning(
+                "%s/%s: the fence is at epoch %s, ours is %s (restored database?): moving to %s",
+                self.queue,
+                self.index,
+                held,
+                self.lease.epoch,
+                held + 1,
+            )
+            self._move_epoch(self.lease, self.node_id, held + 1)
+            self.fence = Fence(self.fence.key, self.lease.epoch)
+        raise leases.LeaseLost(f"{self.queue}/{self.index}: a newer epoch fenced us at open")
 
     def open_oldest(self) -> None:
         """Reach the oldest live block (O(log N) more reads) and the saved receive counts (and a
@@ -507,11 +567,12 @@ class PartitionManager:
                 positions.append((head, next_index))
                 next_index += 1
             if new_blocks:
+                writes = [(keys.block_key(self.queue, self.index, b.id), b.to_bytes()) for b in new_blocks]
+                # The head record last (the file store renames in order), in the same fenced write:
+                # the store leads to the block whatever happens to the row.
+                writes.append((keys.head_key(self.queue, self.index), head_record(self.lease.epoch, new_blocks[-1].id)))
                 try:
-                    self.store.put_many(
-                        [(keys.block_key(self.queue, self.index, b.id), b.to_bytes()) for b in new_blocks],
-                        fence=self.fence,
-                    )
+                    self.store.put_many(writes, fence=self.fence)
                     # Durable pointer before any message goes into the new block: a new owner
                     # must find every block that holds a confirmed message.
                     self._set_head(self.lease, self.node_id, new_blocks[-1].id)

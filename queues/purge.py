@@ -3,11 +3,13 @@
 Any node (or the admin) can purge; the owner need not answer, and an unowned partition is
 purged the same way. The order makes it safe against the owner and against the next one:
 
-1. One transaction on the row: the epoch moves on, the owner is cleared and the head pointer
-   emptied. The old owner's renewal and head updates now fail (they compare the epoch), and
-   the next owner starts an empty tree under a newer epoch, in blocks with new random IDs.
+1. One transaction on the row: the epoch moves on (past the store's fence, if that is ahead),
+   the owner is cleared and the head pointer emptied. The old owner's renewal and head updates
+   now fail (they compare the epoch), and the next owner starts an empty tree under a newer
+   epoch, in blocks with new random IDs.
 2. The fence in the store is raised to the purge's epoch, so every later write of the old
-   owner is refused (a newer owner may have raised it further already: also fine).
+   owner is refused (a newer owner may have raised it further already: also fine), and the
+   store's head record (``queues.keys.head_key``) is emptied like the row's pointer.
 3. The old tree is walked from the old head and each of its blocks deleted with the messages
    in it, by name. Only blocks reachable from the old head are touched, so the next owner's
    blocks never are, even while it enqueues during the purge.
@@ -25,10 +27,10 @@ from collections.abc import Iterator
 
 from django.db import transaction
 
-from .keys import block_bucket, block_key, fence_key, parse_position, receives_bucket
-from .kv import KeyValueStore
+from .keys import block_bucket, block_key, fence_key, head_key, parse_position, receives_bucket
+from .kv import Fence, Fenced, KeyValueStore
 from .models import Partition
-from .tree import AppendTree, Block, CorruptTree
+from .tree import AppendTree, Block, CorruptTree, head_record, newest_head, parse_head_record
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +47,16 @@ def purge_partition(partition_id: int, store: KeyValueStore) -> int | None:
         p = Partition.objects.select_for_update(of=("self",)).select_related("queue").filter(pk=partition_id).first()
         if p is None:
             return None
-        old_head, epoch, queue, index = p.head_block, p.epoch + 1, p.queue.name, p.index
+        queue, index = p.queue.name, p.index
+        # Past the fence too when it is ahead of the row (a restored database): every owner,
+        # the ones the row forgot included, is fenced out.
+        epoch = max(p.epoch, store.read_fence(fence_key(queue, index))) + 1
         block_size = p.queue.block_size
+
+        def read(block_id: str) -> Block | None:
+            raw = store.get(block_key(queue, index, block_id))
+            return Block.from_bytes(raw) if raw is not None else None
+
         Partition.objects.filter(pk=partition_id).update(
             epoch=epoch,
             owner=None,
@@ -66,12 +76,17 @@ def purge_partition(partition_id: int, store: KeyValueStore) -> int | None:
         # Before the row is free again: a delete of the queue (which waits for the row) then
         # finds this fence and keeps the next queue of the name past it.
         store.advance_fence(fence_key(queue, index), epoch)
+        # The old tree as the store leads to it (the row may be behind: newest_head), read
+        # after the fence, so no owner moves it since; then the store's head record is emptied
+        # as the row's pointer was, so the next owner starts an empty tree.
+        record_key = head_key(queue, index)
+        old_head = newest_head(p.head_block or None, parse_head_record(store.get(record_key)), read)
+        try:
+            store.put(record_key, head_record(epoch, None), fence=Fence(fence_key(queue, index), epoch))
+        except Fenced:
+            log.warning("purge %s/%s: a newer epoch holds the fence; its owner keeps the head record", queue, index)
     if not old_head:
         return 0
-
-    def read(block_id: str) -> Block | None:
-        raw = store.get(block_key(queue, index, block_id))
-        return Block.from_bytes(raw) if raw is not None else None
 
     try:
         tree = AppendTree.load(old_head, read, block_size)

@@ -224,8 +224,8 @@ class FakeMessage:
 
 
 class PartitionRow:
-    """The Partition row without the database: the head pointer, written only under the
-    current epoch (as ``queues.leases.set_head`` / ``read_head`` do it)."""
+    """The Partition row without the database: the head pointer and the epoch, written only
+    under the current epoch (as ``queues.leases.set_head`` / ``read_head`` / ``move_epoch`` do it)."""
 
     def __init__(self) -> None:
         self.head: str | None = None
@@ -241,6 +241,13 @@ class PartitionRow:
 
     def read_head(self, lease: Lease) -> str | None:
         return self.head
+
+    def move_epoch(self, lease: Lease, node_id: str, epoch: int) -> None:
+        from queues.leases import LeaseLost
+
+        if lease.epoch != self.epoch:
+            raise LeaseLost(f"epoch {lease.epoch} is stale (row has {self.epoch})")
+        self.epoch = lease.epoch = epoch
 
 
 def next_owner(
@@ -269,5 +276,6 @@ def next_owner(
         cache=BodyCache(cache_bytes),
         set_head=row.set_head,
         read_head=row.read_head,
+        move_epoch=row.move_epoch,
         **options,
     )

@@ -265,5 +265,50 @@ class AppendTree:
             assert heights == root_heights(self.head), (heights, root_heights(self.head))
 
 
+# --- the head record ---------------------------------------------------------------------------
+def head_record(epoch: int, head_id: str | None) -> bytes:
+    """What the store keeps beside the fence (``queues.keys.head_key``): the newest block and the
+    epoch of the owner that allocated it. The owner writes it in the same fenced write as the
+    block itself, so the store alone leads to its newest blocks (None: an emptied tree)."""
+    return orjson.dumps([epoch, head_id])
+
+
+def parse_head_record(raw: bytes | None) -> tuple[int, str | None] | None:
+    """``(epoch, head id)`` of a stored head record; None when the store has none (no block
+    allocated in the partition since the record was introduced)."""
+    if raw is None:
+        return None
+    epoch, head_id = orjson.loads(raw)
+    return int(epoch), head_id or None
+
+
+def newest_head(row_head: str | None, record: tuple[int, str | None] | None, read: BlockReader) -> str | None:
+    """The head a new owner loads: the newer of the partition row's pointer and the store's
+    head record. At most two block reads, and none when they agree (the usual case).
+
+    The record is written with the block it names, under the fence, and the row only after
+    both: with both stores as they were written, the record is never behind the row. It can
+    be behind only when it was written by an owner older than the record (an upgrade), and
+    the row can be behind when the database was restored from a backup or rebuilt. So: a head
+    whose block is gone is not a candidate (the row's pointer into a tree that was pruned or
+    purged since, or into blocks a restored store never had); of two that are present, the
+    later in allocation order (ordinal), the record's on a tie. No record: the row's, as before.
+    """
+    if record is None:
+        return row_head
+    stored = record[1]
+    if row_head is None or row_head == stored:
+        return stored
+    row_block = read(row_head)
+    if row_block is None:
+        return stored  # (a missing record head too: CorruptTree, at load)
+    if stored is None:
+        return row_head  # an emptied tree (purge) with newer blocks: written by an older owner
+    stored_block = read(stored)
+    if stored_block is None or row_block.ordinal > stored_block.ordinal:
+        return row_head
+    return stored
+
+
 class CorruptTree(Exception):
     """The store does not hold the tree the partition row points at."""

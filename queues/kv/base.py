@@ -10,7 +10,8 @@ one read whatever the size of the store.
 Fencing: an owner writes with ``fence=Fence(key, epoch)``; the write happens only if the value
 stored at ``key`` is that epoch, checked atomically with the write. A new owner first raises the
 fence (:meth:`KeyValueStore.advance_fence`), after which every write of the previous owner
-fails with :class:`Fenced` and changes nothing. The partition manager fences every write it
+fails with :class:`Fenced` and changes nothing (:meth:`KeyValueStore.raise_fence` says whether
+the caller raised it, or found it there already). The partition manager fences every write it
 makes, acks included (a stale owner's delete would leave the new owner tracking a message
 that is gone); unfenced writes are for callers outside the lease, such as a queue's purge.
 """
@@ -127,15 +128,26 @@ class KeyValueStore(abc.ABC):
     def advance_fence(self, key: str, epoch: int) -> bool:
         """Raise the fence at ``key`` to ``epoch`` by compare-and-set; never lowers it.
 
-        Returns False if the stored epoch is already ``epoch`` or newer (someone newer owns).
+        Returns False if the stored epoch is newer than ``epoch`` (someone newer owns).
+        """
+        return self.raise_fence(key, epoch) <= epoch
+
+    def raise_fence(self, key: str, epoch: int) -> int:
+        """Raise the fence at ``key`` to ``epoch`` if it is below, by compare-and-set; returns
+        the epoch it held before (0: none). Never lowers it.
+
+        The caller raised it, and alone owns ``epoch``, only if the answer is below ``epoch``.
+        A fence already *at* ``epoch`` was raised by someone else who was given the same epoch:
+        a partition row restored from a backup hands epochs out again, so an owner that opens
+        must not take such a fence for its own (``PartitionManager.open_head`` moves past it).
         """
         while True:
             raw = self.get(key)
             current = int(raw) if raw is not None else 0
             if current >= epoch:
-                return current == epoch
+                return current
             if self.compare_and_set(key, raw, str(epoch).encode()):
-                return True
+                return current
 
 
 #: the interface methods whose latency and errors are measured.
@@ -218,6 +230,9 @@ class PrefixedStore(KeyValueStore):
 
     def advance_fence(self, key: str, epoch: int) -> bool:
         return self.inner.advance_fence(self.prefix + key, epoch)
+
+    def raise_fence(self, key: str, epoch: int) -> int:
+        return self.inner.raise_fence(self.prefix + key, epoch)
 
     def close(self) -> None:
         self.inner.close()

@@ -1,7 +1,8 @@
 """The partition manager against a simple model, on the in-memory store.
 
 Random sequences of enqueue / dequeue / ack / clock advance / takeover (a new owner with a
-newer epoch, the old one left running as a stale owner) must never lose a confirmed message,
+newer epoch, the old one left running as a stale owner; or after the row was restored from a
+backup, its epoch and head pointer behind the store) must never lose a confirmed message,
 never issue a message ID twice, never let a stale owner write, deliver first deliveries in
 enqueue order, and leave nothing behind once everything is acknowledged.
 """
@@ -57,6 +58,7 @@ class PartitionMachine(RuleBasedStateMachine):
         self.receipts: dict[str, tuple[str, float]] = {}  # id -> (receipt, deadline) this owner
         self.first_delivered: set[str] = set()
         self.last_first = -1
+        self.backup: tuple[int, str | None] | None = None  # the row as a database backup has it
 
     @rule(block_size=st.integers(1, 4), cache=st.sampled_from([0, 1 << 20]))
     @precondition(lambda self: self.m is None)
@@ -120,6 +122,18 @@ class PartitionMachine(RuleBasedStateMachine):
         self.receipts.clear()
         self.first_delivered.clear()
         self.last_first = -1
+
+    @rule()
+    def back_up_the_database(self):
+        self.backup = (self.row.epoch, self.row.head)
+
+    @rule()
+    @precondition(lambda self: self.m is not None and self.backup is not None)
+    def restore_the_database_and_take_over(self):
+        # the row goes back to the backup (its epoch and head pointer: the store is ahead of
+        # both), and a new owner claims it while the current one runs on, unaware
+        self.row.epoch, self.row.head = self.backup
+        self.takeover()
 
     @rule()
     @precondition(lambda self: self.stale is not None)
