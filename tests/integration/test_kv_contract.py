@@ -413,6 +413,65 @@ def test_concurrent_advance_fence_one_winner_per_epoch(store):
     assert results[6] is True
 
 
+def test_raise_fence_says_whether_the_caller_raised_it(store):
+    """An owner holds its epoch alone only if it raised the fence to it: found there already,
+    it was raised by someone else given the same epoch (a partition row restored from a backup
+    hands epochs out again)."""
+    p = _prefix()
+    fk = f"{p}/0/_fence"
+    assert store.raise_fence(fk, 3) == 0  # raised from nothing: ours
+    assert store.raise_fence(fk, 3) == 3  # at 3 already: someone else's 3
+    assert store.raise_fence(fk, 2) == 3  # ahead: never lowered
+    assert store.read_fence(fk) == 3
+    assert store.raise_fence(fk, 40) == 3  # past the fence: ours
+    assert store.read_fence(fk) == 40
+    with pytest.raises(Fenced):
+        store.put(f"{p}/0/m", b"x", fence=Fence(fk, 3))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_raise_fence_one_raiser_per_epoch(store):
+    """Owners given the same epoch race to raise the fence to it: exactly one raised it."""
+    p = _prefix()
+    fk = f"{p}/0/_fence"
+    store.advance_fence(fk, 2)
+    answers: list[int] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(5)
+
+    def contender() -> None:
+        try:
+            barrier.wait()
+            answers.append(store.raise_fence(fk, 7))
+        except BaseException as exc:  # noqa: BLE001 - collected and re-raised by the test thread
+            errors.append(exc)
+        finally:
+            _close_db_connection(store)
+
+    threads = [threading.Thread(target=contender) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert not errors, errors
+    assert sorted(answers) == [2, 7, 7, 7, 7]
+    assert store.read_fence(fk) == 7
+
+
+def test_the_head_record_goes_with_the_block_under_the_fence(store):
+    """The owner writes a new block and the head record (beside the fence) in one fenced
+    write: both or neither."""
+    p = _prefix()
+    fk, head, block = f"{p}/0/_fence", f"{p}/0/_head", f"{p}/0/_blocks/00000001-ab"
+    store.advance_fence(fk, 5)
+    with pytest.raises(Fenced):
+        store.put_many([(block, b"B"), (head, b'[4,"00000001-ab"]')], fence=Fence(fk, 4))
+    assert store.get_many([block, head]) == [None, None]
+    store.put_many([(block, b"B"), (head, b'[5,"00000001-ab"]')], fence=Fence(fk, 5))
+    assert store.get_many([block, head]) == [b"B", b'[5,"00000001-ab"]']
+    assert store.read_fence(fk) == 5
+
+
 def _close_db_connection(store) -> None:
     if getattr(store, "kind", "") == "sql":
         from django.db import connection
