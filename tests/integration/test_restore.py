@@ -68,8 +68,7 @@ def serve_every_partition(c: Client, name: str, timeout: float) -> tuple[list[st
 
 def take_over(node: NodeProcess, name: str, timeout: float) -> float:
     """Wait until ``node`` owns every partition of ``name`` (the rows say so); the seconds.
-    (Until then a node forwards a partition's calls to the owner the row names, and a call
-    forwarded to a dead node answers 500 today, not 503: not what these tests are about.)"""
+    (Until then it forwards a partition's calls to the owner the row names, dead or not.)"""
     node_id = node_info(node.url)["node"]
 
     def owned() -> bool:
