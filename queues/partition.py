@@ -335,7 +335,7 @@ class PartitionManager:
             head_id = newest_head(row_head, record, read)
             if head_id != row_head:
                 log.warning(
-                    "%s/%s: the row's head %s is behind the store's %s (restored database?): following the store",
+                    "%s/%s: the row's head %s is not the newest: loading %s, the store's (restored database?)",
                     self.queue,
                     self.index,
                     row_head,
