@@ -9,6 +9,7 @@ import os
 import re
 import threading
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import orjson
 
@@ -86,9 +87,14 @@ def new_receipt() -> str:
     return base64.urlsafe_b64encode(_RANDOM.take(12)).decode("ascii")
 
 
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
-    """What the key-value store holds under a message ID."""
+class StoredMessage(NamedTuple):
+    """What the key-value store holds under a message ID.
+
+    Immutable (the body cache and deliveries share one). A named tuple rather than a frozen
+    dataclass: an enqueue builds two per message, and a frozen dataclass' ``__init__`` (one
+    ``object.__setattr__`` per field) cost about 4x as much (py-spy: 7% of a batch enqueue).
+    Read it by field name only.
+    """
 
     body: str
     #: wall-clock seconds since the epoch.

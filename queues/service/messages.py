@@ -196,16 +196,9 @@ def check_drafts(cfg: QueueConfig, drafts: Sequence[MessageDraft]) -> None:
 
 
 def _stored(d: MessageDraft, now: float) -> StoredMessage:
+    # Positional (no keyword binding): this runs once per enqueued message.
     return StoredMessage(
-        d.body,
-        now,
-        group=d.group,
-        not_before=d.not_before,
-        attributes=d.attributes,
-        size=d.size,
-        estimates=d.estimates,
-        history=d.history,
-        subscription=d.subscription,
+        d.body, now, d.group, 0, d.not_before, d.attributes, d.size, d.estimates, d.history, False, d.subscription
     )
 
 
