@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from .models import Partition
@@ -160,7 +160,11 @@ _SET_HEAD: str | None = None
 
 def _set_head_sql() -> str:
     meta = Partition._meta
-    col = {f: meta.get_field(f).column for f in ("head_block", "owner", "epoch")}
+    col = {}
+    for name in ("head_block", "owner", "epoch"):
+        field = meta.get_field(name)
+        assert isinstance(field, models.Field)
+        col[name] = field.column
     return (
         f"UPDATE {meta.db_table} SET {col['head_block']} = %s "
         f"WHERE {meta.pk.column} = %s AND {col['owner']} = %s AND {col['epoch']} = %s"

@@ -122,7 +122,7 @@ class SQLStore(KeyValueStore):
         latest = {split_key(k): v for k, v in items}
         rows = [(b, n, v) for (b, n), v in latest.items()]
         if self.vendor == "postgresql" and not connection.in_atomic_block:
-            columns = [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]]
+            columns: list[list] = [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]]
             self._one_statement(_PUT, columns, fence)
             return
         try:
