@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db import transaction
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from .models import Partition
@@ -167,11 +167,34 @@ def move_epoch(lease: Lease, node_id: str, epoch: int) -> None:
     lease.epoch = epoch
 
 
-def set_head(lease: Lease, node_id: str, head_block: str) -> None:
-    """Point the partition at its newest block, only while we still own epoch ``lease.epoch``."""
-    updated = Partition.objects.filter(pk=lease.partition_id, owner_id=node_id, epoch=lease.epoch).update(
-        head_block=head_block
+_SET_HEAD: str | None = None
+
+
+def _set_head_sql() -> str:
+    meta = Partition._meta
+    col = {}
+    for name in ("head_block", "owner", "epoch"):
+        field = meta.get_field(name)
+        assert isinstance(field, models.Field)
+        col[name] = field.column
+    return (
+        f"UPDATE {meta.db_table} SET {col['head_block']} = %s "
+        f"WHERE {meta.pk.column} = %s AND {col['owner']} = %s AND {col['epoch']} = %s"
     )
+
+
+def set_head(lease: Lease, node_id: str, head_block: str) -> None:
+    """Point the partition at its newest block, only while we still own epoch ``lease.epoch``.
+
+    The statement of ``Partition.objects.filter(pk=, owner_id=, epoch=).update(head_block=)``,
+    written out: it runs on the enqueue path for every new block, and building it through the
+    ORM cost more than running it (py-spy: 15% of a batch enqueue on the node)."""
+    global _SET_HEAD
+    if _SET_HEAD is None:
+        _SET_HEAD = _set_head_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(_SET_HEAD, [head_block, lease.partition_id, node_id, lease.epoch])
+        updated = cursor.rowcount
     if updated != 1:
         raise LeaseLost(f"{lease.queue}/{lease.index}: epoch {lease.epoch} fenced at head update")
     lease.head_block = head_block

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import os
 import re
-import secrets
+import threading
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import orjson
 
@@ -48,13 +51,50 @@ def group_partition(group: str, partitions: int) -> int:
     return int.from_bytes(digest, "big") % partitions
 
 
+class _RandomPool:
+    """Random bytes from ``os.urandom``, fetched 3 KB at a time: a dequeue draws a receipt per
+    message, and one ``getrandom`` call each was 6% of a batch dequeue's node CPU (py-spy).
+    The bytes are the same ``os.urandom`` bytes ``secrets`` would use; each is handed out once.
+    A forked child starts with an empty pool (else parent and child would hand out the same
+    receipts)."""
+
+    SIZE = 3072
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buf = b""
+        self._at = 0
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._buf, self._at = b"", 0
+
+    def take(self, n: int) -> bytes:
+        with self._lock:
+            at = self._at
+            if at + n > len(self._buf):
+                self._buf, at = os.urandom(max(self.SIZE, n)), 0
+            self._at = at + n
+            return self._buf[at : at + n]
+
+
+_RANDOM = _RandomPool()
+
+
 def new_receipt() -> str:
-    return secrets.token_urlsafe(12)
+    """16 URL-safe characters from 12 random bytes (as ``secrets.token_urlsafe(12)``)."""
+    return base64.urlsafe_b64encode(_RANDOM.take(12)).decode("ascii")
 
 
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
-    """What the key-value store holds under a message ID."""
+class StoredMessage(NamedTuple):
+    """What the key-value store holds under a message ID.
+
+    Immutable (the body cache and deliveries share one). A named tuple rather than a frozen
+    dataclass: an enqueue builds two per message, and a frozen dataclass' ``__init__`` (one
+    ``object.__setattr__`` per field) cost about 4x as much (py-spy: 7% of a batch enqueue).
+    Read it by field name only.
+    """
 
     body: str
     #: wall-clock seconds since the epoch.

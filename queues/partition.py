@@ -844,14 +844,14 @@ class PartitionManager:
 
         Returns their deadlines, for :meth:`unpin` if the delete fails.
         """
-        c = self.cursor(sub)
+        redelivery = self.cursor(sub).redelivery
         pinned = {}
         for mid in items:
             key = str(mid)
-            entry = c.redelivery.get(key)
-            if entry is not None and key not in pinned:
-                pinned[key] = entry.deadline
-                c.redelivery.change_deadline(key, float("inf"))
+            if key not in pinned:
+                deadline = redelivery.pin(key)
+                if deadline is not None:
+                    pinned[key] = deadline
         return pinned
 
     def unpin(self, pinned: dict[str, float], sub: str = "") -> None:

@@ -1,0 +1,33 @@
+"""Hot-path replacements of library calls must give the very same text: the API's time format
+(``service.iso``, one per delivered message) against ``datetime.isoformat``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from queues.service.messages import iso
+
+
+def reference_iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@given(ts=st.floats(min_value=0, max_value=253_402_300_799, allow_nan=False))
+def test_iso_is_isoformat_with_milliseconds(ts):
+    assert iso(ts) == reference_iso(ts)
+
+
+@given(second=st.integers(min_value=0, max_value=4_000_000_000), micro=st.integers(min_value=0, max_value=999_999))
+def test_iso_rounds_like_datetime_near_every_boundary(second, micro):
+    # microseconds round half to even before the milliseconds are cut: x.9999995 is the next second
+    for ts in (second + micro / 1e6, second + (micro + 0.5) / 1e6, second + 0.9999995, second + 0.0005):
+        assert iso(ts) == reference_iso(ts)
+
+
+def test_iso_examples():
+    assert iso(0) == "1970-01-01T00:00:00.000Z"
+    assert iso(1_763_941_234.123456) == reference_iso(1_763_941_234.123456)
+    assert iso(1_763_941_234.9999996) == "2025-11-23T23:40:35.000Z"

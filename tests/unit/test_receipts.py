@@ -1,0 +1,36 @@
+"""Receipts come from a pool of ``os.urandom`` bytes (``queues.messages.new_receipt``): each
+must be new, shaped as before, and a forked process must not hand out its parent's."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from queues.messages import _RANDOM, new_receipt
+
+
+def test_receipts_are_16_url_safe_characters_and_never_repeat():
+    receipts = [new_receipt() for _ in range(20_000)]  # several refills of the pool
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{16}", r) for r in receipts)
+    assert len(set(receipts)) == len(receipts)
+
+
+def test_a_forked_child_does_not_reuse_the_parents_pool():
+    new_receipt()  # the pool holds bytes now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next receipts, to the parent
+        os.close(read)
+        os.write(write, "".join(new_receipt() for _ in range(8)).encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 4096).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    parent = "".join(new_receipt() for _ in range(8))
+    assert len(child) == len(parent) == 128
+    assert child != parent
+
+
+def test_a_request_larger_than_the_pool_is_served():
+    assert len(_RANDOM.take(_RANDOM.SIZE + 5)) == _RANDOM.SIZE + 5
