@@ -15,7 +15,7 @@ import requests
 from django.conf import settings
 from django.db import connection
 
-from queues.testing import NodeProcess, kv_url, node_env
+from queues.testing import NodeProcess, kv_url, node_env, wait_until
 
 #: The Redis database of the tests' key-value store (the ``redis_client`` fixture flushes it).
 KV_REDIS_DB = 5
@@ -69,6 +69,23 @@ def peer_request(
     return requests.request(method, url, data=body or None, headers={**signed, **(headers or {})}, timeout=timeout)
 
 
+def member_ids(node: NodeProcess) -> set[str]:
+    """The ``Node`` ids of a node's processes (one with ``--processes 1``): the newest row of
+    each of its worker pids (a pid may be reused by a later node)."""
+    from queues.models import Node
+
+    def ids() -> set[str]:
+        found = set()
+        for pid in node.member_pids():
+            row = Node.objects.filter(pid=pid).order_by("-started_at").first()
+            if row is not None:
+                found.add(row.id)
+        return found
+
+    wait_until(lambda: len(ids()) == node.processes, 30, f"{node.processes} processes of {node.url} to register")
+    return ids()
+
+
 def node_info(url: str) -> dict:
     """A node's ``healthz`` as its peers see it (ID, address, partitions): a signed call."""
     r = peer_request("GET", f"{url}/api/v1/healthz", hops=0)
@@ -84,8 +101,8 @@ class NodeSet:
         self.env, self.log_dir = env, log_dir
         self.nodes: list[NodeProcess] = []
 
-    def start(self, **extra_env: str) -> NodeProcess:
-        node = NodeProcess({**self.env, **extra_env}, self.log_dir)
+    def start(self, processes: int | None = None, **extra_env: str) -> NodeProcess:
+        node = NodeProcess({**self.env, **extra_env}, self.log_dir, processes=processes)
         self.nodes.append(node)
         return node.start()
 

@@ -21,6 +21,9 @@ from .nodes import Client, local_node_env
 
 TOTAL = 5000
 BATCH = 100
+#: ``runnode --processes``: the killed node is every process of it at once (its group), the
+#: partitions are spread over them, and calls for a sibling's partition are forwarded.
+PROCESSES = 2
 
 
 @pytest.mark.slow
@@ -31,8 +34,8 @@ def test_sigkill_loses_no_confirmed_message(backend, tmp_path, token, request):
     if backend == "redis-cluster":
         request.getfixturevalue("redis_cluster_client")  # skips the test without a cluster
     env = local_node_env(tmp_path, backend)
-    first = NodeProcess(env, tmp_path).start()
-    second = NodeProcess(env, tmp_path)
+    first = NodeProcess(env, tmp_path, processes=PROCESSES).start()
+    second = NodeProcess(env, tmp_path, processes=PROCESSES)
     try:
         _run(first, second, token, backend)
         if backend == "redis-cluster":
