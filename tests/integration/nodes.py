@@ -57,13 +57,14 @@ def peer_request(
     timeout: float = 10,
 ) -> requests.Response:
     """``method url`` as a node makes it: signed with this process's cluster secret
-    (``queues.peerauth``), ``hops`` and ``on_behalf`` under the signature; ``headers`` are sent
+    (``queues.peerauth``) for the node at ``url``, ``hops`` and ``on_behalf`` under the signature; ``headers`` are sent
     too (after signing: a header signed differently breaks the signature)."""
     from queues import peerauth
 
     body = b"" if payload is None else orjson.dumps(payload)
-    path = "/" + url.split("://", 1)[1].split("/", 1)[1]
-    signed = peerauth.sign(method, path, body, hops, on_behalf)
+    netloc, _, rest = url.split("://", 1)[1].partition("/")
+    path = "/" + rest
+    signed = peerauth.sign(method, path, body, hops, on_behalf, to=netloc)
     if body:
         signed["Content-Type"] = "application/json"
     return requests.request(method, url, data=body or None, headers={**signed, **(headers or {})}, timeout=timeout)
@@ -84,6 +85,13 @@ def member_ids(node: NodeProcess) -> set[str]:
 
     wait_until(lambda: len(ids()) == node.processes, 30, f"{node.processes} processes of {node.url} to register")
     return ids()
+
+
+def member_addresses(node: NodeProcess) -> list[str]:
+    """The addresses a node's processes registered (each serves the whole API there)."""
+    from queues.models import Node
+
+    return list(Node.objects.filter(pk__in=member_ids(node)).values_list("address", flat=True))
 
 
 def node_info(url: str) -> dict:
