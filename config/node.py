@@ -33,6 +33,15 @@ print(f"node {runtime.node_id} serving on http://{runtime.address}/ (pid {os.get
 # multiprocessing ends its children with os._exit, which skips atexit; Finalize still runs.
 mp_util.Finalize(runtime, runtime.stop, kwargs={"release": True}, exitpriority=10)
 
+# One of several processes of the node (runnode --processes): tell the siblings where this one
+# answers, for the node's /metrics (queues.api.observability).
+_siblings = os.environ.get("NODE_SIBLINGS_DIR")
+if _siblings:
+    _me = os.path.join(_siblings, str(os.getpid()))
+    with open(_me, "w") as f:
+        f.write(runtime.address)
+    mp_util.Finalize(runtime, os.unlink, args=(_me,), exitpriority=20)
+
 _parent = os.getppid()
 
 

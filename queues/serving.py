@@ -13,8 +13,9 @@ signed like any peer call, and never more hops than between two machines.
 
 Granian has no API for a second listener, so the worker target here is granian's own WSGI
 worker (``granian.server.mp.MPServer._spawn_wsgi_worker``, 2.8) serving one more socket with
-the same callback, threads and shutdown signal. ``tests/integration/test_multiprocess.py``
-checks that it stays so when granian is upgraded.
+the same callback, threads and shutdown signal (granian is pinned in requirements.txt; the
+tests that start nodes of two processes, e.g. ``test_metrics`` and ``test_crash_safety``,
+fail at once if an upgrade changes that target's arguments).
 """
 
 from __future__ import annotations
@@ -25,11 +26,17 @@ import threading
 from typing import Any
 
 from granian._futures import _new_cbscheduler
-from granian._granian import SocketHolder, WorkerSignal, WSGIWorker
+from granian._granian import SocketHolder as _SocketHolder
+from granian._granian import WorkerSignal
+from granian._granian import WSGIWorker as _WSGIWorker
 from granian.constants import TaskImpl
 from granian.server.common import WORKERS_METHODS
 from granian.server.mp import WorkerProcess
 from granian.wsgi import _callback_wrapper
+
+# granian's stubs lag its binary (granian passes these arguments itself: server/mp.py).
+SocketHolder: Any = _SocketHolder
+WSGIWorker: Any = _WSGIWorker
 
 #: the private listener of this worker process (bound in :func:`load_app`, served by the target).
 _PRIVATE: socket.socket | None = None

@@ -8,8 +8,10 @@ With ``--processes N`` (default ``settings.NODE_PROCESSES``: the machine's cores
 granian starts N workers sharing the node's port (``SO_REUSEPORT``): each is a full member of
 the cluster with its own runtime, leases and a private port it registers as its address
 (``queues.serving``); the siblings reach each other there, like any two nodes. Every
-per-process bound is the node's divided by N (``queues.runtime_budget``), and the processes
-add up their Prometheus counters in ``PROMETHEUS_MULTIPROC_DIR`` (a fresh folder when unset).
+per-process bound is the node's divided by N (the body cache, a user's long polls, a rate
+counted in local memory), and one scrape of ``/metrics`` is the node's: the counters add up in
+``PROMETHEUS_MULTIPROC_DIR`` (a fresh folder when unset), the figures are asked of the
+siblings (listed in ``NODE_SIBLINGS_DIR``, a fresh folder).
 
 Requests run on ``--threads`` Python threads per process (default ``settings.NODE_THREADS``);
 a long poll holds one for up to 20 s. Every process of the node is in runnode's process
@@ -59,10 +61,14 @@ class Command(BaseCommand):
         # The workers read these from the environment and the settings they inherit.
         os.environ["NODE_PROCESSES"] = str(processes)
         settings.NODE_PROCESSES = processes
-        own_metrics_dir = None
-        if processes > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            own_metrics_dir = tempfile.mkdtemp(prefix="mq-metrics-")
-            os.environ["PROMETHEUS_MULTIPROC_DIR"] = own_metrics_dir
+        own_dirs = []
+        if processes > 1:
+            # each process lists itself here (its pid, its address): the siblings' /metrics
+            own_dirs.append(tempfile.mkdtemp(prefix="mq-node-"))
+            os.environ["NODE_SIBLINGS_DIR"] = own_dirs[-1]
+            if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                own_dirs.append(tempfile.mkdtemp(prefix="mq-metrics-"))
+                os.environ["PROMETHEUS_MULTIPROC_DIR"] = own_dirs[-1]
         connections.close_all()  # the workers are forked: each must open its own
         server = Granian(
             "config.node:application",
@@ -90,5 +96,5 @@ class Command(BaseCommand):
                 loader = functools.partial(serving.load_app, "config.node:application", bind_host, adv_host, 2048)
                 server.serve(spawn_target=serving.spawn_wsgi_worker, target_loader=loader, wrap_loader=False)
         finally:
-            if own_metrics_dir is not None:
-                shutil.rmtree(own_metrics_dir, ignore_errors=True)
+            for folder in own_dirs:
+                shutil.rmtree(folder, ignore_errors=True)
