@@ -23,10 +23,14 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import sys
 import tempfile
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
+
+#: the folders this runnode made before it restarted itself (removed when it stops).
+_OWN_DIRS = "MQ_RUNNODE_OWN_DIRS"
 
 
 class Command(BaseCommand):
@@ -61,14 +65,18 @@ class Command(BaseCommand):
         # The workers read these from the environment and the settings they inherit.
         os.environ["NODE_PROCESSES"] = str(processes)
         settings.NODE_PROCESSES = processes
-        own_dirs = []
-        if processes > 1:
+        own_dirs = [d for d in os.environ.pop(_OWN_DIRS, "").split(os.pathsep) if d]
+        if processes > 1 and not os.environ.get("NODE_SIBLINGS_DIR"):
             # each process lists itself here (its pid, its address): the siblings' /metrics
             own_dirs.append(tempfile.mkdtemp(prefix="mq-node-"))
             os.environ["NODE_SIBLINGS_DIR"] = own_dirs[-1]
             if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
                 own_dirs.append(tempfile.mkdtemp(prefix="mq-metrics-"))
                 os.environ["PROMETHEUS_MULTIPROC_DIR"] = own_dirs[-1]
+            # prometheus_client chose where it keeps values when Django imported it, before the
+            # folder existed; the workers are forked from here: start again with it set.
+            os.environ[_OWN_DIRS] = os.pathsep.join(own_dirs)
+            os.execv(sys.executable, [sys.executable, *sys.argv])
         connections.close_all()  # the workers are forked: each must open its own
         server = Granian(
             "config.node:application",
