@@ -14,7 +14,7 @@ from multiprocessing import util as mp_util
 from django.conf import settings
 
 from config.wsgi import application  # noqa: F401  (the app granian serves)
-from queues import service
+from queues import peerauth, service
 from queues.node import NodeRuntime
 
 log = logging.getLogger("queues.runnode")
@@ -22,14 +22,25 @@ log = logging.getLogger("queues.runnode")
 runtime = NodeRuntime(
     os.environ.get("NODE_ADDRESS") or settings.NODE_ADDRESS or "in-process",
     heartbeat=settings.NODE_HEARTBEAT,
-    cache_bytes=settings.NODE_BODY_CACHE_BYTES,
+    # The node's memory budget for bodies is shared by its processes (``runnode --processes``).
+    cache_bytes=settings.NODE_BODY_CACHE_BYTES // max(1, settings.NODE_PROCESSES),
 )
 service.set_runtime(runtime)
+peerauth.ADDRESS = runtime.address  # forwarded calls are signed for the address they go to
 runtime.start()
 print(f"node {runtime.node_id} serving on http://{runtime.address}/ (pid {os.getpid()})", flush=True)
 
 # multiprocessing ends its children with os._exit, which skips atexit; Finalize still runs.
 mp_util.Finalize(runtime, runtime.stop, kwargs={"release": True}, exitpriority=10)
+
+# One of several processes of the node (runnode --processes): tell the siblings where this one
+# answers, for the node's /metrics (queues.api.observability).
+_siblings = os.environ.get("NODE_SIBLINGS_DIR")
+if _siblings:
+    _me = os.path.join(_siblings, str(os.getpid()))
+    with open(_me, "w") as f:
+        f.write(runtime.address)
+    mp_util.Finalize(runtime, os.unlink, args=(_me,), exitpriority=20)
 
 _parent = os.getppid()
 

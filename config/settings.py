@@ -340,8 +340,17 @@ NODE_ADDRESS = env("NODE_ADDRESS", "")
 NODE_HEARTBEAT = envfloat("NODE_HEARTBEAT", 1.0)
 #: Bytes of message bodies a node keeps in memory after enqueue, to deliver without a read.
 NODE_BODY_CACHE_BYTES = envint("NODE_BODY_CACHE_BYTES", 64 * 1024 * 1024, minimum=0)
-#: Request threads of `runnode` (its --threads default): a long poll holds one for up to 20 s.
+#: Request threads of `runnode` (its --threads default), per process: a long poll holds one for up to 20 s.
 NODE_THREADS = envint("NODE_THREADS", 64, minimum=1)
+#: Processes of `runnode` (its --processes default), each a full member of the cluster behind the
+#: node's one port (``queues.serving``). Default: the machine's cores, but 1 on SQLite (the
+#: embedded default: SQLite takes one writer at a time, and every process heartbeats, renews and
+#: publishes figures through it; a second process adds lock waits, not throughput).
+NODE_PROCESSES = envint(
+    "NODE_PROCESSES",
+    1 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" else (os.cpu_count() or 1),
+    minimum=1,
+)
 #: Concurrent long polls (dequeue with wait > 0) one user may have waiting on a node; past it 429.
 LONG_POLL_MAX_PER_USER = envint("LONG_POLL_MAX_PER_USER", 16, minimum=1)
 #: Concurrent long polls on a node in all (default: half its request threads, so waits never

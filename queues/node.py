@@ -542,6 +542,14 @@ class NodeRuntime:
             cfg = QueueConfig.from_model(q)
             if not self._remember(cfg):
                 raise QueueNotFound(name)  # deleted here while we read it
+            if self.started:
+                # A queue created elsewhere (another node, or a sibling process of this one): take
+                # this node's share now rather than at the next pass, or every call for it here
+                # until then is forwarded.
+                try:
+                    self._claim_partitions(only=name)
+                except Exception:
+                    log.exception("claiming partitions of %s", name)
         return cfg
 
     def _remember(self, cfg: QueueConfig) -> bool:

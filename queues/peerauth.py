@@ -5,15 +5,20 @@ user it acts for; absent: the node's own call), ``X-MQ-Cluster-Timestamp`` (Unix
 ``X-MQ-Cluster-Nonce`` (random) and ``X-MQ-Cluster-Signature``: HMAC-SHA256 under
 ``settings.CLUSTER_SECRET`` of ::
 
-    MQ-HMAC-SHA256-v1 \\n METHOD \\n /path?query \\n sha256(body) hex \\n hops \\n on-behalf-of \\n timestamp \\n nonce
+    MQ-HMAC-SHA256-v1 \\n METHOD \\n /path?query \\n sha256(body) hex \\n hops \\n on-behalf-of \\n timestamp \\n nonce \\n to
 
 so a signature fits one request only: another method, path, body, hop count or user breaks it.
+``to`` (``X-MQ-Cluster-To``) is the address the call was sent to, the ``Node.address`` of the
+process meant to answer it; a node process refuses a call signed for another address
+(:data:`ADDRESS`), so a captured call replayed to another process, of this node (its siblings
+share the public port: ``queues.serving``) or of another, is refused there, and the one process
+it may reach remembers it.
 The receiver (:func:`verify`) refuses a bad signature, a timestamp more than
 ``settings.CLUSTER_CLOCK_SKEW`` (30 s) off its clock, and a signature it has already accepted
 (a replay). Accepted signatures are remembered by this process (:class:`SeenSignatures`) until
 their timestamp has left the window, after which the timestamp check refuses a replay anyway;
-so the set holds at most the calls of about twice the window. A node serves from one process
-(``runnode``: one worker), so this set sees every call the node accepts. It is bounded
+so the set holds at most the calls of about twice the window. A signature is accepted by one
+process only (``to``), so this process's set sees every acceptance of it. It is bounded
 (``SEEN_MAX``): full of live entries, a call is refused as retryable (503) rather than a
 signature forgotten.
 
@@ -45,6 +50,8 @@ NONCE_HEADER = "X-MQ-Cluster-Nonce"
 HOPS_HEADER = "X-MQ-Hops"
 #: the user (id, or ``system``) a forwarded call acts for; absent: the node's own call.
 ON_BEHALF_HEADER = "X-MQ-On-Behalf-Of"
+#: the address (``Node.address``) the call is meant for.
+TO_HEADER = "X-MQ-Cluster-To"
 #: the header of the old scheme (the secret itself in clear): refused.
 LEGACY_SECRET_HEADER = "X-MQ-Cluster-Secret"
 
@@ -52,6 +59,10 @@ LEGACY_SECRET_HEADER = "X-MQ-Cluster-Secret"
 #: 100,000 in 60 s (twice the default window) is 1,666 forwarded calls a second into one node.
 SEEN_MAX = 100_000
 _SCHEME = b"MQ-HMAC-SHA256-v1"
+
+#: This process's node address, set when its runtime starts serving (``config.node``): a call
+#: signed for another address is refused. None (in-process tests): any ``to`` is accepted.
+ADDRESS: str | None = None
 
 
 def meta_key(header: str) -> str:
@@ -81,8 +92,10 @@ class PeerCall:
     on_behalf: str | None
 
 
-def _message(method: str, path: str, body: bytes, hops: str, on_behalf: str, timestamp: str, nonce: str) -> bytes:
-    parts = (method.upper(), path, hashlib.sha256(body).hexdigest(), hops, on_behalf, timestamp, nonce)
+def _message(
+    method: str, path: str, body: bytes, hops: str, on_behalf: str, timestamp: str, nonce: str, to: str
+) -> bytes:
+    parts = (method.upper(), path, hashlib.sha256(body).hexdigest(), hops, on_behalf, timestamp, nonce, to)
     return b"\n".join((_SCHEME, *(p.encode("utf-8", "surrogateescape") for p in parts)))
 
 
@@ -99,15 +112,17 @@ def sign(
     *,
     now: float | None = None,
     nonce: str | None = None,
+    to: str = "",
 ) -> dict[str, str]:
     """The headers that authenticate ``method path`` (``path`` with its query string, as sent)
-    with ``body``: hop count, user, timestamp, nonce and signature."""
+    with ``body`` to the node process at ``to`` (its ``Node.address``): hop count, user,
+    timestamp, nonce, recipient and signature."""
     timestamp = f"{time.time() if now is None else now:.3f}"
     nonce = nonce or secrets.token_hex(12)
-    headers = {HOPS_HEADER: str(hops), TIMESTAMP_HEADER: timestamp, NONCE_HEADER: nonce}
+    headers = {HOPS_HEADER: str(hops), TIMESTAMP_HEADER: timestamp, NONCE_HEADER: nonce, TO_HEADER: to}
     if on_behalf is not None:
         headers[ON_BEHALF_HEADER] = on_behalf
-    message = _message(method, path, body, str(hops), on_behalf or "", timestamp, nonce)
+    message = _message(method, path, body, str(hops), on_behalf or "", timestamp, nonce, to)
     headers[SIGNATURE_HEADER] = _mac(message)
     return headers
 
@@ -160,11 +175,14 @@ def verify(
     nonce = environ.get(meta_key(NONCE_HEADER), "")
     hops = environ.get(meta_key(HOPS_HEADER), "")
     on_behalf = environ.get(meta_key(ON_BEHALF_HEADER))
+    to = environ.get(meta_key(TO_HEADER), "")
     if not timestamp or not nonce:
         raise PeerAuthFailed(f"a signed call needs {TIMESTAMP_HEADER} and {NONCE_HEADER}")
-    expected = _mac(_message(method, path, body, hops, on_behalf or "", timestamp, nonce))
+    expected = _mac(_message(method, path, body, hops, on_behalf or "", timestamp, nonce, to))
     if not hmac.compare_digest(signature.encode("latin-1", "replace"), expected.encode()):
         raise PeerAuthFailed("bad cluster signature")
+    if ADDRESS is not None and to != ADDRESS:
+        raise PeerAuthFailed(f"cluster signature is for {to!r}, not this node process ({ADDRESS})")
     now = time.time() if now is None else now
     skew = settings.CLUSTER_CLOCK_SKEW
     try:

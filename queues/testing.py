@@ -115,8 +115,13 @@ class NodeProcess:
     ``log_dir``.
 
     ``env`` is added to this process's environment; ``heartbeat`` (seconds) is the default
-    ``NODE_HEARTBEAT`` when ``env`` does not set one (None: the node's own default).
+    ``NODE_HEARTBEAT`` when ``env`` does not set one (None: the node's own default);
+    ``processes`` is ``runnode --processes`` (default :attr:`default_processes`: 1, so a test
+    that means several says so). Killing the node kills every process of it (its group).
     """
+
+    #: ``--processes`` of nodes started without ``processes`` (tests of several set it).
+    default_processes = 1
 
     def __init__(
         self,
@@ -127,8 +132,10 @@ class NodeProcess:
         heartbeat: float | None = 0.5,
         python: str = sys.executable,
         cwd: Path | str = ROOT,
+        processes: int | None = None,
     ):
         self.port = port or free_port()
+        self.processes = processes or self.default_processes
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, **env}
         if heartbeat is not None:
@@ -141,7 +148,17 @@ class NodeProcess:
         """Start the node and wait until ``/api/v1/healthz`` answers 200."""
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [self.python, "manage.py", "runnode", "--host", "127.0.0.1", "--port", str(self.port)],
+                [
+                    self.python,
+                    "manage.py",
+                    "runnode",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--processes",
+                    str(self.processes),
+                ],
                 cwd=self.cwd,
                 env=self.env,
                 stdout=log,
@@ -170,6 +187,17 @@ class NodeProcess:
     @property
     def pid(self) -> int | None:
         return None if self.proc is None else self.proc.pid
+
+    def member_pids(self) -> list[int]:
+        """The pids of the processes that serve (granian's workers; each registers a ``Node``
+        row with its pid): runnode's children."""
+        if self.proc is None:
+            return []
+        try:
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(c) for c in children.split()]
 
     def signal(self, sig: int) -> None:
         """Send ``sig`` to the node's process group (the server and its worker)."""

@@ -82,7 +82,10 @@ class HttpPeers:
         full_path = f"/api/v1/{path}"
         data = orjson.dumps(payload)
         on_behalf = on_behalf_value(caller) if caller is not None else None
-        headers = {"Content-Type": "application/json", **peerauth.sign("POST", full_path, data, hops + 1, on_behalf)}
+        headers = {
+            "Content-Type": "application/json",
+            **peerauth.sign("POST", full_path, data, hops + 1, on_behalf, to=address),
+        }
         try:
             response = self.http.request(
                 "POST",

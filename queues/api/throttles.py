@@ -4,8 +4,10 @@
 DRF's own ``SimpleRateThrottle`` keeps the time of every call of a client in one cache entry,
 read and written whole on every call: at the rates a queue's clients call (hundreds a second)
 that list is the cost. These count calls in fixed windows instead, one ``incr`` per call; a
-client may make up to twice its rate across a window's edge. With the embedded local-memory
-cache the count is per process; with ``REDIS_URL`` it is the cluster's.
+client may make up to twice its rate across a window's edge. With ``REDIS_URL`` the count is
+the cluster's. With the embedded local-memory cache it is per process, so a node of several
+processes (``NODE_PROCESSES``) gives each ``1/NODE_PROCESSES`` of the rate (rounded up): the
+node as a whole then allows about the rate, as a node of one process does.
 
 A call forwarded by another node is not counted again (it was counted where it came in): its
 user (a cluster peer) has no ``pk``. The fast path counts its calls with :func:`check_user`.
@@ -16,6 +18,9 @@ from __future__ import annotations
 import math
 import time
 
+from django.conf import settings
+from django.core.cache import DEFAULT_CACHE_ALIAS, caches
+from django.core.cache.backends.locmem import LocMemCache
 from rest_framework import exceptions, throttling
 from rest_framework.settings import api_settings
 
@@ -26,6 +31,13 @@ class _Window(throttling.SimpleRateThrottle):
     def get_rate(self) -> str | None:
         # read per instance, not at import: the settings' rates, even overridden in a test
         return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+
+    def parse_rate(self, rate: str | None) -> tuple[int | None, int | None]:
+        num, duration = super().parse_rate(rate)
+        processes = max(1, settings.NODE_PROCESSES)
+        if num is not None and processes > 1 and isinstance(caches[DEFAULT_CACHE_ALIAS], LocMemCache):
+            num = -(-num // processes)  # this process's share of a count it keeps alone
+        return num, duration
 
     def allow_request(self, request, view) -> bool:
         if self.rate is None:

@@ -324,6 +324,11 @@ class WaitSlots:
     for up to ``MAX_WAIT`` seconds (granian's WSGI worker runs a request on one thread until
     it returns), so a user past ``LONG_POLL_MAX_PER_USER`` or a node past
     ``LONG_POLL_MAX_PER_NODE`` is answered 429 at once rather than starving acks and enqueues.
+
+    A node of several processes (``NODE_PROCESSES``) counts in each: a process takes at most
+    ``ceil(LONG_POLL_MAX_PER_USER / NODE_PROCESSES)`` of a user's polls, so the user holds at
+    most about its cap over the node; ``LONG_POLL_MAX_PER_NODE`` bounds each process, as it
+    guards the process's own request threads (``NODE_THREADS`` are per process).
     """
 
     def __init__(self) -> None:
@@ -333,7 +338,8 @@ class WaitSlots:
 
     def slot(self, caller: Caller) -> _Slot:
         key = caller.user_id if caller.user_id is not None else caller.username
-        per_user, per_node = settings.LONG_POLL_MAX_PER_USER, settings.LONG_POLL_MAX_PER_NODE
+        per_user = -(-settings.LONG_POLL_MAX_PER_USER // max(1, settings.NODE_PROCESSES))
+        per_node = settings.LONG_POLL_MAX_PER_NODE
         with self._lock:
             held = self._by_user.get(key, 0)
             if held >= per_user:
@@ -371,7 +377,7 @@ class _Slot:
         self.slots._release(self.key)
 
 
-#: This node's long polls (one process: one node).
+#: This process's long polls.
 _WAITS = WaitSlots()
 
 

@@ -15,7 +15,7 @@ import requests
 from django.conf import settings
 from django.db import connection
 
-from queues.testing import NodeProcess, kv_url, node_env
+from queues.testing import NodeProcess, kv_url, node_env, wait_until
 
 #: The Redis database of the tests' key-value store (the ``redis_client`` fixture flushes it).
 KV_REDIS_DB = 5
@@ -57,16 +57,41 @@ def peer_request(
     timeout: float = 10,
 ) -> requests.Response:
     """``method url`` as a node makes it: signed with this process's cluster secret
-    (``queues.peerauth``), ``hops`` and ``on_behalf`` under the signature; ``headers`` are sent
+    (``queues.peerauth``) for the node at ``url``, ``hops`` and ``on_behalf`` under the signature; ``headers`` are sent
     too (after signing: a header signed differently breaks the signature)."""
     from queues import peerauth
 
     body = b"" if payload is None else orjson.dumps(payload)
-    path = "/" + url.split("://", 1)[1].split("/", 1)[1]
-    signed = peerauth.sign(method, path, body, hops, on_behalf)
+    netloc, _, rest = url.split("://", 1)[1].partition("/")
+    path = "/" + rest
+    signed = peerauth.sign(method, path, body, hops, on_behalf, to=netloc)
     if body:
         signed["Content-Type"] = "application/json"
     return requests.request(method, url, data=body or None, headers={**signed, **(headers or {})}, timeout=timeout)
+
+
+def member_ids(node: NodeProcess) -> set[str]:
+    """The ``Node`` ids of a node's processes (one with ``--processes 1``): the newest row of
+    each of its worker pids (a pid may be reused by a later node)."""
+    from queues.models import Node
+
+    def ids() -> set[str]:
+        found = set()
+        for pid in node.member_pids():
+            row = Node.objects.filter(pid=pid).order_by("-started_at").first()
+            if row is not None:
+                found.add(row.id)
+        return found
+
+    wait_until(lambda: len(ids()) == node.processes, 30, f"{node.processes} processes of {node.url} to register")
+    return ids()
+
+
+def member_addresses(node: NodeProcess) -> list[str]:
+    """The addresses a node's processes registered (each serves the whole API there)."""
+    from queues.models import Node
+
+    return list(Node.objects.filter(pk__in=member_ids(node)).values_list("address", flat=True))
 
 
 def node_info(url: str) -> dict:
@@ -84,8 +109,8 @@ class NodeSet:
         self.env, self.log_dir = env, log_dir
         self.nodes: list[NodeProcess] = []
 
-    def start(self, **extra_env: str) -> NodeProcess:
-        node = NodeProcess({**self.env, **extra_env}, self.log_dir)
+    def start(self, processes: int | None = None, **extra_env: str) -> NodeProcess:
+        node = NodeProcess({**self.env, **extra_env}, self.log_dir, processes=processes)
         self.nodes.append(node)
         return node.start()
 

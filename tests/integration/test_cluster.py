@@ -19,11 +19,14 @@ import pytest
 
 from queues.testing import NodeProcess, wait_until
 
-from .nodes import Client, NodeSet, database_url, local_node_env, node_info, peer_request
+from .nodes import Client, NodeSet, database_url, local_node_env, member_ids, node_info, peer_request
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 LEASE = 2
+#: ``runnode --processes`` of the failover tests (kill, pause, join): each process is a member
+#: of the cluster of its own, and killing or pausing a node stops all of them at once.
+PROCESSES = 2
 
 
 @pytest.fixture
@@ -174,9 +177,14 @@ def _partitions(c: Client, queue: str) -> list[dict]:
     return r.json()["partitions"]
 
 
-def _all_served(c: Client, queue: str, excluding: str | None = None) -> bool:
+def _all_served(c: Client, queue: str, excluding: str | set[str] | None = None) -> bool:
     parts = _partitions(c, queue)
-    return all(p["owner"] and p["owner"] != excluding for p in parts)
+    gone = {excluding} if isinstance(excluding, str) else excluding or set()
+    return all(p["owner"] and p["owner"] not in gone for p in parts)
+
+
+def _owners(c: Client, queue: str) -> set[str]:
+    return {p["owner"] for p in _partitions(c, queue)} - {None}
 
 
 def _node_id(node: NodeProcess) -> str:
@@ -197,16 +205,17 @@ def _make_queue(node: NodeProcess, token: str, partitions: int) -> str:
 
 def test_sigkill_one_of_three_nodes_mid_load(cluster, token):
     # given three nodes sharing six partitions, two each
-    nodes = [cluster(), cluster(), cluster()]
+    # (each node of PROCESSES processes, one partition per process)
+    nodes = [cluster(PROCESSES), cluster(PROCESSES), cluster(PROCESSES)]
     name = _make_queue(nodes[0], token, 6)
     c0 = Client(nodes[0].url, token)
-    _wait(lambda: len({p["owner"] for p in _partitions(c0, name)} - {None}) == 3, 20, "three owners")
+    _wait(lambda: len(_owners(c0, name)) == 3 * PROCESSES, 20, "every process an owner")
     load = Load(nodes, token, name).start()
     _wait(lambda: len(load.confirmed) >= 2000, 60, "2,000 confirmed enqueues")
-    # when one node is killed
+    # when one node is killed (every process of it)
     victim = nodes[2]
-    victim_id = _node_id(victim)
-    victim_parts = {p["index"] for p in _partitions(c0, name) if p["owner"] == victim_id}
+    victim_ids = member_ids(victim)
+    victim_parts = {p["index"] for p in _partitions(c0, name) if p["owner"] in victim_ids}
     # a group whose stable hash lands in one of the victim's partitions, to aim enqueues there
     from queues.messages import group_partition
 
@@ -252,17 +261,17 @@ def test_sigkill_one_of_three_nodes_mid_load(cluster, token):
 
 def test_sigstop_past_the_lease_then_sigcont(cluster, token):
     # given three nodes under load
-    nodes = [cluster(), cluster(), cluster()]
+    nodes = [cluster(PROCESSES), cluster(PROCESSES), cluster(PROCESSES)]
     name = _make_queue(nodes[0], token, 6)
     c0 = Client(nodes[0].url, token)
-    _wait(lambda: len({p["owner"] for p in _partitions(c0, name)} - {None}) == 3, 20, "three owners")
+    _wait(lambda: len(_owners(c0, name)) == 3 * PROCESSES, 20, "every process an owner")
     load = Load(nodes, token, name).start()
     _wait(lambda: len(load.confirmed) >= 1500, 60, "1,500 confirmed enqueues")
-    # when an owner is paused for three lease periods, its partitions are taken over...
+    # when an owner is paused for three lease periods (every process of it), its partitions are taken over...
     paused = nodes[1]
-    paused_id = _node_id(paused)
+    paused_ids = member_ids(paused)
     paused.signal(signal.SIGSTOP)
-    taken = _wait(lambda: _all_served(c0, name, excluding=paused_id), 30, "takeover of the paused node's partitions")
+    taken = _wait(lambda: _all_served(c0, name, excluding=paused_ids), 30, "takeover of the paused node's partitions")
     time.sleep(max(0.0, 3 * LEASE - taken))
     # ...and it wakes up with requests still in its buffers
     paused.signal(signal.SIGCONT)
@@ -286,19 +295,20 @@ def test_sigstop_past_the_lease_then_sigcont(cluster, token):
 
 def test_a_fourth_node_joins_under_load(cluster, token):
     # given three nodes holding eight partitions under load
-    nodes = [cluster(), cluster(), cluster()]
+    # (each node of PROCESSES processes)
+    nodes = [cluster(PROCESSES), cluster(PROCESSES), cluster(PROCESSES)]
     name = _make_queue(nodes[0], token, 8)
     c0 = Client(nodes[0].url, token)
-    _wait(lambda: len({p["owner"] for p in _partitions(c0, name)} - {None}) == 3, 20, "three owners")
+    _wait(lambda: _all_served(c0, name), 20, "every partition served")
     load = Load(nodes, token, name).start()
     _wait(lambda: len(load.confirmed) >= 1000, 60, "1,000 confirmed enqueues")
     # when a fourth node starts
-    newcomer = cluster()
-    newcomer_id = _node_id(newcomer)
+    newcomer = cluster(PROCESSES)
+    newcomer_ids = member_ids(newcomer)
     load.add_node(newcomer)
-    # then it ends up owning its share (two) without anyone restarting
+    # then it ends up owning its share (two: one per process) without anyone restarting
     joined = _wait(
-        lambda: sum(p["owner"] == newcomer_id for p in _partitions(c0, name)) >= 2,
+        lambda: sum(p["owner"] in newcomer_ids for p in _partitions(c0, name)) >= 2,
         30,
         "the newcomer to own two partitions",
     )
@@ -306,7 +316,8 @@ def test_a_fourth_node_joins_under_load(cluster, token):
     load.finish()
     load.drain()
     load.check("scale-out")
-    owners = [p["owner"] for p in _partitions(c0, name)]
+    node_of = {m: k for k, node in enumerate([*nodes, newcomer]) for m in member_ids(node)}
+    owners = [node_of.get(p["owner"]) for p in _partitions(c0, name)]
     print(
         f"[scale-out] newcomer owned its share {joined:.2f}s after start; owners {sorted(owners.count(o) for o in set(owners))}"
     )

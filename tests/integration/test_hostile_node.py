@@ -81,12 +81,10 @@ def test_a_real_node_refuses_oversized_claims_unread_and_caps_long_polls(node, t
     conn.close()
 
     # when two long polls wait (the cap of this user), a third comes
-    done = []
+    done: list[requests.Response] = []
 
     def poll():
-        done.append(
-            requests.post(f"{node.url}{API}/{name}/dequeue", json={"wait": 20}, headers=headers, timeout=60).status_code
-        )
+        done.append(requests.post(f"{node.url}{API}/{name}/dequeue", json={"wait": 20}, headers=headers, timeout=60))
 
     waiters = [threading.Thread(target=poll) for _ in range(2)]
     for t in waiters:
@@ -95,13 +93,13 @@ def test_a_real_node_refuses_oversized_claims_unread_and_caps_long_polls(node, t
 
     def third_refused() -> bool:
         r = requests.post(f"{node.url}{API}/{name}/dequeue", json={"wait": 0.2}, headers=headers, timeout=30)
-        if r.status_code == 429:
-            refused.append(r)
-            return True
-        return False
+        # The third to arrive is refused: this one, or a waiter it overtook (the two threads and
+        # this call race to the node; whichever comes third while two wait is the one past the cap).
+        refused.extend(x for x in [r, *done] if x.status_code == 429 and x not in refused)
+        return bool(refused)
 
     try:
-        # then it is 429 with Retry-After (once both are seen waiting)
+        # then it is 429 with Retry-After (once two are seen waiting)
         wait_until(third_refused, 30, "a third long poll refused")
         assert refused[0].json()["error"] == "too_many_waits"
         assert int(refused[0].headers["Retry-After"]) >= 1
@@ -114,4 +112,5 @@ def test_a_real_node_refuses_oversized_claims_unread_and_caps_long_polls(node, t
         )
         for t in waiters:
             t.join(timeout=60)
-    assert done == [200, 200]
+    # and the long polls within the cap were served: every waiter not refused got its answer
+    assert len(done) == 2 and all(r.status_code == 200 for r in done if r not in refused)

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from queues.testing import free_port, wait_until
 
-from .nodes import Client, NodeSet, local_node_env
+from .nodes import Client, NodeSet, local_node_env, member_addresses
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -211,3 +211,35 @@ def test_topic_figures_equal_the_subscription_stats(nodes, token, unique_name):
     assert value(m, "mq_messages_delivered_total", queue=t, subscription="fast") == 3
     assert value(m, "mq_api_call_seconds_count", operation="topic-publish", status="201") == 1
     assert value(m, "mq_api_call_seconds_count", operation="subscription-dequeue", status="200") == 1
+
+
+def test_one_scrape_is_the_whole_node_of_several_processes(nodes, token, unique_name):
+    # given: a node of two processes, each holding one of the queue's two partitions
+    node = nodes.start(processes=2)
+    c = Client(node.url, token)
+    q = unique_name("mp")
+    assert c.post("queues", {"name": q, "partitions": 2}).status_code == 201
+    members = member_addresses(node)
+    assert len(members) == 2
+
+    def one_each() -> bool:
+        owners = {p["address"] for p in c.get(f"queues/{q}/partitions").json()["partitions"]}
+        return owners == set(members)
+
+    wait_until(one_each, 30, "each process to hold one partition")
+    # when: messages go to both partitions (groups hashed to each), through the one port
+    from queues.messages import group_partition
+
+    groups = [next(f"g{i}" for i in range(1000) if group_partition(f"g{i}", 2) == k) for k in (0, 1)]
+    for g, n in zip(groups, (3, 4), strict=True):
+        msgs = [{"body": "x", "group": g} for _ in range(n)]
+        assert c.post(f"queues/{q}/enqueue", {"messages": msgs}).status_code == 201
+    # then: whichever process answers, the scrape adds up both: counters (from the files) and
+    # the figures read from the partition managers (asked of the sibling)
+    for _ in range(4):  # new connections: the kernel spreads them over the processes
+        m = scrape(node.url)
+        assert value(m, "mq_messages_enqueued_total", queue=q) == 7
+        assert value(m, "mq_queue_depth", queue=q, kind="queue") == 7
+        assert value(m, "mq_queue_partitions_served", queue=q, kind="queue") == 2
+        assert total(m, "mq_partition_owned", queue=q) == 2
+        assert value(m, "mq_node_processes_missing") == 0

@@ -70,3 +70,21 @@ def _secret() -> str:
     from django.conf import settings
 
     return settings.CLUSTER_SECRET
+
+
+def test_a_call_signed_for_another_node_process_is_refused_there(monkeypatch):
+    # A node's processes share its public port: a captured call replayed there could reach a
+    # sibling whose replay guard never saw it, so each accepts only calls signed for its address.
+    body = b"{}"
+    monkeypatch.setattr(peerauth, "ADDRESS", "10.0.0.1:41001")
+    for to in ("10.0.0.1:41002", ""):  # a sibling's address, or none
+        env = _environ(peerauth.sign("POST", "/p", body, 1, None, to=to), "/p")
+        with pytest.raises(peerauth.PeerAuthFailed, match="not this node process"):
+            peerauth.verify(env, "POST", "/p", body)
+    env = _environ(peerauth.sign("POST", "/p", body, 1, None, to="10.0.0.1:41001"), "/p")
+    assert peerauth.verify(env, "POST", "/p", body) == peerauth.PeerCall("1", None)
+    # the recipient is under the signature: rewriting the header breaks it
+    headers = peerauth.sign("POST", "/p", body, 1, None, to="10.0.0.1:41002")
+    headers[peerauth.TO_HEADER] = "10.0.0.1:41001"
+    with pytest.raises(peerauth.PeerAuthFailed, match="bad cluster signature"):
+        peerauth.verify(_environ(headers, "/p"), "POST", "/p", body)

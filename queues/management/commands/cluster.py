@@ -19,14 +19,20 @@ from django.core.management.base import BaseCommand, CommandError
 
 
 class Command(BaseCommand):
-    help = "Run K queue nodes on consecutive ports (one process each); Ctrl-C stops them all."
+    help = "Run K queue nodes on consecutive ports (--processes each, default 1); Ctrl-C stops them all."
 
     def add_arguments(self, parser):
         parser.add_argument("--nodes", type=int, default=3)
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--base-port", type=int, default=8000)
+        parser.add_argument(
+            "--processes",
+            type=int,
+            default=1,
+            help="runnode --processes of each node (default 1: the K nodes share one machine)",
+        )
 
-    def handle(self, *args, nodes, host, base_port, **options):
+    def handle(self, *args, nodes, host, base_port, processes, **options):
         if not 1 <= nodes <= 64:
             raise CommandError("--nodes must be between 1 and 64")
         manage = os.path.join(settings.BASE_DIR, "manage.py")
@@ -35,7 +41,17 @@ class Command(BaseCommand):
             port = base_port + i
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, manage, "runnode", "--host", host, "--port", str(port)],
+                    [
+                        sys.executable,
+                        manage,
+                        "runnode",
+                        "--host",
+                        host,
+                        "--port",
+                        str(port),
+                        "--processes",
+                        str(processes),
+                    ],
                     start_new_session=True,  # a Ctrl-C reaches us once; we stop each node ourselves
                 )
             )

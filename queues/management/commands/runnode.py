@@ -1,17 +1,36 @@
-"""Run one node: granian (a Rust HTTP server) serving the API and the admin from one worker.
+"""Run one node: granian (a Rust HTTP server) serving the API and the admin.
 
-The worker process imports ``config.node``, which starts the node runtime (registration,
-partition leases, housekeeping). One worker, because a node is one owner of its leases;
-scale out by starting more nodes. Requests run on ``--threads`` Python threads (default
-``settings.NODE_THREADS``); a long poll holds one for up to 20 s.
+With ``--processes 1`` the node is one worker process; it imports ``config.node``, which
+starts the node runtime (registration, partition leases, housekeeping), and registers the
+node's address.
+
+With ``--processes N`` (default ``settings.NODE_PROCESSES``: the machine's cores, 1 on SQLite)
+granian starts N workers sharing the node's port (``SO_REUSEPORT``): each is a full member of
+the cluster with its own runtime, leases and a private port it registers as its address
+(``queues.serving``); the siblings reach each other there, like any two nodes. Every
+per-process bound is the node's divided by N (the body cache, a user's long polls, a rate
+counted in local memory), and one scrape of ``/metrics`` is the node's: the counters add up in
+``PROMETHEUS_MULTIPROC_DIR`` (a fresh folder when unset), the figures are asked of the
+siblings (listed in ``NODE_SIBLINGS_DIR``, a fresh folder).
+
+Requests run on ``--threads`` Python threads per process (default ``settings.NODE_THREADS``);
+a long poll holds one for up to 20 s. Every process of the node is in runnode's process
+group; a worker whose runnode is gone exits at once (``config.node``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
+import sys
+import tempfile
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
+
+#: the folders this runnode made before it restarted itself (removed when it stops).
+_OWN_DIRS = "MQ_RUNNODE_OWN_DIRS"
 
 
 class Command(BaseCommand):
@@ -24,30 +43,66 @@ class Command(BaseCommand):
             "--threads",
             type=int,
             default=settings.NODE_THREADS,
-            help="request threads (a long poll holds one; default %(default)s: settings.NODE_THREADS)",
+            help="request threads per process (a long poll holds one; default %(default)s: settings.NODE_THREADS)",
+        )
+        parser.add_argument(
+            "--processes",
+            type=int,
+            default=settings.NODE_PROCESSES,
+            help="server processes, each a member of the cluster behind the one port "
+            "(default %(default)s: settings.NODE_PROCESSES)",
         )
         parser.add_argument(
             "--advertise", default="", help="address other nodes and clients use to reach this one (default host:port)"
         )
 
-    def handle(self, *args, host, port, threads, advertise, **options):
+    def handle(self, *args, host, port, threads, processes, advertise, **options):
         from django.db import connections
         from granian import Granian
         from granian.constants import Interfaces
 
-        # The worker process reads its address from the environment it inherits.
-        os.environ["NODE_ADDRESS"] = advertise or f"{host}:{port}"
-        connections.close_all()  # the worker is forked: it must open its own
+        processes = max(1, processes)
+        # The workers read these from the environment and the settings they inherit.
+        os.environ["NODE_PROCESSES"] = str(processes)
+        settings.NODE_PROCESSES = processes
+        own_dirs = [d for d in os.environ.pop(_OWN_DIRS, "").split(os.pathsep) if d]
+        if processes > 1 and not os.environ.get("NODE_SIBLINGS_DIR"):
+            # each process lists itself here (its pid, its address): the siblings' /metrics
+            own_dirs.append(tempfile.mkdtemp(prefix="mq-node-"))
+            os.environ["NODE_SIBLINGS_DIR"] = own_dirs[-1]
+            if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                own_dirs.append(tempfile.mkdtemp(prefix="mq-metrics-"))
+                os.environ["PROMETHEUS_MULTIPROC_DIR"] = own_dirs[-1]
+            # prometheus_client chose where it keeps values when Django imported it, before the
+            # folder existed; the workers are forked from here: start again with it set.
+            os.environ[_OWN_DIRS] = os.pathsep.join(own_dirs)
+            os.execv(sys.executable, [sys.executable, *sys.argv])
+        connections.close_all()  # the workers are forked: each must open its own
         server = Granian(
             "config.node:application",
             address=host,
             port=port,
             interface=Interfaces.WSGI,
-            workers=1,
+            workers=processes,
             blocking_threads=threads,
             backpressure=threads * 4,
             backlog=2048,
             log_access=False,
             workers_kill_timeout=15,
+            # A worker that dies is a node that died: its leases go to whoever takes them over
+            # (a sibling included); a fresh worker would join as a new node.
+            respawn_failed_workers=False,
         )
-        server.serve()
+        try:
+            if processes == 1:
+                os.environ["NODE_ADDRESS"] = advertise or f"{host}:{port}"
+                server.serve()
+            else:
+                from queues import serving
+
+                bind_host, adv_host = serving.private_host(host, advertise)
+                loader = functools.partial(serving.load_app, "config.node:application", bind_host, adv_host, 2048)
+                server.serve(spawn_target=serving.spawn_wsgi_worker, target_loader=loader, wrap_loader=False)
+        finally:
+            for folder in own_dirs:
+                shutil.rmtree(folder, ignore_errors=True)
