@@ -282,7 +282,7 @@ KV_MIN_REPLICAS = envint("KV_MIN_REPLICAS", 0, minimum=0)
 #: it fails (503 to the client): a Redis that is paused or cut off would otherwise hold the
 #: call, and the partition's lock, until it comes back. Keep it well above Redis' slowest
 #: answer (a large fenced write with WAIT for replicas: KV_MIN_REPLICAS waits up to 1 s).
-REDIS_TIMEOUT = envfloat("REDIS_TIMEOUT", 5.0)
+REDIS_TIMEOUT = envfloat("REDIS_TIMEOUT", 2.0)
 REDIS_CONNECT_TIMEOUT = envfloat("REDIS_CONNECT_TIMEOUT", 2.0)
 REDIS_URL = env("REDIS_URL", "")
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}

@@ -138,7 +138,7 @@ def _serves(nodes: list[NodeProcess], token: str, name: str, partitions: int) ->
 def cluster(tmp_path, redis_client):
     # Deadlines on the stores well inside the load's 10 s call timeout: a call that meets an
     # unreachable database waits at most DB_CALL_TIMEOUT + DB_CONNECT_TIMEOUT.
-    env = local_node_env(tmp_path, NODE_HEARTBEAT="0.3", DB_CALL_TIMEOUT="3", DB_CONNECT_TIMEOUT="2", REDIS_TIMEOUT="2")
+    env = local_node_env(tmp_path, NODE_HEARTBEAT="0.3", DB_CALL_TIMEOUT="3", DB_CONNECT_TIMEOUT="2", REDIS_TIMEOUT="1")
     nodes = NodeSet(env, tmp_path)
     yield nodes.start
     nodes.stop()
