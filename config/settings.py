@@ -247,6 +247,23 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     if test_name:
         # Node processes started by the tests must see the same file, not a memory DB.
         DATABASES["default"]["TEST"] = {"NAME": test_name}
+#: Seconds a database call may wait for PostgreSQL before it fails (503 to the client) and its
+#: connection is dropped: a server that is paused or cut off never answers, and nothing on the
+#: client side ends the wait otherwise (config/postgresql/base.py). 0: no deadline. Keep it
+#: above the slowest query the service runs (migrations run in their own process: raise it
+#: there with the variable if a migration needs longer).
+DB_CALL_TIMEOUT = envfloat("DB_CALL_TIMEOUT", 5.0)
+#: Seconds to open a connection to PostgreSQL (libpq's connect_timeout: at least 2). A call that
+#: meets an unreachable database answers 503 after at most about DB_CALL_TIMEOUT (the kept
+#: connection's check) plus DB_CONNECT_TIMEOUT (the new connection): keep the sum below your
+#: clients' timeouts.
+DB_CONNECT_TIMEOUT = envint("DB_CONNECT_TIMEOUT", 3, minimum=2)
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"]["ENGINE"] = "config.postgresql"
+    DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = DB_CONNECT_TIMEOUT
+    # A kept connection is checked (SELECT 1) before a request's first query: one cut by a
+    # database restart is replaced there, instead of failing that request.
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 #: Where messages and append-tree blocks live: file:///path, redis://host:port/db,
 #: redis-cluster://host:port,host:port,... (seed nodes of a Redis Cluster), postgres.
@@ -261,13 +278,23 @@ if not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$", KV_PREFIX):
 #: Redis only (not a Redis Cluster): every write waits until this many replicas have it (WAIT), else fails.
 KV_MIN_REPLICAS = envint("KV_MIN_REPLICAS", 0, minimum=0)
 
+#: Seconds a Redis call (key-value store, cache) may wait for an answer, and to connect, before
+#: it fails (503 to the client): a Redis that is paused or cut off would otherwise hold the
+#: call, and the partition's lock, until it comes back. Keep it well above Redis' slowest
+#: answer (a large fenced write with WAIT for replicas: KV_MIN_REPLICAS waits up to 1 s).
+REDIS_TIMEOUT = envfloat("REDIS_TIMEOUT", 2.0)
+REDIS_CONNECT_TIMEOUT = envfloat("REDIS_CONNECT_TIMEOUT", 2.0)
 REDIS_URL = env("REDIS_URL", "")
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 if REDIS_URL:
     CACHES["default"] = {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": REDIS_URL,
-        "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
+        "OPTIONS": {
+            "CLIENT_CLASS": "django_redis.client.DefaultClient",
+            "SOCKET_TIMEOUT": REDIS_TIMEOUT,
+            "SOCKET_CONNECT_TIMEOUT": REDIS_CONNECT_TIMEOUT,
+        },
     }
 if KV_URL.startswith(("redis://", "rediss://", "unix://")):
     # The key-value store goes through django-redis' connection factory, like the cache.
@@ -276,6 +303,8 @@ if KV_URL.startswith(("redis://", "rediss://", "unix://")):
         "LOCATION": KV_URL,
         "OPTIONS": {
             "CLIENT_CLASS": "django_redis.client.DefaultClient",
+            "SOCKET_TIMEOUT": REDIS_TIMEOUT,
+            "SOCKET_CONNECT_TIMEOUT": REDIS_CONNECT_TIMEOUT,
             "CONNECTION_POOL_KWARGS": {"max_connections": 256, "health_check_interval": 30},
         },
     }

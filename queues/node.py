@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from . import leases, metrics
 from .body_cache import BodyCache
 from .cursor import SubscriptionSpec
-from .kv import KeyValueStore, get_store
+from .kv import KeyValueStore, KVError, get_store
 from .messages import StoredMessage
 from .models import Node, Partition, Queue
 from .partition import PartitionManager, PartitionUnavailable
@@ -183,6 +183,10 @@ class NodeRuntime:
         self._rr = itertools.count()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lease_thread: threading.Thread | None = None
+        #: held while leases are renewed or given back, by the housekeeping pass or the lease
+        #: thread: a lease released for rebalancing is never renewed a moment later.
+        self._leases_lock = threading.Lock()
         self.started = False
         #: monotonic time the last housekeeping pass finished (None: none yet), for readyz.
         self.last_pass: float | None = None
@@ -219,14 +223,17 @@ class NodeRuntime:
         if self.background:
             self._thread = threading.Thread(target=self._run, name="node-housekeeping", daemon=True)
             self._thread.start()
+            self._lease_thread = threading.Thread(target=self._keep_leases, name="node-leases", daemon=True)
+            self._lease_thread.start()
         log.info("node %s started at %s", self.node_id, self.address)
         return self
 
     def stop(self, *, release: bool = True) -> None:
         """Stop housekeeping and, if ``release``, hand the leases back for a fast takeover."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        for thread in (self._thread, self._lease_thread):
+            if thread is not None:
+                thread.join(timeout=10)
         with self._lock:
             managers = list(self.managers.values())
             self.managers.clear()
@@ -245,10 +252,45 @@ class NodeRuntime:
         while not self._stop.wait(self.heartbeat):
             try:
                 self.tick()
+            except (OperationalError, InterfaceError, KVError) as exc:
+                self._store_outage(exc)
             except Exception:
                 log.exception("housekeeping pass failed")
             finally:
                 close_old_connections()
+
+    def _keep_leases(self) -> None:
+        """The lease thread: heartbeat and renewals only (the database, never the key-value
+        store, never a partition's lock). The housekeeping pass also opens partitions (store
+        reads), publishes figures (under each partition's lock) and may wait on the store for
+        its timeout; a renewal waiting behind it would let leases run out during a store outage
+        and every partition be reopened for nothing once it is over."""
+        while not self._stop.wait(self.heartbeat):
+            try:
+                self.renew()
+            except (OperationalError, InterfaceError, KVError) as exc:
+                self._store_outage(exc)
+            except Exception:
+                log.exception("housekeeping pass failed")
+            finally:
+                close_old_connections()
+
+    def _store_outage(self, exc: Exception) -> None:
+        """A housekeeping pass (or renewal) failed on the database or the store: the next one
+        tries again and, if the database could not be reached, every wait for an owner to stop
+        renewing starts over.
+
+        An observer counts a lease period from when it last saw the row's nonce change. While
+        the database is unreachable no owner can renew, so without starting over, the first
+        pass after a database outage longer than a lease period would take the other nodes'
+        partitions (their nonce "stood" for the whole outage) before their owners renewed:
+        leases lost for nothing, every partition reopened. Starting over only delays the
+        takeover of a really dead owner by one lease period after an outage; it never shortens
+        a wait, so the clock-skew rule still holds.
+        """
+        if isinstance(exc, (OperationalError, InterfaceError)):
+            self.observations.clear()
+        log.warning("housekeeping pass failed: %s: %s", type(exc).__name__, exc)
 
     # --- housekeeping -------------------------------------------------------------------------
     def record_failure(self) -> None:
@@ -273,13 +315,18 @@ class NodeRuntime:
     def tick(self) -> None:
         """One housekeeping pass: heartbeat, renew, refresh queues, claim, publish figures."""
         self._update_cooling()
-        Node.objects.filter(pk=self.node_id).update(heartbeat_at=timezone.now(), cooling=self.cooling)
-        self._renew_leases()
+        self.renew()
         self.refresh_queues()
         self._drop_stale()
         self._claim_partitions()
         self._publish_stats()
         self.last_pass = monotonic()
+
+    def renew(self) -> None:
+        """This node's heartbeat, and the renewal of the leases that are due."""
+        with self._leases_lock:
+            Node.objects.filter(pk=self.node_id).update(heartbeat_at=timezone.now(), cooling=self.cooling)
+            self._renew_leases()
 
     def _renew_leases(self) -> None:
         for key, m in list(self.managers.items()):
@@ -410,14 +457,15 @@ class NodeRuntime:
 
     def _release(self, m: PartitionManager) -> None:
         """Give a partition back (rebalancing): stop serving it, then free the row."""
-        with m.lock:
+        with m.lock:  # not under _leases_lock: a call may hold m.lock for a store timeout
             m.closed = True
-        self._forget((m.queue, m.index), m)
-        try:
-            leases.release(m.lease, self.node_id)
-            log.info("released %s/%s for rebalancing", m.queue, m.index)
-        except Exception:
-            log.exception("releasing %s/%s", m.queue, m.index)
+        with self._leases_lock:
+            self._forget((m.queue, m.index), m)
+            try:
+                leases.release(m.lease, self.node_id)
+                log.info("released %s/%s for rebalancing", m.queue, m.index)
+            except Exception:
+                log.exception("releasing %s/%s", m.queue, m.index)
 
     def release_partition(self, queue: str, index: int) -> bool:
         """An operator's release: give the lease up and leave the partition to another node

@@ -48,6 +48,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from django.db import InterfaceError, OperationalError
 from sortedcontainers import SortedList
 
 from . import archive_journal, keys, leases, metrics, topic_retention
@@ -555,6 +556,7 @@ class PartitionManager:
                 raise PartitionUnavailable(f"{self.queue}/{self.index} is still loading")
             new_blocks: list[Block] = []
             positions: list[tuple[Block, int]] = []
+            checkpoint = self.tree.checkpoint()
             head = self.tree.head
             next_index = self.next_index
             writable = self.head_writable
@@ -578,12 +580,22 @@ class PartitionManager:
                     self._set_head(self.lease, self.node_id, new_blocks[-1].id)
                 except (Fenced, leases.LeaseLost) as exc:
                     raise self._lost(exc) from exc
-                except Exception as exc:
-                    # The tree in memory is ahead of the store: a later block must never point
-                    # at one that was not stored. Close; the node reopens from the store.
-                    self.closed = True
+                except (KVError, OperationalError, InterfaceError) as exc:
+                    # The store or the database is down or did not answer (an outage): the new
+                    # blocks are forgotten, so no later block points at one that may not be
+                    # stored, and the partition goes on serving once the stores are back. A
+                    # block written whose pointer was not (or whose pointer was written but
+                    # not confirmed) names the old head as its previous: a new owner reading
+                    # either pointer finds every confirmed message. Nothing went into them.
+                    self.tree.rollback(checkpoint)
                     if isinstance(exc, KVError):
                         raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
+                    raise
+                except Exception:
+                    # Anything else: the tree in memory may be ahead of the store, and a later
+                    # block must never point at one that was not stored. Close; the node
+                    # reopens from the store.
+                    self.closed = True
                     raise
                 self._adopt_blocks(new_blocks)
             self.head_writable, self.next_index = True, next_index

@@ -160,6 +160,21 @@ class AppendTree:
         self.head = block
         return block
 
+    def checkpoint(self) -> tuple[list[tuple[str | None, int]], Block | None]:
+        """The allocation state, for :meth:`rollback`. O(log N) (the roots)."""
+        return list(self.roots), self.head
+
+    def rollback(self, checkpoint: tuple[list[tuple[str | None, int]], Block | None]) -> None:
+        """Forget the blocks allocated since ``checkpoint``, as if they never were: the next
+        allocation takes their ordinals again, under new IDs. For blocks the store or the head
+        pointer never confirmed; nothing may have been written into them. O(log N) plus the
+        blocks forgotten."""
+        roots, head = checkpoint
+        newest = head.ordinal if head is not None else -1
+        for block_id in [i for i, b in self.blocks.items() if b.ordinal > newest]:
+            del self.blocks[block_id]
+        self.roots, self.head = roots, head
+
     # --- loading after a takeover -------------------------------------------------------------
     @classmethod
     def load(cls, head_id: str | None, read: BlockReader, block_size: int, **kwargs: Any) -> AppendTree:

@@ -4,6 +4,10 @@
 #   scripts/services.sh start | stop | restart | status | env
 #   scripts/services.sh redis-replica start|stop|status PORT   # a replica of the main Redis
 #   scripts/services.sh redis-cluster start|stop|status        # the three-primary Redis Cluster
+#   scripts/services.sh redis-restart        # SIGKILL the Redis, start it again: only its AOF survives
+#   scripts/services.sh pg-restart           # pg_ctl restart -m fast (every connection is cut)
+#   scripts/services.sh pause redis|pg SECS  # SIGSTOP the server for SECS, then SIGCONT: it is
+#                                            # unreachable (connections hang, nothing is refused)
 #
 # Env: MQ_SERVICES_DIR (default <repo>/.services), MQ_PG_PORT (54329), MQ_REDIS_PORT (63799),
 #      MQ_REDIS_CLUSTER_PORT (MQ_REDIS_PORT + 101: 63900 by default): the cluster's three
@@ -419,6 +423,64 @@ redis_cluster() {
     esac
 }
 
+# ---------------------------------------------------------------- outages (tests/integration/test_store_outages.py)
+
+# An abrupt restart: the process dies without SHUTDOWN, so what comes back is what the
+# append-only file held (appendfsync always: every acknowledged write).
+redis_restart() {
+    local pid i
+    pid="$(redis_pid "$rdir")"
+    [ -n "$pid" ] || die "redis :$redis_port is not running"
+    log "killing redis :$redis_port (pid $pid) and starting it again from its AOF"
+    kill -KILL "$pid"
+    for i in $(seq 1 100); do [ -d "/proc/$pid" ] || break; sleep 0.05; done
+    [ -d "/proc/$pid" ] && die "redis :$redis_port (pid $pid) survived SIGKILL"
+    redis_start_in "$rdir" "$redis_port"
+}
+
+pg_restart() {
+    pg_setup_vars
+    [ -n "$(pg_pid)" ] || die "postgres is not running"
+    log "restarting postgres (-m fast)"
+    as_pg "$PGBIN/pg_ctl" -D "$pgdata" -m fast -w -t 60 restart -l "$pglog" >/dev/null 2>&1 8>&- \
+        || { tail -n 20 "$pglog" >&2 || true; die "pg_ctl restart failed (log: $pglog)"; }
+    local i
+    for i in $(seq 1 "$timeout"); do pg_ready && return 0; sleep 0.2; done
+    die "postgres not accepting connections after restart"
+}
+
+# Every process of the server: the postmaster and its backends (their cwd is the data
+# directory), or the redis-server.
+server_pids() {
+    case "$1" in
+        redis) redis_pid "$rdir" ;;
+        pg)
+            local real p
+            real="$(readlink -f "$pgdata")"
+            for p in $(find /proc/[0-9]*/cwd -maxdepth 0 -lname "$real" 2>/dev/null); do
+                p="${p%/cwd}"
+                case "$(readlink "$p/exe" 2>/dev/null || true)" in */postgres*) echo "${p#/proc/}" ;; esac
+            done ;;
+        *) die "usage: $0 pause redis|pg SECONDS" ;;
+    esac
+}
+
+pause_server() {
+    local what="$1" secs="$2"
+    [[ "$secs" =~ ^[0-9]+([.][0-9]+)?$ ]] || die "usage: $0 pause redis|pg SECONDS"
+    [ "$what" = pg ] && pg_setup_vars
+    paused_pids="$(server_pids "$what" | tr '\n' ' ')"
+    [ -n "${paused_pids// /}" ] || die "$what is not running"
+    # Whatever happens to this script, the server must not stay stopped.
+    trap 'kill -CONT $paused_pids 2>/dev/null || true' EXIT
+    trap 'exit 143' INT TERM
+    log "pausing $what (pids $paused_pids) for ${secs}s"
+    kill -STOP $paused_pids
+    sleep "$secs"
+    kill -CONT $paused_pids
+    log "$what resumed"
+}
+
 # ---------------------------------------------------------------- commands
 
 with_lock() {  # serialize start/stop across concurrent invocations
@@ -496,5 +558,8 @@ case "${1:-}" in
     env)     cmd_env ;;
     redis-replica) shift; redis_replica "$@" ;;
     redis-cluster) shift; redis_cluster "$@" ;;
-    *) echo "usage: $0 start|stop|restart|status|env | redis-replica start|stop|status PORT | redis-cluster start|stop|status" >&2; exit 2 ;;
+    redis-restart) with_lock; redis_restart ;;
+    pg-restart) with_lock; pg_restart ;;
+    pause) pause_server "${2:-}" "${3:-}" ;;
+    *) echo "usage: $0 start|stop|restart|status|env | redis-replica start|stop|status PORT | redis-cluster start|stop|status | redis-restart | pg-restart | pause redis|pg SECONDS" >&2; exit 2 ;;
 esac

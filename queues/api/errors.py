@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import logging
 
+import redis
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import IntegrityError
+from django.db import IntegrityError, InterfaceError, OperationalError
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -74,6 +75,14 @@ _DRF_CODES = {
 }
 
 
+#: What a store that is down, restarting or unreachable raises below the service layer's own
+#: types: the database's connection errors (psycopg's, through Django: OperationalError covers
+#: a refused or cut connection and a query past the client's deadline, InterfaceError a
+#: connection already closed) and redis-py's connection errors and timeouts. IntegrityError
+#: (409) and programming errors stay what they are.
+STORE_OUTAGES = (OperationalError, InterfaceError, redis.ConnectionError, redis.TimeoutError)
+
+
 #: InvalidRequest codes that mean "the path names nothing here" (404, not 400).
 NOT_FOUND_CODES = {"is_a_topic", "no_such_partition"}
 
@@ -106,6 +115,13 @@ def domain_error(exc) -> tuple[int, dict, dict] | None:
         return 404, {"error": "queue_not_found", "detail": f"no queue named {exc.args[0]!r}"}, {}
     if isinstance(exc, ReceiptMismatch):
         return 409, {"error": "receipt_mismatch", "detail": str(exc), "id": exc.msg_id}, {}
+    if isinstance(exc, STORE_OUTAGES):
+        # The database or a Redis (the key-value store outside its own wrapper, the cache)
+        # cut, restarted or not answering within its timeout: nothing this call changed was
+        # confirmed, and the same call may succeed in a moment. Django drops the broken
+        # connection when the request ends (close_old_connections), so the retry reconnects.
+        log.warning("store unavailable: %s: %s", type(exc).__name__, exc)
+        return 503, {"error": "unavailable", "detail": f"a store is unavailable; retry: {exc}"}, {"Retry-After": "1"}
     if isinstance(exc, PeerAuthBusy):  # the replay guard is full: the forwarding node retries
         return 503, {"error": "unavailable", "detail": str(exc)}, {"Retry-After": "1"}
     if isinstance(exc, (PartitionUnavailable, KVError)):

@@ -17,8 +17,11 @@ scripts on Redis Cluster, with hash-tagged keys and one script per partition (:m
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, cast
 
 import redis as redis_lib
@@ -106,6 +109,52 @@ class RedisStore(KeyValueStore):
 
         return cls(get_redis_connection("kv"), min_replicas=settings.KV_MIN_REPLICAS)
 
+    # --- when Redis does not answer -----------------------------------------------------------
+    #: Seconds calls fail at once after one timed out, before one call (alone) tries again.
+    HOLD_DOWN = 1.0
+    #: Set after a call timed out (Redis paused or cut off): until then, calls fail at once
+    #: instead of each waiting the socket timeout (see :meth:`_call`). Class-level defaults so
+    #: that a subclass with an ``__init__`` of its own has them too.
+    _unreachable_until = 0.0
+    _probing = False
+    _state = threading.Lock()
+
+    @contextmanager
+    def _call(self) -> Iterator[None]:
+        """One call to Redis, failing at once while Redis is known not to answer.
+
+        A Redis that stops answering (paused, cut off) costs each call the socket timeout.
+        Calls made under a partition's lock (a new block's record) queue behind each other,
+        so a dozen of them would hold the lock, and every call waiting for it, for a dozen
+        timeouts: far past any client's patience. So after a timeout, calls fail at once
+        (KVError: 503 to the client) for ``HOLD_DOWN`` seconds; then one call tries Redis while
+        the others still fail at once, and its success ends the outage for all. A refused
+        connection (Redis restarting) fails fast by itself and changes nothing here.
+        """
+        with self._state:
+            if self._unreachable_until:
+                if self._probing or time.monotonic() < self._unreachable_until:
+                    raise KVError("redis: not answering (a call timed out a moment ago); retry")
+                self._probing = probe = True
+            else:
+                probe = False
+        try:
+            yield
+        except redis_lib.TimeoutError:
+            with self._state:
+                self._unreachable_until = time.monotonic() + self.HOLD_DOWN
+                if probe:
+                    self._probing = False
+            raise
+        except BaseException:
+            if probe:
+                with self._state:
+                    self._probing = False
+            raise
+        if probe:
+            with self._state:
+                self._unreachable_until, self._probing = 0.0, False
+
     # --- key naming: where a bucket lives, the one place that says it ------------------------
     @staticmethod
     def redis_key(bucket: str) -> str:
@@ -130,12 +179,13 @@ class RedisStore(KeyValueStore):
 
     def _run(self, script: Script, keys: list[str], args: Args) -> int:
         try:
-            if not self.min_replicas:
-                return script(keys=keys, args=args, client=self.client)
-            pipe = self.client.pipeline(transaction=False)
-            script(keys=keys, args=args, client=pipe)
-            pipe.wait(self.min_replicas, self.replica_timeout_ms)
-            result, replicas = pipe.execute()
+            with self._call():
+                if not self.min_replicas:
+                    return script(keys=keys, args=args, client=self.client)
+                pipe = self.client.pipeline(transaction=False)
+                script(keys=keys, args=args, client=pipe)
+                pipe.wait(self.min_replicas, self.replica_timeout_ms)
+                result, replicas = pipe.execute()
         except redis_lib.ResponseError as exc:
             if str(exc).startswith("FENCED"):
                 raise Fenced(str(exc)) from exc
@@ -158,10 +208,11 @@ class RedisStore(KeyValueStore):
             by_bucket[bucket].append((i, name))
         out: list[bytes | None] = [None] * len(keys)
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for bucket, entries in by_bucket.items():
-                pipe.hmget(self.redis_key(bucket), [name for _, name in entries])
-            results = pipe.execute()
+            with self._call():
+                pipe = self.client.pipeline(transaction=False)
+                for bucket, entries in by_bucket.items():
+                    pipe.hmget(self.redis_key(bucket), [name for _, name in entries])
+                results = pipe.execute()
         except (redis_lib.RedisError, RedisClusterException) as exc:
             raise KVError(f"redis: {exc}") from exc
         for (_, entries), values in zip(by_bucket.items(), results):
@@ -210,20 +261,22 @@ class RedisStore(KeyValueStore):
     def scan(self, bucket: str) -> list[str]:
         try:
             # The client does not decode responses (django-redis' default): fields come back as bytes.
-            return [n.decode() for n in cast("list[bytes]", self.client.hkeys(self.redis_key(bucket)))]
+            with self._call():
+                return [n.decode() for n in cast("list[bytes]", self.client.hkeys(self.redis_key(bucket)))]
         except (redis_lib.RedisError, RedisClusterException) as exc:
             raise KVError(f"redis: {exc}") from exc
 
     def delete_prefix(self, prefix: str) -> None:
         try:
-            batch = [prefix]
-            for key in self.client.scan_iter(match=_glob_escape(prefix) + "/*", count=1000):
-                batch.append(key)
-                if len(batch) >= 500:
+            with self._call():
+                batch = [prefix]
+                for key in self.client.scan_iter(match=_glob_escape(prefix) + "/*", count=1000):
+                    batch.append(key)
+                    if len(batch) >= 500:
+                        self.client.delete(*batch)
+                        batch = []
+                if batch:
                     self.client.delete(*batch)
-                    batch = []
-            if batch:
-                self.client.delete(*batch)
         except redis_lib.RedisError as exc:
             raise KVError(f"redis: {exc}") from exc
 

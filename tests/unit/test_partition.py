@@ -217,3 +217,66 @@ def test_a_store_failure_while_scanning_an_unscanned_block_closes_and_loses_noth
     while batch := third.load_bodies(third.dequeue(5, 30.0)):
         delivered += [d.id for d in batch]
     assert delivered == ids
+
+
+class FailingBlockStore(MemoryStore):
+    """Fails the next ``fail_block_puts`` writes of a block record: a store that drops out
+    (or a timeout whose write may have landed, with ``lands``) while a new block is added."""
+
+    fail_block_puts = 0
+    lands = False
+
+    def put_many(self, items, *, fence=None):
+        if self.fail_block_puts and any("/_blocks/" in key for key, _ in items):
+            self.fail_block_puts -= 1
+            if self.lands:
+                super().put_many(items, fence=fence)
+            from queues.kv import KVError
+
+            raise KVError("store unreachable")
+        return super().put_many(items, fence=fence)
+
+
+class FlakyRow(PartitionRow):
+    """A head pointer whose next ``fail_sets`` writes fail like a database that restarts; with
+    ``lands`` the write committed and only its answer was lost."""
+
+    fail_sets = 0
+    lands = False
+
+    def set_head(self, lease, node_id, head):
+        if self.fail_sets:
+            self.fail_sets -= 1
+            if self.lands:
+                super().set_head(lease, node_id, head)
+            from django.db import OperationalError
+
+            raise OperationalError("terminating connection due to administrator command")
+        super().set_head(lease, node_id, head)
+
+
+@pytest.mark.parametrize("lands", [False, True])
+@pytest.mark.parametrize("failing", ["store", "database"])
+def test_a_store_outage_while_adding_a_block_keeps_serving_and_loses_nothing(failing, lands):
+    # given a partition with blocks of 3 holding 4 messages (the head block has room for 2)
+    store, row = FailingBlockStore(), FlakyRow()
+    m = open_manager(store, row, 3, 0)
+    ids = m.enqueue([StoredMessage(f"m{i}", 0.0) for i in range(4)])
+    # when the next block's record (or the head pointer) cannot be written
+    if failing == "store":
+        store.fail_block_puts, store.lands = 1, lands
+    else:
+        row.fail_sets, row.lands = 1, lands
+    with pytest.raises(Exception) as failed:
+        m.enqueue([StoredMessage(f"n{i}", 0.0) for i in range(3)])
+    assert failed.type.__name__ in ("PartitionUnavailable", "OperationalError")
+    # then the manager still serves once the store is back: no reopen, no new epoch
+    assert not m.closed
+    ids += m.enqueue([StoredMessage(f"k{i}", 0.0) for i in range(5)])
+    m.tree._check()
+    # and a new owner (reading the row's pointer, whichever the failure left) finds them all
+    nxt = open_manager(store, row, 3, 0)
+    delivered = []
+    while batch := nxt.load_bodies(nxt.dequeue(5, 30.0)):
+        delivered += [d.id for d in batch]
+    assert delivered == ids

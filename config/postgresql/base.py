@@ -1,0 +1,118 @@
+"""Django's PostgreSQL backend (psycopg 3), with a deadline on every call to the server.
+
+A PostgreSQL that stops answering without closing its connections (a host paused or cut off
+by the network; ``scripts/services.sh pause pg`` SIGSTOPs it in the tests) leaves a query
+waiting for ever: the kernel on its side still acknowledges what is sent, so neither TCP
+keepalives nor ``tcp_user_timeout`` fire, and ``statement_timeout`` is enforced by the server
+that is not running. A request would hang past any client's timeout, holding a partition's
+lock (the head pointer is written under it) and every call queued behind it.
+
+So each wait for the server ends after ``DB_CALL_TIMEOUT`` seconds: psycopg's own wait
+raises, the connection is closed (its state is unknown: a query may still run there), and the
+call fails with ``OperationalError``, which the API answers with 503 and ``Retry-After``.
+Django drops the closed connection at the end of the request and the next one reconnects
+(``connect_timeout`` bounds that too). ``DB_CALL_TIMEOUT=0`` waits without a deadline.
+
+After a call timed out (or a connection took its whole timeout to fail), every call of the
+process fails at once for ``HOLD_DOWN`` seconds, then one call alone tries the server while
+the others still fail at once: calls made under a partition's lock would otherwise wait one
+deadline each, one after the other, and hold every call behind them past its client's
+patience. A refused connection (a restart) fails fast by itself and changes nothing here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from django.db.backends.postgresql import base
+
+#: Seconds every call fails at once after one met an unreachable server.
+HOLD_DOWN = 1.0
+#: A connection attempt that failed after this long met an unreachable server (a refused one
+#: fails in milliseconds).
+SLOW_FAILURE = 1.0
+
+
+class _Unreachable:
+    """The process's knowledge that the server does not answer (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.until = 0.0
+        self.probing = False
+
+    def admit(self) -> bool:
+        """Let a call through (True: it is the one probing the server), or fail it at once."""
+        with self.lock:
+            if not self.until:
+                return False
+            if self.probing or time.monotonic() < self.until:
+                raise psycopg.OperationalError("the database is not answering (a call timed out a moment ago); retry")
+            self.probing = True
+            return True
+
+    def settle(self, probe: bool, *, unreachable: bool) -> None:
+        with self.lock:
+            if probe:
+                self.probing = False
+            if unreachable:
+                self.until = time.monotonic() + HOLD_DOWN
+            elif probe:
+                self.until = 0.0
+
+
+UNREACHABLE = _Unreachable()
+
+
+class DeadlineConnection(psycopg.Connection):
+    """A psycopg connection whose every wait for the server has a deadline."""
+
+    @classmethod
+    def connect(cls, *args: Any, **kwargs: Any) -> DeadlineConnection:  # type: ignore[override]
+        probe = UNREACHABLE.admit()
+        started = time.monotonic()
+        try:
+            conn = super().connect(*args, **kwargs)
+        except psycopg.OperationalError:
+            UNREACHABLE.settle(probe, unreachable=time.monotonic() - started >= SLOW_FAILURE)
+            raise
+        except BaseException:
+            UNREACHABLE.settle(probe, unreachable=False)
+            raise
+        UNREACHABLE.settle(probe, unreachable=False)
+        return conn
+
+    def wait(self, gen, interval=0.1, timeout=None):  # type: ignore[no-untyped-def,override]
+        if timeout is not None:  # psycopg's own bounded waits (a cancellation)
+            return super().wait(gen, interval=interval, timeout=timeout)
+        deadline = settings.DB_CALL_TIMEOUT or None
+        probe = UNREACHABLE.admit()
+        try:
+            result = super().wait(gen, interval=interval, timeout=deadline)
+        except psycopg.errors._WaitTimeout as exc:
+            UNREACHABLE.settle(probe, unreachable=True)
+            self.pgconn.finish()  # a query may still be running there: never reuse this connection
+            raise psycopg.OperationalError(f"the database did not answer within {deadline} s") from exc
+        except BaseException:
+            UNREACHABLE.settle(probe, unreachable=False)
+            raise
+        UNREACHABLE.settle(probe, unreachable=False)
+        return result
+
+
+class _Psycopg:
+    """The psycopg module as Django's backend uses it, except that connections are opened as
+    :class:`DeadlineConnection`."""
+
+    connect = DeadlineConnection.connect
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(psycopg, name)
+
+
+class DatabaseWrapper(base.DatabaseWrapper):
+    Database = _Psycopg()
