@@ -644,7 +644,7 @@ class PartitionManager:
                 self.cache.put(mid, message)
                 self._route_new(mid, block, i, message, scanned=False)
             self.enqueued_total += len(ids)
-        metrics.ENQUEUED.labels(self.queue).inc(len(ids))
+        metrics.child(metrics.ENQUEUED, self.queue).inc(len(ids))
         self.on_change()
         return ids
 
@@ -686,7 +686,7 @@ class PartitionManager:
                 count = entry.receive_count + 1
                 c.redelivery.add(mid, deadline, receipt, count)
                 c.redelivered_total += 1
-                metrics.REDELIVERED.labels(self.queue, sub).inc()
+                metrics.child(metrics.REDELIVERED, self.queue, sub).inc()
                 counts.append((mid, count))
                 out.append(Delivery(mid, receipt, count))
             self._unblock_due(c)
@@ -720,7 +720,7 @@ class PartitionManager:
         if counts:
             self._save_receives(c, counts)
         if out:
-            metrics.DELIVERED.labels(self.queue, sub).inc(len(out))
+            metrics.child(metrics.DELIVERED, self.queue, sub).inc(len(out))
         return out
 
     def _save_receives(self, c: Cursor, counts: list[tuple[str, int]]) -> None:
@@ -989,7 +989,7 @@ class PartitionManager:
             self._drop_stored(mids)
         c.acked_total += removed
         if ack:
-            metrics.ACKED.labels(self.queue, sub).inc(removed)
+            metrics.child(metrics.ACKED, self.queue, sub).inc(removed)
         self._prune()
 
     def _forget(self, c: Cursor, mids: Sequence[str]) -> None:

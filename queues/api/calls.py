@@ -24,13 +24,20 @@ from . import validation
 Answer = tuple[int, dict[str, Any]]
 
 
-def delivery_json(d: Delivery, cfg: QueueConfig) -> dict[str, Any]:
-    """A delivery as the dequeue call answers it."""
+def queue_estimates(cfg: QueueConfig) -> dict[str, Any]:
+    """The queue's estimates, as a delivery without its own answers them."""
+    return {"preprocess": cfg.preprocess_estimate, "process": cfg.process_estimate}
+
+
+def delivery_json(d: Delivery, cfg: QueueConfig, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A delivery as the dequeue call answers it. ``defaults``: :func:`queue_estimates` of
+    ``cfg``, made once for a whole batch (shared, never changed, by the messages without
+    estimates of their own: one dict a message was 1% of a batch dequeue's node CPU)."""
     m = d.message
     assert m is not None
-    estimates = {"preprocess": cfg.preprocess_estimate, "process": cfg.process_estimate}
+    estimates = defaults if defaults is not None else queue_estimates(cfg)
     if m.estimates:
-        estimates.update(m.estimates)
+        estimates = {**estimates, **m.estimates}
     item = {
         "id": d.id,
         "receipt": d.receipt,
@@ -86,7 +93,8 @@ def dequeue(name: str, data: Any, hops: int = 0, trusted: bool = False, *, calle
     cfg, _ = service.authorize(name, "consume", caller=caller, reading=True)
     max_messages, visibility, wait = validation.dequeue_request(data)
     found = service.dequeue(name, caller=caller, max_messages=max_messages, visibility=visibility, wait=wait, hops=hops)
-    return 200, {"messages": [delivery_json(d, cfg) for d in found]}
+    defaults = queue_estimates(cfg)
+    return 200, {"messages": [delivery_json(d, cfg, defaults) for d in found]}
 
 
 def ack(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:

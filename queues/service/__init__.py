@@ -55,7 +55,7 @@ from .operations import (
 )
 from .peers import Peers, get_peers, set_peers
 from .runtime import get_runtime, set_runtime
-from .targets import authorize, checked_name, queue_config, resolve
+from .targets import authorize, begin_call, checked_name, end_call, queue_config, resolve
 from .types import (
     AckResult,
     ExpireResult,
@@ -95,6 +95,8 @@ __all__ = [
     "SubscriptionStats",
     "ack",
     "authorize",
+    "begin_call",
+    "end_call",
     "change_visibility",
     "check_drafts",
     "check_grant",
