@@ -79,10 +79,7 @@ def create_queue(*, caller: Caller, **fields: Any) -> Queue:
             q.full_clean()
             q.save()
             Partition.objects.bulk_create(
-                [
-                    Partition(queue=q, index=i, lease_period=q.lease_period, epoch=_first_epoch(q.name, i))
-                    for i in range(q.partitions)
-                ]
+                [Partition(queue=q, index=i, lease_period=q.lease_period) for i in range(q.partitions)]
             )
             audit.record(caller, "create", q.name, kind=q.kind, partitions=q.partitions)
     except ValidationError as exc:
@@ -95,12 +92,6 @@ def create_queue(*, caller: Caller, **fields: Any) -> Queue:
         raise Conflict(f"{name}: a queue it names was changed meanwhile; retry ({exc})", "concurrent_change") from exc
     get_runtime().queue_created(q)
     return q
-
-
-def _first_epoch(queue: str, index: int) -> int:
-    """A new partition's epoch: past any fence an earlier queue of the same name left in the
-    store (a late write of its owner after the delete), so the first claim can raise it."""
-    return get_runtime().store.read_fence(keys.fence_key(queue, index))
 
 
 def update_queue(q: Queue, *, caller: Caller, **fields: Any) -> Queue:
@@ -132,10 +123,7 @@ def update_queue(q: Queue, *, caller: Caller, **fields: Any) -> Queue:
                 raise InvalidRequest("partitions can only grow: existing partitions hold messages", "partitions_shrink")
             q.save()
             Partition.objects.bulk_create(
-                [
-                    Partition(queue=q, index=i, lease_period=q.lease_period, epoch=_first_epoch(q.name, i))
-                    for i in range(old_partitions, q.partitions)
-                ]
+                [Partition(queue=q, index=i, lease_period=q.lease_period) for i in range(old_partitions, q.partitions)]
             )
             if "lease_period" in fields:
                 # Owned rows take the new period from their owner's next renewal (leases.renew).
@@ -166,11 +154,13 @@ def delete_queue(q: Queue, *, caller: Caller) -> None:
     pass: the rows are gone; their writes are refused from the moment the fences move past
     their epochs).
 
-    The keys go first, under the row's lock: while the row holds the name no queue can be
-    created again under it, so a new queue's keys are never deleted with the old ones. Only
-    the partitions' fences stay, one past the last epoch, so that no owner of the deleted queue
-    can write into a queue created again under the name. Raises QueueNotFound (also when
-    deleted meanwhile by another call) / ``access.Forbidden``."""
+    The keys are this incarnation's (``keys.incarnation``: the row's id), so a queue created
+    again under the name has keys of its own, and no owner of the deleted one, whatever its
+    epoch, can write into the new tree. They go under the row's lock. Only the partitions'
+    fences stay, one past the last epoch, so that an owner still opening a partition of the
+    deleted queue cannot raise an absent fence and leave writes behind. The queue's dedup_ids
+    go too. Raises QueueNotFound (also when deleted meanwhile by another call) /
+    ``access.Forbidden``."""
     _require(caller, "manage", q)
     name, queue_id, kind = q.name, q.pk, q.kind
     rt = get_runtime()
@@ -187,11 +177,12 @@ def delete_queue(q: Queue, *, caller: Caller) -> None:
             for p in parts
             if p.owner is not None and p.owner.stopped_at is None and p.owner_id != rt.node_id
         }
-        rt.store.delete_prefix(keys.queue_prefix(name))
+        store = rt.store.within(keys.incarnation(queue_id))
+        store.delete_prefix(keys.queue_prefix(name))
         for p in parts:
             # The fence stays, past every epoch an owner of this queue held: a late write of
-            # one is refused, in a queue created again under the name too (_first_epoch).
-            rt.store.advance_fence(keys.fence_key(name, p.index), p.epoch + 1)
+            # one is refused, rather than left behind in the deleted incarnation's keys.
+            store.advance_fence(keys.fence_key(name, p.index), p.epoch + 1)
         row.delete()
         # Under the row's lock too: no dedup_id of a queue created again under the name is
         # taken for the old queue's (the database's rows go with this transaction).
@@ -272,7 +263,7 @@ def delete_subscription(sub: Subscription, *, caller: Caller) -> None:
         sub.delete()
         audit.record(caller, "unsubscribe", f"{topic.name}/{sub.name}")
     _subscriptions_changed(topic)
-    store = get_runtime().store
+    store = get_runtime().store.within(keys.incarnation(topic.pk))
     for index in range(topic.partitions):
         store.delete_prefix(keys.acks_bucket(topic.name, index, sub.name))
         store.delete_prefix(keys.receives_bucket(topic.name, index, sub.name))

@@ -529,3 +529,53 @@ def test_a_refresh_racing_a_change_keeps_the_newer_description(ops, make_queue, 
     # and the next pass, which reads after the change, agrees
     runtime.refresh_queues()
     assert runtime.queue(name).partitions == 3
+
+
+def test_a_stale_owners_write_racing_delete_and_recreate_never_lands_in_the_new_queue(tmp_path, runtime, unique_name):
+    """The filesystem store (the embedded default): a stale owner's write has passed the fence
+    check when the queue is deleted (its directory and fence lock file with it) and created
+    again under the name; the write then goes on. It must not land among the new queue's keys,
+    where the new owner's scans (blocks, receive counts, the archive journal) would find it."""
+    from queues.kv.filesystem import FileStore
+    from queues.messages import StoredMessage
+
+    root = tmp_path / "kv"
+    store = FileStore(root).within("mq:")
+    here = NodeRuntime("file-node", store=store, background=False).start()
+    other = NodeRuntime("other-node", store=store, background=False).start()
+    service.set_runtime(here)
+    try:
+        # given a queue whose partition the other node holds, with a writable head block
+        name = unique_name()
+        service.create_queue(caller=SYSTEM, name=name, partitions=1)
+        here.release_partition(name, 0)
+        other.tick()
+        stale = other.manager(name, 0)
+        [first] = stale.enqueue([StoredMessage("before", 0.0)])
+        old_block = first.split("/")[2]
+
+        def delete_and_recreate() -> None:
+            delete(name)
+            service.create_queue(caller=SYSTEM, name=name, partitions=1)
+            here.hold_off.clear()
+            here.tick()
+            here.manager(name, 0).enqueue([StoredMessage("new", 0.0)])
+
+        # when the other node's next write is under way (fence checked) as the queue is deleted
+        # and created again here (the other node is not told)
+        with before_once(FileStore, "_write_atomically", delete_and_recreate) as done:
+            with contextlib.suppress(Exception):
+                stale.enqueue([StoredMessage("racing", 0.0)])
+        # then nothing of the old queue's block lies among the new queue's keys
+        assert done
+        new = here.manager(name, 0)
+        files = [p for p in root.rglob("*") if p.is_file()]
+        new_tree = next(p.parent.parent for p in files if p.parent.name == "_blocks" and p.name in new.blocks)
+        assert [str(p) for p in new_tree.rglob("*") if old_block in str(p)] == []
+        # and the new queue serves only its own message
+        got = service.dequeue(name, caller=SYSTEM, max_messages=10)
+        assert [d.message.body for d in got if d.message is not None] == ["new"]
+    finally:
+        service.set_runtime(runtime)
+        other.stop(release=False)
+        here.stop(release=False)
