@@ -19,6 +19,7 @@ from .. import audit, keys
 from ..access import Caller, Forbidden, require, visible
 from ..dedup import get_dedup
 from ..models import Partition, Queue, Subscription
+from ..partition import wait_out_trust
 from .errors import Conflict, InvalidRequest, QueueNotFound, SubscriptionNotFound
 from .peers import get_peers
 from .runtime import get_runtime
@@ -159,7 +160,9 @@ def delete_queue(q: Queue, *, caller: Caller) -> None:
     epoch, can write into the new tree. They go under the row's lock. Only the partitions'
     fences stay, one past the last epoch, so that an owner still opening a partition of the
     deleted queue cannot raise an absent fence and leave writes behind. The queue's dedup_ids
-    go too. Raises QueueNotFound (also when deleted meanwhile by another call) /
+    go too. The answer comes ``partition.FENCE_TRUST`` after the fences moved: from then on no
+    manager of the deleted queue delivers, on any node, told or not (it reads its fence before
+    delivering). Raises QueueNotFound (also when deleted meanwhile by another call) /
     ``access.Forbidden``."""
     _require(caller, "manage", q)
     name, queue_id, kind = q.name, q.pk, q.kind
@@ -188,6 +191,7 @@ def delete_queue(q: Queue, *, caller: Caller) -> None:
         # taken for the old queue's (the database's rows go with this transaction).
         get_dedup().forget(name)
         audit.record(caller, "delete", name, kind=kind)
+    fenced_at = time.monotonic()
     rt.queue_deleted(name, queue_id)
     # The other owners drop their managers now rather than serve the deleted queue from memory
     # until their next pass (they keep those of a queue created again under the name since).
@@ -196,6 +200,10 @@ def delete_queue(q: Queue, *, caller: Caller) -> None:
             get_peers().close_purged(address, name)
         except Exception as exc:  # noqa: BLE001 - it drops them at its next pass anyway
             log.info("deleting %s: telling %s failed: %s", name, address, exc)
+    # A manager of the deleted queue that was not told (its partition's owner already cleared
+    # by a purge under way, the call failed, it was still opening) delivers nothing from memory
+    # once this has passed: it reads its moved fence first (partition.FENCE_TRUST).
+    wait_out_trust(fenced_at)
 
 
 def partition_owners(queue: str, *, caller: Caller) -> list[PartitionOwner]:

@@ -579,3 +579,56 @@ def test_a_stale_owners_write_racing_delete_and_recreate_never_lands_in_the_new_
         service.set_runtime(runtime)
         other.stop(release=False)
         here.stop(release=False)
+
+
+@pytest.mark.parametrize("removal", ["purge", "delete"])
+def test_a_node_not_told_of_a_purge_or_delete_delivers_nothing_it_removed(
+    ops, make_queue, runtime, monkeypatch, removal
+):
+    """The node holding a partition is not told of a purge or delete: the call to it fails;
+    or a purge under way has cleared the partition's owner, so a delete racing it names no
+    owner to tell and the purge then answers 404 before telling anyone; or it was still
+    opening the partition when the others were told. Its manager keeps the messages' IDs in
+    memory and their bodies in the node's cache, and fences stop only writes: a first
+    delivery writes nothing. A dequeue reaching that node after the answer (a client's, or
+    one forwarded by another node, which asks the owners of the re-created queue) must
+    deliver nothing the purge or delete removed."""
+    from queues.messages import StoredMessage
+    from queues.service.peers import get_peers
+
+    other = NodeRuntime("other-node", background=False).start()
+    try:
+        # given a queue whose only partition the other node holds, with messages it enqueued
+        name = make_queue(partitions=1)
+        runtime.release_partition(name, 0)
+        other.tick()
+        stale = other.manager(name, 0)
+        old = stale.enqueue([StoredMessage(f"old{i}", 0.0) for i in range(3)])
+        told: list[str] = []
+
+        def unreachable(address: str, queue: str) -> None:
+            told.append(address)
+            raise ConnectionError(f"{address} is unreachable")
+
+        monkeypatch.setattr(get_peers(), "close_purged", unreachable)
+        # when the queue is purged, or deleted and created again, through this node, which
+        # cannot tell the other one
+        if removal == "purge":
+            r = ops.post(f"{API}/{name}/purge", {}, format="json")
+            assert r.status_code == 200, r.content
+        else:
+            delete(name)
+            make_queue(name=name, partitions=1)
+        assert told == ["other-node"]
+        # then a dequeue that reaches the other node (forwarded: it answers from its own
+        # partitions) delivers none of the removed messages
+        service.set_runtime(other)
+        try:
+            got = service.dequeue(name, caller=SYSTEM, max_messages=10, hops=1)
+        finally:
+            service.set_runtime(runtime)
+        assert [d.id for d in got if d.id in old] == []
+        # and the other node's manager of the removed epoch serves no more
+        assert stale.closed
+    finally:
+        other.stop(release=False)
