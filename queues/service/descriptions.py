@@ -80,7 +80,10 @@ def create_queue(*, caller: Caller, **fields: Any) -> Queue:
             q.full_clean()
             q.save()
             Partition.objects.bulk_create(
-                [Partition(queue=q, index=i, lease_period=q.lease_period) for i in range(q.partitions)]
+                [
+                    Partition(queue=q, index=i, lease_period=q.lease_period, epoch=_first_epoch(q, i))
+                    for i in range(q.partitions)
+                ]
             )
             audit.record(caller, "create", q.name, kind=q.kind, partitions=q.partitions)
     except ValidationError as exc:
@@ -93,6 +96,14 @@ def create_queue(*, caller: Caller, **fields: Any) -> Queue:
         raise Conflict(f"{name}: a queue it names was changed meanwhile; retry ({exc})", "concurrent_change") from exc
     get_runtime().queue_created(q)
     return q
+
+
+def _first_epoch(q: Queue, index: int) -> int:
+    """A new partition's epoch: past any fence its keys already hold, so that the first claim
+    can raise it. A row id is unique in one database, but one created again (a restore, a test
+    database) beside a store that kept its keys reuses ids, and a deleted queue leaves its
+    fences behind (``delete_queue``): an epoch is never used twice under the same keys."""
+    return get_runtime().store.within(keys.incarnation(q.pk)).read_fence(keys.fence_key(q.name, index))
 
 
 def update_queue(q: Queue, *, caller: Caller, **fields: Any) -> Queue:
@@ -124,7 +135,10 @@ def update_queue(q: Queue, *, caller: Caller, **fields: Any) -> Queue:
                 raise InvalidRequest("partitions can only grow: existing partitions hold messages", "partitions_shrink")
             q.save()
             Partition.objects.bulk_create(
-                [Partition(queue=q, index=i, lease_period=q.lease_period) for i in range(old_partitions, q.partitions)]
+                [
+                    Partition(queue=q, index=i, lease_period=q.lease_period, epoch=_first_epoch(q, i))
+                    for i in range(old_partitions, q.partitions)
+                ]
             )
             if "lease_period" in fields:
                 # Owned rows take the new period from their owner's next renewal (leases.renew).

@@ -632,3 +632,26 @@ def test_a_node_not_told_of_a_purge_or_delete_delivers_nothing_it_removed(
         assert stale.closed
     finally:
         other.stop(release=False)
+
+
+def test_a_partition_whose_keys_hold_a_fence_already_is_served(ops, make_queue, runtime):
+    """A row id is unique in one database, but a database created again (a restore, a test
+    database) beside a store that kept its keys hands the ids out again, and a deleted queue
+    leaves its fences one past its last epoch: a new partition's first epoch starts past the
+    fence its keys hold, or its first claim cannot raise it and no node ever serves it."""
+    from queues import keys
+    from queues.messages import StoredMessage
+
+    # given a queue of one partition, and a fence already at epoch 5 under the keys its
+    # second partition will have
+    name = make_queue(partitions=1)
+    pk = Queue.objects.get(name=name).pk
+    assert runtime.store.within(keys.incarnation(pk)).advance_fence(keys.fence_key(name, 1), 5)
+    # when the queue grows to two partitions
+    r = ops.patch(f"{API}/{name}", {"partitions": 2}, format="json")
+    assert r.status_code == 200, r.content
+    runtime.tick()
+    # then this node serves both, and a message of the new partition is delivered
+    assert {m.index for m in runtime.local_managers(name)} == {0, 1}
+    runtime.manager(name, 1).enqueue([StoredMessage("p1", 0.0)])
+    assert drain(ops, name) == ["p1"]
