@@ -571,8 +571,8 @@ class PartitionManager:
         delivers nothing. One read per partition per FENCE_TRUST at most, none while enqueues
         (fenced writes) keep confirming it."""
         started = monotonic()
-        if started - self.fence_confirmed_at <= FENCE_TRUST:
-            return
+        if started - self.fence_confirmed_at <= FENCE_TRUST or self.closed:
+            return  # (closed: refused by _check_serving, no read)
         try:
             current = self.store.read_fence(self.fence.key)
         except KVError as exc:
