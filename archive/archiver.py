@@ -21,7 +21,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from queues import archive_journal
+from queues import archive_journal, keys
 from queues.kv import KeyValueStore, get_store
 from queues.messages import StoredMessage, parse_message_id
 from queues.models import Queue
@@ -236,7 +236,8 @@ def archive_partition(
 
 # --- queues -----------------------------------------------------------------------------------
 def archive_queue(store: KeyValueStore, q: Queue, holder: str, **kw) -> dict:
-    """Every partition of ``q`` under its lock; ``{"busy": True}`` if another archiver has it."""
+    """Every partition of ``q`` under its lock; ``{"busy": True}`` if another archiver has it.
+    ``store``: the view of ``q``'s incarnation (``store.within(keys.incarnation(q.pk))``)."""
     if not claim(q.name, holder):
         return {"busy": True}
     total = {"archived": 0, "acked": 0, "removed": 0}
@@ -267,10 +268,11 @@ def run(
         queues = queues.filter(name=queue)
     report: dict[str, dict] = {}
     for q in queues:
-        if q.archive == "none" and not any(store.scan(archive_journal.bucket(q.name, p)) for p in range(q.partitions)):
+        qstore = store.within(keys.incarnation(q.pk))  # this incarnation's journal
+        if q.archive == "none" and not any(qstore.scan(archive_journal.bucket(q.name, p)) for p in range(q.partitions)):
             continue
         try:
-            counts = archive_queue(store, q, holder, **kw)
+            counts = archive_queue(qstore, q, holder, **kw)
         except Exception:
             log.exception("archiving %s", q.name)
             counts = {"error": True}

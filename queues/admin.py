@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from . import access, service
+from . import access, keys, service
 from .access import Caller, Forbidden
 from .kv import get_store
 from .models import AuditEntry, Grant, Node, Partition, Queue, Subscription
@@ -589,7 +589,7 @@ class PartitionAdmin(admin.ModelAdmin):
     @admin.display(description="append tree (newest 40 blocks; live/size per block; dashed: pruned)")
     def tree(self, obj):
         try:
-            svg = partition_svg(obj, get_store())
+            svg = partition_svg(obj, get_store().within(keys.incarnation(obj.queue_id)))
         except Exception as exc:  # noqa: BLE001 - the store may be down: say so, keep the page
             return f"cannot read the tree from the store: {exc}"
         return mark_safe(f'<div style="overflow-x:auto;max-width:100%">{svg}</div>')

@@ -19,7 +19,10 @@ under ``<queue>/<partition>``:
 Names in the ``_receives``, ``_acks`` and ``_archive`` buckets end in the message's
 *position*, ``<block id>.<index>``, so a scan of the bucket alone says which message each is.
 A queue's keys all lie under ``<queue>`` (:func:`queue_prefix`), so deleting that prefix
-removes the queue from the store.
+removes the queue from the store. These are the names *within* the store's view of one
+incarnation of the queue (:func:`incarnation`), which itself lies under the service's
+``KV_PREFIX`` (``queues.kv.get_store``): in Redis, message ``orders/0/<block>/3`` of queue row
+17 is field ``3`` of hash ``mq:17:orders/0/<block>``. Message IDs never carry either prefix.
 """
 
 from __future__ import annotations
@@ -28,6 +31,15 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .messages import MessageId
+
+
+def incarnation(queue_id: int) -> str:
+    """The store prefix of one incarnation of a queue (its row's id): every key above lies
+    under it (``<KV_PREFIX><queue id>:<queue>/...``; a manager, a purge, a delete work in
+    ``store.within(incarnation(id))``). A queue deleted and created again under its name
+    gets a new row, so a stale owner of the old one (a node that has not heard of the delete)
+    writes, if at all, under the old id: never into the new queue's tree, whatever the epochs."""
+    return f"{queue_id}:"
 
 
 def queue_prefix(queue: str) -> str:

@@ -27,7 +27,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from . import leases, metrics
+from . import keys, leases, metrics
 from .body_cache import BodyCache
 from .cursor import SubscriptionSpec
 from .kv import KeyValueStore, KVError, get_store
@@ -510,7 +510,9 @@ class NodeRuntime:
         m = PartitionManager(
             lease,
             block_size=cfg.block_size,
-            store=self.store,
+            # The incarnation's own keys: a manager of a deleted queue never writes into the
+            # tree of one created again under the name (keys.incarnation).
+            store=self.store.within(keys.incarnation(cfg.id)),
             node_id=self.node_id,
             cache=self.cache,
             on_change=self.notify,
@@ -599,6 +601,11 @@ class NodeRuntime:
                 except Exception:
                     log.exception("claiming partitions of %s", name)
         return cfg
+
+    def queue_store(self, name: str) -> KeyValueStore:
+        """The store's view of the queue's current incarnation (``keys.incarnation``), in which
+        its keys and message IDs are named. Raises QueueNotFound."""
+        return self.store.within(keys.incarnation(self.queue(name).id))
 
     def _remember(self, cfg: QueueConfig) -> bool:
         """Cache a description just read, unless its queue was deleted here meanwhile."""

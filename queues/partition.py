@@ -69,6 +69,27 @@ monotonic = time.monotonic
 #: try meets a fence raised again meanwhile, which only a row restored under it can cause).
 FENCE_ATTEMPTS = 5
 
+#: Seconds a manager delivers on the word of the store's last confirmation that its epoch is
+#: still the partition's (its fence read, or a fenced write that went through): past that, a
+#: dequeue reads the fence first. Fences alone stop only writes, and a first delivery writes
+#: nothing (the ID from memory, the body from the node's cache), so a manager that was not told
+#: of a purge or a delete (its owner field already cleared by a purge, the call to it failed,
+#: it was still opening) went on delivering what they removed until its next pass. A purge or
+#: delete moves the fences, then answers no sooner than this after (:func:`wait_out_trust`):
+#: a dequeue made after the answer finds the confirmation too old, reads the moved fence and
+#: delivers nothing of the old epoch (or incarnation), on whichever node it lands.
+FENCE_TRUST = 0.2
+
+
+def wait_out_trust(fenced_at: float) -> None:
+    """Return once :data:`FENCE_TRUST` has passed since ``fenced_at`` (``time.monotonic()``
+    taken after a purge or delete moved fences): from then on no manager of an older epoch
+    delivers without reading its fence first."""
+    left = fenced_at + FENCE_TRUST - time.monotonic()
+    if left > 0:
+        time.sleep(left)
+
+
 __all__ = [
     "BodyCache",
     "Delivery",
@@ -205,6 +226,9 @@ class PartitionManager:
         self._read_head = read_head
         self._move_epoch = move_epoch
         self.fence = Fence(keys.fence_key(self.queue, self.index), lease.epoch)
+        #: ``monotonic()`` before the store last confirmed ``fence`` (see :data:`FENCE_TRUST`);
+        #: never, before the open raised it.
+        self.fence_confirmed_at = float("-inf")
         self.lock = threading.Lock()
         self.tree = AppendTree(block_size)
         #: live blocks whose positions are known, by id; their ``live`` sets are the positions
@@ -326,6 +350,7 @@ class PartitionManager:
         self._t0 = monotonic()
         with self.lock:
             self._raise_fence()
+            self._confirmed(self._t0)
             # The head as the row and the store hold it now: read after the fence, so that no
             # earlier owner can move either since. The store's head record was written with the
             # blocks under the fence; the row may be behind it (a database restored from a
@@ -536,6 +561,28 @@ class PartitionManager:
         if not self.lease.valid():
             raise PartitionUnavailable(f"{self.queue}/{self.index}: lease expired on this node")
 
+    def _confirmed(self, started: float) -> None:
+        """The store confirmed the fence by a read or fenced write begun at ``started``."""
+        if started > self.fence_confirmed_at:
+            self.fence_confirmed_at = started
+
+    def _check_fence(self) -> None:
+        """Before delivering: unless the store confirmed the epoch within :data:`FENCE_TRUST`,
+        read the fence; moved on (a purge, a delete, a takeover), the manager closes and
+        delivers nothing. One read per partition per FENCE_TRUST at most, none while enqueues
+        (fenced writes) keep confirming it."""
+        started = monotonic()
+        if started - self.fence_confirmed_at <= FENCE_TRUST or self.closed:
+            return  # (closed: refused by _check_serving, no read)
+        try:
+            current = self.store.read_fence(self.fence.key)
+        except KVError as exc:
+            raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
+        if current != self.fence.epoch:
+            with self.lock:
+                raise self._lost(Fenced(f"fence at {current}, epoch {self.fence.epoch} here"))
+        self._confirmed(started)
+
     def _lost(self, exc: Exception) -> PartitionUnavailable:
         log.warning("%s/%s: giving up ownership: %s", self.queue, self.index, exc)
         self.closed = True
@@ -609,6 +656,7 @@ class PartitionManager:
         items = [(mid, m.to_bytes()) for mid, m in zip(ids, messages)]
         if self.archive == "all":  # the journal entries go in the same (atomic) write
             items += archive_journal.entries(self.queue, self.index, items)
+        started = monotonic()
         try:
             self.store.put_many(items, fence=self.fence)
         except BaseException as exc:
@@ -631,6 +679,7 @@ class PartitionManager:
                     raise self._lost(exc) from exc
             raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
         with self.lock:
+            self._confirmed(started)
             if self.closed:
                 # Closed while we wrote (a failure elsewhere): the next owner, under a newer
                 # epoch, finds the messages if they were stored; do not confirm them here.
@@ -665,6 +714,7 @@ class PartitionManager:
         ``max_receives`` are set aside for the dead-letter queue instead (see :meth:`take_dead`)."""
         out: list[Delivery] = []
         counts: list[tuple[str, int]] = []
+        self._check_fence()
         with self.lock:
             self._check_serving()
             c = self.cursor(sub)

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 from django.db import transaction
 
-from .keys import block_bucket, block_key, fence_key, head_key, parse_position, receives_bucket
+from .keys import block_bucket, block_key, fence_key, head_key, incarnation, parse_position, receives_bucket
 from .kv import Fence, Fenced, KeyValueStore
 from .models import Partition
 from .tree import AppendTree, Block, CorruptTree, head_record, newest_head, parse_head_record
@@ -48,6 +48,7 @@ def purge_partition(partition_id: int, store: KeyValueStore) -> int | None:
         if p is None:
             return None
         queue, index = p.queue.name, p.index
+        store = store.within(incarnation(p.queue_id))
         # Past the fence too when it is ahead of the row (a restored database): every owner,
         # the ones the row forgot included, is fenced out.
         epoch = max(p.epoch, store.read_fence(fence_key(queue, index))) + 1
@@ -73,8 +74,7 @@ def purge_partition(partition_id: int, store: KeyValueStore) -> int | None:
             live_blocks=0,
             oldest_enqueued_at=None,
         )
-        # Before the row is free again: a delete of the queue (which waits for the row) then
-        # finds this fence and keeps the next queue of the name past it.
+        # Before the row is free again: the old owner's writes are refused from here on.
         store.advance_fence(fence_key(queue, index), epoch)
         # The old tree as the store leads to it (the row may be behind: newest_head), read
         # after the fence, so no owner moves it since; then the store's head record is emptied

@@ -30,13 +30,14 @@ def hops_of(value: str | None) -> int:
 class Router:
     def __init__(self, node_id: str):
         self.node_id = node_id
-        self._owners: dict[str, tuple[float, dict[int, tuple[str, str, int]]]] = {}
+        #: by queue row id, not name: a queue created again under a name is another queue.
+        self._owners: dict[int, tuple[float, dict[int, tuple[str, str, int]]]] = {}
         self._lock = threading.Lock()
 
     def owners(self, queue_id: int, queue: str) -> dict[int, tuple[str, str, int]]:
         """``index -> (node id, address, depth)`` for partitions with a live owner."""
         now = time.monotonic()
-        hit = self._owners.get(queue)
+        hit = self._owners.get(queue_id)
         if hit is not None and now - hit[0] < _TTL:
             return hit[1]
         rows = Partition.objects.filter(queue_id=queue_id, owner__isnull=False, owner__stopped_at=None)
@@ -45,7 +46,7 @@ class Router:
             if p.owner is not None:  # always, by the filter; said for the type checker
                 owners[p.index] = (p.owner.id, p.owner.address, p.depth)
         with self._lock:
-            self._owners[queue] = (now, owners)
+            self._owners[queue_id] = (now, owners)
         return owners
 
     def other_nodes(self, queue_id: int, queue: str) -> list[str]:

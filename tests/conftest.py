@@ -101,10 +101,11 @@ def user(db):
 def purge_kv(runtime):
     """The database rolls back after each test, the key-value store does not: empty it."""
     yield
+    from queues.keys import incarnation
     from queues.models import Queue
 
-    for name in Queue.objects.values_list("name", flat=True):
-        runtime.store.delete_prefix(name)
+    for pk, name in Queue.objects.values_list("pk", "name"):
+        runtime.store.within(incarnation(pk)).delete_prefix(name)
 
 
 @pytest.fixture

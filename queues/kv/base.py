@@ -199,8 +199,9 @@ class PrefixedStore(KeyValueStore):
         self.prefix = prefix
         self.schemes = inner.schemes
 
-    def _k(self, key: str) -> str:
-        return self.prefix + key
+    def within(self, prefix: str) -> KeyValueStore:
+        # One layer, not a view of a view: each key is built once on the hot path.
+        return PrefixedStore(self.inner, self.prefix + prefix)
 
     def _fence(self, fence: Fence | None) -> Fence | None:
         return None if fence is None else Fence(self.prefix + fence.key, fence.epoch)

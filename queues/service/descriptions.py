@@ -19,6 +19,7 @@ from .. import audit, keys
 from ..access import Caller, Forbidden, require, visible
 from ..dedup import get_dedup
 from ..models import Partition, Queue, Subscription
+from ..partition import wait_out_trust
 from .errors import Conflict, InvalidRequest, QueueNotFound, SubscriptionNotFound
 from .peers import get_peers
 from .runtime import get_runtime
@@ -80,7 +81,7 @@ def create_queue(*, caller: Caller, **fields: Any) -> Queue:
             q.save()
             Partition.objects.bulk_create(
                 [
-                    Partition(queue=q, index=i, lease_period=q.lease_period, epoch=_first_epoch(q.name, i))
+                    Partition(queue=q, index=i, lease_period=q.lease_period, epoch=_first_epoch(q, i))
                     for i in range(q.partitions)
                 ]
             )
@@ -97,10 +98,12 @@ def create_queue(*, caller: Caller, **fields: Any) -> Queue:
     return q
 
 
-def _first_epoch(queue: str, index: int) -> int:
-    """A new partition's epoch: past any fence an earlier queue of the same name left in the
-    store (a late write of its owner after the delete), so the first claim can raise it."""
-    return get_runtime().store.read_fence(keys.fence_key(queue, index))
+def _first_epoch(q: Queue, index: int) -> int:
+    """A new partition's epoch: past any fence its keys already hold, so that the first claim
+    can raise it. A row id is unique in one database, but one created again (a restore, a test
+    database) beside a store that kept its keys reuses ids, and a deleted queue leaves its
+    fences behind (``delete_queue``): an epoch is never used twice under the same keys."""
+    return get_runtime().store.within(keys.incarnation(q.pk)).read_fence(keys.fence_key(q.name, index))
 
 
 def update_queue(q: Queue, *, caller: Caller, **fields: Any) -> Queue:
@@ -133,7 +136,7 @@ def update_queue(q: Queue, *, caller: Caller, **fields: Any) -> Queue:
             q.save()
             Partition.objects.bulk_create(
                 [
-                    Partition(queue=q, index=i, lease_period=q.lease_period, epoch=_first_epoch(q.name, i))
+                    Partition(queue=q, index=i, lease_period=q.lease_period, epoch=_first_epoch(q, i))
                     for i in range(old_partitions, q.partitions)
                 ]
             )
@@ -166,11 +169,15 @@ def delete_queue(q: Queue, *, caller: Caller) -> None:
     pass: the rows are gone; their writes are refused from the moment the fences move past
     their epochs).
 
-    The keys go first, under the row's lock: while the row holds the name no queue can be
-    created again under it, so a new queue's keys are never deleted with the old ones. Only
-    the partitions' fences stay, one past the last epoch, so that no owner of the deleted queue
-    can write into a queue created again under the name. Raises QueueNotFound (also when
-    deleted meanwhile by another call) / ``access.Forbidden``."""
+    The keys are this incarnation's (``keys.incarnation``: the row's id), so a queue created
+    again under the name has keys of its own, and no owner of the deleted one, whatever its
+    epoch, can write into the new tree. They go under the row's lock. Only the partitions'
+    fences stay, one past the last epoch, so that an owner still opening a partition of the
+    deleted queue cannot raise an absent fence and leave writes behind. The queue's dedup_ids
+    go too. The answer comes ``partition.FENCE_TRUST`` after the fences moved: from then on no
+    manager of the deleted queue delivers, on any node, told or not (it reads its fence before
+    delivering). Raises QueueNotFound (also when deleted meanwhile by another call) /
+    ``access.Forbidden``."""
     _require(caller, "manage", q)
     name, queue_id, kind = q.name, q.pk, q.kind
     rt = get_runtime()
@@ -187,16 +194,18 @@ def delete_queue(q: Queue, *, caller: Caller) -> None:
             for p in parts
             if p.owner is not None and p.owner.stopped_at is None and p.owner_id != rt.node_id
         }
-        rt.store.delete_prefix(keys.queue_prefix(name))
+        store = rt.store.within(keys.incarnation(queue_id))
+        store.delete_prefix(keys.queue_prefix(name))
         for p in parts:
             # The fence stays, past every epoch an owner of this queue held: a late write of
-            # one is refused, in a queue created again under the name too (_first_epoch).
-            rt.store.advance_fence(keys.fence_key(name, p.index), p.epoch + 1)
+            # one is refused, rather than left behind in the deleted incarnation's keys.
+            store.advance_fence(keys.fence_key(name, p.index), p.epoch + 1)
         row.delete()
         # Under the row's lock too: no dedup_id of a queue created again under the name is
         # taken for the old queue's (the database's rows go with this transaction).
         get_dedup().forget(name)
         audit.record(caller, "delete", name, kind=kind)
+    fenced_at = time.monotonic()
     rt.queue_deleted(name, queue_id)
     # The other owners drop their managers now rather than serve the deleted queue from memory
     # until their next pass (they keep those of a queue created again under the name since).
@@ -205,6 +214,10 @@ def delete_queue(q: Queue, *, caller: Caller) -> None:
             get_peers().close_purged(address, name)
         except Exception as exc:  # noqa: BLE001 - it drops them at its next pass anyway
             log.info("deleting %s: telling %s failed: %s", name, address, exc)
+    # A manager of the deleted queue that was not told (its partition's owner already cleared
+    # by a purge under way, the call failed, it was still opening) delivers nothing from memory
+    # once this has passed: it reads its moved fence first (partition.FENCE_TRUST).
+    wait_out_trust(fenced_at)
 
 
 def partition_owners(queue: str, *, caller: Caller) -> list[PartitionOwner]:
@@ -272,7 +285,7 @@ def delete_subscription(sub: Subscription, *, caller: Caller) -> None:
         sub.delete()
         audit.record(caller, "unsubscribe", f"{topic.name}/{sub.name}")
     _subscriptions_changed(topic)
-    store = get_runtime().store
+    store = get_runtime().store.within(keys.incarnation(topic.pk))
     for index in range(topic.partitions):
         store.delete_prefix(keys.acks_bucket(topic.name, index, sub.name))
         store.delete_prefix(keys.receives_bucket(topic.name, index, sub.name))

@@ -222,7 +222,7 @@ def _enqueue_somewhere(
         return rt.manager(cfg.name, index).enqueue(messages)
     address = rt.router.owner_of(cfg.id, cfg.name, index)
     if address is None:
-        raise _unserved(cfg.name, f"partition {cfg.name}/{index} has no live owner now; retry")
+        raise _unserved(cfg, f"partition {cfg.name}/{index} has no live owner now; retry")
     return get_peers().enqueue(address, cfg.name, _without_dedup(drafts), hops, caller)
 
 
@@ -281,14 +281,22 @@ def _local_or_forward(
             last = exc
     if rt.local_managers(cfg.name):
         return local(True)
-    raise _unserved(cfg.name, f"no node serves queue {cfg.name!r} now ({last or 'no owner'}); retry")
+    raise _unserved(cfg, f"no node serves queue {cfg.name!r} now ({last or 'no owner'}); retry")
 
 
-def _unserved(queue: str, detail: str) -> Exception:
-    """Why no node serves ``queue``: it was deleted (this node's description of it is a moment
-    old: QueueNotFound), else no owner now (NotServedHere, 503: retry)."""
-    if not Queue.objects.filter(name=queue).exists():
-        return QueueNotFound(queue)
+def _unserved(cfg: QueueConfig, detail: str) -> Exception:
+    """Why no node serves the queue: it was deleted (this node's description of it is a moment
+    old: QueueNotFound), else no owner now (NotServedHere, 503: retry).
+
+    A queue of the name whose row is not the one described here was deleted and created again
+    without this node being told (it was unreachable): the old description and its managers
+    are dropped now, so that the client's retry is served by the new queue rather than answered
+    503 until this node's next pass."""
+    current = Queue.objects.filter(name=cfg.name).values_list("pk", flat=True).first()
+    if current is None:
+        return QueueNotFound(cfg.name)
+    if current != cfg.id:
+        get_runtime().queue_deleted(cfg.name, cfg.id)
     return NotServedHere(detail)
 
 
@@ -557,7 +565,7 @@ def ack(
             continue
         address = rt.router.owner_of(cfg.id, cfg.name, mid.partition) if hops < MAX_HOPS else None
         if address is None:
-            raise _unserved(cfg.name, f"partition {cfg.name}/{mid.partition} has no live owner now; retry")
+            raise _unserved(cfg, f"partition {cfg.name}/{mid.partition} has no live owner now; retry")
         remote.setdefault(address, []).append((mid, receipt))
     if check_only or remote:
         if local:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from datetime import UTC, datetime
 
 from django.db.models import F
@@ -18,7 +19,7 @@ from ..dedup import get_dedup
 from ..messages import StoredMessage
 from ..models import LIMITS, QUEUE_NAME_RE, Partition, Queue
 from ..node import QueueConfig
-from ..partition import Delivery, PartitionManager
+from ..partition import Delivery, PartitionManager, wait_out_trust
 from ..purge import purge_partition
 from ..router import MAX_HOPS
 from .errors import Conflict, InvalidRequest, PartitionUnavailable, QueueNotFound, RemoteError
@@ -42,6 +43,8 @@ def purge(queue: str, *, caller: Caller) -> int:
     Done here whoever owns the partitions (see ``queues.purge``: each row's epoch moves on
     in its own transaction, then the store's fence, then the old tree is deleted); the owners
     are then told to drop their managers, which they would do anyway at their next renewal.
+    It answers ``partition.FENCE_TRUST`` after the fences moved: from then on no manager of
+    the old epochs delivers what it removed, told or not (it reads its fence first).
     Acks of purged messages answer ``not_found``. What was enqueued before the purge started
     is removed; a partition added meanwhile is not purged.
 
@@ -63,14 +66,21 @@ def purge(queue: str, *, caller: Caller) -> int:
     for p in rows:
         count = purge_partition(p.pk, rt.store)
         if count is None:
-            raise QueueNotFound(queue)  # deleted meanwhile
+            # Deleted meanwhile (its fences moved before its rows went), after this purge
+            # moved some: the answer waits out the managers' trust all the same.
+            wait_out_trust(time.monotonic())
+            raise QueueNotFound(queue)
         removed += count
+    fenced_at = time.monotonic()
     rt.purged(cfg.name)
     for address in sorted(owners):
         try:
             get_peers().close_purged(address, cfg.name)
         except Exception as exc:  # noqa: BLE001 - it stops at its next renewal anyway
             log.warning("purge of %s: telling %s failed: %s", cfg.name, address, exc)
+    # Not answered before no manager of the old epochs, told or not, delivers without reading
+    # its fence (a node whose call failed, one that was still opening the partition).
+    wait_out_trust(fenced_at)
     Queue.objects.filter(pk=queue_id).update(purged_total=F("purged_total") + removed)
     audit.record(caller, "purge", cfg.name, removed=removed)
     log.info("purged %s: %d messages", cfg.name, removed)

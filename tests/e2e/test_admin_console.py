@@ -18,6 +18,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
+from queues.keys import incarnation
 from queues.testing import wait_until
 from tests.integration.nodes import Client
 
@@ -92,6 +93,14 @@ def make_queue(client: Client, partitions: int, **fields) -> str:
     return name
 
 
+def _empty_store(name: str) -> None:
+    from queues.kv import get_store
+    from queues.models import Queue
+
+    for pk in Queue.objects.filter(name=name).values_list("pk", flat=True):
+        get_store().within(incarnation(pk)).delete_prefix(name)
+
+
 def block_of(mid: str) -> tuple[int, str]:
     _, partition, block, _ = mid.split("/")
     return int(partition), block
@@ -140,7 +149,7 @@ def test_queue_partitions_and_tree(browser, node, token, admin_login):
 
         wait_until(lambda: row().live_blocks == len(live_here), 10, "the owner to publish its live blocks")
         # the store agrees: the drawn partition's block records are exactly the live blocks
-        store = get_store()
+        store = get_store().within(incarnation(queue.pk))
         assert set(store.scan(f"{name}/{index}/_blocks")) == set(live_here)
 
         # when an operator logs in and opens the queue
@@ -192,7 +201,7 @@ def test_queue_partitions_and_tree(browser, node, token, admin_login):
         # it is really painted: the drawing has a size on the page
         assert svg.size["width"] > 100 and svg.size["height"] > 50, svg.size
     finally:
-        get_store().delete_prefix(name)
+        _empty_store(name)
 
 
 def test_dashboards(browser, node, token, admin_login):
@@ -203,7 +212,6 @@ def test_dashboards(browser, node, token, admin_login):
     from django.utils import timezone
 
     from archive.models import ArchivedMessage
-    from queues.kv import get_store
     from queues.models import Queue
     from workers.models import AttemptLog, Consumer
 
@@ -292,7 +300,7 @@ def test_dashboards(browser, node, token, admin_login):
         assert 0.2 <= learned.process_estimate <= 3.0, learned.process_estimate
         assert browser.find_elements(By.CSS_SELECTOR, "#estimates tbody tr")
     finally:
-        get_store().delete_prefix(name)
+        _empty_store(name)
 
 
 def test_topic_subscriptions_and_archive(browser, node, token, admin_login):
@@ -301,7 +309,6 @@ def test_topic_subscriptions_and_archive(browser, node, token, admin_login):
     from rest_framework.authtoken.models import Token
 
     from archive.models import ArchivedMessage
-    from queues.kv import get_store
     from queues.models import Partition, Queue, Subscription
 
     user = Token.objects.get(key=token).user
@@ -388,4 +395,4 @@ def test_topic_subscriptions_and_archive(browser, node, token, admin_login):
         assert "news 11" in listing.text
         assert ArchivedMessage.objects.filter(queue=name).count() == 12
     finally:
-        get_store().delete_prefix(name)
+        _empty_store(name)

@@ -20,6 +20,7 @@ import archive
 from archive import archiver
 from archive.models import ArchivedMessage, ArchiverLock
 from queues import archive_journal, service
+from queues.keys import incarnation
 from queues.testing import NodeProcess
 
 from .nodes import Client, local_node_env
@@ -60,8 +61,8 @@ def rt(backend, request, tmp_path, kv_reset):
     yield runtime
     from queues.models import Queue
 
-    for name in Queue.objects.values_list("name", flat=True):
-        store.delete_prefix(name)
+    for pk, name in Queue.objects.values_list("pk", "name"):
+        store.within(incarnation(pk)).delete_prefix(name)
     runtime.stop(release=True)
     service.set_runtime(None)
 
@@ -129,6 +130,10 @@ def ack_ids(api, name, messages) -> None:
 
 
 def journal_size(store, name, partitions=2) -> int:
+    """Entries in the journal of queue ``name`` (its current incarnation's keys)."""
+    from queues.models import Queue
+
+    store = store.within(incarnation(Queue.objects.get(name=name).pk))
     return sum(len(store.scan(archive_journal.bucket(name, p))) for p in range(partitions))
 
 

@@ -78,16 +78,18 @@ def test_purge_removes_every_message_and_fences_the_old_owner(staff_api, make_qu
     got = api.post(f"/api/v1/queues/{name}/dequeue", {"max": 3}, format="json").json()["messages"]
     old = runtime.manager(name, 0)
     old_blocks = list(old.blocks)
+    store = runtime.queue_store(name)
+    assert None not in store.get_many(ids)
     # when an operator purges it
     r = api.post(f"/api/v1/queues/{name}/purge", {}, format="json")
     # then every message and block is gone from the store
     assert r.status_code == 200 and r.json() == {"purged": 30}
-    assert runtime.store.get_many(ids) == [None] * 30
-    assert all(runtime.store.get(block_key(name, 0, b)) is None for b in old_blocks)
+    assert store.get_many(ids) == [None] * 30
+    assert all(store.get(block_key(name, 0, b)) is None for b in old_blocks)
     # and the old owner, were it still running somewhere, can write nothing more
     old.closed = False
     with pytest.raises(PartitionUnavailable):
-        old.enqueue([old.cache.get(ids[-1]) or runtime.store.get(ids[-1]) or _any_message()])
+        old.enqueue([old.cache.get(ids[-1]) or store.get(ids[-1]) or _any_message()])
     # and the queue serves again, empty, under a newer epoch
     runtime.tick()
     assert api.post(f"/api/v1/queues/{name}/dequeue", {}, format="json").json()["messages"] == []
@@ -248,9 +250,11 @@ def test_admin_cannot_rename_a_queue_and_deleting_one_empties_the_store(
     runtime.tick()
     ids = _enqueue(api, name, 3)
     q = Queue.objects.get(name=name)
+    store = runtime.queue_store(name)
+    assert None not in store.get_many(ids)
     page = admin_client.get(f"/admin/queues/queue/{q.pk}/change/").content.decode()
     assert 'name="name"' not in page and 'name="block_size"' not in page
     assert admin_client.get(f"/admin/queues/partition/{Partition.objects.get(queue=q).pk}/delete/").status_code == 403
     r = admin_client.post(f"/admin/queues/queue/{q.pk}/delete/", {"post": "yes"}, follow=True)
     assert r.status_code == 200 and not Queue.objects.filter(pk=q.pk).exists()
-    assert runtime.store.get_many(ids) == [None] * 3
+    assert store.get_many(ids) == [None] * 3

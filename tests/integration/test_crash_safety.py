@@ -39,10 +39,15 @@ def test_sigkill_loses_no_confirmed_message(backend, tmp_path, token, request):
     try:
         _run(first, second, token, backend)
         if backend == "redis-cluster":
-            # the nodes kept each partition's fence under its hash tag (on the cluster, not elsewhere)
+            # the nodes kept each partition's fence under its hash tag (on the cluster, not
+            # elsewhere), in the queue's incarnation (keys.incarnation: its row's id)
+            from queues.keys import incarnation
+            from queues.models import Queue
+
             cluster = request.getfixturevalue("redis_cluster_client")
+            queue_id = Queue.objects.get(name=f"crash-{backend}").pk
             for p in range(4):
-                tagged = f"{settings.KV_PREFIX}{{crash-{backend}/{p}}}"
+                tagged = f"{settings.KV_PREFIX}{incarnation(queue_id)}{{crash-{backend}/{p}}}"
                 assert cluster.hget(tagged, "_fence") is not None, tagged
     finally:
         first.stop()

@@ -529,3 +529,129 @@ def test_a_refresh_racing_a_change_keeps_the_newer_description(ops, make_queue, 
     # and the next pass, which reads after the change, agrees
     runtime.refresh_queues()
     assert runtime.queue(name).partitions == 3
+
+
+def test_a_stale_owners_write_racing_delete_and_recreate_never_lands_in_the_new_queue(tmp_path, runtime, unique_name):
+    """The filesystem store (the embedded default): a stale owner's write has passed the fence
+    check when the queue is deleted (its directory and fence lock file with it) and created
+    again under the name; the write then goes on. It must not land among the new queue's keys,
+    where the new owner's scans (blocks, receive counts, the archive journal) would find it."""
+    from queues.kv.filesystem import FileStore
+    from queues.messages import StoredMessage
+
+    root = tmp_path / "kv"
+    store = FileStore(root).within("mq:")
+    here = NodeRuntime("file-node", store=store, background=False).start()
+    other = NodeRuntime("other-node", store=store, background=False).start()
+    service.set_runtime(here)
+    try:
+        # given a queue whose partition the other node holds, with a writable head block
+        name = unique_name()
+        service.create_queue(caller=SYSTEM, name=name, partitions=1)
+        here.release_partition(name, 0)
+        other.tick()
+        stale = other.manager(name, 0)
+        [first] = stale.enqueue([StoredMessage("before", 0.0)])
+        old_block = first.split("/")[2]
+
+        def delete_and_recreate() -> None:
+            delete(name)
+            service.create_queue(caller=SYSTEM, name=name, partitions=1)
+            here.hold_off.clear()
+            here.tick()
+            here.manager(name, 0).enqueue([StoredMessage("new", 0.0)])
+
+        # when the other node's next write is under way (fence checked) as the queue is deleted
+        # and created again here (the other node is not told)
+        with before_once(FileStore, "_write_atomically", delete_and_recreate) as done:
+            with contextlib.suppress(Exception):
+                stale.enqueue([StoredMessage("racing", 0.0)])
+        # then nothing of the old queue's block lies among the new queue's keys
+        assert done
+        new = here.manager(name, 0)
+        files = [p for p in root.rglob("*") if p.is_file()]
+        new_tree = next(p.parent.parent for p in files if p.parent.name == "_blocks" and p.name in new.blocks)
+        assert [str(p) for p in new_tree.rglob("*") if old_block in str(p)] == []
+        # and the new queue serves only its own message
+        got = service.dequeue(name, caller=SYSTEM, max_messages=10)
+        assert [d.message.body for d in got if d.message is not None] == ["new"]
+    finally:
+        service.set_runtime(runtime)
+        other.stop(release=False)
+        here.stop(release=False)
+
+
+@pytest.mark.parametrize("removal", ["purge", "delete"])
+def test_a_node_not_told_of_a_purge_or_delete_delivers_nothing_it_removed(
+    ops, make_queue, runtime, monkeypatch, removal
+):
+    """The node holding a partition is not told of a purge or delete: the call to it fails;
+    or a purge under way has cleared the partition's owner, so a delete racing it names no
+    owner to tell and the purge then answers 404 before telling anyone; or it was still
+    opening the partition when the others were told. Its manager keeps the messages' IDs in
+    memory and their bodies in the node's cache, and fences stop only writes: a first
+    delivery writes nothing. A dequeue reaching that node after the answer (a client's, or
+    one forwarded by another node, which asks the owners of the re-created queue) must
+    deliver nothing the purge or delete removed."""
+    from queues.messages import StoredMessage
+    from queues.service.peers import get_peers
+
+    other = NodeRuntime("other-node", background=False).start()
+    try:
+        # given a queue whose only partition the other node holds, with messages it enqueued
+        name = make_queue(partitions=1)
+        runtime.release_partition(name, 0)
+        other.tick()
+        stale = other.manager(name, 0)
+        old = stale.enqueue([StoredMessage(f"old{i}", 0.0) for i in range(3)])
+        told: list[str] = []
+
+        def unreachable(address: str, queue: str) -> None:
+            told.append(address)
+            raise ConnectionError(f"{address} is unreachable")
+
+        monkeypatch.setattr(get_peers(), "close_purged", unreachable)
+        # when the queue is purged, or deleted and created again, through this node, which
+        # cannot tell the other one
+        if removal == "purge":
+            r = ops.post(f"{API}/{name}/purge", {}, format="json")
+            assert r.status_code == 200, r.content
+        else:
+            delete(name)
+            make_queue(name=name, partitions=1)
+        assert told == ["other-node"]
+        # then a dequeue that reaches the other node (forwarded: it answers from its own
+        # partitions) delivers none of the removed messages
+        service.set_runtime(other)
+        try:
+            got = service.dequeue(name, caller=SYSTEM, max_messages=10, hops=1)
+        finally:
+            service.set_runtime(runtime)
+        assert [d.id for d in got if d.id in old] == []
+        # and the other node's manager of the removed epoch serves no more
+        assert stale.closed
+    finally:
+        other.stop(release=False)
+
+
+def test_a_partition_whose_keys_hold_a_fence_already_is_served(ops, make_queue, runtime):
+    """A row id is unique in one database, but a database created again (a restore, a test
+    database) beside a store that kept its keys hands the ids out again, and a deleted queue
+    leaves its fences one past its last epoch: a new partition's first epoch starts past the
+    fence its keys hold, or its first claim cannot raise it and no node ever serves it."""
+    from queues import keys
+    from queues.messages import StoredMessage
+
+    # given a queue of one partition, and a fence already at epoch 5 under the keys its
+    # second partition will have
+    name = make_queue(partitions=1)
+    pk = Queue.objects.get(name=name).pk
+    assert runtime.store.within(keys.incarnation(pk)).advance_fence(keys.fence_key(name, 1), 5)
+    # when the queue grows to two partitions
+    r = ops.patch(f"{API}/{name}", {"partitions": 2}, format="json")
+    assert r.status_code == 200, r.content
+    runtime.tick()
+    # then this node serves both, and a message of the new partition is delivered
+    assert {m.index for m in runtime.local_managers(name)} == {0, 1}
+    runtime.manager(name, 1).enqueue([StoredMessage("p1", 0.0)])
+    assert drain(ops, name) == ["p1"]

@@ -68,7 +68,7 @@ def test_every_subscription_gets_every_message_once(api, make_topic, runtime, pu
     for sub in "abc":
         assert sorted(m["id"] for m in got[sub]) == sorted(ids), sub
     # and the messages and their blocks are gone once the last one acked
-    assert runtime.store.get_many(ids) == [None] * len(ids)
+    assert runtime.queue_store(topic).get_many(ids) == [None] * len(ids)
     runtime.tick()
     assert sum(p.live_blocks for p in Partition.objects.filter(queue__name=topic)) <= 2  # the heads
 
@@ -78,7 +78,7 @@ def test_nothing_is_removed_before_the_slowest_subscription_acks(api, make_topic
     ids = _publish(api, topic, [f"m{i}" for i in range(10)])
     assert len(_drain(api, topic, "fast")) == 10
     # the slow one has not read: every message is still stored, and the admin figures say who holds them
-    assert None not in runtime.store.get_many(ids)
+    assert None not in runtime.queue_store(topic).get_many(ids)
     stats = api.get(f"/api/v1/topics/{topic}/subscriptions/slow/stats").json()
     assert stats["held"] == 10 and stats["acked"] == 0
     assert api.get(f"/api/v1/topics/{topic}/subscriptions/fast/stats").json()["held"] == 0
@@ -92,7 +92,7 @@ def test_nothing_is_removed_before_the_slowest_subscription_acks(api, make_topic
     try:
         assert _drain(api, topic, "fast") == []
         assert sorted(m["id"] for m in _drain(api, topic, "slow")) == sorted(ids)
-        assert rt2.store.get_many(ids) == [None] * 10
+        assert rt2.queue_store(topic).get_many(ids) == [None] * 10
     finally:
         rt2.stop(release=True)
         service.set_runtime(runtime)
@@ -249,11 +249,11 @@ def test_fan_out_with_a_subscription_stopped_and_resumed(api, make_topic, runtim
             consume("c")  # then "c" stops
         # nothing "c" has not acked is removed while it is stopped
         held_by_c = set(ids) - {m["id"] for m in got["c"]}
-        assert None not in runtime.store.get_many(sorted(held_by_c))
+        assert None not in runtime.queue_store(topic).get_many(sorted(held_by_c))
     consume("c")  # resumed
     for sub in "abc":
         assert sorted(m["id"] for m in got[sub]) == sorted(ids), sub  # every message exactly once
         for g in range(5):
             bodies = [m["body"] for m in got[sub] if m["group"] == f"g{g}"]
             assert bodies == [f"g{g}-{r}-{k}" for r in range(4) for k in range(3)], (sub, g)
-    assert runtime.store.get_many(ids) == [None] * len(ids)
+    assert runtime.queue_store(topic).get_many(ids) == [None] * len(ids)

@@ -52,6 +52,7 @@ class PartitionMachine(RuleBasedStateMachine):
         self.cache_bytes = 0
         self.m: PartitionManager | None = None
         self.stale: PartitionManager | None = None
+        self.taken_over_at = 0.0
         self.seq = 0
         self.order: dict[str, int] = {}  # id -> enqueue sequence
         self.live: dict[str, str] = {}  # confirmed and not acknowledged: id -> body
@@ -119,6 +120,7 @@ class PartitionMachine(RuleBasedStateMachine):
         # a new owner takes the partition; the old one keeps running, unaware
         self.stale = self.m
         self.m = open_manager(self.store, self.row, self.block_size, self.cache_bytes)
+        self.taken_over_at = self.clock.now
         self.receipts.clear()
         self.first_delivered.clear()
         self.last_first = -1
@@ -143,6 +145,16 @@ class PartitionMachine(RuleBasedStateMachine):
             self.stale.enqueue([StoredMessage("from a stale owner", 0.0)])
         after = {k: dict(v) for k, v in self.store.buckets.items()}
         assert before == after, "a stale owner changed the store"
+
+    @rule()
+    @precondition(
+        lambda self: self.stale is not None and self.clock.now - self.taken_over_at > partition_mod.FENCE_TRUST
+    )
+    def stale_owner_dequeues(self):
+        # past its trust in the store's last word, a stale owner reads the fence: it delivers
+        # nothing more from memory
+        with pytest.raises(PartitionUnavailable):
+            self.stale.dequeue(10, 5.0)
 
     @invariant()
     def store_holds_every_live_message(self):
@@ -280,3 +292,33 @@ def test_a_store_outage_while_adding_a_block_keeps_serving_and_loses_nothing(fai
     while batch := nxt.load_bodies(nxt.dequeue(5, 30.0)):
         delivered += [d.id for d in batch]
     assert delivered == ids
+
+
+def test_a_manager_not_told_of_a_purge_delivers_nothing_once_its_trust_ran_out(monkeypatch):
+    """Fences stop writes only, and a first delivery writes nothing (IDs from memory, bodies
+    from the cache): a manager reads its fence before delivering once FENCE_TRUST has passed
+    since the store last confirmed its epoch, and not before."""
+    clock = FakeClock()
+    monkeypatch.setattr(partition_mod, "monotonic", clock)
+    store, row = MemoryStore(), PartitionRow()
+    m = open_manager(store, row, 4, 1 << 20)
+    ids = m.enqueue([StoredMessage(f"m{i}", 0.0) for i in range(4)])
+    reads: list[str] = []
+    real = store.read_fence
+    monkeypatch.setattr(store, "read_fence", lambda key: reads.append(key) or real(key))
+    # given deliveries within FENCE_TRUST of the enqueue (a fenced write that went through):
+    # no read
+    assert [d.id for d in m.load_bodies(m.dequeue(1, 30.0))] == ids[:1]
+    assert reads == []
+    # past it, one read, then deliveries on its word for FENCE_TRUST more
+    clock.now += partition_mod.FENCE_TRUST + 0.01
+    assert [d.id for d in m.load_bodies(m.dequeue(1, 30.0))] == ids[1:2]
+    assert [d.id for d in m.load_bodies(m.dequeue(1, 30.0))] == ids[2:3]
+    assert len(reads) == 1
+    # when a purge moves the fence past its epoch and the manager is not told
+    store.advance_fence(m.fence.key, m.fence.epoch + 1)
+    clock.now += partition_mod.FENCE_TRUST + 0.01
+    # then it delivers nothing more (the bodies are still in the node's cache), and closes
+    with pytest.raises(PartitionUnavailable):
+        m.dequeue(10, 30.0)
+    assert m.closed
