@@ -372,14 +372,13 @@ NODE_BODY_CACHE_BYTES = envint("NODE_BODY_CACHE_BYTES", 64 * 1024 * 1024, minimu
 #: Request threads of `runnode` (its --threads default), per process: a long poll holds one for up to 20 s.
 NODE_THREADS = envint("NODE_THREADS", 64, minimum=1)
 #: Processes of `runnode` (its --processes default), each a full member of the cluster behind the
-#: node's one port (``queues.serving``). Default: the machine's cores, but 1 on SQLite (the
+#: node's one port (``queues.serving``). 0 (the default): the machine's cores, but 1 on SQLite (the
 #: embedded default: SQLite takes one writer at a time, and every process heartbeats, renews and
-#: publishes figures through it; a second process adds lock waits, not throughput).
-NODE_PROCESSES = envint(
-    "NODE_PROCESSES",
-    1 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" else (os.cpu_count() or 1),
-    minimum=1,
-)
+#: publishes figures through it; a second process adds lock waits, not throughput). runnode sets
+#: it to the count it serves with for its processes, which divide per-process bounds by it; any
+#: other process (a shell, a Celery worker, a test) is one process and counts 0 as 1.
+NODE_PROCESSES = envint("NODE_PROCESSES", 0, minimum=0)
+NODE_PROCESSES_AUTO = 1 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" else (os.cpu_count() or 1)
 #: Concurrent long polls (dequeue with wait > 0) one user may have waiting on a node; past it 429.
 LONG_POLL_MAX_PER_USER = envint("LONG_POLL_MAX_PER_USER", 16, minimum=1)
 #: Concurrent long polls on a node in all (default: half its request threads, so waits never

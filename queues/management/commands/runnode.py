@@ -48,9 +48,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--processes",
             type=int,
-            default=settings.NODE_PROCESSES,
+            default=settings.NODE_PROCESSES or settings.NODE_PROCESSES_AUTO,
             help="server processes, each a member of the cluster behind the one port "
-            "(default %(default)s: settings.NODE_PROCESSES)",
+            "(default %(default)s: settings.NODE_PROCESSES, else the machine's cores, 1 on SQLite)",
         )
         parser.add_argument(
             "--advertise", default="", help="address other nodes and clients use to reach this one (default host:port)"
