@@ -249,15 +249,7 @@ class NodeRuntime:
         self.notify()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.heartbeat):
-            try:
-                self.tick()
-            except (OperationalError, InterfaceError, KVError) as exc:
-                self._store_outage(exc)
-            except Exception:
-                log.exception("housekeeping pass failed")
-            finally:
-                close_old_connections()
+        self._every_heartbeat(self.tick, "housekeeping pass")
 
     def _keep_leases(self) -> None:
         """The lease thread: heartbeat and renewals only (the database, never the key-value
@@ -265,13 +257,18 @@ class NodeRuntime:
         reads), publishes figures (under each partition's lock) and may wait on the store for
         its timeout; a renewal waiting behind it would let leases run out during a store outage
         and every partition be reopened for nothing once it is over."""
+        self._every_heartbeat(self.renew, "lease renewal")
+
+    def _every_heartbeat(self, step: Callable[[], object], what: str) -> None:
+        """Run ``step`` once a heartbeat until the node stops; a failure is logged (a store or
+        database outage as one line) and the next beat tries again."""
         while not self._stop.wait(self.heartbeat):
             try:
-                self.renew()
+                step()
             except (OperationalError, InterfaceError, KVError) as exc:
                 self._store_outage(exc)
             except Exception:
-                log.exception("housekeeping pass failed")
+                log.exception("%s failed", what)
             finally:
                 close_old_connections()
 
