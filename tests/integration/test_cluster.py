@@ -19,7 +19,16 @@ import pytest
 
 from queues.testing import NodeProcess, wait_until
 
-from .nodes import Client, NodeSet, database_url, local_node_env, member_ids, node_info, peer_request
+from .nodes import (
+    Client,
+    NodeSet,
+    database_url,
+    local_node_env,
+    member_addresses,
+    member_ids,
+    node_info,
+    peer_request,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -220,6 +229,9 @@ def test_sigkill_one_of_three_nodes_mid_load(cluster, token):
     from queues.messages import group_partition
 
     group = next(f"g{i}" for i in range(10_000) if group_partition(f"g{i}", 6) in victim_parts)
+    # every process of the survivors, at its own address: a process serves its own partitions
+    # first, and a client on the node's shared port keeps its connection to one of them
+    survivors = cycle([Client(f"http://{a}", token) for n in nodes[:2] for a in member_addresses(n)])
     victim.kill()
     load.urls = [n.url for n in nodes[:2]]
 
@@ -230,11 +242,8 @@ def test_sigkill_one_of_three_nodes_mid_load(cluster, token):
     to_enqueue = _wait(enqueue_lands, 30, "an enqueue into a dead node's partition")
     from_victim: list[dict] = []
 
-    survivors = cycle([c0, Client(nodes[1].url, token)])
-
     def dequeue_from_victim() -> bool:
-        # through both survivors: each serves its own partitions first, and either may hold
-        # the dead node's
+        # through every surviving process: any of them may hold the dead node's partitions
         c = next(survivors)
         got = c.post(f"queues/{name}/dequeue", {"max": 100, "visibility_timeout": 30}).json()["messages"]
         load.record(got)
