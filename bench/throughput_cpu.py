@@ -108,14 +108,14 @@ def proc_cpu_seconds(pid: int) -> float:
 
 def session_cpu_seconds(sid: int) -> float:
     """CPU seconds of every live process of session ``sid`` (with the children each reaped);
-    NaN if the session leader is gone."""
-    if read_proc_stat(sid) is None:
+    NaN if no process of the session is left. The leader itself may be out of sight (session 0,
+    or a leader in another PID namespace, as under a CI runner), so it is not what decides."""
+    pids = session_pids(sid)
+    if not pids:
         return float("nan")
     total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        st = read_proc_stat(int(entry))
+    for pid in pids:
+        st = read_proc_stat(pid)
         if st is not None and st[0] == sid:
             total += st[1]
     return total / CLK_TCK

@@ -45,6 +45,16 @@ def test_this_process_reads_its_own_session_and_cpu():
     assert cpu.session_cpu_seconds(session) >= cpu.proc_cpu_seconds(os.getpid())
 
 
+def test_a_session_whose_leader_is_out_of_sight_still_adds_up(monkeypatch):
+    # under a CI runner the tests' session is 0 (its leader lives outside the PID namespace)
+    stats = {7: (0, 30), 8: (0, 20), 9: (5, 1000)}
+    monkeypatch.setattr(cpu.os, "listdir", lambda path: ["7", "8", "9", "self", "stat"])
+    monkeypatch.setattr(cpu, "read_proc_stat", stats.get)
+    assert cpu.session_pids(0) == [7, 8]
+    assert cpu.session_cpu_seconds(0) == pytest.approx(50 / cpu.CLK_TCK)
+    assert cpu.session_cpu_seconds(6) != cpu.session_cpu_seconds(6)  # NaN: nothing of it is left
+
+
 def test_a_gone_process_reads_as_unknown():
     assert cpu.read_proc_stat(2**22 + 1) is None  # above the kernel's pid_max
     assert cpu.session_cpu_seconds(2**22 + 1) != cpu.session_cpu_seconds(2**22 + 1)  # NaN
