@@ -8,7 +8,6 @@ import hashlib
 import os
 import re
 import threading
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import orjson
@@ -21,12 +20,15 @@ _MESSAGE_ID = re.compile(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class MessageId:
+class MessageId(NamedTuple):
+    """A message ID's parts. A tuple, not a frozen dataclass: an ack of 100 messages parses 100
+    IDs, and a frozen dataclass's constructor cost 2.6 times a tuple's (py-spy: 4% of a batch
+    ack). Its ``index`` field hides the tuple's ``index()`` method, which nothing here calls."""
+
     queue: str
     partition: int
     block: str
-    index: int
+    index: int  # type: ignore[assignment]  # (the field, not tuple.index)
     #: the ID as text (kept: acks turn IDs into keys several times per message).
     text: str = ""
 
@@ -41,7 +43,8 @@ def parse_message_id(text: object) -> MessageId | None:
     m = _MESSAGE_ID.match(text)
     if m is None:
         return None
-    return MessageId(m["queue"], int(m["partition"]), m["block"], int(m["index"]), text)
+    queue, partition, block, index = m.groups()
+    return MessageId(queue, int(partition), block, int(index), text)
 
 
 def group_partition(group: str, partitions: int) -> int:
