@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import psycopg
 from django.db import DatabaseError, connection, transaction
 
 from .base import Fence, Fenced, KeyValueStore, KVError, split_key
@@ -22,23 +23,23 @@ if TYPE_CHECKING:
 
 TABLE = "queues_kv_entry"
 
-# One statement each (see SQLStore._one_statement). Parameters: the fence's bucket and name,
-# the columns, "unfenced", the epoch. A write happens only if unfenced or the fence row holds
-# the epoch (as a number: _check_fence compares int(value)); the statement returns the fence's
-# value and the rows written.
+# One statement each (see SQLStore._one_statement). Parameters, all sent in binary (``%b``: see
+# SQLStore._server_bound): the fence's bucket and name, the columns, "unfenced", the epoch. A
+# write happens only if unfenced or the fence row holds the epoch (as a number: _check_fence
+# compares int(value)); the statement returns the fence's value and the rows written.
 _FENCE = f"""
-WITH fence AS (SELECT value FROM {TABLE} WHERE bucket = %s AND name = %s FOR SHARE)"""
-_FENCE_HOLDS = "(%s OR EXISTS (SELECT 1 FROM fence WHERE convert_from(fence.value, 'UTF8')::bigint = %s))"
+WITH fence AS (SELECT value FROM {TABLE} WHERE bucket = %b AND name = %b FOR SHARE)"""
+_FENCE_HOLDS = "(%b OR EXISTS (SELECT 1 FROM fence WHERE convert_from(fence.value, 'UTF8')::bigint = %b))"
 _PUT = f"""{_FENCE}, written AS (
   INSERT INTO {TABLE} (bucket, name, value)
-  SELECT k.bucket, k.name, k.value FROM unnest(%s::text[], %s::text[], %s::bytea[]) AS k(bucket, name, value)
+  SELECT k.bucket, k.name, k.value FROM unnest(%b::text[], %b::text[], %b::bytea[]) AS k(bucket, name, value)
   WHERE {_FENCE_HOLDS}
   ON CONFLICT (bucket, name) DO UPDATE SET value = EXCLUDED.value
   RETURNING 1
 )
 SELECT (SELECT value FROM fence), (SELECT count(*) FROM written)"""
 _DELETE = f"""{_FENCE}, removed AS (
-  DELETE FROM {TABLE} e USING unnest(%s::text[], %s::text[]) AS k(bucket, name)
+  DELETE FROM {TABLE} e USING unnest(%b::text[], %b::text[]) AS k(bucket, name)
   WHERE e.bucket = k.bucket AND e.name = k.name AND {_FENCE_HOLDS}
   RETURNING 1
 )
@@ -62,6 +63,24 @@ class SQLStore(KeyValueStore):
         if current is None or int(current) != fence.epoch:
             raise Fenced(f"{fence.key}: epoch {fence.epoch} is not current ({current!r})")
 
+    @staticmethod
+    def _server_bound(statement: str, params: list) -> list[tuple]:
+        """``statement``'s rows, its parameters bound by the server (PostgreSQL only).
+
+        Django's PostgreSQL cursors bind parameters on the client: psycopg then quotes every
+        element of the arrays a batch sends (names, bodies) in Python, a regular expression or
+        two each, and so does a server-bound cursor for a parameter in text format. The
+        statements here mark their parameters ``%b``: sent in binary, an array of 100 names
+        and 100 bodies cost psycopg 116 µs of CPU instead of 730 (measured on this machine).
+        Django's cursor comes first, for what it does before each use (the connection opened,
+        health-checked), and its error wrapping maps psycopg's errors to Django's as for every
+        other query. A batch cycle of 100 on this backend: 59 -> 46 µs of node CPU per message
+        (in-process, one caller)."""
+        with connection.cursor() as wrapper, connection.wrap_database_errors:
+            with psycopg.Cursor(wrapper.cursor.connection) as cursor:
+                cursor.execute(statement, params)
+                return cursor.fetchall()
+
     def _one_statement(self, statement: str, columns: list[list], fence: Fence | None) -> int:
         """A fenced write as ONE statement (PostgreSQL, outside a transaction): the fence row
         is read ``FOR SHARE`` and the rows written only if it holds the epoch, in one round trip
@@ -72,9 +91,7 @@ class SQLStore(KeyValueStore):
         bucket, name = split_key(fence.key) if fence is not None else ("", "")
         epoch = fence.epoch if fence is not None else None
         try:
-            with connection.cursor() as cursor:
-                cursor.execute(statement, [bucket, name, *columns, epoch is None, epoch])
-                current, count = cursor.fetchone()
+            ((current, count),) = self._server_bound(statement, [bucket, name, *columns, epoch is None, epoch])
         except DatabaseError as exc:
             raise KVError(f"database: {exc}") from exc
         if fence is not None:
@@ -89,16 +106,15 @@ class SQLStore(KeyValueStore):
         pairs = [split_key(k) for k in keys]
         found: dict[tuple[str, str], bytes] = {}
         try:
-            with connection.cursor() as cursor:
-                if self.vendor == "postgresql":
-                    cursor.execute(
-                        f"SELECT e.bucket, e.name, e.value FROM {TABLE} e "
-                        "JOIN unnest(%s::text[], %s::text[]) AS k(bucket, name) "
-                        "ON e.bucket = k.bucket AND e.name = k.name",
-                        [[b for b, _ in pairs], [n for _, n in pairs]],
-                    )
-                    rows = cursor.fetchall()
-                else:
+            if self.vendor == "postgresql":
+                rows = self._server_bound(
+                    f"SELECT e.bucket, e.name, e.value FROM {TABLE} e "
+                    "JOIN unnest(%b::text[], %b::text[]) AS k(bucket, name) "
+                    "ON e.bucket = k.bucket AND e.name = k.name",
+                    [[b for b, _ in pairs], [n for _, n in pairs]],
+                )
+            else:
+                with connection.cursor() as cursor:
                     rows = []
                     for start in range(0, len(pairs), 400):
                         chunk = pairs[start : start + 400]
