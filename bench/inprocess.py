@@ -1,0 +1,212 @@
+#!/usr/bin/env python
+"""The node's own CPU per message call, without the HTTP server: the WSGI application a node
+serves (``config.node.application``: the fast path, the service, the partition managers, the
+store) called directly, in this process, by one thread or several.
+
+It MEASURES AND PRINTS; it never passes or fails. Where ``bench/throughput.py`` measures the
+whole node behind granian with client processes, this takes granian and the clients away, so
+a change in our own per-call and per-message work shows without their noise, and
+``--threads`` shows what callers running at once cost each other (the GIL). ``--profile F``
+writes a cProfile of the timed round.
+
+Figures: CPU seconds of this process (every thread: the node's housekeeping too) per call of
+each phase (enqueue, dequeue, ack of what was dequeued), and per message over the cycle,
+medians over ``--repeat`` rounds after one untimed round.
+
+Run it on the stores the node would use, e.g. with the test services::
+
+    scripts/with-services.sh python bench/inprocess.py --kv redis --batch 100 --n 30000
+    scripts/with-services.sh python bench/inprocess.py --kv postgres --batch 1 --n 3000 --threads 4
+
+It uses ``DATABASE_URL`` (migrated here) and, for ``--kv redis``, ``REDIS_URL``'s database 1;
+its data folder is a temporary one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--kv", choices=("redis", "postgres", "file"), default="redis", help="the node's key-value store")
+    p.add_argument("--batch", type=int, default=100, help="messages per call (1: one message per call)")
+    p.add_argument("--n", type=int, default=30_000, help="messages per round (over all threads)")
+    p.add_argument("--threads", type=int, default=1, help="callers at once, each its own share of the round")
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--profile", metavar="FILE", help="write a cProfile of the last round to FILE")
+    args = p.parse_args(argv)
+    if args.batch < 1 or args.n < args.batch * args.threads or args.threads < 1:
+        p.error("need --batch >= 1, --threads >= 1 and --n >= batch x threads")
+    return args
+
+
+def setup(kv: str) -> None:
+    """This process becomes a node on ``kv``: the settings, a migrated database, a data folder."""
+    os.environ["MQ_DATA_DIR"] = tempfile.mkdtemp(prefix="mq-inprocess-")
+    os.environ.setdefault("NODE_PROCESSES", "1")
+    if kv == "redis":
+        base = os.environ.get("REDIS_URL", "").rsplit("/", 1)[0]
+        if not base:
+            sys.exit("--kv redis needs REDIS_URL (scripts/with-services.sh sets it)")
+        os.environ["KV_URL"] = f"{base}/1"
+    elif kv == "postgres":
+        os.environ["KV_URL"] = "postgres"
+    else:
+        os.environ["KV_URL"] = f"file://{os.environ['MQ_DATA_DIR']}/kv"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    sys.path.insert(0, str(REPO))
+    os.chdir(REPO)
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0, interactive=False)
+
+
+class Caller:
+    """Calls the node's WSGI application as granian would, with a staff user's token."""
+
+    def __init__(self, app, token: str) -> None:
+        import orjson
+
+        self.app, self.token, self.dumps, self.loads = app, token, orjson.dumps, orjson.loads
+
+    def __call__(self, method: str, path: str, body=None) -> tuple[int, bytes]:
+        raw = self.dumps(body) if body is not None else b""
+        environ = {
+            "REQUEST_METHOD": method,
+            "PATH_INFO": path,
+            "QUERY_STRING": "",
+            "SERVER_NAME": "127.0.0.1",
+            "SERVER_PORT": "8000",
+            "HTTP_HOST": "127.0.0.1:8000",
+            "CONTENT_TYPE": "application/json",
+            "CONTENT_LENGTH": str(len(raw)),
+            "HTTP_AUTHORIZATION": f"Token {self.token}",
+            "HTTP_ACCEPT": "application/json",
+            "wsgi.input": io.BytesIO(raw),
+            "wsgi.url_scheme": "http",
+            "wsgi.errors": sys.stderr,
+            "REMOTE_ADDR": "127.0.0.1",
+            "SERVER_PROTOCOL": "HTTP/1.1",
+        }
+        status: list[str] = []
+        out = b"".join(self.app(environ, lambda s, headers, *exc: status.append(s)))
+        return int(status[0][:3]), out
+
+
+def cycle(call: Caller, queue: str, n: int, batch: int, spent: dict[str, float]) -> None:
+    """Enqueue ``n`` messages, dequeue them all, ack them all; CPU seconds per phase into ``spent``
+    (the process's: several callers add up the same seconds, so one caller times it)."""
+    base = f"/api/v1/queues/{queue}"
+    timer = time.process_time
+    t0 = timer()
+    for _ in range(n // batch):
+        payload = {"body": "x" * 100} if batch == 1 else {"messages": [{"body": "x" * 100}] * batch}
+        status, body = call("POST", f"{base}/enqueue", payload)
+        assert status == 201, body
+    t1 = timer()
+    got: list[tuple[str, str]] = []
+    while len(got) < n:
+        status, body = call("POST", f"{base}/dequeue", {"max": batch, "visibility_timeout": 300, "wait": 0})
+        assert status == 200, body
+        got += [(m["id"], m["receipt"]) for m in call.loads(body)["messages"]]
+    t2 = timer()
+    for i in range(0, len(got), batch):
+        status, body = call(
+            "POST", f"{base}/ack", {"messages": [{"id": m, "receipt": r} for m, r in got[i : i + batch]]}
+        )
+        assert status == 200, body
+    t3 = timer()
+    for phase, seconds in (("enqueue", t1 - t0), ("dequeue", t2 - t1), ("ack", t3 - t2)):
+        spent[phase] = spent.get(phase, 0.0) + seconds
+
+
+def round_(call: Caller, queue: str, args: argparse.Namespace, profile: cProfile.Profile | None) -> dict[str, float]:
+    """One round: CPU µs per message over the cycle and per call; with one caller, per call of
+    each phase too."""
+    share = args.n // args.threads
+    spent: dict[str, float] = {}
+    if profile:
+        profile.enable()
+    started = time.process_time()
+    if args.threads == 1:
+        cycle(call, queue, share, args.batch, spent)
+    else:
+        workers = [
+            threading.Thread(target=cycle, args=(call, queue, share, args.batch, {})) for _ in range(args.threads)
+        ]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    total = time.process_time() - started
+    if profile:
+        profile.disable()
+    calls = args.n / args.batch
+    figures = {"µs/msg": total / args.n * 1e6, "µs/call": total / (3 * calls) * 1e6}
+    figures.update({f"{phase} µs/call": seconds / calls * 1e6 for phase, seconds in spent.items()})
+    return figures
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    setup(args.kv)
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    user, _ = get_user_model().objects.get_or_create(username="bench-inprocess")
+    user.is_staff = user.is_superuser = True
+    user.save()
+    token, _ = Token.objects.get_or_create(user=user)
+
+    import config.node as node  # this process's node runtime starts here
+
+    call = Caller(node.application, token.key)
+    queue = f"inproc-{uuid.uuid4().hex[:8]}"
+    status, body = call("POST", "/api/v1/queues", {"name": queue, "partitions": args.partitions})
+    assert status == 201, body
+    deadline = time.monotonic() + 15
+    while len(node.runtime.local_managers(queue)) < args.partitions:
+        if time.monotonic() > deadline:
+            sys.exit(f"the node did not claim {queue}'s partitions within 15 s")
+        time.sleep(0.1)
+    try:
+        cycle(call, queue, min(args.n, 20 * args.batch), args.batch, {})  # warm-up, untimed
+        rounds = []
+        for i in range(args.repeat):
+            profile = cProfile.Profile() if args.profile and i == args.repeat - 1 else None
+            rounds.append(round_(call, queue, args, profile))
+            if profile:
+                profile.dump_stats(args.profile)
+        medians = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+        each = ", ".join(f"{r['µs/msg']:.1f}" for r in rounds)
+        phases = "".join(f", {k.split()[0]} {v:.0f}" for k, v in medians.items() if k.endswith(" µs/call"))
+        print(
+            f"kv={args.kv} batch={args.batch} threads={args.threads} n={args.n}: node CPU "
+            f"{medians['µs/msg']:.1f} µs/msg, {medians['µs/call']:.0f} µs/call ({phases.lstrip(', ') or 'all phases'}) "
+            f"(medians of {args.repeat} rounds; per round {each} µs/msg)"
+        )
+    finally:
+        call("DELETE", f"/api/v1/queues/{queue}")
+        node.runtime.stop(release=True)
+
+
+if __name__ == "__main__":
+    main()
