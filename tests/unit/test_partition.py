@@ -40,6 +40,14 @@ def open_manager(store, row: PartitionRow, block_size: int, cache_bytes: int) ->
     return m
 
 
+def delivered_by(m: PartitionManager) -> list[str]:
+    """The IDs ``m`` delivers, five at a time, until it has none left (nothing acked)."""
+    delivered: list[str] = []
+    while batch := m.load_bodies(m.dequeue(5, 30.0)):
+        delivered += [d.id for d in batch]
+    return delivered
+
+
 class PartitionMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
@@ -224,11 +232,7 @@ def test_a_store_failure_while_scanning_an_unscanned_block_closes_and_loses_noth
     with pytest.raises(PartitionUnavailable):
         second.dequeue(10, 30.0)
     # ...and the next owner delivers every message, none skipped
-    third = open_manager(store, row, 3, 0)
-    delivered = []
-    while batch := third.load_bodies(third.dequeue(5, 30.0)):
-        delivered += [d.id for d in batch]
-    assert delivered == ids
+    assert delivered_by(open_manager(store, row, 3, 0)) == ids
 
 
 class FailingBlockStore(MemoryStore):
@@ -287,11 +291,7 @@ def test_a_store_outage_while_adding_a_block_keeps_serving_and_loses_nothing(fai
     ids += m.enqueue([StoredMessage(f"k{i}", 0.0) for i in range(5)])
     m.tree._check()
     # and a new owner (reading the row's pointer, whichever the failure left) finds them all
-    nxt = open_manager(store, row, 3, 0)
-    delivered = []
-    while batch := nxt.load_bodies(nxt.dequeue(5, 30.0)):
-        delivered += [d.id for d in batch]
-    assert delivered == ids
+    assert delivered_by(open_manager(store, row, 3, 0)) == ids
 
 
 def test_a_manager_not_told_of_a_purge_delivers_nothing_once_its_trust_ran_out(monkeypatch):
