@@ -132,3 +132,64 @@ def test_a_store_that_goes_closes_its_connections(redis_client):
     del store
     gc.collect()
     assert mine not in _client_ids(redis_client)
+
+
+class _LoadingRedis:
+    """A server on loopback that speaks Redis' protocol and answers what a Redis restarting
+    answers while it reads its data back: ``-LOADING`` to every command but the handshake.
+    (The real restart is ``test_store_outages``; when its timing lands a call in the loading
+    window, this is what the call meets. Here it always does.)"""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.commands: list[bytes] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import hiredis
+
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            reader = hiredis.Reader()
+            with conn:
+                while data := conn.recv(65536):
+                    reader.feed(data)
+                    while (command := reader.gets()) is not False:
+                        name = command[0].upper()
+                        self.commands.append(name)
+                        if name == b"HELLO":  # the RESP3 handshake: answered with its protocol
+                            conn.sendall(b"%1\r\n$5\r\nproto\r\n:3\r\n")
+                        elif name in (b"SELECT", b"CLIENT", b"AUTH", b"PING"):
+                            conn.sendall(b"+OK\r\n")
+                        else:
+                            conn.sendall(b"-LOADING Redis is loading the dataset in memory\r\n")
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_redis_still_loading_its_data_is_a_kv_error_not_a_success():
+    """``LOADING`` is an error answer redis-py's parser makes a ``ConnectionError``
+    (``BusyLoadingError``), not a ``ResponseError``: a put that met it stored nothing and must
+    not report success (it did once: confirmed messages were lost across a Redis restart)."""
+    import redis
+
+    server = _LoadingRedis()
+    try:
+        store = RedisStore(redis.Redis(host="127.0.0.1", port=server.port, db=1, socket_timeout=5))
+        assert store._conns is not None
+        with pytest.raises(KVError):
+            store.put_many([("q/0/blk/1/0", b"a")])
+        with pytest.raises(KVError):
+            store.delete_many(["q/0/blk/1/0"])
+        with pytest.raises(KVError):
+            store.get_many(["q/0/blk/1/0", "q/0/blk/2/0"])
+        assert b"EVALSHA" in server.commands and b"HMGET" in server.commands  # the message path was taken
+    finally:
+        server.close()
