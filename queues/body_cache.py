@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 
 from .messages import StoredMessage
 
@@ -59,19 +60,26 @@ class BodyCache:
         self._lock = threading.Lock()
 
     def put(self, msg_id: str, message: StoredMessage) -> None:
+        self.put_many(((msg_id, message),))
+
+    def put_many(self, entries: Iterable[tuple[str, StoredMessage]]) -> None:
+        """Keep these messages (one lock for a whole enqueue), evicting the oldest past the
+        budget; one that could not fit alone is not kept."""
         if self.budget <= 0:
             return
-        cost = held_bytes(msg_id, message)
-        if cost > self.budget:
-            return  # it would evict everything and still not fit
+        costed = [(msg_id, message, held_bytes(msg_id, message)) for msg_id, message in entries]
+        items, budget = self._items, self.budget
         with self._lock:
-            old = self._items.pop(msg_id, None)
-            if old is not None:
-                self.used -= old[1]
-            self._items[msg_id] = (message, cost)
-            self.used += cost
-            while self.used > self.budget and self._items:
-                _, (_, charged) = self._items.popitem(last=False)
+            for msg_id, message, cost in costed:
+                if cost > budget:
+                    continue  # it would evict everything and still not fit
+                old = items.pop(msg_id, None)
+                if old is not None:
+                    self.used -= old[1]
+                items[msg_id] = (message, cost)
+                self.used += cost
+            while self.used > budget and items:
+                _, (_, charged) = items.popitem(last=False)
                 self.used -= charged
 
     def get(self, msg_id: str) -> StoredMessage | None:
@@ -80,7 +88,13 @@ class BodyCache:
         return hit[0] if hit is not None else None
 
     def discard(self, msg_id: str) -> None:
+        self.discard_many((msg_id,))
+
+    def discard_many(self, msg_ids: Iterable[str]) -> None:
+        """Forget these messages (one lock for a whole ack)."""
+        pop = self._items.pop
         with self._lock:
-            old = self._items.pop(msg_id, None)
-            if old is not None:
-                self.used -= old[1]
+            for msg_id in msg_ids:
+                old = pop(msg_id, None)
+                if old is not None:
+                    self.used -= old[1]

@@ -686,11 +686,11 @@ class PartitionManager:
                 for state in states:
                     state.pending -= 1
                 raise PartitionUnavailable(f"{self.queue}/{self.index} closed during the write; retry")
+            self.cache.put_many(zip(ids, messages))
             for (block, i), state, mid, message in zip(positions, states, ids, messages):
                 state.pending -= 1
                 state.live.add(i)
                 state.newest = max(state.newest, message.enqueued_at)
-                self.cache.put(mid, message)
                 self._route_new(mid, block, i, message, scanned=False)
             self.enqueued_total += len(ids)
         metrics.child(metrics.ENQUEUED, self.queue).inc(len(ids))
@@ -1004,11 +1004,11 @@ class PartitionManager:
                         keys.append(self._receives_key(o, parsed))
         self.store.delete_many(keys, fence=self.fence)
 
-    def _drop_stored(self, mids: Sequence[str]) -> None:
-        """Memory of messages no longer stored (block live sets, cache). Lock held."""
-        for key in mids:
-            self.cache.discard(key)
-            block_id, idx = block_and_index(key)
+    def _drop_stored(self, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> None:
+        """Memory of messages no longer stored (block live sets, cache). Lock held. ``where``:
+        each one's ``(block id, index)``, when the caller has them already."""
+        self.cache.discard_many(mids)
+        for block_id, idx in where if where is not None else map(block_and_index, mids):
             state = self.blocks.get(block_id)
             if state is not None:
                 state.live.discard(idx)
@@ -1034,22 +1034,23 @@ class PartitionManager:
         that is no ack (a move to the dead-letter queue), left out of ``mq_messages_acked``."""
         c = self.cursor(sub)
         mids = [str(m) for m in items]
-        self._forget(c, mids)
+        where = [(m.block, m.index) for m in items]  # parsed already: not again per use
+        self._forget(c, mids, where)
         if c.shared:
-            self._drop_stored(mids)
+            self._drop_stored(mids, where)
         c.acked_total += removed
         if ack:
             metrics.child(metrics.ACKED, self.queue, sub).inc(removed)
         self._prune()
 
-    def _forget(self, c: Cursor, mids: Sequence[str]) -> None:
-        """Drop acknowledged (or dead-lettered, or expired) messages from a cursor. Lock held."""
+    def _forget(self, c: Cursor, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> None:
+        """Drop acknowledged (or dead-lettered, or expired) messages from a cursor. Lock held.
+        ``where``: each one's ``(block id, index)``, when the caller has them already."""
         freed: set[str] = set()
-        for key in mids:
+        for key, (block_id, idx) in zip(mids, where if where is not None else map(block_and_index, mids)):
             c.redelivery.remove(key)
             c.receives.pop(key, None)
             c.not_due.discard(key)
-            block_id, idx = block_and_index(key)
             if not c.shared:
                 live = c.live.get(block_id)
                 if live is not None:

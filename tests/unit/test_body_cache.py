@@ -67,3 +67,28 @@ def test_discard_and_eviction_give_back_exactly_what_was_charged():
     cache.put(mid(1), hostile(1))
     cache.put(mid(1), hostile(1))  # the same ID again: charged once
     assert cache.used == held_bytes(mid(1), hostile(1))
+
+
+def test_a_batch_is_kept_as_the_same_puts_one_by_one_would_keep_it():
+    # given two caches with room for about ten entries, one fed a batch at a time
+    budget = 10 * held_bytes(mid(0), hostile(0))
+    one_by_one, batched = BodyCache(budget), BodyCache(budget)
+    batches = [[(mid(i), hostile(i)) for i in range(start, start + 7)] for start in (0, 7, 14)]
+
+    # when the same messages go in, then a few go
+    for batch in batches:
+        for msg_id, message in batch:
+            one_by_one.put(msg_id, message)
+        batched.put_many(batch)
+    gone = [mid(i) for i in (15, 18, 99)]
+    for msg_id in gone:
+        one_by_one.discard(msg_id)
+    batched.discard_many(gone)
+
+    # then both hold the same newest entries, charged alike, under the budget
+    held = [msg_id for msg_id in (mid(i) for i in range(21)) if batched.get(msg_id) is not None]
+    assert held == [msg_id for msg_id in (mid(i) for i in range(21)) if one_by_one.get(msg_id) is not None]
+    assert held and held[-1] == mid(20) and mid(0) not in held
+    assert batched.used == one_by_one.used <= budget
+    batched.discard_many(held)
+    assert batched.used == 0
