@@ -203,8 +203,12 @@ def message_id(value, cfg: QueueConfig, where: str) -> MessageId:
     return mid
 
 
+#: The longest receipt an ack or a visibility change may carry (ours are 16 characters).
+RECEIPT_MAX = 64
+
+
 def _receipt(value, where: str) -> str:
-    if not isinstance(value, str) or not 1 <= len(value) <= 64:
+    if not isinstance(value, str) or not 1 <= len(value) <= RECEIPT_MAX:
         raise BadRequest(f"{where}: receipt must be the string returned by dequeue", "invalid_receipt")
     return value
 
@@ -226,12 +230,13 @@ def ack_request(data, cfg: QueueConfig) -> list[tuple[MessageId, str | None]]:
     out = []
     for i, item in enumerate(items):
         # The checks of a well-formed item first, without building its name ("messages[i]")
-        # or a set of its keys: a batch ack runs this for every message.
+        # or a set of its keys: a batch ack runs this for every message. They are those of
+        # _ack_item (its _receipt, its message_id); anything they do not pass goes there.
         if type(item) is dict and item.keys() <= _ACK_FIELDS:
             receipt = item.get("receipt")
             mid = parse_message_id(item.get("id"))
             if (
-                (type(receipt) is str and 1 <= len(receipt) <= 64 or receipt is None and not cfg.strict)
+                (type(receipt) is str and 1 <= len(receipt) <= RECEIPT_MAX or receipt is None and not cfg.strict)
                 and mid is not None
                 and mid.queue == cfg.name
                 and mid.partition < cfg.partitions

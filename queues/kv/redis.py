@@ -146,10 +146,10 @@ def _round_trip(conn: redis_lib.Connection, commands: list[tuple]) -> list:
     reader, buffer, sock = parser._reader, parser._buffer, conn._sock
     if reader is None or sock is None:
         raise redis_lib.ConnectionError("redis: connection closed")
-    packed = [pack_command(c) for c in commands] if len(commands) > 1 else [pack_command(commands[0])]
+    packed = pack_command(commands[0]) if len(commands) == 1 else b"".join(map(pack_command, commands))
     answers: list = []
     try:
-        sock.sendall(b"".join(packed) if len(packed) > 1 else packed[0])
+        sock.sendall(packed)
         for _ in commands:
             answer = reader.gets()
             while answer is NOT_ENOUGH_DATA:
