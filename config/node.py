@@ -14,8 +14,9 @@ from multiprocessing import util as mp_util
 
 from django.conf import settings
 
-from config.wsgi import application  # noqa: F401  (the app granian serves)
+from config.wsgi import application  # the app granian serves
 from queues import peerauth, service
+from queues.balance import Balancer
 from queues.node import NodeRuntime
 
 log = logging.getLogger("queues.runnode")
@@ -42,6 +43,12 @@ if _siblings:
     with open(_me, "w") as f:
         f.write(runtime.address)
     mp_util.Finalize(runtime, os.unlink, args=(_me,), exitpriority=20)
+    # Its share of the node's clients (queues.balance): the kernel's spread of a few long-lived
+    # connections is chance.
+    if os.environ.get("NODE_PUBLIC_PORT") and settings.NODE_BALANCE_INTERVAL > 0:
+        application = Balancer(
+            application, int(os.environ["NODE_PUBLIC_PORT"]), _siblings, settings.NODE_BALANCE_INTERVAL
+        ).start()
 
 #: The collector's first threshold in a serving process (Python's default: 700). A batch call
 #: allocates thousands of tracked objects (records, deliveries, JSON), so at 700 the young

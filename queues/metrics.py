@@ -82,6 +82,12 @@ API_CALLS = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 
+#: runnode --processes N: connections a process closed to even out the processes (queues.balance).
+CONNECTIONS_SHED = Counter(
+    "mq_node_connections_shed",
+    "Client connections this process closed so the node's processes share its clients evenly",
+)
+
 # --- the key-value store ----------------------------------------------------------------------
 STORE_CALLS = Histogram(
     "mq_store_call_seconds",

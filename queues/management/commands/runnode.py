@@ -64,6 +64,7 @@ class Command(BaseCommand):
         processes = max(1, processes)
         # The workers read these from the environment and the settings they inherit.
         os.environ["NODE_PROCESSES"] = str(processes)
+        os.environ["NODE_PUBLIC_PORT"] = str(port)  # the processes' shared port (queues.balance)
         settings.NODE_PROCESSES = processes
         own_dirs = [d for d in os.environ.pop(_OWN_DIRS, "").split(os.pathsep) if d]
         if processes > 1 and not os.environ.get("NODE_SIBLINGS_DIR"):
