@@ -379,7 +379,8 @@ NODE_THREADS = envint("NODE_THREADS", 64, minimum=1)
 #: other process (a shell, a Celery worker, a test) is one process and counts 0 as 1.
 NODE_PROCESSES = envint("NODE_PROCESSES", 0, minimum=0)
 #: Seconds between a process's looks at how the node's client connections are spread over its
-#: processes (``queues.balance``: the busiest closes one when it has two more than another); 0: never.
+#: processes (``queues.balance``: the busiest closes one when it has two more than another at two
+#: looks running); 0: never.
 NODE_BALANCE_INTERVAL = envfloat("NODE_BALANCE_INTERVAL", 1.0)
 NODE_PROCESSES_AUTO = 1 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" else (os.cpu_count() or 1)
 #: Concurrent long polls (dequeue with wait > 0) one user may have waiting on a node; past it 429.

@@ -11,8 +11,8 @@ idles: ``bench/throughput.py`` (batches of 100, two processes) gave 22,414, 23,5
 
 So each process counts its busy client connections (on the node's public port, that received
 data within :data:`ACTIVE_MS`) and writes the count beside its siblings' (``NODE_SIBLINGS_DIR``).
-A process with at least two more than the least busy sibling answers its next request on the
-public port with ``Connection: close``: the client reconnects (HTTP/1.1 clients do, as they
+A process with at least two more than the least busy sibling, at two looks running, answers its
+next request on the public port with ``Connection: close``: the client reconnects (HTTP/1.1 clients do, as they
 do at a server's keep-alive timeout), and the kernel hands the new connection to one of the
 processes. Repeated every :data:`settings.NODE_BALANCE_INTERVAL`, a 3:1 split becomes 2:2 and
 stays so (a difference of one is never acted on, so there is no ping-pong); the cost is one
@@ -41,8 +41,11 @@ from . import metrics
 
 log = logging.getLogger(__name__)
 
-#: A client connection that received data within this many milliseconds is busy.
-ACTIVE_MS = 2_000
+#: A client connection that received data within this many milliseconds is busy: long enough
+#: that a client pausing between bursts still counts where it is (with 2 s, the pauses of
+#: ``bench/throughput.py`` between its rounds made counts flip at each round's start, and the
+#: processes shed connections that were where they should be).
+ACTIVE_MS = 30_000
 #: Suffix of the files in ``NODE_SIBLINGS_DIR`` holding a process's busy connections.
 SUFFIX = ".conns"
 
@@ -95,6 +98,7 @@ class Balancer:
     def __init__(self, app: WSGIApplication, port: int, folder: str, interval: float):
         self.app, self.port, self.folder, self.interval = app, str(port), Path(folder), interval
         self.shed = False
+        self._uneven = False  # the last look found this process the busy one
         self._lock = threading.Lock()
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
@@ -136,10 +140,14 @@ class Balancer:
         os.replace(tmp, path)  # a reader sees the old count or the new, never half
 
     def step(self) -> None:
-        """One look: publish this process's count; shed one connection if it is the busy one."""
+        """One look: publish this process's count; shed one connection if it was the busy one
+        at this look and the one before (a count caught while clients connect, or a sibling's
+        count from before its client arrived, is not a split)."""
         mine = busy_connections(int(self.port))
         self.publish(mine)
-        self.shed = should_shed(mine, self.siblings())
+        uneven = should_shed(mine, self.siblings())
+        self.shed = uneven and self._uneven
+        self._uneven = uneven and not self.shed  # after a shed, two fresh looks
 
     def run(self) -> None:
         while True:
