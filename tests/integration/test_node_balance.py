@@ -100,9 +100,9 @@ def _shed_total(node: NodeProcess) -> float:
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
     conn.close()
-    return sum(
-        float(line.split()[-1]) for line in text.splitlines() if line.startswith("mq_node_connections_shed_total")
-    )
+    lines = [line for line in text.splitlines() if line.startswith("mq_node_connections_shed_total")]
+    assert lines, "mq_node_connections_shed_total is missing from /metrics"
+    return sum(float(line.split()[-1]) for line in lines)
 
 
 def _until_even(clients: Clients, timeout: float = 40) -> list[list[int]]:
@@ -122,11 +122,15 @@ def test_four_clients_end_up_two_on_each_process_and_stay_there(nodes):
     # Twice over, new connections each time: the kernel's first spread is uneven more often
     # than not (5 in 8), so a node that did not even it out would fail here 6 times in 7.
     for _ in range(2):
+        before = _shed_total(node)
         clients = Clients(node, 4)
         try:
-            _until_even(clients)
+            seen = _until_even(clients)
             # even, and left alone: no more connections are closed
             shed = _shed_total(node)
+            first = next(split for split in seen if sum(split) == 4)  # every client connected
+            if first != [2, 2]:
+                assert shed > before  # evened out by the node, not by luck
             time.sleep(2.0)  # ten looks
             assert clients.split() == [2, 2]
             assert _shed_total(node) == shed
