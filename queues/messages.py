@@ -58,28 +58,30 @@ class _RandomPool:
     """Random bytes from ``os.urandom``, fetched 3 KB at a time: a dequeue draws a receipt per
     message, and one ``getrandom`` call each was 6% of a batch dequeue's node CPU (py-spy).
     The bytes are the same ``os.urandom`` bytes ``secrets`` would use; each is handed out once.
-    A forked child starts with an empty pool (else parent and child would hand out the same
-    receipts)."""
+
+    Each thread draws from a pool of its own, without a lock: one pool behind one lock was 8%
+    of a batch cycle's samples in a serving node (py-spy; 0.65 µs a take alone), the request
+    threads queueing behind one that lost the GIL while it held the lock. A forked child
+    starts with an empty pool (else parent and child would hand out the same receipts).
+    """
 
     SIZE = 3072
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._buf = b""
-        self._at = 0
-        os.register_at_fork(after_in_child=self._reset)
+        self._local = threading.local()
+        self._forks = 0
+        os.register_at_fork(after_in_child=self._forked)
 
-    def _reset(self) -> None:
-        self._lock = threading.Lock()
-        self._buf, self._at = b"", 0
+    def _forked(self) -> None:
+        self._forks += 1  # every thread's pool (the child has one thread) is the parent's
 
     def take(self, n: int) -> bytes:
-        with self._lock:
-            at = self._at
-            if at + n > len(self._buf):
-                self._buf, at = os.urandom(max(self.SIZE, n)), 0
-            self._at = at + n
-            return self._buf[at : at + n]
+        state = getattr(self._local, "state", None)  # [forks, bytes, position]
+        if state is None or state[0] != self._forks or state[2] + n > len(state[1]):
+            state = self._local.state = [self._forks, os.urandom(max(self.SIZE, n)), 0]
+        at = state[2]
+        state[2] = at + n
+        return state[1][at : at + n]
 
 
 _RANDOM = _RandomPool()

@@ -1,10 +1,12 @@
-"""Receipts come from a pool of ``os.urandom`` bytes (``queues.messages.new_receipt``): each
-must be new, shaped as before, and a forked process must not hand out its parent's."""
+"""Receipts come from pools of ``os.urandom`` bytes, one per thread
+(``queues.messages.new_receipt``): each must be new, shaped as before, across threads too, and
+a forked process must not hand out its parent's."""
 
 from __future__ import annotations
 
 import os
 import re
+import threading
 
 from queues.messages import _RANDOM, new_receipt
 
@@ -13,6 +15,23 @@ def test_receipts_are_16_url_safe_characters_and_never_repeat():
     receipts = [new_receipt() for _ in range(20_000)]  # several refills of the pool
     assert all(re.fullmatch(r"[A-Za-z0-9_-]{16}", r) for r in receipts)
     assert len(set(receipts)) == len(receipts)
+
+
+def test_threads_drawing_at_once_never_hand_out_the_same_receipt():
+    drawn: list[list[str]] = [[] for _ in range(8)]
+    start = threading.Barrier(8)
+
+    def draw(out: list[str]) -> None:
+        start.wait()
+        out.extend(new_receipt() for _ in range(5_000))
+
+    threads = [threading.Thread(target=draw, args=(out,)) for out in drawn]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    every = [r for out in drawn for r in out]
+    assert len(every) == 40_000 and len(set(every)) == len(every)
 
 
 def test_a_forked_child_does_not_reuse_the_parents_pool():
