@@ -175,6 +175,9 @@ class NodeRuntime:
         self.clock = clock
         self.cache = BodyCache(cache_bytes)
         self.managers: dict[tuple[str, int], PartitionManager] = {}
+        #: the same managers by queue, then partition: each message call asks for its queue's,
+        #: which a walk of every manager of the node made cost O(partitions served here).
+        self._queue_managers: dict[str, dict[int, PartitionManager]] = {}
         self.queues: dict[str, QueueConfig] = {}
         self.observations: dict[int, leases.Observation] = {}
         self._lock = threading.RLock()  # guards managers / queues maps, not partition state
@@ -237,6 +240,7 @@ class NodeRuntime:
         with self._lock:
             managers = list(self.managers.values())
             self.managers.clear()
+            self._queue_managers.clear()
         for m in managers:
             with m.lock:
                 m.closed = True
@@ -359,6 +363,10 @@ class NodeRuntime:
         with self._lock:
             if self.managers.get(key) is m:
                 del self.managers[key]
+                same_queue = self._queue_managers.get(key[0], {})
+                same_queue.pop(key[1], None)
+                if not same_queue:
+                    self._queue_managers.pop(key[0], None)
 
     def refresh_queues(self) -> None:
         with self._lock:
@@ -524,6 +532,7 @@ class NodeRuntime:
             m.open_head()
             with self._lock:
                 self.managers[key] = m  # enqueues are served from here on
+                self._queue_managers.setdefault(cfg.name, {})[lease.index] = m
             m.open_oldest()
         except Exception:
             log.exception("opening %s/%s", cfg.name, lease.index)
@@ -664,7 +673,7 @@ class NodeRuntime:
                 self._forget(key, m)
 
     def local_managers(self, queue: str) -> list[PartitionManager]:
-        return [m for (q, _), m in list(self.managers.items()) if q == queue and not m.closed]
+        return [m for m in list(self._queue_managers.get(queue, {}).values()) if not m.closed]
 
     def manager(self, queue: str, index: int) -> PartitionManager:
         m = self.managers.get((queue, index))

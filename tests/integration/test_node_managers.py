@@ -1,0 +1,31 @@
+"""A node finds the partition managers of a queue by the queue (``NodeRuntime.local_managers``,
+asked by every message call), not by walking every manager it holds."""
+
+from __future__ import annotations
+
+
+def _served(runtime, queue: str) -> list[int]:
+    return sorted(m.index for m in runtime.local_managers(queue))
+
+
+def test_each_queue_has_its_own_managers_and_they_go_with_it(runtime, api, make_queue, purge_kv):
+    a, b = make_queue(partitions=3), make_queue(partitions=2)
+    runtime.tick()
+    assert _served(runtime, a) == [0, 1, 2]
+    assert _served(runtime, b) == [0, 1]
+    assert _served(runtime, "no-such-queue") == []
+    # a deleted queue's managers are gone; the other's stay
+    assert api.delete(f"/api/v1/queues/{b}").status_code == 204
+    assert _served(runtime, b) == []
+    assert _served(runtime, a) == [0, 1, 2]
+    # a closed manager is not served even before it is forgotten
+    victim = runtime.manager(a, 1)
+    with victim.lock:
+        victim.closed = True
+    assert _served(runtime, a) == [0, 2]
+    # and a queue of the same name made again is served by new managers
+    assert api.delete(f"/api/v1/queues/{a}").status_code == 204
+    make_queue(name=a, partitions=1)
+    runtime.tick()
+    assert _served(runtime, a) == [0]
+    assert runtime.local_managers(a)[0] is not victim
