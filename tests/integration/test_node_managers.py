@@ -29,3 +29,29 @@ def test_each_queue_has_its_own_managers_and_they_go_with_it(runtime, api, make_
     runtime.tick()
     assert _served(runtime, a) == [0]
     assert runtime.local_managers(a)[0] is not victim
+
+
+def test_a_partitions_row_is_written_when_its_figures_change_and_now_and_then_otherwise(
+    runtime, api, make_queue, purge_kv, monkeypatch
+):
+    from queues import node
+    from queues.models import Partition
+
+    q = make_queue(partitions=1)
+    runtime.tick()
+
+    def row() -> Partition:
+        return Partition.objects.get(queue__name=q, index=0)
+
+    first = row().stats_at
+    assert first is not None
+    runtime.tick()
+    assert row().stats_at == first  # nothing changed: the row is not written again
+    assert api.post(f"/api/v1/queues/{q}/enqueue", {"body": "x"}, format="json").status_code == 201
+    runtime.tick()
+    after = row()
+    assert after.stats_at > first and after.depth == 1 and after.enqueued_total == 1
+    assert after.enqueue_rate > 0
+    monkeypatch.setattr(node, "STATS_REFRESH", 0.0)  # an idle row is rewritten when due
+    runtime.tick()
+    assert row().stats_at > after.stats_at
