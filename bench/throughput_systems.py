@@ -18,6 +18,7 @@ throughput_clients.py; the counters in throughput_cpu.py).
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 import throughput_clients as tc
@@ -288,6 +289,7 @@ class OursSystem(System):
         self.redis_servers: list = []
         self.pg_meter: PgBackendMeter | None = None
         self.node_pids: list[int] = []
+        self.other_queues: list[str] = []
 
     def start(self) -> None:
         self.redis_servers = self._redis_servers()
@@ -296,6 +298,23 @@ class OursSystem(System):
         self.node.start()
         if self.node.pid is not None:
             self.node_pids = session_pids(self.node.pid)
+        self.other_queues = self._other_queues()
+        if self.other_queues:
+            log(
+                f"WARNING {self.name}: the database holds {len(self.other_queues)} queues or topics the bench did "
+                f"not make ({', '.join(self.other_queues[:5])}{', ...' if len(self.other_queues) > 5 else ''}): "
+                "the node serves their partitions too, and their housekeeping is in its CPU figures"
+            )
+
+    def _other_queues(self) -> list[str]:
+        """Queues and topics in the node's database that are not this run's (left by an
+        interrupted run, or another user of the database)."""
+        names = []
+        for path in ("/api/v1/queues", "/api/v1/topics"):
+            status, body = self.node.api("GET", path)
+            if status == 200:
+                names += [q["name"] for q in json.loads(body)]
+        return sorted(n for n in names if not n.startswith("bench-"))
 
     def _redis_servers(self) -> list:
         """One redis-py client per Redis server the node's store runs on (for INFO cpu)."""
@@ -383,4 +402,9 @@ class OursSystem(System):
             f"({len(self.node_pids)} processes in its session at start), {self.args.partitions} partitions, "
             f"KV {redact(self.kv) if self.kv else self.backend}, HTTP client {self.args.http_client} (server CPU = all the node's "
             f"processes; store CPU = {' + '.join(store) or 'n/a'})"
+            + (
+                f"; ALSO SERVING {len(self.other_queues)} other queues found in its database"
+                if self.other_queues
+                else ""
+            )
         )
