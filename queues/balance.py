@@ -49,6 +49,10 @@ ACTIVE_MS = 30_000
 #: Suffix of the files in ``NODE_SIBLINGS_DIR`` holding a process's busy connections.
 SUFFIX = ".conns"
 
+#: This process's busy client connections at its last look (None: it has no balancer), for
+#: ``mq_node_client_connections`` (``queues.service.figures``).
+LAST_COUNT: int | None = None
+
 _TCP_ESTABLISHED = 1
 #: ``struct tcp_info`` (linux/tcp.h): ``tcpi_state`` is its first byte, ``tcpi_last_data_recv``
 #: the u32 at offset 52 (after 8 one-byte fields and 11 u32s).
@@ -143,7 +147,8 @@ class Balancer:
         """One look: publish this process's count; shed one connection if it was the busy one
         at this look and the one before (a count caught while clients connect, or a sibling's
         count from before its client arrived, is not a split)."""
-        mine = busy_connections(int(self.port))
+        global LAST_COUNT
+        mine = LAST_COUNT = busy_connections(int(self.port))
         self.publish(mine)
         uneven = should_shed(mine, self.siblings())
         self.shed = uneven and self._uneven

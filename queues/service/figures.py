@@ -22,6 +22,7 @@ from django.db import connection
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .. import balance
 from ..node import NodeRuntime
 from .runtime import current_runtime, get_runtime
 
@@ -88,6 +89,13 @@ class NodeCollector(Collector):
         )
         cooling = GaugeMetricFamily("mq_node_cooling", "1 while the node is cooling (enqueues go elsewhere)")
         cooling.add_metric([], 1.0 if rt.cooling else 0.0)
+        connections = GaugeMetricFamily(
+            "mq_node_client_connections",
+            "Busy client connections each process of the node holds (runnode --processes N, queues.balance)",
+            labels=["node"],
+        )
+        if balance.LAST_COUNT is not None:
+            connections.add_metric([rt.address], float(balance.LAST_COUNT))
 
         per_queue: dict[str, list[float]] = {}  # name -> [depth, in flight, delayed, oldest age, partitions]
         per_sub: dict[tuple[str, str], list[float]] = {}  # (topic, sub) -> [held, in flight, oldest age]
@@ -136,7 +144,7 @@ class NodeCollector(Collector):
                 if spec.dead_letter_queue is not None:
                     dead.add_metric([name, spec.name, spec.dead_letter_queue], live.get(spec.dead_letter_queue, 0.0))
         yield from (depth, in_flight, delayed, oldest, served, dead, held, sub_in_flight, sub_oldest)
-        yield from (owned, epoch, open_s, open_reads, cooling)
+        yield from (owned, epoch, open_s, open_reads, cooling, connections)
 
 
 # --- readiness --------------------------------------------------------------------------------

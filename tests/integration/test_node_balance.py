@@ -105,6 +105,16 @@ def _shed_total(node: NodeProcess) -> float:
     return sum(float(line.split()[-1]) for line in lines)
 
 
+def _connections_figure(node: NodeProcess) -> list[float]:
+    """``mq_node_client_connections`` of each process, most first (one scrape: the node's)."""
+    conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=10)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    lines = [line for line in text.splitlines() if line.startswith("mq_node_client_connections{")]
+    return sorted((float(line.split()[-1]) for line in lines), reverse=True)
+
+
 def _until_even(clients: Clients, timeout: float = 40) -> list[list[int]]:
     """The splits seen, every 0.25 s, until 2:2 was seen four times running."""
     seen: list[list[int]] = []
@@ -134,6 +144,9 @@ def test_four_clients_end_up_two_on_each_process_and_stay_there(nodes):
             time.sleep(2.0)  # ten looks
             assert clients.split() == [2, 2]
             assert _shed_total(node) == shed
+            # the operator sees the spread: each process's busy connections, by its address
+            # (the scrape's own connection may be counted by the process that answers it)
+            assert _connections_figure(node) in ([2.0, 2.0], [3.0, 2.0])
         finally:
             clients.close()
         # every call of a client whose connection was closed between two calls succeeded

@@ -105,7 +105,10 @@ def sibling_pid():
     p.wait()
 
 
-def test_a_step_publishes_the_count_and_sheds_when_a_sibling_has_two_fewer(tmp_path, listener, sibling_pid):
+def test_a_step_publishes_the_count_and_sheds_when_a_sibling_has_two_fewer(
+    tmp_path, listener, sibling_pid, monkeypatch
+):
+    monkeypatch.setattr(balance, "LAST_COUNT", None)  # this process has no balancer after the test
     port = listener.getsockname()[1]
     app = Balancer(_app, port, str(tmp_path), 1.0)
     sibling = tmp_path / f"{sibling_pid}{balance.SUFFIX}"
@@ -114,6 +117,7 @@ def test_a_step_publishes_the_count_and_sheds_when_a_sibling_has_two_fewer(tmp_p
         sibling.write_text("1")
         app.step()
         assert (tmp_path / f"{os.getpid()}{balance.SUFFIX}").read_text() == "3"
+        assert balance.LAST_COUNT == 3  # for mq_node_client_connections
         assert app.shed is False  # one look is not enough: a client may be arriving there
         app.step()
         assert app.shed is True  # 3:1 twice running
