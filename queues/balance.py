@@ -11,10 +11,10 @@ idles: ``bench/throughput.py`` (batches of 100, two processes) gave 22,414, 23,5
 
 So each process counts its busy client connections (on the node's public port, that received
 data within :data:`ACTIVE_MS`) and writes the count beside its siblings' (``NODE_SIBLINGS_DIR``).
-A process with at least two more than the least busy sibling, at two looks running, answers its
-next request on the public port with ``Connection: close``: the client reconnects (HTTP/1.1 clients do, as they
-do at a server's keep-alive timeout), and the kernel hands the new connection to one of the
-processes. Repeated every :data:`settings.NODE_BALANCE_INTERVAL`, a 3:1 split becomes 2:2 and
+A process with at least two more than the least busy sibling, at two looks running, answers
+its next request on the public port with ``Connection: close``: the client reconnects
+(HTTP/1.1 clients do, as they do at a server's keep-alive timeout), and the kernel hands the
+new connection to one of the processes. Repeated every :data:`settings.NODE_BALANCE_INTERVAL`, a 3:1 split becomes 2:2 and
 stays so (a difference of one is never acted on, so there is no ping-pong); the cost is one
 new connection per shed, counted in ``mq_node_connections_shed``. The same idea as a load
 balancer's maximum connection age (gRPC's ``MAX_CONNECTION_AGE``), made to act only when the

@@ -8,6 +8,7 @@ most of its time there. These functions check the same things in plain Python an
 from __future__ import annotations
 
 import math
+from collections.abc import Set as AbstractSet
 from datetime import datetime
 
 from ..messages import MessageId, parse_message_id
@@ -27,7 +28,7 @@ def object_of(data, what: str = "request body") -> dict:
     return data
 
 
-def no_extra(data: dict, allowed: set[str], where: str) -> None:
+def no_extra(data: dict, allowed: AbstractSet[str], where: str) -> None:
     extra = set(data) - allowed
     if extra:
         raise BadRequest(f"unknown field(s) in {where}: {', '.join(sorted(extra))}", "unknown_field")
@@ -254,7 +255,7 @@ def _ack_item(item, cfg: QueueConfig, where: str) -> tuple[MessageId, str | None
     """One item of an ack's ``messages``, checked with the errors it earns."""
     if not isinstance(item, dict):
         raise BadRequest(f"{where} must be an object with id and receipt", "invalid_ack")
-    no_extra(item, {"id", "receipt"}, where)
+    no_extra(item, _ACK_FIELDS, where)
     receipt = _receipt(item["receipt"], where) if item.get("receipt") is not None else None
     if receipt is None and cfg.strict:
         raise BadRequest(f"{where}: queue {cfg.name!r} is strict: a receipt is required", "receipt_required")
