@@ -1,5 +1,6 @@
 """The redelivery index against a plain dict model, with pins (an ack's hold on its entries
-while the delete runs): random operation sequences, ``_check()`` after each."""
+while the delete runs): random operation sequences, ``_check()`` after each, with the heaps
+rebuilt early (``COMPACT_AT`` small) and at their real threshold."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
+from queues import redelivery
 from queues.redelivery import RedeliveryIndex
 
 INF = math.inf
@@ -20,20 +22,32 @@ ops = st.lists(
         st.tuples(st.just("pin"), ids),
         st.tuples(st.just("change"), ids, times),
         st.tuples(st.just("expired"), st.sampled_from([0.0, 1.5, 2.0, 4.0, 10.0]), st.integers(1, 4)),
+        st.tuples(st.just("in_flight"), st.sampled_from([0.0, 1.5, 2.0, 4.0, 10.0])),
     ),
     max_size=40,
 )
 
 
-@given(ops)
-def test_the_index_behaves_like_its_model(seq):
+@given(ops, st.sampled_from([0, 1, 3, redelivery.COMPACT_AT]))
+def test_the_index_behaves_like_its_model(seq, compact_at):
+    real = redelivery.COMPACT_AT
+    redelivery.COMPACT_AT = compact_at
+    try:
+        _run_against_model(seq)
+    finally:
+        redelivery.COMPACT_AT = real
+
+
+def _run_against_model(seq):
     index = RedeliveryIndex()
-    model: dict[str, list[float]] = {}  # id -> [deadline as read, deadline it sits under]
-    for op in seq:
+    # id -> [deadline as read, deadline it sits under, when it was listed there]: entries
+    # under the same deadline come due in the order they were listed
+    model: dict[str, list[float]] = {}
+    for step, op in enumerate(seq):
         if op[0] == "add":
             _, mid, d = op
             index.add(mid, d, "r", 1)
-            model[mid] = [d, d]
+            model[mid] = [d, d, step]
         elif op[0] == "remove":
             _, mid = op
             assert (index.remove(mid) is not None) == (mid in model)
@@ -50,17 +64,20 @@ def test_the_index_behaves_like_its_model(seq):
             _, mid, d = op
             if mid in model:
                 index.change_deadline(mid, d)
-                model[mid] = [d, d]
+                model[mid] = [d, d, model[mid][2] if d == model[mid][1] else step]
+        elif op[0] == "in_flight":
+            _, now = op
+            assert index.in_flight_count(now) == sum(1 for _, listed, _ in model.values() if listed > now)
         else:
             _, now, limit = op
-            due = sorted((listed, mid) for mid, (read, listed) in model.items() if read == listed and listed <= now)
-            assert index.expired(now, limit) == [mid for _, mid in due[:limit]]
+            due = sorted((listed, at, mid) for mid, (read, listed, at) in model.items() if read == listed <= now)
+            assert index.expired(now, limit) == [mid for _, _, mid in due[:limit]]
         index._check()
         assert len(index) == len(model)
-        for mid, (read, _) in model.items():
+        for mid, (read, _, _) in model.items():
             entry = index.get(mid)
             assert entry is not None and entry.deadline == read
-        unpinned = [listed for read, listed in model.values() if read == listed]
+        unpinned = [listed for read, listed, _ in model.values() if read == listed]
         assert index.next_deadline() == (min(unpinned) if unpinned else None)
 
 
@@ -75,3 +92,29 @@ def test_a_pinned_entry_is_not_redelivered_and_an_unpin_gives_it_back():
     index.change_deadline("a", had)  # the delete failed: unpinned where it was
     assert index.expired(5.0, 10) == ["a", "b"]
     index._check()
+
+
+def test_acknowledged_entries_do_not_pile_up_in_the_heaps():
+    index = RedeliveryIndex()
+    for i in range(10_000):
+        index.add(f"m{i}", 30.0 + i / 1000, "r", 1)
+    assert index.in_flight_count(1.0) == 10_000
+    for i in range(9_990):
+        index.remove(f"m{i}")
+    index._check()
+    assert len(index.future) <= 2 * len(index) + redelivery.COMPACT_AT
+    assert index.in_flight_count(1.0) == 10
+    assert index.expired(100.0, 100) == [f"m{i}" for i in range(9_990, 10_000)]
+    assert index.in_flight_count(100.0) == 0
+    index._check()
+
+
+def test_readings_change_nothing():
+    index = RedeliveryIndex()
+    for i in range(50):
+        index.add(f"m{i}", float(i), "r", 1)
+    index.pin("m0")
+    before = (list(index.future), list(index.due), index.looked)
+    assert index.in_flight_count(9.5) == 40
+    assert index.next_deadline() == 1.0
+    assert (list(index.future), list(index.due), index.looked) == before
