@@ -262,7 +262,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"]["ENGINE"] = "config.postgresql"
     DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = DB_CONNECT_TIMEOUT
     # A kept connection is checked (SELECT 1) before a request's first query: one cut by a
-    # database restart is replaced there, instead of failing that request.
+    # database restart is replaced there, instead of failing that request. Not one that
+    # answered within the last second (config/postgresql/base.py: HEALTH_CHECK_IDLE).
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 #: Where messages and append-tree blocks live: file:///path, redis://host:port/db,

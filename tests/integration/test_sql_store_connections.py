@@ -64,3 +64,47 @@ def test_a_statement_is_not_run_again_inside_a_transaction(store):
         store.get_many(["q/0/blk/0"])  # its transaction is gone with the connection: an error
     connection.close()
     assert store.get_many(["q/0/blk/0"]) == [b"a"]
+
+
+def _count_checks(monkeypatch) -> list[int]:
+    checks: list[int] = []
+    wrapper = type(connections["default"])
+    real = wrapper.is_usable
+    monkeypatch.setattr(wrapper, "is_usable", lambda self: checks.append(1) or real(self))
+    return checks
+
+
+def _query(sql: str = "SELECT 1") -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        cursor.fetchall()
+
+
+def test_a_connection_that_answered_a_moment_ago_is_not_checked_first(store, monkeypatch):
+    from config.postgresql import base
+
+    checks = _count_checks(monkeypatch)
+    _query()
+    connection.close_if_unusable_or_obsolete()  # a request ends: the next first query may check
+    _query()
+    assert checks == []  # it had answered within HEALTH_CHECK_IDLE: no SELECT 1 before it
+    monkeypatch.setattr(base, "HEALTH_CHECK_IDLE", 0.0)
+    connection.close_if_unusable_or_obsolete()
+    _query()
+    assert checks == [1]  # idle past it: checked, as CONN_HEALTH_CHECKS does
+
+
+def test_a_connection_cut_right_after_it_answered_fails_once_then_is_replaced(store, monkeypatch):
+    from django.db import OperationalError
+
+    checks = _count_checks(monkeypatch)
+    _query()
+    pid = connection.connection.info.backend_pid
+    _terminate(pid)
+    connection.close_if_unusable_or_obsolete()
+    with pytest.raises(OperationalError):
+        _query()  # not checked first (it answered a moment ago): the query finds it cut (503)
+    connection.close_if_unusable_or_obsolete()  # the request's end: it had an error, so it is checked
+    assert checks == [1]
+    _query()
+    assert connection.connection.info.backend_pid != pid
