@@ -18,8 +18,8 @@ Run it on the stores the node would use, e.g. with the test services::
     scripts/with-services.sh python bench/inprocess.py --kv redis --batch 100 --n 30000
     scripts/with-services.sh python bench/inprocess.py --kv postgres --batch 1 --n 3000 --threads 4
 
-It uses ``DATABASE_URL`` (migrated here) and, for ``--kv redis``, ``REDIS_URL``'s database 1;
-its data folder is a temporary one.
+It uses ``DATABASE_URL`` (migrated here) and, for ``--kv redis``, ``REDIS_URL``'s database 1
+(``--kv redis-cluster``: ``MQ_TEST_REDIS_CLUSTER_URL``); its data folder is a temporary one.
 """
 
 from __future__ import annotations
@@ -43,7 +43,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--kv", choices=("redis", "postgres", "file"), default="redis", help="the node's key-value store")
+    p.add_argument(
+        "--kv",
+        choices=("redis", "redis-cluster", "postgres", "file"),
+        default="redis",
+        help="the node's key-value store",
+    )
     p.add_argument("--batch", type=int, default=100, help="messages per call (1: one message per call)")
     p.add_argument("--n", type=int, default=30_000, help="messages per round (over all threads)")
     p.add_argument("--threads", type=int, default=1, help="callers at once, each its own share of the round")
@@ -65,6 +70,11 @@ def setup(kv: str) -> None:
         if not base:
             sys.exit("--kv redis needs REDIS_URL (scripts/with-services.sh sets it)")
         os.environ["KV_URL"] = f"{base}/1"
+    elif kv == "redis-cluster":
+        url = os.environ.get("MQ_TEST_REDIS_CLUSTER_URL", "")
+        if not url:
+            sys.exit("--kv redis-cluster needs MQ_TEST_REDIS_CLUSTER_URL (scripts/services.sh env prints it)")
+        os.environ["KV_URL"] = url
     elif kv == "postgres":
         os.environ["KV_URL"] = "postgres"
     else:
