@@ -171,6 +171,31 @@ def _round_trip(conn: redis_lib.Connection, commands: list[tuple]) -> list:
     return answers
 
 
+def _on_connection(conns: ThreadConnections, commands: list[tuple]) -> list:
+    """``commands`` in one round trip on this thread's connection of ``conns``; their answers,
+    an error answer as an exception among them (see :func:`_round_trip`).
+
+    A connection error on a connection that had been used before is taken for a server
+    gone since (restarted, or the idle connection cut) and the commands are sent once
+    more on a fresh connection: the commands here are the scripts and reads, which a
+    second run leaves as the first did (a put writes the same values, a delete finds
+    fewer to delete, a fence refuses both times; a compare-and-set that had been applied
+    reports a mismatch, which its callers meet by reading again). redis-py's client
+    retries them the same way. A timeout is not retried: :meth:`RedisStore._call` holds
+    calls off.
+    """
+    conn = conns.get()
+    fresh = conn._sock is None
+    if fresh:
+        conn.connect()
+    try:
+        return _round_trip(conn, commands)
+    except redis_lib.ConnectionError:
+        if fresh:
+            raise
+        return _on_connection(conns, commands)  # the server went away after our last use: once more
+
+
 class RedisStore(KeyValueStore):
     """One Redis server (``redis://``), or its primary with replicas (``KV_MIN_REPLICAS``).
 
@@ -196,6 +221,7 @@ class RedisStore(KeyValueStore):
             and issubclass(pool.connection_kwargs.get("parser_class", DefaultParser), _HiredisParser)
         ):
             self._conns = ThreadConnections(pool)
+            self._direct = True
 
     @classmethod
     def from_settings(cls) -> RedisStore:
@@ -214,8 +240,11 @@ class RedisStore(KeyValueStore):
     _probing = False
     _state = threading.Lock()
     #: The per-thread connections of the message path; None: every call through the client
-    #: (Redis Cluster, Sentinel, a custom pool).
+    #: (Sentinel, a custom pool).
     _conns: ThreadConnections | None = None
+    #: Whether the message path's calls go through :meth:`_send` (our own round trips), not
+    #: through the client.
+    _direct = False
 
     @contextmanager
     def _call(self) -> Iterator[None]:
@@ -283,7 +312,7 @@ class RedisStore(KeyValueStore):
                     # checks, two more layers) was 3% of a single call's node CPU (py-spy). A server
                     # that lost the script (restart, SCRIPT FLUSH) is handled by the Script as before.
                     try:
-                        if self._conns is not None:
+                        if self._direct:
                             return self._send([("EVALSHA", script.sha, len(keys), *keys, *args)])[0]
                         return self.client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
                     except redis_lib.exceptions.NoScriptError:
@@ -306,27 +335,9 @@ class RedisStore(KeyValueStore):
 
     def _send(self, commands: list[tuple]) -> list:
         """``commands`` in one round trip on this thread's connection; their answers. An error
-        answer raises (after every answer is read, so the connection stays in step).
-
-        A connection error on a connection that had been used before is taken for a server
-        gone since (restarted, or the idle connection cut) and the commands are sent once
-        more on a fresh connection: the commands here are the scripts and reads, which a
-        second run leaves as the first did (a put writes the same values, a delete finds
-        fewer to delete, a fence refuses both times; a compare-and-set that had been applied
-        reports a mismatch, which its callers meet by reading again). redis-py's client
-        retries them the same way. A timeout is not retried: :meth:`_call` holds calls off.
-        """
+        answer raises (after every answer is read, so the connection stays in step)."""
         assert self._conns is not None
-        conn = self._conns.get()
-        fresh = conn._sock is None
-        if fresh:
-            conn.connect()
-        try:
-            answers = _round_trip(conn, commands)
-        except redis_lib.ConnectionError:
-            if fresh:
-                raise
-            return self._send(commands)  # the server went away after our last use: once more
+        answers = _on_connection(self._conns, commands)
         for answer in answers:
             # An error answer: a ResponseError, or one redis-py's parser makes a ConnectionError
             # (LOADING, a Redis still reading its data back after a restart: nothing was run).
@@ -345,7 +356,7 @@ class RedisStore(KeyValueStore):
         out: list[bytes | None] = [None] * len(keys)
         try:
             with self._call():
-                if self._conns is not None:
+                if self._direct:
                     results = self._send(
                         [("HMGET", self.redis_key(b), *[name for _, name in e]) for b, e in by_bucket.items()]
                     )

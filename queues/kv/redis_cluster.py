@@ -41,12 +41,26 @@ from urllib.parse import unquote, urlsplit
 import redis as redis_lib
 from django.core.exceptions import ImproperlyConfigured
 from redis.cluster import ClusterNode, RedisCluster
-from redis.exceptions import RedisClusterException, RedisError
+from redis.crc import key_slot
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MasterDownError,
+    MovedError,
+    RedisClusterException,
+    RedisError,
+    TryAgainError,
+)
 
 from .base import Fence, KVError, split_key
-from .redis import _CAS, _DELETE, _PUT, Call, RedisStore, _glob_escape
+from .redis import _CAS, _DELETE, _PUT, Call, RedisStore, ThreadConnections, _glob_escape, _on_connection
 
 SCHEMES = ("redis-cluster", "rediss-cluster")
+
+#: Answers that say a command went to a node that does not serve its slot (now), or that the
+#: cluster is changing: nothing was run. The client sends such commands again, following the
+#: redirection and learning the new slot map.
+_REDIRECTED = (MovedError, AskError, TryAgainError, ClusterDownError, MasterDownError)
 
 
 def _tag_span(bucket: str) -> tuple[int, int]:
@@ -126,6 +140,8 @@ class RedisClusterStore(RedisStore):
     schemes = SCHEMES
     #: the calls it inherits are timed as the single Redis' are: one label for both
     metrics_name = "redis"
+    #: the message path's calls go to the primaries on connections of our own (:meth:`_send`)
+    _direct = True
 
     def __init__(self, client: RedisCluster | Callable[[], RedisCluster]):
         # (not RedisStore.__init__: its client is made at once and its scripts registered on it)
@@ -138,6 +154,8 @@ class RedisClusterStore(RedisStore):
         else:
             self._connect = client
         self._lock = threading.Lock()
+        #: each primary's connections of the message path, by node name (host:port)
+        self._nodes: dict[str, ThreadConnections] = {}
         # The scripts are called with the cluster client (``_run``): this one never connects,
         # it only encodes them to hash them.
         scripts = redis_lib.Redis()
@@ -172,6 +190,63 @@ class RedisClusterStore(RedisStore):
         if self._connect is not None and self._client is not None:
             self._client.close()
             self._client = None
+
+    def _send(self, commands: list[tuple]) -> list:
+        """``commands`` on this thread's connection to the primary of each one's slot, one
+        round trip per primary; their answers. An error answer raises, after all are read.
+
+        Where the client's slot map says (the client keeps it: it learns it from the seed
+        nodes and on every redirection it follows). The cluster client's own path costs
+        about 110 µs of node CPU more per call (in-process, one message per call: enqueue 289
+        against 176 µs on a single Redis): it finds the slot and the node again, takes a
+        connection from the node's pool under a lock, and wraps the reply. A primary whose
+        answer redirects (the slot moved: MOVED, ASK; the cluster changing: TRYAGAIN,
+        CLUSTERDOWN) or whose connection fails (a failover) gets its commands sent again
+        through the client, which follows the redirection and refreshes the map: a redirected
+        command was not run, and a failed connection's commands are the scripts and reads that
+        a second run leaves as the first did (:func:`~queues.kv.redis._on_connection`).
+        """
+        slots = self.client.nodes_manager.slots_cache
+        by_node: dict[str, tuple[ClusterNode, list[int]]] = {}
+        for i, command in enumerate(commands):
+            key = command[3] if command[0] == "EVALSHA" else command[1]  # (our scripts declare keys)
+            owners = slots.get(key_slot(key.encode()))
+            if not owners or owners[0].redis_connection is None:
+                return self._raise_errors([self._through_client(c) for c in commands])
+            by_node.setdefault(owners[0].name, (owners[0], []))[1].append(i)
+        answers: list = [None] * len(commands)
+        for node, positions in by_node.values():
+            mine = [commands[i] for i in positions]
+            try:
+                got = _on_connection(self._connections(node), mine)
+            except redis_lib.ConnectionError:
+                got = []  # the primary is gone (a failover?): the client finds where its slots went
+            if not got or any(isinstance(answer, _REDIRECTED) for answer in got):
+                got = [self._through_client(c) for c in mine]
+            for i, answer in zip(positions, got):
+                answers[i] = answer
+        return self._raise_errors(answers)
+
+    @staticmethod
+    def _raise_errors(answers: list) -> list:
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer
+        return answers
+
+    def _through_client(self, command: tuple) -> Any:
+        """One command through the cluster client; an error answer returned, not raised (as
+        :func:`~queues.kv.redis._round_trip` gives them)."""
+        try:
+            return self.client.execute_command(*command)
+        except redis_lib.ResponseError as exc:
+            return exc
+
+    def _connections(self, node: ClusterNode) -> ThreadConnections:
+        conns = self._nodes.get(node.name)
+        if conns is None:
+            conns = self._nodes.setdefault(node.name, ThreadConnections(node.redis_connection.connection_pool))
+        return conns
 
     # --- key naming: the module's function above ----------------------------------------------
     redis_key = staticmethod(redis_key)

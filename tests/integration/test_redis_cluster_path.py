@@ -1,0 +1,101 @@
+"""The Redis Cluster store's message path: each command on our own connection to the primary
+of its slot (``RedisClusterStore._send``), and through the cluster client when the slot map
+we read is out of date (a slot moved: MOVED) or a primary's connection fails. Real cluster
+(``make test`` starts three primaries on loopback)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from queues.kv.base import Fence
+
+pytestmark = pytest.mark.usefixtures("redis_cluster_client")
+
+
+@pytest.fixture
+def store():
+    from queues.kv.redis_cluster import RedisClusterStore, cluster_client
+    from tests.conftest import REDIS_CLUSTER_URL
+
+    client = cluster_client(REDIS_CLUSTER_URL)  # its own: the tests change its slot map
+    yield RedisClusterStore(client)
+    client.close()
+
+
+@pytest.fixture
+def client_calls(store, monkeypatch) -> list[tuple]:
+    """The commands that went through the cluster client."""
+    calls: list[tuple] = []
+    real = store.client.execute_command
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store.client, "execute_command", counting)
+    return calls
+
+
+def _partitions(n: int) -> list[str]:
+    q = f"c{uuid.uuid4().hex[:8]}"
+    return [f"{q}/{i}" for i in range(n)]
+
+
+def test_the_message_path_goes_straight_to_the_primaries(store, client_calls):
+    parts = _partitions(6)  # six partitions: their slots lie on more than one primary
+    slots = {p: store.client.keyslot(store.redis_key(p)) for p in parts}
+    primaries = {store.client.nodes_manager.slots_cache[s][0].name for s in slots.values()}
+    assert len(primaries) > 1
+    for p in parts:
+        fence = Fence(f"{p}/_fence", 1)
+        assert store.compare_and_set(fence.key, None, b"1")
+        store.put_many([(f"{p}/blk/{i}", f"{p}:{i}".encode()) for i in range(3)], fence=fence)
+    keys = [f"{p}/blk/{i}" for p in parts for i in range(3)]
+    assert store.get_many(keys) == [k.replace("/blk/", ":").encode() for k in keys]  # one read over every primary
+    assert sum(store.delete_many([f"{p}/blk/0"], fence=Fence(f"{p}/_fence", 1)) for p in parts) == 6
+    assert store.get_many([f"{p}/blk/0" for p in parts]) == [None] * 6
+    assert client_calls == []  # not one command through the client
+
+
+def test_a_slot_that_moved_is_followed_through_the_client(store, client_calls):
+    (p,) = _partitions(1)
+    fence = Fence(f"{p}/_fence", 1)
+    assert store.compare_and_set(fence.key, None, b"1")
+    slot = store.client.keyslot(store.redis_key(p))
+    cache = store.client.nodes_manager.slots_cache
+    right = cache[slot][0]
+    wrong = next(n for n in store.client.get_primaries() if n.name != right.name)
+    cache[slot] = [wrong]  # our map says another primary: it answers MOVED
+    store.put_many([(f"{p}/blk/0", b"a")], fence=fence)
+    assert [c[0] for c in client_calls] == ["EVALSHA"]  # the put went again, through the client
+    assert cache[slot][0].name == right.name  # which learnt where the slot is
+    client_calls.clear()
+    assert store.get_many([f"{p}/blk/0"]) == [b"a"]
+    assert client_calls == []  # and the next calls go straight there again
+
+
+def test_a_fence_is_kept_on_the_direct_path(store):
+    from queues.kv.base import Fenced
+
+    (p,) = _partitions(1)
+    assert store.compare_and_set(f"{p}/_fence", None, b"2")
+    with pytest.raises(Fenced):
+        store.put_many([(f"{p}/blk/0", b"a")], fence=Fence(f"{p}/_fence", 1))
+    assert store.get_many([f"{p}/blk/0"]) == [None]
+
+
+def test_a_cut_connection_is_made_again(store, client_calls):
+    from queues.kv.redis import _on_connection
+
+    (p,) = _partitions(1)
+    store.put_many([(f"{p}/blk/0", b"a")])
+    slot = store.client.keyslot(store.redis_key(p))
+    node = store.client.nodes_manager.slots_cache[slot][0]
+    (ours,) = _on_connection(store._connections(node), [("CLIENT", "ID")])
+    node.redis_connection.execute_command("CLIENT", "KILL", "ID", ours)  # as a restart or an idle cut would
+    assert store.get_many([f"{p}/blk/0"]) == [b"a"]  # on a new connection, no error
+    (again,) = _on_connection(store._connections(node), [("CLIENT", "ID")])
+    assert again != ours
+    assert client_calls == []
