@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -32,6 +33,14 @@ from queues.testing import NodeFailed, NodeProcess, free_port, kv_url, node_env
 
 class BenchError(RuntimeError):
     pass
+
+
+def exit_on_sigterm() -> None:
+    """A SIGTERM (``kill``, ``timeout``) ends the benchmark as Ctrl-C does: through its
+    ``finally`` blocks, which stop the nodes it started. Killed outright, it left them serving:
+    a later run's node then shared their port (``SO_REUSEPORT``), and its calls went to them.
+    """
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
 
 def log(msg: str) -> None:

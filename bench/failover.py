@@ -71,7 +71,7 @@ import django
 
 django.setup()
 
-from common import log
+from common import exit_on_sigterm, log
 
 from queues import partition as partition_mod
 from queues.kv.base import Fence, KeyValueStore
@@ -573,4 +573,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     sys.exit(main())

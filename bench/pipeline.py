@@ -49,7 +49,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from common import BenchError, BenchNode, log, median
+from common import BenchError, BenchNode, exit_on_sigterm, log, median
 
 from queues.testing import FakeMessage
 from workers.handlers import Handler
@@ -451,4 +451,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     sys.exit(main())

@@ -30,7 +30,7 @@ if str(HERE) not in sys.path:
 
 import boto3
 from botocore.config import Config
-from common import BenchNode, fmt_rate, fmt_ratio, log, median
+from common import BenchNode, exit_on_sigterm, fmt_rate, fmt_ratio, log, median
 from throughput_systems import tree_cpu_seconds as node_cpu
 
 BATCH = 10
@@ -198,4 +198,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     sys.exit(main())

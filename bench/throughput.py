@@ -111,7 +111,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from common import REPO, BenchError, log, redact, runnode_options
+from common import REPO, BenchError, exit_on_sigterm, log, redact, runnode_options
 from throughput_report import print_report, summarize
 from throughput_rounds import run_groups
 from throughput_systems import OursSystem, PgqSystem, SkipLockedSystem, StreamsSystem, System
@@ -379,4 +379,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     sys.exit(main())

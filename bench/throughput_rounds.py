@@ -83,8 +83,9 @@ class ClientPool:
                 c.send(("stop", None))
             except Exception:
                 pass
+        deadline = time.monotonic() + 10  # for them all: a client in a long phase is not listening
         for p in self.procs:
-            p.join(10)
+            p.join(max(0.0, deadline - time.monotonic()))
             if p.is_alive():
                 p.terminate()
                 p.join(5)
