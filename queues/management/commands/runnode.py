@@ -15,22 +15,47 @@ siblings (listed in ``NODE_SIBLINGS_DIR``, a fresh folder).
 
 Requests run on ``--threads`` Python threads per process (default ``settings.NODE_THREADS``);
 a long poll holds one for up to 20 s. Every process of the node is in runnode's process
-group; a worker whose runnode is gone exits at once (``config.node``).
+group; a worker whose runnode is gone exits at once (``config.node``). A port something
+already listens on is refused (:func:`check_port_free`).
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import shutil
+import socket
 import sys
 import tempfile
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 #: the folders this runnode made before it restarted itself (removed when it stops).
 _OWN_DIRS = "MQ_RUNNODE_OWN_DIRS"
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port something already listens on (CommandError).
+
+    granian binds with ``SO_REUSEPORT`` (its workers share the port), so a second node started
+    on the port of a running one would bind too, and the kernel would split the clients'
+    connections between the two without a word. A plain bind (``SO_REUSEADDR`` only: a
+    closed connection's TIME_WAIT does not count) fails where anything listens.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise CommandError(f"cannot serve on {host}:{port}: {exc.strerror}") from exc
+            raise CommandError(
+                f"{host}:{port} is in use: another node (or another program) listens there. "
+                "Stop it, or give this node another --port."
+            ) from exc
 
 
 class Command(BaseCommand):
@@ -78,6 +103,7 @@ class Command(BaseCommand):
             # folder existed; the workers are forked from here: start again with it set.
             os.environ[_OWN_DIRS] = os.pathsep.join(own_dirs)
             os.execv(sys.executable, [sys.executable, *sys.argv])
+        check_port_free(host, port)
         connections.close_all()  # the workers are forked: each must open its own
         server = Granian(
             "config.node:application",
