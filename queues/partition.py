@@ -1204,6 +1204,8 @@ class PartitionManager:
     def stats(self) -> PartitionStats:
         with self.lock:
             now = monotonic()
+            for c in self._all:
+                c.redelivery.advance(now)  # (the count read without the lock walks only what came due since)
             live = sum(len(s.live) for s in self.blocks.values())
             ordered = [*self.scanned_order, *self.local_order]
             in_flight = self.in_flight_count(now)

@@ -55,11 +55,11 @@ def _run_against_model(seq):
         elif op[0] == "pin":
             _, mid = op
             had = index.pin(mid)
-            if mid in model:
+            if mid in model and model[mid][0] != INF:
                 assert had == model[mid][0]
                 model[mid][0] = INF
             else:
-                assert had is None
+                assert had is None  # no entry, or pinned already: a second pin gives nothing back
         elif op[0] == "change":
             _, mid, d = op
             if mid in model:
@@ -67,7 +67,8 @@ def _run_against_model(seq):
                 model[mid] = [d, d, model[mid][2] if d == model[mid][1] else step]
         elif op[0] == "in_flight":
             _, now = op
-            assert index.in_flight_count(now) == sum(1 for _, listed, _ in model.values() if listed > now)
+            seen = max(now, index.looked)  # a time before the last look counts as that look
+            assert index.in_flight_count(now) == sum(1 for _, listed, _ in model.values() if listed > seen)
         else:
             _, now, limit = op
             due = sorted((listed, at, mid) for mid, (read, listed, at) in model.items() if read == listed <= now)
@@ -118,3 +119,23 @@ def test_readings_change_nothing():
     assert index.in_flight_count(9.5) == 40
     assert index.next_deadline() == 1.0
     assert (list(index.future), list(index.due), index.looked) == before
+
+
+def test_a_second_pin_of_the_same_entry_cannot_give_back_infinity():
+    index = RedeliveryIndex()
+    index.add("a", 5.0, "r", 1)
+    first, second = index.pin("a"), index.pin("a")  # two acks of one delivery at once
+    assert (first, second) == (5.0, None)
+    index.change_deadline("a", first)  # both deletes failed: only the first unpins
+    assert index.expired(6.0, 10) == ["a"]
+
+
+def test_acks_in_delivery_order_leave_no_stale_items_in_front():
+    index = RedeliveryIndex()
+    for i in range(5_000):
+        index.add(f"m{i}", 30.0 + i, "r", 1)
+    for i in range(4_990):
+        index.remove(f"m{i}")
+        assert index.future[0][2] == f"m{i + 1}"  # the top stays live: next_deadline finds it at once
+    assert index.next_deadline() == 30.0 + 4_990
+    assert len(index.future) == 10
