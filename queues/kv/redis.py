@@ -114,7 +114,7 @@ class ThreadConnections:
 
     A connection closes itself on a socket error (redis-py) and connects again on its next
     command; one whose server went away since its last use (Redis restarted) fails on that
-    command, which :meth:`RedisStore._send` then sends once more on a fresh connection. A
+    command, which :func:`_on_connection` then sends once more on a fresh connection. A
     thread's connection closes when the thread ends or the store goes. Connections inherited
     through a fork belong to the parent: the child makes its own.
     """
@@ -240,7 +240,7 @@ class RedisStore(KeyValueStore):
     _probing = False
     _state = threading.Lock()
     #: The per-thread connections of the message path; None: every call through the client
-    #: (Sentinel, a custom pool).
+    #: (Sentinel, a custom pool), or per primary (Redis Cluster: its own :meth:`_send`).
     _conns: ThreadConnections | None = None
     #: Whether the message path's calls go through :meth:`_send` (our own round trips), not
     #: through the client.

@@ -34,6 +34,7 @@ start-up.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -61,6 +62,9 @@ SCHEMES = ("redis-cluster", "rediss-cluster")
 #: cluster is changing: nothing was run. The client sends such commands again, following the
 #: redirection and learning the new slot map.
 _REDIRECTED = (MovedError, AskError, TryAgainError, ClusterDownError, MasterDownError)
+
+#: Seconds a primary that timed out on the direct path is reached through the cluster client.
+VIA_CLIENT_AFTER_TIMEOUT = 30.0
 
 
 def _tag_span(bucket: str) -> tuple[int, int]:
@@ -156,8 +160,12 @@ class RedisClusterStore(RedisStore):
         self._lock = threading.Lock()
         #: each primary's connections of the message path, by node name (host:port)
         self._nodes: dict[str, ThreadConnections] = {}
-        # The scripts are called with the cluster client (``_run``): this one never connects,
-        # it only encodes them to hash them.
+        #: primaries whose commands go through the client until then (monotonic): one that
+        #: timed out (its host gone?) until the client, meeting the timeout itself, has found
+        #: the new slot map
+        self._via_client: dict[str, float] = {}
+        # The scripts are sent by ``_send`` (and through the cluster client when it must):
+        # this client never connects, it only encodes them to hash them.
         scripts = redis_lib.Redis()
         self._put = scripts.register_script(_PUT)
         self._delete = scripts.register_script(_DELETE)
@@ -182,9 +190,20 @@ class RedisClusterStore(RedisStore):
             raise ImproperlyConfigured(
                 f"KV_MIN_REPLICAS={min_replicas}: not supported with a Redis Cluster KV_URL (use 0)"
             )
+        from django.conf import settings
+
         parse_url(url)  # a malformed URL fails at start-up, an unreachable cluster on use
-        # As many connections per primary as the single Redis' pool (config/settings.py).
-        return cls(lambda: cluster_client(url, max_connections=256, health_check_interval=30))
+        # As many connections per primary as the single Redis' pool, and its timeouts
+        # (config/settings.py): a primary that stops answering fails a call in REDIS_TIMEOUT.
+        return cls(
+            lambda: cluster_client(
+                url,
+                max_connections=256,
+                health_check_interval=30,
+                socket_timeout=settings.REDIS_TIMEOUT,
+                socket_connect_timeout=settings.REDIS_CONNECT_TIMEOUT,
+            )
+        )
 
     def close(self) -> None:
         if self._connect is not None and self._client is not None:
@@ -204,23 +223,35 @@ class RedisClusterStore(RedisStore):
         CLUSTERDOWN) or whose connection fails (a failover) gets its commands sent again
         through the client, which follows the redirection and refreshes the map: a redirected
         command was not run, and a failed connection's commands are the scripts and reads that
-        a second run leaves as the first did (:func:`~queues.kv.redis._on_connection`).
+        a second run leaves as the first did (:func:`~queues.kv.redis._on_connection`). One
+        that times out (a host gone without a word) raises, for :meth:`_call`'s hold-down,
+        and its commands go through the client for :data:`VIA_CLIENT_AFTER_TIMEOUT` seconds:
+        the client, timing out itself, reads the slot map again and finds the new primary.
         """
         slots = self.client.nodes_manager.slots_cache
-        by_node: dict[str, tuple[ClusterNode, list[int]]] = {}
+        now = time.monotonic()
+        by_node: dict[str, tuple[Any, list[int]]] = {}
+        through_client: list[int] = []
         for i, command in enumerate(commands):
             key = command[3] if command[0] == "EVALSHA" else command[1]  # (our scripts declare keys)
             owners = slots.get(key_slot(key.encode()))
-            if not owners or owners[0].redis_connection is None:
-                return self._raise_errors([self._through_client(c) for c in commands])
-            by_node.setdefault(owners[0].name, (owners[0], []))[1].append(i)
+            node = owners[0] if owners else None
+            if node is None or node.redis_connection is None or self._via_client.get(node.name, 0.0) > now:
+                through_client.append(i)
+            else:
+                by_node.setdefault(node.name, (node, []))[1].append(i)
         answers: list = [None] * len(commands)
+        for i in through_client:
+            answers[i] = self._through_client(commands[i])
         for node, positions in by_node.values():
             mine = [commands[i] for i in positions]
             try:
                 got = _on_connection(self._connections(node), mine)
             except redis_lib.ConnectionError:
                 got = []  # the primary is gone (a failover?): the client finds where its slots went
+            except redis_lib.TimeoutError:
+                self._via_client[node.name] = time.monotonic() + VIA_CLIENT_AFTER_TIMEOUT
+                raise
             if not got or any(isinstance(answer, _REDIRECTED) for answer in got):
                 got = [self._through_client(c) for c in mine]
             for i, answer in zip(positions, got):
@@ -245,7 +276,10 @@ class RedisClusterStore(RedisStore):
     def _connections(self, node: ClusterNode) -> ThreadConnections:
         conns = self._nodes.get(node.name)
         if conns is None:
-            conns = self._nodes.setdefault(node.name, ThreadConnections(node.redis_connection.connection_pool))
+            client = node.redis_connection
+            if client is None:  # (redis-py made it when it learnt the node: a ConnectionError is retried)
+                raise redis_lib.ConnectionError(f"redis cluster: no connection settings for {node.name} yet")
+            conns = self._nodes.setdefault(node.name, ThreadConnections(client.connection_pool))
         return conns
 
     # --- key naming: the module's function above ----------------------------------------------

@@ -99,3 +99,27 @@ def test_a_cut_connection_is_made_again(store, client_calls):
     (again,) = _on_connection(store._connections(node), [("CLIENT", "ID")])
     assert again != ours
     assert client_calls == []
+
+
+def test_a_primary_that_timed_out_is_reached_through_the_client_for_a_while(store, client_calls, monkeypatch):
+    import redis
+
+    from queues.kv import redis_cluster
+
+    (p,) = _partitions(1)
+    store.put_many([(f"{p}/blk/0", b"a")])
+    real = redis_cluster._on_connection
+
+    def times_out(conns, commands):
+        raise redis.TimeoutError("as a primary whose host is gone")
+
+    monkeypatch.setattr(redis_cluster, "_on_connection", times_out)
+    with pytest.raises(redis.TimeoutError):  # (the store's _call holds calls off after it)
+        store._send([("HMGET", store.redis_key(f"{p}/blk"), "0")])
+    monkeypatch.setattr(redis_cluster, "_on_connection", real)
+    assert store.get_many([f"{p}/blk/0"]) == [b"a"]
+    assert [c[0] for c in client_calls] == ["HMGET"]  # through the client, which finds the slot map anew
+    store._via_client.clear()  # (its 30 s over)
+    client_calls.clear()
+    assert store.get_many([f"{p}/blk/0"]) == [b"a"]
+    assert client_calls == []  # and straight to it again once that time is over
