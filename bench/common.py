@@ -40,7 +40,12 @@ def exit_on_sigterm() -> None:
     ``finally`` blocks, which stop the nodes it started. Killed outright, it left them serving:
     a later run's node then shared their port (``SO_REUSEPORT``), and its calls went to them.
     """
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+
+    def stop(signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the cleanup short
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def log(msg: str) -> None:

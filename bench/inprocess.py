@@ -76,6 +76,7 @@ def setup(kv: str) -> None:
         if not url:
             sys.exit("--kv redis-cluster needs MQ_TEST_REDIS_CLUSTER_URL (scripts/services.sh env prints it)")
         os.environ["KV_URL"] = url
+        os.environ.setdefault("KV_PREFIX", "mq-inprocess:")  # beside the tests' keys, not theirs
     elif kv == "postgres":
         os.environ["KV_URL"] = "postgres"
     else:
@@ -221,5 +222,7 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     # A SIGTERM ends it through main's finally (its queue deleted), as Ctrl-C does.
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    signal.signal(
+        signal.SIGTERM, lambda signum, _frame: (signal.signal(signum, signal.SIG_IGN), sys.exit(128 + signum))
+    )
     main()

@@ -29,6 +29,7 @@ patience. A refused connection (a restart) fails fast by itself and changes noth
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any
@@ -132,7 +133,11 @@ class DatabaseWrapper(base.DatabaseWrapper):
 
     def close_if_health_check_failed(self) -> None:
         conn = self.connection
-        if conn is not None and not self.health_check_done and time.monotonic() - conn.answered_at < HEALTH_CHECK_IDLE:
+        if (
+            conn is not None
+            and not self.health_check_done
+            and time.monotonic() - getattr(conn, "answered_at", -math.inf) < HEALTH_CHECK_IDLE
+        ):
             self.health_check_done = True  # it answered a moment ago (see the module's docstring)
             return
         super().close_if_health_check_failed()

@@ -87,6 +87,7 @@ class Command(BaseCommand):
         from granian.constants import Interfaces
 
         processes = max(1, processes)
+        check_port_free(host, port)  # before anything is made (again after a restart below: harmless)
         # The workers read these from the environment and the settings they inherit.
         os.environ["NODE_PROCESSES"] = str(processes)
         os.environ["NODE_PUBLIC_PORT"] = str(port)  # the processes' shared port (queues.balance)
@@ -103,7 +104,6 @@ class Command(BaseCommand):
             # folder existed; the workers are forked from here: start again with it set.
             os.environ[_OWN_DIRS] = os.pathsep.join(own_dirs)
             os.execv(sys.executable, [sys.executable, *sys.argv])
-        check_port_free(host, port)
         connections.close_all()  # the workers are forked: each must open its own
         server = Granian(
             "config.node:application",
