@@ -123,13 +123,13 @@ class RedeliveryIndex:
         """Up to ``limit`` IDs whose deadline has passed, earliest first (pinned ones left
         out). O((limit + pinned ones among the expired) log n)."""
         self.advance(now)
-        due, by_id = self.due, self.by_id
+        due = self.due
         out: list[str] = []
         taken: list[Item] = []
         while due and len(out) < limit and due[0][0] <= now:
             item = heappop(due)
-            entry = by_id.get(item[2])
-            if entry is None or entry.item is not item:
+            entry = self._owner(item)
+            if entry is None:
                 self._due_stale -= 1
                 continue
             taken.append(item)
@@ -138,6 +138,11 @@ class RedeliveryIndex:
         for item in taken:  # they stay listed until delivered again or acknowledged
             heappush(due, item)
         return out
+
+    def _owner(self, item: Item) -> RedeliveryEntry | None:
+        """The entry ``item`` stands for, or None if the item is stale."""
+        entry = self.by_id.get(item[2])
+        return entry if entry is not None and entry.item is item else None
 
     def _list(self, entry: RedeliveryEntry, msg_id: str, deadline: float) -> None:
         item = (deadline, next(self._seq), msg_id)
@@ -158,34 +163,30 @@ class RedeliveryIndex:
         item, entry.item = entry.item, None
         if entry.due:
             self._due_live -= 1
-            self._due_stale += 1
-            if self.due[0] is item:
-                self._due_stale -= self._pop_stale(self.due)
-            elif self._due_stale > COMPACT_AT and 2 * self._due_stale > len(self.due):
-                self.due, self._due_stale = self._live(self.due), 0
+            self.due, self._due_stale = self._forget(self.due, self._due_stale + 1, item)
         else:
-            self._future_stale += 1
-            if self.future[0] is item:
-                self._future_stale -= self._pop_stale(self.future)
-            elif self._future_stale > COMPACT_AT and 2 * self._future_stale > len(self.future):
-                self.future, self._future_stale = self._live(self.future), 0
+            self.future, self._future_stale = self._forget(self.future, self._future_stale + 1, item)
+
+    def _forget(self, heap: list[Item], stale: int, item: Item | None) -> tuple[list[Item], int]:
+        """``heap`` and its count of stale items, ``item`` among them now: popped if it is at
+        the top (with the stale ones under it), or the heap rebuilt when they are too many."""
+        if heap[0] is item:
+            return heap, stale - self._pop_stale(heap)
+        if stale > COMPACT_AT and 2 * stale > len(heap):
+            return self._live(heap), 0
+        return heap, stale
 
     def _pop_stale(self, heap: list[Item]) -> int:
         """Drop the stale items at the top of ``heap``; how many."""
-        by_id, dropped = self.by_id, 0
-        while heap:
-            top = heap[0]
-            entry = by_id.get(top[2])
-            if entry is not None and entry.item is top:
-                break
+        dropped = 0
+        while heap and self._owner(heap[0]) is None:
             heappop(heap)
             dropped += 1
         return dropped
 
     def _live(self, heap: list[Item]) -> list[Item]:
         """The heap without its stale items: a new list (a reader without the lock keeps the old)."""
-        by_id = self.by_id
-        live = [it for it in heap if (e := by_id.get(it[2])) is not None and e.item is it]
+        live = [it for it in heap if self._owner(it) is not None]
         heapify(live)
         return live
 
@@ -195,11 +196,11 @@ class RedeliveryIndex:
         :meth:`in_flight_count` read without the lock walks at most what came due since."""
         if now <= self.looked:
             return
-        future, due, by_id = self.future, self.due, self.by_id
+        future, due = self.future, self.due
         while future and future[0][0] <= now:
             item = heappop(future)
-            entry = by_id.get(item[2])
-            if entry is None or entry.item is not item:
+            entry = self._owner(item)
+            if entry is None:
                 self._future_stale -= 1
                 continue
             heappush(due, item)
@@ -221,9 +222,7 @@ class RedeliveryIndex:
             while stack:  # the heap's items at or before now: a subtree above now is skipped whole
                 i = stack.pop()
                 if i < len(future) and future[i][0] <= now:
-                    item = future[i]
-                    entry = by_id.get(item[2])
-                    if entry is not None and entry.item is item:
+                    if self._owner(future[i]) is not None:
                         come_due += 1
                     stack += (2 * i + 1, 2 * i + 2)
         except IndexError:  # changed under us (read without the lock): an estimate
@@ -235,14 +234,13 @@ class RedeliveryIndex:
         it) log n): each heap's top is live (:meth:`_unlist`), and pinned ones are the acks
         in progress. Minus infinity when the heaps changed under a reader without the lock:
         look again at once."""
-        by_id = self.by_id
         for heap in (self.due, self.future):  # every item of due is before every one of future
             try:
                 frontier = [(heap[0], 0)] if heap else []
                 while frontier:  # best first through the heap, without taking anything out
                     item, i = heappop(frontier)
-                    entry = by_id.get(item[2])
-                    if entry is not None and entry.item is item and entry.deadline == item[0]:
+                    entry = self._owner(item)
+                    if entry is not None and entry.deadline == item[0]:
                         return item[0]
                     for child in (2 * i + 1, 2 * i + 2):
                         if child < len(heap):
@@ -253,7 +251,7 @@ class RedeliveryIndex:
 
     def _check(self) -> None:
         listed = [it for heap in (self.future, self.due) for it in heap]
-        live = [it for it in listed if (e := self.by_id.get(it[2])) is not None and e.item is it]
+        live = [it for it in listed if self._owner(it) is not None]
         assert len(live) == len(self.by_id)
         assert len(listed) - len(live) == self._future_stale + self._due_stale
         assert self._due_live == sum(e.due for e in self.by_id.values())

@@ -196,6 +196,16 @@ def _on_connection(conns: ThreadConnections, commands: list[tuple]) -> list:
         return _on_connection(conns, commands)  # the server went away after our last use: once more
 
 
+def raise_errors(answers: list) -> list:
+    """``answers``, unless one is an error answer: then the first such is raised (a
+    ResponseError, or one redis-py's parser makes a ConnectionError: LOADING, a Redis still
+    reading its data back after a restart, where nothing was run)."""
+    for answer in answers:
+        if isinstance(answer, Exception):
+            raise answer
+    return answers
+
+
 class RedisStore(KeyValueStore):
     """One Redis server (``redis://``), or its primary with replicas (``KV_MIN_REPLICAS``).
 
@@ -337,13 +347,7 @@ class RedisStore(KeyValueStore):
         """``commands`` in one round trip on this thread's connection; their answers. An error
         answer raises (after every answer is read, so the connection stays in step)."""
         assert self._conns is not None
-        answers = _on_connection(self._conns, commands)
-        for answer in answers:
-            # An error answer: a ResponseError, or one redis-py's parser makes a ConnectionError
-            # (LOADING, a Redis still reading its data back after a restart: nothing was run).
-            if isinstance(answer, Exception):
-                raise answer
-        return answers
+        return raise_errors(_on_connection(self._conns, commands))
 
     # --- the interface ------------------------------------------------------------------------
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:

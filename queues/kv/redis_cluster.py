@@ -54,7 +54,7 @@ from redis.exceptions import (
 )
 
 from .base import Fence, KVError, split_key
-from .redis import _CAS, _DELETE, _PUT, Call, RedisStore, ThreadConnections, _glob_escape, _on_connection
+from .redis import _CAS, _DELETE, _PUT, Call, RedisStore, ThreadConnections, _glob_escape, _on_connection, raise_errors
 
 SCHEMES = ("redis-cluster", "rediss-cluster")
 
@@ -256,14 +256,7 @@ class RedisClusterStore(RedisStore):
                 got = [self._through_client(c) for c in mine]
             for i, answer in zip(positions, got):
                 answers[i] = answer
-        return self._raise_errors(answers)
-
-    @staticmethod
-    def _raise_errors(answers: list) -> list:
-        for answer in answers:
-            if isinstance(answer, Exception):
-                raise answer
-        return answers
+        return raise_errors(answers)
 
     def _through_client(self, command: tuple) -> Any:
         """One command through the cluster client; an error answer returned, not raised (as
