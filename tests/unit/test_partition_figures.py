@@ -1,0 +1,53 @@
+"""A partition's figures in its row (``NodeRuntime._publish_stats``, one statement for every row
+due): what the console and the other nodes read. Here on SQLite (``make test-unit``); the full
+suite runs it on PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from queues.models import Partition
+
+
+@pytest.fixture
+def row(runtime, make_queue, purge_kv):
+    q = make_queue(partitions=2)
+    runtime.tick()
+    return q, lambda index: Partition.objects.get(queue__name=q, index=index)
+
+
+def test_every_figure_is_written_as_the_manager_has_it(runtime, api, row):
+    q, get = row
+    for i in range(3):
+        assert (
+            api.post(f"/api/v1/queues/{q}/enqueue", {"body": f"m{i}", "group": "g"}, format="json").status_code == 201
+        )
+    got = api.post(f"/api/v1/queues/{q}/dequeue", {"max": 1}, format="json").json()["messages"]
+    assert len(got) == 1
+    runtime.tick()
+    index = int(got[0]["id"].split("/")[1])  # the group's partition
+    m, r = runtime.manager(q, index), get(index)
+    s = m.stats()
+    assert (r.depth, r.in_flight, r.enqueued_total, r.acked_total) == (2, 1, 3, 0)
+    assert (r.depth, r.in_flight, r.delayed) == (s.visible, s.in_flight, s.delayed)
+    assert (r.enqueue_id, r.dequeue_id) == (s.enqueue_id, s.dequeue_id) and r.enqueue_id
+    assert (r.tree_height, r.live_blocks, r.cursors) == (s.tree_height, s.live_blocks, s.cursors)
+    assert r.oldest_enqueued_at == datetime.fromtimestamp(s.oldest_enqueued_at, tz=UTC)
+    assert r.enqueue_rate > 0 and r.stats_at is not None
+    other = get(1 - index)  # the other partition's row: its own (empty) figures
+    assert (other.depth, other.in_flight, other.enqueued_total, other.oldest_enqueued_at) == (0, 0, 0, None)
+    assert other.stats_at is not None
+
+
+def test_a_row_whose_epoch_moved_on_is_not_written(runtime, api, row):
+    q, get = row
+    Partition.objects.filter(queue__name=q, index=0).update(epoch=999)  # taken over, as far as the row says
+    stale = get(0).stats_at
+    for i in range(4):
+        assert api.post(f"/api/v1/queues/{q}/enqueue", {"body": f"m{i}"}, format="json").status_code == 201
+    runtime._published.clear()  # every row due
+    runtime.tick()
+    assert get(0).stats_at == stale  # not ours under that epoch: left as it was
+    assert get(1).stats_at > stale  # the row still ours is written in the same pass
