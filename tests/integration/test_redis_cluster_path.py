@@ -82,6 +82,23 @@ def test_a_slot_that_moved_is_followed_through_the_client(store, client_calls):
     assert client_calls == []  # and the next calls go straight there again
 
 
+def test_a_primary_without_the_scripts_gets_them_through_the_client(store, client_calls):
+    (p,) = _partitions(1)
+    fence = Fence(f"{p}/_fence", 1)
+    assert store.compare_and_set(fence.key, None, b"1")
+    slot = store.client.keyslot(store.redis_key(p))
+    primary = store.client.nodes_manager.slots_cache[slot][0]
+    store.client.get_redis_connection(primary).script_flush()  # as a primary restarted empty
+    client_calls.clear()
+    store.put_many([(f"{p}/blk/0", b"a")], fence=fence)
+    # NOSCRIPT on the direct path: the script is run through the client, which loads it first
+    assert [c[0] for c in client_calls] == ["EVALSHA", "SCRIPT LOAD", "EVALSHA"]
+    client_calls.clear()
+    store.put_many([(f"{p}/blk/1", b"b")], fence=fence)
+    assert store.get_many([f"{p}/blk/0", f"{p}/blk/1"]) == [b"a", b"b"]
+    assert client_calls == []  # loaded again: straight to the primary
+
+
 def test_a_fence_is_kept_on_the_direct_path(store):
     from queues.kv.base import Fenced
 
