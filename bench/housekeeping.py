@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import sys
 import time
 
 import inprocess
+from common import exit_on_sigterm
 
 STEPS = ("_update_cooling", "renew", "refresh_queues", "_drop_stale", "_claim_partitions", "_publish_stats")
 
@@ -90,7 +90,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    signal.signal(
-        signal.SIGTERM, lambda signum, _frame: (signal.signal(signum, signal.SIG_IGN), sys.exit(128 + signum))
-    )
+    exit_on_sigterm()
     main()

@@ -28,7 +28,6 @@ import argparse
 import cProfile
 import io
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -36,6 +35,8 @@ import threading
 import time
 import uuid
 from pathlib import Path
+
+from common import exit_on_sigterm
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -222,7 +223,5 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     # A SIGTERM ends it through main's finally (its queue deleted), as Ctrl-C does.
-    signal.signal(
-        signal.SIGTERM, lambda signum, _frame: (signal.signal(signum, signal.SIG_IGN), sys.exit(128 + signum))
-    )
+    exit_on_sigterm()
     main()
