@@ -48,6 +48,52 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
+def box_speed(redis_url: str | None = None) -> dict[str, float]:
+    """How fast this machine is right now, to set figures of different runs side by side.
+
+    The same code on this 2-core VM measured 36 µs/msg one day and 50-67 the next, with the
+    box idle both times: the host's load moves under us. Printed beside the figures, these
+    say whether a difference between two runs is the code's or the box's:
+
+    - ``python_us``: thread CPU of a fixed pure-Python loop (100,000 additions), best of 5;
+    - ``ping_cpu_us`` / ``ping_wall_us``: thread CPU and wall time of one redis-py PING to
+      ``redis_url``, medians of 2,000 (a store round trip: syscalls, a sleep and a wake-up).
+    """
+
+    def loop() -> float:
+        t, s = time.thread_time(), 0
+        for i in range(100_000):
+            s += i
+        return time.thread_time() - t
+
+    out = {"python_us": min(loop() for _ in range(5)) * 1e6}
+    if redis_url:
+        import redis
+
+        r = redis.Redis.from_url(redis_url)
+        try:
+            r.ping()
+            cpu, wall = [], []
+            for _ in range(2000):
+                t, w = time.thread_time(), time.perf_counter()
+                r.ping()
+                cpu.append(time.thread_time() - t)
+                wall.append(time.perf_counter() - w)
+            out |= {"ping_cpu_us": statistics.median(cpu) * 1e6, "ping_wall_us": statistics.median(wall) * 1e6}
+        except redis.RedisError as exc:
+            log(f"box speed: no PING to {redact(redis_url)}: {exc}")
+        finally:
+            r.close()
+    return out
+
+
+def fmt_box_speed(speed: dict[str, float]) -> str:
+    text = f"Python loop {speed['python_us'] / 1000:.2f} ms"
+    if "ping_cpu_us" in speed:
+        text += f", Redis PING {speed['ping_cpu_us']:.0f} µs thread CPU ({speed['ping_wall_us']:.0f} µs wall)"
+    return text
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 

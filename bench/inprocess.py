@@ -11,7 +11,8 @@ writes a cProfile of the timed round.
 
 Figures: CPU seconds of this process (every thread: the node's housekeeping too) per call of
 each phase (enqueue, dequeue, ack of what was dequeued), and per message over the cycle,
-medians over ``--repeat`` rounds after one untimed round.
+medians over ``--repeat`` rounds after one untimed round; then the box's speed before and
+after (``common.box_speed``: a Python loop, a Redis PING), by which runs of different days compare.
 
 Run it on the stores the node would use, e.g. with the test services::
 
@@ -36,7 +37,7 @@ import time
 import uuid
 from pathlib import Path
 
-from common import exit_on_sigterm
+from common import box_speed, exit_on_sigterm, fmt_box_speed
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -200,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
         if time.monotonic() > deadline:
             sys.exit(f"the node did not claim {queue}'s partitions within 15 s")
         time.sleep(0.1)
+    speed = box_speed(os.environ.get("REDIS_URL"))
     try:
         cycle(call, queue, min(args.n, 20 * args.batch), args.batch, {})  # warm-up, untimed
         rounds = []
@@ -215,6 +217,9 @@ def main(argv: list[str] | None = None) -> None:
             f"kv={args.kv} batch={args.batch} threads={args.threads} n={args.n}: node CPU "
             f"{medians['µs/msg']:.1f} µs/msg, {medians['µs/call']:.0f} µs/call ({phases.lstrip(', ') or 'all phases'}) "
             f"(medians of {args.repeat} rounds; per round {each} µs/msg)"
+        )
+        print(
+            f"box speed: before {fmt_box_speed(speed)}; after {fmt_box_speed(box_speed(os.environ.get('REDIS_URL')))}"
         )
     finally:
         call("DELETE", f"/api/v1/queues/{queue}")

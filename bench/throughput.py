@@ -111,7 +111,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from common import REPO, BenchError, exit_on_sigterm, log, redact, runnode_options
+from common import REPO, BenchError, box_speed, exit_on_sigterm, log, redact, runnode_options
 from throughput_report import print_report, summarize
 from throughput_rounds import run_groups
 from throughput_systems import OursSystem, PgqSystem, SkipLockedSystem, StreamsSystem, System
@@ -355,12 +355,14 @@ def main(argv=None) -> int:
         return 0
     results: dict = {}
     started = time.time()
+    speed = {"start": box_speed(args.redis_url)}
     ours = [x for x in systems if x.is_ours]
     baselines = [x for x in systems if not x.is_ours]
     groups = [(o.name, [o] + baselines) for o in ours] or [("baselines", baselines)]
     run_groups(groups, baselines, args, modes, results, notes)
+    speed["end"] = box_speed(args.redis_url)
     summary = summarize(results, modes, systems)
-    print_report(args, modes, systems, results, summary, notes)
+    print_report(args, modes, systems, results, summary, notes, speed)
     if args.json:
         doc = {
             "started": started,
@@ -368,7 +370,12 @@ def main(argv=None) -> int:
             "config": {k: v for k, v in vars(args).items() if k not in ("mode_list", "process_counts")}
             | {"pg_url": redact(args.pg_url), "database_url": redact(args.database_url)},
             "modes": [{"mode": m, "batch": b, "n": n} for m, b, n in modes],
-            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+                "speed": speed,
+            },
             "notes": notes,
             "summary": summary,
             "results": results,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
-from common import fmt_cores, fmt_rate, fmt_ratio, median
+from common import fmt_box_speed, fmt_cores, fmt_rate, fmt_ratio, median
 from throughput_rounds import FIGURES, STRICT_FIGURES, STRICT_LABELS, is_strict
 from throughput_systems import System
 
@@ -97,7 +97,7 @@ def not_measured_row(name: str, failure: str | None, width: int) -> str:
     return f"{name:<22}{'(not measured' + (': ' + failure[:width] if failure else '') + ')'}"
 
 
-def print_report(args, modes, systems, results, summary, notes) -> None:
+def print_report(args, modes, systems, results, summary, notes, speed=None) -> None:
     out = []
     w = out.append
     w("")
@@ -107,6 +107,8 @@ def print_report(args, modes, systems, results, summary, notes) -> None:
     w(
         f"machine: {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, Python {platform.python_version()}"
     )
+    for when, figures in (speed or {}).items():
+        w(f"box speed at the {when}: {fmt_box_speed(figures)} (bench/common.py box_speed: compare runs by these)")
     w(f"clients: {args.clients} client processes (Python, one connection each) on the SAME machine as the servers;")
     w("         their CPU is part of the load: see the client/server/store/box CPU columns (in cores busy, averaged")
     w(

@@ -195,3 +195,25 @@ def test_ours_pairs_compare_processes_and_cluster():
     r1, r2 = system("r1", "redis", 1), system("r2", "redis", 2)
     c1, p1 = system("c1", "redis-cluster", 1), system("p1", "postgres", 1)
     assert ours_pairs([r1, r2, c1, p1]) == [(r2, r1), (c1, r1)]
+
+
+def test_box_speed_times_the_loop_and_says_when_redis_does_not_answer(capsys):
+    from common import box_speed, fmt_box_speed
+
+    from queues.testing import free_port
+
+    speed = box_speed(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    assert set(speed) == {"python_us"} and speed["python_us"] > 0
+    assert "box speed: no PING to redis://127.0.0.1:" in capsys.readouterr().err
+    assert fmt_box_speed(speed) == f"Python loop {speed['python_us'] / 1000:.2f} ms"
+    with_ping = speed | {"ping_cpu_us": 41.4, "ping_wall_us": 60.6}
+    assert fmt_box_speed(with_ping).endswith(", Redis PING 41 µs thread CPU (61 µs wall)")
+
+
+def test_box_speed_pings_a_real_redis(redis_client):
+    from common import box_speed
+
+    kwargs = redis_client.connection_pool.connection_kwargs
+    speed = box_speed(f"redis://{kwargs['host']}:{kwargs['port']}/5")
+    assert set(speed) == {"python_us", "ping_cpu_us", "ping_wall_us"}
+    assert 0 < speed["ping_cpu_us"] and 0 < speed["ping_wall_us"] < 1_000_000
