@@ -375,23 +375,28 @@ class NodeRuntime:
             self._renew_leases()
 
     def _renew_leases(self) -> None:
+        due: list[tuple[tuple[str, int], PartitionManager, float | None]] = []
         for key, m in list(self.managers.items()):
             if m.closed:
                 self._reopen_or_drop(key, m)
                 continue
             cfg = self.queues.get(m.queue)
             period_changed = cfg is not None and cfg.lease_period != m.lease.period
-            if not m.lease.renewal_due() and not period_changed:
-                continue
-            try:
-                leases.renew(m.lease, self.node_id, cfg.lease_period if cfg else None)
+            if m.lease.renewal_due() or period_changed:
+                due.append((key, m, cfg.lease_period if cfg else None))
+        if not due:
+            return
+        lost = leases.renew_many([(m.lease, period) for _, m, period in due], self.node_id)
+        for key, m, _ in due:
+            exc = lost.get(m.lease.partition_id)
+            if exc is None:
                 metrics.LEASE_RENEWALS.labels(m.queue, str(m.index)).inc()
-            except leases.LeaseLost as exc:
-                log.warning("%s", exc)
-                metrics.LEASES_LOST.labels(m.queue, str(m.index)).inc()
-                with m.lock:
-                    m.closed = True
-                self._forget(key, m)
+                continue
+            log.warning("%s", exc)
+            metrics.LEASES_LOST.labels(m.queue, str(m.index)).inc()
+            with m.lock:
+                m.closed = True
+            self._forget(key, m)
 
     def _reopen_or_drop(self, key: tuple[str, int], m: PartitionManager) -> None:
         """A manager closed itself after a failure: hand the lease back rather than reopen

@@ -195,6 +195,7 @@ def simulate(seed: int, steps: int = STEPS, *, check_progress: bool = True, proc
             if rng.random() > 0.7:
                 continue
             rows = None
+            due = []  # renewed together, as a node's lease thread renews (leases.renew_many)
             for pid in pids:
                 lease = n.leases.get(pid)
                 if lease is not None:
@@ -203,17 +204,7 @@ def simulate(seed: int, steps: int = STEPS, *, check_progress: bool = True, proc
                         close_interval(n, pid)
                         del n.leases[pid]
                     elif lease.renewal_due():
-                        was_valid = lease.valid()
-                        try:
-                            leases.renew(lease, n.node_id)
-                        except leases.LeaseLost:
-                            close_interval(n, pid)
-                            del n.leases[pid]
-                            if not was_valid:
-                                stall_losses += 1
-                        else:
-                            assert lease.valid()
-                            open_interval(n, pid, lease)
+                        due.append((pid, lease, lease.valid()))
                     continue
                 if rows is None:  # a fresh read of the rows, as a node's claim pass does
                     rows = {p.pk: p for p in Partition.objects.filter(pk__in=pids).order_by()}
@@ -225,6 +216,16 @@ def simulate(seed: int, steps: int = STEPS, *, check_progress: bool = True, proc
                     claims += 1
                     n.leases[pid] = got
                     open_interval(n, pid, got)
+            lost = leases.renew_many([(lease, None) for _, lease, _ in due], n.node_id) if due else {}
+            for pid, lease, was_valid in due:
+                if pid in lost:
+                    close_interval(n, pid)
+                    del n.leases[pid]
+                    if not was_valid:
+                        stall_losses += 1
+                else:
+                    assert lease.valid()
+                    open_interval(n, pid, lease)
 
     for n in nodes:
         for iv in n.open.values():
