@@ -136,35 +136,75 @@ def install_archive(
     ARCHIVE.sink, ARCHIVE.source = sink, source
 
 
+#: The partition row's fields a claim pass reads (``leases.try_claim``, the lease it makes).
+CLAIM_FIELDS = ("index", "owner_id", "epoch", "lease_nonce", "lease_period", "head_block", "queue__name")
+
+
 def _queue_rows() -> QuerySet[Queue]:
     return Queue.objects.select_related("dead_letter_queue").prefetch_related("subscriptions__dead_letter_queue")
 
 
-#: The statement that writes a partition's figures, by the figures' names (built once each).
-_FIGURES_SQL: dict[tuple[str, ...], str] = {}
+#: The statement that writes partitions' figures, by the figures' names and the row count.
+_FIGURES_SQL: dict[tuple[tuple[str, ...], int], str] = {}
+
+#: Partitions' figures written by one statement at most.
+FIGURES_BATCH = 200
 
 
-def _write_figures(rows: list[tuple[int, int, dict[str, Any]]], node_id: str, at: datetime) -> None:
+def _write_figures(rows: list[tuple[int, int, dict[str, Any]]], node_id: str, at: datetime) -> set[int]:
     """Each ``(partition id, epoch, figures)`` into its row, while this node owns it under that
-    epoch. The statement of ``Partition.objects.filter(pk=, owner_id=, epoch=).update(**figures)``
-    written out once: the ORM built it again for every row, at about 0.6 ms of node CPU a row
-    (64 busy partitions, side by side: 63 ms a pass, now 20). One statement a row, each its own
-    transaction as before: one ``executemany`` (a pipeline: one implicit transaction) would hold
-    every row's lock at once, and could deadlock with a purge that locks a queue's rows in
-    another order."""
+    epoch; the ids of the rows written.
+
+    One statement for up to :data:`FIGURES_BATCH` rows (``UPDATE ... FROM`` a ``VALUES`` list).
+    The ORM's ``filter(pk=, owner_id=, epoch=).update(**figures)`` built a statement for every
+    row, at about 0.6 ms of node CPU a row; one written out and run a row each still cost 0.3
+    (200 busy partitions: 55-86 ms a pass, ``bench/housekeeping.py``). On PostgreSQL the
+    statement locks its rows in id order and skips those another transaction holds (a purge,
+    a queue's delete): it never waits, so it cannot deadlock with one that locks a queue's rows
+    in another order, and a row skipped is written at the next pass."""
     names = (*rows[0][2], "stats_at")
     fields = [_field(name) for name in names]
-    sql = _FIGURES_SQL.get(names)
-    if sql is None:
-        qn = connection.ops.quote_name
-        sets = ", ".join(f"{qn(_column(f))} = %s" for f in fields)
-        where = " AND ".join(f"{qn(_column(_field(name)))} = %s" for name in ("id", "owner", "epoch"))
-        sql = _FIGURES_SQL[names] = f"UPDATE {qn(Partition._meta.db_table)} SET {sets} WHERE {where}"
+    written: set[int] = set()
     with connection.cursor() as cursor:
-        for partition_id, epoch, figures in rows:
-            values = [*(figures[name] for name in names[:-1]), at]
-            prepared = [f.get_db_prep_save(v, connection) for f, v in zip(fields, values)]
-            cursor.execute(sql, [*prepared, partition_id, node_id, epoch])
+        for i in range(0, len(rows), FIGURES_BATCH):
+            chunk = rows[i : i + FIGURES_BATCH]
+            params: list[Any] = []
+            for partition_id, epoch, figures in chunk:
+                values = [*(figures[name] for name in names[:-1]), at]
+                params += [partition_id, epoch, *(f.get_db_prep_save(v, connection) for f, v in zip(fields, values))]
+            owner = [node_id, node_id] if connection.vendor == "postgresql" else [node_id]
+            cursor.execute(_figures_sql(names, fields, len(chunk)), [*params, *owner])
+            written.update(row[0] for row in cursor.fetchall())
+    return written
+
+
+def _figures_sql(names: tuple[str, ...], fields: list[models.Field], n: int) -> str:
+    sql = _FIGURES_SQL.get((names, n))
+    if sql is not None:
+        return sql
+    qn = connection.ops.quote_name
+    table, pk = qn(Partition._meta.db_table), qn(_column(_field("id")))
+    owner, epoch = qn(_column(_field("owner"))), qn(_column(_field("epoch")))
+    postgres = connection.vendor == "postgresql"
+    # PostgreSQL takes a VALUES list's parameters for text: each is cast to its column's type.
+    types = [_field("id"), _field("epoch"), *fields]
+    one = ", ".join(f"%s::{f.db_type(connection)}" if postgres else "%s" for f in types)
+    columns = ", ".join(["v_id", "v_epoch", *(f"v_{i}" for i in range(len(fields)))])
+    sets = ", ".join(f"{qn(_column(f))} = v.v_{i}" for i, f in enumerate(fields))
+    mine = f"{table}.{owner} = %s"
+    if postgres:
+        mine += (
+            f" AND {table}.{pk} IN (SELECT v_id FROM v JOIN {table} ON {table}.{pk} = v.v_id"
+            f" WHERE {table}.{owner} = %s ORDER BY v_id FOR UPDATE OF {table} SKIP LOCKED)"
+        )
+    sql = (
+        f"WITH v({columns}) AS (VALUES {', '.join([f'({one})'] * n)}) "
+        f"UPDATE {table} SET {sets} FROM v WHERE {table}.{pk} = v.v_id AND {table}.{epoch} = v.v_epoch AND {mine} "
+        f"RETURNING {table}.{pk}"
+    )
+    if len(_FIGURES_SQL) < 64:
+        _FIGURES_SQL[(names, n)] = sql
+    return sql
 
 
 def _field(name: str) -> models.Field:
@@ -462,7 +502,9 @@ class NodeRuntime:
         own order (a hash of its id), so nodes starting together mostly ask for different
         ones and move on to backups when their first choice is taken.
         """
-        rows = Partition.objects.select_related("queue")
+        # Only what a claim reads (leases.try_claim): the figures' columns (a JSON document, the
+        # dates) cost more to load than the rest, in every row at every pass.
+        rows = Partition.objects.select_related("queue").only(*CLAIM_FIELDS)
         if only is not None:
             rows = rows.filter(queue__name=only)
         n_nodes = max(1, len(self.live_nodes()))
@@ -646,10 +688,12 @@ class NodeRuntime:
             if last is not None and last[1] is m and last[2] == figures and mono - last[0] < STATS_REFRESH:
                 continue
             due.append((key, m, figures))
-        if due:
-            _write_figures([(m.lease.partition_id, m.lease.epoch, figures) for _, m, figures in due], self.node_id, now)
+        if not due:
+            return
+        written = _write_figures([(m.lease.partition_id, m.lease.epoch, f) for _, m, f in due], self.node_id, now)
         for key, m, figures in due:
-            self._published[key] = (mono, m, figures)
+            if m.lease.partition_id in written:  # (a row skipped, or no longer ours: due at the next pass)
+                self._published[key] = (mono, m, figures)
 
     # --- queues -------------------------------------------------------------------------------
     def queue(self, name: str) -> QueueConfig:

@@ -1,7 +1,7 @@
 """Lease renewals in one statement (``queues.leases.renew_many``, what a node's lease thread
 runs): every due lease renewed, one new nonce, a lost lease told apart from the others, a new
 period written with the renewal. Here on SQLite (``make test-unit``); the full suite runs it on
-PostgreSQL, where ``tests/integration/test_lease_renewals_locked.py`` adds a row another
+PostgreSQL, where ``tests/integration/test_held_partition_rows.py`` adds a row another
 transaction holds."""
 
 from __future__ import annotations

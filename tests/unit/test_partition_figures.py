@@ -53,3 +53,41 @@ def test_a_row_that_is_no_longer_ours_is_not_written(runtime, api, row, moved):
     runtime._publish_stats()  # (not tick(): its _drop_stale would drop the manager first)
     assert get(0).stats_at == stale  # not ours under that owner and epoch: left as it was
     assert get(1).stats_at > stale  # the row still ours is written in the same pass
+
+
+def test_the_rows_due_are_written_by_one_statement(runtime, make_queue, purge_kv, monkeypatch):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from queues import node
+
+    q = make_queue(partitions=5)
+    runtime.tick()
+    Partition.objects.filter(queue__name=q).update(stats_at=None, depth=7)
+    runtime._published.clear()
+    with CaptureQueriesContext(connection) as queries:
+        runtime._publish_stats()
+    updates = [x["sql"] for x in queries if "UPDATE" in x["sql"]]
+    assert len(updates) == 1, updates
+    assert list(Partition.objects.filter(queue__name=q).values_list("depth", flat=True)) == [0] * 5
+    assert Partition.objects.filter(queue__name=q, stats_at=None).count() == 0
+    monkeypatch.setattr(node, "FIGURES_BATCH", 2)
+    runtime._published.clear()
+    with CaptureQueriesContext(connection) as queries:
+        runtime._publish_stats()
+    assert len([x for x in queries if "UPDATE" in x["sql"]]) == 3  # 2 + 2 + 1
+
+
+def test_a_row_not_written_is_due_again_at_the_next_pass(runtime, api, row):
+    q, get = row
+    m = runtime.manager(q, 0)
+    epoch = m.lease.epoch
+    Partition.objects.filter(queue__name=q, index=0).update(epoch=epoch + 1)  # the statement will not match
+    runtime._published.clear()
+    runtime._publish_stats()
+    assert (q, 0) not in runtime._published and (q, 1) in runtime._published
+    Partition.objects.filter(queue__name=q, index=0).update(
+        epoch=epoch, depth=7
+    )  # (ours again, as far as the row says)
+    runtime._publish_stats()  # the figures have not changed, but they were never written
+    assert get(0).depth == 0 and (q, 0) in runtime._published

@@ -1,6 +1,7 @@
-"""On PostgreSQL, a lease whose row another transaction holds (a queue's delete, a purge: they
-lock the rows while the store works) does not hold up the renewal of the others: the batched
-statement skips the locked row, and only that lease waits for the lock, as one renewal did."""
+"""On PostgreSQL, a partition row another transaction holds (a queue's delete, a purge: they lock
+the rows while the store works) holds up no other row's lease renewal or figures: the batched
+statements skip it. The held row's lease then waits for the lock alone, as one renewal did; its
+figures wait for the next pass."""
 
 from __future__ import annotations
 
@@ -17,10 +18,34 @@ from queues.models import Node, Partition, Queue
 WALL = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_locked_row_waits_alone():
+def _holding(partition_id: int):
+    """A thread that holds the row's lock, as delete_queue and purge_partition do, until the
+    event it returns with is set."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold_row() -> None:
+        try:
+            with transaction.atomic():
+                Partition.objects.select_for_update().filter(pk=partition_id).first()
+                held.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_row)
+    holder.start()
+    assert held.wait(10)
+    return holder, release
+
+
+@pytest.fixture
+def postgres():
     if connection.vendor != "postgresql":
         pytest.skip("row locks: PostgreSQL (make test)")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_held_row_lease_waits_alone(postgres):
     q = Queue.objects.create(name="renewals-locked", partitions=3, lease_period=10)
     for i in range(3):
         Partition.objects.create(queue=q, index=i, lease_period=10)
@@ -31,17 +56,6 @@ def test_a_locked_row_waits_alone():
     ]
     assert all(owned)
     before = dict(Partition.objects.values_list("pk", "lease_nonce"))
-    held, release = threading.Event(), threading.Event()
-
-    def hold_row() -> None:  # as delete_queue / purge_partition hold a row while the store works
-        try:
-            with transaction.atomic():
-                Partition.objects.select_for_update().filter(pk=owned[1].partition_id).first()
-                held.set()
-                release.wait(30)
-        finally:
-            connections.close_all()
-
     result: dict = {}
 
     def renew() -> None:
@@ -50,9 +64,7 @@ def test_a_locked_row_waits_alone():
         finally:
             connections.close_all()
 
-    holder = threading.Thread(target=hold_row)
-    holder.start()
-    assert held.wait(10)
+    holder, release = _holding(owned[1].partition_id)
     renewer = threading.Thread(target=renew)
     renewer.start()
     try:
@@ -74,3 +86,25 @@ def test_a_locked_row_waits_alone():
     after = dict(Partition.objects.values_list("pk", "lease_nonce"))
     assert after[owned[1].partition_id] != before[owned[1].partition_id], "renewed once the lock was let go"
     assert owned[1].nonce == after[owned[1].partition_id] != owned[0].nonce
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_held_row_figures_wait_for_the_next_pass(postgres, runtime, make_queue, purge_kv):
+    q = make_queue(partitions=3)
+    runtime.tick()
+    rows = {p.index: p.pk for p in Partition.objects.filter(queue__name=q)}
+    Partition.objects.filter(queue__name=q).update(stats_at=None)
+    holder, release = _holding(rows[1])
+    try:
+        runtime._published.clear()
+        started = time.monotonic()
+        runtime._publish_stats()
+        assert time.monotonic() - started < 2, "the pass did not wait for the held row"
+        written = dict(Partition.objects.filter(queue__name=q).values_list("index", "stats_at"))
+        assert written[0] is not None and written[2] is not None and written[1] is None
+        assert (q, 1) not in runtime._published
+    finally:
+        release.set()
+        holder.join(10)
+    runtime._publish_stats()
+    assert Partition.objects.get(pk=rows[1]).stats_at is not None and (q, 1) in runtime._published
