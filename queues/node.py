@@ -24,7 +24,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, close_old_connections, connection, models
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+    connections,
+    models,
+)
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -144,7 +152,7 @@ def _queue_rows() -> QuerySet[Queue]:
     return Queue.objects.select_related("dead_letter_queue").prefetch_related("subscriptions__dead_letter_queue")
 
 
-#: The statement that writes partitions' figures, by the figures' names and the row count.
+#: The statement that writes partitions' figures, by the figures' names (and on SQLite the row count).
 _FIGURES_SQL: dict[tuple[tuple[str, ...], int], str] = {}
 
 #: Partitions' figures written by one statement at most.
@@ -155,50 +163,59 @@ def _write_figures(rows: list[tuple[int, int, dict[str, Any]]], node_id: str, at
     """Each ``(partition id, epoch, figures)`` into its row, while this node owns it under that
     epoch; the ids of the rows written.
 
-    One statement for up to :data:`FIGURES_BATCH` rows (``UPDATE ... FROM`` a ``VALUES`` list).
-    The ORM's ``filter(pk=, owner_id=, epoch=).update(**figures)`` built a statement for every
-    row, at about 0.6 ms of node CPU a row; one written out and run a row each still cost 0.3
-    (200 busy partitions: 55-86 ms a pass, ``bench/housekeeping.py``). On PostgreSQL the
-    statement locks its rows in id order and skips those another transaction holds (a purge,
-    a queue's delete): it never waits, so it cannot deadlock with one that locks a queue's rows
-    in another order, and a row skipped is written at the next pass."""
+    One statement for up to :data:`FIGURES_BATCH` rows: ``UPDATE ... FROM`` the rows' values,
+    on PostgreSQL one array a column (``unnest``: a short statement, parsed once), on SQLite a
+    ``VALUES`` list. The ORM's ``filter(pk=, owner_id=, epoch=).update(**figures)`` built a
+    statement for every row, at about 0.6 ms of node CPU a row, and one written out and run a
+    row each still cost 0.3 (200 busy partitions: 55-86 ms a pass, ``bench/housekeeping.py``).
+    On PostgreSQL the statement locks its rows in id order and skips those another transaction
+    holds (a purge, a queue's delete): it never waits, so it cannot deadlock with one that
+    locks a queue's rows in another order, and a row skipped is written at the next pass."""
     names = (*rows[0][2], "stats_at")
-    fields = [_field(name) for name in names]
+    fields = [_field("id"), _field("epoch"), *(_field(name) for name in names)]
+    db = connections[DEFAULT_DB_ALIAS]  # (not the ``connection`` proxy: a thread-local lookup a value)
+    postgres = db.vendor == "postgresql"
     written: set[int] = set()
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         for i in range(0, len(rows), FIGURES_BATCH):
             chunk = rows[i : i + FIGURES_BATCH]
-            params: list[Any] = []
-            for partition_id, epoch, figures in chunk:
-                values = [*(figures[name] for name in names[:-1]), at]
-                params += [partition_id, epoch, *(f.get_db_prep_save(v, connection) for f, v in zip(fields, values))]
-            owner = [node_id, node_id] if connection.vendor == "postgresql" else [node_id]
-            cursor.execute(_figures_sql(names, fields, len(chunk)), [*params, *owner])
+            table = [
+                [
+                    f.get_db_prep_save(v, db)
+                    for f, v in zip(fields, (pid, epoch, *(figures[name] for name in names[:-1]), at))
+                ]
+                for pid, epoch, figures in chunk
+            ]
+            if postgres:  # one array a column
+                params: list[Any] = [list(column) for column in zip(*table)] + [node_id, node_id]
+            else:
+                params = [v for row in table for v in row] + [node_id]
+            cursor.execute(_figures_sql(names, fields, 0 if postgres else len(chunk)), params)
             written.update(row[0] for row in cursor.fetchall())
     return written
 
 
 def _figures_sql(names: tuple[str, ...], fields: list[models.Field], n: int) -> str:
+    """The statement for figures ``names`` of ``n`` rows (0: PostgreSQL's, of arrays)."""
     sql = _FIGURES_SQL.get((names, n))
     if sql is not None:
         return sql
     qn = connection.ops.quote_name
     table, pk = qn(Partition._meta.db_table), qn(_column(_field("id")))
     owner, epoch = qn(_column(_field("owner"))), qn(_column(_field("epoch")))
-    postgres = connection.vendor == "postgresql"
-    # PostgreSQL takes a VALUES list's parameters for text: each is cast to its column's type.
-    types = [_field("id"), _field("epoch"), *fields]
-    one = ", ".join(f"%s::{f.db_type(connection)}" if postgres else "%s" for f in types)
-    columns = ", ".join(["v_id", "v_epoch", *(f"v_{i}" for i in range(len(fields)))])
-    sets = ", ".join(f"{qn(_column(f))} = v.v_{i}" for i, f in enumerate(fields))
+    columns = ", ".join(["v_id", "v_epoch", *(f"v_{i}" for i in range(len(names)))])
+    sets = ", ".join(f"{qn(_column(f))} = v.v_{i}" for i, f in enumerate(fields[2:]))
     mine = f"{table}.{owner} = %s"
-    if postgres:
+    if n:
+        source = f"VALUES {', '.join(['(' + ', '.join(['%s'] * len(fields)) + ')'] * n)}"
+    else:
+        source = f"SELECT * FROM unnest({', '.join(f'%s::{f.db_type(connection)}[]' for f in fields)})"
         mine += (
             f" AND {table}.{pk} IN (SELECT v_id FROM v JOIN {table} ON {table}.{pk} = v.v_id"
             f" WHERE {table}.{owner} = %s ORDER BY v_id FOR UPDATE OF {table} SKIP LOCKED)"
         )
     sql = (
-        f"WITH v({columns}) AS (VALUES {', '.join([f'({one})'] * n)}) "
+        f"WITH v({columns}) AS ({source}) "
         f"UPDATE {table} SET {sets} FROM v WHERE {table}.{pk} = v.v_id AND {table}.{epoch} = v.v_epoch AND {mine} "
         f"RETURNING {table}.{pk}"
     )
