@@ -141,9 +141,9 @@ def renew(lease: Lease, node_id: str, period: float | None = None) -> None:
     by anyone else: an observer restarts its wait when the nonce changes, so it waits the new
     period from a moment after which the owner relies on that period too.
     """
+    nonce = _new_nonce()
     started = lease.clock.monotonic()
     period = lease.period if period is None else float(period)
-    nonce = _new_nonce()
     updated = Partition.objects.filter(pk=lease.partition_id, owner_id=node_id, epoch=lease.epoch).update(
         lease_nonce=nonce, lease_renewed_at=lease.clock.wall(), lease_period=int(period)
     )
