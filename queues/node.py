@@ -536,7 +536,7 @@ class NodeRuntime:
                 configs[p.queue.name] = cfg
         for name, parts in by_queue.items():
             share = math.ceil(len(parts) / n_nodes)
-            mine = [m for (q, _), m in list(self.managers.items()) if q == name]
+            mine = list(self._queue_managers.get(name, {}).values())  # (not a walk of every manager a queue)
             for extra in sorted(mine, key=lambda m: -m.index)[: max(0, len(mine) - share)]:
                 self._release(extra)
             held = min(len(mine), share)
