@@ -159,13 +159,18 @@ def _renewed(lease: Lease, period: float, nonce: str, started: float) -> None:
     lease.valid_until = started + lease.period * LEASE_SAFETY
 
 
-#: Leases renewed by one statement at most (two parameters each: within SQLite's limit).
+#: Leases renewed by one statement at most: 1,004 parameters (two a lease, four besides), past
+#: the 999 of SQLite before 3.32, but ``RETURNING`` needs 3.35 anyway.
 RENEW_BATCH = 500
 
 
-def renew_many(due: list[tuple[Lease, float | None]], node_id: str) -> dict[int, LeaseLost]:
+def renew_many(
+    due: list[tuple[Lease, float | None]], node_id: str, lost: dict[int, LeaseLost] | None = None
+) -> dict[int, LeaseLost]:
     """Renew each ``(lease, new period or None)`` as :func:`renew` does; the leases found lost,
-    by partition id.
+    by partition id, in ``lost`` (given, or a new dict) as they are found: a database error
+    partway through raises with the ones found before it still there, for the caller to drop.
+    A lost lease is no longer valid (``valid_until`` 0) from the moment it is found.
 
     One statement renews up to :data:`RENEW_BATCH` leases of one clock and period, with one new
     nonce for all of them: an observer keys what it saw by partition, so what matters is that
@@ -175,48 +180,77 @@ def renew_many(due: list[tuple[Lease, float | None]], node_id: str) -> dict[int,
 
     On PostgreSQL the statement takes the rows' locks in id order and skips a row another
     transaction holds (a queue's delete or a purge, which hold theirs while the store works):
-    the others are not held up behind it. A row skipped, or one the statement did not match,
-    then goes through :func:`renew`, which waits for the lock as before and tells a lost lease
-    from a locked one.
+    the others are not held up behind it. The rows a statement did not renew are read at once,
+    without waiting for a lock: one no longer ours under the lease's epoch is lost there and
+    then; one still ours was held, and goes through :func:`renew` (which waits for the lock as
+    before) once every statement has run, so that no other group waits behind it.
     """
+    if lost is None:
+        lost = {}
     groups: dict[tuple[Clock, float], list[Lease]] = {}
     for lease, period in due:
         groups.setdefault((lease.clock, lease.period if period is None else float(period)), []).append(lease)
-    lost: dict[int, LeaseLost] = {}
+    held: list[tuple[Lease, float]] = []
     for (clock, period), group in groups.items():
         for i in range(0, len(group), RENEW_BATCH):
             chunk = group[i : i + RENEW_BATCH]
             started = clock.monotonic()
             nonce = _new_nonce()
             renewed = _renew_rows(chunk, node_id, nonce, clock.wall(), int(period))
+            missed = []
             for lease in chunk:
                 if lease.partition_id in renewed:
                     _renewed(lease, period, nonce, started)
-                    continue
-                try:
-                    renew(lease, node_id, period)
-                except LeaseLost as exc:
-                    lost[lease.partition_id] = exc
+                else:
+                    missed.append(lease)
+            if missed:
+                ours = _still_ours(missed, node_id)
+                for lease in missed:
+                    if lease.partition_id in ours:
+                        held.append((lease, period))
+                    else:
+                        _lost(lease, lost, LeaseLost(f"{lease.queue}/{lease.index}: lease epoch {lease.epoch} lost"))
+    for lease, period in held:
+        try:
+            renew(lease, node_id, period)
+        except LeaseLost as exc:
+            _lost(lease, lost, exc)
     return lost
+
+
+def _lost(lease: Lease, lost: dict[int, LeaseLost], exc: LeaseLost) -> None:
+    lease.valid_until = 0.0
+    lost[lease.partition_id] = exc
+
+
+def _still_ours(chunk: list[Lease], node_id: str) -> set[int]:
+    """The ids of ``chunk``'s rows that are ours under the lease's epoch, as committed (a plain
+    read: it waits for no lock)."""
+    epochs = {lease.partition_id: lease.epoch for lease in chunk}
+    rows = Partition.objects.filter(pk__in=epochs, owner_id=node_id).values_list("pk", "epoch")
+    return {pk for pk, epoch in rows if epochs[pk] == epoch}
 
 
 def _renew_rows(chunk: list[Lease], node_id: str, nonce: str, wall: datetime, period: int) -> set[int]:
     """One UPDATE of the rows of ``chunk`` still ours under the lease's epoch (on PostgreSQL, of
     those no other transaction holds); the ids it renewed."""
-    meta = Partition._meta
-    col = {}
+    if connection.vendor not in ("postgresql", "sqlite"):
+        raise NotImplementedError(f"renewing leases in one statement on {connection.vendor}")
+    meta, qn = Partition._meta, connection.ops.quote_name
+    col: dict[str, models.Field] = {}
     for name in ("owner", "epoch", "lease_nonce", "lease_renewed_at", "lease_period"):
         f = meta.get_field(name)
         assert isinstance(f, models.Field)
         col[name] = f
-    table, pk = meta.db_table, meta.pk.column
+    c = {name: qn(str(f.column)) for name, f in col.items()}
+    table, pk = qn(meta.db_table), qn(str(meta.pk.column))
     pairs = ", ".join(["(%s, %s)"] * len(chunk))
-    mine = f"{col['owner'].column} = %s AND ({pk}, {col['epoch'].column}) IN (VALUES {pairs})"
+    mine = f"{c['owner']} = %s AND ({pk}, {c['epoch']}) IN (VALUES {pairs})"
     if connection.vendor == "postgresql":
         mine = f"{pk} IN (SELECT {pk} FROM {table} WHERE {mine} ORDER BY {pk} FOR UPDATE SKIP LOCKED)"
     sql = (
-        f"UPDATE {table} SET {col['lease_nonce'].column} = %s, {col['lease_renewed_at'].column} = %s, "
-        f"{col['lease_period'].column} = %s WHERE {mine} RETURNING {pk}"
+        f"UPDATE {table} SET {c['lease_nonce']} = %s, {c['lease_renewed_at']} = %s, "
+        f"{c['lease_period']} = %s WHERE {mine} RETURNING {pk}"
     )
     renewed_at = col["lease_renewed_at"].get_db_prep_save(wall, connection)
     params = [nonce, renewed_at, period, node_id, *(v for lease in chunk for v in (lease.partition_id, lease.epoch))]

@@ -9,6 +9,7 @@ its thread and the test calls :meth:`NodeRuntime.tick`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import logging
@@ -29,7 +30,6 @@ from django.db import (
     InterfaceError,
     OperationalError,
     close_old_connections,
-    connection,
     connections,
     models,
 )
@@ -152,9 +152,6 @@ def _queue_rows() -> QuerySet[Queue]:
     return Queue.objects.select_related("dead_letter_queue").prefetch_related("subscriptions__dead_letter_queue")
 
 
-#: The statement that writes partitions' figures, by the figures' names (and on SQLite the row count).
-_FIGURES_SQL: dict[tuple[tuple[str, ...], int], str] = {}
-
 #: Partitions' figures written by one statement at most.
 FIGURES_BATCH = 200
 
@@ -171,6 +168,8 @@ def _write_figures(rows: list[tuple[int, int, dict[str, Any]]], node_id: str, at
     On PostgreSQL the statement locks its rows in id order and skips those another transaction
     holds (a purge, a queue's delete): it never waits, so it cannot deadlock with one that
     locks a queue's rows in another order, and a row skipped is written at the next pass."""
+    if not rows:
+        return set()
     names = (*rows[0][2], "stats_at")
     fields = [_field("id"), _field("epoch"), *(_field(name) for name in names)]
     db = connections[DEFAULT_DB_ALIAS]  # (not the ``connection`` proxy: a thread-local lookup a value)
@@ -190,17 +189,18 @@ def _write_figures(rows: list[tuple[int, int, dict[str, Any]]], node_id: str, at
                 params: list[Any] = [list(column) for column in zip(*table)] + [node_id, node_id]
             else:
                 params = [v for row in table for v in row] + [node_id]
-            cursor.execute(_figures_sql(names, fields, 0 if postgres else len(chunk)), params)
+            cursor.execute(_figures_sql(names, 0 if postgres else len(chunk)), params)
             written.update(row[0] for row in cursor.fetchall())
     return written
 
 
-def _figures_sql(names: tuple[str, ...], fields: list[models.Field], n: int) -> str:
-    """The statement for figures ``names`` of ``n`` rows (0: PostgreSQL's, of arrays)."""
-    sql = _FIGURES_SQL.get((names, n))
-    if sql is not None:
-        return sql
-    qn = connection.ops.quote_name
+@functools.lru_cache(maxsize=256)
+def _figures_sql(names: tuple[str, ...], n: int) -> str:
+    """The statement for figures ``names`` of ``n`` rows (0: PostgreSQL's, of arrays), built
+    once (SQLite's, once per row count: up to :data:`FIGURES_BATCH` of them)."""
+    db = connections[DEFAULT_DB_ALIAS]
+    fields = [_field("id"), _field("epoch"), *(_field(name) for name in names)]
+    qn = db.ops.quote_name
     table, pk = qn(Partition._meta.db_table), qn(_column(_field("id")))
     owner, epoch = qn(_column(_field("owner"))), qn(_column(_field("epoch")))
     columns = ", ".join(["v_id", "v_epoch", *(f"v_{i}" for i in range(len(names)))])
@@ -209,19 +209,16 @@ def _figures_sql(names: tuple[str, ...], fields: list[models.Field], n: int) -> 
     if n:
         source = f"VALUES {', '.join(['(' + ', '.join(['%s'] * len(fields)) + ')'] * n)}"
     else:
-        source = f"SELECT * FROM unnest({', '.join(f'%s::{f.db_type(connection)}[]' for f in fields)})"
+        source = f"SELECT * FROM unnest({', '.join(f'%s::{f.db_type(db)}[]' for f in fields)})"
         mine += (
             f" AND {table}.{pk} IN (SELECT v_id FROM v JOIN {table} ON {table}.{pk} = v.v_id"
             f" WHERE {table}.{owner} = %s ORDER BY v_id FOR UPDATE OF {table} SKIP LOCKED)"
         )
-    sql = (
+    return (
         f"WITH v({columns}) AS ({source}) "
         f"UPDATE {table} SET {sets} FROM v WHERE {table}.{pk} = v.v_id AND {table}.{epoch} = v.v_epoch AND {mine} "
         f"RETURNING {table}.{pk}"
     )
-    if len(_FIGURES_SQL) < 64:
-        _FIGURES_SQL[(names, n)] = sql
-    return sql
 
 
 def _field(name: str) -> models.Field:
@@ -443,17 +440,22 @@ class NodeRuntime:
                 due.append((key, m, cfg.lease_period if cfg else None))
         if not due:
             return
-        lost = leases.renew_many([(m.lease, period) for _, m, period in due], self.node_id)
-        for key, m, _ in due:
-            exc = lost.get(m.lease.partition_id)
-            if exc is None:
+        lost: dict[int, leases.LeaseLost] = {}
+        try:
+            leases.renew_many([(m.lease, period) for _, m, period in due], self.node_id, lost)
+        finally:
+            # Those found lost before a database error too: their managers must stop serving.
+            for key, m, _ in due:
+                exc = lost.get(m.lease.partition_id)
+                if exc is not None:
+                    log.warning("%s", exc)
+                    metrics.LEASES_LOST.labels(m.queue, str(m.index)).inc()
+                    with m.lock:
+                        m.closed = True
+                    self._forget(key, m)
+        for _, m, _ in due:
+            if m.lease.partition_id not in lost:
                 metrics.LEASE_RENEWALS.labels(m.queue, str(m.index)).inc()
-                continue
-            log.warning("%s", exc)
-            metrics.LEASES_LOST.labels(m.queue, str(m.index)).inc()
-            with m.lock:
-                m.closed = True
-            self._forget(key, m)
 
     def _reopen_or_drop(self, key: tuple[str, int], m: PartitionManager) -> None:
         """A manager closed itself after a failure: hand the lease back rather than reopen

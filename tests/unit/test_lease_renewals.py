@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 
 from queues import leases
@@ -65,7 +65,8 @@ def test_a_lease_whose_row_moved_on_is_lost_and_the_others_renew(owned, moved):
     assert isinstance(lost[taken.partition_id], leases.LeaseLost)
     assert f"renewals/2: lease epoch {taken.epoch} lost" in str(lost[taken.partition_id])
     after = _nonces(owned)
-    assert after[2] == before[2] and taken.valid_until == valid_until, "the lost row and lease are left as they were"
+    assert after[2] == before[2], "the lost row is left as it was"
+    assert valid_until > 0 and taken.valid_until == 0.0 and not taken.valid(), "the lost lease is no longer valid"
     assert all(a != b for i, (a, b) in enumerate(zip(after, before)) if i != 2)
 
 
@@ -85,6 +86,93 @@ def test_more_leases_than_one_statement_takes(owned, monkeypatch):
         assert leases.renew_many([(x, None) for x in owned], "node-a") == {}
     assert len(queries) == 3  # 2 + 2 + 1
     assert len(set(_nonces(owned))) == 3
+
+
+class StepClock:
+    """A clock that moves on at every reading: what a renewal reads, and when, shows."""
+
+    def __init__(self, start: float) -> None:
+        self.now = start
+        self.readings: list[float] = []
+
+    def monotonic(self) -> float:
+        self.now += 5.0
+        self.readings.append(self.now)
+        return self.now
+
+
+def test_validity_runs_from_a_reading_taken_before_the_statement(owned, monkeypatch):
+    """A renewal counts its period from before it asked the database, never after: the
+    statement's own time (a slow commit) must not be credited to the lease."""
+    steps = StepClock(1000.0)
+    clock = leases.Clock(monotonic=steps.monotonic, wall=lambda: WALL)
+    for x in owned:
+        x.clock = clock
+    statement = leases._renew_rows
+
+    def slow(*args, **kwargs):
+        renewed = statement(*args, **kwargs)
+        steps.monotonic()  # the clock moves on while the statement runs
+        return renewed
+
+    monkeypatch.setattr(leases, "_renew_rows", slow)
+    assert leases.renew_many([(x, None) for x in owned], "node-a") == {}
+    before_statement = steps.readings[0]
+    for x in owned:
+        assert x.renewed_at == before_statement
+        assert x.valid_until == before_statement + 10 * leases.LEASE_SAFETY
+
+
+def test_leases_of_different_clocks_are_renewed_each_by_its_own(owned):
+    first = StepClock(100.0)
+    second = StepClock(5000.0)
+    owned[0].clock = leases.Clock(monotonic=first.monotonic, wall=lambda: WALL)
+    owned[1].clock = leases.Clock(monotonic=second.monotonic, wall=lambda: WALL)
+    assert leases.renew_many([(owned[0], None), (owned[1], None)], "node-a") == {}
+    assert owned[0].renewed_at == first.readings[0] and 100 < owned[0].renewed_at < 5000
+    assert owned[1].renewed_at == second.readings[0] and owned[1].renewed_at > 5000
+
+
+def test_a_row_the_statement_passed_over_is_renewed_one_by_one_not_lost(owned, monkeypatch):
+    """On PostgreSQL a row another transaction holds is skipped by the statement; it is then
+    renewed on its own (waiting for the lock), not taken for lost."""
+    statement = leases._renew_rows
+    skipped = {owned[1].partition_id, owned[3].partition_id}
+
+    def skipping(chunk, *args):
+        return statement([x for x in chunk if x.partition_id not in skipped], *args)
+
+    monkeypatch.setattr(leases, "_renew_rows", skipping)
+    before = _nonces(owned)
+    with CaptureQueriesContext(connection) as queries:
+        assert leases.renew_many([(x, None) for x in owned], "node-a") == {}
+    assert len(queries) == 4, "the statement, a read of the two it passed over, an UPDATE each"
+    after = _nonces(owned)
+    assert all(a != b for a, b in zip(after, before))
+    assert all(x.valid() for x in owned)
+
+
+def test_a_database_error_keeps_what_was_found_lost_before_it(owned, monkeypatch):
+    """A statement that fails (an outage, a timeout) raises, and the leases found lost before
+    it are still reported, and already invalid: the node must not go on serving them."""
+    monkeypatch.setattr(leases, "RENEW_BATCH", 2)
+    Partition.objects.filter(pk=owned[0].partition_id).update(epoch=owned[0].epoch + 1)  # taken over
+    statement = leases._renew_rows
+    calls = []
+
+    def failing_second(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OperationalError("connection lost")
+        return statement(*args)
+
+    monkeypatch.setattr(leases, "_renew_rows", failing_second)
+    lost: dict[int, leases.LeaseLost] = {}
+    with pytest.raises(OperationalError):
+        leases.renew_many([(x, None) for x in owned], "node-a", lost)
+    assert calls == [1, 1]
+    assert list(lost) == [owned[0].partition_id]
+    assert not owned[0].valid() and owned[1].valid()
 
 
 def test_the_node_drops_the_partition_whose_lease_it_lost_and_keeps_the_others(runtime, make_queue, purge_kv):
@@ -110,3 +198,28 @@ def test_the_node_drops_the_partition_whose_lease_it_lost_and_keeps_the_others(r
         assert after[i] != before[i] and managers[i].lease.nonce == after[i]
         assert not managers[i].lease.renewal_due()
     assert after[1] == before[1]
+
+
+def test_a_database_error_midway_still_drops_the_partitions_found_lost(runtime, make_queue, purge_kv, monkeypatch):
+    q = make_queue(partitions=3)
+    runtime.tick()
+    for i in range(3):
+        runtime.manager(q, i).lease.renewed_at -= runtime.manager(q, i).lease.period  # every renewal due
+    order = [m for m in runtime.managers.values() if m.queue == q]  # the order the renewals go in
+    first = order[0]
+    Partition.objects.filter(queue__name=q, index=first.index).update(epoch=first.lease.epoch + 1)  # taken over
+    monkeypatch.setattr(leases, "RENEW_BATCH", 1)
+    statement = leases._renew_rows
+    calls = []
+
+    def failing_second(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OperationalError("connection lost")
+        return statement(*args)
+
+    monkeypatch.setattr(leases, "_renew_rows", failing_second)
+    with pytest.raises(OperationalError):
+        runtime.renew()
+    assert first.closed and (q, first.index) not in runtime.managers
+    assert all(not m.closed and runtime.manager(q, m.index) is m for m in order[1:])

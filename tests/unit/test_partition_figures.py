@@ -91,3 +91,14 @@ def test_a_row_not_written_is_due_again_at_the_next_pass(runtime, api, row):
     )  # (ours again, as far as the row says)
     runtime._publish_stats()  # the figures have not changed, but they were never written
     assert get(0).depth == 0 and (q, 0) in runtime._published
+
+
+def test_no_rows_is_no_statement(db):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from queues import node
+
+    with CaptureQueriesContext(connection) as queries:
+        assert node._write_figures([], "node-a", datetime.now(UTC)) == set()
+    assert len(queries) == 0
