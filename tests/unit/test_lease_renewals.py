@@ -152,13 +152,10 @@ def test_a_row_the_statement_passed_over_is_renewed_one_by_one_not_lost(owned, m
     assert all(x.valid() for x in owned)
 
 
-def test_a_database_error_keeps_what_was_found_lost_before_it(owned, monkeypatch):
-    """A statement that fails (an outage, a timeout) raises, and the leases found lost before
-    it are still reported, and already invalid: the node must not go on serving them."""
-    monkeypatch.setattr(leases, "RENEW_BATCH", 2)
-    Partition.objects.filter(pk=owned[0].partition_id).update(epoch=owned[0].epoch + 1)  # taken over
+def _fail_the_second_statement(monkeypatch) -> list[int]:
+    """The second renewal statement raises as a lost connection would; the statements run."""
     statement = leases._renew_rows
-    calls = []
+    calls: list[int] = []
 
     def failing_second(*args):
         calls.append(1)
@@ -167,6 +164,15 @@ def test_a_database_error_keeps_what_was_found_lost_before_it(owned, monkeypatch
         return statement(*args)
 
     monkeypatch.setattr(leases, "_renew_rows", failing_second)
+    return calls
+
+
+def test_a_database_error_keeps_what_was_found_lost_before_it(owned, monkeypatch):
+    """A statement that fails (an outage, a timeout) raises, and the leases found lost before
+    it are still reported, and already invalid: the node must not go on serving them."""
+    monkeypatch.setattr(leases, "RENEW_BATCH", 2)
+    Partition.objects.filter(pk=owned[0].partition_id).update(epoch=owned[0].epoch + 1)  # taken over
+    calls = _fail_the_second_statement(monkeypatch)
     lost: dict[int, leases.LeaseLost] = {}
     with pytest.raises(OperationalError):
         leases.renew_many([(x, None) for x in owned], "node-a", lost)
@@ -209,17 +215,9 @@ def test_a_database_error_midway_still_drops_the_partitions_found_lost(runtime, 
     first = order[0]
     Partition.objects.filter(queue__name=q, index=first.index).update(epoch=first.lease.epoch + 1)  # taken over
     monkeypatch.setattr(leases, "RENEW_BATCH", 1)
-    statement = leases._renew_rows
-    calls = []
-
-    def failing_second(*args):
-        calls.append(1)
-        if len(calls) == 2:
-            raise OperationalError("connection lost")
-        return statement(*args)
-
-    monkeypatch.setattr(leases, "_renew_rows", failing_second)
+    calls = _fail_the_second_statement(monkeypatch)
     with pytest.raises(OperationalError):
         runtime.renew()
+    assert calls == [1, 1]
     assert first.closed and (q, first.index) not in runtime.managers
     assert all(not m.closed and runtime.manager(q, m.index) is m for m in order[1:])
