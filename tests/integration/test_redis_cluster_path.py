@@ -146,3 +146,42 @@ def test_a_primary_that_timed_out_is_reached_through_the_client_for_a_while(stor
     client_calls.clear()
     assert store.get_many([f"{p}/blk/0"]) == [b"a"]
     assert client_calls == []  # and straight to it again once that time is over
+
+
+def test_connections_to_a_node_no_longer_a_primary_are_let_go_when_the_map_changes(store, client_calls):
+    """A node that lived through failovers must not keep a connection per request thread to
+    every primary it ever had: at the next change of the slot map they are dropped, and their
+    sockets close."""
+    import gc
+
+    from queues.kv.redis import ThreadConnections, _on_connection
+
+    (p,) = _partitions(1)
+    fence = Fence(f"{p}/_fence", 1)
+    assert store.compare_and_set(fence.key, None, b"1")
+    slot = store.client.keyslot(store.redis_key(p))
+    cache = store.client.nodes_manager.slots_cache
+    right = cache[slot][0]
+    # a primary of old, since failed over: a name no slot names now, connected to a real server
+    # (so that the test can see its connection close there)
+    gone = ThreadConnections(right.redis_connection.connection_pool)
+    (gone_id,) = _on_connection(gone, [("CLIENT", "ID")])
+    assert gone_id in _client_ids(right)
+    store._nodes["127.0.0.1:1"] = gone
+    store._via_client["127.0.0.1:2"] = 0.0  # a hold-down long over
+    del gone
+    wrong = next(n for n in store.client.get_primaries() if n.name != right.name)
+    cache[slot] = [wrong]  # a slot moved: MOVED, and the client learns the map anew
+    store.put_many([(f"{p}/blk/0", b"a")], fence=fence)
+    assert [c[0] for c in client_calls] == ["EVALSHA"]
+    assert "127.0.0.1:1" not in store._nodes and "127.0.0.1:2" not in store._via_client
+    assert wrong.name in store._nodes, "a node still a primary keeps its connections"
+    gc.collect()
+    assert gone_id not in _client_ids(right), "its connection was closed"
+    client_calls.clear()
+    assert store.get_many([f"{p}/blk/0"]) == [b"a"]
+    assert client_calls == []  # and the message path goes straight to the primaries again
+
+
+def _client_ids(node) -> set[int]:
+    return {int(c["id"]) for c in node.redis_connection.client_list()}
