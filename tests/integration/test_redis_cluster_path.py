@@ -65,14 +65,21 @@ def test_the_message_path_goes_straight_to_the_primaries(store, client_calls):
     assert client_calls == []  # not one command through the client
 
 
-def test_a_slot_that_moved_is_followed_through_the_client(store, client_calls):
+def _a_partition_and_its_primary(store):
+    """A new partition with its fence raised: ``(partition, fence, its slot, the primary that
+    has it, another primary)``."""
     (p,) = _partitions(1)
     fence = Fence(f"{p}/_fence", 1)
     assert store.compare_and_set(fence.key, None, b"1")
     slot = store.client.keyslot(store.redis_key(p))
-    cache = store.client.nodes_manager.slots_cache
-    right = cache[slot][0]
+    right = store.client.nodes_manager.slots_cache[slot][0]
     wrong = next(n for n in store.client.get_primaries() if n.name != right.name)
+    return p, fence, slot, right, wrong
+
+
+def test_a_slot_that_moved_is_followed_through_the_client(store, client_calls):
+    p, fence, slot, right, wrong = _a_partition_and_its_primary(store)
+    cache = store.client.nodes_manager.slots_cache
     cache[slot] = [wrong]  # our map says another primary: it answers MOVED
     store.put_many([(f"{p}/blk/0", b"a")], fence=fence)
     assert [c[0] for c in client_calls] == ["EVALSHA"]  # the put went again, through the client
@@ -156,12 +163,7 @@ def test_connections_to_a_node_no_longer_a_primary_are_let_go_when_the_map_chang
 
     from queues.kv.redis import ThreadConnections, _on_connection
 
-    (p,) = _partitions(1)
-    fence = Fence(f"{p}/_fence", 1)
-    assert store.compare_and_set(fence.key, None, b"1")
-    slot = store.client.keyslot(store.redis_key(p))
-    cache = store.client.nodes_manager.slots_cache
-    right = cache[slot][0]
+    p, fence, slot, right, wrong = _a_partition_and_its_primary(store)
     # a primary of old, since failed over: a name no slot names now, connected to a real server
     # (so that the test can see its connection close there)
     gone = ThreadConnections(right.redis_connection.connection_pool)
@@ -170,8 +172,7 @@ def test_connections_to_a_node_no_longer_a_primary_are_let_go_when_the_map_chang
     store._nodes["127.0.0.1:1"] = gone
     store._via_client["127.0.0.1:2"] = 0.0  # a hold-down long over
     del gone
-    wrong = next(n for n in store.client.get_primaries() if n.name != right.name)
-    cache[slot] = [wrong]  # a slot moved: MOVED, and the client learns the map anew
+    store.client.nodes_manager.slots_cache[slot] = [wrong]  # a slot moved: MOVED, the client learns the map anew
     store.put_many([(f"{p}/blk/0", b"a")], fence=fence)
     assert [c[0] for c in client_calls] == ["EVALSHA"]
     assert "127.0.0.1:1" not in store._nodes and "127.0.0.1:2" not in store._via_client
