@@ -266,12 +266,15 @@ class RedisClusterStore(RedisStore):
         request thread to every primary it ever had. A node still in use is met again by
         :meth:`_connections`, which makes its connections anew. Runs only after a redirection
         or a failed connection (a walk of the 16,384 slots: about a millisecond)."""
-        primaries = {owners[0].name for owners in self.client.nodes_manager.slots_cache.values() if owners}
-        for name in [name for name in self._nodes if name not in primaries]:
-            self._nodes.pop(name, None)  # (its connections close when their last user lets go)
+        # (each dict read whole first, by list(): other threads add to them meanwhile)
+        primaries = {owners[0].name for owners in list(self.client.nodes_manager.slots_cache.values()) if owners}
+        for name in list(self._nodes):
+            if name not in primaries:
+                self._nodes.pop(name, None)  # (its connections close when their last user lets go)
         now = time.monotonic()
-        for name in [name for name, until in self._via_client.items() if until <= now]:
-            self._via_client.pop(name, None)
+        for name, until in list(self._via_client.items()):
+            if until <= now:
+                self._via_client.pop(name, None)
 
     def _through_client(self, command: tuple) -> Any:
         """One command through the cluster client; an error answer returned, not raised (as
