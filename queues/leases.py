@@ -148,7 +148,7 @@ def renew(lease: Lease, node_id: str, period: float | None = None) -> None:
         lease_nonce=nonce, lease_renewed_at=lease.clock.wall(), lease_period=int(period)
     )
     if updated != 1:
-        raise LeaseLost(f"{lease.queue}/{lease.index}: lease epoch {lease.epoch} lost")
+        raise _lost_error(lease)
     _renewed(lease, period, nonce, started)
 
 
@@ -209,13 +209,17 @@ def renew_many(
                     if lease.partition_id in ours:
                         held.append((lease, period))
                     else:
-                        _lost(lease, lost, LeaseLost(f"{lease.queue}/{lease.index}: lease epoch {lease.epoch} lost"))
+                        _lost(lease, lost, _lost_error(lease))
     for lease, period in held:
         try:
             renew(lease, node_id, period)
         except LeaseLost as exc:
             _lost(lease, lost, exc)
     return lost
+
+
+def _lost_error(lease: Lease) -> LeaseLost:
+    return LeaseLost(f"{lease.queue}/{lease.index}: lease epoch {lease.epoch} lost")
 
 
 def _lost(lease: Lease, lost: dict[int, LeaseLost], exc: LeaseLost) -> None:
