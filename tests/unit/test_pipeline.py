@@ -337,7 +337,8 @@ def test_one_log_record_per_attempt_with_its_outcome():
     fail = client.add("jobs", {"proc": 0.01, "fail": True})
     slow = client.add("jobs", {"proc": 0.6})
     prefail = client.add("jobs", {"pre_fail": True})
-    pipe = make_pipeline(client, sleeping_handler(calls=calls, timeout=0.3)).start()
+    # (a failed message comes back after retry_backoff: not within this test, even on a slow box)
+    pipe = make_pipeline(client, sleeping_handler(calls=calls, timeout=0.3), retry_backoff=60).start()
     try:
         wait_for(lambda: len(client.acks) + len(client.visibility) >= 4, what="4 attempts")
     finally:
