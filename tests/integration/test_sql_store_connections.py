@@ -94,16 +94,29 @@ def test_a_connection_that_answered_a_moment_ago_is_not_checked_first(store, mon
     assert checks == [1]  # idle past it: checked, as CONN_HEALTH_CHECKS does
 
 
-def test_a_connection_cut_right_after_it_answered_fails_once_then_is_replaced(store, monkeypatch):
+def test_a_connection_cut_right_after_it_answered_is_checked_and_replaced(store, monkeypatch):
+    # (a database restart: every kept connection is told "terminating connection", then closed)
+    checks = _count_checks(monkeypatch)
+    _query()
+    pid = connection.connection.info.backend_pid
+    _terminate(pid)
+    connection.close_if_unusable_or_obsolete()  # a request ends; the next one begins
+    _query()  # within HEALTH_CHECK_IDLE, but the server spoke: checked first, no error
+    assert checks == [1]
+    assert connection.connection.info.backend_pid != pid
+
+
+def test_a_connection_cut_during_a_request_fails_once_then_is_replaced(store, monkeypatch):
     from django.db import OperationalError
 
     checks = _count_checks(monkeypatch)
     _query()
     pid = connection.connection.info.backend_pid
+    connection.close_if_unusable_or_obsolete()  # a request ends; the next one begins
+    _query()  # its first query: the connection answered a moment ago and said nothing since
     _terminate(pid)
-    connection.close_if_unusable_or_obsolete()
     with pytest.raises(OperationalError):
-        _query()  # not checked first (it answered a moment ago): the query finds it cut (503)
+        _query()  # a later query of the same request finds it cut (503)
     connection.close_if_unusable_or_obsolete()  # the request's end: it had an error, so it is checked
     assert checks == [1]
     _query()
