@@ -16,6 +16,10 @@ Models:
   wsgi-1thread        WSGI, one request thread, one redis-py PING a call
   rsgi-redis-asyncio  RSGI (one event loop), one redis.asyncio PING a call
   rsgi-protocol       RSGI, one PING a call on a pipelined asyncio Protocol to Redis
+and, on demand (``--models``), wsgi-threads under other granian settings than runnode's:
+  wsgi-threads-st     runtime_mode st (a single-threaded Rust runtime)
+  wsgi-threads-mt     runtime_mode mt (a multi-threaded one)
+  wsgi-threads-http1  HTTP/1 only, no websockets
 
 Why it exists: a single-message call costs the node about 230 µs of CPU, and the service's
 own Python, run in-process without granian (``bench/inprocess.py --batch 1 --threads 4``),
@@ -40,14 +44,20 @@ from throughput_cpu import session_cpu_seconds
 
 HERE = Path(__file__).resolve().parent
 
-#: model -> (granian interface, target in serving_apps, request threads: None = the node's)
-MODELS: dict[str, tuple[str, str, int | None]] = {
-    "wsgi-nostore": ("wsgi", "wsgi_nostore", None),
-    "wsgi-threads": ("wsgi", "wsgi_ping", None),
-    "wsgi-1thread": ("wsgi", "wsgi_ping", 1),
-    "rsgi-redis-asyncio": ("rsgi", "rsgi_redis_asyncio", None),
-    "rsgi-protocol": ("rsgi", "rsgi_protocol", None),
+#: model -> (granian interface, target in serving_apps, request threads: None = the node's,
+#: other Granian settings than runnode's)
+MODELS: dict[str, tuple[str, str, int | None, dict]] = {
+    "wsgi-nostore": ("wsgi", "wsgi_nostore", None, {}),
+    "wsgi-threads": ("wsgi", "wsgi_ping", None, {}),
+    "wsgi-1thread": ("wsgi", "wsgi_ping", 1, {}),
+    "wsgi-threads-st": ("wsgi", "wsgi_ping", None, {"runtime_mode": "st"}),
+    "wsgi-threads-mt": ("wsgi", "wsgi_ping", None, {"runtime_mode": "mt"}),
+    "wsgi-threads-http1": ("wsgi", "wsgi_ping", None, {"http": "1", "websockets": False}),
+    "rsgi-redis-asyncio": ("rsgi", "rsgi_redis_asyncio", None, {}),
+    "rsgi-protocol": ("rsgi", "rsgi_protocol", None, {}),
 }
+#: the models run when --models is not given (the granian-setting variants: on demand)
+DEFAULT_MODELS = ("wsgi-nostore", "wsgi-threads", "wsgi-1thread", "rsgi-redis-asyncio", "rsgi-protocol")
 BASELINE = "wsgi-threads"
 REQUEST = json.dumps({"body": "x" * 100}).encode()
 
@@ -56,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--models", default=",".join(MODELS), help="comma list of: " + ", ".join(MODELS))
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma list of: " + ", ".join(MODELS))
     p.add_argument("--clients", type=int, default=4, help="client processes, one connection each")
     p.add_argument("--calls", type=int, default=5000, help="calls per client per round")
     p.add_argument("--repeat", type=int, default=3)
@@ -78,13 +88,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def serve(model: str, port: int, threads: int) -> None:
     from granian import Granian
-    from granian.constants import Interfaces
+    from granian.constants import HTTPModes, Interfaces, RuntimeModes
 
-    interface, target, own_threads = MODELS[model]
-    kwargs = {}
+    interface, target, own_threads, settings = MODELS[model]
+    kwargs: dict = {}
     if interface == "wsgi":
         n = own_threads or threads
         kwargs = {"blocking_threads": n, "backpressure": n * 4}  # as runnode sets them
+    kwargs.update(settings)
+    if "runtime_mode" in kwargs:
+        kwargs["runtime_mode"] = RuntimeModes(kwargs["runtime_mode"])
+    if "http" in kwargs:
+        kwargs["http"] = HTTPModes(kwargs["http"])
     Granian(
         f"serving_apps:{target}",
         address="127.0.0.1",

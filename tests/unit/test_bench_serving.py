@@ -29,9 +29,23 @@ def test_unknown_model_and_missing_store_are_refused(monkeypatch):
 
 
 def test_every_model_names_an_app_of_its_interface():
-    for interface, target, _ in serving.MODELS.values():
+    for interface, target, *_ in serving.MODELS.values():
         app = getattr(serving_apps, target)
         assert asyncio.iscoroutinefunction(app) == (interface == "rsgi")
+
+
+def test_every_model_sets_only_what_granian_takes():
+    import inspect
+
+    from granian import Granian
+    from granian.constants import HTTPModes, RuntimeModes
+
+    takes = inspect.signature(Granian.__init__).parameters
+    for name, (*_, settings) in serving.MODELS.items():
+        assert set(settings) <= set(takes), name
+        RuntimeModes(settings.get("runtime_mode", "auto"))
+        HTTPModes(settings.get("http", "auto"))
+    assert set(serving.DEFAULT_MODELS) <= set(serving.MODELS)
 
 
 def test_the_nostore_app_reads_the_body_and_answers_json():
