@@ -370,14 +370,16 @@ def test_one_log_record_per_attempt_with_its_outcome():
 def test_failed_attempts_back_off_with_receive_count_and_are_never_acked():
     client = FakeClient()
     ids = [client.add("jobs", {"fail": True}, deliveries=d) for d in (0, 1, 3)]  # receive_count 1, 2, 4
-    pipe = make_pipeline(client, sleeping_handler(), retry_backoff=0.5).start()
+    # (backoffs of seconds: none comes back within the test, even on a slow box)
+    pipe = make_pipeline(client, sleeping_handler(), retry_backoff=5).start()
     try:
         wait_for(lambda: len(client.visibility) >= 3, what="3 visibility changes")
     finally:
         pipe.stop()
     assert client.acks == [] and client.stale_acks == []
+    assert len(client.visibility) == 3
     backoff = {v[2]: (v[4], v[3]) for v in client.visibility}
-    assert [backoff[m] for m in ids] == [(1, 0.5), (2, 1.0), (4, 4.0)]
+    assert [backoff[m] for m in ids] == [(1, 5), (2, 10), (4, 40)]
     assert [r["attempt"] for r in sorted(client.records(), key=lambda r: ids.index(r["message_id"]))] == [1, 2, 4]
 
 
