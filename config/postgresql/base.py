@@ -154,6 +154,9 @@ def _said_something(conn: psycopg.Connection) -> bool:
     unasked (it is closing the session), so the connection is checked before it is used."""
     if conn.closed:
         return True
-    poller = select.poll()
-    poller.register(conn.pgconn.socket, select.POLLIN)
-    return bool(poller.poll(0))
+    try:
+        poller = select.poll()
+        poller.register(conn.pgconn.socket, select.POLLIN)
+        return bool(poller.poll(0))
+    except (psycopg.Error, OSError, ValueError):
+        return True  # no socket to look at: let the health check find out

@@ -121,3 +121,19 @@ def test_a_connection_cut_during_a_request_fails_once_then_is_replaced(store, mo
     assert checks == [1]
     _query()
     assert connection.connection.info.backend_pid != pid
+
+
+def test_a_connection_without_a_socket_to_look_at_is_checked():
+    from types import SimpleNamespace
+
+    import psycopg
+
+    from config.postgresql.base import _said_something
+
+    class Lost:
+        @property
+        def socket(self) -> int:
+            raise psycopg.OperationalError("the connection is lost")
+
+    assert _said_something(SimpleNamespace(closed=True))
+    assert _said_something(SimpleNamespace(closed=False, pgconn=Lost()))  # not an error: checked
