@@ -137,3 +137,32 @@ def test_a_connection_without_a_socket_to_look_at_is_checked():
 
     assert _said_something(SimpleNamespace(closed=True))
     assert _said_something(SimpleNamespace(closed=False, pgconn=Lost()))  # not an error: checked
+
+
+def _prepared() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return sorted(row[0] for row in cursor.fetchall())
+
+
+def test_the_stores_statements_are_prepared_once_and_djangos_never(store):
+    """Planning the store's statements cost PostgreSQL more CPU than running them, so they are
+    prepared per connection (``DB_PREPARED_STATEMENTS``); Django's own queries, bound on the
+    client, are not (what Django's default protects: a pooler in front of the database)."""
+    from queues.models import Queue
+
+    fence = Fence("q/0/_fence", 1)
+    store.compare_and_set(fence.key, None, b"1")
+    for i in range(3):
+        store.put_many([(f"q/0/blk/{i}", b"a")], fence=fence)
+        store.delete_many([f"q/0/blk/{i}"], fence=fence)
+        store.get_many([f"q/0/blk/{i}"])
+        assert Queue.objects.filter(name=f"nothing-{i}").count() == 0  # an ORM query, run again and again
+    prepared = _prepared()
+    assert len(prepared) == 3  # the put, the delete, the read: once each
+    assert all("queues_kv_entry" in statement for statement in prepared)
+    # A new connection (the old one cut) prepares them again, and they work there.
+    _terminate(connection.connection.info.backend_pid)
+    store.put_many([("q/0/blk/9", b"z")], fence=fence)
+    assert store.get_many(["q/0/blk/9"]) == [b"z"]
+    assert len(_prepared()) == 2
