@@ -7,7 +7,8 @@ It MEASURES AND PRINTS; it never passes or fails. Where ``bench/throughput.py`` 
 whole node behind granian with client processes, this takes granian and the clients away, so
 a change in our own per-call and per-message work shows without their noise, and
 ``--threads`` shows what callers running at once cost each other (the GIL). ``--profile F``
-writes a cProfile of the timed round.
+writes a cProfile of the last timed round, in the CPU time of the calling thread (a wait
+on the store costs nothing there, as in the node's CPU counters).
 
 Figures: CPU seconds of this process (every thread: the node's housekeeping too) per call of
 each phase (enqueue, dequeue, ack of what was dequeued), and per message over the cycle,
@@ -57,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="callers at once, each its own share of the round")
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--profile", metavar="FILE", help="write a cProfile of the last round to FILE")
+    p.add_argument("--profile", metavar="FILE", help="write a cProfile (thread CPU time) of the last round to FILE")
     args = p.parse_args(argv)
     if args.batch < 1 or args.n < args.batch * args.threads or args.threads < 1:
         p.error("need --batch >= 1, --threads >= 1 and --n >= batch x threads")
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
         cycle(call, queue, min(args.n, 20 * args.batch), args.batch, {})  # warm-up, untimed
         rounds = []
         for i in range(args.repeat):
-            profile = cProfile.Profile() if args.profile and i == args.repeat - 1 else None
+            profile = cProfile.Profile(time.thread_time) if args.profile and i == args.repeat - 1 else None
             rounds.append(round_(call, queue, args, profile))
             if profile:
                 profile.dump_stats(args.profile)

@@ -16,7 +16,9 @@ Models:
   wsgi-1thread        WSGI, one request thread, one redis-py PING a call
   rsgi-redis-asyncio  RSGI (one event loop), one redis.asyncio PING a call
   rsgi-protocol       RSGI, one PING a call on a pipelined asyncio Protocol to Redis
-and, on demand (``--models``), wsgi-threads under other granian settings than runnode's:
+and, on demand (``--models``), the service's synchronous code run on an event loop, and
+wsgi-threads under other granian settings than runnode's:
+  rsgi-inline         RSGI, one redis-py PING a call on the loop's own thread (blocking it)
   wsgi-threads-st     runtime_mode st (a single-threaded Rust runtime)
   wsgi-threads-mt     runtime_mode mt (a multi-threaded one)
   wsgi-threads-http1  HTTP/1 only, no websockets
@@ -55,6 +57,7 @@ MODELS: dict[str, tuple[str, str, int | None, dict]] = {
     "wsgi-threads-http1": ("wsgi", "wsgi_ping", None, {"http": "1", "websockets": False}),
     "rsgi-redis-asyncio": ("rsgi", "rsgi_redis_asyncio", None, {}),
     "rsgi-protocol": ("rsgi", "rsgi_protocol", None, {}),
+    "rsgi-inline": ("rsgi", "rsgi_inline", None, {}),
 }
 #: the models run when --models is not given (the granian-setting variants: on demand)
 DEFAULT_MODELS = ("wsgi-nostore", "wsgi-threads", "wsgi-1thread", "rsgi-redis-asyncio", "rsgi-protocol")

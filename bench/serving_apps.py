@@ -110,3 +110,17 @@ async def rsgi_protocol(scope, protocol):
     await protocol()
     await _pipelined.ping()
     protocol.response_bytes(200, HEADERS, BODY)
+
+
+async def rsgi_inline(scope, protocol):
+    """RSGI, the call's synchronous code run on the event loop's own thread: one redis-py
+    round trip per call, blocking the loop for its length (no request threads; what an RSGI
+    entrance in front of today's synchronous service would cost)."""
+    global _sync_redis
+    if _sync_redis is None:
+        import redis
+
+        _sync_redis = redis.Redis.from_url(_redis_url())
+    await protocol()
+    _sync_redis.ping()
+    protocol.response_bytes(200, HEADERS, BODY)
