@@ -136,6 +136,21 @@ class _Psycopg:
 class DatabaseWrapper(base.DatabaseWrapper):
     Database = _Psycopg()
 
+    def init_connection_state(self) -> None:
+        """Django's, and: the statements prepared on this connection (only the key-value store's
+        are: ``DB_PREPARED_STATEMENTS``) always run their generic plan. PostgreSQL's own choice
+        compares the generic plan with the custom plans made so far, and a store's statement
+        that ran for single messages first (custom plans of one row, cheaper) kept being planned
+        on every run after, batches of 100 included: 23 µs of the server's CPU a message
+        against 10 (queues/kv/sql.py)."""
+        super().init_connection_state()
+        conn = self.connection
+        if conn is not None and conn.prepare_threshold is not None:
+            with conn.cursor() as cursor:
+                cursor.execute("SET plan_cache_mode = force_generic_plan")
+            if not self.get_autocommit():
+                conn.commit()
+
     def close_if_health_check_failed(self) -> None:
         conn = self.connection
         if (

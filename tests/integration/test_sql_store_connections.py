@@ -158,9 +158,19 @@ def test_the_stores_statements_are_prepared_once_and_djangos_never(store):
         store.delete_many([f"q/0/blk/{i}"], fence=fence)
         store.get_many([f"q/0/blk/{i}"])
         assert Queue.objects.filter(name=f"nothing-{i}").count() == 0  # an ORM query, run again and again
+    # Batches after single messages: still the generic plan (PostgreSQL's own choice had kept
+    # planning each run once single messages came first).
+    for i in range(3, 10):
+        keys = [f"q/0/blk/{i}-{k}" for k in range(100)]
+        store.put_many([(key, b"b") for key in keys], fence=fence)
+        assert store.get_many(keys) == [b"b"] * 100
+        assert store.delete_many(keys, fence=fence) == 100
     prepared = _prepared()
     assert len(prepared) == 3  # the put, the delete, the read: once each
     assert all("queues_kv_entry" in statement for statement in prepared)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT sum(generic_plans), sum(custom_plans) FROM pg_prepared_statements")
+        assert cursor.fetchone() == (30, 0)  # 10 runs of each, never planned again
     # A new connection (the old one cut) prepares them again, and they work there.
     _terminate(connection.connection.info.backend_pid)
     store.put_many([("q/0/blk/9", b"z")], fence=fence)
