@@ -54,7 +54,13 @@ def iso(ts: float) -> str:
     with ``Z`` (microseconds rounded half to even, then truncated to milliseconds; a unit test
     pins the two equal), about 4x cheaper: a dequeue formats one per message, and a batch's
     messages share their second, whose text is kept (py-spy: 9% of a batch cycle's node CPU).
+    The last time formatted is kept too: an enqueue stamps its whole batch with one time, so a
+    dequeue's messages mostly repeat the one before (2.7% of a batch cycle's samples, py-spy).
     """
+    global _iso_last
+    last = _iso_last
+    if last[0] == ts:
+        return last[1]
     second = math.floor(ts)
     micro = round((ts - second) * 1e6)
     if micro >= 1_000_000:
@@ -64,11 +70,15 @@ def iso(ts: float) -> str:
         if len(_iso_seconds) > 4096:
             _iso_seconds.clear()
         prefix = _iso_seconds[second] = datetime.fromtimestamp(second, tz=UTC).isoformat()[:19]
-    return f"{prefix}.{micro // 1000:03d}Z"
+    text = f"{prefix}.{micro // 1000:03d}Z"
+    _iso_last = (ts, text)  # one tuple, swapped whole: a racing reader sees a matching pair
+    return text
 
 
 #: second -> its ``YYYY-MM-DDTHH:MM:SS`` (see :func:`iso`; a race only computes one twice).
 _iso_seconds: dict[int, str] = {}
+#: the last ``(time, text)`` :func:`iso` made (NaN equals nothing: none yet).
+_iso_last: tuple[float, str] = (math.nan, "")
 
 
 # --- enqueue ----------------------------------------------------------------------------------

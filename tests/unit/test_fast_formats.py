@@ -31,3 +31,10 @@ def test_iso_examples():
     assert iso(0) == "1970-01-01T00:00:00.000Z"
     assert iso(1_763_941_234.123456) == reference_iso(1_763_941_234.123456)
     assert iso(1_763_941_234.9999996) == "2025-11-23T23:40:35.000Z"
+
+
+def test_iso_of_the_time_before_and_of_another_alternating():
+    """The last time's text is kept (a batch shares one time): asked again, or after another."""
+    a, b = 1_763_941_234.123456, 1_763_941_299.5
+    for ts in (a, a, b, a, b, b, 0.0, a):
+        assert iso(ts) == reference_iso(ts)
