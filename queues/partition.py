@@ -1047,8 +1047,8 @@ class PartitionManager:
         """Drop acknowledged (or dead-lettered, or expired) messages from a cursor. Lock held.
         ``where``: each one's ``(block id, index)``, when the caller has them already."""
         freed: set[str] = set()
+        c.redelivery.remove_many(mids)
         for key, (block_id, idx) in zip(mids, where if where is not None else map(block_and_index, mids)):
-            c.redelivery.remove(key)
             c.receives.pop(key, None)
             c.not_due.discard(key)
             if not c.shared:

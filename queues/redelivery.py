@@ -30,6 +30,7 @@ them without the lock (a figure read while a request changes the index is an est
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
 
@@ -95,6 +96,35 @@ class RedeliveryIndex:
         if entry is not None:
             self._unlist(entry)
         return entry
+
+    def remove_many(self, msg_ids: Iterable[str]) -> None:
+        """Forget messages (an ack's): as :meth:`remove` of each, with the heaps' tops cleaned
+        once at the end instead of once per message (the per-message calls were 3% of a batch
+        ack's node CPU, py-spy)."""
+        by_id = self.by_id
+        due_left = future_left = 0
+        for msg_id in msg_ids:
+            entry = by_id.pop(msg_id, None)
+            if entry is None:
+                continue
+            entry.item = None
+            if entry.due:
+                due_left += 1
+            else:
+                future_left += 1
+        if due_left:
+            self._due_live -= due_left
+            self.due, self._due_stale = self._clean(self.due, self._due_stale + due_left)
+        if future_left:
+            self.future, self._future_stale = self._clean(self.future, self._future_stale + future_left)
+
+    def _clean(self, heap: list[Item], stale: int) -> tuple[list[Item], int]:
+        """``heap`` and its count of stale items after some of its items went stale: the
+        stale ones at the top popped, or the heap rebuilt when they are too many."""
+        stale -= self._pop_stale(heap)
+        if stale > COMPACT_AT and 2 * stale > len(heap):
+            return self._live(heap), 0
+        return heap, stale
 
     def change_deadline(self, msg_id: str, deadline: float) -> None:
         """O(log n); unpins a pinned entry."""
@@ -178,8 +208,12 @@ class RedeliveryIndex:
 
     def _pop_stale(self, heap: list[Item]) -> int:
         """Drop the stale items at the top of ``heap``; how many."""
-        dropped = 0
-        while heap and self._owner(heap[0]) is None:
+        by_id, dropped = self.by_id, 0
+        while heap:
+            top = heap[0]
+            entry = by_id.get(top[2])
+            if entry is not None and entry.item is top:  # live (``_owner``, inlined: one per ack)
+                break
             heappop(heap)
             dropped += 1
         return dropped

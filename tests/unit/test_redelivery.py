@@ -19,6 +19,7 @@ ops = st.lists(
     st.one_of(
         st.tuples(st.just("add"), ids, times),
         st.tuples(st.just("remove"), ids),
+        st.tuples(st.just("remove_many"), st.lists(ids, max_size=4)),
         st.tuples(st.just("pin"), ids),
         st.tuples(st.just("change"), ids, times),
         st.tuples(st.just("expired"), st.sampled_from([0.0, 1.5, 2.0, 4.0, 10.0]), st.integers(1, 4)),
@@ -52,6 +53,11 @@ def _run_against_model(seq):
             _, mid = op
             assert (index.remove(mid) is not None) == (mid in model)
             model.pop(mid, None)
+        elif op[0] == "remove_many":
+            _, mids = op
+            index.remove_many(mids)
+            for mid in mids:
+                model.pop(mid, None)
         elif op[0] == "pin":
             _, mid = op
             had = index.pin(mid)
@@ -139,3 +145,16 @@ def test_acks_in_delivery_order_leave_no_stale_items_in_front():
         assert index.future[0][2] == f"m{i + 1}"  # the top stays live: next_deadline finds it at once
     assert index.next_deadline() == 30.0 + 4_990
     assert len(index.future) == 10
+
+
+def test_acks_in_batches_leave_no_stale_items_in_front():
+    index = RedeliveryIndex()
+    for i in range(5_000):
+        index.add(f"m{i}", 30.0 + i // 100, "r", 1)  # a dequeue's batch shares its deadline
+    for start in range(0, 4_900, 100):
+        index.remove_many([f"m{i}" for i in range(start, start + 100)])
+        assert index.future[0][2] == f"m{start + 100}"
+        index._check()
+    index.remove_many([f"m{i}" for i in range(4_900, 5_000)] + ["m0", "nothing"])  # gone ones: no error
+    assert len(index) == 0 and index.next_deadline() is None
+    index._check()
