@@ -120,7 +120,8 @@ class RedeliveryIndex:
 
     def _clean(self, heap: list[Item], stale: int) -> tuple[list[Item], int]:
         """``heap`` and its count of stale items after some of its items went stale: the
-        stale ones at the top popped, or the heap rebuilt when they are too many."""
+        stale ones at the top popped (an ack's are mostly there), or the heap rebuilt when
+        they are too many."""
         stale -= self._pop_stale(heap)
         if stale > COMPACT_AT and 2 * stale > len(heap):
             return self._live(heap), 0
@@ -190,21 +191,12 @@ class RedeliveryIndex:
         live: acks come mostly in delivery order, so their items are mostly at the top, and
         are dropped there at once (a C pop each) instead of piling up in front of the live
         ones that :meth:`next_deadline` looks for."""
-        item, entry.item = entry.item, None
+        entry.item = None
         if entry.due:
             self._due_live -= 1
-            self.due, self._due_stale = self._forget(self.due, self._due_stale + 1, item)
+            self.due, self._due_stale = self._clean(self.due, self._due_stale + 1)
         else:
-            self.future, self._future_stale = self._forget(self.future, self._future_stale + 1, item)
-
-    def _forget(self, heap: list[Item], stale: int, item: Item | None) -> tuple[list[Item], int]:
-        """``heap`` and its count of stale items, ``item`` among them now: popped if it is at
-        the top (with the stale ones under it), or the heap rebuilt when they are too many."""
-        if heap[0] is item:
-            return heap, stale - self._pop_stale(heap)
-        if stale > COMPACT_AT and 2 * stale > len(heap):
-            return self._live(heap), 0
-        return heap, stale
+            self.future, self._future_stale = self._clean(self.future, self._future_stale + 1)
 
     def _pop_stale(self, heap: list[Item]) -> int:
         """Drop the stale items at the top of ``heap``; how many."""
