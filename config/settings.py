@@ -378,6 +378,10 @@ NODE_ADDRESS = env("NODE_ADDRESS", "")
 NODE_HEARTBEAT = envfloat("NODE_HEARTBEAT", 1.0)
 #: Bytes of message bodies a node keeps in memory after enqueue, to deliver without a read.
 NODE_BODY_CACHE_BYTES = envint("NODE_BODY_CACHE_BYTES", 64 * 1024 * 1024, minimum=0)
+#: A busy partition's append-tree blocks grow up to this many times its queue's `block_size` (at
+#: most 10,000 positions): a block that filled within a second is followed by one twice its size
+#: (`queues.tree.next_block_size`). 1: every block holds `block_size`.
+BLOCK_GROWTH = envint("BLOCK_GROWTH", 16, minimum=1)
 #: Request threads of `runnode` (its --threads default), per process: a long poll holds one for up to 20 s.
 NODE_THREADS = envint("NODE_THREADS", 64, minimum=1)
 #: Processes of `runnode` (its --processes default), each a full member of the cluster behind the

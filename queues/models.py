@@ -14,13 +14,14 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 
 from . import keys
+from .tree import MAX_BLOCK_SIZE
 
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,79}$")
 
 #: Limits on a queue's settings, shared by the model, the API and the docs.
 LIMITS = {
     "partitions": (1, 256),
-    "block_size": (1, 10_000),
+    "block_size": (1, MAX_BLOCK_SIZE),
     "lease_period": (1, 3600),
     "visibility_timeout": (0, 12 * 3600),
     "max_message_size": (1, 1024 * 1024),
@@ -82,7 +83,9 @@ class Queue(models.Model):
     )
     partitions = models.PositiveIntegerField(default=DEFAULTS["partitions"], validators=_bounded("partitions"))
     block_size = models.PositiveIntegerField(
-        default=DEFAULTS["block_size"], validators=_bounded("block_size"), help_text="positions per append-tree block"
+        default=DEFAULTS["block_size"],
+        validators=_bounded("block_size"),
+        help_text="positions per append-tree block (a busy partition's blocks grow to BLOCK_GROWTH times this)",
     )
     lease_period = models.PositiveIntegerField(
         default=DEFAULTS["lease_period"],

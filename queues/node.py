@@ -626,6 +626,7 @@ class NodeRuntime:
         m = PartitionManager(
             lease,
             block_size=cfg.block_size,
+            block_growth=settings.BLOCK_GROWTH,
             # The incarnation's own keys: a manager of a deleted queue never writes into the
             # tree of one created again under the name (keys.incarnation).
             store=self.store.within(keys.incarnation(cfg.id)),

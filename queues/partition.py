@@ -59,7 +59,16 @@ from .keys import block_and_index
 from .kv import Fence, Fenced, KeyValueStore, KVError, ReplicationError
 from .messages import MessageId, StoredMessage, new_receipt, parse_message_id
 from .redelivery import RedeliveryIndex
-from .tree import AppendTree, Block, BlockReader, head_record, newest_head, parse_head_record
+from .tree import (
+    BLOCK_SEAL_S,
+    AppendTree,
+    Block,
+    BlockReader,
+    head_record,
+    newest_head,
+    next_block_size,
+    parse_head_record,
+)
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +212,7 @@ class PartitionManager:
         lease: leases.Lease,
         *,
         block_size: int,
+        block_growth: int = 1,
         store: KeyValueStore,
         node_id: str,
         cache: BodyCache,
@@ -218,6 +228,8 @@ class PartitionManager:
         self.queue = lease.queue
         self.index = lease.index
         self.block_size = block_size
+        #: a busy partition's blocks grow up to this many times ``block_size`` (tree.next_block_size).
+        self.block_growth = block_growth
         self.store = store
         self.node_id = node_id
         self.cache = cache
@@ -240,6 +252,8 @@ class PartitionManager:
         self.local_order: deque[BlockState] = deque()
         self.next_index = 0
         self.head_writable = False
+        #: ``monotonic()`` when this manager allocated the head block (while head_writable).
+        self.head_since = 0.0
         #: the blocks found at open and not scanned yet, oldest first (None: all scanned).
         self.unscanned: Iterator[Block] | None = None
         #: a topic's subscriptions (fixed for the manager's life: a change reopens it).
@@ -607,12 +621,19 @@ class PartitionManager:
             head = self.tree.head
             next_index = self.next_index
             writable = self.head_writable
+            now = monotonic()
+            since = self.head_since
+            if writable and head is not None and head.size > self.block_size:
+                writable = now - since <= BLOCK_SEAL_S  # else sealed: see BLOCK_SEAL_S
             for _ in messages:
                 if head is None or not writable or next_index >= head.size:
-                    head = self.tree.allocate()
+                    previous = head.size if head is not None else None
+                    filled_in = now - since if writable and head is not None else None
+                    head = self.tree.allocate(next_block_size(self.block_size, self.block_growth, previous, filled_in))
                     new_blocks.append(head)
                     next_index = 0
                     writable = True
+                    since = now
                 positions.append((head, next_index))
                 next_index += 1
             if new_blocks:
@@ -646,6 +667,8 @@ class PartitionManager:
                     raise
                 self._adopt_blocks(new_blocks)
             self.head_writable, self.next_index = True, next_index
+            if new_blocks:
+                self.head_since = now
             states = [self.blocks[b.id] for b, _ in positions]
             for state in states:
                 state.pending += 1
@@ -1075,7 +1098,8 @@ class PartitionManager:
         holds to the archive instead (see ``queues.topic_retention``).
 
         Works a block at a time from the oldest, so a message outlives its retention by at
-        most the time its block took to fill. Returns how many were removed.
+        most the time its block took to fill (a grown block: at most BLOCK_SEAL_S). Returns how
+        many were removed.
         """
         with self.lock:
             self._check_serving()

@@ -38,6 +38,32 @@ import orjson
 
 BlockReader = Callable[[str], "Block | None"]
 
+#: The most positions a block may hold (a queue's ``block_size`` and a grown block alike): a
+#: takeover lists a block's keys in one scan.
+MAX_BLOCK_SIZE = 10_000
+#: A block that filled within this many seconds of its allocation is followed by one twice its
+#: size (see :func:`next_block_size`).
+BLOCK_GROW_S = 1.0
+#: A grown block still open this long after its allocation is sealed, its unused positions
+#: left unused: retention works a block at a time, so a grown block must not gather messages
+#: for longer than a block of the queue's own size would on a busy partition.
+BLOCK_SEAL_S = 2 * BLOCK_GROW_S
+
+
+def next_block_size(base: int, growth: int, previous: int | None, filled_in: float | None) -> int:
+    """Positions of a partition's next block: ``base`` (the queue's ``block_size``), or twice the
+    ``previous`` block's when that one filled up within :data:`BLOCK_GROW_S` (``filled_in``,
+    None when it did not fill: sealed early, or the first block an owner allocates), up to
+    ``growth`` times ``base`` and :data:`MAX_BLOCK_SIZE`.
+
+    A busy partition so allocates a block (a fenced store write and the row's head pointer,
+    under the partition's lock) every few thousand messages rather than every ``base``; a
+    quiet one keeps blocks of ``base``. Growth 1: every block holds ``base``.
+    """
+    if previous is None or filled_in is None or filled_in > BLOCK_GROW_S:
+        return base
+    return max(base, min(previous * 2, base * growth, MAX_BLOCK_SIZE))
+
 
 def new_block_id(ordinal: int) -> str:
     """``<ordinal, hex>-<64 random bits>``: sortable by age, never equal across two writers."""
@@ -126,8 +152,12 @@ class AppendTree:
         self.reads = 0
 
     # --- allocation ---------------------------------------------------------------------------
-    def allocate(self) -> Block:
-        """Allocate the next block by the leaf-counter rule and make it the head. O(1)."""
+    def allocate(self, size: int | None = None) -> Block:
+        """Allocate the next block by the leaf-counter rule and make it the head, with ``size``
+        positions (default: ``block_size``). O(1)."""
+        size = self.block_size if size is None else size
+        if not 1 <= size <= MAX_BLOCK_SIZE:
+            raise ValueError(f"a block holds 1 to {MAX_BLOCK_SIZE} positions, not {size}")
         head = self.head
         ordinal = 0 if head is None else head.ordinal + 1
         leaf_number = -1 if head is None else head.leaf_number
@@ -145,16 +175,14 @@ class AppendTree:
                 prev,
                 left_id,
                 right_id,
-                self.block_size,
+                size,
                 self._clock(),
             )
             del self.roots[-2:]
             self.roots.append((block.id, height + 1))
         else:
             prev = head.id if head is not None else None
-            block = Block(
-                self._new_id(ordinal), ordinal, 0, leaf_number + 1, prev, None, None, self.block_size, self._clock()
-            )
+            block = Block(self._new_id(ordinal), ordinal, 0, leaf_number + 1, prev, None, None, size, self._clock())
             self.roots.append((block.id, 0))
         self.blocks[block.id] = block
         self.head = block

@@ -34,8 +34,8 @@ class FakeClock:
         return self.now
 
 
-def open_manager(store, row: PartitionRow, block_size: int, cache_bytes: int) -> PartitionManager:
-    m = next_owner(store, row, block_size=block_size, cache_bytes=cache_bytes)
+def open_manager(store, row: PartitionRow, block_size: int, cache_bytes: int, growth: int = 1) -> PartitionManager:
+    m = next_owner(store, row, block_size=block_size, cache_bytes=cache_bytes, block_growth=growth)
     m.open()
     return m
 
@@ -57,6 +57,7 @@ class PartitionMachine(RuleBasedStateMachine):
         self.store = MemoryStore()
         self.row = PartitionRow()
         self.block_size = 3
+        self.growth = 1
         self.cache_bytes = 0
         self.m: PartitionManager | None = None
         self.stale: PartitionManager | None = None
@@ -69,11 +70,13 @@ class PartitionMachine(RuleBasedStateMachine):
         self.last_first = -1
         self.backup: tuple[int, str | None] | None = None  # the row as a database backup has it
 
-    @rule(block_size=st.integers(1, 4), cache=st.sampled_from([0, 1 << 20]))
+    @rule(block_size=st.integers(1, 4), growth=st.sampled_from([1, 4]), cache=st.sampled_from([0, 1 << 20]))
     @precondition(lambda self: self.m is None)
-    def start(self, block_size, cache):
-        self.block_size, self.cache_bytes = block_size, cache
-        self.m = open_manager(self.store, self.row, block_size, cache)
+    def start(self, block_size, growth, cache):
+        # (growth 4: blocks that fill within a second grow, up to 4 times block_size; the
+        # clock's steps of 0.1, 1 and 10 s make them grow, stop growing and get sealed)
+        self.block_size, self.growth, self.cache_bytes = block_size, growth, cache
+        self.m = open_manager(self.store, self.row, block_size, cache, growth)
 
     @rule(n=st.integers(1, 5))
     @precondition(lambda self: self.m is not None)
@@ -127,7 +130,7 @@ class PartitionMachine(RuleBasedStateMachine):
     def takeover(self):
         # a new owner takes the partition; the old one keeps running, unaware
         self.stale = self.m
-        self.m = open_manager(self.store, self.row, self.block_size, self.cache_bytes)
+        self.m = open_manager(self.store, self.row, self.block_size, self.cache_bytes, self.growth)
         self.taken_over_at = self.clock.now
         self.receipts.clear()
         self.first_delivered.clear()
@@ -163,6 +166,11 @@ class PartitionMachine(RuleBasedStateMachine):
         # nothing more from memory
         with pytest.raises(PartitionUnavailable):
             self.stale.dequeue(10, 5.0)
+
+    @invariant()
+    def blocks_hold_at_most_growth_times_block_size(self):
+        if self.m is not None:
+            assert all(1 <= b.size <= self.block_size * self.growth for b in self.m.tree.blocks.values())
 
     @invariant()
     def store_holds_every_live_message(self):
@@ -292,6 +300,40 @@ def test_a_store_outage_while_adding_a_block_keeps_serving_and_loses_nothing(fai
     m.tree._check()
     # and a new owner (reading the row's pointer, whichever the failure left) finds them all
     assert delivered_by(open_manager(store, row, 3, 0)) == ids
+
+
+def test_a_busy_partition_grows_its_blocks_and_seals_a_grown_one_that_stays_open(monkeypatch):
+    # given a partition with blocks of 4 that may grow to 4 times that, on a clock of our own
+    clock = FakeClock()
+    monkeypatch.setattr(partition_mod, "monotonic", clock)
+    store, row = MemoryStore(), PartitionRow()
+    m = open_manager(store, row, 4, 0, growth=4)
+
+    def sizes_of(ids: list[str]) -> list[int]:
+        blocks = dict.fromkeys(parse_message_id(i).block for i in ids)
+        return [m.tree.blocks[b].size for b in blocks]
+
+    # when the first blocks fill at once: each next one is twice the size, up to 16
+    ids = m.enqueue([StoredMessage(f"a{i}", 0.0) for i in range(4 + 8 + 16 + 16 + 1)])
+    assert sizes_of(ids) == [4, 8, 16, 16, 16]
+    # when the head (grown, 15 positions free) stays open past BLOCK_SEAL_S
+    clock.now += partition_mod.BLOCK_SEAL_S + 0.1
+    late = m.enqueue([StoredMessage("b", 0.0)])
+    # then it is sealed, and the next block is of the queue's own size again
+    assert sizes_of(late) == [4]
+    # when that one takes longer than BLOCK_GROW_S to fill, the next does not grow
+    clock.now += 0.5
+    filling = m.enqueue([StoredMessage(f"c{i}", 0.0) for i in range(3)])
+    clock.now += 1.0
+    slow = m.enqueue([StoredMessage("d", 0.0)])
+    assert sizes_of(slow) == [4]
+    # and a block of the base size is never sealed early, however long it stays open
+    clock.now += 100.0
+    same = m.enqueue([StoredMessage("e", 0.0)])
+    assert parse_message_id(same[0]).block == parse_message_id(slow[0]).block
+    m.tree._check()
+    # and a new owner finds every message, in order, past the sealed block's unused positions
+    assert delivered_by(open_manager(store, row, 4, 0, growth=4)) == ids + late + filling + slow + same
 
 
 def test_a_manager_not_told_of_a_purge_delivers_nothing_once_its_trust_ran_out(monkeypatch):

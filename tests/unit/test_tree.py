@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queues.tree import AppendTree, Block, root_heights
+from queues.tree import BLOCK_GROW_S, MAX_BLOCK_SIZE, AppendTree, Block, next_block_size, root_heights
 
 
 def _named_tree(n: int) -> tuple[AppendTree, list[Block]]:
@@ -129,3 +129,38 @@ def test_block_reads_grow_with_log_n(capsys):
         assert h <= math.log2(n) + 2
         assert o <= 3 * math.log2(n) + 3
     assert rows[-1][2] < 4 * rows[0][2]
+
+
+@pytest.mark.parametrize(
+    ("base", "growth", "previous", "filled_in", "expected"),
+    [
+        (256, 16, None, None, 256),  # the first block an owner allocates
+        (256, 16, 256, None, 256),  # the previous was sealed before it filled
+        (256, 16, 256, BLOCK_GROW_S + 0.01, 256),  # filled, slowly
+        (256, 16, 256, 0.0, 512),  # filled at once: twice as large
+        (256, 16, 2048, BLOCK_GROW_S, 4096),
+        (256, 16, 4096, 0.0, 4096),  # at most growth times base
+        (1000, 16, 8000, 0.0, MAX_BLOCK_SIZE),  # and MAX_BLOCK_SIZE
+        (MAX_BLOCK_SIZE, 16, MAX_BLOCK_SIZE, 0.0, MAX_BLOCK_SIZE),
+        (256, 1, 256, 0.0, 256),  # growth 1: always base
+        (256, 16, 100, 0.0, 256),  # never below base (a queue's block_size is fixed, but)
+    ],
+)
+def test_next_block_size_doubles_after_a_block_filled_within_a_second(base, growth, previous, filled_in, expected):
+    assert next_block_size(base, growth, previous, filled_in) == expected
+
+
+def test_a_block_may_hold_its_own_number_of_positions():
+    # given blocks of 4 by default
+    tree = AppendTree(4)
+    # when one is allocated with 16 positions
+    a, b, c = tree.allocate(), tree.allocate(16), tree.allocate()
+    # then its record says so, and the tree's shape does not depend on sizes
+    assert (a.size, b.size, c.size) == (4, 16, 4)
+    assert Block.from_bytes(b.to_bytes()) == b
+    assert c.left == a.id and c.right == b.id
+    tree._check()
+    with pytest.raises(ValueError):
+        tree.allocate(MAX_BLOCK_SIZE + 1)
+    with pytest.raises(ValueError):
+        tree.allocate(0)
