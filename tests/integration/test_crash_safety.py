@@ -181,6 +181,8 @@ def _run(first: NodeProcess, second: NodeProcess, token: str, backend: str) -> N
         f"enqueue-resumed={first_enqueue:.2f}s dequeue-resumed={first_dequeue:.2f}s (lease 2 s)"
     )
     assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:3]}"
+    # (and the crash met grown blocks, not only blocks of 64: see queues.tree.next_block_size)
+    assert max(int(mid.rsplit("/", 1)[1]) for mid in confirmed) >= 64
     assert not resurrected, f"{len(resurrected)} acknowledged messages came back"
     assert all(n == 1 for n in delivered.values()), "a message was delivered twice in the drain"
     assert len(confirmed) >= TOTAL
