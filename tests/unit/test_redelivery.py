@@ -142,7 +142,7 @@ def test_acks_in_delivery_order_leave_no_stale_items_in_front():
         index.add(f"m{i}", 30.0 + i, "r", 1)
     for i in range(4_990):
         index.remove(f"m{i}")
-        assert index.future[0][2] == f"m{i + 1}"  # the top stays live: next_deadline finds it at once
+        assert index.future.first()[2] == f"m{i + 1}"  # the front stays live: next_deadline finds it at once
     assert index.next_deadline() == 30.0 + 4_990
     assert len(index.future) == 10
 
@@ -153,8 +153,79 @@ def test_acks_in_batches_leave_no_stale_items_in_front():
         index.add(f"m{i}", 30.0 + i // 100, "r", 1)  # a dequeue's batch shares its deadline
     for start in range(0, 4_900, 100):
         index.remove_many([f"m{i}" for i in range(start, start + 100)])
-        assert index.future[0][2] == f"m{start + 100}"
+        assert index.future.first()[2] == f"m{start + 100}"
         index._check()
     index.remove_many([f"m{i}" for i in range(4_900, 5_000)] + ["m0", "nothing"])  # gone ones: no error
     assert len(index) == 0 and index.next_deadline() is None
     index._check()
+
+
+deadlines = st.sampled_from([0.0, 1.0, 2.0, 3.0, 5.0])
+deadline_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("push"), deadlines),
+        st.tuples(st.just("pop_and_put_back"), st.integers(1, 3)),
+        st.tuples(st.just("pop")),
+        st.tuples(st.just("keep_even")),
+        st.tuples(st.just("until"), deadlines),
+        st.tuples(st.just("first_such"), st.integers(0, 1)),
+    ),
+    max_size=60,
+)
+
+
+@given(deadline_ops)
+def test_deadlines_keep_items_in_order_like_a_sorted_list(seq):
+    order, model, counter = redelivery.Deadlines(), [], iter(range(10_000))
+    for op in seq:
+        if op[0] == "push":
+            item = (op[1], next(counter), "m")
+            order.push(item)
+            model.append(item)
+        elif op[0] == "pop":
+            if model:
+                assert order.pop() == min(model)
+                model.remove(min(model))
+        elif op[0] == "pop_and_put_back":  # as RedeliveryIndex.expired takes and puts back
+            in_heap = len(order.heap)
+            taken = [order.pop() for _ in range(min(op[1], len(model)))]
+            assert taken == sorted(model)[: len(taken)]
+            for item in reversed(taken):
+                order.push_front(item)
+            assert len(order.heap) <= in_heap  # put back in front of the run, not into the heap
+        elif op[0] == "keep_even":
+            order = order.kept(lambda it: it[1] % 2 == 0)
+            model = [it for it in model if it[1] % 2 == 0]
+        elif op[0] == "until":
+            assert sorted(order.until(op[1])) == sorted(it for it in model if it[0] <= op[1])
+        else:
+            parity = op[1]
+            accepted = [it for it in model if it[1] % 2 == parity]
+            assert order.first_such(lambda it, p=parity: it[1] % 2 == p) == min(accepted, default=None)
+        order._check()
+        assert len(order) == len(model) and sorted(order) == sorted(model)
+        assert order.first() == (min(model) if model else None)
+
+
+def test_deliveries_in_deadline_order_stay_in_the_run():
+    # given deliveries hidden for the same time, then one hidden for less
+    index = RedeliveryIndex()
+    for i in range(1_000):
+        index.add(f"m{i}", 30.0 + i // 100, "r", 1)
+    assert len(index.future.heap) == 0  # in order: all in the run, no heap at all
+    index.add("quick", 5.0, "r", 1)
+    # then the one out of order goes to the heap, and still comes first
+    assert len(index.future.heap) == 1 and index.next_deadline() == 5.0
+    assert index.expired(30.0, 3) == ["quick", "m0", "m1"]
+    index._check()
+
+
+def test_the_earliest_accepted_item_is_the_earlier_of_the_run_and_the_heap():
+    order = redelivery.Deadlines()
+    for item in [(1.0, 0, "a"), (3.0, 1, "b"), (2.0, 2, "c"), (0.5, 3, "d")]:
+        order.push(item)
+    assert list(order.run) == [(1.0, 0, "a"), (3.0, 1, "b")]  # (c and d came out of order: the heap)
+    assert order.first_such(lambda it: it[1] % 2 == 0) == (1.0, 0, "a")  # the run's, before the heap's c
+    assert order.first_such(lambda it: it[2] in "bc") == (2.0, 2, "c")  # the heap's, before the run's b
+    assert order.first_such(lambda it: it[2] == "b") == (3.0, 1, "b")
+    assert order.first_such(lambda it: False) is None
