@@ -40,7 +40,7 @@ def parse_message_id(text: object) -> MessageId | None:
     """The parts of a well-formed message ID, or None."""
     if not isinstance(text, str) or len(text) > 200:
         return None
-    m = _MESSAGE_ID.match(text)
+    m = _MESSAGE_ID.fullmatch(text)  # (match: "$" would let a trailing newline through)
     if m is None:
         return None
     queue, partition, block, index = m.groups()

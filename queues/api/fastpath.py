@@ -85,7 +85,7 @@ class FastPath:
     def __call__(self, environ, start_response):
         if environ.get("REQUEST_METHOD") != "POST":
             return self.app(environ, start_response)
-        match = _PATH.match(environ.get("PATH_INFO", ""))
+        match = _PATH.fullmatch(environ.get("PATH_INFO", ""))
         if match is None:
             return self.app(environ, start_response)
         if not _host_allowed(environ):

@@ -193,7 +193,7 @@ class PrefixedStore(KeyValueStore):
     metrics_timed = False
 
     def __init__(self, inner: KeyValueStore, prefix: str):
-        if not PREFIX.match(prefix):
+        if not PREFIX.fullmatch(prefix):
             raise ValueError(f"key prefix {prefix!r}: use letters, digits and _ . : - (no /), not empty")
         self.inner = inner
         self.prefix = prefix

@@ -78,7 +78,7 @@ class FileStore(KeyValueStore):
         ``..``, empty or hidden segment can lead outside the root (keys, buckets, prefixes)."""
         parts = path.split("/")
         for part in parts:
-            if not _SEGMENT.match(part) or part.endswith(".lock"):
+            if not _SEGMENT.fullmatch(part) or part.endswith(".lock"):
                 raise ValueError(f"key segment {part!r} of {path!r} is not a safe file name")
         return self.root.joinpath(*parts)
 

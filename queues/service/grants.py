@@ -37,7 +37,7 @@ def check_grant(
         raise InvalidRequest("a grant is for one user or one group", "grant_principal")
     if (queue is None) == (not pattern):
         raise InvalidRequest("a grant is on one queue or on one name pattern", "grant_target")
-    if pattern and not GRANT_PATTERN_RE.match(pattern):
+    if pattern and not GRANT_PATTERN_RE.fullmatch(pattern):
         raise InvalidRequest(
             f"bad pattern {pattern!r}: a queue name (letters, digits, '_', '-', at most 80) with * for any run "
             "of name characters",

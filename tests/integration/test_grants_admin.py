@@ -384,3 +384,16 @@ def test_manage_py_grant_from_the_shell_exits_non_zero_on_an_error(transactional
     assert good.returncode == 0 and "granted produce on pattern billing-* to user bob" in good.stdout, good
     assert Grant.objects.filter(user__username="bob", pattern="billing-*", action="produce").exists()
     assert AuditEntry.objects.get().actor == "manage.py"
+
+
+def test_a_pattern_with_a_trailing_newline_is_no_pattern(db):
+    # (a form strips it; the service, which every entrance calls, must not let it through:
+    # "$" in a regex also matches before a trailing newline)
+    from queues.service.errors import InvalidRequest
+    from queues.service.grants import check_grant
+
+    root = User.objects.create(username="root-nl", is_superuser=True)
+    bob = User.objects.create(username="bob")
+    check_grant(caller=access.Caller.of(root), action="produce", user=bob, pattern="billing-*")
+    with pytest.raises(InvalidRequest):
+        check_grant(caller=access.Caller.of(root), action="produce", user=bob, pattern="billing-*\n")

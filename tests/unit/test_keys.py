@@ -45,3 +45,24 @@ def test_positions_read_back_and_keys_split(index):
 @pytest.mark.parametrize("name", ["", "junk", f"{BLOCK}.", f".{BLOCK}", f"{BLOCK}.x", f"{BLOCK}.01", f"{BLOCK}.-1"])
 def test_names_that_are_no_position(name):
     assert keys.parse_position(name) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [f"q/3/{BLOCK}/17\n", f"\nq/3/{BLOCK}/17", f"q/3/{BLOCK}/17 ", f"q/3/{BLOCK}/017", f"q/3/{BLOCK}/100000"],
+)
+def test_a_message_id_with_anything_around_it_is_no_message_id(text):
+    # ("$" in a regex also matches before a trailing newline: the whole text must be the ID)
+    assert parse_message_id(text) is None
+
+
+def test_key_prefixes_and_file_store_segments_are_whole_names(tmp_path):
+    from queues.kv.base import PrefixedStore
+    from queues.kv.filesystem import FileStore
+    from queues.kv.memory import MemoryStore
+
+    with pytest.raises(ValueError):
+        PrefixedStore(MemoryStore(), "mq:\n")
+    store = FileStore(tmp_path)
+    with pytest.raises(ValueError):
+        store.put("q/0/_fence\n", b"1")
