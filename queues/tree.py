@@ -44,9 +44,9 @@ MAX_BLOCK_SIZE = 10_000
 #: A block that filled within this many seconds of its allocation is followed by one twice its
 #: size (see :func:`next_block_size`).
 BLOCK_GROW_S = 1.0
-#: A grown block still open this long after its allocation is sealed, its unused positions
-#: left unused: retention works a block at a time, so a grown block must not gather messages
-#: for longer than a block of the queue's own size would on a busy partition.
+#: A grown block still open this long after its allocation is sealed at the next enqueue (its
+#: unused positions stay unused): retention removes a block's messages once its newest is past
+#: the retention, so growth adds at most this to how long a message may outlive it.
 BLOCK_SEAL_S = 2 * BLOCK_GROW_S
 
 
