@@ -36,15 +36,34 @@ class MessageId(NamedTuple):
         return self.text or message_key(self.queue, self.partition, self.block, self.index)
 
 
+#: The parts before the index (``queue/partition/block/`` without its last ``/``) of IDs parsed
+#: lately: an ack's IDs mostly share a block, so the whole regex runs once a block and each ID
+#: only checks its index (0.8 -> 0.45 µs an ID, ``timeit``; 13% of a batch ack's node CPU was
+#: parsing, py-spy). Bounded: emptied when full, so any prefix costs at most one regex again.
+_PREFIXES: dict[str, tuple[str, int, str]] = {}
+_PREFIXES_MAX = 4096
+_new_id = tuple.__new__
+
+
 def parse_message_id(text: object) -> MessageId | None:
     """The parts of a well-formed message ID, or None."""
     if not isinstance(text, str) or len(text) > 200:
+        return None
+    prefix, _, index = text.rpartition("/")
+    known = _PREFIXES.get(prefix)
+    if known is not None:
+        # The index as the regex has it: ``0|[1-9][0-9]{0,4}`` (isascii: no other digits).
+        if index.isascii() and index.isdigit() and len(index) <= 5 and (index[0] != "0" or index == "0"):
+            return _new_id(MessageId, (*known, int(index), text))
         return None
     m = _MESSAGE_ID.fullmatch(text)  # (match: "$" would let a trailing newline through)
     if m is None:
         return None
     queue, partition, block, index = m.groups()
-    return MessageId(queue, int(partition), block, int(index), text)
+    if len(_PREFIXES) >= _PREFIXES_MAX:
+        _PREFIXES.clear()
+    known = _PREFIXES[prefix] = (queue, int(partition), block)
+    return _new_id(MessageId, (*known, int(index), text))
 
 
 def group_partition(group: str, partitions: int) -> int:

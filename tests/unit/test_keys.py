@@ -56,6 +56,42 @@ def test_a_message_id_with_anything_around_it_is_no_message_id(text):
     assert parse_message_id(text) is None
 
 
+def _parsed_by_the_regex_alone(text):
+    from queues.messages import _MESSAGE_ID
+
+    m = _MESSAGE_ID.fullmatch(text) if len(text) <= 200 else None
+    return None if m is None else (m["queue"], int(m["partition"]), m["block"], int(m["index"]), text)
+
+
+_PREFIXES = [f"q/3/{BLOCK}", f"q/03/{BLOCK}", f"q/3/{BLOCK}x", "q/3", "", f"q/3/{BLOCK}/1"]
+_INDEXES = ["", "0", "00", "01", "-1", "+1", "1 ", " 1", "1\n", "\u0661", "\u00b2", "99999", "100000", "1_0", "7"]
+
+
+def _parse_as_the_regex_would(prefix, index, warm):
+    # parse_message_id checks only the index of an ID whose prefix it has parsed before
+    from queues import messages
+
+    text = f"{prefix}/{index}"
+    messages._PREFIXES.clear()
+    if warm:
+        parse_message_id(f"{prefix}/0")  # a well-formed sibling first (if the prefix is one)
+    got = parse_message_id(text)
+    assert (None if got is None else (*got,)) == _parsed_by_the_regex_alone(text)
+    assert got is None or str(got) == text
+
+
+@pytest.mark.parametrize("warm", [False, True])
+@pytest.mark.parametrize("index", _INDEXES)
+@pytest.mark.parametrize("prefix", _PREFIXES)
+def test_a_message_id_parses_as_the_regex_reads_it_whether_its_block_was_seen_or_not(prefix, index, warm):
+    _parse_as_the_regex_would(prefix, index, warm)
+
+
+@given(prefix=st.sampled_from(_PREFIXES), index=st.text(max_size=7), warm=st.booleans())
+def test_any_index_parses_as_the_regex_reads_it(prefix, index, warm):
+    _parse_as_the_regex_would(prefix, index, warm)
+
+
 def test_key_prefixes_and_file_store_segments_are_whole_names(tmp_path):
     from queues.kv.base import PrefixedStore
     from queues.kv.filesystem import FileStore
