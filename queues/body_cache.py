@@ -37,15 +37,26 @@ def _deep(value: object) -> int:
     return sys.getsizeof(value)
 
 
+#: ``sys.getsizeof`` of an ASCII str is this plus its length (CPython's compact ASCII layout).
+_ASCII = sys.getsizeof("")
+
+
 def held_bytes(msg_id: str, message: StoredMessage) -> int:
     """What an entry holds in memory, in bytes (``sys.getsizeof`` counts a str's real size,
-    up to 4 bytes a character). Attributes are at most 16, so this is a few microseconds."""
-    cost = OVERHEAD + sys.getsizeof(msg_id) + sys.getsizeof(message.body)
+    up to 4 bytes a character). Attributes are at most 16, so this is a few microseconds.
+
+    An ASCII ID and body (every ID, most bodies) are sized by their length, without
+    ``sys.getsizeof`` (a method lookup each: 0.4 -> 0.15 µs an entry, ``timeit``; the cost was
+    a third of the cache's share of a batch enqueue, py-spy)."""
+    body = message.body
+    cost = OVERHEAD + (_ASCII + len(msg_id) if msg_id.isascii() else sys.getsizeof(msg_id))
+    cost += _ASCII + len(body) if body.isascii() else sys.getsizeof(body)
     if message.group is not None:
         cost += sys.getsizeof(message.group)
-    for extra in (message.attributes, message.estimates, message.history):
-        if extra:
-            cost += _deep(extra)
+    if message.attributes or message.estimates or message.history:
+        for extra in (message.attributes, message.estimates, message.history):
+            if extra:
+                cost += _deep(extra)
     return cost
 
 
@@ -73,9 +84,8 @@ class BodyCache:
             for msg_id, message, cost in costed:
                 if cost > budget:
                     continue  # it would evict everything and still not fit
-                old = items.pop(msg_id, None)
-                if old is not None:
-                    self.used -= old[1]
+                if msg_id in items:  # (rarely: a new ID mostly, and a miss is cheaper than a pop)
+                    self.used -= items.pop(msg_id)[1]
                 items[msg_id] = (message, cost)
                 self.used += cost
             while self.used > budget and items:

@@ -100,3 +100,16 @@ def test_a_batch_is_kept_as_the_same_puts_one_by_one_would_keep_it():
     assert batched.used == one_by_one.used <= budget
     batched.discard_many(held)
     assert batched.used == 0
+
+
+def test_an_ascii_id_and_body_are_charged_as_getsizeof_counts_them():
+    # held_bytes sizes ASCII strs by their length: the same bytes as sys.getsizeof
+    import sys
+
+    from queues.body_cache import OVERHEAD
+
+    for body in ["", "x", "x" * 100, "é", "€" * 3, "\U0001f600", "x" * 5000 + "é"]:
+        for msg_id in [mid(3), "é/0/00000001-0000000000000000/0"]:
+            assert held_bytes(msg_id, StoredMessage(body, 1.0)) == OVERHEAD + sys.getsizeof(msg_id) + sys.getsizeof(
+                body
+            )
