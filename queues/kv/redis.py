@@ -130,6 +130,21 @@ class ThreadConnections:
         return held[1]
 
 
+def _chunked(by_bucket: dict[str, Args], width: int) -> list[tuple[str, int, Args]]:
+    """``(bucket, n, fields)`` groups of at most ``_GROUP`` entries of ``width`` fields each
+    (a put's name and value, a delete's name): the groups of :meth:`RedisStore._calls`."""
+    groups: list[tuple[str, int, Args]] = []
+    step = _GROUP * width
+    for bucket, fields in by_bucket.items():
+        if len(fields) <= step:
+            groups.append((bucket, len(fields) // width, fields))
+            continue
+        for start in range(0, len(fields), step):
+            chunk = fields[start : start + step]
+            groups.append((bucket, len(chunk) // width, chunk))
+    return groups
+
+
 def _round_trip(conn: redis_lib.Connection, commands: list[tuple]) -> list:
     """Send ``commands`` on ``conn``'s socket and read one answer each, an error answer as an
     exception among them (``ResponseError``, or ``BusyLoadingError``, a ``ConnectionError``:
@@ -379,34 +394,33 @@ class RedisStore(KeyValueStore):
     def put_many(self, items: Sequence[tuple[str, bytes]], *, fence: Fence | None = None) -> None:
         if not items:
             return
-        by_bucket: dict[str, list] = defaultdict(list)
+        by_bucket: dict[str, Args] = {}
+        last, flat = None, cast("Args", [])
         for key, value in items:
-            bucket, name = split_key(key)
-            by_bucket[bucket].append((name, value))
-        groups: list[tuple[str, int, Args]] = []
-        for bucket, pairs in by_bucket.items():
-            for start in range(0, len(pairs), _GROUP):
-                chunk = pairs[start : start + _GROUP]
-                flat: Args = []
-                for name, value in chunk:
-                    flat.append(name)
-                    flat.append(value)
-                groups.append((bucket, len(chunk), flat))
+            bucket, sep, name = key.rpartition("/")
+            if not (sep and bucket and name):
+                split_key(key)  # raises, saying why
+            if bucket != last:  # a batch's keys mostly share their bucket (a block's messages)
+                flat, last = by_bucket.setdefault(bucket, []), bucket
+            flat.append(name)
+            flat.append(value)
+        groups = _chunked(by_bucket, 2)
         for keys, args in self._calls(fence, groups):
             self._run(self._put, keys, args)
 
     def delete_many(self, keys: Sequence[str], *, fence: Fence | None = None) -> int:
         if not keys:
             return 0
-        by_bucket: dict[str, list[str]] = defaultdict(list)
+        by_bucket: dict[str, Args] = {}
+        last, names = None, cast("Args", [])
         for key in keys:
-            bucket, name = split_key(key)
-            by_bucket[bucket].append(name)
-        groups: list[tuple[str, int, Args]] = []
-        for bucket, names in by_bucket.items():
-            for start in range(0, len(names), _GROUP):
-                chunk: Args = list(names[start : start + _GROUP])
-                groups.append((bucket, len(chunk), chunk))
+            bucket, sep, name = key.rpartition("/")
+            if not (sep and bucket and name):
+                split_key(key)  # raises, saying why
+            if bucket != last:
+                names, last = by_bucket.setdefault(bucket, []), bucket
+            names.append(name)
+        groups = _chunked(by_bucket, 1)
         return sum(int(self._run(self._delete, rkeys, args)) for rkeys, args in self._calls(fence, groups))
 
     def compare_and_set(self, key: str, expected: bytes | None, value: bytes) -> bool:
