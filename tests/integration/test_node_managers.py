@@ -55,3 +55,41 @@ def test_a_partitions_row_is_written_when_its_figures_change_and_now_and_then_ot
     monkeypatch.setattr(node, "STATS_REFRESH", 0.0)  # an idle row is rewritten when due
     runtime.tick()
     assert row().stats_at > after.stats_at
+
+
+def test_a_description_read_as_values_is_the_one_made_of_the_row(db):
+    # the housekeeping pass reads descriptions as values (node._queue_configs); a row in hand
+    # gives the same through QueueConfig.from_model: every column, subscriptions included
+    from datetime import UTC, datetime
+
+    from queues import leases
+    from queues.models import Partition, Queue, Subscription
+    from queues.node import QueueConfig, _queue_configs
+
+    dlq = Queue.objects.create(name="desc-dlq", partitions=1)
+    queue = Queue.objects.create(
+        name="desc-queue", partitions=3, strict=True, delay=4, dead_letter_queue=dlq, max_receives=5, archive="acked"
+    )
+    plain = Queue.objects.create(name="desc-plain", partitions=2, max_receives=7)  # (no DLQ: no max_receives)
+    topic = Queue.objects.create(name="desc-topic", partitions=2, kind=Queue.Kind.TOPIC)
+    Subscription.objects.create(topic=topic, name="b-slow", visibility_timeout=90)
+    Subscription.objects.create(
+        topic=topic, name="a-audit", starts_at=datetime(2026, 1, 2, tzinfo=UTC), dead_letter_queue=dlq, max_receives=3
+    )
+    read = _queue_configs()
+    for q in (dlq, queue, plain, topic):
+        q.refresh_from_db()
+        assert read[q.name] == QueueConfig.from_model(q) == _queue_configs(q.name)[q.name]
+    assert read["desc-queue"].dead_letter_queue == "desc-dlq" and read["desc-queue"].max_receives == 5
+    assert read["desc-plain"].max_receives is None
+    assert [(s.name, s.starts_at, s.max_receives, s.dead_letter_queue) for s in read["desc-topic"].subscriptions] == [
+        ("a-audit", datetime(2026, 1, 2, tzinfo=UTC).timestamp(), 3, "desc-dlq"),
+        ("b-slow", None, None, None),
+    ]
+    assert _queue_configs("no-such-queue") == {}
+
+    # and a claim pass reads a partition row as the row holds it
+    p = Partition.objects.create(queue=queue, index=1, owner_id=None, epoch=4, lease_period=12)
+    [row] = leases.claim_rows(Partition.objects.filter(pk=p.pk))
+    assert row == leases.PartitionRow.of(p)
+    assert (row.queue_name, row.queue_id, row.index, row.epoch, row.lease_period) == ("desc-queue", queue.pk, 1, 4, 12)

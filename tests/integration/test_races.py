@@ -248,7 +248,7 @@ def test_a_description_read_while_the_queue_is_deleted_is_not_kept(ops, make_que
     name = make_queue(partitions=1)
     runtime.queues.pop(name)
     # when it is deleted after rt.queue(name) read its row but before it kept the description
-    with after_once(QueueConfig, "from_model", lambda: delete(name)) as done:
+    with after_once(QueueConfig, "from_row", lambda: delete(name)) as done:
         r = ops.post(f"{API}/{name}/enqueue", {"body": "x"}, format="json")
     # then the enqueue answers 404 and the deleted queue is not served from memory
     assert done
@@ -507,19 +507,19 @@ def test_a_refresh_racing_a_change_keeps_the_newer_description(ops, make_queue, 
     assert runtime.queue(name).partitions == 2
     import queues.node as node
 
-    rows = node._queue_rows
+    configs = node._queue_configs
 
-    def stale_rows():
+    def stale_configs(only=None):
         # the housekeeping pass reads the rows (2 partitions) ... then the queue grows here
         # before the pass stores what it read
-        read = [q for q in rows() if q.name == name]
+        read = {n: cfg for n, cfg in configs(only).items() if n == name}
         r = ops.patch(f"{API}/{name}", {"partitions": 3}, format="json")
         assert r.status_code == 200, r.content
         return read
 
-    monkeypatch.setattr(node, "_queue_rows", stale_rows)
+    monkeypatch.setattr(node, "_queue_configs", stale_configs)
     runtime.refresh_queues()
-    monkeypatch.setattr(node, "_queue_rows", rows)
+    monkeypatch.setattr(node, "_queue_configs", configs)
     # then the node keeps the grown queue's description, not the rows read before the change
     # (with those, an ID of partition 2 was refused as "no partition 2" until the next pass)
     assert runtime.queue(name).partitions == 3
