@@ -93,8 +93,8 @@ class PartitionRow(NamedTuple):
 
     A claim pass reads every partition row at every heartbeat (an owner that stopped renewing
     is found by watching its nonce stand), so it reads these columns as tuples
-    (:func:`claim_rows`): as model instances, 4,000 rows cost 63 ms of the node's CPU a pass,
-    as tuples 2.5 (``bench/housekeeping.py``, 1,000 partitions: 16.6 -> 4.0 ms)."""
+    (:func:`claim_rows`): as model instances, 1,000 partitions cost 16.6 ms of the node's CPU
+    a pass, as tuples 4.0 with the claims (``bench/housekeeping.py --queues 250 --partitions 4``)."""
 
     pk: int
     queue_id: int
@@ -229,7 +229,7 @@ def renew_many(
     nonce for all of them: an observer keys what it saw by partition, so what matters is that
     each row's nonce changes at each renewal. A node of a thousand partitions renewed them one
     UPDATE each, about 300 a second (every ``period / 3``): 0.9 ms of node CPU each, most of it
-    building the statement (``bench/housekeeping.py``, 1,000 partitions: 16.6 -> 4.0 ms).
+    building the statement (``bench/housekeeping.py``).
 
     On PostgreSQL the statement takes the rows' locks in id order and skips a row another
     transaction holds (a queue's delete or a purge, which hold theirs while the store works):
