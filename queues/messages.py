@@ -73,10 +73,13 @@ def group_partition(group: str, partitions: int) -> int:
     return int.from_bytes(digest, "big") % partitions
 
 
-class _RandomPool:
-    """Random bytes from ``os.urandom``, fetched 3 KB at a time: a dequeue draws a receipt per
-    message, and one ``getrandom`` call each was 6% of a batch dequeue's node CPU (py-spy).
-    The bytes are the same ``os.urandom`` bytes ``secrets`` would use; each is handed out once.
+class _ReceiptPool:
+    """Receipts made :attr:`BATCH` at a time: 12 random bytes each, from one ``os.urandom`` call
+    for the batch, base64url-encoded by one call and cut every 16 characters. 12 bytes are a
+    whole number of base64's 3-byte groups, so each piece is exactly the encoding of its own 12
+    bytes, as ``secrets.token_urlsafe(12)`` makes one. A dequeue draws a receipt per message:
+    one ``getrandom`` call each was 6% of a batch dequeue's node CPU (py-spy), and one encoding
+    each 0.3 of the 0.45 µs a receipt still cost (``timeit``; now 0.22).
 
     Each thread draws from a pool of its own, without a lock: one pool behind one lock was 8%
     of a batch cycle's samples in a serving node (py-spy; 0.65 µs a take alone), the request
@@ -84,7 +87,7 @@ class _RandomPool:
     starts with an empty pool (else parent and child would hand out the same receipts).
     """
 
-    SIZE = 3072
+    BATCH = 256
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -94,21 +97,20 @@ class _RandomPool:
     def _forked(self) -> None:
         self._forks += 1  # every thread's pool (the child has one thread) is the parent's
 
-    def take(self, n: int) -> bytes:
-        state = getattr(self._local, "state", None)  # [forks, bytes, position]
-        if state is None or state[0] != self._forks or state[2] + n > len(state[1]):
-            state = self._local.state = [self._forks, os.urandom(max(self.SIZE, n)), 0]
-        at = state[2]
-        state[2] = at + n
-        return state[1][at : at + n]
+    def take(self) -> str:
+        state = getattr(self._local, "state", None)  # [forks, receipts]
+        if state is None or state[0] != self._forks or not state[1]:
+            text = base64.urlsafe_b64encode(os.urandom(12 * self.BATCH)).decode("ascii")
+            state = self._local.state = [self._forks, [text[i : i + 16] for i in range(0, len(text), 16)]]
+        return state[1].pop()
 
 
-_RANDOM = _RandomPool()
+_RECEIPTS = _ReceiptPool()
 
 
 def new_receipt() -> str:
     """16 URL-safe characters from 12 random bytes (as ``secrets.token_urlsafe(12)``)."""
-    return base64.urlsafe_b64encode(_RANDOM.take(12)).decode("ascii")
+    return _RECEIPTS.take()
 
 
 class StoredMessage(NamedTuple):

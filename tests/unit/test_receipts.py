@@ -1,4 +1,4 @@
-"""Receipts come from pools of ``os.urandom`` bytes, one per thread
+"""Receipts come from pools made of ``os.urandom`` bytes, one per thread
 (``queues.messages.new_receipt``): each must be new, shaped as before, across threads too, and
 a forked process must not hand out its parent's."""
 
@@ -8,7 +8,8 @@ import os
 import re
 import threading
 
-from queues.messages import _RANDOM, new_receipt
+from queues import messages
+from queues.messages import new_receipt
 
 
 def test_receipts_are_16_url_safe_characters_and_never_repeat():
@@ -51,5 +52,21 @@ def test_a_forked_child_does_not_reuse_the_parents_pool():
     assert child != parent
 
 
-def test_a_request_larger_than_the_pool_is_served():
-    assert len(_RANDOM.take(_RANDOM.SIZE + 5)) == _RANDOM.SIZE + 5
+def test_each_receipt_is_the_encoding_of_its_own_12_random_bytes(monkeypatch):
+    # a pool is encoded in one piece and cut every 16 characters: each piece must be what
+    # encoding its 12 bytes alone gives (as secrets.token_urlsafe(12) would)
+    import base64
+
+    made, real = [], os.urandom
+
+    def urandom(n: int) -> bytes:
+        made.append(real(n))
+        return made[-1]
+
+    monkeypatch.setattr(messages.os, "urandom", urandom)
+    monkeypatch.setattr(messages, "_RECEIPTS", messages._ReceiptPool())
+    drawn = [new_receipt() for _ in range(messages._ReceiptPool.BATCH + 1)]  # a refill too
+    chunks = [raw[i : i + 12] for raw in made for i in range(0, len(raw), 12)]
+    assert len(made) == 2 and all(len(raw) == 12 * messages._ReceiptPool.BATCH for raw in made)
+    assert set(drawn) <= {base64.urlsafe_b64encode(c).decode() for c in chunks}
+    assert len(set(drawn)) == len(drawn)
