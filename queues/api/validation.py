@@ -75,6 +75,8 @@ def _body(item, cfg: QueueConfig, where: str) -> str:
                 f"{where}: body is {size} bytes, over the queue's max_message_size of {cfg.max_message_size}",
                 "body_too_large",
             )
+    if body.isascii():
+        return body  # (no surrogate: no need to encode it to find out)
     try:
         body.encode("utf-8")
     except UnicodeEncodeError:
@@ -169,6 +171,10 @@ def _message(item: dict, cfg: QueueConfig, now: float, where: str, trusted: bool
     return draft
 
 
+#: Each message's name in an error ("messages[i]"), made once rather than for every message.
+_WHERE = tuple(f"messages[{i}]" for i in range(MAX_BATCH))
+
+
 def enqueue_request(data, cfg: QueueConfig, now: float, trusted: bool = False) -> tuple[list[MessageDraft], bool]:
     """The checked messages to enqueue, and whether the call was a batch."""
     data = object_of(data)
@@ -179,7 +185,7 @@ def enqueue_request(data, cfg: QueueConfig, now: float, trusted: bool = False) -
         for i, item in enumerate(items):
             if not isinstance(item, dict):
                 raise BadRequest(f"messages[{i}] must be an object with a body", "invalid_messages")
-            drafts.append(_message(item, cfg, now, f"messages[{i}]", trusted))
+            drafts.append(_message(item, cfg, now, _WHERE[i], trusted))
         return drafts, True
     return [_message(data, cfg, now, "message", trusted)], False
 
