@@ -13,6 +13,10 @@ counted in local memory), and one scrape of ``/metrics`` is the node's: the coun
 ``PROMETHEUS_MULTIPROC_DIR`` (a fresh folder when unset), the figures are asked of the
 siblings (listed in ``NODE_SIBLINGS_DIR``, a fresh folder).
 
+Each worker process runs on one CPU (``--cpu-affinity``, default ``settings.NODE_CPU_AFFINITY``:
+``auto``; see ``queues.serving.cpu_plan``), every thread of it, so a request's hand-offs between
+granian's threads and the GIL's stay on that CPU.
+
 Requests run on ``--threads`` Python threads per process (default ``settings.NODE_THREADS``);
 a long poll holds one for up to 20 s. Every process of the node is in runnode's process
 group; a worker whose runnode is gone exits at once (``config.node``). A port something
@@ -80,14 +84,28 @@ class Command(BaseCommand):
         parser.add_argument(
             "--advertise", default="", help="address other nodes and clients use to reach this one (default host:port)"
         )
+        parser.add_argument(
+            "--cpu-affinity",
+            default=settings.NODE_CPU_AFFINITY,
+            help="auto: each process on one CPU; off: wherever the kernel puts it; or CPUs to spread the "
+            "processes over, e.g. 0-3,6 (default %(default)s: settings.NODE_CPU_AFFINITY)",
+        )
 
-    def handle(self, *args, host, port, threads, processes, advertise, **options):
+    def handle(self, *args, host, port, threads, processes, advertise, cpu_affinity, **options):
         from django.db import connections
         from granian import Granian
         from granian.constants import Interfaces
+        from granian.server.mp import MPServer
 
         processes = max(1, processes)
         check_port_free(host, port)  # before anything is made (again after a restart below: harmless)
+        from queues import serving
+
+        try:
+            allowed = os.sched_getaffinity(0) if hasattr(os, "sched_setaffinity") else set()
+            cpus = serving.cpu_plan(cpu_affinity, allowed, processes, port)
+        except ValueError as exc:
+            raise CommandError(f"--cpu-affinity: {exc}") from exc
         # The workers read these from the environment and the settings they inherit.
         os.environ["NODE_PROCESSES"] = str(processes)
         os.environ["NODE_PUBLIC_PORT"] = str(port)  # the processes' shared port (queues.balance)
@@ -123,13 +141,17 @@ class Command(BaseCommand):
         try:
             if processes == 1:
                 os.environ["NODE_ADDRESS"] = advertise or f"{host}:{port}"
-                server.serve()
+                target = (
+                    None if cpus is None else functools.partial(serving.spawn_pinned, MPServer._spawn_wsgi_worker, cpus)
+                )
+                server.serve(spawn_target=target)  # (None: granian's own)
             else:
-                from queues import serving
-
                 bind_host, adv_host = serving.private_host(host, advertise)
                 loader = functools.partial(serving.load_app, "config.node:application", bind_host, adv_host, 2048)
-                server.serve(spawn_target=serving.spawn_wsgi_worker, target_loader=loader, wrap_loader=False)
+                spawn = serving.spawn_wsgi_worker
+                if cpus is not None:
+                    spawn = functools.partial(serving.spawn_pinned, serving.spawn_wsgi_worker, cpus)
+                server.serve(spawn_target=spawn, target_loader=loader, wrap_loader=False)
         finally:
             for folder in own_dirs:
                 shutil.rmtree(folder, ignore_errors=True)

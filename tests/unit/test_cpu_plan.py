@@ -1,0 +1,47 @@
+"""Where runnode runs its worker processes (``queues.serving.cpu_plan``): one CPU each, spread
+round robin from one the node's port picks, over the CPUs it may use or those it is given."""
+
+from __future__ import annotations
+
+import pytest
+
+from queues.serving import cpu_plan
+
+
+def test_auto_puts_each_worker_on_a_cpu_of_its_own_from_one_the_port_picks():
+    assert cpu_plan("auto", {0, 1, 2, 3}, 4, 8000) == [0, 1, 2, 3]
+    assert cpu_plan("auto", {0, 1, 2, 3}, 2, 8001) == [1, 2]
+    assert cpu_plan("auto", {0, 1, 2, 3}, 1, 8003) == [3]
+    assert cpu_plan("AUTO ", {4, 6}, 3, 1) == [6, 4, 6]  # more workers than CPUs: they share
+    # nodes sharing a machine (other ports) start on other CPUs
+    assert {cpu_plan("auto", {0, 1}, 1, port)[0] for port in (8000, 8001)} == {0, 1}
+
+
+def test_off_or_no_cpu_to_choose_from_leaves_the_workers_alone():
+    assert cpu_plan("off", {0, 1}, 2, 8000) is None
+    assert cpu_plan("auto", set(), 2, 8000) is None  # (no sched_setaffinity on this platform)
+
+
+def test_a_list_of_cpus_is_spread_over_in_order():
+    assert cpu_plan("2-3", {0, 1, 2, 3}, 2, 8000) == [2, 3]
+    assert cpu_plan("0,2-3", {0, 1, 2, 3}, 3, 8002) == [2, 3, 0]
+    assert cpu_plan("1,1,1", {0, 1}, 2, 8000) == [1, 1]
+
+
+@pytest.mark.parametrize(
+    ("setting", "error"),
+    [
+        ("", "give auto, off"),
+        ("on", "give auto, off"),
+        ("0-", "give auto, off"),
+        ("0,,1", "give auto, off"),
+        ("-1", "give auto, off"),
+        ("0 1", "give auto, off"),
+        ("3-1", "runs backwards"),
+        ("0-2", r"CPUs \[2\] are not among"),
+        ("7", r"CPUs \[7\] are not among"),
+    ],
+)
+def test_a_setting_that_names_no_cpus_it_may_use_is_refused(setting, error):
+    with pytest.raises(ValueError, match=error):
+        cpu_plan(setting, {0, 1}, 1, 8000)
