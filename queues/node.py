@@ -521,11 +521,13 @@ class NodeRuntime:
         under the same epoch, so that the next claim (this node's, usually at the next pass)
         raises the fence and any late write of the closed manager is refused."""
         self._forget(key, m)
-        if m.lease.valid():
-            try:
-                leases.release(m.lease, self.node_id)
-            except Exception:
-                log.exception("releasing %s/%s after a failure", m.queue, m.index)
+        # Even when its time ran out here: the release is a compare-and-set on this node and
+        # epoch, so it frees the row only if no one took it, and spares the next claimant the
+        # wait for a nonce that no one renews any more.
+        try:
+            leases.release(m.lease, self.node_id)
+        except Exception:
+            log.exception("releasing %s/%s after a failure", m.queue, m.index)
 
     def _forget(self, key: tuple[str, int], m: PartitionManager) -> None:
         with self._lock:
@@ -702,11 +704,25 @@ class NodeRuntime:
                 self.managers[key] = m  # enqueues are served from here on
                 self._queue_managers.setdefault(cfg.name, {})[lease.index] = m
             m.open_oldest()
-        except Exception:
-            log.exception("opening %s/%s", cfg.name, lease.index)
+        except Exception as exc:
             with m.lock:
                 m.closed = True
             self._forget(key, m)
+            # The row names this node now: hand it back, else nobody (this node included) would
+            # take it before its nonce had stood a lease period, and its calls would be answered
+            # 503 "no live owner" all that time.
+            try:
+                leases.release(lease, self.node_id)
+            except Exception:
+                log.exception("releasing %s/%s after its open failed", cfg.name, lease.index)
+            if isinstance(exc, (KVError, OperationalError, InterfaceError)):
+                # a store or database outage: the next pass tries again
+                log.warning("opening %s/%s failed: %s: %s", cfg.name, lease.index, type(exc).__name__, exc)
+            else:
+                # something about this partition (a corrupt tree): another node may try it now,
+                # this one not before a lease period
+                log.exception("opening %s/%s", cfg.name, lease.index)
+                self.hold_off[key] = monotonic() + lease.period
             return None
         self.notify()
         return m

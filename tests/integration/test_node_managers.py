@@ -93,3 +93,67 @@ def test_a_description_read_as_values_is_the_one_made_of_the_row(db):
     [row] = leases.claim_rows(Partition.objects.filter(pk=p.pk))
     assert row == leases.PartitionRow.of(p)
     assert (row.queue_name, row.queue_id, row.index, row.epoch, row.lease_period) == ("desc-queue", queue.pk, 1, 4, 12)
+
+
+def test_a_partition_whose_open_failed_is_handed_back_and_taken_again_at_the_next_pass(
+    runtime, make_queue, monkeypatch, caplog
+):
+    # given a queue this node serves
+    from queues.kv import KVError
+    from queues.models import Partition
+    from queues.partition import PartitionManager
+
+    name = make_queue(partitions=1)
+    runtime.tick()
+    first = runtime.manager(name, 0)
+    epoch = first.lease.epoch
+    # when its manager closes after a failure and the reopen fails too (the store refuses a read)
+    real = PartitionManager.open_head
+    failures = []
+
+    def open_head(self):
+        if not failures:
+            failures.append(self.index)
+            raise KVError("redis: connection refused")
+        return real(self)
+
+    monkeypatch.setattr(PartitionManager, "open_head", open_head)
+    with first.lock:
+        first.closed = True
+    runtime.tick()  # the renewal drops the closed manager and hands its lease back; the claim's open fails
+    # then the row names no owner (not this node, whose claim nobody would take before a lease period)
+    assert failures == [0]
+    assert runtime.local_managers(name) == []
+    row = Partition.objects.get(queue__name=name, index=0)
+    assert row.owner_id is None and row.epoch == epoch + 1
+    assert f"opening {name}/0 failed: KVError" in caplog.text
+    # and the next pass takes it again and serves it, under a new epoch
+    runtime.tick()
+    again = runtime.manager(name, 0)
+    assert again is not first and not again.closed and again.lease.epoch == epoch + 2
+
+
+def test_a_partition_that_cannot_open_here_is_left_to_other_nodes_for_a_lease_period(runtime, make_queue, monkeypatch):
+    # given a queue whose partition's tree this node cannot read (a head block gone)
+    from queues.models import Partition
+    from queues.partition import PartitionManager
+    from queues.tree import CorruptTree
+
+    real = PartitionManager.open_head
+
+    def open_head(self):
+        raise CorruptTree("head block 00000001-0000000000000000 is missing")
+
+    monkeypatch.setattr(PartitionManager, "open_head", open_head)
+    name = make_queue(partitions=1)
+    runtime.tick()
+    # then the row is handed back (another node may take it at once), and this node holds off
+    assert runtime.local_managers(name) == []
+    assert Partition.objects.get(queue__name=name, index=0).owner_id is None
+    runtime.tick()
+    assert Partition.objects.get(queue__name=name, index=0).owner_id is None  # not again here yet
+    # and once the lease period is over (and the tree readable again) it serves it
+    monkeypatch.setattr(PartitionManager, "open_head", real)
+    runtime.hold_off[(name, 0)] = 0.0
+    runtime.tick()
+    assert runtime.manager(name, 0).lease.epoch > 0
