@@ -169,11 +169,15 @@ def cpu_plan(setting: str, allowed: Collection[int], processes: int, seed: int) 
         cpus = sorted(allowed)
     elif _CPU_LIST.fullmatch(text):
         cpus = []
+        highest = max(allowed, default=-1)
         for part in text.split(","):
             first, _, last = part.partition("-")
-            if last and int(last) < int(first):
+            low, high = int(first), int(last or first)
+            if high < low:
                 raise ValueError(f"CPU range {part!r} runs backwards")
-            cpus += range(int(first), int(last or first) + 1)
+            if high > highest:  # (before the range is made: "0-99999999999" is a typo, not a plan)
+                raise ValueError(f"CPU {high} is not among those this process may use ({sorted(allowed)})")
+            cpus += range(low, high + 1)
         outside = sorted(set(cpus) - set(allowed))
         if outside:
             raise ValueError(f"CPUs {outside} are not among those this process may use ({sorted(allowed)})")

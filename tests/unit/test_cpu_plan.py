@@ -23,6 +23,7 @@ def test_off_or_no_cpu_to_choose_from_leaves_the_workers_alone():
 
 
 def test_a_list_of_cpus_is_spread_over_in_order():
+    assert cpu_plan("0,2", {0, 2}, 2, 8000) == [0, 2]
     assert cpu_plan("2-3", {0, 1, 2, 3}, 2, 8000) == [2, 3]
     assert cpu_plan("0,2-3", {0, 1, 2, 3}, 3, 8002) == [2, 3, 0]
     assert cpu_plan("1,1,1", {0, 1}, 2, 8000) == [1, 1]
@@ -38,10 +39,16 @@ def test_a_list_of_cpus_is_spread_over_in_order():
         ("-1", "give auto, off"),
         ("0 1", "give auto, off"),
         ("3-1", "runs backwards"),
-        ("0-2", r"CPUs \[2\] are not among"),
-        ("7", r"CPUs \[7\] are not among"),
+        ("0-2", "CPU 2 is not among"),
+        ("7", "CPU 7 is not among"),
+        ("0-99999999999", "CPU 99999999999 is not among"),
     ],
 )
 def test_a_setting_that_names_no_cpus_it_may_use_is_refused(setting, error):
     with pytest.raises(ValueError, match=error):
         cpu_plan(setting, {0, 1}, 1, 8000)
+
+
+def test_cpus_between_allowed_ones_are_refused():
+    with pytest.raises(ValueError, match=r"CPUs \[1\] are not among"):
+        cpu_plan("0-2", {0, 2}, 1, 8000)
