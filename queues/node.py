@@ -610,12 +610,16 @@ class NodeRuntime:
                 if key in self.hold_off:
                     if self.hold_off[key] > monotonic():
                         continue
-                    del self.hold_off[key]
+                    self.hold_off.pop(key, None)  # (a request thread's claim pass may run beside this one)
                 free = p.owner_id is None
                 if free and held >= share:
                     continue
                 lease = leases.try_claim(p, self.node_id, self.observations, clock=self.clock)
-                opened = self._open(configs[name], lease) if lease is not None else None
+                if lease is None:
+                    continue
+                opened, outage = self._open(configs[name], lease)
+                if outage:
+                    return  # the store or the database is down: no more opens this pass (each would wait on it)
                 if opened is not None:
                     held += 1
                     self._count_open(opened, takeover=not free)
@@ -680,7 +684,10 @@ class NodeRuntime:
                     m.closed = True
                 self._forget(key, m)
 
-    def _open(self, cfg: QueueConfig, lease: leases.Lease) -> PartitionManager | None:
+    def _open(self, cfg: QueueConfig, lease: leases.Lease) -> tuple[PartitionManager | None, bool]:
+        """Serve the partition ``lease`` was just taken for: its manager (None if it could not
+        open, the row handed back), and whether that was for an outage of the store or the
+        database."""
         m = PartitionManager(
             lease,
             block_size=cfg.block_size,
@@ -718,14 +725,14 @@ class NodeRuntime:
             if isinstance(exc, (KVError, OperationalError, InterfaceError)):
                 # a store or database outage: the next pass tries again
                 log.warning("opening %s/%s failed: %s: %s", cfg.name, lease.index, type(exc).__name__, exc)
-            else:
-                # something about this partition (a corrupt tree): another node may try it now,
-                # this one not before a lease period
-                log.exception("opening %s/%s", cfg.name, lease.index)
-                self.hold_off[key] = monotonic() + lease.period
-            return None
+                return None, True
+            # something about this partition (a corrupt tree): another node may try it now, this
+            # one not before a lease period
+            log.exception("opening %s/%s", cfg.name, lease.index)
+            self.hold_off[key] = monotonic() + lease.period
+            return None, False
         self.notify()
-        return m
+        return m, False
 
     def _rates_of(self, key: tuple[str, int], enqueued: int, acked: int) -> tuple[float, float]:
         """Enqueue and ack rates of a partition, averaged over about a minute (an EWMA of the

@@ -147,12 +147,17 @@ _CPU_LIST = re.compile(r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*")
 
 def cpu_plan(setting: str, allowed: Collection[int], processes: int, seed: int) -> list[int] | None:
     """The CPU of each worker process (worker ``i``: the ``i``-th), or None to leave them
-    where the kernel puts their threads (``setting`` "off", or no CPU to choose from).
+    where the kernel puts their threads.
 
     ``setting``: "auto" spreads them over ``allowed`` (the CPUs runnode may use: a cgroup's or
-    ``taskset``'s), "off", or a list of CPUs ("0-3,6", each one of ``allowed``) to spread them
-    over. Round robin from the CPU ``seed`` (the node's port) picks, so nodes sharing a machine
-    do not all start on its first CPU; more processes than CPUs share them.
+    ``taskset``'s) when they are at least as many as those CPUs (the default: one process a
+    core), so that every CPU gets as many workers of the node as any other; a node of fewer
+    processes shares its machine, and is left to the kernel, which moves its threads away from
+    whatever else keeps a CPU busy (with pinning, one-process nodes sharing a machine, all on
+    one port as containers are, would all have started on its first CPU). "off": left to the
+    kernel. A list of CPUs ("0-3,6", each one of ``allowed``): the workers on those, however
+    many. Round robin from the CPU ``seed`` (the node's port) picks; more processes than CPUs
+    share them.
 
     Why: a call crosses threads (granian's I/O thread hands it to a request thread, which takes
     the GIL from the others of its process) and each hand-off to a thread on another CPU is a
@@ -166,6 +171,8 @@ def cpu_plan(setting: str, allowed: Collection[int], processes: int, seed: int) 
     if text == "off":
         return None
     if text == "auto":
+        if processes < len(allowed):
+            return None
         cpus = sorted(allowed)
     elif _CPU_LIST.fullmatch(text):
         cpus = []

@@ -157,3 +157,28 @@ def test_a_partition_that_cannot_open_here_is_left_to_other_nodes_for_a_lease_pe
     runtime.hold_off[(name, 0)] = 0.0
     runtime.tick()
     assert runtime.manager(name, 0).lease.epoch > 0
+
+
+def test_an_outage_met_opening_a_partition_ends_the_claims_of_that_pass(runtime, make_queue, monkeypatch):
+    # given a store that refuses every read: each open would wait on it
+    from queues.kv import KVError
+    from queues.models import Partition
+    from queues.partition import PartitionManager
+
+    real = PartitionManager.open_head
+    tried = []
+
+    def open_head(self):
+        tried.append(self.index)
+        raise KVError("redis: connection refused")
+
+    monkeypatch.setattr(PartitionManager, "open_head", open_head)
+    name = make_queue(partitions=3)  # (its creation claims at once)
+    runtime.tick()
+    # then each claim pass tried one partition, handed it back, and stopped
+    assert len(tried) == 2
+    assert list(Partition.objects.filter(queue__name=name).values_list("owner_id", flat=True)) == [None] * 3
+    # and once the store answers, the next pass takes them all
+    monkeypatch.setattr(PartitionManager, "open_head", real)
+    runtime.tick()
+    assert sorted(m.index for m in runtime.local_managers(name)) == [0, 1, 2]

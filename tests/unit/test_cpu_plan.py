@@ -8,13 +8,22 @@ import pytest
 from queues.serving import cpu_plan
 
 
-def test_auto_puts_each_worker_on_a_cpu_of_its_own_from_one_the_port_picks():
+def test_auto_puts_each_worker_on_a_cpu_of_its_own_when_the_node_has_one_a_cpu():
     assert cpu_plan("auto", {0, 1, 2, 3}, 4, 8000) == [0, 1, 2, 3]
-    assert cpu_plan("auto", {0, 1, 2, 3}, 2, 8001) == [1, 2]
-    assert cpu_plan("auto", {0, 1, 2, 3}, 1, 8003) == [3]
+    assert cpu_plan("auto", {0, 1, 2, 3}, 4, 8001) == [1, 2, 3, 0]  # from the CPU the port picks
     assert cpu_plan("AUTO ", {4, 6}, 3, 1) == [6, 4, 6]  # more workers than CPUs: they share
-    # nodes sharing a machine (other ports) start on other CPUs
-    assert {cpu_plan("auto", {0, 1}, 1, port)[0] for port in (8000, 8001)} == {0, 1}
+    assert cpu_plan("auto", {5}, 1, 8000) == [5]
+
+
+def test_auto_leaves_a_node_of_fewer_processes_than_cpus_to_the_kernel():
+    # it shares its machine: several such nodes on one port (containers) would all pin to one CPU
+    assert cpu_plan("auto", {0, 1, 2, 3}, 2, 8000) is None
+    assert cpu_plan("auto", {0, 1}, 1, 8000) is None
+
+
+def test_a_list_pins_a_node_of_any_size():
+    assert cpu_plan("0-1", {0, 1}, 1, 8001) == [1]
+    assert cpu_plan("3", {0, 1, 2, 3}, 2, 8000) == [3, 3]
 
 
 def test_off_or_no_cpu_to_choose_from_leaves_the_workers_alone():

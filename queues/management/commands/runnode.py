@@ -13,9 +13,10 @@ counted in local memory), and one scrape of ``/metrics`` is the node's: the coun
 ``PROMETHEUS_MULTIPROC_DIR`` (a fresh folder when unset), the figures are asked of the
 siblings (listed in ``NODE_SIBLINGS_DIR``, a fresh folder).
 
-Each worker process runs on one CPU (``--cpu-affinity``, default ``settings.NODE_CPU_AFFINITY``:
-``auto``; see ``queues.serving.cpu_plan``), every thread of it, so a request's hand-offs between
-granian's threads and the GIL's stay on that CPU.
+Each worker process may run on one CPU (``--cpu-affinity``, default ``settings.NODE_CPU_AFFINITY``:
+``auto``, which pins a node that has a process for each CPU it may use; see
+``queues.serving.cpu_plan``), every thread of it, so a request's hand-offs between granian's
+threads and the GIL's stay on that CPU.
 
 Requests run on ``--threads`` Python threads per process (default ``settings.NODE_THREADS``);
 a long poll holds one for up to 20 s. Every process of the node is in runnode's process
@@ -87,8 +88,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--cpu-affinity",
             default=settings.NODE_CPU_AFFINITY,
-            help="auto: each process on one CPU; off: wherever the kernel puts it; or CPUs to spread the "
-            "processes over, e.g. 0-3,6 (default %(default)s: settings.NODE_CPU_AFFINITY)",
+            help="auto: each process on one CPU when there is one a CPU; off: wherever the kernel puts it; "
+            "or CPUs to pin the processes to, e.g. 0-3,6 (default %(default)s: settings.NODE_CPU_AFFINITY)",
         )
 
     def handle(self, *args, host, port, threads, processes, advertise, cpu_affinity, **options):
@@ -101,11 +102,14 @@ class Command(BaseCommand):
         check_port_free(host, port)  # before anything is made (again after a restart below: harmless)
         from queues import serving
 
-        try:
-            allowed = os.sched_getaffinity(0) if hasattr(os, "sched_setaffinity") else set()
-            cpus = serving.cpu_plan(cpu_affinity, allowed, processes, port)
-        except ValueError as exc:
-            raise CommandError(f"--cpu-affinity: {exc}") from exc
+        cpus = None
+        if hasattr(os, "sched_setaffinity"):
+            try:
+                cpus = serving.cpu_plan(cpu_affinity, os.sched_getaffinity(0), processes, port)
+            except ValueError as exc:
+                raise CommandError(f"--cpu-affinity: {exc}") from exc
+        elif cpu_affinity.strip().lower() not in ("auto", "off"):
+            raise CommandError("--cpu-affinity: this platform cannot pin a process to CPUs; give auto or off")
         # The workers read these from the environment and the settings they inherit.
         os.environ["NODE_PROCESSES"] = str(processes)
         os.environ["NODE_PUBLIC_PORT"] = str(port)  # the processes' shared port (queues.balance)
@@ -138,6 +142,8 @@ class Command(BaseCommand):
             # (a sibling included); a fresh worker would join as a new node.
             respawn_failed_workers=False,
         )
+        if not isinstance(server, MPServer):
+            cpus = None  # (workers as threads, a free-threaded build: one CPU for all would not do)
         try:
             if processes == 1:
                 os.environ["NODE_ADDRESS"] = advertise or f"{host}:{port}"
