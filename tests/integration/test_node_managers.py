@@ -3,6 +3,8 @@ asked by every message call), not by walking every manager it holds."""
 
 from __future__ import annotations
 
+import pytest
+
 
 def _served(runtime, queue: str) -> list[int]:
     return sorted(m.index for m in runtime.local_managers(queue))
@@ -182,3 +184,46 @@ def test_an_outage_met_opening_a_partition_ends_the_claims_of_that_pass(runtime,
     monkeypatch.setattr(PartitionManager, "open_head", real)
     runtime.tick()
     assert sorted(m.index for m in runtime.local_managers(name)) == [0, 1, 2]
+
+
+@pytest.mark.django_db(transaction=True)  # (the passes' threads read what the test wrote)
+def test_two_claim_passes_at_once_take_one_share_between_them(runtime, make_queue, monkeypatch):
+    # given a second live node, so this one's share of a 4-partition queue is 2
+    import threading
+    import time
+
+    from django.db import connection
+    from django.utils import timezone
+
+    from queues import leases
+    from queues.models import Node
+
+    if connection.vendor == "sqlite":
+        pytest.skip("two threads writing at once: PostgreSQL (make test)")
+    Node.objects.create(id="other-node", address="127.0.0.1:1", started_at=timezone.now(), heartbeat_at=timezone.now())
+    monkeypatch.setattr(runtime, "queue_created", lambda q: None)  # (no claim at creation: the passes below do it)
+    name = make_queue(partitions=4)
+    runtime.refresh_queues()
+    # when two passes (the housekeeping thread's, a request's) read the rows at the same time
+    real = leases.claim_rows
+
+    def slow_claim_rows(rows):
+        read = real(rows)
+        time.sleep(0.3)  # both have read the rows before either claims
+        return read
+
+    monkeypatch.setattr(leases, "claim_rows", slow_claim_rows)
+
+    def claim() -> None:
+        try:
+            runtime._claim_partitions(name)
+        finally:
+            connection.close()  # (this thread's)
+
+    passes = [threading.Thread(target=claim) for _ in range(2)]
+    for t in passes:
+        t.start()
+    for t in passes:
+        t.join()
+    # then they took this node's share between them, not a share each
+    assert len(runtime.local_managers(name)) == 2
