@@ -119,14 +119,6 @@ class QueueConfig:
             row["created_by_id"],
         )
 
-    @classmethod
-    def from_model(cls, q: Queue) -> QueueConfig:
-        """The description of a row in hand (the same :meth:`from_row` makes of its values)."""
-        subs: list[dict[str, Any]] = []
-        if q.kind == Queue.Kind.TOPIC:
-            subs = [_values_of(s, SUBSCRIPTION_COLUMNS) for s in q.subscriptions.all()]
-        return cls.from_row(_values_of(q, QUEUE_COLUMNS), subs)
-
     def subscription(self, name: str) -> SubscriptionSpec | None:
         return next((s for s in self.subscriptions or () if s.name == name), None)
 
@@ -186,17 +178,6 @@ SUBSCRIPTION_COLUMNS = (
     "visibility_timeout",
     "dead_letter_queue__name",
 )
-
-
-def _values_of(row: Any, columns: tuple[str, ...]) -> dict[str, Any]:
-    """A model instance's values of ``columns``, as ``QuerySet.values`` reads them (``a__b``:
-    the related row's ``b``, None without one)."""
-    values = {}
-    for column in columns:
-        related, _, field = column.partition("__")
-        value = getattr(row, related)
-        values[column] = getattr(value, field) if field and value is not None else value
-    return values
 
 
 def _queue_configs(name: str | None = None) -> dict[str, QueueConfig]:
@@ -843,11 +824,12 @@ class NodeRuntime:
 
     def queue_created(self, q: Queue) -> None:
         """Take the new queue's partitions at once rather than at the next pass."""
-        if self._remember(QueueConfig.from_model(q)):
-            self._claim_partitions(only=q.name)
+        self.queue_changed(q)
 
     def queue_changed(self, q: Queue) -> None:
-        if self._remember(QueueConfig.from_model(q)):
+        """Describe the queue as its row now reads (the same read as every pass) and claim."""
+        cfg = _queue_configs(q.name).get(q.name)
+        if cfg is not None and self._remember(cfg):
             self._claim_partitions(only=q.name)
 
     def topic_changed(self, name: str) -> None:

@@ -59,9 +59,9 @@ def test_a_partitions_row_is_written_when_its_figures_change_and_now_and_then_ot
     assert row().stats_at > after.stats_at
 
 
-def test_a_description_read_as_values_is_the_one_made_of_the_row(db):
-    # the housekeeping pass reads descriptions as values (node._queue_configs); a row in hand
-    # gives the same through QueueConfig.from_model: every column, subscriptions included
+def test_a_description_reads_every_column_of_the_row_and_its_subscriptions(db):
+    # the housekeeping pass reads descriptions as values (node._queue_configs), all at once or
+    # one by name: every column, subscriptions included
     from datetime import UTC, datetime
 
     from queues import leases
@@ -80,8 +80,14 @@ def test_a_description_read_as_values_is_the_one_made_of_the_row(db):
     )
     read = _queue_configs()
     for q in (dlq, queue, plain, topic):
-        q.refresh_from_db()
-        assert read[q.name] == QueueConfig.from_model(q) == _queue_configs(q.name)[q.name]
+        assert read[q.name] == _queue_configs(q.name)[q.name]
+    q = queue
+    q.refresh_from_db()
+    assert read["desc-queue"] == QueueConfig(
+        q.pk, "desc-queue", 3, q.block_size, q.lease_period, q.visibility_timeout, q.max_message_size, q.retention,
+        True, 4, "desc-dlq", 5, q.dedup_window, q.preprocess_estimate, q.process_estimate, "acked", "queue", None,
+        q.created_by_id,
+    )  # fmt: skip
     assert read["desc-queue"].dead_letter_queue == "desc-dlq" and read["desc-queue"].max_receives == 5
     assert read["desc-plain"].max_receives is None
     assert [(s.name, s.starts_at, s.max_receives, s.dead_letter_queue) for s in read["desc-topic"].subscriptions] == [
