@@ -9,8 +9,8 @@ Four systems, one interface (``set_target``, ``enqueue_phase``, ``dequeue_phase`
 ``ack_phase``); our service alone also has ``drain_phase`` for the strict modes (a strict
 queue delivers one message per group at a time, so it is drained by dequeue+ack cycles):
 
-* ``OursClient``      -- our service's REST API over HTTP/1.1 keep-alive (http.client or
-                          requests.Session).
+* ``OursClient``      -- our service's REST API over HTTP/1.1 keep-alive (libcurl through
+                          pycurl, http.client or requests.Session).
 * ``StreamsClient``   -- Redis Streams: XADD / XREADGROUP (consumer group) / XACK.
 * ``PgqClient``       -- pgqueuer 1.6.0's own ``Queries`` object over a psycopg async
                           connection: ``enqueue`` / ``dequeue`` / ``log_jobs(successful)``,
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import io
 import socket
 import time
 import traceback
@@ -147,6 +148,51 @@ class _HttpConn:
             self.conn = None
 
 
+class _CurlConn:
+    """Keep-alive JSON client on libcurl (pycurl): the HTTP counterpart of redis-py with hiredis,
+    whose replies the Redis Streams clients parse in C. http.client parses each response's
+    headers in Python (``email.parser``): 82 µs of client CPU a call against 32 here, measured
+    on one node's empty dequeue; the clients share the machine with the servers, so that CPU
+    was taken from the node."""
+
+    def __init__(self, base_url: str, token: str, timeout: float) -> None:
+        import pycurl
+
+        self.pycurl = pycurl
+        self.base = base_url.rstrip("/")
+        self.buf = io.BytesIO()
+        c = self.curl = pycurl.Curl()
+        c.setopt(
+            pycurl.HTTPHEADER,
+            [
+                f"Authorization: Token {token}",
+                "Content-Type: application/json",
+                "Accept: application/json",
+                "Expect:",  # no 100-continue round trip before a large body
+            ],
+        )
+        c.setopt(pycurl.WRITEDATA, self.buf)
+        c.setopt(pycurl.TCP_NODELAY, 1)
+        c.setopt(pycurl.TIMEOUT_MS, int(timeout * 1000))
+        c.setopt(pycurl.NOSIGNAL, 1)
+
+    def request(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
+        c, buf = self.curl, self.buf
+        buf.seek(0)
+        buf.truncate()
+        c.setopt(self.pycurl.URL, self.base + path)
+        c.setopt(self.pycurl.CUSTOMREQUEST, method)
+        c.setopt(self.pycurl.POSTFIELDS, body or b"")
+        try:
+            c.perform()  # libcurl reuses the connection, and reconnects when the server closed it
+        except self.pycurl.error as exc:
+            raise ConnectionError(f"libcurl: {exc.args[-1]}") from None
+        return c.getinfo(self.pycurl.RESPONSE_CODE), buf.getvalue()
+
+    def close(self) -> None:
+        self.curl.close()
+
+
 class _RequestsConn:
     def __init__(self, base_url: str, token: str, timeout: float) -> None:
         import requests
@@ -173,7 +219,7 @@ class OursClient:
         import orjson
 
         self.dumps, self.loads = orjson.dumps, orjson.loads
-        cls = _RequestsConn if spec.get("http_client") == "requests" else _HttpConn
+        cls = {"requests": _RequestsConn, "httpclient": _HttpConn}.get(spec.get("http_client", ""), _CurlConn)
         self.http = cls(spec["base_url"], spec["token"], spec.get("http_timeout", 60.0))
         self.vt = int(spec.get("visibility_timeout", 300))
         self.retries = int(spec.get("retries", 3))

@@ -1,0 +1,224 @@
+"""The transport of forwarded calls (``queues.api.peers``: libcurl through pycurl), against a
+stand-in peer on loopback: one kept-alive connection for many calls, answers in the service's
+types, no proxy from the environment, no 100-continue wait before a large body, and every way a
+peer can fail to answer (refused, silent, gone mid-call) turned into PeerUnreachable (503 with
+Retry-After for the client), never a hang or a 500."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from queues import peerauth
+from queues.access import Caller
+from queues.api import peers
+from queues.messages import MessageId
+from queues.service import MessageDraft, PeerUnreachable, RemoteError
+
+CALLER = Caller(7, "seven")
+
+
+class StandIn:
+    """A peer that keeps connections alive (HTTP/1.1), counts the connections it accepted,
+    records each call's headers and body, and answers ``answer(path, body)``: (status, bytes)."""
+
+    def __init__(self, answer) -> None:
+        self.connections = 0
+        self.close_after = self.announce_close = False
+        self.calls: list[tuple[str, dict[str, str], bytes]] = []
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self):
+                super().setup()
+                with lock:
+                    stand_in.connections += 1
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with lock:
+                    stand_in.calls.append((self.path, dict(self.headers.items()), body))
+                status, raw = answer(self.path, body)
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                if stand_in.close_after and stand_in.announce_close:
+                    self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(raw)
+                if stand_in.close_after:
+                    self.close_connection = True
+
+            def log_message(self, *args):
+                pass
+
+        lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _acks(path: str, body: bytes) -> tuple[int, bytes]:
+    n = len(json.loads(body).get("messages", ()))
+    return 200, json.dumps({"acked": n, "not_found": 0}).encode()
+
+
+@pytest.fixture
+def stand_in():
+    made: list[StandIn] = []
+
+    def make(answer=_acks) -> StandIn:
+        made.append(StandIn(answer))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def _ack(p: peers.HttpPeers, address: str, n: int = 1):
+    items = [(MessageId("orders", 0, "00000000-0000000000000000", i), "r") for i in range(n)]
+    return p.ack(address, "orders", items, 0, CALLER)
+
+
+def test_calls_from_one_thread_share_one_kept_alive_connection(stand_in):
+    # given a peer and the node's transport
+    peer, p = stand_in(), peers.HttpPeers()
+    # when one thread forwards 20 acks
+    results = [_ack(p, peer.address, 3) for _ in range(20)]
+    # then each came back in the service's types, and all went over one connection
+    assert {(r.acked, r.not_found) for r in results} == {(3, 0)}
+    assert len(peer.calls) == 20
+    assert peer.connections == 1
+    # and each call was signed for this peer, with its hop count, and no Expect header
+    path, headers, body = peer.calls[-1]
+    assert path == "/api/v1/queues/orders/ack"
+    assert headers[peerauth.TO_HEADER] == peer.address and headers[peerauth.HOPS_HEADER] == "1"
+    assert headers[peerauth.ON_BEHALF_HEADER] == "7" and headers[peerauth.SIGNATURE_HEADER]
+    assert "Expect" not in headers
+    assert json.loads(body)["messages"][0] == {"id": "orders/0/00000000-0000000000000000/0", "receipt": "r"}
+
+
+def test_calls_from_many_threads_at_once_each_get_their_own_answer(stand_in):
+    # given a peer that answers each enqueue with the body it got back as the ID
+    def echo(path, body):
+        return 201, json.dumps({"ids": [m["body"] for m in json.loads(body)["messages"]]}).encode()
+
+    peer, p = stand_in(echo), peers.HttpPeers()
+
+    # when 8 threads forward 25 enqueues each, at once
+    def run(t):
+        return [p.enqueue(peer.address, "orders", [MessageDraft(f"{t}-{i}")], 0, CALLER)[0] for i in range(25)]
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(run, range(8)))
+    # then no answer went to the wrong call, and at most HANDLES_KEPT handles stay for reuse
+    assert got == [[f"{t}-{i}" for i in range(25)] for t in range(8)]
+    assert len(p.handles._free) <= peers.HANDLES_KEPT
+    assert peer.connections <= 8 + peers.HANDLES_KEPT
+
+
+def test_a_large_body_goes_at_once_without_waiting_for_100_continue(stand_in):
+    # given a peer that never sends "100 Continue" (http.server does not)
+    peer, p = stand_in(lambda path, body: (201, b'{"ids": ["big"]}')), peers.HttpPeers()
+    body = "x" * (2 * 1024 * 1024)
+    # when a 2 MiB message is forwarded
+    started = time.monotonic()
+    ids = p.enqueue(peer.address, "orders", [MessageDraft(body)], 0, CALLER)
+    # then it went in one go (libcurl would wait a second for 100-continue), whole
+    assert ids == ["big"]
+    assert time.monotonic() - started < 0.9
+    assert json.loads(peer.calls[0][2])["messages"][0]["body"] == body
+    assert "Expect" not in peer.calls[0][1]
+
+
+def test_a_proxy_in_the_environment_is_not_used(stand_in, monkeypatch):
+    # given proxy variables naming a port where nothing listens
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    proxy = f"http://127.0.0.1:{dead.getsockname()[1]}"
+    dead.close()
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, proxy)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    peer = stand_in()
+    # when a call is forwarded
+    result = _ack(peers.HttpPeers(), peer.address)
+    # then it went straight to the peer
+    assert result.acked == 1 and len(peer.calls) == 1
+
+
+def test_a_peer_that_refuses_is_unreachable():
+    # given an address where nothing listens
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+    # when a call is forwarded there, then PeerUnreachable (503, retry) says which node
+    with pytest.raises(PeerUnreachable, match=address):
+        _ack(peers.HttpPeers(), address)
+
+
+def test_a_peer_that_never_answers_is_unreachable_after_the_timeout(monkeypatch):
+    # given a peer that accepts the connection and the request, then says nothing
+    monkeypatch.setattr(peers, "TIMEOUT", 1)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(listener.accept()[0]), daemon=True).start()
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        # when a call is forwarded there
+        started = time.monotonic()
+        with pytest.raises(PeerUnreachable, match=address):
+            _ack(peers.HttpPeers(), address)
+        # then it ends after the timeout, not at the peer's leisure
+        assert 0.9 <= time.monotonic() - started < 5
+    finally:
+        for c in held:
+            c.close()
+        listener.close()
+
+
+@pytest.mark.parametrize("announced", [True, False], ids=["connection-close", "silent-close"])
+def test_a_connection_the_peer_closed_is_replaced(stand_in, announced):
+    # given a peer that closes the connection after each answer, saying so ("Connection:
+    # close", as a node shedding a connection does) or not (an idle keep-alive it dropped)
+    peer = stand_in()
+    peer.close_after, peer.announce_close = True, announced
+    p = peers.HttpPeers()
+    # when 10 calls are forwarded one after the other
+    results = [_ack(p, peer.address).acked for _ in range(10)]
+    # then every one was answered, each on a connection of its own
+    assert results == [1] * 10
+    assert peer.connections == 10
+
+
+def test_a_refusal_comes_back_as_the_peers_answer(stand_in):
+    # given a peer that refuses the ack (409) and one that answers without JSON
+    refusing = stand_in(lambda path, body: (409, b'{"error": "receipt_mismatch", "detail": "stale"}'))
+    garbled = stand_in(lambda path, body: (502, b"<html>bad gateway</html>"))
+    p = peers.HttpPeers()
+    # when acks are forwarded to them
+    with pytest.raises(RemoteError) as refused:
+        _ack(p, refusing.address)
+    with pytest.raises(RemoteError) as bad:
+        _ack(p, garbled.address)
+    # then the refusal is passed on as it is, and the answer without JSON says so
+    assert (refused.value.status, refused.value.payload["error"]) == (409, "receipt_mismatch")
+    assert (bad.value.status, bad.value.payload["error"]) == (502, "bad_gateway")
