@@ -172,6 +172,7 @@ class _CurlConn:
             ],
         )
         c.setopt(pycurl.WRITEDATA, self.buf)
+        c.setopt(pycurl.PROXY, "")  # never an http_proxy from the environment (http.client ignores it)
         c.setopt(pycurl.TCP_NODELAY, 1)
         c.setopt(pycurl.TIMEOUT_MS, int(timeout * 1000))
         c.setopt(pycurl.NOSIGNAL, 1)

@@ -10,7 +10,10 @@ they are by whoever called).
 
 from __future__ import annotations
 
+import io
+import select
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -33,8 +36,10 @@ CHECK_ONLY = "check_only"
 #: there), and its connection.
 TIMEOUT = 10.0
 CONNECT_TIMEOUT = 1.0
-#: Easy handles kept for reuse, each with its keep-alive connections (urllib3's ``maxsize``).
+#: Easy handles kept for reuse per peer, each with its keep-alive connection (urllib3's
+#: ``maxsize``), and the peers they are kept for (its ``num_pools``).
 HANDLES_KEPT = 16
+PEERS_KEPT = 32
 
 
 def draft_json(d: MessageDraft) -> dict[str, Any]:
@@ -76,14 +81,14 @@ def delivery_of(item: dict[str, Any]) -> Delivery:
 
 
 class CurlHandles:
-    """libcurl easy handles for the calls to other nodes: one call at a time on a handle (a
-    handle is not thread-safe), the most recently used first, so a warm handle, with its
-    keep-alive connection to the peer, serves the next call.
+    """libcurl easy handles for the calls to one peer: one call at a time on a handle (a handle
+    is not thread-safe), the most recently used first, so a warm handle, with its keep-alive
+    connection, serves the next call.
 
     Why libcurl: a forwarded call is one more HTTP round trip on the hot path (an ack whose
     message a sibling process owns; any call for another node's partition). A forwarded call
-    on urllib3 cost the forwarding thread 253 µs of CPU (building the request and parsing the
-    answer's headers in Python, with ``http.client``), on libcurl 60, signing and JSON
+    on urllib3 cost the forwarding thread 249 µs of CPU (building the request and parsing the
+    answer's headers in Python, with ``http.client``), on libcurl 72, signing and JSON
     included: ``bench/peers.py``.
     """
 
@@ -91,6 +96,7 @@ class CurlHandles:
         self._free: list[pycurl.Curl] = []
         self._lock = threading.Lock()
         self._kept = kept
+        self._closed = False
 
     def take(self) -> pycurl.Curl:
         with self._lock:
@@ -102,14 +108,27 @@ class CurlHandles:
         c.setopt(pycurl.TCP_NODELAY, 1)
         c.setopt(pycurl.CONNECTTIMEOUT_MS, int(CONNECT_TIMEOUT * 1000))
         c.setopt(pycurl.TIMEOUT_MS, int(TIMEOUT * 1000))
+        c.setopt(pycurl.POST, 1)
+        # The body is read from a callback that cannot go back: libcurl resends a request whose
+        # kept-alive connection died before any answer came, which the peer may have run
+        # already (an enqueue stored twice, or a 401 for its signature seen before). Unable
+        # to rewind, the call fails instead (PeerUnreachable: 503, the client retries), as
+        # it did on urllib3.
+        c.setopt(pycurl.SEEKFUNCTION, _cannot_seek)
         return c
 
     def give_back(self, c: pycurl.Curl) -> None:
         with self._lock:
-            if len(self._free) < self._kept:
+            if len(self._free) < self._kept and not self._closed:
                 self._free.append(c)
                 return
         c.close()
+
+    def close(self) -> None:
+        with self._lock:
+            free, self._free, self._closed = self._free, [], True
+        for c in free:
+            c.close()
 
 
 def curl_post(handles: CurlHandles, url: str, data: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
@@ -118,17 +137,40 @@ def curl_post(handles: CurlHandles, url: str, data: bytes, headers: dict[str, st
     chunks: list[bytes] = []
     c = handles.take()
     try:
+        # A kept-alive connection the peer has closed since (it is readable: its end, or bytes
+        # it had no business sending) is not used: libcurl looks at one only once it has been
+        # idle a second, and a request sent on it would fail, never to be sent again (see
+        # SEEKFUNCTION). urllib3 looked every time, as this does.
+        fd = c.getinfo(pycurl.ACTIVESOCKET)  # (the handle's last connection, -1: none kept)
+        c.setopt(pycurl.FRESH_CONNECT, fd != -1 and _readable(fd))
         c.setopt(pycurl.URL, url)
-        c.setopt(pycurl.POSTFIELDS, data)
+        c.setopt(pycurl.POSTFIELDSIZE_LARGE, len(data))
+        c.setopt(pycurl.READFUNCTION, io.BytesIO(data).read)
         # "Expect:": no 100-continue round trip before a large body
         c.setopt(pycurl.HTTPHEADER, [f"{k}: {v}" for k, v in headers.items()] + ["Expect:"])
         c.setopt(pycurl.WRITEFUNCTION, chunks.append)
         c.perform()
         status = c.getinfo(pycurl.RESPONSE_CODE)
     finally:
-        c.setopt(pycurl.WRITEFUNCTION, _discard)  # drop the reference to this call's list
+        # drop this call's body and answer: the handle waits in the pool for the next call
+        c.setopt(pycurl.READFUNCTION, _no_body)
+        c.setopt(pycurl.WRITEFUNCTION, _discard)
         handles.give_back(c)
     return status, b"".join(chunks)
+
+
+def _readable(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _cannot_seek(offset: int, origin: int) -> int:
+    return pycurl.SEEKFUNC_CANTSEEK
+
+
+def _no_body(size: int) -> bytes:
+    return b""
 
 
 def _discard(_: bytes) -> None:
@@ -137,7 +179,23 @@ def _discard(_: bytes) -> None:
 
 class HttpPeers:
     def __init__(self) -> None:
-        self.handles = CurlHandles()
+        #: a pool of handles per peer address (as urllib3's PoolManager kept one per host): a
+        #: handle's kept connection is to its pool's peer; the pool used least recently goes
+        #: past PEERS_KEPT
+        self._pools: OrderedDict[str, CurlHandles] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def handles(self, address: str) -> CurlHandles:
+        with self._lock:
+            pool = self._pools.get(address)
+            if pool is not None:
+                self._pools.move_to_end(address)
+                return pool
+            pool = self._pools[address] = CurlHandles()
+            dropped = self._pools.popitem(last=False)[1] if len(self._pools) > PEERS_KEPT else None
+        if dropped is not None:
+            dropped.close()  # (a handle out on a call is closed when it comes back)
+        return pool
 
     def post(
         self, address: str, path: str, payload: dict[str, Any], hops: int, caller: Caller | None
@@ -152,7 +210,7 @@ class HttpPeers:
             **peerauth.sign("POST", full_path, data, hops + 1, on_behalf, to=address),
         }
         try:
-            status, raw = curl_post(self.handles, f"http://{address}{full_path}", data, headers)
+            status, raw = curl_post(self.handles(address), f"http://{address}{full_path}", data, headers)
         except pycurl.error as exc:  # refused, reset, timed out
             code, text = exc.args if len(exc.args) == 2 else (0, str(exc))
             raise PeerUnreachable(f"node {address} did not answer (curl {code}: {text}); retry") from exc
