@@ -59,6 +59,12 @@ MODELS: dict[str, tuple[str, str, int | None, dict]] = {
     "rsgi-protocol": ("rsgi", "rsgi_protocol", None, {}),
     "rsgi-inline": ("rsgi", "rsgi_inline", None, {}),
 }
+#: the thin queue (``serving_apps.ThinQueue``), which ``bench/throughput.py`` serves through
+#: ``--serve``: our message calls at their leanest, on our serving model and on an event loop
+THIN_MODELS: dict[str, tuple[str, str, int | None, dict]] = {
+    "thin-wsgi": ("wsgi", "thin_wsgi", None, {}),
+    "thin-rsgi": ("rsgi", "thin_rsgi", None, {}),
+}
 #: the models run when --models is not given (the granian-setting variants: on demand)
 DEFAULT_MODELS = ("wsgi-nostore", "wsgi-threads", "wsgi-1thread", "rsgi-redis-asyncio", "rsgi-protocol")
 BASELINE = "wsgi-threads"
@@ -93,7 +99,7 @@ def serve(model: str, port: int, threads: int) -> None:
     from granian import Granian
     from granian.constants import HTTPModes, Interfaces, RuntimeModes
 
-    interface, target, own_threads, settings = MODELS[model]
+    interface, target, own_threads, settings = MODELS.get(model) or THIN_MODELS[model]
     kwargs: dict = {}
     if interface == "wsgi":
         n = own_threads or threads

@@ -4,6 +4,9 @@ Each answers any request as a message call would at its simplest: read the body,
 store round trip (a Redis PING to ``MQ_SERVING_REDIS_URL``; none for the ``nostore`` one),
 answer a small JSON body. What they cost the server process is what serving a call costs
 before any of the service's own code runs.
+
+The thin queue at the end (``thin_wsgi``, ``thin_rsgi``) is the other kind: a whole message
+cycle at its leanest, which ``bench/throughput.py`` measures beside our node.
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ async def rsgi_redis_asyncio(scope, protocol):
 
 class _Pipelined(asyncio.Protocol):
     """One connection to Redis; the calls in flight write their commands on it at once and
-    each gets its reply in order (RESP answers in order). Knows only simple-string replies."""
+    each gets its reply in order (RESP answers in order). Knows only one-line replies (simple
+    strings, integers, errors)."""
 
     def __init__(self) -> None:
         self.waiting: list[asyncio.Future] = []
@@ -86,12 +90,16 @@ class _Pipelined(asyncio.Protocol):
         for future in self.waiting:
             future.set_exception(exc or ConnectionError("redis closed the connection"))
 
-    async def ping(self) -> bytes:
+    async def send(self, packed: bytes) -> bytes:
+        """Write one packed command; its one-line reply."""
         future = asyncio.get_running_loop().create_future()
         self.waiting.append(future)
         assert self.transport is not None
-        self.transport.write(PING)
+        self.transport.write(packed)
         return await future
+
+    async def ping(self) -> bytes:
+        return await self.send(PING)
 
 
 _pipelined: _Pipelined | None = None
@@ -124,3 +132,160 @@ async def rsgi_inline(scope, protocol):
     await protocol()
     _sync_redis.ping()
     protocol.response_bytes(200, HEADERS, BODY)
+
+
+# --- the thin queue: the ceiling of an HTTP queue service over Redis ---------------------
+#
+# ``bench/throughput.py`` runs it beside our node (``thin[wsgi]``, ``thin[rsgi]``): our message
+# calls' paths and JSON, the same store round trips as our node's (an enqueue: one write of
+# its messages; a dequeue: none, served from memory; an ack: one delete), and nothing else: no
+# append tree, lease, fence, validation, grants, metrics, redelivery or persistence of receive
+# counts; one process, one queue in memory, IDs from a counter. It is not a queue anyone
+# should run (a restart forgets what was in flight); what it costs is what any HTTP service in
+# front of Redis pays per call on this machine, so our node's ratio to it is the share of the
+# ceiling we reach, and its ratio to Redis Streams is the best such a service could show.
+
+
+class ThinQueue:
+    """In-memory state of the thin queue, shared by the request threads (``thin_wsgi``) or
+    used by one event loop (``thin_rsgi``)."""
+
+    def __init__(self) -> None:
+        import threading
+        from collections import deque
+
+        self.lock = threading.Lock()
+        self.ready: deque[tuple[str, str]] = deque()
+        self.out: dict[str, str] = {}  # in flight: id -> receipt
+        self.seq = 0
+        self.token = os.environ.get("MQ_THIN_TOKEN", "")
+
+    def key(self, path: str) -> str:
+        return "mq:thin:" + path.rsplit("/", 2)[-2]
+
+    def new_ids(self, n: int) -> list[str]:
+        with self.lock:
+            first, self.seq = self.seq, self.seq + n
+        return [str(first + i) for i in range(n)]
+
+    def enqueue_write(self, path: str, data: dict) -> tuple[list[str], list[str], tuple]:
+        """The IDs, bodies and the one store command (HSET of every message) of an enqueue."""
+        bodies = [data["body"]] if "body" in data else [m["body"] for m in data["messages"]]
+        ids = self.new_ids(len(bodies))
+        fields: list[str] = []
+        for mid, body in zip(ids, bodies):
+            fields += (mid, body)
+        return ids, bodies, ("HSET", self.key(path), *fields)
+
+    def enqueued(self, data: dict, ids: list[str], bodies: list[str]) -> tuple[int, dict]:
+        """Deliverable once written; the enqueue's answer."""
+        with self.lock:
+            self.ready.extend(zip(ids, bodies))
+        return 201, ({"id": ids[0]} if "body" in data else {"ids": ids})
+
+    def dequeue(self, data: dict) -> tuple[int, dict]:
+        messages = []
+        with self.lock:
+            for _ in range(min(int(data.get("max", 1)), len(self.ready))):
+                mid, body = self.ready.popleft()
+                self.out[mid] = receipt = "r" + mid
+                messages.append({"id": mid, "receipt": receipt, "body": body})
+        return 200, {"messages": messages}
+
+    def ack_delete(self, path: str, data: dict) -> tuple[int, tuple | None]:
+        """How many of the ack's messages were in flight, and the store command that deletes them."""
+        found = []
+        with self.lock:
+            for item in data["messages"]:
+                if self.out.get(item["id"]) == item["receipt"]:
+                    del self.out[item["id"]]
+                    found.append(item["id"])
+        return len(found), (("HDEL", self.key(path), *found) if found else None)
+
+    def acked(self, data: dict, acked: int) -> tuple[int, dict]:
+        return 200, {"acked": acked, "not_found": len(data["messages"]) - acked}
+
+
+_thin = ThinQueue()
+_JSON = [("Content-Type", "application/json")]
+
+
+def thin_wsgi(environ, start_response):
+    """The thin queue on granian's request threads with redis-py: our node's serving model."""
+    global _sync_redis
+    import orjson
+
+    if _sync_redis is None:
+        import redis
+
+        _sync_redis = redis.Redis.from_url(_redis_url())
+    path = environ["PATH_INFO"]
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    raw = environ["wsgi.input"].read(length) if length else b""
+    if environ.get("HTTP_AUTHORIZATION") != f"Token {_thin.token}":
+        status, answer = 401, {"error": "not_authenticated"}
+    elif path.endswith("/enqueue"):
+        data = orjson.loads(raw)
+        ids, bodies, command = _thin.enqueue_write(path, data)
+        _sync_redis.execute_command(*command)
+        status, answer = _thin.enqueued(data, ids, bodies)
+    elif path.endswith("/dequeue"):
+        status, answer = _thin.dequeue(orjson.loads(raw))
+    elif path.endswith("/ack"):
+        data = orjson.loads(raw)
+        acked, command = _thin.ack_delete(path, data)
+        if command is not None:
+            _sync_redis.execute_command(*command)
+        status, answer = _thin.acked(data, acked)
+    else:
+        status, answer = 404, {"error": "not_found"}
+    body = orjson.dumps(answer)
+    start_response(f"{status} -", [*_JSON, ("Content-Length", str(len(body)))])
+    return [body]
+
+
+async def _thin_store(command: tuple) -> None:
+    """One command on the pipelined connection (every reply of ours is one line)."""
+    global _pipelined
+    from hiredis import pack_command
+
+    if _pipelined is None:
+        from urllib.parse import urlsplit
+
+        url = urlsplit(_redis_url())
+        _, _pipelined = await asyncio.get_running_loop().create_connection(
+            _Pipelined, url.hostname or "127.0.0.1", url.port or 6379
+        )
+        db = url.path.strip("/")
+        if db and db != "0":
+            await _pipelined.send(pack_command(("SELECT", db)))
+    reply = await _pipelined.send(pack_command(command))
+    if reply.startswith(b"-"):
+        raise RuntimeError(f"redis: {reply.decode()}")
+
+
+async def thin_rsgi(scope, protocol):
+    """The thin queue on one event loop (RSGI), its store calls awaited on one pipelined
+    connection: the leanest serving there is in Python."""
+    import orjson
+
+    raw = await protocol()
+    path = scope.path
+    if scope.headers.get("authorization") != f"Token {_thin.token}":
+        status, answer = 401, {"error": "not_authenticated"}
+    elif path.endswith("/enqueue"):
+        data = orjson.loads(raw)
+        ids, bodies, command = _thin.enqueue_write(path, data)
+        await _thin_store(command)
+        status, answer = _thin.enqueued(data, ids, bodies)
+    elif path.endswith("/dequeue"):
+        status, answer = _thin.dequeue(orjson.loads(raw))
+    elif path.endswith("/ack"):
+        data = orjson.loads(raw)
+        acked, command = _thin.ack_delete(path, data)
+        if command is not None:
+            await _thin_store(command)
+        status, answer = _thin.acked(data, acked)
+    else:
+        status, answer = 404, {"error": "not_found"}
+    protocol.response_bytes(status, _JSON, orjson.dumps(answer))

@@ -114,7 +114,7 @@ if str(HERE) not in sys.path:
 from common import REPO, BenchError, box_speed, exit_on_sigterm, log, redact, runnode_options
 from throughput_report import print_report, summarize
 from throughput_rounds import run_groups
-from throughput_systems import OursSystem, PgqSystem, SkipLockedSystem, StreamsSystem, System
+from throughput_systems import OursSystem, PgqSystem, SkipLockedSystem, StreamsSystem, System, ThinSystem
 from throughput_topic import run_topic
 
 CLUSTER_URL = re.compile(r"redis-cluster://[^\s'\"]+")
@@ -182,7 +182,12 @@ def parse_args(argv=None):
         "interleaved, with the ratios ours / streams",
     )
     p.add_argument("--topic-messages", type=int, default=5000, help="messages published per topic run")
-    p.add_argument("--only-baselines", default="redis-streams,pgqueuer,skip-locked", help="which baselines to run")
+    p.add_argument(
+        "--only-baselines",
+        default="redis-streams,pgqueuer,skip-locked,thin-wsgi,thin-rsgi",
+        help="which baselines to run (thin-wsgi, thin-rsgi: the thin queue, our calls with nothing but our "
+        "node's store round trips: the ceiling of an HTTP service over Redis here)",
+    )
     p.add_argument("--json", metavar="OUT.json", help="write all samples, medians and ratios here")
     p.add_argument("--redis-url", default=os.environ.get("MQ_TEST_REDIS_URL", "redis://127.0.0.1:63799"))
     p.add_argument("--pg-url", default=os.environ.get("MQ_TEST_PG_URL", "postgres://mq:mq@127.0.0.1:54329/mq"))
@@ -351,6 +356,7 @@ def main(argv=None) -> int:
             systems.append(PgqSystem(args))
         if "redis-streams" in wanted:
             systems.append(StreamsSystem(args))
+        systems += [ThinSystem(args, model) for model in ("wsgi", "rsgi") if f"thin-{model}" in wanted]
     if not systems:
         print("nothing to run (both --skip-ours and --skip-baselines)")
         return 0

@@ -9,7 +9,9 @@ from common import fmt_box_speed, fmt_cores, fmt_rate, fmt_ratio, median
 from throughput_rounds import FIGURES, STRICT_FIGURES, STRICT_LABELS, is_strict
 from throughput_systems import System
 
-BASELINES = ("skip-locked", "pgqueuer", "redis-streams")
+BASELINES = ("skip-locked", "pgqueuer", "redis-streams", "thin[wsgi]", "thin[rsgi]")
+#: the thin queue's systems (bench/serving_apps.py): a reference whose ratio to Redis Streams is the ceiling
+THIN = ("thin[wsgi]", "thin[rsgi]")
 CORES = ("client_cpu_cores", "server_cpu_cores", "store_cpu_cores", "box_cpu_cores")
 PER_MESSAGE = ("client_cpu_us_msg", "server_cpu_us_msg", "store_cpu_us_msg", "server_cpu_us_call")
 
@@ -80,6 +82,13 @@ def summarize(results: dict, modes, systems: list[System]) -> dict:
                         f: (o[f] / b[f] if o[f] is not None and b[f] else None) for f in FIGURES
                     }
         summary[mode]["_ratios"] = ratios
+        # The thin queue's own ratio to Redis Streams, over every round (both ran in every group).
+        streams = summary[mode].get("redis-streams")
+        summary[mode]["_ceiling"] = {
+            name: summary[mode][name]["cycle"] / streams["cycle"]
+            for name in THIN
+            if streams and streams["cycle"] and name in summary[mode]
+        }
     return summary
 
 
@@ -291,6 +300,14 @@ def closing_summary(modes, systems, summary: dict) -> list[str]:
                     parts.append(f"vs {base} {r:.3f}x{goal_text(mode, s, 'vs ' + base, r)}")
             if parts:
                 w(f"  {mode:<9} {s.name}: " + "; ".join(parts))
+    ceilings = [(mode, summary.get(mode, {}).get("_ceiling", {})) for mode, _batch in std]
+    if any(c for _m, c in ceilings):
+        w("")
+        w("the ceiling: the thin queue (our calls with nothing but our node's store round trips) / redis-streams,")
+        w("full cycle, every round (no HTTP service over this Redis does better on this machine):")
+        for mode, ceiling in ceilings:
+            if ceiling:
+                w(f"  {mode:<9} " + "; ".join(f"{name} {r:.3f}x" for name, r in ceiling.items()))
     w("")
     w("node CPU (every process of the node), medians over the full cycle:")
     for mode, _batch in std:

@@ -13,13 +13,24 @@ throughput_clients.py; the counters in throughput_cpu.py).
   skip-locked      the queue a user writes by hand: one PostgreSQL table, dequeued with
                    ``FOR UPDATE SKIP LOCKED`` under a visibility deadline (throughput_clients.
                    SkipLockedClient has the statements). Server CPU = its clients' backends.
+  thin[wsgi], thin[rsgi]
+                   a reference, not a product: the thin queue (``serving_apps.ThinQueue``), our
+                   message calls with nothing but the store round trips our node makes, served
+                   by granian as our node is (request threads, redis-py) and on one event loop
+                   (RSGI, the store calls awaited). Our clients call it. Server CPU = its
+                   process; store CPU = redis-server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
+import subprocess
+import time
 import uuid
+from pathlib import Path
 
 import throughput_clients as tc
 from common import BenchError, BenchNode, log, redact
@@ -33,7 +44,7 @@ from throughput_cpu import (
     summed,
 )
 
-from queues.testing import with_redis_db
+from queues.testing import free_port, with_redis_db
 
 # --------------------------------------------------------------------------------------
 # systems (parent side: setup, per-round targets, teardown, server CPU)
@@ -407,4 +418,97 @@ class OursSystem(System):
                 if self.other_queues
                 else ""
             )
+        )
+
+
+class ThinSystem(System):
+    """The thin queue (``bench/serving_apps.py``): what an HTTP queue service over the same
+    Redis costs per call when it does nothing but the store round trips our node makes (an
+    enqueue: one write; a dequeue: none; an ack: one delete). ``model``: ``wsgi`` (granian's
+    request threads and redis-py, as our node serves) or ``rsgi`` (one event loop, the store
+    calls awaited). One process, like ``ours[...,p1]``. Its rates bound ours from above: our
+    node's ratio to it is the share of the ceiling we reach; its ratio to Redis Streams is
+    the best any such service shows on this machine."""
+
+    kind = "ours"  # our API's paths and JSON: our client calls it
+
+    def __init__(self, args, model: str) -> None:
+        self.args = args
+        self.model = model
+        self.name = f"thin[{model}]"
+        self.url = with_redis_db(args.redis_url, args.kv_redis_db)
+        self.token = uuid.uuid4().hex
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    def start(self) -> None:
+        import redis
+
+        self.r = redis.Redis.from_url(self.url)
+        self.port = free_port()
+        here = Path(__file__).resolve().parent
+        env = dict(os.environ, MQ_SERVING_REDIS_URL=self.url, MQ_THIN_TOKEN=self.token)
+        self.proc = subprocess.Popen(
+            [self.args.python, str(here / "serving.py"), "--serve", f"thin-{self.model}", str(self.port)],
+            env=env,
+            start_new_session=True,  # its CPU: every process of this session
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            if self.proc.poll() is not None:
+                raise BenchError(f"{self.name}: exited: {self.proc.stderr.read().decode()[-2000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise BenchError(f"{self.name}: did not listen on {self.port} within 30 s") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.r.close()
+
+    def client_spec(self) -> dict:
+        a = self.args
+        return {
+            "base_url": f"http://127.0.0.1:{self.port}",
+            "token": self.token,
+            "visibility_timeout": a.visibility_timeout,
+            "http_client": a.http_client,
+            "http_timeout": 60.0,
+        }
+
+    def new_target(self, tag: str) -> dict:
+        return {"queue": f"bench-{tag}"}
+
+    def drop_target(self, target: dict) -> None:
+        self.r.delete(f"mq:thin:{target['queue']}")
+
+    def server_cpu(self) -> float | None:
+        if self.proc is None:
+            return None
+        v = session_cpu_seconds(self.proc.pid)
+        return None if v != v else v
+
+    def store_cpu(self) -> float | None:
+        return redis_cpu_seconds([self.r])
+
+    def describe(self) -> str:
+        serving = (
+            "granian request threads + redis-py (our node's serving model)"
+            if self.model == "wsgi"
+            else "one event loop (RSGI), store calls awaited on a pipelined connection"
+        )
+        return (
+            f"{self.name}: the thin queue (bench/serving_apps.py) on 127.0.0.1:{self.port}, pid "
+            f"{self.proc.pid if self.proc else '?'}, {serving}; one HSET an enqueue, none a dequeue, one HDEL an "
+            f"ack, on {redact(self.url)} (a reference: no tree, lease, fence, validation or grants)"
         )
