@@ -17,7 +17,7 @@ if str(BENCH) not in sys.path:
 
 import throughput  # noqa: E402
 import throughput_cpu as cpu  # noqa: E402
-from throughput_report import closing_summary, ours_pairs  # noqa: E402
+from throughput_report import closing_summary, ours_pairs, summarize  # noqa: E402
 from throughput_rounds import add_cycle  # noqa: E402
 
 # /proc/<pid>/stat of a process whose name holds ") (" and spaces: session 4242, utime 150,
@@ -189,6 +189,30 @@ def test_closing_summary_quotes_rates_ratios_and_goals():
     assert "100 µs/msg (goal <= 40: NOT met)" in text
     assert "160 µs/call (goal <= 200: met)" in text
     assert "ours[redis,p2] / ours[redis]: cycle 1.167x" in text
+
+
+def test_the_ceiling_is_the_thin_queue_over_redis_streams_in_the_same_rounds():
+    def sample(cycle: float) -> dict:
+        phases = {f: {"rate": cycle} for f in ("enqueue", "dequeue", "ack", "cycle")}
+        return {"phases": phases, "group": "g"}
+
+    thin, streams = system("thin[wsgi]"), system("redis-streams")
+    results = {
+        "single": {
+            "thin[wsgi]": {"samples": [sample(600), sample(500), sample(700)]},
+            "redis-streams": {"samples": [sample(1000), sample(1200), sample(1100)]},
+        }
+    }
+    modes = [("single", 1, 2000)]
+    summary = summarize(results, modes, [thin, streams])
+    assert summary["single"]["_ceiling"] == {"thin[wsgi]": 600 / 1100}
+    ours = system("ours[redis]", "redis", 1)
+    summary["single"]["ours[redis]"] = medians(300, 480, 160)
+    text = "\n".join(closing_summary(modes, [ours, thin, streams], summary))
+    assert "  single    thin[wsgi] 0.545x" in text
+    # without Redis Streams in the run there is no ceiling to print
+    del results["single"]["redis-streams"]
+    assert summarize(results, modes, [thin])["single"]["_ceiling"] == {}
 
 
 def test_ours_pairs_compare_processes_and_cluster():

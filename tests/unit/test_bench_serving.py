@@ -85,3 +85,67 @@ def test_a_lost_connection_fails_the_calls_in_flight():
             await call
 
     asyncio.run(run())
+
+
+def test_every_thin_model_names_an_app_of_its_interface_and_is_not_a_serving_model():
+    for interface, target, *_ in serving.THIN_MODELS.values():
+        assert asyncio.iscoroutinefunction(getattr(serving_apps, target)) == (interface == "rsgi")
+    assert not set(serving.THIN_MODELS) & set(serving.MODELS)
+
+
+def test_the_thin_queue_delivers_a_message_once_written_and_acks_it_by_its_receipt():
+    q = serving_apps.ThinQueue()
+    ids, bodies, command = q.enqueue_write(
+        "/api/v1/queues/bench-a/enqueue", {"messages": [{"body": "x"}, {"body": "y"}]}
+    )
+    assert command == ("HSET", "mq:thin:bench-a", ids[0], "x", ids[1], "y") and len(set(ids)) == 2
+    assert q.dequeue({"max": 10}) == (200, {"messages": []})  # not deliverable before the write
+    assert q.enqueued({"messages": []}, ids, bodies) == (201, {"ids": ids})
+    status, answer = q.dequeue({"max": 1})
+    (first,) = answer["messages"]
+    assert (status, first["id"], first["body"]) == (200, ids[0], "x")
+    acked, command = q.ack_delete(
+        "/api/v1/queues/bench-a/ack",
+        {"messages": [{"id": ids[0], "receipt": "wrong"}, {"id": ids[1], "receipt": "r" + ids[1]}]},
+    )
+    assert (acked, command) == (0, None)  # a wrong receipt, and a message not delivered: nothing to delete
+    data = {"messages": [{"id": ids[0], "receipt": first["receipt"]}]}
+    acked, command = q.ack_delete("/api/v1/queues/bench-a/ack", data)
+    assert (acked, command) == (1, ("HDEL", "mq:thin:bench-a", ids[0]))
+    assert q.acked(data, acked) == (200, {"acked": 1, "not_found": 0})
+    assert q.ack_delete("/api/v1/queues/bench-a/ack", data) == (0, None)  # acked once only
+
+
+def test_the_thin_wsgi_app_makes_one_store_call_an_enqueue_and_an_ack_and_none_a_dequeue(monkeypatch):
+    import orjson
+
+    sent: list[tuple] = []
+    monkeypatch.setattr(
+        serving_apps, "_sync_redis", type("R", (), {"execute_command": lambda self, *c: sent.append(c)})()
+    )
+    monkeypatch.setattr(serving_apps, "_thin", serving_apps.ThinQueue())
+    serving_apps._thin.token = "t"
+
+    def call(action: str, payload: dict, token: str = "t") -> tuple[str, dict]:
+        raw = orjson.dumps(payload)
+        environ = {
+            "PATH_INFO": f"/api/v1/queues/bench-b/{action}",
+            "CONTENT_LENGTH": str(len(raw)),
+            "wsgi.input": io.BytesIO(raw),
+            "HTTP_AUTHORIZATION": f"Token {token}",
+        }
+        seen = []
+        out = serving_apps.thin_wsgi(environ, lambda status, headers: seen.append(status))
+        return seen[0][:3], orjson.loads(b"".join(out))
+
+    assert call("enqueue", {"body": "x"}, token="other") == ("401", {"error": "not_authenticated"})
+    status, answer = call("enqueue", {"body": "x"})
+    assert status == "201" and sent == [("HSET", "mq:thin:bench-b", answer["id"], "x")]
+    status, answer = call("dequeue", {"max": 5})
+    assert status == "200" and len(sent) == 1
+    (m,) = answer["messages"]
+    assert call("ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]}]}) == (
+        "200",
+        {"acked": 1, "not_found": 0},
+    )
+    assert sent[1] == ("HDEL", "mq:thin:bench-b", m["id"])
