@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import box_speed, exit_on_sigterm, fmt_box_speed, fmt_rate, log, median
+from common import BenchError, box_speed, exit_on_sigterm, fmt_box_speed, fmt_rate, log, median
 from throughput_cpu import session_cpu_seconds
 
 HERE = Path(__file__).resolve().parent
@@ -132,28 +132,36 @@ def client(port: int, calls: int) -> None:
     conn.close()
 
 
+def start_server(model: str, port: int, env: dict[str, str], python: str = sys.executable, threads: int = 64):
+    """``--serve model port`` in a process of its own session (its CPU: every process of that
+    session), once it listens; BenchError when it exits or does not listen within 30 s."""
+    proc = subprocess.Popen(
+        [python, __file__, "--serve", model, str(port), "--threads", str(threads)],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        if proc.poll() is not None:
+            assert proc.stderr is not None
+            raise BenchError(f"{model}: server exited: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise BenchError(f"{model}: server did not listen on {port} within 30 s") from None
+            time.sleep(0.1)
+
+
 class Server:
     def __init__(self, model: str, port: int, args: argparse.Namespace) -> None:
         self.model, self.port = model, port
         env = dict(os.environ, MQ_SERVING_REDIS_URL=args.redis_url)
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", model, str(port), "--threads", str(args.threads)],
-            env=env,
-            start_new_session=True,  # its CPU: every process of this session
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        deadline = time.monotonic() + 20
-        while True:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{model}: server exited: {self.proc.stderr.read().decode()[-2000:]}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"{model}: server did not listen on {port}") from None
-                time.sleep(0.1)
+        self.proc = start_server(model, port, env, threads=args.threads)
 
     def round(self, args: argparse.Namespace) -> tuple[float, float]:
         """(calls per second, server CPU µs per call) of one round of every client at once."""
@@ -190,7 +198,10 @@ def main(argv: list[str] | None = None) -> None:
     samples: dict[str, list[tuple[float, float]]] = {m: [] for m in args.models}
     try:
         for i, model in enumerate(args.models):
-            servers.append(Server(model, args.first_port + i, args))
+            try:
+                servers.append(Server(model, args.first_port + i, args))
+            except BenchError as exc:
+                raise SystemExit(str(exc)) from None
         for r in range(args.repeat + 1):
             for server in servers:
                 rate, us = server.round(args)

@@ -210,6 +210,29 @@ _thin = ThinQueue()
 _JSON = [("Content-Type", "application/json")]
 
 
+def _thin_call(path: str, authorization: str | None, raw: bytes):
+    """One call of the thin queue, as a generator: it yields the store command the call needs
+    (an enqueue's, an ack's; none for a dequeue), which the serving model runs its way, and
+    returns ``(status, answer)``."""
+    import orjson
+
+    if authorization != f"Token {_thin.token}":
+        return 401, {"error": "not_authenticated"}
+    if path.endswith("/dequeue"):
+        return _thin.dequeue(orjson.loads(raw))
+    data = orjson.loads(raw)
+    if path.endswith("/enqueue"):
+        ids, bodies, command = _thin.enqueue_write(path, data)
+        yield command
+        return _thin.enqueued(data, ids, bodies)
+    if path.endswith("/ack"):
+        acked, delete = _thin.ack_delete(path, data)
+        if delete is not None:
+            yield delete
+        return _thin.acked(data, acked)
+    return 404, {"error": "not_found"}
+
+
 def thin_wsgi(environ, start_response):
     """The thin queue on granian's request threads with redis-py: our node's serving model."""
     global _sync_redis
@@ -219,26 +242,14 @@ def thin_wsgi(environ, start_response):
         import redis
 
         _sync_redis = redis.Redis.from_url(_redis_url())
-    path = environ["PATH_INFO"]
     length = int(environ.get("CONTENT_LENGTH") or 0)
     raw = environ["wsgi.input"].read(length) if length else b""
-    if environ.get("HTTP_AUTHORIZATION") != f"Token {_thin.token}":
-        status, answer = 401, {"error": "not_authenticated"}
-    elif path.endswith("/enqueue"):
-        data = orjson.loads(raw)
-        ids, bodies, command = _thin.enqueue_write(path, data)
-        _sync_redis.execute_command(*command)
-        status, answer = _thin.enqueued(data, ids, bodies)
-    elif path.endswith("/dequeue"):
-        status, answer = _thin.dequeue(orjson.loads(raw))
-    elif path.endswith("/ack"):
-        data = orjson.loads(raw)
-        acked, command = _thin.ack_delete(path, data)
-        if command is not None:
-            _sync_redis.execute_command(*command)
-        status, answer = _thin.acked(data, acked)
-    else:
-        status, answer = 404, {"error": "not_found"}
+    call = _thin_call(environ["PATH_INFO"], environ.get("HTTP_AUTHORIZATION"), raw)
+    try:
+        while True:
+            _sync_redis.execute_command(*next(call))
+    except StopIteration as done:
+        status, answer = done.value
     body = orjson.dumps(answer)
     start_response(f"{status} -", [*_JSON, ("Content-Length", str(len(body)))])
     return [body]
@@ -270,22 +281,10 @@ async def thin_rsgi(scope, protocol):
     import orjson
 
     raw = await protocol()
-    path = scope.path
-    if scope.headers.get("authorization") != f"Token {_thin.token}":
-        status, answer = 401, {"error": "not_authenticated"}
-    elif path.endswith("/enqueue"):
-        data = orjson.loads(raw)
-        ids, bodies, command = _thin.enqueue_write(path, data)
-        await _thin_store(command)
-        status, answer = _thin.enqueued(data, ids, bodies)
-    elif path.endswith("/dequeue"):
-        status, answer = _thin.dequeue(orjson.loads(raw))
-    elif path.endswith("/ack"):
-        data = orjson.loads(raw)
-        acked, command = _thin.ack_delete(path, data)
-        if command is not None:
-            await _thin_store(command)
-        status, answer = _thin.acked(data, acked)
-    else:
-        status, answer = 404, {"error": "not_found"}
+    call = _thin_call(scope.path, scope.headers.get("authorization"), raw)
+    try:
+        while True:
+            await _thin_store(next(call))
+    except StopIteration as done:
+        status, answer = done.value
     protocol.response_bytes(status, _JSON, orjson.dumps(answer))

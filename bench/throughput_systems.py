@@ -26,14 +26,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
-import time
 import uuid
-from pathlib import Path
 
 import throughput_clients as tc
 from common import BenchError, BenchNode, log, redact
+from serving import start_server
 from throughput_cpu import (
     PgBackendMeter,
     parse_cluster_nodes,
@@ -446,26 +444,8 @@ class ThinSystem(System):
 
         self.r = redis.Redis.from_url(self.url)
         self.port = free_port()
-        here = Path(__file__).resolve().parent
         env = dict(os.environ, MQ_SERVING_REDIS_URL=self.url, MQ_THIN_TOKEN=self.token)
-        self.proc = subprocess.Popen(
-            [self.args.python, str(here / "serving.py"), "--serve", f"thin-{self.model}", str(self.port)],
-            env=env,
-            start_new_session=True,  # its CPU: every process of this session
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                raise BenchError(f"{self.name}: exited: {self.proc.stderr.read().decode()[-2000:]}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise BenchError(f"{self.name}: did not listen on {self.port} within 30 s") from None
-                time.sleep(0.1)
+        self.proc = start_server(f"thin-{self.model}", self.port, env, python=self.args.python)
 
     def stop(self) -> None:
         if self.proc is not None:
