@@ -134,16 +134,17 @@ async def rsgi_inline(scope, protocol):
     protocol.response_bytes(200, HEADERS, BODY)
 
 
-# --- the thin queue: the ceiling of an HTTP queue service over Redis ---------------------
+# --- the thin queue: the ceiling of a Python HTTP queue service over Redis --------------
 #
 # ``bench/throughput.py`` runs it beside our node (``thin[wsgi]``, ``thin[rsgi]``): our message
 # calls' paths and JSON, the same store round trips as our node's (an enqueue: one write of
 # its messages; a dequeue: none, served from memory; an ack: one delete), and nothing else: no
 # append tree, lease, fence, validation, grants, metrics, redelivery or persistence of receive
 # counts; one process, one queue in memory, IDs from a counter. It is not a queue anyone
-# should run (a restart forgets what was in flight); what it costs is what any HTTP service in
-# front of Redis pays per call on this machine, so our node's ratio to it is the share of the
-# ceiling we reach, and its ratio to Redis Streams is the best such a service could show.
+# should run (a restart forgets what was in flight); what it costs is about the least a Python
+# HTTP service in front of Redis pays per call on this machine, so our node's ratio to it is the
+# share of the ceiling we reach, and its ratio to Redis Streams about the best such a service
+# could show.
 
 
 class ThinQueue:

@@ -304,7 +304,7 @@ def closing_summary(modes, systems, summary: dict) -> list[str]:
     if any(c for _m, c in ceilings):
         w("")
         w("the ceiling: the thin queue (our calls with nothing but our node's store round trips) / redis-streams,")
-        w("full cycle, every round (no HTTP service over this Redis does better on this machine):")
+        w("full cycle, every round (about the best a Python HTTP queue over this Redis shows on this machine):")
         for mode, ceiling in ceilings:
             if ceiling:
                 w(f"  {mode:<9} " + "; ".join(f"{name} {r:.3f}x" for name, r in ceiling.items()))

@@ -426,7 +426,7 @@ class ThinSystem(System):
     request threads and redis-py, as our node serves) or ``rsgi`` (one event loop, the store
     calls awaited). One process, like ``ours[...,p1]``. Its rates bound ours from above: our
     node's ratio to it is the share of the ceiling we reach; its ratio to Redis Streams is
-    the best any such service shows on this machine."""
+    about the best such a service in Python shows on this machine."""
 
     kind = "ours"  # our API's paths and JSON: our client calls it
 
