@@ -52,6 +52,13 @@ Systems:
                    UPDATE ... SET visible_at = now() + visibility timeout FROM (SELECT id ...
                    WHERE visible_at <= now() ORDER BY visible_at, id LIMIT 1|100 FOR UPDATE
                    SKIP LOCKED) RETURNING; ack = DELETE of the (id, receive count) pairs.
+  thin[wsgi], thin[rsgi]
+                   a reference, not a product (bench/serving_apps.py, the thin queue): our API's
+                   message calls with nothing behind them but the store round trips our node
+                   makes (enqueue: one HSET; dequeue: none, from memory; ack: one HDEL), served
+                   by granian on request threads (as our node) and on one event loop (RSGI).
+                   Our clients call it; the summary prints each node's ratio to it and its own
+                   ratio to Redis Streams ("the ceiling").
 
 CPU per message, every system, each side apart (bench/throughput_cpu.py): server = ours: every
 process of the node's session (all its serving processes and its worker); redis-streams:
@@ -186,7 +193,7 @@ def parse_args(argv=None):
         "--only-baselines",
         default="redis-streams,pgqueuer,skip-locked,thin-wsgi,thin-rsgi",
         help="which baselines to run (thin-wsgi, thin-rsgi: the thin queue, our calls with nothing but our "
-        "node's store round trips: the ceiling of an HTTP service over Redis here)",
+        "node's store round trips: about the ceiling of a Python HTTP queue over this Redis)",
     )
     p.add_argument("--json", metavar="OUT.json", help="write all samples, medians and ratios here")
     p.add_argument("--redis-url", default=os.environ.get("MQ_TEST_REDIS_URL", "redis://127.0.0.1:63799"))
