@@ -140,7 +140,7 @@ async def rsgi_inline(scope, protocol):
 # calls' paths and JSON, the same store round trips as our node's (an enqueue: one write of
 # its messages; a dequeue: none, served from memory; an ack: one delete), and nothing else: no
 # append tree, lease, fence, validation, grants, metrics, redelivery or persistence of receive
-# counts; one process, one queue in memory, IDs from a counter. It is not a queue anyone
+# counts; one process, its queues in memory, IDs from a counter. It is not a queue anyone
 # should run (a restart forgets what was in flight); what it costs is about the least a Python
 # HTTP service in front of Redis pays per call on this machine, so our node's ratio to it is the
 # share of the ceiling we reach, and its ratio to Redis Streams about the best such a service
@@ -153,16 +153,21 @@ class ThinQueue:
 
     def __init__(self) -> None:
         import threading
-        from collections import deque
+        from collections import defaultdict, deque
 
         self.lock = threading.Lock()
-        self.ready: deque[tuple[str, str]] = deque()
+        #: deliverable messages by queue (the URL's name: a benchmark round's own queue)
+        self.ready: defaultdict[str, deque[tuple[str, str]]] = defaultdict(deque)
         self.out: dict[str, str] = {}  # in flight: id -> receipt
         self.seq = 0
         self.token = os.environ.get("MQ_THIN_TOKEN", "")
 
+    @staticmethod
+    def queue(path: str) -> str:
+        return path.rsplit("/", 2)[-2]
+
     def key(self, path: str) -> str:
-        return "mq:thin:" + path.rsplit("/", 2)[-2]
+        return "mq:thin:" + self.queue(path)
 
     def new_ids(self, n: int) -> list[str]:
         with self.lock:
@@ -178,17 +183,18 @@ class ThinQueue:
             fields += (mid, body)
         return ids, bodies, ("HSET", self.key(path), *fields)
 
-    def enqueued(self, data: dict, ids: list[str], bodies: list[str]) -> tuple[int, dict]:
+    def enqueued(self, path: str, data: dict, ids: list[str], bodies: list[str]) -> tuple[int, dict]:
         """Deliverable once written; the enqueue's answer."""
         with self.lock:
-            self.ready.extend(zip(ids, bodies))
+            self.ready[self.queue(path)].extend(zip(ids, bodies))
         return 201, ({"id": ids[0]} if "body" in data else {"ids": ids})
 
-    def dequeue(self, data: dict) -> tuple[int, dict]:
+    def dequeue(self, path: str, data: dict) -> tuple[int, dict]:
         messages = []
         with self.lock:
-            for _ in range(min(int(data.get("max", 1)), len(self.ready))):
-                mid, body = self.ready.popleft()
+            ready = self.ready[self.queue(path)]
+            for _ in range(min(int(data.get("max", 1)), len(ready))):
+                mid, body = ready.popleft()
                 self.out[mid] = receipt = "r" + mid
                 messages.append({"id": mid, "receipt": receipt, "body": body})
         return 200, {"messages": messages}
@@ -220,12 +226,12 @@ def _thin_call(path: str, authorization: str | None, raw: bytes):
     if authorization != f"Token {_thin.token}":
         return 401, {"error": "not_authenticated"}
     if path.endswith("/dequeue"):
-        return _thin.dequeue(orjson.loads(raw))
+        return _thin.dequeue(path, orjson.loads(raw))
     data = orjson.loads(raw)
     if path.endswith("/enqueue"):
         ids, bodies, command = _thin.enqueue_write(path, data)
         yield command
-        return _thin.enqueued(data, ids, bodies)
+        return _thin.enqueued(path, data, ids, bodies)
     if path.endswith("/ack"):
         acked, delete = _thin.ack_delete(path, data)
         if delete is not None:

@@ -99,9 +99,11 @@ def test_the_thin_queue_delivers_a_message_once_written_and_acks_it_by_its_recei
         "/api/v1/queues/bench-a/enqueue", {"messages": [{"body": "x"}, {"body": "y"}]}
     )
     assert command == ("HSET", "mq:thin:bench-a", ids[0], "x", ids[1], "y") and len(set(ids)) == 2
-    assert q.dequeue({"max": 10}) == (200, {"messages": []})  # not deliverable before the write
-    assert q.enqueued({"messages": []}, ids, bodies) == (201, {"ids": ids})
-    status, answer = q.dequeue({"max": 1})
+    a, b = "/api/v1/queues/bench-a/dequeue", "/api/v1/queues/bench-b/dequeue"
+    assert q.dequeue(a, {"max": 10}) == (200, {"messages": []})  # not deliverable before the write
+    assert q.enqueued("/api/v1/queues/bench-a/enqueue", {"messages": []}, ids, bodies) == (201, {"ids": ids})
+    assert q.dequeue(b, {"max": 10}) == (200, {"messages": []})  # another queue's (an earlier round's)
+    status, answer = q.dequeue(a, {"max": 1})
     (first,) = answer["messages"]
     assert (status, first["id"], first["body"]) == (200, ids[0], "x")
     acked, command = q.ack_delete(
