@@ -5,7 +5,12 @@ The canonical request is rebuilt from what arrived (method, path, query, the sig
 the payload's SHA-256) exactly as the AWS documentation and botocore build it, the signing key
 derived from the key's secret and the credential scope, and the HMACs compared in constant
 time. A request dated more than ``MAX_SKEW`` from now is refused, as SQS does, so a captured
-request cannot be replayed later.
+request cannot be replayed later; a presigned URL lives at most ``MAX_EXPIRES``, as AWS's do.
+A payload left unsigned (``UNSIGNED-PAYLOAD``, what presigned URLs declare) is accepted only for
+a request without a body, so a signature never vouches for a body it did not cover.
+
+:func:`claimed_credential` reads whose key a request names without its body: the endpoint looks
+the key up before it reads a byte of the body.
 """
 
 from __future__ import annotations
@@ -13,13 +18,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from urllib.parse import parse_qsl, quote
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 #: SQS refuses a signature dated more than 15 minutes from its clock.
 MAX_SKEW = 15 * 60
+#: The longest a presigned URL may live (X-Amz-Expires, seconds): seven days, as AWS.
+MAX_EXPIRES = 7 * 24 * 3600
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 
 
@@ -53,6 +60,8 @@ class Credential:
     date: str
     region: str
     service: str
+    #: the header names the signature covers (lower case); empty until verified.
+    signed_headers: frozenset[str] = frozenset()
 
 
 def _hmac(key: bytes, text: str) -> bytes:
@@ -111,17 +120,23 @@ def _parse_date(amz_date: str) -> datetime:
         raise SignatureError("IncompleteSignature", f"malformed X-Amz-Date {amz_date!r}", 400) from None
 
 
-def verify(req: Request, secret_of: Callable[[str], str | None], now: datetime | None = None) -> Credential:
-    """The credential of a correctly signed, fresh request.
+@dataclass(frozen=True)
+class _Claim:
+    """What a request's signature says of itself, read from its headers or query string."""
 
-    ``secret_of`` gives an active key's secret (None: no such key, or revoked). Raises
-    SignatureError: MissingAuthenticationToken (unsigned), IncompleteSignature (malformed),
-    InvalidClientTokenId (unknown or revoked key), RequestExpired (dated more than
-    ``MAX_SKEW`` away, or a presigned URL past its expiry), SignatureDoesNotMatch.
-    """
-    now = now or datetime.now(UTC)
-    query = dict(parse_qsl(req.query, keep_blank_values=True))
-    auth = req.headers.get("authorization", "")
+    cred: Credential
+    signed_headers: list[str]
+    signature: str
+    amz_date: str
+    #: a presigned URL's lifetime (seconds); None for a signature in the Authorization header.
+    expires: int | None
+    #: the query parameter the canonical query leaves out (the signature itself, presigned).
+    without: str
+
+
+def _claim(query_string: str, headers: Mapping[str, str]) -> _Claim:
+    query = dict(parse_qsl(query_string, keep_blank_values=True))
+    auth = headers.get("authorization", "")
     if auth:
         algorithm, _, rest = auth.partition(" ")
         if algorithm != ALGORITHM:
@@ -134,28 +149,62 @@ def verify(req: Request, secret_of: Callable[[str], str | None], now: datetime |
             raise SignatureError(
                 "IncompleteSignature", "Authorization needs Credential, SignedHeaders and Signature", 400
             )
-        cred = _parse_credential(fields["Credential"])
-        signed_headers = fields["SignedHeaders"].split(";")
-        signature = fields["Signature"]
-        amz_date = req.headers.get("x-amz-date", "")
+        amz_date = headers.get("x-amz-date", "")
         if not amz_date:
             raise SignatureError("IncompleteSignature", "the request needs an X-Amz-Date header", 400)
-        expires = None
-        without = ""
-    elif "X-Amz-Signature" in query:
+        return _Claim(
+            _parse_credential(fields["Credential"]),
+            fields["SignedHeaders"].split(";"),
+            fields["Signature"],
+            amz_date,
+            None,
+            "",
+        )
+    if "X-Amz-Signature" in query:
         if query.get("X-Amz-Algorithm") != ALGORITHM:
             raise SignatureError("IncompleteSignature", f"only {ALGORITHM} signatures are accepted", 400)
-        cred = _parse_credential(query.get("X-Amz-Credential", ""))
-        signed_headers = query.get("X-Amz-SignedHeaders", "").split(";")
-        signature = query["X-Amz-Signature"]
-        amz_date = query.get("X-Amz-Date", "")
         try:
             expires = int(query.get("X-Amz-Expires", "900"))
         except ValueError:
             raise SignatureError("IncompleteSignature", "X-Amz-Expires must be a number of seconds", 400) from None
-        without = "X-Amz-Signature"
-    else:
-        raise SignatureError("MissingAuthenticationToken", "the request must be signed with AWS Signature Version 4")
+        if not 1 <= expires <= MAX_EXPIRES:
+            raise SignatureError(
+                "AuthorizationQueryParametersError",
+                f"X-Amz-Expires must be between 1 and {MAX_EXPIRES} seconds (seven days), got {expires}",
+                400,
+            )
+        return _Claim(
+            _parse_credential(query.get("X-Amz-Credential", "")),
+            query.get("X-Amz-SignedHeaders", "").split(";"),
+            query["X-Amz-Signature"],
+            query.get("X-Amz-Date", ""),
+            expires,
+            "X-Amz-Signature",
+        )
+    raise SignatureError("MissingAuthenticationToken", "the request must be signed with AWS Signature Version 4")
+
+
+def claimed_credential(query: str, headers: Mapping[str, str]) -> Credential:
+    """The credential a request names (Authorization header, else a presigned query string),
+    read without its body and not verified: whose key to look up before reading the body.
+    Raises SignatureError (MissingAuthenticationToken, IncompleteSignature,
+    AuthorizationQueryParametersError)."""
+    return _claim(query, headers).cred
+
+
+def verify(req: Request, secret_of: Callable[[str], str | None], now: datetime | None = None) -> Credential:
+    """The credential of a correctly signed, fresh request, with the headers it signed.
+
+    ``secret_of`` gives an active key's secret (None: no such key, or revoked). Raises
+    SignatureError: MissingAuthenticationToken (unsigned), IncompleteSignature (malformed),
+    AuthorizationQueryParametersError (a presigned URL to live more than ``MAX_EXPIRES``),
+    InvalidClientTokenId (unknown or revoked key), RequestExpired (dated more than
+    ``MAX_SKEW`` away, or a presigned URL past its expiry), SignatureDoesNotMatch (also: a body
+    under a signature that left the payload unsigned).
+    """
+    now = now or datetime.now(UTC)
+    claim = _claim(req.query, req.headers)
+    cred, signed_headers, amz_date, expires = claim.cred, claim.signed_headers, claim.amz_date, claim.expires
     signed_at = _parse_date(amz_date)
     if cred.date != amz_date[:8]:
         raise SignatureError("SignatureDoesNotMatch", "the credential scope's date is not the request's date")
@@ -175,17 +224,31 @@ def verify(req: Request, secret_of: Callable[[str], str | None], now: datetime |
     if secret is None:
         raise SignatureError("InvalidClientTokenId", "The security token included in the request is invalid.")
     key = signing_key(secret, cred.date, cred.region, cred.service)
+    body_hash = hashlib.sha256(req.body).hexdigest()
     declared = req.headers.get("x-amz-content-sha256")
-    hashes = [declared] if declared else [hashlib.sha256(req.body).hexdigest(), UNSIGNED_PAYLOAD]
-    if declared and declared != UNSIGNED_PAYLOAD and declared != hashlib.sha256(req.body).hexdigest():
+    if declared and declared != UNSIGNED_PAYLOAD and declared != body_hash:
         raise SignatureError("SignatureDoesNotMatch", "x-amz-content-sha256 is not the payload's SHA-256")
+    if req.body:
+        # A signature over UNSIGNED-PAYLOAD vouches for no body: with one, only its hash will do.
+        if declared == UNSIGNED_PAYLOAD:
+            raise SignatureError(
+                "SignatureDoesNotMatch", "UNSIGNED-PAYLOAD is accepted only for a request without a body"
+            )
+        hashes = [body_hash]
+    else:
+        hashes = [declared] if declared else [body_hash, UNSIGNED_PAYLOAD]
     for payload_hash in hashes:
-        canonical = canonical_request(req, signed_headers, payload_hash, without=without)
+        canonical = canonical_request(req, signed_headers, payload_hash, without=claim.without)
         expected = hmac.new(key, string_to_sign(amz_date, cred, canonical).encode("utf-8"), hashlib.sha256).hexdigest()
-        if hmac.compare_digest(expected, signature):
-            return cred
+        if hmac.compare_digest(expected, claim.signature):
+            return replace(cred, signed_headers=frozenset(signed_headers))
     raise SignatureError(
         "SignatureDoesNotMatch",
         "The request signature we calculated does not match the signature you provided. "
-        "Check your AWS Secret Access Key and signing method.",
+        "Check your AWS Secret Access Key and signing method."
+        + (
+            " A request with a body must sign its payload (UNSIGNED-PAYLOAD is not accepted for one)."
+            if req.body and expires is not None
+            else ""
+        ),
     )

@@ -127,3 +127,47 @@ def test_md5_of_message_attributes_is_sqs_s():
         h.update(bytes([tb]) + len(value).to_bytes(4, "big") + value)
     assert actions.md5_of_attributes(attrs) == h.hexdigest()
     assert actions.md5_of_body("héllo") == hashlib.md5("héllo".encode()).hexdigest()
+
+
+def _presigned(expires: int) -> sigv4.Request:
+    req = AWSRequest(method="GET", url="http://h/sqs/?Action=ListQueues")
+    SigV4QueryAuth(Credentials(KEY, SECRET), "sqs", "eu-west-1", expires=expires).add_auth(req)
+    split = urlsplit(req.prepare().url)
+    return sigv4.Request("GET", split.path, split.query, {"host": split.netloc}, b"")
+
+
+def test_a_presigned_url_lives_at_most_seven_days():
+    assert sigv4.verify(_presigned(sigv4.MAX_EXPIRES), _secret_of).access_key_id == KEY
+    for expires in (sigv4.MAX_EXPIRES + 1, 10 * 365 * 86400):
+        with pytest.raises(sigv4.SignatureError) as exc:
+            sigv4.verify(_presigned(expires), _secret_of)
+        assert (exc.value.code, exc.value.status) == ("AuthorizationQueryParametersError", 400)
+
+
+def test_an_unsigned_payload_is_accepted_only_without_a_body():
+    # a presigned URL signs UNSIGNED-PAYLOAD: as signed (no body) it verifies, with a body it does not
+    req = _presigned(300)
+    assert sigv4.verify(req, _secret_of).access_key_id == KEY
+    with pytest.raises(sigv4.SignatureError) as exc:
+        sigv4.verify(sigv4.Request("POST", req.path, req.query, req.headers, b"Action=DeleteQueue"), _secret_of)
+    assert exc.value.code == "SignatureDoesNotMatch"
+    # and so does a header signature that declares the payload unsigned
+    aws = AWSRequest(
+        method="POST", url="http://h/sqs/", data=b"", headers={"X-Amz-Content-SHA256": sigv4.UNSIGNED_PAYLOAD}
+    )
+    SigV4Auth(Credentials(KEY, SECRET), "sqs", "eu-west-1").add_auth(aws)
+    headers = {k.lower(): v for k, v in aws.headers.items()} | {"host": "h"}
+    assert sigv4.verify(sigv4.Request("POST", "/sqs/", "", headers, b""), _secret_of).access_key_id == KEY
+    with pytest.raises(sigv4.SignatureError) as exc:
+        sigv4.verify(sigv4.Request("POST", "/sqs/", "", headers, b"Action=DeleteQueue"), _secret_of)
+    assert "UNSIGNED-PAYLOAD" in exc.value.message
+
+
+@pytest.mark.parametrize("query_auth", [False, True])
+def test_the_claimed_key_is_read_without_the_body_and_the_signed_headers_reported(query_auth):
+    req = _signed("http://127.0.0.1:8000/sqs/", b"{}", query_auth=query_auth)
+    assert sigv4.claimed_credential(req.query, req.headers).access_key_id == KEY
+    assert "x-amz-target" in sigv4.verify(req, _secret_of).signed_headers
+    with pytest.raises(sigv4.SignatureError) as exc:
+        sigv4.claimed_credential("", {"host": "h"})
+    assert exc.value.code == "MissingAuthenticationToken"
