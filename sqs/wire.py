@@ -14,6 +14,10 @@ from .errors import SQSError
 
 CONTENT_TYPE = "application/x-amz-json-1.0"
 TARGET_PREFIX = "AmazonSQS."
+#: The deepest nesting of objects and arrays a request may have. SQS's deepest input is 6 levels
+#: (SendMessageBatch: entries, an entry, its attributes, one attribute, its list of values);
+#: anything past this is refused (400) before an action or a recursive walk sees it.
+MAX_DEPTH = 16
 
 
 def is_json_request(headers: Mapping[str, str]) -> bool:
@@ -33,9 +37,31 @@ def decode(headers: Mapping[str, str], body: bytes) -> tuple[str, dict[str, Any]
         params = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise SQSError("MalformedQueryString", f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        params = _TOO_DEEP  # nested past the parser's own bound: far past ours
+    if params is _TOO_DEEP or _too_deep(params):
+        raise SQSError("MalformedQueryString", f"the body nests objects and arrays more than {MAX_DEPTH} deep")
     if not isinstance(params, dict):
         raise SQSError("MalformedQueryString", "the body must be a JSON object")
     return action, params
+
+
+_TOO_DEEP = object()
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether ``value`` nests dicts and lists past ``MAX_DEPTH`` (walked without recursion)."""
+    level: list[Any] = [value] if isinstance(value, dict | list) else []
+    for _ in range(MAX_DEPTH):
+        level = [
+            child
+            for item in level
+            for child in (item.values() if isinstance(item, dict) else item)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return False
+    return True
 
 
 def encode(result: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
