@@ -110,8 +110,8 @@ class Context:
     base_url: str
     account: str
     region: str
-    #: the access key that signed the call (the messages' SenderId).
-    access_key_id: str = ""
+    #: the caller's SenderId: an opaque ID of its user (never a credential of theirs).
+    sender_id: str = ""
 
 
 # --- names, URLs, errors ------------------------------------------------------------------------
@@ -164,6 +164,9 @@ def service_errors() -> Iterator[None]:
         raise SQSError("InvalidAttributeValue", "; ".join(exc.messages)) from None
     except service.Conflict as exc:
         raise SQSError("ServiceUnavailable", f"{exc.detail}; retry", retry_after=1) from None
+    except service.TooManyWaits as exc:
+        # The REST API's 429: SQS's throttling error, which SDKs back off from (never a 500).
+        raise SQSError("RequestThrottled", exc.detail, retry_after=exc.retry_after) from None
     except (service.PartitionUnavailable, service.KVError, DatabaseError) as exc:
         raise SQSError("ServiceUnavailable", f"unavailable now, retry: {exc}", retry_after=1) from None
     except service.RemoteError as exc:
@@ -174,6 +177,8 @@ def service_errors() -> Iterator[None]:
             raise SQSError("AccessDenied", detail) from None
         if exc.status == 409:
             raise SQSError("ReceiptHandleIsInvalid", detail) from None
+        if exc.status == 429:
+            raise SQSError("RequestThrottled", detail, retry_after=1) from None
         if exc.status < 500:
             raise _invalid(detail) from None
         raise SQSError("ServiceUnavailable", detail, retry_after=1) from None
@@ -805,8 +810,8 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
             )
         # A standard queue keeps no order: a group would order the service's delivery.
         group, scoped = None, None
-    if ctx.access_key_id:
-        meta["sender"] = ctx.access_key_id
+    if ctx.sender_id:
+        meta["sender"] = ctx.sender_id
     if "AWSTraceHeader" in system:
         meta["trace"] = system["AWSTraceHeader"][1]
     wait = q.delay if delay is None else delay

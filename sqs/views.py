@@ -1,23 +1,30 @@
 """The SQS endpoint: one view under ``/sqs/`` (queue URLs ``http://<node>/sqs/<account>/<queue>``).
 
-Every call: check the SigV4 signature against an active ``AccessKey`` of an active user, decode
-the protocol (AWS JSON 1.0 by ``X-Amz-Target``; else the query protocol's ``Action=...``), run
-the action as that user (``actions``), encode the answer or the error in the same protocol.
+Every call: find the active ``AccessKey`` of an active user that the call names before reading
+its body (none: refused unread), read the body to a bound, check the SigV4 signature with the
+key's secret, count the call against the user's rate as the REST API does, decode the protocol
+(AWS JSON 1.0 by ``X-Amz-Target``, which must be signed; else the query protocol's
+``Action=...``), run the action as that user (``actions``), encode the answer or the error in
+the same protocol. Past a per-user limit (call rate, concurrent long polls) the answer is SQS's
+throttling error, ``RequestThrottled``.
 A store or database outage is ServiceUnavailable (503, Retry-After), never a 500.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import uuid
-from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
 from django.http import Http404, HttpRequest, HttpResponse
+from django.utils.crypto import salted_hmac
 from django.views.decorators.csrf import csrf_exempt
+from rest_framework import exceptions
 
 from queues import service
+from queues.api import throttles
 from queues.auth import caller_of
 
 from . import actions, query, sigv4, wire
@@ -27,26 +34,56 @@ from .models import AccessKey
 log = logging.getLogger(__name__)
 
 
+#: The most bytes of an SQS request's body, refused by its Content-Length before a byte is read
+#: (413): a batch's bodies at the most any queue allows (1 MiB in all), each byte of them up to
+#: three once percent-encoded or JSON-escaped, and room for the rest of the call. Never more than
+#: the node's limit for any request (``API_MAX_REQUEST_BYTES``).
+MAX_REQUEST_BYTES = 4 * 1024 * 1024 + 64 * 1024
+
+
 def _headers(request: HttpRequest) -> dict[str, str]:
     """The request's headers in lower case, as signed (Host and Content-Type included)."""
     out = {k.lower(): v for k, v in request.headers.items()}
     return out
 
 
-def _authenticate(request: HttpRequest, headers: dict[str, str], body: bytes) -> tuple[AccessKey, sigv4.Credential]:
-    keys: dict[str, AccessKey] = {}
+def _signature_error(exc: sigv4.SignatureError) -> SQSError:
+    return SQSError(exc.code, exc.message, exc.status)
 
-    def secret_of(key_id: str) -> str | None:
-        key = (
-            AccessKey.objects.filter(access_key_id=key_id, revoked_at__isnull=True, user__is_active=True)
-            .select_related("user")
-            .first()
+
+def _key_of(request: HttpRequest, headers: dict[str, str]) -> AccessKey:
+    """The active key of an active user that the request names (its Authorization header, else
+    a presigned query string), found before a byte of the body is read: a call that names none,
+    or a key unknown, revoked or of an inactive user, is refused with its body unread."""
+    try:
+        claimed = sigv4.claimed_credential(request.META.get("QUERY_STRING", ""), headers)
+    except sigv4.SignatureError as exc:
+        raise _signature_error(exc) from None
+    key = (
+        AccessKey.objects.filter(access_key_id=claimed.access_key_id, revoked_at__isnull=True, user__is_active=True)
+        .select_related("user")
+        .first()
+    )
+    if key is None:
+        raise SQSError("InvalidClientTokenId", "The security token included in the request is invalid.")
+    return key
+
+
+def _body(request: HttpRequest) -> bytes:
+    """The body, refused (413) by its Content-Length before it is read when over the limit."""
+    length = request.META.get("CONTENT_LENGTH") or "0"
+    if not (length.isascii() and length.isdigit()):
+        raise SQSError("MalformedQueryString", f"Content-Length must be a number of bytes, got {length!r}")
+    limit = min(MAX_REQUEST_BYTES, settings.API_MAX_REQUEST_BYTES)
+    if int(length) > limit:
+        raise SQSError(
+            "RequestEntityTooLarge", f"the request body of {length} bytes is over the limit of {limit} bytes", 413
         )
-        if key is None:
-            return None
-        keys[key_id] = key
-        return key.secret
+    return request.body
 
+
+def _authenticate(request: HttpRequest, headers: dict[str, str], body: bytes, key: AccessKey) -> sigv4.Credential:
+    """The credential of the request, signed with ``key``'s secret (``_key_of``)."""
     raw_path = request.META.get("RAW_URI") or request.get_full_path()
     req = sigv4.Request(
         request.method or "POST",
@@ -56,10 +93,47 @@ def _authenticate(request: HttpRequest, headers: dict[str, str], body: bytes) ->
         body,
     )
     try:
-        cred = sigv4.verify(req, secret_of)
+        cred = sigv4.verify(req, lambda key_id: key.secret if key_id == key.access_key_id else None)
     except sigv4.SignatureError as exc:
-        raise SQSError(exc.code, exc.message, exc.status) from None
-    return keys[cred.access_key_id], cred
+        raise _signature_error(exc) from None
+    if "x-amz-target" in headers and "x-amz-target" not in cred.signed_headers:
+        # The target is the action: unsigned, it could turn a signed call into any other.
+        raise SQSError("IncompleteSignature", "the signature must cover the X-Amz-Target header", 400)
+    return cred
+
+
+def _form(request: HttpRequest) -> dict[str, str]:
+    """The query protocol's parameters: the query string's and the body's, neither overriding
+    the other (a parameter in both is refused)."""
+    both = request.GET.keys() & request.POST.keys()
+    if both:
+        raise SQSError(
+            "InvalidParameterValue",
+            f"the parameter {sorted(both)[0]} is both in the query string and in the body: send it once",
+        )
+    return {**request.GET.dict(), **request.POST.dict()}
+
+
+def _throttle(key: AccessKey) -> None:
+    """The REST API's per-user call rate (``API_THROTTLE_USER``), counted in the same windows:
+    past it, SQS's throttling error (400 RequestThrottled, which SDKs back off from and retry)."""
+    try:
+        throttles.check_user(key.user_id)
+    except exceptions.Throttled as exc:
+        wait = max(1.0, float(getattr(exc, "wait", None) or 1))  # DRF sets it; its stubs omit it
+        raise SQSError(
+            "RequestThrottled",
+            f"Request was throttled: over this user's call rate; retry in {wait:g} s",
+            retry_after=wait,
+        ) from None
+
+
+def sender_id(user_id: object) -> str:
+    """The SenderId of a user's messages: opaque and stable for the user, AWS-like (``AIDA`` and
+    17 upper-case letters and digits), derived with an HMAC keyed by ``SECRET_KEY`` so that it
+    names neither the user nor a credential of theirs."""
+    digest = salted_hmac("sqs.sender-id", str(user_id), algorithm="sha256").digest()
+    return "AIDA" + base64.b32encode(digest).decode("ascii")[:17]
 
 
 def _respond(answer: tuple[int, dict[str, str], bytes], request_id: str) -> HttpResponse:
@@ -73,21 +147,23 @@ def _respond(answer: tuple[int, dict[str, str], bytes], request_id: str) -> Http
 
 @csrf_exempt
 def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
+    """One SQS call. Its key is looked up before the body is read (unknown: refused unread),
+    the body read to ``MAX_REQUEST_BYTES``, the signature checked, the user's rate counted."""
     request_id = str(uuid.uuid4())
     headers = _headers(request)
-    body = request.body
     json_protocol = wire.is_json_request(headers)
-    form: dict[str, Any] = {}
     try:
         if request.method not in ("POST", "GET"):
             raise SQSError("InvalidAction", "SQS calls are POST (or GET with the query protocol)")
-        key, cred = _authenticate(request, headers, body)
+        key = _key_of(request, headers)
+        body = _body(request)
+        cred = _authenticate(request, headers, body, key)
+        _throttle(key)
         if json_protocol:
             action, params = wire.decode(headers, body)
         else:
-            form = {**request.GET.dict(), **request.POST.dict()}
             try:
-                action, params = query.decode(form)
+                action, params = query.decode(_form(request))
             except query.QueryError as exc:
                 raise SQSError(exc.code, exc.message, exc.status, exc.sender_fault) from None
         ctx = actions.Context(
@@ -95,7 +171,7 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
             base_url=f"{request.scheme}://{request.get_host()}/sqs",
             account=settings.SQS_ACCOUNT_ID,
             region=cred.region,
-            access_key_id=key.access_key_id,
+            sender_id=sender_id(key.user_id),
         )
         key.touch()
         result = actions.run(action, params, ctx)
