@@ -337,6 +337,8 @@ def update_subscription(sub: Subscription, *, caller: Caller, **fields: Any) -> 
     SubscriptionNotFound (deleted meanwhile), InvalidRequest (``read_only_setting``), django's
     ValidationError."""
     check_subscription_update(sub, caller=caller, **fields)
+    if not fields:
+        return sub  # nothing to change, nothing to record
     topic = sub.topic
     target = f"{topic.name}/{sub.name}"
     with transaction.atomic():
@@ -346,7 +348,7 @@ def update_subscription(sub: Subscription, *, caller: Caller, **fields: Any) -> 
         for k, v in fields.items():
             setattr(locked, k, v)
         locked.full_clean()
-        locked.save(update_fields=list(fields) or None)
+        locked.save(update_fields=list(fields))
         audit.record(caller, "change", target, fields=_json_fields(fields))
     _subscriptions_changed(topic)
     return locked
