@@ -66,6 +66,9 @@ class ArchivedMessageAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
+    def has_change_permission(self, request, obj=None):
+        return False  # a copy of a message as it was: shown, replayed (the action), never edited
+
     def has_delete_permission(self, request, obj=None):
         # A row may be the only copy of a message a slow subscription still has to read
         # (retention moved it out of the key-value store): the archive is append-only here.
@@ -107,4 +110,10 @@ class ArchiverLockAdmin(admin.ModelAdmin):
     readonly_fields = ("queue", "holder", "expires_at")
 
     def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False  # the archiver's lease: taken and given up by the archiver only
+
+    def has_delete_permission(self, request, obj=None):
         return False

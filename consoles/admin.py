@@ -20,6 +20,9 @@ class ReadOnly(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
+    def has_delete_permission(self, request, obj=None):
+        return False  # the job forgets its old runs itself (DASHBOARDS_HISTORY_DAYS)
+
 
 @admin.register(DashboardRun)
 class DashboardRunAdmin(ReadOnly):

@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from . import access, keys, service
+from . import access, admin_tokens, keys, service  # noqa: F401 - admin_tokens: the API tokens' admin
 from .access import Caller, Forbidden
 from .kv import get_store
 from .models import AuditEntry, Grant, Node, Partition, Queue, Subscription
@@ -24,8 +24,12 @@ from .tree_svg import partition_svg
 
 def _refusal(exc: Exception) -> str:
     """What the operator is told when the service refuses them an action."""
+    if isinstance(exc, ValidationError):
+        return "; ".join(exc.messages)
     if isinstance(exc, Forbidden):
         return str(exc)
+    if isinstance(exc, service.SubscriptionNotFound):
+        return f"{exc.args[0]!r} was deleted meanwhile"
     return f"you may not see {exc.args[0]!r}: it needs a grant on it"
 
 
@@ -135,8 +139,37 @@ class SubscriptionInline(SubscriptionFigures, admin.TabularInline):
         return False
 
 
+class SubscriptionForm(forms.ModelForm):
+    """A subscription's settings, checked by the service as the admin's user changes them
+    (``manage`` on the topic, ``produce`` on a dead-letter queue it is pointed to), so the form
+    says why a change is refused."""
+
+    #: who changes it: set per request (``SubscriptionAdmin.get_form``).
+    caller: Caller = access.ANONYMOUS
+
+    class Meta:
+        model = Subscription
+        fields = service.descriptions.SUBSCRIPTION_SETTINGS
+
+    def changed_settings(self) -> dict:
+        return {f: self.cleaned_data[f] for f in self.changed_data if f in self.cleaned_data}
+
+    def clean(self):
+        data = super().clean()
+        if self.errors or self.instance.pk is None:
+            return data
+        try:
+            service.check_subscription_update(self.instance, caller=self.caller, **self.changed_settings())
+        except service.InvalidRequest as exc:
+            raise ValidationError(exc.detail) from exc
+        except (Forbidden, service.QueueNotFound) as exc:
+            raise ValidationError(f"you may not change this: {_refusal(exc)}") from exc
+        return data
+
+
 @admin.register(Subscription)
 class SubscriptionAdmin(SubscriptionFigures, admin.ModelAdmin):
+    form = SubscriptionForm
     list_display = [
         "__str__",
         "start",
@@ -190,15 +223,33 @@ class SubscriptionAdmin(SubscriptionFigures, admin.ModelAdmin):
     def has_add_permission(self, request):
         return False  # through the API: creating one reopens the topic's partitions
 
+    def get_form(self, request, obj=None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+        return type(form.__name__, (form,), {"caller": Caller.of(request.user)})
+
     def save_model(self, request, obj, form, change):
-        super().save_model(request, obj, form, change)
-        service.get_runtime().topic_changed(obj.topic.name)
+        # Its settings through the service (checked, recorded, the topic's owners told), from
+        # the row as it is now: the form's instance already holds the new values.
+        try:
+            service.update_subscription(
+                Subscription.objects.select_related("topic").get(pk=obj.pk),
+                caller=Caller.of(request.user),
+                **form.changed_settings(),
+            )
+        except service.InvalidRequest as exc:
+            self.message_user(request, f"{obj}: not changed: {exc.detail}", level=messages.ERROR)
+        except (Forbidden, service.QueueNotFound, service.SubscriptionNotFound, ValidationError) as exc:
+            self.message_user(request, f"{obj}: not changed: {_refusal(exc)}", level=messages.ERROR)
 
     def delete_model(self, request, obj):
         try:
             service.delete_subscription(obj, caller=Caller.of(request.user))
         except (Forbidden, service.QueueNotFound) as exc:
             self.message_user(request, f"{obj}: not deleted: {_refusal(exc)}", level=messages.ERROR)
+
+    def delete_queryset(self, request, queryset):
+        for sub in queryset.select_related("topic"):
+            self.delete_model(request, sub)
 
 
 class GrantForm(forms.ModelForm):
@@ -583,6 +634,9 @@ class PartitionAdmin(admin.ModelAdmin):
     readonly_fields = ["tree", "lease_age", *[f.name for f in Partition._meta.fields]]
     actions = ["release_lease"]
 
+    def has_change_permission(self, request, obj=None):
+        return False  # its owner writes the row (lease, figures): the page only shows it
+
     def has_delete_permission(self, request, obj=None):
         return False  # a partition goes with its queue, never alone
 
@@ -654,6 +708,12 @@ class NodeAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+    def has_change_permission(self, request, obj=None):
+        return False  # each node registers and heartbeats its own row
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a node's row names the leases it holds: it is never removed by hand
 
 
 @admin.register(Grant)

@@ -40,8 +40,10 @@ from django.db import DatabaseError
 from queues import service
 from queues.access import Caller, Forbidden
 
+from . import service as sqs_service
 from .errors import SQSError
 from .models import QueueSettings
+from .service import OPAQUE
 
 #: SQS's limits.
 MAX_BATCH = 10
@@ -68,16 +70,6 @@ QUEUE_FIELDS = {
     "MessageRetentionPeriod": ("retention", 60, 14 * 24 * 3600),
     "DelaySeconds": ("delay", 0, 15 * 60),
     "MaximumMessageSize": ("max_message_size", 1024, 1024 * 1024),
-}
-#: attributes kept as given, answered back, with no effect here.
-OPAQUE = {
-    "Policy",
-    "KmsMasterKeyId",
-    "KmsDataKeyReusePeriodSeconds",
-    "SqsManagedSseEnabled",
-    "RedriveAllowPolicy",
-    "DeduplicationScope",
-    "FifoThroughputLimit",
 }
 READ_ONLY = {
     "ApproximateNumberOfMessages",
@@ -354,18 +346,11 @@ def _same(given: dict[str, str], current: dict[str, str]) -> bool:
     return True
 
 
-def _save_settings(q: Any, extra: dict[str, Any], tags: dict[str, str] | None = None) -> None:
+def _save_settings(q: Any, extra: dict[str, Any], ctx: Context, tags: dict[str, str] | None = None) -> None:
     if not extra and not tags:
         return
-    s = _settings(q)
-    for k, v in extra.items():
-        if k == "opaque":
-            s.opaque = {**(s.opaque or {}), **v}
-        else:
-            setattr(s, k, v)
-    if tags:
-        s.tags = {**(s.tags or {}), **tags}
-    s.save()
+    with service_errors():
+        sqs_service.update_queue_settings(q, caller=ctx.caller, **extra, **({"tags": tags} if tags else {}))
 
 
 def _tags(value: Any, name: str = "Tags") -> dict[str, str]:
@@ -423,7 +408,7 @@ def create_queue(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
             if found is None:
                 raise SQSError("QueueNameExists", str(exc.detail)) from None
             return found
-    _save_settings(q, extra, tags)
+    _save_settings(q, extra, ctx, tags)
     return {"QueueUrl": queue_url(ctx, q.name, q.strict)}
 
 
@@ -515,13 +500,8 @@ def set_queue_attributes(params: dict[str, Any], ctx: Context) -> dict[str, Any]
     with service_errors():
         # Checked for every change, even one of QueueSettings only: it needs ``manage``.
         q = service.update_queue(q, caller=ctx.caller, **fields)
-    _save_settings(q, extra)
+    _save_settings(q, extra, ctx)
     return {}
-
-
-def _require_manage(q: Any, ctx: Context) -> None:
-    with service_errors():
-        service.authorize(q.name, "manage", caller=ctx.caller)
 
 
 def tag_queue(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -529,13 +509,8 @@ def tag_queue(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     tags = _tags(params.get("Tags"))
     if not tags:
         raise _missing("Tags")
-    _require_manage(q, ctx)
-    s = _settings(q)
-    merged = {**(s.tags or {}), **tags}
-    if len(merged) > 50:
-        raise _invalid("a queue has at most 50 tags")
-    s.tags = merged
-    s.save()
+    with service_errors():
+        sqs_service.update_queue_settings(q, caller=ctx.caller, tags=tags)
     return {}
 
 
@@ -544,10 +519,8 @@ def untag_queue(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     keys = params.get("TagKeys")
     if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
         raise _missing("TagKeys")
-    _require_manage(q, ctx)
-    s = _settings(q)
-    s.tags = {k: v for k, v in (s.tags or {}).items() if k not in keys}
-    s.save()
+    with service_errors():
+        sqs_service.update_queue_settings(q, caller=ctx.caller, remove_tags=keys)
     return {}
 
 

@@ -1,14 +1,51 @@
-"""Access keys in the admin: create one for a user (its secret shown once), list them with
-their last use, revoke."""
+"""Access keys and the queues' SQS settings in the admin, written through ``sqs.service`` as the
+admin's user: a key is issued for oneself (a superuser: for another user who is not a
+superuser), its secret shown once in a message, never listed; a queue's settings need
+``manage`` on the queue, as SetQueueAttributes."""
 
+from django import forms
 from django.contrib import admin, messages
-from django.utils import timezone
+from django.core.exceptions import ValidationError
 
+from queues import service
+from queues.access import ANONYMOUS, Caller, Forbidden
+
+from . import service as sqs_service
 from .models import AccessKey, QueueSettings
+
+
+def _refusal(exc: Exception) -> str:
+    if isinstance(exc, service.InvalidRequest):
+        return exc.detail
+    if isinstance(exc, service.QueueNotFound):
+        return f"you may not see {exc.args[0]!r}: it needs a grant on it"
+    return str(exc)
+
+
+class AccessKeyForm(forms.ModelForm):
+    """A new key, checked by the service's rule as the admin's user makes it, so the form says
+    why one is refused."""
+
+    #: who issues it: set per request (``AccessKeyAdmin.get_form``).
+    caller: Caller = ANONYMOUS
+
+    class Meta:
+        model = AccessKey
+        fields = ["user", "description"]
+
+    def clean(self):
+        data = super().clean()
+        if self.instance.pk is None and data.get("user") is not None:
+            try:
+                service.check_issuer(self.caller, data["user"], "issue an access key")
+            except Forbidden as exc:
+                raise ValidationError(str(exc)) from exc
+        return data
 
 
 @admin.register(AccessKey)
 class AccessKeyAdmin(admin.ModelAdmin):
+    form = AccessKeyForm
     list_display = ("access_key_id", "user", "description", "created_at", "last_used_at", "active")
     list_filter = ("revoked_at",)
     search_fields = ("access_key_id", "user__username", "description")
@@ -25,25 +62,104 @@ class AccessKeyAdmin(admin.ModelAdmin):
             return ("user", *self.readonly_fields)
         return self.readonly_fields
 
+    def get_form(self, request, obj=None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+        if obj is None and not request.user.is_superuser and "user" in form.base_fields:
+            # anyone else issues keys for themselves only (the service refuses the rest)
+            form.base_fields["user"].queryset = form.base_fields["user"].queryset.filter(pk=request.user.pk)
+        return type(form.__name__, (form,), {"caller": Caller.of(request.user)})
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # revoked, never deleted: the row keeps who held it and when it was last used
+
     def save_model(self, request, obj, form, change):
+        caller = Caller.of(request.user)
         if change:
-            obj.save(update_fields=["description"])
+            try:
+                sqs_service.describe_access_key(
+                    AccessKey.objects.select_related("user").get(pk=obj.pk), obj.description, caller=caller
+                )
+            except (Forbidden, service.InvalidRequest) as exc:
+                self.message_user(request, f"{obj}: not changed: {_refusal(exc)}", level=messages.ERROR)
             return
-        key = AccessKey.issue(obj.user, obj.description)
+        key = sqs_service.issue_access_key(obj.user, obj.description, caller=caller)
         obj.pk, obj.access_key_id, obj.secret, obj.created_at = key.pk, key.access_key_id, key.secret, key.created_at
+        obj._state.adding = False
         messages.warning(
             request,
             f"Access key {key.access_key_id} for {key.user}: secret {key.secret} "
             "(shown only now: copy it to the client's configuration).",
         )
 
-    @admin.action(description="Revoke the selected keys")
+    @admin.action(description="Revoke the selected keys", permissions=["change"])
     def revoke(self, request, queryset):
-        n = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        caller = Caller.of(request.user)
+        n = 0
+        for key in queryset.select_related("user"):
+            try:
+                n += sqs_service.revoke_access_key(key, caller=caller)
+            except Forbidden as exc:
+                self.message_user(request, f"{key}: not revoked: {exc}", level=messages.ERROR)
         self.message_user(request, f"{n} key(s) revoked.")
+
+
+class QueueSettingsForm(forms.ModelForm):
+    """A queue's SQS settings, checked by the service as the admin's user changes them (``manage``
+    on the queue, values as the SQS API takes them), so the form says why a change is refused."""
+
+    #: who changes them: set per request (``QueueSettingsAdmin.get_form``).
+    caller: Caller = ANONYMOUS
+
+    class Meta:
+        model = QueueSettings
+        fields = ["queue", "receive_wait", "content_based_dedup", "tags", "opaque"]
+
+    def changed_settings(self) -> dict:
+        """The settings the form changes (a JSON field posted as it was shown is no change)."""
+        return {
+            f: self.cleaned_data[f]
+            for f in self.changed_data
+            if f in sqs_service.SETTINGS and self.cleaned_data[f] != self.initial.get(f)
+        }
+
+    def clean(self):
+        data = super().clean()
+        q = data.get("queue") or getattr(self.instance, "queue", None)
+        if q is None or self.errors:
+            return data
+        try:
+            sqs_service.check_queue_settings(q, caller=self.caller, **self.changed_settings())
+        except (Forbidden, service.QueueNotFound, service.InvalidRequest) as exc:
+            raise ValidationError(f"{q.name}: {_refusal(exc)}") from exc
+        return data
 
 
 @admin.register(QueueSettings)
 class QueueSettingsAdmin(admin.ModelAdmin):
+    """A queue's SQS settings (a row for each queue created or changed over the SQS API):
+    changed through ``sqs.service.update_queue_settings``, which needs ``manage`` on the queue."""
+
+    form = QueueSettingsForm
     list_display = ("queue", "receive_wait", "content_based_dedup", "tags", "modified_at")
-    readonly_fields = ("queue",)
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("queue",) if obj is not None else ()
+
+    def get_form(self, request, obj=None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+        return type(form.__name__, (form,), {"caller": Caller.of(request.user)})
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # the row goes with its queue; the settings are changed, not removed
+
+    def save_model(self, request, obj, form, change):
+        q = obj.queue
+        try:
+            s = sqs_service.update_queue_settings(
+                q, caller=Caller.of(request.user), replace=("tags", "opaque"), **form.changed_settings()
+            )
+        except (Forbidden, service.QueueNotFound, service.InvalidRequest) as exc:
+            # refused after the form's check (a grant revoked meanwhile): nothing was saved
+            self.message_user(request, f"{q.name}: SQS settings not changed: {_refusal(exc)}", level=messages.ERROR)
+            return
+        obj.modified_at, obj._state.adding = s.modified_at, False

@@ -47,6 +47,12 @@ class ConsumerAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
+    def has_change_permission(self, request, obj=None):
+        return False  # written by the consumer's own heartbeats
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
 
 @admin.register(AttemptLog)
 class AttemptLogAdmin(admin.ModelAdmin):
@@ -96,4 +102,10 @@ class AttemptLogAdmin(admin.ModelAdmin):
         return "-"
 
     def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False  # the record of an attempt, as the service wrote it
+
+    def has_delete_permission(self, request, obj=None):
         return False

@@ -371,6 +371,8 @@ def _figures(row) -> dict:
 def write(record: DashboardRun, results: Results, options: Options) -> None:
     """Replace the window's buckets, the per-worker and per-group figures, record the fits and
     move the queues' default estimates to the learned values; then forget old history."""
+    from queues import service
+    from queues.access import SYSTEM
     from queues.models import Queue
     from workers.models import Consumer
 
@@ -432,10 +434,13 @@ def write(record: DashboardRun, results: Results, options: Options) -> None:
         for r in results.fits:
             column = f"{r['stage']}_estimate"
             estimate = round(r["estimate"], 6)
-            previous = Queue.objects.filter(name=r["queue"]).values_list(column, flat=True).first()
+            if options.apply_estimates:
+                # Through the service, as the service's own work: the same check and the same
+                # row lock as any change of the queue's settings.
+                previous = service.learn_estimate(r["queue"], r["stage"], estimate, caller=SYSTEM)
+            else:
+                previous = Queue.objects.filter(name=r["queue"]).values_list(column, flat=True).first()
             applied = previous is not None and options.apply_estimates
-            if applied:
-                Queue.objects.filter(name=r["queue"]).update(**{column: estimate})
             fits.append(
                 EstimateFit(
                     run=record,

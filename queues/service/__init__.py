@@ -8,20 +8,24 @@ Its docstring states what it locks and what it raises.
 
 Modules: ``descriptions`` (queues, topics, subscriptions, their figures), ``messages`` (enqueue, dequeue,
 ack, visibility, the dead-letter move), ``operations`` (purge, redrive, expire, release),
-``grants`` (grant, revoke: who may do what, recorded in the audit trail),
+``grants`` (grant, revoke: who may do what, recorded in the audit trail), ``credentials``
+(API tokens, and who may issue or revoke a credential for whom),
 ``peers`` (calls to other nodes, a protocol the API implements), ``runtime`` (this process's
 node).
 """
 
 from ..kv import KVError
 from ..messages import MessageId, parse_message_id
+from .credentials import CredentialForbidden, check_issuer, check_revoker, issue_token, revoke_token
 from .descriptions import (
+    check_subscription_update,
     create_queue,
     create_subscription,
     delete_queue,
     delete_subscription,
     get_queue,
     get_subscription,
+    learn_estimate,
     list_queues,
     partition_owners,
     queue_stats,
@@ -29,6 +33,7 @@ from .descriptions import (
     refresh_topic,
     subscription_stats,
     update_queue,
+    update_subscription,
 )
 from .errors import (
     Conflict,
@@ -73,6 +78,7 @@ __all__ = [
     "MAX_WAIT",
     "AckResult",
     "Conflict",
+    "CredentialForbidden",
     "ExpireResult",
     "InvalidRequest",
     "KVError",
@@ -100,6 +106,9 @@ __all__ = [
     "change_visibility",
     "check_drafts",
     "check_grant",
+    "check_issuer",
+    "check_subscription_update",
+    "check_revoker",
     "checked_name",
     "close_purged",
     "create_queue",
@@ -117,6 +126,8 @@ __all__ = [
     "get_subscription",
     "grant",
     "iso",
+    "issue_token",
+    "learn_estimate",
     "list_queues",
     "parse_message_id",
     "partition_owners",
@@ -130,8 +141,10 @@ __all__ = [
     "release_partition",
     "resolve",
     "revoke",
+    "revoke_token",
     "set_peers",
     "set_runtime",
     "subscription_stats",
     "update_queue",
+    "update_subscription",
 ]

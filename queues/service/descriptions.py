@@ -18,11 +18,11 @@ from django.utils import timezone
 from .. import audit, keys
 from ..access import Caller, Forbidden, require, visible
 from ..dedup import get_dedup
-from ..models import Partition, Queue, Subscription
+from ..models import LIMITS, Partition, Queue, Subscription
 from ..partition import wait_out_trust
 from .errors import Conflict, InvalidRequest, QueueNotFound, SubscriptionNotFound
 from .peers import get_peers
-from .runtime import get_runtime
+from .runtime import current_runtime, get_runtime
 from .targets import authorize, checked_name
 from .types import PartitionFigures, PartitionOwner, QueueStats, SubscriptionPartitionFigures, SubscriptionStats
 
@@ -148,6 +148,38 @@ def update_queue(q: Queue, *, caller: Caller, **fields: Any) -> Queue:
         raise Conflict(f"{q.name}: a queue it names was changed meanwhile; retry ({exc})", "concurrent_change") from exc
     get_runtime().queue_changed(q)
     return q
+
+
+def learn_estimate(name: str, stage: str, estimate: float, *, caller: Caller) -> float | None:
+    """Set queue ``name``'s default ``stage`` estimate (``preprocess`` or ``process``: seconds
+    per message, which the workers' scheduler uses for messages that bring none) to a learned
+    value (the dashboards job, as ``access.SYSTEM``); ``manage``. Returns the value it had, None
+    when there is no such queue.
+
+    Not in the audit trail: the job records every fit it learned, applied or not, with the
+    value it replaced (``consoles.EstimateFit``). The nodes read the value with the queue's row
+    at their next pass (this process's runtime, if it runs one, once the caller's transaction
+    commits): a job that runs outside a node starts no runtime. Raises ``access.Forbidden``,
+    InvalidRequest (``unknown_stage``, ``out_of_range``)."""
+    if stage not in ("preprocess", "process"):
+        raise InvalidRequest(f"unknown stage {stage!r}: preprocess or process", "unknown_stage")
+    low, high = LIMITS["estimate"]
+    if not low <= estimate <= high:
+        raise InvalidRequest(f"an estimate is {low} to {high} seconds, not {estimate}", "out_of_range")
+    column = f"{stage}_estimate"
+    with transaction.atomic():
+        q = Queue.objects.select_for_update().filter(name=name).first()
+        if q is None:
+            return None
+        _require(caller, "manage", q)
+        previous: float = getattr(q, column)
+        if previous != estimate:
+            setattr(q, column, estimate)
+            q.save(update_fields=[column, "updated_at"])
+            rt = current_runtime()
+            if rt is not None:
+                transaction.on_commit(lambda: rt.queue_changed(q))
+    return previous
 
 
 def _require_dead_letter_queue(caller: Caller, fields: dict[str, Any]) -> None:
@@ -289,6 +321,51 @@ def delete_subscription(sub: Subscription, *, caller: Caller) -> None:
     for index in range(topic.partitions):
         store.delete_prefix(keys.acks_bucket(topic.name, index, sub.name))
         store.delete_prefix(keys.receives_bucket(topic.name, index, sub.name))
+
+
+#: what a subscription's owner may change after it is made (its name, topic and start stay).
+SUBSCRIPTION_SETTINGS = ("visibility_timeout", "dead_letter_queue", "max_receives")
+
+
+def update_subscription(sub: Subscription, *, caller: Caller, **fields: Any) -> Subscription:
+    """Change a subscription's settings (:data:`SUBSCRIPTION_SETTINGS`) under its row's lock:
+    ``manage`` on its topic, and ``produce`` on a dead-letter queue it is pointed to (the
+    service moves the dead letters there, so naming one is writing to it). Recorded as
+    ``change`` of ``topic/subscription``; the owners reopen the topic's partitions with the new
+    settings (here at once, elsewhere when told, or at their next heartbeat). Raises
+    QueueNotFound (also when the topic was deleted meanwhile) / ``access.Forbidden``,
+    SubscriptionNotFound (deleted meanwhile), InvalidRequest (``read_only_setting``), django's
+    ValidationError."""
+    check_subscription_update(sub, caller=caller, **fields)
+    if not fields:
+        return sub  # nothing to change, nothing to record
+    topic = sub.topic
+    target = f"{topic.name}/{sub.name}"
+    with transaction.atomic():
+        locked = Subscription.objects.select_for_update().filter(pk=sub.pk).first()
+        if locked is None:
+            raise SubscriptionNotFound(target)
+        for k, v in fields.items():
+            setattr(locked, k, v)
+        locked.full_clean()
+        locked.save(update_fields=list(fields))
+        audit.record(caller, "change", target, fields=_json_fields(fields))
+    _subscriptions_changed(topic)
+    return locked
+
+
+def check_subscription_update(sub: Subscription, *, caller: Caller, **fields: Any) -> None:
+    """Raise what :func:`update_subscription` refuses before it changes anything (a form's
+    check): the caller's rights, a setting that cannot change."""
+    target = f"{sub.topic.name}/{sub.name}"
+    _require(caller, "manage", sub.topic, target)
+    fixed = sorted(set(fields) - set(SUBSCRIPTION_SETTINGS))
+    if fixed:
+        raise InvalidRequest(
+            f"{target}: {', '.join(fixed)} cannot be changed (only {', '.join(SUBSCRIPTION_SETTINGS)})",
+            "read_only_setting",
+        )
+    _require_dead_letter_queue(caller, fields)
 
 
 def refresh_topic(topic: str, *, caller: Caller) -> None:

@@ -8,9 +8,14 @@ import uuid
 from io import StringIO
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
+from django.test import Client
 
+from queues import service
+from queues.access import Caller
+from queues.models import AuditEntry
+from sqs import service as sqs_service
 from sqs.models import AccessKey
 
 pytestmark = pytest.mark.django_db
@@ -65,3 +70,65 @@ def test_command_creates_lists_and_revokes(owner):
     assert not second.active
     with pytest.raises(CommandError):
         call_command("sqs_keys", "create", "no-such-user", stdout=StringIO())
+
+
+def _staff(*codenames: str) -> tuple[User, Client]:
+    """A staff user (not a superuser) with exactly these permissions, logged in to the console."""
+    user = User.objects.create(username=f"staff-{uuid.uuid4().hex[:6]}", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    client = Client()
+    client.force_login(user)
+    return user, client
+
+
+def test_a_staff_user_who_may_add_keys_issues_them_for_themselves_only(owner):
+    # given a superuser, and a staff user whose one permission is to add access keys
+    root = User.objects.create(username=f"root-{uuid.uuid4().hex[:6]}", is_staff=True, is_superuser=True)
+    staff, client = _staff("add_accesskey")
+    # when they issue a key for the superuser, or for another user
+    for target in (root, owner):
+        r = client.post("/admin/sqs/accesskey/add/", {"user": target.pk, "description": "mine now"}, follow=True)
+        # then none is made, and no secret is shown
+        assert not AccessKey.objects.filter(user=target).exists(), target
+        assert r.status_code == 200 and "secret" not in " ".join(str(m) for m in r.context["messages"])
+    assert not AuditEntry.objects.filter(action="issue_key").exists()
+    # when they issue one for themselves
+    r = client.post("/admin/sqs/accesskey/add/", {"user": staff.pk, "description": "ci"}, follow=True)
+    # then it is made, its secret shown once, and the issue recorded
+    (key,) = AccessKey.objects.filter(user=staff)
+    assert any(key.secret in str(m) for m in r.context["messages"])
+    entry = AuditEntry.objects.get(action="issue_key")
+    assert (entry.actor, entry.target, entry.detail) == (
+        staff.username,
+        f"user:{staff.username}",
+        {"access_key_id": key.access_key_id},
+    )
+
+
+def test_nobody_but_a_superuser_issues_a_key_for_a_superuser():
+    # given two superusers
+    root = User.objects.create(username=f"root-{uuid.uuid4().hex[:6]}", is_staff=True, is_superuser=True)
+    other = User.objects.create(username=f"root2-{uuid.uuid4().hex[:6]}", is_staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(other)
+    # then one cannot issue a key for the other, and may for themselves
+    client.post("/admin/sqs/accesskey/add/", {"user": root.pk}, follow=True)
+    assert not AccessKey.objects.filter(user=root).exists()
+    client.post("/admin/sqs/accesskey/add/", {"user": other.pk}, follow=True)
+    assert AccessKey.objects.filter(user=other).count() == 1
+    # and the service says the same to any entrance
+    with pytest.raises(service.CredentialForbidden):
+        sqs_service.issue_access_key(root, caller=Caller.of(other))
+
+
+def test_only_its_holder_or_a_superuser_revokes_a_key(owner):
+    key = AccessKey.issue(owner)
+    staff, client = _staff("view_accesskey", "change_accesskey")
+    r = client.post("/admin/sqs/accesskey/", {"action": "revoke", "_selected_action": [key.pk]}, follow=True)
+    key.refresh_from_db()
+    assert key.active and "not revoked" in r.content.decode()
+    sqs_service.revoke_access_key(key, caller=Caller.of(owner))
+    key.refresh_from_db()
+    assert not key.active
+    entry = AuditEntry.objects.get(action="revoke_key")
+    assert (entry.actor, entry.detail) == (owner.username, {"access_key_id": key.access_key_id})

@@ -56,7 +56,8 @@ class Command(BaseCommand):
             self.stdout.write("MQ_ADMIN reset given")
         else:
             self.stdout.write("MQ_ADMIN exists -")
-        if Token.objects.filter(user=admin).delete()[0]:
+        as_admin = Caller.of(admin)  # the audit trail says the console's superuser did it
+        if service.revoke_token(admin, caller=as_admin):
             self.stdout.write("MQ_ADMIN_TOKEN revoked")
 
         app, created = users.objects.get_or_create(username=app_user)
@@ -65,9 +66,8 @@ class Command(BaseCommand):
             app.save()
         elif app.is_staff or app.is_superuser:
             raise CommandError(f"user {app_user!r} is staff or a superuser: its token would not be an ordinary one")
-        as_admin = Caller.of(admin)  # the audit trail says the console's superuser granted it
         for action in ("produce", "consume"):
             service.grant(caller=as_admin, action=action, user=app, pattern=pattern)
-        token, _ = Token.objects.get_or_create(user=app)
+        token = Token.objects.filter(user=app).first() or service.issue_token(app, caller=as_admin)
         self.stdout.write(f"MQ_APP {app.get_username()}")
         self.stdout.write(f"MQ_APP_TOKEN {token.key}")

@@ -3,6 +3,8 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from queues.access import SYSTEM
+from sqs import service
 from sqs.models import AccessKey
 
 
@@ -29,7 +31,8 @@ class Command(BaseCommand):
         return user
 
     def _create(self, opts):
-        key = AccessKey.issue(self._user(opts["user"]), opts["description"])
+        # as the service itself: whoever runs manage.py on the host may act for any user
+        key = service.issue_access_key(self._user(opts["user"]), opts["description"], caller=SYSTEM)
         self.stdout.write(f"aws_access_key_id = {key.access_key_id}\naws_secret_access_key = {key.secret}")
 
     def _list(self, opts):
@@ -45,14 +48,18 @@ class Command(BaseCommand):
 
     def _revoke(self, opts):
         target = opts["key_or_user"]
-        keys = list(AccessKey.objects.filter(access_key_id=target, revoked_at__isnull=True))
+        keys = list(AccessKey.objects.filter(access_key_id=target, revoked_at__isnull=True).select_related("user"))
         if not keys:
             user = get_user_model().objects.filter(username=target).first()
             if user is None and not AccessKey.objects.filter(access_key_id=target).exists():
                 raise CommandError(f"no key or user {target!r}")
-            keys = list(AccessKey.objects.filter(user=user, revoked_at__isnull=True)) if user else []
+            keys = (
+                list(AccessKey.objects.filter(user=user, revoked_at__isnull=True).select_related("user"))
+                if user
+                else []
+            )
         for k in keys:
-            k.revoke()
+            service.revoke_access_key(k, caller=SYSTEM)
             self.stdout.write(f"revoked {k.access_key_id} of {k.user}")
         if not keys:
             self.stdout.write("nothing to revoke")

@@ -1,0 +1,96 @@
+"""Credentials: the REST API's tokens here, the SQS API's access keys in ``sqs.service``; both
+on the rules of :func:`check_issuer` and :func:`check_revoker`.
+
+A credential acts with every right of the user it is made for, so who may make one for whom is
+narrow: a user for themselves; a superuser for another user, but never for another superuser
+(nobody but a superuser holds a credential with a superuser's rights); the service itself
+(``access.SYSTEM``: ``manage.py`` on the host) for anyone. A credential is taken back by its
+holder or by a superuser. A Django permission (``sqs.add_accesskey``, ``authtoken.add_tokenproxy``)
+lets a staff user use the console's form, never more than these rules.
+
+The secret is answered once, by the call that makes it; the entrances never list it again (the
+console shows a token's first characters only). Each issue and revoke is recorded in the audit
+trail, on the target ``user:<name>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from rest_framework.authtoken.models import Token
+
+from .. import audit
+from ..access import Caller, Forbidden
+from ..auth import CachedTokenAuthentication
+from .errors import Conflict
+
+#: how many leading characters of a token the console shows (never the whole key).
+TOKEN_PREFIX = 8
+
+
+class CredentialForbidden(Forbidden):
+    """``caller`` may not make (or take back) a credential of ``user`` (403)."""
+
+    def __init__(self, caller: Caller, what: str, user: Any, why: str):
+        Exception.__init__(self, f"{caller} may not {what} for {user.get_username()!r}: {why}")
+        self.caller = caller
+        self.action = what
+        self.target = f"user:{user.get_username()}"
+
+
+def user_label(user: Any) -> str:
+    """How the audit trail names the holder of a credential."""
+    return f"user:{user.get_username()}"
+
+
+def check_issuer(caller: Caller, user: Any, what: str = "issue a credential") -> None:
+    """Raise CredentialForbidden unless ``caller`` may make a credential that acts as ``user``."""
+    if caller.system or (caller.user_id is not None and caller.user_id == user.pk):
+        return
+    if user.is_superuser:
+        raise CredentialForbidden(caller, what, user, "only a superuser makes their own")
+    if not caller.is_superuser:
+        raise CredentialForbidden(caller, what, user, "only a superuser makes one for another user")
+
+
+def check_revoker(caller: Caller, user: Any, what: str = "revoke a credential") -> None:
+    """Raise CredentialForbidden unless ``caller`` may take back a credential of ``user``."""
+    if caller.unrestricted or (caller.user_id is not None and caller.user_id == user.pk):
+        return
+    raise CredentialForbidden(caller, what, user, "only its holder or a superuser takes it back")
+
+
+def token_prefix(key: str) -> str:
+    """What the console shows of a token: its first characters."""
+    return f"{key[:TOKEN_PREFIX]}\u2026"
+
+
+def issue_token(user: Any, *, caller: Caller) -> Token:
+    """A new REST API token for ``user`` (:func:`check_issuer`); its ``key`` is the secret, shown
+    by the caller once. A user holds one token: revoke it first to make another. Recorded as
+    ``issue_token``. Raises CredentialForbidden, Conflict (``token_exists``)."""
+    check_issuer(caller, user, "issue an API token")
+    try:
+        with transaction.atomic():
+            token = Token.objects.create(user=user)
+            audit.record(caller, "issue_token", user_label(user), prefix=token_prefix(token.key))
+    except IntegrityError as exc:
+        raise Conflict(f"{user.get_username()} has an API token: revoke it first", "token_exists") from exc
+    return token
+
+
+def revoke_token(user: Any, *, caller: Caller) -> bool:
+    """Delete ``user``'s REST API token (:func:`check_revoker`): whether there was one. Recorded
+    as ``revoke_token``. This process stops trusting it at once, the other nodes within their
+    token cache's lifetime (``queues.auth.TTL``). Raises CredentialForbidden."""
+    check_revoker(caller, user, "revoke an API token")
+    with transaction.atomic():
+        token = Token.objects.select_for_update().filter(user=user).first()
+        if token is None:
+            return False
+        prefix = token_prefix(token.key)
+        Token.objects.filter(pk=token.pk).delete()
+        audit.record(caller, "revoke_token", user_label(user), prefix=prefix)
+    CachedTokenAuthentication.forget()
+    return True

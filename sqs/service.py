@@ -1,0 +1,145 @@
+"""The SQS app's own writes, with the service layer's contract: access keys and a queue's SQS
+settings (``models.QueueSettings``).
+
+They live here because their models do (``queues.service`` never imports an app above it);
+each takes a ``caller`` and checks it with the core's rules before it changes anything, and is
+recorded in the audit trail, whichever entrance calls it (the SQS API, the console,
+``manage.py sqs_keys``). Refusals are the core's exceptions: ``access.Forbidden`` (and
+``service.CredentialForbidden``), ``service.QueueNotFound``, ``service.InvalidRequest``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+
+from queues import audit, service
+from queues.access import Caller, require
+from queues.models import Queue
+
+from .models import AccessKey, QueueSettings
+
+#: ReceiveMessageWaitTimeSeconds' ceiling (SQS's).
+MAX_RECEIVE_WAIT = 20
+#: the settings :func:`update_queue_settings` changes (a queue's other SQS attributes are the
+#: queue's own fields: ``service.update_queue``).
+SETTINGS = ("receive_wait", "content_based_dedup", "tags", "opaque")
+
+#: attributes an SQS client may set that the service keeps as given and answers back
+#: (SetQueueAttributes, GetQueueAttributes); DeduplicationScope is read by SendMessage.
+OPAQUE = frozenset(
+    {
+        "Policy",
+        "KmsMasterKeyId",
+        "KmsDataKeyReusePeriodSeconds",
+        "SqsManagedSseEnabled",
+        "RedriveAllowPolicy",
+        "DeduplicationScope",
+        "FifoThroughputLimit",
+    }
+)
+
+
+# --- access keys --------------------------------------------------------------------------------
+def issue_access_key(user: Any, description: str = "", *, caller: Caller) -> AccessKey:
+    """A new active key pair for ``user`` (``service.check_issuer``: oneself; a superuser for
+    another user who is not a superuser). The returned key's ``secret`` is shown by the caller
+    once. Recorded as ``issue_key``. Raises CredentialForbidden, InvalidRequest (a description
+    over 200 characters)."""
+    service.check_issuer(caller, user, "issue an access key")
+    if len(description) > 200:
+        raise service.InvalidRequest("a key's description is at most 200 characters", "out_of_range")
+    with transaction.atomic():
+        key = AccessKey.issue(user, description)
+        audit.record(caller, "issue_key", f"user:{user.get_username()}", access_key_id=key.access_key_id)
+    return key
+
+
+def describe_access_key(key: AccessKey, description: str, *, caller: Caller) -> AccessKey:
+    """Change a key's description (its holder, or a superuser). Raises CredentialForbidden,
+    InvalidRequest."""
+    service.check_revoker(caller, key.user, "change an access key")
+    if len(description) > 200:
+        raise service.InvalidRequest("a key's description is at most 200 characters", "out_of_range")
+    AccessKey.objects.filter(pk=key.pk).update(description=description)
+    key.description = description
+    return key
+
+
+def revoke_access_key(key: AccessKey, *, caller: Caller) -> bool:
+    """Revoke a key (its holder, or a superuser): whether it was active. SigV4 reads the keys
+    on every call, so it is refused at once on every node. Recorded as ``revoke_key``. Raises
+    CredentialForbidden."""
+    service.check_revoker(caller, key.user, "revoke an access key")
+    with transaction.atomic():
+        if not AccessKey.objects.filter(pk=key.pk, revoked_at__isnull=True).exists():
+            return False
+        key.revoke()
+        audit.record(caller, "revoke_key", f"user:{key.user.get_username()}", access_key_id=key.access_key_id)
+    return True
+
+
+# --- a queue's SQS settings ---------------------------------------------------------------------
+def update_queue_settings(
+    q: Queue, *, caller: Caller, replace: Iterable[str] = (), remove_tags: Iterable[str] = (), **fields: Any
+) -> QueueSettings:
+    """Change the SQS settings of queue ``q`` (:data:`SETTINGS`), under its row's lock:
+    ``manage`` on the queue, as SetQueueAttributes. ``opaque`` and ``tags`` are merged into what
+    is kept unless ``replace`` names them; ``remove_tags`` are dropped (UntagQueue). Checked as
+    the SQS API checks them: a wait of 0 to 20 s, ContentBasedDeduplication on a FIFO queue
+    only, the attributes kept as given (:data:`OPAQUE`) by name, at most 50 tags. The SQS API
+    reads them at every call, on every node. Recorded as ``change`` of the queue, what changed
+    under ``sqs``. Raises QueueNotFound / ``access.Forbidden``, InvalidRequest."""
+    check_queue_settings(q, caller=caller, **fields)
+    replace, remove_tags = set(replace), set(remove_tags)
+    with transaction.atomic():
+        s, _ = QueueSettings.objects.select_for_update().get_or_create(queue_id=q.pk)
+        for k, v in fields.items():
+            if k in ("opaque", "tags") and k not in replace:
+                v = {**(getattr(s, k) or {}), **v}
+            setattr(s, k, v)
+        if remove_tags:
+            s.tags = {k: v for k, v in (s.tags or {}).items() if k not in remove_tags}
+        if len(s.tags or {}) > 50:
+            raise service.InvalidRequest("a queue has at most 50 tags", "too_many_tags")
+        s.save()
+        detail = dict(fields)
+        if remove_tags:
+            detail["removed_tags"] = sorted(remove_tags)
+        audit.record(caller, "change", q.name, sqs=detail)
+    return s
+
+
+def check_queue_settings(q: Queue, *, caller: Caller, **fields: Any) -> None:
+    """Raise what :func:`update_queue_settings` would refuse, changing nothing (a form's check)."""
+    require(caller, "manage", q.pk, q.name, q.created_by_id)
+    unknown = sorted(set(fields) - set(SETTINGS))
+    if unknown:
+        raise service.InvalidRequest(f"unknown SQS settings: {', '.join(unknown)}", "unknown_setting")
+
+    def bad(detail: str) -> service.InvalidRequest:
+        return service.InvalidRequest(f"{q.name}: {detail}", "invalid_setting")
+
+    wait = fields.get("receive_wait")
+    if wait is not None and (not isinstance(wait, int) or isinstance(wait, bool) or not 0 <= wait <= MAX_RECEIVE_WAIT):
+        raise bad(f"receive_wait is 0 to {MAX_RECEIVE_WAIT} seconds")
+    dedup = fields.get("content_based_dedup")
+    if dedup is not None and not isinstance(dedup, bool):
+        raise bad("content_based_dedup is true or false")
+    if dedup and not q.strict:
+        raise bad("ContentBasedDeduplication is for FIFO queues only")
+    for name in ("tags", "opaque"):
+        value = fields.get(name)
+        if value is not None and (
+            not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+        ):
+            raise bad(f"{name} maps names to strings")
+    tags = fields.get("tags") or {}
+    if any(not 1 <= len(k) <= 128 or len(v) > 256 for k, v in tags.items()):
+        raise bad("tag keys are 1 to 128 characters, values at most 256")
+    opaque = fields.get("opaque") or {}
+    unknown = sorted(set(opaque) - OPAQUE)
+    if unknown:
+        raise bad(f"not an SQS attribute kept as given: {', '.join(unknown)}")
