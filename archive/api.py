@@ -22,7 +22,7 @@ from queues.models import QUEUE_NAME_RE
 from queues.router import hops_of
 
 from .models import ArchivedMessage
-from .replay import MAX_REPLAY, PartialReplay, replay, require_source, select
+from .replay import MAX_REPLAY, PartialReplay, readable, replay, require_source, select
 
 MAX_PAGE = 1000
 
@@ -119,9 +119,9 @@ class ArchiveListView(APIView):
         if acked not in (None, "", "true", "false", "1", "0"):
             raise BadRequest("acked must be true or false", "invalid_acked")
         rows = ArchivedMessage.objects.filter(pk__gt=after)
-        readable = service.readable_names(request_caller(request.user))
-        if readable is not None:  # only what came from queues the caller may read
-            rows = rows.filter(queue__in=readable)
+        # Only what came from queue rows the caller may read: not an earlier incarnation of a
+        # name, nor a deleted queue's history (that is for superusers).
+        rows = readable(rows, request_caller(request.user))
         if queue is not None:
             rows = rows.filter(queue=queue)
         if since is not None:
@@ -183,7 +183,7 @@ class ReplayView(APIView):
         caller = request_caller(request.user)
         service.authorize(into, "manage", caller=caller)  # before anything is selected
         require_source(caller, source)
-        rows = select(source, ids=ids, since=since, until=until, limit=limit)
+        rows = select(source, caller=caller, ids=ids, since=since, until=until, limit=limit)
         try:
             answer = replay(rows, into, caller=caller, hops=hops_of(request.META.get("HTTP_X_MQ_HOPS")))
         except PartialReplay as exc:

@@ -319,6 +319,101 @@ def test_bad_replay_input_is_a_4xx_and_enqueues_nothing(api, rt, queue):
     assert stranger.get(f"/api/v1/archive?queue={src}", HTTP_AUTHORIZATION="Token wrong").status_code == 401
 
 
+def _client_of(user) -> APIClient:
+    from rest_framework.authtoken.models import Token
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return client
+
+
+# --- history belongs to a queue's incarnation -----------------------------------------------------
+@pytest.mark.django_db
+def test_a_name_used_again_does_not_hand_over_the_old_queues_history(api, rt, unique_name):
+    from django.contrib.auth.models import User
+
+    # given Alice's queue, archiving everything, whose messages failed once in a worker
+    name = unique_name("payroll")
+    assert (
+        api.post("/api/v1/queues", {"name": name, "partitions": 2, "archive": "all"}, format="json").status_code == 201
+    )
+    old_ids = enqueue(api, name, [{"body": f"salary {i}", "attributes": {"iban": f"DE{i}"}} for i in range(3)])
+    held = drain(api, name, ack=False)
+    report = [
+        {"message_id": m["id"], "attempt": 1, "outcome": "failed", "error": "secret", "traceback": "Traceback: pin"}
+        for m in held
+    ]
+    assert api.post("/api/v1/logs", {"records": report}, format="json").status_code == 201
+    ack_ids(api, name, held)
+    archiver.run(name, store=rt.store)
+    assert len(api.get(f"/api/v1/archive?queue={name}").json()["messages"]) == 3
+    assert len(api.get(f"/api/v1/logs?queue={name}").json()["records"]) == 3
+    # when Alice deletes it, and Mallory, with no grant, creates a queue of that name
+    assert api.delete(f"/api/v1/queues/{name}").status_code == 204
+    mallory = _client_of(User.objects.create(username=f"mallory-{uuid.uuid4().hex[:6]}"))
+    r = mallory.post("/api/v1/queues", {"name": name, "partitions": 2, "archive": "all"}, format="json")
+    assert r.status_code == 201, r.content
+    # then she reads none of the old queue's archived messages, nor its attempt log
+    assert mallory.get(f"/api/v1/archive?queue={name}").json()["messages"] == []
+    assert mallory.get("/api/v1/archive").json()["messages"] == []
+    assert mallory.get(f"/api/v1/logs?queue={name}").json()["records"] == []
+    assert mallory.get(f"/api/v1/logs?message={old_ids[0]}").json()["records"] == []
+    # and replays none of them into her queue, by time or by ID
+    for payload in ({"queue": name}, {"queue": name, "ids": old_ids}, {"queue": name, "since": 0}):
+        r = mallory.post("/api/v1/archive/replay", payload, format="json")
+        assert r.status_code == 200 and r.json()["replayed"] == 0, (payload, r.content)
+    assert drain(mallory, name) == []
+    assert set(ArchivedMessage.objects.filter(message_id__in=old_ids).values_list("replay_count", flat=True)) == {0}
+    # while her own queue's history is hers
+    mine = enqueue(mallory, name, [{"body": "mine"}])
+    archiver.run(name, store=rt.store)
+    assert [m["id"] for m in mallory.get(f"/api/v1/archive?queue={name}").json()["messages"]] == mine
+    r = mallory.post("/api/v1/archive/replay", {"queue": name}, format="json")
+    assert r.status_code == 200 and r.json()["replayed"] == 1, r.content
+    # and a superuser still reads and replays the old queue's history
+    root = _client_of(User.objects.create(username=f"root-{uuid.uuid4().hex[:6]}", is_superuser=True))
+    seen = [m["id"] for m in root.get(f"/api/v1/archive?queue={name}").json()["messages"]]
+    assert set(old_ids) <= set(seen) and set(mine) <= set(seen)
+    logged = root.get(f"/api/v1/logs?queue={name}").json()["records"]
+    assert sorted(r["message_id"] for r in logged) == sorted(old_ids)
+    assert {(r["error"], r["traceback"]) for r in logged} == {("secret", "Traceback: pin")}
+    r = root.post("/api/v1/archive/replay", {"queue": name, "ids": old_ids[:1]}, format="json")
+    assert r.status_code == 200 and r.json()["replayed"] == 1, r.content
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_the_migration_ties_each_row_to_the_queue_of_its_name_since_it_was_created(api, rt, queue):
+    import importlib
+    from datetime import timedelta
+
+    from django.apps import apps
+
+    from queues.models import Queue
+
+    # given rows kept by name only: of the queue now of the name, of an earlier queue of that
+    # name (enqueued before the current one was created), and of a queue gone
+    name = queue(archive="all")
+    enqueue(api, name, [{"body": "now"}])
+    archiver.run(name, store=rt.store)
+    q = Queue.objects.get(name=name)
+    now = ArchivedMessage.objects.get(queue=name)
+    before = ArchivedMessage.objects.create(
+        message_id=f"{name}/0/00000000-0000000000000000/9", queue=name, partition=0, body="old",
+        enqueued_at=q.created_at - timedelta(seconds=1),
+    )  # fmt: skip
+    gone = ArchivedMessage.objects.create(
+        message_id="gone/0/00000000-0000000000000000/9", queue="gone", partition=0, body="gone",
+        enqueued_at=q.created_at,
+    )  # fmt: skip
+    ArchivedMessage.objects.update(incarnation=None)
+    # when the migration's backfill runs
+    importlib.import_module("archive.migrations.0003_history_by_incarnation").backfill(apps, None)
+    # then only the row enqueued since the queue was created is its
+    got = dict(ArchivedMessage.objects.filter(pk__in=[now.pk, before.pk, gone.pk]).values_list("pk", "incarnation"))
+    assert got == {now.pk: q.pk, before.pk: None, gone.pk: None}
+
+
 # --- one archiver per queue -----------------------------------------------------------------------
 @pytest.mark.django_db
 def test_a_held_lock_keeps_a_second_archiver_out(api, rt, queue):
