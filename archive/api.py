@@ -16,10 +16,9 @@ from rest_framework.views import APIView
 from queues import service
 from queues.api import validation
 from queues.api.errors import BadRequest
-from queues.auth import request_caller
+from queues.auth import request_caller, request_hops
 from queues.messages import parse_message_id
 from queues.models import QUEUE_NAME_RE
-from queues.router import hops_of
 
 from .models import ArchivedMessage
 from .replay import MAX_REPLAY, PartialReplay, readable, replay, require_source, select
@@ -185,7 +184,9 @@ class ReplayView(APIView):
         require_source(caller, source)
         rows = select(source, caller=caller, ids=ids, since=since, until=until, limit=limit)
         try:
-            answer = replay(rows, into, caller=caller, hops=hops_of(request.META.get("HTTP_X_MQ_HOPS")))
+            # A node's signed hop count only: a client's X-MQ-Hops would skip forwarding and
+            # the cooling period.
+            answer = replay(rows, into, caller=caller, hops=request_hops(request.user))
         except PartialReplay as exc:
             return Response(
                 {

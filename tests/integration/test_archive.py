@@ -23,7 +23,7 @@ from queues import archive_journal, service
 from queues.keys import incarnation
 from queues.testing import NodeProcess
 
-from .nodes import Client, local_node_env
+from .nodes import Client, local_node_env, node_info, wait_until
 
 BACKENDS = ["file", "redis", "postgres"]
 
@@ -412,6 +412,67 @@ def test_the_migration_ties_each_row_to_the_queue_of_its_name_since_it_was_creat
     # then only the row enqueued since the queue was created is its
     got = dict(ArchivedMessage.objects.filter(pk__in=[now.pk, before.pk, gone.pk]).values_list("pk", "incarnation"))
     assert got == {now.pk: q.pk, before.pk: None, gone.pk: None}
+
+
+# --- replay through a cooling node -----------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_replay_through_a_cooling_node_goes_elsewhere_whatever_hops_the_client_claims(tmp_path, token):
+    import requests
+
+    from queues.models import Queue
+
+    from .nodes import NodeSet
+
+    def partitions(c: Client, name: str) -> list[dict]:
+        r = c.get(f"queues/{name}/partitions")
+        assert r.status_code == 200, r.text
+        return r.json()["partitions"]
+
+    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="0.3"), tmp_path)
+    try:
+        # given two nodes, one of which cools as soon as it has a message in flight
+        hot, cold = nodes.start(NODE_COOLING_IN_FLIGHT="0"), nodes.start()
+        ch = Client(hot.url, token)
+        src, dst = f"src-{uuid.uuid4().hex[:8]}", f"dst-{uuid.uuid4().hex[:8]}"
+        assert ch.post("queues", {"name": src, "partitions": 1}).status_code == 201
+        assert ch.post("queues", {"name": dst, "partitions": 2, "lease_period": 3}).status_code == 201
+        wait_until(lambda: len({p["owner"] for p in partitions(ch, dst)} - {None}) == 2, 30, "two owners")
+        owned = {p["owner"]: p["index"] for p in partitions(ch, dst)}
+        hot_partition, cold_partition = owned[node_info(hot.url)["node"]], owned[node_info(cold.url)["node"]]
+        # and archived messages of a source queue
+        src_row = Queue.objects.get(name=src)
+        ArchivedMessage.objects.bulk_create(
+            ArchivedMessage(
+                message_id=f"{src}/0/00000000-{i:016x}/0",
+                queue=src,
+                incarnation=src_row.pk,
+                partition=0,
+                body=f"old {i}",
+                enqueued_at=src_row.created_at,
+                sequence=i,
+            )
+            for i in range(6)
+        )
+        # when the hot node holds a message in flight, and cools
+        for _ in range(50):
+            assert ch.post(f"queues/{dst}/enqueue", {"body": "heat"}).status_code == 201
+            got = ch.post(f"queues/{dst}/dequeue", {"max": 10, "visibility_timeout": 120}).json()["messages"]
+            if any(int(m["id"].split("/")[1]) == hot_partition for m in got):
+                break
+        wait_until(lambda: any(p["cooling"] for p in partitions(ch, dst)), 15, "the hot node to cool")
+        # and a client replays through it, claiming the hops a forwarded call has made
+        r = requests.post(
+            f"{hot.url}/api/v1/archive/replay",
+            json={"queue": src, "into": dst},
+            headers={"Authorization": f"Token {token}", "X-MQ-Hops": "2"},
+            timeout=30,
+        )
+        # then the count is not believed: the copies go to the other node's partition
+        assert r.status_code == 200 and r.json()["replayed"] == 6, r.text
+        assert {int(mid.split("/")[1]) for mid in r.json()["ids"]} == {cold_partition}, r.json()["ids"]
+    finally:
+        nodes.stop()
 
 
 # --- one archiver per queue -----------------------------------------------------------------------
