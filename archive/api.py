@@ -24,6 +24,7 @@ from .models import ArchivedMessage
 from .replay import MAX_REPLAY, PartialReplay, readable, replay, require_source, select
 
 MAX_PAGE = 1000
+TIMES = "ISO 8601, a time without zone is UTC, or epoch seconds; a time not in years 1 to 9999 once in UTC: 400"
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -33,7 +34,9 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def _time(value, name: str) -> datetime | None:
-    """ISO 8601 (a naive time is UTC) or epoch seconds."""
+    """ISO 8601 (a naive time is UTC) or epoch seconds, as a UTC time. Anything else, and a
+    time that is not one in years 1 to 9999 once in UTC (an offset of up to a day moves it
+    past either end), is a 400: the database is given only UTC times it can hold."""
     if value is None or value == "":
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -55,7 +58,12 @@ def _time(value, name: str) -> datetime | None:
             raise BadRequest(
                 f"{name} must be an ISO 8601 time or epoch seconds, got {value!r}", "invalid_time"
             ) from None
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        if parsed.tzinfo is None:
+            return parsed.replace(tzinfo=UTC)
+        try:
+            return parsed.astimezone(UTC)
+        except (OverflowError, ValueError):
+            raise BadRequest(f"{name} is out of range", "invalid_time") from None
     raise BadRequest(f"{name} must be an ISO 8601 time or epoch seconds", "invalid_time")
 
 
@@ -99,8 +107,8 @@ class ArchiveListView(APIView):
         summary="Archived messages, oldest archived first (cursor: `after` = the answer's `next`)",
         parameters=[
             OpenApiParameter("queue", str, description="the queue they were enqueued to"),
-            OpenApiParameter("since", str, description="enqueued at or after (ISO 8601 or epoch seconds)"),
-            OpenApiParameter("until", str, description="enqueued before"),
+            OpenApiParameter("since", str, description=f"enqueued at or after ({TIMES})"),
+            OpenApiParameter("until", str, description=f"enqueued before ({TIMES})"),
             OpenApiParameter("acked", bool, description="only acknowledged (true) or not (false)"),
             OpenApiParameter("limit", int, description=f"1..{MAX_PAGE}, default 100"),
             OpenApiParameter("after", int, description="the `next` of the previous page"),
