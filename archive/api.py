@@ -16,15 +16,15 @@ from rest_framework.views import APIView
 from queues import service
 from queues.api import validation
 from queues.api.errors import BadRequest
-from queues.auth import request_caller
+from queues.auth import request_caller, request_hops
 from queues.messages import parse_message_id
 from queues.models import QUEUE_NAME_RE
-from queues.router import hops_of
 
 from .models import ArchivedMessage
-from .replay import MAX_REPLAY, PartialReplay, replay, require_source, select
+from .replay import MAX_REPLAY, PartialReplay, readable, replay, require_source, select
 
 MAX_PAGE = 1000
+TIMES = "ISO 8601, a time without zone is UTC, or epoch seconds; a time not in years 1 to 9999 once in UTC: 400"
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -34,7 +34,9 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def _time(value, name: str) -> datetime | None:
-    """ISO 8601 (a naive time is UTC) or epoch seconds."""
+    """ISO 8601 (a naive time is UTC) or epoch seconds, as a UTC time. Anything else, and a
+    time that is not one in years 1 to 9999 once in UTC (an offset of up to a day moves it
+    past either end), is a 400: the database is given only UTC times it can hold."""
     if value is None or value == "":
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -56,7 +58,12 @@ def _time(value, name: str) -> datetime | None:
             raise BadRequest(
                 f"{name} must be an ISO 8601 time or epoch seconds, got {value!r}", "invalid_time"
             ) from None
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        if parsed.tzinfo is None:
+            return parsed.replace(tzinfo=UTC)
+        try:
+            return parsed.astimezone(UTC)
+        except (OverflowError, ValueError):
+            raise BadRequest(f"{name} is out of range", "invalid_time") from None
     raise BadRequest(f"{name} must be an ISO 8601 time or epoch seconds", "invalid_time")
 
 
@@ -100,8 +107,8 @@ class ArchiveListView(APIView):
         summary="Archived messages, oldest archived first (cursor: `after` = the answer's `next`)",
         parameters=[
             OpenApiParameter("queue", str, description="the queue they were enqueued to"),
-            OpenApiParameter("since", str, description="enqueued at or after (ISO 8601 or epoch seconds)"),
-            OpenApiParameter("until", str, description="enqueued before"),
+            OpenApiParameter("since", str, description=f"enqueued at or after ({TIMES})"),
+            OpenApiParameter("until", str, description=f"enqueued before ({TIMES})"),
             OpenApiParameter("acked", bool, description="only acknowledged (true) or not (false)"),
             OpenApiParameter("limit", int, description=f"1..{MAX_PAGE}, default 100"),
             OpenApiParameter("after", int, description="the `next` of the previous page"),
@@ -119,9 +126,9 @@ class ArchiveListView(APIView):
         if acked not in (None, "", "true", "false", "1", "0"):
             raise BadRequest("acked must be true or false", "invalid_acked")
         rows = ArchivedMessage.objects.filter(pk__gt=after)
-        readable = service.readable_names(request_caller(request.user))
-        if readable is not None:  # only what came from queues the caller may read
-            rows = rows.filter(queue__in=readable)
+        # Only what came from queue rows the caller may read: not an earlier incarnation of a
+        # name, nor a deleted queue's history (that is for superusers).
+        rows = readable(rows, request_caller(request.user))
         if queue is not None:
             rows = rows.filter(queue=queue)
         if since is not None:
@@ -183,9 +190,11 @@ class ReplayView(APIView):
         caller = request_caller(request.user)
         service.authorize(into, "manage", caller=caller)  # before anything is selected
         require_source(caller, source)
-        rows = select(source, ids=ids, since=since, until=until, limit=limit)
+        rows = select(source, caller=caller, ids=ids, since=since, until=until, limit=limit)
         try:
-            answer = replay(rows, into, caller=caller, hops=hops_of(request.META.get("HTTP_X_MQ_HOPS")))
+            # A node's signed hop count only: a client's X-MQ-Hops would skip forwarding and
+            # the cooling period.
+            answer = replay(rows, into, caller=caller, hops=request_hops(request.user))
         except PartialReplay as exc:
             return Response(
                 {

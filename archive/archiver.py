@@ -21,7 +21,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from queues import archive_journal, keys
+from queues import archive_journal, keys, service
 from queues.kv import KeyValueStore, get_store
 from queues.messages import StoredMessage, parse_message_id
 from queues.models import Queue
@@ -89,7 +89,8 @@ def _clean(value):
     return value
 
 
-def row_for(mid: str, raw: bytes) -> ArchivedMessage:
+def row_for(mid: str, raw: bytes, incarnation: int | None) -> ArchivedMessage:
+    """The row of message ``mid`` (its stored bytes ``raw``) of the queue row ``incarnation``."""
     m = StoredMessage.from_bytes(raw)
     parsed = parse_message_id(mid)
     body, attributes, estimates, history = (
@@ -102,6 +103,7 @@ def row_for(mid: str, raw: bytes) -> ArchivedMessage:
     return ArchivedMessage(
         message_id=mid,
         queue=parsed.queue,
+        incarnation=incarnation,
         partition=parsed.partition,
         group=m.group,
         body=body,
@@ -137,9 +139,11 @@ def store_records(items: Iterable[tuple[str, bytes]]) -> int:
     """Write ``(message id, StoredMessage bytes)`` to the table now, committed when this
     returns (called outside any transaction); rows already there are left as they are. For a
     topic's owner whose retention moves messages a subscription still holds out of the
-    key-value store (the journal may not have reached the table yet). Returns how many rows
-    are new."""
-    rows = [row_for(mid, raw) for mid, raw in items]
+    key-value store (the journal may not have reached the table yet). The rows belong to the
+    queue now of their name (the topic being served). Returns how many rows are new."""
+    named = [(mid, parse_message_id(mid).queue, raw) for mid, raw in items]
+    current = service.current_queue_ids(queue for _, queue, _ in named)
+    rows = [row_for(mid, raw, current.get(queue)) for mid, queue, raw in named]
     with transaction.atomic():
         return _insert(rows)
 
@@ -171,11 +175,14 @@ def archive_partition(
     partition: int,
     *,
     holder: str | None = None,
+    incarnation: int | None = None,
     batch: int = BATCH,
     max_rounds: int = MAX_ROUNDS,
 ) -> dict[str, int]:
-    """Copy one partition's journal to the table; counts of rows inserted, acks marked,
-    journal names removed. Renews the queue's lock between rounds when ``holder`` is given."""
+    """Copy one partition's journal to the table, its rows tied to the queue row
+    ``incarnation`` (``store`` is that incarnation's view); counts of rows inserted, acks
+    marked, journal names removed. Renews the queue's lock between rounds when ``holder`` is
+    given."""
     bucket = archive_journal.bucket(queue, partition)
     counts = {"archived": 0, "acked": 0, "removed": 0}
     for _ in range(max_rounds):
@@ -207,7 +214,7 @@ def archive_partition(
             if raw is None:
                 continue  # removed since the scan (another archiver, a purge)
             try:
-                rows.append(row_for(mid, raw))
+                rows.append(row_for(mid, raw, incarnation))
             except Exception:  # noqa: BLE001 - never archivable: logged and dropped
                 log.error("archive: unreadable journal entry for %s dropped", mid)
         for mid, raw in zip(marks, values[len(chosen) :]):
@@ -243,7 +250,7 @@ def archive_queue(store: KeyValueStore, q: Queue, holder: str, **kw) -> dict:
     total = {"archived": 0, "acked": 0, "removed": 0}
     try:
         for p in range(q.partitions):
-            for k, v in archive_partition(store, q.name, p, holder=holder, **kw).items():
+            for k, v in archive_partition(store, q.name, p, holder=holder, incarnation=q.pk, **kw).items():
                 total[k] += v
     except LockLost as exc:
         log.warning("archive: %s", exc)

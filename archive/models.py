@@ -14,6 +14,15 @@ class ArchivedMessage(models.Model):
 
     message_id = models.CharField(max_length=200, unique=True)
     queue = models.CharField(max_length=80, help_text="the queue it was enqueued to (the name, kept after deletion)")
+    #: the id of the queue's row it was enqueued to: that incarnation of the name. A plain
+    #: column, not a foreign key: it stays when the queue is deleted (a superuser still reads
+    #: the history), and an id is never handed out again, so a queue created later under the
+    #: name never owns these rows. Empty: the queue was gone before rows were tied to one.
+    incarnation = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="the id of the queue's row (kept after deletion; a re-created queue has another)",
+    )
     partition = models.PositiveIntegerField()
     group = models.CharField(max_length=128, null=True, blank=True)
     #: the body as text (NUL characters, which PostgreSQL text cannot hold, shown as U+FFFD;
@@ -37,6 +46,7 @@ class ArchivedMessage(models.Model):
         indexes = [
             models.Index(fields=["queue", "enqueued_at"], name="archive_queue_enqueued"),
             models.Index(fields=["queue", "acked_at"], name="archive_queue_acked"),
+            models.Index(fields=["incarnation", "enqueued_at"], name="archive_incarnation_enqueued"),
         ]
         verbose_name = "archived message"
         permissions = [("replay_archivedmessage", "Can replay archived messages into their queue")]

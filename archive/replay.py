@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import F
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from queues import audit, service
 from queues.access import Caller, require
 from queues.kv import KVError
 from queues.models import Queue
-from queues.service import MessageDraft, PartitionUnavailable
+from queues.service import MessageDraft, PartitionUnavailable, QueueNotFound
 
 from .archiver import message_of
 from .models import ArchivedMessage
@@ -26,15 +26,25 @@ from .models import ArchivedMessage
 MAX_REPLAY = 10_000
 
 
+def readable(rows: QuerySet[ArchivedMessage], caller: Caller) -> QuerySet[ArchivedMessage]:
+    """Those of ``rows`` that came from a queue row ``caller`` may read: a queue deleted and
+    created again under its name does not hand its history to the new one's readers; a
+    deleted queue's history is read by unrestricted callers only."""
+    ids = service.readable_queue_ids(caller)
+    return rows if ids is None else rows.filter(incarnation__in=ids)
+
+
 def select(
     source: str,
     *,
+    caller: Caller,
     ids: list[str] | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
     limit: int = 1000,
 ) -> list[ArchivedMessage]:
-    rows = ArchivedMessage.objects.filter(queue=source)
+    """Rows archived from queues named ``source`` that ``caller`` may read (see :func:`readable`)."""
+    rows = readable(ArchivedMessage.objects.filter(queue=source), caller)
     if ids is not None:
         rows = rows.filter(message_id__in=ids)
     if since is not None:
@@ -66,28 +76,44 @@ class PartialReplay(Exception):
 
 
 def require_source(caller: Caller, source: str) -> None:
-    """``read`` on the queue archived messages came from (gone: only a name pattern or a
-    superuser covers it). Raises QueueNotFound."""
+    """``read`` on the queue named ``source`` now (gone: only an unrestricted caller reads
+    what is archived under the name). Raises QueueNotFound."""
     q = Queue.objects.filter(name=source).only("pk", "name", "created_by_id").first()
     if q is None:
-        require(caller, "read", -1, source, None)
+        if not caller.unrestricted:
+            raise QueueNotFound(source)
     else:
+        require(caller, "read", q.pk, q.name, q.created_by_id)
+
+
+def require_rows(caller: Caller, rows: list[ArchivedMessage]) -> None:
+    """``read`` on the queue row each of ``rows`` came from (its incarnation, not a queue
+    created since under its name; a deleted one: only an unrestricted caller). Raises
+    QueueNotFound."""
+    if caller.unrestricted or not rows:
+        return
+    wanted = {r.incarnation for r in rows if r.incarnation is not None}
+    found = {q.pk: q for q in Queue.objects.filter(pk__in=wanted).only("pk", "name", "created_by_id")}
+    for incarnation, name in sorted({(r.incarnation or 0, r.queue) for r in rows}):
+        q = found.get(incarnation)
+        if q is None:
+            raise QueueNotFound(name)
         require(caller, "read", q.pk, q.name, q.created_by_id)
 
 
 def replay(rows: list[ArchivedMessage], into: str, *, caller: Caller, hops: int = 0) -> ReplayResult:
     """Enqueue copies of ``rows`` into ``into``, in batches of ``service.MAX_BATCH``; each
     batch's rows are marked replayed (count, time) once it is stored. ``caller`` needs
-    ``manage`` on ``into`` and ``read`` on every queue the rows came from; the replay is
-    recorded in the audit trail.
+    ``manage`` on ``into`` and ``read`` on every queue row the rows came from (see
+    :func:`require_rows`); the replay is recorded in the audit trail. ``hops``: a node's
+    signed hop count, never a client's (0: forwarding and cooling apply).
 
     Raises the service's errors (QueueNotFound, ``access.Forbidden``, InvalidRequest: a message
     the target refuses) before anything is enqueued, and :class:`PartialReplay` if the store
     fails part-way.
     """
     service.authorize(into, "manage", caller=caller)
-    for source in sorted({r.queue for r in rows}):
-        require_source(caller, source)
+    require_rows(caller, rows)
     drafts = [draft_of(r) for r in rows]
     batches = [
         (rows[i : i + service.MAX_BATCH], drafts[i : i + service.MAX_BATCH])

@@ -88,7 +88,9 @@ class AttemptLogAdmin(admin.ModelAdmin):
 
     @admin.display(description="partition")
     def partition_link(self, obj):
-        p = Partition.objects.filter(queue__name=obj.queue, index=obj.partition).values_list("pk", flat=True).first()
+        # The partition of the queue row the record was written for, not of a queue created
+        # since under the name.
+        p = Partition.objects.filter(queue_id=obj.incarnation, index=obj.partition).values_list("pk", flat=True).first()
         if p is None:
             return f"{obj.queue}/{obj.partition}"
         return format_html(

@@ -57,6 +57,13 @@ class AttemptLog(models.Model):
 
     message_id = models.CharField(max_length=200, db_index=True)
     queue = models.CharField(max_length=80)
+    #: the id of the queue's row when the attempt was recorded: that incarnation of the name
+    #: (see ``archive.models.ArchivedMessage.incarnation``). Empty: no queue of the name then.
+    incarnation = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="the id of the queue's row (kept after deletion; a re-created queue has another)",
+    )
     partition = models.PositiveIntegerField()
     group = models.CharField(max_length=128, blank=True)
     worker = models.ForeignKey(
@@ -78,7 +85,10 @@ class AttemptLog(models.Model):
 
     class Meta:
         ordering = ["-recorded_at", "-id"]
-        indexes = [models.Index(fields=["queue", "recorded_at"], name="attempt_queue_time")]
+        indexes = [
+            models.Index(fields=["queue", "recorded_at"], name="attempt_queue_time"),
+            models.Index(fields=["incarnation", "recorded_at"], name="attempt_incarnation_time"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.message_id} #{self.attempt} {self.outcome}"

@@ -129,8 +129,12 @@ def record_attempts(reports: Sequence[AttemptReport], *, caller: Caller) -> int:
                 size=r.size,
             )
         )
+    incarnations: dict[str, int] = {}
     for queue in sorted({row.queue for row in rows}):
-        service.authorize(queue, "consume", caller=caller)
+        cfg, _ = service.authorize(queue, "consume", caller=caller)
+        incarnations[queue] = cfg.id
+    for row in rows:  # the queue of the name now: the one the caller was allowed to report on
+        row.incarnation = incarnations[row.queue]
     stored = AttemptLog.objects.bulk_create(rows)
     metrics.count_attempts(stored)
     return len(stored)
@@ -146,16 +150,18 @@ def list_attempts(
     limit: int = 100,
 ) -> list[AttemptLog]:
     """Attempt records of the queues ``caller`` may read, newest first, filtered by whichever
-    of the arguments are given.
+    of the arguments are given. A record belongs to the queue row it was written for: a queue
+    deleted and created again under its name does not show the old one's records to the new
+    one's readers, and those of a deleted queue are read by unrestricted callers only.
 
     One read, no lock. Raises :class:`LimitOutOfRange` unless ``1 <= limit <= MAX_RECORDS``.
     """
     if not 1 <= limit <= MAX_RECORDS:
         raise LimitOutOfRange(f"limit must be between 1 and {MAX_RECORDS}")
     rows = AttemptLog.objects.all()
-    readable = service.readable_names(caller)
+    readable = service.readable_queue_ids(caller)
     if readable is not None:
-        rows = rows.filter(queue__in=readable)
+        rows = rows.filter(incarnation__in=readable)
     for column, value in (("queue", queue), ("message_id", message_id), ("worker_id", worker), ("outcome", outcome)):
         if value:
             rows = rows.filter(**{column: value})
@@ -189,6 +195,7 @@ def record_redeliveries(deliveries: Iterable[Delivery]) -> int:
         return 0
     reported = set(AttemptLog.objects.filter(message_id__in=[d.id for d in again]).values_list("message_id", "attempt"))
     holders = _holders([d.id for d in again])
+    current = service.current_queue_ids({parse_message_id(d.id).queue for d in again})
     rows = []
     for d in again:
         if (d.id, d.receive_count - 1) in reported:
@@ -198,6 +205,7 @@ def record_redeliveries(deliveries: Iterable[Delivery]) -> int:
             AttemptLog(
                 message_id=d.id,
                 queue=mid.queue,
+                incarnation=current.get(mid.queue),
                 partition=mid.partition,
                 group=(d.message.group if d.message is not None else None) or "",
                 worker_id=holders.get(d.id),
@@ -239,6 +247,7 @@ def record_given_back(message_id: str, attempt: int) -> bool:
     row = AttemptLog.objects.create(
         message_id=message_id,
         queue=mid.queue,
+        incarnation=service.current_queue_ids([mid.queue]).get(mid.queue),
         partition=mid.partition,
         worker_id=_holders([message_id]).get(message_id),
         attempt=attempt,

@@ -186,7 +186,8 @@ _EPOCH = {"type": "number", "minimum": -62135596800, "exclusiveMaximum": True, "
 TIME = {
     "nullable": True,
     "oneOf": [_EPOCH, {"type": "string", "format": "date-time"}],
-    "description": "ISO 8601 (a time without zone is UTC) or epoch seconds",
+    "description": "ISO 8601 (a time without zone is UTC) or epoch seconds; a time not in years 1 to 9999 "
+    "once in UTC is refused (400)",
 }
 REPLAY = _closed(
     {
@@ -205,8 +206,8 @@ REPLAY = _closed(
             "items": MESSAGE_ID,
             "description": "message IDs of queue; not together with since/until",
         },
-        "since": {**TIME, "description": "enqueued at or after (ISO 8601 or epoch seconds)"},
-        "until": {**TIME, "description": "enqueued before"},
+        "since": {**TIME, "description": f"enqueued at or after ({TIME['description']})"},
+        "until": {**TIME, "description": f"enqueued before ({TIME['description']})"},
         "max": _range(1, 10_000, integer=True, description="at most this many (default 1000)"),
     },
     ["queue"],

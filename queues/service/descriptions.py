@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -58,6 +59,26 @@ def readable_names(caller: Caller) -> set[str] | None:
     if caller.unrestricted:
         return None
     return {q.name for q in visible(caller, Queue.objects.only("pk", "name", "created_by_id"))}
+
+
+def readable_queue_ids(caller: Caller) -> set[int] | None:
+    """Row ids of the queues and topics ``caller`` may read (None: every one, and those of the
+    queues deleted since), to filter the history kept by a queue's incarnation (the archive,
+    the attempt log). A queue deleted and created again under its name is a new row: whoever
+    may read the new one reads none of the old one's history; only an unrestricted caller
+    (a superuser, the service itself) reads the history of a deleted queue."""
+    if caller.unrestricted:
+        return None
+    return {q.pk for q in visible(caller, Queue.objects.only("pk", "name", "created_by_id"))}
+
+
+def current_queue_ids(names: Iterable[str]) -> dict[str, int]:
+    """``{name: row id}`` of the queues and topics named (those that exist now): the
+    incarnation a record written by name (a worker's report, a redelivery) belongs to."""
+    wanted = set(names)
+    if not wanted:
+        return {}
+    return dict(Queue.objects.filter(name__in=wanted).values_list("name", "pk"))
 
 
 def create_queue(*, caller: Caller, **fields: Any) -> Queue:

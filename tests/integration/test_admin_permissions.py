@@ -106,7 +106,12 @@ def test_replaying_the_archive_needs_its_own_permission(api, make_queue, user):
     # given an archived message of a queue this user manages, and view rights on the archive
     name = make_queue(partitions=1)
     row = ArchivedMessage.objects.create(
-        message_id=f"{name}-m1", queue=name, partition=0, body="old", enqueued_at=timezone.now()
+        message_id=f"{name}-m1",
+        queue=name,
+        incarnation=Queue.objects.get(name=name).pk,
+        partition=0,
+        body="old",
+        enqueued_at=timezone.now(),
     )
     client = _staff(user, "view_archivedmessage")
     # then replay is not offered, and a posted one replays nothing

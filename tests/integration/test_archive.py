@@ -23,7 +23,7 @@ from queues import archive_journal, service
 from queues.keys import incarnation
 from queues.testing import NodeProcess
 
-from .nodes import Client, local_node_env
+from .nodes import Client, local_node_env, node_info, wait_until
 
 BACKENDS = ["file", "redis", "postgres"]
 
@@ -317,6 +317,222 @@ def test_bad_replay_input_is_a_4xx_and_enqueues_nothing(api, rt, queue):
     stranger = APIClient()
     assert stranger.post("/api/v1/archive/replay", {"queue": src}, format="json").status_code == 401
     assert stranger.get(f"/api/v1/archive?queue={src}", HTTP_AUTHORIZATION="Token wrong").status_code == 401
+
+
+def _client_of(user) -> APIClient:
+    from rest_framework.authtoken.models import Token
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return client
+
+
+# --- history belongs to a queue's incarnation -----------------------------------------------------
+@pytest.mark.django_db
+def test_a_name_used_again_does_not_hand_over_the_old_queues_history(api, rt, unique_name):
+    from django.contrib.auth.models import User
+
+    # given Alice's queue, archiving everything, whose messages failed once in a worker
+    name = unique_name("payroll")
+    assert (
+        api.post("/api/v1/queues", {"name": name, "partitions": 2, "archive": "all"}, format="json").status_code == 201
+    )
+    old_ids = enqueue(api, name, [{"body": f"salary {i}", "attributes": {"iban": f"DE{i}"}} for i in range(3)])
+    held = drain(api, name, ack=False)
+    report = [
+        {"message_id": m["id"], "attempt": 1, "outcome": "failed", "error": "secret", "traceback": "Traceback: pin"}
+        for m in held
+    ]
+    assert api.post("/api/v1/logs", {"records": report}, format="json").status_code == 201
+    ack_ids(api, name, held)
+    archiver.run(name, store=rt.store)
+    assert len(api.get(f"/api/v1/archive?queue={name}").json()["messages"]) == 3
+    assert len(api.get(f"/api/v1/logs?queue={name}").json()["records"]) == 3
+    # when Alice deletes it, and Mallory, with no grant, creates a queue of that name
+    assert api.delete(f"/api/v1/queues/{name}").status_code == 204
+    mallory = _client_of(User.objects.create(username=f"mallory-{uuid.uuid4().hex[:6]}"))
+    r = mallory.post("/api/v1/queues", {"name": name, "partitions": 2, "archive": "all"}, format="json")
+    assert r.status_code == 201, r.content
+    # then she reads none of the old queue's archived messages, nor its attempt log
+    assert mallory.get(f"/api/v1/archive?queue={name}").json()["messages"] == []
+    assert mallory.get("/api/v1/archive").json()["messages"] == []
+    assert mallory.get(f"/api/v1/logs?queue={name}").json()["records"] == []
+    assert mallory.get(f"/api/v1/logs?message={old_ids[0]}").json()["records"] == []
+    # and replays none of them into her queue, by time or by ID
+    for payload in ({"queue": name}, {"queue": name, "ids": old_ids}, {"queue": name, "since": 0}):
+        r = mallory.post("/api/v1/archive/replay", payload, format="json")
+        assert r.status_code == 200 and r.json()["replayed"] == 0, (payload, r.content)
+    assert drain(mallory, name) == []
+    assert set(ArchivedMessage.objects.filter(message_id__in=old_ids).values_list("replay_count", flat=True)) == {0}
+    # while her own queue's history is hers
+    mine = enqueue(mallory, name, [{"body": "mine"}])
+    archiver.run(name, store=rt.store)
+    assert [m["id"] for m in mallory.get(f"/api/v1/archive?queue={name}").json()["messages"]] == mine
+    r = mallory.post("/api/v1/archive/replay", {"queue": name}, format="json")
+    assert r.status_code == 200 and r.json()["replayed"] == 1, r.content
+    # and a superuser still reads and replays the old queue's history
+    root = _client_of(User.objects.create(username=f"root-{uuid.uuid4().hex[:6]}", is_superuser=True))
+    seen = [m["id"] for m in root.get(f"/api/v1/archive?queue={name}").json()["messages"]]
+    assert set(old_ids) <= set(seen) and set(mine) <= set(seen)
+    logged = root.get(f"/api/v1/logs?queue={name}").json()["records"]
+    assert sorted(r["message_id"] for r in logged) == sorted(old_ids)
+    assert {(r["error"], r["traceback"]) for r in logged} == {("secret", "Traceback: pin")}
+    r = root.post("/api/v1/archive/replay", {"queue": name, "ids": old_ids[:1]}, format="json")
+    assert r.status_code == 200 and r.json()["replayed"] == 1, r.content
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_the_migration_ties_each_row_to_the_queue_of_its_name_since_it_was_created(api, rt, queue):
+    import importlib
+    from datetime import timedelta
+
+    from django.apps import apps
+
+    from queues.models import Queue
+
+    # given rows kept by name only: of the queue now of the name, of an earlier queue of that
+    # name (enqueued before the current one was created), and of a queue gone
+    name = queue(archive="all")
+    enqueue(api, name, [{"body": "now"}])
+    archiver.run(name, store=rt.store)
+    q = Queue.objects.get(name=name)
+    now = ArchivedMessage.objects.get(queue=name)
+    before = ArchivedMessage.objects.create(
+        message_id=f"{name}/0/00000000-0000000000000000/9", queue=name, partition=0, body="old",
+        enqueued_at=q.created_at - timedelta(seconds=1),
+    )  # fmt: skip
+    gone = ArchivedMessage.objects.create(
+        message_id="gone/0/00000000-0000000000000000/9", queue="gone", partition=0, body="gone",
+        enqueued_at=q.created_at,
+    )  # fmt: skip
+    ArchivedMessage.objects.update(incarnation=None)
+    # when the migration's backfill runs
+    importlib.import_module("archive.migrations.0003_history_by_incarnation").backfill(apps, None)
+    # then only the row enqueued since the queue was created is its
+    got = dict(ArchivedMessage.objects.filter(pk__in=[now.pk, before.pk, gone.pk]).values_list("pk", "incarnation"))
+    assert got == {now.pk: q.pk, before.pk: None, gone.pk: None}
+
+
+# --- since / until -------------------------------------------------------------------------------
+#: Times a client may send: valid ones in any offset are read as UTC; what is no time, or no
+#: time in years 1 to 9999 once in UTC, is a 400 (never a 500 from the database).
+TIMES = [
+    ({"since": -1.1, "until": "5381-10-21T05:57:41-17:55"}, 200),
+    ({"since": "2020-01-01T00:00:00+23:59", "until": "2020-01-02T00:00:00-23:59"}, 200),
+    ({"since": "2020-01-01T00:00:00-00:30:15.5"}, 200),
+    ({"until": "9999-12-31T23:59:59-17:55"}, 400),
+    ({"since": "0001-01-01T00:00:00+05:00"}, 400),
+    ({"since": 1e300}, 400),
+    ({"since": -1e20}, 400),
+    ({"since": "1e300"}, 400),
+    ({"since": "nan"}, 400),
+    ({"since": "-inf"}, 400),
+    ({"since": "2020-13-01T00:00:00Z"}, 400),
+    ({"until": "2020-01-01T00:00:00+24:00"}, 400),
+    ({"since": True}, 400),
+    ({"until": [1]}, 400),
+    ({"until": {"t": 1}}, 400),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("backend", ["postgres"])  # the database is what refused such times
+def test_any_since_or_until_is_a_200_or_a_400(api, rt, queue):
+    # given three archived messages
+    src, dst = queue(archive="all"), queue()
+    enqueue(api, src, [{"body": f"m{i}"} for i in range(3)])
+    archiver.run(src, store=rt.store)
+    replayed = 0
+    for times, status in TIMES:
+        # when a replay and a listing name the time range
+        r = api.post("/api/v1/archive/replay", {"queue": src, "into": dst, **times}, format="json")
+        # then a valid time is read as UTC (the range selects what it holds), any other is a 400
+        assert r.status_code == status, (times, r.content)
+        if status == 400:
+            assert r.json()["error"] == "invalid_time", (times, r.content)
+        else:
+            replayed += r.json()["replayed"]
+        if any(isinstance(v, (list, dict, bool)) for v in times.values()):
+            continue  # a query string carries text only
+        r = api.get("/api/v1/archive", {"queue": src, **{k: str(v) for k, v in times.items()}})
+        assert r.status_code == status, (times, r.content)
+    # the fuzzer's range (1969 to 5381) holds all three, as does "since 2020"; 2019-12-31 to
+    # 2020-01-02 holds none
+    listed = api.get("/api/v1/archive", {"queue": src, "since": "-1.1", "until": "5381-10-21T05:57:41-17:55"})
+    assert len(listed.json()["messages"]) == 3
+    assert replayed == 6 and len(drain(api, dst)) == 6
+
+
+def test_the_schema_documents_a_400_for_the_archive_calls():
+    from drf_spectacular.generators import SchemaGenerator
+
+    paths = SchemaGenerator().get_schema(request=None, public=True)["paths"]
+    assert "400" in paths["/api/v1/archive/replay"]["post"]["responses"]
+    assert "400" in paths["/api/v1/archive"]["get"]["responses"]
+    replay = SchemaGenerator().get_schema(request=None, public=True)["components"]["schemas"]["ReplayRequest"]
+    assert "years 1 to 9999" in replay["properties"]["since"]["description"]
+
+
+# --- replay through a cooling node -----------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_replay_through_a_cooling_node_goes_elsewhere_whatever_hops_the_client_claims(tmp_path, token):
+    import requests
+
+    from queues.models import Queue
+
+    from .nodes import NodeSet
+
+    def partitions(c: Client, name: str) -> list[dict]:
+        r = c.get(f"queues/{name}/partitions")
+        assert r.status_code == 200, r.text
+        return r.json()["partitions"]
+
+    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="0.3"), tmp_path)
+    try:
+        # given two nodes, one of which cools as soon as it has a message in flight
+        hot, cold = nodes.start(NODE_COOLING_IN_FLIGHT="0"), nodes.start()
+        ch = Client(hot.url, token)
+        src, dst = f"src-{uuid.uuid4().hex[:8]}", f"dst-{uuid.uuid4().hex[:8]}"
+        assert ch.post("queues", {"name": src, "partitions": 1}).status_code == 201
+        assert ch.post("queues", {"name": dst, "partitions": 2, "lease_period": 3}).status_code == 201
+        wait_until(lambda: len({p["owner"] for p in partitions(ch, dst)} - {None}) == 2, 30, "two owners")
+        owned = {p["owner"]: p["index"] for p in partitions(ch, dst)}
+        hot_partition, cold_partition = owned[node_info(hot.url)["node"]], owned[node_info(cold.url)["node"]]
+        # and archived messages of a source queue
+        src_row = Queue.objects.get(name=src)
+        ArchivedMessage.objects.bulk_create(
+            ArchivedMessage(
+                message_id=f"{src}/0/00000000-{i:016x}/0",
+                queue=src,
+                incarnation=src_row.pk,
+                partition=0,
+                body=f"old {i}",
+                enqueued_at=src_row.created_at,
+                sequence=i,
+            )
+            for i in range(6)
+        )
+        # when the hot node holds a message in flight, and cools
+        for _ in range(50):
+            assert ch.post(f"queues/{dst}/enqueue", {"body": "heat"}).status_code == 201
+            got = ch.post(f"queues/{dst}/dequeue", {"max": 10, "visibility_timeout": 120}).json()["messages"]
+            if any(int(m["id"].split("/")[1]) == hot_partition for m in got):
+                break
+        wait_until(lambda: any(p["cooling"] for p in partitions(ch, dst)), 15, "the hot node to cool")
+        # and a client replays through it, claiming the hops a forwarded call has made
+        r = requests.post(
+            f"{hot.url}/api/v1/archive/replay",
+            json={"queue": src, "into": dst},
+            headers={"Authorization": f"Token {token}", "X-MQ-Hops": "2"},
+            timeout=30,
+        )
+        # then the count is not believed: the copies go to the other node's partition
+        assert r.status_code == 200 and r.json()["replayed"] == 6, r.text
+        assert {int(mid.split("/")[1]) for mid in r.json()["ids"]} == {cold_partition}, r.json()["ids"]
+    finally:
+        nodes.stop()
 
 
 # --- one archiver per queue -----------------------------------------------------------------------

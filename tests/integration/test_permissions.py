@@ -325,10 +325,9 @@ def test_the_attempt_log_and_the_archive_list_only_what_the_caller_may_read(runt
     c = token_client("drf", owner)
     for name in (a, b):
         assert c.post("/api/v1/queues", {"name": name, "partitions": 1}, format="json").status_code == 201
-        AttemptLog.objects.create(message_id=f"{name}/0/0/0", queue=name, partition=0, attempt=1, outcome="acked")
-        ArchivedMessage.objects.create(
-            message_id=f"{name}/0/0/0", queue=name, partition=0, body="b", enqueued_at="2026-01-01T00:00:00Z"
-        )
+        row = {"queue": name, "incarnation": Queue.objects.get(name=name).pk, "partition": 0}
+        AttemptLog.objects.create(message_id=f"{name}/0/0/0", attempt=1, outcome="acked", **row)
+        ArchivedMessage.objects.create(message_id=f"{name}/0/0/0", body="b", enqueued_at="2026-01-01T00:00:00Z", **row)
     Grant.objects.create(user=reader, pattern="app-*", action="read")
     r = token_client("drf", reader)
     assert {x["queue"] for x in r.get("/api/v1/logs").json()["records"]} == {a}

@@ -236,6 +236,77 @@ def test_workers_are_told_which_partitions_to_take(api, make_queue, runtime):
     assert all(t["node"] == runtime.address for t in a["take"] + b["take"])
 
 
+# --- the attempt log belongs to a queue's incarnation ------------------------------------------------
+
+
+def _client_of(user):
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return client
+
+
+def test_a_name_used_again_does_not_show_the_old_queues_attempt_log(api, make_queue):
+    from django.contrib.auth.models import User
+
+    # given Alice's queue: a failure her worker reported, and an attempt the service logged abandoned
+    name = make_queue(partitions=1)
+    api.post(f"/api/v1/queues/{name}/enqueue", {"body": "x"}, format="json")
+    (first,) = _deliver(api, name, visibility_timeout=0)
+    (second,) = _deliver(api, name, visibility_timeout=30)
+    report = {"message_id": first["id"], "attempt": 2, "outcome": "failed", "error": "pin 1234", "traceback": "tb"}
+    assert api.post("/api/v1/logs", {"records": [report]}, format="json").status_code == 201
+    assert {r["outcome"] for r in api.get(f"/api/v1/logs?queue={name}").json()["records"]} == {"abandoned", "failed"}
+    # when she deletes it and Mallory, with no grant, creates a queue of that name
+    assert api.delete(f"/api/v1/queues/{name}").status_code == 204
+    mallory = _client_of(User.objects.create(username=f"mallory-{uuid.uuid4().hex[:6]}"))
+    assert mallory.post("/api/v1/queues", {"name": name, "partitions": 1}, format="json").status_code == 201
+    # then none of the old records is hers to read, by queue, message or outcome
+    for query in (f"queue={name}", f"message={first['id']}", "outcome=failed", "outcome=abandoned", ""):
+        assert mallory.get(f"/api/v1/logs?{query}").json()["records"] == [], query
+    # while what her own worker reports, and what the service logs for her queue, is hers
+    mine = mallory.post(f"/api/v1/queues/{name}/enqueue", {"body": "y"}, format="json").json()["id"]
+    _deliver(mallory, name, visibility_timeout=0)
+    _deliver(mallory, name, visibility_timeout=30)
+    done = {"message_id": mine, "attempt": 2, "outcome": "succeeded"}
+    assert mallory.post("/api/v1/logs", {"records": [done]}, format="json").status_code == 201
+    got = mallory.get(f"/api/v1/logs?queue={name}").json()["records"]
+    assert [(r["message_id"], r["attempt"], r["outcome"]) for r in got] == [
+        (mine, 2, "succeeded"),
+        (mine, 1, "abandoned"),
+    ]
+    # and a superuser still reads both queues' records
+    root = _client_of(User.objects.create(username=f"root-{uuid.uuid4().hex[:6]}", is_superuser=True))
+    assert {r["message_id"] for r in root.get(f"/api/v1/logs?queue={name}").json()["records"]} == {first["id"], mine}
+
+
+def test_the_migration_ties_each_record_to_the_queue_of_its_name_since_it_was_created(make_queue):
+    import importlib
+
+    from django.apps import apps
+
+    from queues.models import Queue
+
+    # given records written by name only: of the queue now of the name, of an earlier queue of
+    # that name (recorded before the current one was created), and of a queue gone
+    name = make_queue(partitions=1)
+    q = Queue.objects.get(name=name)
+    now, before = (
+        AttemptLog.objects.create(message_id=_mid(name, 1), queue=name, partition=0, attempt=1, outcome="failed"),
+        AttemptLog.objects.create(message_id=_mid(name, 2), queue=name, partition=0, attempt=1, outcome="failed"),
+    )
+    AttemptLog.objects.filter(pk=before.pk).update(recorded_at=q.created_at - timedelta(seconds=1))
+    gone = AttemptLog.objects.create(message_id=_mid("gone", 1), queue="gone", partition=0, attempt=1, outcome="failed")
+    AttemptLog.objects.update(incarnation=None)
+    # when the migration's backfill runs
+    importlib.import_module("workers.migrations.0005_attempts_by_incarnation").backfill(apps, None)
+    # then only the record written since the queue was created is its
+    got = dict(AttemptLog.objects.filter(pk__in=[now.pk, before.pk, gone.pk]).values_list("pk", "incarnation"))
+    assert got == {now.pk: q.pk, before.pk: None, gone.pk: None}
+
+
 # --- the attempt log kept from the core's signals (workers/receivers.py) ----------------------
 
 
