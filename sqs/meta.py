@@ -60,8 +60,14 @@ def _key(secret: str) -> bytes:
     return hmac.new(secret.encode(), _LABEL, hashlib.sha256).digest()
 
 
+def _text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    # surrogatepass: a REST message's attribute may hold a lone surrogate (a JSON parser let it
+    # through); it must not make the seal's check fail with an error.
+    return _text(value).encode("utf-8", "surrogatepass")
 
 
 def _seal(queue: str, body: str, attributes: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
@@ -83,7 +89,7 @@ def encode(attributes: Mapping[str, Any], meta: Mapping[str, Any], *, queue: str
     out.pop(_SEAL, None)
     if out.get("sender"):
         out[_SEAL] = _seal(queue, body, attributes, out)
-    return _canonical(out).decode()
+    return _text(out)
 
 
 def decode(attributes: Mapping[str, Any] | None, *, body: str, queues: Iterable[str]) -> dict[str, Any]:

@@ -79,6 +79,12 @@ def test_a_rest_client_cannot_forge_a_sender():
         assert "sender" not in got, edit
 
 
+def test_a_lone_surrogate_beside_a_seal_is_no_error():
+    stored = {**_stored(), "odd": "\ud800"}
+    _, got = _read_attributes(stored, body="hello", queues=("orders",))
+    assert "sender" not in got
+
+
 def test_the_nested_form_stored_before_is_read_as_it_was():
     old = {
         "kind": "order",
