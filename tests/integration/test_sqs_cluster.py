@@ -99,8 +99,8 @@ def _boto3(node: NodeProcess, key: AccessKey):
         region_name="eu-west-1",
         aws_access_key_id=key.access_key_id,
         aws_secret_access_key=key.secret,
-        # One try: a refusal must show, not hide behind a retry.
-        config=Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=60),
+        # (botocore retries a 5xx, never a refusal: a 400 shows.)
+        config=Config(retries={"max_attempts": 3, "mode": "standard"}, read_timeout=60),
     )
 
 
