@@ -105,12 +105,15 @@ def _boto3(node: NodeProcess, key: AccessKey):
 
 
 def _attributes(i: int) -> dict:
-    return {
+    out = {
         "kind": {"DataType": "String", "StringValue": f"k{i}"},
         "n": {"DataType": "Number", "StringValue": str(i)},
         "blob": {"DataType": "Binary", "BinaryValue": bytes([0, 255, i])},
         "doc": {"DataType": "String.json", "StringValue": f'{{"i": {i}}}'},
     }
+    if i % 10 == 0:  # past the REST API's attribute limits (64-character names, 1,024-character values)
+        out["a" * 100] = {"DataType": "String", "StringValue": "v" * 2000}
+    return out
 
 
 def _entry(group: str, k: int, poisoned: set[str]) -> dict:
