@@ -4,8 +4,8 @@ Figures that are a state (depth, in flight, who owns a partition) are not kept h
 read from the partition managers when ``/metrics`` is scraped (``queues.service.figures``).
 What is here is incremented at the one place each event happens:
 
-- messages: enqueued, delivered, redelivered, acked (``queues.partition``), dead-lettered
-  (``queues.service.messages``), expired (``queues.partition``, ``queues.topic_retention``);
+- messages: enqueued, delivered, redelivered, acked (``queues.partition``), dead-lettered and
+  dead letters that could not be moved (``queues.service.messages``), expired (``queues.partition``, ``queues.topic_retention``);
 - partitions: lease renewals and partitions opened, by takeover or by a claim of a free
   partition, with how long the open took and how many blocks it read (``queues.node``);
 - API calls: latency by operation and status (the fast path, and Django's middleware below);
@@ -49,6 +49,12 @@ ACKED = Counter("mq_messages_acked", "Messages acknowledged on this node's parti
 DEAD_LETTERED = Counter(
     "mq_messages_dead_lettered",
     "Messages moved to a dead-letter queue past max_receives",
+    ["queue", "subscription"],
+)
+DEAD_LETTER_MOVES_FAILED = Counter(
+    "mq_dead_letter_moves_failed",
+    "Dead letters whose move to the dead-letter queue failed (each try; the message stays in its queue "
+    "and is tried again at a later dequeue)",
     ["queue", "subscription"],
 )
 EXPIRED = Counter("mq_messages_expired", "Messages removed by retention", ["queue"])

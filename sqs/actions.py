@@ -18,7 +18,8 @@ How SQS's model maps onto the service's (the README's compatibility table says t
 - A receipt handle carries the message ID and the service's receipt of that delivery.
 - Message attributes are stored with the message's ``attributes`` (name -> text, so the REST
   API reads them too); the data types other than ``String`` and what SQS reports about the
-  sender under the one key ``sqs:meta``.
+  sender under the one key ``sqs:meta``, a string (``meta``: its form, and why the sender in it
+  is sealed).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from django.db import DatabaseError
 from queues import service
 from queues.access import Caller, Forbidden
 
+from . import meta as sqs_meta
 from . import service as sqs_service
 from .errors import SQSError
 from .models import QueueSettings
@@ -56,7 +58,7 @@ FIFO_SUFFIX = ".fifo"
 #: the service's name of a FIFO queue ends so (its names have no dots).
 SERVICE_FIFO_SUFFIX = "-fifo"
 #: the key of a message's ``attributes`` that keeps what SQS knows beyond name -> text.
-META = "sqs:meta"
+META = sqs_meta.KEY
 
 _SQS_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 _ENTRY_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
@@ -661,8 +663,11 @@ def _message_attributes(value: Any, where: str = "") -> dict[str, tuple[str, str
     return out
 
 
-def _stored_attributes(attrs: dict[str, tuple[str, str | bytes]], meta: dict[str, Any]) -> dict[str, Any] | None:
-    """As the service stores them: name -> text (binary as base64), the rest under ``META``."""
+def _stored_attributes(
+    attrs: dict[str, tuple[str, str | bytes]], meta: dict[str, Any], *, queue: str, body: str
+) -> dict[str, Any] | None:
+    """As the service stores them: name -> text (binary as base64), the rest under ``META``
+    (a string: ``meta.encode``) for a message of ``queue`` with ``body``."""
     if not attrs and not meta:
         return None
     out: dict[str, Any] = {}
@@ -674,23 +679,25 @@ def _stored_attributes(attrs: dict[str, tuple[str, str | bytes]], meta: dict[str
     if types:
         meta = {**meta, "types": types}
     if meta:
-        out[META] = meta
+        out[META] = sqs_meta.encode(out, meta, queue=queue, body=body)
     return out
 
 
-def _read_attributes(stored: dict[str, Any] | None) -> tuple[dict[str, tuple[str, str | bytes]], dict[str, Any]]:
-    """A stored message's attributes as SQS's, and its ``META`` (a REST message's numbers are
-    Number, its booleans String)."""
+def _read_attributes(
+    stored: dict[str, Any] | None, *, body: str, queues: tuple[str, ...]
+) -> tuple[dict[str, tuple[str, str | bytes]], dict[str, Any]]:
+    """A stored message's attributes as SQS's, and its ``META`` (``meta.decode``: its sender
+    only if sealed for one of ``queues``); a REST message's numbers are Number, its booleans
+    String."""
     if not stored:
         return {}, {}
-    meta = stored.get(META)
-    meta = meta if isinstance(meta, dict) else {}
+    meta = sqs_meta.decode(stored, body=body, queues=queues)
     types = meta.get("types") or {}
     out: dict[str, tuple[str, str | bytes]] = {}
     for name, value in stored.items():
         if name == META:
             continue
-        data_type = types.get(name)
+        data_type = types.get(name) if isinstance(value, str) else None
         if data_type is None:
             if isinstance(value, bool):
                 data_type, value = "String", "true" if value else "false"
@@ -793,7 +800,7 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
         group=group,
         dedup_id=scoped,
         not_before=now + wait if wait else None,
-        attributes=_stored_attributes(attrs, meta),
+        attributes=_stored_attributes(attrs, meta, queue=q.name, body=body),
     )
     return _Draft(
         draft,
@@ -947,7 +954,9 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     for d in found:
         m = d.message
         assert m is not None
-        attrs, meta = _read_attributes(m.attributes)
+        source = (m.history or {}).get("source")
+        # A dead letter's sender was sealed for the queue it came from.
+        attrs, meta = _read_attributes(m.attributes, body=m.body, queues=(q.name, str(source or "")))
         item: dict[str, Any] = {
             "MessageId": d.id,
             "ReceiptHandle": _receipt_handle(d.id, d.receipt),
@@ -971,7 +980,6 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
                 every["MessageDeduplicationId"] = meta["dedup"]
         if meta.get("trace"):
             every["AWSTraceHeader"] = meta["trace"]
-        source = (m.history or {}).get("source")
         if source:
             every["DeadLetterQueueSourceArn"] = queue_arn(ctx, source, source.endswith(SERVICE_FIFO_SUFFIX))
         chosen = {k: v for k, v in every.items() if k in system}

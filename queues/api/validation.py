@@ -114,7 +114,16 @@ def _not_before(item: dict, cfg: QueueConfig, now: float, where: str) -> float |
     return now + delay if delay else None
 
 
-def _attributes(item: dict, where: str) -> dict | None:
+#: The longest attribute name a node forwards: the SQS API's (see :func:`_attributes`).
+NODE_ATTRIBUTE_NAME = 256
+
+
+def _attributes(item: dict, where: str, trusted: bool = False) -> dict | None:
+    """A message's attributes. ``trusted`` (a node's forwarded message): what one of the
+    service's entrances accepted there, checked for form only. The SQS API's attributes have
+    names of up to 256 characters and values up to the message's size, and a message stored by
+    an earlier version may hold an object; a client's message was checked by the entrance it
+    came through (these limits, or the SQS API's)."""
     value = item.get("attributes")
     if value is None:
         return None
@@ -122,12 +131,15 @@ def _attributes(item: dict, where: str) -> dict | None:
         raise BadRequest(
             f"{where}: attributes must be an object of at most {MAX_ATTRIBUTES} entries", "invalid_attributes"
         )
+    longest = NODE_ATTRIBUTE_NAME if trusted else 64
     for key, v in value.items():
-        if not 1 <= len(key) <= 64 or "\x00" in key:
-            raise BadRequest(f"{where}: attribute names are 1 to 64 characters", "invalid_attributes")
+        if not 1 <= len(key) <= longest or "\x00" in key:
+            raise BadRequest(f"{where}: attribute names are 1 to {longest} characters", "invalid_attributes")
         if isinstance(v, str):
-            if len(v) > 1024 or "\x00" in v:
+            if (len(v) > 1024 and not trusted) or "\x00" in v:
                 raise BadRequest(f"{where}: attribute {key!r} is over 1,024 characters", "invalid_attributes")
+        elif trusted and isinstance(v, dict):
+            continue
         elif not isinstance(v, (bool, int, float)) or (isinstance(v, float) and not math.isfinite(v)):
             raise BadRequest(f"{where}: attribute {key!r} must be a string, number or boolean", "invalid_attributes")
     return value
@@ -164,7 +176,7 @@ def _message(item: dict, cfg: QueueConfig, now: float, where: str, trusted: bool
         raise BadRequest(f"{where}: queue {cfg.name!r} is strict: every message needs a group", "missing_group")
     draft.dedup_id = _short_text(item, "dedup_id", where)
     draft.not_before = _not_before(item, cfg, now, where)
-    draft.attributes = _attributes(item, where)
+    draft.attributes = _attributes(item, where, trusted)
     if item.get("size") is not None:
         draft.size = number(item, "size", 0, 1 << 50, None, integer=True)
     draft.estimates = _estimates(item, where)

@@ -481,11 +481,17 @@ def _dequeue_local(cfg: QueueConfig, sub: str, max_messages: int, visibility: fl
 
 
 def _move_dead_letters(cfg: QueueConfig, sub: str = "") -> None:
-    """Move the messages this node set aside (past max_receives) to the dead-letter queue.
+    """Move the messages this node set aside (past max_receives) to the dead-letter queue,
+    each on its own.
 
-    The copy is stored first, then the original removed: a crash in between leaves a message
-    in both queues (at least once), never in neither. A failure gives them back to the source
-    (retried at the next dequeue).
+    Each is stored there first, then removed from the source: a crash in between leaves a
+    message in both queues (at least once), never in neither. One that cannot be moved (the
+    dead-letter queue or the owner of its partition there refuses it, or no owner can be reached)
+    is given back to the source, where the next dequeue sets it aside and tries again; it is
+    counted (``mq_dead_letter_moves_failed``) and logged, and the others move on. After a failure
+    that is not the message's own (a 5xx, an owner unreachable), the rest bound for the same
+    partition of the dead-letter queue are given back untried, as are the rest of a failed
+    one's group (kept in order): a dequeue never waits out one timeout per dead letter.
     """
     rt = get_runtime()
     spec = cfg.subscription(sub) if sub else None
@@ -495,54 +501,94 @@ def _move_dead_letters(cfg: QueueConfig, sub: str = "") -> None:
         dead = m.take_dead(sub)
         if not dead:
             continue
-        mids = [mid for mid, _ in dead]
         try:
             if dead_letter_queue is None:
                 raise NotServedHere("the queue no longer names a dead-letter queue")
+            dlq = queue_config(dead_letter_queue)
             found = m.load_bodies([Delivery(mid, "", count) for mid, count in dead])
-            now = datetime.now(UTC).timestamp()
-            drafts = []
-            for d in found:
-                msg = d.message
-                assert msg is not None
-                history = {
-                    "source": source,
-                    "id": d.id,
-                    "receive_count": d.receive_count,
-                    "group": msg.group,
-                    "enqueued_at": iso(msg.enqueued_at),
-                    "dead_lettered_at": iso(now),
-                }
-                # In its group still: a strict dead-letter queue needs one, and its dead letters
-                # keep their order there (and when redriven).
-                drafts.append(
-                    MessageDraft(
-                        msg.body,
-                        group=msg.group,
-                        attributes=msg.attributes,
-                        size=msg.size,
-                        estimates=msg.estimates,
-                        history=history,
-                    )
-                )
-            if drafts:
-                # Through the routing of any enqueue: the dead-letter queue's partitions may
-                # be on another node.
-                dlq = queue_config(dead_letter_queue)
-                check_drafts(dlq, drafts)
-                shares: dict[int | None, list[MessageDraft]] = {}
-                for draft in drafts:  # a group's dead letters in its partition, in order
-                    index = group_partition(draft.group, dlq.partitions) if draft.group else None
-                    shares.setdefault(index, []).append(draft)
-                for index, share in shares.items():
-                    _enqueue_somewhere(dlq, index, share, now, 0, SYSTEM)
-            m.remove_dead_lettered([_message_id(mid) for mid in mids], sub)  # not archived
-            with m.lock:
-                m.dead_lettered_total += len(found)
-            metrics.DEAD_LETTERED.labels(cfg.name, sub).inc(len(found))
+        except Exception as exc:  # noqa: BLE001 - none can move now: given back, tried again later
+            _not_moved(source, dead_letter_queue, [mid for mid, _ in dead], exc)
+            m.give_back_dead([mid for mid, _ in dead], sub)
+            continue
+        now = datetime.now(UTC).timestamp()
+        moved: list[str] = []
+        held: list[str] = []
+        unreachable: set[int | None] = set()  # the dead-letter queue's partitions that failed
+        failed_groups: set[str] = set()
+        for d in found:
+            msg = d.message
+            assert msg is not None
+            # In its group still: a strict dead-letter queue needs one, and its dead letters
+            # keep their order there (and when redriven).
+            index = group_partition(msg.group, dlq.partitions) if msg.group else None
+            if index in unreachable or (msg.group is not None and msg.group in failed_groups):
+                held.append(d.id)
+                continue
+            history = {
+                "source": source,
+                "id": d.id,
+                "receive_count": d.receive_count,
+                "group": msg.group,
+                "enqueued_at": iso(msg.enqueued_at),
+                "dead_lettered_at": iso(now),
+            }
+            draft = MessageDraft(
+                msg.body,
+                group=msg.group,
+                attributes=msg.attributes,
+                size=msg.size,
+                estimates=msg.estimates,
+                history=history,
+            )
+            try:
+                check_drafts(dlq, [draft])
+                # Through the routing of any enqueue: the partition may be on another node.
+                _enqueue_somewhere(dlq, index, [draft], now, 0, SYSTEM)
+            except Exception as exc:  # noqa: BLE001 - this one stays; the others move on
+                _not_moved(source, dead_letter_queue, [d.id], exc)
+                held.append(d.id)
+                if msg.group is not None:
+                    failed_groups.add(msg.group)
+                if not _refused(exc):
+                    unreachable.add(index)
+                continue
+            moved.append(d.id)
+        if held:
+            m.give_back_dead(held, sub)
+        if not moved:
+            continue
+        try:
+            m.remove_dead_lettered([_message_id(mid) for mid in moved], sub)  # not archived
         except Exception:
-            log.exception("moving %d dead letters of %s", len(mids), cfg.name)
-            m.give_back_dead(mids, sub)
+            # Copied already: given back, a later move copies them again (at least once).
+            log.exception("removing %d moved dead letters of %s", len(moved), source)
+            m.give_back_dead(moved, sub)
+            continue
+        with m.lock:
+            m.dead_lettered_total += len(moved)
+        metrics.DEAD_LETTERED.labels(cfg.name, sub).inc(len(moved))
+
+
+def _refused(exc: Exception) -> bool:
+    """Whether a dead letter's move failed for the message itself (the dead-letter queue's
+    rules, a 4xx of its owner), not for the way there."""
+    return isinstance(exc, InvalidRequest) or (isinstance(exc, RemoteError) and exc.status < 500)
+
+
+def _not_moved(source: str, dead_letter_queue: str | None, mids: list[str], exc: Exception) -> None:
+    """Count and log dead letters of ``source`` (a queue, or ``topic/subscription``) that stay."""
+    queue, _, sub = source.partition("/")
+    metrics.DEAD_LETTER_MOVES_FAILED.labels(queue, sub).inc(len(mids))
+    expected = isinstance(exc, (InvalidRequest, RemoteError, PartitionUnavailable, QueueNotFound))
+    log.warning(
+        "%s: %d dead letter(s) not moved to %s, kept to try again (%s): %s",
+        source,
+        len(mids),
+        dead_letter_queue,
+        ", ".join(mids[:5]) + (" ..." if len(mids) > 5 else ""),
+        exc if expected else repr(exc),
+        exc_info=None if expected else exc,
+    )
 
 
 # --- ack and visibility -----------------------------------------------------------------------

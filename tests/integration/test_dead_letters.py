@@ -183,3 +183,85 @@ def test_a_dead_letter_queue_cannot_be_changed_to_refuse_its_sources_messages(ap
     spec = {"name": "s", "dead_letter_queue": small, "max_receives": 2}
     r = api.post(f"{TOPICS}/{topic}/subscriptions", spec, format="json")
     assert r.status_code == 400, r.content
+
+
+def _moves_failed(queue: str) -> float:
+    from queues import metrics
+
+    return metrics.DEAD_LETTER_MOVES_FAILED.labels(queue, "")._value.get()
+
+
+def _set_aside(api, source: str, bodies: list[str]) -> dict[str, str]:
+    """Enqueue ``bodies`` into ``source`` (max_receives 1) and receive each once without an
+    ack; the next dequeue sets them all aside together. Body -> ID."""
+    ids = enqueue(api, source, {"messages": [{"body": b} for b in bodies]})["ids"]
+    got = dequeue(api, source, max=10, visibility_timeout=0)
+    assert sorted(m["body"] for m in got) == sorted(bodies)
+    return dict(zip(bodies, ids))
+
+
+@in_process
+def test_a_dead_letter_that_cannot_move_stays_counted_and_the_others_move(api, make_queue, monkeypatch, caplog):
+    from queues.service import RemoteError
+    from queues.service import messages as service_messages
+
+    # given a dead-letter queue whose owner refuses one dead letter (a 4xx of its own)
+    dlq = make_queue(partitions=1)
+    source = make_queue(partitions=1, dead_letter_queue=dlq, max_receives=1)
+    real = service_messages._enqueue_somewhere
+
+    def refusing(cfg, index, drafts, now, hops, caller):
+        if cfg.name == dlq and any(d.body == "refused" for d in drafts):
+            raise RemoteError(400, {"error": "invalid_attributes", "detail": "refused by the owner"})
+        return real(cfg, index, drafts, now, hops, caller)
+
+    monkeypatch.setattr(service_messages, "_enqueue_somewhere", refusing)
+    ids = _set_aside(api, source, ["before", "refused", "after"])
+    failed = _moves_failed(source)
+    # when the next dequeue sets the three aside together
+    with caplog.at_level("WARNING", logger="queues.service.messages"):
+        assert dequeue(api, source, max=10) == []
+    # then the other two are in the dead-letter queue, and the refused one stays in the source,
+    # counted and logged by its ID
+    got = dequeue(api, dlq, max=10, visibility_timeout=60)
+    assert sorted(m["body"] for m in got) == ["after", "before"]
+    assert stats(api, source)["depth"] == 1
+    assert _moves_failed(source) == failed + 1
+    assert any(ids["refused"] in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
+    # and once the dead-letter queue takes it, a later dequeue moves it too
+    monkeypatch.setattr(service_messages, "_enqueue_somewhere", real)
+    wait_until(lambda: not dequeue(api, source, max=10) and stats(api, source)["depth"] == 0, 10, "the move")
+    assert [m["body"] for m in dequeue(api, dlq, max=10)] == ["refused"]
+
+
+@in_process
+def test_dead_letters_whose_way_is_down_are_tried_once_a_dequeue(api, make_queue, monkeypatch):
+    from queues.service import PartitionUnavailable
+    from queues.service import messages as service_messages
+
+    # given a dead-letter queue that no node serves now (its store, or its owner, is down)
+    dlq = make_queue(partitions=1)
+    source = make_queue(partitions=1, dead_letter_queue=dlq, max_receives=1)
+    real = service_messages._enqueue_somewhere
+    calls = []
+
+    def down(cfg, index, drafts, now, hops, caller):
+        if cfg.name != dlq:
+            return real(cfg, index, drafts, now, hops, caller)
+        calls.append(cfg.name)
+        raise PartitionUnavailable(f"{cfg.name}/0: no owner now")
+
+    monkeypatch.setattr(service_messages, "_enqueue_somewhere", down)
+    _set_aside(api, source, ["one", "two", "three"])
+    failed = _moves_failed(source)
+    # when the next dequeue sets them aside
+    assert dequeue(api, source, max=10) == []
+    # then the move is tried once, not once a dead letter (each could wait out a timeout), and
+    # all three stay in the source, the one tried counted
+    assert calls == [dlq]
+    assert stats(api, source)["depth"] == 3
+    assert _moves_failed(source) == failed + 1
+    # and when the dead-letter queue is back, they all move
+    monkeypatch.setattr(service_messages, "_enqueue_somewhere", real)
+    wait_until(lambda: not dequeue(api, source, max=10) and stats(api, source)["depth"] == 0, 10, "the move")
+    assert sorted(m["body"] for m in dequeue(api, dlq, max=10)) == ["one", "three", "two"]

@@ -1,0 +1,135 @@
+"""What SQS knows of a message beyond its attributes' name -> text, stored with the message.
+
+A message's SQS attributes are the service's ``attributes`` (name -> text, a binary value as
+base64), so the REST API reads them too. The rest lives under the one attribute :data:`KEY`
+(``sqs:meta``), as a *string*: a compact JSON object with
+
+- ``types``: name -> data type of each attribute whose type is not plain ``String``;
+- ``dedup``: a FIFO message's deduplication ID as the producer gave it (or the body's hash);
+- ``trace``: its ``AWSTraceHeader``;
+- ``sender``: its ``SenderId``, and ``seal`` (below).
+
+A string, not a nested object, because every node checks a message it is handed as a REST
+message: a node that does not own a partition forwards the message to the one that does, and a
+dead letter is moved to a dead-letter queue served elsewhere, through the REST API's enqueue,
+whose validation takes attributes of strings, numbers and booleans only. A string passes it as
+any attribute does, so a forwarded SQS message needs no trust of its own.
+
+Who may write it. Any producer may give a REST message an attribute ``sqs:meta``. The types,
+the deduplication ID and the trace header are the producer's own words about its own message,
+which an SQS producer chooses as freely, so they are read whoever wrote them (checked for form
+only: a malformed entry is ignored). The sender is different: it names who sent the message,
+and a consumer may act on that. It is read only with a valid ``seal``: an HMAC, under a key
+derived from the cluster secret (``settings.CLUSTER_SECRET``, which every node shares and no
+client knows), over the queue, the body, the other attributes and the rest of the metadata. A
+REST producer cannot make one, and one copied from a message it read fits no other message
+(another body, other attributes, another queue). A dead letter's seal fits the queue it came
+from: its ``history.source``, which only a node sets. A sender without a valid seal is dropped,
+the rest kept. So a message carried on by other means (replayed from the archive into another
+queue, a dead letter moved on from a dead-letter queue) shows no ``SenderId``, and an exact
+copy of a message (same body and attributes) into the same queue keeps it, as a duplicate
+delivery of that message would.
+
+Messages stored before kept this as a nested object under the same name. No REST client can
+store one (the validation refuses it), so such an object is read as it is, sender included.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from typing import Any
+
+from django.conf import settings
+
+#: the key of a message's ``attributes`` that holds the metadata.
+KEY = "sqs:meta"
+#: the data types an attribute may have (``Number.float``, ``String.json``: custom suffixes).
+_TYPES = ("String", "Number", "Binary")
+_SEAL = "seal"
+_LABEL = b"sqs:meta sender seal v1"
+
+
+@lru_cache(maxsize=4)
+def _key(secret: str) -> bytes:
+    """The seal's key: derived from the cluster secret, so it is never the key of its
+    signatures between nodes (``queues.peerauth``)."""
+    return hmac.new(secret.encode(), _LABEL, hashlib.sha256).digest()
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _canonical(value: Any) -> bytes:
+    # surrogatepass: a REST message's attribute may hold a lone surrogate (a JSON parser let it
+    # through); it must not make the seal's check fail with an error.
+    return _text(value).encode("utf-8", "surrogatepass")
+
+
+def _seal(queue: str, body: str, attributes: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
+    message = b"\n".join(
+        (
+            queue.encode(),
+            hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest().encode(),
+            _canonical({k: v for k, v in attributes.items() if k != KEY}),
+            _canonical({k: v for k, v in meta.items() if k != _SEAL}),
+        )
+    )
+    return hmac.new(_key(settings.CLUSTER_SECRET), message, hashlib.sha256).hexdigest()[:32]
+
+
+def encode(attributes: Mapping[str, Any], meta: Mapping[str, Any], *, queue: str, body: str) -> str:
+    """The text of :data:`KEY` for a message of ``queue`` with ``body`` and ``attributes`` (the
+    stored ones, without :data:`KEY`); a ``sender`` in ``meta`` is sealed."""
+    out = dict(meta)
+    out.pop(_SEAL, None)
+    if out.get("sender"):
+        out[_SEAL] = _seal(queue, body, attributes, out)
+    return _text(out)
+
+
+def decode(attributes: Mapping[str, Any] | None, *, body: str, queues: Iterable[str]) -> dict[str, Any]:
+    """The metadata of a stored message (``{}`` if none), checked for form; its ``sender`` only
+    if sealed for one of ``queues`` (the message's queue, and the one a dead letter came from)."""
+    if not attributes:
+        return {}
+    raw = attributes.get(KEY)
+    if isinstance(raw, dict):  # stored by an earlier version: only a node could write it
+        return _checked(raw)
+    if not isinstance(raw, str):
+        return {}
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return {}
+    if not isinstance(parsed, dict):
+        return {}
+    meta = _checked(parsed)
+    seal = parsed.get(_SEAL)
+    sealed = isinstance(seal, str) and any(
+        hmac.compare_digest(seal, _seal(q, body, attributes, parsed)) for q in dict.fromkeys(queues) if q
+    )
+    if not sealed:
+        meta.pop("sender", None)
+    return meta
+
+
+def _checked(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of a metadata object that have the expected form; the rest ignored."""
+    out: dict[str, Any] = {}
+    for name in ("dedup", "trace", "sender"):
+        value = raw.get(name)
+        if isinstance(value, str) and value:
+            out[name] = value
+    types = raw.get("types")
+    if isinstance(types, dict):
+        kept = {
+            n: t for n, t in types.items() if isinstance(n, str) and isinstance(t, str) and t.split(".", 1)[0] in _TYPES
+        }
+        if kept:
+            out["types"] = kept
+    return out
