@@ -100,8 +100,13 @@ class Forbidden(Exception):
 
 
 def pattern_regex(pattern: str) -> re.Pattern[str]:
-    """``billing-*`` -> names that start with ``billing-`` (``*``: any run of name characters)."""
-    return re.compile("^" + ".*".join(re.escape(part) for part in pattern.split("*")) + "$")
+    """``billing-*`` -> names that start with ``billing-`` (``*``: any run of name characters).
+
+    Anchored with ``\\A``/``\\Z`` (``$`` also matches before a trailing newline) and ``*`` is
+    name characters only, so a pattern reaches whole names and nothing else.
+    """
+    body = "[A-Za-z0-9_-]*".join(re.escape(part) for part in pattern.split("*"))
+    return re.compile(rf"\A{body}\Z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +149,7 @@ def _names(rule: _Rule, queue_id: int, name: str) -> bool:
     """Whether the grant is on this queue (by its id, or by a pattern its name matches)."""
     if rule.queue_id is not None:
         return rule.queue_id == queue_id
-    return rule.pattern is not None and rule.pattern.match(name) is not None
+    return rule.pattern is not None and rule.pattern.fullmatch(name) is not None
 
 
 def _applies(rule: _Rule, caller: Caller, queue_id: int, name: str) -> bool:
@@ -182,7 +187,7 @@ def grants_on(queue_id: int, name: str) -> list[Grant]:
     rows = Grant.objects.filter(models.Q(queue_id=queue_id) | models.Q(queue__isnull=True)).select_related(
         "user", "group"
     )
-    return [g for g in rows if g.queue_id == queue_id or pattern_regex(g.pattern).match(name)]
+    return [g for g in rows if g.queue_id == queue_id or pattern_regex(g.pattern).fullmatch(name)]
 
 
 def require(caller: Caller, action: str, queue_id: int, name: str, created_by: int | None, *, target: str = "") -> None:
