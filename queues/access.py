@@ -100,8 +100,13 @@ class Forbidden(Exception):
 
 
 def pattern_regex(pattern: str) -> re.Pattern[str]:
-    """``billing-*`` -> names that start with ``billing-`` (``*``: any run of name characters)."""
-    return re.compile("^" + ".*".join(re.escape(part) for part in pattern.split("*")) + "$")
+    """``billing-*`` -> names that start with ``billing-`` (``*``: any run of name characters).
+
+    Anchored with ``\\A``/``\\Z`` (``$`` also matches before a trailing newline) and ``*`` is
+    name characters only, so a pattern reaches whole names and nothing else.
+    """
+    body = "[A-Za-z0-9_-]*".join(re.escape(part) for part in pattern.split("*"))
+    return re.compile(rf"\A{body}\Z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +149,7 @@ def _names(rule: _Rule, queue_id: int, name: str) -> bool:
     """Whether the grant is on this queue (by its id, or by a pattern its name matches)."""
     if rule.queue_id is not None:
         return rule.queue_id == queue_id
-    return rule.pattern is not None and rule.pattern.match(name) is not None
+    return rule.pattern is not None and rule.pattern.fullmatch(name) is not None
 
 
 def _applies(rule: _Rule, caller: Caller, queue_id: int, name: str) -> bool:
@@ -182,7 +187,38 @@ def grants_on(queue_id: int, name: str) -> list[Grant]:
     rows = Grant.objects.filter(models.Q(queue_id=queue_id) | models.Q(queue__isnull=True)).select_related(
         "user", "group"
     )
-    return [g for g in rows if g.queue_id == queue_id or pattern_regex(g.pattern).match(name)]
+    return [g for g in rows if g.queue_id == queue_id or pattern_regex(g.pattern).fullmatch(name)]
+
+
+def granted_now(caller: Caller, queue_id: int, name: str, created_by: int | None) -> frozenset[str]:
+    """As :func:`granted`, read from the database now rather than from the rules cached for
+    :data:`TTL`: the user (still active, still a superuser, its groups now) and its grants.
+
+    For the end of a call that waited (a long poll): its caller was checked when it started,
+    and a revocation since must stop it from taking anything. A few queries; only such calls
+    pay them."""
+    from django.contrib.auth import get_user_model
+
+    if caller.system:
+        return frozenset(ACTIONS)
+    if caller.user_id is None:
+        return frozenset()
+    user = get_user_model().objects.filter(pk=caller.user_id, is_active=True).first()
+    if user is None:
+        return frozenset()
+    now = Caller.of(user)
+    if now.is_superuser or now.user_id == created_by:
+        return frozenset(ACTIONS)
+    rows = Grant.objects.filter(models.Q(user_id=now.user_id) | models.Q(group_id__in=now.group_ids)).filter(
+        models.Q(queue_id=queue_id) | models.Q(queue__isnull=True)
+    )
+    return _implied(
+        {
+            action
+            for q, pattern, action in rows.values_list("queue_id", "pattern", "action")
+            if q == queue_id or (pattern and pattern_regex(pattern).fullmatch(name))
+        }
+    )
 
 
 def require(caller: Caller, action: str, queue_id: int, name: str, created_by: int | None, *, target: str = "") -> None:

@@ -16,7 +16,12 @@ from django.db import models
 from . import keys
 from .tree import MAX_BLOCK_SIZE
 
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,79}$")
+#: A queue's, topic's or subscription's name, unanchored (to build other patterns from).
+QUEUE_NAME = r"[A-Za-z0-9][A-Za-z0-9_-]{0,79}"
+#: The whole of a name. ``\A``/``\Z``, never ``^``/``$``: ``$`` also matches before a trailing
+#: newline, and RegexValidator searches (``"orders\n"`` would pass). The OpenAPI schema's
+#: patterns say ``^``/``$``, which ECMA regexes read as whole-string anchors.
+QUEUE_NAME_RE = re.compile(rf"\A{QUEUE_NAME}\Z")
 
 #: Limits on a queue's settings, shared by the model, the API and the docs.
 LIMITS = {
@@ -354,7 +359,7 @@ class KVEntry(models.Model):
 
 #: A grant's name pattern: a queue (or topic) name, or one with ``*`` standing for any run of
 #: name characters (``billing-*``), so queues created later are covered too.
-GRANT_PATTERN_RE = re.compile(r"^[A-Za-z0-9*][A-Za-z0-9_*-]{0,79}$")
+GRANT_PATTERN_RE = re.compile(r"\A[A-Za-z0-9*][A-Za-z0-9_*-]{0,79}\Z")
 
 
 class Grant(models.Model):

@@ -36,8 +36,8 @@ def delivery_json(d: Delivery, cfg: QueueConfig, defaults: dict[str, Any] | None
     m = d.message
     assert m is not None
     estimates = defaults if defaults is not None else queue_estimates(cfg)
-    if m.estimates:
-        estimates = {**estimates, **m.estimates}
+    if m.estimates:  # (a null stored by an older node is the queue's, as a missing one)
+        estimates = {**estimates, **{k: v for k, v in m.estimates.items() if v is not None}}
     item = {
         "id": d.id,
         "receipt": d.receipt,

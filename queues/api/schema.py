@@ -22,10 +22,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..messages import _MESSAGE_ID
-from ..models import LIMITS, QUEUE_NAME_RE
+from ..models import LIMITS, QUEUE_NAME
 from . import validation
 
-NAME = {"type": "string", "pattern": QUEUE_NAME_RE.pattern, "description": "letters, digits, '_' and '-', at most 80"}
+#: A name, whole (ECMA "$" is the end of the string; the service matches with "\\Z").
+NAME_PATTERN = f"^{QUEUE_NAME}$"
+NAME = {"type": "string", "pattern": NAME_PATTERN, "description": "letters, digits, '_' and '-', at most 80"}
 MESSAGE_ID = {
     "type": "string",
     "pattern": _MESSAGE_ID.pattern,
@@ -195,7 +197,7 @@ REPLAY = _closed(
         "into": {
             "type": "string",
             "nullable": True,
-            "pattern": "^(?:" + QUEUE_NAME_RE.pattern.strip("^$") + ")?$",
+            "pattern": f"^(?:{QUEUE_NAME})?$",
             "description": "the queue to enqueue the copies to (default: queue)",
         },
         "ids": {
@@ -322,15 +324,15 @@ def _close_requests(schema: dict) -> None:
 QUERY_LIMITS = {
     ("/api/v1/archive", "limit"): {"type": "integer", "minimum": 1, "maximum": 1000},
     ("/api/v1/archive", "after"): {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
-    ("/api/v1/archive", "queue"): {"type": "string", "pattern": "^(?:" + QUEUE_NAME_RE.pattern.strip("^$") + ")?$"},
+    ("/api/v1/archive", "queue"): {"type": "string", "pattern": f"^(?:{QUEUE_NAME})?$"},
     # since, until: ISO 8601 or epoch seconds, as text (the API reads either; 400 otherwise)
     ("/api/v1/logs", "limit"): {"type": "integer", "minimum": 1, "maximum": 1000},
 }
 FIELD_PATTERNS = {
     ("AttemptInRequest", "message_id"): MESSAGE_ID["pattern"],
-    ("QueueRequest", "dead_letter_queue"): QUEUE_NAME_RE.pattern,
-    ("PatchedQueueUpdateRequest", "dead_letter_queue"): QUEUE_NAME_RE.pattern,
-    ("SubscriptionRequest", "dead_letter_queue"): QUEUE_NAME_RE.pattern,
+    ("QueueRequest", "dead_letter_queue"): NAME_PATTERN,
+    ("PatchedQueueUpdateRequest", "dead_letter_queue"): NAME_PATTERN,
+    ("SubscriptionRequest", "dead_letter_queue"): NAME_PATTERN,
 }
 
 

@@ -153,7 +153,10 @@ def _estimates(item: dict, where: str) -> dict | None:
         raise BadRequest(
             f"{where}: estimates is an object with preprocess and/or process (seconds)", "invalid_estimates"
         )
-    return {k: number(value, k, *LIMITS["estimate"], None) for k in value}
+    # null is "not given" (the schema's nullable): the queue's estimate, as for a key left out,
+    # so a delivery always answers numbers
+    given = {k: number(value, k, *LIMITS["estimate"], None) for k in value}
+    return {k: v for k, v in given.items() if v is not None} or None
 
 
 #: What only a node may send with a message: a dead letter's history, the one subscription of

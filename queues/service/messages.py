@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from django.conf import settings
 
 from .. import metrics
-from ..access import SYSTEM, Caller
+from ..access import SYSTEM, Caller, granted_now
 from ..dedup import get_dedup
 from ..messages import MessageId, StoredMessage, group_partition, parse_message_id
 from ..models import Queue
@@ -423,7 +423,7 @@ def _dequeue(
     # empty poll cost N(N-1) internal calls on N nodes, each with its own timeout.
     if found or hops >= 1:
         if not found and wait:
-            found = _dequeue_local(cfg, sub, max_messages, local_visibility, wait)
+            found = _waited(cfg, sub, caller, max_messages, local_visibility, wait)
             _announce(target, found)
         return found
     rt = get_runtime()
@@ -435,8 +435,32 @@ def _dequeue(
         if got:
             return got
     if wait:
-        found = _dequeue_local(cfg, sub, max_messages, local_visibility, wait)
+        found = _waited(cfg, sub, caller, max_messages, local_visibility, wait)
         _announce(target, found)
+    return found
+
+
+def _waited(
+    cfg: QueueConfig, sub: str, caller: Caller, max_messages: int, visibility: float, wait: float
+) -> list[Delivery]:
+    """:func:`_dequeue_local` with its wait, and the caller's right checked again at the end:
+    it was checked when the call started, up to ``MAX_WAIT`` seconds ago. A caller that lost
+    ``consume`` meanwhile gets nothing, and what the wait took is given back, deliverable at
+    once to those who may still read it, with the receive count it had."""
+    found = _dequeue_local(cfg, sub, max_messages, visibility, wait)
+    if found and "consume" not in granted_now(caller, cfg.id, cfg.name, cfg.created_by):
+        rt = get_runtime()
+        by_partition: dict[int, list[Delivery]] = {}
+        for d in found:
+            by_partition.setdefault(_message_id(d.id).partition, []).append(d)
+        for index, deliveries in by_partition.items():
+            m = rt.managers.get((cfg.name, index))
+            if m is not None:  # (one closed meanwhile: its next owner delivers them again)
+                m.give_back(deliveries, sub)
+        log.info(
+            "a long poll of %s on %s ended after its right was revoked: %d given back", caller, cfg.name, len(found)
+        )
+        return []
     return found
 
 

@@ -17,7 +17,7 @@ from .. import audit
 from ..access import Caller, require
 from ..dedup import get_dedup
 from ..messages import StoredMessage
-from ..models import LIMITS, QUEUE_NAME_RE, Partition, Queue
+from ..models import LIMITS, QUEUE_NAME, Partition, Queue
 from ..node import QueueConfig
 from ..partition import Delivery, PartitionManager, wait_out_trust
 from ..purge import purge_partition
@@ -156,8 +156,7 @@ def redrive(queue: str, max_messages: int = 100, *, caller: Caller, hops: int = 
 
 
 #: A dead letter's ``history.source``: a queue, or a topic's subscription.
-_NAME = QUEUE_NAME_RE.pattern.strip("^$")
-_SOURCE_RE = re.compile(rf"{_NAME}(/{_NAME})?")
+_SOURCE_RE = re.compile(rf"{QUEUE_NAME}(/{QUEUE_NAME})?")
 
 
 def _take_local(cfg: QueueConfig, max_messages: int) -> list[tuple[PartitionManager, list[Delivery]]]:

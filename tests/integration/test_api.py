@@ -194,6 +194,28 @@ def test_enqueue_single_and_dequeue_fields(api, make_queue):
     assert before - 1 <= at <= time.time() + 1
 
 
+def test_a_null_estimate_is_the_queues_and_a_delivery_answers_numbers(api, make_queue):
+    # the schema lets a message's estimate be null ("not given") and says a delivery's
+    # estimates are numbers: a null was stored and delivered as null
+    name = make_queue(partitions=1, preprocess_estimate=2.5, process_estimate=7.0)
+    sent = [
+        {"body": "both null", "estimates": {"preprocess": None, "process": None}},
+        {"body": "process null", "estimates": {"process": None}},
+        {"body": "one given", "estimates": {"preprocess": 1.0, "process": None}},
+        {"body": "none"},
+    ]
+    r = api.post(f"{API}/{name}/enqueue", {"messages": sent}, format="json")
+    assert r.status_code == 201, r.content
+    r = api.post(f"{API}/{name}/dequeue", {"max": 10}, format="json")
+    got = {m["body"]: m["estimates"] for m in r.json()["messages"]}
+    assert got == {
+        "both null": {"preprocess": 2.5, "process": 7.0},
+        "process null": {"preprocess": 2.5, "process": 7.0},
+        "one given": {"preprocess": 1.0, "process": 7.0},
+        "none": {"preprocess": 2.5, "process": 7.0},
+    }
+
+
 def test_batch_of_1000_ids_in_order_and_fifo_dequeue(api, make_queue):
     # given: one partition, small blocks so the batch spans several (each twice the one before:
     # they fill at once, see queues.tree.next_block_size)

@@ -8,6 +8,8 @@ calls per poll on N nodes).
 from __future__ import annotations
 
 import threading
+import time
+import uuid
 
 import pytest
 from django.db import connection
@@ -126,3 +128,77 @@ def test_one_user_cannot_take_every_wait(api, make_queue, settings):
         assert service.dequeue(name, caller=SYSTEM, wait=0.05) == []
     finally:
         slot.__exit__(None, None, None)
+
+
+# --- a revocation during the wait --------------------------------------------------------------
+
+
+@pytest.fixture
+def one_node(transactional_db, tmp_path, redis_client):
+    from .nodes import NodeSet, local_node_env
+
+    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="0.3"), tmp_path)
+    yield nodes.start()
+    nodes.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("revoke", ["grant", "group", "deactivate"])
+def test_a_long_poll_whose_caller_lost_the_right_gets_nothing_and_loses_nothing(one_node, revoke):
+    # The caller's right is checked when the poll starts; a message enqueued after a revocation
+    # reached it anyway when the wait ended (the poll's check was up to 20 s old).
+    from django.contrib.auth.models import Group, User
+    from rest_framework.authtoken.models import Token
+
+    from queues.models import Grant, Queue
+
+    from .nodes import Client
+
+    owner = User.objects.create(username=f"owner-{uuid.uuid4().hex[:6]}")
+    reader = User.objects.create(username=f"reader-{uuid.uuid4().hex[:6]}")
+    oc = Client(one_node.url, Token.objects.create(user=owner).key)
+    rc = Client(one_node.url, Token.objects.create(user=reader).key)
+    name = f"poll-{uuid.uuid4().hex[:6]}"
+    assert oc.post("queues", {"name": name, "partitions": 1}).status_code == 201
+    q = Queue.objects.get(name=name)
+    if revoke == "group":
+        group = Group.objects.create(name=f"readers-{uuid.uuid4().hex[:6]}")
+        reader.groups.add(group)
+        Grant.objects.create(group=group, queue=q, action="consume")
+    else:
+        Grant.objects.create(user=reader, queue=q, action="consume")
+    # the queue is served, and the reader may read it (an empty answer, not 404)
+    wait_until(lambda: oc.post(f"queues/{name}/enqueue", {"body": "warm"}).status_code == 201, 30, "served")
+    warm = oc.post(f"queues/{name}/dequeue", {"max": 1}).json()["messages"]
+    assert oc.post(f"queues/{name}/ack", {"messages": [{"id": warm[0]["id"], "receipt": warm[0]["receipt"]}]}).ok
+    assert rc.post(f"queues/{name}/dequeue", {"max": 1}).json() == {"messages": []}
+
+    # given a long poll of the reader, waiting
+    answer: list = []
+    poll = threading.Thread(
+        target=lambda: answer.append(rc.post(f"queues/{name}/dequeue", {"max": 10, "wait": 10})), daemon=True
+    )
+    started = time.monotonic()
+    poll.start()
+    time.sleep(1.5)
+
+    # when its right is revoked, and then a message is enqueued
+    if revoke == "grant":
+        Grant.objects.filter(user=reader).delete()
+    elif revoke == "group":
+        reader.groups.remove(group)
+    else:
+        User.objects.filter(pk=reader.pk).update(is_active=False)
+    r = oc.post(f"queues/{name}/enqueue", {"body": "after the revocation"})
+    assert r.status_code == 201, r.text
+    poll.join(timeout=30)
+
+    # then the poll ends at the message, with nothing in it
+    (got,) = answer
+    assert got.status_code == 200, got.text
+    assert got.json() == {"messages": []}
+    assert time.monotonic() - started < 9, "the poll ended when the message came, not at its wait's end"
+    # and the message is not lost: it is deliverable at once to who may read it, never received
+    r = oc.post(f"queues/{name}/dequeue", {"max": 10})
+    assert [(m["body"], m["receive_count"]) for m in r.json()["messages"]] == [("after the revocation", 1)]
