@@ -4,6 +4,8 @@ their last use, revoke."""
 from django.contrib import admin, messages
 from django.utils import timezone
 
+from queues.admin_reads import ByGrant, request_caller
+
 from .models import AccessKey, QueueSettings
 
 
@@ -19,6 +21,12 @@ class AccessKeyAdmin(admin.ModelAdmin):
     @admin.display(boolean=True)
     def active(self, obj: AccessKey) -> bool:
         return obj.active
+
+    def get_queryset(self, request):
+        """A user's own keys; every user's to a superuser."""
+        rows = super().get_queryset(request)
+        caller = request_caller(request)
+        return rows if caller.unrestricted else rows.filter(user_id=caller.user_id)
 
     def get_readonly_fields(self, request, obj=None):
         if obj is not None:  # a key's owner never changes
@@ -44,6 +52,7 @@ class AccessKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(QueueSettings)
-class QueueSettingsAdmin(admin.ModelAdmin):
+class QueueSettingsAdmin(ByGrant, admin.ModelAdmin):
+    grant_queue = "queue"  # the settings of the queues the user may read
     list_display = ("queue", "receive_wait", "content_based_dedup", "tags", "modified_at")
     readonly_fields = ("queue",)
