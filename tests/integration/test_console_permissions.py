@@ -40,6 +40,8 @@ from queues.models import AuditEntry, Grant, Node, Partition, Queue, Subscriptio
 from sqs.models import AccessKey, QueueSettings
 from workers.models import AttemptLog, Consumer
 
+SUPERUSER = "superuser"
+
 # fmt: off
 #: model -> whose rows its admin shows a non-superuser: "all" (no grant governs them), "own"
 #: (the user's own), "read" / "manage" (of the queues and topics it has that right on).
@@ -63,8 +65,9 @@ SCOPE: dict[str, str] = {
     "sqs.queuesettings":       "read",
 }
 
-#: model -> (add, change, delete): whether its admin offers each to a holder of that permission.
-OFFERS: dict[str, tuple[bool, bool, bool]] = {
+#: model -> (add, change, delete): whether its admin offers each to a holder of that permission
+#: (``SUPERUSER``: to a superuser only).
+OFFERS: dict[str, tuple[bool | str, bool | str, bool | str]] = {
     #                          add    change delete
     "auth.group":              (True,  True,  True),
     "auth.user":               (True,  True,  True),
@@ -85,7 +88,8 @@ OFFERS: dict[str, tuple[bool, bool, bool]] = {
     "sqs.queuesettings":       (True,  True,  True),
 }
 
-#: model -> its own actions -> the permission that offers each (None: offered with the list);
+#: model -> its own actions -> the permission that offers each (None: offered with the list;
+#: ``SUPERUSER``: to a superuser only);
 #: ``delete_selected`` goes with the delete cell. None: the admin offers no action at all.
 ACTIONS: dict[str, dict[str, str | None] | None] = {
     "authtoken.tokenproxy":    None,
@@ -260,8 +264,11 @@ def sees(role: str, label: str, mine: bool) -> bool:
 
 def offers(role: str, label: str, cell: str) -> bool:
     """Whether the admin offers ``cell`` (add, change, delete) to the role."""
+    offered = OFFERS[label][("add", "change", "delete").index(cell)]
+    if offered == SUPERUSER:
+        return role == "superuser"
     needs = [cell, *([ALSO[label][cell]] if cell in ALSO.get(label, {}) else [])]
-    return OFFERS[label][("add", "change", "delete").index(cell)] and all(may(role, label, a) for a in needs)
+    return bool(offered) and all(may(role, label, a) for a in needs)
 
 
 def offered_actions(role: str, label: str) -> set[str]:
@@ -354,7 +361,7 @@ def _check_index(w: World, role: str, label: str) -> None:
     r = w.client.get(reverse("admin:index"))
     listed = {f"{app['app_label']}.{m['object_name'].lower()}" for app in r.context["app_list"] for m in app["models"]}
     # listed where a list or page of it opens: view or change (either opens the list), add, delete
-    add, _, delete = OFFERS[label]
+    add, _, delete = (offered is True for offered in OFFERS[label])
     opens = may(role, label, "view") or may(role, label, "change")
     model_perm = opens or (add and may(role, label, "add")) or (delete and may(role, label, "delete"))
     assert listed == ({label} if model_perm else set()), f"{role} index lists {listed}"
