@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 
 from queues.access import Caller
+from queues.admin_reads import ByGrant
 
 from .models import ArchivedMessage, ArchiverLock
 from .replay import PartialReplay, replay
@@ -41,7 +42,8 @@ class ReplayedFilter(admin.SimpleListFilter):
 
 
 @admin.register(ArchivedMessage)
-class ArchivedMessageAdmin(admin.ModelAdmin):
+class ArchivedMessageAdmin(ByGrant, admin.ModelAdmin):
+    grant_name = "queue"  # the archive of the queues the user may read (by name)
     list_display = (
         "message_id",
         "queue",
@@ -105,7 +107,8 @@ class ArchivedMessageAdmin(admin.ModelAdmin):
 
 
 @admin.register(ArchiverLock)
-class ArchiverLockAdmin(admin.ModelAdmin):
+class ArchiverLockAdmin(ByGrant, admin.ModelAdmin):
+    grant_name = "queue"
     list_display = ("queue", "holder", "expires_at")
     readonly_fields = ("queue", "holder", "expires_at")
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from queues.admin_reads import ByGrant
+
 from .models import DashboardRun, EstimateFit
 
 
@@ -44,7 +46,8 @@ class DashboardRunAdmin(ReadOnly):
 
 
 @admin.register(EstimateFit)
-class EstimateFitAdmin(ReadOnly):
+class EstimateFitAdmin(ByGrant, ReadOnly):
+    grant_name = "queue"  # the estimates of the queues the user may read (by name)
     list_display = [
         "created_at",
         "queue",

@@ -40,6 +40,9 @@ class DashboardRun(models.Model):
 
     class Meta:
         ordering = ["-started_at", "-id"]
+        #: the console's dashboards page: its own permission (being staff is not enough), and then
+        #: it shows the queues the user may read.
+        permissions = [("view_dashboards", "Can view the dashboards page")]
 
     def __str__(self) -> str:
         return f"run {self.pk} {self.status} at {self.started_at:%Y-%m-%d %H:%M:%S}"

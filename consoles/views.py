@@ -8,10 +8,12 @@ are SVG rendered on the server (:mod:`consoles.charts`).
 from __future__ import annotations
 
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.db.models import Max, Sum
 from django.template.response import TemplateResponse
 
-from queues.models import Queue
+from queues import service
+from queues.access import Caller
 
 from .charts import Series, format_value, line_chart
 from .models import DashboardRun, EstimateFit, GroupStats, LatencyBucketStats, QueueBucketStats, WorkerStats
@@ -65,6 +67,11 @@ def _charts(rows, fits, latency) -> list:
 
 
 def dashboards(request, site: admin.AdminSite):
+    """The page, for a user with ``consoles.view_dashboards``, with the figures of the queues it
+    may read (a superuser: every queue the job saw, gone ones included)."""
+    if not request.user.has_perm("consoles.view_dashboards"):
+        raise PermissionDenied
+    caller = Caller.of(request.user)
     last_run = DashboardRun.objects.first()
     last_ok = DashboardRun.objects.filter(status=DashboardRun.Status.SUCCEEDED).first()
     bucket = last_ok.bucket_seconds if last_ok else None
@@ -73,7 +80,8 @@ def dashboards(request, site: admin.AdminSite):
     overview = []
     if last_ok:
         totals = (
-            QueueBucketStats.objects.filter(bucket_seconds=bucket, bucket_start__gte=window_start)
+            service.only_permitted(QueueBucketStats.objects.all(), caller, name="queue")
+            .filter(bucket_seconds=bucket, bucket_start__gte=window_start)
             .values("queue")
             .annotate(
                 attempts=Sum("attempts"),
@@ -89,7 +97,9 @@ def dashboards(request, site: admin.AdminSite):
             t["failure_rate"] = (t["failed"] + t["timed_out"]) / t["attempts"] if t["attempts"] else None
             t["retry_rate"] = t["retries"] / t["attempts"] if t["attempts"] else None
             overview.append(t)
-    estimates = {q["name"]: q for q in Queue.objects.values("name", "preprocess_estimate", "process_estimate")}
+    estimates = {
+        q["name"]: q for q in service.permitted_queues(caller).values("name", "preprocess_estimate", "process_estimate")
+    }
     for t in overview:
         q = estimates.get(t["queue"])
         t["preprocess_estimate"] = q["preprocess_estimate"] if q else None

@@ -232,13 +232,13 @@ def require(caller: Caller, action: str, queue_id: int, name: str, created_by: i
     raise Forbidden(caller, action, target or name)
 
 
-def visible(caller: Caller, queues: Iterable[Any]) -> list[Any]:
+def visible(caller: Caller, queues: Iterable[Any], action: str = "read") -> list[Any]:
     """Those of ``queues`` (``Queue`` rows or anything with ``pk``/``id``, ``name``,
-    ``created_by_id``) the caller may read."""
+    ``created_by_id``) the caller may read (or take ``action`` on)."""
     out = []
     for q in queues:
         queue_id = getattr(q, "pk", None) or q.id
-        if "read" in granted(caller, queue_id, q.name, getattr(q, "created_by_id", None)):
+        if action in granted(caller, queue_id, q.name, getattr(q, "created_by_id", None)):
             out.append(q)
     return out
 

@@ -9,7 +9,8 @@ functions as the API, so they route to the owners like any client call.
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
-from django.db.models import Count, Min, Sum
+from django.db.models import Case, Count, F, Min, Q, Sum, Value, When
+from django.db.models.functions import Left, StrIndex
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -17,6 +18,7 @@ from django.utils.safestring import mark_safe
 
 from . import access, admin_tokens, keys, service  # noqa: F401 - admin_tokens: the API tokens' admin
 from .access import Caller, Forbidden
+from .admin_reads import ByGrant, QueueChoices, request_caller
 from .kv import get_store
 from .models import AuditEntry, Grant, Node, Partition, Queue, Subscription
 from .tree_svg import partition_svg
@@ -168,8 +170,9 @@ class SubscriptionForm(forms.ModelForm):
 
 
 @admin.register(Subscription)
-class SubscriptionAdmin(SubscriptionFigures, admin.ModelAdmin):
+class SubscriptionAdmin(ByGrant, SubscriptionFigures, admin.ModelAdmin):
     form = SubscriptionForm
+    grant_queue = "topic"  # the subscriptions of the topics the user may read
     list_display = [
         "__str__",
         "start",
@@ -180,7 +183,7 @@ class SubscriptionAdmin(SubscriptionFigures, admin.ModelAdmin):
         "dead_letter_queue",
         "created_at",
     ]
-    list_filter = ["topic"]
+    list_filter = [("topic", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["topic", "dead_letter_queue"]
     readonly_fields = [
         "topic",
@@ -403,8 +406,15 @@ def effective_access_table(q: Queue) -> str:
     )
 
 
+def _may_manage(request, q: Queue) -> bool:
+    """Whether the console's user may manage ``q``: who else may act on it (its grants, its
+    effective access) is shown only to them."""
+    return "manage" in access.granted(request_caller(request), q.pk, q.name, q.created_by_id)
+
+
 @admin.register(Queue)
-class QueueAdmin(admin.ModelAdmin):
+class QueueAdmin(ByGrant, admin.ModelAdmin):
+    grant_queue = "pk"  # the queues and topics the user may read
     list_display = [
         "name",
         "kind",
@@ -437,13 +447,13 @@ class QueueAdmin(admin.ModelAdmin):
         # Keys in the store are named after the queue and its block size shapes its trees: they
         # never change; partitions only grow, through save_model (service.update_queue).
         fixed = ["name", "kind", "block_size"] if obj is not None else []
-        shown = ["effective_access"] if obj is not None else []
+        shown = ["effective_access"] if obj is not None and _may_manage(request, obj) else []
         return [*fixed, *self.readonly_fields, *shown]
 
     def get_fieldsets(self, request, obj=None):
         # Who may do what gets its own section under the settings.
         fields = [f for f in self.get_fields(request, obj) if f != "effective_access"]
-        if obj is None:
+        if obj is None or not _may_manage(request, obj):
             return [(None, {"fields": fields})]
         return [
             (None, {"fields": fields}),
@@ -460,9 +470,10 @@ class QueueAdmin(admin.ModelAdmin):
     def get_inlines(self, request, obj):
         if obj is None:
             return [PartitionInline]
+        grants = [GrantInline] if _may_manage(request, obj) else []
         if obj.kind == Queue.Kind.TOPIC:
-            return [SubscriptionInline, GrantInline, PartitionInline]
-        return [GrantInline, PartitionInline]
+            return [SubscriptionInline, *grants, PartitionInline]
+        return [*grants, PartitionInline]
 
     def save_formset(self, request, form, formset, change):
         if formset.model is Grant:
@@ -613,7 +624,8 @@ class QueueAdmin(admin.ModelAdmin):
 
 
 @admin.register(Partition)
-class PartitionAdmin(admin.ModelAdmin):
+class PartitionAdmin(ByGrant, admin.ModelAdmin):
+    grant_queue = "queue"  # the partitions of the queues the user may read
     list_display = [
         "__str__",
         "owner_link",
@@ -629,7 +641,7 @@ class PartitionAdmin(admin.ModelAdmin):
         "dequeue_id",
         "stats_age",
     ]
-    list_filter = ["queue", "owner"]
+    list_filter = [("queue", admin.RelatedOnlyFieldListFilter), "owner"]
     list_select_related = ["queue", "owner"]
     readonly_fields = ["tree", "lease_age", *[f.name for f in Partition._meta.fields]]
     actions = ["release_lease"]
@@ -717,12 +729,13 @@ class NodeAdmin(admin.ModelAdmin):
 
 
 @admin.register(Grant)
-class GrantAdmin(admin.ModelAdmin):
+class GrantAdmin(QueueChoices, admin.ModelAdmin):
     """Every grant: on a queue or topic by name, or on a name pattern (``billing-*`` covers
     queues made later: made here). Given and revoked through the service, so each change is
     checked and recorded in the audit trail; a grant is never edited."""
 
     form = GrantForm
+    choice_action = "manage"  # a grant on a queue needs manage on it
     list_display = ["principal", "on", "action", "created_at", "created_by"]
     list_filter = ["action", ("user", admin.RelatedOnlyFieldListFilter), ("group", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["pattern", "queue__name"]
@@ -731,6 +744,19 @@ class GrantAdmin(admin.ModelAdmin):
 
     def get_form(self, request, obj=None, **kwargs):
         return _with_caller(super().get_form(request, obj, **kwargs), request)
+
+    def get_queryset(self, request):
+        """A user's own grants (to it or to its groups), and the grants on the queues it may
+        manage; pattern grants to others only to a superuser."""
+        rows = super().get_queryset(request)
+        caller = request_caller(request)
+        if caller.unrestricted:
+            return rows
+        return rows.filter(
+            Q(user_id=caller.user_id)
+            | Q(group_id__in=caller.group_ids)
+            | Q(queue__in=service.permitted_queues(caller, "manage"))
+        )
 
     @admin.display(description="to", ordering="user__username")
     def principal(self, obj):
@@ -770,6 +796,18 @@ class AuditEntryAdmin(admin.ModelAdmin):
     search_fields = ["target"]
     ordering = ["-at", "-id"]
     readonly_fields = ["at", "actor", "action", "target", "detail"]
+
+    def get_queryset(self, request):
+        """What the user did, and what was done to the queues and topics it may manage (the
+        trail names who was granted what); all of it to a superuser."""
+        rows = super().get_queryset(request)
+        caller = request_caller(request)
+        if caller.unrestricted:
+            return rows
+        slash = StrIndex("target", Value("/"))
+        queue = Case(When(Q(target__contains="/"), then=Left("target", slash - 1)), default=F("target"))
+        managed = service.permitted_queues(caller, "manage").values("name")
+        return rows.alias(queue_name=queue).filter(Q(actor=caller.username) | Q(queue_name__in=managed))
 
     def has_add_permission(self, request):
         return False

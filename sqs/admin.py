@@ -9,6 +9,7 @@ from django.core.exceptions import ValidationError
 
 from queues import service
 from queues.access import ANONYMOUS, Caller, Forbidden
+from queues.admin_reads import ByGrant, request_caller
 
 from . import service as sqs_service
 from .models import AccessKey, QueueSettings
@@ -56,6 +57,12 @@ class AccessKeyAdmin(admin.ModelAdmin):
     @admin.display(boolean=True)
     def active(self, obj: AccessKey) -> bool:
         return obj.active
+
+    def get_queryset(self, request):
+        """A user's own keys; every user's to a superuser."""
+        rows = super().get_queryset(request)
+        caller = request_caller(request)
+        return rows if caller.unrestricted else rows.filter(user_id=caller.user_id)
 
     def get_readonly_fields(self, request, obj=None):
         if obj is not None:  # a key's owner never changes
@@ -135,11 +142,13 @@ class QueueSettingsForm(forms.ModelForm):
 
 
 @admin.register(QueueSettings)
-class QueueSettingsAdmin(admin.ModelAdmin):
+class QueueSettingsAdmin(ByGrant, admin.ModelAdmin):
     """A queue's SQS settings (a row for each queue created or changed over the SQS API):
     changed through ``sqs.service.update_queue_settings``, which needs ``manage`` on the queue."""
 
     form = QueueSettingsForm
+    grant_queue = "queue"  # the settings of the queues the user may read
+    choice_action = "manage"  # a new row's queue: one the user may change
     list_display = ("queue", "receive_wait", "content_based_dedup", "tags", "modified_at")
 
     def get_readonly_fields(self, request, obj=None):

@@ -5,6 +5,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from queues import service
+from queues.admin_reads import ByGrant, request_caller
 from queues.models import Partition
 
 from .models import AttemptLog, Consumer
@@ -26,6 +28,22 @@ class ConsumerAdmin(admin.ModelAdmin):
     ]
     search_fields = ["id", "name", "hostname"]
     readonly_fields = [f.name for f in Consumer._meta.fields]
+
+    def get_queryset(self, request):
+        """A user's own workers, and those that consume only queues it may read (a worker's
+        page names every queue it consumes and every message it holds); all to a superuser."""
+        rows = super().get_queryset(request)
+        caller = request_caller(request)
+        if caller.unrestricted:
+            return rows
+        readable = set(service.permitted_queues(caller).values_list("name", flat=True))
+        shown = [
+            pk
+            for pk, user_id, queues in rows.values_list("pk", "user_id", "queues")
+            if user_id == caller.user_id
+            or (queues and all(isinstance(q, str) and q.partition("/")[0] in readable for q in queues))
+        ]
+        return rows.filter(pk__in=shown)
 
     @admin.display(boolean=True)
     def alive(self, obj):
@@ -55,7 +73,8 @@ class ConsumerAdmin(admin.ModelAdmin):
 
 
 @admin.register(AttemptLog)
-class AttemptLogAdmin(admin.ModelAdmin):
+class AttemptLogAdmin(ByGrant, admin.ModelAdmin):
+    grant_name = "queue"  # the attempts on the queues the user may read (by name)
     list_display = [
         "recorded_at",
         "message_link",
@@ -68,7 +87,7 @@ class AttemptLogAdmin(admin.ModelAdmin):
         "process_seconds",
         "error",
     ]
-    list_filter = ["outcome", "queue", "worker"]
+    list_filter = ["outcome", "queue", ("worker", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["message_id", "group", "error"]
     date_hierarchy = "recorded_at"
     readonly_fields = [f.name for f in AttemptLog._meta.fields]

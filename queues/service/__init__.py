@@ -61,6 +61,7 @@ from .operations import (
     release_partition,
 )
 from .peers import Peers, get_peers, set_peers
+from .reads import only_permitted, permitted_queues
 from .runtime import get_runtime, set_runtime
 from .targets import authorize, begin_call, checked_name, end_call, queue_config, resolve
 from .types import (
@@ -132,8 +133,10 @@ __all__ = [
     "issue_token",
     "learn_estimate",
     "list_queues",
+    "only_permitted",
     "parse_message_id",
     "partition_owners",
+    "permitted_queues",
     "publish",
     "purge",
     "queue_config",

@@ -222,12 +222,16 @@ def test_a_staff_user_may_grant_only_on_what_it_manages(client, make):
     bob = User.objects.create(username="bob")
     mine, other = make(created_by=staff), make()
     client.login(username="staff", password="pw")
-    # then it may grant on its queue, not on another's, nor on a pattern
+    # then it may grant on its queue, not on another's (not even offered), nor on a pattern
     r = client.post("/admin/queues/grant/add/", {"user": bob.pk, "queue": mine.pk, "action": "consume"})
     assert r.status_code == 302
-    for form in ({"queue": other.pk}, {"pattern": "billing-*"}):
+    for form, error in (
+        ({"queue": other.pk}, "Select a valid choice"),
+        ({"pattern": "billing-*"}, "you may not grant"),
+    ):
         r = client.post("/admin/queues/grant/add/", {"user": bob.pk, "action": "consume", **form})
-        assert r.status_code == 200 and "you may not grant this" in r.content.decode()
+        assert r.status_code == 200 and error in r.content.decode()
+        assert other.name not in r.content.decode()
     assert [(g.queue, g.action) for g in Grant.objects.all()] == [(mine, "consume")]
     assert AuditEntry.objects.get().actor == "staff"
 
