@@ -43,7 +43,7 @@ class ReplayedFilter(admin.SimpleListFilter):
 
 @admin.register(ArchivedMessage)
 class ArchivedMessageAdmin(ByGrant, admin.ModelAdmin):
-    grant_name = "queue"  # the archive of the queues the user may read (by name)
+    grant_incarnation = "incarnation"  # the archive of the queues the user may read
     list_display = (
         "message_id",
         "queue",

@@ -44,14 +44,21 @@ class QueueChoices:
 class ByGrant(QueueChoices):
     """A ``ModelAdmin`` mixin: its rows are those of the queues the user may take
     ``grant_action`` on, found through ``grant_queue`` (a foreign key to the queue, ``"pk"`` for
-    the queue itself) or ``grant_name`` (a column holding the queue's name)."""
+    the queue itself), ``grant_incarnation`` (a column holding the queue row's id: history) or
+    ``grant_name`` (a column holding the queue's name)."""
 
     grant_queue: str = ""
+    grant_incarnation: str = ""
     grant_name: str = ""
     grant_action: str = "read"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         rows: QuerySet[Model] = super().get_queryset(request)  # type: ignore[misc]
         return service.only_permitted(
-            rows, request_caller(request), queue=self.grant_queue, name=self.grant_name, action=self.grant_action
+            rows,
+            request_caller(request),
+            queue=self.grant_queue,
+            incarnation=self.grant_incarnation,
+            name=self.grant_name,
+            action=self.grant_action,
         )

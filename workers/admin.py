@@ -74,7 +74,7 @@ class ConsumerAdmin(admin.ModelAdmin):
 
 @admin.register(AttemptLog)
 class AttemptLogAdmin(ByGrant, admin.ModelAdmin):
-    grant_name = "queue"  # the attempts on the queues the user may read (by name)
+    grant_incarnation = "incarnation"  # the attempts on the queues the user may read
     list_display = [
         "recorded_at",
         "message_link",

@@ -23,6 +23,7 @@ from ..models import LIMITS, Partition, Queue, Subscription
 from ..partition import wait_out_trust
 from .errors import Conflict, InvalidRequest, QueueNotFound, SubscriptionNotFound
 from .peers import get_peers
+from .reads import permitted_queues
 from .runtime import current_runtime, get_runtime
 from .targets import authorize, checked_name
 from .types import PartitionFigures, PartitionOwner, QueueStats, SubscriptionPartitionFigures, SubscriptionStats
@@ -69,7 +70,7 @@ def readable_queue_ids(caller: Caller) -> set[int] | None:
     (a superuser, the service itself) reads the history of a deleted queue."""
     if caller.unrestricted:
         return None
-    return {q.pk for q in visible(caller, Queue.objects.only("pk", "name", "created_by_id"))}
+    return set(permitted_queues(caller).values_list("pk", flat=True))
 
 
 def current_queue_ids(names: Iterable[str]) -> dict[str, int]:

@@ -31,21 +31,30 @@ def permitted_queues(caller: Caller, action: str = "read") -> QuerySet[Queue]:
 
 
 def only_permitted(
-    rows: QuerySet[_M], caller: Caller, *, queue: str = "", name: str = "", action: str = "read"
+    rows: QuerySet[_M],
+    caller: Caller,
+    *,
+    queue: str = "",
+    incarnation: str = "",
+    name: str = "",
+    action: str = "read",
 ) -> QuerySet[_M]:
     """``rows`` of the queues ``caller`` may take ``action`` on, found through the field that
     names their queue: ``queue``, a foreign key to it (``"queue"``, ``"topic"``,
-    ``"run__queue"``), or ``name``, a column holding its name (history kept by name: the archive,
-    the attempt log). Unchanged for an unrestricted caller, who also sees rows of queues that
-    are gone."""
+    ``"run__queue"``); ``incarnation``, a column holding its row's id (history: the archive, the
+    attempt log, so a queue created again under a deleted one's name shows none of the old
+    one's); or ``name``, a column holding its name. Unchanged for an unrestricted caller, who
+    also sees rows of queues that are gone."""
     if caller.unrestricted:
         return rows
     allowed = permitted_queues(caller, action)
     lookup: dict[str, Any]
     if queue:
         lookup = {f"{queue}__in": allowed}
+    elif incarnation:
+        lookup = {f"{incarnation}__in": allowed.values("pk")}
     elif name:
         lookup = {f"{name}__in": allowed.values("name")}
     else:
-        raise TypeError("only_permitted needs queue= (a foreign key) or name= (a name column)")
+        raise TypeError("only_permitted needs queue= (a foreign key), incarnation= (a row id) or name= (a name column)")
     return rows.filter(**lookup)
