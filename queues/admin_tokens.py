@@ -5,7 +5,8 @@ add one make it for any user. This one issues and revokes through the service
 (``service.issue_token`` / ``revoke_token``: for oneself; a superuser for another user who is not
 a superuser; recorded in the audit trail), shows the new key once, in the message after it is
 made, and from then on only its first characters: in the list, on its page, in the confirmation
-of a delete and in the admin's own log, which name a token by its holder and that prefix.
+of a delete and in the admin's own log, which name a token by its holder and that prefix. A user
+who is not a superuser sees (and revokes) its own token only: another user's is not listed.
 """
 
 from django import forms
@@ -16,6 +17,7 @@ from rest_framework.authtoken.models import TokenProxy
 
 from . import service
 from .access import ANONYMOUS, Caller, Forbidden
+from .admin_reads import request_caller
 
 
 def _token_label(token) -> str:
@@ -73,6 +75,12 @@ class TokenAdmin(drf_token_admin.TokenAdmin):
             # anyone else issues a token for themselves only (the service refuses the rest)
             form.base_fields["user"].queryset = form.base_fields["user"].queryset.filter(pk=request.user.pk)
         return type(form.__name__, (form,), {"caller": Caller.of(request.user)})
+
+    def get_queryset(self, request):
+        """A user's own token; every user's to a superuser."""
+        rows = super().get_queryset(request)
+        caller = request_caller(request)
+        return rows if caller.unrestricted else rows.filter(user_id=caller.user_id)
 
     def has_change_permission(self, request, obj=None):
         return False  # a token is issued or revoked, never edited

@@ -34,14 +34,35 @@ def test_drfs_token_admin_is_replaced():
     assert type(admin.site._registry[TokenProxy]) is TokenAdmin
 
 
-def test_a_staff_user_who_may_view_tokens_sees_no_ones_key():
-    # given two users' tokens, and a staff user whose one permission is to view tokens
+def test_a_staff_user_who_may_view_tokens_sees_their_own_by_its_prefix_only():
+    # given two users' tokens, and a staff user whose one permission is to view tokens, with a
+    # token of their own
     tokens = [Token.objects.create(user=_user("app")) for _ in range(2)]
     staff, client = _staff("view_tokenproxy")
+    own = Token.objects.create(user=staff)
     # when they open the token list and each token's page
-    pages = [client.get("/admin/authtoken/tokenproxy/")]
-    pages += [client.get(f"/admin/authtoken/tokenproxy/{t.user_id}/change/") for t in tokens]
-    # then no key is on any of them, only its first characters
+    listing = client.get("/admin/authtoken/tokenproxy/")
+    assert listing.status_code == 200
+    assert [t.key for t in listing.context["cl"].result_list] == [own.key]
+    page = client.get(f"/admin/authtoken/tokenproxy/{staff.pk}/change/")
+    # then their own token is shown by its first characters only
+    assert page.status_code == 200
+    for html in (listing.content.decode(), page.content.decode()):
+        assert own.key[:8] in html and own.key not in html and own.key[8:24] not in html
+    # and another user's is neither listed nor opened: its page answers as if it did not exist
+    for t in tokens:
+        r = client.get(f"/admin/authtoken/tokenproxy/{t.user_id}/change/", follow=True)
+        assert r.redirect_chain and r.redirect_chain[0][1] == 302
+        for html in (listing.content.decode(), r.content.decode()):
+            assert t.key[:8] not in html and t.key[8:24] not in html
+
+
+def test_a_superuser_sees_every_token_by_its_prefix_only():
+    tokens = [Token.objects.create(user=_user("app")) for _ in range(2)]
+    su = Client()
+    su.force_login(_user("root", is_staff=True, is_superuser=True))
+    pages = [su.get("/admin/authtoken/tokenproxy/")]
+    pages += [su.get(f"/admin/authtoken/tokenproxy/{t.user_id}/change/") for t in tokens]
     for page in pages:
         assert page.status_code == 200
         html = page.content.decode()

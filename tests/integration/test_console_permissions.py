@@ -10,9 +10,9 @@ Cells, generated from the admin registry (a newly registered admin fails here un
 in the tables below): its list, the page of an object (``view``), ``add``, ``change`` (the page
 is editable), ``delete`` (the confirmation page) and each action (offered on the list); plus the
 dashboards page and the index. Each test builds the same rows: for every model one object that
-belongs to the role (a row of ``shown-...``, or the role's own key or worker) and one that does
-not (a row of ``hidden-...``, another user's key or worker), one object for tables no grant
-governs (nodes, users, the dashboards job's runs). A model permission opens a list; the grants
+belongs to the role (a row of ``shown-...``, or the role's own key, token or worker) and one that
+does not (a row of ``hidden-...``, another user's key, token or worker), one object for tables no
+grant governs (nodes, users, the dashboards job's runs). A model permission opens a list; the grants
 (``queues.service.permitted_queues``) choose its rows; outside the superuser's pages, no page
 names a ``hidden-...`` queue, and an action posted on a hidden row reaches nothing.
 
@@ -48,7 +48,7 @@ SUPERUSER = "superuser"
 SCOPE: dict[str, str] = {
     "auth.group":              "all",
     "auth.user":               "all",
-    "authtoken.tokenproxy":    "all",
+    "authtoken.tokenproxy":    "own",
     "queues.queue":            "read",
     "queues.partition":        "read",
     "queues.subscription":     "read",
@@ -209,6 +209,7 @@ class World:
                 ),
                 "archive.archiverlock": ArchiverLock.objects.create(queue=name, expires_at=now),
                 "sqs.accesskey": AccessKey.issue(owner, f"key of {name}"),
+                "authtoken.tokenproxy": TokenProxy.objects.get(pk=Token.objects.create(user=owner).pk),
                 "sqs.queuesettings": QueueSettings.objects.create(queue=q),
             }
             for label, obj in found.items():
@@ -216,7 +217,6 @@ class World:
         everyone = {
             "auth.group": Group.objects.create(name=f"group-{h}"),
             "auth.user": self.other,
-            "authtoken.tokenproxy": TokenProxy.objects.get(pk=Token.objects.create(user=self.other).pk),
             "queues.node": node,
             "consoles.dashboardrun": run,
         }
