@@ -66,26 +66,29 @@ SCOPE: dict[str, str] = {
 }
 
 #: model -> (add, change, delete): whether its admin offers each to a holder of that permission
-#: (``SUPERUSER``: to a superuser only).
+#: (``SUPERUSER``: to a superuser only). What the service or a process writes (partitions, nodes,
+#: workers, attempts, the job's runs and fits, the archive and its locks) is shown, never edited;
+#: a token is issued or revoked, never edited; an access key is revoked (an action), and a
+#: queue's SQS settings go with the queue: neither is deleted.
 OFFERS: dict[str, tuple[bool | str, bool | str, bool | str]] = {
     #                          add    change delete
     "auth.group":              (True,  True,  True),
     "auth.user":               (True,  True,  True),
-    "authtoken.tokenproxy":    (True,  True,  True),
+    "authtoken.tokenproxy":    (True,  False, True),
     "queues.queue":            (True,  True,  True),
-    "queues.partition":        (False, True,  False),
+    "queues.partition":        (False, False, False),
     "queues.subscription":     (False, True,  True),
-    "queues.node":             (False, True,  True),
+    "queues.node":             (False, False, False),
     "queues.grant":            (True,  False, True),
     "queues.auditentry":       (False, False, False),
-    "workers.consumer":        (False, True,  True),
-    "workers.attemptlog":      (False, True,  True),
-    "consoles.dashboardrun":   (False, False, True),
-    "consoles.estimatefit":    (False, False, True),
-    "archive.archivedmessage": (False, True,  False),
-    "archive.archiverlock":    (False, True,  True),
-    "sqs.accesskey":           (True,  True,  True),
-    "sqs.queuesettings":       (True,  True,  True),
+    "workers.consumer":        (False, False, False),
+    "workers.attemptlog":      (False, False, False),
+    "consoles.dashboardrun":   (False, False, False),
+    "consoles.estimatefit":    (False, False, False),
+    "archive.archivedmessage": (False, False, False),
+    "archive.archiverlock":    (False, False, False),
+    "sqs.accesskey":           (True,  True,  False),
+    "sqs.queuesettings":       (True,  True,  False),
 }
 
 #: model -> its own actions -> the permission that offers each (None: offered with the list;
@@ -96,7 +99,7 @@ ACTIONS: dict[str, dict[str, str | None] | None] = {
     "queues.queue":            {"purge": "queues.purge_queue", "redrive": "queues.redrive_queue"},
     "queues.partition":        {"release_lease": "queues.release_partition"},
     "archive.archivedmessage": {"replay_into_source": "archive.replay_archivedmessage"},
-    "sqs.accesskey":           {"revoke": None},
+    "sqs.accesskey":           {"revoke": "sqs.change_accesskey"},
 }
 # fmt: on
 
