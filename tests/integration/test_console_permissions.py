@@ -34,8 +34,11 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.authtoken.models import Token, TokenProxy
 
+from archive import archiver
 from archive.models import ArchivedMessage, ArchiverLock
 from consoles.models import DashboardRun, EstimateFit, QueueBucketStats
+from queues import service
+from queues.access import Caller
 from queues.models import AuditEntry, Grant, Node, Partition, Queue, Subscription
 from sqs.models import AccessKey, QueueSettings
 from workers.models import AttemptLog, Consumer
@@ -193,6 +196,7 @@ class World:
                 "workers.attemptlog": AttemptLog.objects.create(
                     message_id=f"{name}/0/b/0",
                     queue=name,
+                    incarnation=q.pk,
                     partition=0,
                     worker=consumer,
                     attempt=1,
@@ -206,6 +210,7 @@ class World:
                 "archive.archivedmessage": ArchivedMessage.objects.create(
                     message_id=f"{name}/0/b/1",
                     queue=name,
+                    incarnation=q.pk,
                     partition=0,
                     body=f"secret body of {name}",
                     enqueued_at=now,
@@ -462,3 +467,49 @@ def test_a_queue_choice_offers_only_the_queues_the_user_may_use(runtime, unique_
     # a grant: on the queues it manages
     html = client.get(_url("queues.grant", "add")).content.decode()
     assert mine.name in html and read_only.name not in html and hidden.name not in html
+
+
+def test_a_queue_made_again_under_a_deleted_ones_name_shows_none_of_its_history(api, purge_kv, unique_name):
+    # given Alice's queue, archiving everything, whose messages failed once in a worker
+    name = unique_name("payroll")
+    r = api.post("/api/v1/queues", {"name": name, "partitions": 1, "archive": "all"}, format="json")
+    assert r.status_code == 201, r.content
+    r = api.post(f"/api/v1/queues/{name}/enqueue", {"messages": [{"body": "salary"}]}, format="json")
+    assert r.status_code == 201, r.content
+    (held,) = api.post(f"/api/v1/queues/{name}/dequeue", {"max": 10}, format="json").json()["messages"]
+    report = {"message_id": held["id"], "attempt": 1, "outcome": "failed", "error": "secret", "traceback": "pin"}
+    assert api.post("/api/v1/logs", {"records": [report]}, format="json").status_code == 201
+    ack = {"messages": [{"id": held["id"], "receipt": held["receipt"]}]}
+    assert api.post(f"/api/v1/queues/{name}/ack", ack, format="json").status_code == 200
+    archiver.run(name, store=service.get_runtime().store)
+    old_archive = list(ArchivedMessage.objects.filter(message_id=held["id"]).values_list("pk", flat=True))
+    old_attempts = list(AttemptLog.objects.filter(message_id=held["id"]).values_list("pk", flat=True))
+    assert len(old_archive) == len(old_attempts) == 1
+    # when Alice deletes it, and Mallory, staff who may view the archive and the attempt log,
+    # with no grant, creates a queue of that name, with history of its own
+    assert api.delete(f"/api/v1/queues/{name}").status_code == 204
+    mallory, as_mallory = _staff(
+        f"mallory-{uuid.uuid4().hex[:6]}", "archive.view_archivedmessage", "workers.view_attemptlog"
+    )
+    new = service.create_queue(caller=Caller.of(mallory), name=name, partitions=1)
+    own = {
+        "archive.archivedmessage": ArchivedMessage.objects.create(
+            message_id=f"{name}/0/b/9", queue=name, incarnation=new.pk, partition=0, body="mine",
+            enqueued_at=timezone.now(),
+        ).pk,
+        "workers.attemptlog": AttemptLog.objects.create(
+            message_id=f"{name}/0/b/9", queue=name, incarnation=new.pk, partition=0, attempt=1,
+            outcome=AttemptLog.Outcome.FAILED, error="mine",
+        ).pk,
+    }  # fmt: skip
+    as_root = Client()
+    as_root.force_login(User.objects.create(username=f"root-{uuid.uuid4().hex[:6]}", is_staff=True, is_superuser=True))
+    for label, old in (("archive.archivedmessage", old_archive), ("workers.attemptlog", old_attempts)):
+        # then her lists show her queue's rows and none of the old queue's, nor do its pages open
+        rows = as_mallory.get(_url(label, "changelist")).context["cl"].result_list
+        assert [row.pk for row in rows] == [own[label]], label
+        assert as_mallory.get(_url(label, "change", old[0])).status_code == 302, label
+        # while a superuser still sees both
+        rows = as_root.get(_url(label, "changelist")).context["cl"].result_list
+        assert {row.pk for row in rows} >= {own[label], *old}, label
+        assert as_root.get(_url(label, "change", old[0])).status_code == 200, label
