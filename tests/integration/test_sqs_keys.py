@@ -122,13 +122,27 @@ def test_nobody_but_a_superuser_issues_a_key_for_a_superuser():
 
 
 def test_only_its_holder_or_a_superuser_revokes_a_key(owner):
+    # given another user's key, and a staff user who may view and change keys
     key = AccessKey.issue(owner)
     staff, client = _staff("view_accesskey", "change_accesskey")
+    # when they post the revoke action on it in the console
     r = client.post("/admin/sqs/accesskey/", {"action": "revoke", "_selected_action": [key.pk]}, follow=True)
+    # then it stays active: their list holds their own keys only, so the action never reaches it
     key.refresh_from_db()
-    assert key.active and "not revoked" in r.content.decode()
+    assert key.active and key.access_key_id not in r.content.decode()
+    # and the service, which any entrance calls, refuses them too
+    with pytest.raises(service.CredentialForbidden):
+        sqs_service.revoke_access_key(key, caller=Caller.of(staff))
+    key.refresh_from_db()
+    assert key.active and not AuditEntry.objects.filter(action="revoke_key").exists()
+    # while the staff user revokes a key of their own in the console
+    own = AccessKey.issue(staff)
+    client.post("/admin/sqs/accesskey/", {"action": "revoke", "_selected_action": [own.pk]})
+    own.refresh_from_db()
+    assert not own.active
+    # and its holder revokes it
     sqs_service.revoke_access_key(key, caller=Caller.of(owner))
     key.refresh_from_db()
     assert not key.active
-    entry = AuditEntry.objects.get(action="revoke_key")
+    entry = AuditEntry.objects.get(action="revoke_key", target=f"user:{owner.username}")
     assert (entry.actor, entry.detail) == (owner.username, {"access_key_id": key.access_key_id})
