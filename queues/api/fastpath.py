@@ -31,7 +31,7 @@ from django.http.request import split_domain_port, validate_host
 from rest_framework import exceptions
 
 from .. import metrics, peerauth, service
-from ..auth import CachedTokenAuthentication, caller_of, peer_of, request_caller
+from ..auth import CachedTokenAuthentication, caller_of, check_peer_body, peer_of, request_caller
 from . import calls, throttles
 from .errors import PayloadTooLarge, api_error, domain_error
 
@@ -118,11 +118,14 @@ class FastPath:
         call_token = service.begin_call()
         try:
             if peer:
-                # the signature covers the body: read it (to the node's limit) before checking
-                raw = self._read(environ, settings.API_MAX_REQUEST_BYTES)
-                node = peer_of(environ, "POST", peerauth.request_path(environ), raw)
-                assert node is not None  # it claimed to be a node: a node, or AuthenticationFailed
+                # The signature (over the body's hash, in a header) before a byte of the body:
+                # a forged or replayed one is refused unread.
+                found = peer_of(environ, "POST", peerauth.request_path(environ))
+                assert found is not None  # it claimed to be a node: a node, or AuthenticationFailed
+                node, signed = found
                 caller, hops = request_caller(node), node.hops
+                raw = self._read(environ, settings.API_MAX_REQUEST_BYTES)
+                check_peer_body(signed, raw)
                 limit = calls.body_limit(call, name, caller=caller)
                 if len(raw) > limit:
                     raise PayloadTooLarge(
