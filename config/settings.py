@@ -497,6 +497,13 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 #: call's own limit is lower still (``queues.api.calls.body_limit``: the queue's limits).
 API_MAX_REQUEST_BYTES = envint("API_MAX_REQUEST_BYTES", 8 * 1024 * 1024, minimum=64 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_REQUEST_BYTES
+#: A body from a caller whose headers name no one this node knows (no valid token, signature
+#: or session: ``queues.api.bodies``) is refused over this many bytes, unread (413): enough for
+#: the console's login form and an SQS error; every other body comes from a known caller.
+API_ANONYMOUS_MAX_REQUEST_BYTES = envint("API_ANONYMOUS_MAX_REQUEST_BYTES", 8 * 1024, minimum=1024)
+#: ... read by at most this many request threads of a process at once (more: 503, unread), so
+#: clients trickling such bodies cannot hold the threads that known callers need.
+API_ANONYMOUS_BODY_READERS = envint("API_ANONYMOUS_BODY_READERS", max(2, NODE_THREADS // 8), minimum=1)
 
 LOGGING = {
     "version": 1,
