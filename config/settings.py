@@ -376,6 +376,13 @@ DASHBOARDS_HISTORY_DAYS = envint("DASHBOARDS_HISTORY_DAYS", 30, minimum=1)
 NODE_ADDRESS = env("NODE_ADDRESS", "")
 #: Seconds between node heartbeats / housekeeping passes.
 NODE_HEARTBEAT = envfloat("NODE_HEARTBEAT", 1.0)
+#: A node process that has not answered its own probe (``queues.watchdog``: a call through its
+#: own server, which needs a free request thread) for this many seconds gives up its leases and
+#: stops its heartbeat until it answers again. Keep it under the queues' lease periods (10 s by
+#: default), so a process that serves nobody loses its partitions within one lease period.
+NODE_STUCK_AFTER = envfloat("NODE_STUCK_AFTER", 5.0)
+if not 0.5 <= NODE_STUCK_AFTER <= 600:
+    raise ImproperlyConfigured(f"NODE_STUCK_AFTER={NODE_STUCK_AFTER}: use seconds in [0.5, 600]")
 #: Bytes of message bodies a node keeps in memory after enqueue, to deliver without a read.
 NODE_BODY_CACHE_BYTES = envint("NODE_BODY_CACHE_BYTES", 64 * 1024 * 1024, minimum=0)
 #: A busy partition's append-tree blocks grow up to this many times its queue's `block_size` (at
