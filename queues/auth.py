@@ -220,6 +220,6 @@ class ClusterAuthenticationScheme(OpenApiAuthenticationExtension):
             "description": (
                 "Calls one node forwards to another, not for clients: HMAC-SHA256 under the cluster secret "
                 f"over the request, with {peerauth.TIMESTAMP_HEADER}, {peerauth.NONCE_HEADER}, "
-                f"{peerauth.HOPS_HEADER} and {peerauth.ON_BEHALF_HEADER}."
+                f"{peerauth.CONTENT_HEADER}, {peerauth.HOPS_HEADER} and {peerauth.ON_BEHALF_HEADER}."
             ),
         }
