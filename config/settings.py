@@ -511,6 +511,9 @@ API_ANONYMOUS_MAX_REQUEST_BYTES = envint("API_ANONYMOUS_MAX_REQUEST_BYTES", 8 * 
 #: ... read by at most this many request threads of a process at once (more: 503, unread), so
 #: clients trickling such bodies cannot hold the threads that known callers need.
 API_ANONYMOUS_BODY_READERS = envint("API_ANONYMOUS_BODY_READERS", max(2, NODE_THREADS // 8), minimum=1)
+#: Request threads of a process that one known caller's bodies may hold at once on the fast
+#: path (a body read waits for the client, and granian cannot cut it short); past it 503, unread.
+API_BODY_READS_PER_CALLER = envint("API_BODY_READS_PER_CALLER", max(2, NODE_THREADS // 4), minimum=1)
 
 LOGGING = {
     "version": 1,

@@ -19,7 +19,9 @@ key) is refused by its ``Content-Length`` when over ``API_ANONYMOUS_MAX_REQUEST_
 unread), and otherwise read here, by at most ``API_ANONYMOUS_BODY_READERS`` request threads of
 the process at once; with those taken (clients trickling their bodies), another is answered 503
 at once, unread, and the other request threads stay free for known callers. The view gets the
-body from memory. A process whose request threads all wait anyway stops holding its
+body from memory. A known caller's bodies read on the fast path count against it
+(:class:`CallerReads`): one caller holds at most ``API_BODY_READS_PER_CALLER`` request threads
+with bodies on their way. A process whose request threads all wait anyway stops holding its
 partitions (``queues.watchdog``).
 """
 
@@ -155,6 +157,35 @@ def readers() -> _Readers:
         if _READERS is None or _READERS.size != settings.API_ANONYMOUS_BODY_READERS:
             _READERS = _Readers(settings.API_ANONYMOUS_BODY_READERS)
         return _READERS
+
+
+class CallerReads:
+    """Bodies each known caller has being read in this process at once: a client trickling
+    its bodies holds a request thread for each, so one caller may hold at most
+    ``API_BODY_READS_PER_CALLER`` of them (past it: 503, unread), and the others keep theirs."""
+
+    def __init__(self) -> None:
+        self._counts: dict[Any, int] = {}
+        self._lock = threading.Lock()
+
+    def acquire(self, caller: Any) -> bool:
+        with self._lock:
+            held = self._counts.get(caller, 0)
+            if held >= settings.API_BODY_READS_PER_CALLER:
+                return False
+            self._counts[caller] = held + 1
+            return True
+
+    def release(self, caller: Any) -> None:
+        with self._lock:
+            held = self._counts.get(caller, 0) - 1
+            if held > 0:
+                self._counts[caller] = held
+            else:
+                self._counts.pop(caller, None)
+
+
+CALLER_READS = CallerReads()
 
 
 def _refuse(start_response, status: str, error: str, detail: str, extra: Iterable[tuple[str, str]] = ()) -> list[bytes]:

@@ -32,7 +32,7 @@ from rest_framework import exceptions
 
 from .. import metrics, peerauth, service
 from ..auth import CachedTokenAuthentication, caller_of, check_peer_body, peer_of, request_caller
-from . import calls, throttles
+from . import bodies, calls, throttles
 from .errors import PayloadTooLarge, api_error, domain_error
 
 log = logging.getLogger(__name__)
@@ -136,8 +136,21 @@ class FastPath:
                 throttles.check_user(user.pk)
                 caller, hops = caller_of(user), 0  # a client's X-MQ-Hops is ignored
                 # The caller's right and the queue's limits before a byte of the body is read.
-                raw = self._read(environ, calls.body_limit(call, name, caller=caller))
+                limit = calls.body_limit(call, name, caller=caller)
+                if length == "0" and "HTTP_TRANSFER_ENCODING" not in environ:
+                    raw = b""
+                elif bodies.CALLER_READS.acquire(user.pk):
+                    try:
+                        raw = self._read(environ, limit)
+                    finally:
+                        bodies.CALLER_READS.release(user.pk)
+                else:  # its other bodies are all still on their way
+                    raise bodies.ReadersBusy(
+                        f"{settings.API_BODY_READS_PER_CALLER} of this user's request bodies are being read already"
+                    )
             status, payload = calls.CALLS[call](name, self._parse(raw), hops, trusted=peer, caller=caller)
+        except bodies.ReadersBusy as exc:
+            status, payload, headers = 503, {"error": "unavailable", "detail": f"{exc}; retry"}, {"Retry-After": "1"}
         except Exception as exc:
             mapped = domain_error(exc) or api_error(exc)
             if mapped is None:

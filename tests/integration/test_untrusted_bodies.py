@@ -229,9 +229,54 @@ def test_slow_bodies_do_not_take_the_node_out(nodes, token):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
+def test_one_callers_trickled_bodies_hold_a_few_request_threads_only(tmp_path, redis_client, token):
+    from django.contrib.auth.models import User
+    from rest_framework.authtoken.models import Token
+
+    nodes = NodeSet(local_node_env(tmp_path, API_BODY_READS_PER_CALLER="2"), tmp_path)
+    try:
+        node = nodes.start()
+        name = _make_queue(node.url, token)
+        other = Token.objects.create(user=User.objects.create(username=f"o-{uuid.uuid4().hex[:8]}")).key
+        headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
+        # when a user has two bodies on their way (a byte every 2 s) ...
+        held = [_open(node.port, f"{API}/{name}/enqueue", 1000, headers) for _ in range(2)]
+        try:
+            time.sleep(0.5)
+            # ... then its third is answered 503 at once, unread
+            third = _open(node.port, f"{API}/{name}/enqueue", 1000, headers, timeout=3)
+            with third:
+                assert _status(third) == 503
+            # and another user's calls are served
+            r = requests.post(
+                f"{node.url}{API}/{name}/enqueue",
+                json={"messages": [{"body": "x"}]},
+                headers={"Authorization": f"Token {other}"},
+                timeout=5,
+            )
+            assert r.status_code in (201, 403, 404), r.text  # (its rights are its own: not 503, not waiting)
+        finally:
+            for sock in held:
+                sock.close()
+        # once they are gone, the user's calls are read again
+        r = requests.post(
+            f"{node.url}{API}/{name}/enqueue",
+            json={"messages": [{"body": "x"}]},
+            headers={"Authorization": f"Token {token}"},
+            timeout=5,
+        )
+        assert r.status_code == 201, r.text
+    finally:
+        nodes.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
 def test_a_process_whose_request_threads_are_stuck_gives_up_its_leases(tmp_path, redis_client, token):
-    # A's request threads: 4, held by clients (authenticated: their bodies are read) that trickle
-    nodes = NodeSet(local_node_env(tmp_path, NODE_STUCK_AFTER="2", NODE_HEARTBEAT="0.3"), tmp_path)
+    # A's request threads: 4, all held by clients (authenticated: their bodies are read) that
+    # trickle; one user stands for many here (its bound on such reads raised past the threads)
+    env = local_node_env(tmp_path, NODE_STUCK_AFTER="2", NODE_HEARTBEAT="0.3", API_BODY_READS_PER_CALLER="8")
+    nodes = NodeSet(env, tmp_path)
     try:
         a = nodes.start(NODE_THREADS="4")
         (a_id,) = member_ids(a)
