@@ -18,6 +18,7 @@ from config.wsgi import application  # the app granian serves
 from queues import peerauth, service
 from queues.balance import Balancer
 from queues.node import NodeRuntime
+from queues.watchdog import ServingProbe, Watchdog
 
 log = logging.getLogger("queues.runnode")
 
@@ -29,7 +30,15 @@ runtime = NodeRuntime(
 )
 service.set_runtime(runtime)
 peerauth.ADDRESS = runtime.address  # forwarded calls are signed for the address they go to
+# Leases only while this process answers calls (its own probe through its server).
+_watchdog = Watchdog(
+    runtime.address,
+    interval=min(settings.NODE_HEARTBEAT, settings.NODE_STUCK_AFTER / 3),
+    stuck_after=settings.NODE_STUCK_AFTER,
+)
+runtime.serving = _watchdog.serving
 runtime.start()
+_watchdog.start()
 print(f"node {runtime.node_id} serving on http://{runtime.address}/ (pid {os.getpid()})", flush=True)
 
 # multiprocessing ends its children with os._exit, which skips atexit; Finalize still runs.
@@ -49,6 +58,9 @@ if _siblings:
         application = Balancer(
             application, int(os.environ["NODE_PUBLIC_PORT"]), _siblings, settings.NODE_BALANCE_INTERVAL
         ).start()
+
+# Outermost: the watchdog's probe is answered by whichever request thread picks it up.
+application = ServingProbe(application)
 
 #: The collector's first threshold in a serving process (Python's default: 700). A batch call
 #: allocates thousands of tracked objects (records, deliveries, JSON), so at 700 the young

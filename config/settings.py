@@ -376,6 +376,13 @@ DASHBOARDS_HISTORY_DAYS = envint("DASHBOARDS_HISTORY_DAYS", 30, minimum=1)
 NODE_ADDRESS = env("NODE_ADDRESS", "")
 #: Seconds between node heartbeats / housekeeping passes.
 NODE_HEARTBEAT = envfloat("NODE_HEARTBEAT", 1.0)
+#: A node process that has not answered its own probe (``queues.watchdog``: a call through its
+#: own server, which needs a free request thread) for this many seconds gives up its leases and
+#: stops its heartbeat until it answers again. Keep it under the queues' lease periods (10 s by
+#: default), so a process that serves nobody loses its partitions within one lease period.
+NODE_STUCK_AFTER = envfloat("NODE_STUCK_AFTER", 5.0)
+if not 0.5 <= NODE_STUCK_AFTER <= 600:
+    raise ImproperlyConfigured(f"NODE_STUCK_AFTER={NODE_STUCK_AFTER}: use seconds in [0.5, 600]")
 #: Bytes of message bodies a node keeps in memory after enqueue, to deliver without a read.
 NODE_BODY_CACHE_BYTES = envint("NODE_BODY_CACHE_BYTES", 64 * 1024 * 1024, minimum=0)
 #: A busy partition's append-tree blocks grow up to this many times its queue's `block_size` (at
@@ -497,6 +504,16 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 #: call's own limit is lower still (``queues.api.calls.body_limit``: the queue's limits).
 API_MAX_REQUEST_BYTES = envint("API_MAX_REQUEST_BYTES", 8 * 1024 * 1024, minimum=64 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_REQUEST_BYTES
+#: A body from a caller whose headers name no one this node knows (no valid token, signature
+#: or session: ``queues.api.bodies``) is refused over this many bytes, unread (413): enough for
+#: the console's login form and an SQS error; every other body comes from a known caller.
+API_ANONYMOUS_MAX_REQUEST_BYTES = envint("API_ANONYMOUS_MAX_REQUEST_BYTES", 8 * 1024, minimum=1024)
+#: ... read by at most this many request threads of a process at once (more: 503, unread), so
+#: clients trickling such bodies cannot hold the threads that known callers need.
+API_ANONYMOUS_BODY_READERS = envint("API_ANONYMOUS_BODY_READERS", max(2, NODE_THREADS // 8), minimum=1)
+#: Request threads of a process that one known caller's bodies may hold at once on the fast
+#: path (a body read waits for the client, and granian cannot cut it short); past it 503, unread.
+API_BODY_READS_PER_CALLER = envint("API_BODY_READS_PER_CALLER", max(2, NODE_THREADS // 4), minimum=1)
 
 LOGGING = {
     "version": 1,

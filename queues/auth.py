@@ -143,17 +143,28 @@ def request_hops(user: Any) -> int:
     return user.hops if isinstance(user, ClusterPeer) else 0
 
 
-def peer_of(environ: Any, method: str, path: str, body: bytes) -> ClusterPeer | None:
-    """The node a request proves it comes from (``peerauth.verify``), acting for the user it
-    names; None: it does not claim to come from a node. Raises AuthenticationFailed."""
+def peer_of(environ: Any, method: str, path: str) -> tuple[ClusterPeer, peerauth.PeerCall] | None:
+    """The node a request proves it comes from by its headers (``peerauth.verify_headers``),
+    acting for the user it names, and the call as signed (its body still to be checked with
+    :func:`check_peer_body` once read); None: it does not claim to come from a node. Raises
+    AuthenticationFailed. Nothing of the body is read: a caller that only claims to be a node
+    is refused before it can make this process wait for or hold its body."""
     try:
-        call = peerauth.verify(environ, method, path, body)
+        call = peerauth.verify_headers(environ, method, path)
     except peerauth.PeerAuthFailed as exc:
         raise AuthenticationFailed(str(exc)) from None
     if call is None:
         return None
     caller = caller_on_behalf_of(call.on_behalf) if call.on_behalf is not None else None
-    return ClusterPeer(caller, hops_of(call.hops))
+    return ClusterPeer(caller, hops_of(call.hops)), call
+
+
+def check_peer_body(call: peerauth.PeerCall, body: bytes) -> None:
+    """AuthenticationFailed unless ``body`` is the one the node signed."""
+    try:
+        peerauth.check_body(call, body)
+    except peerauth.PeerAuthFailed as exc:
+        raise AuthenticationFailed(str(exc)) from None
 
 
 def request_caller(user: Any, *, node_only: bool = False) -> Caller:
@@ -180,9 +191,13 @@ class ClusterAuthentication(BaseAuthentication):
         meta = request.META
         if peerauth.SIGNATURE_META not in meta and peerauth.LEGACY_SECRET_META not in meta:
             return None
-        body = request._request.body  # read once; DRF parses it from Django's copy afterwards
-        peer = peer_of(meta, request.method or "", peerauth.request_path(meta), body)
-        return None if peer is None else (peer, None)
+        found = peer_of(meta, request.method or "", peerauth.request_path(meta))
+        if found is None:
+            return None
+        peer, call = found
+        # The signature holds: now the body (read once; DRF parses it from Django's copy afterwards).
+        check_peer_body(call, request._request.body)
+        return peer, None
 
     def authenticate_header(self, request: Request) -> str:
         return peerauth.SIGNATURE_HEADER
@@ -205,6 +220,6 @@ class ClusterAuthenticationScheme(OpenApiAuthenticationExtension):
             "description": (
                 "Calls one node forwards to another, not for clients: HMAC-SHA256 under the cluster secret "
                 f"over the request, with {peerauth.TIMESTAMP_HEADER}, {peerauth.NONCE_HEADER}, "
-                f"{peerauth.HOPS_HEADER} and {peerauth.ON_BEHALF_HEADER}."
+                f"{peerauth.CONTENT_HEADER}, {peerauth.HOPS_HEADER} and {peerauth.ON_BEHALF_HEADER}."
             ),
         }

@@ -350,6 +350,12 @@ class NodeRuntime:
         #: ``name``'s was, so a refresh whose read began earlier keeps it (it is newer).
         self._generation = 0
         self._remembered: dict[str, int] = {}
+        #: Whether this process still answers calls (``queues.watchdog`` sets it in a served
+        #: process: its own probe through the server came back lately). None: not watched
+        #: (in-process use). While it says no, leases are given up and none is claimed: a
+        #: process whose request threads are all stuck must not keep partitions it cannot serve.
+        self.serving: Callable[[], bool] | None = None
+        self._gave_up = False
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> NodeRuntime:
@@ -473,15 +479,52 @@ class NodeRuntime:
         self.renew()
         self.refresh_queues()
         self._drop_stale()
-        self._claim_partitions()
+        if self.is_serving():
+            self._claim_partitions()
         self._publish_stats()
         self.last_pass = monotonic()
 
+    def is_serving(self) -> bool:
+        """Whether this process answers calls (:attr:`serving`; True when not watched)."""
+        return self.serving is None or self.serving()
+
     def renew(self) -> None:
-        """This node's heartbeat, and the renewal of the leases that are due."""
+        """This node's heartbeat, and the renewal of the leases that are due; a process that
+        does not answer calls (:meth:`is_serving`) gives its leases up instead."""
+        if not self.is_serving():
+            self._give_up_leases()
+            return  # no heartbeat either: the other nodes count it out of their fair share
+        if self._gave_up:
+            self._gave_up = False
+            log.warning("node %s answers calls again: claiming partitions again", self.address)
         with self._leases_lock:
             Node.objects.filter(pk=self.node_id).update(heartbeat_at=timezone.now(), cooling=self.cooling)
             self._renew_leases()
+
+    def _give_up_leases(self) -> None:
+        """Hand back every lease: this process does not answer calls, so another node must
+        serve its partitions. A manager whose lock a stuck call holds is left to run out (its
+        lease is not renewed; the next owner's epoch fences it)."""
+        if not self._gave_up:
+            self._gave_up = True
+            log.error(
+                "node %s does not answer its own probe: giving up its %s leases", self.address, len(self.managers)
+            )
+        for m in list(self.managers.values()):
+            if not m.lock.acquire(timeout=0.5):
+                continue
+            try:
+                m.closed = True
+            finally:
+                m.lock.release()
+            with self._leases_lock:
+                self._forget((m.queue, m.index), m)
+                try:
+                    leases.release(m.lease, self.node_id)
+                    log.warning("released %s/%s: this process does not answer calls", m.queue, m.index)
+                except Exception:
+                    log.exception("releasing %s/%s", m.queue, m.index)
+        self.notify()
 
     def _renew_leases(self) -> None:
         due: list[tuple[tuple[str, int], PartitionManager, float | None]] = []

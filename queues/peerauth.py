@@ -2,12 +2,17 @@
 
 A forwarded call carries, beside the usual request, ``X-MQ-Hops``, ``X-MQ-On-Behalf-Of`` (the
 user it acts for; absent: the node's own call), ``X-MQ-Cluster-Timestamp`` (Unix seconds),
-``X-MQ-Cluster-Nonce`` (random) and ``X-MQ-Cluster-Signature``: HMAC-SHA256 under
-``settings.CLUSTER_SECRET`` of ::
+``X-MQ-Cluster-Nonce`` (random), ``X-MQ-Cluster-Content-SHA256`` (the body's SHA-256, hex) and
+``X-MQ-Cluster-Signature``: HMAC-SHA256 under ``settings.CLUSTER_SECRET`` of ::
 
-    MQ-HMAC-SHA256-v1 \\n METHOD \\n /path?query \\n sha256(body) hex \\n hops \\n on-behalf-of \\n timestamp \\n nonce \\n to
+    MQ-HMAC-SHA256-v2 \\n METHOD \\n /path?query \\n sha256(body) hex \\n hops \\n on-behalf-of \\n timestamp \\n nonce \\n to
 
 so a signature fits one request only: another method, path, body, hop count or user breaks it.
+The body enters through its hash, which travels in a header: the receiver checks the signature
+(:func:`verify_headers`) before it reads a byte of the body, and then the body against the
+signed hash (:func:`check_body`). A caller that only claims to be a node (a forged or replayed
+signature) is refused without its body being read, so it cannot make a node buffer or wait for
+one.
 ``to`` (``X-MQ-Cluster-To``) is the address the call was sent to, the ``Node.address`` of the
 process meant to answer it; a node process refuses a call signed for another address
 (:data:`ADDRESS`), so a captured call replayed to another process, of this node (its siblings
@@ -15,7 +20,9 @@ share the public port: ``queues.serving``) or of another, is refused there, and 
 it may reach remembers it.
 The receiver (:func:`verify`) refuses a bad signature, a timestamp more than
 ``settings.CLUSTER_CLOCK_SKEW`` (30 s) off its clock, and a signature it has already accepted
-(a replay). Accepted signatures are remembered by this process (:class:`SeenSignatures`) until
+(a replay), and one whose timestamp is earlier than this process's start (:data:`NOT_BEFORE`):
+a restarted process has forgotten what it accepted before, so a call captured before the
+restart is refused, not replayed. Accepted signatures are remembered by this process (:class:`SeenSignatures`) until
 their timestamp has left the window, after which the timestamp check refuses a replay anyway;
 so the set holds at most the calls of about twice the window. A signature is accepted by one
 process only (``to``), so this process's set sees every acceptance of it. It is bounded
@@ -32,12 +39,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import re
 import secrets
 import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
 
@@ -52,13 +60,26 @@ HOPS_HEADER = "X-MQ-Hops"
 ON_BEHALF_HEADER = "X-MQ-On-Behalf-Of"
 #: the address (``Node.address``) the call is meant for.
 TO_HEADER = "X-MQ-Cluster-To"
+#: the body's SHA-256 (hex), under the signature.
+CONTENT_HEADER = "X-MQ-Cluster-Content-SHA256"
 #: the header of the old scheme (the secret itself in clear): refused.
 LEGACY_SECRET_HEADER = "X-MQ-Cluster-Secret"
 
 #: signatures remembered at most: about 240 bytes each, 24 MB full (measured with tracemalloc);
 #: 100,000 in 60 s (twice the default window) is 1,666 forwarded calls a second into one node.
 SEEN_MAX = 100_000
-_SCHEME = b"MQ-HMAC-SHA256-v1"
+_SCHEME = b"MQ-HMAC-SHA256-v2"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+#: Signatures made before this (Unix seconds: when this module was loaded, before the process
+#: serves or registers its address) are refused: the replay guard (:data:`SEEN`) lives in this
+#: process's memory, so it cannot know what an earlier process at this address accepted. A
+#: peer's clock behind this one by more than the time between this process's start and its
+#: first call would see that first call refused (401), as a clock off by more than the window.
+NOT_BEFORE = time.time()
+
+#: where :func:`verify_headers` leaves its answer in the request's environ (checked once).
+VERIFIED_KEY = "mq.peer_call"
 
 #: This process's node address, set when its runtime starts serving (``config.node``): a call
 #: signed for another address is refused. None (in-process tests): any ``to`` is accepted.
@@ -90,12 +111,14 @@ class PeerCall:
     hops: str
     #: the user it acts for (``X-MQ-On-Behalf-Of``), None: the node's own call
     on_behalf: str | None
+    #: the SHA-256 (hex) of the body it was signed with (:func:`check_body`)
+    content_sha256: str = field(default="", compare=False)
 
 
 def _message(
-    method: str, path: str, body: bytes, hops: str, on_behalf: str, timestamp: str, nonce: str, to: str
+    method: str, path: str, content_sha256: str, hops: str, on_behalf: str, timestamp: str, nonce: str, to: str
 ) -> bytes:
-    parts = (method.upper(), path, hashlib.sha256(body).hexdigest(), hops, on_behalf, timestamp, nonce, to)
+    parts = (method.upper(), path, content_sha256, hops, on_behalf, timestamp, nonce, to)
     return b"\n".join((_SCHEME, *(p.encode("utf-8", "surrogateescape") for p in parts)))
 
 
@@ -119,10 +142,17 @@ def sign(
     timestamp, nonce, recipient and signature."""
     timestamp = f"{time.time() if now is None else now:.3f}"
     nonce = nonce or secrets.token_hex(12)
-    headers = {HOPS_HEADER: str(hops), TIMESTAMP_HEADER: timestamp, NONCE_HEADER: nonce, TO_HEADER: to}
+    content = hashlib.sha256(body).hexdigest()
+    headers = {
+        HOPS_HEADER: str(hops),
+        TIMESTAMP_HEADER: timestamp,
+        NONCE_HEADER: nonce,
+        TO_HEADER: to,
+        CONTENT_HEADER: content,
+    }
     if on_behalf is not None:
         headers[ON_BEHALF_HEADER] = on_behalf
-    message = _message(method, path, body, str(hops), on_behalf or "", timestamp, nonce, to)
+    message = _message(method, path, content, str(hops), on_behalf or "", timestamp, nonce, to)
     headers[SIGNATURE_HEADER] = _mac(message)
     return headers
 
@@ -160,12 +190,16 @@ class SeenSignatures:
 SEEN = SeenSignatures()
 
 
-def verify(
-    environ: Mapping[str, str], method: str, path: str, body: bytes, *, now: float | None = None
-) -> PeerCall | None:
-    """The forwarded call the request ``environ`` proves it is (``path``: with its query
-    string), or None when it does not claim to be one. PeerAuthFailed: it claims to be one
-    (a signature, or the old secret header) and is not; PeerAuthBusy: retry later."""
+def verify_headers(environ: Mapping[str, str], method: str, path: str, *, now: float | None = None) -> PeerCall | None:
+    """The forwarded call the request ``environ`` proves it is by its headers alone (``path``:
+    with its query string), or None when it does not claim to be one; its body is still to be
+    checked (:func:`check_body`) once read. PeerAuthFailed: it claims to be one (a signature,
+    or the old secret header) and is not; PeerAuthBusy: retry later. The answer is kept in the
+    environ (a dict), so a request is checked once, whoever asks first (the replay guard would
+    take a second check for a replay)."""
+    done = environ.get(VERIFIED_KEY)
+    if isinstance(done, PeerCall):
+        return done
     if LEGACY_SECRET_META in environ:
         raise PeerAuthFailed(f"{LEGACY_SECRET_HEADER} is not accepted: nodes sign forwarded calls")
     signature = environ.get(SIGNATURE_META)
@@ -176,9 +210,10 @@ def verify(
     hops = environ.get(meta_key(HOPS_HEADER), "")
     on_behalf = environ.get(meta_key(ON_BEHALF_HEADER))
     to = environ.get(meta_key(TO_HEADER), "")
-    if not timestamp or not nonce:
-        raise PeerAuthFailed(f"a signed call needs {TIMESTAMP_HEADER} and {NONCE_HEADER}")
-    expected = _mac(_message(method, path, body, hops, on_behalf or "", timestamp, nonce, to))
+    content = environ.get(meta_key(CONTENT_HEADER), "")
+    if not timestamp or not nonce or not _HEX64.fullmatch(content):
+        raise PeerAuthFailed(f"a signed call needs {TIMESTAMP_HEADER}, {NONCE_HEADER} and {CONTENT_HEADER}")
+    expected = _mac(_message(method, path, content, hops, on_behalf or "", timestamp, nonce, to))
     if not hmac.compare_digest(signature.encode("latin-1", "replace"), expected.encode()):
         raise PeerAuthFailed("bad cluster signature")
     if ADDRESS is not None and to != ADDRESS:
@@ -191,9 +226,30 @@ def verify(
         signed_at = math.nan
     if not abs(now - signed_at) <= skew:  # NaN too
         raise PeerAuthFailed(f"cluster signature timestamp {timestamp!r} is more than {skew:g} s off this node's clock")
+    if signed_at < NOT_BEFORE:
+        raise PeerAuthFailed(f"cluster signature timestamp {timestamp!r} is from before this node process started")
     if not SEEN.add(expected, time.monotonic(), 2 * skew):
         raise PeerAuthFailed("replayed cluster signature")
-    return PeerCall(hops, on_behalf or None)
+    call = PeerCall(hops, on_behalf or None, content)
+    if isinstance(environ, dict):
+        environ[VERIFIED_KEY] = call
+    return call
+
+
+def check_body(call: PeerCall, body: bytes) -> None:
+    """PeerAuthFailed unless ``body`` is the one ``call`` was signed with."""
+    if not hmac.compare_digest(hashlib.sha256(body).hexdigest(), call.content_sha256):
+        raise PeerAuthFailed("bad cluster signature: the body is not the one signed")
+
+
+def verify(
+    environ: Mapping[str, str], method: str, path: str, body: bytes, *, now: float | None = None
+) -> PeerCall | None:
+    """:func:`verify_headers` and :func:`check_body` of a request whose body is at hand."""
+    call = verify_headers(environ, method, path, now=now)
+    if call is not None:
+        check_body(call, body)
+    return call
 
 
 def request_path(environ: Mapping[str, str]) -> str:

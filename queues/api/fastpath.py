@@ -31,8 +31,8 @@ from django.http.request import split_domain_port, validate_host
 from rest_framework import exceptions
 
 from .. import metrics, peerauth, service
-from ..auth import CachedTokenAuthentication, caller_of, peer_of, request_caller
-from . import calls, throttles
+from ..auth import CachedTokenAuthentication, caller_of, check_peer_body, peer_of, request_caller
+from . import bodies, calls, throttles
 from .errors import PayloadTooLarge, api_error, domain_error
 
 log = logging.getLogger(__name__)
@@ -118,11 +118,14 @@ class FastPath:
         call_token = service.begin_call()
         try:
             if peer:
-                # the signature covers the body: read it (to the node's limit) before checking
-                raw = self._read(environ, settings.API_MAX_REQUEST_BYTES)
-                node = peer_of(environ, "POST", peerauth.request_path(environ), raw)
-                assert node is not None  # it claimed to be a node: a node, or AuthenticationFailed
+                # The signature (over the body's hash, in a header) before a byte of the body:
+                # a forged or replayed one is refused unread.
+                found = peer_of(environ, "POST", peerauth.request_path(environ))
+                assert found is not None  # it claimed to be a node: a node, or AuthenticationFailed
+                node, signed = found
                 caller, hops = request_caller(node), node.hops
+                raw = self._read(environ, settings.API_MAX_REQUEST_BYTES)
+                check_peer_body(signed, raw)
                 limit = calls.body_limit(call, name, caller=caller)
                 if len(raw) > limit:
                     raise PayloadTooLarge(
@@ -133,8 +136,21 @@ class FastPath:
                 throttles.check_user(user.pk)
                 caller, hops = caller_of(user), 0  # a client's X-MQ-Hops is ignored
                 # The caller's right and the queue's limits before a byte of the body is read.
-                raw = self._read(environ, calls.body_limit(call, name, caller=caller))
+                limit = calls.body_limit(call, name, caller=caller)
+                if length == "0" and "HTTP_TRANSFER_ENCODING" not in environ:
+                    raw = b""
+                elif bodies.CALLER_READS.acquire(user.pk):
+                    try:
+                        raw = self._read(environ, limit)
+                    finally:
+                        bodies.CALLER_READS.release(user.pk)
+                else:  # its other bodies are all still on their way
+                    raise bodies.ReadersBusy(
+                        f"{settings.API_BODY_READS_PER_CALLER} of this user's request bodies are being read already"
+                    )
             status, payload = calls.CALLS[call](name, self._parse(raw), hops, trusted=peer, caller=caller)
+        except bodies.ReadersBusy as exc:
+            status, payload, headers = 503, {"error": "unavailable", "detail": f"{exc}; retry"}, {"Retry-After": "1"}
         except Exception as exc:
             mapped = domain_error(exc) or api_error(exc)
             if mapped is None:

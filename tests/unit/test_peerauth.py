@@ -22,8 +22,10 @@ def test_a_signed_call_verifies_once_and_names_its_user_and_hops():
     env = _environ(headers)
     call = peerauth.verify(env, "POST", peerauth.request_path(env), body)
     assert call == peerauth.PeerCall("1", "42")
+    assert peerauth.verify(env, "POST", peerauth.request_path(env), body) == call  # (one request: checked once)
+    replay = _environ(headers)  # the same call sent again: a new request
     with pytest.raises(peerauth.PeerAuthFailed, match="replayed"):
-        peerauth.verify(env, "POST", peerauth.request_path(env), body)
+        peerauth.verify(replay, "POST", peerauth.request_path(replay), body)
 
 
 def test_a_call_without_a_signature_is_not_a_nodes_and_the_old_header_is_refused():
@@ -88,3 +90,30 @@ def test_a_call_signed_for_another_node_process_is_refused_there(monkeypatch):
     headers[peerauth.TO_HEADER] = "10.0.0.1:41001"
     with pytest.raises(peerauth.PeerAuthFailed, match="bad cluster signature"):
         peerauth.verify(_environ(headers, "/p"), "POST", "/p", body)
+
+
+def test_the_signature_is_checked_before_the_body_and_the_body_against_it():
+    body = b'{"messages": []}'
+    headers = peerauth.sign("POST", "/p", body, 1, "7")
+    # a forged signature (or one without the body's hash) is refused on its headers alone
+    for forged in ({**headers, peerauth.SIGNATURE_HEADER: "0" * 64}, {**headers, peerauth.CONTENT_HEADER: ""}):
+        with pytest.raises(peerauth.PeerAuthFailed):
+            peerauth.verify_headers(_environ(forged, "/p"), "POST", "/p")
+    # another body than the one signed is refused once read
+    call = peerauth.verify_headers(_environ(headers, "/p"), "POST", "/p")
+    assert call == peerauth.PeerCall("1", "7")
+    with pytest.raises(peerauth.PeerAuthFailed, match="not the one signed"):
+        peerauth.check_body(call, b'{"messages": [1]}')
+    peerauth.check_body(call, body)
+
+
+def test_a_call_signed_before_this_process_started_is_refused(monkeypatch):
+    # The replay guard is this process's memory: what was signed before it started may have
+    # been accepted by the process before it, at the same address.
+    now = time.time()
+    monkeypatch.setattr(peerauth, "NOT_BEFORE", now)
+    old = peerauth.sign("POST", "/p", b"", 0, None, now=now - 3.8)
+    with pytest.raises(peerauth.PeerAuthFailed, match="before this node process started"):
+        peerauth.verify(_environ(old, "/p"), "POST", "/p", b"", now=now)
+    fresh = peerauth.sign("POST", "/p", b"", 0, None, now=now + 0.5)
+    assert peerauth.verify(_environ(fresh, "/p"), "POST", "/p", b"", now=now + 1) is not None

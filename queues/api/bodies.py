@@ -1,0 +1,248 @@
+"""Request bodies before Django: no body of a caller not yet known is read whole or waited for.
+
+granian (2.8) hands a WSGI app a request as soon as its headers are in, and ``wsgi.input.read``
+waits, in the request thread, for the body as the client sends it. Nothing bounds that wait:
+the read cannot be interrupted, and a read moved to a thread of our own would stall the
+server's whole runtime (measured: granian's ``block_on`` from a foreign thread takes the
+runtime's core). Whatever reads a body lets its sender decide how long a request thread waits,
+and how much memory the read takes. So nothing reads a body before its caller is known, and
+the bodies of callers not known are few and small.
+
+:class:`BodyGate` sits in front of Django (behind the fast path, which reads a body itself only
+after it has authenticated the caller: ``queues.api.fastpath``). A request with a body is
+passed on untouched when its headers name a caller this node knows (:func:`known_caller`: a
+valid API token, a node's signature checked over its headers, a logged-in console session,
+or what an app registers, such as the SQS access keys); the view reads the body then, up to
+its own limits. A request whose token or node signature fails is answered 401 at once, unread.
+Any other body (an anonymous caller's: the console's login form, an SQS call with an unknown
+key) is refused by its ``Content-Length`` when over ``API_ANONYMOUS_MAX_REQUEST_BYTES`` (413,
+unread), and otherwise read here, by at most ``API_ANONYMOUS_BODY_READERS`` request threads of
+the process at once; with those taken (clients trickling their bodies), another is answered 503
+at once, unread, and the other request threads stay free for known callers. The view gets the
+body from memory. A known caller's bodies read on the fast path count against it
+(:class:`CallerReads`): one caller holds at most ``API_BODY_READS_PER_CALLER`` request threads
+with bodies on their way. A process whose request threads all wait anyway stops holding its
+partitions (``queues.watchdog``).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import orjson
+from django.conf import settings
+from django.db import DatabaseError
+from django.http.cookie import parse_cookie
+
+from .. import peerauth
+
+log = logging.getLogger(__name__)
+
+#: ``environ -> bool``: whether a request's headers name a caller known to this node. Apps
+#: add theirs (:func:`register_known_caller`); an exception counts as "not known".
+_KNOWN: list[Callable[[dict[str, Any]], bool]] = []
+
+
+def register_known_caller(check: Callable[[dict[str, Any]], bool]) -> None:
+    """Add a check of a request's headers (e.g. an app's own credentials) to :func:`known_caller`."""
+    if check not in _KNOWN:
+        _KNOWN.append(check)
+
+
+def _token_known(environ: dict[str, Any]) -> bool:
+    from rest_framework.exceptions import AuthenticationFailed
+
+    from ..auth import CachedTokenAuthentication
+
+    scheme, _, key = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+    key = key.strip()
+    if scheme.lower() != "token" or not key or " " in key:
+        return False
+    try:
+        CachedTokenAuthentication().authenticate_credentials(key)
+    except AuthenticationFailed:
+        return False
+    return True
+
+
+def _peer_known(environ: dict[str, Any]) -> bool:
+    if peerauth.SIGNATURE_META not in environ:
+        return False
+    method = environ.get("REQUEST_METHOD", "")
+    try:
+        # (kept in the environ: the view's own check takes the answer, not a second guard entry)
+        return peerauth.verify_headers(environ, method, peerauth.request_path(environ)) is not None
+    except peerauth.PeerAuthFailed:
+        return False
+    except peerauth.PeerAuthBusy:
+        return True  # a node's call: the view answers 503 as for any
+
+
+def _session_known(environ: dict[str, Any]) -> bool:
+    cookie = environ.get("HTTP_COOKIE")
+    if not cookie or settings.SESSION_COOKIE_NAME not in cookie:
+        return False
+    from importlib import import_module
+
+    from django.contrib.auth import SESSION_KEY
+
+    key = parse_cookie(cookie).get(settings.SESSION_COOKIE_NAME)
+    if not key:
+        return False
+    store = import_module(settings.SESSION_ENGINE).SessionStore(key)
+    return store.get(SESSION_KEY) is not None
+
+
+def known_caller(environ: dict[str, Any]) -> bool:
+    """Whether the request's headers name a caller this node knows (nothing of its body read).
+    A store that cannot answer counts as known: the view answers the outage (503) itself."""
+    checks = (_token_known, _peer_known, _session_known, *_KNOWN)
+    for check in checks:
+        try:
+            if check(environ):
+                return True
+        except DatabaseError:
+            return True
+        except Exception:
+            log.exception("body gate: %s failed; the caller counts as unknown", getattr(check, "__name__", check))
+    return False
+
+
+def _failed_credentials(environ: dict[str, Any]) -> str | None:
+    """Why the API credentials the request presents (a token, a node's signature) fail, or
+    None when it presents none: such a request is answered 401 before its body."""
+    if peerauth.SIGNATURE_META in environ or peerauth.LEGACY_SECRET_META in environ:
+        try:
+            peerauth.verify_headers(environ, environ.get("REQUEST_METHOD", ""), peerauth.request_path(environ))
+        except peerauth.PeerAuthFailed as exc:
+            return str(exc)
+        except peerauth.PeerAuthBusy:
+            return None
+    if environ.get("HTTP_AUTHORIZATION", "").partition(" ")[0].lower() == "token":
+        return "Invalid token."
+    return None
+
+
+class ReadersBusy(Exception):
+    """As many anonymous bodies as allowed are being read already."""
+
+
+class _Readers:
+    """At most ``size`` request threads of this process reading anonymous bodies at once."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._free = threading.BoundedSemaphore(size)
+
+    def read(self, stream: Any, length: int) -> bytes:
+        if not self._free.acquire(blocking=False):
+            raise ReadersBusy(f"{self.size} bodies of callers not authenticated are being read already")
+        try:
+            return stream.read(length)
+        finally:
+            self._free.release()
+
+
+_READERS: _Readers | None = None
+_READERS_LOCK = threading.Lock()
+
+
+def readers() -> _Readers:
+    global _READERS
+    with _READERS_LOCK:
+        if _READERS is None or _READERS.size != settings.API_ANONYMOUS_BODY_READERS:
+            _READERS = _Readers(settings.API_ANONYMOUS_BODY_READERS)
+        return _READERS
+
+
+class CallerReads:
+    """Bodies each known caller has being read in this process at once: a client trickling
+    its bodies holds a request thread for each, so one caller may hold at most
+    ``API_BODY_READS_PER_CALLER`` of them (past it: 503, unread), and the others keep theirs."""
+
+    def __init__(self) -> None:
+        self._counts: dict[Any, int] = {}
+        self._lock = threading.Lock()
+
+    def acquire(self, caller: Any) -> bool:
+        with self._lock:
+            held = self._counts.get(caller, 0)
+            if held >= settings.API_BODY_READS_PER_CALLER:
+                return False
+            self._counts[caller] = held + 1
+            return True
+
+    def release(self, caller: Any) -> None:
+        with self._lock:
+            held = self._counts.get(caller, 0) - 1
+            if held > 0:
+                self._counts[caller] = held
+            else:
+                self._counts.pop(caller, None)
+
+
+CALLER_READS = CallerReads()
+
+
+def _refuse(start_response, status: str, error: str, detail: str, extra: Iterable[tuple[str, str]] = ()) -> list[bytes]:
+    body = orjson.dumps({"error": error, "detail": detail})
+    start_response(
+        status,
+        [
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(body))),
+            # the body is left unread (or half read): this connection carries no next request
+            ("Connection", "close"),
+            *extra,
+        ],
+    )
+    return [body]
+
+
+class BodyGate:
+    """WSGI middleware: see the module docstring."""
+
+    def __init__(self, app):
+        self.app = app
+
+    def __call__(self, environ, start_response):
+        length = environ.get("CONTENT_LENGTH") or ""
+        chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
+        if (not length or length == "0") and not chunked:
+            return self.app(environ, start_response)
+        if known_caller(environ):
+            return self.app(environ, start_response)
+        refused = _failed_credentials(environ)
+        if refused is not None:
+            return _refuse(
+                start_response, "401 Unauthorized", "authentication_failed", refused, [("WWW-Authenticate", "Token")]
+            )
+        limit = settings.API_ANONYMOUS_MAX_REQUEST_BYTES
+        if chunked or not (length.isascii() and length.isdigit()):
+            return _refuse(
+                start_response,
+                "411 Length Required",
+                "length_required",
+                "a request without credentials must state its body's Content-Length",
+            )
+        size = int(length)
+        if size > limit:
+            return _refuse(
+                start_response,
+                "413 Request Entity Too Large",
+                "payload_too_large",
+                f"request body of {size} bytes is over the limit of {limit} bytes for a caller not authenticated",
+            )
+        try:
+            body = readers().read(environ["wsgi.input"], size)
+        except ReadersBusy as exc:
+            return _refuse(
+                start_response, "503 Service Unavailable", "unavailable", f"{exc}; retry", [("Retry-After", "1")]
+            )
+        environ["wsgi.input"] = io.BytesIO(body)
+        environ["CONTENT_LENGTH"] = str(len(body))
+        return self.app(environ, start_response)
