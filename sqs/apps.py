@@ -7,9 +7,11 @@ class SqsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from queues.api.bodies import register_known_caller
+        from queues.api.bodies import register_known_caller, register_self_guarded
 
-        from .known import access_key_known
+        from .known import access_key_known, is_sqs_call
 
         # A caller with an access key sends its body whole (SendMessageBatch: up to 1 MiB).
         register_known_caller(access_key_known)
+        # The SQS view refuses a key it does not know before it reads a body, in SQS's words.
+        register_self_guarded(is_sqs_call)

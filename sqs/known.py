@@ -1,6 +1,7 @@
 """Whether a request's headers name an SQS access key this node knows, for the body gate
 (``queues.api.bodies``): such a request's body goes to the SQS view whole, where SigV4 checks
-it; any other caller's body is refused past a few KB, or read under a deadline, before it."""
+it. Any other caller's SQS call goes to the view unread (``is_sqs_call``), which refuses it
+before its body, in SQS's words."""
 
 from __future__ import annotations
 
@@ -10,6 +11,13 @@ from urllib.parse import parse_qs
 
 #: the access key ID of a SigV4 ``Authorization`` header (``Credential=AKID/date/region/...``)
 _HEADER_KEY = re.compile(r"AWS4-HMAC-SHA256\s.*?Credential=([^/,\s]+)/")
+
+
+def is_sqs_call(environ: dict[str, Any]) -> bool:
+    """Whether the request goes to the SQS view (``/sqs/...``, or ``POST /``), which finds its
+    access key from the headers and refuses an unknown one before it reads the body."""
+    path = environ.get("PATH_INFO", "")
+    return path.startswith("/sqs/") or (path == "/" and environ.get("REQUEST_METHOD") == "POST")
 
 
 def access_key_known(environ: dict[str, Any]) -> bool:

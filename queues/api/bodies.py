@@ -13,8 +13,8 @@ after it has authenticated the caller: ``queues.api.fastpath``). A request with 
 passed on untouched when its headers name a caller this node knows (:func:`known_caller`: a
 valid API token, a node's signature checked over its headers, a logged-in console session,
 or what an app registers, such as the SQS access keys); the view reads the body then, up to
-its own limits. A request whose token or node signature fails is answered 401 at once, unread.
-Any other body (an anonymous caller's: the console's login form, an SQS call with an unknown
+its own limits. A request whose token or node signature fails is answered 401 at once, unread,
+and so is any body to the REST API (``/api/``) from a caller without credentials. Any other body (an anonymous caller's: the console's login form, an SQS call with an unknown
 key) is refused by its ``Content-Length`` when over ``API_ANONYMOUS_MAX_REQUEST_BYTES`` (413,
 unread), and otherwise read here, by at most ``API_ANONYMOUS_BODY_READERS`` request threads of
 the process at once; with those taken (clients trickling their bodies), another is answered 503
@@ -51,6 +51,18 @@ def register_known_caller(check: Callable[[dict[str, Any]], bool]) -> None:
     """Add a check of a request's headers (e.g. an app's own credentials) to :func:`known_caller`."""
     if check not in _KNOWN:
         _KNOWN.append(check)
+
+
+#: ``environ -> bool``: whether a request goes to a view that finds its caller from the headers
+#: and refuses one it does not know before it reads the body (the SQS endpoint): such a request
+#: is passed on unread, whoever sends it, and the view answers in its own protocol.
+_SELF_GUARDED: list[Callable[[dict[str, Any]], bool]] = []
+
+
+def register_self_guarded(check: Callable[[dict[str, Any]], bool]) -> None:
+    """Add a test of a request's path for views that authenticate before the body (see above)."""
+    if check not in _SELF_GUARDED:
+        _SELF_GUARDED.append(check)
 
 
 def _token_known(environ: dict[str, Any]) -> bool:
@@ -214,12 +226,21 @@ class BodyGate:
         chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
         if (not length or length == "0") and not chunked:
             return self.app(environ, start_response)
-        if known_caller(environ):
+        if known_caller(environ) or any(guarded(environ) for guarded in _SELF_GUARDED):
             return self.app(environ, start_response)
         refused = _failed_credentials(environ)
         if refused is not None:
             return _refuse(
                 start_response, "401 Unauthorized", "authentication_failed", refused, [("WWW-Authenticate", "Token")]
+            )
+        if environ.get("PATH_INFO", "").startswith("/api/"):
+            # every call of the API that takes a body needs credentials: answered as DRF would
+            return _refuse(
+                start_response,
+                "401 Unauthorized",
+                "not_authenticated",
+                "Authentication credentials were not provided.",
+                [("WWW-Authenticate", "Token")],
             )
         limit = settings.API_ANONYMOUS_MAX_REQUEST_BYTES
         if chunked or not (length.isascii() and length.isdigit()):
