@@ -13,7 +13,9 @@ The seed is printed so a failure can be replayed:
 ``MQ_SCHEMA_SEED=<seed> scripts/test.sh tests/integration/test_schema_contract.py``. The suite
 runs a fixed seed (``FIXED_SEED``), so a red run is the change's and not the dice's; explore new
 cases with ``MQ_SCHEMA_SEED=random`` and add what they find as fixes (and, once fixed, may move
-``FIXED_SEED`` to that seed).
+``FIXED_SEED`` to that seed). ``MQ_SCHEMA_MAX_TIME=600`` lets a run go on for that many seconds
+(a long exploration: ``MQ_SCHEMA_SEED=random MQ_SCHEMA_MAX_TIME=600 scripts/test.sh
+tests/integration/test_schema_contract.py -k finds_nothing``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ FIXED_SEED = 1770479938
 REPO = HERE.parents[1]
 #: Cases per operation and phase; with 4 workers the run takes about 1.5 minutes on 2 cores.
 CASES = int(os.environ.get("MQ_SCHEMA_CASES", "20"))
+#: Seconds schemathesis may go on for (0: until its cases are done).
+MAX_TIME = int(os.environ.get("MQ_SCHEMA_MAX_TIME", "0"))
 
 
 @pytest.fixture
@@ -51,7 +55,7 @@ def superuser_token(transactional_db):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(420 + MAX_TIME)
 def test_schemathesis_finds_nothing(tmp_path, superuser_token, redis_client):
     chosen = os.environ.get("MQ_SCHEMA_SEED", "")
     seed = random.randrange(2**31) if chosen == "random" else int(chosen or FIXED_SEED)
@@ -84,11 +88,12 @@ def test_schemathesis_finds_nothing(tmp_path, superuser_token, redis_client):
                 "--generation-database",
                 "none",
                 "--no-color",
+                *(["--max-time", str(MAX_TIME)] if MAX_TIME else []),
             ],
             cwd=tmp_path,  # its report directory and caches stay in the test's directory
             capture_output=True,
             text=True,
-            timeout=400,
+            timeout=400 + MAX_TIME,
         )
         elapsed = time.monotonic() - t0
     finally:
