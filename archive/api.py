@@ -146,8 +146,8 @@ class ArchiveListView(APIView):
 
     @staticmethod
     def _int(value, name, low, high, default) -> int:
-        if value is None or value == "":
-            return default
+        if value is None:
+            return default  # (given empty, it is no whole number: the schema says integer)
         try:
             number = int(value)
         except ValueError:
