@@ -511,19 +511,7 @@ class NodeRuntime:
                 "node %s does not answer its own probe: giving up its %s leases", self.address, len(self.managers)
             )
         for m in list(self.managers.values()):
-            if not m.lock.acquire(timeout=0.5):
-                continue
-            try:
-                m.closed = True
-            finally:
-                m.lock.release()
-            with self._leases_lock:
-                self._forget((m.queue, m.index), m)
-                try:
-                    leases.release(m.lease, self.node_id)
-                    log.warning("released %s/%s: this process does not answer calls", m.queue, m.index)
-                except Exception:
-                    log.exception("releasing %s/%s", m.queue, m.index)
+            self._release(m, "as this process does not answer calls", lock_timeout=0.5, level=logging.WARNING)
         self.notify()
 
     def _renew_leases(self) -> None:
@@ -683,15 +671,24 @@ class NodeRuntime:
         metrics.OPEN_SECONDS.labels(m.queue, label).observe(m.opened_in.get("dequeue_ready_s", 0.0))
         metrics.OPEN_READS.labels(m.queue, label).observe(m.opened_in.get("oldest_reads", 0))
 
-    def _release(self, m: PartitionManager) -> None:
-        """Give a partition back (rebalancing): stop serving it, then free the row."""
-        with m.lock:  # not under _leases_lock: a call may hold m.lock for a store timeout
+    def _release(
+        self, m: PartitionManager, why: str = "for rebalancing", lock_timeout: float = -1, level: int = logging.INFO
+    ) -> None:
+        """Give a partition back: stop serving it, then free the row. With ``lock_timeout``, a
+        manager whose lock a call holds longer is left as it is (its lease not renewed, it runs
+        out and the next owner's epoch fences it)."""
+        # not under _leases_lock: a call may hold m.lock for a store timeout
+        if not m.lock.acquire(timeout=lock_timeout):
+            return
+        try:
             m.closed = True
+        finally:
+            m.lock.release()
         with self._leases_lock:
             self._forget((m.queue, m.index), m)
             try:
                 leases.release(m.lease, self.node_id)
-                log.info("released %s/%s for rebalancing", m.queue, m.index)
+                log.log(level, "released %s/%s %s", m.queue, m.index, why)
             except Exception:
                 log.exception("releasing %s/%s", m.queue, m.index)
 
