@@ -10,6 +10,15 @@ The call takes the way every call does (granian's queue, a request thread), and 
 before Django (:class:`ServingProbe`): no database, no store, no lock of the node; only a free
 request thread. While the answer is no, the runtime gives its leases up and claims none, and
 stops its heartbeat (``NodeRuntime.renew``); when calls are answered again it joins as before.
+
+The probes share one kept-alive connection. The server takes at most its backpressure of
+connections at once (``runnode``: four per request thread), idle kept-alive ones included, and
+leaves the next ones unaccepted until some close: a probe on a new connection then goes
+unanswered though every request thread is free, and a node with that many idle clients would
+give its leases up. So only a connection that has answered once can say "stuck"; a new one that
+times out says nothing (it may wait for a slot), and the next probe tries a new one again.
+The kept connection is used every ``interval``, so it seldom sits idle; were it
+lost (a reset) just as every thread got stuck, that would go unseen until a new one answered.
 """
 
 from __future__ import annotations
@@ -17,16 +26,12 @@ from __future__ import annotations
 import http.client
 import logging
 import threading
-from time import monotonic
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 #: the probe's path, answered 204 by :class:`ServingProbe` (GET only; nothing else there).
 PATH = "/-/alive"
-#: seconds after the process starts in which a probe's timeout does not count until one probe
-#: has been answered (its server takes calls a moment after the app is loaded).
-START_GRACE = 15.0
 
 
 class ServingProbe:
@@ -51,7 +56,8 @@ def _host_port(address: str) -> tuple[str, int]:
 
 class Watchdog:
     """Probes ``address`` every ``interval`` seconds; :meth:`serving` is False from a probe that
-    went unanswered for ``stuck_after`` seconds until one is answered.
+    went unanswered for ``stuck_after`` seconds, on the connection that answered the one before,
+    until one is answered.
 
     Only a probe's own timeout says "stuck", never the time since the last answer: a process
     paused and woken (SIGSTOP, a VM's stall) sees no probe time out and keeps its leases, as
@@ -61,29 +67,35 @@ class Watchdog:
         self.host, self.port = _host_port(address)
         self.interval, self.stuck_after = interval, stuck_after
         self.stuck = False
-        self._started = monotonic()
-        self._answered_once = False
         self._stop = threading.Event()
+        #: the probes' connection, once it has answered (None: the next probe opens one).
+        self._conn: http.client.HTTPConnection | None = None
 
     def serving(self) -> bool:
         return not self.stuck
 
     def probe(self) -> bool | None:
-        """One probe: True when answered 204, False when it timed out, None when it could not
-        tell (refused, reset: the server starting or stopping)."""
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.stuck_after)
+        """One probe: True when answered 204, False when it timed out on the connection that
+        answered the last one, None when it could not tell (refused, reset: the server starting
+        or stopping; or a new connection that timed out, perhaps never accepted)."""
+        conn, proven = self._conn, self._conn is not None
+        if conn is None:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.stuck_after)
+        self._conn = None
         try:
             conn.request("GET", PATH)
-            answered: bool | None = conn.getresponse().status == 204
+            response = conn.getresponse()
+            response.read()
+            answered: bool | None = response.status == 204
+            if not response.will_close:
+                self._conn, conn = conn, None  # kept for the next probe
         except TimeoutError:
-            # (the server takes its first calls a moment after this process starts)
-            starting = not self._answered_once and monotonic() - self._started < START_GRACE
-            answered = None if starting else False
+            answered = False if proven else None
         except (OSError, http.client.HTTPException):
             answered = None
         finally:
-            conn.close()
-        self._answered_once = self._answered_once or bool(answered)
+            if conn is not None:
+                conn.close()
         if answered is not None and answered == self.stuck:
             self.stuck = not answered
             log.warning(

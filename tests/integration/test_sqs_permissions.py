@@ -392,7 +392,10 @@ def _wait_for_grants(env, user, w: World) -> None:
         except ClientError:
             return False
 
-    wait_until(seen, 20, "the node to read the grants")
+    try:
+        wait_until(seen, 20, "the node to read the grants")
+    finally:
+        probe.close()
 
 
 # --- the checks --------------------------------------------------------------------------------
@@ -506,6 +509,10 @@ def test_a_model_permission_gives_no_right_over_sqs(env, shared, permission_user
     # when each calls every SQS action on its queue (several at once)
     with ThreadPoolExecutor(6) as pool:
         results = list(pool.map(call, cases))
+    # (their connections are closed now: kept open, each permission's would add to the node's
+    # open connections, and past its backpressure it accepts no new one until some close)
+    bare_sqs.close()
+    reader_sqs.close()
     # then each is answered as for a user with that grant and no permission
     created = set()
     for (op, role, _, user, _), (world, got, answer) in zip(cases, results):

@@ -340,6 +340,39 @@ def test_a_process_whose_request_threads_are_stuck_gives_up_its_leases(tmp_path,
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
+def test_a_process_with_idle_clients_past_its_connection_limit_keeps_its_leases(tmp_path, redis_client, token):
+    # A: 2 request threads, so its server takes 8 connections at once (runnode's backpressure)
+    env = local_node_env(tmp_path, NODE_STUCK_AFTER="2", NODE_HEARTBEAT="0.3")
+    nodes = NodeSet(env, tmp_path)
+    idle: list[socket.socket] = []
+    try:
+        a = nodes.start(NODE_THREADS="2")
+        (a_id,) = member_ids(a)
+        name = _make_queue(a.url, token, lease_period=5)
+        wait_until(lambda: _owners(name) == {a_id}, 30, "A to serve the queue")
+        b = nodes.start()
+        member_ids(b)
+        # given 12 clients that made a call each and keep their connections open, idle (the
+        # last ones wait to be accepted), every request thread free
+        for _ in range(12):
+            sock = socket.create_connection(("127.0.0.1", a.port), timeout=1)
+            sock.sendall(b"GET /-/alive HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            idle.append(sock)
+        # then for well past the time that says stuck (2 s) and a lease period, A keeps the
+        # partition: B never takes it
+        until = time.monotonic() + 2 + 5 + 2
+        while time.monotonic() < until:
+            assert _owners(name) == {a_id}, "A gave its partition up while it served calls"
+            time.sleep(0.2)
+        assert "does not answer" not in "".join(p.read_text() for p in Path(tmp_path).glob("node-*.log"))
+    finally:
+        for sock in idle:
+            sock.close()
+        nodes.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
 def test_a_signed_call_captured_before_a_restart_is_refused_after_it(nodes):
     from queues import peerauth
 
