@@ -103,6 +103,9 @@ class LogsView(APIView):
         unknown = set(params) - {"queue", "message", "worker", "outcome", "limit"}
         if unknown:
             raise BadRequest(f"unknown filter(s): {', '.join(sorted(unknown))}", "unknown_field")
+        for name in ("queue", "message", "worker"):
+            if "\x00" in params.get(name, ""):  # no text column holds one (PostgreSQL refuses it)
+                raise BadRequest(f"{name} must not contain a NUL character", "invalid_text")
         outcome = params.get("outcome")
         if outcome is not None and outcome not in AttemptLog.Outcome.values:  # "" too: no such outcome
             raise BadRequest(f"outcome must be one of {', '.join(AttemptLog.Outcome.values)}", "invalid_outcome")
