@@ -237,9 +237,9 @@ def test_listing_pages_through_the_archive(api, rt, queue):
     name = queue(archive="all")
     ids = enqueue(api, name, [{"body": f"m{i}"} for i in range(25)])
     archiver.run(name, store=rt.store)
-    seen, after = [], ""
+    seen, after = [], None
     while True:
-        r = api.get(f"/api/v1/archive?queue={name}&limit=10&after={after}")
+        r = api.get(f"/api/v1/archive?queue={name}&limit=10" + ("" if after is None else f"&after={after}"))
         assert r.status_code == 200, r.content
         page = r.json()
         seen.extend(m["id"] for m in page["messages"])
@@ -248,7 +248,7 @@ def test_listing_pages_through_the_archive(api, rt, queue):
         after = page["next"]
     assert sorted(seen) == sorted(ids)
     assert api.get(f"/api/v1/archive?queue={name}&acked=true").json()["messages"] == []
-    for bad in ("limit=0", "since=yesterday", "acked=maybe", "queue=a/b", "colour=red"):
+    for bad in ("limit=0", "after=", "since=yesterday", "acked=maybe", "queue=a/b", "colour=red"):
         r = api.get(f"/api/v1/archive?{bad}")
         assert r.status_code == 400, bad
         assert set(r.json()) == {"error", "detail"}
