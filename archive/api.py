@@ -123,7 +123,7 @@ class ArchiveListView(APIView):
         limit = self._int(params.get("limit"), "limit", 1, MAX_PAGE, 100)
         after = self._int(params.get("after"), "after", 0, 2**63 - 1, 0)
         acked = params.get("acked")
-        if acked not in (None, "", "true", "false", "1", "0"):
+        if acked not in (None, "true", "false", "1", "0"):  # (given empty: no boolean)
             raise BadRequest("acked must be true or false", "invalid_acked")
         rows = ArchivedMessage.objects.filter(pk__gt=after)
         # Only what came from queue rows the caller may read: not an earlier incarnation of a

@@ -257,6 +257,8 @@ STATUS_TEXT = {
     "message's id), a partition no node holds, a concurrent change (retry)",
     413: "request body over the node's limit (payload_too_large)",
     415: "the body is not application/json (unsupported_media_type)",
+    429: "throttled: past the caller's rate (API_THROTTLE_USER) or one of its limits (long polls at once, "
+    "consumers heard from); retry after Retry-After seconds",
     503: "the partition is not available on this node right now (a takeover, the store is down); retry "
     "after Retry-After seconds",
 }
@@ -277,7 +279,7 @@ def _statuses(path: str, method: str, op: dict) -> list[int]:
     """The error statuses an operation can answer."""
     if not op.get("security") or op.get("security") == [{}]:
         return []  # healthz: no authentication, nothing to refuse
-    out = [401, 403, 503]
+    out = [401, 403, 429, 503]
     writes = method in ("post", "patch", "put", "delete")
     has_body = "requestBody" in op
     if (writes and path not in _NO_400) or (method == "get" and op.get("parameters")):
@@ -302,7 +304,7 @@ def _add_errors(schema: dict) -> None:
                 if not response.get("description"):
                     response["description"] = STATUS_TEXT[code]
                 response["content"] = {"application/json": {"schema": _ERR}}
-                if code == 503:
+                if code in (429, 503):
                     response["headers"] = RETRY_AFTER
                 responses[key] = response
 
