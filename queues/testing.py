@@ -88,8 +88,19 @@ def kv_url(backend: str, *, redis_url: str, redis_db: int, directory: Path | str
 
 def node_env(*, database_url: str, data_dir: Path | str, kv: str, **extra: str) -> dict[str, str]:
     """The variables a node needs on top of the caller's environment; ``extra`` adds others
-    (``NODE_HEARTBEAT``, ``REDIS_URL``, ...)."""
-    return {"DATABASE_URL": database_url, "MQ_DATA_DIR": str(data_dir), "KV_URL": kv, **extra}
+    (``NODE_HEARTBEAT``, ``REDIS_URL``, ...).
+
+    A test's node waits up to 15 s for a database call (``DB_CALL_TIMEOUT``, 5 s by default): on
+    a loaded two-core CI machine a commit's fsync can stall past 5 s, and the node then answers
+    503 for a moment, which is right for a node and wrong for a test of something else. The
+    tests of outages set their own deadlines."""
+    return {
+        "DATABASE_URL": database_url,
+        "MQ_DATA_DIR": str(data_dir),
+        "KV_URL": kv,
+        "DB_CALL_TIMEOUT": "15",
+        **extra,
+    }
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> float:
