@@ -14,7 +14,7 @@ printed beside the ideal ``slots / T`` (processing back to back) and the sequent
 ``slots / (P + T)``. The goal: the pipeline at >= 95 % of the ideal.
 
 Targets:
-  (default)  a REAL node over HTTP with the real SDK (workers.sdk.Client): this script runs
+  (default)  a REAL node over HTTP with the real SDK (mq_client.Client): this script runs
              migrate, creates a bench user + token, starts ``manage.py runnode`` on a free port
              and stops it at the end; one fresh queue per round (deleted afterwards). PostgreSQL
              and Redis must be running, e.g.
@@ -225,7 +225,7 @@ class Target:
         if node is None:
             self.fake = FakeClient(args.fake_rtt)
         else:
-            from workers.sdk import Client
+            from mq_client import Client
 
             self.sdk = Client(node.url, node.token)
 
@@ -392,7 +392,7 @@ def main(argv=None) -> int:
     where = (
         "fake in-memory client" + (f" (+{args.fake_rtt * 1000:.1f} ms/call)" if args.fake_rtt else "")
         if args.fake
-        else f"real node over HTTP (KV {args.kv}, SDK workers.sdk.Client)"
+        else f"real node over HTTP (KV {args.kv}, SDK mq_client.Client)"
     )
     print()
     print(

@@ -68,7 +68,7 @@ def parse_message_id(text: object) -> MessageId | None:
 
 def group_partition(group: str, partitions: int) -> int:
     """The partition a group's messages go to: the same on every node and every release (and
-    in the SDK, ``workers.sdk.group_partition``; a test pins the two equal)."""
+    in the SDK, ``mq_client.group_partition``; a test pins the two equal)."""
     digest = hashlib.blake2b(group.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "big") % partitions
 

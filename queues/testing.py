@@ -5,7 +5,7 @@
   readiness wait on ``/api/v1/healthz``, log file, graceful stop, SIGKILL), :func:`wait_until`.
 - Stand-ins for the partition manager without a database: :class:`PartitionRow` (the Partition
   row's head pointer, fenced by epoch) and :func:`next_owner` (a takeover: the next epoch's lease
-  and manager); :class:`FakeMessage`, the shape of ``workers.sdk.Message`` for in-memory clients.
+  and manager); :class:`FakeMessage`, the shape of ``mq_client.Message`` for in-memory clients.
 
 Nothing here imports ``tests`` or ``bench``. The launcher and ``FakeMessage`` need no Django set
 up (the benchmarks import them before any settings exist); the partition stand-ins import the core
@@ -250,7 +250,7 @@ class NodeProcess:
 
 @dataclass(frozen=True)
 class FakeMessage:
-    """A delivered message as ``workers.sdk.Message`` has it, for in-memory clients."""
+    """A delivered message as ``mq_client.Message`` has it, for in-memory clients."""
 
     id: str
     receipt: str

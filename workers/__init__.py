@@ -1,4 +1,5 @@
-"""Queue clients: the SDK, handlers, the pre-process/process pipeline and its Celery step."""
+"""Queue consumers on the client SDK (``mq_client``): handlers, the pre-process/process pipeline and
+its Celery step."""
 
 from .handlers import handler
 

@@ -26,9 +26,10 @@ class QueueConsumers(bootsteps.StartStopStep):
         self.pipeline = None
 
     def start(self, worker):
+        from mq_client import Client
+
         from .handlers import configured_queues, discover
         from .pipeline import Pipeline
-        from .sdk import Client
 
         found = discover()
         queues = configured_queues(found)

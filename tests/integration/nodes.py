@@ -120,7 +120,7 @@ class NodeSet:
 
 
 class Client:
-    """A thin API client for tests (the SDK proper lives in ``workers``)."""
+    """A thin API client for tests (the SDK proper is ``mq_client``)."""
 
     def __init__(self, base: str, token: str):
         self.base = base

@@ -21,13 +21,13 @@ from archive import archiver
 from archive.models import ArchivedMessage
 from consoles.charts import format_value
 from consoles.models import DashboardRun, EstimateFit, LatencyBucketStats, QueueBucketStats, WorkerStats
+from mq_client import Client, NewMessage
 from queues.kv.redis import RedisStore
 from queues.models import Queue
 from queues.testing import NodeProcess, wait_until
 from workers.handlers import Handler
 from workers.models import AttemptLog
 from workers.pipeline import Pipeline
-from workers.sdk import Client, NewMessage
 
 from .nodes import local_node_env
 

@@ -1,4 +1,4 @@
-"""The client SDK (``workers.sdk``) against real node processes over PostgreSQL + Redis.
+"""The client SDK (``mq_client``) against real node processes over PostgreSQL + Redis.
 
 Every call round trips through a node; batching is counted in HTTP calls; errors come back
 typed; a dead node or one answering 503 is skipped; acks and visibility changes go straight to
@@ -15,9 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+import mq_client as sdk
+from mq_client import Client, Message, NewMessage
 from queues.testing import free_port
-from workers import sdk
-from workers.sdk import Client, Message, NewMessage
 
 from .nodes import NodeSet, local_node_env
 
@@ -85,13 +85,13 @@ def _served(client: Client, queue: str, owners: int = 1) -> bool:
 def _record_calls(client: Client) -> list[tuple[str, str, str, object]]:
     """Wrap the client's single-request function: (method, base URL, path, payload) per HTTP call."""
     calls: list[tuple[str, str, str, object]] = []
-    once = client._once
+    once = client._transport.once
 
     def recording(method, base, path, payload, timeout):
         calls.append((method, base, path, payload))
         return once(method, base, path, payload, timeout)
 
-    client._once = recording
+    client._transport.once = recording
     return calls
 
 

@@ -1,6 +1,6 @@
 """The group hash is computed twice: by the core when it places an enqueued message
 (``queues.messages.group_partition``) and by the SDK when it sends a group's messages straight
-to their partition's owner (``workers.sdk.group_partition``). They must agree for every group
+to their partition's owner (``mq_client.group_partition``). They must agree for every group
 and partition count, or the SDK's direct sends land on the wrong partition and a group's order
 is lost; and they must not change between releases, or stored groups move."""
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mq_client import group_partition as sdk_group_partition
 from queues.messages import group_partition as core_group_partition
-from workers.sdk import group_partition as sdk_group_partition
 
 
 @given(group=st.text(max_size=200), partitions=st.integers(min_value=1, max_value=256))

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
+from mq_client import ApiError, Estimates, Unavailable
 from queues.testing import FakeMessage
 from workers.handlers import Handler
 from workers.pipeline import Pipeline
-from workers.sdk import ApiError, Estimates, Unavailable
 
 TOL = 0.08  # scheduling slack on a busy 2-core machine; the delays below are 3-10x larger
 

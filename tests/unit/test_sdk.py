@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 import threading
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
-from workers import sdk
-from workers.sdk import Client
+import mq_client as sdk
+from mq_client import Client
 
 
 class Stub:
@@ -88,7 +92,7 @@ def _closed_url() -> str:
 def _client(urls, **kw) -> tuple[Client, list[float]]:
     c = Client(urls, "tok", **{"retries": 3, "backoff": 0.01, **kw})
     slept: list[float] = []
-    c._sleep = slept.append
+    c._transport.sleep = slept.append
     return c, slept
 
 
@@ -261,7 +265,7 @@ def test_enqueue_many_and_ack_batch_by_owner(stubs):
     b.answers = [(503, {"error": "unavailable"}, {"Retry-After": "0"})]
     a.answers = [(200, {"acked": 1, "not_found": 0}, {})]
     assert c.ack_ids("q", ["q/1/b/0"]).acked == 1
-    assert a.requests[-1]["json"] == {"ids": ["q/1/b/0"]} and "q" not in c._owners
+    assert a.requests[-1]["json"] == {"ids": ["q/1/b/0"]} and "q" not in c._owners.entries
 
 
 def test_one_session_per_thread(stubs):
@@ -273,7 +277,7 @@ def test_one_session_per_thread(stubs):
     def work():
         for _ in range(5):
             c.list_queues()
-        sessions.add(id(c._session()))
+        sessions.add(id(c._transport.session()))
 
     threads = [threading.Thread(target=work) for _ in range(4)]
     for t in threads:
@@ -303,5 +307,21 @@ def test_owner_lookup_gaps_and_unreachable_owners(stubs):
     assert [r["path"].rsplit("/", 1)[1] for r in a.requests] == ["partitions", "ack", "partitions", "ack"]
     # a partition without an owner: the cache is refreshed after about a second, not after the TTL
     assert c.owners("q") == {0: dead, 1: None}
-    assert c._owners["q"].fetched < time.monotonic() - 28
+    assert c._owners.entries["q"].fetched < time.monotonic() - 28
     assert c.ack_ids("q", ["q/1/b/0"]).acked == 1 and a.requests[-1]["path"].endswith("/ack")
+
+
+def test_the_client_package_loads_without_django_or_the_project():
+    """Applications import ``mq_client`` alone: loading it (in a fresh interpreter, without Django
+    settings) brings in neither Django nor any package of the service, and every public name is there."""
+    probe = (
+        "import sys, mq_client\n"
+        "missing = [n for n in mq_client.__all__ if not hasattr(mq_client, n)]\n"
+        "project = ('django', 'rest_framework', 'celery', 'queues', 'workers', 'consoles', 'archive', 'sqs', 'config')\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in project)\n"
+        "print(missing, loaded)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", probe], cwd=root, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[] []"
