@@ -278,7 +278,7 @@ class RedisClusterStore(RedisStore):
 
     def _through_client(self, command: tuple) -> Any:
         """One command through the cluster client; an error answer returned, not raised (as
-        :func:`~queues.kv.redis._round_trip` gives them)."""
+        :func:`~queues.glue.redis.round_trip` gives them)."""
         try:
             return self.client.execute_command(*command)
         except redis_lib.ResponseError as exc:
