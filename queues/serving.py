@@ -81,10 +81,9 @@ def cpu_plan(setting: str, allowed: Collection[int], processes: int, seed: int) 
     Why: a call crosses threads (granian's I/O thread hands it to a request thread, which takes
     the GIL from the others of its process) and each hand-off to a thread on another CPU is a
     wake-up there (an interrupt between CPUs, a VM exit in a virtual machine) and a cold cache.
-    With every thread of a process on one CPU, ``bench/throughput.py`` (Redis, 1 process, this
-    2-core VM, runs alternating) measured 18.5-19.0 against 23.0-23.5 µs of node CPU a message
-    in batches of 100 (cycle 49.4-49.8k against 39.8-40.6k msg/s) and 180-183 against 250-253
-    µs a single call. A process's Python runs on one core at a time anyway (the GIL).
+    With every thread of a process on one CPU, ``bench/throughput.py`` measures less node CPU a
+    message and more messages a second (``docs/performance.md``). A process's Python runs on
+    one core at a time anyway (the GIL).
     """
     text = setting.strip().lower()
     if text == "off":

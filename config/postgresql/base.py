@@ -15,8 +15,8 @@ Django drops the closed connection at the end of the request and the next one re
 
 The health check Django runs before a request's first query (``CONN_HEALTH_CHECKS``: a
 ``SELECT 1`` round trip) is skipped for a connection that answered less than
-``HEALTH_CHECK_IDLE`` seconds ago: a batch enqueue's head pointer write paid a second round trip
-for it, on a connection in use a moment before (py-spy: 6% of a batch enqueue's node CPU).
+``HEALTH_CHECK_IDLE`` seconds ago: a batch enqueue's head pointer write would pay a second
+round trip for it, on a connection in use a moment before.
 Unless its socket has something to read: between requests the server says nothing unasked
 but that it is closing the session (a restart's or ``pg_terminate_backend``'s "terminating
 connection"), so a readable socket (one ``poll``, no round trip) is checked as any other. A
@@ -155,9 +155,8 @@ class DatabaseWrapper(base.DatabaseWrapper):
         """Django's, and: the statements prepared on this connection (only the key-value store's
         are: ``DB_PREPARED_STATEMENTS``) always run their generic plan. PostgreSQL's own choice
         compares the generic plan with the custom plans made so far, and a store's statement
-        that ran for single messages first (custom plans of one row, cheaper) kept being planned
-        on every run after, batches of 100 included: 23 µs of the server's CPU a message
-        against 10 (queues/kv/sql.py)."""
+        that ran for single messages first (custom plans of one row, cheaper) would be planned
+        on every run after, batches of 100 included (queues/kv/sql.py)."""
         super().init_connection_state()
         conn = self.connection
         if conn is not None and conn.prepare_threshold is not None:

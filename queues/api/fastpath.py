@@ -1,8 +1,8 @@
 """A WSGI fast path in front of Django for the four message calls.
 
-Measured in-process (``bench/`` notes): Django's middleware, DRF's request wrapping and content
-negotiation cost about 500 µs a call, against 15 µs for enqueueing one message. The message
-calls are most of a queue's traffic, so for ``POST /api/v1/queues/<name>/{enqueue, dequeue,
+Django's middleware, DRF's request wrapping and content negotiation cost many times what
+enqueueing one message costs (``docs/performance.md``). The message calls are most of a
+queue's traffic, so for ``POST /api/v1/queues/<name>/{enqueue, dequeue,
 ack, visibility}`` with a ``Token`` header and a JSON body this layer authenticates (the same
 cached token check as DRF), parses with orjson, and calls the very functions the DRF views call
 (``calls``) as the same :class:`~queues.access.Caller` (the token's user; for a node, whose
@@ -63,9 +63,9 @@ def _accepts_json(accept: str) -> bool:
     return not accept.strip() or any(t.split(";")[0].strip().lower() in _JSON_TYPES for t in accept.split(","))
 
 
-#: Host headers already judged: ``split_domain_port`` + ``validate_host`` were 6% of a single
-#: call's node CPU (py-spy), for the same few hosts. Bounded: emptied when full (a client
-#: sending ever new hosts costs the check again, never memory).
+#: Host headers already judged: ``split_domain_port`` + ``validate_host`` would run on every
+#: call, for the same few hosts. Bounded: emptied when full (a client sending ever new hosts
+#: costs the check again, never memory).
 _HOSTS: dict[str, bool] = {}
 _HOSTS_MAX = 256
 

@@ -107,9 +107,8 @@ class ThreadConnections:
 
     redis-py's client takes a connection from its pool and gives it back on every command:
     a lock twice, a readiness poll on the socket, its retry wrapper and its observability
-    records. In a single call's enqueue that was 90 of the 157 µs of node CPU a script call
-    cost (thread CPU, measured in-process), twice per single-message cycle. A thread that
-    holds its own connection sends and reads on it directly.
+    records: much of what a script call costs the node. A thread that holds its own
+    connection sends and reads on it directly.
 
     A connection closes itself on a socket error (redis-py) and connects again on its next
     command; one whose server went away since its last use (Redis restarted) fails on that
@@ -286,9 +285,9 @@ class RedisStore(KeyValueStore):
         try:
             with self._call():
                 if not self.min_replicas:
-                    # EVALSHA straight to the client: ``Script.__call__`` (its import, its type
-                    # checks, two more layers) was 3% of a single call's node CPU (py-spy). A server
-                    # that lost the script (restart, SCRIPT FLUSH) is handled by the Script as before.
+                    # EVALSHA straight to the client, without ``Script.__call__`` (its import, its
+                    # type checks, two more layers). A server that lost the script (restart,
+                    # SCRIPT FLUSH) is handled by the Script.
                     try:
                         if self._direct:
                             return self._send([("EVALSHA", script.sha, len(keys), *keys, *args)])[0]
