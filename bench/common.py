@@ -126,27 +126,6 @@ def redact(url: str) -> str:
     return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
 
 
-def runnode_options(python: str = sys.executable, repo: Path | str = REPO, database_url: str | None = None) -> str:
-    """The text of ``manage.py runnode --help`` (to ask which options this checkout's runnode
-    takes, e.g. ``--processes``); BenchError if it cannot be run."""
-    with tempfile.TemporaryDirectory(prefix="mqbench-help-") as tmp:
-        env = {**os.environ, "MQ_DATA_DIR": tmp, "KV_URL": f"file://{tmp}/kv"}
-        if database_url:
-            env["DATABASE_URL"] = database_url
-        r = subprocess.run(
-            [python, "manage.py", "runnode", "--help"],
-            cwd=repo,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    if r.returncode != 0:
-        raise BenchError(f"`manage.py runnode --help` exited {r.returncode}:\n{(r.stdout + r.stderr)[-2000:]}")
-    return r.stdout
-
-
 class BenchNode:
     """One node for a benchmark on the key-value ``backend`` (file, redis, postgres), or on the
     store ``kv`` names (a ``KV_URL``, e.g. ``redis-cluster://...``) when given.
@@ -268,12 +247,9 @@ class BenchNode:
         self.manage("migrate", "--noinput", timeout=600)
         self.token = self._create_token()
         options = {} if self.processes is None else {"processes": self.processes}
-        try:
-            self.process = NodeProcess(
-                self.env(), self.tmp, self.port, heartbeat=None, python=self.python, cwd=self.repo, **options
-            )
-        except TypeError as exc:  # a checkout from before runnode --processes
-            raise BenchError(f"queues.testing.NodeProcess takes no processes= in this checkout: {exc}") from exc
+        self.process = NodeProcess(
+            self.env(), self.tmp, self.port, heartbeat=None, python=self.python, cwd=self.repo, **options
+        )
         extra = "" if self.processes is None else f" --processes {self.processes}"
         log(f"{self.name}: runnode{extra} on 127.0.0.1:{self.port} (KV {self.backend}, log {self.process.log_path})")
         try:

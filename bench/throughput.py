@@ -34,8 +34,7 @@ Systems:
                    key-value backend (file, redis, postgres, redis-cluster): migrate, bench user
                    + token, `manage.py runnode`, wait for /api/v1/healthz, one fresh queue per
                    round. With --node-processes 1,2: one node per backend and per count N,
-                   named ours[<backend>,p<N>], started with `runnode --processes N` (the
-                   run stops at once, saying so, if this checkout's runnode has no such option).
+                   named ours[<backend>,p<N>], started with `runnode --processes N`.
                    redis-cluster: KV_URL=redis-cluster://h1:p1,h2:p2,h3:p3 from
                    --redis-cluster-url, else from `scripts/services.sh redis-cluster start`
                    (skipped, with a line saying why, when neither gives one).
@@ -118,7 +117,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from common import REPO, BenchError, box_speed, exit_on_sigterm, log, redact, runnode_options
+from common import REPO, box_speed, exit_on_sigterm, log, redact
 from throughput_report import print_report, summarize
 from throughput_rounds import run_groups
 from throughput_systems import OursSystem, PgqSystem, SkipLockedSystem, StreamsSystem, System, ThinSystem
@@ -280,21 +279,13 @@ def find_cluster_url(text: str) -> str | None:
 def resolve_cluster_url(args) -> tuple[str | None, str]:
     """The redis-cluster backend's KV_URL, or None and why there is none.
 
-    --redis-cluster-url is used as given. Otherwise, if this checkout's scripts/services.sh
-    has a ``redis-cluster`` command, ``redis-cluster start`` (it returns at once when the
-    cluster is up) and the URL it or ``services.sh env`` prints; else the environment's
-    MQ_TEST_REDIS_CLUSTER_URL (a cluster run by other means)."""
+    --redis-cluster-url is used as given. Otherwise ``scripts/services.sh redis-cluster start``
+    (it returns at once when the cluster is up) and the URL it or ``services.sh env`` prints,
+    else the environment's MQ_TEST_REDIS_CLUSTER_URL (a cluster run by other means)."""
     if args.redis_cluster_url:
         return args.redis_cluster_url, ""
     from_env = os.environ.get("MQ_TEST_REDIS_CLUSTER_URL")
     script = Path(args.repo) / "scripts" / "services.sh"
-    if "redis-cluster" not in script.read_text():
-        if from_env:
-            return from_env, ""
-        return None, (
-            "scripts/services.sh has no `redis-cluster` command in this checkout (issue 17 item 3 adds it); "
-            "pass --redis-cluster-url redis-cluster://h1:p1,h2:p2,h3:p3 to use a running cluster"
-        )
     log("redis-cluster: scripts/services.sh redis-cluster start")
     r = subprocess.run(
         [str(script), "redis-cluster", "start"], capture_output=True, text=True, timeout=300, check=False
@@ -312,17 +303,6 @@ def resolve_cluster_url(args) -> tuple[str | None, str]:
         )
     log(f"redis-cluster: {url} (left running; `scripts/services.sh redis-cluster stop` stops it)")
     return url, ""
-
-
-def check_node_processes(args) -> None:
-    """BenchError unless this checkout's runnode takes --processes (when it is asked for)."""
-    if args.process_counts == [None]:
-        return
-    if "--processes" not in runnode_options(args.python, args.repo, args.database_url):
-        raise BenchError(
-            "--node-processes: `manage.py runnode` does not accept --processes in this checkout "
-            "(issue 17 item 2 adds it); run without --node-processes"
-        )
 
 
 def our_systems(args, notes: list[str]) -> list[System]:
@@ -349,11 +329,6 @@ def main(argv=None) -> int:
     systems: list[System] = []
     notes: list[str] = []
     if not args.skip_ours:
-        try:
-            check_node_processes(args)
-        except BenchError as exc:
-            print(f"throughput.py: {exc}", file=sys.stderr)
-            return 2
         systems += our_systems(args, notes)
     if not args.skip_baselines:
         wanted = {x.strip() for x in args.only_baselines.split(",")}

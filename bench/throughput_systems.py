@@ -24,6 +24,7 @@ throughput_clients.py; the counters in throughput_cpu.py).
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -195,8 +196,7 @@ class PgqSystem(System):
             ver = c.execute("SHOW server_version").fetchone()[0]
             fsync = c.execute("SHOW fsync").fetchone()[0]
             sc = c.execute("SHOW synchronous_commit").fetchone()[0]
-        from pgqueuer._version import version
-
+        version = importlib.metadata.version("pgqueuer")
         dur = tc.pgq_settings(self.schema).durability.value
         return (
             f"postgres {ver} at {redact(self.pg_url)}: fsync={fsync} synchronous_commit={sc}; "

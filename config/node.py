@@ -64,14 +64,13 @@ application = ServingProbe(application)
 
 #: The collector's first threshold in a serving process (Python's default: 700). A batch call
 #: allocates thousands of tracked objects (records, deliveries, JSON), so at 700 the young
-#: generations were collected several times per call, each pass walking what the call still
-#: holds: py-spy put 10% of a batch100 cycle's node CPU in the allocation that triggered them.
+#: generations would be collected several times per call, each pass walking what the call
+#: still holds.
 GC_THRESHOLD = 20_000
 #: Its second (Python's default: 10 young collections per collection of the middle generation).
 #: What survives a young collection is mostly alive until its ack (a dequeue's redelivery
-#: entries), so every middle pass walked the messages in flight again: at 10, the dequeue phase
-#: of a batch cycle cost 7% more and the cycle 2% more (``bench/inprocess.py --kv redis --batch
-#: 100 --n 60000``, three alternating runs each: 16.5-17.2 against 16.1-16.4 µs a message).
+#: entries), so every middle pass would walk the messages in flight again
+#: (``bench/inprocess.py --kv redis --batch 100``).
 #: Garbage in cycles waits longer for its pass; the message path makes next to none.
 GC_THRESHOLD_1 = 100
 

@@ -266,8 +266,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # answered within the last second (config/postgresql/base.py: HEALTH_CHECK_IDLE).
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     # The key-value store's statements (queues/kv/sql.py, server-bound) are prepared once per
-    # connection: planning them cost PostgreSQL more CPU than running them (a put and a delete
-    # of 100 messages: 23-26 µs of the server's CPU a message unprepared, 10 prepared). Django
+    # connection: planning them costs PostgreSQL more CPU than running them. Django
     # disables prepared statements for connection poolers; its own queries bind on the client
     # and are never prepared, so only ours are. Behind a pooler in transaction mode, set
     # DB_PREPARED_STATEMENTS=false (or use PgBouncer 1.21+ with max_prepared_statements).
@@ -500,7 +499,7 @@ STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns on every requ
 WHITENOISE_USE_FINDERS = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 #: The most bytes of a request body, refused by its Content-Length before a byte is read (413).
-#: Parsing costs about 24 times a body's size, so this bounds a request's memory; a message
+#: Parsing takes many times a body's size in memory, so this bounds a request's; a message
 #: call's own limit is lower still (``queues.api.calls.body_limit``: the queue's limits).
 API_MAX_REQUEST_BYTES = envint("API_MAX_REQUEST_BYTES", 8 * 1024 * 1024, minimum=64 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_REQUEST_BYTES

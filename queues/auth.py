@@ -27,6 +27,7 @@ from rest_framework.request import Request
 
 from . import peerauth
 from .access import ANONYMOUS, SYSTEM, Caller
+from .glue.drf import django_request
 from .router import hops_of
 
 if TYPE_CHECKING:
@@ -196,7 +197,7 @@ class ClusterAuthentication(BaseAuthentication):
             return None
         peer, call = found
         # The signature holds: now the body (read once; DRF parses it from Django's copy afterwards).
-        check_peer_body(call, request._request.body)
+        check_peer_body(call, django_request(request).body)
         return peer, None
 
     def authenticate_header(self, request: Request) -> str:

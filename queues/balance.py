@@ -2,12 +2,11 @@
 
 Each process listens on the node's port (``SO_REUSEPORT``), the kernel hands each new
 connection to one of them by a hash of its addresses, and a connection stays with the process
-that accepted it. So the spread is chance: four clients on two processes were split 2:2 in 8
-of 20 trials, 3:1 in 10 and 4:0 in 2 (measured on this machine). A client of
-a queue service keeps its connection for hours (a Celery worker, an application's pool), so a
-3:1 split leaves one process with three quarters of the work on one core while the other
-idles: ``bench/throughput.py`` (batches of 100, two processes) gave 22,414, 23,504 and
-31,052 msg/s in three runs of the same checkout.
+that accepted it. So the spread is chance: four clients on two processes are often split 3:1
+or 4:0. A client of a queue service keeps its connection for hours (a Celery worker, an
+application's pool), so a 3:1 split leaves one process with three quarters of the work on
+one core while the other idles, and the same checkout's throughput varies from run to run
+(``bench/throughput.py``; figures in ``docs/performance.md``).
 
 So each process counts its busy client connections (on the node's public port, that received
 data within :data:`ACTIVE_MS`) and writes the count beside its siblings' (``NODE_SIBLINGS_DIR``).

@@ -93,8 +93,8 @@ class PartitionRow(NamedTuple):
 
     A claim pass reads every partition row at every heartbeat (an owner that stopped renewing
     is found by watching its nonce stand), so it reads these columns as tuples
-    (:func:`claim_rows`): as model instances, 1,000 partitions cost 16.6 ms of the node's CPU
-    a pass, as tuples 4.0 with the claims (``bench/housekeeping.py --queues 250 --partitions 4``)."""
+    (:func:`claim_rows`): model instances cost several times as much a pass
+    (``bench/housekeeping.py``; figures in ``docs/performance.md``)."""
 
     pk: int
     queue_id: int
@@ -227,9 +227,9 @@ def renew_many(
 
     One statement renews up to :data:`RENEW_BATCH` leases of one clock and period, with one new
     nonce for all of them: an observer keys what it saw by partition, so what matters is that
-    each row's nonce changes at each renewal. A node of a thousand partitions renewed them one
-    UPDATE each, about 300 a second (every ``period / 3``): 0.9 ms of node CPU each, most of it
-    building the statement (``bench/housekeeping.py``).
+    each row's nonce changes at each renewal. A node of a thousand partitions renews about 300
+    a second (every ``period / 3``), and one UPDATE each would cost the node most of its time
+    building statements (``bench/housekeeping.py``).
 
     On PostgreSQL the statement takes the rows' locks in id order and skips a row another
     transaction holds (a queue's delete or a purge, which hold theirs while the store works):
@@ -349,7 +349,7 @@ def set_head(lease: Lease, node_id: str, head_block: str) -> None:
 
     The statement of ``Partition.objects.filter(pk=, owner_id=, epoch=).update(head_block=)``,
     written out: it runs on the enqueue path for every new block, and building it through the
-    ORM cost more than running it (py-spy: 15% of a batch enqueue on the node)."""
+    ORM costs more than running it."""
     global _SET_HEAD
     if _SET_HEAD is None:
         _SET_HEAD = _set_head_sql()

@@ -22,8 +22,8 @@ _MESSAGE_ID = re.compile(
 
 class MessageId(NamedTuple):
     """A message ID's parts. A tuple, not a frozen dataclass: an ack of 100 messages parses 100
-    IDs, and a frozen dataclass's constructor cost 2.6 times a tuple's (py-spy: 4% of a batch
-    ack). Its ``index`` field hides the tuple's ``index()`` method, which nothing here calls."""
+    IDs, and a frozen dataclass's constructor costs a few times a tuple's. Its ``index`` field
+    hides the tuple's ``index()`` method, which nothing here calls."""
 
     queue: str
     partition: int
@@ -38,8 +38,8 @@ class MessageId(NamedTuple):
 
 #: The parts before the index (``queue/partition/block/`` without its last ``/``) of IDs parsed
 #: lately: an ack's IDs mostly share a block, so the whole regex runs once a block and each ID
-#: only checks its index (0.8 -> 0.45 µs an ID, ``timeit``; 13% of a batch ack's node CPU was
-#: parsing, py-spy). Bounded: emptied when full, so any prefix costs at most one regex again.
+#: only checks its index (parsing is a large share of a batch ack). Bounded: emptied when full,
+#: so any prefix costs at most one regex again.
 _PREFIXES: dict[str, tuple[str, int, str]] = {}
 _PREFIXES_MAX = 4096
 _new_tuple = tuple.__new__
@@ -77,13 +77,11 @@ class _ReceiptPool:
     """Receipts made :attr:`BATCH` at a time: 12 random bytes each, from one ``os.urandom`` call
     for the batch, base64url-encoded by one call and cut every 16 characters. 12 bytes are a
     whole number of base64's 3-byte groups, so each piece is exactly the encoding of its own 12
-    bytes, as ``secrets.token_urlsafe(12)`` makes one. A dequeue draws a receipt per message:
-    one ``getrandom`` call each was 6% of a batch dequeue's node CPU (py-spy), and one encoding
-    each 0.3 of the 0.45 µs a receipt still cost (``timeit``; now 0.22).
+    bytes, as ``secrets.token_urlsafe(12)`` makes one. A dequeue draws a receipt per message,
+    so the ``getrandom`` call and the encoding are paid once a batch rather than once a receipt.
 
-    Each thread draws from a pool of its own, without a lock: one pool behind one lock was 8%
-    of a batch cycle's samples in a serving node (py-spy; 0.65 µs a take alone), the request
-    threads queueing behind one that lost the GIL while it held the lock. A forked child
+    Each thread draws from a pool of its own, without a lock: behind one lock, the request
+    threads would queue behind one that lost the GIL while it held the lock. A forked child
     starts with an empty pool (else parent and child would hand out the same receipts).
     """
 
@@ -118,7 +116,7 @@ class StoredMessage(NamedTuple):
 
     Immutable (the body cache and deliveries share one). A named tuple rather than a frozen
     dataclass: an enqueue builds two per message, and a frozen dataclass' ``__init__`` (one
-    ``object.__setattr__`` per field) cost about 4x as much (py-spy: 7% of a batch enqueue).
+    ``object.__setattr__`` per field) costs several times as much.
     Read it by field name only.
     """
 
@@ -145,7 +143,7 @@ class StoredMessage(NamedTuple):
 
     def to_bytes(self) -> bytes:
         # One test per field, not a loop over (key, value) pairs: this runs once per enqueued
-        # message (0.94 -> 0.6 µs a message, timeit).
+        # message.
         data = {"b": self.body, "t": self.enqueued_at, "s": self.sequence}
         if self.group is not None:
             data["g"] = self.group
@@ -185,7 +183,7 @@ class StoredMessage(NamedTuple):
     def with_sequence(self, sequence: int) -> StoredMessage:
         # This runs once per enqueued message: the tuple made straight from slices around the
         # sequence (its position, 3), without the named tuple's Python-level __new__ and a
-        # lookup per field (0.38 -> 0.26 µs, timeit). A unit test pins it to _replace.
+        # lookup per field. A unit test pins it to _replace.
         return _new_tuple(StoredMessage, self[:3] + (sequence,) + self[4:])
 
     def stub(self) -> StoredMessage:

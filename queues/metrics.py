@@ -107,7 +107,7 @@ STORE_ERRORS = Counter(
 
 
 #: The labelled children already looked up, by metric and label values: ``labels()`` takes a
-#: lock and builds a key on every call (2% of a single call's node CPU, py-spy). No child is
+#: lock and builds a key on every call, and every API call records its figures. No child is
 #: ever removed (``remove()`` is not used), so a cached child stays the one ``/metrics`` reads.
 _CHILDREN: dict[tuple[object, tuple[str, ...]], Any] = {}
 

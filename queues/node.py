@@ -50,8 +50,8 @@ monotonic = time.monotonic
 #: seconds over which the published enqueue/ack rates are averaged.
 RATE_WINDOW = 60.0
 #: seconds a partition's published figures (its row) may go unwritten while they do not change:
-#: a pass writes the rows whose figures changed, and the others this often. One UPDATE a
-#: partition a second was 0.7 ms of node CPU each (56 idle partitions: 40 ms a pass).
+#: a pass writes the rows whose figures changed, and the others this often, rather than one
+#: UPDATE a partition every second.
 STATS_REFRESH = 30.0
 
 
@@ -146,9 +146,8 @@ def install_archive(
 
 
 #: What a description (:meth:`QueueConfig.from_row`) is made of: a queue row's columns, and a
-#: subscription row's. A housekeeping pass reads them as values: as model instances with their
-#: prefetches, 250 queues cost 12.9 ms of the node's CPU a pass, every second, in every process,
-#: and as values 4.0 (``bench/housekeeping.py --queues 250 --partitions 4``).
+#: subscription row's. A housekeeping pass reads them as values: model instances with their
+#: prefetches cost several times as much, every second, in every process (``bench/housekeeping.py``).
 QUEUE_COLUMNS = (
     "id",
     "name",
@@ -202,9 +201,9 @@ def _write_figures(rows: list[tuple[int, int, dict[str, Any]]], node_id: str, at
 
     One statement for up to :data:`FIGURES_BATCH` rows: ``UPDATE ... FROM`` the rows' values,
     on PostgreSQL one array a column (``unnest``: a short statement, parsed once), on SQLite a
-    ``VALUES`` list. The ORM's ``filter(pk=, owner_id=, epoch=).update(**figures)`` built a
-    statement for every row, at about 0.6 ms of node CPU a row, and one written out and run a
-    row each still cost 0.3 (200 busy partitions: 55-86 ms a pass, ``bench/housekeeping.py``).
+    ``VALUES`` list. The ORM's ``filter(pk=, owner_id=, epoch=).update(**figures)`` builds a
+    statement for every row, and even one written out and run a row each costs a busy node's
+    housekeeping pass a statement per partition (``bench/housekeeping.py``).
     On PostgreSQL the statement locks its rows in id order and skips those another transaction
     holds (a purge, a queue's delete): it never waits, so it cannot deadlock with one that
     locks a queue's rows in another order, and a row skipped is written at the next pass."""

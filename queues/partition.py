@@ -400,8 +400,8 @@ class PartitionManager:
         queue names, an owner whose row change was rolled back. Whoever was given such an epoch
         may still be writing, so we share none of them: we move our row past the fence
         (compare-and-set on the epoch we hold) and raise the fence to the new epoch, which we
-        then hold alone. One claim pass however far ahead the fence is (it used to cost a
-        lease period per epoch behind). Raises LeaseLost if the row is no longer ours.
+        then hold alone, in one claim pass however far ahead the fence is. Raises LeaseLost if
+        the row is no longer ours.
         """
         for _ in range(FENCE_ATTEMPTS):
             held = self.store.raise_fence(self.fence.key, self.lease.epoch)

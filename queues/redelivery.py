@@ -10,8 +10,8 @@ The orders forget lazily. An ack, or a new deadline, only marks the entry's old 
 entry no longer points at it, by identity); a stale item is dropped when it comes to the front,
 and an order is rebuilt without its stale items once they are more than half of it (so the
 memory stays within twice the entries; the rebuild is O(n) under the partition's lock, paid by
-the one call that tips it: about 0.3 µs an item). A sorted list removed each acknowledged message at
-once, at about 2 µs a message (py-spy: 5% of a batch cycle's node CPU); a push is a deque
+the one call that tips it). Removing each acknowledged message from a sorted list at once
+costs a visible share of a batch cycle (``docs/performance.md``); here a push is a deque
 append (or a heap push), and a removal a dict pop.
 
 An entry stays after its deadline passes, until it is delivered again (with a new receipt
@@ -49,10 +49,9 @@ class Deadlines:
 
     Deliveries mostly come in deadline order (a queue hides each of its messages for the same
     time), and acks in delivery order, so the items an ack makes stale are at the front of the
-    run, and dropping one is a deque pop. In one binary heap, each was a heap pop: 1.15 µs a
-    message of a partition's 15,000 in flight (measured in a batch cycle in-process, 5% of the
-    node's CPU). A later delivery hidden for less time (or a visibility change) goes into the
-    heap, as before.
+    run, and dropping one is a deque pop, where one binary heap would pay a heap pop (log n of
+    the messages in flight) per acknowledged message. A later delivery hidden for less time (or
+    a visibility change) goes into the heap.
 
     ``len``, iteration (in no order) and the lock-free readings of :class:`RedeliveryIndex` see
     both parts; a reader without the lock may find them changing (IndexError, RuntimeError:
@@ -201,8 +200,7 @@ class RedeliveryIndex:
 
     def remove_many(self, msg_ids: Iterable[str]) -> None:
         """Forget messages (an ack's): as :meth:`remove` of each, with the orders' fronts cleaned
-        once at the end instead of once per message (the per-message calls were 3% of a batch
-        ack's node CPU, py-spy)."""
+        once at the end instead of once per message."""
         by_id = self.by_id
         due_left = future_left = 0
         for msg_id in msg_ids:

@@ -15,11 +15,8 @@ Each worker may run on a CPU of its own (:func:`cpu_plan`, :func:`spawn_pinned`)
 threads and the request threads of one process then hand calls and the GIL to each other
 without waking another CPU.
 
-Granian has no API for a second listener, so the worker target here is granian's own WSGI
-worker (``granian.server.mp.MPServer._spawn_wsgi_worker``, 2.8) serving one more socket with
-the same callback, threads and shutdown signal (granian is pinned in requirements.txt; the
-tests that start nodes of two processes, e.g. ``test_metrics`` and ``test_crash_safety``,
-fail at once if an upgrade changes that target's arguments).
+Granian has no API for a second listener: :mod:`queues.glue.granian` serves it, through
+granian's private names (what to check on a granian upgrade is listed there).
 """
 
 from __future__ import annotations
@@ -28,26 +25,15 @@ import os
 import re
 import socket
 import sys
-import threading
 from collections.abc import Callable, Collection
 from typing import Any
 
-from granian._futures import _new_cbscheduler
-from granian._granian import SocketHolder as _SocketHolder
-from granian._granian import WorkerSignal
-from granian._granian import WSGIWorker as _WSGIWorker
-from granian.constants import TaskImpl
-from granian.server.common import WORKERS_METHODS
-from granian.server.mp import WorkerProcess
-from granian.wsgi import _callback_wrapper
+from queues.glue import granian as granian_glue
 
-# granian's stubs lag its binary (granian passes these arguments itself: server/mp.py).
-SocketHolder: Any = _SocketHolder
-WSGIWorker: Any = _WSGIWorker
-
-#: the private listener of this worker process (bound in :func:`load_app`, served by the target).
-_PRIVATE: socket.socket | None = None
-_PRIVATE_BACKLOG = 2048
+# granian's spawn targets, as runnode names them: its own (the public port only), and one that
+# serves the process's private port too.
+WSGI_SPAWN_TARGET = granian_glue.WSGI_SPAWN_TARGET
+spawn_wsgi_worker = granian_glue.spawn_wsgi_worker
 
 
 def private_host(host: str, advertise: str) -> tuple[str, str]:
@@ -62,83 +48,16 @@ def private_host(host: str, advertise: str) -> tuple[str, str]:
 def load_app(target: str, host: str, adv_host: str, backlog: int) -> Any:
     """granian's callback loader in a worker: bind this process's private port first, so the
     node runtime (started by importing ``config.node``) registers that address."""
-    global _PRIVATE, _PRIVATE_BACKLOG
-    from granian._internal import load_target
-
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     sock.listen(backlog)
     sock.set_inheritable(True)
-    _PRIVATE, _PRIVATE_BACKLOG = sock, backlog
+    granian_glue.serve_also(sock, backlog)
     port = sock.getsockname()[1]
     os.environ["NODE_ADDRESS"] = f"[{adv_host}]:{port}" if ":" in adv_host else f"{adv_host}:{port}"
-    return load_target(target)
-
-
-@WorkerProcess.wrap_target
-def spawn_wsgi_worker(
-    worker_id: int,
-    callback: Any,
-    sock: Any,
-    ipc: Any,
-    loop: Any,
-    runtime_mode: Any,
-    runtime_threads: int,
-    runtime_blocking_threads: int | None,
-    blocking_threads: int,
-    blocking_threads_idle_timeout: int,
-    backpressure: int,
-    task_impl: Any,
-    http_mode: Any,
-    http1_settings: Any,
-    http2_settings: Any,
-    websockets: bool,
-    static_path: Any,
-    log_access_fmt: str | None,
-    ssl_ctx: Any,
-    scope_opts: dict[str, Any],
-    metrics: Any,
-) -> None:
-    """granian's spawn target for a WSGI worker that serves the public socket and this
-    process's private one (module level: picklable)."""
-    from granian._signals import set_sync_signals
-
-    wcallback = _callback_wrapper(callback, scope_opts, log_access_fmt)
-    shutdown_event = set_sync_signals()
-    done = threading.Event()
-    # A worker consumes its signal: the private listener gets one of its own, set with the first.
-    private_event = WorkerSignal()
-
-    def stop() -> None:  # one callback: granian keeps the last one added
-        private_event.set()
-        done.set()
-
-    shutdown_event.add_cb(stop)
-    assert _PRIVATE is not None, "load_app binds the private port before the worker serves"
-    private = (None, SocketHolder(_PRIVATE.fileno(), False, _PRIVATE_BACKLOG))
-    for listener, event in ((sock, shutdown_event), (private, private_event)):
-        worker = WSGIWorker(
-            worker_id,
-            listener,
-            ipc,
-            runtime_threads,
-            runtime_blocking_threads,
-            blocking_threads,
-            blocking_threads_idle_timeout,
-            backpressure,
-            http_mode,
-            http1_settings,
-            http2_settings,
-            static_path,
-            *ssl_ctx,
-            metrics,
-        )
-        serve = getattr(worker, WORKERS_METHODS[runtime_mode][(listener[0] or listener[1]).is_uds()])
-        scheduler = _new_cbscheduler(loop, wcallback, impl_asyncio=task_impl == TaskImpl.asyncio)
-        serve(scheduler, loop, event)
-    done.wait()
+    return granian_glue.load_target(target)
 
 
 # --- one CPU a worker process ---------------------------------------------------------------
@@ -162,10 +81,9 @@ def cpu_plan(setting: str, allowed: Collection[int], processes: int, seed: int) 
     Why: a call crosses threads (granian's I/O thread hands it to a request thread, which takes
     the GIL from the others of its process) and each hand-off to a thread on another CPU is a
     wake-up there (an interrupt between CPUs, a VM exit in a virtual machine) and a cold cache.
-    With every thread of a process on one CPU, ``bench/throughput.py`` (Redis, 1 process, this
-    2-core VM, runs alternating) measured 18.5-19.0 against 23.0-23.5 µs of node CPU a message
-    in batches of 100 (cycle 49.4-49.8k against 39.8-40.6k msg/s) and 180-183 against 250-253
-    µs a single call. A process's Python runs on one core at a time anyway (the GIL).
+    With every thread of a process on one CPU, ``bench/throughput.py`` measures less node CPU a
+    message and more messages a second (``docs/performance.md``). A process's Python runs on
+    one core at a time anyway (the GIL).
     """
     text = setting.strip().lower()
     if text == "off":

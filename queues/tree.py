@@ -335,7 +335,7 @@ def newest_head(row_head: str | None, record: tuple[int, str | None] | None, rea
     the row can be behind when the database was restored from a backup or rebuilt. So: a head
     whose block is gone is not a candidate (the row's pointer into a tree that was pruned or
     purged since, or into blocks a restored store never had); of two that are present, the
-    later in allocation order (ordinal), the record's on a tie. No record: the row's, as before.
+    later in allocation order (ordinal), the record's on a tie. No record: the row's.
     """
     if record is None:
         return row_head

@@ -148,14 +148,6 @@ class Pipeline:
                 if len(self._logs) >= pending:
                     break  # the service refuses them now: nothing more to do here
 
-    def run_forever(self) -> None:
-        self.start()
-        try:
-            while not self._stop.wait(1.0):
-                pass
-        finally:
-            self.stop()
-
     # --- taking messages ----------------------------------------------------------------------
     def _take(self) -> Work | None:
         """One message from the configured queues (round robin), or None after a long poll."""

@@ -15,8 +15,8 @@ Django drops the closed connection at the end of the request and the next one re
 
 The health check Django runs before a request's first query (``CONN_HEALTH_CHECKS``: a
 ``SELECT 1`` round trip) is skipped for a connection that answered less than
-``HEALTH_CHECK_IDLE`` seconds ago: a batch enqueue's head pointer write paid a second round trip
-for it, on a connection in use a moment before (py-spy: 6% of a batch enqueue's node CPU).
+``HEALTH_CHECK_IDLE`` seconds ago: a batch enqueue's head pointer write would pay a second
+round trip for it, on a connection in use a moment before.
 Unless its socket has something to read: between requests the server says nothing unasked
 but that it is closing the session (a restart's or ``pg_terminate_backend``'s "terminating
 connection"), so a readable socket (one ``poll``, no round trip) is checked as any other. A
@@ -29,6 +29,18 @@ process fails at once for ``HOLD_DOWN`` seconds, then one call alone tries the s
 the others still fail at once: calls made under a partition's lock would otherwise wait one
 deadline each, one after the other, and hold every call behind them past its client's
 patience. A refused connection (a restart) fails fast by itself and changes nothing here.
+
+This module is the one place that relies on psycopg's and Django's PostgreSQL backend's
+internals. On an upgrade, check (checked against psycopg==3.3.9 and Django==5.2.19, pinned in
+requirements.txt):
+
+- psycopg: ``Connection.wait(gen, interval, timeout)``, through which every wait for the
+  server goes (overridden by :class:`DeadlineConnection`), and ``psycopg.errors._WaitTimeout``,
+  what it raises when ``timeout`` passes;
+- Django: ``DatabaseWrapper.Database`` (the module the backend opens connections with),
+  ``init_connection_state``, ``close_if_health_check_failed`` and ``health_check_done``.
+
+``tests/unit/test_glue.py`` fails if one of them is gone or its parameters changed.
 """
 
 from __future__ import annotations
@@ -42,6 +54,9 @@ from typing import Any
 import psycopg
 from django.conf import settings
 from django.db.backends.postgresql import base
+
+#: What psycopg's ``Connection.wait`` raises when its ``timeout`` passes (a private name).
+WaitTimeout: type[psycopg.OperationalError] = psycopg.errors._WaitTimeout
 
 #: Seconds every call fails at once after one met an unreachable server.
 HOLD_DOWN = 1.0
@@ -111,7 +126,7 @@ class DeadlineConnection(psycopg.Connection):
         probe = UNREACHABLE.admit()
         try:
             result = super().wait(gen, interval=interval, timeout=deadline)
-        except psycopg.errors._WaitTimeout as exc:
+        except WaitTimeout as exc:
             UNREACHABLE.settle(probe, unreachable=True)
             self.pgconn.finish()  # a query may still be running there: never reuse this connection
             raise psycopg.OperationalError(f"the database did not answer within {deadline} s") from exc
@@ -140,9 +155,8 @@ class DatabaseWrapper(base.DatabaseWrapper):
         """Django's, and: the statements prepared on this connection (only the key-value store's
         are: ``DB_PREPARED_STATEMENTS``) always run their generic plan. PostgreSQL's own choice
         compares the generic plan with the custom plans made so far, and a store's statement
-        that ran for single messages first (custom plans of one row, cheaper) kept being planned
-        on every run after, batches of 100 included: 23 µs of the server's CPU a message
-        against 10 (queues/kv/sql.py)."""
+        that ran for single messages first (custom plans of one row, cheaper) would be planned
+        on every run after, batches of 100 included (queues/kv/sql.py)."""
         super().init_connection_state()
         conn = self.connection
         if conn is not None and conn.prepare_threshold is not None:

@@ -3,8 +3,8 @@
 granian (2.8) hands a WSGI app a request as soon as its headers are in, and ``wsgi.input.read``
 waits, in the request thread, for the body as the client sends it. Nothing bounds that wait:
 the read cannot be interrupted, and a read moved to a thread of our own would stall the
-server's whole runtime (measured: granian's ``block_on`` from a foreign thread takes the
-runtime's core). Whatever reads a body lets its sender decide how long a request thread waits,
+server's whole runtime (granian's ``block_on`` from a foreign thread takes the runtime's
+core). Whatever reads a body lets its sender decide how long a request thread waits,
 and how much memory the read takes. So nothing reads a body before its caller is known, and
 the bodies of callers not known are few and small.
 

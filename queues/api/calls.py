@@ -32,7 +32,7 @@ def queue_estimates(cfg: QueueConfig) -> dict[str, Any]:
 def delivery_json(d: Delivery, cfg: QueueConfig, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     """A delivery as the dequeue call answers it. ``defaults``: :func:`queue_estimates` of
     ``cfg``, made once for a whole batch (shared, never changed, by the messages without
-    estimates of their own: one dict a message was 1% of a batch dequeue's node CPU)."""
+    estimates of their own, rather than one dict a message)."""
     m = d.message
     assert m is not None
     estimates = defaults if defaults is not None else queue_estimates(cfg)

@@ -1,8 +1,8 @@
 """A WSGI fast path in front of Django for the four message calls.
 
-Measured in-process (``bench/`` notes): Django's middleware, DRF's request wrapping and content
-negotiation cost about 500 µs a call, against 15 µs for enqueueing one message. The message
-calls are most of a queue's traffic, so for ``POST /api/v1/queues/<name>/{enqueue, dequeue,
+Django's middleware, DRF's request wrapping and content negotiation cost many times what
+enqueueing one message costs (``docs/performance.md``). The message calls are most of a
+queue's traffic, so for ``POST /api/v1/queues/<name>/{enqueue, dequeue,
 ack, visibility}`` with a ``Token`` header and a JSON body this layer authenticates (the same
 cached token check as DRF), parses with orjson, and calls the very functions the DRF views call
 (``calls``) as the same :class:`~queues.access.Caller` (the token's user; for a node, whose
@@ -11,12 +11,20 @@ may make none of these calls), mapping errors with the same functions as the DRF
 handler. A client's ``X-MQ-Hops`` is ignored (hop 0), as in DRF.
 
 Everything else, and every request it is not sure about (no token, a session cookie, another
-content type, another method), goes to Django and DRF unchanged; so do the schema and the
-browsable API. The integration tests send the hostile-input matrix through both paths.
+content type, another method, plain HTTP where ``SECURE_SSL_REDIRECT`` redirects it), goes to
+Django and DRF unchanged; so do the schema and the browsable API. The integration tests send
+the hostile-input matrix through both paths.
+
+Its answers carry the security headers Django's answers carry (``X-Content-Type-Options``,
+``Referrer-Policy``, ``Cross-Origin-Opener-Policy``, ``X-Frame-Options``, and
+``Strict-Transport-Security`` on HTTPS when ``SECURE_HSTS_SECONDS`` is set): Django's own
+``SecurityMiddleware`` and ``XFrameOptionsMiddleware`` make them (:func:`security_headers`),
+from the same settings, when ``MIDDLEWARE`` lists them.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 import time
@@ -24,10 +32,14 @@ from http import HTTPStatus
 
 import orjson
 from django.conf import settings
+from django.core.handlers.wsgi import WSGIRequest
 from django.core.signals import setting_changed
 from django.db import close_old_connections
 from django.dispatch import receiver
+from django.http import HttpResponse
 from django.http.request import split_domain_port, validate_host
+from django.middleware.clickjacking import XFrameOptionsMiddleware
+from django.middleware.security import SecurityMiddleware
 from rest_framework import exceptions
 
 from .. import metrics, peerauth, service
@@ -51,9 +63,9 @@ def _accepts_json(accept: str) -> bool:
     return not accept.strip() or any(t.split(";")[0].strip().lower() in _JSON_TYPES for t in accept.split(","))
 
 
-#: Host headers already judged: ``split_domain_port`` + ``validate_host`` were 6% of a single
-#: call's node CPU (py-spy), for the same few hosts. Bounded: emptied when full (a client
-#: sending ever new hosts costs the check again, never memory).
+#: Host headers already judged: ``split_domain_port`` + ``validate_host`` would run on every
+#: call, for the same few hosts. Bounded: emptied when full (a client sending ever new hosts
+#: costs the check again, never memory).
 _HOSTS: dict[str, bool] = {}
 _HOSTS_MAX = 256
 
@@ -77,6 +89,56 @@ def _host_allowed(environ) -> bool:
     return allowed
 
 
+def is_secure(environ) -> bool:
+    """Whether Django takes the request for HTTPS (``HttpRequest.is_secure``): the first value
+    of the ``SECURE_PROXY_SSL_HEADER`` header when the request has it, else the WSGI scheme."""
+    proxy = settings.SECURE_PROXY_SSL_HEADER
+    if proxy:
+        header, secure_value = proxy
+        value = environ.get(header)
+        if value is not None:
+            return value.split(",", 1)[0].strip() == secure_value
+    return environ.get("wsgi.url_scheme") == "https"
+
+
+#: The middleware that add headers to every answer of Django's, by their MIDDLEWARE path.
+_HEADER_MIDDLEWARE = {
+    "django.middleware.security.SecurityMiddleware": SecurityMiddleware,
+    "django.middleware.clickjacking.XFrameOptionsMiddleware": XFrameOptionsMiddleware,
+}
+#: secure -> the headers (made once per setting of the settings below).
+_SECURITY: dict[bool, tuple[tuple[str, str], ...]] = {}
+
+
+@receiver(setting_changed)
+def _forget_security_headers(*, setting: str, **_) -> None:
+    if setting.startswith("SECURE_") or setting in ("X_FRAME_OPTIONS", "MIDDLEWARE"):
+        _SECURITY.clear()
+
+
+def security_headers(secure: bool) -> tuple[tuple[str, str], ...]:
+    """The headers Django's header middleware add to an answer to a plain HTTP (``secure``
+    False) or an HTTPS request: those middleware themselves run once on an empty answer."""
+    found = _SECURITY.get(secure)
+    if found is None:
+        request = WSGIRequest(
+            {
+                "REQUEST_METHOD": "POST",
+                "PATH_INFO": "/",
+                "wsgi.input": io.BytesIO(),
+                "wsgi.url_scheme": "https" if secure else "http",
+            }
+        )
+        response = HttpResponse()
+        before = set(response.headers)
+        for path in reversed(settings.MIDDLEWARE):  # (Django's order for answers)
+            middleware = _HEADER_MIDDLEWARE.get(path)
+            if middleware is not None:
+                response = middleware(HttpResponse).process_response(request, response)
+        found = _SECURITY[secure] = tuple((k, v) for k, v in response.headers.items() if k not in before)
+    return found
+
+
 class FastPath:
     def __init__(self, app):
         self.app = app
@@ -90,6 +152,9 @@ class FastPath:
             return self.app(environ, start_response)
         if not _host_allowed(environ):
             return self.app(environ, start_response)  # Django refuses it (400), as for every other call
+        secure = is_secure(environ)
+        if settings.SECURE_SSL_REDIRECT and not secure:
+            return self.app(environ, start_response)  # Django redirects it to HTTPS
         scheme, _, key = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
         key = key.strip()
         # A node's signed call (or the old secret header, refused) comes without Authorization;
@@ -172,6 +237,7 @@ class FastPath:
                 ("Content-Type", "application/json"),
                 ("Content-Length", str(len(body))),
                 *headers.items(),
+                *security_headers(secure),
             ],
         )
         return [body]

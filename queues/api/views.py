@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from .. import service
 from ..auth import CachedTokenAuthentication, ClusterAuthentication, ClusterPeer, request_caller, request_hops
+from ..glue.drf import django_request
 from ..models import Queue
 from . import calls
 from .serializers import (
@@ -65,7 +66,7 @@ class HealthView(APIView):
 
     @staticmethod
     def _insider(request) -> bool:
-        session_user = getattr(request._request, "user", None)  # AuthenticationMiddleware's
+        session_user = getattr(django_request(request), "user", None)  # AuthenticationMiddleware's
         if getattr(session_user, "is_staff", False):
             return True
         for auth in (CachedTokenAuthentication(), ClusterAuthentication()):

@@ -13,6 +13,7 @@ Redis database may be shared with Celery's broker or another application.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
@@ -32,34 +33,63 @@ __all__ = [
 ]
 
 
+def _file(url: str) -> KeyValueStore:
+    from .filesystem import FileStore
+
+    return FileStore.from_url(url)
+
+
+def _redis(url: str) -> KeyValueStore:
+    from .redis import RedisStore
+
+    return RedisStore.from_settings()
+
+
+def _redis_cluster(url: str) -> KeyValueStore:
+    from django.conf import settings
+
+    from .redis_cluster import RedisClusterStore
+
+    return RedisClusterStore.from_url(url, min_replicas=settings.KV_MIN_REPLICAS)
+
+
+def _memory(url: str) -> KeyValueStore:
+    from .memory import MemoryStore
+
+    return MemoryStore()
+
+
+def _sql(url: str) -> KeyValueStore:
+    from .sql import SQLStore
+
+    return SQLStore()
+
+
+# scheme of ``KV_URL`` -> the factory that opens it. Each factory imports its backend when it
+# is called, so a backend's client library is loaded only where it is used.
+BACKENDS: dict[str, Callable[[str], KeyValueStore]] = {
+    "file": _file,
+    "redis": _redis,
+    "rediss": _redis,
+    "unix": _redis,
+    "redis-cluster": _redis_cluster,
+    "rediss-cluster": _redis_cluster,
+    "memory": _memory,
+    "postgres": _sql,
+    "postgresql": _sql,
+    "sql": _sql,
+}
+
+
 def open_store(url: str) -> KeyValueStore:
     scheme = urlsplit(url).scheme or url
-    if scheme == "file":
-        from .filesystem import FileStore
-
-        return FileStore.from_url(url)
-    if scheme in ("redis", "rediss", "unix"):
-        from .redis import RedisStore
-
-        return RedisStore.from_settings()
-    if scheme in ("redis-cluster", "rediss-cluster"):
-        from django.conf import settings
-
-        from .redis_cluster import RedisClusterStore
-
-        return RedisClusterStore.from_url(url, min_replicas=settings.KV_MIN_REPLICAS)
-    if scheme == "memory":
-        from .memory import MemoryStore
-
-        return MemoryStore()
-    if scheme in ("postgres", "postgresql", "sql"):
-        from .sql import SQLStore
-
-        return SQLStore()
-    raise ImproperlyConfigured(
-        f"KV_URL={url!r}: unknown scheme {scheme!r}; use file:///path, redis://host:port/db, "
-        "redis-cluster://host:port,host:port,... or postgres"
-    )
+    factory = BACKENDS.get(scheme)
+    if factory is None:
+        raise ImproperlyConfigured(
+            f"KV_URL={url!r}: unknown scheme {scheme!r}; use file:///path, redis://host:port/db, "
+            "redis-cluster://host:port,host:port,... or postgres"
+        )
+    return factory(url)
 
 
 _store: KeyValueStore | None = None

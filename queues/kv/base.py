@@ -22,7 +22,7 @@ import abc
 import functools
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,8 +237,3 @@ class PrefixedStore(KeyValueStore):
 
     def close(self) -> None:
         self.inner.close()
-
-
-def check_keys(keys: Iterable[str]) -> None:
-    for key in keys:
-        split_key(key)

@@ -26,10 +26,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, cast
 
 import redis as redis_lib
-from hiredis import pack_command
-from redis._parsers.hiredis import NOT_ENOUGH_DATA, _HiredisParser
-from redis.connection import DefaultParser
 from redis.exceptions import RedisClusterException
+
+from queues.glue.redis import is_connected, reads_with_hiredis, round_trip
 
 from .base import Fence, Fenced, KeyValueStore, KVError, ReplicationError, split_key
 
@@ -108,9 +107,8 @@ class ThreadConnections:
 
     redis-py's client takes a connection from its pool and gives it back on every command:
     a lock twice, a readiness poll on the socket, its retry wrapper and its observability
-    records. In a single call's enqueue that was 90 of the 157 µs of node CPU a script call
-    cost (thread CPU, measured in-process), twice per single-message cycle. A thread that
-    holds its own connection sends and reads on it directly.
+    records: much of what a script call costs the node. A thread that holds its own
+    connection sends and reads on it directly.
 
     A connection closes itself on a socket error (redis-py) and connects again on its next
     command; one whose server went away since its last use (Redis restarted) fails on that
@@ -145,50 +143,9 @@ def _chunked(by_bucket: dict[str, Args], width: int) -> list[tuple[str, int, Arg
     return groups
 
 
-def _round_trip(conn: redis_lib.Connection, commands: list[tuple]) -> list:
-    """Send ``commands`` on ``conn``'s socket and read one answer each, an error answer as an
-    exception among them (``ResponseError``, or ``BusyLoadingError``, a ``ConnectionError``:
-    the caller raises it); the rest are still read, so the connection stays in step.
-
-    This is redis-py's own packer and reader (hiredis), without the layers around them:
-    ``send_packed_command`` and ``read_response`` check the connection's health, wrap each
-    chunk and reply, and format errors, for 10 of the 46 µs of thread CPU a one-key HMGET
-    cost (measured in-process, ``bench/`` notes). A socket error or a closed connection
-    disconnects ``conn`` and raises ``ConnectionError``; a timeout raises ``TimeoutError``, as
-    redis-py does (:meth:`RedisStore._call` holds calls off after one).
-    """
-    parser = conn._parser
-    reader, buffer, sock = parser._reader, parser._buffer, conn._sock
-    if reader is None or sock is None:
-        raise redis_lib.ConnectionError("redis: connection closed")
-    packed = pack_command(commands[0]) if len(commands) == 1 else b"".join(map(pack_command, commands))
-    answers: list = []
-    try:
-        sock.sendall(packed)
-        for _ in commands:
-            answer = reader.gets()
-            while answer is NOT_ENOUGH_DATA:
-                received = sock.recv_into(buffer)
-                if not received:
-                    raise ConnectionResetError("the server closed the connection")
-                reader.feed(buffer, 0, received)
-                answer = reader.gets()
-            answers.append(answer)
-    except TimeoutError as exc:  # socket.timeout
-        conn.disconnect()
-        raise redis_lib.TimeoutError(f"redis: timeout: {exc}") from exc
-    except OSError as exc:
-        conn.disconnect()
-        raise redis_lib.ConnectionError(f"redis: {exc}") from exc
-    except BaseException:
-        conn.disconnect()  # out of step with the server (a reply half read): start again
-        raise
-    return answers
-
-
 def _on_connection(conns: ThreadConnections, commands: list[tuple]) -> list:
     """``commands`` in one round trip on this thread's connection of ``conns``; their answers,
-    an error answer as an exception among them (see :func:`_round_trip`).
+    an error answer as an exception among them (see :func:`queues.glue.redis.round_trip`).
 
     A connection error on a connection that had been used before is taken for a server
     gone since (restarted, or the idle connection cut) and the commands are sent once
@@ -200,11 +157,11 @@ def _on_connection(conns: ThreadConnections, commands: list[tuple]) -> list:
     calls off.
     """
     conn = conns.get()
-    fresh = conn._sock is None
+    fresh = not is_connected(conn)
     if fresh:
         conn.connect()
     try:
-        return _round_trip(conn, commands)
+        return round_trip(conn, commands)
     except redis_lib.ConnectionError:
         if fresh:
             raise
@@ -237,14 +194,9 @@ class RedisStore(KeyValueStore):
         self._delete = client.register_script(_DELETE)
         self._cas = client.register_script(_CAS)
         pool = client.connection_pool
-        # A plain pool of plain connections (not Sentinel's, not a blocking pool with its own
-        # rules) that read with hiredis: the message path's calls go on one connection per
-        # thread (:func:`_round_trip` uses the connection's hiredis reader).
-        if (
-            type(pool) is redis_lib.ConnectionPool
-            and issubclass(pool.connection_class, redis_lib.Connection)
-            and issubclass(pool.connection_kwargs.get("parser_class", DefaultParser), _HiredisParser)
-        ):
+        # With plain connections that read with hiredis, the message path's calls go on one
+        # connection per thread (:func:`queues.glue.redis.round_trip` uses its hiredis reader).
+        if reads_with_hiredis(pool):
             self._conns = ThreadConnections(pool)
             self._direct = True
 
@@ -333,9 +285,9 @@ class RedisStore(KeyValueStore):
         try:
             with self._call():
                 if not self.min_replicas:
-                    # EVALSHA straight to the client: ``Script.__call__`` (its import, its type
-                    # checks, two more layers) was 3% of a single call's node CPU (py-spy). A server
-                    # that lost the script (restart, SCRIPT FLUSH) is handled by the Script as before.
+                    # EVALSHA straight to the client, without ``Script.__call__`` (its import, its
+                    # type checks, two more layers). A server that lost the script (restart,
+                    # SCRIPT FLUSH) is handled by the Script.
                     try:
                         if self._direct:
                             return self._send([("EVALSHA", script.sha, len(keys), *keys, *args)])[0]

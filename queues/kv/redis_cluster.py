@@ -215,12 +215,11 @@ class RedisClusterStore(RedisStore):
         round trip per primary; their answers. An error answer raises, after all are read.
 
         Where the client's slot map says (the client keeps it: it learns it from the seed
-        nodes and on every redirection it follows). The cluster client's own path costs
-        about 110 µs of node CPU more per call (in-process, one message per call: enqueue 289
-        against 176 µs on a single Redis): it finds the slot and the node again, takes a
-        connection from the node's pool under a lock, and wraps the reply. A primary whose
-        answer redirects (the slot moved: MOVED, ASK; the cluster changing: TRYAGAIN,
-        CLUSTERDOWN) or whose connection fails (a failover) gets its commands sent again
+        nodes and on every redirection it follows). The cluster client's own path costs the
+        node much more CPU per call than a single Redis's: it finds the slot and the node
+        again, takes a connection from the node's pool under a lock, and wraps the reply. A
+        primary whose answer redirects (the slot moved: MOVED, ASK; the cluster changing:
+        TRYAGAIN, CLUSTERDOWN) or whose connection fails (a failover) gets its commands sent again
         through the client, which follows the redirection and refreshes the map: a redirected
         command was not run, and a failed connection's commands are the scripts and reads that
         a second run leaves as the first did (:func:`~queues.kv.redis._on_connection`). One
@@ -278,7 +277,7 @@ class RedisClusterStore(RedisStore):
 
     def _through_client(self, command: tuple) -> Any:
         """One command through the cluster client; an error answer returned, not raised (as
-        :func:`~queues.kv.redis._round_trip` gives them)."""
+        :func:`~queues.glue.redis.round_trip` gives them)."""
         try:
             return self.client.execute_command(*command)
         except redis_lib.ResponseError as exc:

@@ -70,13 +70,12 @@ class SQLStore(KeyValueStore):
         Django's PostgreSQL cursors bind parameters on the client: psycopg then quotes every
         element of the arrays a batch sends (names, bodies) in Python, a regular expression or
         two each, and so does a server-bound cursor for a parameter in text format. The
-        statements here mark their parameters ``%b``: sent in binary, an array of 100 names
-        and 100 bodies cost psycopg 116 µs of CPU instead of 730 (measured on this machine).
+        statements here mark their parameters ``%b``: sent in binary, arrays of names and
+        bodies cost psycopg a fraction of the CPU.
         Django's error wrapping maps psycopg's errors to Django's as for every other query.
         They are prepared on the connection at their first run (``DB_PREPARED_STATEMENTS``;
-        settings.py): planning a put or a delete of 100 rows cost PostgreSQL more CPU than
-        running it (a batch cycle on this store: 38 µs of the server's CPU a message, 14
-        prepared).
+        settings.py): planning a put or a delete of 100 rows costs PostgreSQL more CPU than
+        running it.
 
         The connection is not health-checked first: Django's ``CONN_HEALTH_CHECKS`` would send
         a ``SELECT 1`` before a request's first statement, a round trip to the database on

@@ -52,10 +52,10 @@ def iso(ts: float) -> str:
 
     The same text as ``datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")``
     with ``Z`` (microseconds rounded half to even, then truncated to milliseconds; a unit test
-    pins the two equal), about 4x cheaper: a dequeue formats one per message, and a batch's
-    messages share their second, whose text is kept (py-spy: 9% of a batch cycle's node CPU).
-    The last time formatted is kept too: an enqueue stamps its whole batch with one time, so a
-    dequeue's messages mostly repeat the one before (2.7% of a batch cycle's samples, py-spy).
+    pins the two equal), for a fraction of the cost: a dequeue formats one per message, and a
+    batch's messages share their second, whose text is kept. The last time formatted is kept
+    too: an enqueue stamps its whole batch with one time, so a dequeue's messages mostly repeat
+    the one before.
     """
     global _iso_last
     last = _iso_last

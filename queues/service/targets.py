@@ -78,8 +78,8 @@ def begin_call() -> Token:
     """From here until :func:`end_call`, :func:`authorize` answers a question it already
     answered (same target, action, ``reading`` and the same caller object) as it did, without
     checking again: a fast-path message call asks three times (its body limit, its call, the
-    service function), and each check was a third of ``authorize``'s share (5% of a single
-    call's node CPU, py-spy). Only granted answers are kept (a refusal raises); the first check
+    service function), and would pay the check each time. Only granted answers are kept (a
+    refusal raises); the first check
     of the request is as fresh as ever (``access.TTL``), so a revoked grant stops working from
     the next request on. Used by the fast path around one request, never across requests."""
     return _ONE_CALL.set({})

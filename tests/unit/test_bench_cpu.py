@@ -140,15 +140,6 @@ def test_find_cluster_url():
     assert throughput.find_cluster_url("redis-cluster: running") is None
 
 
-def test_node_processes_fail_clearly_without_runnode_support(monkeypatch):
-    monkeypatch.setattr(throughput, "runnode_options", lambda *a: "usage: manage.py runnode [--port PORT]")
-    args = throughput.parse_args(["--node-processes", "1,2"])
-    with pytest.raises(throughput.BenchError, match="does not accept --processes"):
-        throughput.check_node_processes(args)
-    monkeypatch.setattr(throughput, "runnode_options", lambda *a: "  --processes PROCESSES")
-    throughput.check_node_processes(args)
-
-
 def system(name, backend=None, processes=None):
     return SimpleNamespace(name=name, is_ours=backend is not None, backend=backend or "", processes=processes)
 

@@ -108,6 +108,21 @@ def test_unknown_kv_scheme_fails_loudly():
         open_store("s3://bucket/x")
 
 
+def test_each_kv_scheme_opens_its_backend(tmp_path):
+    from queues.kv import BACKENDS, open_store
+    from queues.kv.filesystem import FileStore
+    from queues.kv.memory import MemoryStore
+
+    assert isinstance(open_store("memory://"), MemoryStore)
+    store = open_store(f"file://{tmp_path}/kv")
+    assert isinstance(store, FileStore)
+    store.close()
+    # the aliases share one factory; the network backends are opened by the integration suite
+    assert BACKENDS["redis"] is BACKENDS["rediss"] is BACKENDS["unix"]
+    assert BACKENDS["redis-cluster"] is BACKENDS["rediss-cluster"]
+    assert BACKENDS["postgres"] is BACKENDS["postgresql"] is BACKENDS["sql"]
+
+
 # --- production hardening -------------------------------------------------------------------
 _PRODUCTION = {
     "MQ_ENV": "production",

@@ -148,7 +148,7 @@ class Command(BaseCommand):
             if processes == 1:
                 os.environ["NODE_ADDRESS"] = advertise or f"{host}:{port}"
                 target = (
-                    None if cpus is None else functools.partial(serving.spawn_pinned, MPServer._spawn_wsgi_worker, cpus)
+                    None if cpus is None else functools.partial(serving.spawn_pinned, serving.WSGI_SPAWN_TARGET, cpus)
                 )
                 server.serve(spawn_target=target)  # (None: granian's own)
             else:
