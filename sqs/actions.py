@@ -29,7 +29,9 @@ import binascii
 import hashlib
 import json
 import re
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -541,8 +543,46 @@ def list_dead_letter_source_queues(params: dict[str, Any], ctx: Context) -> dict
     return _result_page("queueUrls", [queue_url(ctx, by_name[n].name, by_name[n].strict) for n in page], token)
 
 
-#: the move tasks this process ran: handle -> ListMessageMoveTasks' entry.
-_MOVE_TASKS: dict[str, dict[str, Any]] = {}
+class MoveTasks:
+    """The move tasks this process ran, as ListMessageMoveTasks lists them: the ``per_source``
+    most recent of each source queue (SQS lists at most 10), for the ``sources`` queues that
+    ran one last; older ones are forgotten, so what a node keeps stays bounded however long it
+    runs. Calls are answered on several threads: one lock guards it."""
+
+    def __init__(self, per_source: int = 10, sources: int = 1000) -> None:
+        self.per_source = per_source
+        self.sources = sources
+        self._lock = threading.Lock()
+        #: source queue -> its tasks, newest first; the source that ran one last at the end.
+        self._by_source: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+
+    def add(self, queue: str, task: dict[str, Any]) -> None:
+        """Remember ``task`` (ListMessageMoveTasks' entry) of source ``queue``; one of the same
+        handle is replaced."""
+        with self._lock:
+            tasks = [t for t in self._by_source.pop(queue, []) if t["TaskHandle"] != task["TaskHandle"]]
+            tasks.append(task)
+            tasks.sort(key=lambda t: -t["StartedTimestamp"])
+            del tasks[self.per_source :]
+            self._by_source[queue] = tasks
+            while len(self._by_source) > self.sources:
+                self._by_source.popitem(last=False)
+
+    def recent(self, queue: str) -> list[dict[str, Any]]:
+        """The tasks of source ``queue`` remembered, newest first."""
+        with self._lock:
+            return list(self._by_source.get(queue, ()))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_source.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(tasks) for tasks in self._by_source.values())
+
+
+_MOVE_TASKS = MoveTasks()
 
 
 def start_message_move_task(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -562,14 +602,17 @@ def start_message_move_task(params: dict[str, Any], ctx: Context) -> dict[str, A
             if result.moved + result.skipped == 0 or result.moved == 0:
                 break
     handle = base64.urlsafe_b64encode(json.dumps({"queue": q.name, "at": started}).encode()).decode()
-    _MOVE_TASKS[handle] = {
-        "TaskHandle": handle,
-        "Status": "COMPLETED",
-        "SourceArn": source,
-        "ApproximateNumberOfMessagesMoved": moved,
-        "ApproximateNumberOfMessagesToMove": moved,
-        "StartedTimestamp": started,
-    }
+    _MOVE_TASKS.add(
+        q.name,
+        {
+            "TaskHandle": handle,
+            "Status": "COMPLETED",
+            "SourceArn": source,
+            "ApproximateNumberOfMessagesMoved": moved,
+            "ApproximateNumberOfMessagesToMove": moved,
+            "StartedTimestamp": started,
+        },
+    )
     return {"TaskHandle": handle}
 
 
@@ -577,10 +620,7 @@ def list_message_move_tasks(params: dict[str, Any], ctx: Context) -> dict[str, A
     source = _text(params, "SourceArn", required=True)
     assert source is not None
     q = _queue({"QueueUrl": source.rsplit(":", 1)[-1]}, ctx)
-    tasks = [
-        t for t in _MOVE_TASKS.values() if json.loads(base64.urlsafe_b64decode(t["TaskHandle"]))["queue"] == q.name
-    ]
-    return {"Results": sorted(tasks, key=lambda t: -t["StartedTimestamp"])[:10]}
+    return {"Results": _MOVE_TASKS.recent(q.name)}
 
 
 def unsupported(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
