@@ -17,14 +17,15 @@ import pytest
 from queues import service
 from queues.access import SYSTEM
 from sqs import actions
-from sqs.actions import _MOVE_TASKS as TASKS
+from sqs.context import Context
+from sqs.move_tasks import TASKS
 
 #: what SQS's ListMessageMoveTasks answers at the most for a source queue.
 PER_SOURCE = 10
 #: the source queues whose tasks are remembered at the most (those that ran one last).
 SOURCES = 1000
 
-CTX = actions.Context(caller=SYSTEM, base_url="http://node/sqs", account="000000000000", region="eu-west-1")
+CTX = Context(caller=SYSTEM, base_url="http://node/sqs", account="000000000000", region="eu-west-1")
 
 
 def _arn(name: str) -> str:
