@@ -36,14 +36,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from queues import service
+from queues.models import LIMITS
 
 from . import move_tasks
 from . import service as sqs_service
 from .attributes import (
+    DEDUP_INTERVAL,
     MAX_BATCH,
     MAX_BATCH_BYTES,
     MAX_RECEIVE,
-    MAX_WAIT,
+    MAX_RECEIVE_WAIT,
+    MAX_RESULTS,
     READ_ONLY,
     SETTABLE,
     attributes_of,
@@ -127,7 +130,7 @@ def create_queue(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     if found is not None:
         return found
     if fifo:
-        fields.setdefault("dedup_window", 300)  # SQS's deduplication interval
+        fields.setdefault("dedup_window", DEDUP_INTERVAL)
     with service_errors():
         try:
             q = service.create_queue(caller=ctx.caller, name=target, strict=fifo, **fields)
@@ -149,8 +152,8 @@ def get_queue_url(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
 
 
 def _page(names: list[str], params: dict[str, Any]) -> tuple[list[str], str | None]:
-    """SQS's pagination: MaxResults 1..1000 and an opaque NextToken (the last name answered)."""
-    limit = integer_param(params, "MaxResults", 1, 1000)
+    """SQS's pagination: MaxResults 1..``MAX_RESULTS`` and an opaque NextToken (the last name answered)."""
+    limit = integer_param(params, "MaxResults", 1, MAX_RESULTS)
     token = text_param(params, "NextToken")
     if token:
         try:
@@ -159,7 +162,7 @@ def _page(names: list[str], params: dict[str, Any]) -> tuple[list[str], str | No
             raise invalid("Invalid NextToken value.") from None
         names = [n for n in names if n > after]
     if limit is None:
-        return names[:1000], None
+        return names[:MAX_RESULTS], None
     page = names[:limit]
     more = len(names) > limit
     return page, (base64.urlsafe_b64encode(page[-1].encode()).decode() if more and page else None)
@@ -318,7 +321,7 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
         raise invalid(
             f"One or more parameters are invalid. Reason: Message must be shorter than {q.max_message_size} bytes."
         )
-    delay = integer_param(entry, "DelaySeconds", 0, 15 * 60)
+    delay = integer_param(entry, "DelaySeconds", *LIMITS["delay"])
     group = text_param(entry, "MessageGroupId")
     dedup = text_param(entry, "MessageDeduplicationId")
     for name, value in (("MessageGroupId", group), ("MessageDeduplicationId", dedup)):
@@ -483,8 +486,8 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     q = queue_param(params, ctx)
     settings = settings_of(q)
     max_messages = integer_param(params, "MaxNumberOfMessages", 1, MAX_RECEIVE) or 1
-    visibility = integer_param(params, "VisibilityTimeout", 0, 12 * 3600)
-    wait = integer_param(params, "WaitTimeSeconds", 0, MAX_WAIT)
+    visibility = integer_param(params, "VisibilityTimeout", *LIMITS["visibility_timeout"])
+    wait = integer_param(params, "WaitTimeSeconds", 0, MAX_RECEIVE_WAIT)
     if wait is None:
         wait = settings.receive_wait
     system = set(_names(params, "AttributeNames")) | set(_names(params, "MessageSystemAttributeNames"))
@@ -620,7 +623,7 @@ def delete_message_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]
 
 def _change_visibility(q: Any, ctx: Context, handle: Any, timeout_value: Any) -> None:
     mid, receipt = _parse_handle(handle, q)
-    timeout = integer_param({"VisibilityTimeout": timeout_value}, "VisibilityTimeout", 0, 12 * 3600)
+    timeout = integer_param({"VisibilityTimeout": timeout_value}, "VisibilityTimeout", *LIMITS["visibility_timeout"])
     if timeout is None:
         raise missing("VisibilityTimeout")
     try:

@@ -2,8 +2,10 @@
 bounds, their check (CreateQueue, SetQueueAttributes) and what GetQueueAttributes answers.
 
 VisibilityTimeout, MessageRetentionPeriod, DelaySeconds, MaximumMessageSize and RedrivePolicy
-are the queue's own fields; ReceiveMessageWaitTimeSeconds, ContentBasedDeduplication, tags and
-the attributes with no effect here (``service.OPAQUE``) live in ``models.QueueSettings``.
+are the queue's own fields, bounded by the service's ``LIMITS`` (not restated here);
+ReceiveMessageWaitTimeSeconds, ContentBasedDeduplication, tags and the attributes with no
+effect here (:data:`OPAQUE`) live in ``models.QueueSettings``. The bounds that are SQS's own
+(AWS's, whatever the service allows) are the constants below.
 """
 
 from __future__ import annotations
@@ -12,27 +14,54 @@ import json
 from typing import Any
 
 from queues import service
+from queues.models import LIMITS
 
 from .context import Context, invalid, queue_arn, service_errors, service_name
 from .errors import SQSError
 from .models import QueueSettings
-from .service import OPAQUE
 
-#: SQS's limits.
+# --- SQS's own limits (the service's are its LIMITS) --------------------------------------------
+#: entries of a batch call (SendMessageBatch, DeleteMessageBatch, ChangeMessageVisibilityBatch).
 MAX_BATCH = 10
+#: messages one ReceiveMessage answers.
 MAX_RECEIVE = 10
-MAX_WAIT = 20
+#: a long poll's longest wait: WaitTimeSeconds and ReceiveMessageWaitTimeSeconds.
+MAX_RECEIVE_WAIT = 20
+#: message attributes of one message.
 MAX_MESSAGE_ATTRIBUTES = 10
 #: what a batch's bodies may add up to (SQS: the queue's maximum message size, 256 KiB by default).
 MAX_BATCH_BYTES = 256 * 1024
+#: the smallest MaximumMessageSize (the largest is the service's).
+MIN_MESSAGE_SIZE = 1024
+#: a FIFO queue's deduplication interval, seconds (the queue's ``dedup_window``).
+DEDUP_INTERVAL = 300
+#: the most results of a listing (ListQueues, ListDeadLetterSourceQueues).
+MAX_RESULTS = 1000
+#: a queue's tags: how many, the length of a key (from 1) and of a value.
+MAX_TAGS = 50
+MAX_TAG_KEY = 128
+MAX_TAG_VALUE = 256
 
 #: SQS attribute -> (queue field, lowest, highest): integer attributes stored on the queue row.
 QUEUE_FIELDS = {
-    "VisibilityTimeout": ("visibility_timeout", 0, 12 * 3600),
-    "MessageRetentionPeriod": ("retention", 60, 14 * 24 * 3600),
-    "DelaySeconds": ("delay", 0, 15 * 60),
-    "MaximumMessageSize": ("max_message_size", 1024, 1024 * 1024),
+    "VisibilityTimeout": ("visibility_timeout", *LIMITS["visibility_timeout"]),
+    "MessageRetentionPeriod": ("retention", *LIMITS["retention"]),
+    "DelaySeconds": ("delay", *LIMITS["delay"]),
+    "MaximumMessageSize": ("max_message_size", MIN_MESSAGE_SIZE, LIMITS["max_message_size"][1]),
 }
+#: attributes an SQS client may set that the service keeps as given and answers back
+#: (SetQueueAttributes, GetQueueAttributes); DeduplicationScope is read by SendMessage.
+OPAQUE = frozenset(
+    {
+        "Policy",
+        "KmsMasterKeyId",
+        "KmsDataKeyReusePeriodSeconds",
+        "SqsManagedSseEnabled",
+        "RedriveAllowPolicy",
+        "DeduplicationScope",
+        "FifoThroughputLimit",
+    }
+)
 READ_ONLY = {
     "ApproximateNumberOfMessages",
     "ApproximateNumberOfMessagesNotVisible",
@@ -60,8 +89,9 @@ def _redrive_policy(value: str, ctx: Context) -> tuple[Any, int]:
             "InvalidAttributeValue",
             "RedrivePolicy must be JSON with deadLetterTargetArn and maxReceiveCount",
         ) from None
-    if not isinstance(arn, str) or not 1 <= count <= 1000:
-        raise SQSError("InvalidAttributeValue", "maxReceiveCount must be 1 to 1000")
+    low, high = LIMITS["max_receives"]
+    if not isinstance(arn, str) or not low <= count <= high:
+        raise SQSError("InvalidAttributeValue", f"maxReceiveCount must be {low} to {high}")
     target = arn.rsplit(":", 1)[-1]
     with service_errors():
         try:
@@ -93,7 +123,7 @@ def checked_attributes(attrs: Any, ctx: Context, *, fifo: bool) -> tuple[dict[st
             field, low, high = QUEUE_FIELDS[name]
             fields[field] = _attribute_integer(name, value, low, high)
         elif name == "ReceiveMessageWaitTimeSeconds":
-            extra["receive_wait"] = _attribute_integer(name, value, 0, MAX_WAIT)
+            extra["receive_wait"] = _attribute_integer(name, value, 0, MAX_RECEIVE_WAIT)
         elif name == "RedrivePolicy":
             if value == "":
                 fields["dead_letter_queue"], fields["max_receives"] = None, None
@@ -182,6 +212,8 @@ def checked_tags(value: Any, name: str = "Tags") -> dict[str, str]:
         return {}
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise invalid(f"{name} must map keys to strings")
-    if len(value) > 50 or any(not 1 <= len(k) <= 128 or len(v) > 256 for k, v in value.items()):
-        raise invalid("at most 50 tags, keys of 1 to 128 characters, values of at most 256")
+    if len(value) > MAX_TAGS or any(not 1 <= len(k) <= MAX_TAG_KEY or len(v) > MAX_TAG_VALUE for k, v in value.items()):
+        raise invalid(
+            f"at most {MAX_TAGS} tags, keys of 1 to {MAX_TAG_KEY} characters, values of at most {MAX_TAG_VALUE}"
+        )
     return value
