@@ -19,27 +19,12 @@ from queues import audit, service
 from queues.access import Caller, require
 from queues.models import Queue
 
+from .attributes import MAX_RECEIVE_WAIT, MAX_TAG_KEY, MAX_TAG_VALUE, MAX_TAGS, OPAQUE
 from .models import AccessKey, QueueSettings
 
-#: ReceiveMessageWaitTimeSeconds' ceiling (SQS's).
-MAX_RECEIVE_WAIT = 20
 #: the settings :func:`update_queue_settings` changes (a queue's other SQS attributes are the
 #: queue's own fields: ``service.update_queue``).
 SETTINGS = ("receive_wait", "content_based_dedup", "tags", "opaque")
-
-#: attributes an SQS client may set that the service keeps as given and answers back
-#: (SetQueueAttributes, GetQueueAttributes); DeduplicationScope is read by SendMessage.
-OPAQUE = frozenset(
-    {
-        "Policy",
-        "KmsMasterKeyId",
-        "KmsDataKeyReusePeriodSeconds",
-        "SqsManagedSseEnabled",
-        "RedriveAllowPolicy",
-        "DeduplicationScope",
-        "FifoThroughputLimit",
-    }
-)
 
 
 # --- access keys --------------------------------------------------------------------------------
@@ -102,8 +87,8 @@ def update_queue_settings(
             setattr(s, k, v)
         if remove_tags:
             s.tags = {k: v for k, v in (s.tags or {}).items() if k not in remove_tags}
-        if len(s.tags or {}) > 50:
-            raise service.InvalidRequest("a queue has at most 50 tags", "too_many_tags")
+        if len(s.tags or {}) > MAX_TAGS:
+            raise service.InvalidRequest(f"a queue has at most {MAX_TAGS} tags", "too_many_tags")
         s.save()
         detail = dict(fields)
         if remove_tags:
@@ -137,8 +122,8 @@ def check_queue_settings(q: Queue, *, caller: Caller, **fields: Any) -> None:
         ):
             raise bad(f"{name} maps names to strings")
     tags = fields.get("tags") or {}
-    if any(not 1 <= len(k) <= 128 or len(v) > 256 for k, v in tags.items()):
-        raise bad("tag keys are 1 to 128 characters, values at most 256")
+    if any(not 1 <= len(k) <= MAX_TAG_KEY or len(v) > MAX_TAG_VALUE for k, v in tags.items()):
+        raise bad(f"tag keys are 1 to {MAX_TAG_KEY} characters, values at most {MAX_TAG_VALUE}")
     opaque = fields.get("opaque") or {}
     unknown = sorted(set(opaque) - OPAQUE)
     if unknown:

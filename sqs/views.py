@@ -28,6 +28,7 @@ from queues.api import throttles
 from queues.auth import caller_of
 
 from . import actions, query, sigv4, wire
+from .context import Context
 from .errors import SQSError
 from .models import AccessKey
 
@@ -166,7 +167,7 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
                 action, params = query.decode(_form(request))
             except query.QueryError as exc:
                 raise SQSError(exc.code, exc.message, exc.status, exc.sender_fault) from None
-        ctx = actions.Context(
+        ctx = Context(
             caller=caller_of(key.user),
             base_url=f"{request.scheme}://{request.get_host()}/sqs",
             account=settings.SQS_ACCOUNT_ID,

@@ -12,7 +12,7 @@ from queues.api.errors import BadRequest
 from queues.api.validation import enqueue_request
 from queues.node import QueueConfig
 from sqs import meta
-from sqs.actions import _read_attributes, _stored_attributes
+from sqs.message_attributes import read_attributes, stored_attributes
 
 CFG = QueueConfig(1, "q", 4, 256, 10, 30, 262_144, 86_400)
 ATTRS = {
@@ -25,7 +25,7 @@ META = {"sender": "AIDEXAMPLE", "dedup": "d-1", "trace": "Root=1-abc"}
 
 
 def _stored(queue: str = "orders", body: str = "hello") -> dict:
-    stored = _stored_attributes(ATTRS, dict(META), queue=queue, body=body)
+    stored = stored_attributes(ATTRS, dict(META), queue=queue, body=body)
     assert stored is not None
     return stored
 
@@ -39,13 +39,13 @@ def test_the_metadata_is_one_string_the_rest_validation_takes_as_it_is():
 
 
 def test_what_was_sent_is_read_back():
-    attrs, got = _read_attributes(_stored(), body="hello", queues=("orders",))
+    attrs, got = read_attributes(_stored(), body="hello", queues=("orders",))
     assert attrs == ATTRS
     assert got == {**META, "types": {"n": "Number", "blob": "Binary", "j": "String.json"}}
 
 
 def test_a_dead_letter_keeps_its_sender_sealed_for_the_queue_it_came_from():
-    _, got = _read_attributes(_stored(), body="hello", queues=("orders-dlq", "orders"))
+    _, got = read_attributes(_stored(), body="hello", queues=("orders-dlq", "orders"))
     assert got["sender"] == META["sender"]
 
 
@@ -60,7 +60,7 @@ def test_a_dead_letter_keeps_its_sender_sealed_for_the_queue_it_came_from():
 )
 def test_a_copied_sender_is_not_read(queues, body, change):
     stored = {**_stored(), **change}
-    attrs, got = _read_attributes(stored, body=body, queues=queues)
+    attrs, got = read_attributes(stored, body=body, queues=queues)
     assert "sender" not in got
     # the rest is the producer's own word: kept
     assert got["dedup"] == "d-1" and got["types"]["blob"] == "Binary"
@@ -69,19 +69,19 @@ def test_a_copied_sender_is_not_read(queues, body, change):
 
 def test_a_rest_client_cannot_forge_a_sender():
     forged = json.dumps({"sender": "AIDALICE", "seal": "0" * 32, "types": {"x": "Number"}, "dedup": "mine"})
-    _, got = _read_attributes({meta.KEY: forged, "x": "7"}, body="b", queues=("orders",))
+    _, got = read_attributes({meta.KEY: forged, "x": "7"}, body="b", queues=("orders",))
     assert got == {"types": {"x": "Number"}, "dedup": "mine"}
     # nor edit a sealed one: another sender, or other metadata, breaks the seal
     stored = _stored()
     for edit in ({"sender": "AIDALICE"}, {"dedup": "d-2"}, {"types": {}}):
         text = json.dumps({**json.loads(stored[meta.KEY]), **edit})
-        _, got = _read_attributes({**stored, meta.KEY: text}, body="hello", queues=("orders",))
+        _, got = read_attributes({**stored, meta.KEY: text}, body="hello", queues=("orders",))
         assert "sender" not in got, edit
 
 
 def test_a_lone_surrogate_beside_a_seal_is_no_error():
     stored = {**_stored(), "odd": "\ud800"}
-    _, got = _read_attributes(stored, body="hello", queues=("orders",))
+    _, got = read_attributes(stored, body="hello", queues=("orders",))
     assert "sender" not in got
 
 
@@ -91,7 +91,7 @@ def test_the_nested_form_stored_before_is_read_as_it_was():
         "blob": "AP8=",
         meta.KEY: {"sender": "AIDOLD", "dedup": "d-0", "types": {"blob": "Binary"}, "trace": "t"},
     }
-    attrs, got = _read_attributes(old, body="anything", queues=("anywhere",))
+    attrs, got = read_attributes(old, body="anything", queues=("anywhere",))
     assert attrs == {"kind": ("String", "order"), "blob": ("Binary", b"\x00\xff")}
     assert got == {"sender": "AIDOLD", "dedup": "d-0", "types": {"blob": "Binary"}, "trace": "t"}
 
@@ -110,7 +110,7 @@ def test_the_nested_form_stored_before_is_read_as_it_was():
 )
 def test_a_malformed_metadata_attribute_is_ignored(value):
     stored = {meta.KEY: value, "n": 5, "x": True}
-    attrs, got = _read_attributes(stored, body="b", queues=("orders",))
+    attrs, got = read_attributes(stored, body="b", queues=("orders",))
     # a type given for a value that is no text is ignored too
     assert attrs == {"n": ("Number", "5"), "x": ("String", "true")}
     assert "sender" not in got and "dedup" not in got

@@ -11,7 +11,7 @@ from botocore.auth import SigV4Auth, SigV4QueryAuth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from sqs import actions, sigv4
+from sqs import message_attributes, sigv4
 
 KEY, SECRET = "AKMQTESTKEY000000000", "secret-of-the-test-key"
 
@@ -125,8 +125,8 @@ def test_md5_of_message_attributes_is_sqs_s():
         for part in (name.encode(), dtype.encode()):
             h.update(len(part).to_bytes(4, "big") + part)
         h.update(bytes([tb]) + len(value).to_bytes(4, "big") + value)
-    assert actions.md5_of_attributes(attrs) == h.hexdigest()
-    assert actions.md5_of_body("héllo") == hashlib.md5("héllo".encode()).hexdigest()
+    assert message_attributes.md5_of_attributes(attrs) == h.hexdigest()
+    assert message_attributes.md5_of_body("héllo") == hashlib.md5("héllo".encode()).hexdigest()
 
 
 def _presigned(expires: int) -> sigv4.Request:

@@ -1,0 +1,219 @@
+"""SQS's queue attributes over the service's queue: which attribute is which field, their
+bounds, their check (CreateQueue, SetQueueAttributes) and what GetQueueAttributes answers.
+
+VisibilityTimeout, MessageRetentionPeriod, DelaySeconds, MaximumMessageSize and RedrivePolicy
+are the queue's own fields, bounded by the service's ``LIMITS`` (not restated here);
+ReceiveMessageWaitTimeSeconds, ContentBasedDeduplication, tags and the attributes with no
+effect here (:data:`OPAQUE`) live in ``models.QueueSettings``. The bounds that are SQS's own
+(AWS's, whatever the service allows) are the constants below.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from queues import service
+from queues.models import LIMITS
+
+from .context import Context, invalid, queue_arn, service_errors, service_name
+from .errors import SQSError
+from .models import QueueSettings
+
+# --- SQS's own limits (the service's are its LIMITS) --------------------------------------------
+#: entries of a batch call (SendMessageBatch, DeleteMessageBatch, ChangeMessageVisibilityBatch).
+MAX_BATCH = 10
+#: messages one ReceiveMessage answers.
+MAX_RECEIVE = 10
+#: a long poll's longest wait: WaitTimeSeconds and ReceiveMessageWaitTimeSeconds.
+MAX_RECEIVE_WAIT = 20
+#: message attributes of one message.
+MAX_MESSAGE_ATTRIBUTES = 10
+#: what a batch's bodies may add up to (SQS: the queue's maximum message size, 256 KiB by default).
+MAX_BATCH_BYTES = 256 * 1024
+#: the smallest MaximumMessageSize (the largest is the service's).
+MIN_MESSAGE_SIZE = 1024
+#: a FIFO queue's deduplication interval, seconds (the queue's ``dedup_window``).
+DEDUP_INTERVAL = 300
+#: the most results of a listing (ListQueues, ListDeadLetterSourceQueues).
+MAX_RESULTS = 1000
+#: a queue's tags: how many, the length of a key (from 1) and of a value.
+MAX_TAGS = 50
+MAX_TAG_KEY = 128
+MAX_TAG_VALUE = 256
+
+#: SQS attribute -> (queue field, lowest, highest): integer attributes stored on the queue row.
+QUEUE_FIELDS = {
+    "VisibilityTimeout": ("visibility_timeout", *LIMITS["visibility_timeout"]),
+    "MessageRetentionPeriod": ("retention", *LIMITS["retention"]),
+    "DelaySeconds": ("delay", *LIMITS["delay"]),
+    "MaximumMessageSize": ("max_message_size", MIN_MESSAGE_SIZE, LIMITS["max_message_size"][1]),
+}
+#: attributes an SQS client may set that the service keeps as given and answers back
+#: (SetQueueAttributes, GetQueueAttributes); DeduplicationScope is read by SendMessage.
+OPAQUE = frozenset(
+    {
+        "Policy",
+        "KmsMasterKeyId",
+        "KmsDataKeyReusePeriodSeconds",
+        "SqsManagedSseEnabled",
+        "RedriveAllowPolicy",
+        "DeduplicationScope",
+        "FifoThroughputLimit",
+    }
+)
+READ_ONLY = {
+    "ApproximateNumberOfMessages",
+    "ApproximateNumberOfMessagesNotVisible",
+    "ApproximateNumberOfMessagesDelayed",
+    "CreatedTimestamp",
+    "LastModifiedTimestamp",
+    "QueueArn",
+}
+SETTABLE = set(QUEUE_FIELDS) | OPAQUE | {"ReceiveMessageWaitTimeSeconds", "RedrivePolicy", "ContentBasedDeduplication"}
+
+
+def settings_of(q: Any) -> QueueSettings:
+    """Queue ``q``'s SQS settings (their defaults if it has none stored)."""
+    return QueueSettings.objects.filter(queue_id=q.pk).first() or QueueSettings(queue_id=q.pk)
+
+
+def _redrive_policy(value: str, ctx: Context) -> tuple[Any, int]:
+    """(dead-letter queue row, maxReceiveCount) of a RedrivePolicy."""
+    try:
+        policy = json.loads(value)
+        arn = policy["deadLetterTargetArn"]
+        count = int(policy["maxReceiveCount"])
+    except (ValueError, KeyError, TypeError):
+        raise SQSError(
+            "InvalidAttributeValue",
+            "RedrivePolicy must be JSON with deadLetterTargetArn and maxReceiveCount",
+        ) from None
+    low, high = LIMITS["max_receives"]
+    if not isinstance(arn, str) or not low <= count <= high:
+        raise SQSError("InvalidAttributeValue", f"maxReceiveCount must be {low} to {high}")
+    target = arn.rsplit(":", 1)[-1]
+    with service_errors():
+        try:
+            dlq = service.get_queue(service_name(target), caller=ctx.caller)
+        except service.QueueNotFound:
+            raise SQSError(
+                "InvalidAttributeValue", f"Value {value} for parameter RedrivePolicy is invalid. Reason: no {arn}."
+            ) from None
+    return dlq, count
+
+
+def _attribute_integer(name: str, value: str, low: int, high: int) -> int:
+    if not value.strip().isdigit() or not low <= int(value) <= high:
+        raise SQSError("InvalidAttributeValue", f"Invalid value for the parameter {name}: {low} to {high}.")
+    return int(value)
+
+
+def checked_attributes(attrs: Any, ctx: Context, *, fifo: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(queue fields, QueueSettings fields) of CreateQueue's or SetQueueAttributes' attributes."""
+    if attrs is None:
+        return {}, {}
+    if not isinstance(attrs, dict) or not all(isinstance(v, str) for v in attrs.values()):
+        raise invalid("Attributes must map names to strings")
+    fields: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    opaque: dict[str, str] = {}
+    for name, value in attrs.items():
+        if name in QUEUE_FIELDS:
+            field, low, high = QUEUE_FIELDS[name]
+            fields[field] = _attribute_integer(name, value, low, high)
+        elif name == "ReceiveMessageWaitTimeSeconds":
+            extra["receive_wait"] = _attribute_integer(name, value, 0, MAX_RECEIVE_WAIT)
+        elif name == "RedrivePolicy":
+            if value == "":
+                fields["dead_letter_queue"], fields["max_receives"] = None, None
+            else:
+                dlq, fields["max_receives"] = _redrive_policy(value, ctx)
+                if dlq.strict != fifo:  # SQS: a FIFO queue's dead letters go to a FIFO queue
+                    raise SQSError(
+                        "InvalidParameterValue", "the dead-letter queue's type (FIFO or standard) must match"
+                    )
+                fields["dead_letter_queue"] = dlq
+        elif name == "FifoQueue":
+            if value.lower() not in ("true", "false") or (value.lower() == "true") != fifo:
+                raise SQSError(
+                    "InvalidAttributeValue", "FifoQueue is 'true' exactly for a queue whose name ends in .fifo"
+                )
+        elif name == "ContentBasedDeduplication":
+            if value.lower() not in ("true", "false"):
+                raise SQSError("InvalidAttributeValue", "ContentBasedDeduplication must be true or false")
+            if not fifo and value.lower() == "true":
+                raise SQSError("InvalidAttributeName", "ContentBasedDeduplication is for FIFO queues only")
+            extra["content_based_dedup"] = value.lower() == "true"
+        elif name in OPAQUE:
+            opaque[name] = value
+        elif name in READ_ONLY:
+            raise SQSError("InvalidAttributeName", f"Attribute {name} cannot be set.")
+        else:
+            raise SQSError("InvalidAttributeName", f"Unknown Attribute {name}.")
+    if opaque:
+        extra["opaque"] = opaque
+    return fields, extra
+
+
+def attributes_of(q: Any, s: QueueSettings, ctx: Context) -> dict[str, str]:
+    """Every attribute GetQueueAttributes answers but the message counts."""
+    out = {
+        "QueueArn": queue_arn(ctx, q.name, q.strict),
+        "VisibilityTimeout": str(q.visibility_timeout),
+        "MessageRetentionPeriod": str(q.retention),
+        "DelaySeconds": str(q.delay),
+        "MaximumMessageSize": str(q.max_message_size),
+        "ReceiveMessageWaitTimeSeconds": str(s.receive_wait),
+        "CreatedTimestamp": str(int(q.created_at.timestamp())),
+        "LastModifiedTimestamp": str(
+            int(max(q.updated_at, s.modified_at).timestamp() if s.modified_at else q.updated_at.timestamp())
+        ),
+        "SqsManagedSseEnabled": "false",
+    }
+    if q.dead_letter_queue_id is not None:
+        dlq = q.dead_letter_queue
+        out["RedrivePolicy"] = json.dumps(
+            {"deadLetterTargetArn": queue_arn(ctx, dlq.name, dlq.strict), "maxReceiveCount": q.max_receives},
+            separators=(",", ":"),
+        )
+    if q.strict:
+        out["FifoQueue"] = "true"
+        out["ContentBasedDeduplication"] = "true" if s.content_based_dedup else "false"
+        out["DeduplicationScope"] = "queue"
+        out["FifoThroughputLimit"] = "perQueue"
+    out.update(s.opaque or {})
+    return out
+
+
+def same_attributes(given: dict[str, str], current: dict[str, str]) -> bool:
+    """CreateQueue of an existing queue: are the attributes it gives the queue's?"""
+    for name, value in given.items():
+        have = current.get(name)
+        if name == "RedrivePolicy":
+            try:
+                a, b = json.loads(value), json.loads(have or "{}")
+            except ValueError:
+                return False
+            if a.get("deadLetterTargetArn", "").rsplit(":", 1)[-1] != b.get("deadLetterTargetArn", "").rsplit(":", 1)[
+                -1
+            ] or int(a.get("maxReceiveCount", 0)) != int(b.get("maxReceiveCount", -1)):
+                return False
+        elif name in ("FifoQueue", "ContentBasedDeduplication"):
+            if value.lower() != (have or "false"):
+                return False
+        elif have != value:
+            return False
+    return True
+
+
+def checked_tags(value: Any, name: str = "Tags") -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise invalid(f"{name} must map keys to strings")
+    if len(value) > MAX_TAGS or any(not 1 <= len(k) <= MAX_TAG_KEY or len(v) > MAX_TAG_VALUE for k, v in value.items()):
+        raise invalid(
+            f"at most {MAX_TAGS} tags, keys of 1 to {MAX_TAG_KEY} characters, values of at most {MAX_TAG_VALUE}"
+        )
+    return value

@@ -1,0 +1,149 @@
+"""What every SQS action works with: who calls (:class:`Context`), how queue names, URLs and
+ARNs are spelled, the call's parameters read and checked, and the service's exceptions as
+SQS's errors.
+
+A queue name ``x.fifo`` is the strict queue ``x-fifo`` of the service (its names have no dots);
+the REST API sees that name. A queue URL is ``<base_url>/<account>/<name>``; only its last part
+counts (any host).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import DatabaseError
+
+from queues import service
+from queues.access import Caller, Forbidden
+
+from .errors import SQSError
+
+FIFO_SUFFIX = ".fifo"
+#: the service's name of a FIFO queue ends so (its names have no dots).
+SERVICE_FIFO_SUFFIX = "-fifo"
+
+
+@dataclass(frozen=True)
+class Context:
+    """Who calls, and how queue URLs and ARNs are spelled for them."""
+
+    caller: Caller
+    #: ``http://<host>/sqs``: queue URLs are ``<base_url>/<account>/<name>``.
+    base_url: str
+    account: str
+    region: str
+    #: the caller's SenderId: an opaque ID of its user (never a credential of theirs).
+    sender_id: str = ""
+
+
+# --- names, URLs, ARNs --------------------------------------------------------------------------
+def service_name(sqs_name: str) -> str:
+    if sqs_name.endswith(FIFO_SUFFIX):
+        return sqs_name[: -len(FIFO_SUFFIX)] + SERVICE_FIFO_SUFFIX
+    return sqs_name
+
+
+def sqs_name(name: str, strict: bool) -> str:
+    if strict and name.endswith(SERVICE_FIFO_SUFFIX):
+        return name[: -len(SERVICE_FIFO_SUFFIX)] + FIFO_SUFFIX
+    return name
+
+
+def queue_url(ctx: Context, name: str, strict: bool) -> str:
+    return f"{ctx.base_url}/{ctx.account}/{sqs_name(name, strict)}"
+
+
+def queue_arn(ctx: Context, name: str, strict: bool) -> str:
+    return f"arn:aws:sqs:{ctx.region}:{ctx.account}:{sqs_name(name, strict)}"
+
+
+# --- errors -------------------------------------------------------------------------------------
+def missing(name: str) -> SQSError:
+    return SQSError("MissingParameter", f"The request must contain the parameter {name}.")
+
+
+def invalid(message: str) -> SQSError:
+    return SQSError("InvalidParameterValue", message)
+
+
+def no_queue() -> SQSError:
+    return SQSError("QueueDoesNotExist", "The specified queue does not exist.")
+
+
+@contextmanager
+def service_errors() -> Iterator[None]:
+    """The service's exceptions as SQS's errors (the one place they are mapped)."""
+    try:
+        yield
+    except (service.QueueNotFound, service.SubscriptionNotFound):
+        raise no_queue() from None
+    except Forbidden as exc:
+        raise SQSError("AccessDenied", str(exc)) from None
+    except service.ReceiptMismatch as exc:
+        raise SQSError("ReceiptHandleIsInvalid", f"The receipt handle is not valid now: {exc}") from None
+    except service.InvalidRequest as exc:
+        raise invalid(exc.detail) from None
+    except ValidationError as exc:
+        raise SQSError("InvalidAttributeValue", "; ".join(exc.messages)) from None
+    except service.Conflict as exc:
+        raise SQSError("ServiceUnavailable", f"{exc.detail}; retry", retry_after=1) from None
+    except service.TooManyWaits as exc:
+        # The REST API's 429: SQS's throttling error, which SDKs back off from (never a 500).
+        raise SQSError("RequestThrottled", exc.detail, retry_after=exc.retry_after) from None
+    except (service.PartitionUnavailable, service.KVError, DatabaseError) as exc:
+        raise SQSError("ServiceUnavailable", f"unavailable now, retry: {exc}", retry_after=1) from None
+    except service.RemoteError as exc:
+        detail = str((exc.payload or {}).get("detail", exc.payload))
+        if exc.status == 404:
+            raise no_queue() from None
+        if exc.status == 403:
+            raise SQSError("AccessDenied", detail) from None
+        if exc.status == 409:
+            raise SQSError("ReceiptHandleIsInvalid", detail) from None
+        if exc.status == 429:
+            raise SQSError("RequestThrottled", detail, retry_after=1) from None
+        if exc.status < 500:
+            raise invalid(detail) from None
+        raise SQSError("ServiceUnavailable", detail, retry_after=1) from None
+
+
+# --- parameters ---------------------------------------------------------------------------------
+def text_param(params: dict[str, Any], name: str, *, required: bool = False) -> str | None:
+    value = params.get(name)
+    if value is None:
+        if required:
+            raise missing(name)
+        return None
+    if not isinstance(value, str):
+        raise invalid(f"{name} must be a string")
+    return value
+
+
+def integer_param(params: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    value = params.get(name)
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise invalid(f"Value {value} for parameter {name} is invalid. Reason: must be between {low} and {high}.")
+    return value
+
+
+def queue_param(params: dict[str, Any], ctx: Context) -> Any:
+    """The queue row named by ``QueueUrl`` (any host: only the name counts), if readable."""
+    url = text_param(params, "QueueUrl", required=True)
+    assert url is not None
+    name = url.rstrip("/").rsplit("/", 1)[-1]
+    with service_errors():
+        try:
+            q = service.get_queue(service_name(name), caller=ctx.caller)
+        except service.QueueNotFound:
+            raise no_queue() from None
+    if name.endswith(FIFO_SUFFIX) and not q.strict:
+        raise no_queue()
+    return q
