@@ -40,7 +40,7 @@ from .body_cache import BodyCache
 from .cursor import SubscriptionSpec
 from .kv import KeyValueStore, KVError, get_store
 from .messages import StoredMessage
-from .models import Node, Partition, Queue, Subscription
+from .models import QUEUE_SETTINGS, Node, Partition, Queue, Subscription
 from .partition import PartitionManager, PartitionUnavailable
 from .router import Router
 
@@ -152,22 +152,9 @@ def install_archive(
 QUEUE_COLUMNS = (
     "id",
     "name",
-    "partitions",
-    "block_size",
-    "lease_period",
-    "visibility_timeout",
-    "max_message_size",
-    "retention",
-    "strict",
-    "delay",
-    "dead_letter_queue__name",
-    "max_receives",
-    "dedup_window",
-    "preprocess_estimate",
-    "process_estimate",
-    "archive",
     "kind",
     "created_by_id",
+    *("dead_letter_queue__name" if f == "dead_letter_queue" else f for f in QUEUE_SETTINGS),
 )
 SUBSCRIPTION_COLUMNS = (
     "topic_id",

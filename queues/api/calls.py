@@ -119,7 +119,7 @@ def redrive(name: str, data: Any, hops: int = 0, trusted: bool = False, *, calle
     service.authorize(name, "manage", caller=caller)
     data = validation.object_of(data)
     validation.no_extra(data, {"max"}, "the request")
-    limit = validation.number(data, "max", 1, validation.MAX_DEQUEUE, 100, integer=True)
+    limit = validation.number(data, "max", 1, service.MAX_BATCH, 100, integer=True)
     result = service.redrive(name, limit, caller=caller, hops=hops)
     return 200, {"moved": result.moved, "skipped": result.skipped, "sources": result.sources}
 
@@ -200,7 +200,7 @@ def body_limit(call: str, name: str, *, caller: Caller | None) -> int:
         return min(cap, ACK_BODY)
     if call in ("dequeue", "visibility"):
         return min(cap, SMALL_BODY)
-    batch = validation.MAX_BATCH * (cfg.max_message_size + MESSAGE_ENVELOPE) + SMALL_BODY
+    batch = service.MAX_BATCH * (cfg.max_message_size + MESSAGE_ENVELOPE) + SMALL_BODY
     single = 6 * cfg.max_message_size + SINGLE_ENVELOPE
     return min(cap, max(batch, single))
 

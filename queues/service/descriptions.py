@@ -19,7 +19,7 @@ from django.utils import timezone
 from .. import audit, keys
 from ..access import Caller, Forbidden, require, visible
 from ..dedup import get_dedup
-from ..models import LIMITS, Partition, Queue, Subscription
+from ..models import LIMITS, Partition, Queue, Subscription, partitions_shrink_error
 from ..partition import wait_out_trust
 from .errors import Conflict, InvalidRequest, QueueNotFound, SubscriptionNotFound
 from .peers import get_peers
@@ -148,13 +148,14 @@ def update_queue(q: Queue, *, caller: Caller, **fields: Any) -> Queue:
             for k, v in fields.items():
                 setattr(q, k, v)
             q.full_clean()
-            if q.partitions < old_partitions:
+            shrink = partitions_shrink_error(old_partitions, q.partitions)
+            if shrink:
                 if q.partitions >= seen:
                     raise Conflict(
                         f"{q.name} has {old_partitions} partitions now (grown meanwhile), more than {q.partitions}",
                         "partitions_changed",
                     )
-                raise InvalidRequest("partitions can only grow: existing partitions hold messages", "partitions_shrink")
+                raise InvalidRequest(shrink, "partitions_shrink")
             q.save()
             Partition.objects.bulk_create(
                 [

@@ -13,7 +13,6 @@ index order (:func:`ack`), so two calls never wait on each other in a cycle.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -25,6 +24,7 @@ from django.conf import settings
 from .. import metrics
 from ..access import SYSTEM, Caller, granted_now
 from ..dedup import get_dedup
+from ..isotime import iso
 from ..messages import MessageId, StoredMessage, group_partition, parse_message_id
 from ..models import Queue
 from ..node import QueueConfig
@@ -32,6 +32,7 @@ from ..partition import Delivery, PartitionManager
 from ..router import MAX_HOPS
 from ..signals import given_back, redelivered
 from .errors import InvalidRequest, NotServedHere, PartitionUnavailable, QueueNotFound, RemoteError, TooManyWaits
+from .limits import MAX_BATCH, MAX_WAIT
 from .peers import get_peers
 from .runtime import get_runtime
 from .targets import authorize, queue_config
@@ -40,45 +41,6 @@ from .types import AckResult, MessageDraft
 log = logging.getLogger(__name__)
 
 monotonic = time.monotonic
-
-#: Longest long poll, as SQS.
-MAX_WAIT = 20.0
-#: Most messages one call enqueues, dequeues or acknowledges.
-MAX_BATCH = 1000
-
-
-def iso(ts: float) -> str:
-    """Wall-clock seconds as ISO 8601 in UTC with milliseconds (the API's time format).
-
-    The same text as ``datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")``
-    with ``Z`` (microseconds rounded half to even, then truncated to milliseconds; a unit test
-    pins the two equal), about 4x cheaper: a dequeue formats one per message, and a batch's
-    messages share their second, whose text is kept (py-spy: 9% of a batch cycle's node CPU).
-    The last time formatted is kept too: an enqueue stamps its whole batch with one time, so a
-    dequeue's messages mostly repeat the one before (2.7% of a batch cycle's samples, py-spy).
-    """
-    global _iso_last
-    last = _iso_last
-    if last[0] == ts:
-        return last[1]
-    second = math.floor(ts)
-    micro = round((ts - second) * 1e6)
-    if micro >= 1_000_000:
-        second, micro = second + 1, micro - 1_000_000
-    prefix = _iso_seconds.get(second)
-    if prefix is None:
-        if len(_iso_seconds) > 4096:
-            _iso_seconds.clear()
-        prefix = _iso_seconds[second] = datetime.fromtimestamp(second, tz=UTC).isoformat()[:19]
-    text = f"{prefix}.{micro // 1000:03d}Z"
-    _iso_last = (ts, text)  # one tuple, swapped whole: a racing reader sees a matching pair
-    return text
-
-
-#: second -> its ``YYYY-MM-DDTHH:MM:SS`` (see :func:`iso`; a race only computes one twice).
-_iso_seconds: dict[int, str] = {}
-#: the last ``(time, text)`` :func:`iso` made (NaN equals nothing: none yet).
-_iso_last: tuple[float, str] = (math.nan, "")
 
 
 # --- enqueue ----------------------------------------------------------------------------------
