@@ -453,6 +453,13 @@ def type_schema(tp: Any) -> dict:
     import typing
 
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated:
+        # ``Annotated[T, {...}]``: T's schema with what the dicts add (e.g. ``deprecated``).
+        schema = type_schema(args[0])
+        for extra in args[1:]:
+            if isinstance(extra, dict):
+                schema = {**schema, **extra}
+        return schema
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
         schema = type_schema(inner[0]) if len(inner) == 1 else {"anyOf": [type_schema(a) for a in inner]}

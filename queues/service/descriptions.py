@@ -282,6 +282,8 @@ def partition_owners(queue: str, *, caller: Caller) -> list[PartitionOwner]:
     return [
         {
             "index": p.index,
+            "owner_id": p.owner_id,
+            "owner_address": p.owner.address if p.owner else None,
             "owner": p.owner_id,
             "address": p.owner.address if p.owner else None,
             "epoch": p.epoch,
@@ -426,6 +428,8 @@ def queue_stats(queue: str, *, caller: Caller) -> QueueStats:
         if s is not None:
             entry: PartitionFigures = {
                 "index": p.index,
+                "owner_id": rt.node_id,
+                "owner_address": rt.address,
                 "owner": rt.address,
                 "epoch": s.epoch,
                 "live": True,
@@ -445,6 +449,8 @@ def queue_stats(queue: str, *, caller: Caller) -> QueueStats:
         else:
             entry = {
                 "index": p.index,
+                "owner_id": p.owner_id,
+                "owner_address": p.owner.address if p.owner else None,
                 "owner": p.owner.address if p.owner else None,
                 "epoch": p.epoch,
                 "live": False,
