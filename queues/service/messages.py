@@ -305,9 +305,9 @@ class WaitSlots:
     it returns), so a user past ``LONG_POLL_MAX_PER_USER`` or a node past
     ``LONG_POLL_MAX_PER_NODE`` is answered 429 at once rather than starving acks and enqueues.
 
-    A node of several processes (``NODE_PROCESSES``) counts in each: a process takes at most
-    ``ceil(LONG_POLL_MAX_PER_USER / NODE_PROCESSES)`` of a user's polls, so the user holds at
-    most about its cap over the node; ``LONG_POLL_MAX_PER_NODE`` bounds each process, as it
+    A runnode of several processes (``NODE_PROCESSES`` sibling nodes) counts in each: a process
+    takes at most ``ceil(LONG_POLL_MAX_PER_USER / NODE_PROCESSES)`` of a user's polls, so the
+    user holds at most about its cap over the runnode; ``LONG_POLL_MAX_PER_NODE`` bounds each process, as it
     guards the process's own request threads (``NODE_THREADS`` are per process).
     """
 
