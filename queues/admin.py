@@ -702,17 +702,17 @@ class PartitionAdmin(ByGrant, admin.ModelAdmin):
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ["address", "id", "alive", "held", "cooling", "heartbeat_at", "started_at", "stopped_at", "pid"]
+    list_display = ["address", "id", "alive", "owned", "cooling", "heartbeat_at", "started_at", "stopped_at", "pid"]
     list_filter = ["cooling", ("stopped_at", admin.EmptyFieldListFilter)]
     readonly_fields = [f.name for f in Node._meta.fields]
 
     def get_queryset(self, request):
-        return super().get_queryset(request).annotate(held_count=Count("partitions"))
+        return super().get_queryset(request).annotate(owned_count=Count("partitions"))
 
-    @admin.display(description="partitions held", ordering="held_count")
-    def held(self, obj):
+    @admin.display(description="partitions owned", ordering="owned_count")
+    def owned(self, obj):
         url = reverse("admin:queues_partition_changelist") + f"?owner__id__exact={obj.pk}"
-        return format_html('<a href="{}">{}</a>', url, obj.held_count)
+        return format_html('<a href="{}">{}</a>', url, obj.owned_count)
 
     @admin.display(boolean=True, description="alive")
     def alive(self, obj):
