@@ -26,7 +26,7 @@ from .peers import get_peers
 from .reads import permitted_queues
 from .runtime import current_runtime, get_runtime
 from .targets import authorize, checked_name
-from .types import PartitionFigures, PartitionOwner, QueueStats, SubscriptionPartitionFigures, SubscriptionStats
+from .types import PartitionOwner, PartitionStats, QueueStats, SubscriptionPartitionStats, SubscriptionStats
 
 log = logging.getLogger(__name__)
 
@@ -421,12 +421,12 @@ def queue_stats(queue: str, *, caller: Caller) -> QueueStats:
     rt = get_runtime()
     cfg, _ = authorize(queue, "read", caller=caller)
     local = {m.index: m.stats() for m in rt.local_managers(queue)}
-    parts: list[PartitionFigures] = []
+    parts: list[PartitionStats] = []
     now = time.time()
     for p in Partition.objects.filter(queue_id=cfg.id).select_related("owner").order_by("index"):
         s = local.get(p.index)
         if s is not None:
-            entry: PartitionFigures = {
+            entry: PartitionStats = {
                 "index": p.index,
                 "owner_id": rt.node_id,
                 "owner_address": rt.address,
@@ -491,7 +491,7 @@ def subscription_stats(topic: str, sub: str, *, caller: Caller) -> SubscriptionS
     cfg, _ = authorize(topic, "read", caller=caller)
     local = {m.index: m.stats().cursors.get(sub) for m in rt.local_managers(topic)}
     now = time.time()
-    parts: list[SubscriptionPartitionFigures] = []
+    parts: list[SubscriptionPartitionStats] = []
     for p in Partition.objects.filter(queue_id=cfg.id).order_by("index"):
         figures = local.get(p.index) or (p.cursors or {}).get(sub) or {}
         oldest = figures.get("oldest_enqueued_at")  # held, in flight included

@@ -88,7 +88,7 @@ class PartitionOwner(TypedDict):
     cooling: bool
 
 
-class PartitionFigures(TypedDict):
+class PartitionStats(TypedDict):
     """One partition of a queue's stats: live from its owner here, else as last published."""
 
     index: int
@@ -113,7 +113,7 @@ class PartitionFigures(TypedDict):
     redelivered: int
 
 
-class SubscriptionPartitionFigures(TypedDict):
+class SubscriptionPartitionStats(TypedDict):
     index: int
     live: bool
     held: int
@@ -139,7 +139,7 @@ class SubscriptionStats(TypedDict):
     acked: int
     archived: int
     oldest_age: float | None
-    partitions: list[SubscriptionPartitionFigures]
+    partitions: list[SubscriptionPartitionStats]
 
 
 class QueueStats(TypedDict):
@@ -147,6 +147,6 @@ class QueueStats(TypedDict):
     depth: int
     in_flight: int
     oldest_age: float | None
-    partitions: list[PartitionFigures]
+    partitions: list[PartitionStats]
     #: a topic's, by subscription name.
     subscriptions: NotRequired[dict[str, SubscriptionStats]]
