@@ -42,18 +42,21 @@ def _where_assigned(name: str) -> list[str]:
 
 
 def test_the_dead_letter_rules_are_written_once():
-    assert _where_string("go together") == ["queues/models.py"]
-    assert _where_string("its own dead-letter queue") == ["queues/models.py"]
+    for text in ("go together", "its own dead-letter queue"):
+        where = _where_string(text)
+        assert len(where) == 1, where
 
 
 def test_partitions_only_grow_is_written_once():
-    assert _where_string("partitions can only grow") == ["queues/models.py"]
+    where = _where_string("partitions can only grow")
+    assert len(where) == 1, where
 
 
 def test_the_batch_limits_are_set_once():
-    assert _where_assigned("MAX_BATCH") == ["queues/service/limits.py"]
-    assert _where_assigned("MAX_WAIT") == ["queues/service/limits.py"]
-    assert _where_assigned("MAX_DEQUEUE") == []
+    for name in ("MAX_BATCH", "MAX_WAIT"):
+        where = _where_assigned(name)
+        assert len(where) == 1, (name, where)
+    assert _where_assigned("MAX_DEQUEUE") == []  # a dequeue's limit is MAX_BATCH
 
 
 def test_the_queue_settings_are_listed_once():
@@ -67,7 +70,7 @@ def test_the_queue_settings_are_listed_once():
         return settings <= names
 
     where = sorted(rel for rel, tree in MODULES.items() if any(lists_them(n) for n in ast.walk(tree)))
-    assert where == ["queues/models.py"]
+    assert len(where) == 1, where
 
 
 def test_iso_times_are_formatted_in_one_module():
@@ -84,4 +87,4 @@ def test_iso_times_are_formatted_in_one_module():
         )
 
     where = sorted(rel for rel, tree in MODULES.items() if any(formats(n) for n in ast.walk(tree)))
-    assert where == ["queues/isotime.py"]
+    assert len(where) == 1, where
