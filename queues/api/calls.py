@@ -91,8 +91,10 @@ def publish(name: str, data: Any, hops: int = 0, trusted: bool = False, *, calle
 
 def dequeue(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
     cfg, _ = service.authorize(name, "consume", caller=caller, reading=True)
-    max_messages, visibility, wait = validation.dequeue_request(data)
-    found = service.dequeue(name, caller=caller, max_messages=max_messages, visibility=visibility, wait=wait, hops=hops)
+    max_messages, visibility_timeout, wait = validation.dequeue_request(data)
+    found = service.dequeue(
+        name, caller=caller, max_messages=max_messages, visibility_timeout=visibility_timeout, wait=wait, hops=hops
+    )
     defaults = queue_estimates(cfg)
     return 200, {"messages": [delivery_json(d, cfg, defaults) for d in found]}
 
@@ -110,9 +112,9 @@ def ack(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: C
 
 def visibility(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
     cfg, _ = service.authorize(name, "consume", caller=caller, reading=True)
-    mid, receipt, timeout = validation.visibility_request(data, cfg)
-    service.change_visibility(name, mid, receipt, timeout, caller=caller, hops=hops)
-    return 200, {"id": str(mid), "visibility_timeout": timeout}
+    mid, receipt, visibility_timeout = validation.visibility_request(data, cfg)
+    service.change_visibility(name, mid, receipt, visibility_timeout, caller=caller, hops=hops)
+    return 200, {"id": str(mid), "visibility_timeout": visibility_timeout}
 
 
 def redrive(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:

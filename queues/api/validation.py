@@ -206,9 +206,9 @@ def dequeue_request(data) -> tuple[int, float | None, float]:
     data = object_of(data)
     no_extra(data, {"max", "visibility_timeout", "wait"}, "the request")
     max_messages = number(data, "max", 1, MAX_BATCH, 1, integer=True)
-    visibility = number(data, "visibility_timeout", *LIMITS["visibility_timeout"], None)
+    visibility_timeout = number(data, "visibility_timeout", *LIMITS["visibility_timeout"], None)
     wait = number(data, "wait", 0, MAX_WAIT, 0)
-    return max_messages, visibility, wait
+    return max_messages, visibility_timeout, wait
 
 
 def message_id(value, cfg: QueueConfig, where: str) -> MessageId:
@@ -287,5 +287,5 @@ def visibility_request(data, cfg: QueueConfig) -> tuple[MessageId, str | None, f
     receipt = _receipt(data["receipt"], "receipt") if data.get("receipt") is not None else None
     if data.get("visibility_timeout") is None:
         raise BadRequest("visibility_timeout is required (seconds from now; 0 makes it visible)", "missing_field")
-    timeout = number(data, "visibility_timeout", *LIMITS["visibility_timeout"], None)
-    return mid, receipt, timeout
+    visibility_timeout = number(data, "visibility_timeout", *LIMITS["visibility_timeout"], None)
+    return mid, receipt, visibility_timeout
