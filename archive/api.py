@@ -17,6 +17,7 @@ from queues import service
 from queues.api import validation
 from queues.api.errors import BadRequest
 from queues.auth import request_caller, request_hops
+from queues.isotime import isoformat
 from queues.messages import parse_message_id
 from queues.models import QUEUE_NAME_RE
 
@@ -25,12 +26,6 @@ from .replay import MAX_REPLAY, PartialReplay, readable, replay, require_source,
 
 MAX_PAGE = 1000
 TIMES = "ISO 8601, a time without zone is UTC, or epoch seconds; a time not in years 1 to 9999 once in UTC: 400"
-
-
-def _iso(value: datetime | None) -> str | None:
-    if value is None:
-        return None
-    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _time(value, name: str) -> datetime | None:
@@ -94,11 +89,11 @@ def row_json(r: ArchivedMessage) -> dict:
         "attributes": r.attributes,
         "size": r.size,
         "sequence": r.sequence,
-        "enqueued_at": _iso(r.enqueued_at),
-        "acked_at": _iso(r.acked_at),
-        "archived_at": _iso(r.archived_at),
+        "enqueued_at": isoformat(r.enqueued_at),
+        "acked_at": isoformat(r.acked_at),
+        "archived_at": isoformat(r.archived_at),
         "replay_count": r.replay_count,
-        "last_replayed_at": _iso(r.last_replayed_at),
+        "last_replayed_at": isoformat(r.last_replayed_at),
     }
 
 

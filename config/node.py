@@ -25,7 +25,7 @@ log = logging.getLogger("queues.runnode")
 runtime = NodeRuntime(
     os.environ.get("NODE_ADDRESS") or settings.NODE_ADDRESS or "in-process",
     heartbeat=settings.NODE_HEARTBEAT,
-    # The node's memory budget for bodies is shared by its processes (``runnode --processes``).
+    # The runnode's memory budget for bodies is shared by its sibling nodes (``--processes``).
     cache_bytes=settings.NODE_BODY_CACHE_BYTES // max(1, settings.NODE_PROCESSES),
 )
 service.set_runtime(runtime)
@@ -44,15 +44,15 @@ print(f"node {runtime.node_id} serving on http://{runtime.address}/ (pid {os.get
 # multiprocessing ends its children with os._exit, which skips atexit; Finalize still runs.
 mp_util.Finalize(runtime, runtime.stop, kwargs={"release": True}, exitpriority=10)
 
-# One of several processes of the node (runnode --processes): tell the siblings where this one
-# answers, for the node's /metrics (queues.api.observability).
+# One of several sibling nodes of a runnode (--processes): tell the siblings where this one
+# answers, for the runnode's /metrics (queues.api.observability).
 _siblings = os.environ.get("NODE_SIBLINGS_DIR")
 if _siblings:
     _me = os.path.join(_siblings, str(os.getpid()))
     with open(_me, "w") as f:
         f.write(runtime.address)
     mp_util.Finalize(runtime, os.unlink, args=(_me,), exitpriority=20)
-    # Its share of the node's clients (queues.balance): the kernel's spread of a few long-lived
+    # Its share of the runnode's clients (queues.balance): the kernel's spread of a few long-lived
     # connections is chance.
     if os.environ.get("NODE_PUBLIC_PORT") and settings.NODE_BALANCE_INTERVAL > 0:
         application = Balancer(

@@ -390,8 +390,8 @@ NODE_BODY_CACHE_BYTES = envint("NODE_BODY_CACHE_BYTES", 64 * 1024 * 1024, minimu
 BLOCK_GROWTH = envint("BLOCK_GROWTH", 16, minimum=1)
 #: Request threads of `runnode` (its --threads default), per process: a long poll holds one for up to 20 s.
 NODE_THREADS = envint("NODE_THREADS", 64, minimum=1)
-#: Processes of `runnode` (its --processes default), each a full member of the cluster behind the
-#: node's one port (``queues.serving``). 0 (the default): the machine's cores, but 1 on SQLite (the
+#: Processes of `runnode` (its --processes default), each a node (a full member of the cluster)
+#: behind runnode's one port (``queues.serving``). 0 (the default): the machine's cores, but 1 on SQLite (the
 #: embedded default: SQLite takes one writer at a time, and every process heartbeats, renews and
 #: publishes figures through it; a second process adds lock waits, not throughput). runnode sets
 #: it to the count it serves with for its processes, which divide per-process bounds by it; any

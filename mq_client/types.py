@@ -301,6 +301,10 @@ class PartitionStats:
     acked: int | None = None
     #: messages delivered again in total
     redelivered: int | None = None
+    #: the owner node's ID, or None when nobody holds the lease (None too from older servers)
+    owner_id: str | None = None
+    #: the owner node's address (``host:port``), as ``owner`` (None from older servers)
+    owner_address: str | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PartitionStats:
@@ -341,6 +345,10 @@ class PartitionOwner:
     epoch: int = 0
     #: the owner is over its load and sends enqueues elsewhere
     cooling: bool = False
+    #: the owner node's ID, as ``owner`` (None from older servers)
+    owner_id: str | None = None
+    #: the owner node's ``host:port``, as ``address`` (None from older servers)
+    owner_address: str | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PartitionOwner:

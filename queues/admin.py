@@ -84,42 +84,42 @@ def subscription_partitions(sub: Subscription) -> list[tuple[int, dict]]:
     return parts
 
 
-def subscription_figures(sub: Subscription) -> dict:
+def subscription_stats(sub: Subscription) -> dict:
     """What a subscription holds (not acked yet, in flight included), in flight, acked, and
     of what it holds, how much only the archive has; summed over its partitions (read once per
     object and page: each column of a row asks for it)."""
-    cached = getattr(sub, "_figures", None)
+    cached = getattr(sub, "_stats", None)
     if cached is not None:
         return cached
     total = {"held": 0, "in_flight": 0, "acked": 0, "archived": 0}
     for _, figures in subscription_partitions(sub):
         for k in total:
             total[k] += figures.get(k, 0)
-    sub._figures = total
+    sub._stats = total
     return total
 
 
-class SubscriptionFigures:
-    """Columns of a subscription's figures, for its list and for its topic's page."""
+class SubscriptionStatsColumns:
+    """Columns of a subscription's stats, for its list and for its topic's page."""
 
     @admin.display(description="held (not acked)")
     def held(self, obj):
-        return subscription_figures(obj)["held"]
+        return subscription_stats(obj)["held"]
 
     @admin.display(description="in flight")
     def in_flight(self, obj):
-        return subscription_figures(obj)["in_flight"]
+        return subscription_stats(obj)["in_flight"]
 
     @admin.display(description="acked")
     def acked(self, obj):
-        return subscription_figures(obj)["acked"]
+        return subscription_stats(obj)["acked"]
 
     @admin.display(description="held in the archive")
     def archived(self, obj):
-        return subscription_figures(obj)["archived"]
+        return subscription_stats(obj)["archived"]
 
 
-class SubscriptionInline(SubscriptionFigures, admin.TabularInline):
+class SubscriptionInline(SubscriptionStatsColumns, admin.TabularInline):
     model = Subscription
     fk_name = "topic"
     extra = 0
@@ -170,7 +170,7 @@ class SubscriptionForm(forms.ModelForm):
 
 
 @admin.register(Subscription)
-class SubscriptionAdmin(ByGrant, SubscriptionFigures, admin.ModelAdmin):
+class SubscriptionAdmin(ByGrant, SubscriptionStatsColumns, admin.ModelAdmin):
     form = SubscriptionForm
     grant_queue = "topic"  # the subscriptions of the topics the user may read
     list_display = [
@@ -670,7 +670,7 @@ class PartitionAdmin(ByGrant, admin.ModelAdmin):
     def lease_age(self, obj):
         return _age(obj.lease_acquired_at) if obj.owner_id else "-"
 
-    @admin.display(description="figures from")
+    @admin.display(description="stats from")
     def stats_age(self, obj):
         return _age(obj.stats_at) + " ago" if obj.stats_at else "-"
 
@@ -702,17 +702,17 @@ class PartitionAdmin(ByGrant, admin.ModelAdmin):
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ["address", "id", "alive", "held", "cooling", "heartbeat_at", "started_at", "stopped_at", "pid"]
+    list_display = ["address", "id", "alive", "owned", "cooling", "heartbeat_at", "started_at", "stopped_at", "pid"]
     list_filter = ["cooling", ("stopped_at", admin.EmptyFieldListFilter)]
     readonly_fields = [f.name for f in Node._meta.fields]
 
     def get_queryset(self, request):
-        return super().get_queryset(request).annotate(held_count=Count("partitions"))
+        return super().get_queryset(request).annotate(owned_count=Count("partitions"))
 
-    @admin.display(description="partitions held", ordering="held_count")
-    def held(self, obj):
+    @admin.display(description="partitions owned", ordering="owned_count")
+    def owned(self, obj):
         url = reverse("admin:queues_partition_changelist") + f"?owner__id__exact={obj.pk}"
-        return format_html('<a href="{}">{}</a>', url, obj.held_count)
+        return format_html('<a href="{}">{}</a>', url, obj.owned_count)
 
     @admin.display(boolean=True, description="alive")
     def alive(self, obj):

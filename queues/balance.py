@@ -1,6 +1,7 @@
-"""A node's client connections spread evenly over its processes (``runnode --processes N``).
+"""A runnode's client connections spread evenly over its processes (``runnode --processes N``:
+N sibling nodes behind one port).
 
-Each process listens on the node's port (``SO_REUSEPORT``), the kernel hands each new
+Each process listens on the runnode's port (``SO_REUSEPORT``), the kernel hands each new
 connection to one of them by a hash of its addresses, and a connection stays with the process
 that accepted it. So the spread is chance: four clients on two processes are often split 3:1
 or 4:0. A client of a queue service keeps its connection for hours (a Celery worker, an
@@ -92,7 +93,7 @@ def should_shed(mine: int, siblings: list[int]) -> bool:
 
 
 class Balancer:
-    """The WSGI application ``app`` of one of a node's processes, closing a client connection
+    """The WSGI application ``app`` of one of a runnode's processes, closing a client connection
     on the public ``port`` when :func:`should_shed` says so (checked by :meth:`run`, a thread).
 
     ``folder``: ``NODE_SIBLINGS_DIR``, where each process writes its count (``<pid>.conns``).

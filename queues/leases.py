@@ -235,15 +235,16 @@ def renew_many(
     transaction holds (a queue's delete or a purge, which hold theirs while the store works):
     the others are not held up behind it. The rows a statement did not renew are read at once,
     without waiting for a lock: one no longer ours under the lease's epoch is lost there and
-    then; one still ours was held, and goes through :func:`renew` (which waits for the lock as
-    before) once every statement has run, so that no other group waits behind it.
+    then; one still ours was locked by that other transaction, and goes through :func:`renew`
+    (which waits for the lock as before) once every statement has run, so that no other group
+    waits behind it.
     """
     if lost is None:
         lost = {}
     groups: dict[tuple[Clock, float], list[Lease]] = {}
     for lease, period in due:
         groups.setdefault((lease.clock, lease.period if period is None else float(period)), []).append(lease)
-    held: list[tuple[Lease, float]] = []
+    locked: list[tuple[Lease, float]] = []
     for (clock, period), group in groups.items():
         for i in range(0, len(group), RENEW_BATCH):
             chunk = group[i : i + RENEW_BATCH]
@@ -260,10 +261,10 @@ def renew_many(
                 ours = _still_ours(missed, node_id)
                 for lease in missed:
                     if lease.partition_id in ours:
-                        held.append((lease, period))
+                        locked.append((lease, period))
                     else:
                         _lost(lease, lost, _lost_error(lease))
-    for lease, period in held:
+    for lease, period in locked:
         try:
             renew(lease, node_id, period)
         except LeaseLost as exc:

@@ -52,6 +52,62 @@ DEFAULTS = {
 }
 
 
+#: A queue's settings, in the order its API answers them: what a client may set, the API's
+#: serializers and the queue catalog's description (``queues.node.QUEUE_COLUMNS``) read.
+QUEUE_SETTINGS = (
+    "partitions",
+    "block_size",
+    "lease_period",
+    "visibility_timeout",
+    "max_message_size",
+    "retention",
+    "strict",
+    "dead_letter_queue",
+    "max_receives",
+    "dedup_window",
+    "delay",
+    "preprocess_estimate",
+    "process_estimate",
+    "archive",
+)
+#: The settings of :data:`QUEUE_SETTINGS` a topic has too: its subscriptions carry their own
+#: dead-letter rule, and it has no workers' estimates.
+TOPIC_SETTINGS = tuple(
+    f
+    for f in QUEUE_SETTINGS
+    if f not in {"dead_letter_queue", "max_receives", "preprocess_estimate", "process_estimate"}
+)
+
+DEAD_LETTER_PAIRING = "dead_letter_queue and max_receives go together"
+OWN_DEAD_LETTER_QUEUE = "a queue cannot be its own dead-letter queue"
+PARTITIONS_ONLY_GROW = "partitions can only grow: existing partitions hold messages"
+
+
+def dead_letter_pairing_error(dead_letter_queue: object, max_receives: int | None) -> str | None:
+    """Why a queue's or subscription's dead-letter settings do not pair, or None: a
+    dead-letter queue needs ``max_receives`` (the deliveries before a message moves there), and
+    ``max_receives`` means nothing without one."""
+    if (dead_letter_queue is None) != (max_receives is None):
+        return DEAD_LETTER_PAIRING
+    return None
+
+
+def own_dead_letter_error(queue: object, dead_letter_queue: object) -> str | None:
+    """Why a queue cannot have that dead-letter queue, or None: both given by the same key
+    (their names, or their primary keys), ``dead_letter_queue`` None when it has none."""
+    if dead_letter_queue is not None and dead_letter_queue == queue:
+        return OWN_DEAD_LETTER_QUEUE
+    return None
+
+
+def partitions_shrink_error(current: int, asked: int) -> str | None:
+    """Why a queue of ``current`` partitions cannot have ``asked``, or None: partitions only
+    grow (existing ones hold messages, and a message's ID names its partition)."""
+    if asked < current:
+        return PARTITIONS_ONLY_GROW
+    return None
+
+
 def _bounded(field: str) -> list:
     low, high = LIMITS[field]
     return [MinValueValidator(low), MaxValueValidator(high)]
@@ -186,10 +242,12 @@ class Queue(models.Model):
     def clean(self) -> None:
         from django.core.exceptions import ValidationError
 
-        if self.dead_letter_queue_id is not None and self.dead_letter_queue_id == self.pk:
-            raise ValidationError({"dead_letter_queue": "a queue cannot be its own dead-letter queue"})
-        if (self.dead_letter_queue_id is None) != (self.max_receives is None):
-            raise ValidationError({"max_receives": "dead_letter_queue and max_receives go together"})
+        why = own_dead_letter_error(self.pk, self.dead_letter_queue_id)
+        if why:
+            raise ValidationError({"dead_letter_queue": why})
+        why = dead_letter_pairing_error(self.dead_letter_queue_id, self.max_receives)
+        if why:
+            raise ValidationError({"max_receives": why})
         if self.dead_letter_queue_id is not None and self.dead_letter_queue is not None:
             why = dead_letter_mismatch(self, self.dead_letter_queue)
             if why:

@@ -40,7 +40,7 @@ from .body_cache import BodyCache
 from .cursor import SubscriptionSpec
 from .kv import KeyValueStore, KVError, get_store
 from .messages import StoredMessage
-from .models import Node, Partition, Queue, Subscription
+from .models import QUEUE_SETTINGS, Node, Partition, Queue, Subscription
 from .partition import PartitionManager, PartitionUnavailable
 from .router import Router
 
@@ -151,22 +151,9 @@ def install_archive(
 QUEUE_COLUMNS = (
     "id",
     "name",
-    "partitions",
-    "block_size",
-    "lease_period",
-    "visibility_timeout",
-    "max_message_size",
-    "retention",
-    "strict",
-    "delay",
-    "dead_letter_queue__name",
-    "max_receives",
-    "dedup_window",
-    "preprocess_estimate",
-    "process_estimate",
-    "archive",
     "kind",
     "created_by_id",
+    *("dead_letter_queue__name" if f == "dead_letter_queue" else f for f in QUEUE_SETTINGS),
 )
 SUBSCRIPTION_COLUMNS = (
     "topic_id",
@@ -192,14 +179,14 @@ def _queue_configs(name: str | None = None) -> dict[str, QueueConfig]:
 
 
 #: Partitions' figures written by one statement at most.
-FIGURES_BATCH = 200
+STATS_BATCH = 200
 
 
-def _write_figures(rows: list[tuple[int, int, dict[str, Any]]], node_id: str, at: datetime) -> set[int]:
+def _write_stats(rows: list[tuple[int, int, dict[str, Any]]], node_id: str, at: datetime) -> set[int]:
     """Each ``(partition id, epoch, figures)`` into its row, while this node owns it under that
     epoch; the ids of the rows written.
 
-    One statement for up to :data:`FIGURES_BATCH` rows: ``UPDATE ... FROM`` the rows' values,
+    One statement for up to :data:`STATS_BATCH` rows: ``UPDATE ... FROM`` the rows' values,
     on PostgreSQL one array a column (``unnest``: a short statement, parsed once), on SQLite a
     ``VALUES`` list. The ORM's ``filter(pk=, owner_id=, epoch=).update(**figures)`` builds a
     statement for every row, and even one written out and run a row each costs a busy node's
@@ -215,8 +202,8 @@ def _write_figures(rows: list[tuple[int, int, dict[str, Any]]], node_id: str, at
     postgres = db.vendor == "postgresql"
     written: set[int] = set()
     with db.cursor() as cursor:
-        for i in range(0, len(rows), FIGURES_BATCH):
-            chunk = rows[i : i + FIGURES_BATCH]
+        for i in range(0, len(rows), STATS_BATCH):
+            chunk = rows[i : i + STATS_BATCH]
             table = [
                 [
                     f.get_db_prep_save(v, db)
@@ -228,15 +215,15 @@ def _write_figures(rows: list[tuple[int, int, dict[str, Any]]], node_id: str, at
                 params: list[Any] = [list(column) for column in zip(*table)] + [node_id, node_id]
             else:
                 params = [v for row in table for v in row] + [node_id]
-            cursor.execute(_figures_sql(names, 0 if postgres else len(chunk)), params)
+            cursor.execute(_stats_sql(names, 0 if postgres else len(chunk)), params)
             written.update(row[0] for row in cursor.fetchall())
     return written
 
 
 @functools.lru_cache(maxsize=256)
-def _figures_sql(names: tuple[str, ...], n: int) -> str:
+def _stats_sql(names: tuple[str, ...], n: int) -> str:
     """The statement for figures ``names`` of ``n`` rows (0: PostgreSQL's, of arrays), built
-    once (SQLite's, once per row count: up to :data:`FIGURES_BATCH` of them)."""
+    once (SQLite's, once per row count: up to :data:`STATS_BATCH` of them)."""
     db = connections[DEFAULT_DB_ALIAS]
     fields = [_field("id"), _field("epoch"), *(_field(name) for name in names)]
     qn = db.ops.quote_name
@@ -835,7 +822,7 @@ class NodeRuntime:
             due.append((key, m, figures))
         if not due:
             return
-        written = _write_figures([(m.lease.partition_id, m.lease.epoch, f) for _, m, f in due], self.node_id, now)
+        written = _write_stats([(m.lease.partition_id, m.lease.epoch, f) for _, m, f in due], self.node_id, now)
         for key, m, figures in due:
             if m.lease.partition_id in written:  # (a row skipped, or no longer ours: due at the next pass)
                 self._published[key] = (mono, m, figures)

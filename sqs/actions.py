@@ -502,7 +502,7 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
             q.name,
             caller=ctx.caller,
             max_messages=max_messages,
-            visibility=float(visibility) if visibility is not None else None,
+            visibility_timeout=float(visibility) if visibility is not None else None,
             wait=float(wait),
         )
     now_ms = str(int(time.time() * 1000))

@@ -22,7 +22,7 @@ class ConsumerAdmin(admin.ModelAdmin):
         "alive",
         "load",
         "capacity",
-        "held_count",
+        "in_flight_count",
         "asleep",
         "attempts_link",
     ]
@@ -31,7 +31,7 @@ class ConsumerAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         """A user's own workers, and those that consume only queues it may read (a worker's
-        page names every queue it consumes and every message it holds); all to a superuser."""
+        page names every queue it consumes and every message it has in flight); all to a superuser."""
         rows = super().get_queryset(request)
         caller = request_caller(request)
         if caller.unrestricted:
@@ -49,8 +49,8 @@ class ConsumerAdmin(admin.ModelAdmin):
     def alive(self, obj):
         return (timezone.now() - obj.last_heartbeat).total_seconds() < 30
 
-    @admin.display(description="held")
-    def held_count(self, obj):
+    @admin.display(description="in flight")
+    def in_flight_count(self, obj):
         return len(obj.held)
 
     @admin.display(boolean=True)

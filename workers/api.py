@@ -184,7 +184,7 @@ class HeartbeatView(APIView):
             queues=tuple(data.get("queues", [])),
             load=data.get("load", 0.0),
             capacity=data.get("capacity", 1),
-            held=tuple(services.Held(h["id"], h["receipt"], h.get("queue")) for h in data.get("held", [])),
+            in_flight=tuple(services.InFlight(h["id"], h["receipt"], h.get("queue")) for h in data.get("held", [])),
         )
         try:
             instructions = services.heartbeat(beat, caller=request_caller(request.user))

@@ -25,8 +25,10 @@ import uuid
 from collections.abc import Mapping
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
+
+from queues.isotime import isoformat
 
 from .handlers import Handler
 
@@ -36,15 +38,14 @@ _UNSET = object()
 
 
 def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
+    """An attempt's time, to the microsecond the clock gave."""
+    return isoformat(ts, "microseconds")
 
 
 def _iso_of(value: Any) -> str | None:
     """A message's ``enqueued_at`` as ISO 8601: the SDK gives a datetime, fakes may give text."""
     if isinstance(value, datetime):
-        return value.isoformat().replace("+00:00", "Z")
+        return isoformat(value, "microseconds")
     return value if isinstance(value, str) and value else None
 
 

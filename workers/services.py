@@ -35,8 +35,8 @@ MAX_RECORDS = 1000
 CONSUMER_ALIVE = timedelta(seconds=30)
 #: How long an idle worker is told to sleep while others cover its queues.
 SLEEP_SECONDS = 5
-#: The holder of a message the service logs is looked for among consumers heard from this recently.
-HOLDER_HEARD = timedelta(hours=1)
+#: The consumer of a message the service logs is looked for among consumers heard from this recently.
+CONSUMER_HEARD = timedelta(hours=1)
 #: The error text of an attempt the service logs for a worker that did not report it.
 ABANDONED_ERROR = "visibility timeout ran out without an ack"
 GIVEN_BACK_ERROR = "given back (visibility 0) without a report"
@@ -51,7 +51,7 @@ class LimitOutOfRange(ValueError):
 
 
 class TooManyHeld(ValueError):
-    """A heartbeat lists more held messages than ``WORKER_MAX_HELD`` (nothing recorded)."""
+    """A heartbeat lists more messages in flight than ``WORKER_MAX_HELD`` (nothing recorded)."""
 
 
 class TooManyConsumers(Exception):
@@ -168,12 +168,12 @@ def list_attempts(
     return list(rows[:limit])
 
 
-def _holders(message_ids: Sequence[str]) -> dict[str, str]:
-    """Message ID -> the consumer that said in its latest heartbeat that it holds it, for
+def _consumers_of(message_ids: Sequence[str]) -> dict[str, str]:
+    """Message ID -> the consumer that listed it in flight in its latest heartbeat, for
     ``message_ids`` only: one indexed read (it loaded every consumer's list before, on every
     dequeue with a redelivery)."""
     rows = HeldMessage.objects.filter(
-        message_id__in=list(message_ids), consumer__last_heartbeat__gte=timezone.now() - HOLDER_HEARD
+        message_id__in=list(message_ids), consumer__last_heartbeat__gte=timezone.now() - CONSUMER_HEARD
     ).values_list("message_id", "consumer_id")
     return dict(rows)
 
@@ -194,7 +194,7 @@ def record_redeliveries(deliveries: Iterable[Delivery]) -> int:
     if not again:
         return 0
     reported = set(AttemptLog.objects.filter(message_id__in=[d.id for d in again]).values_list("message_id", "attempt"))
-    holders = _holders([d.id for d in again])
+    consumers = _consumers_of([d.id for d in again])
     current = service.current_queue_ids({parse_message_id(d.id).queue for d in again})
     rows = []
     for d in again:
@@ -208,7 +208,7 @@ def record_redeliveries(deliveries: Iterable[Delivery]) -> int:
                 incarnation=current.get(mid.queue),
                 partition=mid.partition,
                 group=(d.message.group if d.message is not None else None) or "",
-                worker_id=holders.get(d.id),
+                worker_id=consumers.get(d.id),
                 attempt=d.receive_count - 1,
                 outcome=AttemptLog.Outcome.ABANDONED,
                 error=ABANDONED_ERROR,
@@ -249,7 +249,7 @@ def record_given_back(message_id: str, attempt: int) -> bool:
         queue=mid.queue,
         incarnation=service.current_queue_ids([mid.queue]).get(mid.queue),
         partition=mid.partition,
-        worker_id=_holders([message_id]).get(message_id),
+        worker_id=_consumers_of([message_id]).get(message_id),
         attempt=attempt,
         outcome=AttemptLog.Outcome.GIVEN_BACK,
         error=GIVEN_BACK_ERROR,
@@ -258,12 +258,12 @@ def record_given_back(message_id: str, attempt: int) -> bool:
     return True
 
 
-def expire_attempt_logs(retention: timedelta, *, now: datetime | None = None) -> int:
-    """Delete the attempt records older than ``retention``; returns how many.
+def trim_attempt_logs(keep: timedelta, *, now: datetime | None = None) -> int:
+    """Delete the attempt records older than ``keep``; returns how many.
 
     One DELETE statement, no lock (records are never updated). Raises nothing of its own.
     """
-    cutoff = (now or timezone.now()) - retention
+    cutoff = (now or timezone.now()) - keep
     deleted, _ = AttemptLog.objects.filter(recorded_at__lt=cutoff).delete()
     return deleted
 
@@ -272,8 +272,8 @@ def expire_attempt_logs(retention: timedelta, *, now: datetime | None = None) ->
 
 
 @dataclass(frozen=True, slots=True)
-class Held:
-    """A message a consumer holds (pre-processing or processing)."""
+class InFlight:
+    """A message in flight at a consumer (pre-processing or processing), as its heartbeat lists it."""
 
     id: str
     receipt: str
@@ -295,7 +295,8 @@ class Heartbeat:
     #: busy share of its capacity, 0..1.
     load: float = 0.0
     capacity: int = 1
-    held: tuple[Held, ...] = ()
+    #: its messages in flight (the heartbeat's ``held``).
+    in_flight: tuple[InFlight, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,17 +318,17 @@ class Instructions:
     #: seconds to sleep (0 unless told to sleep).
     sleep: int
     take: list[Take] = field(default_factory=list)
-    #: held messages whose visibility was pushed out.
+    #: messages in flight whose visibility was pushed out.
     extended: list[str] = field(default_factory=list)
-    #: held messages no longer the consumer's (redelivered, or their queue is gone): do not ack.
+    #: messages in flight no longer the consumer's (redelivered, or their queue is gone): do not ack.
     lost: list[str] = field(default_factory=list)
 
 
 def heartbeat(beat: Heartbeat, *, caller: Caller, now: datetime | None = None) -> Instructions:
-    """A consumer is alive: extend what it holds, record it, and say what it should do next.
+    """A consumer is alive: extend its messages in flight, record it, and say what it should do next.
 
-    Every held message's visibility is pushed out by its queue's timeout at the partition's
-    owner (:func:`extend_held`); then the consumer is told to sleep (idle while others cover its
+    Every message in flight's visibility is pushed out by its queue's timeout at the partition's
+    owner (:func:`extend_in_flight`); then the consumer is told to sleep (idle while others cover its
     queues), to take some partitions first (the queues' non-empty partitions spread over their
     live consumers), or to continue. The consumer's row is upserted last.
 
@@ -336,19 +337,19 @@ def heartbeat(beat: Heartbeat, *, caller: Caller, now: datetime | None = None) -
     and sleep are advice (anyone may still dequeue from anywhere), so a stale read costs at
     most one beat of imbalance; two beats of one consumer racing leave the later row.
 
-    Held messages are extended as ``caller`` (the worker's user: ``consume`` on their queues;
+    Messages in flight are extended as ``caller`` (the worker's user: ``consume`` on their queues;
     one it may not consume is lost to it).
 
-    Raises nothing of its own: a held message that cannot be extended now is left for the
+    Raises nothing of its own: a message in flight that cannot be extended now is left for the
     next beat (database errors pass through).
     """
     now = now or timezone.now()
     _check_bounds(beat, caller, now)
-    extended, lost = extend_held(beat.held, caller=caller)
+    extended, lost = extend_in_flight(beat.in_flight, caller=caller)
     # Depths and owners only of the queues the worker's user may read.
     readable = service.readable_names(caller)
     queues = tuple(q for q in beat.queues if readable is None or q.partition("/")[0] in readable)
-    instruction, sleep = _decide(beat.consumer, queues, bool(beat.held), now)
+    instruction, sleep = _decide(beat.consumer, queues, bool(beat.in_flight), now)
     take = _assign(beat.consumer, queues, now) if instruction == "continue" else []
     if take:
         instruction = "take"
@@ -362,25 +363,27 @@ def heartbeat(beat: Heartbeat, *, caller: Caller, now: datetime | None = None) -
                 "queues": list(beat.queues),
                 "load": beat.load,
                 "capacity": beat.capacity,
-                "held": [h.id for h in beat.held],
+                "held": [m.id for m in beat.in_flight],
                 "last_heartbeat": now,
                 "asleep_until": now + timedelta(seconds=sleep) if sleep else None,
                 "user_id": caller.user_id,
             },
         )
         HeldMessage.objects.filter(consumer=consumer).delete()
-        HeldMessage.objects.bulk_create(HeldMessage(consumer=consumer, message_id=h.id) for h in beat.held)
+        HeldMessage.objects.bulk_create(HeldMessage(consumer=consumer, message_id=m.id) for m in beat.in_flight)
     return Instructions(instruction, sleep, take, extended, lost)
 
 
 def _check_bounds(beat: Heartbeat, caller: Caller, now: datetime) -> None:
     """A heartbeat's bounds (issue 14: rows under any ID, never deleted, 1,000 held IDs each):
-    at most ``WORKER_MAX_HELD`` held messages; a consumer ID taken by another user is not
+    at most ``WORKER_MAX_HELD`` messages in flight; a consumer ID taken by another user is not
     overwritten (``Conflict``); a user's new consumer past ``WORKER_MAX_CONSUMERS_PER_USER``
     live ones is refused (:class:`TooManyConsumers`). Reads only, no lock: two new consumers
     racing may pass the count together, by one each (a bound, not an exact quota)."""
-    if len(beat.held) > settings.WORKER_MAX_HELD:
-        raise TooManyHeld(f"a heartbeat lists at most {settings.WORKER_MAX_HELD} held messages, got {len(beat.held)}")
+    if len(beat.in_flight) > settings.WORKER_MAX_HELD:
+        raise TooManyHeld(
+            f"a heartbeat lists at most {settings.WORKER_MAX_HELD} held messages, got {len(beat.in_flight)}"
+        )
     if caller.user_id is None:
         return  # the service itself
     owner = Consumer.objects.filter(pk=beat.consumer).values_list("user_id", flat=True).first()
@@ -398,30 +401,30 @@ def _check_bounds(beat: Heartbeat, caller: Caller, now: datetime) -> None:
             )
 
 
-def expire_consumers(*, now: datetime | None = None) -> int:
-    """Delete the consumers not heard from in ``CONSUMER_RETENTION`` seconds (and what they
-    held); returns how many. One DELETE, no lock: a consumer that beats again is recreated."""
+def forget_silent_consumers(*, now: datetime | None = None) -> int:
+    """Delete the consumers not heard from in ``CONSUMER_RETENTION`` seconds (and their
+    messages in flight); returns how many. One DELETE, no lock: a consumer that beats again is recreated."""
     cutoff = (now or timezone.now()) - timedelta(seconds=settings.CONSUMER_RETENTION)
     deleted, per_model = Consumer.objects.filter(last_heartbeat__lt=cutoff).delete()
     return per_model.get(Consumer._meta.label, 0)
 
 
-def extend_held(held: Sequence[Held], *, caller: Caller) -> tuple[list[str], list[str]]:
-    """Push each held message's visibility out by its queue's timeout, at its owner:
+def extend_in_flight(in_flight: Sequence[InFlight], *, caller: Caller) -> tuple[list[str], list[str]]:
+    """Push each message in flight's visibility out by its queue's timeout, at its owner:
     ``(extended, lost)`` IDs.
 
-    A message is lost to its holder when its receipt is no longer current (redelivered to
+    A message is lost to its consumer when its receipt is no longer current (redelivered to
     someone else), when it does not belong to what it was dequeued from, or when that queue
     or subscription is gone: the worker should abandon it rather than ack a message another
-    worker holds. A message whose owner cannot be reached now is in neither list (the next
+    worker has in flight. A message whose owner cannot be reached now is in neither list (the next
     beat tries again). No database lock; one read per queue; a call to the owner per message.
     """
     extended: list[str] = []
     lost: list[str] = []
     queues: dict[str, tuple[int, int] | None] = {}
-    for h in held:
+    for h in in_flight:
         mid = parse_message_id(h.id)
-        # A topic's message is held through a subscription ("topic/subscription").
+        # A topic's message is read through a subscription ("topic/subscription").
         target = h.target or (mid.queue if mid is not None else "")
         if mid is None or target.partition("/")[0] != mid.queue:
             lost.append(h.id)
@@ -449,11 +452,11 @@ def extend_held(held: Sequence[Held], *, caller: Caller) -> tuple[list[str], lis
 
 
 def _decide(
-    consumer: str, queues: Sequence[str], holds: bool, now: datetime
+    consumer: str, queues: Sequence[str], busy: bool, now: datetime
 ) -> tuple[Literal["continue", "sleep"], int]:
-    """Sleep when this worker holds nothing, its queues are empty, and other live workers
+    """Sleep when this worker has nothing in flight, its queues are empty, and other live workers
     consume them (the seed's consumer sleep): fewer idle polls against the nodes."""
-    if holds or not queues:
+    if busy or not queues:
         return "continue", 0
     # A subscription ("topic/name") counts its topic's depth: an upper bound of its own.
     names = {q.partition("/")[0] for q in queues}

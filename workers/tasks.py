@@ -10,13 +10,15 @@ from django.conf import settings
 from . import services
 
 
+# "Expire" is the queues' retention rule applied; these trim the workers' own records. The
+# registered task names stay as they are: beat schedules and queued tasks name them.
 @shared_task(name="workers.expire_attempt_logs", ignore_result=True)
-def expire_attempt_logs() -> int:
-    """Apply the attempt log's retention (ATTEMPT_LOG_RETENTION_DAYS); returns how many expired."""
-    return services.expire_attempt_logs(timedelta(days=settings.ATTEMPT_LOG_RETENTION_DAYS))
+def trim_attempt_logs() -> int:
+    """Delete attempt records older than ATTEMPT_LOG_RETENTION_DAYS; returns how many."""
+    return services.trim_attempt_logs(timedelta(days=settings.ATTEMPT_LOG_RETENTION_DAYS))
 
 
 @shared_task(name="workers.expire_consumers", ignore_result=True)
-def expire_consumers() -> int:
+def forget_silent_consumers() -> int:
     """Delete the consumers not heard from in CONSUMER_RETENTION seconds; returns how many."""
-    return services.expire_consumers()
+    return services.forget_silent_consumers()

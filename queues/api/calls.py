@@ -91,8 +91,10 @@ def publish(name: str, data: Any, hops: int = 0, trusted: bool = False, *, calle
 
 def dequeue(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
     cfg, _ = service.authorize(name, "consume", caller=caller, reading=True)
-    max_messages, visibility, wait = validation.dequeue_request(data)
-    found = service.dequeue(name, caller=caller, max_messages=max_messages, visibility=visibility, wait=wait, hops=hops)
+    max_messages, visibility_timeout, wait = validation.dequeue_request(data)
+    found = service.dequeue(
+        name, caller=caller, max_messages=max_messages, visibility_timeout=visibility_timeout, wait=wait, hops=hops
+    )
     defaults = queue_estimates(cfg)
     return 200, {"messages": [delivery_json(d, cfg, defaults) for d in found]}
 
@@ -110,16 +112,16 @@ def ack(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: C
 
 def visibility(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
     cfg, _ = service.authorize(name, "consume", caller=caller, reading=True)
-    mid, receipt, timeout = validation.visibility_request(data, cfg)
-    service.change_visibility(name, mid, receipt, timeout, caller=caller, hops=hops)
-    return 200, {"id": str(mid), "visibility_timeout": timeout}
+    mid, receipt, visibility_timeout = validation.visibility_request(data, cfg)
+    service.change_visibility(name, mid, receipt, visibility_timeout, caller=caller, hops=hops)
+    return 200, {"id": str(mid), "visibility_timeout": visibility_timeout}
 
 
 def redrive(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
     service.authorize(name, "manage", caller=caller)
     data = validation.object_of(data)
     validation.no_extra(data, {"max"}, "the request")
-    limit = validation.number(data, "max", 1, validation.MAX_DEQUEUE, 100, integer=True)
+    limit = validation.number(data, "max", 1, service.MAX_BATCH, 100, integer=True)
     result = service.redrive(name, limit, caller=caller, hops=hops)
     return 200, {"moved": result.moved, "skipped": result.skipped, "sources": result.sources}
 
@@ -200,7 +202,7 @@ def body_limit(call: str, name: str, *, caller: Caller | None) -> int:
         return min(cap, ACK_BODY)
     if call in ("dequeue", "visibility"):
         return min(cap, SMALL_BODY)
-    batch = validation.MAX_BATCH * (cfg.max_message_size + MESSAGE_ENVELOPE) + SMALL_BODY
+    batch = service.MAX_BATCH * (cfg.max_message_size + MESSAGE_ENVELOPE) + SMALL_BODY
     single = 6 * cfg.max_message_size + SINGLE_ENVELOPE
     return min(cap, max(batch, single))
 

@@ -7,13 +7,13 @@ included, is refused with 403. The address is the connection's (``REMOTE_ADDR``)
 ``X-Forwarded-For`` is not believed.
 
 With ``PROMETHEUS_MULTIPROC_DIR`` set, the counters and histograms of every process of the
-node are added up from that folder (``prometheus_client``'s multiprocess mode). The figures
-read at scrape time (``queues.service.figures``) live in each process's partition managers:
-on a node of several processes (``runnode --processes``) the process that answers asks its
-siblings for theirs (``/metrics?scope=process`` at each one's address, a signed call; the
+runnode are added up from that folder (``prometheus_client``'s multiprocess mode). The figures
+read at scrape time (``queues.service.figures``) live in each node's partition managers: on a
+runnode of several processes (``runnode --processes``: sibling nodes behind one port) the node
+that answers asks its siblings for theirs (``/metrics?scope=process`` at each one's address, a signed call; the
 siblings are listed in ``NODE_SIBLINGS_DIR``) and adds them to its own
 (:func:`merge_figures`: sums, the oldest age and cooling by the largest), so one scrape is the
-node's. A sibling that does not answer in time is left out, and ``mq_node_processes_missing``
+runnode's. A sibling that does not answer in time is left out, and ``mq_node_processes_missing``
 says how many were.
 
 ``readyz`` needs no token and says only which checks fail (no addresses, no errors).
@@ -47,7 +47,7 @@ READY_RETRY_AFTER = 5
 _NODE = CollectorRegistry(auto_describe=False)
 _NODE.register(NodeCollector())
 
-#: Figures of a node's processes combined by the largest value, not the sum.
+#: Figures of a runnode's sibling nodes combined by the largest value, not the sum.
 MAX_FIGURES = frozenset({"mq_queue_oldest_age_seconds", "mq_subscription_oldest_age_seconds", "mq_node_cooling"})
 #: Seconds a sibling may take to give its figures.
 SIBLING_TIMEOUT = 2.0
@@ -55,7 +55,7 @@ _http = urllib3.PoolManager(num_pools=8, maxsize=4, retries=False)
 
 
 def siblings() -> list[str]:
-    """The addresses of this node's other processes (``NODE_SIBLINGS_DIR``: one file per
+    """The addresses of this node's siblings in its runnode (``NODE_SIBLINGS_DIR``: one file per
     process, named by its pid, holding its address; a file of a dead pid is skipped)."""
     folder = os.environ.get("NODE_SIBLINGS_DIR")
     if not folder:

@@ -249,11 +249,11 @@ class HttpPeers:
         self.call(address, queue, "enqueue", payload, hops, caller)
 
     def dequeue(
-        self, address: str, target: str, max_messages: int, visibility: float | None, hops: int, caller: Caller
+        self, address: str, target: str, max_messages: int, visibility_timeout: float | None, hops: int, caller: Caller
     ) -> list[Delivery]:
         payload: dict[str, Any] = {"max": max_messages, "wait": 0}
-        if visibility is not None:
-            payload["visibility_timeout"] = visibility
+        if visibility_timeout is not None:
+            payload["visibility_timeout"] = visibility_timeout
         body = self.call(address, target, "dequeue", payload, hops, caller)
         return [delivery_of(item) for item in body.get("messages", ())]
 
@@ -271,9 +271,16 @@ class HttpPeers:
         self.call(address, target, "ack", payload, hops, caller)
 
     def change_visibility(
-        self, address: str, target: str, mid: MessageId, receipt: str | None, timeout: float, hops: int, caller: Caller
+        self,
+        address: str,
+        target: str,
+        mid: MessageId,
+        receipt: str | None,
+        visibility_timeout: float,
+        hops: int,
+        caller: Caller,
     ) -> None:
-        payload = {"id": str(mid), "receipt": receipt, "visibility_timeout": timeout}
+        payload = {"id": str(mid), "receipt": receipt, "visibility_timeout": visibility_timeout}
         self.call(address, target, "visibility", payload, hops, caller)
 
     def release_partition(self, address: str, queue: str, index: int, hops: int, caller: Caller) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..messages import _MESSAGE_ID
 from ..models import LIMITS, QUEUE_NAME
+from ..service.limits import MAX_BATCH, MAX_WAIT
 from . import validation
 
 #: A name, whole (ECMA "$" is the end of the string; the service matches with "\\Z").
@@ -126,30 +127,30 @@ ENQUEUE = {
                 "messages": {
                     "type": "array",
                     "minItems": 1,
-                    "maxItems": validation.MAX_BATCH,
+                    "maxItems": MAX_BATCH,
                     "items": {"$ref": "#/components/schemas/MessageIn"},
                 }
             },
             ["messages"],
-            description=f"a batch of 1 to {validation.MAX_BATCH} messages, stored in order",
+            description=f"a batch of 1 to {MAX_BATCH} messages, stored in order",
         ),
     ]
 }
 
 DEQUEUE = _closed(
     {
-        "max": _range(1, validation.MAX_DEQUEUE, integer=True, description="at most this many messages (default 1)"),
+        "max": _range(1, MAX_BATCH, integer=True, description="at most this many messages (default 1)"),
         "visibility_timeout": _range(
             *LIMITS["visibility_timeout"], description="seconds each stays hidden (default: the queue's)"
         ),
-        "wait": _range(0, validation.MAX_WAIT, description="long poll: seconds to wait for a first message"),
+        "wait": _range(0, MAX_WAIT, description="long poll: seconds to wait for a first message"),
     }
 )
 
 ACK = {
     "oneOf": [
         _closed(
-            {"ids": {"type": "array", "minItems": 1, "maxItems": validation.MAX_BATCH, "items": MESSAGE_ID}},
+            {"ids": {"type": "array", "minItems": 1, "maxItems": MAX_BATCH, "items": MESSAGE_ID}},
             ["ids"],
             description="message IDs (not on strict queues)",
         ),
@@ -158,7 +159,7 @@ ACK = {
                 "messages": {
                     "type": "array",
                     "minItems": 1,
-                    "maxItems": validation.MAX_BATCH,
+                    "maxItems": MAX_BATCH,
                     "items": _closed({"id": MESSAGE_ID, "receipt": RECEIPT}, ["id"]),
                 }
             },
@@ -179,7 +180,7 @@ VISIBILITY = _closed(
     ["id", "visibility_timeout"],
 )
 
-REDRIVE = _closed({"max": _range(1, validation.MAX_DEQUEUE, integer=True, description="default 100")})
+REDRIVE = _closed({"max": _range(1, MAX_BATCH, integer=True, description="default 100")})
 EXPIRE = _closed({"older_than": _range(0, LIMITS["retention"][1], description="seconds (default: the retention)")})
 PURGE = _closed({})
 
@@ -452,6 +453,13 @@ def type_schema(tp: Any) -> dict:
     import typing
 
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated:
+        # ``Annotated[T, {...}]``: T's schema with what the dicts add (e.g. ``deprecated``).
+        schema = type_schema(args[0])
+        for extra in args[1:]:
+            if isinstance(extra, dict):
+                schema = {**schema, **extra}
+        return schema
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
         schema = type_schema(inner[0]) if len(inner) == 1 else {"anyOf": [type_schema(a) for a in inner]}

@@ -9,7 +9,16 @@ from __future__ import annotations
 from django.core.validators import RegexValidator
 from rest_framework import serializers
 
-from ..models import QUEUE_NAME_RE, Queue
+from ..models import (
+    LIMITS,
+    QUEUE_NAME_RE,
+    QUEUE_SETTINGS,
+    Queue,
+    dead_letter_pairing_error,
+    own_dead_letter_error,
+    partitions_shrink_error,
+)
+from ..service.limits import MAX_BATCH, MAX_WAIT
 
 NAME_RULE = "letters, digits, '_' and '-', at most 80"
 
@@ -105,25 +114,7 @@ class QueueSerializer(StrictSerializer, serializers.ModelSerializer):
 
     class Meta:
         model = Queue
-        fields = [
-            "name",
-            "partitions",
-            "block_size",
-            "lease_period",
-            "visibility_timeout",
-            "max_message_size",
-            "retention",
-            "strict",
-            "dead_letter_queue",
-            "max_receives",
-            "dedup_window",
-            "delay",
-            "preprocess_estimate",
-            "process_estimate",
-            "archive",
-            "created_at",
-            "updated_at",
-        ]
+        fields = ["name", *QUEUE_SETTINGS, "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
         # No uniqueness check here: a taken name is a conflict (409 already_exists), found by
         # the database itself so that two concurrent creates cannot both pass it.
@@ -136,26 +127,30 @@ class QueueSerializer(StrictSerializer, serializers.ModelSerializer):
             return getattr(self.instance, field) if self.instance is not None else None
 
         dlq, max_receives = current("dead_letter_queue"), current("max_receives")
-        if (dlq is None) != (max_receives is None):
-            raise serializers.ValidationError(
-                {"max_receives": "dead_letter_queue and max_receives go together"}, code="invalid"
-            )
+        why = dead_letter_pairing_error(dlq, max_receives)
+        if why:
+            raise serializers.ValidationError({"max_receives": why}, code="invalid")
         name = self.instance.name if self.instance is not None else attrs.get("name")
-        if dlq is not None and dlq.name == name:
-            raise serializers.ValidationError(
-                {"dead_letter_queue": "a queue cannot be its own dead-letter queue"}, code="invalid"
-            )
+        why = own_dead_letter_error(name, dlq.name if dlq is not None else None)
+        if why:
+            raise serializers.ValidationError({"dead_letter_queue": why}, code="invalid")
         return attrs
 
 
-class QueueUpdateSerializer(QueueSerializer):
-    class Meta(QueueSerializer.Meta):
-        read_only_fields = ["name", "created_at", "updated_at"]
+class PartitionsOnlyGrow:
+    """For a serializer that changes a queue's or topic's settings: the number of partitions
+    may not go down."""
 
     def validate_partitions(self, value):
-        if self.instance is not None and value < self.instance.partitions:
-            raise serializers.ValidationError("partitions can only grow: existing partitions hold messages")
+        why = partitions_shrink_error(self.instance.partitions, value) if self.instance is not None else None
+        if why:
+            raise serializers.ValidationError(why)
         return value
+
+
+class QueueUpdateSerializer(QueueSerializer, PartitionsOnlyGrow):
+    class Meta(QueueSerializer.Meta):
+        read_only_fields = ["name", "created_at", "updated_at"]
 
 
 class MessageInDoc(serializers.Serializer):
@@ -164,7 +159,7 @@ class MessageInDoc(serializers.Serializer):
 
 class EnqueueDoc(serializers.Serializer):
     body = serializers.CharField(required=False, help_text="one message")
-    messages = MessageInDoc(many=True, required=False, help_text="or a batch of up to 1,000")
+    messages = MessageInDoc(many=True, required=False, help_text=f"or a batch of up to {MAX_BATCH:,}")
 
 
 class EnqueueResultDoc(serializers.Serializer):
@@ -173,12 +168,19 @@ class EnqueueResultDoc(serializers.Serializer):
 
 
 class DequeueDoc(serializers.Serializer):
-    max = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=1)
+    max = serializers.IntegerField(required=False, min_value=1, max_value=MAX_BATCH, default=1)
     visibility_timeout = serializers.FloatField(
-        required=False, min_value=0, max_value=43200, help_text="seconds; default: the queue's"
+        required=False,
+        min_value=0,
+        max_value=LIMITS["visibility_timeout"][1],
+        help_text="seconds; default: the queue's",
     )
     wait = serializers.FloatField(
-        required=False, min_value=0, max_value=20, default=0, help_text="long poll: seconds to wait for a first message"
+        required=False,
+        min_value=0,
+        max_value=MAX_WAIT,
+        default=0,
+        help_text="long poll: seconds to wait for a first message",
     )
 
 
@@ -223,7 +225,7 @@ class AckResultDoc(serializers.Serializer):
 class VisibilityDoc(serializers.Serializer):
     id = serializers.CharField()
     receipt = serializers.CharField(required=False)
-    visibility_timeout = serializers.FloatField(min_value=0, max_value=43200)
+    visibility_timeout = serializers.FloatField(min_value=0, max_value=LIMITS["visibility_timeout"][1])
 
 
 class ErrorDoc(serializers.Serializer):

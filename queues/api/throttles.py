@@ -5,9 +5,10 @@ DRF's own ``SimpleRateThrottle`` keeps the time of every call of a client in one
 read and written whole on every call: at the rates a queue's clients call (hundreds a second)
 that list is the cost. These count calls in fixed windows instead, one ``incr`` per call; a
 client may make up to twice its rate across a window's edge. With ``REDIS_URL`` the count is
-the cluster's. With the embedded local-memory cache it is per process, so a node of several
-processes (``NODE_PROCESSES``) gives each ``1/NODE_PROCESSES`` of the rate (rounded up): the
-node as a whole then allows about the rate, as a node of one process does.
+the cluster's. With the embedded local-memory cache it is per process, that is per node, so a
+``runnode`` of several processes (``NODE_PROCESSES`` sibling nodes behind one port) gives each
+``1/NODE_PROCESSES`` of the rate (rounded up): the siblings together then allow about the rate,
+as a runnode of one process does.
 
 A call forwarded by another node is not counted again (it was counted where it came in): its
 user (a cluster peer) has no ``pk``. The fast path counts its calls with :func:`check_user`.

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import service
-from ..models import Queue, Subscription
+from ..models import TOPIC_SETTINGS, Queue, Subscription, dead_letter_pairing_error
 from . import calls
 from .serializers import (
     AckDoc,
@@ -23,6 +23,7 @@ from .serializers import (
     EnqueueDoc,
     EnqueueResultDoc,
     ErrorDoc,
+    PartitionsOnlyGrow,
     QueueSerializer,
     StrictSerializer,
     VisibilityDoc,
@@ -34,32 +35,13 @@ class TopicSerializer(QueueSerializer):
     subscriptions = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
 
     class Meta(QueueSerializer.Meta):
-        fields = [
-            "name",
-            "partitions",
-            "block_size",
-            "lease_period",
-            "visibility_timeout",
-            "max_message_size",
-            "retention",
-            "strict",
-            "dedup_window",
-            "delay",
-            "archive",
-            "subscriptions",
-            "created_at",
-        ]
+        fields = ["name", *TOPIC_SETTINGS, "subscriptions", "created_at"]
         read_only_fields = ["subscriptions", "created_at"]
 
 
-class TopicUpdateSerializer(TopicSerializer):
+class TopicUpdateSerializer(TopicSerializer, PartitionsOnlyGrow):
     class Meta(TopicSerializer.Meta):
         read_only_fields = ["name", "subscriptions", "created_at"]
-
-    def validate_partitions(self, value):
-        if value < self.instance.partitions:
-            raise serializers.ValidationError("partitions can only grow: existing partitions hold messages")
-        return value
 
 
 class SubscriptionSerializer(StrictSerializer, serializers.ModelSerializer):
@@ -77,10 +59,9 @@ class SubscriptionSerializer(StrictSerializer, serializers.ModelSerializer):
         read_only_fields = ["starts_at", "created_at"]
 
     def validate(self, attrs):
-        if (attrs.get("dead_letter_queue") is None) != (attrs.get("max_receives") is None):
-            raise serializers.ValidationError(
-                {"max_receives": "dead_letter_queue and max_receives go together"}, code="invalid"
-            )
+        why = dead_letter_pairing_error(attrs.get("dead_letter_queue"), attrs.get("max_receives"))
+        if why:
+            raise serializers.ValidationError({"max_receives": why}, code="invalid")
         return attrs
 
 

@@ -14,12 +14,9 @@ from datetime import datetime
 from ..messages import MessageId, parse_message_id
 from ..models import LIMITS
 from ..node import QueueConfig
+from ..service.limits import MAX_BATCH, MAX_WAIT
 from ..service.types import MessageDraft
 from .errors import BadRequest
-
-MAX_BATCH = 1000
-MAX_DEQUEUE = 1000
-MAX_WAIT = 20
 
 
 def object_of(data, what: str = "request body") -> dict:
@@ -208,10 +205,10 @@ def enqueue_request(data, cfg: QueueConfig, now: float, trusted: bool = False) -
 def dequeue_request(data) -> tuple[int, float | None, float]:
     data = object_of(data)
     no_extra(data, {"max", "visibility_timeout", "wait"}, "the request")
-    max_messages = number(data, "max", 1, MAX_DEQUEUE, 1, integer=True)
-    visibility = number(data, "visibility_timeout", *LIMITS["visibility_timeout"], None)
+    max_messages = number(data, "max", 1, MAX_BATCH, 1, integer=True)
+    visibility_timeout = number(data, "visibility_timeout", *LIMITS["visibility_timeout"], None)
     wait = number(data, "wait", 0, MAX_WAIT, 0)
-    return max_messages, visibility, wait
+    return max_messages, visibility_timeout, wait
 
 
 def message_id(value, cfg: QueueConfig, where: str) -> MessageId:
@@ -290,5 +287,5 @@ def visibility_request(data, cfg: QueueConfig) -> tuple[MessageId, str | None, f
     receipt = _receipt(data["receipt"], "receipt") if data.get("receipt") is not None else None
     if data.get("visibility_timeout") is None:
         raise BadRequest("visibility_timeout is required (seconds from now; 0 makes it visible)", "missing_field")
-    timeout = number(data, "visibility_timeout", *LIMITS["visibility_timeout"], None)
-    return mid, receipt, timeout
+    visibility_timeout = number(data, "visibility_timeout", *LIMITS["visibility_timeout"], None)
+    return mid, receipt, visibility_timeout

@@ -14,6 +14,7 @@ ack, visibility, the dead-letter move), ``operations`` (purge, redrive, expire, 
 node).
 """
 
+from ..isotime import iso
 from ..kv import KVError
 from ..messages import MessageId, parse_message_id
 from .credentials import CredentialForbidden, check_issuer, check_revoker, issue_token, revoke_token
@@ -50,7 +51,8 @@ from .errors import (
     TooManyWaits,
 )
 from .grants import check_grant, grant, revoke
-from .messages import MAX_BATCH, MAX_WAIT, ack, change_visibility, check_drafts, dequeue, enqueue, iso, publish
+from .limits import MAX_BATCH, MAX_WAIT
+from .messages import ack, change_visibility, check_drafts, dequeue, enqueue, publish
 from .operations import (
     close_purged,
     expire,
@@ -68,8 +70,8 @@ from .types import (
     AckResult,
     ExpireResult,
     MessageDraft,
-    PartitionFigures,
     PartitionOwner,
+    PartitionStats,
     QueueStats,
     RedriveResult,
     ReleaseResult,
@@ -88,7 +90,7 @@ __all__ = [
     "MessageDraft",
     "MessageId",
     "NotServedHere",
-    "PartitionFigures",
+    "PartitionStats",
     "PartitionOwner",
     "PartitionUnavailable",
     "Peers",

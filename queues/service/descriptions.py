@@ -19,14 +19,14 @@ from django.utils import timezone
 from .. import audit, keys
 from ..access import Caller, Forbidden, require, visible
 from ..dedup import get_dedup
-from ..models import LIMITS, Partition, Queue, Subscription
+from ..models import LIMITS, Partition, Queue, Subscription, partitions_shrink_error
 from ..partition import wait_out_trust
 from .errors import Conflict, InvalidRequest, QueueNotFound, SubscriptionNotFound
 from .peers import get_peers
 from .reads import permitted_queues
 from .runtime import current_runtime, get_runtime
 from .targets import authorize, checked_name
-from .types import PartitionFigures, PartitionOwner, QueueStats, SubscriptionPartitionFigures, SubscriptionStats
+from .types import PartitionOwner, PartitionStats, QueueStats, SubscriptionPartitionStats, SubscriptionStats
 
 log = logging.getLogger(__name__)
 
@@ -148,13 +148,14 @@ def update_queue(q: Queue, *, caller: Caller, **fields: Any) -> Queue:
             for k, v in fields.items():
                 setattr(q, k, v)
             q.full_clean()
-            if q.partitions < old_partitions:
+            shrink = partitions_shrink_error(old_partitions, q.partitions)
+            if shrink:
                 if q.partitions >= seen:
                     raise Conflict(
                         f"{q.name} has {old_partitions} partitions now (grown meanwhile), more than {q.partitions}",
                         "partitions_changed",
                     )
-                raise InvalidRequest("partitions can only grow: existing partitions hold messages", "partitions_shrink")
+                raise InvalidRequest(shrink, "partitions_shrink")
             q.save()
             Partition.objects.bulk_create(
                 [
@@ -281,6 +282,8 @@ def partition_owners(queue: str, *, caller: Caller) -> list[PartitionOwner]:
     return [
         {
             "index": p.index,
+            "owner_id": p.owner_id,
+            "owner_address": p.owner.address if p.owner else None,
             "owner": p.owner_id,
             "address": p.owner.address if p.owner else None,
             "epoch": p.epoch,
@@ -418,13 +421,15 @@ def queue_stats(queue: str, *, caller: Caller) -> QueueStats:
     rt = get_runtime()
     cfg, _ = authorize(queue, "read", caller=caller)
     local = {m.index: m.stats() for m in rt.local_managers(queue)}
-    parts: list[PartitionFigures] = []
+    parts: list[PartitionStats] = []
     now = time.time()
     for p in Partition.objects.filter(queue_id=cfg.id).select_related("owner").order_by("index"):
         s = local.get(p.index)
         if s is not None:
-            entry: PartitionFigures = {
+            entry: PartitionStats = {
                 "index": p.index,
+                "owner_id": rt.node_id,
+                "owner_address": rt.address,
                 "owner": rt.address,
                 "epoch": s.epoch,
                 "live": True,
@@ -444,6 +449,8 @@ def queue_stats(queue: str, *, caller: Caller) -> QueueStats:
         else:
             entry = {
                 "index": p.index,
+                "owner_id": p.owner_id,
+                "owner_address": p.owner.address if p.owner else None,
                 "owner": p.owner.address if p.owner else None,
                 "epoch": p.epoch,
                 "live": False,
@@ -484,7 +491,7 @@ def subscription_stats(topic: str, sub: str, *, caller: Caller) -> SubscriptionS
     cfg, _ = authorize(topic, "read", caller=caller)
     local = {m.index: m.stats().cursors.get(sub) for m in rt.local_managers(topic)}
     now = time.time()
-    parts: list[SubscriptionPartitionFigures] = []
+    parts: list[SubscriptionPartitionStats] = []
     for p in Partition.objects.filter(queue_id=cfg.id).order_by("index"):
         figures = local.get(p.index) or (p.cursors or {}).get(sub) or {}
         oldest = figures.get("oldest_enqueued_at")  # held, in flight included

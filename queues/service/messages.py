@@ -13,7 +13,6 @@ index order (:func:`ack`), so two calls never wait on each other in a cycle.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -25,6 +24,7 @@ from django.conf import settings
 from .. import metrics
 from ..access import SYSTEM, Caller, granted_now
 from ..dedup import get_dedup
+from ..isotime import iso
 from ..messages import MessageId, StoredMessage, group_partition, parse_message_id
 from ..models import Queue
 from ..node import QueueConfig
@@ -32,6 +32,7 @@ from ..partition import Delivery, PartitionManager
 from ..router import MAX_HOPS
 from ..signals import given_back, redelivered
 from .errors import InvalidRequest, NotServedHere, PartitionUnavailable, QueueNotFound, RemoteError, TooManyWaits
+from .limits import MAX_BATCH, MAX_WAIT
 from .peers import get_peers
 from .runtime import get_runtime
 from .targets import authorize, queue_config
@@ -40,45 +41,6 @@ from .types import AckResult, MessageDraft
 log = logging.getLogger(__name__)
 
 monotonic = time.monotonic
-
-#: Longest long poll, as SQS.
-MAX_WAIT = 20.0
-#: Most messages one call enqueues, dequeues or acknowledges.
-MAX_BATCH = 1000
-
-
-def iso(ts: float) -> str:
-    """Wall-clock seconds as ISO 8601 in UTC with milliseconds (the API's time format).
-
-    The same text as ``datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")``
-    with ``Z`` (microseconds rounded half to even, then truncated to milliseconds; a unit test
-    pins the two equal), for a fraction of the cost: a dequeue formats one per message, and a
-    batch's messages share their second, whose text is kept. The last time formatted is kept
-    too: an enqueue stamps its whole batch with one time, so a dequeue's messages mostly repeat
-    the one before.
-    """
-    global _iso_last
-    last = _iso_last
-    if last[0] == ts:
-        return last[1]
-    second = math.floor(ts)
-    micro = round((ts - second) * 1e6)
-    if micro >= 1_000_000:
-        second, micro = second + 1, micro - 1_000_000
-    prefix = _iso_seconds.get(second)
-    if prefix is None:
-        if len(_iso_seconds) > 4096:
-            _iso_seconds.clear()
-        prefix = _iso_seconds[second] = datetime.fromtimestamp(second, tz=UTC).isoformat()[:19]
-    text = f"{prefix}.{micro // 1000:03d}Z"
-    _iso_last = (ts, text)  # one tuple, swapped whole: a racing reader sees a matching pair
-    return text
-
-
-#: second -> its ``YYYY-MM-DDTHH:MM:SS`` (see :func:`iso`; a race only computes one twice).
-_iso_seconds: dict[int, str] = {}
-#: the last ``(time, text)`` :func:`iso` made (NaN equals nothing: none yet).
-_iso_last: tuple[float, str] = (math.nan, "")
 
 
 # --- enqueue ----------------------------------------------------------------------------------
@@ -316,7 +278,7 @@ def dequeue(
     *,
     caller: Caller,
     max_messages: int = 1,
-    visibility: float | None = None,
+    visibility_timeout: float | None = None,
     wait: float = 0.0,
     hops: int = 0,
 ) -> list[Delivery]:
@@ -333,8 +295,8 @@ def dequeue(
     cfg, sub = authorize(target, "consume", caller=caller, reading=True)
     if wait > 0:
         with _WAITS.slot(caller):
-            return _dequeue(target, cfg, sub, caller, max_messages, visibility, wait, hops)
-    return _dequeue(target, cfg, sub, caller, max_messages, visibility, wait, hops)
+            return _dequeue(target, cfg, sub, caller, max_messages, visibility_timeout, wait, hops)
+    return _dequeue(target, cfg, sub, caller, max_messages, visibility_timeout, wait, hops)
 
 
 class WaitSlots:
@@ -343,9 +305,9 @@ class WaitSlots:
     it returns), so a user past ``LONG_POLL_MAX_PER_USER`` or a node past
     ``LONG_POLL_MAX_PER_NODE`` is answered 429 at once rather than starving acks and enqueues.
 
-    A node of several processes (``NODE_PROCESSES``) counts in each: a process takes at most
-    ``ceil(LONG_POLL_MAX_PER_USER / NODE_PROCESSES)`` of a user's polls, so the user holds at
-    most about its cap over the node; ``LONG_POLL_MAX_PER_NODE`` bounds each process, as it
+    A runnode of several processes (``NODE_PROCESSES`` sibling nodes) counts in each: a process
+    takes at most ``ceil(LONG_POLL_MAX_PER_USER / NODE_PROCESSES)`` of a user's polls, so the
+    user holds at most about its cap over the runnode; ``LONG_POLL_MAX_PER_NODE`` bounds each process, as it
     guards the process's own request threads (``NODE_THREADS`` are per process).
     """
 
@@ -405,17 +367,17 @@ def _dequeue(
     sub: str,
     caller: Caller,
     max_messages: int,
-    visibility: float | None,
+    visibility_timeout: float | None,
     wait: float,
     hops: int,
 ) -> list[Delivery]:
     spec = cfg.subscription(sub) if sub else None
-    local_visibility = visibility
-    if local_visibility is None and spec is not None:
-        local_visibility = spec.visibility_timeout
-    if local_visibility is None:
-        local_visibility = cfg.visibility_timeout
-    found = _dequeue_local(cfg, sub, max_messages, local_visibility, 0)
+    local_visibility_timeout = visibility_timeout
+    if local_visibility_timeout is None and spec is not None:
+        local_visibility_timeout = spec.visibility_timeout
+    if local_visibility_timeout is None:
+        local_visibility_timeout = cfg.visibility_timeout
+    found = _dequeue_local(cfg, sub, max_messages, local_visibility_timeout, 0)
     _announce(target, found)
     if (spec.max_receives if spec is not None else cfg.max_receives) is not None:
         _move_dead_letters(cfg, sub)
@@ -423,31 +385,31 @@ def _dequeue(
     # empty poll cost N(N-1) internal calls on N nodes, each with its own timeout.
     if found or hops >= 1:
         if not found and wait:
-            found = _waited(cfg, sub, caller, max_messages, local_visibility, wait)
+            found = _waited(cfg, sub, caller, max_messages, local_visibility_timeout, wait)
             _announce(target, found)
         return found
     rt = get_runtime()
     for address in rt.router.other_nodes(cfg.id, cfg.name):
         try:
-            got = get_peers().dequeue(address, target, max_messages, visibility, hops, caller)
+            got = get_peers().dequeue(address, target, max_messages, visibility_timeout, hops, caller)
         except Exception:  # noqa: BLE001 - that owner is unreachable or refused: try the next
             continue
         if got:
             return got
     if wait:
-        found = _waited(cfg, sub, caller, max_messages, local_visibility, wait)
+        found = _waited(cfg, sub, caller, max_messages, local_visibility_timeout, wait)
         _announce(target, found)
     return found
 
 
 def _waited(
-    cfg: QueueConfig, sub: str, caller: Caller, max_messages: int, visibility: float, wait: float
+    cfg: QueueConfig, sub: str, caller: Caller, max_messages: int, visibility_timeout: float, wait: float
 ) -> list[Delivery]:
     """:func:`_dequeue_local` with its wait, and the caller's right checked again at the end:
     it was checked when the call started, up to ``MAX_WAIT`` seconds ago. A caller that lost
     ``consume`` meanwhile gets nothing, and what the wait took is given back, deliverable at
     once to those who may still read it, with the receive count it had."""
-    found = _dequeue_local(cfg, sub, max_messages, visibility, wait)
+    found = _dequeue_local(cfg, sub, max_messages, visibility_timeout, wait)
     if found and "consume" not in granted_now(caller, cfg.id, cfg.name, cfg.created_by):
         rt = get_runtime()
         by_partition: dict[int, list[Delivery]] = {}
@@ -470,7 +432,9 @@ def _announce(target: str, deliveries: list[Delivery]) -> None:
         redelivered.send_robust(sender=None, target=target, deliveries=again)
 
 
-def _dequeue_local(cfg: QueueConfig, sub: str, max_messages: int, visibility: float, wait: float) -> list[Delivery]:
+def _dequeue_local(
+    cfg: QueueConfig, sub: str, max_messages: int, visibility_timeout: float, wait: float
+) -> list[Delivery]:
     """This node's partitions only, in turn; waits up to ``wait`` for the first delivery
     (woken by an enqueue here or by the next visibility deadline)."""
     rt = get_runtime()
@@ -484,7 +448,7 @@ def _dequeue_local(cfg: QueueConfig, sub: str, max_messages: int, visibility: fl
             for i in range(len(managers)):
                 m = managers[(start + i) % len(managers)]
                 try:
-                    got = m.dequeue(max_messages - len(out), visibility, sub)
+                    got = m.dequeue(max_messages - len(out), visibility_timeout, sub)
                     if got:  # what cannot be read now is given back, not left hidden
                         out.extend(m.load_bodies(got, sub))
                 except PartitionUnavailable:
@@ -746,9 +710,9 @@ def _ack_local(queue: str, items: Sequence[tuple[MessageId, str | None]], sub: s
 
 
 def change_visibility(
-    target: str, mid: MessageId, receipt: str | None, timeout: float, *, caller: Caller, hops: int = 0
+    target: str, mid: MessageId, receipt: str | None, visibility_timeout: float, *, caller: Caller, hops: int = 0
 ) -> None:
-    """Hide a message in flight for ``timeout`` more seconds from now; 0 gives it back at once
+    """Hide a message in flight for ``visibility_timeout`` more seconds from now; 0 gives it back at once
     (announced as ``signals.given_back``). At the partition's owner, wherever that is.
 
     ``consume``. Raises QueueNotFound, ``access.Forbidden``, SubscriptionNotFound,
@@ -760,13 +724,13 @@ def change_visibility(
     if (cfg.name, mid.partition) not in rt.managers and hops < MAX_HOPS:
         address = rt.router.owner_of(cfg.id, cfg.name, mid.partition)
         if address is not None:
-            get_peers().change_visibility(address, target, mid, receipt, timeout, hops, caller)
+            get_peers().change_visibility(address, target, mid, receipt, visibility_timeout, hops, caller)
             return
     ((m, _),) = _managers_of(cfg.name, [(mid, receipt)])
     with m.lock:
         m._check_serving()
-        receive_count = m.change_visibility_locked(mid, receipt, timeout, sub)
-    if timeout == 0:
+        receive_count = m.change_visibility_locked(mid, receipt, visibility_timeout, sub)
+    if visibility_timeout == 0:
         given_back.send_robust(sender=None, target=target, message_id=str(mid), receive_count=receive_count)
 
 

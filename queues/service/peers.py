@@ -53,7 +53,7 @@ class Peers(Protocol):
     ) -> None: ...
 
     def dequeue(
-        self, address: str, target: str, max_messages: int, visibility: float | None, hops: int, caller: Caller
+        self, address: str, target: str, max_messages: int, visibility_timeout: float | None, hops: int, caller: Caller
     ) -> list[Delivery]: ...
 
     def ack(
@@ -65,7 +65,14 @@ class Peers(Protocol):
     ) -> None: ...
 
     def change_visibility(
-        self, address: str, target: str, mid: MessageId, receipt: str | None, timeout: float, hops: int, caller: Caller
+        self,
+        address: str,
+        target: str,
+        mid: MessageId,
+        receipt: str | None,
+        visibility_timeout: float,
+        hops: int,
+        caller: Caller,
     ) -> None: ...
 
     def release_partition(self, address: str, queue: str, index: int, hops: int, caller: Caller) -> str: ...

@@ -7,7 +7,7 @@ from its own input and shapes its own output from them; nothing here knows about
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NotRequired, TypedDict
+from typing import Annotated, NotRequired, TypedDict
 
 
 @dataclass(slots=True)
@@ -67,21 +67,35 @@ class ReleaseResult:
     node: str
 
 
+#: What the OpenAPI schema says of a field kept for older clients (``queues.api.schema``
+#: reads the ``Annotated`` metadata of these types).
+DEPRECATED = {"deprecated": True}
+#: A partition's owner, the same two fields wherever an answer shows one.
+OWNER_ID = {"description": "the owner node's ID; null when no node holds the lease"}
+OWNER_ADDRESS = {"description": "the owner node's host:port; null when no node holds the lease"}
+
+
 class PartitionOwner(TypedDict):
     """Who serves one partition now (clients may call the owner directly)."""
 
     index: int
-    owner: str | None
+    owner_id: Annotated[str | None, OWNER_ID]
+    owner_address: Annotated[str | None, OWNER_ADDRESS]
+    #: the owner's ID, as ``owner_id``; kept for older clients.
+    owner: Annotated[str | None, DEPRECATED | {"description": "deprecated: read owner_id"}]
     address: str | None
     epoch: int
     cooling: bool
 
 
-class PartitionFigures(TypedDict):
+class PartitionStats(TypedDict):
     """One partition of a queue's stats: live from its owner here, else as last published."""
 
     index: int
-    owner: str | None
+    owner_id: Annotated[str | None, OWNER_ID]
+    owner_address: Annotated[str | None, OWNER_ADDRESS]
+    #: the owner's *address*, as ``owner_address``; kept for older clients.
+    owner: Annotated[str | None, DEPRECATED | {"description": "deprecated: read owner_address"}]
     epoch: int
     #: served by this node now (figures exact), or the owner's last published ones.
     live: bool
@@ -99,7 +113,7 @@ class PartitionFigures(TypedDict):
     redelivered: int
 
 
-class SubscriptionPartitionFigures(TypedDict):
+class SubscriptionPartitionStats(TypedDict):
     index: int
     live: bool
     held: int
@@ -125,7 +139,7 @@ class SubscriptionStats(TypedDict):
     acked: int
     archived: int
     oldest_age: float | None
-    partitions: list[SubscriptionPartitionFigures]
+    partitions: list[SubscriptionPartitionStats]
 
 
 class QueueStats(TypedDict):
@@ -133,6 +147,6 @@ class QueueStats(TypedDict):
     depth: int
     in_flight: int
     oldest_age: float | None
-    partitions: list[PartitionFigures]
+    partitions: list[PartitionStats]
     #: a topic's, by subscription name.
     subscriptions: NotRequired[dict[str, SubscriptionStats]]

@@ -7,6 +7,7 @@ housekeeping thread here; every partition is claimed at queue creation.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -499,6 +500,42 @@ def test_schema_and_docs_answer(api, runtime):
     assert anon_schema.status_code == 401
     page = api.get("/api/docs/")
     assert page.status_code == 200 and b"swagger-ui-bundle.js" in page.content
+
+
+def test_a_partitions_owner_is_named_by_id_and_address_in_every_answer(api, make_queue, runtime, monkeypatch):
+    """``owner_id`` and ``owner_address`` mean the same in the partitions' answer and in the
+    stats (live, and as published); the old ``owner`` stays as each answered it before."""
+    # given
+    name = make_queue(partitions=2)
+    me = (runtime.node_id, runtime.address)
+
+    # when
+    owners = api.get(url(name, "partitions")).json()["partitions"]
+    live = stats(api, name)["partitions"]
+    monkeypatch.setattr(runtime, "local_managers", lambda queue: [])  # as another node answers
+    published = stats(api, name)["partitions"]
+
+    # then
+    for answer in (owners, live, published):
+        assert [(p["owner_id"], p["owner_address"]) for p in answer] == [me, me]
+    assert [p["live"] for p in live + published] == [True, True, False, False]
+    # and the deprecated field keeps its old meaning in each answer, for one release
+    assert [(p["owner"], p["address"]) for p in owners] == [me, me]
+    assert [p["owner"] for p in live + published] == [runtime.address] * 4
+
+
+def test_the_schema_marks_the_old_owner_field_deprecated(api):
+    # when
+    r = api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    paths = json.loads(r.content)["paths"]
+
+    # then
+    for path in ("/api/v1/queues/{name}/partitions", "/api/v1/queues/{name}/stats"):
+        body = paths[path]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+        part = body["properties"]["partitions"]["items"]
+        assert {"owner_id", "owner_address"} <= set(part["required"]), path
+        assert part["properties"]["owner"]["deprecated"] is True, path
+        assert "deprecated" not in part["properties"]["owner_id"], path
 
 
 def test_healthz_needs_no_auth(runtime):

@@ -89,7 +89,7 @@ def test_consumers_not_heard_from_expire(api, settings):
     Consumer.objects.filter(pk="gone").update(last_heartbeat=timezone.now() - timedelta(seconds=601))
 
     # when the periodic task runs
-    removed = worker_tasks.expire_consumers()
+    removed = worker_tasks.forget_silent_consumers()
 
     # then only the silent one is deleted
     assert removed == 1

@@ -31,7 +31,7 @@ class RecordingPeers:
     def __init__(self) -> None:
         self.dequeues: list[tuple[str, int]] = []
 
-    def dequeue(self, address, target, max_messages, visibility, hops, caller):
+    def dequeue(self, address, target, max_messages, visibility_timeout, hops, caller):
         self.dequeues.append((address, hops))
         return []
 

@@ -170,8 +170,8 @@ def _world(runtime):
     service.create_subscription(topic, caller=owner, name="s", start="oldest")
     service.enqueue(q, [MessageDraft("one"), MessageDraft("two")], caller=owner)
     service.publish(t, [MessageDraft("one"), MessageDraft("two")], caller=owner)
-    (dq,) = service.dequeue(q, caller=owner, max_messages=1, visibility=60)
-    (dt,) = service.dequeue(f"{t}/s", caller=owner, max_messages=1, visibility=60)
+    (dq,) = service.dequeue(q, caller=owner, max_messages=1, visibility_timeout=60)
+    (dt,) = service.dequeue(f"{t}/s", caller=owner, max_messages=1, visibility_timeout=60)
     return {
         "q": q,
         "t": t,

@@ -416,9 +416,9 @@ def test_the_core_gives_back_and_the_log_says_given_back_not_abandoned(api, make
     assert _rows(first["id"]) == [(1, "given_back", "w-give"), (2, "abandoned", "w-give")]
 
 
-def test_expiring_the_attempt_log_keeps_what_retention_allows(db, settings):
-    # given one record older than the attempt log's retention and one recent
-    from workers.tasks import expire_attempt_logs
+def test_trimming_the_attempt_log_keeps_what_its_setting_allows(db, settings):
+    # given one record older than ATTEMPT_LOG_RETENTION_DAYS and one recent
+    from workers.tasks import trim_attempt_logs
 
     settings.ATTEMPT_LOG_RETENTION_DAYS = 2
     old, new = (
@@ -427,7 +427,7 @@ def test_expiring_the_attempt_log_keeps_what_retention_allows(db, settings):
     )
     AttemptLog.objects.filter(pk=old.pk).update(recorded_at=datetime.now(UTC) - timedelta(days=3))
     # when the beat task runs
-    expired = expire_attempt_logs()
+    trimmed = trim_attempt_logs()
     # then only the old one is gone
-    assert expired == 1
+    assert trimmed == 1
     assert list(AttemptLog.objects.filter(queue="exp").values_list("pk", flat=True)) == [new.pk]

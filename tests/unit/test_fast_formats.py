@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
-from queues.service.messages import iso
+from queues.isotime import iso, isoformat
 
 
 def reference_iso(ts: float) -> str:
@@ -38,3 +38,17 @@ def test_iso_of_the_time_before_and_of_another_alternating():
     a, b = 1_763_941_234.123456, 1_763_941_299.5
     for ts in (a, a, b, a, b, b, 0.0, a):
         assert iso(ts) == reference_iso(ts)
+
+
+@given(ts=st.floats(min_value=0, max_value=253_402_300_799, allow_nan=False))
+def test_iso_is_the_one_formatter_s_text(ts):
+    assert iso(ts) == isoformat(ts) == isoformat(datetime.fromtimestamp(ts, tz=UTC))
+
+
+def test_isoformat_of_datetimes_seconds_and_none():
+    aware = datetime(2025, 11, 23, 23, 40, 35, 123456, tzinfo=UTC)
+    assert isoformat(aware) == "2025-11-23T23:40:35.123Z"
+    assert isoformat(aware, "microseconds") == "2025-11-23T23:40:35.123456Z"
+    assert isoformat(aware.replace(tzinfo=None)) == "2025-11-23T23:40:35.123Z"  # naive: UTC
+    assert isoformat(datetime(2025, 1, 1, tzinfo=UTC), "microseconds") == "2025-01-01T00:00:00.000000Z"
+    assert isoformat(None) is None

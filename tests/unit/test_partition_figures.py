@@ -71,7 +71,7 @@ def test_the_rows_due_are_written_by_one_statement(runtime, make_queue, purge_kv
     assert len(updates) == 1, updates
     assert list(Partition.objects.filter(queue__name=q).values_list("depth", flat=True)) == [0] * 5
     assert Partition.objects.filter(queue__name=q, stats_at=None).count() == 0
-    monkeypatch.setattr(node, "FIGURES_BATCH", 2)
+    monkeypatch.setattr(node, "STATS_BATCH", 2)
     runtime._published.clear()
     with CaptureQueriesContext(connection) as queries:
         runtime._publish_stats()
@@ -100,5 +100,5 @@ def test_no_rows_is_no_statement(db):
     from queues import node
 
     with CaptureQueriesContext(connection) as queries:
-        assert node._write_figures([], "node-a", datetime.now(UTC)) == set()
+        assert node._write_stats([], "node-a", datetime.now(UTC)) == set()
     assert len(queries) == 0

@@ -157,6 +157,17 @@ def test_message_parsing_and_message_ids():
     }
 
 
+def test_a_partitions_owner_reads_as_id_and_address_in_both_answers():
+    node_id, address = "8b3a2ea71fb14b5992076945d99980b9", "10.0.0.5:8000"
+    owner = sdk.PartitionOwner.from_json(
+        {"index": 0, "owner_id": node_id, "owner_address": address, "owner": node_id, "address": address}
+    )
+    stats = sdk.PartitionStats.from_json({"index": 0, "owner_id": node_id, "owner_address": address, "owner": address})
+    assert (owner.owner_id, owner.owner_address) == (stats.owner_id, stats.owner_address) == (node_id, address)
+    # an older server answers only the old fields: the new ones are None, nothing fails
+    assert sdk.PartitionOwner.from_json({"index": 1, "owner": node_id, "address": address}).owner_id is None
+
+
 @pytest.mark.parametrize(
     "status,cls",
     [(400, sdk.BadRequest), (401, sdk.Unauthorized), (404, sdk.NotFound), (409, sdk.Conflict), (413, sdk.BadRequest)],

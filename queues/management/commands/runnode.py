@@ -19,7 +19,7 @@ Each worker process may run on one CPU (``--cpu-affinity``, default ``settings.N
 threads and the GIL's stay on that CPU.
 
 Requests run on ``--threads`` Python threads per process (default ``settings.NODE_THREADS``);
-a long poll holds one for up to 20 s. Every process of the node is in runnode's process
+a long poll holds one for up to 20 s. Every process (each a node) is in runnode's process
 group; a worker whose runnode is gone exits at once (``config.node``). A port something
 already listens on is refused (:func:`check_port_free`).
 """
