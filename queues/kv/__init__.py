@@ -15,8 +15,6 @@ from __future__ import annotations
 import threading
 from urllib.parse import urlsplit
 
-from django.core.exceptions import ImproperlyConfigured
-
 from .base import Fence, Fenced, KeyValueStore, KVError, PrefixedStore, ReplicationError
 
 __all__ = [
@@ -56,6 +54,8 @@ def open_store(url: str) -> KeyValueStore:
         from .sql import SQLStore
 
         return SQLStore()
+    from django.core.exceptions import ImproperlyConfigured  # (here: importing a store's types needs no Django)
+
     raise ImproperlyConfigured(
         f"KV_URL={url!r}: unknown scheme {scheme!r}; use file:///path, redis://host:port/db, "
         "redis-cluster://host:port,host:port,... or postgres"
