@@ -312,6 +312,11 @@ class PartitionManager(Generic[LeaseT]):
     def redelivered_total(self) -> int:
         return sum(c.redelivered_total for c in self.readers)
 
+    @property
+    def next_index(self) -> int:
+        """The head block's next free index: with the head, the enqueue ID (see :attr:`writer`)."""
+        return self.writer.next_index
+
     def in_flight_count(self, now: float) -> int:
         """Messages in flight at ``now``, every cursor's."""
         return sum(c.redelivery.in_flight_count(now) for c in self.readers)
@@ -939,7 +944,7 @@ class PartitionManager(Generic[LeaseT]):
                 index=self.index,
                 epoch=self.lease.epoch,
                 head_block=head.id if head else "",
-                enqueue_id=keys.message_key(self.queue, self.index, head.id, self.writer.next_index) if head else "",
+                enqueue_id=keys.message_key(self.queue, self.index, head.id, self.next_index) if head else "",
                 dequeue_id=first,
                 visible=max(live - in_flight, 0),
                 in_flight=in_flight,
