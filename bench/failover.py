@@ -60,8 +60,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# queues.partition imports queues.leases, which imports the Django models: set Django up, with
-# a throwaway data dir so that nothing under data/ is touched. No database is used.
+# queues.testing.next_owner builds its lease with queues.leases, which imports the Django
+# models: set Django up, with a throwaway data dir so that nothing under data/ is touched. No
+# database is used.
 _DATA_TMP = tempfile.mkdtemp(prefix="fobench-data-")
 atexit.register(shutil.rmtree, _DATA_TMP, ignore_errors=True)
 os.environ.setdefault("MQ_DATA_DIR", _DATA_TMP)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from . import keys
 from .body_cache import BodyCache
-from .kv import KeyValueStore
+from .kv.base import KeyValueStore
 from .messages import MessageId, StoredMessage, parse_message_id
 
 ENTRY = "e"

@@ -13,6 +13,11 @@ class NotServedHere(PartitionUnavailable):
     """This node holds no (usable) partition for the call; another node may."""
 
 
+class LeaseLost(Exception):
+    """This node is no longer the owner (renewal failed, or the epoch moved on). Raised by the
+    leases (``queues.leases``, where callers find it too) and by a partition's open."""
+
+
 class ReceiptMismatch(Exception):
     """An ack or visibility change whose message is not in flight under that receipt."""
 

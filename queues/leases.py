@@ -21,15 +21,20 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
-from django.db import connection, models, transaction
+from django.db import InterfaceError, OperationalError, connection, models, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from .errors import LeaseLost as LeaseLost  # (the partition engine raises it too)
 from .models import Partition
 
 #: The share of a lease period the owner relies on: it stops acting at 80 % of the period,
 #: which leaves room for clocks that run up to 20 % apart in rate (real ones are 1e-4).
 LEASE_SAFETY = 0.8
+
+#: What the row's statements raise when the database is down or did not answer (an outage, not
+#: a lost lease): the partition manager serves on once it is back (``queues.ports.LeaseRow``).
+ROW_OUTAGES: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
 
 monotonic = time.monotonic
 
@@ -78,10 +83,6 @@ class Observation:
     epoch: int
     nonce: str
     seen_at: float
-
-
-class LeaseLost(Exception):
-    """This node is no longer the owner (renewal failed, or the epoch moved on)."""
 
 
 def _new_nonce() -> str:

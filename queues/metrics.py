@@ -4,26 +4,28 @@ Figures that are a state (depth, in flight, who owns a partition) are not kept h
 read from the partition managers when ``/metrics`` is scraped (``queues.service.figures``).
 What is here is incremented at the one place each event happens:
 
-- messages: enqueued, delivered, redelivered, acked (``queues.partition``), dead-lettered and
-  dead letters that could not be moved (``queues.service.messages``), expired (``queues.partition``, ``queues.topic_retention``);
+- messages: enqueued, delivered, redelivered, acked and expired (the partition managers, through
+  :data:`MESSAGES`), dead-lettered and dead letters that could not be moved
+  (``queues.service.messages``);
 - partitions: lease renewals and partitions opened, by takeover or by a claim of a free
   partition, with how long the open took and how many blocks it read (``queues.node``);
 - API calls: latency by operation and status (the fast path, and Django's middleware below);
 - the key-value store: call latency and errors by backend and operation (``queues.kv.base``).
 
-A leaf module (``prometheus_client``, and Django's types), so the store and the partition manager import it
-without cycles. Multiprocess-safe: with ``PROMETHEUS_MULTIPROC_DIR`` set when the process
-starts, ``prometheus_client`` keeps these values in memory-mapped files of that folder and
-``/metrics`` adds up every process's (see the README, Metrics).
+A leaf module (``prometheus_client``, no Django: the middleware names only what it reads of
+Django's request and response), so the key-value store imports it without cycles and the
+engine built on the store stays Django-free. Multiprocess-safe: with
+``PROMETHEUS_MULTIPROC_DIR`` set when the process starts, ``prometheus_client`` keeps these
+values in memory-mapped files of that folder and ``/metrics`` adds up every process's (see the
+README, Metrics).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from django.http import HttpRequest, HttpResponse
 from prometheus_client import Counter, Histogram
 
 #: Seconds: API calls and store calls (a store call is often well under a millisecond).
@@ -124,6 +126,40 @@ def child(metric: Any, *values: str) -> Any:
 def observe_call(operation: str, status: int, started: float) -> None:
     """One API call answered ``status``; ``started`` is its ``time.perf_counter()``."""
     child(API_CALLS, operation, str(status)).observe(time.perf_counter() - started)
+
+
+class MessageCounts:
+    """The partition managers' message counters (``queues.ports.Counters``)."""
+
+    def enqueued(self, queue: str, n: int) -> None:
+        child(ENQUEUED, queue).inc(n)
+
+    def delivered(self, queue: str, sub: str, n: int) -> None:
+        child(DELIVERED, queue, sub).inc(n)
+
+    def redelivered(self, queue: str, sub: str) -> None:
+        child(REDELIVERED, queue, sub).inc()
+
+    def acked(self, queue: str, sub: str, n: int) -> None:
+        child(ACKED, queue, sub).inc(n)
+
+    def expired(self, queue: str, n: int) -> None:
+        child(EXPIRED, queue).inc(n)
+
+
+MESSAGES = MessageCounts()
+
+
+class HttpRequest(Protocol):
+    """What the middleware reads of Django's request."""
+
+    path: str
+
+
+class HttpResponse(Protocol):
+    """What the middleware reads of Django's response."""
+
+    status_code: int
 
 
 class ApiTimingMiddleware:

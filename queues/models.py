@@ -13,7 +13,6 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
-from . import keys
 from .tree import MAX_BLOCK_SIZE
 
 #: A queue's, topic's or subscription's name, unanchored (to build other patterns from).
@@ -396,10 +395,6 @@ class Partition(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue.name}/{self.index}"
-
-    @property
-    def key_prefix(self) -> str:
-        return keys.partition_prefix(self.queue.name, self.index)
 
 
 class KVEntry(models.Model):

@@ -42,6 +42,7 @@ from .kv import KeyValueStore, KVError, get_store
 from .messages import StoredMessage
 from .models import QUEUE_SETTINGS, Node, Partition, Queue, Subscription
 from .partition import PartitionManager, PartitionUnavailable
+from .ports import BoundRow
 from .router import Router
 
 log = logging.getLogger(__name__)
@@ -730,7 +731,16 @@ class NodeRuntime:
             store=self.store.within(keys.incarnation(cfg.id)),
             node_id=self.node_id,
             cache=self.cache,
+            row=BoundRow(
+                lease,
+                self.node_id,
+                leases.read_head,
+                leases.set_head,
+                leases.move_epoch,
+                outages=leases.ROW_OUTAGES,
+            ),
             on_change=self.notify,
+            counters=metrics.MESSAGES,
             subscriptions=cfg.subscriptions,
             archive_sink=ARCHIVE.sink,
             archive_source=ARCHIVE.source,

@@ -5,14 +5,6 @@ messages not yet delivered, oldest first) and the redelivery index, and it is th
 of its partition in the key-value store while its lease lasts. Every write carries the fence
 of its epoch, so a paused owner that wakes after a takeover writes nothing.
 
-Opening after a takeover (:meth:`PartitionManager.open`): raise the fence (moving the epoch
-past it when it is ahead: a restored database), read the head (the newer of the row's pointer
-and the store's head record, which every new block is written with) and the previous pointers
-(O(log N) blocks): enqueues may start, into a fresh block. Then descend
-to the oldest live block and scan it: dequeues may start. The other blocks found at open are
-*unscanned* until the dequeue position reaches them; each is then read by a *scan* (its
-messages, in one batched read), one at a time.
-
 Readers: a queue's partition has one *cursor* (its delivery state: dequeue position,
 redelivery index, group order, delays, receive counts, dead letters). A topic's partition has
 one per subscription, over the same blocks: a message is stored once and removed when no
@@ -26,16 +18,20 @@ still hold: the owner makes sure each such message is in the archive table, then
 stored record by a *stub* (times, group, sequence; no body). The stub keeps the position in the
 tree, so group order, pruning and a takeover work as for any message; a delivery reads the
 body back from the archive (the consensus seed's delivery agent reading from a backing store).
-The last subscription's ack removes the stub like a message. That part of the manager lives
-in ``queues.topic_retention``.
+The last subscription's ack removes the stub like a message.
 
 Locking: one lock per partition guards its memory and is held across its store writes, so a
 message becomes deliverable only after it is stored. Callers that lock several partitions
 take them in index order.
 
+The manager composes three collaborators, each working on its memory under its lock:
+``queues.takeover`` (opening after a takeover, and scanning the blocks found),
+``queues.writer`` (block allocation and appends) and ``queues.retention`` (expiry and pruning;
+a topic's through ``queues.topic_retention``). It keeps delivery, acks and figures itself.
 Built from: ``queues.cursor`` (a reader's delivery state), ``queues.body_cache`` (the node's
-recent bodies), ``queues.keys`` (where everything is stored), ``queues.topic_retention`` and
-``queues.errors`` (what it raises, re-exported here).
+recent bodies), ``queues.keys`` (where everything is stored) and ``queues.errors`` (what it
+raises, re-exported here). What it needs of the node that hosts it (the lease, the lease's
+row, the counters) comes in as the protocols of ``queues.ports``.
 """
 
 from __future__ import annotations
@@ -47,36 +43,40 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
-from django.db import InterfaceError, OperationalError
 from sortedcontainers import SortedList
 
-from . import archive_journal, keys, leases, metrics, topic_retention
+from . import archive_journal, keys, topic_retention
+from .blocks import BlockState
 from .body_cache import BodyCache
 from .cursor import Cursor, SubscriptionSpec
 from .errors import NotServedHere, PartitionUnavailable, ReceiptMismatch
 from .keys import block_and_index
-from .kv import Fence, Fenced, KeyValueStore, KVError, ReplicationError
+from .kv.base import Fence, Fenced, KeyValueStore, KVError
 from .messages import MessageId, StoredMessage, new_receipt, parse_message_id
+from .ports import NO_COUNTERS, Counters, Lease, LeaseRow
 from .redelivery import RedeliveryIndex
-from .tree import (
-    BLOCK_SEAL_S,
-    AppendTree,
-    Block,
-    BlockReader,
-    head_record,
-    newest_head,
-    next_block_size,
-    parse_head_record,
-)
+from .retention import Retention
+from .takeover import Takeover
+from .tree import BLOCK_SEAL_S, AppendTree, Block
+from .writer import Writer
 
 log = logging.getLogger(__name__)
 
 monotonic = time.monotonic
 
-#: times an opening owner moves its epoch past a fence ahead of it before it gives up (each
-#: try meets a fence raised again meanwhile, which only a row restored under it can cause).
-FENCE_ATTEMPTS = 5
+
+#: the lease a manager is built for: the node's (``queues.leases.Lease``), which the node reads
+#: back from its managers.
+LeaseT = TypeVar("LeaseT", bound=Lease)
+
+
+def _monotonic() -> float:
+    """:data:`monotonic`, looked up at each call: the collaborators' clock, so that a clock
+    set on this module (tests, the failover benchmark) is theirs too."""
+    return monotonic()
+
 
 #: Seconds a manager delivers on the word of the store's last confirmation that its epoch is
 #: still the partition's (its fence read, or a fenced write that went through): past that, a
@@ -100,6 +100,8 @@ def wait_out_trust(fenced_at: float) -> None:
 
 
 __all__ = [
+    "BLOCK_SEAL_S",
+    "BlockState",
     "BodyCache",
     "Delivery",
     "NotServedHere",
@@ -111,18 +113,6 @@ __all__ = [
 ]
 
 
-def _memo(read: BlockReader) -> BlockReader:
-    """``read``, each block read once (choosing the head, then loading the tree from it)."""
-    seen: dict[str, Block | None] = {}
-
-    def memo(block_id: str) -> Block | None:
-        if block_id not in seen:
-            seen[block_id] = read(block_id)
-        return seen[block_id]
-
-    return memo
-
-
 @dataclass(slots=True)
 class Delivery:
     id: str
@@ -132,26 +122,6 @@ class Delivery:
     message: StoredMessage | None = None
     #: the body came from the archive table (retention moved it out of the store).
     from_archive: bool = False
-
-
-class BlockState:
-    """Which positions of a block still hold unacknowledged messages."""
-
-    __slots__ = ("block", "live", "pending", "sealed", "scanned", "newest", "archived")
-
-    def __init__(self, block: Block, live: set[int], *, sealed: bool, scanned: bool):
-        self.block = block
-        self.live = live
-        #: positions reserved by enqueues whose store write has not finished.
-        self.pending = 0
-        #: enqueue time of the newest message in the block (for retention).
-        self.newest = block.created_at
-        #: no position will be written any more (not the head, or the head of a dead owner).
-        self.sealed = sealed
-        #: read by a scan (found in the store at open), rather than written by this manager.
-        self.scanned = scanned
-        #: live positions whose stored record is a stub: the message is in the archive.
-        self.archived: set[int] = set()
 
 
 @dataclass
@@ -180,13 +150,13 @@ class PartitionStats:
     cursors: dict
 
 
-class PartitionManager:
+class PartitionManager(Generic[LeaseT]):
     """One leased partition of a queue or topic, served from the memory of its owner node.
 
     Holds the partition's append tree and the state of each of its blocks (:class:`BlockState`:
-    the positions still stored, stubs among them), the enqueue ID (head block, next index), and
-    one :class:`~queues.cursor.Cursor` per reader: ``""`` for a queue, one per subscription for
-    a topic. It writes the partition's keys (``queues.keys``) with the fence of its lease's
+    the positions still stored, stubs among them), its :class:`~queues.writer.Writer` (the
+    enqueue ID: head block, next index), and one :class:`~queues.cursor.Cursor` per reader:
+    ``""`` for a queue, one per subscription for a topic. It writes the partition's keys (``queues.keys``) with the fence of its lease's
     epoch, and bodies go through the node's :class:`~queues.body_cache.BodyCache`.
 
     Lock: ``lock`` guards all of that memory and is held across the store writes that decide
@@ -199,6 +169,11 @@ class PartitionManager:
     managers and publishes their :meth:`stats`; the service layer (``queues.service``) and the
     API call enqueue, dequeue, ack, visibility, expire and dead-letter moves on them.
 
+    Collaborators: :attr:`takeover` opens and scans, :attr:`writer` appends and
+    :attr:`retention` expires and prunes; they use the methods below marked "Lock held" that
+    have no leading underscore, and the memory's attributes (``tree``, ``blocks``,
+    ``scanned_order``, ``local_order``, ``unscanned``, ``readers``).
+
     Life: built for a lease just claimed; :meth:`open_head` raises the fence and loads the head
     (enqueues may start); :meth:`open_oldest` loads the saved receive counts and scans the oldest
     block (dequeues may start); it then serves until ``closed`` is set, by the node (lease lost or
@@ -209,17 +184,16 @@ class PartitionManager:
 
     def __init__(
         self,
-        lease: leases.Lease,
+        lease: LeaseT,
         *,
         block_size: int,
         block_growth: int = 1,
         store: KeyValueStore,
         node_id: str,
         cache: BodyCache,
+        row: LeaseRow,
         on_change: Callable[[], None] = lambda: None,
-        set_head: Callable[[leases.Lease, str, str], None] = leases.set_head,
-        read_head: Callable[[leases.Lease], str | None] = leases.read_head,
-        move_epoch: Callable[[leases.Lease, str, int], None] = leases.move_epoch,
+        counters: Counters = NO_COUNTERS,
         subscriptions: Sequence[SubscriptionSpec] | None = None,
         archive_sink: Callable[[list[tuple[str, bytes]]], object] | None = None,
         archive_source: Callable[[list[str]], dict[str, StoredMessage]] | None = None,
@@ -233,10 +207,10 @@ class PartitionManager:
         self.store = store
         self.node_id = node_id
         self.cache = cache
+        #: the lease's row: the durable head pointer and epoch.
+        self.row = row
         self.on_change = on_change
-        self._set_head = set_head
-        self._read_head = read_head
-        self._move_epoch = move_epoch
+        self.counters = counters
         self.fence = Fence(keys.fence_key(self.queue, self.index), lease.epoch)
         #: ``monotonic()`` before the store last confirmed ``fence`` (see :data:`FENCE_TRUST`);
         #: never, before the open raised it.
@@ -250,10 +224,6 @@ class PartitionManager:
         # every one older than any this manager allocates), then this manager's own.
         self.scanned_order: deque[BlockState] = deque()
         self.local_order: deque[BlockState] = deque()
-        self.next_index = 0
-        self.head_writable = False
-        #: ``monotonic()`` when this manager allocated the head block (while head_writable).
-        self.head_since = 0.0
         #: the blocks found at open and not scanned yet, oldest first (None: all scanned).
         self.unscanned: Iterator[Block] | None = None
         #: a topic's subscriptions (fixed for the manager's life: a change reopens it).
@@ -267,7 +237,8 @@ class PartitionManager:
                 s.name: Cursor(s.name, shared=False, starts_at=s.starts_at, max_receives=s.max_receives)
                 for s in self.subscriptions
             }
-        self._all = list(self.cursors.values())
+        #: every cursor, in one list.
+        self.readers = list(self.cursors.values())
         self.enqueue_ready = False
         self.dequeue_ready = False
         self.closed = False
@@ -291,6 +262,9 @@ class PartitionManager:
         #: (see ``topic_retention.bodies_from_archive``).
         self.archive_missing_total = 0
         self.wall = time.time
+        self.takeover = Takeover(self, _monotonic)
+        self.writer = Writer(self, _monotonic)
+        self.retention = Retention(self)
 
     # --- the queue's cursor, for callers that know no subscriptions ---------------------------
     @property
@@ -332,15 +306,20 @@ class PartitionManager:
 
     @property
     def acked_total(self) -> int:
-        return sum(c.acked_total for c in self._all)
+        return sum(c.acked_total for c in self.readers)
 
     @property
     def redelivered_total(self) -> int:
-        return sum(c.redelivered_total for c in self._all)
+        return sum(c.redelivered_total for c in self.readers)
+
+    @property
+    def next_index(self) -> int:
+        """The head block's next free index: with the head, the enqueue ID (see :attr:`writer`)."""
+        return self.writer.next_index
 
     def in_flight_count(self, now: float) -> int:
         """Messages in flight at ``now``, every cursor's."""
-        return sum(c.redelivery.in_flight_count(now) for c in self._all)
+        return sum(c.redelivery.in_flight_count(now) for c in self.readers)
 
     # --- keys of a cursor's own records -------------------------------------------------------
     def _receives_key(self, c: Cursor, mid: MessageId) -> str:
@@ -349,11 +328,7 @@ class PartitionManager:
     def _ack_key(self, c: Cursor, mid: MessageId) -> str:
         return keys.ack_key(self.queue, self.index, c.name, mid)
 
-    # --- opening ------------------------------------------------------------------------------
-    def _read_block(self, block_id: str) -> Block | None:
-        raw = self.store.get(keys.block_key(self.queue, self.index, block_id))
-        return Block.from_bytes(raw) if raw is not None else None
-
+    # --- opening: Takeover ---------------------------------------------------------------------
     def open(self) -> None:
         """Both phases of a takeover, for callers that need not serve in between."""
         self.open_head()
@@ -361,153 +336,17 @@ class PartitionManager:
 
     def open_head(self) -> None:
         """Fence out earlier owners and load the head: enqueues may start. O(log N) reads."""
-        self._t0 = monotonic()
-        with self.lock:
-            self._raise_fence()
-            self._confirmed(self._t0)
-            # The head as the row and the store hold it now: read after the fence, so that no
-            # earlier owner can move either since. The store's head record was written with the
-            # blocks under the fence; the row may be behind it (a database restored from a
-            # backup, or rebuilt from the queue descriptions): the newer wins (newest_head).
-            row_head = self._read_head(self.lease)
-            record = parse_head_record(self.store.get(keys.head_key(self.queue, self.index)))
-            read = _memo(self._read_block)
-            head_id = newest_head(row_head, record, read)
-            if head_id != row_head:
-                log.warning(
-                    "%s/%s: the row's head %s is not the newest: loading %s, the store's (restored database?)",
-                    self.queue,
-                    self.index,
-                    row_head,
-                    head_id,
-                )
-                self._set_head(self.lease, self.node_id, head_id or "")  # for the admin, a purge
-            self.tree = AppendTree.load(head_id, read, self.block_size)
-            # The old head is sealed: an earlier owner may have used any of its positions, and
-            # it can write no more (fenced), so new messages go into a fresh block.
-            self.head_writable = False
-            if self.tree.head is not None:
-                # A generator: no read yet, but from now on local blocks wait behind it.
-                self.unscanned = self.tree.iter_from_oldest(self._read_block, upto=self.tree.head.ordinal)
-            self.enqueue_ready = True
-        self.opened_in = {"enqueue_ready_s": monotonic() - self._t0, "head_reads": self.tree.reads}
-
-    def _raise_fence(self) -> None:
-        """Raise the fence to our epoch, or move our epoch past the fence. Lock held.
-
-        A fence at or ahead of our epoch means the row forgot epochs the store remembers: a
-        database restored from a backup, a store left by an earlier deployment of the same
-        queue names, an owner whose row change was rolled back. Whoever was given such an epoch
-        may still be writing, so we share none of them: we move our row past the fence
-        (compare-and-set on the epoch we hold) and raise the fence to the new epoch, which we
-        then hold alone, in one claim pass however far ahead the fence is. Raises LeaseLost if
-        the row is no longer ours.
-        """
-        for _ in range(FENCE_ATTEMPTS):
-            held = self.store.raise_fence(self.fence.key, self.lease.epoch)
-            if held < self.lease.epoch:
-                return
-            log.warning(
-                "%s/%s: the fence is at epoch %s, ours is %s (restored database?): moving to %s",
-                self.queue,
-                self.index,
-                held,
-                self.lease.epoch,
-                held + 1,
-            )
-            self._move_epoch(self.lease, self.node_id, held + 1)
-            self.fence = Fence(self.fence.key, self.lease.epoch)
-        raise leases.LeaseLost(f"{self.queue}/{self.index}: a newer epoch fenced us at open")
+        self.takeover.open_head()
 
     def open_oldest(self) -> None:
-        """Reach the oldest live block (O(log N) more reads) and the saved receive counts (and a
-        topic's ack markers): dequeues may start. Enqueues run meanwhile (they take the lock
-        between steps)."""
-        with self.lock:
-            for c in self._all:
-                self._load_receives(c)
-        with self.lock:
-            if self.unscanned is not None and not self.scanned_order:
-                self._scan()
-            self.dequeue_ready = True
-        self.opened_in.update(dequeue_ready_s=monotonic() - self._t0, oldest_reads=self.tree.reads)
-        log.info("opened %s/%s epoch %s: %s", self.queue, self.index, self.lease.epoch, self.opened_in)
+        """Reach the oldest live block and the saved receive counts: dequeues may start."""
+        self.takeover.open_oldest()
 
-    def _load_receives(self, c: Cursor) -> None:
-        """A cursor's saved receive counts and, for a subscription, its ack markers (their
-        names say it all: ``<block id>.<index>``)."""
-        bucket = keys.receives_bucket(self.queue, self.index, c.name)
-        names = self.store.scan(bucket)
-        for name, raw in zip(names, self.store.get_many([f"{bucket}/{n}" for n in names])):
-            pos = keys.parse_position(name)
-            if raw is not None and pos is not None:
-                c.receives[keys.message_key(self.queue, self.index, *pos)] = int(raw)
-        if not c.shared:
-            for name in self.store.scan(keys.acks_bucket(self.queue, self.index, c.name)):
-                pos = keys.parse_position(name)
-                if pos is not None:
-                    c.acked.add(keys.message_key(self.queue, self.index, *pos))
-
-    def _scan(self) -> bool:
-        """Scan the next unscanned block and route its messages. One store scan and one batched
-        read.
-
-        The records are read (not only the keys) because a message's group and delay decide
-        where it goes; the bodies land in the cache for the delivery that follows. Any failure
-        closes the manager: the block iterator cannot resume after an error, and a block
-        skipped here would be pruned later and lost. The node reopens the partition from the
-        store under a new epoch.
-        """
-        try:
-            return self._scan_once()
-        except Exception:
-            self.closed = True
-            raise
-
-    def _scan_once(self) -> bool:
-        while self.unscanned is not None:
-            block = next(self.unscanned, None)
-            if block is None:
-                self.unscanned = None
-                for c in self._all:
-                    c.acked.clear()  # every marker has met its message by now
-                    for group in list(c.groups):
-                        self._unblock_group(c, group)  # local heads waited for the unscanned blocks
-                self._prune()  # and so were this manager's own emptied blocks
-                break
-            bucket = keys.block_bucket(self.queue, self.index, block.id)
-            live = sorted(int(n) for n in self.store.scan(bucket) if n.isdigit())
-            ids = [f"{bucket}/{i}" for i in live]
-            records = self.store.get_many(ids) if ids else []
-            state = BlockState(block, set(), sealed=True, scanned=True)
-            self.blocks[block.id] = state
-            self.scanned_order.append(state)
-            done: list[str] = []
-            for i, mid, raw in zip(live, ids, records):
-                if raw is None:
-                    continue  # acknowledged between the scan and the read
-                message = StoredMessage.from_bytes(raw)
-                state.live.add(i)
-                if message.archived:
-                    state.archived.add(i)
-                state.newest = max(state.newest, message.enqueued_at)
-                self.seq_counter = max(self.seq_counter, message.sequence & 0xFFFFFFFF)
-                if self._route_new(mid, block, i, message, scanned=True):
-                    if not message.archived:  # a stub's body is read from the archive
-                        self.cache.put(mid, message)
-                elif self._all and all(mid in c.acked for c in self._all if message.subscription in (None, c.name)):
-                    done.append(mid)  # acked by every subscription; the owner died before the delete
-            if done:
-                self._remove_everywhere(done)
-            if state.live:
-                return True
-            self._prune()
-        return False
-
-    def _route_new(self, mid: str, block: Block, i: int, message: StoredMessage, *, scanned: bool) -> bool:
+    # --- routing ------------------------------------------------------------------------------
+    def route_new(self, mid: str, block: Block, i: int, message: StoredMessage, *, scanned: bool) -> bool:
         """Give a stored message to every cursor that should read it. Lock held. True if any took it."""
         taken = False
-        for c in self._all:
+        for c in self.readers:
             if not c.shared:
                 if mid in c.acked or (c.starts_at is not None and message.enqueued_at < c.starts_at):
                     continue
@@ -526,13 +365,13 @@ class PartitionManager:
         if message.group is not None:
             c.group_of[mid] = message.group
             c.groups.setdefault(message.group, SortedList()).add((pos, mid))
-            self._unblock_group(c, message.group)
+            self.unblock_group(c, message.group)
             return
         if mid in c.not_due:
             return
         (c.scanned_ready if scanned else c.ready).append(mid)
 
-    def _unblock_group(self, c: Cursor, group: str) -> None:
+    def unblock_group(self, c: Cursor, group: str) -> None:
         """Let the group's head be delivered if the group has nothing out. Lock held.
 
         The head is the group's oldest live message. A message this manager enqueued waits
@@ -564,18 +403,18 @@ class PartitionManager:
             c.not_due.discard(mid)
             group = c.group_of.get(mid)
             if group is not None:
-                self._unblock_group(c, group)
+                self.unblock_group(c, group)
             elif self._is_live(c, mid):
                 c.ready.append(mid)
 
     # --- guards -------------------------------------------------------------------------------
-    def _check_serving(self) -> None:
+    def check_serving(self) -> None:
         if self.closed:
             raise PartitionUnavailable(f"{self.queue}/{self.index} is closed on this node")
         if not self.lease.valid():
             raise PartitionUnavailable(f"{self.queue}/{self.index}: lease expired on this node")
 
-    def _confirmed(self, started: float) -> None:
+    def confirmed(self, started: float) -> None:
         """The store confirmed the fence by a read or fenced write begun at ``started``."""
         if started > self.fence_confirmed_at:
             self.fence_confirmed_at = started
@@ -587,148 +426,26 @@ class PartitionManager:
         (fenced writes) keep confirming it."""
         started = monotonic()
         if started - self.fence_confirmed_at <= FENCE_TRUST or self.closed:
-            return  # (closed: refused by _check_serving, no read)
+            return  # (closed: refused by check_serving, no read)
         try:
             current = self.store.read_fence(self.fence.key)
         except KVError as exc:
             raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
         if current != self.fence.epoch:
             with self.lock:
-                raise self._lost(Fenced(f"fence at {current}, epoch {self.fence.epoch} here"))
-        self._confirmed(started)
+                raise self.lost(Fenced(f"fence at {current}, epoch {self.fence.epoch} here"))
+        self.confirmed(started)
 
-    def _lost(self, exc: Exception) -> PartitionUnavailable:
+    def lost(self, exc: Exception) -> PartitionUnavailable:
         log.warning("%s/%s: giving up ownership: %s", self.queue, self.index, exc)
         self.closed = True
         return PartitionUnavailable(f"{self.queue}/{self.index} changed owner; retry")
 
-    # --- enqueue ------------------------------------------------------------------------------
+    # --- enqueue: Writer ----------------------------------------------------------------------
     def enqueue(self, messages: Sequence[StoredMessage]) -> list[str]:
-        """Store ``messages`` in order; their IDs once stored. All or nothing for the caller.
-
-        Positions are reserved under the lock, the messages written without it (so enqueues
-        and dequeues on one partition overlap their store round trips), and made deliverable
-        under the lock once written. A new block is written, and the head pointer moved,
-        while the lock is held: no message may go into a block before the pointer names it.
-        """
-        with self.lock:
-            self._check_serving()
-            if not self.enqueue_ready:
-                raise PartitionUnavailable(f"{self.queue}/{self.index} is still loading")
-            new_blocks: list[Block] = []
-            positions: list[tuple[Block, int]] = []
-            checkpoint = self.tree.checkpoint()
-            head = self.tree.head
-            next_index = self.next_index
-            writable = self.head_writable
-            now = monotonic()
-            since = self.head_since
-            if writable and head is not None and head.size > self.block_size:
-                writable = now - since <= BLOCK_SEAL_S  # else sealed: see BLOCK_SEAL_S
-            for _ in messages:
-                if head is None or not writable or next_index >= head.size:
-                    previous = head.size if head is not None else None
-                    filled_in = now - since if writable and head is not None else None
-                    head = self.tree.allocate(next_block_size(self.block_size, self.block_growth, previous, filled_in))
-                    new_blocks.append(head)
-                    next_index = 0
-                    writable = True
-                    since = now
-                positions.append((head, next_index))
-                next_index += 1
-            if new_blocks:
-                writes = [(keys.block_key(self.queue, self.index, b.id), b.to_bytes()) for b in new_blocks]
-                # The head record last (the file store renames in order), in the same fenced write:
-                # the store leads to the block whatever happens to the row.
-                writes.append((keys.head_key(self.queue, self.index), head_record(self.lease.epoch, new_blocks[-1].id)))
-                try:
-                    self.store.put_many(writes, fence=self.fence)
-                    # Durable pointer before any message goes into the new block: a new owner
-                    # must find every block that holds a confirmed message.
-                    self._set_head(self.lease, self.node_id, new_blocks[-1].id)
-                except (Fenced, leases.LeaseLost) as exc:
-                    raise self._lost(exc) from exc
-                except (KVError, OperationalError, InterfaceError) as exc:
-                    # The store or the database is down or did not answer (an outage): the new
-                    # blocks are forgotten, so no later block points at one that may not be
-                    # stored, and the partition goes on serving once the stores are back. A
-                    # block written whose pointer was not (or whose pointer was written but
-                    # not confirmed) names the old head as its previous: a new owner reading
-                    # either pointer finds every confirmed message. Nothing went into them.
-                    self.tree.rollback(checkpoint)
-                    if isinstance(exc, KVError):
-                        raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
-                    raise
-                except Exception:
-                    # Anything else: the tree in memory may be ahead of the store, and a later
-                    # block must never point at one that was not stored. Close; the node
-                    # reopens from the store.
-                    self.closed = True
-                    raise
-                self._adopt_blocks(new_blocks)
-            self.head_writable, self.next_index = True, next_index
-            if new_blocks:
-                self.head_since = now
-            states = [self.blocks[b.id] for b, _ in positions]
-            for state in states:
-                state.pending += 1
-            base = self.lease.epoch << 32
-            messages = [m.with_sequence(base | (self.seq_counter + k + 1)) for k, m in enumerate(messages)]
-            self.seq_counter += len(messages)
-        ids = [keys.message_key(self.queue, self.index, b.id, i) for b, i in positions]
-        items = [(mid, m.to_bytes()) for mid, m in zip(ids, messages)]
-        if self.archive == "all":  # the journal entries go in the same (atomic) write
-            items += archive_journal.entries(self.queue, self.index, items)
-        started = monotonic()
-        try:
-            self.store.put_many(items, fence=self.fence)
-        except BaseException as exc:
-            if not isinstance(exc, (Fenced, KVError)):
-                with self.lock:
-                    for state in states:
-                        state.pending -= 1
-                raise
-            if isinstance(exc, ReplicationError):
-                # Written on the primary only: take it back, so that nothing unconfirmed is
-                # ever delivered (by us, or by an owner that scans this block later).
-                try:
-                    self.store.delete_many([key for key, _ in items])
-                except KVError:
-                    log.error("%s/%s: could not take back unreplicated messages", self.queue, self.index)
-            with self.lock:
-                for state in states:
-                    state.pending -= 1  # the positions are burnt
-                if isinstance(exc, Fenced):
-                    raise self._lost(exc) from exc
-            raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
-        with self.lock:
-            self._confirmed(started)
-            if self.closed:
-                # Closed while we wrote (a failure elsewhere): the next owner, under a newer
-                # epoch, finds the messages if they were stored; do not confirm them here.
-                for state in states:
-                    state.pending -= 1
-                raise PartitionUnavailable(f"{self.queue}/{self.index} closed during the write; retry")
-            self.cache.put_many(zip(ids, messages))
-            for (block, i), state, mid, message in zip(positions, states, ids, messages):
-                state.pending -= 1
-                state.live.add(i)
-                state.newest = max(state.newest, message.enqueued_at)
-                self._route_new(mid, block, i, message, scanned=False)
-            self.enqueued_total += len(ids)
-        metrics.child(metrics.ENQUEUED, self.queue).inc(len(ids))
-        self.on_change()
-        return ids
-
-    def _adopt_blocks(self, new_blocks: list[Block]) -> None:
-        if not new_blocks:
-            return
-        if self.local_order:
-            self.local_order[-1].sealed = True  # the previous head
-        for b in new_blocks:
-            state = BlockState(b, set(), sealed=b is not new_blocks[-1], scanned=False)
-            self.blocks[b.id] = state
-            self.local_order.append(state)
+        """Store ``messages`` in order; their IDs once stored. All or nothing for the caller
+        (see :meth:`Writer.enqueue <queues.writer.Writer.enqueue>`)."""
+        return self.writer.enqueue(messages)
 
     # --- dequeue ------------------------------------------------------------------------------
     def dequeue(self, max_messages: int, visibility: float, sub: str = "") -> list[Delivery]:
@@ -739,7 +456,7 @@ class PartitionManager:
         counts: list[tuple[str, int]] = []
         self._check_fence()
         with self.lock:
-            self._check_serving()
+            self.check_serving()
             c = self.cursor(sub)
             if not self.dequeue_ready:
                 return out
@@ -759,7 +476,7 @@ class PartitionManager:
                 count = entry.receive_count + 1
                 c.redelivery.add(mid, deadline, receipt, count)
                 c.redelivered_total += 1
-                metrics.child(metrics.REDELIVERED, self.queue, sub).inc()
+                self.counters.redelivered(self.queue, sub)
                 counts.append((mid, count))
                 out.append(Delivery(mid, receipt, count))
             self._unblock_due(c)
@@ -772,7 +489,7 @@ class PartitionManager:
                         mid = c.scanned_ready.popleft()
                     elif self.unscanned is not None and scans < 8:
                         scans += 1
-                        self._scan()
+                        self.takeover.scan()
                         continue
                     elif c.ready:
                         mid = c.ready.popleft()
@@ -793,7 +510,7 @@ class PartitionManager:
         if counts:
             self._save_receives(c, counts)
         if out:
-            metrics.child(metrics.DELIVERED, self.queue, sub).inc(len(out))
+            self.counters.delivered(self.queue, sub, len(out))
         return out
 
     def _save_receives(self, c: Cursor, counts: list[tuple[str, int]]) -> None:
@@ -852,7 +569,7 @@ class PartitionManager:
         (moving dead letters), any failure raises.
         """
         try:
-            records = self._records([d.id for d in deliveries])
+            records = self.records([d.id for d in deliveries])
         except PartitionUnavailable:
             if sub is not None:
                 self.give_back(deliveries, sub)
@@ -878,9 +595,9 @@ class PartitionManager:
             # Removed behind our back (acknowledged at a previous owner before our scan saw it
             # gone, a purge): forget it rather than keep it in flight for ever.
             with self.lock:
-                for c in self._all:
-                    self._forget(c, vanished)
-                self._drop_stored(vanished)
+                for c in self.readers:
+                    self.forget(c, vanished)
+                self.drop_stored(vanished)
         return [d for d in deliveries if d.message is not None]
 
     def give_back(self, deliveries: Sequence[Delivery], sub: str = "") -> None:
@@ -949,9 +666,9 @@ class PartitionManager:
     def delete_acked(self, items: Sequence[MessageId], sub: str = "") -> int:
         """The store half of an ack: journaled for the archive (if the queue archives), then
         deleted. Returns how many were still held (a queue: stored). See :meth:`_delete`."""
-        return self._delete(items, journal=True, sub=sub)
+        return self.delete(items, journal=True, sub=sub)
 
-    def _delete(self, items: Sequence[MessageId], *, journal: bool, sub: str = "") -> int:
+    def delete(self, items: Sequence[MessageId], *, journal: bool, sub: str = "") -> int:
         """Delete messages ``sub`` holds. ``journal``: it is an ack, which the archive journal
         records; removals that are no ack (retention, a move to the dead-letter queue) are not
         archived.
@@ -979,18 +696,18 @@ class PartitionManager:
                 self.store.delete_many(counts, fence=self.fence)
             return removed
         except Fenced as exc:
-            raise self._lost(exc) from exc
+            raise self.lost(exc) from exc
         except KVError as exc:
             raise PartitionUnavailable(f"{self.queue}/{self.index}: store delete failed: {exc}") from exc
 
     def _delete_by_subscription(self, c: Cursor, items: Sequence[MessageId], journal: bool) -> int:
         with self.lock:
-            self._check_serving()
+            self.check_serving()
             held = [m for m in items if c.holds(self.blocks, m.block, m.index)]
             last: list[MessageId] = []
             shared: list[MessageId] = []
             for m in held:
-                others = any(o is not c and o.holds(self.blocks, m.block, m.index) for o in self._all)
+                others = any(o is not c and o.holds(self.blocks, m.block, m.index) for o in self.readers)
                 (shared if others else last).append(m)
             try:
                 if journal and last and self.archive != "none":
@@ -1006,13 +723,13 @@ class PartitionManager:
                 if counts:
                     self.store.delete_many(counts, fence=self.fence)
             except Fenced as exc:
-                raise self._lost(exc) from exc
+                raise self.lost(exc) from exc
             except KVError as exc:
                 self.closed = True  # memory and store may disagree now: reopen from the store
                 raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
             for m in held:
                 c.live.get(m.block, set()).discard(m.index)
-            self._drop_stored([str(m) for m in last])
+            self.drop_stored([str(m) for m in last])
             return len(held)
 
     def _delete_stored(self, mids: Sequence[str]) -> None:
@@ -1022,12 +739,12 @@ class PartitionManager:
             for mid in mids:
                 parsed = parse_message_id(mid)
                 if parsed is not None:
-                    for o in self._all:
+                    for o in self.readers:
                         keys.append(self._ack_key(o, parsed))
                         keys.append(self._receives_key(o, parsed))
         self.store.delete_many(keys, fence=self.fence)
 
-    def _drop_stored(self, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> None:
+    def drop_stored(self, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> None:
         """Memory of messages no longer stored (block live sets, cache). Lock held. ``where``:
         each one's ``(block id, index)``, when the caller has them already."""
         self.cache.discard_many(mids)
@@ -1037,20 +754,20 @@ class PartitionManager:
                 state.live.discard(idx)
                 state.archived.discard(idx)
 
-    def _stored(self, mid: str) -> bool:
+    def stored(self, mid: str) -> bool:
         block_id, idx = block_and_index(mid)
         state = self.blocks.get(block_id)
         return state is not None and idx in state.live
 
-    def _remove_everywhere(self, mids: Sequence[str]) -> None:
+    def remove_everywhere(self, mids: Sequence[str]) -> None:
         """Delete messages that no cursor needs, and forget them everywhere. Lock held."""
         try:
             self._delete_stored(mids)
         except Fenced as exc:
-            raise self._lost(exc) from exc
-        for c in self._all:
-            self._forget(c, mids)
-        self._drop_stored(mids)
+            raise self.lost(exc) from exc
+        for c in self.readers:
+            self.forget(c, mids)
+        self.drop_stored(mids)
 
     def settle_acked(self, items: Sequence[MessageId], removed: int, sub: str = "", *, ack: bool = True) -> None:
         """The memory half of an ack, after the delete. Lock held. ``ack=False``: a removal
@@ -1058,15 +775,15 @@ class PartitionManager:
         c = self.cursor(sub)
         mids = [str(m) for m in items]
         where = [(m.block, m.index) for m in items]  # parsed already: not again per use
-        self._forget(c, mids, where)
+        self.forget(c, mids, where)
         if c.shared:
-            self._drop_stored(mids, where)
+            self.drop_stored(mids, where)
         c.acked_total += removed
         if ack:
-            metrics.child(metrics.ACKED, self.queue, sub).inc(removed)
-        self._prune()
+            self.counters.acked(self.queue, sub, removed)
+        self.prune()
 
-    def _forget(self, c: Cursor, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> None:
+    def forget(self, c: Cursor, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> None:
         """Drop acknowledged (or dead-lettered, or expired) messages from a cursor. Lock held.
         ``where``: each one's ``(block id, index)``, when the caller has them already."""
         freed: set[str] = set()
@@ -1090,42 +807,37 @@ class PartitionManager:
                     del c.group_busy[group]
                 freed.add(group)
         for group in freed:
-            self._unblock_group(c, group)
+            self.unblock_group(c, group)
 
+    # --- retention: Retention -----------------------------------------------------------------
     def expire(self, cutoff: float) -> int:
-        """Remove messages of blocks whose newest message is older than ``cutoff`` (retention),
-        from every subscription; on a topic that archives, move the ones a subscription still
-        holds to the archive instead (see ``queues.topic_retention``).
+        """Remove messages of blocks whose newest message is older than ``cutoff`` (see
+        :meth:`Retention.expire <queues.retention.Retention.expire>`); how many were removed."""
+        return self.retention.expire(cutoff)
 
-        Works a block at a time from the oldest, so a message outlives its retention by at
-        most the time its block took to fill (a grown block: at most BLOCK_SEAL_S). Returns how
-        many were removed.
-        """
-        with self.lock:
-            self._check_serving()
-            doomed: list[str] = []
-            for state in [*self.scanned_order, *self.local_order]:
-                if state.newest >= cutoff or state.pending:
-                    break
-                bucket = keys.block_bucket(self.queue, self.index, state.block.id)
-                doomed.extend(f"{bucket}/{i}" for i in sorted(state.live))
-        if not doomed:
-            return 0
-        if self.is_topic:
-            batch = topic_retention.EXPIRE_BATCH
-            return sum(topic_retention.expire(self, doomed[k : k + batch]) for k in range(0, len(doomed), batch))
-        parsed = [m for m in (parse_message_id(d) for d in doomed) if m is not None]
-        removed = self._delete(parsed, journal=False)
-        with self.lock:
-            for c in self._all:
-                self._forget(c, doomed)
-            self._drop_stored(doomed)
-            self.expired_total += removed
-            metrics.EXPIRED.labels(self.queue).inc(removed)
-            self._prune()
-        return removed
+    def prune(self) -> None:
+        """Delete fully acknowledged blocks from the front of the allocation order. Lock held."""
+        self.retention.prune()
 
-    def _records(self, mids: Sequence[str]) -> dict[str, StoredMessage]:
+    def held(self, mid: str) -> bool:
+        """Some cursor still holds ``mid``. Lock held."""
+        return any(self._is_live(c, mid) for c in self.readers)
+
+    def is_stub(self, mid: str) -> bool:
+        """``mid``'s stored record is a stub: its body is in the archive only. Lock held."""
+        block_id, idx = block_and_index(mid)
+        state = self.blocks.get(block_id)
+        return state is not None and idx in state.archived
+
+    def mark_stubs(self, mids: Sequence[str]) -> None:
+        """``mids``' stored records were replaced by stubs (their bodies are in the archive
+        only): no longer kept in the cache. Lock held."""
+        for mid in mids:
+            block_id, idx = block_and_index(mid)
+            self.blocks[block_id].archived.add(idx)
+            self.cache.discard(mid)
+
+    def records(self, mids: Sequence[str]) -> dict[str, StoredMessage]:
         """The stored records of ``mids`` (cache, else one batched read; stubs too); gone ones
         left out."""
         out: dict[str, StoredMessage] = {}
@@ -1159,11 +871,11 @@ class PartitionManager:
     def _ack(self, items: Sequence[tuple[MessageId, str | None]], *, journal: bool, sub: str) -> int:
         mids = [mid for mid, _ in items]
         with self.lock:
-            self._check_serving()
+            self.check_serving()
             self.check_receipts(items, sub)
             pinned = self.pin_for_ack(mids, sub)
         try:
-            removed = self._delete(mids, journal=journal, sub=sub)
+            removed = self.delete(mids, journal=journal, sub=sub)
         except PartitionUnavailable:
             with self.lock:
                 self.unpin(pinned, sub)
@@ -1189,46 +901,11 @@ class PartitionManager:
             self.on_change()
         return c.receives.get(key, 1)
 
-    def _prune(self) -> None:
-        """Delete fully acknowledged blocks from the front of the allocation order.
-
-        Only a prefix of the allocation order is ever pruned (see ``queues.tree``): a block goes
-        when it and every older block are sealed and empty, and never while it is the head.
-        On a topic a block is empty when no subscription holds any of its messages.
-        """
-        head_id = self.tree.head.id if self.tree.head is not None else None
-        doomed: list[BlockState] = []
-
-        def take(order: deque[BlockState]) -> bool:
-            for state in order:
-                if state.live or state.pending or not state.sealed or state.block.id == head_id:
-                    return False
-                doomed.append(state)
-            return True
-
-        if take(self.scanned_order) and self.unscanned is None:
-            take(self.local_order)
-        if not doomed:
-            return
-        try:
-            self.store.delete_many(
-                [keys.block_key(self.queue, self.index, s.block.id) for s in doomed], fence=self.fence
-            )
-        except Fenced as exc:
-            raise self._lost(exc) from exc
-        except KVError:
-            return  # try again at the next ack
-        for s in doomed:
-            order = self.scanned_order if s.scanned else self.local_order
-            order.popleft()
-            del self.blocks[s.block.id]
-            self.tree.forget(s.block.id)
-
     # --- figures ------------------------------------------------------------------------------
     def stats(self) -> PartitionStats:
         with self.lock:
             now = monotonic()
-            for c in self._all:
+            for c in self.readers:
                 c.redelivery.advance(now)  # (the count read without the lock walks only what came due since)
             live = sum(len(s.live) for s in self.blocks.values())
             ordered = [*self.scanned_order, *self.local_order]
@@ -1238,7 +915,7 @@ class PartitionManager:
             first = ""
             cursors = {}
             if self.is_topic:
-                for c in self._all:
+                for c in self.readers:
                     cursors[c.name] = {
                         "held": c.held_count(),
                         "in_flight": c.redelivery.in_flight_count(now),
@@ -1271,7 +948,7 @@ class PartitionManager:
                 dequeue_id=first,
                 visible=max(live - in_flight, 0),
                 in_flight=in_flight,
-                delayed=len(set().union(*(c.not_due for c in self._all))),
+                delayed=len(set().union(*(c.not_due for c in self.readers))),
                 depth_exact=self.unscanned is None,
                 live_blocks=len(self.blocks),
                 tree_height=max((h for _, h in self.tree.roots), default=-1) + 1,
@@ -1285,6 +962,6 @@ class PartitionManager:
 
     def next_wakeup(self, sub: str | None = None) -> float | None:
         """Monotonic time at which an in-flight message becomes deliverable again."""
-        cursors = self._all if sub is None else [self.cursors[sub]] if sub in self.cursors else []
+        cursors = self.readers if sub is None else [self.cursors[sub]] if sub in self.cursors else []
         deadlines = [d for d in (c.redelivery.next_deadline() for c in cursors) if d is not None]
         return min(deadlines, default=None)

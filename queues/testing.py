@@ -302,8 +302,9 @@ def next_owner(
 ) -> PartitionManager:
     """A takeover: the row's next epoch, its lease and a ``manager`` (PartitionManager by
     default) on partition 0 of ``queue``, not opened yet. ``options`` go to the manager."""
-    from queues.leases import Lease
+    from queues.leases import ROW_OUTAGES, Lease
     from queues.partition import BodyCache, PartitionManager
+    from queues.ports import BoundRow
 
     row.epoch += 1
     lease = Lease(1, queue, 0, row.epoch, "n", 10.0, float("inf"), row.head or "")
@@ -313,8 +314,6 @@ def next_owner(
         store=store,
         node_id=node_id,
         cache=BodyCache(cache_bytes),
-        set_head=row.set_head,
-        read_head=row.read_head,
-        move_epoch=row.move_epoch,
+        row=BoundRow(lease, node_id, row.read_head, row.set_head, row.move_epoch, outages=ROW_OUTAGES),
         **options,
     )

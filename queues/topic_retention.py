@@ -1,6 +1,6 @@
 """Retention on a topic, and the archive stubs it leaves for slow subscriptions.
 
-A queue's expired messages are simply removed (``PartitionManager.expire``). A topic's are
+A queue's expired messages are simply removed (``queues.retention``). A topic's are
 shared by its subscriptions: those no subscription holds any more are removed; on a topic that
 archives (mode ``all`` or ``acked``) those a slow subscription still holds are kept, by
 writing each to the archive table (committed first) and then replacing its stored record by a
@@ -9,24 +9,24 @@ place in the tree, so group order, pruning and a takeover work as for any messag
 reads the body back from the archive (:func:`bodies_from_archive`), and the last
 subscription's ack removes the stub like a message.
 
-These functions work on a :class:`~queues.partition.PartitionManager`, as part of it: they
-use its private helpers. :func:`expire` and :func:`bodies_from_archive` take its lock
-themselves (it must not be held on entry); :func:`held` and :func:`is_stub` expect it held.
+These functions work on a partition manager through :class:`TopicPartition`, the part of its
+public interface they need. They take its lock themselves (it must not be held on entry).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
-from . import metrics
 from .errors import PartitionUnavailable
-from .keys import block_and_index
-from .kv import Fenced, KVError
+from .kv.base import Fence, Fenced, KeyValueStore, KVError
 from .messages import StoredMessage
 
 if TYPE_CHECKING:
-    from .partition import Delivery, PartitionManager
+    from .partition import Delivery
+    from .ports import Counters
 
 log = logging.getLogger(__name__)
 
@@ -35,19 +35,63 @@ log = logging.getLogger(__name__)
 EXPIRE_BATCH = 1000
 
 
-def held(m: PartitionManager, mid: str) -> bool:
-    """Some subscription still holds ``mid``. Lock held."""
-    return any(m._is_live(c, mid) for c in m._all)
+class TopicPartition(Protocol):
+    """What topic retention uses of a partition manager (``queues.partition``). Methods named
+    "Lock held" expect its ``lock`` held."""
+
+    queue: str
+    index: int
+    lock: threading.Lock
+    store: KeyValueStore
+    fence: Fence
+    counters: Counters
+    #: the topic's archive mode ("none", "all", "acked").
+    archive: str
+    archive_sink: Callable[[list[tuple[str, bytes]]], object] | None
+    archive_source: Callable[[list[str]], dict[str, StoredMessage]] | None
+    closed: bool
+    expired_total: int
+    archived_total: int
+    archive_missing_total: int
+
+    def check_serving(self) -> None:
+        """Raise PartitionUnavailable unless the manager serves (open, lease valid). Lock held."""
+        ...
+
+    def stored(self, mid: str) -> bool:
+        """``mid`` is still stored. Lock held."""
+        ...
+
+    def held(self, mid: str) -> bool:
+        """Some subscription still holds ``mid``. Lock held."""
+        ...
+
+    def is_stub(self, mid: str) -> bool:
+        """``mid``'s stored record is a stub: its body is in the archive only. Lock held."""
+        ...
+
+    def records(self, mids: Sequence[str]) -> dict[str, StoredMessage]:
+        """The stored records of ``mids`` (stubs too); gone ones left out."""
+        ...
+
+    def mark_stubs(self, mids: Sequence[str]) -> None:
+        """``mids``' records are stubs now. Lock held."""
+        ...
+
+    def remove_everywhere(self, mids: Sequence[str]) -> None:
+        """Delete messages no subscription needs, and forget them everywhere. Lock held."""
+        ...
+
+    def lost(self, exc: Exception) -> PartitionUnavailable:
+        """Close after a fenced write (another owner now); the error to raise. Lock held."""
+        ...
+
+    def prune(self) -> None:
+        """Delete the emptied blocks at the front. Lock held."""
+        ...
 
 
-def is_stub(m: PartitionManager, mid: str) -> bool:
-    """``mid``'s stored record is a stub: its body is in the archive only. Lock held."""
-    block_id, idx = block_and_index(mid)
-    state = m.blocks.get(block_id)
-    return state is not None and idx in state.archived
-
-
-def expire(m: PartitionManager, doomed: list[str]) -> int:
+def expire(m: TopicPartition, doomed: list[str]) -> int:
     """Retention on a topic's messages ``doomed`` (at most :data:`EXPIRE_BATCH`, all of
     blocks past the cutoff): those no subscription holds are removed; with
     archiving on, those one still holds are written to the archive table (committed
@@ -61,10 +105,10 @@ def expire(m: PartitionManager, doomed: list[str]) -> int:
     records: dict[str, StoredMessage] = {}  # the held ones, read and archived
     if keep and sink is not None:
         with m.lock:
-            m._check_serving()
-            wanted = [d for d in doomed if m._stored(d) and not is_stub(m, d) and held(m, d)]
+            m.check_serving()
+            wanted = [d for d in doomed if m.stored(d) and not m.is_stub(d) and m.held(d)]
         if wanted:
-            records = m._records(wanted)
+            records = m.records(wanted)
             try:
                 sink([(mid, rec.to_bytes()) for mid, rec in records.items() if not rec.archived])
             except Exception as exc:
@@ -72,15 +116,15 @@ def expire(m: PartitionManager, doomed: list[str]) -> int:
                     f"{m.queue}/{m.index}: archive write failed, retention deferred: {exc}"
                 ) from exc
     with m.lock:
-        m._check_serving()
+        m.check_serving()
         gone: list[str] = []
         stubs: list[str] = []
         for mid in doomed:
-            if not m._stored(mid):
+            if not m.stored(mid):
                 continue  # acknowledged meanwhile: gone already
-            if not keep or not held(m, mid):
+            if not keep or not m.held(mid):
                 gone.append(mid)
-            elif mid in records and not is_stub(m, mid):
+            elif mid in records and not m.is_stub(mid):
                 stubs.append(mid)
         try:
             # (a record that is a stub already was written by a run whose store write failed)
@@ -88,25 +132,22 @@ def expire(m: PartitionManager, doomed: list[str]) -> int:
             if writes:
                 m.store.put_many(writes, fence=m.fence)
             if gone:
-                m._remove_everywhere(gone)
+                m.remove_everywhere(gone)
         except Fenced as exc:
-            raise m._lost(exc) from exc
+            raise m.lost(exc) from exc
         except KVError as exc:
             # Memory still says "not a stub" for any stub written: the next run finds it in
             # the store and marks it; a delivery meanwhile reads it from the archive.
             raise PartitionUnavailable(f"{m.queue}/{m.index}: store write failed: {exc}") from exc
-        for mid in stubs:
-            block_id, idx = block_and_index(mid)
-            m.blocks[block_id].archived.add(idx)
-            m.cache.discard(mid)
+        m.mark_stubs(stubs)
         m.archived_total += len(stubs)
         m.expired_total += len(gone)
-        metrics.EXPIRED.labels(m.queue).inc(len(gone))
-        m._prune()
+        m.counters.expired(m.queue, len(gone))
+        m.prune()
     return len(gone)
 
 
-def bodies_from_archive(m: PartitionManager, stubs: list[Delivery]) -> None:
+def bodies_from_archive(m: TopicPartition, stubs: list[Delivery]) -> None:
     """Replace stubs by their archived records (raises PartitionUnavailable when the archive
     cannot be read). A stub whose row is not in the archive (deleted by hand, a database
     restored from an older backup) can never be delivered: it is removed, counted in
@@ -135,7 +176,7 @@ def bodies_from_archive(m: PartitionManager, stubs: list[Delivery]) -> None:
         )
         with m.lock:
             try:
-                m._remove_everywhere([mid for mid in lost if m._stored(mid)])
+                m.remove_everywhere([mid for mid in lost if m.stored(mid)])
             except KVError as exc:
                 m.closed = True  # reopened from the store, which still has the stubs
                 raise PartitionUnavailable(f"{m.queue}/{m.index}: store delete failed: {exc}") from exc

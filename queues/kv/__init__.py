@@ -16,8 +16,6 @@ import threading
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from django.core.exceptions import ImproperlyConfigured
-
 from .base import Fence, Fenced, KeyValueStore, KVError, PrefixedStore, ReplicationError
 
 __all__ = [
@@ -85,6 +83,8 @@ def open_store(url: str) -> KeyValueStore:
     scheme = urlsplit(url).scheme or url
     factory = BACKENDS.get(scheme)
     if factory is None:
+        from django.core.exceptions import ImproperlyConfigured
+
         raise ImproperlyConfigured(
             f"KV_URL={url!r}: unknown scheme {scheme!r}; use file:///path, redis://host:port/db, "
             "redis-cluster://host:port,host:port,... or postgres"

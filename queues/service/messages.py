@@ -655,7 +655,7 @@ def _serving_locked(groups: list[tuple[PartitionManager, list[tuple[MessageId, s
         for m, _ in groups:
             m.lock.acquire()
             locked.append(m)
-            m._check_serving()
+            m.check_serving()
         yield
     finally:
         for m in reversed(locked):
@@ -728,7 +728,7 @@ def change_visibility(
             return
     ((m, _),) = _managers_of(cfg.name, [(mid, receipt)])
     with m.lock:
-        m._check_serving()
+        m.check_serving()
         receive_count = m.change_visibility_locked(mid, receipt, visibility_timeout, sub)
     if visibility_timeout == 0:
         given_back.send_robust(sender=None, target=target, message_id=str(mid), receive_count=receive_count)
