@@ -25,6 +25,7 @@ from django.db import connection, models, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from .errors import Unavailable
 from .models import Partition
 
 #: The share of a lease period the owner relies on: it stops acting at 80 % of the period,
@@ -80,7 +81,7 @@ class Observation:
     seen_at: float
 
 
-class LeaseLost(Exception):
+class LeaseLost(Unavailable):
     """This node is no longer the owner (renewal failed, or the epoch moved on)."""
 
 
