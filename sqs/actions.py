@@ -150,7 +150,7 @@ def _by_status(exc: service.ServiceError) -> SQSError:
         return SQSError("AccessDenied", exc.detail)
     if exc.status == 409:
         return SQSError("ReceiptHandleIsInvalid", exc.detail)
-    if exc.status == 429:
+    if exc.status == 429:  # SQS's throttling error, which SDKs back off from
         return SQSError("RequestThrottled", exc.detail, retry_after=exc.retry_after or 1)
     if exc.status < 500:
         return _invalid(exc.detail)
