@@ -194,7 +194,7 @@ class ReplayView(APIView):
             return Response(
                 {
                     "error": "unavailable",
-                    "detail": f"stopped part-way, retry the rest: {exc}",
+                    "detail": exc.detail,
                     "queue": source,
                     "into": into,
                     "replayed": exc.replayed,

@@ -22,6 +22,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from queues import archive_journal, keys, service
+from queues.errors import Unavailable
 from queues.kv import KeyValueStore, get_store
 from queues.messages import StoredMessage, parse_message_id
 from queues.models import Queue
@@ -38,7 +39,7 @@ MAX_ROUNDS = int(os.environ.get("ARCHIVE_MAX_ROUNDS", "100"))
 LOCK_SECONDS = float(os.environ.get("ARCHIVE_LOCK_SECONDS", "60"))
 
 
-class LockLost(Exception):
+class LockLost(Unavailable):
     """Another archiver took the queue (our lease ran out): stop working on it."""
 
 

@@ -16,9 +16,8 @@ from django.utils import timezone
 
 from queues import audit, service
 from queues.access import Caller, require
-from queues.kv import KVError
 from queues.models import Queue
-from queues.service import MessageDraft, PartitionUnavailable, QueueNotFound
+from queues.service import MessageDraft, QueueNotFound, Unavailable
 
 from .archiver import message_of
 from .models import ArchivedMessage
@@ -67,12 +66,17 @@ class ReplayResult:
     ids: list[str]
 
 
-class PartialReplay(Exception):
-    """A batch failed after earlier ones were enqueued (those are counted and marked)."""
+class PartialReplay(Unavailable):
+    """A batch failed after earlier ones were enqueued (those are counted and marked): 503,
+    retry the rest."""
 
     def __init__(self, cause: Exception, replayed: int, ids: list[str]):
         super().__init__(str(cause))
         self.cause, self.replayed, self.ids = cause, replayed, ids
+
+    @property
+    def detail(self) -> str:
+        return f"stopped part-way, retry the rest: {self}"
 
 
 def require_source(caller: Caller, source: str) -> None:
@@ -125,7 +129,7 @@ def replay(rows: list[ArchivedMessage], into: str, *, caller: Caller, hops: int 
     for batch_rows, chunk in batches:
         try:
             answer = service.enqueue(into, chunk, caller=caller, hops=hops)
-        except (PartitionUnavailable, KVError) as exc:
+        except Unavailable as exc:
             if ids:
                 audit.record(caller, "replay", into, sources=sorted({r.queue for r in rows}), replayed=len(ids))
                 raise PartialReplay(exc, len(ids), ids) from exc

@@ -35,8 +35,8 @@ from typing import Any
 from django.db import models
 from django.db.models.signals import post_delete, post_save
 
+from .errors import QueueNotFound, Refused
 from .models import Grant
-from .node import QueueNotFound
 
 #: seconds a process trusts the grants it read.
 TTL = 2.0
@@ -89,14 +89,21 @@ ANONYMOUS = Caller(None, "anonymous")
 SYSTEM = Caller(None, "system", system=True)
 
 
-class Forbidden(Exception):
-    """The caller may see the queue but not do this to it (403)."""
+class Forbidden(Refused):
+    """The caller may see the queue but not do this to it (403). The answer names the
+    permission that is ``missing``."""
+
+    code = "permission_denied"
+    status = 403
 
     def __init__(self, caller: Caller, action: str, target: str):
         super().__init__(f"{caller} may not {action} {target!r}: it needs the {action!r} permission on it")
         self.caller = caller
         self.action = action
         self.target = target
+
+    def body(self) -> dict[str, Any]:
+        return {**super().body(), "missing": self.action}
 
 
 def pattern_regex(pattern: str) -> re.Pattern[str]:

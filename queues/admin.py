@@ -17,7 +17,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from . import access, admin_tokens, keys, service  # noqa: F401 - admin_tokens: the API tokens' admin
-from .access import Caller, Forbidden
+from .access import Caller
 from .admin_reads import ByGrant, QueueChoices, request_caller
 from .kv import get_store
 from .models import AuditEntry, Grant, Node, Partition, Queue, Subscription
@@ -25,14 +25,17 @@ from .tree_svg import partition_svg
 
 
 def _refusal(exc: Exception) -> str:
-    """What the operator is told when the service refuses them an action."""
+    """What the operator is told when the service refuses them an action (a
+    :class:`~queues.errors.Refused`, or a model's validation)."""
     if isinstance(exc, ValidationError):
         return "; ".join(exc.messages)
-    if isinstance(exc, Forbidden):
-        return str(exc)
     if isinstance(exc, service.SubscriptionNotFound):
         return f"{exc.args[0]!r} was deleted meanwhile"
-    return f"you may not see {exc.args[0]!r}: it needs a grant on it"
+    if isinstance(exc, service.QueueNotFound):
+        return f"you may not see {exc.args[0]!r}: it needs a grant on it"
+    if isinstance(exc, service.ServiceError):
+        return exc.detail
+    return str(exc)
 
 
 def _age(ts) -> str:
@@ -164,7 +167,7 @@ class SubscriptionForm(forms.ModelForm):
             service.check_subscription_update(self.instance, caller=self.caller, **self.changed_settings())
         except service.InvalidRequest as exc:
             raise ValidationError(exc.detail) from exc
-        except (Forbidden, service.QueueNotFound) as exc:
+        except service.Refused as exc:
             raise ValidationError(f"you may not change this: {_refusal(exc)}") from exc
         return data
 
@@ -239,15 +242,13 @@ class SubscriptionAdmin(ByGrant, SubscriptionStatsColumns, admin.ModelAdmin):
                 caller=Caller.of(request.user),
                 **form.changed_settings(),
             )
-        except service.InvalidRequest as exc:
-            self.message_user(request, f"{obj}: not changed: {exc.detail}", level=messages.ERROR)
-        except (Forbidden, service.QueueNotFound, service.SubscriptionNotFound, ValidationError) as exc:
+        except (service.Refused, ValidationError) as exc:
             self.message_user(request, f"{obj}: not changed: {_refusal(exc)}", level=messages.ERROR)
 
     def delete_model(self, request, obj):
         try:
             service.delete_subscription(obj, caller=Caller.of(request.user))
-        except (Forbidden, service.QueueNotFound) as exc:
+        except service.Refused as exc:
             self.message_user(request, f"{obj}: not deleted: {_refusal(exc)}", level=messages.ERROR)
 
     def delete_queryset(self, request, queryset):
@@ -282,7 +283,7 @@ class GrantForm(forms.ModelForm):
             service.check_grant(caller=self.caller, **fields)
         except service.InvalidRequest as exc:
             raise ValidationError(exc.detail) from exc
-        except (access.Forbidden, service.QueueNotFound) as exc:
+        except service.Refused as exc:
             raise ValidationError(f"you may not grant this: {exc}") from exc
         if Grant.objects.filter(**fields).exists():
             raise ValidationError("this grant exists already")
@@ -314,7 +315,7 @@ def save_grants(request, formset) -> None:
             continue
         try:
             service.revoke(caller=caller, **_grant_fields(current))
-        except (service.InvalidRequest, access.Forbidden, service.QueueNotFound) as exc:
+        except service.Refused as exc:
             messages.error(request, f"{current}: not revoked: {exc}")
     for obj in formset.new_objects:
         row, _ = service.grant(caller=caller, **_grant_fields(obj))
@@ -501,13 +502,13 @@ class QueueAdmin(ByGrant, admin.ModelAdmin):
             service.update_queue(Queue.objects.get(pk=obj.pk), caller=Caller.of(request.user), **fields)
         except service.InvalidRequest as exc:
             self.message_user(request, exc.detail, level=messages.ERROR)
-        except (Forbidden, service.QueueNotFound) as exc:
+        except service.Refused as exc:
             self.message_user(request, f"{obj.name}: not changed: {_refusal(exc)}", level=messages.ERROR)
 
     def delete_model(self, request, obj):
         try:
             service.delete_queue(obj, caller=Caller.of(request.user))  # its messages leave the store with it
-        except (Forbidden, service.QueueNotFound) as exc:
+        except service.Refused as exc:
             self.message_user(request, f"{obj.name}: not deleted: {_refusal(exc)}", level=messages.ERROR)
 
     def delete_queryset(self, request, queryset):
@@ -596,7 +597,7 @@ class QueueAdmin(ByGrant, admin.ModelAdmin):
         for q in queryset:
             try:
                 removed = service.purge(q.name, caller=Caller.of(request.user))
-            except (Forbidden, service.QueueNotFound) as exc:
+            except service.Refused as exc:
                 self.message_user(request, f"{q.name}: not purged: {_refusal(exc)}", level=messages.ERROR)
                 continue
             except Exception as exc:  # noqa: BLE001 - shown to the operator
@@ -612,7 +613,7 @@ class QueueAdmin(ByGrant, admin.ModelAdmin):
         for q in queryset:
             try:
                 result = service.redrive(q.name, 1000, caller=Caller.of(request.user))
-            except (Forbidden, service.QueueNotFound, service.SubscriptionNotFound) as exc:
+            except service.Refused as exc:
                 self.message_user(request, f"{q.name}: not redriven: {_refusal(exc)}", level=messages.ERROR)
                 continue
             except Exception as exc:  # noqa: BLE001 - shown to the operator
@@ -685,10 +686,10 @@ class PartitionAdmin(ByGrant, admin.ModelAdmin):
         for p in queryset.select_related("queue"):
             try:
                 node = service.release_partition(p.queue.name, p.index, caller=Caller.of(request.user))
-            except (Forbidden, service.QueueNotFound) as exc:
-                self.message_user(request, f"{p}: not released: {_refusal(exc)}", level=messages.ERROR)
             except service.Conflict as exc:
                 self.message_user(request, f"{p}: {exc.detail}", level=messages.WARNING)
+            except service.Refused as exc:
+                self.message_user(request, f"{p}: not released: {_refusal(exc)}", level=messages.ERROR)
             except service.RemoteError as exc:
                 self.message_user(request, f"{p}: {exc.payload.get('detail', exc.payload)}", level=messages.WARNING)
             except Exception as exc:  # noqa: BLE001 - shown to the operator
@@ -779,7 +780,7 @@ class GrantAdmin(QueueChoices, admin.ModelAdmin):
     def delete_model(self, request, obj):
         try:
             service.revoke(caller=Caller.of(request.user), **_grant_fields(obj))
-        except (service.InvalidRequest, access.Forbidden, service.QueueNotFound) as exc:
+        except service.Refused as exc:
             self.message_user(request, f"{obj}: not revoked: {exc}", level=messages.ERROR)
 
     def delete_queryset(self, request, queryset):

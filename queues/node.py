@@ -38,6 +38,7 @@ from django.utils import timezone
 from . import keys, leases, metrics
 from .body_cache import BodyCache
 from .cursor import SubscriptionSpec
+from .errors import QueueNotFound
 from .kv import KeyValueStore, KVError, get_store
 from .messages import StoredMessage
 from .models import QUEUE_SETTINGS, Node, Partition, Queue, Subscription
@@ -257,14 +258,6 @@ def _field(name: str) -> models.Field:
 def _column(field: models.Field) -> str:
     assert field.column is not None
     return field.column
-
-
-class QueueNotFound(Exception):
-    pass
-
-
-class SubscriptionNotFound(Exception):
-    pass
 
 
 class NodeRuntime:

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
+from .errors import Refused, Unavailable
+
 #: beside a forwarded call: the HMAC (hex) over the request; see the module docstring.
 SIGNATURE_HEADER = "X-MQ-Cluster-Signature"
 #: the Unix time (seconds, as a decimal) the call was signed at.
@@ -95,12 +97,17 @@ SIGNATURE_META = meta_key(SIGNATURE_HEADER)
 LEGACY_SECRET_META = meta_key(LEGACY_SECRET_HEADER)
 
 
-class PeerAuthFailed(Exception):
+class PeerAuthFailed(Refused):
     """A call that claims to come from a node and does not prove it (401)."""
 
+    code = "authentication_failed"
+    status = 401
 
-class PeerAuthBusy(Exception):
+
+class PeerAuthBusy(Unavailable):
     """The replay guard is full of live signatures: retry soon (503)."""
+
+    node_failure = False
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ from typing import Any
 
 import orjson
 
+from .errors import Fault
+
 BlockReader = Callable[[str], "Block | None"]
 
 #: The most positions a block may hold (a queue's ``block_size`` and a grown block alike): a
@@ -353,5 +355,5 @@ def newest_head(row_head: str | None, record: tuple[int, str | None] | None, rea
     return stored
 
 
-class CorruptTree(Exception):
+class CorruptTree(Fault):
     """The store does not hold the tree the partition row points at."""

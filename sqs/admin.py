@@ -15,12 +15,10 @@ from . import service as sqs_service
 from .models import AccessKey, QueueSettings
 
 
-def _refusal(exc: Exception) -> str:
-    if isinstance(exc, service.InvalidRequest):
-        return exc.detail
+def _refusal(exc: service.ServiceError) -> str:
     if isinstance(exc, service.QueueNotFound):
         return f"you may not see {exc.args[0]!r}: it needs a grant on it"
-    return str(exc)
+    return exc.detail
 
 
 class AccessKeyForm(forms.ModelForm):
@@ -86,7 +84,7 @@ class AccessKeyAdmin(admin.ModelAdmin):
                 sqs_service.describe_access_key(
                     AccessKey.objects.select_related("user").get(pk=obj.pk), obj.description, caller=caller
                 )
-            except (Forbidden, service.InvalidRequest) as exc:
+            except service.Refused as exc:
                 self.message_user(request, f"{obj}: not changed: {_refusal(exc)}", level=messages.ERROR)
             return
         key = sqs_service.issue_access_key(obj.user, obj.description, caller=caller)
@@ -136,7 +134,7 @@ class QueueSettingsForm(forms.ModelForm):
             return data
         try:
             sqs_service.check_queue_settings(q, caller=self.caller, **self.changed_settings())
-        except (Forbidden, service.QueueNotFound, service.InvalidRequest) as exc:
+        except service.Refused as exc:
             raise ValidationError(f"{q.name}: {_refusal(exc)}") from exc
         return data
 
@@ -167,7 +165,7 @@ class QueueSettingsAdmin(ByGrant, admin.ModelAdmin):
             s = sqs_service.update_queue_settings(
                 q, caller=Caller.of(request.user), replace=("tags", "opaque"), **form.changed_settings()
             )
-        except (Forbidden, service.QueueNotFound, service.InvalidRequest) as exc:
+        except service.Refused as exc:
             # refused after the form's check (a grant revoked meanwhile): nothing was saved
             self.message_user(request, f"{q.name}: SQS settings not changed: {_refusal(exc)}", level=messages.ERROR)
             return

@@ -9,7 +9,7 @@ counts (any host).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +18,7 @@ from django.core.exceptions import ValidationError
 from django.db import DatabaseError
 
 from queues import service
-from queues.access import Caller, Forbidden
+from queues.access import Caller
 
 from .errors import SQSError
 
@@ -74,41 +74,61 @@ def no_queue() -> SQSError:
     return SQSError("QueueDoesNotExist", "The specified queue does not exist.")
 
 
+def _by_status(exc: service.ServiceError) -> SQSError:
+    """A service error in SQS's terms by its status (another node's answer passed on, and any
+    error :data:`_AWS_ERRORS` does not name)."""
+    if exc.status == 404:
+        return no_queue()
+    if exc.status == 403:
+        return SQSError("AccessDenied", exc.detail)
+    if exc.status == 409:
+        return SQSError("ReceiptHandleIsInvalid", exc.detail)
+    if exc.status == 429:  # SQS's throttling error, which SDKs back off from
+        return SQSError("RequestThrottled", exc.detail, retry_after=exc.retry_after or 1)
+    if exc.status < 500:
+        return invalid(exc.detail)
+    return SQSError("ServiceUnavailable", exc.detail, retry_after=1)
+
+
+#: The service errors whose SQS answer is not the one of their status, by class (the nearest
+#: class in an error's MRO counts). None: not the service's to map (answered as it is).
+_AWS_ERRORS: dict[type[service.ServiceError], Callable[[Any], SQSError | None]] = {
+    SQSError: lambda exc: None,
+    service.Fault: lambda exc: None,
+    # 404 for the path's resource in the REST API; a parameter's value here.
+    service.InvalidRequest: lambda exc: invalid(exc.detail),
+    service.ReceiptMismatch: lambda exc: SQSError(
+        "ReceiptHandleIsInvalid", f"The receipt handle is not valid now: {exc}"
+    ),
+    # SQS has no conflict of state; the calls that meet one (a partition no live node holds)
+    # may succeed on a retry.
+    service.Conflict: lambda exc: SQSError("ServiceUnavailable", f"{exc.detail}; retry", retry_after=1),
+    service.Unavailable: lambda exc: SQSError("ServiceUnavailable", f"unavailable now, retry: {exc}", retry_after=1),
+}
+
+
+def sqs_error(exc: service.ServiceError) -> SQSError | None:
+    """``exc`` in SQS's terms; None where it is to be raised as it is."""
+    for cls in type(exc).__mro__:
+        if cls in _AWS_ERRORS:
+            return _AWS_ERRORS[cls](exc)
+    return _by_status(exc)
+
+
 @contextmanager
 def service_errors() -> Iterator[None]:
     """The service's exceptions as SQS's errors (the one place they are mapped)."""
     try:
         yield
-    except (service.QueueNotFound, service.SubscriptionNotFound):
-        raise no_queue() from None
-    except Forbidden as exc:
-        raise SQSError("AccessDenied", str(exc)) from None
-    except service.ReceiptMismatch as exc:
-        raise SQSError("ReceiptHandleIsInvalid", f"The receipt handle is not valid now: {exc}") from None
-    except service.InvalidRequest as exc:
-        raise invalid(exc.detail) from None
+    except service.ServiceError as exc:
+        mapped = sqs_error(exc)
+        if mapped is None:
+            raise
+        raise mapped from None
     except ValidationError as exc:
         raise SQSError("InvalidAttributeValue", "; ".join(exc.messages)) from None
-    except service.Conflict as exc:
-        raise SQSError("ServiceUnavailable", f"{exc.detail}; retry", retry_after=1) from None
-    except service.TooManyWaits as exc:
-        # The REST API's 429: SQS's throttling error, which SDKs back off from (never a 500).
-        raise SQSError("RequestThrottled", exc.detail, retry_after=exc.retry_after) from None
-    except (service.PartitionUnavailable, service.KVError, DatabaseError) as exc:
+    except DatabaseError as exc:
         raise SQSError("ServiceUnavailable", f"unavailable now, retry: {exc}", retry_after=1) from None
-    except service.RemoteError as exc:
-        detail = str((exc.payload or {}).get("detail", exc.payload))
-        if exc.status == 404:
-            raise no_queue() from None
-        if exc.status == 403:
-            raise SQSError("AccessDenied", detail) from None
-        if exc.status == 409:
-            raise SQSError("ReceiptHandleIsInvalid", detail) from None
-        if exc.status == 429:
-            raise SQSError("RequestThrottled", detail, retry_after=1) from None
-        if exc.status < 500:
-            raise invalid(detail) from None
-        raise SQSError("ServiceUnavailable", detail, retry_after=1) from None
 
 
 # --- parameters ---------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from queues.errors import ServiceError
+
 #: JSON-protocol code (the error shape's name) -> (query-protocol code, HTTP status, sender's fault).
 #: The query code is what the query protocol answers in ``<Code>`` and the JSON protocol in the
 #: ``x-amzn-query-error`` header (botocore raises the modelled exception from it).
@@ -40,9 +42,10 @@ CODES: dict[str, tuple[str, int, bool]] = {
 }
 
 
-class SQSError(Exception):
+class SQSError(ServiceError):
     """A refusal in SQS's terms. ``code`` is the JSON protocol's (the error shape's name);
-    ``query_code`` the query protocol's. ``retry_after`` (seconds) goes out as Retry-After."""
+    ``query_code`` the query protocol's; ``detail`` the message. ``retry_after`` (seconds) goes
+    out as Retry-After."""
 
     def __init__(
         self,
@@ -61,6 +64,10 @@ class SQSError(Exception):
         self.status = status if status is not None else default_status
         self.sender_fault = sender_fault if sender_fault is not None else default_fault
         self.retry_after = retry_after
+
+    @property
+    def detail(self) -> str:
+        return self.message
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from xml.sax.saxutils import escape
 
+from queues.errors import ServiceError
 from sqs.query_shapes import ERROR_CODES, OPERATIONS, SHAPES, XML_NAMESPACE
 
 __all__ = ["QueryError", "decode", "encode", "encode_error", "query_error_code"]
@@ -33,7 +34,7 @@ __all__ = ["QueryError", "decode", "encode", "encode_error", "query_error_code"]
 _INDEX = re.compile(r"[1-9][0-9]{0,5}")
 
 
-class QueryError(Exception):
+class QueryError(ServiceError):
     """A query request this codec cannot read: the SQS error to answer with. Its fields are
     those of the SQS app's ``SQSError(code, message, status, sender_fault)``."""
 
@@ -44,6 +45,10 @@ class QueryError(Exception):
         self.message = message
         self.status = status
         self.sender_fault = sender_fault
+
+    @property
+    def detail(self) -> str:
+        return self.message
 
 
 def query_error_code(code: str) -> str:

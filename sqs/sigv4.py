@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from urllib.parse import parse_qsl, quote
 
+from queues.errors import ServiceError
+
 ALGORITHM = "AWS4-HMAC-SHA256"
 #: SQS refuses a signature dated more than 15 minutes from its clock.
 MAX_SKEW = 15 * 60
@@ -30,7 +32,7 @@ MAX_EXPIRES = 7 * 24 * 3600
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 
 
-class SignatureError(Exception):
+class SignatureError(ServiceError):
     """Why a request's signature is refused: ``code`` is SQS's error code."""
 
     def __init__(self, code: str, message: str, status: int = 403):
@@ -38,6 +40,10 @@ class SignatureError(Exception):
         self.code = code
         self.message = message
         self.status = status
+
+    @property
+    def detail(self) -> str:
+        return self.message
 
 
 @dataclass(frozen=True)

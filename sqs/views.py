@@ -178,7 +178,7 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
         result = actions.run(action, params, ctx)
     except SQSError as err:
         return _error(err, json_protocol, request_id)
-    except (service.KVError, DatabaseError) as exc:
+    except (service.Unavailable, DatabaseError) as exc:
         return _error(
             SQSError("ServiceUnavailable", f"unavailable now, retry: {exc}", retry_after=1), json_protocol, request_id
         )

@@ -19,7 +19,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from queues import service
-from queues.access import Caller, Forbidden
+from queues.access import Caller
 from queues.messages import parse_message_id
 from queues.models import Partition, Queue
 
@@ -42,21 +42,29 @@ ABANDONED_ERROR = "visibility timeout ran out without an ack"
 GIVEN_BACK_ERROR = "given back (visibility 0) without a report"
 
 
-class InvalidAttempt(ValueError):
+class InvalidAttempt(service.Refused, ValueError):
     """An attempt report the log cannot store (not a message ID, times out of order)."""
 
 
-class LimitOutOfRange(ValueError):
+class LimitOutOfRange(service.Refused, ValueError):
     """A listing asked for fewer than one or more than :data:`MAX_RECORDS` records."""
 
+    code = "out_of_range"
 
-class TooManyHeld(ValueError):
+
+class TooManyHeld(service.Refused, ValueError):
     """A heartbeat lists more messages in flight than ``WORKER_MAX_HELD`` (nothing recorded)."""
 
+    code = "too_many_held"
 
-class TooManyConsumers(Exception):
+
+class TooManyConsumers(service.Refused):
     """A new consumer of a user that has ``WORKER_MAX_CONSUMERS_PER_USER`` heard from within
-    ``CONSUMER_RETENTION`` already (nothing recorded; the oldest expire)."""
+    ``CONSUMER_RETENTION`` already (nothing recorded; the oldest expire): 429, retry in a minute."""
+
+    code = "throttled"
+    status = 429
+    retry_after = 60
 
 
 # --- the attempt log ---------------------------------------------------------------------------
@@ -439,10 +447,8 @@ def extend_in_flight(in_flight: Sequence[InFlight], *, caller: Caller) -> tuple[
             continue
         try:
             service.change_visibility(target, mid, h.receipt, max(found[0], 1), caller=caller)
-        except (service.ReceiptMismatch, service.QueueNotFound, service.SubscriptionNotFound, Forbidden):
-            lost.append(h.id)
-        except service.RemoteError as exc:  # the owner's own answer: the same refusals, by status
-            if exc.status in (403, 404, 409):
+        except service.ServiceError as exc:  # here or the owner's answer; an outage: try again next beat
+            if exc.status in (403, 404, 409):  # not this caller's, gone, or received again since
                 lost.append(h.id)
         except Exception:  # noqa: BLE001 - partition unavailable or owner unreachable now: try again next beat
             continue

@@ -39,6 +39,7 @@ from django.db import DatabaseError
 from django.http.cookie import parse_cookie
 
 from .. import peerauth
+from ..errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +140,14 @@ def _failed_credentials(environ: dict[str, Any]) -> str | None:
     return None
 
 
-class ReadersBusy(Exception):
-    """As many anonymous bodies as allowed are being read already."""
+class ReadersBusy(Unavailable):
+    """As many anonymous bodies as allowed are being read already (503: retry)."""
+
+    node_failure = False
+
+    @property
+    def detail(self) -> str:
+        return f"{self}; retry"
 
 
 class _Readers:

@@ -17,20 +17,10 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from .. import service
-from ..access import Forbidden
-from ..kv import KVError
-from ..peerauth import PeerAuthBusy
-from ..service import (
-    Conflict,
-    InvalidRequest,
-    NotServedHere,
-    PartitionUnavailable,
-    QueueNotFound,
-    ReceiptMismatch,
-    RemoteError,
-    SubscriptionNotFound,
-    TooManyWaits,
-)
+from ..errors import Fault, ServiceError, Unavailable
+from ..service.errors import NOT_FOUND_CODES
+
+__all__ = ["NOT_FOUND_CODES", "STORE_OUTAGES", "BadRequest", "PayloadTooLarge", "api_error", "domain_error"]
 
 
 def _record_failure() -> None:
@@ -83,23 +73,17 @@ _DRF_CODES = {
 STORE_OUTAGES = (OperationalError, InterfaceError, redis.ConnectionError, redis.TimeoutError)
 
 
-#: InvalidRequest codes that mean "the path names nothing here" (404, not 400).
-NOT_FOUND_CODES = {"is_a_topic", "no_such_partition"}
-
-
 def domain_error(exc) -> tuple[int, dict, dict] | None:
-    """``(status, payload, headers)`` for the service's own exceptions, else None."""
-    if isinstance(exc, RemoteError):  # another node's answer, passed on as it is
-        return exc.status, exc.payload, ({"Retry-After": "1"} if exc.status == 503 else {})
-    if isinstance(exc, TooManyWaits):
-        return 429, {"error": "too_many_waits", "detail": exc.detail}, {"Retry-After": str(exc.retry_after)}
-    if isinstance(exc, Forbidden):
-        return 403, {"error": "permission_denied", "detail": str(exc), "missing": exc.action}, {}
-    if isinstance(exc, InvalidRequest):
-        # The resource in the path is not there: a topic's name under /queues/, a partition
-        # index past the queue's partitions.
-        status_code = 404 if exc.code in NOT_FOUND_CODES else 400
-        return status_code, {"error": exc.code, "detail": exc.detail}, {}
+    """``(status, payload, headers)`` for the service's own exceptions (each carries its
+    answer: ``queues.errors``) and for the stores' and Django's below them, else None."""
+    if isinstance(exc, ServiceError):
+        if isinstance(exc, Fault):  # this node's bug: answered as any other (logged, no words)
+            return None
+        if isinstance(exc, Unavailable):
+            log.warning("unavailable: %s", exc)
+            if exc.node_failure:
+                _record_failure()
+        return exc.status, exc.body(), exc.headers()
     if isinstance(exc, DjangoValidationError):  # a model's full_clean, past the serializer
         detail = exc.message_dict if hasattr(exc, "error_dict") else exc.messages
         return 400, {"error": "invalid", "detail": detail}, {}
@@ -107,14 +91,6 @@ def domain_error(exc) -> tuple[int, dict, dict] | None:
         return 404, {"error": "not_found", "detail": f"removed by a concurrent call: {exc}"}, {}
     if isinstance(exc, IntegrityError):  # a concurrent change got there first (a race)
         return 409, {"error": "conflict", "detail": "changed concurrently by another call; retry"}, {}
-    if isinstance(exc, Conflict):
-        return 409, {"error": exc.code, "detail": exc.detail}, {}
-    if isinstance(exc, SubscriptionNotFound):
-        return 404, {"error": "subscription_not_found", "detail": f"no subscription {exc.args[0]!r}"}, {}
-    if isinstance(exc, QueueNotFound):
-        return 404, {"error": "queue_not_found", "detail": f"no queue named {exc.args[0]!r}"}, {}
-    if isinstance(exc, ReceiptMismatch):
-        return 409, {"error": "receipt_mismatch", "detail": str(exc), "id": exc.msg_id}, {}
     if isinstance(exc, STORE_OUTAGES):
         # The database or a Redis (the key-value store outside its own wrapper, the cache)
         # cut, restarted or not answering within its timeout: nothing this call changed was
@@ -122,13 +98,6 @@ def domain_error(exc) -> tuple[int, dict, dict] | None:
         # connection when the request ends (close_old_connections), so the retry reconnects.
         log.warning("store unavailable: %s: %s", type(exc).__name__, exc)
         return 503, {"error": "unavailable", "detail": f"a store is unavailable; retry: {exc}"}, {"Retry-After": "1"}
-    if isinstance(exc, PeerAuthBusy):  # the replay guard is full: the forwarding node retries
-        return 503, {"error": "unavailable", "detail": str(exc)}, {"Retry-After": "1"}
-    if isinstance(exc, (PartitionUnavailable, KVError)):
-        log.warning("unavailable: %s", exc)
-        if not isinstance(exc, NotServedHere):
-            _record_failure()
-        return 503, {"error": "unavailable", "detail": str(exc)}, {"Retry-After": "1"}
     return None
 
 

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import metrics
+from ..errors import Unavailable
 
 
-class KVError(Exception):
+class KVError(Unavailable):
     """The store failed; nothing may be assumed written."""
 
 

@@ -1,50 +1,76 @@
-"""The exceptions the service layer raises. The API maps each to one status in one place
-(``queues.api.errors``); other entrances (admin, tasks, the archive) catch them by type."""
+"""The exceptions the service layer raises, all in the one tree of ``queues.errors``: each
+carries its answer (``code``, ``status``, ``detail``). The API answers them in one place
+(``queues.api.errors``); other entrances (admin, SQS, tasks, the archive) map by the base."""
 
 from __future__ import annotations
 
-from ..node import QueueNotFound, SubscriptionNotFound
-from ..partition import NotServedHere, PartitionUnavailable, ReceiptMismatch
+from ..errors import (
+    Fault,
+    NotFound,
+    NotServedHere,
+    PartitionUnavailable,
+    QueueNotFound,
+    ReceiptMismatch,
+    Refused,
+    ServiceError,
+    SubscriptionNotFound,
+    Unavailable,
+)
 from .peers import PeerUnreachable, RemoteError
 
 __all__ = [
     "Conflict",
+    "Fault",
     "InvalidRequest",
+    "NOT_FOUND_CODES",
+    "NotFound",
     "NotServedHere",
     "PartitionUnavailable",
+    "PeerUnreachable",
     "QueueNotFound",
     "ReceiptMismatch",
-    "PeerUnreachable",
+    "Refused",
     "RemoteError",
+    "ServiceError",
     "SubscriptionNotFound",
     "TooManyWaits",
+    "Unavailable",
 ]
 
+#: InvalidRequest codes that mean "the path names nothing here" (404, not 400): a topic's name
+#: under /queues/, a partition index past the queue's partitions.
+NOT_FOUND_CODES = frozenset({"is_a_topic", "no_such_partition"})
 
-class InvalidRequest(Exception):
-    """The call asks for something the queue's rules refuse (400): nothing was changed.
-    ``code`` is a stable identifier clients can test."""
+
+class InvalidRequest(Refused):
+    """The call asks for something the queue's rules refuse (400; 404 for the codes in
+    :data:`NOT_FOUND_CODES`): nothing was changed. ``code`` is a stable identifier clients can
+    test."""
 
     def __init__(self, detail: str, code: str = "invalid"):
         super().__init__(detail)
-        self.detail = detail
         self.code = code
+        self.status = 404 if code in NOT_FOUND_CODES else 400
 
 
-class Conflict(Exception):
+class Conflict(Refused):
     """The call does not fit the current state (409), e.g. a partition no live node holds."""
+
+    code = "conflict"
+    status = 409
 
     def __init__(self, detail: str, code: str):
         super().__init__(detail)
-        self.detail = detail
         self.code = code
 
 
-class TooManyWaits(Exception):
+class TooManyWaits(Refused):
     """A long poll past the node's cap on concurrent waits (429 with Retry-After): nothing was
     dequeued. Each waiting poll holds a request thread, so one user must not hold them all."""
 
+    code = "too_many_waits"
+    status = 429
+
     def __init__(self, detail: str, retry_after: int = 1):
         super().__init__(detail)
-        self.detail = detail
         self.retry_after = retry_after

@@ -10,22 +10,33 @@ of ours, to be passed on as it is).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..access import Caller
-from ..errors import PartitionUnavailable
+from ..errors import PartitionUnavailable, ServiceError
 from ..messages import MessageId
 from ..partition import Delivery
 from .types import AckResult, ExpireResult, MessageDraft, RedriveResult
 
 
-class RemoteError(Exception):
-    """An answer from another node that the caller passes on unchanged (its status, its body)."""
+class RemoteError(ServiceError):
+    """An answer from another node that the caller passes on unchanged (its status, its body;
+    Retry-After on a 503)."""
 
     def __init__(self, status: int, payload: dict):
         super().__init__(status, payload)
         self.status = status
         self.payload = payload
+        if isinstance(payload, dict) and isinstance(payload.get("error"), str):
+            self.code = payload["error"]
+        self.retry_after = 1 if status == 503 else None
+
+    @property
+    def detail(self) -> str:
+        return str((self.payload or {}).get("detail", self.payload))
+
+    def body(self) -> dict[str, Any]:
+        return self.payload
 
 
 class PeerUnreachable(PartitionUnavailable):
