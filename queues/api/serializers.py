@@ -6,6 +6,8 @@ describe their JSON for the OpenAPI schema.
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from django.core.validators import RegexValidator
 from rest_framework import serializers
 
@@ -13,8 +15,12 @@ from ..models import QUEUE_NAME_RE, Queue
 
 NAME_RULE = "letters, digits, '_' and '-', at most 80"
 
+_Instance = TypeVar("_Instance")
+#: a serializer's field, whatever its types
+AnyField = serializers.Field[Any, Any, Any, Any]
 
-def _json_type_ok(field: serializers.Field, value) -> bool:
+
+def _json_type_ok(field: AnyField, value: Any) -> bool:
     """Whether ``value`` has the JSON type the schema gives ``field`` (DRF would coerce
     ``"5"`` to 5, ``0`` to false, 5 to ``"5"``: the schema says integer, boolean, string)."""
     if value is None:
@@ -36,7 +42,7 @@ def _json_type_ok(field: serializers.Field, value) -> bool:
     return True
 
 
-def _bad_text(value) -> bool:
+def _bad_text(value: Any) -> bool:
     """Text PostgreSQL cannot store: a NUL, or a lone surrogate (not Unicode)."""
     if isinstance(value, str):
         if "\x00" in value:
@@ -51,12 +57,12 @@ def _bad_text(value) -> bool:
     return False
 
 
-class StrictSerializer(serializers.Serializer):
+class StrictSerializer(serializers.Serializer[_Instance]):
     """Unknown fields are an error, not silently dropped: a typo must not pass unnoticed.
     Values must have the JSON type of their field (no ``"5"`` for 5, no 0 for false), and text
     is taken as sent (not trimmed): the API accepts what its OpenAPI schema says, no more."""
 
-    def get_fields(self):
+    def get_fields(self) -> dict[str, AnyField]:
         fields = super().get_fields()
         for field in fields.values():
             for f in (field, getattr(field, "child", None)):
@@ -64,7 +70,7 @@ class StrictSerializer(serializers.Serializer):
                     f.trim_whitespace = False
         return fields
 
-    def to_internal_value(self, data):
+    def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):
             wrong = {
                 name: ["wrong JSON type for this field"]
@@ -94,7 +100,7 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-class QueueSerializer(StrictSerializer, serializers.ModelSerializer):
+class QueueSerializer(StrictSerializer[Queue], serializers.ModelSerializer[Queue]):
     dead_letter_queue = serializers.SlugRelatedField(
         slug_field="name",
         queryset=Queue.objects.all(),
@@ -129,8 +135,8 @@ class QueueSerializer(StrictSerializer, serializers.ModelSerializer):
         # the database itself so that two concurrent creates cannot both pass it.
         extra_kwargs = {"name": {"validators": [RegexValidator(QUEUE_NAME_RE, NAME_RULE)]}}
 
-    def validate(self, attrs):
-        def current(field):
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        def current(field: str) -> Any:
             if field in attrs:
                 return attrs[field]
             return getattr(self.instance, field) if self.instance is not None else None
@@ -152,27 +158,27 @@ class QueueUpdateSerializer(QueueSerializer):
     class Meta(QueueSerializer.Meta):
         read_only_fields = ["name", "created_at", "updated_at"]
 
-    def validate_partitions(self, value):
+    def validate_partitions(self, value: int) -> int:
         if self.instance is not None and value < self.instance.partitions:
             raise serializers.ValidationError("partitions can only grow: existing partitions hold messages")
         return value
 
 
-class MessageInDoc(serializers.Serializer):
+class MessageInDoc(serializers.Serializer[dict[str, Any]]):
     body = serializers.CharField(help_text="the message, UTF-8 text up to the queue's max_message_size")
 
 
-class EnqueueDoc(serializers.Serializer):
+class EnqueueDoc(serializers.Serializer[dict[str, Any]]):
     body = serializers.CharField(required=False, help_text="one message")
     messages = MessageInDoc(many=True, required=False, help_text="or a batch of up to 1,000")
 
 
-class EnqueueResultDoc(serializers.Serializer):
+class EnqueueResultDoc(serializers.Serializer[dict[str, Any]]):
     id = serializers.CharField(required=False, help_text="for a single message")
     ids = serializers.ListField(child=serializers.CharField(), required=False, help_text="for a batch, in order")
 
 
-class DequeueDoc(serializers.Serializer):
+class DequeueDoc(serializers.Serializer[dict[str, Any]]):
     max = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=1)
     visibility_timeout = serializers.FloatField(
         required=False, min_value=0, max_value=43200, help_text="seconds; default: the queue's"
@@ -182,7 +188,7 @@ class DequeueDoc(serializers.Serializer):
     )
 
 
-class DeliveredDoc(serializers.Serializer):
+class DeliveredDoc(serializers.Serializer[dict[str, Any]]):
     """A delivered message, as ``calls.delivery_json`` answers it."""
 
     id = serializers.CharField()
@@ -201,31 +207,31 @@ class DeliveredDoc(serializers.Serializer):
     archived = serializers.BooleanField(required=False, help_text="true when it was read from the archive")
 
 
-class DequeueResultDoc(serializers.Serializer):
+class DequeueResultDoc(serializers.Serializer[dict[str, Any]]):
     messages = DeliveredDoc(many=True)
 
 
-class AckItemDoc(serializers.Serializer):
+class AckItemDoc(serializers.Serializer[dict[str, Any]]):
     id = serializers.CharField()
     receipt = serializers.CharField(required=False)
 
 
-class AckDoc(serializers.Serializer):
+class AckDoc(serializers.Serializer[dict[str, Any]]):
     ids = serializers.ListField(child=serializers.CharField(), required=False)
     messages = AckItemDoc(many=True, required=False)
 
 
-class AckResultDoc(serializers.Serializer):
+class AckResultDoc(serializers.Serializer[dict[str, Any]]):
     acked = serializers.IntegerField(help_text="messages removed by this call")
     not_found = serializers.IntegerField(help_text="IDs no longer stored (acknowledged before)")
 
 
-class VisibilityDoc(serializers.Serializer):
+class VisibilityDoc(serializers.Serializer[dict[str, Any]]):
     id = serializers.CharField()
     receipt = serializers.CharField(required=False)
     visibility_timeout = serializers.FloatField(min_value=0, max_value=43200)
 
 
-class ErrorDoc(serializers.Serializer):
+class ErrorDoc(serializers.Serializer[dict[str, Any]]):
     error = serializers.CharField(help_text="a stable code, e.g. queue_not_found, body_too_large")
     detail = serializers.JSONField(help_text="what is wrong, for people")

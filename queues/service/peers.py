@@ -10,7 +10,7 @@ of ours, to be passed on as it is).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..access import Caller
 from ..errors import PartitionUnavailable
@@ -22,7 +22,7 @@ from .types import AckResult, ExpireResult, MessageDraft, RedriveResult
 class RemoteError(Exception):
     """An answer from another node that the caller passes on unchanged (its status, its body)."""
 
-    def __init__(self, status: int, payload: dict):
+    def __init__(self, status: int, payload: dict[str, Any]) -> None:
         super().__init__(status, payload)
         self.status = status
         self.payload = payload
