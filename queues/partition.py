@@ -47,6 +47,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import InterfaceError, OperationalError
 from sortedcontainers import SortedList
@@ -173,11 +174,11 @@ class PartitionStats:
     enqueued_total: int
     acked_total: int
     redelivered_total: int
-    opened_in: dict
+    opened_in: dict[str, float]
     #: a topic's figures per subscription (``{name: {...}}``): held (not acked yet, in flight
     #: included), in_flight, archived (held, only in the archive), acked, redelivered,
     #: dequeue_id and oldest_enqueued_at (epoch seconds, of the oldest held; None: none held).
-    cursors: dict
+    cursors: dict[str, dict[str, Any]]
 
 
 class PartitionManager:
@@ -275,7 +276,7 @@ class PartitionManager:
         self.dead_lettered_total = 0
         self.expired_total = 0
         #: seconds and block reads of the last open, for the failover figures.
-        self.opened_in: dict = {}
+        self.opened_in: dict[str, float] = {}
         self.seq_counter = 0
         #: the queue's archive mode ("none", "all", "acked"): which journal entries we write.
         self.archive = "none"

@@ -77,7 +77,7 @@ def load_app(target: str, host: str, adv_host: str, backlog: int) -> Any:
     return load_target(target)
 
 
-@WorkerProcess.wrap_target
+@WorkerProcess.wrap_target  # type: ignore[untyped-decorator]  # granian's internals are unannotated
 def spawn_wsgi_worker(
     worker_id: int,
     callback: Any,
@@ -106,7 +106,7 @@ def spawn_wsgi_worker(
     from granian._signals import set_sync_signals
 
     wcallback = _callback_wrapper(callback, scope_opts, log_access_fmt)
-    shutdown_event = set_sync_signals()
+    shutdown_event = set_sync_signals()  # type: ignore[no-untyped-call]  # (granian's: unannotated)
     done = threading.Event()
     # A worker consumes its signal: the private listener gets one of its own, set with the first.
     private_event = WorkerSignal()
@@ -136,7 +136,7 @@ def spawn_wsgi_worker(
             metrics,
         )
         serve = getattr(worker, WORKERS_METHODS[runtime_mode][(listener[0] or listener[1]).is_uds()])
-        scheduler = _new_cbscheduler(loop, wcallback, impl_asyncio=task_impl == TaskImpl.asyncio)
+        scheduler = _new_cbscheduler(loop, wcallback, impl_asyncio=task_impl == TaskImpl.asyncio)  # type: ignore[no-untyped-call]
         serve(scheduler, loop, event)
     done.wait()
 
