@@ -102,7 +102,7 @@ class AnonRate(_Window):
 
 def check_user(user_id: int) -> None:
     """Count a fast-path call of the user; raise ``Throttled`` (429, Retry-After) past its rate."""
-    if _rates().get(UserRate.scope) is None:
+    if api_settings.DEFAULT_THROTTLE_RATES.get(UserRate.scope) is None:
         return  # no limit: no throttle to make (its cache lookup and rate parsing, every call)
     throttle = UserRate()
     if throttle.rate is None:
