@@ -38,10 +38,10 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.http.cookie import parse_cookie
 
+from .. import peerauth
+
 if TYPE_CHECKING:
     from wsgiref.types import InputStream, StartResponse, WSGIApplication
-
-from .. import peerauth
 
 log = logging.getLogger(__name__)
 

@@ -34,6 +34,7 @@ from .views import ERRORS, CallView, IsClusterPeerOrStaff, _hops, caller
 
 
 class TopicSerializer(QueueSerializer):
+    # (many=True: DRF makes a ManyRelatedField of these; the stubs type the call as the field itself)
     subscriptions: serializers.SlugRelatedField[Subscription] = serializers.SlugRelatedField(
         slug_field="name", many=True, read_only=True
     )
