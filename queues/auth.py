@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
@@ -66,7 +67,7 @@ class _Callers:
     _lock = threading.Lock()
 
     @classmethod
-    def get(cls, user_id: int, load: Any) -> Caller:
+    def get(cls, user_id: int, load: Callable[[], Caller]) -> Caller:
         now = time.monotonic()
         hit = cls._cache.get(user_id)
         if hit is not None and hit[0] > now:
@@ -204,7 +205,7 @@ class ClusterAuthentication(BaseAuthentication):
         return peerauth.SIGNATURE_HEADER
 
 
-class ClusterAuthenticationScheme(OpenApiAuthenticationExtension):
+class ClusterAuthenticationScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]  # drf-spectacular's __init_subclass__ is unannotated
     """How the OpenAPI schema (``/api/schema/``, the docs) describes :class:`ClusterAuthentication`.
 
     Defined here so it is registered whenever DRF loads the authentication classes.

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedList
 
 from .redelivery import RedeliveryIndex
+
+if TYPE_CHECKING:
+    from .partition import BlockState
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ class Cursor:
         self.acked_total = 0
         self.redelivered_total = 0
 
-    def holds(self, blocks: dict, block_id: str, idx: int) -> bool:
+    def holds(self, blocks: dict[str, BlockState], block_id: str, idx: int) -> bool:
         """The reader has not acknowledged this stored message yet. ``blocks``: the manager's
         block states by id (a queue's cursor holds what its blocks hold)."""
         if self.shared:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from django.db import InterfaceError, OperationalError, connection, models, transaction
 from django.db.models import QuerySet
@@ -297,7 +297,7 @@ def _renew_rows(chunk: list[Lease], node_id: str, nonce: str, wall: datetime, pe
     if connection.vendor not in ("postgresql", "sqlite"):
         raise NotImplementedError(f"renewing leases in one statement on {connection.vendor}")
     meta, qn = Partition._meta, connection.ops.quote_name
-    col: dict[str, models.Field] = {}
+    col: dict[str, models.Field[Any, Any]] = {}
     for name in ("owner", "epoch", "lease_nonce", "lease_renewed_at", "lease_period"):
         f = meta.get_field(name)
         assert isinstance(f, models.Field)

@@ -8,7 +8,7 @@ import hashlib
 import os
 import re
 import threading
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -100,7 +100,8 @@ class _ReceiptPool:
         if state is None or state[0] != self._forks or not state[1]:
             text = base64.urlsafe_b64encode(os.urandom(12 * self.BATCH)).decode("ascii")
             state = self._local.state = [self._forks, [text[i : i + 16] for i in range(0, len(text), 16)]]
-        return state[1].pop()
+        receipt: str = state[1].pop()
+        return receipt
 
 
 _RECEIPTS = _ReceiptPool()
@@ -129,12 +130,12 @@ class StoredMessage(NamedTuple):
     sequence: int = 0
     #: wall-clock seconds before which the message is not delivered (delay / not_before).
     not_before: float | None = None
-    attributes: dict | None = None
+    attributes: dict[str, Any] | None = None
     size: int | None = None
     #: ``{"preprocess": s, "process": s}`` given by the producer (else the queue's).
-    estimates: dict | None = None
+    estimates: dict[str, Any] | None = None
     #: for a dead letter: where it came from and how often it was received.
-    history: dict | None = None
+    history: dict[str, Any] | None = None
     #: a stub: the message is in the archive table, and only what places it in the delivery
     #: order (times, group, sequence) is still stored (see :meth:`stub`).
     archived: bool = False

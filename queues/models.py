@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from django.conf import settings
-from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.core.validators import BaseValidator, MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
 from .tree import MAX_BLOCK_SIZE
@@ -107,7 +107,7 @@ def partitions_shrink_error(current: int, asked: int) -> str | None:
     return None
 
 
-def _bounded(field: str) -> list:
+def _bounded(field: str) -> list[BaseValidator]:
     low, high = LIMITS[field]
     return [MinValueValidator(low), MaxValueValidator(high)]
 

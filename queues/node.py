@@ -249,13 +249,13 @@ def _stats_sql(names: tuple[str, ...], n: int) -> str:
     )
 
 
-def _field(name: str) -> models.Field:
+def _field(name: str) -> models.Field[Any, Any]:
     field = Partition._meta.get_field(name)
     assert isinstance(field, models.Field)
     return field
 
 
-def _column(field: models.Field) -> str:
+def _column(field: models.Field[Any, Any]) -> str:
     assert field.column is not None
     return field.column
 
@@ -322,7 +322,7 @@ class NodeRuntime:
         #: per partition: (monotonic time, enqueued total, acked total, enqueue rate, ack rate).
         self._rates: dict[tuple[str, int], tuple[float, int, int, float, float]] = {}
         #: what each partition's row was last given, by whom and when (monotonic).
-        self._published: dict[tuple[str, int], tuple[float, PartitionManager, dict]] = {}
+        self._published: dict[tuple[str, int], tuple[float, PartitionManager, dict[str, Any]]] = {}
         #: ids of the queues deleted through this node: a description read before the delete
         #: committed must not be cached after it (guarded by ``_lock``).
         self._deleted: set[int] = set()
@@ -798,7 +798,7 @@ class NodeRuntime:
             del self._rates[gone]
         for gone in set(self._published) - {k for k, _ in managers}:
             del self._published[gone]
-        due: list[tuple[tuple[str, int], PartitionManager, dict]] = []
+        due: list[tuple[tuple[str, int], PartitionManager, dict[str, Any]]] = []
         for key, m in managers:
             s = m.stats()
             oldest = datetime.fromtimestamp(s.oldest_enqueued_at, tz=UTC) if s.oldest_enqueued_at else None

@@ -43,7 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sortedcontainers import SortedList
 
@@ -143,11 +143,11 @@ class PartitionStats:
     enqueued_total: int
     acked_total: int
     redelivered_total: int
-    opened_in: dict
+    opened_in: dict[str, float]
     #: a topic's figures per subscription (``{name: {...}}``): held (not acked yet, in flight
     #: included), in_flight, archived (held, only in the archive), acked, redelivered,
     #: dequeue_id and oldest_enqueued_at (epoch seconds, of the oldest held; None: none held).
-    cursors: dict
+    cursors: dict[str, dict[str, Any]]
 
 
 class PartitionManager(Generic[LeaseT]):
@@ -246,7 +246,7 @@ class PartitionManager(Generic[LeaseT]):
         self.dead_lettered_total = 0
         self.expired_total = 0
         #: seconds and block reads of the last open, for the failover figures.
-        self.opened_in: dict = {}
+        self.opened_in: dict[str, float] = {}
         self.seq_counter = 0
         #: the queue's archive mode ("none", "all", "acked"): which journal entries we write.
         self.archive = "none"

@@ -13,7 +13,7 @@ from .models import Queue
 log = logging.getLogger(__name__)
 
 
-@shared_task(name="queues.expire", ignore_result=True)
+@shared_task(name="queues.expire", ignore_result=True)  # type: ignore[untyped-decorator]  # celery has no type information
 def expire() -> dict[str, int]:
     """Apply every queue's retention rule at its owners; messages removed, per queue."""
     counts = {q.name: service.expire_everywhere(q, caller=SYSTEM) for q in Queue.objects.all()}

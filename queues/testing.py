@@ -153,7 +153,7 @@ class NodeProcess:
             self.env.setdefault("NODE_HEARTBEAT", str(heartbeat))
         self.python, self.cwd = python, cwd
         self.log_path = Path(log_dir) / f"node-{self.port}.log"
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30) -> NodeProcess:
         """Start the node and wait until ``/api/v1/healthz`` answers 200."""
@@ -256,7 +256,7 @@ class FakeMessage:
     receipt: str
     body: str
     group: str | None = None
-    attributes: dict = field(default_factory=dict)
+    attributes: dict[str, Any] = field(default_factory=dict)
     size: int | None = None
     estimates: Any = None
     receive_count: int = 1

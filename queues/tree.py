@@ -280,7 +280,7 @@ class AppendTree:
         # A right child is read only once its left sibling's subtree is done, so reaching the
         # oldest block reads one block per level.
         LEFT, RIGHT, SELF = 0, 1, 2
-        stack: list[list] = [[root, LEFT]]
+        stack: list[list[Any]] = [[root, LEFT]]  # [block, the next step]
         while stack:
             frame = stack[-1]
             block, step = frame

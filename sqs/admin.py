@@ -3,9 +3,15 @@ admin's user: a key is issued for oneself (a superuser: for another user who is 
 superuser), its secret shown once in a message, never listed; a queue's settings need
 ``manage`` on the queue, as SetQueueAttributes."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from django.http import HttpRequest
 
 from queues import service
 from queues.access import ANONYMOUS, Caller, Forbidden
@@ -14,6 +20,17 @@ from queues.admin_reads import ByGrant, request_caller
 from . import service as sqs_service
 from .models import AccessKey, QueueSettings
 
+if TYPE_CHECKING:
+    # django-stubs' admin and form classes take their models as type arguments; Django's own
+    # cannot be subscripted at run time, so the classes below derive from these names.
+    _AccessKeyForm = forms.ModelForm[AccessKey]
+    _QueueSettingsForm = forms.ModelForm[QueueSettings]
+    _AccessKeyAdmin = admin.ModelAdmin[AccessKey]
+    _QueueSettingsAdmin = admin.ModelAdmin[QueueSettings]
+else:
+    _AccessKeyForm = _QueueSettingsForm = forms.ModelForm
+    _AccessKeyAdmin = _QueueSettingsAdmin = admin.ModelAdmin
+
 
 def _refusal(exc: service.ServiceError) -> str:
     if isinstance(exc, service.QueueNotFound):
@@ -21,7 +38,7 @@ def _refusal(exc: service.ServiceError) -> str:
     return exc.detail
 
 
-class AccessKeyForm(forms.ModelForm):
+class AccessKeyForm(_AccessKeyForm):
     """A new key, checked by the service's rule as the admin's user makes it, so the form says
     why one is refused."""
 
@@ -32,8 +49,9 @@ class AccessKeyForm(forms.ModelForm):
         model = AccessKey
         fields = ["user", "description"]
 
-    def clean(self):
+    def clean(self) -> dict[str, Any] | None:
         data = super().clean()
+        assert data is not None  # ModelForm.clean answers cleaned_data
         if self.instance.pk is None and data.get("user") is not None:
             try:
                 service.check_issuer(self.caller, data["user"], "issue an access key")
@@ -43,7 +61,7 @@ class AccessKeyForm(forms.ModelForm):
 
 
 @admin.register(AccessKey)
-class AccessKeyAdmin(admin.ModelAdmin):
+class AccessKeyAdmin(_AccessKeyAdmin):
     form = AccessKeyForm
     list_display = ("access_key_id", "user", "description", "created_at", "last_used_at", "active")
     list_filter = ("revoked_at",)
@@ -56,28 +74,32 @@ class AccessKeyAdmin(admin.ModelAdmin):
     def active(self, obj: AccessKey) -> bool:
         return obj.active
 
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[AccessKey]:
         """A user's own keys; every user's to a superuser."""
         rows = super().get_queryset(request)
         caller = request_caller(request)
-        return rows if caller.unrestricted else rows.filter(user_id=caller.user_id)
+        # (a caller without a user: user_id=None, which Django reads as IS NULL; the stubs take no None)
+        return rows if caller.unrestricted else rows.filter(user_id=caller.user_id)  # type: ignore[misc]
 
-    def get_readonly_fields(self, request, obj=None):
+    def get_readonly_fields(self, request: HttpRequest, obj: AccessKey | None = None) -> tuple[str, ...]:
         if obj is not None:  # a key's owner never changes
             return ("user", *self.readonly_fields)
         return self.readonly_fields
 
-    def get_form(self, request, obj=None, **kwargs):
-        form = super().get_form(request, obj, **kwargs)
+    def get_form(
+        self, request: HttpRequest, obj: AccessKey | None = None, change: bool = False, **kwargs: Any
+    ) -> type[forms.ModelForm[AccessKey]]:
+        form = super().get_form(request, obj, change, **kwargs)
         if obj is None and not request.user.is_superuser and "user" in form.base_fields:
             # anyone else issues keys for themselves only (the service refuses the rest)
-            form.base_fields["user"].queryset = form.base_fields["user"].queryset.filter(pk=request.user.pk)
+            # (the user foreign key's field: a ModelChoiceField, which the stubs' Field is not)
+            form.base_fields["user"].queryset = form.base_fields["user"].queryset.filter(pk=request.user.pk)  # type: ignore[attr-defined]
         return type(form.__name__, (form,), {"caller": Caller.of(request.user)})
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: AccessKey | None = None) -> bool:
         return False  # revoked, never deleted: the row keeps who held it and when it was last used
 
-    def save_model(self, request, obj, form, change):
+    def save_model(self, request: HttpRequest, obj: AccessKey, form: AccessKeyForm, change: bool) -> None:
         caller = Caller.of(request.user)
         if change:
             try:
@@ -97,7 +119,7 @@ class AccessKeyAdmin(admin.ModelAdmin):
         )
 
     @admin.action(description="Revoke the selected keys", permissions=["change"])
-    def revoke(self, request, queryset):
+    def revoke(self, request: HttpRequest, queryset: QuerySet[AccessKey]) -> None:
         caller = Caller.of(request.user)
         n = 0
         for key in queryset.select_related("user"):
@@ -108,7 +130,7 @@ class AccessKeyAdmin(admin.ModelAdmin):
         self.message_user(request, f"{n} key(s) revoked.")
 
 
-class QueueSettingsForm(forms.ModelForm):
+class QueueSettingsForm(_QueueSettingsForm):
     """A queue's SQS settings, checked by the service as the admin's user changes them (``manage``
     on the queue, values as the SQS API takes them), so the form says why a change is refused."""
 
@@ -119,7 +141,7 @@ class QueueSettingsForm(forms.ModelForm):
         model = QueueSettings
         fields = ["queue", "receive_wait", "content_based_dedup", "tags", "opaque"]
 
-    def changed_settings(self) -> dict:
+    def changed_settings(self) -> dict[str, Any]:
         """The settings the form changes (a JSON field posted as it was shown is no change)."""
         return {
             f: self.cleaned_data[f]
@@ -127,8 +149,9 @@ class QueueSettingsForm(forms.ModelForm):
             if f in sqs_service.SETTINGS and self.cleaned_data[f] != self.initial.get(f)
         }
 
-    def clean(self):
+    def clean(self) -> dict[str, Any] | None:
         data = super().clean()
+        assert data is not None  # ModelForm.clean answers cleaned_data
         q = data.get("queue") or getattr(self.instance, "queue", None)
         if q is None or self.errors:
             return data
@@ -140,7 +163,7 @@ class QueueSettingsForm(forms.ModelForm):
 
 
 @admin.register(QueueSettings)
-class QueueSettingsAdmin(ByGrant, admin.ModelAdmin):
+class QueueSettingsAdmin(ByGrant, _QueueSettingsAdmin):
     """A queue's SQS settings (a row for each queue created or changed over the SQS API):
     changed through ``sqs.service.update_queue_settings``, which needs ``manage`` on the queue."""
 
@@ -149,17 +172,19 @@ class QueueSettingsAdmin(ByGrant, admin.ModelAdmin):
     choice_action = "manage"  # a new row's queue: one the user may change
     list_display = ("queue", "receive_wait", "content_based_dedup", "tags", "modified_at")
 
-    def get_readonly_fields(self, request, obj=None):
+    def get_readonly_fields(self, request: HttpRequest, obj: QueueSettings | None = None) -> tuple[str, ...]:
         return ("queue",) if obj is not None else ()
 
-    def get_form(self, request, obj=None, **kwargs):
-        form = super().get_form(request, obj, **kwargs)
+    def get_form(
+        self, request: HttpRequest, obj: QueueSettings | None = None, change: bool = False, **kwargs: Any
+    ) -> type[forms.ModelForm[QueueSettings]]:
+        form = super().get_form(request, obj, change, **kwargs)
         return type(form.__name__, (form,), {"caller": Caller.of(request.user)})
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: QueueSettings | None = None) -> bool:
         return False  # the row goes with its queue; the settings are changed, not removed
 
-    def save_model(self, request, obj, form, change):
+    def save_model(self, request: HttpRequest, obj: QueueSettings, form: QueueSettingsForm, change: bool) -> None:
         q = obj.queue
         try:
             s = sqs_service.update_queue_settings(

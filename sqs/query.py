@@ -55,7 +55,8 @@ def query_error_code(code: str) -> str:
     """The query protocol's code for a JSON-protocol error code: ``QueueDoesNotExist`` ->
     ``AWS.SimpleQueueService.NonExistentQueue``; codes SQS shares between the two (such as
     ``InvalidParameterValue``) and codes already in query form pass through."""
-    return ERROR_CODES.get(code, code)
+    query_code: str = ERROR_CODES.get(code, code)  # (the generated table's values are text)
+    return query_code
 
 
 # -- decode -------------------------------------------------------------------------------------

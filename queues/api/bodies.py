@@ -31,7 +31,7 @@ import io
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from django.conf import settings
@@ -40,6 +40,9 @@ from django.http.cookie import parse_cookie
 
 from .. import peerauth
 from ..errors import Unavailable
+
+if TYPE_CHECKING:
+    from wsgiref.types import InputStream, StartResponse, WSGIApplication
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +160,7 @@ class _Readers:
         self.size = size
         self._free = threading.BoundedSemaphore(size)
 
-    def read(self, stream: Any, length: int) -> bytes:
+    def read(self, stream: InputStream, length: int) -> bytes:
         if not self._free.acquire(blocking=False):
             raise ReadersBusy(f"{self.size} bodies of callers not authenticated are being read already")
         try:
@@ -207,7 +210,9 @@ class CallerReads:
 CALLER_READS = CallerReads()
 
 
-def _refuse(start_response, status: str, error: str, detail: str, extra: Iterable[tuple[str, str]] = ()) -> list[bytes]:
+def _refuse(
+    start_response: StartResponse, status: str, error: str, detail: str, extra: Iterable[tuple[str, str]] = ()
+) -> list[bytes]:
     body = orjson.dumps({"error": error, "detail": detail})
     start_response(
         status,
@@ -225,10 +230,10 @@ def _refuse(start_response, status: str, error: str, detail: str, extra: Iterabl
 class BodyGate:
     """WSGI middleware: see the module docstring."""
 
-    def __init__(self, app):
+    def __init__(self, app: WSGIApplication) -> None:
         self.app = app
 
-    def __call__(self, environ, start_response):
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         length = environ.get("CONTENT_LENGTH") or ""
         chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
         if (not length or length == "0") and not chunked:

@@ -6,12 +6,13 @@ Domain errors map to statuses here, so views raise and never build error respons
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
 import redis
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, InterfaceError, OperationalError
-from django.http import Http404, JsonResponse
+from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -21,6 +22,9 @@ from ..errors import Fault, ServiceError, Unavailable
 from ..service.errors import NOT_FOUND_CODES
 
 __all__ = ["NOT_FOUND_CODES", "STORE_OUTAGES", "BadRequest", "PayloadTooLarge", "api_error", "domain_error"]
+
+if TYPE_CHECKING:
+    from rest_framework.exceptions import _APIExceptionInput
 
 
 def _record_failure() -> None:
@@ -45,7 +49,7 @@ class BadRequest(exceptions.APIException):
     status_code = status.HTTP_400_BAD_REQUEST
     default_code = "invalid"
 
-    def __init__(self, detail, code: str = "invalid"):
+    def __init__(self, detail: _APIExceptionInput, code: str = "invalid") -> None:
         super().__init__(detail, code)
         self.error_code = code
 
@@ -73,7 +77,7 @@ _DRF_CODES = {
 STORE_OUTAGES = (OperationalError, InterfaceError, redis.ConnectionError, redis.TimeoutError)
 
 
-def domain_error(exc) -> tuple[int, dict, dict] | None:
+def domain_error(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]] | None:
     """``(status, payload, headers)`` for the service's own exceptions (each carries its
     answer: ``queues.errors``) and for the stores' and Django's below them, else None."""
     if isinstance(exc, ServiceError):
@@ -101,7 +105,7 @@ def domain_error(exc) -> tuple[int, dict, dict] | None:
     return None
 
 
-def api_error(exc) -> tuple[int, dict, dict] | None:
+def api_error(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]] | None:
     """The same for DRF's exceptions (400, 401, 404, 405, 413 ...), else None."""
     if not isinstance(exc, exceptions.APIException):
         return None
@@ -112,13 +116,14 @@ def api_error(exc) -> tuple[int, dict, dict] | None:
     detail = exc.detail
     if isinstance(detail, dict) and set(detail) == {"detail"}:
         detail = detail["detail"]
-    headers = {}
-    if isinstance(exc, exceptions.Throttled) and exc.wait:
-        headers["Retry-After"] = str(int(exc.wait))
+    headers: dict[str, str] = {}
+    # Throttled.wait is set in its __init__; the stubs leave it out
+    if isinstance(exc, exceptions.Throttled) and exc.wait:  # type: ignore[attr-defined]
+        headers["Retry-After"] = str(int(exc.wait))  # type: ignore[attr-defined]
     return exc.status_code, {"error": code, "detail": detail}, headers
 
 
-def exception_handler(exc, context):
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     mapped = domain_error(exc)
     if mapped is not None:
         status_code, payload, headers = mapped
@@ -140,9 +145,9 @@ def exception_handler(exc, context):
     return response
 
 
-def json_404(request, exception=None):
+def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     return JsonResponse({"error": "not_found", "detail": f"no such path: {request.path}"}, status=404)
 
 
-def json_500(request):
+def json_500(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"error": "server_error", "detail": "internal error; see the node's log"}, status=500)

@@ -96,7 +96,7 @@ def merge_figures(texts: Iterable[str]) -> bytes:
                     fam.add_sample(sample_name, dict(labels), v)
                 yield fam
 
-    registry.register(_Merged())  # type: ignore[arg-type]
+    registry.register(_Merged())
     return generate_latest(registry)
 
 
@@ -147,7 +147,7 @@ def metrics_allowed(request: HttpRequest) -> bool:
 def _events() -> bytes:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]  # no annotations upstream
         return generate_latest(registry)
     return generate_latest(REGISTRY)
 

@@ -165,7 +165,8 @@ def _readable(fd: int) -> bool:
 
 
 def _cannot_seek(offset: int, origin: int) -> int:
-    return pycurl.SEEKFUNC_CANTSEEK
+    cannot: int = pycurl.SEEKFUNC_CANTSEEK  # pycurl has no type information
+    return cannot
 
 
 def _no_body(size: int) -> bytes:
@@ -240,7 +241,8 @@ class HttpPeers:
     def enqueue(self, address: str, queue: str, drafts: Sequence[MessageDraft], hops: int, caller: Caller) -> list[str]:
         payload = {"messages": [draft_json(d) for d in drafts]}
         body = self.call(address, queue, "enqueue", payload, hops, caller, ok=201)
-        return body["ids"]
+        ids: list[str] = body["ids"]
+        return ids
 
     def check_enqueue(
         self, address: str, queue: str, drafts: Sequence[MessageDraft], hops: int, caller: Caller
@@ -284,7 +286,8 @@ class HttpPeers:
         self.call(address, target, "visibility", payload, hops, caller)
 
     def release_partition(self, address: str, queue: str, index: int, hops: int, caller: Caller) -> str:
-        return self.call(address, queue, f"partitions/{index}/release", {}, hops, caller)["node"]
+        node: str = self.call(address, queue, f"partitions/{index}/release", {}, hops, caller)["node"]
+        return node
 
     def close_purged(self, address: str, queue: str) -> None:
         self.call(address, queue, "purge", {"close_only": True}, MAX_HOPS - 1, None)

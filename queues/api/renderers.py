@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import orjson
 from rest_framework.renderers import BaseRenderer
 
@@ -9,7 +12,9 @@ class FastJSONRenderer(BaseRenderer):
     format = "json"
     charset = None
 
-    def render(self, data, accepted_media_type=None, renderer_context=None):
+    def render(
+        self, data: Any, accepted_media_type: str | None = None, renderer_context: Mapping[str, Any] | None = None
+    ) -> bytes:
         if data is None:
             return b""
         return orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS)

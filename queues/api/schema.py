@@ -45,7 +45,7 @@ RECEIPT = {
 NO_NUL = "^[^\\u0000]*$"
 
 
-def _range(low: float, high: float, *, integer: bool = False, nullable: bool = True, **extra: Any) -> dict:
+def _range(low: float, high: float, *, integer: bool = False, nullable: bool = True, **extra: Any) -> dict[str, Any]:
     return {
         "type": "integer" if integer else "number",
         "minimum": low,
@@ -55,7 +55,7 @@ def _range(low: float, high: float, *, integer: bool = False, nullable: bool = T
     }
 
 
-def _short_text(description: str) -> dict:
+def _short_text(description: str) -> dict[str, Any]:
     return {
         "type": "string",
         "minLength": 1,
@@ -66,7 +66,7 @@ def _short_text(description: str) -> dict:
     }
 
 
-def _closed(properties: dict, required: list[str] | None = None, **extra: Any) -> dict:
+def _closed(properties: dict[str, Any], required: list[str] | None = None, **extra: Any) -> dict[str, Any]:
     """An object with these properties and no others."""
     schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
     if required:
@@ -276,7 +276,7 @@ _NO_409 = {"/api/v1/logs", "/api/v1/consumers/heartbeat"}
 _NAMES_IN_BODY = {"/api/v1/archive/replay", "/api/v1/logs"}
 
 
-def _statuses(path: str, method: str, op: dict) -> list[int]:
+def _statuses(path: str, method: str, op: dict[str, Any]) -> list[int]:
     """The error statuses an operation can answer."""
     if not op.get("security") or op.get("security") == [{}]:
         return []  # healthz: no authentication, nothing to refuse
@@ -295,7 +295,7 @@ def _statuses(path: str, method: str, op: dict) -> list[int]:
     return sorted(out)
 
 
-def _add_errors(schema: dict) -> None:
+def _add_errors(schema: dict[str, Any]) -> None:
     for path, ops in schema["paths"].items():
         for method, op in ops.items():
             responses = op.setdefault("responses", {})
@@ -310,7 +310,7 @@ def _add_errors(schema: dict) -> None:
                 responses[key] = response
 
 
-def _close_requests(schema: dict) -> None:
+def _close_requests(schema: dict[str, Any]) -> None:
     """Serializer-made request bodies: no unknown fields, no NUL in text (DRF refuses both)."""
     for name, component in schema["components"]["schemas"].items():
         if not name.endswith("Request") or name in REQUESTS or component.get("type") != "object":
@@ -324,7 +324,7 @@ def _close_requests(schema: dict) -> None:
 
 
 #: Limits of query parameters and of fields DRF checks without saying so in the schema.
-QUERY_LIMITS = {
+QUERY_LIMITS: dict[tuple[str, str], dict[str, Any]] = {
     ("/api/v1/archive", "limit"): {"type": "integer", "minimum": 1, "maximum": 1000},
     ("/api/v1/archive", "after"): {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
     ("/api/v1/archive", "queue"): {"type": "string", "pattern": f"^(?:{QUEUE_NAME})?$"},
@@ -339,7 +339,7 @@ FIELD_PATTERNS = {
 }
 
 
-def _limits(schema: dict) -> None:
+def _limits(schema: dict[str, Any]) -> None:
     for (path, name), limits in QUERY_LIMITS.items():
         for param in schema["paths"].get(path, {}).get("get", {}).get("parameters", []):
             if param["name"] == name and param["in"] == "query":
@@ -354,11 +354,11 @@ def _limits(schema: dict) -> None:
             prop["pattern"] = pattern
 
 
-def _operations(schema: dict) -> dict[tuple[str, str], dict]:
+def _operations(schema: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
     return {(path, method): op for path, ops in schema["paths"].items() for method, op in ops.items()}
 
 
-def _link(target: dict, description: str, parameters: dict, body: Any = None) -> dict:
+def _link(target: dict[str, Any], description: str, parameters: dict[str, Any], body: Any = None) -> dict[str, Any]:
     link: dict[str, Any] = {"operationId": target["operationId"], "description": description}
     wanted = {p["name"] for p in target.get("parameters", []) if p.get("in") == "path"}
     link["parameters"] = {k: v for k, v in parameters.items() if k in wanted}
@@ -367,17 +367,17 @@ def _link(target: dict, description: str, parameters: dict, body: Any = None) ->
     return link
 
 
-def _add_links(schema: dict) -> None:
+def _add_links(schema: dict[str, Any]) -> None:
     ops = _operations(schema)
 
-    def under(prefix: str) -> list[tuple[str, str, dict]]:
+    def under(prefix: str) -> list[tuple[str, str, dict[str, Any]]]:
         return [
             (p, m, op)
             for (p, m), op in ops.items()
             if (p == prefix or p.startswith(prefix + "/")) and not p.endswith("/refresh")  # a topic's, for nodes
         ]
 
-    def add(source: tuple[str, str], status: str, links: dict[str, dict]) -> None:
+    def add(source: tuple[str, str], status: str, links: dict[str, dict[str, Any]]) -> None:
         op = ops.get(source)
         if op is None:
             return
@@ -445,7 +445,7 @@ def _add_links(schema: dict) -> None:
 # ------------------------------------------------------------------------ response bodies
 
 
-def type_schema(tp: Any) -> dict:
+def type_schema(tp: Any) -> dict[str, Any]:
     """The JSON schema of a Python type the service answers with (TypedDicts, dataclasses,
     their fields' types), so the documented answers follow the code's types."""
     import dataclasses
@@ -492,7 +492,7 @@ def type_schema(tp: Any) -> dict:
     return {}
 
 
-def _responses() -> dict[tuple[str, str, str], dict]:
+def _responses() -> dict[tuple[str, str, str], dict[str, Any]]:
     from ..service.types import ExpireResult, PartitionOwner, QueueStats, RedriveResult, SubscriptionStats
 
     expire = type_schema(ExpireResult)
@@ -573,14 +573,14 @@ def _responses() -> dict[tuple[str, str, str], dict]:
     }
 
 
-def _document_responses(schema: dict) -> None:
+def _document_responses(schema: dict[str, Any]) -> None:
     for (path, method, status), body in _responses().items():
         response = schema["paths"].get(path, {}).get(method, {}).get("responses", {}).get(status)
         if response is not None:
             response["content"] = {"application/json": {"schema": body}}
 
 
-def postprocess(result: dict, generator: Any, request: Any, public: bool) -> dict:
+def postprocess(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     schemas["ErrorDoc"] = ERROR
     schemas["MessageIn"] = MESSAGE_IN

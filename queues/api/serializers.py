@@ -6,6 +6,8 @@ describe their JSON for the OpenAPI schema.
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from django.core.validators import RegexValidator
 from rest_framework import serializers
 
@@ -22,8 +24,12 @@ from ..service.limits import MAX_BATCH, MAX_WAIT
 
 NAME_RULE = "letters, digits, '_' and '-', at most 80"
 
+_Instance = TypeVar("_Instance")
+#: a serializer's field, whatever its types
+AnyField = serializers.Field[Any, Any, Any, Any]
 
-def _json_type_ok(field: serializers.Field, value) -> bool:
+
+def _json_type_ok(field: AnyField, value: Any) -> bool:
     """Whether ``value`` has the JSON type the schema gives ``field`` (DRF would coerce
     ``"5"`` to 5, ``0`` to false, 5 to ``"5"``: the schema says integer, boolean, string)."""
     if value is None:
@@ -45,7 +51,7 @@ def _json_type_ok(field: serializers.Field, value) -> bool:
     return True
 
 
-def _bad_text(value) -> bool:
+def _bad_text(value: Any) -> bool:
     """Text PostgreSQL cannot store: a NUL, or a lone surrogate (not Unicode)."""
     if isinstance(value, str):
         if "\x00" in value:
@@ -60,12 +66,12 @@ def _bad_text(value) -> bool:
     return False
 
 
-class StrictSerializer(serializers.Serializer):
+class StrictSerializer(serializers.Serializer[_Instance]):
     """Unknown fields are an error, not silently dropped: a typo must not pass unnoticed.
     Values must have the JSON type of their field (no ``"5"`` for 5, no 0 for false), and text
     is taken as sent (not trimmed): the API accepts what its OpenAPI schema says, no more."""
 
-    def get_fields(self):
+    def get_fields(self) -> dict[str, AnyField]:
         fields = super().get_fields()
         for field in fields.values():
             for f in (field, getattr(field, "child", None)):
@@ -73,7 +79,7 @@ class StrictSerializer(serializers.Serializer):
                     f.trim_whitespace = False
         return fields
 
-    def to_internal_value(self, data):
+    def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):
             wrong = {
                 name: ["wrong JSON type for this field"]
@@ -103,7 +109,7 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-class QueueSerializer(StrictSerializer, serializers.ModelSerializer):
+class QueueSerializer(StrictSerializer[Queue], serializers.ModelSerializer[Queue]):
     dead_letter_queue = serializers.SlugRelatedField(
         slug_field="name",
         queryset=Queue.objects.all(),
@@ -120,8 +126,8 @@ class QueueSerializer(StrictSerializer, serializers.ModelSerializer):
         # the database itself so that two concurrent creates cannot both pass it.
         extra_kwargs = {"name": {"validators": [RegexValidator(QUEUE_NAME_RE, NAME_RULE)]}}
 
-    def validate(self, attrs):
-        def current(field):
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        def current(field: str) -> Any:
             if field in attrs:
                 return attrs[field]
             return getattr(self.instance, field) if self.instance is not None else None
@@ -141,7 +147,7 @@ class PartitionsOnlyGrow:
     """For a serializer that changes a queue's or topic's settings: the number of partitions
     may not go down."""
 
-    def validate_partitions(self, value):
+    def validate_partitions(self, value: int) -> int:
         why = partitions_shrink_error(self.instance.partitions, value) if self.instance is not None else None
         if why:
             raise serializers.ValidationError(why)
@@ -153,21 +159,21 @@ class QueueUpdateSerializer(QueueSerializer, PartitionsOnlyGrow):
         read_only_fields = ["name", "created_at", "updated_at"]
 
 
-class MessageInDoc(serializers.Serializer):
+class MessageInDoc(serializers.Serializer[dict[str, Any]]):
     body = serializers.CharField(help_text="the message, UTF-8 text up to the queue's max_message_size")
 
 
-class EnqueueDoc(serializers.Serializer):
+class EnqueueDoc(serializers.Serializer[dict[str, Any]]):
     body = serializers.CharField(required=False, help_text="one message")
     messages = MessageInDoc(many=True, required=False, help_text=f"or a batch of up to {MAX_BATCH:,}")
 
 
-class EnqueueResultDoc(serializers.Serializer):
+class EnqueueResultDoc(serializers.Serializer[dict[str, Any]]):
     id = serializers.CharField(required=False, help_text="for a single message")
     ids = serializers.ListField(child=serializers.CharField(), required=False, help_text="for a batch, in order")
 
 
-class DequeueDoc(serializers.Serializer):
+class DequeueDoc(serializers.Serializer[dict[str, Any]]):
     max = serializers.IntegerField(required=False, min_value=1, max_value=MAX_BATCH, default=1)
     visibility_timeout = serializers.FloatField(
         required=False,
@@ -184,7 +190,7 @@ class DequeueDoc(serializers.Serializer):
     )
 
 
-class DeliveredDoc(serializers.Serializer):
+class DeliveredDoc(serializers.Serializer[dict[str, Any]]):
     """A delivered message, as ``calls.delivery_json`` answers it."""
 
     id = serializers.CharField()
@@ -203,31 +209,31 @@ class DeliveredDoc(serializers.Serializer):
     archived = serializers.BooleanField(required=False, help_text="true when it was read from the archive")
 
 
-class DequeueResultDoc(serializers.Serializer):
+class DequeueResultDoc(serializers.Serializer[dict[str, Any]]):
     messages = DeliveredDoc(many=True)
 
 
-class AckItemDoc(serializers.Serializer):
+class AckItemDoc(serializers.Serializer[dict[str, Any]]):
     id = serializers.CharField()
     receipt = serializers.CharField(required=False)
 
 
-class AckDoc(serializers.Serializer):
+class AckDoc(serializers.Serializer[dict[str, Any]]):
     ids = serializers.ListField(child=serializers.CharField(), required=False)
     messages = AckItemDoc(many=True, required=False)
 
 
-class AckResultDoc(serializers.Serializer):
+class AckResultDoc(serializers.Serializer[dict[str, Any]]):
     acked = serializers.IntegerField(help_text="messages removed by this call")
     not_found = serializers.IntegerField(help_text="IDs no longer stored (acknowledged before)")
 
 
-class VisibilityDoc(serializers.Serializer):
+class VisibilityDoc(serializers.Serializer[dict[str, Any]]):
     id = serializers.CharField()
     receipt = serializers.CharField(required=False)
     visibility_timeout = serializers.FloatField(min_value=0, max_value=LIMITS["visibility_timeout"][1])
 
 
-class ErrorDoc(serializers.Serializer):
+class ErrorDoc(serializers.Serializer[dict[str, Any]]):
     error = serializers.CharField(help_text="a stable code, e.g. queue_not_found, body_too_large")
     detail = serializers.JSONField(help_text="what is wrong, for people")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import TYPE_CHECKING, cast
 
 from django.conf import settings
 from django.core.cache import DEFAULT_CACHE_ALIAS, caches
@@ -25,13 +26,26 @@ from django.core.cache.backends.locmem import LocMemCache
 from rest_framework import exceptions, throttling
 from rest_framework.settings import api_settings
 
+if TYPE_CHECKING:
+    from rest_framework.request import Request
+    from rest_framework.views import APIView
+
+
+def _rates() -> dict[str, str | None]:
+    # the stubs type the rates as numbers; DRF's are "N/period" strings (or None)
+    return cast("dict[str, str | None]", api_settings.DEFAULT_THROTTLE_RATES)
+
 
 class _Window(throttling.SimpleRateThrottle):
+    scope: str
+    # set by SimpleRateThrottle.__init__ from the rate; read only when the rate is set
+    num_requests: int
+    duration: int
     _wait = 0.0
 
     def get_rate(self) -> str | None:
         # read per instance, not at import: the settings' rates, even overridden in a test
-        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+        return _rates().get(self.scope)
 
     def parse_rate(self, rate: str | None) -> tuple[int | None, int | None]:
         num, duration = super().parse_rate(rate)
@@ -40,7 +54,7 @@ class _Window(throttling.SimpleRateThrottle):
             num = -(-num // processes)  # this process's share of a count it keeps alone
         return num, duration
 
-    def allow_request(self, request, view) -> bool:
+    def allow_request(self, request: Request, view: APIView) -> bool:
         if self.rate is None:
             return True
         key = self.get_cache_key(request, view)
@@ -69,7 +83,7 @@ class UserRate(_Window):
 
     scope = "user"
 
-    def get_cache_key(self, request, view) -> str | None:
+    def get_cache_key(self, request: Request, view: APIView) -> str | None:
         pk = getattr(request.user, "pk", None)
         if pk is None:
             return None  # anonymous (AnonRate counts it) or a cluster peer
@@ -81,7 +95,7 @@ class AnonRate(_Window):
 
     scope = "anon"
 
-    def get_cache_key(self, request, view) -> str | None:
+    def get_cache_key(self, request: Request, view: APIView) -> str | None:
         if request.user is not None and getattr(request.user, "is_authenticated", False):
             return None
         return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}

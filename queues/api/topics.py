@@ -7,8 +7,11 @@ per subscription). The message calls are the queue's, on the target ``"<topic>/<
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import serializers, status
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -32,7 +35,10 @@ from .views import ERRORS, CallView, IsClusterPeerOrStaff, _hops, caller
 
 
 class TopicSerializer(QueueSerializer):
-    subscriptions = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+    # (many=True: DRF makes a ManyRelatedField of these; the stubs type the call as the field itself)
+    subscriptions: serializers.SlugRelatedField[Subscription] = serializers.SlugRelatedField(
+        slug_field="name", many=True, read_only=True
+    )
 
     class Meta(QueueSerializer.Meta):
         fields = ["name", *TOPIC_SETTINGS, "subscriptions", "created_at"]
@@ -44,7 +50,7 @@ class TopicUpdateSerializer(TopicSerializer, PartitionsOnlyGrow):
         read_only_fields = ["name", "subscriptions", "created_at"]
 
 
-class SubscriptionSerializer(StrictSerializer, serializers.ModelSerializer):
+class SubscriptionSerializer(StrictSerializer[Subscription], serializers.ModelSerializer[Subscription]):
     dead_letter_queue = serializers.SlugRelatedField(
         slug_field="name",
         queryset=Queue.objects.filter(kind=Queue.Kind.QUEUE),
@@ -58,29 +64,29 @@ class SubscriptionSerializer(StrictSerializer, serializers.ModelSerializer):
         fields = ["name", "start", "starts_at", "visibility_timeout", "dead_letter_queue", "max_receives", "created_at"]
         read_only_fields = ["starts_at", "created_at"]
 
-    def validate(self, attrs):
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         why = dead_letter_pairing_error(attrs.get("dead_letter_queue"), attrs.get("max_receives"))
         if why:
             raise serializers.ValidationError({"max_receives": why}, code="invalid")
         return attrs
 
 
-def _topic(request, name: str) -> Queue:
+def _topic(request: Request, name: str) -> Queue:
     return service.get_queue(name, Queue.Kind.TOPIC, caller=caller(request))
 
 
-def _subscription(request, topic: str, name: str) -> Subscription:
+def _subscription(request: Request, topic: str, name: str) -> Subscription:
     return service.get_subscription(topic, name, caller=caller(request))
 
 
 class TopicListView(APIView):
     @extend_schema(responses={200: TopicSerializer(many=True)}, summary="List topics")
-    def get(self, request):
+    def get(self, request: Request) -> Response:
         topics = service.list_queues(Queue.Kind.TOPIC, caller=caller(request))
         return Response(TopicSerializer(topics, many=True).data)
 
     @extend_schema(request=TopicSerializer, responses={201: TopicSerializer, **ERRORS}, summary="Create a topic")
-    def post(self, request):
+    def post(self, request: Request) -> Response:
         who = caller(request)
         ser = TopicSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
@@ -90,7 +96,7 @@ class TopicListView(APIView):
 
 class TopicDetailView(APIView):
     @extend_schema(responses={200: TopicSerializer, **ERRORS}, summary="A topic's settings and subscriptions")
-    def get(self, request, name):
+    def get(self, request: Request, name: str) -> Response:
         return Response(TopicSerializer(_topic(request, name)).data)
 
     @extend_schema(
@@ -98,7 +104,7 @@ class TopicDetailView(APIView):
         responses={200: TopicSerializer, **ERRORS},
         summary="Change a topic's settings (partitions may only grow)",
     )
-    def patch(self, request, name):
+    def patch(self, request: Request, name: str) -> Response:
         q = _topic(request, name)
         service.authorize(q.name, "manage", caller=caller(request))  # before the body is looked at
         ser = TopicUpdateSerializer(q, data=request.data, partial=True)
@@ -106,7 +112,7 @@ class TopicDetailView(APIView):
         return Response(TopicSerializer(service.update_queue(q, caller=caller(request), **ser.validated_data)).data)
 
     @extend_schema(responses={204: None, **ERRORS}, summary="Delete a topic, its subscriptions and messages")
-    def delete(self, request, name):
+    def delete(self, request: Request, name: str) -> Response:
         service.delete_queue(_topic(request, name), caller=caller(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -127,7 +133,7 @@ class RefreshView(APIView):
 
     # Between nodes only, not part of the public API (and not in its schema).
     @extend_schema(exclude=True)
-    def post(self, request, name):
+    def post(self, request: Request, name: str) -> Response:
         who = caller(request, node_only=True)
         service.get_queue(name, Queue.Kind.TOPIC, caller=who)
         status_code, payload = calls.refresh(name, {}, _hops(request), caller=who)
@@ -143,7 +149,7 @@ class SubscriptionCallView(CallView):
 
 class SubscriptionListView(APIView):
     @extend_schema(responses={200: SubscriptionSerializer(many=True), **ERRORS}, summary="A topic's subscriptions")
-    def get(self, request, topic):
+    def get(self, request: Request, topic: str) -> Response:
         return Response(SubscriptionSerializer(_topic(request, topic).subscriptions.all(), many=True).data)
 
     @extend_schema(
@@ -151,7 +157,7 @@ class SubscriptionListView(APIView):
         responses={201: SubscriptionSerializer, 409: ErrorDoc, **ERRORS},
         summary="Create a subscription, starting at the newest message or the oldest retained one",
     )
-    def post(self, request, topic):
+    def post(self, request: Request, topic: str) -> Response:
         t = _topic(request, topic)
         service.authorize(t.name, "manage", caller=caller(request))  # before the body is looked at
         ser = SubscriptionSerializer(data=request.data)
@@ -162,11 +168,11 @@ class SubscriptionListView(APIView):
 
 class SubscriptionDetailView(APIView):
     @extend_schema(responses={200: SubscriptionSerializer, **ERRORS}, summary="A subscription")
-    def get(self, request, topic, name):
+    def get(self, request: Request, topic: str, name: str) -> Response:
         return Response(SubscriptionSerializer(_subscription(request, topic, name)).data)
 
     @extend_schema(responses={204: None, **ERRORS}, summary="Delete a subscription (its acks and positions)")
-    def delete(self, request, topic, name):
+    def delete(self, request: Request, topic: str, name: str) -> Response:
         service.delete_subscription(_subscription(request, topic, name), caller=caller(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -206,6 +212,6 @@ class SubscriptionVisibilityView(SubscriptionCallView):
 
 class SubscriptionStatsView(APIView):
     @extend_schema(responses={200: dict, **ERRORS}, summary="Held (not acked) and in flight of the subscription")
-    def get(self, request, topic, name):
+    def get(self, request: Request, topic: str, name: str) -> Response:
         sub = _subscription(request, topic, name)
         return Response(service.subscription_stats(sub.topic.name, sub.name, caller=caller(request)))

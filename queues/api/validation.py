@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Set as AbstractSet
 from datetime import datetime
+from typing import Any, Literal, TypeVar, overload
 
 from ..messages import MessageId, parse_message_id
 from ..models import LIMITS
@@ -18,20 +19,25 @@ from ..service.limits import MAX_BATCH, MAX_WAIT
 from ..service.types import MessageDraft
 from .errors import BadRequest
 
+#: a JSON object of a request body, before it is checked
+JSONObject = dict[str, Any]
 
-def object_of(data, what: str = "request body") -> dict:
+_Default = TypeVar("_Default", bound=float | None)
+
+
+def object_of(data: Any, what: str = "request body") -> JSONObject:
     if not isinstance(data, dict):
         raise BadRequest(f"the {what} must be a JSON object")
     return data
 
 
-def no_extra(data: dict, allowed: AbstractSet[str], where: str) -> None:
+def no_extra(data: JSONObject, allowed: AbstractSet[str], where: str) -> None:
     extra = set(data) - allowed
     if extra:
         raise BadRequest(f"unknown field(s) in {where}: {', '.join(sorted(extra))}", "unknown_field")
 
 
-def _batch(data: dict, key: str, code: str) -> list:
+def _batch(data: JSONObject, key: str, code: str) -> list[Any]:
     """``data[key]`` as a list of 1 to ``MAX_BATCH`` items."""
     items = data[key]
     if not isinstance(items, list) or not items:
@@ -41,7 +47,17 @@ def _batch(data: dict, key: str, code: str) -> list:
     return items
 
 
-def number(data: dict, name: str, low: float, high: float, default, *, integer: bool = False):
+@overload
+def number(
+    data: JSONObject, name: str, low: float, high: float, default: _Default, *, integer: Literal[True]
+) -> int | _Default: ...
+@overload
+def number(
+    data: JSONObject, name: str, low: float, high: float, default: _Default, *, integer: Literal[False] = False
+) -> float | _Default: ...
+def number(
+    data: JSONObject, name: str, low: float, high: float, default: float | None, *, integer: bool = False
+) -> float | None:
     if name not in data or data[name] is None:
         return default
     value = data[name]
@@ -56,7 +72,7 @@ def number(data: dict, name: str, low: float, high: float, default, *, integer: 
     return int(value) if integer else value
 
 
-def _body(item, cfg: QueueConfig, where: str) -> str:
+def _body(item: JSONObject, cfg: QueueConfig, where: str) -> str:
     if "body" not in item:
         raise BadRequest(f"{where}: body is required", "missing_body")
     body = item["body"]
@@ -85,7 +101,7 @@ MESSAGE_FIELDS = {"body", "group", "dedup_id", "delay", "not_before", "attribute
 MAX_ATTRIBUTES = 16
 
 
-def _short_text(item: dict, name: str, where: str) -> str | None:
+def _short_text(item: JSONObject, name: str, where: str) -> str | None:
     value = item.get(name)
     if value is None:
         return None
@@ -94,7 +110,7 @@ def _short_text(item: dict, name: str, where: str) -> str | None:
     return value
 
 
-def _not_before(item: dict, cfg: QueueConfig, now: float, where: str) -> float | None:
+def _not_before(item: JSONObject, cfg: QueueConfig, now: float, where: str) -> float | None:
     if "delay" in item and "not_before" in item:  # even with one null: the schema says "not both"
         raise BadRequest(f"{where}: give delay or not_before, not both", "invalid_delay")
     horizon = LIMITS["delay"][1]
@@ -106,6 +122,7 @@ def _not_before(item: dict, cfg: QueueConfig, now: float, where: str) -> float |
             except ValueError:
                 raise BadRequest(f"{where}: not_before must be epoch seconds or ISO 8601", "invalid_delay") from None
         value = number({"not_before": value}, "not_before", 0, now + horizon, None)
+        assert value is not None  # it was given: a number, or BadRequest
         return value if value > now else None
     delay = number(item, "delay", 0, horizon, cfg.delay)
     return now + delay if delay else None
@@ -115,7 +132,7 @@ def _not_before(item: dict, cfg: QueueConfig, now: float, where: str) -> float |
 NODE_ATTRIBUTE_NAME = 256
 
 
-def _attributes(item: dict, where: str, trusted: bool = False) -> dict | None:
+def _attributes(item: JSONObject, where: str, trusted: bool = False) -> dict[str, Any] | None:
     """A message's attributes. ``trusted`` (a node's forwarded message): what one of the
     service's entrances accepted there, checked for form only. The SQS API's attributes have
     names of up to 256 characters and values up to the message's size, and a message stored by
@@ -142,7 +159,7 @@ def _attributes(item: dict, where: str, trusted: bool = False) -> dict | None:
     return value
 
 
-def _estimates(item: dict, where: str) -> dict | None:
+def _estimates(item: JSONObject, where: str) -> dict[str, float] | None:
     value = item.get("estimates")
     if value is None:
         return None
@@ -161,7 +178,7 @@ def _estimates(item: dict, where: str) -> dict | None:
 NODE_FIELDS = frozenset({"history", "subscription"})
 
 
-def _message(item: dict, cfg: QueueConfig, now: float, where: str, trusted: bool = False) -> MessageDraft:
+def _message(item: JSONObject, cfg: QueueConfig, now: float, where: str, trusted: bool = False) -> MessageDraft:
     if len(item) != 1:
         no_extra(item, MESSAGE_FIELDS | (NODE_FIELDS if trusted else set()), where)
     draft = MessageDraft(_body(item, cfg, where))
@@ -187,7 +204,7 @@ def _message(item: dict, cfg: QueueConfig, now: float, where: str, trusted: bool
 _WHERE = tuple(f"messages[{i}]" for i in range(MAX_BATCH))
 
 
-def enqueue_request(data, cfg: QueueConfig, now: float, trusted: bool = False) -> tuple[list[MessageDraft], bool]:
+def enqueue_request(data: Any, cfg: QueueConfig, now: float, trusted: bool = False) -> tuple[list[MessageDraft], bool]:
     """The checked messages to enqueue, and whether the call was a batch."""
     data = object_of(data)
     if "messages" in data:
@@ -202,7 +219,7 @@ def enqueue_request(data, cfg: QueueConfig, now: float, trusted: bool = False) -
     return [_message(data, cfg, now, "message", trusted)], False
 
 
-def dequeue_request(data) -> tuple[int, float | None, float]:
+def dequeue_request(data: Any) -> tuple[int, float | None, float]:
     data = object_of(data)
     no_extra(data, {"max", "visibility_timeout", "wait"}, "the request")
     max_messages = number(data, "max", 1, MAX_BATCH, 1, integer=True)
@@ -211,7 +228,7 @@ def dequeue_request(data) -> tuple[int, float | None, float]:
     return max_messages, visibility_timeout, wait
 
 
-def message_id(value, cfg: QueueConfig, where: str) -> MessageId:
+def message_id(value: Any, cfg: QueueConfig, where: str) -> MessageId:
     mid = parse_message_id(value)
     if mid is None:
         raise BadRequest(f"{where}: {value!r} is not a message ID (<queue>/<partition>/<block>/<index>)", "invalid_id")
@@ -226,13 +243,13 @@ def message_id(value, cfg: QueueConfig, where: str) -> MessageId:
 RECEIPT_MAX = 64
 
 
-def _receipt(value, where: str) -> str:
+def _receipt(value: Any, where: str) -> str:
     if not isinstance(value, str) or not 1 <= len(value) <= RECEIPT_MAX:
         raise BadRequest(f"{where}: receipt must be the string returned by dequeue", "invalid_receipt")
     return value
 
 
-def ack_request(data, cfg: QueueConfig) -> list[tuple[MessageId, str | None]]:
+def ack_request(data: Any, cfg: QueueConfig) -> list[tuple[MessageId, str | None]]:
     data = object_of(data)
     if cfg.strict and "ids" in data:
         raise BadRequest(
@@ -269,7 +286,7 @@ def ack_request(data, cfg: QueueConfig) -> list[tuple[MessageId, str | None]]:
 _ACK_FIELDS = frozenset({"id", "receipt"})
 
 
-def _ack_item(item, cfg: QueueConfig, where: str) -> tuple[MessageId, str | None]:
+def _ack_item(item: Any, cfg: QueueConfig, where: str) -> tuple[MessageId, str | None]:
     """One item of an ack's ``messages``, checked with the errors it earns."""
     if not isinstance(item, dict):
         raise BadRequest(f"{where} must be an object with id and receipt", "invalid_ack")
@@ -280,7 +297,7 @@ def _ack_item(item, cfg: QueueConfig, where: str) -> tuple[MessageId, str | None
     return message_id(item.get("id"), cfg, where), receipt
 
 
-def visibility_request(data, cfg: QueueConfig) -> tuple[MessageId, str | None, float]:
+def visibility_request(data: Any, cfg: QueueConfig) -> tuple[MessageId, str | None, float]:
     data = object_of(data)
     no_extra(data, {"id", "receipt", "visibility_timeout"}, "the request")
     mid = message_id(data.get("id"), cfg, "id")
@@ -288,4 +305,5 @@ def visibility_request(data, cfg: QueueConfig) -> tuple[MessageId, str | None, f
     if data.get("visibility_timeout") is None:
         raise BadRequest("visibility_timeout is required (seconds from now; 0 makes it visible)", "missing_field")
     visibility_timeout = number(data, "visibility_timeout", *LIMITS["visibility_timeout"], None)
+    assert visibility_timeout is not None  # required above
     return mid, receipt, visibility_timeout

@@ -6,11 +6,14 @@ from collections.abc import Callable
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import status
+from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import AllowAny, BasePermission
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import service
+from ..access import Caller
 from ..auth import CachedTokenAuthentication, ClusterAuthentication, ClusterPeer, request_caller, request_hops
 from ..glue.drf import django_request
 from ..models import Queue
@@ -37,12 +40,12 @@ ERRORS = {
 }
 
 
-def _hops(request) -> int:
+def _hops(request: Request) -> int:
     """A node's signed hop count; a client's ``X-MQ-Hops`` is ignored (0)."""
     return request_hops(request.user)
 
 
-def caller(request, *, node_only: bool = False):
+def caller(request: Request, *, node_only: bool = False) -> Caller:
     """Who the request acts as (``auth.request_caller``)."""
     return request_caller(request.user, node_only=node_only)
 
@@ -53,19 +56,19 @@ class HealthView(APIView):
     partition count. A bad token is not refused here: liveness answers regardless."""
 
     permission_classes = [AllowAny]
-    authentication_classes: list = []  # asked below, so a bad token cannot make it answer 401
+    authentication_classes: list[type[BaseAuthentication]] = []  # asked below, so a bad token cannot make it answer 401
 
     @extend_schema(
         responses={200: dict}, summary="Liveness of this node (no authentication; details to staff and nodes)"
     )
-    def get(self, request):
+    def get(self, request: Request) -> Response:
         if not self._insider(request):
             return Response({"status": "ok"})
         rt = service.get_runtime()
         return Response({"status": "ok", "node": rt.node_id, "address": rt.address, "partitions": len(rt.managers)})
 
     @staticmethod
-    def _insider(request) -> bool:
+    def _insider(request: Request) -> bool:
         session_user = getattr(django_request(request), "user", None)  # AuthenticationMiddleware's
         if getattr(session_user, "is_staff", False):
             return True
@@ -82,12 +85,12 @@ class HealthView(APIView):
 
 class QueueListView(APIView):
     @extend_schema(responses={200: QueueSerializer(many=True)}, summary="List queues")
-    def get(self, request):
+    def get(self, request: Request) -> Response:
         queues = service.list_queues(Queue.Kind.QUEUE, caller=caller(request))
         return Response(QueueSerializer(queues, many=True).data)
 
     @extend_schema(request=QueueSerializer, responses={201: QueueSerializer, **ERRORS}, summary="Create a queue")
-    def post(self, request):
+    def post(self, request: Request) -> Response:
         who = caller(request)
         ser = QueueSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
@@ -97,7 +100,7 @@ class QueueListView(APIView):
 
 class QueueDetailView(APIView):
     @extend_schema(responses={200: QueueSerializer, **ERRORS}, summary="A queue's settings")
-    def get(self, request, name):
+    def get(self, request: Request, name: str) -> Response:
         return Response(QueueSerializer(self._get(request, name)).data)
 
     @extend_schema(
@@ -105,7 +108,7 @@ class QueueDetailView(APIView):
         responses={200: QueueSerializer, **ERRORS},
         summary="Change a queue's settings (partitions may only grow)",
     )
-    def patch(self, request, name):
+    def patch(self, request: Request, name: str) -> Response:
         q = self._get(request, name)
         service.authorize(q.name, "manage", caller=caller(request))  # before the body is looked at
         ser = QueueUpdateSerializer(q, data=request.data, partial=True)
@@ -114,12 +117,12 @@ class QueueDetailView(APIView):
         return Response(QueueSerializer(q).data)
 
     @extend_schema(responses={204: None, **ERRORS}, summary="Delete a queue and all its messages")
-    def delete(self, request, name):
+    def delete(self, request: Request, name: str) -> Response:
         service.delete_queue(self._get(request, name), caller=caller(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @staticmethod
-    def _get(request, name):
+    def _get(request: Request, name: str) -> Queue:
         return service.get_queue(name, caller=caller(request))
 
 
@@ -131,18 +134,18 @@ class CallView(APIView):
     def target(self, **kwargs: str) -> str:
         return kwargs["name"]
 
-    def node_only(self, request) -> bool:
+    def node_only(self, request: Request) -> bool:
         """Whether this request is one a node may make for itself (no user named)."""
         return False
 
-    def body_limit(self, request) -> int:
+    def body_limit(self, request: Request) -> int:
         """The most bytes this call's body may have: ``FastJSONParser`` refuses a longer one by
         its Content-Length before reading it (the caller's right is checked first)."""
         name = type(self).call.__name__
         who = caller(request) if name in calls.MESSAGE_CALLS else None
         return calls.body_limit(name, self.target(**self.kwargs), caller=who)
 
-    def post(self, request, **kwargs):
+    def post(self, request: Request, **kwargs: str) -> Response:
         status_code, payload = type(self).call(
             self.target(**kwargs),
             request.data,
@@ -210,7 +213,7 @@ class PartitionsView(APIView):
     @extend_schema(
         responses={200: dict, **ERRORS}, summary="Who serves each partition: clients may call the owner directly"
     )
-    def get(self, request, name):
+    def get(self, request: Request, name: str) -> Response:
         return Response({"queue": name, "partitions": service.partition_owners(name, caller=caller(request))})
 
 
@@ -234,7 +237,7 @@ class RedriveView(CallView):
 
 
 class IsClusterPeerOrStaff(BasePermission):
-    def has_permission(self, request, view):
+    def has_permission(self, request: Request, view: APIView) -> bool:
         user = request.user
         return isinstance(user, ClusterPeer) or bool(
             getattr(user, "is_staff", False) or getattr(user, "is_superuser", False)
@@ -252,7 +255,7 @@ class ExpireView(CallView):
     permission_classes = [IsClusterPeerOrStaff]
     call = calls.expire
 
-    def node_only(self, request) -> bool:
+    def node_only(self, request: Request) -> bool:
         return True
 
 
@@ -266,7 +269,7 @@ class ExpireView(CallView):
 class PurgeView(CallView):
     call = calls.purge
 
-    def node_only(self, request) -> bool:
+    def node_only(self, request: Request) -> bool:
         return isinstance(request.data, dict) and request.data.get("close_only") is True
 
 
@@ -276,12 +279,12 @@ class ReleasePartitionView(APIView):
         responses={200: dict, 409: ErrorDoc, **ERRORS},
         summary="The owner gives up the partition's lease; another node takes it (manage)",
     )
-    def post(self, request, name, index):
+    def post(self, request: Request, name: str, index: int) -> Response:
         status_code, payload = calls.release_partition(name, index, _hops(request), caller=caller(request))
         return Response(payload, status=status_code)
 
 
 class StatsView(APIView):
     @extend_schema(responses={200: dict, **ERRORS}, summary="Depth, in flight, oldest age, per partition")
-    def get(self, request, name):
+    def get(self, request: Request, name: str) -> Response:
         return Response(service.queue_stats(name, caller=caller(request)))

@@ -49,7 +49,7 @@ _syncfs = _load_syncfs()
 class FileStore(KeyValueStore):
     schemes = ("file",)
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike[str]):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)

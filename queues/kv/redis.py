@@ -21,9 +21,9 @@ import os
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import redis as redis_lib
 from redis.exceptions import RedisClusterException
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 #: A Lua script's ARGV: redis-py encodes str, bytes and int alike.
 Args = list[str | bytes | int]
+#: a Redis command as sent: its name, then its arguments (text, bytes, numbers)
+Command = tuple[Any, ...]
 
 # The scripts declare every key they touch in KEYS (Redis Cluster routes a script by its keys,
 # which must share one hash slot). KEYS[1]: the fence's hash (any hash of the batch when
@@ -118,11 +120,11 @@ class ThreadConnections:
     """
 
     def __init__(self, pool: redis_lib.ConnectionPool):
-        self._make = lambda: pool.connection_class(**pool.connection_kwargs)
+        self._make: Callable[[], redis_lib.Connection] = lambda: pool.connection_class(**pool.connection_kwargs)
         self._local = threading.local()
 
     def get(self) -> redis_lib.Connection:
-        held = getattr(self._local, "held", None)
+        held: tuple[int, redis_lib.Connection] | None = getattr(self._local, "held", None)
         if held is None or held[0] != _forks:
             held = self._local.held = (_forks, self._make())
         return held[1]
@@ -143,7 +145,7 @@ def _chunked(by_bucket: dict[str, Args], width: int) -> list[tuple[str, int, Arg
     return groups
 
 
-def _on_connection(conns: ThreadConnections, commands: list[tuple]) -> list:
+def _on_connection(conns: ThreadConnections, commands: list[Command]) -> list[Any]:
     """``commands`` in one round trip on this thread's connection of ``conns``; their answers,
     an error answer as an exception among them (see :func:`queues.glue.redis.round_trip`).
 
@@ -159,7 +161,7 @@ def _on_connection(conns: ThreadConnections, commands: list[tuple]) -> list:
     conn = conns.get()
     fresh = not is_connected(conn)
     if fresh:
-        conn.connect()
+        conn.connect()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
     try:
         return round_trip(conn, commands)
     except redis_lib.ConnectionError:
@@ -168,7 +170,7 @@ def _on_connection(conns: ThreadConnections, commands: list[tuple]) -> list:
         return _on_connection(conns, commands)  # the server went away after our last use: once more
 
 
-def raise_errors(answers: list) -> list:
+def raise_errors(answers: list[Any]) -> list[Any]:
     """``answers``, unless one is an error answer: then the first such is raised (a
     ResponseError, or one redis-py's parser makes a ConnectionError: LOADING, a Redis still
     reading its data back after a restart, where nothing was run)."""
@@ -289,14 +291,21 @@ class RedisStore(KeyValueStore):
                     # type checks, two more layers). A server that lost the script (restart,
                     # SCRIPT FLUSH) is handled by the Script.
                     try:
+                        answer: int  # our scripts answer a number
                         if self._direct:
-                            return self._send([("EVALSHA", script.sha, len(keys), *keys, *args)])[0]
-                        return self.client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                            answer = self._send([("EVALSHA", script.sha, len(keys), *keys, *args)])[0]
+                        else:
+                            answer = self.client.execute_command(  # type: ignore[no-untyped-call]  # unannotated
+                                "EVALSHA", script.sha, len(keys), *keys, *args
+                            )
+                        return answer
                     except redis_lib.exceptions.NoScriptError:
-                        return script(keys=keys, args=args, client=self.client)
+                        answer = script(keys=keys, args=args, client=self.client)
+                        return answer
                 pipe = self.client.pipeline(transaction=False)
                 script(keys=keys, args=args, client=pipe)
                 pipe.wait(self.min_replicas, self.replica_timeout_ms)
+                result: int  # the script's answer, a number
                 result, replicas = pipe.execute()
         except redis_lib.ResponseError as exc:
             if str(exc).startswith("FENCED"):
@@ -310,7 +319,7 @@ class RedisStore(KeyValueStore):
             )
         return result
 
-    def _send(self, commands: list[tuple]) -> list:
+    def _send(self, commands: list[Command]) -> list[Any]:
         """``commands`` in one round trip on this thread's connection; their answers. An error
         answer raises (after every answer is read, so the connection stays in step)."""
         assert self._conns is not None

@@ -54,7 +54,19 @@ from redis.exceptions import (
 )
 
 from .base import Fence, KVError, split_key
-from .redis import _CAS, _DELETE, _PUT, Call, RedisStore, ThreadConnections, _glob_escape, _on_connection, raise_errors
+from .redis import (
+    _CAS,
+    _DELETE,
+    _PUT,
+    Args,
+    Call,
+    Command,
+    RedisStore,
+    ThreadConnections,
+    _glob_escape,
+    _on_connection,
+    raise_errors,
+)
 
 SCHEMES = ("redis-cluster", "rediss-cluster")
 
@@ -121,7 +133,7 @@ def parse_url(url: str) -> dict[str, Any]:
         host, _, port = seed.strip().rpartition(":")
         if not host or not port.isdigit():
             raise ImproperlyConfigured(f"KV_URL={url!r}: name the seed nodes as host:port[,host:port...], got {seed!r}")
-        nodes.append(ClusterNode(host.strip("[]"), int(port)))
+        nodes.append(ClusterNode(host.strip("[]"), int(port)))  # type: ignore[no-untyped-call]  # unannotated
     if u.path not in ("", "/", "/0"):
         raise ImproperlyConfigured(f"KV_URL={url!r}: Redis Cluster has database 0 only")
     kwargs: dict[str, Any] = {"startup_nodes": nodes, "ssl": u.scheme == "rediss-cluster"}
@@ -210,7 +222,7 @@ class RedisClusterStore(RedisStore):
             self._client.close()
             self._client = None
 
-    def _send(self, commands: list[tuple]) -> list:
+    def _send(self, commands: list[Command]) -> list[Any]:
         """``commands`` on this thread's connection to the primary of each one's slot, one
         round trip per primary; their answers. An error answer raises, after all are read.
 
@@ -239,7 +251,7 @@ class RedisClusterStore(RedisStore):
                 through_client.append(i)
             else:
                 by_node.setdefault(node.name, (node, []))[1].append(i)
-        answers: list = [None] * len(commands)
+        answers: list[Any] = [None] * len(commands)
         for i in through_client:
             answers[i] = self._through_client(commands[i])
         for node, positions in by_node.values():
@@ -275,11 +287,11 @@ class RedisClusterStore(RedisStore):
             if until <= now:
                 self._via_client.pop(name, None)
 
-    def _through_client(self, command: tuple) -> Any:
+    def _through_client(self, command: Command) -> Any:
         """One command through the cluster client; an error answer returned, not raised (as
         :func:`~queues.glue.redis.round_trip` gives them)."""
         try:
-            return self.client.execute_command(*command)
+            return self.client.execute_command(*command)  # type: ignore[no-untyped-call]  # unannotated
         except redis_lib.ResponseError as exc:
             return exc
 
@@ -295,9 +307,9 @@ class RedisClusterStore(RedisStore):
     # --- key naming: the module's function above ----------------------------------------------
     redis_key = staticmethod(redis_key)
 
-    def _calls(self, fence: Fence | None, groups: list) -> list[Call]:
+    def _calls(self, fence: Fence | None, groups: list[tuple[str, int, Args]]) -> list[Call]:
         """One script call per partition (its keys share a slot); a fenced batch is one."""
-        by_partition: dict[str, list] = {}
+        by_partition: dict[str, list[tuple[str, int, Args]]] = {}
         for group in groups:
             by_partition.setdefault(partition_of(group[0]), []).append(group)
         if fence is not None:

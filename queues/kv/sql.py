@@ -11,7 +11,7 @@ gives the same order.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from django.db import DatabaseError, connection, transaction
@@ -64,7 +64,7 @@ class SQLStore(KeyValueStore):
             raise Fenced(f"{fence.key}: epoch {fence.epoch} is not current ({current!r})")
 
     @staticmethod
-    def _server_bound(statement: str, params: list) -> list[tuple]:
+    def _server_bound(statement: str, params: list[Any]) -> list[tuple[Any, ...]]:
         """``statement``'s rows, its parameters bound by the server (PostgreSQL only).
 
         Django's PostgreSQL cursors bind parameters on the client: psycopg then quotes every
@@ -102,7 +102,7 @@ class SQLStore(KeyValueStore):
             connection.close()  # the server closed it since its last use: a new one
         raise AssertionError("unreachable")
 
-    def _one_statement(self, statement: str, columns: list[list], fence: Fence | None) -> int:
+    def _one_statement(self, statement: str, columns: list[list[Any]], fence: Fence | None) -> int:
         """A fenced write as ONE statement (PostgreSQL, outside a transaction): the fence row
         is read ``FOR SHARE`` and the rows written only if it holds the epoch, in one round trip
         instead of four (BEGIN, the fence's SELECT, the write, COMMIT), which cost the node
@@ -159,7 +159,7 @@ class SQLStore(KeyValueStore):
         latest = {split_key(k): v for k, v in items}
         rows = [(b, n, v) for (b, n), v in latest.items()]
         if self.vendor == "postgresql" and not connection.in_atomic_block:
-            columns: list[list] = [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]]
+            columns: list[list[Any]] = [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]]
             self._one_statement(_PUT, columns, fence)
             return
         try:
@@ -196,7 +196,8 @@ class SQLStore(KeyValueStore):
                         "AS k(bucket, name) WHERE e.bucket = k.bucket AND e.name = k.name",
                         [[b for b, _ in pairs], [n for _, n in pairs]],
                     )
-                    return cursor.rowcount
+                    deleted: int = cursor.rowcount
+                    return deleted
                 removed = 0
                 for bucket, name in pairs:
                     cursor.execute(f"DELETE FROM {TABLE} WHERE bucket = %s AND name = %s", [bucket, name])
@@ -220,7 +221,8 @@ class SQLStore(KeyValueStore):
                         f"UPDATE {TABLE} SET value = %s WHERE bucket = %s AND name = %s AND value = %s",
                         [value, bucket, name, expected],
                     )
-                return cursor.rowcount == 1
+                written: int = cursor.rowcount
+                return written == 1
         except DatabaseError as exc:
             raise KVError(f"database: {exc}") from exc
 

@@ -23,7 +23,7 @@ class RemoteError(ServiceError):
     """An answer from another node that the caller passes on unchanged (its status, its body;
     Retry-After on a 503)."""
 
-    def __init__(self, status: int, payload: dict):
+    def __init__(self, status: int, payload: dict[str, Any]) -> None:
         super().__init__(status, payload)
         self.status = status
         self.payload = payload

@@ -69,12 +69,11 @@ def authorize(target: str, action: str, *, caller: Caller, reading: bool = False
 
 
 #: The answers :func:`authorize` gave within the request being served (see :func:`one_call`).
-_ONE_CALL: ContextVar[dict[tuple[str, str, bool], tuple[Caller, tuple[QueueConfig, str]]] | None] = ContextVar(
-    "authorized_in_this_call", default=None
-)
+_Answers = dict[tuple[str, str, bool], tuple[Caller, tuple[QueueConfig, str]]]
+_ONE_CALL: ContextVar[_Answers | None] = ContextVar("authorized_in_this_call", default=None)
 
 
-def begin_call() -> Token:
+def begin_call() -> Token[_Answers | None]:
     """From here until :func:`end_call`, :func:`authorize` answers a question it already
     answered (same target, action, ``reading`` and the same caller object) as it did, without
     checking again: a fast-path message call asks three times (its body limit, its call, the
@@ -85,5 +84,5 @@ def begin_call() -> Token:
     return _ONE_CALL.set({})
 
 
-def end_call(token: Token) -> None:
+def end_call(token: Token[_Answers | None]) -> None:
     _ONE_CALL.reset(token)

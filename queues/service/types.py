@@ -7,7 +7,7 @@ from its own input and shapes its own output from them; nothing here knows about
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, NotRequired, TypedDict
+from typing import Annotated, Any, NotRequired, TypedDict
 
 
 @dataclass(slots=True)
@@ -21,12 +21,12 @@ class MessageDraft:
     dedup_id: str | None = None
     #: wall-clock seconds before which it is not delivered (None: at once).
     not_before: float | None = None
-    attributes: dict | None = None
+    attributes: dict[str, Any] | None = None
     size: int | None = None
     #: ``{"preprocess": s, "process": s}`` (else the queue's estimates).
-    estimates: dict | None = None
+    estimates: dict[str, Any] | None = None
     #: a dead letter's history; only nodes set it (the dead-letter move, forwarded).
-    history: dict | None = None
+    history: dict[str, Any] | None = None
     #: on a topic: the one subscription that reads it (a redriven dead letter of that
     #: subscription); None: every subscription. Only nodes set it (redrive, forwarded).
     subscription: str | None = None

@@ -13,6 +13,9 @@ import signal
 import subprocess
 import sys
 import time
+from argparse import ArgumentParser
+from types import FrameType
+from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -21,7 +24,7 @@ from django.core.management.base import BaseCommand, CommandError
 class Command(BaseCommand):
     help = "Run K queue nodes on consecutive ports (--processes each, default 1); Ctrl-C stops them all."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--nodes", type=int, default=3)
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--base-port", type=int, default=8000)
@@ -32,11 +35,11 @@ class Command(BaseCommand):
             help="runnode --processes of each node (default 1: the K nodes share one machine)",
         )
 
-    def handle(self, *args, nodes, host, base_port, processes, **options):
+    def handle(self, *args: Any, nodes: int, host: str, base_port: int, processes: int, **options: Any) -> None:
         if not 1 <= nodes <= 64:
             raise CommandError("--nodes must be between 1 and 64")
         manage = os.path.join(settings.BASE_DIR, "manage.py")
-        procs: list[subprocess.Popen] = []
+        procs: list[subprocess.Popen[bytes]] = []
         for i in range(nodes):
             port = base_port + i
             procs.append(
@@ -58,7 +61,7 @@ class Command(BaseCommand):
             self.stdout.write(f"node {i + 1}: http://{host}:{port}/ (pid {procs[-1].pid})")
         stopping = False
 
-        def stop(signum, frame):
+        def stop(signum: int, frame: FrameType | None) -> None:
             nonlocal stopping
             stopping = True
 

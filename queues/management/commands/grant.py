@@ -11,6 +11,7 @@ with the actor ``manage.py``. ``manage.py revoke`` takes the same flags.
 
 from __future__ import annotations
 
+from argparse import ArgumentParser
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -29,7 +30,7 @@ class Command(BaseCommand):
     help = "Grant an action on a queue or topic (--queue) or a name pattern (--pattern) to a user or a group."
     preposition = "to"
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--action", required=True, choices=access.ACTIONS, help="the action")
         who = parser.add_mutually_exclusive_group(required=True)
         who.add_argument("--user", help="a user's username")
@@ -59,7 +60,7 @@ class Command(BaseCommand):
                 raise CommandError(f"no queue or topic named {options['queue']!r}") from None
         return found
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         found = self.arguments(options)
         try:
             changed = self.apply(found)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 import secrets
+from argparse import ArgumentParser
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
@@ -33,13 +35,13 @@ from queues.access import Caller
 class Command(BaseCommand):
     help = "Create (or update) make run's console superuser and its applications' API user and token."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--admin-user", default="admin", help="the console's superuser (default: admin)")
         parser.add_argument("--app-user", default="app", help="the applications' user (default: app)")
         parser.add_argument("--pattern", default="*", help="the queue names it may produce to and consume from")
 
     @transaction.atomic
-    def handle(self, *args, admin_user: str, app_user: str, pattern: str, **options):
+    def handle(self, *args: Any, admin_user: str, app_user: str, pattern: str, **options: Any) -> None:
         users = get_user_model()
         given = os.environ.get("ADMIN_PASSWORD") or ""
         admin = users.objects.filter(username=admin_user).first()

@@ -33,6 +33,8 @@ import shutil
 import socket
 import sys
 import tempfile
+from argparse import ArgumentParser
+from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -66,7 +68,7 @@ def check_port_free(host: str, port: int) -> None:
 class Command(BaseCommand):
     help = "Run one queue node: registers it, takes partition leases, serves the API and the admin."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument(
@@ -92,7 +94,17 @@ class Command(BaseCommand):
             "or CPUs to pin the processes to, e.g. 0-3,6 (default %(default)s: settings.NODE_CPU_AFFINITY)",
         )
 
-    def handle(self, *args, host, port, threads, processes, advertise, cpu_affinity, **options):
+    def handle(
+        self,
+        *args: Any,
+        host: str,
+        port: int,
+        threads: int,
+        processes: int,
+        advertise: str,
+        cpu_affinity: str,
+        **options: Any,
+    ) -> None:
         from django.db import connections
         from granian import Granian
         from granian.constants import Interfaces
