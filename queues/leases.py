@@ -26,7 +26,6 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from .errors import LeaseLost as LeaseLost  # (the partition engine raises it too)
-from .errors import Unavailable
 from .models import Partition
 
 #: The share of a lease period the owner relies on: it stops acting at 80 % of the period,

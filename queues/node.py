@@ -291,10 +291,10 @@ class NodeRuntime:
         self.background = background
         self.clock = clock
         self.cache = BodyCache(cache_bytes)
-        self.managers: dict[tuple[str, int], PartitionManager] = {}
+        self.managers: dict[tuple[str, int], PartitionManager[leases.Lease]] = {}
         #: the same managers by queue, then partition: each message call asks for its queue's,
         #: which a walk of every manager of the node made cost O(partitions served here).
-        self._queue_managers: dict[str, dict[int, PartitionManager]] = {}
+        self._queue_managers: dict[str, dict[int, PartitionManager[leases.Lease]]] = {}
         self.queues: dict[str, QueueConfig] = {}
         self.observations: dict[int, leases.Observation] = {}
         self._lock = threading.RLock()  # guards managers / queues maps, not partition state
@@ -322,7 +322,7 @@ class NodeRuntime:
         #: per partition: (monotonic time, enqueued total, acked total, enqueue rate, ack rate).
         self._rates: dict[tuple[str, int], tuple[float, int, int, float, float]] = {}
         #: what each partition's row was last given, by whom and when (monotonic).
-        self._published: dict[tuple[str, int], tuple[float, PartitionManager, dict[str, Any]]] = {}
+        self._published: dict[tuple[str, int], tuple[float, PartitionManager[leases.Lease], dict[str, Any]]] = {}
         #: ids of the queues deleted through this node: a description read before the delete
         #: committed must not be cached after it (guarded by ``_lock``).
         self._deleted: set[int] = set()
@@ -495,7 +495,7 @@ class NodeRuntime:
         self.notify()
 
     def _renew_leases(self) -> None:
-        due: list[tuple[tuple[str, int], PartitionManager, float | None]] = []
+        due: list[tuple[tuple[str, int], PartitionManager[leases.Lease], float | None]] = []
         for key, m in list(self.managers.items()):
             if m.closed:
                 self._reopen_or_drop(key, m)
@@ -523,7 +523,7 @@ class NodeRuntime:
             if m.lease.partition_id not in lost:
                 metrics.LEASE_RENEWALS.labels(m.queue, str(m.index)).inc()
 
-    def _reopen_or_drop(self, key: tuple[str, int], m: PartitionManager) -> None:
+    def _reopen_or_drop(self, key: tuple[str, int], m: PartitionManager[leases.Lease]) -> None:
         """A manager closed itself after a failure: hand the lease back rather than reopen
         under the same epoch, so that the next claim (this node's, usually at the next pass)
         raises the fence and any late write of the closed manager is refused."""
@@ -536,7 +536,7 @@ class NodeRuntime:
         except Exception:
             log.exception("releasing %s/%s after a failure", m.queue, m.index)
 
-    def _forget(self, key: tuple[str, int], m: PartitionManager) -> None:
+    def _forget(self, key: tuple[str, int], m: PartitionManager[leases.Lease]) -> None:
         with self._lock:
             if self.managers.get(key) is m:
                 del self.managers[key]
@@ -643,7 +643,7 @@ class NodeRuntime:
                     self._count_open(opened, takeover=not free)
 
     @staticmethod
-    def _count_open(m: PartitionManager, *, takeover: bool) -> None:
+    def _count_open(m: PartitionManager[leases.Lease], *, takeover: bool) -> None:
         """A partition opened here: a takeover when its row still named an owner (one that
         stopped renewing), else the claim of a free partition."""
         label = "true" if takeover else "false"
@@ -652,7 +652,11 @@ class NodeRuntime:
         metrics.OPEN_READS.labels(m.queue, label).observe(m.opened_in.get("oldest_reads", 0))
 
     def _release(
-        self, m: PartitionManager, why: str = "for rebalancing", lock_timeout: float = -1, level: int = logging.INFO
+        self,
+        m: PartitionManager[leases.Lease],
+        why: str = "for rebalancing",
+        lock_timeout: float = -1,
+        level: int = logging.INFO,
     ) -> None:
         """Give a partition back: stop serving it, then free the row. With ``lock_timeout``, a
         manager whose lock a call holds longer is left as it is (its lease not renewed, it runs
@@ -711,7 +715,7 @@ class NodeRuntime:
                     m.closed = True
                 self._forget(key, m)
 
-    def _open(self, cfg: QueueConfig, lease: leases.Lease) -> tuple[PartitionManager | None, bool]:
+    def _open(self, cfg: QueueConfig, lease: leases.Lease) -> tuple[PartitionManager[leases.Lease] | None, bool]:
         """Serve the partition ``lease`` was just taken for: its manager (None if it could not
         open, the row handed back), and whether that was for an outage of the store or the
         database."""
@@ -798,7 +802,7 @@ class NodeRuntime:
             del self._rates[gone]
         for gone in set(self._published) - {k for k, _ in managers}:
             del self._published[gone]
-        due: list[tuple[tuple[str, int], PartitionManager, dict[str, Any]]] = []
+        due: list[tuple[tuple[str, int], PartitionManager[leases.Lease], dict[str, Any]]] = []
         for key, m in managers:
             s = m.stats()
             oldest = datetime.fromtimestamp(s.oldest_enqueued_at, tz=UTC) if s.oldest_enqueued_at else None
@@ -911,10 +915,10 @@ class NodeRuntime:
                     m.closed = True
                 self._forget(key, m)
 
-    def local_managers(self, queue: str) -> list[PartitionManager]:
+    def local_managers(self, queue: str) -> list[PartitionManager[leases.Lease]]:
         return [m for m in list(self._queue_managers.get(queue, {}).values()) if not m.closed]
 
-    def manager(self, queue: str, index: int) -> PartitionManager:
+    def manager(self, queue: str, index: int) -> PartitionManager[leases.Lease]:
         m = self.managers.get((queue, index))
         if m is None or m.closed:
             raise PartitionUnavailable(f"partition {queue}/{index} is not served by this node; retry")

@@ -69,7 +69,7 @@ monotonic = time.monotonic
 
 #: the lease a manager is built for: the node's (``queues.leases.Lease``), which the node reads
 #: back from its managers.
-LeaseT = TypeVar("LeaseT", bound=Lease)
+LeaseT = TypeVar("LeaseT", bound=Lease, covariant=True)
 
 
 def _monotonic() -> float:

@@ -19,13 +19,14 @@ from .messages import parse_message_id
 
 if TYPE_CHECKING:
     from .partition import PartitionManager
+    from .ports import Lease
 
 
 class Retention:
     """Expires and prunes one manager's partition: its blocks, in allocation order (those
     scanned at open, then the manager's own), and the messages of its cursors."""
 
-    def __init__(self, manager: PartitionManager):
+    def __init__(self, manager: PartitionManager[Lease]):
         self.m = manager
 
     def expire(self, cutoff: float) -> int:

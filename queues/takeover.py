@@ -25,6 +25,7 @@ from .tree import AppendTree, Block, BlockReader, newest_head, parse_head_record
 
 if TYPE_CHECKING:
     from .partition import PartitionManager
+    from .ports import Lease
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class Takeover:
     the manager's monotonic clock, for the open's timings and the fence's confirmation.
     """
 
-    def __init__(self, manager: PartitionManager, clock: Callable[[], float]):
+    def __init__(self, manager: PartitionManager[Lease], clock: Callable[[], float]):
         self.m = manager
         self.clock = clock
         #: ``clock()`` when the open began.

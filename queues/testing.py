@@ -297,10 +297,10 @@ def next_owner(
     cache_bytes: int = 0,
     queue: str = "q",
     node_id: str = "node",
-    manager: type[PartitionManager] | None = None,
+    manager: type[PartitionManager[Lease]] | None = None,
     **options: Any,
-) -> PartitionManager:
-    """A takeover: the row's next epoch, its lease and a ``manager`` (PartitionManager by
+) -> PartitionManager[Lease]:
+    """A takeover: the row's next epoch, its lease and a ``manager`` (PartitionManager[Lease] by
     default) on partition 0 of ``queue``, not opened yet. ``options`` go to the manager."""
     from queues.leases import ROW_OUTAGES, Lease
     from queues.partition import BodyCache, PartitionManager
@@ -308,7 +308,7 @@ def next_owner(
 
     row.epoch += 1
     lease = Lease(1, queue, 0, row.epoch, "n", 10.0, float("inf"), row.head or "")
-    return (manager or PartitionManager)(
+    return (manager or PartitionManager[Lease])(
         lease,
         block_size=block_size,
         store=store,

@@ -20,6 +20,7 @@ from .tree import BLOCK_SEAL_S, Block, head_record, next_block_size
 
 if TYPE_CHECKING:
     from .partition import PartitionManager
+    from .ports import Lease
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class Writer:
     its allocation; the fence's confirmation).
     """
 
-    def __init__(self, manager: PartitionManager, clock: Callable[[], float]):
+    def __init__(self, manager: PartitionManager[Lease], clock: Callable[[], float]):
         self.m = manager
         self.clock = clock
         #: the next free index of the head block.

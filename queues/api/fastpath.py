@@ -94,7 +94,7 @@ def _host_allowed(environ: dict[str, Any]) -> bool:
     return allowed
 
 
-def is_secure(environ) -> bool:
+def is_secure(environ: dict[str, Any]) -> bool:
     """Whether Django takes the request for HTTPS (``HttpRequest.is_secure``): the first value
     of the ``SECURE_PROXY_SSL_HEADER`` header when the request has it, else the WSGI scheme."""
     proxy = settings.SECURE_PROXY_SSL_HEADER
@@ -102,8 +102,8 @@ def is_secure(environ) -> bool:
         header, secure_value = proxy
         value = environ.get(header)
         if value is not None:
-            return value.split(",", 1)[0].strip() == secure_value
-    return environ.get("wsgi.url_scheme") == "https"
+            return bool(value.split(",", 1)[0].strip() == secure_value)
+    return bool(environ.get("wsgi.url_scheme") == "https")
 
 
 #: The middleware that add headers to every answer of Django's, by their MIDDLEWARE path.
@@ -116,7 +116,7 @@ _SECURITY: dict[bool, tuple[tuple[str, str], ...]] = {}
 
 
 @receiver(setting_changed)
-def _forget_security_headers(*, setting: str, **_) -> None:
+def _forget_security_headers(*, setting: str, **_: Any) -> None:
     if setting.startswith("SECURE_") or setting in ("X_FRAME_OPTIONS", "MIDDLEWARE"):
         _SECURITY.clear()
 
@@ -139,7 +139,7 @@ def security_headers(secure: bool) -> tuple[tuple[str, str], ...]:
         for path in reversed(settings.MIDDLEWARE):  # (Django's order for answers)
             middleware = _HEADER_MIDDLEWARE.get(path)
             if middleware is not None:
-                response = middleware(HttpResponse).process_response(request, response)
+                response = middleware(HttpResponse).process_response(request, response)  # type: ignore[attr-defined]  # both define it; the stubs' base does not
         found = _SECURITY[secure] = tuple((k, v) for k, v in response.headers.items() if k not in before)
     return found
 

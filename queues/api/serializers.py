@@ -147,6 +147,8 @@ class PartitionsOnlyGrow:
     """For a serializer that changes a queue's or topic's settings: the number of partitions
     may not go down."""
 
+    instance: Any  # the serializer's: the queue or topic changed (None when creating)
+
     def validate_partitions(self, value: int) -> int:
         why = partitions_shrink_error(self.instance.partitions, value) if self.instance is not None else None
         if why:

@@ -63,7 +63,7 @@ def serve_also(sock: socket.socket, backlog: int) -> None:
     _EXTRA, _EXTRA_BACKLOG = sock, backlog
 
 
-@WorkerProcess.wrap_target
+@WorkerProcess.wrap_target  # type: ignore[untyped-decorator]  # granian's internals are unannotated
 def spawn_wsgi_worker(
     worker_id: int,
     callback: Any,
@@ -90,7 +90,7 @@ def spawn_wsgi_worker(
     """granian's spawn target for a WSGI worker that serves the public socket and the one
     given to :func:`serve_also` (module level: picklable)."""
     wcallback = _callback_wrapper(callback, scope_opts, log_access_fmt)
-    shutdown_event = set_sync_signals()
+    shutdown_event = set_sync_signals()  # type: ignore[no-untyped-call]  # (granian's: unannotated)
     done = threading.Event()
     # A worker consumes its signal: the extra listener gets one of its own, set with the first.
     extra_event = WorkerSignal()
@@ -120,6 +120,6 @@ def spawn_wsgi_worker(
             metrics,
         )
         serve = getattr(worker, WORKERS_METHODS[runtime_mode][(listener[0] or listener[1]).is_uds()])
-        scheduler = _new_cbscheduler(loop, wcallback, impl_asyncio=task_impl == TaskImpl.asyncio)
+        scheduler = _new_cbscheduler(loop, wcallback, impl_asyncio=task_impl == TaskImpl.asyncio)  # type: ignore[no-untyped-call]
         serve(scheduler, loop, event)
     done.wait()

@@ -22,6 +22,8 @@ and ``test_redis_connections.py`` run :func:`round_trip` against a real Redis.
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis as redis_lib
 from hiredis import pack_command
 from redis._parsers.hiredis import NOT_ENOUGH_DATA, _HiredisParser
@@ -43,7 +45,7 @@ def is_connected(conn: redis_lib.Connection) -> bool:
     return conn._sock is not None
 
 
-def round_trip(conn: redis_lib.Connection, commands: list[tuple]) -> list:
+def round_trip(conn: redis_lib.Connection, commands: list[tuple[Any, ...]]) -> list[Any]:
     """Send ``commands`` on ``conn``'s socket and read one answer each, an error answer as an
     exception among them (``ResponseError``, or ``BusyLoadingError``, a ``ConnectionError``:
     the caller raises it); the rest are still read, so the connection stays in step.
@@ -56,7 +58,7 @@ def round_trip(conn: redis_lib.Connection, commands: list[tuple]) -> list:
     if reader is None or sock is None:
         raise redis_lib.ConnectionError("redis: connection closed")
     packed = pack_command(commands[0]) if len(commands) == 1 else b"".join(map(pack_command, commands))
-    answers: list = []
+    answers: list[Any] = []
     try:
         sock.sendall(packed)
         for _ in commands:

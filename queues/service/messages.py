@@ -29,6 +29,7 @@ from ..messages import MessageId, StoredMessage, group_partition, parse_message_
 from ..models import Queue
 from ..node import QueueConfig
 from ..partition import Delivery, PartitionManager
+from ..ports import Lease
 from ..router import MAX_HOPS
 from ..signals import given_back, redelivered
 from .errors import InvalidRequest, NotServedHere, PartitionUnavailable, QueueNotFound, RemoteError, TooManyWaits
@@ -638,7 +639,7 @@ def _message_id(text: str) -> MessageId:
 
 def _managers_of(
     queue: str, items: list[tuple[MessageId, str | None]]
-) -> list[tuple[PartitionManager, list[tuple[MessageId, str | None]]]]:
+) -> list[tuple[PartitionManager[Lease], list[tuple[MessageId, str | None]]]]:
     rt = get_runtime()
     by_partition: dict[int, list[tuple[MessageId, str | None]]] = {}
     for mid, receipt in items:
@@ -647,10 +648,10 @@ def _managers_of(
 
 
 @contextmanager
-def _serving_locked(groups: list[tuple[PartitionManager, list[tuple[MessageId, str | None]]]]) -> Iterator[None]:
+def _serving_locked(groups: list[tuple[PartitionManager[Lease], list[tuple[MessageId, str | None]]]]) -> Iterator[None]:
     """Every manager of ``groups`` locked, in index order (so two batch calls never deadlock),
     each checked to be serving still; released in reverse order, whatever happens."""
-    locked: list[PartitionManager] = []
+    locked: list[PartitionManager[Lease]] = []
     try:
         for m, _ in groups:
             m.lock.acquire()

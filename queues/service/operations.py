@@ -20,6 +20,7 @@ from ..messages import StoredMessage
 from ..models import LIMITS, QUEUE_NAME, Partition, Queue
 from ..node import QueueConfig
 from ..partition import Delivery, PartitionManager, wait_out_trust
+from ..ports import Lease
 from ..purge import purge_partition
 from ..router import MAX_HOPS
 from .errors import Conflict, InvalidRequest, PartitionUnavailable, QueueNotFound, RemoteError
@@ -114,13 +115,13 @@ def redrive(queue: str, max_messages: int = 100, *, caller: Caller, hops: int = 
     cfg, _ = authorize(queue, "manage", caller=caller)
     moved: dict[str, int] = {}
     skipped = 0
-    held: list[tuple[PartitionManager, list[Delivery]]] = []  # skipped: given back at the end
+    held: list[tuple[PartitionManager[Lease], list[Delivery]]] = []  # skipped: given back at the end
     try:
         while sum(moved.values()) + skipped < max_messages:
             taken = _take_local(cfg, min(100, max_messages - sum(moved.values()) - skipped))
             if not taken:
                 break
-            by_source: dict[str, list[tuple[PartitionManager, Delivery]]] = {}
+            by_source: dict[str, list[tuple[PartitionManager[Lease], Delivery]]] = {}
             for m, ds in taken:
                 skip = []
                 for d in ds:
@@ -159,10 +160,10 @@ def redrive(queue: str, max_messages: int = 100, *, caller: Caller, hops: int = 
 _SOURCE_RE = re.compile(rf"{QUEUE_NAME}(/{QUEUE_NAME})?")
 
 
-def _take_local(cfg: QueueConfig, max_messages: int) -> list[tuple[PartitionManager, list[Delivery]]]:
+def _take_local(cfg: QueueConfig, max_messages: int) -> list[tuple[PartitionManager[Lease], list[Delivery]]]:
     """Up to ``max_messages`` dead letters from this node's partitions, hidden for
     ``REDRIVE_VISIBILITY``, with the manager each came from (to give them back to)."""
-    out: list[tuple[PartitionManager, list[Delivery]]] = []
+    out: list[tuple[PartitionManager[Lease], list[Delivery]]] = []
     count = 0
     for m in get_runtime().local_managers(cfg.name):
         try:
@@ -191,7 +192,7 @@ def _check_source(source: str, caller: Caller) -> None:
         raise QueueNotFound(source)  # a queue's dead letter whose name is a topic's now
 
 
-def _move(source: str, pairs: list[tuple[PartitionManager, Delivery]], caller: Caller) -> None:
+def _move(source: str, pairs: list[tuple[PartitionManager[Lease], Delivery]], caller: Caller) -> None:
     """Store one source's dead letters there (in their order), then acknowledge them here."""
     topic, _, sub = source.partition("/")
     drafts = [_back_to_source(d.message, sub or None) for _, d in pairs if d.message is not None]
@@ -202,8 +203,8 @@ def _move(source: str, pairs: list[tuple[PartitionManager, Delivery]], caller: C
     _ack_local(pairs[0][0].queue, [(_message_id(d.id), None) for _, d in pairs])
 
 
-def _give_back(pairs: list[tuple[PartitionManager, Delivery]]) -> None:
-    by_manager: dict[int, tuple[PartitionManager, list[Delivery]]] = {}
+def _give_back(pairs: list[tuple[PartitionManager[Lease], Delivery]]) -> None:
+    by_manager: dict[int, tuple[PartitionManager[Lease], list[Delivery]]] = {}
     for m, d in pairs:
         by_manager.setdefault(id(m), (m, []))[1].append(d)
     for m, ds in by_manager.values():
