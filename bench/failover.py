@@ -77,7 +77,7 @@ from queues import partition as partition_mod
 from queues.kv.base import Fence, KeyValueStore
 from queues.messages import StoredMessage, parse_message_id
 from queues.partition import PartitionManager, PartitionUnavailable
-from queues.testing import PartitionRow, next_owner
+from tests.stand_ins import PartitionRow, next_owner
 
 # --------------------------------------------------------------------------------------
 # the store proxy and the takeover

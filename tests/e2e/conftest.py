@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from queues.testing import ROOT, NodeProcess, node_env
 from tests.integration.nodes import database_url
+from tests.launcher import ROOT, NodeProcess, node_env
 
 CHROMIUM = os.environ.get("MQ_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("MQ_CHROMEDRIVER", "/usr/bin/chromedriver")

@@ -15,9 +15,9 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import Select
 
 from queues import access
-from queues.testing import wait_until
 from tests.e2e.test_admin_console import _wait, log_in
 from tests.integration.nodes import Client
+from tests.launcher import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -1,4 +1,4 @@
-"""Helpers of the integration tests around real node processes (``queues.testing`` starts them).
+"""Helpers of the integration tests around real node processes (``tests.launcher`` starts them).
 
 A test that uses them must commit its data (``django_db(transaction=True)``) so the node
 processes, which connect to the same test database, can see it.
@@ -15,7 +15,7 @@ import requests
 from django.conf import settings
 from django.db import connection
 
-from queues.testing import NodeProcess, kv_url, node_env, wait_until
+from tests.launcher import NodeProcess, kv_url, node_env, wait_until
 
 #: The Redis database of the tests' key-value store (the ``redis_client`` fixture flushes it).
 KV_REDIS_DB = 5

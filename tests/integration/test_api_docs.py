@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from queues.testing import NodeProcess
+from tests.launcher import NodeProcess
 
 from .nodes import local_node_env
 

@@ -21,7 +21,7 @@ from archive import archiver
 from archive.models import ArchivedMessage, ArchiverLock
 from queues import archive_journal, service
 from queues.keys import incarnation
-from queues.testing import NodeProcess
+from tests.launcher import NodeProcess
 
 from .nodes import Client, local_node_env, node_info, wait_until
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from queues.testing import ROOT, NodeProcess, wait_until
+from tests.launcher import ROOT, NodeProcess, wait_until
 from workers.models import Consumer
 
 from .handlers_for_tests import QUEUE, events

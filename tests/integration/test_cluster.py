@@ -17,7 +17,7 @@ from itertools import cycle
 
 import pytest
 
-from queues.testing import NodeProcess, wait_until
+from tests.launcher import NodeProcess, wait_until
 
 from .nodes import (
     Client,
@@ -450,7 +450,7 @@ def test_cluster_command_starts_and_stops_k_nodes(tmp_path, token):
     import subprocess
     import sys
 
-    from queues.testing import ROOT, free_ports
+    from tests.launcher import ROOT, free_ports
 
     base = free_ports(3)
     env = {

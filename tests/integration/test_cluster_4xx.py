@@ -10,7 +10,7 @@ from itertools import count
 import pytest
 
 from queues.messages import group_partition
-from queues.testing import NodeProcess, wait_until
+from tests.launcher import NodeProcess, wait_until
 
 from .nodes import Client, NodeSet, local_node_env, node_info
 

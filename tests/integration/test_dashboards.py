@@ -23,7 +23,7 @@ from consoles.charts import format_value
 from consoles.models import DashboardRun, EstimateFit, LatencyBucketStats, QueueBucketStats, WorkerStats
 from queues.kv.redis import RedisStore
 from queues.models import Queue
-from queues.testing import NodeProcess, wait_until
+from tests.launcher import NodeProcess, wait_until
 from workers.handlers import Handler
 from workers.models import AttemptLog
 from workers.pipeline import Pipeline

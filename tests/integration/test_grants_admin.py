@@ -13,8 +13,8 @@ from django.core.management import CommandError, call_command
 
 from queues import access
 from queues.models import AuditEntry, Grant, Queue
-from queues.testing import ROOT, node_env
 from tests.integration.nodes import database_url
+from tests.launcher import ROOT, node_env
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from queues.testing import ROOT, free_port
+from tests.launcher import ROOT, free_port
 
 from .nodes import Client, NodeSet, local_node_env
 from .wsgi_client import TRANSPORTS, token_client

@@ -16,7 +16,7 @@ import uuid
 import pytest
 import requests
 
-from queues.testing import wait_until
+from tests.launcher import wait_until
 
 from .nodes import NodeSet, local_node_env
 

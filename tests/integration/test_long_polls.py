@@ -18,7 +18,7 @@ from queues import service
 from queues.access import SYSTEM
 from queues.service import MessageDraft
 from queues.service import messages as service_messages
-from queues.testing import wait_until
+from tests.launcher import wait_until
 
 pytestmark = pytest.mark.django_db
 

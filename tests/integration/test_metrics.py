@@ -14,7 +14,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from queues.testing import free_port, wait_until
+from tests.launcher import free_port, wait_until
 
 from .nodes import Client, NodeSet, local_node_env, member_addresses
 

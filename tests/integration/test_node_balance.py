@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from queues.testing import NodeProcess
+from tests.launcher import NodeProcess
 
 from .nodes import NodeSet, local_node_env
 

@@ -226,7 +226,7 @@ def _partitions(c: Client, name: str) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_client_sent_hop_count_is_ignored(nodes, token):
-    from queues.testing import wait_until
+    from tests.launcher import wait_until
 
     # given two nodes, a partition on each, and a message held by a consumer
     a, b = nodes.start(), nodes.start()

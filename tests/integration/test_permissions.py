@@ -389,7 +389,7 @@ def test_a_forwarded_call_acts_for_its_user_at_the_owner(two_nodes):
     from django.contrib.auth.models import User
     from rest_framework.authtoken.models import Token
 
-    from queues.testing import wait_until
+    from tests.launcher import wait_until
 
     from .nodes import Client, peer_request
 

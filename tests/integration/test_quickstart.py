@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 from queues import service
 from queues.access import SYSTEM, Caller
 from queues.service.types import MessageDraft
-from queues.testing import ROOT, free_port, wait_until
+from tests.launcher import ROOT, free_port, wait_until
 
 
 @pytest.mark.slow

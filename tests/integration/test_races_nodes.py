@@ -23,7 +23,7 @@ from itertools import cycle
 import pytest
 import requests
 
-from queues.testing import wait_until
+from tests.launcher import wait_until
 
 from .nodes import Client, NodeSet, local_node_env
 

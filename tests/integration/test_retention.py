@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from queues.testing import NodeProcess
+from tests.launcher import NodeProcess
 
 from .nodes import Client, local_node_env
 

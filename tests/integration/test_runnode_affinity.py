@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from queues.testing import NodeFailed, NodeProcess
+from tests.launcher import NodeFailed, NodeProcess
 
 from .nodes import local_node_env
 

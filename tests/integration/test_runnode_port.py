@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from queues.testing import NodeFailed, NodeProcess
+from tests.launcher import NodeFailed, NodeProcess
 
 from .nodes import local_node_env
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from queues.testing import NodeProcess
+from tests.launcher import NodeProcess
 
 from .nodes import local_node_env
 

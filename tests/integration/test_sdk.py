@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from queues.testing import free_port
+from tests.launcher import free_port
 from workers import sdk
 from workers.sdk import Client, Message, NewMessage
 

@@ -25,8 +25,8 @@ from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 
 from queues.models import Grant, Partition, Queue
-from queues.testing import free_port, wait_until
 from sqs.models import AccessKey
+from tests.launcher import free_port, wait_until
 
 from .nodes import Client, NodeSet, local_node_env
 

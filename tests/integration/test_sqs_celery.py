@@ -21,7 +21,7 @@ from urllib.parse import quote
 import pytest
 from kombu import Connection
 
-from queues.testing import ROOT, NodeProcess, wait_until
+from tests.launcher import ROOT, NodeProcess, wait_until
 
 from .nodes import local_node_env
 

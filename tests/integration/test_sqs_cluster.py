@@ -19,8 +19,8 @@ from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 
 from queues.messages import group_partition
-from queues.testing import NodeProcess, wait_until
 from sqs.models import AccessKey
+from tests.launcher import NodeProcess, wait_until
 
 from .nodes import Client, NodeSet, local_node_env, node_info
 

@@ -381,7 +381,7 @@ def cells(env) -> dict[tuple[str, str], Cell]:
 def _wait_for_grants(env, user, w: World) -> None:
     """The node reads the grants again within ``access.TTL``: wait until ``user``'s grant on
     ``w``, made last, shows."""
-    from queues.testing import wait_until
+    from tests.launcher import wait_until
 
     probe = env.client(user)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import pytest
 from django.db import connection
 
-from queues.testing import ROOT, NodeProcess, wait_until
+from tests.launcher import ROOT, NodeProcess, wait_until
 
 from .nodes import Client, NodeSet, local_node_env
 from .test_cluster import Load, _make_queue, _partitions

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from queues.testing import NodeProcess, wait_until
+from tests.launcher import NodeProcess, wait_until
 
 from .nodes import Client, drain, local_node_env
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from queues.testing import wait_until
+from tests.launcher import wait_until
 
 from .nodes import NodeSet, local_node_env, member_ids
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from queues.testing import FakeMessage
+from tests.stand_ins import FakeMessage
 from workers.handlers import Handler
 from workers.pipeline import Pipeline
 from workers.sdk import ApiError, Estimates, Unavailable
