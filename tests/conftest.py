@@ -4,6 +4,12 @@ The suite runs against real services: ``make test`` starts PostgreSQL, Redis and
 three-primary Redis Cluster on loopback and exports ``DATABASE_URL``, ``KV_URL``,
 ``MQ_TEST_PG_URL``, ``MQ_TEST_REDIS_URL`` and ``MQ_TEST_REDIS_CLUSTER_URL``. Unit tests of the
 pure core need none of them.
+
+Every run starts from empty stores, so that a second run in one clone sees nothing of the first:
+pytest-django makes the test database anew (never ``--reuse-db``), and :func:`_empty_redis`
+empties the Redis and the Redis Cluster the ``MQ_TEST_*`` variables name before the first test.
+Those must be servers for tests only (``scripts/services.sh`` starts them), and one run at a
+time uses them.
 """
 
 from __future__ import annotations
@@ -34,6 +40,31 @@ def unique_name():
     return make
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _empty_redis():
+    """Empty every database of the test Redis and the primaries of the test Redis Cluster before
+    the first test: the key-value store of this process (``KV_URL``: db 1 under ``make test``)
+    and of the node processes (db 5), the cache and the Celery broker. A queue's keys are named
+    by its row's ID, which a new test database hands out again from 1: what a run before left
+    under them would show up in this run's queues."""
+    if REDIS_URL:
+        import redis
+
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            client.flushall()
+        finally:
+            client.close()
+    if REDIS_CLUSTER_URL:
+        from queues.kv.redis_cluster import cluster_client
+
+        cluster = cluster_client(REDIS_CLUSTER_URL)
+        try:
+            cluster.flushall()
+        finally:
+            cluster.close()
+
+
 @pytest.fixture
 def redis_client():
     if not REDIS_URL:
@@ -49,15 +80,15 @@ def redis_client():
 
 @pytest.fixture(scope="session")
 def redis_cluster_client():
-    """A client of the test Redis Cluster, its primaries flushed at the start and the end of the
-    session only (a flush of three primaries and a new client cost 0.3 s): the tests that use
-    it write under keys of their own (a random prefix, a queue name used once)."""
+    """A client of the test Redis Cluster, its primaries flushed at the end of the session only
+    (empty at its start: :func:`_empty_redis`; a flush of three primaries and a new client cost
+    0.3 s): the tests that use it write under keys of their own (a random prefix, a queue name
+    used once)."""
     if not REDIS_CLUSTER_URL:
         pytest.skip("MQ_TEST_REDIS_CLUSTER_URL is not set (make test sets it)")
     from queues.kv.redis_cluster import cluster_client
 
     client = cluster_client(REDIS_CLUSTER_URL)
-    client.flushall()
     yield client
     client.flushall()
     client.close()
