@@ -24,6 +24,33 @@ PG_URL = os.environ.get("MQ_TEST_PG_URL", "")
 REDIS_CLUSTER_URL = os.environ.get("MQ_TEST_REDIS_CLUSTER_URL", "")
 
 
+#: The fixtures that start node processes: a test that uses one is a ``cluster`` test.
+NODE_FIXTURES = frozenset({"node", "nodes"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items):
+    """Mark ``cluster`` every test that starts nodes through the shared fixtures."""
+    for item in items:
+        if NODE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.cluster)
+
+
+def pytest_runtest_setup(item):
+    """Only a test marked ``cluster`` may start a node process (its fixtures included), so that
+    ``-m "not cluster"`` is the in-process tests, all of them."""
+    from tests import launcher
+
+    if item.get_closest_marker("cluster"):
+        launcher.start_check = None
+        return
+
+    def refuse() -> None:
+        raise AssertionError(f"{item.nodeid} starts a node process: mark it @pytest.mark.cluster")
+
+    launcher.start_check = refuse
+
+
 def pytest_report_header(config):
     from django.conf import settings
 
@@ -140,16 +167,21 @@ def purge_kv(runtime):
 
 
 @pytest.fixture
-def api(runtime, user):
-    """A DRF test client authenticated with a real token."""
-    from rest_framework.authtoken.models import Token
-    from rest_framework.test import APIClient
+def api(request, runtime, user):
+    """A test client of the node runtime, authenticated with a real token: DRF's test client
+    (straight to Django); in a test marked ``transports``, that one and then the node's WSGI
+    application, whose fast path serves the message calls (tests/integration/wsgi_client.py)."""
+    from tests.integration.wsgi_client import token_client
 
-    token = Token.objects.create(user=user)
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
-    client.token = token.key
-    return client
+    return token_client(getattr(request, "param", "drf"), user)
+
+
+def pytest_generate_tests(metafunc):
+    """A test marked ``transports`` runs once per transport of its ``api``: ``[drf]`` and ``[fastpath]``."""
+    if metafunc.definition.get_closest_marker("transports") and "api" in metafunc.fixturenames:
+        from tests.integration.wsgi_client import TRANSPORTS
+
+        metafunc.parametrize("api", TRANSPORTS, indirect=True)
 
 
 @pytest.fixture

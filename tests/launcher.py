@@ -29,6 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The key-value backends a node can run on (``KV_URL``).
 KV_BACKENDS = ("file", "redis", "redis-cluster", "postgres")
 
+#: Called before a node starts; it raises to refuse the start. The test session sets it, so that
+#: only a test marked ``cluster`` starts node processes (tests/conftest.py); None: no check (the
+#: benchmarks).
+start_check: Callable[[], None] | None = None
+
 
 # ---------------------------------------------------------------------------------- environment
 
@@ -147,6 +152,8 @@ class NodeProcess:
 
     def start(self, timeout: float = 30) -> NodeProcess:
         """Start the node and wait until ``/api/v1/healthz`` answers 200."""
+        if start_check is not None:
+            start_check()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [

@@ -106,7 +106,7 @@ def block_of(mid: str) -> tuple[int, str]:
     return int(partition), block
 
 
-@pytest.mark.node_env(BLOCK_GROWTH="1")  # every block of 4: many blocks to draw
+@pytest.mark.node(env={"BLOCK_GROWTH": "1"})  # every block of 4: many blocks to draw
 def test_queue_partitions_and_tree(browser, node, token, admin_login):
     from queues.kv import get_store
     from queues.models import Partition, Queue

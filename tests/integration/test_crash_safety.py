@@ -19,6 +19,8 @@ from tests.launcher import NodeProcess, wait_until
 
 from .nodes import Client, local_node_env, member_addresses
 
+pytestmark = pytest.mark.cluster
+
 TOTAL = 5000
 BATCH = 100
 #: ``runnode --processes``: the killed node is every process of it at once (its group), the

@@ -14,16 +14,7 @@ import pytest
 
 from tests.launcher import NodeProcess
 
-from .nodes import NodeSet, local_node_env
-
-pytestmark = [pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def nodes(tmp_path, redis_client):
-    started = NodeSet(local_node_env(tmp_path, NODE_BALANCE_INTERVAL="0.2"), tmp_path)
-    yield started
-    started.stop()
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.node(env={"NODE_BALANCE_INTERVAL": "0.2"})]
 
 
 def _server_inodes(port: int) -> dict[int, int]:

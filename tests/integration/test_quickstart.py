@@ -23,6 +23,7 @@ from tests.launcher import ROOT, free_port, wait_until
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+@pytest.mark.cluster
 def test_make_run_prints_an_ordinary_users_token_that_can_enqueue_and_dequeue(tmp_path):
     # given `make run` on the embedded defaults, in a data folder of its own
     port = free_port()

@@ -27,6 +27,8 @@ from tests.launcher import NodeProcess, wait_until
 
 from .nodes import Client, NodeSet, drain, local_node_env, node_info
 
+pytestmark = pytest.mark.cluster
+
 PARTITIONS = 2
 
 

@@ -12,7 +12,7 @@ from tests.launcher import NodeFailed, NodeProcess
 
 from .nodes import local_node_env
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
 
 
 def _listener(reuseport: bool) -> socket.socket:

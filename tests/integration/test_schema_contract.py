@@ -56,6 +56,7 @@ def superuser_token(transactional_db):
 
 @pytest.mark.slow
 @pytest.mark.timeout(420 + MAX_TIME)
+@pytest.mark.cluster
 def test_schemathesis_finds_nothing(tmp_path, superuser_token, redis_client):
     chosen = os.environ.get("MQ_SCHEMA_SEED", "")
     seed = random.randrange(2**31) if chosen == "random" else int(chosen or FIXED_SEED)

@@ -24,6 +24,8 @@ from tests.launcher import NodeProcess, wait_until
 
 from .nodes import Client, drain, local_node_env
 
+pytestmark = pytest.mark.cluster
+
 GROUPS = 4
 PER_GROUP = 30
 

@@ -18,6 +18,8 @@ from tests.launcher import NodeProcess, wait_until
 
 from .nodes import Client, drain, local_node_env
 
+pytestmark = pytest.mark.cluster
+
 BATCH = 50
 
 
