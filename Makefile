@@ -1,6 +1,7 @@
 # Developer entry points. Every target builds/reuses the venv (scripts/venv.sh) on its own.
 #   make run                      node on 127.0.0.1:$(PORT) + Celery worker, embedded defaults
 #   make test [ARGS="-k foo"]     pytest with real PostgreSQL + Redis (started, then always stopped)
+#   make test ARGS='-m "not cluster"'   the same without the tests that start node processes
 #   make test-unit [ARGS=...]     tests/unit on the embedded defaults, no services, not the slow ones
 #   make lint                     ruff check, ruff format --check, mypy, lint-imports (what CI runs first)
 #   make fmt                      ruff format, then ruff check --fix

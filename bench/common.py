@@ -2,7 +2,7 @@
 
 A benchmark node (:class:`BenchNode`) is what ``bench/throughput.py`` and ``bench/pipeline.py``
 run against: a temp dir of its own (data, file KV, log), ``manage.py migrate``, a staff user with
-an API token, then ``manage.py runnode`` started and stopped by ``queues.testing.NodeProcess``
+an API token, then ``manage.py runnode`` started and stopped by ``tests.launcher.NodeProcess``
 (the launcher the integration tests use too).
 """
 
@@ -28,7 +28,7 @@ REPO = HERE.parent
 if str(REPO) not in sys.path:  # run as `python bench/x.py`: the project's packages are one up
     sys.path.insert(0, str(REPO))
 
-from queues.testing import NodeFailed, NodeProcess, free_port, kv_url, node_env
+from tests.launcher import NodeFailed, NodeProcess, free_port, kv_url, node_env
 
 
 class BenchError(RuntimeError):

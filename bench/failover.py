@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# queues.testing.next_owner builds its lease with queues.leases, which imports the Django
+# tests.stand_ins.next_owner builds its lease with queues.leases, which imports the Django
 # models: set Django up, with a throwaway data dir so that nothing under data/ is touched. No
 # database is used.
 _DATA_TMP = tempfile.mkdtemp(prefix="fobench-data-")
@@ -78,7 +78,7 @@ from queues import partition as partition_mod
 from queues.kv.base import Fence, KeyValueStore
 from queues.messages import StoredMessage, parse_message_id
 from queues.partition import PartitionManager, PartitionUnavailable
-from queues.testing import PartitionRow, next_owner
+from tests.stand_ins import PartitionRow, next_owner
 
 # --------------------------------------------------------------------------------------
 # the store proxy and the takeover

@@ -1,7 +1,7 @@
 """A node's peak memory under a hostile producer and hostile consumers (issue 14's figure).
 
 Starts one real node (``common.BenchNode``: migrate, a token, ``manage.py runnode`` through
-``queues.testing.NodeProcess``) and drives it, each phase bounded in count and time, only
+``tests.launcher.NodeProcess``) and drives it, each phase bounded in count and time, only
 against 127.0.0.1:
 
 1. large attributes: batches of 1-character bodies with 16 attributes of 1 KB each (what the

@@ -51,7 +51,7 @@ if str(HERE) not in sys.path:
 
 from common import BenchError, BenchNode, exit_on_sigterm, log, median
 
-from queues.testing import FakeMessage
+from tests.stand_ins import FakeMessage
 from workers.handlers import Handler
 from workers.pipeline import Pipeline
 

@@ -168,7 +168,7 @@ def parse_args(argv=None):
         metavar="N[,N...]",
         help="run each of our backends once per count N, with `manage.py runnode --processes N` "
         "(the node's CPU = all its processes); default: one node per backend as "
-        "queues.testing.NodeProcess starts it",
+        "tests.launcher.NodeProcess starts it",
     )
     p.add_argument(
         "--redis-cluster-url",

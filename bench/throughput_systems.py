@@ -43,7 +43,7 @@ from throughput_cpu import (
     summed,
 )
 
-from queues.testing import free_port, with_redis_db
+from tests.launcher import free_port, with_redis_db
 
 # --------------------------------------------------------------------------------------
 # systems (parent side: setup, per-round targets, teardown, server CPU)

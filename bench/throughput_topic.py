@@ -9,7 +9,7 @@ import uuid
 from common import fmt_rate, fmt_ratio, log, median
 from throughput_systems import OursSystem, StreamsSystem
 
-from queues.testing import with_redis_db
+from tests.launcher import with_redis_db
 
 TOPIC_SUBSCRIPTIONS = (1, 3, 10)
 TOPIC_BODY = "x" * 100

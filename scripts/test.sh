@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # `make test`: pytest against real PostgreSQL + Redis (started here, always stopped afterwards).
 #   scripts/test.sh [PYTEST ARGS...]        e.g. scripts/test.sh -k lease -x
-# Exits with pytest's exit code; exit 5 (no tests collected) is reported as a failure.
+# Every run starts from empty stores: a new test database (pytest-django), the test Redis and
+# Redis Cluster emptied (tests/conftest.py), and a data folder (MQ_DATA_DIR) of its own, removed
+# afterwards (nothing of data/, `make run`'s, is read or written). The 25 slowest steps are
+# listed at the end. Exits with pytest's exit code; exit 5 (no tests collected) is a failure.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+data="$(mktemp -d "${TMPDIR:-/tmp}/mq-test.XXXXXX")"
+trap 'rm -rf "$data"' EXIT
+export MQ_DATA_DIR="$data"
 rc=0
-"$here/with-services.sh" python -m pytest "$@" || rc=$?
+"$here/with-services.sh" python -m pytest --durations=25 "$@" || rc=$?
 case "$rc" in
     0) ;;
     5) echo "make test: FAILED: pytest collected no tests (exit 5)" >&2 ;;

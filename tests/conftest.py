@@ -4,6 +4,12 @@ The suite runs against real services: ``make test`` starts PostgreSQL, Redis and
 three-primary Redis Cluster on loopback and exports ``DATABASE_URL``, ``KV_URL``,
 ``MQ_TEST_PG_URL``, ``MQ_TEST_REDIS_URL`` and ``MQ_TEST_REDIS_CLUSTER_URL``. Unit tests of the
 pure core need none of them.
+
+Every run starts from empty stores, so that a second run in one clone sees nothing of the first:
+pytest-django makes the test database anew (never ``--reuse-db``), and :func:`_empty_redis`
+empties the Redis and the Redis Cluster the ``MQ_TEST_*`` variables name before the first test.
+Those must be servers for tests only (``scripts/services.sh`` starts them), and one run at a
+time uses them.
 """
 
 from __future__ import annotations
@@ -16,6 +22,33 @@ import pytest
 REDIS_URL = os.environ.get("MQ_TEST_REDIS_URL", "")
 PG_URL = os.environ.get("MQ_TEST_PG_URL", "")
 REDIS_CLUSTER_URL = os.environ.get("MQ_TEST_REDIS_CLUSTER_URL", "")
+
+
+#: The fixtures that start node processes: a test that uses one is a ``cluster`` test.
+NODE_FIXTURES = frozenset({"node", "nodes"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items):
+    """Mark ``cluster`` every test that starts nodes through the shared fixtures."""
+    for item in items:
+        if NODE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.cluster)
+
+
+def pytest_runtest_setup(item):
+    """Only a test marked ``cluster`` may start a node process (its fixtures included), so that
+    ``-m "not cluster"`` is the in-process tests, all of them."""
+    from tests import launcher
+
+    if item.get_closest_marker("cluster"):
+        launcher.start_check = None
+        return
+
+    def refuse() -> None:
+        raise AssertionError(f"{item.nodeid} starts a node process: mark it @pytest.mark.cluster")
+
+    launcher.start_check = refuse
 
 
 def pytest_report_header(config):
@@ -34,6 +67,31 @@ def unique_name():
     return make
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _empty_redis():
+    """Empty every database of the test Redis and the primaries of the test Redis Cluster before
+    the first test: the key-value store of this process (``KV_URL``: db 1 under ``make test``)
+    and of the node processes (db 5), the cache and the Celery broker. A queue's keys are named
+    by its row's ID, which a new test database hands out again from 1: what a run before left
+    under them would show up in this run's queues."""
+    if REDIS_URL:
+        import redis
+
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            client.flushall()
+        finally:
+            client.close()
+    if REDIS_CLUSTER_URL:
+        from queues.kv.redis_cluster import cluster_client
+
+        cluster = cluster_client(REDIS_CLUSTER_URL)
+        try:
+            cluster.flushall()
+        finally:
+            cluster.close()
+
+
 @pytest.fixture
 def redis_client():
     if not REDIS_URL:
@@ -49,15 +107,15 @@ def redis_client():
 
 @pytest.fixture(scope="session")
 def redis_cluster_client():
-    """A client of the test Redis Cluster, its primaries flushed at the start and the end of the
-    session only (a flush of three primaries and a new client cost 0.3 s): the tests that use
-    it write under keys of their own (a random prefix, a queue name used once)."""
+    """A client of the test Redis Cluster, its primaries flushed at the end of the session only
+    (empty at its start: :func:`_empty_redis`; a flush of three primaries and a new client cost
+    0.3 s): the tests that use it write under keys of their own (a random prefix, a queue name
+    used once)."""
     if not REDIS_CLUSTER_URL:
         pytest.skip("MQ_TEST_REDIS_CLUSTER_URL is not set (make test sets it)")
     from queues.kv.redis_cluster import cluster_client
 
     client = cluster_client(REDIS_CLUSTER_URL)
-    client.flushall()
     yield client
     client.flushall()
     client.close()
@@ -109,16 +167,21 @@ def purge_kv(runtime):
 
 
 @pytest.fixture
-def api(runtime, user):
-    """A DRF test client authenticated with a real token."""
-    from rest_framework.authtoken.models import Token
-    from rest_framework.test import APIClient
+def api(request, runtime, user):
+    """A test client of the node runtime, authenticated with a real token: DRF's test client
+    (straight to Django); in a test marked ``transports``, that one and then the node's WSGI
+    application, whose fast path serves the message calls (tests/integration/wsgi_client.py)."""
+    from tests.integration.wsgi_client import token_client
 
-    token = Token.objects.create(user=user)
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
-    client.token = token.key
-    return client
+    return token_client(getattr(request, "param", "drf"), user)
+
+
+def pytest_generate_tests(metafunc):
+    """A test marked ``transports`` runs once per transport of its ``api``: ``[drf]`` and ``[fastpath]``."""
+    if metafunc.definition.get_closest_marker("transports") and "api" in metafunc.fixturenames:
+        from tests.integration.wsgi_client import TRANSPORTS
+
+        metafunc.parametrize("api", TRANSPORTS, indirect=True)
 
 
 @pytest.fixture

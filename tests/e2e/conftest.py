@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from queues.testing import ROOT, NodeProcess, node_env
 from tests.integration.nodes import database_url
+from tests.launcher import ROOT, NodeProcess, node_env
 
 CHROMIUM = os.environ.get("MQ_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("MQ_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -129,11 +129,12 @@ def browser(_driver, request):
 @pytest.fixture
 def node(transactional_db, tmp_path, request):
     """A node process on the test database and this process's key-value store, so the test
-    can read what the node wrote (``@pytest.mark.node_env(NAME="value")`` adds settings).
-    Stopped before the database is flushed."""
+    can read what the node wrote (``@pytest.mark.node(env={"NAME": "value"})`` adds settings).
+    Stopped before the database is flushed; its log is kept beside the screenshots of a test
+    that failed."""
     from django.conf import settings
 
-    marker = request.node.get_closest_marker("node_env")
+    marker = request.node.get_closest_marker("node")
     env = node_env(
         database_url=database_url(),
         data_dir=tmp_path / "data",
@@ -141,7 +142,7 @@ def node(transactional_db, tmp_path, request):
         NODE_HEARTBEAT="0.3",
         DEBUG="0",
         CLUSTER_SECRET=settings.CLUSTER_SECRET,  # what this process forwards to it is signed with its own
-        **(marker.kwargs if marker else {}),
+        **(marker.kwargs.get("env", {}) if marker else {}),
     )
     n = NodeProcess(env, tmp_path).start()
     yield n

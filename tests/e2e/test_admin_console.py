@@ -19,8 +19,8 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
 from queues.keys import incarnation
-from queues.testing import wait_until
 from tests.integration.nodes import Client
+from tests.launcher import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -106,7 +106,7 @@ def block_of(mid: str) -> tuple[int, str]:
     return int(partition), block
 
 
-@pytest.mark.node_env(BLOCK_GROWTH="1")  # every block of 4: many blocks to draw
+@pytest.mark.node(env={"BLOCK_GROWTH": "1"})  # every block of 4: many blocks to draw
 def test_queue_partitions_and_tree(browser, node, token, admin_login):
     from queues.kv import get_store
     from queues.models import Partition, Queue

@@ -15,9 +15,9 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import Select
 
 from queues import access
-from queues.testing import wait_until
-from tests.e2e.test_admin_console import _wait, log_in
+from tests.e2e.test_admin_console import _empty_store, _wait, log_in
 from tests.integration.nodes import Client
+from tests.launcher import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -28,7 +28,6 @@ def test_a_pattern_grant_made_in_the_admin_lets_a_user_produce_but_not_consume(b
     from django.contrib.auth.models import User
     from rest_framework.authtoken.models import Token
 
-    from queues.kv import get_store
     from queues.models import AuditEntry, Grant, Queue
 
     # given a non-staff user with an API token and no grant, and the operator's own token
@@ -117,4 +116,4 @@ def test_a_pattern_grant_made_in_the_admin_lets_a_user_produce_but_not_consume(b
         assert clerk_api.post("queues/orders-eu/enqueue", {"body": "x"}).status_code == 404
     finally:
         for name in (QUEUE, "orders-eu"):
-            get_store().delete_prefix(name)
+            _empty_store(name)  # its keys, under the queue's incarnation

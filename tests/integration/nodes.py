@@ -1,4 +1,4 @@
-"""Helpers of the integration tests around real node processes (``queues.testing`` starts them).
+"""Helpers of the integration tests around real node processes (``tests.launcher`` starts them).
 
 A test that uses them must commit its data (``django_db(transaction=True)``) so the node
 processes, which connect to the same test database, can see it.
@@ -15,7 +15,7 @@ import requests
 from django.conf import settings
 from django.db import connection
 
-from queues.testing import NodeProcess, kv_url, node_env, wait_until
+from tests.launcher import NodeProcess, kv_url, node_env, wait_until
 
 #: The Redis database of the tests' key-value store (the ``redis_client`` fixture flushes it).
 KV_REDIS_DB = 5
@@ -103,14 +103,15 @@ def node_info(url: str) -> dict:
 
 class NodeSet:
     """Nodes started on demand with one environment, logging into ``log_dir``; ``stop()``
-    stops every one (a node that failed to start too)."""
+    stops every one (a node that failed to start too). ``processes`` is each node's
+    ``runnode --processes`` unless ``start`` says otherwise (None: the launcher's default, 1)."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path):
-        self.env, self.log_dir = env, log_dir
+    def __init__(self, env: dict[str, str], log_dir: Path, *, processes: int | None = None):
+        self.env, self.log_dir, self.processes = env, log_dir, processes
         self.nodes: list[NodeProcess] = []
 
     def start(self, processes: int | None = None, **extra_env: str) -> NodeProcess:
-        node = NodeProcess({**self.env, **extra_env}, self.log_dir, processes=processes)
+        node = NodeProcess({**self.env, **extra_env}, self.log_dir, processes=processes or self.processes)
         self.nodes.append(node)
         return node.start()
 

@@ -2,15 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
-
-@pytest.fixture
-def admin_client(client, django_user_model):
-    django_user_model.objects.create_superuser("root", "root@example.com", "pw")
-    client.login(username="root", password="pw")
-    return client
-
 
 def test_partitions_show_their_owner_and_head(admin_client, api, make_queue, runtime):
     # given a queue whose partitions this node owns, with a message in each

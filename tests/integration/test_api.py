@@ -19,9 +19,11 @@ from queues.access import SYSTEM
 from queues.messages import parse_message_id
 from queues.service import MessageDraft
 
-from .wsgi_client import TRANSPORTS, make_client, token_client
+from .wsgi_client import make_client
 
-pytestmark = pytest.mark.django_db
+#: Every test through DRF's test client (straight to Django) and through the node's WSGI
+#: application, whose fast path serves the message calls.
+pytestmark = [pytest.mark.django_db, pytest.mark.transports]
 
 API = "/api/v1/queues"
 
@@ -29,13 +31,6 @@ API = "/api/v1/queues"
 @pytest.fixture(autouse=True)
 def _purge_kv(purge_kv):
     """Every test here empties the key-value store afterwards (see conftest.purge_kv)."""
-
-
-@pytest.fixture(params=TRANSPORTS)
-def api(request, runtime, user):
-    """Overrides the shared fixture: every test runs through DRF's test client (straight to
-    Django) and through the node's WSGI application, whose fast path serves the message calls."""
-    return token_client(request.param, user)
 
 
 def url(name: str, action: str = "") -> str:

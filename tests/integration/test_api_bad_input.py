@@ -23,9 +23,12 @@ from queues.keys import block_key
 from queues.models import Partition, Queue
 from queues.service import MessageDraft
 
-from .wsgi_client import TRANSPORTS, make_client, token_client
+from .wsgi_client import make_client
 
-pytestmark = pytest.mark.django_db
+#: Every case through DRF's test client (straight to Django) and through the node's WSGI
+#: application, whose fast path serves the message calls (with a token and a JSON body) and
+#: hands everything else to Django. Both must answer alike.
+pytestmark = [pytest.mark.django_db, pytest.mark.transports]
 
 API = "/api/v1/queues"
 ABSENT = object()  # no request body at all
@@ -34,14 +37,6 @@ ABSENT = object()  # no request body at all
 @pytest.fixture(autouse=True)
 def _purge_kv(purge_kv):
     """Every test here empties the key-value store afterwards (see conftest.purge_kv)."""
-
-
-@pytest.fixture(params=TRANSPORTS)
-def api(request, runtime, user):
-    """Overrides the shared fixture: every case runs through DRF's test client (straight to
-    Django) and through the node's WSGI application, whose fast path serves the message calls
-    (with a token and a JSON body) and hands everything else to Django. Both must answer alike."""
-    return token_client(request.param, user)
 
 
 # --- the world and its snapshot ---------------------------------------------------------------

@@ -10,18 +10,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from queues.testing import NodeProcess
-
-from .nodes import local_node_env
-
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def node(tmp_path, redis_client):
-    n = NodeProcess(local_node_env(tmp_path), tmp_path).start()
-    yield n
-    n.stop()
 
 
 def test_the_docs_page_loads_nothing_from_another_host(node, token):

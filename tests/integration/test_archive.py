@@ -21,7 +21,7 @@ from archive import archiver
 from archive.models import ArchivedMessage, ArchiverLock
 from queues import archive_journal, service
 from queues.keys import incarnation
-from queues.testing import NodeProcess
+from tests.launcher import NodeProcess
 
 from .nodes import Client, local_node_env, node_info, wait_until
 
@@ -49,31 +49,24 @@ def backend(request):
 
 
 @pytest.fixture
-def rt(backend, request, tmp_path, kv_reset):
+def runtime(backend, request, tmp_path, kv_reset):
+    """The node runtime of this process (the shared ``api`` calls it) on the ``backend`` under
+    test, what it wrote there removed afterwards."""
     request.getfixturevalue("db")  # honours django_db(transaction=True) on the test
     from queues.auth import CachedTokenAuthentication
     from queues.node import NodeRuntime
 
     CachedTokenAuthentication.forget()
     store = _store(backend, request, tmp_path)
-    runtime = NodeRuntime("test-node", store=store, background=False).start()
-    service.set_runtime(runtime)
-    yield runtime
+    node = NodeRuntime("test-node", store=store, background=False).start()
+    service.set_runtime(node)
+    yield node
     from queues.models import Queue
 
     for pk, name in Queue.objects.values_list("pk", "name"):
         store.within(incarnation(pk)).delete_prefix(name)
-    runtime.stop(release=True)
+    node.stop(release=True)
     service.set_runtime(None)
-
-
-@pytest.fixture
-def api(rt, user):
-    from rest_framework.authtoken.models import Token
-
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
-    return client
 
 
 @pytest.fixture
@@ -139,13 +132,13 @@ def journal_size(store, name, partitions=2) -> int:
 
 # --- modes --------------------------------------------------------------------------------------
 @pytest.mark.django_db
-def test_mode_all_archives_every_message_and_marks_acks(api, rt, queue):
+def test_mode_all_archives_every_message_and_marks_acks(api, runtime, queue):
     # given a queue archiving every message, and 60 enqueued through the API
     name = queue(archive="all")
     bodies = [f"body-{i}" for i in range(60)]
     ids = enqueue(api, name, [{"body": b, "group": f"g{i % 3}", "attributes": {"i": i}} for i, b in enumerate(bodies)])
     # when the archiver runs
-    report = archiver.run(name, store=rt.store)
+    report = archiver.run(name, store=runtime.store)
     # then 60 rows hold the bodies, none acknowledged, and the journal is empty
     assert report[name]["archived"] == 60
     rows = {r.message_id: r for r in ArchivedMessage.objects.filter(queue=name)}
@@ -153,10 +146,10 @@ def test_mode_all_archives_every_message_and_marks_acks(api, rt, queue):
     assert [rows[i].body for i in ids] == bodies
     assert rows[ids[4]].group == "g1" and rows[ids[4]].attributes == {"i": 4}
     assert all(r.acked_at is None for r in rows.values())
-    assert journal_size(rt.store, name) == 0
+    assert journal_size(runtime.store, name) == 0
     # when some are acknowledged and the archiver runs again
     acked = consume(api, name, 25)
-    report = archiver.run(name, store=rt.store)
+    report = archiver.run(name, store=runtime.store)
     # then exactly those rows have acked_at, nothing was copied twice, the journal is empty
     assert report[name] == {"archived": 0, "acked": 25, "removed": 25}
     marked = set(
@@ -164,21 +157,21 @@ def test_mode_all_archives_every_message_and_marks_acks(api, rt, queue):
     )
     assert marked == {m["id"] for m in acked}
     assert ArchivedMessage.objects.filter(queue=name).count() == 60
-    assert journal_size(rt.store, name) == 0
+    assert journal_size(runtime.store, name) == 0
     # and a run with nothing to do reports nothing
-    assert archiver.run(name, store=rt.store) == {}
+    assert archiver.run(name, store=runtime.store) == {}
 
 
 @pytest.mark.django_db
-def test_mode_acked_archives_only_acknowledged_messages(api, rt, queue):
+def test_mode_acked_archives_only_acknowledged_messages(api, runtime, queue):
     # given a queue archiving acknowledged messages, 30 enqueued and 12 of them acknowledged
     name = queue(archive="acked")
     enqueue(api, name, [{"body": f"m{i}"} for i in range(30)])
-    assert journal_size(rt.store, name) == 0
+    assert journal_size(runtime.store, name) == 0
     got = drain(api, name, ack=False)
     ack_ids(api, name, got[:12])
     # when the archiver runs
-    archiver.run(name, store=rt.store)
+    archiver.run(name, store=runtime.store)
     # then only those 12 are archived, with their ack time and body
     rows = list(ArchivedMessage.objects.filter(queue=name))
     assert {r.message_id for r in rows} == {m["id"] for m in got[:12]}
@@ -187,14 +180,14 @@ def test_mode_acked_archives_only_acknowledged_messages(api, rt, queue):
 
 
 @pytest.mark.django_db
-def test_retention_is_not_an_ack(api, rt, queue):
+def test_retention_is_not_an_ack(api, runtime, queue):
     # given an "acked" queue whose messages are removed by the retention rule
     name = queue(archive="acked")
     enqueue(api, name, [{"body": f"m{i}"} for i in range(5)])
-    expired = sum(m.expire(time.time() + 3600) for m in rt.local_managers(name))
+    expired = sum(m.expire(time.time() + 3600) for m in runtime.local_managers(name))
     assert expired == 5
     # then nothing is archived
-    archiver.run(name, store=rt.store)
+    archiver.run(name, store=runtime.store)
     assert not ArchivedMessage.objects.filter(queue=name).exists()
 
 
@@ -210,7 +203,7 @@ def test_archive_mode_can_be_changed_through_the_api(api, queue):
 
 # --- lookup and listing ---------------------------------------------------------------------------
 @pytest.mark.django_db
-def test_lookup_gives_back_the_stored_records(api, rt, queue):
+def test_lookup_gives_back_the_stored_records(api, runtime, queue):
     name = queue(archive="all")
     ids = enqueue(
         api,
@@ -220,8 +213,8 @@ def test_lookup_gives_back_the_stored_records(api, rt, queue):
             {"body": "with\x00nul", "attributes": {"x": "ab"}},
         ],
     )
-    stored = {mid: rt.manager(name, int(mid.split("/")[1])).cache.get(mid) for mid in ids}
-    archiver.run(name, store=rt.store)
+    stored = {mid: runtime.manager(name, int(mid.split("/")[1])).cache.get(mid) for mid in ids}
+    archiver.run(name, store=runtime.store)
     found = archive.lookup([*ids, f"{name}/0/00000000-0000000000000000/0"])
     assert set(found) == set(ids)
     for mid in ids:
@@ -233,10 +226,10 @@ def test_lookup_gives_back_the_stored_records(api, rt, queue):
 
 
 @pytest.mark.django_db
-def test_listing_pages_through_the_archive(api, rt, queue):
+def test_listing_pages_through_the_archive(api, runtime, queue):
     name = queue(archive="all")
     ids = enqueue(api, name, [{"body": f"m{i}"} for i in range(25)])
-    archiver.run(name, store=rt.store)
+    archiver.run(name, store=runtime.store)
     seen, after = [], None
     while True:
         r = api.get(f"/api/v1/archive?queue={name}&limit=10" + ("" if after is None else f"&after={after}"))
@@ -256,13 +249,13 @@ def test_listing_pages_through_the_archive(api, rt, queue):
 
 # --- replay ---------------------------------------------------------------------------------------
 @pytest.mark.django_db
-def test_replay_round_trip_into_another_queue(api, rt, queue):
+def test_replay_round_trip_into_another_queue(api, runtime, queue):
     # given archived messages of a source queue, in groups, with attributes
     src, dst = queue(archive="all"), queue()
     sent = [{"body": f"b{i}", "group": f"g{i % 4}", "attributes": {"i": i}, "size": i + 1} for i in range(40)]
     ids = enqueue(api, src, sent)
     drain(api, src)  # consumed and acknowledged at the source
-    archiver.run(src, store=rt.store)
+    archiver.run(src, store=runtime.store)
     rows = ArchivedMessage.objects.filter(queue=src).order_by("enqueued_at")
     since = rows.first().enqueued_at.isoformat()
     # when they are replayed into another queue by time range
@@ -285,11 +278,11 @@ def test_replay_round_trip_into_another_queue(api, rt, queue):
 
 
 @pytest.mark.django_db
-def test_bad_replay_input_is_a_4xx_and_enqueues_nothing(api, rt, queue):
+def test_bad_replay_input_is_a_4xx_and_enqueues_nothing(api, runtime, queue):
     src, dst = queue(archive="all"), queue()
     strict = queue(strict=True)
     ids = enqueue(api, src, [{"body": f"m{i}"} for i in range(5)])
-    archiver.run(src, store=rt.store)
+    archiver.run(src, store=runtime.store)
     cases = [
         ([1, 2], 400),
         ({}, 400),
@@ -329,7 +322,7 @@ def _client_of(user) -> APIClient:
 
 # --- history belongs to a queue's incarnation -----------------------------------------------------
 @pytest.mark.django_db
-def test_a_name_used_again_does_not_hand_over_the_old_queues_history(api, rt, unique_name):
+def test_a_name_used_again_does_not_hand_over_the_old_queues_history(api, runtime, unique_name):
     from django.contrib.auth.models import User
 
     # given Alice's queue, archiving everything, whose messages failed once in a worker
@@ -345,7 +338,7 @@ def test_a_name_used_again_does_not_hand_over_the_old_queues_history(api, rt, un
     ]
     assert api.post("/api/v1/logs", {"records": report}, format="json").status_code == 201
     ack_ids(api, name, held)
-    archiver.run(name, store=rt.store)
+    archiver.run(name, store=runtime.store)
     assert len(api.get(f"/api/v1/archive?queue={name}").json()["messages"]) == 3
     assert len(api.get(f"/api/v1/logs?queue={name}").json()["records"]) == 3
     # when Alice deletes it, and Mallory, with no grant, creates a queue of that name
@@ -366,7 +359,7 @@ def test_a_name_used_again_does_not_hand_over_the_old_queues_history(api, rt, un
     assert set(ArchivedMessage.objects.filter(message_id__in=old_ids).values_list("replay_count", flat=True)) == {0}
     # while her own queue's history is hers
     mine = enqueue(mallory, name, [{"body": "mine"}])
-    archiver.run(name, store=rt.store)
+    archiver.run(name, store=runtime.store)
     assert [m["id"] for m in mallory.get(f"/api/v1/archive?queue={name}").json()["messages"]] == mine
     r = mallory.post("/api/v1/archive/replay", {"queue": name}, format="json")
     assert r.status_code == 200 and r.json()["replayed"] == 1, r.content
@@ -383,7 +376,7 @@ def test_a_name_used_again_does_not_hand_over_the_old_queues_history(api, rt, un
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("backend", ["postgres"])
-def test_the_migration_ties_each_row_to_the_queue_of_its_name_since_it_was_created(api, rt, queue):
+def test_the_migration_ties_each_row_to_the_queue_of_its_name_since_it_was_created(api, runtime, queue):
     import importlib
     from datetime import timedelta
 
@@ -395,7 +388,7 @@ def test_the_migration_ties_each_row_to_the_queue_of_its_name_since_it_was_creat
     # name (enqueued before the current one was created), and of a queue gone
     name = queue(archive="all")
     enqueue(api, name, [{"body": "now"}])
-    archiver.run(name, store=rt.store)
+    archiver.run(name, store=runtime.store)
     q = Queue.objects.get(name=name)
     now = ArchivedMessage.objects.get(queue=name)
     before = ArchivedMessage.objects.create(
@@ -438,11 +431,11 @@ TIMES = [
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("backend", ["postgres"])  # the database is what refused such times
-def test_any_since_or_until_is_a_200_or_a_400(api, rt, queue):
+def test_any_since_or_until_is_a_200_or_a_400(api, runtime, queue):
     # given three archived messages
     src, dst = queue(archive="all"), queue()
     enqueue(api, src, [{"body": f"m{i}"} for i in range(3)])
-    archiver.run(src, store=rt.store)
+    archiver.run(src, store=runtime.store)
     replayed = 0
     for times, status in TIMES:
         # when a replay and a listing name the time range
@@ -505,6 +498,7 @@ def test_the_schema_documents_a_400_for_the_archive_calls():
 # --- replay through a cooling node -----------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.cluster
 def test_a_replay_through_a_cooling_node_goes_elsewhere_whatever_hops_the_client_claims(tmp_path, token):
     import requests
 
@@ -565,22 +559,22 @@ def test_a_replay_through_a_cooling_node_goes_elsewhere_whatever_hops_the_client
 
 # --- one archiver per queue -----------------------------------------------------------------------
 @pytest.mark.django_db
-def test_a_held_lock_keeps_a_second_archiver_out(api, rt, queue):
+def test_a_held_lock_keeps_a_second_archiver_out(api, runtime, queue):
     name = queue(archive="all")
     enqueue(api, name, [{"body": f"m{i}"} for i in range(10)])
     assert archiver.claim(name, "other")
-    assert archiver.run(name, store=rt.store) == {name: {"busy": True}}
+    assert archiver.run(name, store=runtime.store) == {name: {"busy": True}}
     assert not ArchivedMessage.objects.filter(queue=name).exists()
-    assert journal_size(rt.store, name) == 10
+    assert journal_size(runtime.store, name) == 10
     archiver.release(name, "other")
-    assert archiver.run(name, store=rt.store)[name]["archived"] == 10
+    assert archiver.run(name, store=runtime.store)[name]["archived"] == 10
     # an expired holder is replaced
     assert archiver.claim(name, "stale", seconds=-1)
     assert archiver.claim(name, "fresh") and not archiver.claim(name, "stale")
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_archivers_at_once_one_works_no_duplicates(api, rt, queue, monkeypatch):
+def test_two_archivers_at_once_one_works_no_duplicates(api, runtime, queue, monkeypatch):
     # given 3,000 journaled messages in one partition
     name = queue(archive="all", partitions=1)
     ids = []
@@ -597,7 +591,7 @@ def test_two_archivers_at_once_one_works_no_duplicates(api, rt, queue, monkeypat
 
         barrier.wait()
         try:
-            reports.append(archiver.run(name, store=rt.store))
+            reports.append(archiver.run(name, store=runtime.store))
         finally:
             connection.close()
 
@@ -618,6 +612,7 @@ def test_two_archivers_at_once_one_works_no_duplicates(api, rt, queue, monkeypat
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("kind", BACKENDS)
+@pytest.mark.cluster
 def test_every_confirmed_message_of_a_killed_node_is_archived(kind, tmp_path, token, request):
     if kind == "redis":
         request.getfixturevalue("redis_client")  # flushes db 5
@@ -672,13 +667,13 @@ def _redis_store():
 
 
 @pytest.mark.django_db
-def test_admin_lists_and_replays_archived_messages(api, rt, queue, client):
+def test_admin_lists_and_replays_archived_messages(api, runtime, queue, client):
     from django.contrib.auth.models import User
 
     name = queue(archive="all")
     enqueue(api, name, [{"body": f"m{i}"} for i in range(3)])
     drain(api, name)
-    archiver.run(name, store=rt.store)
+    archiver.run(name, store=runtime.store)
     client.force_login(User.objects.create(username=f"a-{uuid.uuid4().hex[:6]}", is_staff=True, is_superuser=True))
     page = client.get("/admin/archive/archivedmessage/", {"queue": name, "acked": "yes"})
     assert page.status_code == 200 and b"m2" in page.content

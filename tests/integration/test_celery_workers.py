@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from queues.testing import ROOT, NodeProcess, wait_until
+from tests.launcher import ROOT, wait_until
 from workers.models import Consumer
 
 from .handlers_for_tests import QUEUE, events
-from .nodes import Client, database_url, local_node_env
+from .nodes import Client, database_url
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -102,13 +102,6 @@ class WorkerProcess:
 
 
 @pytest.fixture
-def node(tmp_path, redis_client):
-    n = NodeProcess(local_node_env(tmp_path, data="node-data", NODE_HEARTBEAT="0.3"), tmp_path).start()
-    yield n
-    n.stop()
-
-
-@pytest.fixture
 def handler_out(tmp_path) -> Path:
     out = tmp_path / "handled"
     out.mkdir()
@@ -144,52 +137,53 @@ def celery_worker(tmp_path, node, token, handler_out):
 
 
 @pytest.fixture
-def api(node, token):
+def node_api(node, token):
+    """A client of the node process (not of this process's runtime, as ``api`` is)."""
     return Client(node.url, token)
 
 
-def _create_queue(api: Client, **fields) -> None:
-    r = api.post("queues", fields)
+def _create_queue(node_api: Client, **fields) -> None:
+    r = node_api.post("queues", fields)
     assert r.status_code == 201, r.text
     name = fields["name"]
     _wait(
-        lambda: all(p["owner"] for p in api.get(f"queues/{name}/partitions").json()["partitions"]),
+        lambda: all(p["owner"] for p in node_api.get(f"queues/{name}/partitions").json()["partitions"]),
         20,
         f"the node to own every partition of {name}",
     )
 
 
-def _enqueue(api: Client, messages: list[dict]) -> list[str]:
-    r = api.post(f"queues/{QUEUE}/enqueue", {"messages": messages})
+def _enqueue(node_api: Client, messages: list[dict]) -> list[str]:
+    r = node_api.post(f"queues/{QUEUE}/enqueue", {"messages": messages})
     assert r.status_code == 201, r.text
     return r.json()["ids"]
 
 
-def _logs(api: Client, **params) -> list[dict]:
+def _logs(node_api: Client, **params) -> list[dict]:
     query = "&".join(f"{k}={v}" for k, v in {"queue": QUEUE, "limit": 1000, **params}.items())
-    r = api.get(f"logs?{query}")
+    r = node_api.get(f"logs?{query}")
     assert r.status_code == 200, r.text
     return r.json()["records"]
 
 
-def _attempts(api: Client, mid: str) -> list[tuple[int, str]]:
-    return sorted((r["attempt"], r["outcome"]) for r in _logs(api, message=mid))
+def _attempts(node_api: Client, mid: str) -> list[tuple[int, str]]:
+    return sorted((r["attempt"], r["outcome"]) for r in _logs(node_api, message=mid))
 
 
 def _t(value: str) -> datetime:
     return datetime.fromisoformat(value)
 
 
-def test_a_worker_drains_a_queue_processing_each_message_once(api, celery_worker, handler_out):
+def test_a_worker_drains_a_queue_processing_each_message_once(node_api, celery_worker, handler_out):
     # given 200 messages in "work"
-    _create_queue(api, name=QUEUE, visibility_timeout=10)
-    ids = _enqueue(api, [{"body": f"m{i}"} for i in range(200)])
+    _create_queue(node_api, name=QUEUE, visibility_timeout=10)
+    ids = _enqueue(node_api, [{"body": f"m{i}"} for i in range(200)])
     # when a real worker with two slots drains it
     worker = celery_worker(2)
     t0 = time.monotonic()
-    drained = _wait(lambda: len(_logs(api)) >= 200, 40, "200 attempt records")
+    drained = _wait(lambda: len(_logs(node_api)) >= 200, 40, "200 attempt records")
     time.sleep(0.6)  # a record beyond 200 would be a duplicate; give it one more flush
-    records = _logs(api)
+    records = _logs(node_api)
     worker.stop()
     # then each message was processed exactly once...
     done = Counter(mid for event, mid, _, _ in events(handler_out) if event == "done")
@@ -205,7 +199,7 @@ def test_a_worker_drains_a_queue_processing_each_message_once(api, celery_worker
         assert all(stages), r
         pre_start, pre_end, proc_start, proc_end = map(_t, stages)
         assert pre_start <= pre_end <= proc_start <= proc_end, r
-    stats = api.get(f"queues/{QUEUE}/stats").json()
+    stats = node_api.get(f"queues/{QUEUE}/stats").json()
     assert stats["depth"] == 0 and stats["in_flight"] == 0
     print(
         f"[drain] 200 messages, 2 slots: drained in {drained:.2f}s "
@@ -213,13 +207,13 @@ def test_a_worker_drains_a_queue_processing_each_message_once(api, celery_worker
     )
 
 
-def test_a_message_held_by_a_killed_worker_is_processed_by_another(api, celery_worker, handler_out):
+def test_a_message_held_by_a_killed_worker_is_processed_by_another(node_api, celery_worker, handler_out):
     # given a worker processing a message that hangs on its first delivery
-    _create_queue(api, name=QUEUE, visibility_timeout=2, partitions=1)
+    _create_queue(node_api, name=QUEUE, visibility_timeout=2, partitions=1)
     # (a short long poll: when A is killed, no dequeue of A's may still be waiting at the node, or
     # the node would hand the message to that dead connection once it is visible again: attempt 2)
     worker_a = celery_worker(1, WORKER_WAIT="0.5")
-    (mid,) = _enqueue(api, [{"body": "hang", "attributes": {"behaviour": "hang-first"}}])
+    (mid,) = _enqueue(node_api, [{"body": "hang", "attributes": {"behaviour": "hang-first"}}])
     _wait(lambda: ("start", mid, 1) in {e[:3] for e in events(handler_out)}, 10, "worker A to start it")
     started = time.monotonic()
     _wait(lambda: Consumer.objects.filter(held__contains=[mid]).exists(), 5, "A's heartbeat to hold it")
@@ -229,63 +223,63 @@ def test_a_message_held_by_a_killed_worker_is_processed_by_another(api, celery_w
     killed = time.monotonic()
     worker_b = celery_worker(1)
     # then the second worker processes it after the visibility timeout, as its second delivery
-    _wait(lambda: "succeeded" in {o for _, o in _attempts(api, mid)}, 20, "the message to succeed")
+    _wait(lambda: "succeeded" in {o for _, o in _attempts(node_api, mid)}, 20, "the message to succeed")
     recovered = time.monotonic() - killed
     worker_b.stop()
     done = [e for e in events(handler_out) if e[0] == "done"]
     assert [(mid_, count) for _, mid_, count, _ in done] == [(mid, 2)]
-    assert _attempts(api, mid) == [(1, "abandoned"), (2, "succeeded")]
-    abandoned = _logs(api, message=mid, outcome="abandoned")[0]
+    assert _attempts(node_api, mid) == [(1, "abandoned"), (2, "succeeded")]
+    abandoned = _logs(node_api, message=mid, outcome="abandoned")[0]
     assert abandoned["worker"] == Consumer.objects.get(held__contains=[mid], pid=worker_a.proc.pid).pk
     assert worker_a.proc.returncode == -signal.SIGKILL
     print(f"[sigkill] processed by worker B {recovered:.2f}s after worker A was killed (visibility 2 s)")
 
 
-def test_a_long_task_is_never_delivered_twice_while_its_worker_heartbeats(api, celery_worker, handler_out):
+def test_a_long_task_is_never_delivered_twice_while_its_worker_heartbeats(node_api, celery_worker, handler_out):
     # given a worker with a free second slot, and a task four times the visibility timeout
-    _create_queue(api, name=QUEUE, visibility_timeout=1)
+    _create_queue(node_api, name=QUEUE, visibility_timeout=1)
     celery_worker(2)
-    (mid,) = _enqueue(api, [{"body": "long", "attributes": {"behaviour": "long", "seconds": 4}}])
+    (mid,) = _enqueue(node_api, [{"body": "long", "attributes": {"behaviour": "long", "seconds": 4}}])
     # when it runs to the end
-    took = _wait(lambda: _attempts(api, mid), 20, "the attempt record")
+    took = _wait(lambda: _attempts(node_api, mid), 20, "the attempt record")
     time.sleep(1.2)  # past one more visibility timeout: a redelivery would show now
     # then it was processed once, in one attempt
     assert [e[:3] for e in events(handler_out)] == [("start", mid, 1), ("done", mid, 1)]
-    assert _attempts(api, mid) == [(1, "succeeded")]
+    assert _attempts(node_api, mid) == [(1, "succeeded")]
     print(f"[long] a 4 s task with a 1 s visibility timeout: one attempt, recorded after {took:.2f}s")
 
 
-def test_a_failing_message_ends_in_the_dead_letter_queue(api, celery_worker, handler_out):
+def test_a_failing_message_ends_in_the_dead_letter_queue(node_api, celery_worker, handler_out):
     # given a queue that sets messages aside after two deliveries
-    _create_queue(api, name="work-dlq")
-    _create_queue(api, name=QUEUE, visibility_timeout=5, dead_letter_queue="work-dlq", max_receives=2)
-    (mid,) = _enqueue(api, [{"body": "bad", "attributes": {"behaviour": "fail"}}])
+    _create_queue(node_api, name="work-dlq")
+    _create_queue(node_api, name=QUEUE, visibility_timeout=5, dead_letter_queue="work-dlq", max_receives=2)
+    (mid,) = _enqueue(node_api, [{"body": "bad", "attributes": {"behaviour": "fail"}}])
     # when a worker's handler fails on it every time
     celery_worker(1)
-    took = _wait(lambda: api.get("queues/work-dlq/stats").json()["depth"] == 1, 30, "the dead letter")
+    took = _wait(lambda: node_api.get("queues/work-dlq/stats").json()["depth"] == 1, 30, "the dead letter")
     # then both attempts are logged as failed, with the error, and it left the queue
     time.sleep(0.6)
-    records = _logs(api, message=mid)
+    records = _logs(node_api, message=mid)
     assert sorted((r["attempt"], r["outcome"]) for r in records) == [(1, "failed"), (2, "failed")]
     assert all("told to fail" in r["error"] and "RuntimeError" in r["traceback"] for r in records)
     assert [e[:3] for e in events(handler_out)] == [("start", mid, 1), ("start", mid, 2)]
-    stats = api.get(f"queues/{QUEUE}/stats").json()
+    stats = node_api.get(f"queues/{QUEUE}/stats").json()
     assert stats["depth"] == 0 and stats["in_flight"] == 0
     print(f"[dead letter] failed twice, dead-lettered after {took:.2f}s")
 
 
-def test_a_worker_consumes_a_topic_subscription_unchanged(api, celery_worker, handler_out):
+def test_a_worker_consumes_a_topic_subscription_unchanged(node_api, celery_worker, handler_out):
     # given a topic with two subscriptions and 30 messages published
-    r = api.post("topics", {"name": "news", "partitions": 2, "visibility_timeout": 10})
+    r = node_api.post("topics", {"name": "news", "partitions": 2, "visibility_timeout": 10})
     assert r.status_code == 201, r.text
     for sub in ("mail", "sms"):
-        assert api.post("topics/news/subscriptions", {"name": sub}).status_code == 201
+        assert node_api.post("topics/news/subscriptions", {"name": sub}).status_code == 201
     _wait(
-        lambda: all(p["owner"] for p in api.get("queues/news/partitions").json()["partitions"]),
+        lambda: all(p["owner"] for p in node_api.get("queues/news/partitions").json()["partitions"]),
         20,
         "the node to own every partition of news",
     )
-    r = api.post("topics/news/publish", {"messages": [{"body": f"n{i}"} for i in range(30)]})
+    r = node_api.post("topics/news/publish", {"messages": [{"body": f"n{i}"} for i in range(30)]})
     assert r.status_code == 201, r.text
     ids = r.json()["ids"]
     # when a real worker consumes "news/mail" (its handler is registered under that name)
@@ -295,7 +289,7 @@ def test_a_worker_consumes_a_topic_subscription_unchanged(api, celery_worker, ha
         WORKER_HANDLERS="tests.integration.handlers_for_tests,tests.integration.handlers_for_topic_tests",
     )
     _wait(
-        lambda: api.get("topics/news/subscriptions/mail/stats").json()["held"] == 0,
+        lambda: node_api.get("topics/news/subscriptions/mail/stats").json()["held"] == 0,
         40,
         "the mail subscription to be drained",
     )
@@ -303,6 +297,6 @@ def test_a_worker_consumes_a_topic_subscription_unchanged(api, celery_worker, ha
     # then each message was processed once for "mail", and "sms" still holds all of them
     done = Counter(mid for event, mid, _, _ in events(handler_out) if event == "done")
     assert set(done) == set(ids) and set(done.values()) == {1}
-    assert api.get("topics/news/subscriptions/sms/stats").json()["held"] == 30
-    got = api.post("topics/news/subscriptions/sms/dequeue", {"max": 100}).json()["messages"]
+    assert node_api.get("topics/news/subscriptions/sms/stats").json()["held"] == 30
+    got = node_api.post("topics/news/subscriptions/sms/dequeue", {"max": 100}).json()["messages"]
     assert sorted(m["id"] for m in got) == sorted(ids)

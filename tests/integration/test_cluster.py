@@ -17,33 +17,23 @@ from itertools import cycle
 
 import pytest
 
-from queues.testing import NodeProcess, wait_until
+from tests.launcher import NodeProcess, wait_until
 
 from .nodes import (
     Client,
-    NodeSet,
     database_url,
-    local_node_env,
     member_addresses,
     member_ids,
     node_info,
     peer_request,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 LEASE = 2
 #: ``runnode --processes`` of the failover tests (kill, pause, join): each process is a member
 #: of the cluster of its own, and killing or pausing a node stops all of them at once.
 PROCESSES = 2
-
-
-@pytest.fixture
-def cluster(tmp_path, redis_client):
-    """Start nodes on demand; every node is stopped at the end."""
-    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="0.3"), tmp_path)
-    yield nodes.start
-    nodes.stop()
 
 
 class Load:
@@ -236,17 +226,17 @@ def _make_queue(node: NodeProcess, token: str, partitions: int) -> str:
     return name
 
 
-def test_sigkill_one_of_three_nodes_mid_load(cluster, token):
+def test_sigkill_one_of_three_nodes_mid_load(nodes, token):
     # given three nodes sharing six partitions, two each
     # (each node of PROCESSES processes, one partition per process)
-    nodes = [cluster(PROCESSES), cluster(PROCESSES), cluster(PROCESSES)]
-    name = _make_queue(nodes[0], token, 6)
-    c0 = Client(nodes[0].url, token)
+    started = [nodes.start(PROCESSES), nodes.start(PROCESSES), nodes.start(PROCESSES)]
+    name = _make_queue(started[0], token, 6)
+    c0 = Client(started[0].url, token)
     _wait(lambda: len(_owners(c0, name)) == 3 * PROCESSES, 20, "every process an owner")
-    load = Load(nodes, token, name).start()
+    load = Load(started, token, name).start()
     _wait(lambda: len(load.confirmed) >= 2000, 60, "2,000 confirmed enqueues")
     # when one node is killed (every process of it)
-    victim = nodes[2]
+    victim = started[2]
     victim_ids = member_ids(victim)
     victim_parts = {p["index"] for p in _partitions(c0, name) if p["owner"] in victim_ids}
     # a group whose stable hash lands in one of the victim's partitions, to aim enqueues there
@@ -255,9 +245,9 @@ def test_sigkill_one_of_three_nodes_mid_load(cluster, token):
     group = next(f"g{i}" for i in range(10_000) if group_partition(f"g{i}", 6) in victim_parts)
     # every process of the survivors, at its own address: a process serves its own partitions
     # first, and a client on the node's shared port keeps its connection to one of them
-    survivors = cycle([Client(f"http://{a}", token) for n in nodes[:2] for a in member_addresses(n)])
+    survivors = cycle([Client(f"http://{a}", token) for n in started[:2] for a in member_addresses(n)])
     victim.kill()
-    load.urls = [n.url for n in nodes[:2]]
+    load.urls = [n.url for n in started[:2]]
 
     # then its partitions serve enqueues and dequeues again, on the other nodes
     aimed: list[str] = []
@@ -303,16 +293,16 @@ def test_sigkill_one_of_three_nodes_mid_load(cluster, token):
     assert figures["confirmed"] >= 4000
 
 
-def test_sigstop_past_the_lease_then_sigcont(cluster, token):
+def test_sigstop_past_the_lease_then_sigcont(nodes, token):
     # given three nodes under load
-    nodes = [cluster(PROCESSES), cluster(PROCESSES), cluster(PROCESSES)]
-    name = _make_queue(nodes[0], token, 6)
-    c0 = Client(nodes[0].url, token)
+    started = [nodes.start(PROCESSES), nodes.start(PROCESSES), nodes.start(PROCESSES)]
+    name = _make_queue(started[0], token, 6)
+    c0 = Client(started[0].url, token)
     _wait(lambda: len(_owners(c0, name)) == 3 * PROCESSES, 20, "every process an owner")
-    load = Load(nodes, token, name).start()
+    load = Load(started, token, name).start()
     _wait(lambda: len(load.confirmed) >= 1500, 60, "1,500 confirmed enqueues")
     # when an owner is paused for three lease periods (every process of it), its partitions are taken over...
-    paused = nodes[1]
+    paused = started[1]
     paused_ids = member_ids(paused)
     paused.signal(signal.SIGSTOP)
     taken = _wait(lambda: _all_served(c0, name, excluding=paused_ids), 30, "takeover of the paused node's partitions")
@@ -324,9 +314,9 @@ def test_sigstop_past_the_lease_then_sigcont(cluster, token):
     load.drain()
     load.check("sigstop")
     # then no tree is corrupted: a fresh node takes every partition and finds nothing left
-    for node in nodes:
+    for node in started:
         node.stop()
-    fresh = cluster()
+    fresh = nodes.start()
     fc = Client(fresh.url, token)
     _wait(lambda: _all_served(fc, name), 20, "a fresh node to open every partition")
     r = fc.post(f"queues/{name}/dequeue", {"max": 100, "wait": 0.5})
@@ -337,17 +327,17 @@ def test_sigstop_past_the_lease_then_sigcont(cluster, token):
     assert stats["depth"] == 1 and all(p["live"] for p in stats["partitions"])
 
 
-def test_a_fourth_node_joins_under_load(cluster, token):
+def test_a_fourth_node_joins_under_load(nodes, token):
     # given three nodes holding eight partitions under load
     # (each node of PROCESSES processes)
-    nodes = [cluster(PROCESSES), cluster(PROCESSES), cluster(PROCESSES)]
-    name = _make_queue(nodes[0], token, 8)
-    c0 = Client(nodes[0].url, token)
+    started = [nodes.start(PROCESSES), nodes.start(PROCESSES), nodes.start(PROCESSES)]
+    name = _make_queue(started[0], token, 8)
+    c0 = Client(started[0].url, token)
     _wait(lambda: _all_served(c0, name), 20, "every partition served")
-    load = Load(nodes, token, name).start()
+    load = Load(started, token, name).start()
     _wait(lambda: len(load.confirmed) >= 1000, 60, "1,000 confirmed enqueues")
     # when a fourth node starts
-    newcomer = cluster(PROCESSES)
+    newcomer = nodes.start(PROCESSES)
     newcomer_ids = member_ids(newcomer)
     load.add_node(newcomer)
     # then it ends up owning its share (two: one per process) without anyone restarting
@@ -360,7 +350,7 @@ def test_a_fourth_node_joins_under_load(cluster, token):
     load.finish()
     load.drain()
     load.check("scale-out")
-    node_of = {m: k for k, node in enumerate([*nodes, newcomer]) for m in member_ids(node)}
+    node_of = {m: k for k, node in enumerate([*started, newcomer]) for m in member_ids(node)}
     owners = [node_of.get(p["owner"]) for p in _partitions(c0, name)]
     print(
         f"[scale-out] newcomer owned its share {joined:.2f}s after start; owners {sorted(owners.count(o) for o in set(owners))}"
@@ -368,9 +358,9 @@ def test_a_fourth_node_joins_under_load(cluster, token):
     assert all(owners.count(o) == 2 for o in set(owners))
 
 
-def test_forwarding_is_authenticated_and_bounded(cluster, token):
+def test_forwarding_is_authenticated_and_bounded(nodes, token):
     # given two nodes, the queue's partitions on both
-    a, b = cluster(), cluster()
+    a, b = nodes.start(), nodes.start()
     name = _make_queue(a, token, 2)
     ca, cb = Client(a.url, token), Client(b.url, token)
     _wait(lambda: len({p["owner"] for p in _partitions(ca, name)} - {None}) == 2, 20, "two owners")
@@ -416,10 +406,10 @@ def test_forwarding_is_authenticated_and_bounded(cluster, token):
     assert spent.status_code == 503 and spent.json()["error"] == "unavailable"
 
 
-def test_a_cooling_node_sends_enqueues_elsewhere_and_still_serves_dequeues(cluster, token):
+def test_a_cooling_node_sends_enqueues_elsewhere_and_still_serves_dequeues(nodes, token):
     # given two nodes, one of which cools once it has more than five messages in flight
-    hot = cluster(NODE_COOLING_IN_FLIGHT="5")
-    cold = cluster()
+    hot = nodes.start(NODE_COOLING_IN_FLIGHT="5")
+    cold = nodes.start()
     name = _make_queue(hot, token, 2)
     ch, cc = Client(hot.url, token), Client(cold.url, token)
     _wait(lambda: len({p["owner"] for p in _partitions(ch, name)} - {None}) == 2, 20, "two owners")
@@ -450,7 +440,7 @@ def test_cluster_command_starts_and_stops_k_nodes(tmp_path, token):
     import subprocess
     import sys
 
-    from queues.testing import ROOT, free_ports
+    from tests.launcher import ROOT, free_ports
 
     base = free_ports(3)
     env = {
@@ -493,13 +483,13 @@ def test_cluster_command_starts_and_stops_k_nodes(tmp_path, token):
     assert not Node.objects.filter(address__in=[u.removeprefix("http://") for u in urls], stopped_at=None).exists()
 
 
-def test_dead_letters_move_to_a_queue_owned_by_another_node(cluster, token):
+def test_dead_letters_move_to_a_queue_owned_by_another_node(nodes, token):
     # given a dead-letter queue served by node B and a source queue served by node A
-    b = cluster()
+    b = nodes.start()
     cb = Client(b.url, token)
     dlq = f"dlq-{uuid.uuid4().hex[:6]}"
     assert cb.post("queues", {"name": dlq, "partitions": 1}).status_code == 201
-    a = cluster()
+    a = nodes.start()
     ca = Client(a.url, token)
     source = f"src-{uuid.uuid4().hex[:6]}"
     assert (

@@ -13,13 +13,6 @@ from queues.partition import PartitionUnavailable
 
 
 @pytest.fixture
-def admin_client(client, django_user_model):
-    django_user_model.objects.create_superuser("root", "root@example.com", "pw")
-    client.login(username="root", password="pw")
-    return client
-
-
-@pytest.fixture
 def staff_api(api, user):
     user.is_staff = True
     user.save()

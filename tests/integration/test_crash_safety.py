@@ -15,9 +15,11 @@ import time
 import pytest
 from django.conf import settings
 
-from queues.testing import NodeProcess, wait_until
+from tests.launcher import NodeProcess, wait_until
 
 from .nodes import Client, local_node_env, member_addresses
+
+pytestmark = pytest.mark.cluster
 
 TOTAL = 5000
 BATCH = 100

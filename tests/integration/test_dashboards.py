@@ -24,12 +24,10 @@ from consoles.models import DashboardRun, EstimateFit, LatencyBucketStats, Queue
 from mq_client import Client, NewMessage
 from queues.kv.redis import RedisStore
 from queues.models import Queue
-from queues.testing import NodeProcess, wait_until
+from tests.launcher import wait_until
 from workers.handlers import Handler
 from workers.models import AttemptLog
 from workers.pipeline import Pipeline
-
-from .nodes import local_node_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -45,19 +43,6 @@ def spark():
     from consoles.spark.job import spark_session
 
     return spark_session()
-
-
-@pytest.fixture
-def node(tmp_path, redis_client, token):
-    n = NodeProcess(local_node_env(tmp_path, data="node-data", NODE_HEARTBEAT="0.3"), tmp_path).start()
-    yield n
-    n.stop()
-
-
-@pytest.fixture
-def admin_client(client, django_user_model):
-    client.force_login(django_user_model.objects.create_superuser("dash-root", "root@example.com", None))
-    return client
 
 
 def _handler(queue: str, failed_once: set[str]) -> Handler:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from queues.testing import wait_until
+from tests.launcher import wait_until
 
 from .test_guarantees import _purge_kv, ack, dequeue, enqueue, in_process, post, stats  # noqa: F401 - fixture
 

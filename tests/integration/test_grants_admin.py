@@ -13,15 +13,11 @@ from django.core.management import CommandError, call_command
 
 from queues import access
 from queues.models import AuditEntry, Grant, Queue
-from queues.testing import ROOT, node_env
 from tests.integration.nodes import database_url
+from tests.launcher import ROOT, node_env
 
-
-@pytest.fixture
-def admin_client(client, django_user_model):
-    django_user_model.objects.create_superuser("root", "root@example.com", "pw")
-    client.login(username="root", password="pw")
-    return client
+#: Who ``admin_client`` (pytest-django's) is signed in as: its ``admin_user``.
+OPERATOR = "admin"
 
 
 @pytest.fixture
@@ -95,9 +91,13 @@ def test_a_grant_made_on_the_queue_page_is_recorded_and_shown_in_its_effective_a
     assert r.status_code == 302, r.context["errors"] if r.context else r
     # then the grant exists, made by the operator, and the audit trail says so
     g = Grant.objects.get(queue=q)
-    assert (g.user, g.group, g.pattern, g.action, g.created_by.username) == (bob, None, "", "consume", "root")
+    assert (g.user, g.group, g.pattern, g.action, g.created_by.username) == (bob, None, "", "consume", OPERATOR)
     entry = AuditEntry.objects.get(action="grant")
-    assert (entry.actor, entry.target, entry.detail) == ("root", q.name, {"principal": "user:bob", "action": "consume"})
+    assert (entry.actor, entry.target, entry.detail) == (
+        OPERATOR,
+        q.name,
+        {"principal": "user:bob", "action": "consume"},
+    )
     # and the page's effective access shows bob may read and consume, not produce or manage
     html = admin_client.get(url).content.decode()
     assert access_row(html, "user:bob") == only("read", "consume")
@@ -112,7 +112,11 @@ def test_a_grant_made_on_the_queue_page_is_recorded_and_shown_in_its_effective_a
     # then it is revoked, recorded, and bob is gone from the table
     assert not Grant.objects.filter(queue=q).exists()
     entry = AuditEntry.objects.get(action="revoke")
-    assert (entry.actor, entry.target, entry.detail) == ("root", q.name, {"principal": "user:bob", "action": "consume"})
+    assert (entry.actor, entry.target, entry.detail) == (
+        OPERATOR,
+        q.name,
+        {"principal": "user:bob", "action": "consume"},
+    )
     assert access_row(admin_client.get(url).content.decode(), "user:bob") is None
 
 
@@ -169,10 +173,16 @@ def test_a_pattern_grant_made_in_the_grants_list_covers_queues_made_later(admin_
     r = admin_client.post("/admin/queues/grant/add/", {"user": bob.pk, "pattern": "billing-*", "action": "produce"})
     assert r.status_code == 302, r.context["adminform"].form.errors if r.context else r
     g = Grant.objects.get()
-    assert (g.user, g.queue, g.pattern, g.action, g.created_by.username) == (bob, None, "billing-*", "produce", "root")
+    assert (g.user, g.queue, g.pattern, g.action, g.created_by.username) == (
+        bob,
+        None,
+        "billing-*",
+        "produce",
+        OPERATOR,
+    )
     entry = AuditEntry.objects.get()
     assert (entry.actor, entry.action, entry.target, entry.detail) == (
-        "root",
+        OPERATOR,
         "grant",
         "billing-*",
         {"principal": "user:bob", "action": "produce"},
@@ -269,7 +279,7 @@ def test_deleting_grants_in_the_list_revokes_them_and_records_it(admin_client):
     assert not Grant.objects.exists()
     entry = AuditEntry.objects.get()
     assert (entry.actor, entry.action, entry.target, entry.detail) == (
-        "root",
+        OPERATOR,
         "revoke",
         "billing-*",
         {"principal": "user:bob", "action": "produce"},

@@ -19,9 +19,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from queues.testing import ROOT, free_port
+from tests.launcher import ROOT, free_port
 
-from .nodes import Client, NodeSet, local_node_env
+from .nodes import Client
 from .wsgi_client import TRANSPORTS, token_client
 
 API = "/api/v1/queues"
@@ -420,20 +420,16 @@ def drain(clients: list[Client], queue: str, idle: float = 1.0, limit: float = 3
     raise AssertionError(f"drain of {queue} did not go quiet within {limit}s")
 
 
-@pytest.fixture
-def nodes(tmp_path, redis_client):
-    """Start node processes on demand (KV in Redis db 5, dedup in Redis db 0); all stopped at the end."""
-    env = local_node_env(tmp_path, REDIS_URL=os.environ["MQ_TEST_REDIS_URL"] + "/0", NODE_HEARTBEAT="0.3")
-    started = NodeSet(env, tmp_path)
-    yield started.start
-    started.stop()
+#: The nodes' dedup entries: in Redis db 0 (their messages: db 5, the ``nodes`` fixture's).
+DEDUP_REDIS = pytest.mark.node(env={"REDIS_URL": os.environ.get("MQ_TEST_REDIS_URL", "") + "/0"})
 
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
+@DEDUP_REDIS
 def test_dedup_across_nodes(nodes, token):
     # given two nodes sharing the database and Redis
-    a, b = nodes(), nodes()
+    a, b = nodes.start(), nodes.start()
     ca, cb = Client(a.url, token), Client(b.url, token)
     name = f"dedup-{uuid.uuid4().hex[:8]}"
     r = ca.post("queues", {"name": name, "partitions": 2, "lease_period": 2})
@@ -507,10 +503,11 @@ def replica(redis_client):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
+@DEDUP_REDIS
 def test_min_replicas_refuses_unreplicated_enqueues_and_never_delivers_them(nodes, token, replica):
     start_replica, stop_replica = replica
     # given a node that needs one Redis replica to confirm every write, and a running replica
-    first = nodes(KV_MIN_REPLICAS="1")
+    first = nodes.start(KV_MIN_REPLICAS="1")
     c = Client(first.url, token)
     name = f"repl-{uuid.uuid4().hex[:8]}"
     r = c.post("queues", {"name": name, "partitions": 1, "block_size": 4, "lease_period": 2})
@@ -547,7 +544,7 @@ def test_min_replicas_refuses_unreplicated_enqueues_and_never_delivers_them(node
         time.sleep(0.1)
     # when a node without KV_MIN_REPLICAS takes the partition over and drains it
     first.stop()
-    second = Client(nodes().url, token)
+    second = Client(nodes.start().url, token)
     wait_served([second], name)
     delivered = drain([second], name, idle=1.5)
     # then every confirmed message comes back and no refused one ever does

@@ -16,9 +16,7 @@ import uuid
 import pytest
 import requests
 
-from queues.testing import wait_until
-
-from .nodes import NodeSet, local_node_env
+from tests.launcher import wait_until
 
 API = "/api/v1/queues"
 
@@ -44,15 +42,9 @@ def test_the_body_cache_stays_under_its_budget_under_large_attributes(api, make_
     assert held < 100, "the budget admitted far more than 1 MiB of messages"
 
 
-@pytest.fixture
-def node(tmp_path, redis_client):
-    nodes = NodeSet(local_node_env(tmp_path, LONG_POLL_MAX_PER_USER="2", NODE_HEARTBEAT="0.3"), tmp_path)
-    yield nodes.start()
-    nodes.stop()
-
-
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.node(env={"LONG_POLL_MAX_PER_USER": "2"})
 def test_a_real_node_refuses_oversized_claims_unread_and_caps_long_polls(node, token):
     headers = {"Authorization": f"Token {token}"}
     name = f"hostile-{uuid.uuid4().hex[:8]}"

@@ -1,9 +1,10 @@
 """One contract for every key-value backend (queues/kv/base.py), run against each of them.
 
-``store`` is parametrized over the filesystem store (in ``tmp_path``), Redis (db 5 of
-``MQ_TEST_REDIS_URL``, flushed around each test), Redis Cluster (the three primaries of
-``MQ_TEST_REDIS_CLUSTER_URL``, flushed around each test) and the SQL table in the default
-database (PostgreSQL in ``make test``). A backend whose service is not configured is skipped.
+``store`` is parametrized over the memory store (what the unit tests run on), the filesystem
+store (in ``tmp_path``), Redis (db 5 of ``MQ_TEST_REDIS_URL``, flushed around each test), Redis
+Cluster (the three primaries of ``MQ_TEST_REDIS_CLUSTER_URL``, each test under keys of its own)
+and the SQL table in the default database (PostgreSQL in ``make test``). A backend whose
+service is not configured is skipped.
 
 One difference is part of the contract: on Redis Cluster a fenced batch holds keys of its
 fence's partition (``<queue>/<partition>``) only, and one that does not is refused with
@@ -24,13 +25,17 @@ from hypothesis import strategies as st
 
 from queues.kv.base import Fence, Fenced, KeyValueStore
 
-BACKENDS = ["file", "redis", "cluster", "sql"]
+BACKENDS = ["memory", "file", "redis", "cluster", "sql"]
 
 
 @pytest.fixture(params=BACKENDS)
 def store(request, tmp_path) -> KeyValueStore:
     kind = request.param
-    if kind == "file":
+    if kind == "memory":
+        from queues.kv.memory import MemoryStore
+
+        s = MemoryStore()
+    elif kind == "file":
         from queues.kv.filesystem import FileStore
 
         s = FileStore(tmp_path / "kv")

@@ -18,7 +18,7 @@ from queues import service
 from queues.access import SYSTEM
 from queues.service import MessageDraft
 from queues.service import messages as service_messages
-from queues.testing import wait_until
+from tests.launcher import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -133,19 +133,10 @@ def test_one_user_cannot_take_every_wait(api, make_queue, settings):
 # --- a revocation during the wait --------------------------------------------------------------
 
 
-@pytest.fixture
-def one_node(transactional_db, tmp_path, redis_client):
-    from .nodes import NodeSet, local_node_env
-
-    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="0.3"), tmp_path)
-    yield nodes.start()
-    nodes.stop()
-
-
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("revoke", ["grant", "group", "deactivate"])
-def test_a_long_poll_whose_caller_lost_the_right_gets_nothing_and_loses_nothing(one_node, revoke):
+def test_a_long_poll_whose_caller_lost_the_right_gets_nothing_and_loses_nothing(node, revoke):
     # The caller's right is checked when the poll starts; a message enqueued after a revocation
     # reached it anyway when the wait ended (the poll's check was up to 20 s old).
     from django.contrib.auth.models import Group, User
@@ -157,8 +148,8 @@ def test_a_long_poll_whose_caller_lost_the_right_gets_nothing_and_loses_nothing(
 
     owner = User.objects.create(username=f"owner-{uuid.uuid4().hex[:6]}")
     reader = User.objects.create(username=f"reader-{uuid.uuid4().hex[:6]}")
-    oc = Client(one_node.url, Token.objects.create(user=owner).key)
-    rc = Client(one_node.url, Token.objects.create(user=reader).key)
+    oc = Client(node.url, Token.objects.create(user=owner).key)
+    rc = Client(node.url, Token.objects.create(user=reader).key)
     name = f"poll-{uuid.uuid4().hex[:6]}"
     assert oc.post("queues", {"name": name, "partitions": 1}).status_code == 201
     q = Queue.objects.get(name=name)

@@ -14,18 +14,11 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from queues.testing import free_port, wait_until
+from tests.launcher import free_port, wait_until
 
-from .nodes import Client, NodeSet, local_node_env, member_addresses
+from .nodes import Client, member_addresses
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def nodes(tmp_path, redis_client):
-    started = NodeSet(local_node_env(tmp_path), tmp_path)
-    yield started
-    started.stop()
 
 
 def scrape(url: str, **headers: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -12,18 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from queues.testing import NodeProcess
+from tests.launcher import NodeProcess
 
-from .nodes import NodeSet, local_node_env
-
-pytestmark = [pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def nodes(tmp_path, redis_client):
-    started = NodeSet(local_node_env(tmp_path, NODE_BALANCE_INTERVAL="0.2"), tmp_path)
-    yield started
-    started.stop()
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.node(env={"NODE_BALANCE_INTERVAL": "0.2"})]
 
 
 def _server_inodes(port: int) -> dict[int, int]:

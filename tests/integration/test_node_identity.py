@@ -24,7 +24,7 @@ from queues import service
 from queues.access import SYSTEM, Caller
 from queues.service import MessageDraft
 
-from .nodes import Client, NodeSet, local_node_env, node_info
+from .nodes import Client, node_info
 from .wsgi_client import TRANSPORTS, make_client, token_client
 
 PUBLISHED_DEFAULT = "embedded-insecure-secret-change-me"
@@ -209,14 +209,6 @@ def test_a_nodes_own_call_may_make_only_the_node_only_calls(transport, owned_que
 # --- several nodes: the client's hop count, the Host header -----------------------------------------
 
 
-@pytest.fixture
-def nodes(tmp_path, redis_client):
-    assert "ALLOWED_HOSTS" not in os.environ, "the tests check the embedded default"
-    ns = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="0.3"), tmp_path)
-    yield ns
-    ns.stop()
-
-
 def _partitions(c: Client, name: str) -> list[dict]:
     r = c.get(f"queues/{name}/partitions")
     assert r.status_code == 200, r.text
@@ -226,7 +218,7 @@ def _partitions(c: Client, name: str) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_client_sent_hop_count_is_ignored(nodes, token):
-    from queues.testing import wait_until
+    from tests.launcher import wait_until
 
     # given two nodes, a partition on each, and a message held by a consumer
     a, b = nodes.start(), nodes.start()
@@ -263,6 +255,7 @@ def test_a_client_sent_hop_count_is_ignored(nodes, token):
 @pytest.mark.django_db(transaction=True)
 def test_a_node_answers_only_loopback_host_names_by_default(nodes, token):
     # given a node on the embedded defaults (no ALLOWED_HOSTS)
+    assert "ALLOWED_HOSTS" not in os.environ, "the test checks the embedded default"
     node = nodes.start()
     name = f"host-{uuid.uuid4().hex[:8]}"
     c = Client(node.url, token)

@@ -374,22 +374,13 @@ def test_only_a_consumer_of_a_queue_writes_its_attempt_log(runtime, purge_kv):
 # --- forwarded calls, on two node processes --------------------------------------------------------
 
 
-@pytest.fixture
-def two_nodes(tmp_path, redis_client):
-    from .nodes import NodeSet, local_node_env
-
-    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="0.3"), tmp_path)
-    yield nodes
-    nodes.stop()
-
-
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_forwarded_call_acts_for_its_user_at_the_owner(two_nodes):
+def test_a_forwarded_call_acts_for_its_user_at_the_owner(nodes):
     from django.contrib.auth.models import User
     from rest_framework.authtoken.models import Token
 
-    from queues.testing import wait_until
+    from tests.launcher import wait_until
 
     from .nodes import Client, peer_request
 
@@ -399,8 +390,8 @@ def test_a_forwarded_call_acts_for_its_user_at_the_owner(two_nodes):
     owner = User.objects.create(username=f"owner-{uuid.uuid4().hex[:6]}")
     producer = User.objects.create(username=f"producer-{uuid.uuid4().hex[:6]}")
     consumer = User.objects.create(username=f"consumer-{uuid.uuid4().hex[:6]}")
-    a = two_nodes.start()
-    b = two_nodes.start()
+    a = nodes.start()
+    b = nodes.start()
     name = f"fwd-{uuid.uuid4().hex[:6]}"
     oc = Client(a.url, token_of(owner))
     assert oc.post("queues", {"name": name, "partitions": 4}).status_code == 201

@@ -18,11 +18,12 @@ from rest_framework.test import APIClient
 from queues import service
 from queues.access import SYSTEM, Caller
 from queues.service.types import MessageDraft
-from queues.testing import ROOT, free_port, wait_until
+from tests.launcher import ROOT, free_port, wait_until
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+@pytest.mark.cluster
 def test_make_run_prints_an_ordinary_users_token_that_can_enqueue_and_dequeue(tmp_path):
     # given `make run` on the embedded defaults, in a data folder of its own
     port = free_port()

@@ -23,9 +23,9 @@ from itertools import cycle
 import pytest
 import requests
 
-from queues.testing import wait_until
+from tests.launcher import wait_until
 
-from .nodes import Client, NodeSet, local_node_env
+from .nodes import Client
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -55,10 +55,8 @@ def ops_token(transactional_db) -> str:
 
 
 @pytest.fixture
-def two_nodes(tmp_path, redis_client):
-    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="0.3"), tmp_path)
-    yield [nodes.start(), nodes.start()]
-    nodes.stop()
+def two_nodes(nodes):
+    return [nodes.start(), nodes.start()]
 
 
 class Ledger:
@@ -382,9 +380,8 @@ def test_operators_actions_against_live_traffic_on_two_nodes(two_nodes, ops_toke
     assert ledger.flow_enqueued <= ledger.flow_acked, "the redrive flow lost messages"
 
 
-def test_enqueues_through_a_node_that_still_holds_a_deleted_queues_manager_are_delivered(
-    tmp_path, redis_client, ops_token
-):
+@pytest.mark.node(env={"NODE_HEARTBEAT": "30"})
+def test_enqueues_through_a_node_that_still_holds_a_deleted_queues_manager_are_delivered(nodes, ops_token):
     """A node that missed the delete (it was not told: unreachable) still holds the old
     queue's partition manager when the queue is created again under the name; producers keep
     sending to it. Every enqueue it answers with 201 must be delivered from the new queue, and
@@ -392,43 +389,39 @@ def test_enqueues_through_a_node_that_still_holds_a_deleted_queues_manager_are_d
     from queues.models import Node, Partition
 
     # given two nodes that tick rarely (the stale one keeps its manager until its next pass)
-    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="30"), tmp_path)
-    try:
-        a, b = nodes.start(), nodes.start()
-        ca, cb = Client(a.url, ops_token), Client(b.url, ops_token)
-        name = f"again-{uuid.uuid4().hex[:6]}"
-        # a queue created through b, whose only partition b holds
-        assert cb.post("queues", {"name": name, "partitions": 1, "lease_period": 60}).status_code == 201
-        r = cb.post(f"queues/{name}/enqueue", {"body": "old", "dedup_id": "order-7"})
-        assert r.status_code == 201, r.text
-        b_node = Node.objects.get(address=b.url.removeprefix("http://"), stopped_at=None)
-        assert Partition.objects.get(queue__name=name).owner_id == b_node.pk
-        # when the queue is deleted through a while b cannot be told (its address unreachable),
-        # and created again through a (which claims the new partition)
-        Node.objects.filter(pk=b_node.pk).update(address="127.0.0.1:1")
-        assert ca.session.delete(f"{a.url}/api/v1/queues/{name}", timeout=30).status_code == 204
-        assert ca.post("queues", {"name": name, "partitions": 1, "lease_period": 60}).status_code == 201
-        # and producers send to b, which still holds the old manager
-        confirmed: dict[str, str] = {}
-        answers: Counter[int] = Counter()
-        for i in range(20):
-            draft = {"body": f"new{i}", **({"dedup_id": "order-7"} if i % 5 == 0 else {})}
-            r = cb.post(f"queues/{name}/enqueue", {"messages": [draft]})
-            answers[r.status_code] += 1
-            assert r.status_code in (201, 404, 503), r.text
-            if r.status_code == 201:
-                confirmed.setdefault(r.json()["ids"][0], f"new{i}")  # (a dedup_id retried: its first)
-        Node.objects.filter(pk=b_node.pk).update(address=b.url.removeprefix("http://"))
-        # then every message b confirmed is delivered from the new queue (through a), and the
-        # old one is not
-        delivered = {m["id"]: m["body"] for m in drain_all(ca, name)}
-        # (b answers 503 while it learns that its description is of the deleted queue, then
-        # forwards to the new queue's owner, rather than 503 until its next pass)
-        assert answers[201] >= 15, (answers, r.text)
-        assert {i: confirmed[i] for i in confirmed if i not in delivered} == {}, answers
-        assert "old" not in delivered.values()
-    finally:
-        nodes.stop()
+    a, b = nodes.start(), nodes.start()
+    ca, cb = Client(a.url, ops_token), Client(b.url, ops_token)
+    name = f"again-{uuid.uuid4().hex[:6]}"
+    # a queue created through b, whose only partition b holds
+    assert cb.post("queues", {"name": name, "partitions": 1, "lease_period": 60}).status_code == 201
+    r = cb.post(f"queues/{name}/enqueue", {"body": "old", "dedup_id": "order-7"})
+    assert r.status_code == 201, r.text
+    b_node = Node.objects.get(address=b.url.removeprefix("http://"), stopped_at=None)
+    assert Partition.objects.get(queue__name=name).owner_id == b_node.pk
+    # when the queue is deleted through a while b cannot be told (its address unreachable),
+    # and created again through a (which claims the new partition)
+    Node.objects.filter(pk=b_node.pk).update(address="127.0.0.1:1")
+    assert ca.session.delete(f"{a.url}/api/v1/queues/{name}", timeout=30).status_code == 204
+    assert ca.post("queues", {"name": name, "partitions": 1, "lease_period": 60}).status_code == 201
+    # and producers send to b, which still holds the old manager
+    confirmed: dict[str, str] = {}
+    answers: Counter[int] = Counter()
+    for i in range(20):
+        draft = {"body": f"new{i}", **({"dedup_id": "order-7"} if i % 5 == 0 else {})}
+        r = cb.post(f"queues/{name}/enqueue", {"messages": [draft]})
+        answers[r.status_code] += 1
+        assert r.status_code in (201, 404, 503), r.text
+        if r.status_code == 201:
+            confirmed.setdefault(r.json()["ids"][0], f"new{i}")  # (a dedup_id retried: its first)
+    Node.objects.filter(pk=b_node.pk).update(address=b.url.removeprefix("http://"))
+    # then every message b confirmed is delivered from the new queue (through a), and the
+    # old one is not
+    delivered = {m["id"]: m["body"] for m in drain_all(ca, name)}
+    # (b answers 503 while it learns that its description is of the deleted queue, then
+    # forwards to the new queue's owner, rather than 503 until its next pass)
+    assert answers[201] >= 15, (answers, r.text)
+    assert {i: confirmed[i] for i in confirmed if i not in delivered} == {}, answers
+    assert "old" not in delivered.values()
 
 
 def drain_all(c: Client, name: str) -> list[dict]:

@@ -23,9 +23,11 @@ from django.db.models import F
 
 from queues.messages import group_partition
 from queues.models import Partition, Queue
-from queues.testing import NodeProcess, wait_until
+from tests.launcher import NodeProcess, wait_until
 
 from .nodes import Client, NodeSet, drain, local_node_env, node_info
+
+pytestmark = pytest.mark.cluster
 
 PARTITIONS = 2
 

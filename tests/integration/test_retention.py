@@ -7,11 +7,11 @@ import uuid
 
 import pytest
 
-from queues.testing import NodeProcess
+from tests.launcher import NodeProcess
 
 from .nodes import Client, local_node_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 def test_retention_task_removes_old_messages_and_counts_them(tmp_path, token, redis_client):

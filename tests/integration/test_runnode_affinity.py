@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from queues.testing import NodeFailed, NodeProcess
+from tests.launcher import NodeFailed, NodeProcess
 
 from .nodes import local_node_env
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
 
 ALLOWED = os.sched_getaffinity(0)
 

@@ -8,11 +8,11 @@ import socket
 
 import pytest
 
-from queues.testing import NodeFailed, NodeProcess
+from tests.launcher import NodeFailed, NodeProcess
 
 from .nodes import local_node_env
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
 
 
 def _listener(reuseport: bool) -> socket.socket:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from queues.testing import NodeProcess
+from tests.launcher import NodeProcess
 
 from .nodes import local_node_env
 
@@ -56,6 +56,7 @@ def superuser_token(transactional_db):
 
 @pytest.mark.slow
 @pytest.mark.timeout(420 + MAX_TIME)
+@pytest.mark.cluster
 def test_schemathesis_finds_nothing(tmp_path, superuser_token, redis_client):
     chosen = os.environ.get("MQ_SCHEMA_SEED", "")
     seed = random.randrange(2**31) if chosen == "random" else int(chosen or FIXED_SEED)

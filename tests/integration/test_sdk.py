@@ -17,18 +17,9 @@ import pytest
 
 import mq_client as sdk
 from mq_client import Client, Message, NewMessage
-from queues.testing import free_port
-
-from .nodes import NodeSet, local_node_env
+from tests.launcher import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def cluster(transactional_db, tmp_path, redis_client):
-    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="0.3"), tmp_path)
-    yield nodes.start
-    nodes.stop()
 
 
 @pytest.fixture
@@ -103,8 +94,8 @@ def _drain(client: Client, queue: str, expected: int) -> list[Message]:
     return got
 
 
-def test_every_call_round_trips_with_typed_results(cluster, token):
-    node = cluster()
+def test_every_call_round_trips_with_typed_results(nodes, token):
+    node = nodes.start()
     mq = Client(node.url, token)
     # queues: create, read, list, change
     dlq = mq.create_queue(_name("dlq"), partitions=1)
@@ -190,8 +181,8 @@ def test_every_call_round_trips_with_typed_results(cluster, token):
     assert name not in {x.name for x in mq.list_queues()}
 
 
-def test_enqueue_many_splits_2500_messages_into_three_calls(cluster, token):
-    node = cluster()
+def test_enqueue_many_splits_2500_messages_into_three_calls(nodes, token):
+    node = nodes.start()
     mq = Client(node.url, token)
     name = mq.create_queue(_name(), partitions=2).name
     _wait(lambda: _served(mq, name), 20, "the node to serve every partition")
@@ -214,8 +205,8 @@ def test_enqueue_many_splits_2500_messages_into_three_calls(cluster, token):
         mq.enqueue_batch(name, ["x"] * 1001)
 
 
-def test_errors_are_typed_and_4xx_are_not_retried(cluster, token):
-    node = cluster()
+def test_errors_are_typed_and_4xx_are_not_retried(nodes, token):
+    node = nodes.start()
     mq = Client(node.url, token, retries=3)
     name = mq.create_queue(_name(), partitions=1, max_message_size=16).name
     _wait(lambda: _served(mq, name), 20, "the node to serve the partition")
@@ -253,8 +244,8 @@ def test_errors_are_typed_and_4xx_are_not_retried(cluster, token):
     assert exc.value.status == 401
 
 
-def test_dead_and_unavailable_nodes_are_skipped(cluster, token, unavailable_node):
-    node = cluster()
+def test_dead_and_unavailable_nodes_are_skipped(nodes, token, unavailable_node):
+    node = nodes.start()
     closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     # a dead node first in the list: the call goes on to the next node at once
     mq = Client(f"{closed},{node.url}", token, retries=2, backoff=0.05)
@@ -290,8 +281,8 @@ def test_dead_and_unavailable_nodes_are_skipped(cluster, token, unavailable_node
     assert isinstance(exc.value, sdk.Unavailable) and exc.value.status == 0
 
 
-def test_acks_and_visibility_go_straight_to_the_owner(cluster, token):
-    a, b = cluster(), cluster()
+def test_acks_and_visibility_go_straight_to_the_owner(nodes, token):
+    a, b = nodes.start(), nodes.start()
     admin = Client([a.url, b.url], token)
     name = admin.create_queue(_name(), partitions=2, lease_period=2).name
     _wait(lambda: _served(admin, name, owners=2), 20, "one partition on each node")
@@ -348,9 +339,9 @@ def _attempts(mid: str) -> list[tuple[int, str, str | None]]:
     return [(a.attempt, a.outcome, a.worker_id) for a in AttemptLog.objects.filter(message_id=mid).order_by("attempt")]
 
 
-def test_a_message_given_back_is_logged_given_back_and_one_timed_out_abandoned(cluster, token):
+def test_a_message_given_back_is_logged_given_back_and_one_timed_out_abandoned(nodes, token):
     """Needs the core to send ``queues.signals`` (the workers app keeps the log from them)."""
-    node = cluster()
+    node = nodes.start()
     mq = Client(node.url, token)
     name = mq.create_queue(_name(), partitions=1).name
     _wait(lambda: _served(mq, name), 20, "the node to serve the queue")
@@ -372,10 +363,10 @@ def test_a_message_given_back_is_logged_given_back_and_one_timed_out_abandoned(c
     assert _attempts(mid) == [(1, "given_back", consumer), (2, "abandoned", consumer)]
 
 
-def test_heartbeats_extend_held_messages_at_their_owner(cluster, token):
+def test_heartbeats_extend_held_messages_at_their_owner(nodes, token):
     """A heartbeat to one node extends a message held from the other's partition (the core's
     ``change_visibility`` forwards to the owner)."""
-    a, b = cluster(), cluster()
+    a, b = nodes.start(), nodes.start()
     admin = Client([a.url, b.url], token)
     name = admin.create_queue(_name(), partitions=2, visibility_timeout=2, lease_period=2).name
     _wait(lambda: _served(admin, name, owners=2), 20, "one partition on each node")

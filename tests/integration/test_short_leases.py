@@ -15,16 +15,13 @@ from collections import Counter
 
 import pytest
 
-from .nodes import Client, NodeSet, local_node_env
+from .nodes import Client
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def node(transactional_db, tmp_path, redis_client):
-    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="1.0"), tmp_path)
-    yield nodes.start()
-    nodes.stop()
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.node(env={"NODE_HEARTBEAT": "1.0"}),
+]
 
 
 def _served(c: Client, name: str, seconds: float) -> Counter:

@@ -25,19 +25,12 @@ from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 
 from queues.models import Grant, Partition, Queue
-from queues.testing import free_port, wait_until
 from sqs.models import AccessKey
+from tests.launcher import free_port, wait_until
 
-from .nodes import Client, NodeSet, local_node_env
+from .nodes import Client
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def node(transactional_db, tmp_path, redis_client):
-    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="0.3"), tmp_path)
-    yield nodes.start()
-    nodes.stop()
 
 
 def _user(name: str = "sqs") -> User:
@@ -569,40 +562,34 @@ def test_the_endpoint_answers_at_the_root_too(node):
 
 
 # --- outage -------------------------------------------------------------------------------------
-def test_a_store_outage_is_service_unavailable_never_500(transactional_db, tmp_path, redis_client):
+def test_a_store_outage_is_service_unavailable_never_500(nodes):
     # given a node whose key-value store is unreachable (nothing listens on its Redis port)
-    env = local_node_env(tmp_path, NODE_HEARTBEAT="0.3")
-    env["KV_URL"] = f"redis://127.0.0.1:{free_port()}/5"
-    nodes = NodeSet(env, tmp_path)
-    try:
-        node = nodes.start()
-        key = AccessKey.issue(_user())
-        raw = boto3.client(
-            "sqs",
-            endpoint_url=f"{node.url}/sqs",
-            region_name="eu-west-1",
-            aws_access_key_id=key.access_key_id,
-            aws_secret_access_key=key.secret,
-            config=Config(retries={"max_attempts": 1}),
-        )
-        # a queue its rows describe (the node cannot create one: a new partition reads the store)
-        name = _name()
-        q = Queue.objects.create(name=name, partitions=1, created_by=key.user)
-        Partition.objects.create(queue=q, index=0)
-        url = f"{node.url}/sqs/000000000000/{name}"
-        # when a queue is created or a message sent, then the answer is 503 with Retry-After
-        for call in (
-            lambda: raw.create_queue(QueueName=_name()),
-            lambda: raw.send_message(QueueUrl=url, MessageBody="x"),
-            lambda: raw.send_message_batch(QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "x"}]),
-        ):
-            with pytest.raises(ClientError) as exc:
-                call()
-            meta = exc.value.response["ResponseMetadata"]
-            assert meta["HTTPStatusCode"] == 503, exc.value.response
-            assert _code(exc) == "ServiceUnavailable"
-            assert meta["HTTPHeaders"]["retry-after"]
-        # a receive finds no partition served: an empty answer, as the REST API's dequeue
-        assert "Messages" not in raw.receive_message(QueueUrl=url)
-    finally:
-        nodes.stop()
+    node = nodes.start(KV_URL=f"redis://127.0.0.1:{free_port()}/5")
+    key = AccessKey.issue(_user())
+    raw = boto3.client(
+        "sqs",
+        endpoint_url=f"{node.url}/sqs",
+        region_name="eu-west-1",
+        aws_access_key_id=key.access_key_id,
+        aws_secret_access_key=key.secret,
+        config=Config(retries={"max_attempts": 1}),
+    )
+    # a queue its rows describe (the node cannot create one: a new partition reads the store)
+    name = _name()
+    q = Queue.objects.create(name=name, partitions=1, created_by=key.user)
+    Partition.objects.create(queue=q, index=0)
+    url = f"{node.url}/sqs/000000000000/{name}"
+    # when a queue is created or a message sent, then the answer is 503 with Retry-After
+    for call in (
+        lambda: raw.create_queue(QueueName=_name()),
+        lambda: raw.send_message(QueueUrl=url, MessageBody="x"),
+        lambda: raw.send_message_batch(QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "x"}]),
+    ):
+        with pytest.raises(ClientError) as exc:
+            call()
+        meta = exc.value.response["ResponseMetadata"]
+        assert meta["HTTPStatusCode"] == 503, exc.value.response
+        assert _code(exc) == "ServiceUnavailable"
+        assert meta["HTTPHeaders"]["retry-after"]
+    # a receive finds no partition served: an empty answer, as the REST API's dequeue
+    assert "Messages" not in raw.receive_message(QueueUrl=url)

@@ -21,9 +21,7 @@ from urllib.parse import quote
 import pytest
 from kombu import Connection
 
-from queues.testing import ROOT, NodeProcess, wait_until
-
-from .nodes import local_node_env
+from tests.launcher import ROOT, NodeProcess, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -31,13 +29,6 @@ CELERY = str(Path(sys.executable).with_name("celery"))
 TASKS = 500
 LONG_SLEEP = 8  # seconds: longer than the queue's visibility timeout below
 VISIBILITY = 4
-
-
-@pytest.fixture
-def node(tmp_path, redis_client):
-    n = NodeProcess(local_node_env(tmp_path, data="node-data", NODE_HEARTBEAT="0.3"), tmp_path).start()
-    yield n
-    n.stop()
 
 
 @pytest.fixture

@@ -19,10 +19,10 @@ from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 
 from queues.messages import group_partition
-from queues.testing import NodeProcess, wait_until
 from sqs.models import AccessKey
+from tests.launcher import NodeProcess, wait_until
 
-from .nodes import Client, NodeSet, local_node_env, node_info
+from .nodes import Client, node_info
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -32,13 +32,9 @@ PARTITIONS = 4
 
 
 @pytest.fixture
-def two_nodes(transactional_db, tmp_path, redis_client):
+def two_nodes(nodes):
     """Two nodes of one process each (so a node is one owner)."""
-    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="0.3"), tmp_path)
-    a = nodes.start(processes=1)
-    b = nodes.start(processes=1)
-    yield a, b
-    nodes.stop()
+    return nodes.start(processes=1), nodes.start(processes=1)
 
 
 class Both:

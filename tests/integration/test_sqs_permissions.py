@@ -381,7 +381,7 @@ def cells(env) -> dict[tuple[str, str], Cell]:
 def _wait_for_grants(env, user, w: World) -> None:
     """The node reads the grants again within ``access.TTL``: wait until ``user``'s grant on
     ``w``, made last, shows."""
-    from queues.testing import wait_until
+    from tests.launcher import wait_until
 
     probe = env.client(user)
 
@@ -439,6 +439,7 @@ def _new_audit(since: int) -> list[tuple[str, str, str]]:
 
 @pytest.mark.parametrize("role", ROLES)
 @pytest.mark.parametrize("op", list(TABLE))
+@pytest.mark.cluster
 def test_sqs_permission_matrix(env, cells, op, role):
     # given a queue someone else made, and a caller of this role with its own key
     cell = cells[op, role]
@@ -489,6 +490,7 @@ def permission_users(env, shared) -> dict[str, tuple[Any, Any, Any, Any]]:
 
 
 @pytest.mark.parametrize("permission", list(PERMISSIONS))
+@pytest.mark.cluster
 def test_a_model_permission_gives_no_right_over_sqs(env, shared, permission_users, permission):
     # given two staff users with this one model permission: one with a read grant on the
     # queue, one with no grant (they share their worlds with the other permissions' users)

@@ -19,18 +19,9 @@ from django.contrib.auth.models import User
 
 from sqs.models import AccessKey
 
-from .nodes import NodeSet, local_node_env
-
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 NS = {"s": "http://queue.amazonaws.com/doc/2012-11-05/"}
-
-
-@pytest.fixture
-def node(transactional_db, tmp_path, redis_client):
-    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="0.3"), tmp_path)
-    yield nodes.start()
-    nodes.stop()
 
 
 @pytest.fixture

@@ -31,20 +31,17 @@ from rest_framework.authtoken.models import Token
 from queues.models import Grant, Queue
 from sqs.models import AccessKey
 
-from .nodes import Client, NodeSet, local_node_env
+from .nodes import Client
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.node(env={"LONG_POLL_MAX_PER_USER": "1"}),
+]
 
 NS = {"s": "http://queue.amazonaws.com/doc/2012-11-05/"}
 REGION = "eu-west-1"
 JSON = "application/x-amz-json-1.0"
-
-
-@pytest.fixture
-def node(transactional_db, tmp_path, redis_client):
-    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="0.3", LONG_POLL_MAX_PER_USER="1"), tmp_path)
-    yield nodes.start()
-    nodes.stop()
 
 
 def _user(name: str = "sec") -> User:
@@ -242,33 +239,30 @@ def _code_of(exc: ClientError) -> str:
     return exc.response["Error"]["Code"]
 
 
-def test_the_per_user_rate_applies_to_sqs_calls_as_to_rest(transactional_db, tmp_path, redis_client):
-    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="0.3", API_THROTTLE_USER="6/m"), tmp_path)
-    try:
-        node = nodes.start()
-        user, other = _user(), _user()
-        sqs = _client(node, AccessKey.issue(user))
-        # when one user calls more than its rate (6 a minute: 14 calls span at most two windows)
-        answers = []
-        for _ in range(14):
-            try:
-                sqs.list_queues()
-                answers.append("ok")
-            except ClientError as exc:
-                answers.append(_code_of(exc))
-                refused, window = exc.response, int(time.time() // 60)
-        # then the calls past it are refused with SQS's throttling error, 400 with Retry-After
-        assert answers[0] == "ok" and set(answers) == {"ok", "RequestThrottled"}, answers
-        assert refused["ResponseMetadata"]["HTTPStatusCode"] == 400
-        assert int(refused["ResponseMetadata"]["HTTPHeaders"]["retry-after"]) >= 1
-        # counted with the REST API's calls: the same user's token is refused in the same window
-        status = Client(node.url, Token.objects.create(user=user).key).get("queues").status_code
-        if int(time.time() // 60) == window:
-            assert status == 429
-        # and another user is not
-        assert "ResponseMetadata" in _client(node, AccessKey.issue(other)).list_queues()
-    finally:
-        nodes.stop()
+@pytest.mark.node(env={"API_THROTTLE_USER": "6/m"})  # and not the module's long-poll bound
+def test_the_per_user_rate_applies_to_sqs_calls_as_to_rest(nodes):
+    node = nodes.start()
+    user, other = _user(), _user()
+    sqs = _client(node, AccessKey.issue(user))
+    # when one user calls more than its rate (6 a minute: 14 calls span at most two windows)
+    answers = []
+    for _ in range(14):
+        try:
+            sqs.list_queues()
+            answers.append("ok")
+        except ClientError as exc:
+            answers.append(_code_of(exc))
+            refused, window = exc.response, int(time.time() // 60)
+    # then the calls past it are refused with SQS's throttling error, 400 with Retry-After
+    assert answers[0] == "ok" and set(answers) == {"ok", "RequestThrottled"}, answers
+    assert refused["ResponseMetadata"]["HTTPStatusCode"] == 400
+    assert int(refused["ResponseMetadata"]["HTTPHeaders"]["retry-after"]) >= 1
+    # counted with the REST API's calls: the same user's token is refused in the same window
+    status = Client(node.url, Token.objects.create(user=user).key).get("queues").status_code
+    if int(time.time() // 60) == window:
+        assert status == 429
+    # and another user is not
+    assert "ResponseMetadata" in _client(node, AccessKey.issue(other)).list_queues()
 
 
 # --- what a signature covers --------------------------------------------------------------------

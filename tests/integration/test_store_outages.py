@@ -29,12 +29,12 @@ from dataclasses import dataclass
 import pytest
 from django.db import connection
 
-from queues.testing import ROOT, NodeProcess, wait_until
+from tests.launcher import ROOT, NodeProcess, wait_until
 
 from .nodes import Client, NodeSet, local_node_env
 from .test_cluster import Load, _make_queue, _partitions
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 #: The outage each "unreachable" case makes, seconds.
 UNREACHABLE = 10

@@ -20,9 +20,11 @@ from archive.models import ArchivedMessage
 from queues.keys import incarnation
 from queues.messages import StoredMessage
 from queues.models import Queue
-from queues.testing import NodeProcess, wait_until
+from tests.launcher import NodeProcess, wait_until
 
 from .nodes import Client, drain, local_node_env
+
+pytestmark = pytest.mark.cluster
 
 GROUPS = 4
 PER_GROUP = 30

@@ -14,9 +14,11 @@ import time
 
 import pytest
 
-from queues.testing import NodeProcess, wait_until
+from tests.launcher import NodeProcess, wait_until
 
 from .nodes import Client, drain, local_node_env
+
+pytestmark = pytest.mark.cluster
 
 BATCH = 50
 

@@ -7,14 +7,9 @@ import pytest
 from queues.messages import parse_message_id
 from queues.models import Partition
 
-from .wsgi_client import TRANSPORTS, token_client
-
-
-@pytest.fixture(params=TRANSPORTS)
-def api(request, runtime, user):
-    """Every test through DRF's test client and through the node's WSGI application (whose fast
-    path serves publish and the subscription calls)."""
-    return token_client(request.param, user)
+#: Every test through DRF's test client and through the node's WSGI application (whose fast
+#: path serves publish and the subscription calls).
+pytestmark = pytest.mark.transports
 
 
 def _publish(api, topic, bodies, **extra):

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from queues.testing import wait_until
+from tests.launcher import wait_until
 
 from .nodes import NodeSet, local_node_env, member_ids
 
@@ -79,13 +79,6 @@ def _owners(name: str) -> set[str | None]:
     from queues.models import Partition
 
     return set(Partition.objects.filter(queue__name=name).values_list("owner_id", flat=True))
-
-
-@pytest.fixture
-def nodes(tmp_path, redis_client):
-    made = NodeSet(local_node_env(tmp_path), tmp_path)
-    yield made
-    made.stop()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -231,6 +224,7 @@ def test_slow_bodies_do_not_take_the_node_out(nodes, token):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.cluster
 def test_one_callers_trickled_bodies_hold_a_few_request_threads_only(tmp_path, redis_client, token):
     from django.contrib.auth.models import User
     from rest_framework.authtoken.models import Token
@@ -280,6 +274,7 @@ def test_one_callers_trickled_bodies_hold_a_few_request_threads_only(tmp_path, r
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.cluster
 def test_a_process_whose_request_threads_are_stuck_gives_up_its_leases(tmp_path, redis_client, token):
     # A's request threads: 4, all held by clients (authenticated: their bodies are read) that
     # trickle; one user stands for many here (its bound on such reads raised past the threads)
@@ -340,6 +335,7 @@ def test_a_process_whose_request_threads_are_stuck_gives_up_its_leases(tmp_path,
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.cluster
 def test_a_process_with_idle_clients_past_its_connection_limit_keeps_its_leases(tmp_path, redis_client, token):
     # A: 2 request threads, so its server takes 8 connections at once (runnode's backpressure)
     env = local_node_env(tmp_path, NODE_STUCK_AFTER="2", NODE_HEARTBEAT="0.3")

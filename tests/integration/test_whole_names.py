@@ -32,13 +32,9 @@ def store(request, settings, tmp_path):
 
 
 @pytest.fixture
-def api(store, runtime, user):
-    from rest_framework.authtoken.models import Token
-    from rest_framework.test import APIClient
-
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
-    return client
+def runtime(store, runtime):
+    """The shared runtime, started on the store ``store`` chose."""
+    return runtime
 
 
 @pytest.mark.parametrize("shape", BAD)

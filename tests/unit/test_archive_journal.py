@@ -8,7 +8,7 @@ from queues import archive_journal
 from queues.kv.memory import MemoryStore
 from queues.messages import StoredMessage, parse_message_id
 from queues.partition import PartitionUnavailable
-from queues.testing import PartitionRow
+from tests.stand_ins import PartitionRow
 
 from .test_partition import open_manager
 

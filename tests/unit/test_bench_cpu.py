@@ -215,7 +215,7 @@ def test_ours_pairs_compare_processes_and_cluster():
 def test_box_speed_times_the_loop_and_says_when_redis_does_not_answer(capsys):
     from common import box_speed, fmt_box_speed
 
-    from queues.testing import free_port
+    from tests.launcher import free_port
 
     speed = box_speed(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
     assert set(speed) == {"python_us"} and speed["python_us"] > 0

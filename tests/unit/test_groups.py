@@ -38,7 +38,7 @@ from queues import partition as partition_mod
 from queues.kv.memory import MemoryStore
 from queues.messages import StoredMessage, parse_message_id
 from queues.partition import PartitionManager, PartitionUnavailable
-from queues.testing import PartitionRow, next_owner
+from tests.stand_ins import PartitionRow, next_owner
 
 GROUPS = ["g1", "g2", "g3", "g4"]
 

@@ -23,7 +23,7 @@ from queues.partition import (
     PartitionUnavailable,
     ReceiptMismatch,
 )
-from queues.testing import PartitionRow, next_owner
+from tests.stand_ins import PartitionRow, next_owner
 
 
 class FakeClock:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from mq_client import ApiError, Estimates, Unavailable
-from queues.testing import FakeMessage
+from tests.stand_ins import FakeMessage
 from workers.handlers import Handler
 from workers.pipeline import Pipeline
 

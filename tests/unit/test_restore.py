@@ -13,8 +13,8 @@ from queues.keys import fence_key, head_key
 from queues.kv.memory import MemoryStore
 from queues.messages import StoredMessage, parse_message_id
 from queues.partition import PartitionManager, PartitionUnavailable
-from queues.testing import PartitionRow, next_owner
 from queues.tree import AppendTree, head_record, newest_head, parse_head_record
+from tests.stand_ins import PartitionRow, next_owner
 
 
 def opened(store: MemoryStore, row: PartitionRow, block_size: int = 2) -> PartitionManager:

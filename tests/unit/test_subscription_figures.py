@@ -10,7 +10,7 @@ from queues.cursor import SubscriptionSpec
 from queues.kv.memory import MemoryStore
 from queues.messages import StoredMessage, parse_message_id
 from queues.partition import PartitionManager
-from queues.testing import PartitionRow, next_owner
+from tests.stand_ins import PartitionRow, next_owner
 
 
 def open_topic(store, row: PartitionRow, subs=("fast", "slow"), *, block_size=4) -> PartitionManager:

@@ -16,7 +16,7 @@ from queues.kv import KVError
 from queues.kv.memory import MemoryStore
 from queues.messages import StoredMessage, parse_message_id
 from queues.partition import PartitionManager, PartitionUnavailable, ReceiptMismatch, SubscriptionSpec
-from queues.testing import PartitionRow, next_owner
+from tests.stand_ins import PartitionRow, next_owner
 
 
 class Archive:

@@ -1,15 +1,11 @@
-"""What the tests and the benchmarks share: real node processes on loopback, and stand-ins.
+"""Real node processes on loopback, for the tests and the benchmarks.
 
-- The launcher: :func:`free_ports` / :func:`free_port`, :func:`kv_url` and :func:`node_env` for a
-  node's environment, :class:`NodeProcess` (``manage.py runnode`` in a process group of its own:
-  readiness wait on ``/api/v1/healthz``, log file, graceful stop, SIGKILL), :func:`wait_until`.
-- Stand-ins for the partition manager without a database: :class:`PartitionRow` (the Partition
-  row's head pointer, fenced by epoch) and :func:`next_owner` (a takeover: the next epoch's lease
-  and manager); :class:`FakeMessage`, the shape of ``mq_client.Message`` for in-memory clients.
+:func:`free_ports` / :func:`free_port`, :func:`kv_url` and :func:`node_env` for a node's
+environment, :class:`NodeProcess` (``manage.py runnode`` in a process group of its own: readiness
+wait on ``/api/v1/healthz``, log file, graceful stop, SIGKILL), :func:`wait_until`.
 
-Nothing here imports ``tests`` or ``bench``. The launcher and ``FakeMessage`` need no Django set
-up (the benchmarks import them before any settings exist); the partition stand-ins import the core
-when called, which does.
+It needs no Django set up and imports nothing of the project: the benchmarks (``bench/``) import
+it before any settings exist.
 """
 
 from __future__ import annotations
@@ -23,21 +19,20 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
-
-if TYPE_CHECKING:
-    from queues.kv import KeyValueStore
-    from queues.leases import Lease
-    from queues.partition import PartitionManager
 
 #: The repository root (where ``manage.py`` is).
 ROOT = Path(__file__).resolve().parents[1]
 
 #: The key-value backends a node can run on (``KV_URL``).
 KV_BACKENDS = ("file", "redis", "redis-cluster", "postgres")
+
+#: Called before a node starts; it raises to refuse the start. The test session sets it, so that
+#: only a test marked ``cluster`` starts node processes (tests/conftest.py); None: no check (the
+#: benchmarks).
+start_check: Callable[[], None] | None = None
 
 
 # ---------------------------------------------------------------------------------- environment
@@ -157,6 +152,8 @@ class NodeProcess:
 
     def start(self, timeout: float = 30) -> NodeProcess:
         """Start the node and wait until ``/api/v1/healthz`` answers 200."""
+        if start_check is not None:
+            start_check()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [
@@ -243,77 +240,3 @@ class NodeProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
-
-
-# ---------------------------------------------------------------------------------- stand-ins
-
-
-@dataclass(frozen=True)
-class FakeMessage:
-    """A delivered message as ``mq_client.Message`` has it, for in-memory clients."""
-
-    id: str
-    receipt: str
-    body: str
-    group: str | None = None
-    attributes: dict[str, Any] = field(default_factory=dict)
-    size: int | None = None
-    estimates: Any = None
-    receive_count: int = 1
-
-
-class PartitionRow:
-    """The Partition row without the database: the head pointer and the epoch, written only
-    under the current epoch (as ``queues.leases.set_head`` / ``read_head`` / ``move_epoch`` do it)."""
-
-    def __init__(self) -> None:
-        self.head: str | None = None
-        self.epoch = 0
-
-    def set_head(self, lease: Lease, node_id: str, head: str) -> None:
-        from queues.leases import LeaseLost  # the core needs Django set up; the launcher does not
-
-        if lease.epoch != self.epoch:
-            raise LeaseLost(f"epoch {lease.epoch} is stale (row has {self.epoch})")
-        self.head = head
-        lease.head_block = head
-
-    def read_head(self, lease: Lease) -> str | None:
-        return self.head
-
-    def move_epoch(self, lease: Lease, node_id: str, epoch: int) -> None:
-        from queues.leases import LeaseLost
-
-        if lease.epoch != self.epoch:
-            raise LeaseLost(f"epoch {lease.epoch} is stale (row has {self.epoch})")
-        self.epoch = lease.epoch = epoch
-
-
-def next_owner(
-    store: KeyValueStore,
-    row: PartitionRow,
-    *,
-    block_size: int,
-    cache_bytes: int = 0,
-    queue: str = "q",
-    node_id: str = "node",
-    manager: type[PartitionManager[Lease]] | None = None,
-    **options: Any,
-) -> PartitionManager[Lease]:
-    """A takeover: the row's next epoch, its lease and a ``manager`` (PartitionManager[Lease] by
-    default) on partition 0 of ``queue``, not opened yet. ``options`` go to the manager."""
-    from queues.leases import ROW_OUTAGES, Lease
-    from queues.partition import BodyCache, PartitionManager
-    from queues.ports import BoundRow
-
-    row.epoch += 1
-    lease = Lease(1, queue, 0, row.epoch, "n", 10.0, float("inf"), row.head or "")
-    return (manager or PartitionManager[Lease])(
-        lease,
-        block_size=block_size,
-        store=store,
-        node_id=node_id,
-        cache=BodyCache(cache_bytes),
-        row=BoundRow(lease, node_id, row.read_head, row.set_head, row.move_epoch, outages=ROW_OUTAGES),
-        **options,
-    )

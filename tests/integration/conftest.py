@@ -1,0 +1,55 @@
+"""Fixtures of the integration tests.
+
+Two kinds of test live here. In-process tests call the node runtime of the test process
+(``runtime``, ``api``, ``make_queue``: tests/conftest.py). Cluster tests start node processes
+(``manage.py runnode``) with :func:`nodes` or :func:`node` and call them over HTTP; they are
+marked ``cluster`` (by themselves when they use these fixtures), and ``-m "not cluster"``
+leaves them out.
+
+``@pytest.mark.node(...)`` on a test or a module sets up its nodes:
+
+- ``env={"NAME": "value"}``: settings of every node (on top of ``NODE_HEARTBEAT=0.3``);
+- ``backend="redis"``: their key-value store (``tests.launcher.KV_BACKENDS``; Redis db 5, emptied
+  before and after the test, by default);
+- ``processes=N``: ``runnode --processes`` of each (1 by default).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.launcher import KV_BACKENDS, NodeProcess
+
+from .nodes import NodeSet, local_node_env
+
+#: Every node of a test beats this often (seconds): a takeover or a grant shows within moments.
+HEARTBEAT = "0.3"
+
+
+@pytest.fixture
+def nodes(request, transactional_db, tmp_path) -> NodeSet:
+    """Node processes started on demand (``nodes.start(processes=None, **env)``), all stopped at
+    the end: on the test database (so the test is transactional: a node sees only committed
+    rows), their data and logs under ``tmp_path``, set up by the test's ``node`` marker."""
+    marker = request.node.get_closest_marker("node")
+    options = dict(marker.kwargs) if marker else {}
+    backend = options.pop("backend", "redis")
+    processes = options.pop("processes", None)
+    env = {"NODE_HEARTBEAT": HEARTBEAT, **options.pop("env", {})}
+    if options or marker and marker.args:
+        raise TypeError(f"@pytest.mark.node takes env=, backend= and processes= only, not {marker}")
+    if backend not in KV_BACKENDS:
+        raise ValueError(f"@pytest.mark.node(backend={backend!r}): one of {', '.join(KV_BACKENDS)}")
+    if backend == "redis":
+        request.getfixturevalue("redis_client")  # db 5 emptied around the test; skipped without Redis
+    elif backend == "redis-cluster":
+        request.getfixturevalue("redis_cluster_client")
+    started = NodeSet(local_node_env(tmp_path, backend, **env), tmp_path, processes=processes)
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def node(nodes) -> NodeProcess:
+    """One node process, as :func:`nodes` starts them."""
+    return nodes.start()
