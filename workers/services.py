@@ -402,7 +402,7 @@ def expire_consumers(*, now: datetime | None = None) -> int:
     """Delete the consumers not heard from in ``CONSUMER_RETENTION`` seconds (and what they
     held); returns how many. One DELETE, no lock: a consumer that beats again is recreated."""
     cutoff = (now or timezone.now()) - timedelta(seconds=settings.CONSUMER_RETENTION)
-    deleted, per_model = Consumer.objects.filter(last_heartbeat__lt=cutoff).delete()
+    _deleted, per_model = Consumer.objects.filter(last_heartbeat__lt=cutoff).delete()
     return per_model.get(Consumer._meta.label, 0)
 
 
@@ -441,7 +441,7 @@ def extend_held(held: Sequence[Held], *, caller: Caller) -> tuple[list[str], lis
         except service.RemoteError as exc:  # the owner's own answer: the same refusals, by status
             if exc.status in (403, 404, 409):
                 lost.append(h.id)
-        except Exception:  # noqa: BLE001 - partition unavailable or owner unreachable now: try again next beat
+        except Exception:  # noqa: BLE001, S112 - partition unavailable or owner unreachable now: try again next beat
             continue
         else:
             extended.append(h.id)
