@@ -347,7 +347,7 @@ def main(argv=None) -> int:
     speed = {"start": box_speed(args.redis_url)}
     ours = [x for x in systems if x.is_ours]
     baselines = [x for x in systems if not x.is_ours]
-    groups = [(o.name, [o] + baselines) for o in ours] or [("baselines", baselines)]
+    groups = [(o.name, [o, *baselines]) for o in ours] or [("baselines", baselines)]
     run_groups(groups, baselines, args, modes, results, notes)
     speed["end"] = box_speed(args.redis_url)
     summary = summarize(results, modes, systems)

@@ -348,9 +348,9 @@ def ours_pairs(ours: list) -> list[tuple]:
             if a is b:
                 continue
             pa, pb = getattr(a, "processes", None), getattr(b, "processes", None)
-            if a.backend == b.backend and pa is not None and pb is not None and pa > pb:
-                pairs.append((a, b))
-            elif a.backend == "redis-cluster" and b.backend == "redis" and pa == pb:
+            if (a.backend == b.backend and pa is not None and pb is not None and pa > pb) or (
+                a.backend == "redis-cluster" and b.backend == "redis" and pa == pb
+            ):
                 pairs.append((a, b))
     return pairs
 

@@ -417,7 +417,7 @@ def run_groups(
         ran = False
         if baselines and any(m.is_ours for _g, ms in groups for m in ms):
             # if none of our nodes comes up, the baselines still run, on their own
-            groups = groups + [("baselines", list(baselines))]
+            groups = [*groups, ("baselines", list(baselines))]
         for group, members in groups:
             if group == "baselines" and ran:
                 break

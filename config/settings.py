@@ -18,7 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("MQ_DATA_DIR", BASE_DIR / "data"))
 
-_DEFAULT_SECRET = "embedded-insecure-secret-change-me"
+_DEFAULT_SECRET = "embedded-insecure-secret-change-me"  # noqa: S105 - the embedded default; refused when DEBUG is off
 
 
 def env(name: str, default: str) -> str:

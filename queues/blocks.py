@@ -8,7 +8,7 @@ from .tree import Block
 class BlockState:
     """Which positions of a block still hold unacknowledged messages."""
 
-    __slots__ = ("block", "live", "pending", "sealed", "scanned", "newest", "archived")
+    __slots__ = ("archived", "block", "live", "newest", "pending", "scanned", "sealed")
 
     def __init__(self, block: Block, live: set[int], *, sealed: bool, scanned: bool):
         self.block = block

@@ -185,7 +185,7 @@ class StoredMessage(NamedTuple):
         # This runs once per enqueued message: the tuple made straight from slices around the
         # sequence (its position, 3), without the named tuple's Python-level __new__ and a
         # lookup per field. A unit test pins it to _replace.
-        return _new_tuple(StoredMessage, self[:3] + (sequence,) + self[4:])
+        return _new_tuple(StoredMessage, (*self[:3], sequence, *self[4:]))
 
     def stub(self) -> StoredMessage:
         """What stays in the key-value store of a message that retention moved to the archive

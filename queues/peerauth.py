@@ -65,7 +65,7 @@ TO_HEADER = "X-MQ-Cluster-To"
 #: the body's SHA-256 (hex), under the signature.
 CONTENT_HEADER = "X-MQ-Cluster-Content-SHA256"
 #: the header of the old scheme (the secret itself in clear): refused.
-LEGACY_SECRET_HEADER = "X-MQ-Cluster-Secret"
+LEGACY_SECRET_HEADER = "X-MQ-Cluster-Secret"  # noqa: S105 - a header name, not a secret
 
 #: signatures remembered at most, so their memory is bounded (its size: docs/performance.md);
 #: 100,000 in 60 s (twice the default window) is 1,666 forwarded calls a second into one node.

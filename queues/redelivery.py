@@ -58,7 +58,7 @@ class Deadlines:
     an estimate).
     """
 
-    __slots__ = ("run", "heap")
+    __slots__ = ("heap", "run")
 
     def __init__(self, run: Iterable[Item] = (), heap: list[Item] | None = None) -> None:
         self.run: deque[Item] = deque(run)

@@ -40,7 +40,7 @@ def private_host(host: str, advertise: str) -> tuple[str, str]:
     """Where a process binds its private port, and the host it advertises with it: the public
     bind host and the advertised one (``0.0.0.0`` advertised as the host's name)."""
     adv_host = advertise.rpartition(":")[0] if advertise else host
-    if adv_host in ("", "0.0.0.0", "::"):
+    if adv_host in ("", "0.0.0.0", "::"):  # noqa: S104 - recognises a bind-all address, binds nothing
         adv_host = socket.gethostname()
     return host, adv_host
 

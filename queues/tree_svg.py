@@ -60,7 +60,7 @@ def collect(
         present[block_id] = block
         for child in (block.left, block.right):
             if child:
-                stack.append(child)
+                stack.append(child)  # noqa: PERF401 - a depth-first walk: the stack is popped meanwhile
     edges: list[tuple[str, str, str]] = []
     for block in present.values():
         for kind, target in (("left", block.left), ("right", block.right), ("prev", block.prev)):

@@ -51,7 +51,7 @@ class ServingProbe:
 def _host_port(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
-    return ("127.0.0.1" if host in ("", "0.0.0.0") else "::1" if host == "::" else host), int(port)
+    return ("127.0.0.1" if host in ("", "0.0.0.0") else "::1" if host == "::" else host), int(port)  # noqa: S104 - recognises a bind-all address, binds nothing
 
 
 class Watchdog:

@@ -132,10 +132,7 @@ def _decode_structure(form: _Form, shape_name: str, prefix: str) -> dict[str, An
         shape = SHAPES[target]
         key = prefix + wire
         if shape[0] == "list":
-            if flattened:
-                base = prefix + (shape[2] or wire)
-            else:
-                base = f"{key}.{shape[2] or 'member'}"
+            base = prefix + (shape[2] or wire) if flattened else f"{key}.{shape[2] or 'member'}"
             indices = sorted(form.indices.get(base, ()))
             if indices:
                 params[member] = [_decode_value(form, shape[1], f"{base}.{i}") for i in indices]

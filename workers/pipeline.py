@@ -310,7 +310,7 @@ class Pipeline:
     def _give_back(self, work: Work) -> None:
         try:
             self.client.change_visibility(work.queue, work.message, 0)
-        except Exception:  # noqa: BLE001 - it comes back after its timeout anyway
+        except Exception:  # noqa: BLE001, S110 - it comes back after its timeout anyway
             pass
 
     def _forget(self, work: Work) -> None:

@@ -413,7 +413,7 @@ def forget_silent_consumers(*, now: datetime | None = None) -> int:
     """Delete the consumers not heard from in ``CONSUMER_RETENTION`` seconds (and their
     messages in flight); returns how many. One DELETE, no lock: a consumer that beats again is recreated."""
     cutoff = (now or timezone.now()) - timedelta(seconds=settings.CONSUMER_RETENTION)
-    deleted, per_model = Consumer.objects.filter(last_heartbeat__lt=cutoff).delete()
+    _deleted, per_model = Consumer.objects.filter(last_heartbeat__lt=cutoff).delete()
     return per_model.get(Consumer._meta.label, 0)
 
 
@@ -450,7 +450,7 @@ def extend_in_flight(in_flight: Sequence[InFlight], *, caller: Caller) -> tuple[
         except service.ServiceError as exc:  # here or the owner's answer; an outage: try again next beat
             if exc.status in (403, 404, 409):  # not this caller's, gone, or received again since
                 lost.append(h.id)
-        except Exception:  # noqa: BLE001 - partition unavailable or owner unreachable now: try again next beat
+        except Exception:  # noqa: BLE001, S112 - partition unavailable or owner unreachable now: try again next beat
             continue
         else:
             extended.append(h.id)

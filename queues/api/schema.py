@@ -283,9 +283,8 @@ def _statuses(path: str, method: str, op: dict[str, Any]) -> list[int]:
     out = [401, 403, 429, 503]
     writes = method in ("post", "patch", "put", "delete")
     has_body = "requestBody" in op
-    if (writes and path not in _NO_400) or (method == "get" and op.get("parameters")):
-        if not (method == "delete"):
-            out.append(400)
+    if ((writes and path not in _NO_400) or (method == "get" and op.get("parameters"))) and method != "delete":
+        out.append(400)
     if "{" in path or (path in _NAMES_IN_BODY and has_body):
         out.append(404)
     if writes and path not in _NO_409:

@@ -272,7 +272,7 @@ def ack_request(data: Any, cfg: QueueConfig) -> list[tuple[MessageId, str | None
             receipt = item.get("receipt")
             mid = parse_message_id(item.get("id"))
             if (
-                (type(receipt) is str and 1 <= len(receipt) <= RECEIPT_MAX or receipt is None and not cfg.strict)
+                ((type(receipt) is str and 1 <= len(receipt) <= RECEIPT_MAX) or (receipt is None and not cfg.strict))
                 and mid is not None
                 and mid.queue == cfg.name
                 and mid.partition < cfg.partitions

@@ -21,12 +21,12 @@ from .base import Fence, Fenced, KeyValueStore, KVError, PrefixedStore, Replicat
 __all__ = [
     "Fence",
     "Fenced",
-    "KeyValueStore",
     "KVError",
+    "KeyValueStore",
     "PrefixedStore",
     "ReplicationError",
-    "open_store",
     "get_store",
+    "open_store",
     "reset_store",
 ]
 

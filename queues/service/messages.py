@@ -393,7 +393,7 @@ def _dequeue(
     for address in rt.router.other_nodes(cfg.id, cfg.name):
         try:
             got = get_peers().dequeue(address, target, max_messages, visibility_timeout, hops, caller)
-        except Exception:  # noqa: BLE001 - that owner is unreachable or refused: try the next
+        except Exception:  # noqa: BLE001, S112 - that owner is unreachable or refused: try the next
             continue
         if got:
             return got

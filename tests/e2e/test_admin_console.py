@@ -75,7 +75,7 @@ def assert_charts_laid_out(browser) -> None:
         for b in chart["legend"]:
             assert b[2] <= t[0] or t[2] <= b[0] or b[3] <= t[1] or t[3] <= b[1], (chart["title"], t, b)
         for b in chart["x_labels"]:
-            assert 0 <= b[0] and b[2] <= chart["width"], (chart["title"], b, chart["width"])
+            assert b[0] >= 0 and b[2] <= chart["width"], (chart["title"], b, chart["width"])
     latency = [c for c in charts if c["title"].startswith("End-to-end latency")]
     assert len(latency) == 1 and len(latency[0]["legend"]) == 6 and len(latency[0]["x_labels"]) == 6, latency
 

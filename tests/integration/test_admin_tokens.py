@@ -107,7 +107,7 @@ def test_only_a_superuser_issues_a_token_for_another_user_and_never_for_a_superu
 def test_a_token_is_revoked_by_its_holder_or_a_superuser_only():
     app = _user("app")
     token = Token.objects.create(user=app)
-    staff, client = _staff("view_tokenproxy", "delete_tokenproxy")
+    _, client = _staff("view_tokenproxy", "delete_tokenproxy")
     client.post(f"/admin/authtoken/tokenproxy/{app.pk}/delete/", {"post": "yes"})
     assert Token.objects.filter(pk=token.pk).exists()
     root = _user("root", is_staff=True, is_superuser=True)

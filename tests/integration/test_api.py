@@ -380,7 +380,7 @@ def test_long_poll_returns_promptly_when_a_message_arrives(api, make_queue):
     # given: the head block exists (so the enqueue from the other thread needs no database)
     name = make_queue(partitions=1)
     (warm,) = enqueue(api, name, "warm-up")
-    (d,) = dequeue(api, name)
+    (_d,) = dequeue(api, name)
     api.post(url(name, "ack"), {"ids": [warm]}, format="json")
     sent: list[str] = []
 

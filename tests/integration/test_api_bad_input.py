@@ -69,7 +69,7 @@ def world(api, make_queue, unique_name) -> World:
     assert c2["id"] == c["id"] and c2["receive_count"] == 2
     other_id = post(other, "enqueue", {"body": "theirs"})["id"]
     visible = [m for m in [*_all_positions(q)] if m not in {a["id"], b["id"], c["id"]}]
-    head, part, block, index = a["id"].rsplit("/", 3)
+    head, _part, block, index = a["id"].rsplit("/", 3)
     return World(
         q,
         other,

@@ -440,7 +440,7 @@ def test_a_worker_is_shown_to_its_user_and_to_readers_of_every_queue_it_consumes
 
 def test_the_audit_trail_shows_a_user_its_own_actions_and_those_on_queues_it_manages(runtime, unique_name):
     managed, read_only = Queue.objects.create(name=unique_name()), Queue.objects.create(name=unique_name())
-    user, client = _staff("auditor", "queues.view_auditentry", grants={managed: "manage", read_only: "read"})
+    _user, client = _staff("auditor", "queues.view_auditentry", grants={managed: "manage", read_only: "read"})
     entries = {
         "on its queue": AuditEntry.objects.create(actor="x", action="change", target=managed.name),
         "on its subscription": AuditEntry.objects.create(actor="x", action="subscribe", target=f"{managed.name}/s"),

@@ -273,7 +273,7 @@ def test_many_keys_in_one_batch(store):
     with pytest.raises(Fenced):
         store.delete_many(keys, fence=Fence(fk, 8))
     assert len(store.scan(f"{p}/0/big")) == 4000
-    assert store.delete_many(keys + [f"{p}/0/big/absent"], fence=Fence(fk, 7)) == 5000
+    assert store.delete_many([*keys, f"{p}/0/big/absent"], fence=Fence(fk, 7)) == 5000
     assert store.scan(f"{p}/0/big") == []
     assert store.get_many(keys[::97]) == [None] * len(keys[::97])
 

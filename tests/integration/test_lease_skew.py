@@ -178,18 +178,18 @@ def simulate(seed: int, steps: int = STEPS, *, check_progress: bool = True, proc
             if rng.random() < 0.01:
                 start_node(m)
         for n in live:
-            if n.alive and world.T >= n.stalled_until and rng.random() < 0.004:
+            if n.alive and n.stalled_until <= world.T and rng.random() < 0.004:
                 # A GC pause / SIGSTOP of more than a lease period: no renewals meanwhile (a
                 # SIGSTOP of the node stops its every process; a GC pause one: either is a stall).
                 until = world.T + rng.uniform(1.1 * PERIOD, 3 * PERIOD)
                 group = [n] if rng.random() < 0.5 else [o for o in live if o.machine == n.machine and o.alive]
                 for o in group:
-                    if world.T >= o.stalled_until:
+                    if o.stalled_until <= world.T:
                         o.stalled_until = until
                         o.unavailable.append((world.T, until))
 
         # 3. Each node, at random steps, does what a node does.
-        order = [n for n in nodes if n.alive and world.T >= n.stalled_until]
+        order = [n for n in nodes if n.alive and n.stalled_until <= world.T]
         rng.shuffle(order)
         for n in order:
             if rng.random() > 0.7:

@@ -565,7 +565,7 @@ def test_a_stale_owners_write_racing_delete_and_recreate_never_lands_in_the_new_
 
         # when the other node's next write is under way (fence checked) as the queue is deleted
         # and created again here (the other node is not told)
-        with before_once(FileStore, "_write_atomically", delete_and_recreate) as done:
+        with before_once(FileStore, "_write_atomically", delete_and_recreate) as done:  # noqa: SIM117 - the patch applies only inside the store it patches
             with contextlib.suppress(Exception):
                 stale.enqueue([StoredMessage("racing", 0.0)])
         # then nothing of the old queue's block lies among the new queue's keys

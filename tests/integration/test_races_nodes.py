@@ -92,9 +92,9 @@ class Ledger:
                 code = "not json"
         with self.lock:
             self.answers[(call, r.status_code, code)] += 1
-            if r.status_code >= 500 and not (r.status_code == 503 and r.headers.get("Retry-After")):
-                self.bad.append(f"{call}: {r.status_code} {r.text[:300]}")
-            elif 400 <= r.status_code < 500 and (r.status_code, code) not in RACE_ANSWERS:
+            if (r.status_code >= 500 and not (r.status_code == 503 and r.headers.get("Retry-After"))) or (
+                400 <= r.status_code < 500 and (r.status_code, code) not in RACE_ANSWERS
+            ):
                 self.bad.append(f"{call}: {r.status_code} {r.text[:300]}")
         return r.status_code < 300
 

@@ -8,8 +8,10 @@ same messages read through both APIs.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import operator
 import threading
 import time
 import uuid
@@ -121,7 +123,7 @@ def test_queue_actions(sqs, node):
         if not token:
             break
     assert [len(p) for p in pages] == [2, 2, 1]
-    assert sum(pages, []) == urls
+    assert functools.reduce(operator.iadd, pages, []) == urls
     paginated = [
         u
         for p in sqs.get_paginator("list_queues").paginate(QueueNamePrefix=prefix, MaxResults=2)
@@ -248,8 +250,10 @@ def test_batches_and_their_errors_per_entry(sqs):
     # visibility per entry: one bad handle fails alone
     changed = sqs.change_message_visibility_batch(
         QueueUrl=url,
-        Entries=[{"Id": "ok", "ReceiptHandle": got[0]["ReceiptHandle"], "VisibilityTimeout": 120}]
-        + [{"Id": "junk", "ReceiptHandle": "junk", "VisibilityTimeout": 1}],
+        Entries=[
+            {"Id": "ok", "ReceiptHandle": got[0]["ReceiptHandle"], "VisibilityTimeout": 120},
+            {"Id": "junk", "ReceiptHandle": "junk", "VisibilityTimeout": 1},
+        ],
     )
     assert [s["Id"] for s in changed["Successful"]] == ["ok"]
     assert [(f["Id"], f["Code"]) for f in changed["Failed"]] == [("junk", "ReceiptHandleIsInvalid")]

@@ -71,10 +71,25 @@ def test_kombu_publishes_and_consumes_through_the_sqs_endpoint(node, access_key)
 
 
 def _worker(tmp_path: Path, env: dict[str, str]) -> subprocess.Popen:
-    log = open(tmp_path / "celery.log", "ab")  # the worker holds it; closed when the test process exits
+    log = open(tmp_path / "celery.log", "ab")  # noqa: SIM115 - the worker holds it; closed when the test process exits
     return subprocess.Popen(
-        [CELERY, "-A", "tests.integration.sqs_celery_app", "worker", "-P", "prefork", "-c", "2"]
-        + ["--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "info", "-n", "sqs@%h"],
+        [
+            CELERY,
+            "-A",
+            "tests.integration.sqs_celery_app",
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            "2",
+            "--without-mingle",
+            "--without-gossip",
+            "--without-heartbeat",
+            "-l",
+            "info",
+            "-n",
+            "sqs@%h",
+        ],
         cwd=ROOT,
         env=env,
         stdout=log,

@@ -259,7 +259,7 @@ def test_a_name_used_again_does_not_show_the_old_queues_attempt_log(api, make_qu
     name = make_queue(partitions=1)
     api.post(f"/api/v1/queues/{name}/enqueue", {"body": "x"}, format="json")
     (first,) = _deliver(api, name, visibility_timeout=0)
-    (second,) = _deliver(api, name, visibility_timeout=30)
+    (_second,) = _deliver(api, name, visibility_timeout=30)
     report = {"message_id": first["id"], "attempt": 2, "outcome": "failed", "error": "pin 1234", "traceback": "tb"}
     assert api.post("/api/v1/logs", {"records": [report]}, format="json").status_code == 201
     assert {r["outcome"] for r in api.get(f"/api/v1/logs?queue={name}").json()["records"]} == {"abandoned", "failed"}

@@ -87,7 +87,7 @@ def test_the_legend_stays_clear_of_the_title():
     width, height = float(root.get("width")), float(root.get("height"))
     for box in boxes:
         assert not _overlap(box, title), (box, title)
-        assert 0 <= box[0] and box[2] <= width and 0 <= box[1] and box[3] <= height, box
+        assert box[0] >= 0 and box[2] <= width and box[1] >= 0 and box[3] <= height, box
 
 
 def test_every_x_label_lies_inside_the_chart():
@@ -99,4 +99,4 @@ def test_every_x_label_lies_inside_the_chart():
         # then the first and the last label's text are inside the drawing's width
         for label in (labels[0], labels[-1]):
             left, _, right, _ = _text_box(label)
-            assert 0 <= left and right <= width, (label.text, left, right, width)
+            assert left >= 0 and right <= width, (label.text, left, right, width)

@@ -288,7 +288,7 @@ def test_pipelining_overlaps_the_next_preprocessing_and_sequential_does_not():
         assert client.max_outstanding <= (2 if pipelining else 1)  # one slot: the current and the next
         assert sorted(client.acked_ids()) == sorted(s.message.id for s in client.queues["jobs"])
         recs = by_process_start(client.records())
-        for cur, nxt in zip(recs, recs[1:]):
+        for cur, nxt in itertools.pairwise(recs):
             overlap = ts(nxt["preprocess_started_at"]) < ts(cur["process_ended_at"])
             assert overlap == pipelining, (pipelining, cur, nxt)
 

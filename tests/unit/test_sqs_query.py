@@ -77,9 +77,9 @@ def without_empty(shape, value, kinds=("list", "map")):
 
 def test_the_committed_shapes_are_what_the_script_makes_of_botocores_model():
     described = gen.describe(gen.query_model(RAW))
-    assert query_shapes.OPERATIONS == described["OPERATIONS"]
-    assert query_shapes.SHAPES == described["SHAPES"]
-    assert query_shapes.ERROR_CODES == described["ERROR_CODES"]
+    assert described["OPERATIONS"] == query_shapes.OPERATIONS
+    assert described["SHAPES"] == query_shapes.SHAPES
+    assert described["ERROR_CODES"] == query_shapes.ERROR_CODES
     assert set(query_shapes.OPERATIONS) == set(JSON_MODEL.operation_names)
 
 

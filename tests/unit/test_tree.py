@@ -50,7 +50,7 @@ def test_block_record_round_trips():
 
 @pytest.mark.parametrize("n", range(1, 40))
 def test_root_heights_match_the_allocation_state(n):
-    tree, blocks = _named_tree(n) if n <= 26 else (None, None)
+    tree, _blocks = _named_tree(n) if n <= 26 else (None, None)
     if tree is None:
         tree = AppendTree(4)
         for _ in range(n):

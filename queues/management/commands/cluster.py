@@ -43,7 +43,7 @@ class Command(BaseCommand):
         for i in range(nodes):
             port = base_port + i
             procs.append(
-                subprocess.Popen(
+                subprocess.Popen(  # noqa: S603 - this interpreter and manage.py, with our own arguments
                     [
                         sys.executable,
                         manage,

@@ -137,7 +137,7 @@ class Command(BaseCommand):
             # prometheus_client chose where it keeps values when Django imported it, before the
             # folder existed; the workers are forked from here: start again with it set.
             os.environ[_OWN_DIRS] = os.pathsep.join(own_dirs)
-            os.execv(sys.executable, [sys.executable, *sys.argv])
+            os.execv(sys.executable, [sys.executable, *sys.argv])  # noqa: S606 - itself again, same arguments
         connections.close_all()  # the workers are forked: each must open its own
         server = Granian(
             "config.node:application",
