@@ -258,7 +258,7 @@ class Transport:
 
     def _delay(self, attempt: int, at_least: float | None) -> float:
         """Full jitter: uniform in [0, backoff * 2^attempt], at least Retry-After, at most max_backoff."""
-        delay = random.uniform(0, self.backoff * (2**attempt))
+        delay = random.uniform(0, self.backoff * (2**attempt))  # noqa: S311 - jitter, not a secret
         if at_least is not None:
             delay = max(delay, at_least)
         return min(delay, self.max_backoff)

@@ -384,7 +384,7 @@ class PartitionManager(Generic[LeaseT]):
         if not pending:
             c.groups.pop(group, None)
             return
-        (ordinal, _), head = pending[0]
+        (_ordinal, _), head = pending[0]
         if head in c.not_due:
             return
         state = self.blocks.get(head.rsplit("/", 2)[1])

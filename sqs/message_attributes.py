@@ -49,7 +49,7 @@ def _digest_part(h: Any, data: bytes) -> None:
 def md5_of_attributes(attrs: dict[str, tuple[str, str | bytes]]) -> str:
     """SQS's MD5 of message attributes: by name, each as length-prefixed name, data type, a
     transport byte (1 string/number, 2 binary) and length-prefixed value."""
-    h = hashlib.md5()
+    h = hashlib.md5(usedforsecurity=False)  # the protocol's checksum, not a security hash
     for name in sorted(attrs):
         data_type, value = attrs[name]
         _digest_part(h, name.encode("utf-8"))
@@ -64,7 +64,7 @@ def md5_of_attributes(attrs: dict[str, tuple[str, str | bytes]]) -> str:
 
 
 def md5_of_body(body: str) -> str:
-    return hashlib.md5(body.encode("utf-8")).hexdigest()
+    return hashlib.md5(body.encode("utf-8"), usedforsecurity=False).hexdigest()
 
 
 def checked_message_attributes(value: Any, where: str = "") -> dict[str, tuple[str, str | bytes]]:
@@ -186,7 +186,4 @@ def attributes_size(attrs: dict[str, tuple[str, str | bytes]]) -> int:
 
 
 def wanted_attribute(name: str, wanted: list[str]) -> bool:
-    for w in wanted:
-        if w in ("All", ".*") or w == name or (w.endswith(".*") and name.startswith(w[:-1])):
-            return True
-    return False
+    return any(w in ("All", ".*") or w == name or (w.endswith(".*") and name.startswith(w[:-1])) for w in wanted)

@@ -19,10 +19,10 @@ from ..errors import (
 from .peers import PeerUnreachable, RemoteError
 
 __all__ = [
+    "NOT_FOUND_CODES",
     "Conflict",
     "Fault",
     "InvalidRequest",
-    "NOT_FOUND_CODES",
     "NotFound",
     "NotServedHere",
     "PartitionUnavailable",

@@ -36,7 +36,7 @@ def nodes(request, transactional_db, tmp_path) -> NodeSet:
     backend = options.pop("backend", "redis")
     processes = options.pop("processes", None)
     env = {"NODE_HEARTBEAT": HEARTBEAT, **options.pop("env", {})}
-    if options or marker and marker.args:
+    if options or (marker and marker.args):
         raise TypeError(f"@pytest.mark.node takes env=, backend= and processes= only, not {marker}")
     if backend not in KV_BACKENDS:
         raise ValueError(f"@pytest.mark.node(backend={backend!r}): one of {', '.join(KV_BACKENDS)}")
