@@ -1,7 +1,7 @@
 """The archive: messages copied from the key-value store to a table of the backing store
 (PostgreSQL in production), for slow subscriptions, replay and the latency figures.
 
-The partition owners journal messages in the store (``queues.archive_journal``); the archiver
+The partition owners journal messages in the store (``queues.engine.archive_journal``); the archiver
 (``archive.archiver``, a Celery periodic task and ``manage.py archive_now``) copies the journal
 to :class:`archive.models.ArchivedMessage`, one active archiver per queue at a time.
 """
@@ -9,6 +9,6 @@ to :class:`archive.models.ArchivedMessage`, one active archiver per queue at a t
 
 def lookup(message_ids):
     """``{message id: StoredMessage}`` for the archived ones among ``message_ids``."""
-    from .archiver import lookup as _lookup
+    from archive.archiver import lookup as _lookup
 
     return _lookup(message_ids)

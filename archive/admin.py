@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 
+from archive.models import ArchivedMessage, ArchiverLock
+from archive.replay import PartialReplay, replay
 from queues.access import Caller
-from queues.admin_reads import ByGrant
-
-from .models import ArchivedMessage, ArchiverLock
-from .replay import PartialReplay, replay
+from queues.admin.reads import ByGrant
 
 
 class AckedFilter(admin.SimpleListFilter):

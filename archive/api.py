@@ -13,16 +13,15 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from archive.models import ArchivedMessage
+from archive.replay import MAX_REPLAY, PartialReplay, readable, replay, require_source, select
 from queues import service
 from queues.api import validation
+from queues.api.auth import request_caller, request_hops
 from queues.api.errors import BadRequest
-from queues.auth import request_caller, request_hops
-from queues.isotime import isoformat
-from queues.messages import parse_message_id
+from queues.engine.ids import parse_message_id
+from queues.engine.isotime import isoformat
 from queues.models import QUEUE_NAME_RE
-
-from .models import ArchivedMessage
-from .replay import MAX_REPLAY, PartialReplay, readable, replay, require_source, select
 
 MAX_PAGE = 1000
 TIMES = "ISO 8601, a time without zone is UTC, or epoch seconds; a time not in years 1 to 9999 once in UTC: 400"

@@ -1,4 +1,4 @@
-"""The archiver: copies each queue's journal (``queues.archive_journal``) to the archive table.
+"""The archiver: copies each queue's journal (``queues.engine.archive_journal``) to the archive table.
 
 For each queue, under the queue's :class:`~archive.models.ArchiverLock`, for each partition:
 scan the journal bucket, read a batch of entries and markers, insert the rows (a message
@@ -21,13 +21,13 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from queues import archive_journal, keys, service
+from archive.models import ArchivedMessage, ArchiverLock
+from queues import service
+from queues.engine import archive_journal, keys
+from queues.engine.ids import StoredMessage, parse_message_id
 from queues.errors import Unavailable
 from queues.kv import KeyValueStore, get_store
-from queues.messages import StoredMessage, parse_message_id
 from queues.models import Queue
-
-from .models import ArchivedMessage, ArchiverLock
 
 log = logging.getLogger(__name__)
 

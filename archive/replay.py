@@ -14,13 +14,12 @@ from datetime import datetime
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
-from queues import audit, service
-from queues.access import Caller, require
+from archive.archiver import message_of
+from archive.models import ArchivedMessage
+from queues import service
+from queues.access import Caller, audit, require
 from queues.models import Queue
 from queues.service import MessageDraft, QueueNotFound, Unavailable
-
-from .archiver import message_of
-from .models import ArchivedMessage
 
 MAX_REPLAY = 10_000
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from . import archiver
+from archive import archiver
 
 
 @shared_task(name="archive.run_archiver", ignore_result=True)

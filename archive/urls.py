@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import api
+from archive import api
 
 urlpatterns = [
     path("archive", api.ArchiveListView.as_view(), name="archive-list"),

@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# tests.stand_ins.next_owner builds its lease with queues.leases, which imports the Django
+# tests.stand_ins.next_owner builds its lease with queues.cluster.leases, which imports the Django
 # models: set Django up, with a throwaway data dir so that nothing under data/ is touched. No
 # database is used.
 _DATA_TMP = tempfile.mkdtemp(prefix="fobench-data-")
@@ -74,10 +74,10 @@ django.setup()
 
 from common import exit_on_sigterm, log
 
-from queues import partition as partition_mod
+from queues.engine import partition as partition_mod
+from queues.engine.ids import StoredMessage, parse_message_id
+from queues.engine.partition import PartitionManager, PartitionUnavailable
 from queues.kv.base import Fence, KeyValueStore
-from queues.messages import StoredMessage, parse_message_id
-from queues.partition import PartitionManager, PartitionUnavailable
 from tests.stand_ins import PartitionRow, next_owner
 
 # --------------------------------------------------------------------------------------

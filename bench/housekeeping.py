@@ -44,9 +44,9 @@ def main() -> None:
     inprocess.setup(args.kv)
 
     from queues import service
-    from queues.auth import SYSTEM
+    from queues.api.auth import SYSTEM
+    from queues.cluster.node import NodeRuntime
     from queues.models import Queue
-    from queues.node import NodeRuntime
     from queues.service import descriptions
 
     # A runtime without its own housekeeping and lease threads: this process runs the passes it

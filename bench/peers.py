@@ -43,8 +43,8 @@ class Urllib3Peers:
     def post(self, address: str, path: str, payload: dict, hops: int, caller) -> tuple[int, dict]:
         import orjson
 
-        from queues import peerauth
         from queues.api.peers import on_behalf_value
+        from queues.cluster import peerauth
 
         full_path = f"/api/v1/{path}"
         data = orjson.dumps(payload)

@@ -15,10 +15,11 @@ from multiprocessing import util as mp_util
 from django.conf import settings
 
 from config.wsgi import application  # the app granian serves
-from queues import peerauth, service
-from queues.balance import Balancer
-from queues.node import NodeRuntime
-from queues.watchdog import ServingProbe, Watchdog
+from queues import service
+from queues.cluster import peerauth
+from queues.cluster.balance import Balancer
+from queues.cluster.node import NodeRuntime
+from queues.cluster.watchdog import ServingProbe, Watchdog
 
 log = logging.getLogger("queues.runnode")
 
@@ -52,7 +53,7 @@ if _siblings:
     with open(_me, "w") as f:
         f.write(runtime.address)
     mp_util.Finalize(runtime, os.unlink, args=(_me,), exitpriority=20)
-    # Its share of the runnode's clients (queues.balance): the kernel's spread of a few long-lived
+    # Its share of the runnode's clients (queues.cluster.balance): the kernel's spread of a few long-lived
     # connections is chance.
     if os.environ.get("NODE_PUBLIC_PORT") and settings.NODE_BALANCE_INTERVAL > 0:
         application = Balancer(

@@ -109,7 +109,7 @@ if MQ_ENV not in ("embedded", "production"):
 
 SECRET_KEY = envsecret("SECRET_KEY", _DEFAULT_SECRET)
 DEBUG = envbool("DEBUG", False)
-# Nodes sign forwarded calls with this (an HMAC, queues/peerauth.py); it never travels. Unset:
+# Nodes sign forwarded calls with this (an HMAC, queues/cluster/peerauth.py); it never travels. Unset:
 # production refuses to start; embedded generates one into the data folder on first start,
 # shared by every node using that folder (nodes elsewhere must be given the same one).
 CLUSTER_SECRET_PATH = DATA_DIR / "cluster-secret"
@@ -375,7 +375,7 @@ DASHBOARDS_HISTORY_DAYS = envint("DASHBOARDS_HISTORY_DAYS", 30, minimum=1)
 NODE_ADDRESS = env("NODE_ADDRESS", "")
 #: Seconds between node heartbeats / housekeeping passes.
 NODE_HEARTBEAT = envfloat("NODE_HEARTBEAT", 1.0)
-#: A node process that has not answered its own probe (``queues.watchdog``: a call through its
+#: A node process that has not answered its own probe (``queues.cluster.watchdog``: a call through its
 #: own server, which needs a free request thread) for this many seconds gives up its leases and
 #: stops its heartbeat until it answers again. Keep it under the queues' lease periods (10 s by
 #: default), so a process that serves nobody loses its partitions within one lease period.
@@ -386,12 +386,12 @@ if not 0.5 <= NODE_STUCK_AFTER <= 600:
 NODE_BODY_CACHE_BYTES = envint("NODE_BODY_CACHE_BYTES", 64 * 1024 * 1024, minimum=0)
 #: A busy partition's append-tree blocks grow up to this many times its queue's `block_size` (at
 #: most 10,000 positions): a block that filled within a second is followed by one twice its size
-#: (`queues.tree.next_block_size`). 1: every block holds `block_size`.
+#: (`queues.engine.tree.next_block_size`). 1: every block holds `block_size`.
 BLOCK_GROWTH = envint("BLOCK_GROWTH", 16, minimum=1)
 #: Request threads of `runnode` (its --threads default), per process: a long poll holds one for up to 20 s.
 NODE_THREADS = envint("NODE_THREADS", 64, minimum=1)
 #: Processes of `runnode` (its --processes default), each a node (a full member of the cluster)
-#: behind runnode's one port (``queues.serving``). 0 (the default): the machine's cores, but 1 on SQLite (the
+#: behind runnode's one port (``queues.cluster.serving``). 0 (the default): the machine's cores, but 1 on SQLite (the
 #: embedded default: SQLite takes one writer at a time, and every process heartbeats, renews and
 #: publishes figures through it; a second process adds lock waits, not throughput). runnode sets
 #: it to the count it serves with for its processes, which divide per-process bounds by it; any
@@ -402,10 +402,10 @@ NODE_PROCESSES = envint("NODE_PROCESSES", 0, minimum=0)
 #: a core; worker i on the i-th after one chosen by the node's port), else left to the kernel;
 #: "off", never pinned; or a list of CPUs to pin them to, whatever their number ("0-3,6"). On one
 #: CPU a request's hand-offs between the server's threads and the GIL's stay on it (see
-#: `queues.serving.cpu_plan`).
+#: `queues.cluster.serving.cpu_plan`).
 NODE_CPU_AFFINITY = env("NODE_CPU_AFFINITY", "auto")
 #: Seconds between a process's looks at how the node's client connections are spread over its
-#: processes (``queues.balance``: the busiest closes one when it has two more than another at two
+#: processes (``queues.cluster.balance``: the busiest closes one when it has two more than another at two
 #: looks running); 0: never.
 NODE_BALANCE_INTERVAL = envfloat("NODE_BALANCE_INTERVAL", 1.0)
 NODE_PROCESSES_AUTO = 1 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" else (os.cpu_count() or 1)
@@ -441,8 +441,8 @@ METRICS_ALLOW = envnetworks("METRICS_ALLOW", "127.0.0.0/8,::1/128")
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first: DRF answers 401 with the first class's WWW-Authenticate header.
-        "queues.auth.CachedTokenAuthentication",
-        "queues.auth.ClusterAuthentication",
+        "queues.api.auth.CachedTokenAuthentication",
+        "queues.api.auth.ClusterAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

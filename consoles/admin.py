@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from queues.admin_reads import ByGrant
-
-from .models import DashboardRun, EstimateFit
+from consoles.models import DashboardRun, EstimateFit
+from queues.admin.reads import ByGrant
 
 
 class ReadOnly(admin.ModelAdmin):

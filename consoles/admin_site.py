@@ -13,7 +13,7 @@ from django.contrib import admin
 from django.http import HttpResponse
 from django.urls import path
 
-from . import login_guard, views
+from consoles import login_guard, views
 
 
 class ConsoleSite(admin.AdminSite):

@@ -12,11 +12,10 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Max, Sum
 from django.template.response import TemplateResponse
 
+from consoles.charts import Series, format_value, line_chart
+from consoles.models import DashboardRun, EstimateFit, GroupStats, LatencyBucketStats, QueueBucketStats, WorkerStats
 from queues import service
 from queues.access import Caller
-
-from .charts import Series, format_value, line_chart
-from .models import DashboardRun, EstimateFit, GroupStats, LatencyBucketStats, QueueBucketStats, WorkerStats
 
 #: buckets drawn per chart and listed in the table
 MAX_BUCKETS = 1440

@@ -44,10 +44,19 @@ and group placement), :mod:`~mq_client.transport` (HTTP, auth headers, retries) 
 :mod:`~mq_client.routing` (the owner cache). Import the public names from ``mq_client`` itself.
 """
 
-from .client import MAX_BATCH, MAX_WAIT, Client
-from .errors import ApiError, BadRequest, Conflict, ConnectionFailed, NotFound, ServerError, Unauthorized, Unavailable
-from .ids import group_partition, message_partition, message_queue
-from .types import (
+from mq_client.client import MAX_BATCH, MAX_WAIT, Client
+from mq_client.errors import (
+    ApiError,
+    BadRequest,
+    Conflict,
+    ConnectionFailed,
+    NotFound,
+    ServerError,
+    Unauthorized,
+    Unavailable,
+)
+from mq_client.ids import group_partition, message_partition, message_queue
+from mq_client.types import (
     AckResult,
     Estimates,
     Health,

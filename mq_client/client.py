@@ -13,11 +13,11 @@ from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from .errors import ApiError, error_from_answer
-from .ids import group_partition, partition_or_none
-from .routing import OwnerCache
-from .transport import Transport
-from .types import (
+from mq_client.errors import ApiError, error_from_answer
+from mq_client.ids import group_partition, partition_or_none
+from mq_client.routing import OwnerCache
+from mq_client.transport import Transport
+from mq_client.types import (
     AckResult,
     Estimates,
     Health,

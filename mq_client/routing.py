@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .types import PartitionOwner
+from mq_client.types import PartitionOwner
 
 __all__ = ["OWNERS_RETRY", "OwnerCache", "Owners"]
 

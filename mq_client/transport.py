@@ -23,7 +23,7 @@ from typing import Any
 
 import requests
 
-from .errors import ApiError, ConnectionFailed, error_from_answer
+from mq_client.errors import ApiError, ConnectionFailed, error_from_answer
 
 try:  # the service's own JSON codec when present; the standard library otherwise
     import orjson

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .ids import message_partition, message_queue
+from mq_client.ids import message_partition, message_queue
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

@@ -7,9 +7,9 @@ class QueuesConfig(AppConfig):
 
     def ready(self) -> None:
         # The service reaches other nodes through the REST API: the transport is the API's.
-        from . import access
-        from .api.peers import HttpPeers
-        from .service import set_peers
+        from queues import access
+        from queues.api.peers import HttpPeers
+        from queues.service import set_peers
 
         set_peers(HttpPeers())
         access.connect_signals()

@@ -13,7 +13,7 @@ shows every :class:`Refused` as a message. Three branches:
 - :class:`Fault` (500): this node's own bug or broken data; answered as any other bug.
 
 This module imports nothing of Django or of the runtime, so any layer may raise these. The
-partition's errors are re-exported by ``queues.partition``, the rest by ``queues.service``.
+partition's errors are re-exported by ``queues.engine.partition``, the rest by ``queues.service``.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class NotServedHere(PartitionUnavailable):
 
 class LeaseLost(Unavailable):
     """This node is no longer the owner (renewal failed, or the epoch moved on). Raised by the
-    leases (``queues.leases``, where callers find it too) and by a partition's open."""
+    leases (``queues.cluster.leases``, where callers find it too) and by a partition's open."""
 
 
 class ReceiptMismatch(Refused):

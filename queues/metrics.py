@@ -8,7 +8,7 @@ What is here is incremented at the one place each event happens:
   :data:`MESSAGES`), dead-lettered and dead letters that could not be moved
   (``queues.service.messages``);
 - partitions: lease renewals and partitions opened, by takeover or by a claim of a free
-  partition, with how long the open took and how many blocks it read (``queues.node``);
+  partition, with how long the open took and how many blocks it read (``queues.cluster.node``);
 - API calls: latency by operation and status (the fast path, and Django's middleware below);
 - the key-value store: call latency and errors by backend and operation (``queues.kv.base``).
 
@@ -90,7 +90,7 @@ API_CALLS = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 
-#: runnode --processes N: connections a process closed to even out the processes (queues.balance).
+#: runnode --processes N: connections a process closed to even out the processes (queues.cluster.balance).
 CONNECTIONS_SHED = Counter(
     "mq_node_connections_shed",
     "Client connections this process closed so the node's processes share its clients evenly",
@@ -129,7 +129,7 @@ def observe_call(operation: str, status: int, started: float) -> None:
 
 
 class MessageCounts:
-    """The partition managers' message counters (``queues.ports.Counters``)."""
+    """The partition managers' message counters (``queues.engine.ports.Counters``)."""
 
     def enqueued(self, queue: str, n: int) -> None:
         child(ENQUEUED, queue).inc(n)

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.core.validators import BaseValidator, MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
-from .tree import MAX_BLOCK_SIZE
+from queues.engine.tree import MAX_BLOCK_SIZE
 
 #: A queue's, topic's or subscription's name, unanchored (to build other patterns from).
 QUEUE_NAME = r"[A-Za-z0-9][A-Za-z0-9_-]{0,79}"
@@ -52,7 +52,7 @@ DEFAULTS = {
 
 
 #: A queue's settings, in the order its API answers them: what a client may set, the API's
-#: serializers and the queue catalog's description (``queues.node.QUEUE_COLUMNS``) read.
+#: serializers and the queue catalog's description (``queues.cluster.catalog.QUEUE_COLUMNS``) read.
 QUEUE_SETTINGS = (
     "partitions",
     "block_size",
@@ -283,7 +283,7 @@ def dead_letter_mismatch(source: Queue, dlq: Queue) -> str | None:
 
 class Subscription(models.Model):
     """A named reader of a topic: its own dequeue position, redelivery index, receipts,
-    dead-letter rule and group order over the topic's shared blocks (see ``queues.partition``).
+    dead-letter rule and group order over the topic's shared blocks (see ``queues.engine.partition``).
 
     ``starts_at``: messages enqueued before it are not delivered to it (``start: newest``);
     None means every message still retained (``start: oldest``).
@@ -349,7 +349,7 @@ class DedupEntry(models.Model):
 class Partition(models.Model):
     """A partition and its lease: the seed's partition file.
 
-    Lease protocol (see ``queues.leases``): a node claims the row by compare-and-set on
+    Lease protocol (see ``queues.cluster.leases``): a node claims the row by compare-and-set on
     ``(owner, epoch, lease_nonce)``. The owner changes ``lease_nonce`` at every renewal; a
     node that finds the row owned remembers the nonce and may take the row only after it has
     seen the same nonce for a whole ``lease_period`` on its *own* monotonic clock, so clock

@@ -12,7 +12,7 @@ from django.dispatch import Signal
 
 #: Deliveries that are not first deliveries (``receive_count > 1``): the previous attempt ended
 #: without an ack. kwargs: ``target`` (``"queue"`` or ``"topic/subscription"``), ``deliveries``
-#: (list of :class:`queues.partition.Delivery`, bodies loaded).
+#: (list of :class:`queues.engine.partition.Delivery`, bodies loaded).
 redelivered = Signal()
 
 #: A consumer gave a message back on purpose (visibility set to 0) before its visibility ran

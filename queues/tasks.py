@@ -6,9 +6,9 @@ import logging
 
 from celery import shared_task
 
-from . import service
-from .access import SYSTEM
-from .models import Queue
+from queues import service
+from queues.access import SYSTEM
+from queues.models import Queue
 
 log = logging.getLogger(__name__)
 

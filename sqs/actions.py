@@ -37,10 +37,9 @@ from typing import Any
 
 from queues import service
 from queues.models import LIMITS
-
-from . import move_tasks
-from . import service as sqs_service
-from .attributes import (
+from sqs import move_tasks
+from sqs import service as sqs_service
+from sqs.attributes import (
     DEDUP_INTERVAL,
     MAX_BATCH,
     MAX_BATCH_BYTES,
@@ -55,7 +54,7 @@ from .attributes import (
     same_attributes,
     settings_of,
 )
-from .context import (
+from sqs.context import (
     FIFO_SUFFIX,
     SERVICE_FIFO_SUFFIX,
     Context,
@@ -70,8 +69,8 @@ from .context import (
     sqs_name,
     text_param,
 )
-from .errors import SQSError
-from .message_attributes import (
+from sqs.errors import SQSError
+from sqs.message_attributes import (
     INVALID_CHARS,
     SYSTEM_ATTRIBUTES,
     attributes_json,
@@ -83,7 +82,7 @@ from .message_attributes import (
     stored_attributes,
     wanted_attribute,
 )
-from .models import QueueSettings
+from sqs.models import QueueSettings
 
 _SQS_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 _ENTRY_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")

@@ -15,10 +15,9 @@ from django.http import HttpRequest
 
 from queues import service
 from queues.access import ANONYMOUS, Caller, Forbidden
-from queues.admin_reads import ByGrant, request_caller
-
-from . import service as sqs_service
-from .models import AccessKey, QueueSettings
+from queues.admin.reads import ByGrant, request_caller
+from sqs import service as sqs_service
+from sqs.models import AccessKey, QueueSettings
 
 if TYPE_CHECKING:
     # django-stubs' admin and form classes take their models as type arguments; Django's own

@@ -8,8 +8,7 @@ class SqsConfig(AppConfig):
 
     def ready(self) -> None:
         from queues.api.bodies import register_known_caller, register_self_guarded
-
-        from .known import access_key_known, is_sqs_call
+        from sqs.known import access_key_known, is_sqs_call
 
         # A caller with an access key sends its body whole (SendMessageBatch: up to 1 MiB).
         register_known_caller(access_key_known)

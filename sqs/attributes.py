@@ -15,10 +15,9 @@ from typing import Any
 
 from queues import service
 from queues.models import LIMITS
-
-from .context import Context, invalid, queue_arn, service_errors, service_name
-from .errors import SQSError
-from .models import QueueSettings
+from sqs.context import Context, invalid, queue_arn, service_errors, service_name
+from sqs.errors import SQSError
+from sqs.models import QueueSettings
 
 # --- SQS's own limits (the service's are its LIMITS) --------------------------------------------
 #: entries of a batch call (SendMessageBatch, DeleteMessageBatch, ChangeMessageVisibilityBatch).

@@ -19,8 +19,7 @@ from django.db import DatabaseError
 
 from queues import service
 from queues.access import Caller
-
-from .errors import SQSError
+from sqs.errors import SQSError
 
 FIFO_SUFFIX = ".fifo"
 #: the service's name of a FIFO queue ends so (its names have no dots).

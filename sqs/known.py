@@ -22,7 +22,7 @@ def is_sqs_call(environ: dict[str, Any]) -> bool:
 
 def access_key_known(environ: dict[str, Any]) -> bool:
     """True when the request is signed (header or presigned URL) with an active access key."""
-    from .models import AccessKey
+    from sqs.models import AccessKey
 
     match = _HEADER_KEY.match(environ.get("HTTP_AUTHORIZATION", ""))
     if match is not None:

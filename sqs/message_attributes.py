@@ -15,10 +15,10 @@ import hashlib
 import re
 from typing import Any
 
-from . import meta as sqs_meta
-from .attributes import MAX_MESSAGE_ATTRIBUTES
-from .context import invalid
-from .errors import SQSError
+from sqs import meta as sqs_meta
+from sqs.attributes import MAX_MESSAGE_ATTRIBUTES
+from sqs.context import invalid
+from sqs.errors import SQSError
 
 #: the key of a message's ``attributes`` that keeps what SQS knows beyond name -> text.
 META = sqs_meta.KEY

@@ -56,7 +56,7 @@ _LABEL = b"sqs:meta sender seal v1"
 @lru_cache(maxsize=4)
 def _key(secret: str) -> bytes:
     """The seal's key: derived from the cluster secret, so it is never the key of its
-    signatures between nodes (``queues.peerauth``)."""
+    signatures between nodes (``queues.cluster.peerauth``)."""
     return hmac.new(secret.encode(), _LABEL, hashlib.sha256).digest()
 
 

@@ -13,8 +13,7 @@ from collections import OrderedDict
 from typing import Any
 
 from queues import service
-
-from .context import Context, service_errors
+from sqs.context import Context, service_errors
 
 #: dead letters one call of the service's redrive moves at the most.
 _ROUND = 1000

@@ -15,12 +15,11 @@ from typing import Any
 
 from django.db import transaction
 
-from queues import audit, service
-from queues.access import Caller, require
+from queues import service
+from queues.access import Caller, audit, require
 from queues.models import Queue
-
-from .attributes import MAX_RECEIVE_WAIT, MAX_TAG_KEY, MAX_TAG_VALUE, MAX_TAGS, OPAQUE
-from .models import AccessKey, QueueSettings
+from sqs.attributes import MAX_RECEIVE_WAIT, MAX_TAG_KEY, MAX_TAG_VALUE, MAX_TAGS, OPAQUE
+from sqs.models import AccessKey, QueueSettings
 
 #: the settings :func:`update_queue_settings` changes (a queue's other SQS attributes are the
 #: queue's own fields: ``service.update_queue``).

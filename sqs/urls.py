@@ -1,6 +1,6 @@
 from django.urls import re_path
 
-from . import views
+from sqs import views
 
 urlpatterns = [
     # /sqs, /sqs/ and any queue URL under it (older SDKs and kombu post to the queue URL).

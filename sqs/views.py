@@ -25,12 +25,11 @@ from rest_framework import exceptions
 
 from queues import service
 from queues.api import throttles
-from queues.auth import caller_of
-
-from . import actions, query, sigv4, wire
-from .context import Context
-from .errors import SQSError
-from .models import AccessKey
+from queues.api.auth import caller_of
+from sqs import actions, query, sigv4, wire
+from sqs.context import Context
+from sqs.errors import SQSError
+from sqs.models import AccessKey
 
 log = logging.getLogger(__name__)
 

@@ -135,9 +135,9 @@ def kv_reset():
 def runtime(db, kv_reset):
     """A node runtime in this process, without its housekeeping thread (the test ticks it)."""
     from queues import service
+    from queues.api.auth import CachedTokenAuthentication
     from queues.api.errors import BadRequest  # noqa: F401  (import the API's error mapping)
-    from queues.auth import CachedTokenAuthentication
-    from queues.node import NodeRuntime
+    from queues.cluster.node import NodeRuntime
 
     CachedTokenAuthentication.forget()
     rt = NodeRuntime("test-node", background=False).start()
@@ -159,7 +159,7 @@ def user(db):
 def purge_kv(runtime):
     """The database rolls back after each test, the key-value store does not: empty it."""
     yield
-    from queues.keys import incarnation
+    from queues.engine.keys import incarnation
     from queues.models import Queue
 
     for pk, name in Queue.objects.values_list("pk", "name"):

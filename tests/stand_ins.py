@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from queues.cluster.leases import Lease
+    from queues.engine.partition import PartitionManager
     from queues.kv import KeyValueStore
-    from queues.leases import Lease
-    from queues.partition import PartitionManager
 
 
 @dataclass(frozen=True)
@@ -34,14 +34,14 @@ class FakeMessage:
 
 class PartitionRow:
     """The Partition row without the database: the head pointer and the epoch, written only
-    under the current epoch (as ``queues.leases.set_head`` / ``read_head`` / ``move_epoch`` do it)."""
+    under the current epoch (as ``queues.cluster.leases.set_head`` / ``read_head`` / ``move_epoch`` do it)."""
 
     def __init__(self) -> None:
         self.head: str | None = None
         self.epoch = 0
 
     def set_head(self, lease: Lease, node_id: str, head: str) -> None:
-        from queues.leases import LeaseLost  # the core needs Django set up
+        from queues.cluster.leases import LeaseLost  # the core needs Django set up
 
         if lease.epoch != self.epoch:
             raise LeaseLost(f"epoch {lease.epoch} is stale (row has {self.epoch})")
@@ -52,7 +52,7 @@ class PartitionRow:
         return self.head
 
     def move_epoch(self, lease: Lease, node_id: str, epoch: int) -> None:
-        from queues.leases import LeaseLost
+        from queues.cluster.leases import LeaseLost
 
         if lease.epoch != self.epoch:
             raise LeaseLost(f"epoch {lease.epoch} is stale (row has {self.epoch})")
@@ -72,9 +72,9 @@ def next_owner(
 ) -> PartitionManager:
     """A takeover: the row's next epoch, its lease and a ``manager`` (PartitionManager by
     default) on partition 0 of ``queue``, not opened yet. ``options`` go to the manager."""
-    from queues.leases import ROW_OUTAGES, Lease
-    from queues.partition import BodyCache, PartitionManager
-    from queues.ports import BoundRow
+    from queues.cluster.leases import ROW_OUTAGES, Lease
+    from queues.engine.partition import BodyCache, PartitionManager
+    from queues.engine.ports import BoundRow
 
     row.epoch += 1
     lease = Lease(1, queue, 0, row.epoch, "n", 10.0, float("inf"), row.head or "")

@@ -6,10 +6,9 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from queues import service
-from queues.admin_reads import ByGrant, request_caller
+from queues.admin.reads import ByGrant, request_caller
 from queues.models import Partition
-
-from .models import AttemptLog, Consumer
+from workers.models import AttemptLog, Consumer
 
 
 @admin.register(Consumer)

@@ -12,14 +12,13 @@ from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from queues.api.auth import request_caller
 from queues.api.errors import BadRequest
 from queues.api.serializers import StrictSerializer
-from queues.auth import request_caller
-from queues.messages import parse_message_id
-
-from . import services
-from .models import AttemptLog
-from .services import MAX_RECORDS
+from queues.engine.ids import parse_message_id
+from workers import services
+from workers.models import AttemptLog
+from workers.services import MAX_RECORDS
 
 
 class AttemptIn(StrictSerializer):

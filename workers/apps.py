@@ -7,8 +7,7 @@ class WorkersConfig(AppConfig):
     def ready(self) -> None:
         # The core announces; the workers app keeps the attempt log (the core never imports it).
         from queues import signals
-
-        from . import receivers
+        from workers import receivers
 
         signals.redelivered.connect(receivers.on_redelivered, dispatch_uid="workers.attempt_log.redelivered")
         signals.given_back.connect(receivers.on_given_back, dispatch_uid="workers.attempt_log.given_back")

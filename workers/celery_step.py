@@ -27,9 +27,8 @@ class QueueConsumers(bootsteps.StartStopStep):
 
     def start(self, worker):
         from mq_client import Client
-
-        from .handlers import configured_queues, discover
-        from .pipeline import Pipeline
+        from workers.handlers import configured_queues, discover
+        from workers.pipeline import Pipeline
 
         found = discover()
         queues = configured_queues(found)

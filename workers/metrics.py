@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from prometheus_client import Counter, Histogram
 
-from .models import AttemptLog
+from workers.models import AttemptLog
 
 #: Seconds of a phase: from well under a second to an hour-long task.
 PHASE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)

@@ -28,9 +28,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from queues.isotime import isoformat
-
-from .handlers import Handler
+from queues.engine.isotime import isoformat
+from workers.handlers import Handler
 
 log = logging.getLogger(__name__)
 

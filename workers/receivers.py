@@ -7,7 +7,7 @@ fail the dequeue or the visibility change.
 
 from __future__ import annotations
 
-from . import services
+from workers import services
 
 
 def on_redelivered(sender, *, target: str, deliveries, **kwargs) -> None:

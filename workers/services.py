@@ -20,14 +20,13 @@ from django.utils import timezone
 
 from queues import service
 from queues.access import Caller
-from queues.messages import parse_message_id
+from queues.engine.ids import parse_message_id
 from queues.models import Partition, Queue
-
-from . import metrics
-from .models import AttemptLog, Consumer, HeldMessage
+from workers import metrics
+from workers.models import AttemptLog, Consumer, HeldMessage
 
 if TYPE_CHECKING:
-    from queues.partition import Delivery
+    from queues.service.types import Delivery
 
 #: The most attempt records one call stores or lists.
 MAX_RECORDS = 1000

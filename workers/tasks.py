@@ -7,7 +7,7 @@ from datetime import timedelta
 from celery import shared_task
 from django.conf import settings
 
-from . import services
+from workers import services
 
 
 # "Expire" is the queues' retention rule applied; these trim the workers' own records. The

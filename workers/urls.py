@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import api
+from workers import api
 
 urlpatterns = [
     path("logs", api.LogsView.as_view(), name="logs"),

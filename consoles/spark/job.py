@@ -40,8 +40,7 @@ from consoles.models import (
     QueueBucketStats,
     WorkerStats,
 )
-
-from . import transforms as tf
+from consoles.spark import transforms as tf
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ at once, unread, and the other request threads stay free for known callers. The 
 body from memory. A known caller's bodies read on the fast path count against it
 (:class:`CallerReads`): one caller holds at most ``API_BODY_READS_PER_CALLER`` request threads
 with bodies on their way. A process whose request threads all wait anyway stops holding its
-partitions (``queues.watchdog``).
+partitions (``queues.cluster.watchdog``).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.http.cookie import parse_cookie
 
-from .. import peerauth
-from ..errors import Unavailable
+from queues.cluster import peerauth
+from queues.errors import Unavailable
 
 if TYPE_CHECKING:
     from wsgiref.types import InputStream, StartResponse, WSGIApplication
@@ -72,7 +72,7 @@ def register_self_guarded(check: Callable[[dict[str, Any]], bool]) -> None:
 def _token_known(environ: dict[str, Any]) -> bool:
     from rest_framework.exceptions import AuthenticationFailed
 
-    from ..auth import CachedTokenAuthentication
+    from queues.api.auth import CachedTokenAuthentication
 
     scheme, _, key = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
     key = key.strip()

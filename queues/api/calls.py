@@ -14,12 +14,11 @@ from typing import Any
 
 from django.conf import settings
 
-from .. import service
-from ..access import Caller
-from ..models import LIMITS
-from ..node import QueueConfig
-from ..partition import Delivery
-from . import validation
+from queues import service
+from queues.access import Caller
+from queues.api import validation
+from queues.models import LIMITS
+from queues.service.types import Delivery, QueueConfig
 
 Answer = tuple[int, dict[str, Any]]
 

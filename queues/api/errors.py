@@ -17,9 +17,9 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from .. import service
-from ..errors import Fault, ServiceError, Unavailable
-from ..service.errors import NOT_FOUND_CODES
+from queues import service
+from queues.errors import Fault, ServiceError, Unavailable
+from queues.service.errors import NOT_FOUND_CODES
 
 __all__ = ["NOT_FOUND_CODES", "STORE_OUTAGES", "BadRequest", "PayloadTooLarge", "api_error", "domain_error"]
 

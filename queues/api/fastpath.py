@@ -6,7 +6,7 @@ queue's traffic, so for ``POST /api/v1/queues/<name>/{enqueue, dequeue,
 ack, visibility}`` with a ``Token`` header and a JSON body this layer authenticates (the same
 cached token check as DRF), parses with orjson, and calls the very functions the DRF views call
 (``calls``) as the same :class:`~queues.access.Caller` (the token's user; for a node, whose
-call is signed (``queues.peerauth``), the user named by ``X-MQ-On-Behalf-Of``: without it a node
+call is signed (``queues.cluster.peerauth``), the user named by ``X-MQ-On-Behalf-Of``: without it a node
 may make none of these calls), mapping errors with the same functions as the DRF exception
 handler. A client's ``X-MQ-Hops`` is ignored (hop 0), as in DRF.
 
@@ -44,10 +44,11 @@ from django.middleware.clickjacking import XFrameOptionsMiddleware
 from django.middleware.security import SecurityMiddleware
 from rest_framework import exceptions
 
-from .. import metrics, peerauth, service
-from ..auth import CachedTokenAuthentication, caller_of, check_peer_body, peer_of, request_caller
-from . import bodies, calls, throttles
-from .errors import PayloadTooLarge, api_error, domain_error
+from queues import metrics, service
+from queues.api import bodies, calls, throttles
+from queues.api.auth import CachedTokenAuthentication, caller_of, check_peer_body, peer_of, request_caller
+from queues.api.errors import PayloadTooLarge, api_error, domain_error
+from queues.cluster import peerauth
 
 if TYPE_CHECKING:
     from wsgiref.types import InputStream, StartResponse, WSGIApplication

@@ -36,8 +36,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from .. import peerauth
-from ..service.figures import NodeCollector, readiness
+from queues.cluster import peerauth
+from queues.service.figures import NodeCollector, readiness
 
 log = logging.getLogger(__name__)
 

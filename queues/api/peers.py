@@ -1,7 +1,7 @@
 """The service's calls to other nodes (``queues.service.peers.Peers``), over the REST API.
 
 A forwarded call is the same REST call a client makes, authenticated as a cluster peer (signed
-with the cluster secret by ``queues.peerauth``; never a user's token, never the secret itself),
+with the cluster secret by ``queues.cluster.peerauth``; never a user's token, never the secret itself),
 naming the user it acts for (``X-MQ-On-Behalf-Of``: the peer checks that user's rights again)
 and carrying its hop count, both covered by the signature; the answer is turned back
 into the service's types, and a refusal into ``RemoteError`` (status and body, passed on as
@@ -21,13 +21,13 @@ from typing import Any
 import orjson
 import pycurl
 
-from .. import peerauth
-from ..access import Caller
-from ..auth import on_behalf_value
-from ..messages import MessageId, StoredMessage
-from ..partition import Delivery
-from ..router import MAX_HOPS
-from ..service import AckResult, ExpireResult, MessageDraft, PeerUnreachable, RedriveResult, RemoteError
+from queues.access import Caller
+from queues.api.auth import on_behalf_value
+from queues.cluster import peerauth
+from queues.cluster.router import MAX_HOPS
+from queues.engine.ids import MessageId, StoredMessage
+from queues.service import AckResult, ExpireResult, MessageDraft, PeerUnreachable, RedriveResult, RemoteError
+from queues.service.types import Delivery
 
 #: In a node's enqueue or ack call: check it, change nothing (``calls.check_only``).
 CHECK_ONLY = "check_only"

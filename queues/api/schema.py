@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..messages import _MESSAGE_ID
-from ..models import LIMITS, QUEUE_NAME
-from ..service.limits import MAX_BATCH, MAX_WAIT
-from . import validation
+from queues.api import validation
+from queues.engine.ids import _MESSAGE_ID
+from queues.models import LIMITS, QUEUE_NAME
+from queues.service.limits import MAX_BATCH, MAX_WAIT
 
 #: A name, whole (ECMA "$" is the end of the string; the service matches with "\\Z").
 NAME_PATTERN = f"^{QUEUE_NAME}$"
@@ -492,7 +492,7 @@ def type_schema(tp: Any) -> dict[str, Any]:
 
 
 def _responses() -> dict[tuple[str, str, str], dict[str, Any]]:
-    from ..service.types import ExpireResult, PartitionOwner, QueueStats, RedriveResult, SubscriptionStats
+    from queues.service.types import ExpireResult, PartitionOwner, QueueStats, RedriveResult, SubscriptionStats
 
     expire = type_schema(ExpireResult)
     expire["required"] = ["expired", "archived"]  # deferred only when a partition's pass failed

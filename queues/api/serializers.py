@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from django.core.validators import RegexValidator
 from rest_framework import serializers
 
-from ..models import (
+from queues.models import (
     LIMITS,
     QUEUE_NAME_RE,
     QUEUE_SETTINGS,
@@ -20,7 +20,7 @@ from ..models import (
     own_dead_letter_error,
     partitions_shrink_error,
 )
-from ..service.limits import MAX_BATCH, MAX_WAIT
+from queues.service.limits import MAX_BATCH, MAX_WAIT
 
 NAME_RULE = "letters, digits, '_' and '-', at most 80"
 

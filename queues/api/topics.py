@@ -1,7 +1,7 @@
 """Topics and their subscriptions: the API.
 
 A topic is a queue whose messages are read through named subscriptions; it shares the
-queue's partitions, append trees, leases and routing (``queues.partition`` keeps one cursor
+queue's partitions, append trees, leases and routing (``queues.engine.partition`` keeps one cursor
 per subscription). The message calls are the queue's, on the target ``"<topic>/<subscription>"``.
 """
 
@@ -15,10 +15,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import service
-from ..models import TOPIC_SETTINGS, Queue, Subscription, dead_letter_pairing_error
-from . import calls
-from .serializers import (
+from queues import service
+from queues.api import calls
+from queues.api.serializers import (
     AckDoc,
     AckResultDoc,
     DequeueDoc,
@@ -31,7 +30,8 @@ from .serializers import (
     StrictSerializer,
     VisibilityDoc,
 )
-from .views import ERRORS, CallView, IsClusterPeerOrStaff, _hops, caller
+from queues.api.views import ERRORS, CallView, IsClusterPeerOrStaff, _hops, caller
+from queues.models import TOPIC_SETTINGS, Queue, Subscription, dead_letter_pairing_error
 
 
 class TopicSerializer(QueueSerializer):

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import observability, topics, views
+from queues.api import observability, topics, views
 
 urlpatterns = [
     path("healthz", views.HealthView.as_view(), name="healthz"),

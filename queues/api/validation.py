@@ -12,12 +12,11 @@ from collections.abc import Set as AbstractSet
 from datetime import datetime
 from typing import Any, Literal, TypeVar, overload
 
-from ..messages import MessageId, parse_message_id
-from ..models import LIMITS
-from ..node import QueueConfig
-from ..service.limits import MAX_BATCH, MAX_WAIT
-from ..service.types import MessageDraft
-from .errors import BadRequest
+from queues.api.errors import BadRequest
+from queues.engine.ids import MessageId, parse_message_id
+from queues.models import LIMITS
+from queues.service.limits import MAX_BATCH, MAX_WAIT
+from queues.service.types import MessageDraft, QueueConfig
 
 #: a JSON object of a request body, before it is checked
 JSONObject = dict[str, Any]

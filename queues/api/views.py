@@ -12,13 +12,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import service
-from ..access import Caller
-from ..auth import CachedTokenAuthentication, ClusterAuthentication, ClusterPeer, request_caller, request_hops
-from ..glue.drf import django_request
-from ..models import Queue
-from . import calls
-from .serializers import (
+from queues import service
+from queues.access import Caller
+from queues.api import calls
+from queues.api.auth import CachedTokenAuthentication, ClusterAuthentication, ClusterPeer, request_caller, request_hops
+from queues.api.serializers import (
     AckDoc,
     AckResultDoc,
     DequeueDoc,
@@ -30,6 +28,8 @@ from .serializers import (
     QueueUpdateSerializer,
     VisibilityDoc,
 )
+from queues.glue.drf import django_request
+from queues.models import Queue
 
 ERRORS = {
     400: OpenApiResponse(ErrorDoc, description="bad input; nothing was changed"),

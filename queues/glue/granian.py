@@ -1,6 +1,6 @@
 """granian's private names, used to serve one more listener in each WSGI worker.
 
-A node of several processes (``runnode --processes N``, :mod:`queues.serving`) has every
+A node of several processes (``runnode --processes N``, :mod:`queues.cluster.serving`) has every
 worker serve the public port (granian's own ``SO_REUSEPORT`` socket) and a private port of its
 own. granian has no API for a second listener, so the worker's spawn target here is granian's
 own WSGI worker target (``MPServer._spawn_wsgi_worker``) serving one more socket with the same

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from .base import Fence, Fenced, KeyValueStore, KVError, PrefixedStore, ReplicationError
+from queues.kv.base import Fence, Fenced, KeyValueStore, KVError, PrefixedStore, ReplicationError
 
 __all__ = [
     "Fence",
@@ -32,13 +32,13 @@ __all__ = [
 
 
 def _file(url: str) -> KeyValueStore:
-    from .filesystem import FileStore
+    from queues.kv.filesystem import FileStore
 
     return FileStore.from_url(url)
 
 
 def _redis(url: str) -> KeyValueStore:
-    from .redis import RedisStore
+    from queues.kv.redis import RedisStore
 
     return RedisStore.from_settings()
 
@@ -46,19 +46,19 @@ def _redis(url: str) -> KeyValueStore:
 def _redis_cluster(url: str) -> KeyValueStore:
     from django.conf import settings
 
-    from .redis_cluster import RedisClusterStore
+    from queues.kv.redis_cluster import RedisClusterStore
 
     return RedisClusterStore.from_url(url, min_replicas=settings.KV_MIN_REPLICAS)
 
 
 def _memory(url: str) -> KeyValueStore:
-    from .memory import MemoryStore
+    from queues.kv.memory import MemoryStore
 
     return MemoryStore()
 
 
 def _sql(url: str) -> KeyValueStore:
-    from .sql import SQLStore
+    from queues.kv.sql import SQLStore
 
     return SQLStore()
 

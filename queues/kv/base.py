@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import metrics
-from ..errors import Unavailable
+from queues import metrics
+from queues.errors import Unavailable
 
 
 class KVError(Unavailable):

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from .base import Fence, Fenced, KeyValueStore, KVError, split_key
+from queues.kv.base import Fence, Fenced, KeyValueStore, KVError, split_key
 
 # ":" for the key prefix (``KV_PREFIX``, "mq:" by default) that starts every key of the service.
 _SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$")

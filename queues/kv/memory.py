@@ -10,7 +10,7 @@ import threading
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
-from .base import Fence, Fenced, KeyValueStore, split_key
+from queues.kv.base import Fence, Fenced, KeyValueStore, split_key
 
 
 class MemoryStore(KeyValueStore):

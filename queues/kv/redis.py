@@ -29,8 +29,7 @@ import redis as redis_lib
 from redis.exceptions import RedisClusterException
 
 from queues.glue.redis import is_connected, reads_with_hiredis, round_trip
-
-from .base import Fence, Fenced, KeyValueStore, KVError, ReplicationError, split_key
+from queues.kv.base import Fence, Fenced, KeyValueStore, KVError, ReplicationError, split_key
 
 if TYPE_CHECKING:
     from redis.commands.core import Script

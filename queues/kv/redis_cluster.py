@@ -9,7 +9,7 @@ Redis Cluster spreads keys over 16,384 hash slots by the part of a key inside it
 ``{...}`` (its *hash tag*), and runs a script only if every key it declares lies in one slot.
 So the Redis key of a bucket puts its *partition* in a tag (:func:`redis_key`): the bucket's
 first two segments, ``<queue>/<partition>``, which every key of a partition shares
-(``queues.keys``). With ``KV_PREFIX=mq:``::
+(``queues.engine.keys``). With ``KV_PREFIX=mq:``::
 
     message orders/0/<block>/17   field 17      of hash mq:{orders/0}/<block>
     block   orders/0/_blocks/<b>  field <b>     of hash mq:{orders/0}/_blocks
@@ -53,8 +53,8 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from .base import Fence, KVError, split_key
-from .redis import (
+from queues.kv.base import Fence, KVError, split_key
+from queues.kv.redis import (
     _CAS,
     _DELETE,
     _PUT,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from django.db import DatabaseError, connection, transaction
 
-from .base import Fence, Fenced, KeyValueStore, KVError, split_key
+from queues.kv.base import Fence, Fenced, KeyValueStore, KVError, split_key
 
 if TYPE_CHECKING:
     from django.db.backends.utils import CursorWrapper

@@ -14,11 +14,11 @@ ack, visibility, the dead-letter move), ``operations`` (purge, redrive, expire, 
 node).
 """
 
-from ..isotime import iso
-from ..kv import KVError
-from ..messages import MessageId, parse_message_id
-from .credentials import CredentialForbidden, check_issuer, check_revoker, issue_token, revoke_token
-from .descriptions import (
+from queues.engine.ids import MessageId, parse_message_id
+from queues.engine.isotime import iso
+from queues.kv import KVError
+from queues.service.credentials import CredentialForbidden, check_issuer, check_revoker, issue_token, revoke_token
+from queues.service.descriptions import (
     check_subscription_update,
     create_queue,
     create_subscription,
@@ -38,7 +38,7 @@ from .descriptions import (
     update_queue,
     update_subscription,
 )
-from .errors import (
+from queues.service.errors import (
     Conflict,
     Fault,
     InvalidRequest,
@@ -55,10 +55,10 @@ from .errors import (
     TooManyWaits,
     Unavailable,
 )
-from .grants import check_grant, grant, revoke
-from .limits import MAX_BATCH, MAX_WAIT
-from .messages import ack, change_visibility, check_drafts, dequeue, enqueue, publish
-from .operations import (
+from queues.service.grants import check_grant, grant, revoke
+from queues.service.limits import MAX_BATCH, MAX_WAIT
+from queues.service.messages import ack, change_visibility, check_drafts, dequeue, enqueue, publish
+from queues.service.operations import (
     close_purged,
     expire,
     expire_everywhere,
@@ -67,11 +67,11 @@ from .operations import (
     redrive,
     release_partition,
 )
-from .peers import Peers, get_peers, set_peers
-from .reads import only_permitted, permitted_queues
-from .runtime import get_runtime, set_runtime
-from .targets import authorize, begin_call, checked_name, end_call, queue_config, resolve
-from .types import (
+from queues.service.peers import Peers, get_peers, set_peers
+from queues.service.reads import only_permitted, permitted_queues
+from queues.service.runtime import get_runtime, set_runtime
+from queues.service.targets import authorize, begin_call, checked_name, end_call, queue_config, resolve
+from queues.service.types import (
     AckResult,
     ExpireResult,
     MessageDraft,

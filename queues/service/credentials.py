@@ -20,10 +20,8 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from rest_framework.authtoken.models import Token
 
-from .. import audit
-from ..access import Caller, Forbidden
-from ..auth import CachedTokenAuthentication
-from .errors import Conflict
+from queues.access import Caller, Forbidden, audit
+from queues.service.errors import Conflict
 
 #: how many leading characters of a token the console shows (never the whole key).
 TOKEN_PREFIX = 8
@@ -83,7 +81,7 @@ def issue_token(user: Any, *, caller: Caller) -> Token:
 def revoke_token(user: Any, *, caller: Caller) -> bool:
     """Delete ``user``'s REST API token (:func:`check_revoker`): whether there was one. Recorded
     as ``revoke_token``. This process stops trusting it at once, the other nodes within their
-    token cache's lifetime (``queues.auth.TTL``). Raises CredentialForbidden."""
+    token cache's lifetime (``queues.api.auth.TTL``: the cache forgets a deleted token). Raises CredentialForbidden."""
     check_revoker(caller, user, "revoke an API token")
     with transaction.atomic():
         token = Token.objects.select_for_update().filter(user=user).first()
@@ -92,5 +90,4 @@ def revoke_token(user: Any, *, caller: Caller) -> bool:
         prefix = token_prefix(token.key)
         Token.objects.filter(pk=token.pk).delete()
         audit.record(caller, "revoke_token", user_label(user), prefix=prefix)
-    CachedTokenAuthentication.forget()
     return True

@@ -16,17 +16,23 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .. import audit, keys
-from ..access import Caller, Forbidden, require, visible
-from ..dedup import get_dedup
-from ..models import LIMITS, Partition, Queue, Subscription, partitions_shrink_error
-from ..partition import wait_out_trust
-from .errors import Conflict, InvalidRequest, QueueNotFound, SubscriptionNotFound
-from .peers import get_peers
-from .reads import permitted_queues
-from .runtime import current_runtime, get_runtime
-from .targets import authorize, checked_name
-from .types import PartitionOwner, PartitionStats, QueueStats, SubscriptionPartitionStats, SubscriptionStats
+from queues.access import Caller, Forbidden, audit, require, visible
+from queues.cluster.dedup import get_dedup
+from queues.engine import keys
+from queues.engine.partition import wait_out_trust
+from queues.models import LIMITS, Partition, Queue, Subscription, partitions_shrink_error
+from queues.service.errors import Conflict, InvalidRequest, QueueNotFound, SubscriptionNotFound
+from queues.service.peers import get_peers
+from queues.service.reads import permitted_queues
+from queues.service.runtime import current_runtime, get_runtime
+from queues.service.targets import authorize, checked_name
+from queues.service.types import (
+    PartitionOwner,
+    PartitionStats,
+    QueueStats,
+    SubscriptionPartitionStats,
+    SubscriptionStats,
+)
 
 log = logging.getLogger(__name__)
 

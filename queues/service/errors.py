@@ -4,7 +4,7 @@ carries its answer (``code``, ``status``, ``detail``). The API answers them in o
 
 from __future__ import annotations
 
-from ..errors import (
+from queues.errors import (
     Fault,
     NotFound,
     NotServedHere,
@@ -16,7 +16,7 @@ from ..errors import (
     SubscriptionNotFound,
     Unavailable,
 )
-from .peers import PeerUnreachable, RemoteError
+from queues.service.peers import PeerUnreachable, RemoteError
 
 __all__ = [
     "NOT_FOUND_CODES",

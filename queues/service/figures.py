@@ -22,9 +22,9 @@ from django.db import connection
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .. import balance
-from ..node import NodeRuntime
-from .runtime import current_runtime, get_runtime
+from queues.cluster import balance
+from queues.cluster.node import NodeRuntime
+from queues.service.runtime import current_runtime, get_runtime
 
 #: Seconds a readiness probe of the database or the store may take before it counts as down.
 PROBE_TIMEOUT = 2.0
@@ -91,7 +91,7 @@ class NodeCollector(Collector):
         cooling.add_metric([], 1.0 if rt.cooling else 0.0)
         connections = GaugeMetricFamily(
             "mq_node_client_connections",
-            "Busy client connections each process of the node holds (runnode --processes N, queues.balance)",
+            "Busy client connections each process of the node holds (runnode --processes N, queues.cluster.balance)",
             labels=["node"],
         )
         if balance.LAST_COUNT is not None:

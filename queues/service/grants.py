@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import access, audit
-from ..access import Caller
-from ..models import GRANT_PATTERN_RE, Grant, Queue
-from .errors import InvalidRequest
+from queues import access
+from queues.access import Caller, audit
+from queues.models import GRANT_PATTERN_RE, Grant, Queue
+from queues.service.errors import InvalidRequest
 
 
 def principal_label(user: Any = None, group: Any = None) -> str:

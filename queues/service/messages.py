@@ -21,23 +21,30 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 
-from .. import metrics
-from ..access import SYSTEM, Caller, granted_now
-from ..dedup import get_dedup
-from ..isotime import iso
-from ..messages import MessageId, StoredMessage, group_partition, parse_message_id
-from ..models import Queue
-from ..node import QueueConfig
-from ..partition import Delivery, PartitionManager
-from ..ports import Lease
-from ..router import MAX_HOPS
-from ..signals import given_back, redelivered
-from .errors import InvalidRequest, NotServedHere, PartitionUnavailable, QueueNotFound, RemoteError, TooManyWaits
-from .limits import MAX_BATCH, MAX_WAIT
-from .peers import get_peers
-from .runtime import get_runtime
-from .targets import authorize, queue_config
-from .types import AckResult, MessageDraft
+from queues import metrics
+from queues.access import SYSTEM, Caller, granted_now
+from queues.cluster.dedup import get_dedup
+from queues.cluster.router import MAX_HOPS
+from queues.engine.config import QueueConfig
+from queues.engine.ids import MessageId, StoredMessage, group_partition, parse_message_id
+from queues.engine.isotime import iso
+from queues.engine.partition import Delivery, PartitionManager
+from queues.engine.ports import Lease
+from queues.models import Queue
+from queues.service.errors import (
+    InvalidRequest,
+    NotServedHere,
+    PartitionUnavailable,
+    QueueNotFound,
+    RemoteError,
+    TooManyWaits,
+)
+from queues.service.limits import MAX_BATCH, MAX_WAIT
+from queues.service.peers import get_peers
+from queues.service.runtime import get_runtime
+from queues.service.targets import authorize, queue_config
+from queues.service.types import AckResult, MessageDraft
+from queues.signals import given_back, redelivered
 
 log = logging.getLogger(__name__)
 

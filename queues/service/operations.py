@@ -13,22 +13,21 @@ from datetime import UTC, datetime
 
 from django.db.models import F
 
-from .. import audit
-from ..access import Caller, require
-from ..dedup import get_dedup
-from ..messages import StoredMessage
-from ..models import LIMITS, QUEUE_NAME, Partition, Queue
-from ..node import QueueConfig
-from ..partition import Delivery, PartitionManager, wait_out_trust
-from ..ports import Lease
-from ..purge import purge_partition
-from ..router import MAX_HOPS
-from .errors import Conflict, InvalidRequest, PartitionUnavailable, QueueNotFound, RemoteError
-from .messages import _ack_local, _message_id, enqueue
-from .peers import get_peers
-from .runtime import get_runtime
-from .targets import authorize
-from .types import ExpireResult, MessageDraft, RedriveResult
+from queues.access import Caller, audit, require
+from queues.cluster.dedup import get_dedup
+from queues.cluster.purge import purge_partition
+from queues.cluster.router import MAX_HOPS
+from queues.engine.config import QueueConfig
+from queues.engine.ids import StoredMessage
+from queues.engine.partition import Delivery, PartitionManager, wait_out_trust
+from queues.engine.ports import Lease
+from queues.models import LIMITS, QUEUE_NAME, Partition, Queue
+from queues.service.errors import Conflict, InvalidRequest, PartitionUnavailable, QueueNotFound, RemoteError
+from queues.service.messages import _ack_local, _message_id, enqueue
+from queues.service.peers import get_peers
+from queues.service.runtime import get_runtime
+from queues.service.targets import authorize
+from queues.service.types import ExpireResult, MessageDraft, RedriveResult
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +40,7 @@ def purge(queue: str, *, caller: Caller) -> int:
     """Remove every message of ``queue``, in flight ones too (``manage``); returns how many
     were removed.
 
-    Done here whoever owns the partitions (see ``queues.purge``: each row's epoch moves on
+    Done here whoever owns the partitions (see ``queues.cluster.purge``: each row's epoch moves on
     in its own transaction, then the store's fence, then the old tree is deleted); the owners
     are then told to drop their managers, which they would do anyway at their next renewal.
     It answers ``partition.FENCE_TRUST`` after the fences moved: from then on no manager of

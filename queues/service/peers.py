@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ..access import Caller
-from ..errors import PartitionUnavailable, ServiceError
-from ..messages import MessageId
-from ..partition import Delivery
-from .types import AckResult, ExpireResult, MessageDraft, RedriveResult
+from queues.access import Caller
+from queues.engine.ids import MessageId
+from queues.engine.partition import Delivery
+from queues.errors import PartitionUnavailable, ServiceError
+from queues.service.types import AckResult, ExpireResult, MessageDraft, RedriveResult
 
 
 class RemoteError(ServiceError):

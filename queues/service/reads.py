@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 
 from django.db.models import Model, QuerySet
 
-from ..access import Caller, visible
-from ..models import Queue
+from queues.access import Caller, visible
+from queues.models import Queue
 
 _M = TypeVar("_M", bound=Model)
 

@@ -6,7 +6,7 @@ import threading
 
 from django.conf import settings
 
-from ..node import NodeRuntime
+from queues.cluster.node import NodeRuntime
 
 _runtime: NodeRuntime | None = None
 _runtime_lock = threading.Lock()

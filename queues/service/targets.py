@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from contextvars import ContextVar, Token
 
-from ..access import Caller, require
-from ..models import QUEUE_NAME_RE
-from ..node import QueueConfig
-from .errors import InvalidRequest, QueueNotFound, SubscriptionNotFound
-from .runtime import get_runtime
+from queues.access import Caller, require
+from queues.engine.config import QueueConfig
+from queues.models import QUEUE_NAME_RE
+from queues.service.errors import InvalidRequest, QueueNotFound, SubscriptionNotFound
+from queues.service.runtime import get_runtime
 
 
 def checked_name(name: str) -> str:

@@ -9,6 +9,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any, NotRequired, TypedDict
 
+# A queue's description and a delivered message, as the engine makes them: every entrance reads
+# them from here, not from the runtime.
+from queues.engine.config import QueueConfig
+from queues.engine.partition import Delivery
+
+__all__ = [
+    "AckResult",
+    "Delivery",
+    "ExpireResult",
+    "MessageDraft",
+    "PartitionOwner",
+    "PartitionStats",
+    "QueueConfig",
+    "QueueStats",
+    "RedriveResult",
+    "ReleaseResult",
+    "SubscriptionPartitionStats",
+    "SubscriptionStats",
+]
+
 
 @dataclass(slots=True)
 class MessageDraft:

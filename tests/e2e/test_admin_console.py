@@ -18,7 +18,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
-from queues.keys import incarnation
+from queues.engine.keys import incarnation
 from tests.integration.nodes import Client
 from tests.launcher import wait_until
 

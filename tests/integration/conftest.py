@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.integration.nodes import NodeSet, local_node_env
 from tests.launcher import KV_BACKENDS, NodeProcess
-
-from .nodes import NodeSet, local_node_env
 
 #: Every node of a test beats this often (seconds): a takeover or a grant shows within moments.
 HEARTBEAT = "0.3"

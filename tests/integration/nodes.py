@@ -57,9 +57,9 @@ def peer_request(
     timeout: float = 10,
 ) -> requests.Response:
     """``method url`` as a node makes it: signed with this process's cluster secret
-    (``queues.peerauth``) for the node at ``url``, ``hops`` and ``on_behalf`` under the signature; ``headers`` are sent
+    (``queues.cluster.peerauth``) for the node at ``url``, ``hops`` and ``on_behalf`` under the signature; ``headers`` are sent
     too (after signing: a header signed differently breaks the signature)."""
-    from queues import peerauth
+    from queues.cluster import peerauth
 
     body = b"" if payload is None else orjson.dumps(payload)
     netloc, _, rest = url.split("://", 1)[1].partition("/")

@@ -12,7 +12,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from rest_framework.authtoken.models import Token, TokenProxy
 
-from queues.admin_tokens import TokenAdmin
+from queues.admin.tokens import TokenAdmin
 from queues.models import AuditEntry
 
 pytestmark = pytest.mark.django_db

@@ -16,10 +16,9 @@ from rest_framework.test import APIClient
 
 from queues import service
 from queues.access import SYSTEM
-from queues.messages import parse_message_id
+from queues.engine.ids import parse_message_id
 from queues.service import MessageDraft
-
-from .wsgi_client import make_client
+from tests.integration.wsgi_client import make_client
 
 #: Every test through DRF's test client (straight to Django) and through the node's WSGI
 #: application, whose fast path serves the message calls.
@@ -214,7 +213,7 @@ def test_a_null_estimate_is_the_queues_and_a_delivery_answers_numbers(api, make_
 
 def test_batch_of_1000_ids_in_order_and_fifo_dequeue(api, make_queue):
     # given: one partition, small blocks so the batch spans several (each twice the one before:
-    # they fill at once, see queues.tree.next_block_size)
+    # they fill at once, see queues.engine.tree.next_block_size)
     name = make_queue(partitions=1, block_size=64)
     bodies = [f"m{i:04d}" for i in range(1000)]
 

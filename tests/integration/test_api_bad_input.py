@@ -19,11 +19,10 @@ from hypothesis import strategies as st
 
 from queues import service
 from queues.access import SYSTEM
-from queues.keys import block_key
+from queues.engine.keys import block_key
 from queues.models import Partition, Queue
 from queues.service import MessageDraft
-
-from .wsgi_client import make_client
+from tests.integration.wsgi_client import make_client
 
 #: Every case through DRF's test client (straight to Django) and through the node's WSGI
 #: application, whose fast path serves the message calls (with a token and a JSON body) and

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.test import override_settings
 from rest_framework.test import APIClient
 
-from .wsgi_client import token_client
+from tests.integration.wsgi_client import token_client
 
 
 def _rates(user: str | None, anon: str | None = None):

@@ -19,11 +19,11 @@ from rest_framework.test import APIClient
 import archive
 from archive import archiver
 from archive.models import ArchivedMessage, ArchiverLock
-from queues import archive_journal, service
-from queues.keys import incarnation
+from queues import service
+from queues.engine import archive_journal
+from queues.engine.keys import incarnation
+from tests.integration.nodes import Client, local_node_env, node_info, wait_until
 from tests.launcher import NodeProcess
-
-from .nodes import Client, local_node_env, node_info, wait_until
 
 BACKENDS = ["file", "redis", "postgres"]
 
@@ -53,8 +53,8 @@ def runtime(backend, request, tmp_path, kv_reset):
     """The node runtime of this process (the shared ``api`` calls it) on the ``backend`` under
     test, what it wrote there removed afterwards."""
     request.getfixturevalue("db")  # honours django_db(transaction=True) on the test
-    from queues.auth import CachedTokenAuthentication
-    from queues.node import NodeRuntime
+    from queues.api.auth import CachedTokenAuthentication
+    from queues.cluster.node import NodeRuntime
 
     CachedTokenAuthentication.forget()
     store = _store(backend, request, tmp_path)
@@ -503,8 +503,7 @@ def test_a_replay_through_a_cooling_node_goes_elsewhere_whatever_hops_the_client
     import requests
 
     from queues.models import Queue
-
-    from .nodes import NodeSet
+    from tests.integration.nodes import NodeSet
 
     def partitions(c: Client, name: str) -> list[dict]:
         r = c.get(f"queues/{name}/partitions")

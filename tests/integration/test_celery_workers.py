@@ -20,11 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.handlers_for_tests import QUEUE, events
+from tests.integration.nodes import Client, database_url
 from tests.launcher import ROOT, wait_until
 from workers.models import Consumer
-
-from .handlers_for_tests import QUEUE, events
-from .nodes import Client, database_url
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

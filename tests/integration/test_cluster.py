@@ -17,16 +17,8 @@ from itertools import cycle
 
 import pytest
 
+from tests.integration.nodes import Client, database_url, member_addresses, member_ids, node_info, peer_request
 from tests.launcher import NodeProcess, wait_until
-
-from .nodes import (
-    Client,
-    database_url,
-    member_addresses,
-    member_ids,
-    node_info,
-    peer_request,
-)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -240,7 +232,7 @@ def test_sigkill_one_of_three_nodes_mid_load(nodes, token):
     victim_ids = member_ids(victim)
     victim_parts = {p["index"] for p in _partitions(c0, name) if p["owner"] in victim_ids}
     # a group whose stable hash lands in one of the victim's partitions, to aim enqueues there
-    from queues.messages import group_partition
+    from queues.engine.ids import group_partition
 
     group = next(f"g{i}" for i in range(10_000) if group_partition(f"g{i}", 6) in victim_parts)
     # every process of the survivors, at its own address: a process serves its own partitions

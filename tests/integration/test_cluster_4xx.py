@@ -9,10 +9,9 @@ from itertools import count
 
 import pytest
 
-from queues.messages import group_partition
+from queues.engine.ids import group_partition
+from tests.integration.nodes import Client, node_info
 from tests.launcher import NodeProcess, wait_until
-
-from .nodes import Client, node_info
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

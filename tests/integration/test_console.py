@@ -6,17 +6,17 @@ import re
 
 import pytest
 
-from queues.keys import block_key
-from queues.messages import parse_message_id
+from queues.engine.ids import parse_message_id
+from queues.engine.keys import block_key
+from queues.engine.partition import PartitionUnavailable
 from queues.models import Partition, Queue
-from queues.partition import PartitionUnavailable
 
 
 @pytest.fixture
 def staff_api(api, user):
     user.is_staff = True
     user.save()
-    from queues.auth import CachedTokenAuthentication
+    from queues.api.auth import CachedTokenAuthentication
 
     CachedTokenAuthentication.forget()
     return api
@@ -101,7 +101,7 @@ def test_purge_removes_every_message_and_fences_the_old_owner(staff_api, make_qu
 
 
 def _any_message():
-    from queues.messages import StoredMessage
+    from queues.engine.ids import StoredMessage
 
     return StoredMessage("late", 0.0)
 
@@ -112,8 +112,7 @@ def test_purge_and_release_need_manage(api, make_queue, runtime, purge_kv):
     from django.contrib.auth.models import User
 
     from queues.models import Grant
-
-    from .wsgi_client import token_client
+    from tests.integration.wsgi_client import token_client
 
     name = make_queue(partitions=1)
     runtime.tick()

@@ -17,9 +17,10 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from queues import dedup, tasks
+from queues import tasks
+from queues.cluster import dedup
 from queues.models import DedupEntry
-from queues.partition import Delivery
+from queues.service.types import Delivery
 from workers import services
 from workers import tasks as worker_tasks
 from workers.models import AttemptLog, Consumer, HeldMessage

@@ -15,9 +15,8 @@ import time
 import pytest
 from django.conf import settings
 
+from tests.integration.nodes import Client, local_node_env, member_addresses
 from tests.launcher import NodeProcess, wait_until
-
-from .nodes import Client, local_node_env, member_addresses
 
 pytestmark = pytest.mark.cluster
 
@@ -43,7 +42,7 @@ def test_sigkill_loses_no_confirmed_message(backend, tmp_path, token, request):
         if backend == "redis-cluster":
             # the nodes kept each partition's fence under its hash tag (on the cluster, not
             # elsewhere), in the queue's incarnation (keys.incarnation: its row's id)
-            from queues.keys import incarnation
+            from queues.engine.keys import incarnation
             from queues.models import Queue
 
             cluster = request.getfixturevalue("redis_cluster_client")
@@ -183,7 +182,7 @@ def _run(first: NodeProcess, second: NodeProcess, token: str, backend: str) -> N
         f"enqueue-resumed={first_enqueue:.2f}s dequeue-resumed={first_dequeue:.2f}s (lease 2 s)"
     )
     assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:3]}"
-    # (and the crash met grown blocks, not only blocks of 64: see queues.tree.next_block_size)
+    # (and the crash met grown blocks, not only blocks of 64: see queues.engine.tree.next_block_size)
     assert max(int(mid.rsplit("/", 1)[1]) for mid in confirmed) >= 64
     assert not resurrected, f"{len(resurrected)} acknowledged messages came back"
     assert all(n == 1 for n in delivered.values()), "a message was delivered twice in the drain"

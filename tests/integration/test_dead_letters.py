@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.integration.test_guarantees import _purge_kv, ack, dequeue, enqueue, in_process, post, stats  # noqa: F401 - fixture
 from tests.launcher import wait_until
-
-from .test_guarantees import _purge_kv, ack, dequeue, enqueue, in_process, post, stats  # noqa: F401 - fixture
 
 TOPICS = "/api/v1/topics"
 

@@ -18,9 +18,8 @@ from django.core.handlers.wsgi import WSGIRequest
 from django.test import override_settings
 
 from queues.api import fastpath
-
-from .nodes import NodeSet, local_node_env
-from .wsgi_client import make_client
+from tests.integration.nodes import NodeSet, local_node_env
+from tests.integration.wsgi_client import make_client
 
 #: Headers each path makes for itself, not security headers.
 OWN = {"date", "server", "content-length", "content-type", "vary", "allow"}

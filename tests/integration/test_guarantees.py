@@ -19,10 +19,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests.integration.nodes import Client
+from tests.integration.wsgi_client import TRANSPORTS, token_client
 from tests.launcher import ROOT, free_port
-
-from .nodes import Client
-from .wsgi_client import TRANSPORTS, token_client
 
 API = "/api/v1/queues"
 
@@ -295,7 +294,7 @@ def test_dedup_id_stores_one_message(api, make_queue):
 
 @in_process
 def test_a_failed_enqueue_gives_back_every_dedup_reservation(api, make_queue, monkeypatch):
-    from queues import dedup
+    from queues.cluster import dedup
 
     # given a queue where another call is still enqueueing dedup_id "busy" (reserved, not confirmed)
     monkeypatch.setattr(dedup, "_WAIT", 0.2)

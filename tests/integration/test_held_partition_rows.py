@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import pytest
 from django.db import connection, connections, transaction
 
-from queues import leases
+from queues.cluster import leases
 from queues.models import Node, Partition, Queue
 
 WALL = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)

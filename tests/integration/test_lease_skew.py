@@ -1,7 +1,7 @@
 """Invariant 3 under clock skew: no partition ever has two owners, checked from an ownership log.
 
 The nodes are simulated in one thread over the real database (the ``Partition`` rows and the
-compare-and-set in ``queues.leases``), under one global simulated time ``T``. Each node has its
+compare-and-set in ``queues.cluster.leases``), under one global simulated time ``T``. Each node has its
 own ``Clock``: ``monotonic() = T * rate + offset`` with offsets of minutes (far more than a
 lease period) and rates within 1 % of each other; ``wall()`` is skewed by the same offset.
 
@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from queues import leases
+from queues.cluster import leases
 from queues.models import Node, Partition, Queue
 
 PERIOD = 10  # seconds, the partitions' lease period

@@ -143,8 +143,7 @@ def test_a_long_poll_whose_caller_lost_the_right_gets_nothing_and_loses_nothing(
     from rest_framework.authtoken.models import Token
 
     from queues.models import Grant, Queue
-
-    from .nodes import Client
+    from tests.integration.nodes import Client
 
     owner = User.objects.create(username=f"owner-{uuid.uuid4().hex[:6]}")
     reader = User.objects.create(username=f"reader-{uuid.uuid4().hex[:6]}")

@@ -14,9 +14,8 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.integration.nodes import Client, member_addresses
 from tests.launcher import free_port, wait_until
-
-from .nodes import Client, member_addresses
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -221,7 +220,7 @@ def test_one_scrape_is_the_whole_node_of_several_processes(nodes, token, unique_
 
     wait_until(one_each, 30, "each process to hold one partition")
     # when: messages go to both partitions (groups hashed to each), through the one port
-    from queues.messages import group_partition
+    from queues.engine.ids import group_partition
 
     groups = [next(f"g{i}" for i in range(1000) if group_partition(f"g{i}", 2) == k) for k in (0, 1)]
     for g, n in zip(groups, (3, 4), strict=True):

@@ -1,5 +1,5 @@
 """A node of two processes shares its few long-lived client connections evenly between them
-(``queues.balance``): the kernel's spread of four connections is 3:1 or 4:0 more often than
+(``queues.cluster.balance``): the kernel's spread of four connections is 3:1 or 4:0 more often than
 2:2, and a connection stays with the process that accepted it."""
 
 from __future__ import annotations

@@ -23,9 +23,8 @@ import requests
 from queues import service
 from queues.access import SYSTEM, Caller
 from queues.service import MessageDraft
-
-from .nodes import Client, node_info
-from .wsgi_client import TRANSPORTS, make_client, token_client
+from tests.integration.nodes import Client, node_info
+from tests.integration.wsgi_client import TRANSPORTS, make_client, token_client
 
 PUBLISHED_DEFAULT = "embedded-insecure-secret-change-me"
 
@@ -184,7 +183,7 @@ def test_a_forwarded_call_with_a_changed_header_or_body_is_refused(transport, ow
 @pytest.mark.django_db
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_nodes_own_call_may_make_only_the_node_only_calls(transport, owned_queue, runtime):
-    from queues import peerauth
+    from queues.cluster import peerauth
 
     client = make_client(transport)
 
@@ -283,7 +282,7 @@ def test_a_node_answers_only_loopback_host_names_by_default(nodes, token):
 def test_healthz_tells_anonymous_callers_nothing_about_the_node(transport, runtime, user):
     from django.contrib.auth.models import User
 
-    from queues import peerauth
+    from queues.cluster import peerauth
 
     # anyone (no token, a bad token, an ordinary user's token): liveness only
     anonymous = make_client(transport)

@@ -36,7 +36,7 @@ def test_each_queue_has_its_own_managers_and_they_go_with_it(runtime, api, make_
 def test_a_partitions_row_is_written_when_its_figures_change_and_now_and_then_otherwise(
     runtime, api, make_queue, purge_kv, monkeypatch
 ):
-    from queues import node
+    from queues.cluster import node
     from queues.models import Partition
 
     q = make_queue(partitions=1)
@@ -60,13 +60,13 @@ def test_a_partitions_row_is_written_when_its_figures_change_and_now_and_then_ot
 
 
 def test_a_description_reads_every_column_of_the_row_and_its_subscriptions(db):
-    # the housekeeping pass reads descriptions as values (node._queue_configs), all at once or
+    # the housekeeping pass reads descriptions as values (catalog.load), all at once or
     # one by name: every column, subscriptions included
     from datetime import UTC, datetime
 
-    from queues import leases
+    from queues.cluster import catalog, leases
+    from queues.engine.config import QueueConfig
     from queues.models import Partition, Queue, Subscription
-    from queues.node import QueueConfig, _queue_configs
 
     dlq = Queue.objects.create(name="desc-dlq", partitions=1)
     queue = Queue.objects.create(
@@ -78,9 +78,9 @@ def test_a_description_reads_every_column_of_the_row_and_its_subscriptions(db):
     Subscription.objects.create(
         topic=topic, name="a-audit", starts_at=datetime(2026, 1, 2, tzinfo=UTC), dead_letter_queue=dlq, max_receives=3
     )
-    read = _queue_configs()
+    read = catalog.load()
     for q in (dlq, queue, plain, topic):
-        assert read[q.name] == _queue_configs(q.name)[q.name]
+        assert read[q.name] == catalog.load(q.name)[q.name]
     q = queue
     q.refresh_from_db()
     assert read["desc-queue"] == QueueConfig(
@@ -94,7 +94,7 @@ def test_a_description_reads_every_column_of_the_row_and_its_subscriptions(db):
         ("a-audit", datetime(2026, 1, 2, tzinfo=UTC).timestamp(), 3, "desc-dlq"),
         ("b-slow", None, None, None),
     ]
-    assert _queue_configs("no-such-queue") == {}
+    assert catalog.load("no-such-queue") == {}
 
     # and a claim pass reads a partition row as the row holds it
     p = Partition.objects.create(queue=queue, index=1, owner_id=None, epoch=4, lease_period=12)
@@ -107,9 +107,9 @@ def test_a_partition_whose_open_failed_is_handed_back_and_taken_again_at_the_nex
     runtime, make_queue, monkeypatch, caplog
 ):
     # given a queue this node serves
+    from queues.engine.partition import PartitionManager
     from queues.kv import KVError
     from queues.models import Partition
-    from queues.partition import PartitionManager
 
     name = make_queue(partitions=1)
     runtime.tick()
@@ -143,9 +143,9 @@ def test_a_partition_whose_open_failed_is_handed_back_and_taken_again_at_the_nex
 
 def test_a_partition_that_cannot_open_here_is_left_to_other_nodes_for_a_lease_period(runtime, make_queue, monkeypatch):
     # given a queue whose partition's tree this node cannot read (a head block gone)
+    from queues.engine.partition import PartitionManager
+    from queues.engine.tree import CorruptTree
     from queues.models import Partition
-    from queues.partition import PartitionManager
-    from queues.tree import CorruptTree
 
     real = PartitionManager.open_head
 
@@ -169,9 +169,9 @@ def test_a_partition_that_cannot_open_here_is_left_to_other_nodes_for_a_lease_pe
 
 def test_an_outage_met_opening_a_partition_ends_the_claims_of_that_pass(runtime, make_queue, monkeypatch):
     # given a store that refuses every read: each open would wait on it
+    from queues.engine.partition import PartitionManager
     from queues.kv import KVError
     from queues.models import Partition
-    from queues.partition import PartitionManager
 
     real = PartitionManager.open_head
     tried = []
@@ -201,7 +201,7 @@ def test_two_claim_passes_at_once_take_one_share_between_them(runtime, make_queu
     from django.db import connection
     from django.utils import timezone
 
-    from queues import leases
+    from queues.cluster import leases
     from queues.models import Node
 
     if connection.vendor == "sqlite":

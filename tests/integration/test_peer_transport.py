@@ -17,10 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pycurl
 import pytest
 
-from queues import peerauth
 from queues.access import Caller
 from queues.api import peers
-from queues.messages import MessageId
+from queues.cluster import peerauth
+from queues.engine.ids import MessageId
 from queues.service import MessageDraft, PeerUnreachable, RemoteError
 
 CALLER = Caller(7, "seven")

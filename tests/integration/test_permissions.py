@@ -21,8 +21,7 @@ import pytest
 
 from queues.access import Caller
 from queues.models import AuditEntry, Grant, Queue
-
-from .wsgi_client import TRANSPORTS, make_client
+from tests.integration.wsgi_client import TRANSPORTS, make_client
 
 ROLES = ("anonymous", "no_grant", "produce", "consume", "manage", "pattern", "group", "staff", "superuser")
 
@@ -286,7 +285,7 @@ def test_permission_matrix(runtime, purge_kv, op, role, transport):
 def test_a_creator_manages_what_it_created_and_nobody_else_sees_it(runtime, purge_kv, user):
     from django.contrib.auth.models import User
 
-    from .wsgi_client import token_client
+    from tests.integration.wsgi_client import token_client
 
     mine = token_client("drf", user)
     other = token_client("fastpath", User.objects.create(username=f"other-{uuid.uuid4().hex[:6]}"))
@@ -315,9 +314,8 @@ def test_the_attempt_log_and_the_archive_list_only_what_the_caller_may_read(runt
     from django.contrib.auth.models import User
 
     from archive.models import ArchivedMessage
+    from tests.integration.wsgi_client import token_client
     from workers.models import AttemptLog
-
-    from .wsgi_client import token_client
 
     owner = User.objects.create(username=f"o-{uuid.uuid4().hex[:6]}")
     reader = User.objects.create(username=f"r-{uuid.uuid4().hex[:6]}")
@@ -344,9 +342,8 @@ def test_the_attempt_log_and_the_archive_list_only_what_the_caller_may_read(runt
 def test_only_a_consumer_of_a_queue_writes_its_attempt_log(runtime, purge_kv):
     from django.contrib.auth.models import User
 
+    from tests.integration.wsgi_client import token_client
     from workers.models import AttemptLog
-
-    from .wsgi_client import token_client
 
     owner = User.objects.create(username=f"o-{uuid.uuid4().hex[:6]}")
     stranger = User.objects.create(username=f"s-{uuid.uuid4().hex[:6]}")
@@ -380,9 +377,8 @@ def test_a_forwarded_call_acts_for_its_user_at_the_owner(nodes):
     from django.contrib.auth.models import User
     from rest_framework.authtoken.models import Token
 
+    from tests.integration.nodes import Client, peer_request
     from tests.launcher import wait_until
-
-    from .nodes import Client, peer_request
 
     def token_of(user) -> str:
         return Token.objects.create(user=user).key
@@ -406,7 +402,7 @@ def test_a_forwarded_call_acts_for_its_user_at_the_owner(nodes):
 
     wait_until(lambda: set(owners().values()) == {a.url[7:], b.url[7:]}, 30, "the partitions spread over both nodes")
     at_b = next(i for i, addr in owners().items() if addr == b.url[7:])
-    from queues.messages import group_partition
+    from queues.engine.ids import group_partition
 
     group = next(f"g{i}" for i in range(1000) if group_partition(f"g{i}", 4) == at_b)
 

@@ -19,9 +19,10 @@ from rest_framework.test import APIClient
 
 from queues import service
 from queues.access import SYSTEM
+from queues.cluster import catalog
+from queues.cluster.node import NodeRuntime
+from queues.engine.partition import PartitionManager
 from queues.models import Partition, Queue
-from queues.node import NodeRuntime, QueueConfig
-from queues.partition import PartitionManager
 
 pytestmark = pytest.mark.django_db
 
@@ -33,7 +34,7 @@ def ops(api, user, purge_kv) -> APIClient:
     """The API client of a superuser: it may purge, redrive, change and delete any queue."""
     user.is_staff = user.is_superuser = True
     user.save()
-    from queues.auth import CachedTokenAuthentication
+    from queues.api.auth import CachedTokenAuthentication
 
     CachedTokenAuthentication.forget()
     return api
@@ -126,7 +127,7 @@ def test_purge_racing_delete_answers_404(ops, make_queue):
     name = make_queue(partitions=2)
     enqueue(ops, name, 10)
     # when the queue is deleted after the purge listed its partitions (the known 500:
-    # Partition.DoesNotExist from queues/purge.py)
+    # Partition.DoesNotExist from queues/cluster/purge.py)
     with before_once(service.operations, "purge_partition", lambda: delete(name)) as done:
         r = ops.post(f"{API}/{name}/purge", {}, format="json")
     # then
@@ -248,7 +249,7 @@ def test_a_description_read_while_the_queue_is_deleted_is_not_kept(ops, make_que
     name = make_queue(partitions=1)
     runtime.queues.pop(name)
     # when it is deleted after rt.queue(name) read its row but before it kept the description
-    with after_once(QueueConfig, "from_row", lambda: delete(name)) as done:
+    with after_once(catalog, "config_from_row", lambda: delete(name)) as done:
         r = ops.post(f"{API}/{name}/enqueue", {"body": "x"}, format="json")
     # then the enqueue answers 404 and the deleted queue is not served from memory
     assert done
@@ -505,9 +506,7 @@ def test_a_refresh_racing_a_change_keeps_the_newer_description(ops, make_queue, 
     # given a queue of 2 partitions described on this node
     name = make_queue(partitions=2)
     assert runtime.queue(name).partitions == 2
-    import queues.node as node
-
-    configs = node._queue_configs
+    configs = catalog.load
 
     def stale_configs(only=None):
         if only is not None:
@@ -519,9 +518,9 @@ def test_a_refresh_racing_a_change_keeps_the_newer_description(ops, make_queue, 
         assert r.status_code == 200, r.content
         return read
 
-    monkeypatch.setattr(node, "_queue_configs", stale_configs)
+    monkeypatch.setattr(catalog, "load", stale_configs)
     runtime.refresh_queues()
-    monkeypatch.setattr(node, "_queue_configs", configs)
+    monkeypatch.setattr(catalog, "load", configs)
     # then the node keeps the grown queue's description, not the rows read before the change
     # (with those, an ID of partition 2 was refused as "no partition 2" until the next pass)
     assert runtime.queue(name).partitions == 3
@@ -538,8 +537,8 @@ def test_a_stale_owners_write_racing_delete_and_recreate_never_lands_in_the_new_
     check when the queue is deleted (its directory and fence lock file with it) and created
     again under the name; the write then goes on. It must not land among the new queue's keys,
     where the new owner's scans (blocks, receive counts, the archive journal) would find it."""
+    from queues.engine.ids import StoredMessage
     from queues.kv.filesystem import FileStore
-    from queues.messages import StoredMessage
 
     root = tmp_path / "kv"
     store = FileStore(root).within("mq:")
@@ -595,7 +594,7 @@ def test_a_node_not_told_of_a_purge_or_delete_delivers_nothing_it_removed(
     delivery writes nothing. A dequeue reaching that node after the answer (a client's, or
     one forwarded by another node, which asks the owners of the re-created queue) must
     deliver nothing the purge or delete removed."""
-    from queues.messages import StoredMessage
+    from queues.engine.ids import StoredMessage
     from queues.service.peers import get_peers
 
     other = NodeRuntime("other-node", background=False).start()
@@ -641,8 +640,8 @@ def test_a_partition_whose_keys_hold_a_fence_already_is_served(ops, make_queue, 
     database) beside a store that kept its keys hands the ids out again, and a deleted queue
     leaves its fences one past its last epoch: a new partition's first epoch starts past the
     fence its keys hold, or its first claim cannot raise it and no node ever serves it."""
-    from queues import keys
-    from queues.messages import StoredMessage
+    from queues.engine import keys
+    from queues.engine.ids import StoredMessage
 
     # given a queue of one partition, and a fence already at epoch 5 under the keys its
     # second partition will have

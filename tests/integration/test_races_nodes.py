@@ -23,9 +23,8 @@ from itertools import cycle
 import pytest
 import requests
 
+from tests.integration.nodes import Client
 from tests.launcher import wait_until
-
-from .nodes import Client
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -425,6 +424,6 @@ def test_enqueues_through_a_node_that_still_holds_a_deleted_queues_manager_are_d
 
 
 def drain_all(c: Client, name: str) -> list[dict]:
-    from .nodes import drain
+    from tests.integration.nodes import drain
 
     return drain(c, f"queues/{name}", timeout=90)

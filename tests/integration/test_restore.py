@@ -21,11 +21,10 @@ import pytest
 from django.db import connection
 from django.db.models import F
 
-from queues.messages import group_partition
+from queues.engine.ids import group_partition
 from queues.models import Partition, Queue
+from tests.integration.nodes import Client, NodeSet, drain, local_node_env, node_info
 from tests.launcher import NodeProcess, wait_until
-
-from .nodes import Client, NodeSet, drain, local_node_env, node_info
 
 pytestmark = pytest.mark.cluster
 

@@ -7,9 +7,8 @@ import uuid
 
 import pytest
 
+from tests.integration.nodes import Client, local_node_env
 from tests.launcher import NodeProcess
-
-from .nodes import Client, local_node_env
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

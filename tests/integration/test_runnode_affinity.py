@@ -2,7 +2,7 @@
 node has a process for each CPU it may use; a list of CPUs, whatever its size): every thread of
 a worker, granian's and the node's, on the worker's CPU, and a node's workers on different CPUs;
 ``off``, or a node of fewer processes than CPUs under ``auto``, is left where the kernel puts
-it. The plan itself is ``queues.serving.cpu_plan`` (unit-tested)."""
+it. The plan itself is ``queues.cluster.serving.cpu_plan`` (unit-tested)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.nodes import local_node_env
 from tests.launcher import NodeFailed, NodeProcess
-
-from .nodes import local_node_env
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
 

@@ -8,9 +8,8 @@ import socket
 
 import pytest
 
+from tests.integration.nodes import local_node_env
 from tests.launcher import NodeFailed, NodeProcess
-
-from .nodes import local_node_env
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
 

@@ -30,9 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.nodes import local_node_env
 from tests.launcher import NodeProcess
-
-from .nodes import local_node_env
 
 HERE = Path(__file__).resolve().parent
 #: the suite's seed: it found the empty `outcome=` that /logs accepted (fixed since).

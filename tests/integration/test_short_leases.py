@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 
-from .nodes import Client
+from tests.integration.nodes import Client
 
 pytestmark = [
     pytest.mark.slow,

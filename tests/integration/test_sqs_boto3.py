@@ -28,9 +28,8 @@ from rest_framework.authtoken.models import Token
 
 from queues.models import Grant, Partition, Queue
 from sqs.models import AccessKey
+from tests.integration.nodes import Client
 from tests.launcher import free_port, wait_until
-
-from .nodes import Client
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

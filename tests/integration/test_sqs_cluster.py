@@ -18,11 +18,10 @@ from botocore.config import Config
 from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 
-from queues.messages import group_partition
+from queues.engine.ids import group_partition
 from sqs.models import AccessKey
+from tests.integration.nodes import Client, node_info
 from tests.launcher import NodeProcess, wait_until
-
-from .nodes import Client, node_info
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

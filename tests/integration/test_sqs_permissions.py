@@ -42,8 +42,7 @@ from botocore.exceptions import ClientError
 from queues.models import AuditEntry, Grant, Queue
 from sqs import actions as sqs_actions
 from sqs.models import AccessKey, QueueSettings
-
-from .nodes import KV_REDIS_DB, NodeSet, local_node_env
+from tests.integration.nodes import KV_REDIS_DB, NodeSet, local_node_env
 
 #: The module's rows are committed by its fixtures (the node reads them) and removed at its end;
 #: each test only reads the database (the node writes), in a transaction rolled back after it.

@@ -30,8 +30,7 @@ from rest_framework.authtoken.models import Token
 
 from queues.models import Grant, Queue
 from sqs.models import AccessKey
-
-from .nodes import Client
+from tests.integration.nodes import Client
 
 pytestmark = [
     pytest.mark.slow,

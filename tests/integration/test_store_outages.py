@@ -29,10 +29,9 @@ from dataclasses import dataclass
 import pytest
 from django.db import connection
 
+from tests.integration.nodes import Client, NodeSet, local_node_env
+from tests.integration.test_cluster import Load, _make_queue, _partitions
 from tests.launcher import ROOT, NodeProcess, wait_until
-
-from .nodes import Client, NodeSet, local_node_env
-from .test_cluster import Load, _make_queue, _partitions
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -114,7 +113,7 @@ def _owned(c: Client, name: str) -> list[int]:
 def _serves(nodes: list[NodeProcess], token: str, name: str, partitions: int) -> bool:
     """Every node takes an enqueue into every partition (by group) and a dequeue: the service
     is back, not only some of it."""
-    from queues.messages import group_partition
+    from queues.engine.ids import group_partition
 
     groups = {}
     for i in range(10_000):

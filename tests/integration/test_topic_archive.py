@@ -17,12 +17,11 @@ from django.conf import settings
 
 from archive import archiver
 from archive.models import ArchivedMessage
-from queues.keys import incarnation
-from queues.messages import StoredMessage
+from queues.engine.ids import StoredMessage
+from queues.engine.keys import incarnation
 from queues.models import Queue
+from tests.integration.nodes import Client, drain, local_node_env
 from tests.launcher import NodeProcess, wait_until
-
-from .nodes import Client, drain, local_node_env
 
 pytestmark = pytest.mark.cluster
 

@@ -14,9 +14,8 @@ import time
 
 import pytest
 
+from tests.integration.nodes import Client, drain, local_node_env
 from tests.launcher import NodeProcess, wait_until
-
-from .nodes import Client, drain, local_node_env
 
 pytestmark = pytest.mark.cluster
 

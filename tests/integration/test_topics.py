@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from queues.messages import parse_message_id
+from queues.engine.ids import parse_message_id
 from queues.models import Partition
 
 #: Every test through DRF's test client and through the node's WSGI application (whose fast
@@ -80,7 +80,7 @@ def test_nothing_is_removed_before_the_slowest_subscription_acks(api, make_topic
     # a takeover keeps what "fast" acked: it gets nothing again, "slow" gets everything
     runtime.stop(release=True)
     from queues import service
-    from queues.node import NodeRuntime
+    from queues.cluster.node import NodeRuntime
 
     rt2 = NodeRuntime("test-node-2", background=False).start()
     service.set_runtime(rt2)

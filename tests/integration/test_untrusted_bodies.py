@@ -8,8 +8,8 @@
   forged signature: an ordinary client's calls are still answered within 1 s, and the node keeps
   its lease.
 - A process whose request threads are all stuck gives its leases up within one lease period,
-  and another node serves its partitions (``queues.watchdog``).
-- A signed call captured before a node restarted is refused after it (``queues.peerauth``).
+  and another node serves its partitions (``queues.cluster.watchdog``).
+- A signed call captured before a node restarted is refused after it (``queues.cluster.peerauth``).
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.integration.nodes import NodeSet, local_node_env, member_ids
 from tests.launcher import wait_until
-
-from .nodes import NodeSet, local_node_env, member_ids
 
 API = "/api/v1/queues"
 FORGED = {
@@ -108,7 +107,7 @@ def test_a_claimed_signature_and_an_anonymous_body_are_refused_before_the_body(n
         assert time.monotonic() - started < 3, path
 
     # while a genuine node's call (signed over its body's hash) and a token's are served
-    from .nodes import peer_request
+    from tests.integration.nodes import peer_request
 
     r = peer_request("GET", f"{node.url}/api/v1/healthz", hops=0)
     assert r.status_code == 200 and "node" in r.json(), r.text
@@ -370,7 +369,7 @@ def test_a_process_with_idle_clients_past_its_connection_limit_keeps_its_leases(
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_signed_call_captured_before_a_restart_is_refused_after_it(nodes):
-    from queues import peerauth
+    from queues.cluster import peerauth
 
     node = nodes.start()
     path = "/api/v1/healthz"

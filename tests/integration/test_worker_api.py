@@ -331,8 +331,8 @@ def _rows(mid: str) -> list[tuple[int, str, str | None]]:
 def test_redeliveries_announced_by_the_core_are_logged_abandoned_unless_reported(db):
     # given three deliveries: a first one, a redelivery nobody reported, one whose worker reported
     from queues import signals
-    from queues.messages import StoredMessage
-    from queues.partition import Delivery
+    from queues.engine.ids import StoredMessage
+    from queues.service.types import Delivery
 
     first, dropped, reported = _mid("sig", 1), _mid("sig", 2), _mid("sig", 3)
     _holding("w-holder", dropped)
@@ -353,8 +353,8 @@ def test_redeliveries_announced_by_the_core_are_logged_abandoned_unless_reported
 def test_a_give_back_announced_by_the_core_is_logged_and_its_redelivery_is_not_abandoned(db):
     # given a message its consumer holds, and another whose worker reported the attempt
     from queues import signals
-    from queues.messages import StoredMessage
-    from queues.partition import Delivery
+    from queues.engine.ids import StoredMessage
+    from queues.service.types import Delivery
 
     given, reported = _mid("sig", 4), _mid("sig", 5)
     _holding("w-giver", given)
@@ -374,8 +374,8 @@ def test_a_give_back_announced_by_the_core_is_logged_and_its_redelivery_is_not_a
 def test_a_give_back_announced_after_its_redelivery_corrects_the_abandoned_row(db):
     # given a message given back that a long poll delivered again before the give back was announced
     from queues import signals
-    from queues.messages import StoredMessage
-    from queues.partition import Delivery
+    from queues.engine.ids import StoredMessage
+    from queues.service.types import Delivery
 
     given = _mid("sig", 6)
     _holding("w-racer", given)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from queues import archive_journal
+from queues.engine import archive_journal
+from queues.engine.ids import StoredMessage, parse_message_id
+from queues.engine.partition import PartitionUnavailable
 from queues.kv.memory import MemoryStore
-from queues.messages import StoredMessage, parse_message_id
-from queues.partition import PartitionUnavailable
 from tests.stand_ins import PartitionRow
-
-from .test_partition import open_manager
+from tests.unit.test_partition import open_manager
 
 
 def journal(store):

@@ -1,4 +1,4 @@
-"""Spreading a node's client connections over its processes (``queues.balance``): the rule, the
+"""Spreading a node's client connections over its processes (``queues.cluster.balance``): the rule, the
 count of a process's busy connections (real sockets on loopback), and the WSGI side."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from queues import balance
-from queues.balance import Balancer, busy_connections, should_shed
+from queues.cluster import balance
+from queues.cluster.balance import Balancer, busy_connections, should_shed
 
 
 @pytest.mark.parametrize(

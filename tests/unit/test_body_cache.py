@@ -9,8 +9,8 @@ from __future__ import annotations
 import gc
 import tracemalloc
 
-from queues.body_cache import BodyCache, held_bytes
-from queues.messages import StoredMessage
+from queues.engine.body_cache import BodyCache, held_bytes
+from queues.engine.ids import StoredMessage
 
 
 def hostile(i: int) -> StoredMessage:
@@ -106,7 +106,7 @@ def test_an_ascii_id_and_body_are_charged_as_getsizeof_counts_them():
     # held_bytes sizes ASCII strs by their length: the same bytes as sys.getsizeof
     import sys
 
-    from queues.body_cache import OVERHEAD
+    from queues.engine.body_cache import OVERHEAD
 
     for body in ["", "x", "x" * 100, "é", "€" * 3, "\U0001f600", "x" * 5000 + "é"]:
         for msg_id in [mid(3), "é/0/00000001-0000000000000000/0"]:

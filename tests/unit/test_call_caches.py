@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry, Counter
 
 from queues import access, metrics
 from queues.api import fastpath
-from queues.node import QueueConfig
 from queues.service import targets
+from queues.service.types import QueueConfig
 
 ALICE = access.Caller(7, "alice")
 BOB = access.Caller(8, "bob")

@@ -1,11 +1,11 @@
-"""Where runnode runs its worker processes (``queues.serving.cpu_plan``): one CPU each, spread
+"""Where runnode runs its worker processes (``queues.cluster.serving.cpu_plan``): one CPU each, spread
 round robin from one the node's port picks, over the CPUs it may use or those it is given."""
 
 from __future__ import annotations
 
 import pytest
 
-from queues.serving import cpu_plan
+from queues.cluster.serving import cpu_plan
 
 
 def test_auto_puts_each_worker_on_a_cpu_of_its_own_when_the_node_has_one_a_cpu():

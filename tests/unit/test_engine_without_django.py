@@ -1,5 +1,5 @@
 """The partition engine runs without Django: what it needs of the node (the lease, the lease's
-row, the counters) comes in as the protocols of ``queues.ports``.
+row, the counters) comes in as the protocols of ``queues.engine.ports``.
 
 Each test runs a fresh interpreter in which any import of ``django`` fails.
 """
@@ -48,9 +48,9 @@ def test_a_partition_is_written_taken_over_and_drained_without_django():
         from dataclasses import dataclass
 
         from queues.kv.memory import MemoryStore
-        from queues.messages import StoredMessage, parse_message_id
-        from queues.partition import BodyCache, PartitionManager
-        from queues.ports import BoundRow
+        from queues.engine.ids import StoredMessage, parse_message_id
+        from queues.engine.partition import BodyCache, PartitionManager
+        from queues.engine.ports import BoundRow
 
 
         @dataclass

@@ -8,7 +8,7 @@ import pytest
 
 from queues.api.errors import BadRequest
 from queues.api.validation import enqueue_request
-from queues.node import QueueConfig
+from queues.service.types import QueueConfig
 
 CFG = QueueConfig(1, "q", 4, 256, 10, 30, 262_144, 86_400)
 

@@ -17,11 +17,11 @@ from queues import service
 from queues.access import Caller, Forbidden
 from queues.api.bodies import ReadersBusy
 from queues.api.errors import domain_error
+from queues.cluster.leases import LeaseLost
+from queues.cluster.peerauth import PeerAuthBusy, PeerAuthFailed
+from queues.engine.tree import CorruptTree
 from queues.errors import Refused, ServiceError, Unavailable
 from queues.kv import KVError
-from queues.leases import LeaseLost
-from queues.peerauth import PeerAuthBusy, PeerAuthFailed
-from queues.tree import CorruptTree
 from sqs.context import sqs_error
 from sqs.errors import SQSError
 from workers.services import InvalidAttempt, LimitOutOfRange, TooManyConsumers, TooManyHeld

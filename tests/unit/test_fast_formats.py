@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
-from queues.isotime import iso, isoformat
+from queues.engine.isotime import iso, isoformat
 
 
 def reference_iso(ts: float) -> str:

@@ -1,5 +1,5 @@
 """The group hash is computed twice: by the core when it places an enqueued message
-(``queues.messages.group_partition``) and by the SDK when it sends a group's messages straight
+(``queues.engine.ids.group_partition``) and by the SDK when it sends a group's messages straight
 to their partition's owner (``mq_client.group_partition``). They must agree for every group
 and partition count, or the SDK's direct sends land on the wrong partition and a group's order
 is lost; and they must not change between releases, or stored groups move."""
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mq_client import group_partition as sdk_group_partition
-from queues.messages import group_partition as core_group_partition
+from queues.engine.ids import group_partition as core_group_partition
 
 
 @given(group=st.text(max_size=200), partitions=st.integers(min_value=1, max_value=256))

@@ -34,10 +34,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from queues import partition as partition_mod
+from queues.engine import partition as partition_mod
+from queues.engine.ids import StoredMessage, parse_message_id
+from queues.engine.partition import PartitionManager, PartitionUnavailable
 from queues.kv.memory import MemoryStore
-from queues.messages import StoredMessage, parse_message_id
-from queues.partition import PartitionManager, PartitionUnavailable
 from tests.stand_ins import PartitionRow, next_owner
 
 GROUPS = ["g1", "g2", "g3", "g4"]

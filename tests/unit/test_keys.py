@@ -1,4 +1,4 @@
-"""The store's layout (``queues.keys``): what an owner finds after an upgrade depends on it, so
+"""The store's layout (``queues.engine.keys``): what an owner finds after an upgrade depends on it, so
 every key is pinned here as it is written today."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from queues import keys
-from queues.messages import MessageId, parse_message_id
+from queues.engine import keys
+from queues.engine.ids import MessageId, parse_message_id
 
 BLOCK = "00000001-aaaaaaaaaaaaaaaa"
 MID = parse_message_id(f"q/3/{BLOCK}/17")
@@ -57,7 +57,7 @@ def test_a_message_id_with_anything_around_it_is_no_message_id(text):
 
 
 def _parsed_by_the_regex_alone(text):
-    from queues.messages import _MESSAGE_ID
+    from queues.engine.ids import _MESSAGE_ID
 
     m = _MESSAGE_ID.fullmatch(text) if len(text) <= 200 else None
     return None if m is None else (m["queue"], int(m["partition"]), m["block"], int(m["index"]), text)
@@ -69,7 +69,7 @@ _INDEXES = ["", "0", "00", "01", "-1", "+1", "1 ", " 1", "1\n", "\u0661", "\u00b
 
 def _parse_as_the_regex_would(prefix, index, warm):
     # parse_message_id checks only the index of an ID whose prefix it has parsed before
-    from queues import messages
+    from queues.engine import ids as messages
 
     text = f"{prefix}/{index}"
     messages._PREFIXES.clear()

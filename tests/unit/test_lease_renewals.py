@@ -1,4 +1,4 @@
-"""Lease renewals in one statement (``queues.leases.renew_many``, what a node's lease thread
+"""Lease renewals in one statement (``queues.cluster.leases.renew_many``, what a node's lease thread
 runs): every due lease renewed, one new nonce, a lost lease told apart from the others, a new
 period written with the renewal. Here on SQLite (``make test-unit``); the full suite runs it on
 PostgreSQL, where ``tests/integration/test_held_partition_rows.py`` adds a row another
@@ -12,7 +12,7 @@ import pytest
 from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 
-from queues import leases
+from queues.cluster import leases
 from queues.models import Node, Partition, Queue
 
 WALL = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)

@@ -14,15 +14,15 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from queues import partition as partition_mod
-from queues.keys import block_key
-from queues.kv.memory import MemoryStore
-from queues.messages import StoredMessage, parse_message_id
-from queues.partition import (
+from queues.engine import partition as partition_mod
+from queues.engine.ids import StoredMessage, parse_message_id
+from queues.engine.keys import block_key
+from queues.engine.partition import (
     PartitionManager,
     PartitionUnavailable,
     ReceiptMismatch,
 )
+from queues.kv.memory import MemoryStore
 from tests.stand_ins import PartitionRow, next_owner
 
 

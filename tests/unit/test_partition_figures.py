@@ -59,7 +59,7 @@ def test_the_rows_due_are_written_by_one_statement(runtime, make_queue, purge_kv
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from queues import node
+    from queues.cluster import node
 
     q = make_queue(partitions=5)
     runtime.tick()
@@ -97,7 +97,7 @@ def test_no_rows_is_no_statement(db):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from queues import node
+    from queues.cluster import node
 
     with CaptureQueriesContext(connection) as queries:
         assert node._write_stats([], "node-a", datetime.now(UTC)) == set()

@@ -1,4 +1,4 @@
-"""The signature of forwarded calls (``queues.peerauth``), without HTTP."""
+"""The signature of forwarded calls (``queues.cluster.peerauth``), without HTTP."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from queues import peerauth
+from queues.cluster import peerauth
 
 
 def _environ(headers: dict[str, str], path: str = "/api/v1/queues/q/enqueue", query: str = "") -> dict[str, str]:

@@ -1,5 +1,5 @@
 """Receipts come from pools made of ``os.urandom`` bytes, one per thread
-(``queues.messages.new_receipt``): each must be new, shaped as before, across threads too, and
+(``queues.engine.ids.new_receipt``): each must be new, shaped as before, across threads too, and
 a forked process must not hand out its parent's."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 import re
 import threading
 
-from queues import messages
-from queues.messages import new_receipt
+from queues.engine import ids as messages
+from queues.engine.ids import new_receipt
 
 
 def test_receipts_are_16_url_safe_characters_and_never_repeat():

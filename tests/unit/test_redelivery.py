@@ -9,8 +9,8 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from queues import redelivery
-from queues.redelivery import RedeliveryIndex
+from queues.engine import redelivery
+from queues.engine.redelivery import RedeliveryIndex
 
 INF = math.inf
 ids = st.sampled_from([f"q/0/b/{i}" for i in range(6)])

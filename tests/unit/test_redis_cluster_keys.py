@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from queues import keys
+from queues.engine import keys
+from queues.engine.ids import parse_message_id
 from queues.kv.base import KVError, split_key
 from queues.kv.redis_cluster import RedisClusterStore, bucket_of, parse_url, partition_of, redis_key, scan_head
-from queues.messages import parse_message_id
 
 BLOCK = "00000001-aaaaaaaaaaaaaaaa"
 MID = parse_message_id(f"orders/3/{BLOCK}/17")

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from queues.keys import fence_key, head_key
+from queues.engine.ids import StoredMessage, parse_message_id
+from queues.engine.keys import fence_key, head_key
+from queues.engine.partition import PartitionManager, PartitionUnavailable
+from queues.engine.tree import AppendTree, head_record, newest_head, parse_head_record
 from queues.kv.memory import MemoryStore
-from queues.messages import StoredMessage, parse_message_id
-from queues.partition import PartitionManager, PartitionUnavailable
-from queues.tree import AppendTree, head_record, newest_head, parse_head_record
 from tests.stand_ins import PartitionRow, next_owner
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from queues.api.errors import BadRequest
 from queues.api.validation import enqueue_request
-from queues.node import QueueConfig
+from queues.service.types import QueueConfig
 from sqs import meta
 from sqs.message_attributes import read_attributes, stored_attributes
 

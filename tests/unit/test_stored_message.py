@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from queues.messages import StoredMessage
+from queues.engine.ids import StoredMessage
 
 text = st.text(max_size=20)
 json_dict = st.dictionaries(

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import time
 
-from queues.cursor import SubscriptionSpec
+from queues.engine.cursor import SubscriptionSpec
+from queues.engine.ids import StoredMessage, parse_message_id
+from queues.engine.partition import PartitionManager
 from queues.kv.memory import MemoryStore
-from queues.messages import StoredMessage, parse_message_id
-from queues.partition import PartitionManager
 from tests.stand_ins import PartitionRow, next_owner
 
 

@@ -11,11 +11,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from queues import partition as partition_mod
+from queues.engine import partition as partition_mod
+from queues.engine.ids import StoredMessage, parse_message_id
+from queues.engine.partition import PartitionManager, PartitionUnavailable, ReceiptMismatch, SubscriptionSpec
 from queues.kv import KVError
 from queues.kv.memory import MemoryStore
-from queues.messages import StoredMessage, parse_message_id
-from queues.partition import PartitionManager, PartitionUnavailable, ReceiptMismatch, SubscriptionSpec
 from tests.stand_ins import PartitionRow, next_owner
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queues.tree import BLOCK_GROW_S, MAX_BLOCK_SIZE, AppendTree, Block, next_block_size, root_heights
+from queues.engine.tree import BLOCK_GROW_S, MAX_BLOCK_SIZE, AppendTree, Block, next_block_size, root_heights
 
 
 def _named_tree(n: int) -> tuple[AppendTree, list[Block]]:

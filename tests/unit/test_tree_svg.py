@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from queues.keys import block_key
+from queues.admin.tree_svg import collect, render
+from queues.engine.keys import block_key
+from queues.engine.tree import AppendTree
 from queues.kv.memory import MemoryStore
-from queues.tree import AppendTree
-from queues.tree_svg import collect, render
 
 SVG = "{http://www.w3.org/2000/svg}"
 

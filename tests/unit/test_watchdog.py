@@ -1,4 +1,4 @@
-"""The serving watchdog (``queues.watchdog``) against sockets, without a node."""
+"""The serving watchdog (``queues.cluster.watchdog``) against sockets, without a node."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from queues import watchdog
+from queues.cluster import watchdog
 
 
 class OneConnection:

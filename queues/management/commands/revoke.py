@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from queues import service
-
-from .grant import SHELL
-from .grant import Command as GrantCommand
+from queues.management.commands.grant import SHELL
+from queues.management.commands.grant import Command as GrantCommand
 
 
 class Command(GrantCommand):

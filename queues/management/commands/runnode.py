@@ -7,7 +7,7 @@ node's address.
 With ``--processes N`` (default ``settings.NODE_PROCESSES``: the machine's cores, 1 on SQLite)
 granian starts N workers sharing the node's port (``SO_REUSEPORT``): each is a full member of
 the cluster with its own runtime, leases and a private port it registers as its address
-(``queues.serving``); the siblings reach each other there, like any two nodes. Every
+(``queues.cluster.serving``); the siblings reach each other there, like any two nodes. Every
 per-process bound is the node's divided by N (the body cache, a user's long polls, a rate
 counted in local memory), and one scrape of ``/metrics`` is the node's: the counters add up in
 ``PROMETHEUS_MULTIPROC_DIR`` (a fresh folder when unset), the figures are asked of the
@@ -15,7 +15,7 @@ siblings (listed in ``NODE_SIBLINGS_DIR``, a fresh folder).
 
 Each worker process may run on one CPU (``--cpu-affinity``, default ``settings.NODE_CPU_AFFINITY``:
 ``auto``, which pins a node that has a process for each CPU it may use; see
-``queues.serving.cpu_plan``), every thread of it, so a request's hand-offs between granian's
+``queues.cluster.serving.cpu_plan``), every thread of it, so a request's hand-offs between granian's
 threads and the GIL's stay on that CPU.
 
 Requests run on ``--threads`` Python threads per process (default ``settings.NODE_THREADS``);
@@ -112,7 +112,7 @@ class Command(BaseCommand):
 
         processes = max(1, processes)
         check_port_free(host, port)  # before anything is made (again after a restart below: harmless)
-        from queues import serving
+        from queues.cluster import serving
 
         cpus = None
         if hasattr(os, "sched_setaffinity"):
@@ -124,7 +124,7 @@ class Command(BaseCommand):
             raise CommandError("--cpu-affinity: this platform cannot pin a process to CPUs; give auto or off")
         # The workers read these from the environment and the settings they inherit.
         os.environ["NODE_PROCESSES"] = str(processes)
-        os.environ["NODE_PUBLIC_PORT"] = str(port)  # the processes' shared port (queues.balance)
+        os.environ["NODE_PUBLIC_PORT"] = str(port)  # the processes' shared port (queues.cluster.balance)
         settings.NODE_PROCESSES = processes
         own_dirs = [d for d in os.environ.pop(_OWN_DIRS, "").split(os.pathsep) if d]
         if processes > 1 and not os.environ.get("NODE_SIBLINGS_DIR"):

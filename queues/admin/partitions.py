@@ -1,0 +1,96 @@
+"""The partitions' admin: owners, leases, append-tree depth and the tree drawn."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import mark_safe
+
+from queues import service
+from queues.access import Caller
+from queues.admin.common import _age, _PartitionAdmin, _refusal
+from queues.admin.reads import ByGrant
+from queues.admin.tree_svg import partition_svg
+from queues.engine import keys
+from queues.kv import get_store
+from queues.models import Partition
+
+
+@admin.register(Partition)
+class PartitionAdmin(ByGrant, _PartitionAdmin):
+    grant_queue = "queue"  # the partitions of the queues the user may read
+    list_display = [
+        "__str__",
+        "owner_link",
+        "epoch",
+        "lease_age",
+        "head_block",
+        "tree_height",
+        "live_blocks",
+        "depth",
+        "in_flight",
+        "delayed",
+        "enqueue_id",
+        "dequeue_id",
+        "stats_age",
+    ]
+    list_filter = [("queue", admin.RelatedOnlyFieldListFilter), "owner"]
+    list_select_related = ["queue", "owner"]
+    readonly_fields = ["tree", "lease_age", *[f.name for f in Partition._meta.fields]]
+    actions = ["release_lease"]
+
+    def has_change_permission(self, request: HttpRequest, obj: Partition | None = None) -> bool:
+        return False  # its owner writes the row (lease, figures): the page only shows it
+
+    def has_delete_permission(self, request: HttpRequest, obj: Partition | None = None) -> bool:
+        return False  # a partition goes with its queue, never alone
+
+    @admin.display(description="append tree (newest 40 blocks; live/size per block; dashed: pruned)")
+    def tree(self, obj: Partition) -> str:
+        try:
+            svg = partition_svg(obj, get_store().within(keys.incarnation(obj.queue_id)))
+        except Exception as exc:  # noqa: BLE001 - the store may be down: say so, keep the page
+            return f"cannot read the tree from the store: {exc}"
+        return mark_safe(f'<div style="overflow-x:auto;max-width:100%">{svg}</div>')  # noqa: S308 - partition_svg escapes
+
+    @admin.display(description="owner", ordering="owner__address")
+    def owner_link(self, obj: Partition) -> str:
+        if obj.owner is None:
+            return "-"
+        return format_html('<a href="{}">{}</a>', reverse("admin:queues_node_change", args=[obj.owner_id]), obj.owner)
+
+    @admin.display(description="lease age")
+    def lease_age(self, obj: Partition) -> str:
+        return _age(obj.lease_acquired_at) if obj.owner_id else "-"
+
+    @admin.display(description="stats from")
+    def stats_age(self, obj: Partition) -> str:
+        return _age(obj.stats_at) + " ago" if obj.stats_at else "-"
+
+    def has_release_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("queues.release_partition")
+
+    @admin.action(
+        description="Release the lease: the owner gives the partition up, another node takes it",
+        permissions=["release"],
+    )
+    def release_lease(self, request: HttpRequest, queryset: QuerySet[Partition]) -> None:
+        for p in queryset.select_related("queue"):
+            try:
+                node = service.release_partition(p.queue.name, p.index, caller=Caller.of(request.user))
+            except service.Conflict as exc:
+                self.message_user(request, f"{p}: {exc.detail}", level=messages.WARNING)
+            except service.Refused as exc:
+                self.message_user(request, f"{p}: not released: {_refusal(exc)}", level=messages.ERROR)
+            except service.RemoteError as exc:
+                self.message_user(request, f"{p}: {exc.payload.get('detail', exc.payload)}", level=messages.WARNING)
+            except Exception as exc:  # noqa: BLE001 - shown to the operator
+                self.message_user(request, f"{p}: release failed: {exc}", level=messages.ERROR)
+            else:
+                self.message_user(request, f"{p}: released by {node}")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False

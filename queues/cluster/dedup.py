@@ -1,0 +1,140 @@
+"""Remembered ``dedup_id``s: a repeat within the queue's window returns the first message's ID.
+
+Production keeps them in Redis (``REDIS_URL``, through django-redis) with a TTL; the embedded
+default in the database. A reservation is taken *before* the message is stored (SET NX / a
+unique row), so two nodes receiving the same dedup_id at once store it once; the loser waits
+for the winner's ID, and a failed enqueue gives its reservation back.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from queues.engine.partition import PartitionUnavailable
+from queues.models import DedupEntry
+
+_PENDING = ""
+_WAIT = 3.0
+
+
+class DedupStore:
+    def reserve(self, queue: str, dedup_id: str, window: int) -> str | None:
+        """None if this caller now owns the dedup_id; else the first message's ID."""
+        give_up = time.monotonic() + _WAIT
+        while True:
+            existing = self._claim(queue, dedup_id, window)
+            if existing is None or existing != _PENDING:
+                return existing
+            if time.monotonic() > give_up:
+                raise PartitionUnavailable(f"dedup_id {dedup_id!r} is being enqueued by another call; retry")
+            time.sleep(0.02)
+
+    def _claim(self, queue: str, dedup_id: str, window: int) -> str | None:
+        raise NotImplementedError
+
+    def confirm(self, queue: str, dedup_id: str, message_id: str, window: int) -> None:
+        raise NotImplementedError
+
+    def release(self, queue: str, dedup_id: str) -> None:
+        raise NotImplementedError
+
+    def expire(self) -> int:
+        """Forget the dedup_ids past their window; how many (Redis: its TTL does it, 0)."""
+        return 0
+
+    def forget(self, queue: str) -> None:
+        """Drop every dedup_id of ``queue`` (it is being deleted): a queue created again under
+        the name must take a retried dedup_id as a new message, not answer with the ID of one
+        that went with the old queue."""
+        raise NotImplementedError
+
+
+class RedisDedup(DedupStore):
+    def __init__(self) -> None:
+        from django_redis import get_redis_connection
+
+        self.redis = get_redis_connection("default")
+
+    @staticmethod
+    def _key(queue: str, dedup_id: str) -> str:
+        # Under the service's key prefix, like the store's keys (the cache's Redis may be shared).
+        return f"{settings.KV_PREFIX}dedup:{queue}:{dedup_id}"
+
+    def _claim(self, queue: str, dedup_id: str, window: int) -> str | None:
+        key = self._key(queue, dedup_id)
+        if self.redis.set(key, _PENDING, nx=True, ex=max(window, 1)):
+            return None
+        value = self.redis.get(key)
+        return _PENDING if value is None else value.decode()  # None: it just expired; try again
+
+    def confirm(self, queue: str, dedup_id: str, message_id: str, window: int) -> None:
+        self.redis.set(self._key(queue, dedup_id), message_id, ex=max(window, 1))
+
+    def release(self, queue: str, dedup_id: str) -> None:
+        self.redis.delete(self._key(queue, dedup_id))
+
+    def forget(self, queue: str) -> None:
+        # Queue names have no ":" nor glob characters (models.QUEUE_NAME_RE): the pattern is
+        # this queue's keys only.
+        batch: list[bytes] = []
+        for key in self.redis.scan_iter(match=self._key(queue, "*"), count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                self.redis.delete(*batch)
+                batch = []
+        if batch:
+            self.redis.delete(*batch)
+
+
+class DatabaseDedup(DedupStore):
+    def _claim(self, queue: str, dedup_id: str, window: int) -> str | None:
+        now = timezone.now()
+        try:
+            with transaction.atomic():
+                DedupEntry.objects.create(
+                    queue=queue, dedup_id=dedup_id, message_id=_PENDING, expires_at=now + timedelta(seconds=window)
+                )
+            return None
+        except IntegrityError:
+            pass
+        entry = DedupEntry.objects.filter(queue=queue, dedup_id=dedup_id).first()
+        if entry is None:
+            return _PENDING  # released in between: try again
+        if entry.expires_at <= now:
+            taken = DedupEntry.objects.filter(pk=entry.pk, expires_at=entry.expires_at).update(
+                message_id=_PENDING, expires_at=now + timedelta(seconds=window)
+            )
+            return None if taken else _PENDING
+        return entry.message_id
+
+    def confirm(self, queue: str, dedup_id: str, message_id: str, window: int) -> None:
+        DedupEntry.objects.filter(queue=queue, dedup_id=dedup_id).update(
+            message_id=message_id, expires_at=timezone.now() + timedelta(seconds=window)
+        )
+
+    def release(self, queue: str, dedup_id: str) -> None:
+        DedupEntry.objects.filter(queue=queue, dedup_id=dedup_id, message_id=_PENDING).delete()
+
+    def expire(self) -> int:
+        """One DELETE of the rows past their window (indexed on ``expires_at``): they were
+        never deleted, only taken over by a repeat of the same dedup_id."""
+        deleted, _ = DedupEntry.objects.filter(expires_at__lt=timezone.now()).delete()
+        return deleted
+
+    def forget(self, queue: str) -> None:
+        DedupEntry.objects.filter(queue=queue).delete()
+
+
+_store: DedupStore | None = None
+
+
+def get_dedup() -> DedupStore:
+    global _store
+    if _store is None:
+        _store = RedisDedup() if settings.REDIS_URL else DatabaseDedup()
+    return _store

@@ -1,0 +1,88 @@
+"""Cursors: a reader's delivery state over a partition's blocks, and the subscription specs
+they are made from.
+
+A queue's partition has one cursor (named ``""``); a topic's has one per subscription, over
+the same stored messages (see ``queues.engine.partition``). A cursor knows which messages its reader
+still *holds* (not acked yet, in flight included), which are ready for delivery and in what
+order, which are in flight (its redelivery index), and the groups, delays, receive counts and
+dead letters of its reader. It is plain memory: the partition manager changes it under its
+lock and persists what must survive a takeover (receive counts, a subscription's ack markers).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sortedcontainers import SortedList
+
+from queues.engine.redelivery import RedeliveryIndex
+
+if TYPE_CHECKING:
+    from queues.engine.partition import BlockState
+
+
+@dataclass(frozen=True)
+class SubscriptionSpec:
+    """What an owner needs of a topic's subscription (``queues.models.Subscription``)."""
+
+    name: str
+    #: wall-clock seconds; messages enqueued before are not delivered to it (None: all).
+    starts_at: float | None = None
+    max_receives: int | None = None
+    #: its own visibility timeout (None: the topic's) and dead-letter queue; the service reads
+    #: these, the owner ignores them.
+    visibility_timeout: int | None = None
+    dead_letter_queue: str | None = None
+
+
+class Cursor:
+    """One reader's delivery state over the partition's blocks (see the module's text)."""
+
+    def __init__(self, name: str, *, shared: bool, starts_at: float | None = None, max_receives: int | None = None):
+        self.name = name
+        #: a queue's only cursor: the messages it holds are the blocks' own live sets.
+        self.shared = shared
+        #: a subscription's held positions (not acknowledged by it yet), by block id.
+        self.live: dict[str, set[int]] = {}
+        self.starts_at = starts_at
+        #: message IDs this subscription acknowledged before the open (its markers).
+        self.acked: set[str] = set()
+        #: undelivered messages of this manager's own blocks, oldest first.
+        self.ready: deque[str] = deque()
+        #: undelivered messages a scan found (in blocks older than any of ``ready``'s): first.
+        self.scanned_ready: deque[str] = deque()
+        #: the messages in flight (and those whose visibility ran out, until redelivered).
+        self.redelivery = RedeliveryIndex()
+        #: a group's undelivered and in-flight messages, by position: its head goes first.
+        self.groups: dict[str, SortedList] = {}
+        self.group_of: dict[str, str] = {}
+        #: the group's message that is unblocked (its turn came) or in flight (one at a time).
+        self.group_busy: dict[str, str] = {}
+        #: group heads whose turn has come.
+        self.unblocked: deque[str] = deque()
+        #: (not_before, id) of messages whose delay has not passed.
+        self.delayed: list[tuple[float, str]] = []
+        self.not_due: set[str] = set()
+        #: receive counts of redelivered messages, kept in the store so they survive a takeover.
+        self.receives: dict[str, int] = {}
+        #: deliveries after which a message is dead-lettered instead (None: never).
+        self.max_receives = max_receives
+        #: messages waiting to be moved to the dead-letter queue, with their receive counts.
+        self.dead: list[tuple[str, int]] = []
+        self.acked_total = 0
+        self.redelivered_total = 0
+
+    def holds(self, blocks: dict[str, BlockState], block_id: str, idx: int) -> bool:
+        """The reader has not acknowledged this stored message yet. ``blocks``: the manager's
+        block states by id (a queue's cursor holds what its blocks hold)."""
+        if self.shared:
+            state = blocks.get(block_id)
+            return state is not None and idx in state.live
+        live = self.live.get(block_id)
+        return live is not None and idx in live
+
+    def held_count(self) -> int:
+        """Messages a subscription holds, in flight included (a queue's cursor: see its blocks)."""
+        return sum(len(s) for s in self.live.values())

@@ -1,0 +1,967 @@
+"""The partition manager: one leased partition, held in memory by its owner node.
+
+It keeps the enqueue ID (the head block and its next free index), the dequeue position (the
+messages not yet delivered, oldest first) and the redelivery index, and it is the only writer
+of its partition in the key-value store while its lease lasts. Every write carries the fence
+of its epoch, so a paused owner that wakes after a takeover writes nothing.
+
+Readers: a queue's partition has one *cursor* (its delivery state: dequeue position,
+redelivery index, group order, delays, receive counts, dead letters). A topic's partition has
+one per subscription, over the same blocks: a message is stored once and removed when no
+cursor holds it any more. A subscription's acks of messages others still hold are kept as
+markers (``<topic>/<p>/_acks/<subscription>/<block>.<index>``, see ``queues.engine.keys``), so a new
+owner knows them.
+A subscription's cursor starts at the messages enqueued from its ``starts_at`` on (None: all).
+
+Retention on a topic that archives (mode ``all`` or ``acked``) keeps what slow subscriptions
+still hold: the owner makes sure each such message is in the archive table, then replaces its
+stored record by a *stub* (times, group, sequence; no body). The stub keeps the position in the
+tree, so group order, pruning and a takeover work as for any message; a delivery reads the
+body back from the archive (the consensus seed's delivery agent reading from a backing store).
+The last subscription's ack removes the stub like a message.
+
+Locking: one lock per partition guards its memory and is held across its store writes, so a
+message becomes deliverable only after it is stored. Callers that lock several partitions
+take them in index order.
+
+The manager composes three collaborators, each working on its memory under its lock:
+``queues.engine.takeover`` (opening after a takeover, and scanning the blocks found),
+``queues.engine.writer`` (block allocation and appends) and ``queues.engine.retention`` (expiry and pruning;
+a topic's through ``queues.engine.topic_retention``). It keeps delivery, acks and figures itself.
+Built from: ``queues.engine.cursor`` (a reader's delivery state), ``queues.engine.body_cache`` (the node's
+recent bodies), ``queues.engine.keys`` (where everything is stored) and ``queues.errors`` (what it
+raises, re-exported here). What it needs of the node that hosts it (the lease, the lease's
+row, the counters) comes in as the protocols of ``queues.engine.ports``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from sortedcontainers import SortedList
+
+from queues.engine import archive_journal, keys, topic_retention
+from queues.engine.blocks import BlockState
+from queues.engine.body_cache import BodyCache
+from queues.engine.cursor import Cursor, SubscriptionSpec
+from queues.engine.ids import MessageId, StoredMessage, new_receipt, parse_message_id
+from queues.engine.keys import block_and_index
+from queues.engine.ports import NO_COUNTERS, Counters, Lease, LeaseRow
+from queues.engine.redelivery import RedeliveryIndex
+from queues.engine.retention import Retention
+from queues.engine.takeover import Takeover
+from queues.engine.tree import BLOCK_SEAL_S, AppendTree, Block
+from queues.engine.writer import Writer
+from queues.errors import NotServedHere, PartitionUnavailable, ReceiptMismatch
+from queues.kv.base import Fence, Fenced, KeyValueStore, KVError
+
+log = logging.getLogger(__name__)
+
+monotonic = time.monotonic
+
+
+#: the lease a manager is built for: the node's (``queues.cluster.leases.Lease``), which the node reads
+#: back from its managers.
+LeaseT = TypeVar("LeaseT", bound=Lease, covariant=True)
+
+
+def _monotonic() -> float:
+    """:data:`monotonic`, looked up at each call: the collaborators' clock, so that a clock
+    set on this module (tests, the failover benchmark) is theirs too."""
+    return monotonic()
+
+
+#: Seconds a manager delivers on the word of the store's last confirmation that its epoch is
+#: still the partition's (its fence read, or a fenced write that went through): past that, a
+#: dequeue reads the fence first. Fences alone stop only writes, and a first delivery writes
+#: nothing (the ID from memory, the body from the node's cache), so a manager that was not told
+#: of a purge or a delete (its owner field already cleared by a purge, the call to it failed,
+#: it was still opening) went on delivering what they removed until its next pass. A purge or
+#: delete moves the fences, then answers no sooner than this after (:func:`wait_out_trust`):
+#: a dequeue made after the answer finds the confirmation too old, reads the moved fence and
+#: delivers nothing of the old epoch (or incarnation), on whichever node it lands.
+FENCE_TRUST = 0.2
+
+
+def wait_out_trust(fenced_at: float) -> None:
+    """Return once :data:`FENCE_TRUST` has passed since ``fenced_at`` (``time.monotonic()``
+    taken after a purge or delete moved fences): from then on no manager of an older epoch
+    delivers without reading its fence first."""
+    left = fenced_at + FENCE_TRUST - time.monotonic()
+    if left > 0:
+        time.sleep(left)
+
+
+__all__ = [
+    "BLOCK_SEAL_S",
+    "BlockState",
+    "BodyCache",
+    "Delivery",
+    "NotServedHere",
+    "PartitionManager",
+    "PartitionStats",
+    "PartitionUnavailable",
+    "ReceiptMismatch",
+    "SubscriptionSpec",
+]
+
+
+@dataclass(slots=True)
+class Delivery:
+    id: str
+    receipt: str
+    receive_count: int
+    #: filled in after the lock is released (bodies are immutable).
+    message: StoredMessage | None = None
+    #: the body came from the archive table (retention moved it out of the store).
+    from_archive: bool = False
+
+
+@dataclass
+class PartitionStats:
+    queue: str
+    index: int
+    epoch: int
+    head_block: str
+    enqueue_id: str
+    dequeue_id: str
+    visible: int
+    in_flight: int
+    #: stored, but their delay (not_before) has not passed.
+    delayed: int
+    depth_exact: bool
+    live_blocks: int
+    tree_height: int
+    oldest_enqueued_at: float | None
+    enqueued_total: int
+    acked_total: int
+    redelivered_total: int
+    opened_in: dict[str, float]
+    #: a topic's figures per subscription (``{name: {...}}``): held (not acked yet, in flight
+    #: included), in_flight, archived (held, only in the archive), acked, redelivered,
+    #: dequeue_id and oldest_enqueued_at (epoch seconds, of the oldest held; None: none held).
+    cursors: dict[str, dict[str, Any]]
+
+
+class PartitionManager(Generic[LeaseT]):
+    """One leased partition of a queue or topic, served from the memory of its owner node.
+
+    Holds the partition's append tree and the state of each of its blocks (:class:`BlockState`:
+    the positions still stored, stubs among them), its :class:`~queues.engine.writer.Writer` (the
+    enqueue ID: head block, next index), and one :class:`~queues.engine.cursor.Cursor` per reader:
+    ``""`` for a queue, one per subscription for a topic. It writes the partition's keys (``queues.engine.keys``) with the fence of its lease's
+    epoch, and bodies go through the node's :class:`~queues.engine.body_cache.BodyCache`.
+
+    Lock: ``lock`` guards all of that memory and is held across the store writes that decide
+    what a reader sees (new blocks and the head pointer, a subscription's ack, retention's
+    stubs), so memory never runs ahead of the store. Message writes and a queue's deletes run
+    outside it. Methods named ``*_locked``, and those whose docstring says "Lock held", expect
+    the caller to hold it (``queues.service`` does, across several partitions, in index order).
+
+    Callers: the node runtime (``queues.cluster.node.NodeRuntime``) creates, opens, renews and closes
+    managers and publishes their :meth:`stats`; the service layer (``queues.service``) and the
+    API call enqueue, dequeue, ack, visibility, expire and dead-letter moves on them.
+
+    Collaborators: :attr:`takeover` opens and scans, :attr:`writer` appends and
+    :attr:`retention` expires and prunes; they use the methods below marked "Lock held" that
+    have no leading underscore, and the memory's attributes (``tree``, ``blocks``,
+    ``scanned_order``, ``local_order``, ``unscanned``, ``readers``).
+
+    Life: built for a lease just claimed; :meth:`open_head` raises the fence and loads the head
+    (enqueues may start); :meth:`open_oldest` loads the saved receive counts and scans the oldest
+    block (dequeues may start); it then serves until ``closed`` is set, by the node (lease lost or
+    given up, queue deleted or purged) or by the manager itself after a store failure that left
+    memory and store apart (the node then reopens the partition under a new epoch). A closed
+    manager refuses every call with :class:`PartitionUnavailable` and is never reopened.
+    """
+
+    def __init__(
+        self,
+        lease: LeaseT,
+        *,
+        block_size: int,
+        block_growth: int = 1,
+        store: KeyValueStore,
+        node_id: str,
+        cache: BodyCache,
+        row: LeaseRow,
+        on_change: Callable[[], None] = lambda: None,
+        counters: Counters = NO_COUNTERS,
+        subscriptions: Sequence[SubscriptionSpec] | None = None,
+        archive_sink: Callable[[list[tuple[str, bytes]]], object] | None = None,
+        archive_source: Callable[[list[str]], dict[str, StoredMessage]] | None = None,
+    ):
+        self.lease = lease
+        self.queue = lease.queue
+        self.index = lease.index
+        self.block_size = block_size
+        #: a busy partition's blocks grow up to this many times ``block_size`` (tree.next_block_size).
+        self.block_growth = block_growth
+        self.store = store
+        self.node_id = node_id
+        self.cache = cache
+        #: the lease's row: the durable head pointer and epoch.
+        self.row = row
+        self.on_change = on_change
+        self.counters = counters
+        self.fence = Fence(keys.fence_key(self.queue, self.index), lease.epoch)
+        #: ``monotonic()`` before the store last confirmed ``fence`` (see :data:`FENCE_TRUST`);
+        #: never, before the open raised it.
+        self.fence_confirmed_at = float("-inf")
+        self.lock = threading.Lock()
+        self.tree = AppendTree(block_size)
+        #: live blocks whose positions are known, by id; their ``live`` sets are the positions
+        #: still stored (held by at least one cursor, or by none yet on a topic).
+        self.blocks: dict[str, BlockState] = {}
+        # The same blocks in allocation order: first those scanned (found in the store at open,
+        # every one older than any this manager allocates), then this manager's own.
+        self.scanned_order: deque[BlockState] = deque()
+        self.local_order: deque[BlockState] = deque()
+        #: the blocks found at open and not scanned yet, oldest first (None: all scanned).
+        self.unscanned: Iterator[Block] | None = None
+        #: a topic's subscriptions (fixed for the manager's life: a change reopens it).
+        self.subscriptions: tuple[SubscriptionSpec, ...] | None = (
+            tuple(subscriptions) if subscriptions is not None else None
+        )
+        if self.subscriptions is None:
+            self.cursors = {"": Cursor("", shared=True)}
+        else:
+            self.cursors = {
+                s.name: Cursor(s.name, shared=False, starts_at=s.starts_at, max_receives=s.max_receives)
+                for s in self.subscriptions
+            }
+        #: every cursor, in one list.
+        self.readers = list(self.cursors.values())
+        self.enqueue_ready = False
+        self.dequeue_ready = False
+        self.closed = False
+        self.enqueued_total = 0
+        self.dead_lettered_total = 0
+        self.expired_total = 0
+        #: seconds and block reads of the last open, for the failover figures.
+        self.opened_in: dict[str, float] = {}
+        self.seq_counter = 0
+        #: the queue's archive mode ("none", "all", "acked"): which journal entries we write.
+        self.archive = "none"
+        #: writes ``(message id, record)`` pairs to the archive table, returning once they are
+        #: committed (``archive.archiver.store_records``); None: retention cannot keep stubs.
+        self.archive_sink = archive_sink
+        #: ``{message id: record}`` of those archived (``archive.archiver.lookup``).
+        self.archive_source = archive_source
+        #: messages retention moved to the archive, kept as stubs for slow subscriptions
+        #: (``queues.engine.topic_retention``).
+        self.archived_total = 0
+        #: stubs whose archive row was gone, so never delivered
+        #: (see ``topic_retention.bodies_from_archive``).
+        self.archive_missing_total = 0
+        self.wall = time.time
+        self.takeover = Takeover(self, _monotonic)
+        self.writer = Writer(self, _monotonic)
+        self.retention = Retention(self)
+
+    # --- the queue's cursor, for callers that know no subscriptions ---------------------------
+    @property
+    def is_topic(self) -> bool:
+        return self.subscriptions is not None
+
+    def cursor(self, sub: str = "") -> Cursor:
+        c = self.cursors.get(sub)
+        if c is None:
+            if not self.is_topic:
+                raise NotServedHere(f"{self.queue} is a queue, it has no subscription {sub!r}")
+            raise PartitionUnavailable(
+                f"{self.queue}/{self.index}: subscription {sub!r} is not loaded on this node yet; retry"
+            )
+        return c
+
+    @property
+    def redelivery(self) -> RedeliveryIndex:
+        return self.cursor().redelivery
+
+    @property
+    def ready(self) -> deque[str]:
+        return self.cursor().ready
+
+    @property
+    def scanned_ready(self) -> deque[str]:
+        return self.cursor().scanned_ready
+
+    @property
+    def max_receives(self) -> int | None:
+        c = self.cursors.get("")
+        return c.max_receives if c is not None else None
+
+    @max_receives.setter
+    def max_receives(self, value: int | None) -> None:
+        c = self.cursors.get("")
+        if c is not None:  # a subscription's rule comes with its spec
+            c.max_receives = value
+
+    @property
+    def acked_total(self) -> int:
+        return sum(c.acked_total for c in self.readers)
+
+    @property
+    def redelivered_total(self) -> int:
+        return sum(c.redelivered_total for c in self.readers)
+
+    @property
+    def next_index(self) -> int:
+        """The head block's next free index: with the head, the enqueue ID (see :attr:`writer`)."""
+        return self.writer.next_index
+
+    def in_flight_count(self, now: float) -> int:
+        """Messages in flight at ``now``, every cursor's."""
+        return sum(c.redelivery.in_flight_count(now) for c in self.readers)
+
+    # --- keys of a cursor's own records -------------------------------------------------------
+    def _receives_key(self, c: Cursor, mid: MessageId) -> str:
+        return keys.receives_key(self.queue, self.index, mid, c.name)
+
+    def _ack_key(self, c: Cursor, mid: MessageId) -> str:
+        return keys.ack_key(self.queue, self.index, c.name, mid)
+
+    # --- opening: Takeover ---------------------------------------------------------------------
+    def open(self) -> None:
+        """Both phases of a takeover, for callers that need not serve in between."""
+        self.open_head()
+        self.open_oldest()
+
+    def open_head(self) -> None:
+        """Fence out earlier owners and load the head: enqueues may start. O(log N) reads."""
+        self.takeover.open_head()
+
+    def open_oldest(self) -> None:
+        """Reach the oldest live block and the saved receive counts: dequeues may start."""
+        self.takeover.open_oldest()
+
+    # --- routing ------------------------------------------------------------------------------
+    def route_new(self, mid: str, block: Block, i: int, message: StoredMessage, *, scanned: bool) -> bool:
+        """Give a stored message to every cursor that should read it. Lock held. True if any took it."""
+        taken = False
+        for c in self.readers:
+            if not c.shared:
+                if mid in c.acked or (c.starts_at is not None and message.enqueued_at < c.starts_at):
+                    continue
+                if message.subscription is not None and message.subscription != c.name:
+                    continue  # a redriven dead letter: only its subscription reads it again
+                c.live.setdefault(block.id, set()).add(i)
+            self._route(c, mid, (block.ordinal, i), message, scanned=scanned)
+            taken = True
+        return taken
+
+    def _route(self, c: Cursor, mid: str, pos: tuple[int, int], message: StoredMessage, *, scanned: bool) -> None:
+        """Put a stored, undelivered message where its turn will come in ``c``. Lock held."""
+        if message.not_before is not None and message.not_before > self.wall():
+            heapq.heappush(c.delayed, (message.not_before, mid))
+            c.not_due.add(mid)
+        if message.group is not None:
+            c.group_of[mid] = message.group
+            c.groups.setdefault(message.group, SortedList()).add((pos, mid))
+            self.unblock_group(c, message.group)
+            return
+        if mid in c.not_due:
+            return
+        (c.scanned_ready if scanned else c.ready).append(mid)
+
+    def unblock_group(self, c: Cursor, group: str) -> None:
+        """Let the group's head be delivered if the group has nothing out. Lock held.
+
+        The head is the group's oldest live message. A message this manager enqueued waits
+        while blocks found at open are still unscanned: one of them may hold an older message
+        of the same group.
+        """
+        if group in c.group_busy:
+            return
+        pending = c.groups.get(group)
+        if not pending:
+            c.groups.pop(group, None)
+            return
+        (_ordinal, _), head = pending[0]
+        if head in c.not_due:
+            return
+        state = self.blocks.get(head.rsplit("/", 2)[1])
+        if self.unscanned is not None and state is not None and not state.scanned:
+            return
+        c.group_busy[group] = head
+        c.unblocked.append(head)
+
+    def _unblock_due(self, c: Cursor) -> None:
+        """Messages whose delay (not_before) has passed become deliverable. Lock held."""
+        now = self.wall()
+        while c.delayed and c.delayed[0][0] <= now:
+            _, mid = heapq.heappop(c.delayed)
+            if mid not in c.not_due:
+                continue
+            c.not_due.discard(mid)
+            group = c.group_of.get(mid)
+            if group is not None:
+                self.unblock_group(c, group)
+            elif self._is_live(c, mid):
+                c.ready.append(mid)
+
+    # --- guards -------------------------------------------------------------------------------
+    def check_serving(self) -> None:
+        if self.closed:
+            raise PartitionUnavailable(f"{self.queue}/{self.index} is closed on this node")
+        if not self.lease.valid():
+            raise PartitionUnavailable(f"{self.queue}/{self.index}: lease expired on this node")
+
+    def confirmed(self, started: float) -> None:
+        """The store confirmed the fence by a read or fenced write begun at ``started``."""
+        if started > self.fence_confirmed_at:
+            self.fence_confirmed_at = started
+
+    def _check_fence(self) -> None:
+        """Before delivering: unless the store confirmed the epoch within :data:`FENCE_TRUST`,
+        read the fence; moved on (a purge, a delete, a takeover), the manager closes and
+        delivers nothing. One read per partition per FENCE_TRUST at most, none while enqueues
+        (fenced writes) keep confirming it."""
+        started = monotonic()
+        if started - self.fence_confirmed_at <= FENCE_TRUST or self.closed:
+            return  # (closed: refused by check_serving, no read)
+        try:
+            current = self.store.read_fence(self.fence.key)
+        except KVError as exc:
+            raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
+        if current != self.fence.epoch:
+            with self.lock:
+                raise self.lost(Fenced(f"fence at {current}, epoch {self.fence.epoch} here"))
+        self.confirmed(started)
+
+    def lost(self, exc: Exception) -> PartitionUnavailable:
+        log.warning("%s/%s: giving up ownership: %s", self.queue, self.index, exc)
+        self.closed = True
+        return PartitionUnavailable(f"{self.queue}/{self.index} changed owner; retry")
+
+    # --- enqueue: Writer ----------------------------------------------------------------------
+    def enqueue(self, messages: Sequence[StoredMessage]) -> list[str]:
+        """Store ``messages`` in order; their IDs once stored. All or nothing for the caller
+        (see :meth:`Writer.enqueue <queues.engine.writer.Writer.enqueue>`)."""
+        return self.writer.enqueue(messages)
+
+    # --- dequeue ------------------------------------------------------------------------------
+    def dequeue(self, max_messages: int, visibility: float, sub: str = "") -> list[Delivery]:
+        """Up to ``max_messages`` deliveries to ``sub`` (a queue: ""): expired ones first, then
+        group heads whose turn came, then the oldest undelivered. Messages past
+        ``max_receives`` are set aside for the dead-letter queue instead (see :meth:`take_dead`)."""
+        out: list[Delivery] = []
+        counts: list[tuple[str, int]] = []
+        self._check_fence()
+        with self.lock:
+            self.check_serving()
+            c = self.cursor(sub)
+            if not self.dequeue_ready:
+                return out
+            now = monotonic()
+            deadline = now + visibility
+            for mid in c.redelivery.expired(now, max_messages):
+                if not self._is_live(c, mid):
+                    c.redelivery.remove(mid)
+                    continue
+                entry = c.redelivery.get(mid)
+                assert entry is not None  # due() lists only entries of the index
+                if c.max_receives is not None and entry.receive_count >= c.max_receives:
+                    c.redelivery.change_deadline(mid, float("inf"))  # pinned until moved
+                    c.dead.append((mid, entry.receive_count))
+                    continue
+                receipt = new_receipt()
+                count = entry.receive_count + 1
+                c.redelivery.add(mid, deadline, receipt, count)
+                c.redelivered_total += 1
+                self.counters.redelivered(self.queue, sub)
+                counts.append((mid, count))
+                out.append(Delivery(mid, receipt, count))
+            self._unblock_due(c)
+            scans = 0
+            try:
+                while len(out) < max_messages:
+                    if c.unblocked:
+                        mid = c.unblocked.popleft()
+                    elif c.scanned_ready:
+                        mid = c.scanned_ready.popleft()
+                    elif self.unscanned is not None and scans < 8:
+                        scans += 1
+                        self.takeover.scan()
+                        continue
+                    elif c.ready:
+                        mid = c.ready.popleft()
+                    else:
+                        break
+                    if self._is_live(c, mid) and mid not in c.redelivery and mid not in c.not_due:
+                        delivery = self._deliver_first(c, mid, deadline)
+                        if delivery is not None:
+                            out.append(delivery)
+                            if delivery.receive_count > 1:
+                                counts.append((mid, delivery.receive_count))
+            except KVError as exc:
+                # The manager is closed (see _scan): what it took is handed out by
+                # the next owner, not here.
+                raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
+            for mid, count in counts:
+                c.receives[mid] = count
+        if counts:
+            self._save_receives(c, counts)
+        if out:
+            self.counters.delivered(self.queue, sub, len(out))
+        return out
+
+    def _save_receives(self, c: Cursor, counts: list[tuple[str, int]]) -> None:
+        """Persist receive counts of redeliveries. A count lost here makes it at most the
+        deliveries in flight at a crash too low; first deliveries are never written."""
+        items = []
+        for mid, count in counts:
+            parsed = parse_message_id(mid)
+            if parsed is not None:
+                items.append((self._receives_key(c, parsed), str(count).encode()))
+        try:
+            self.store.put_many(items, fence=self.fence)
+        except KVError as exc:
+            log.warning("%s/%s: receive counts not saved: %s", self.queue, self.index, exc)
+
+    def take_dead(self, sub: str = "") -> list[tuple[str, int]]:
+        """Messages set aside for the dead-letter queue (they stay pinned until acked)."""
+        with self.lock:
+            c = self.cursor(sub)
+            dead, c.dead = c.dead, []
+        return dead
+
+    def give_back_dead(self, mids: Sequence[str], sub: str = "") -> None:
+        """Give back messages set aside by :meth:`take_dead` whose move failed: their
+        visibility runs out now, and the next dequeue sets them aside again."""
+        with self.lock:
+            c = self.cursor(sub)
+            now = monotonic()
+            for mid in mids:
+                if mid in c.redelivery:
+                    c.redelivery.change_deadline(mid, now)
+
+    def _deliver_first(self, c: Cursor, mid: str, deadline: float) -> Delivery | None:
+        """First delivery by this owner; the count goes on from one saved before a takeover."""
+        count = c.receives.get(mid, 0) + 1
+        if c.max_receives is not None and count > c.max_receives:
+            c.redelivery.add(mid, float("inf"), new_receipt(), count - 1)
+            c.dead.append((mid, count - 1))
+            return None
+        receipt = new_receipt()
+        c.redelivery.add(mid, deadline, receipt, count)
+        return Delivery(mid, receipt, count)
+
+    def _is_live(self, c: Cursor, mid: str) -> bool:
+        block_id, idx = block_and_index(mid)
+        return c.holds(self.blocks, block_id, idx)
+
+    def load_bodies(self, deliveries: list[Delivery], sub: str | None = None) -> list[Delivery]:
+        """Attach the stored messages (cache, else one batched read; a stub's from the archive);
+        drop vanished ones.
+
+        ``sub``: the cursor the deliveries were made for (a queue's is ""). Given, deliveries
+        whose body cannot be read now are given back to it (:meth:`give_back`) rather than left
+        hidden until their visibility runs out: a store failure gives back all of them and
+        raises, an archive failure only the stubs, and the others are delivered. Without it
+        (moving dead letters), any failure raises.
+        """
+        try:
+            records = self.records([d.id for d in deliveries])
+        except PartitionUnavailable:
+            if sub is not None:
+                self.give_back(deliveries, sub)
+            raise
+        vanished, stubs = [], []
+        for d in deliveries:
+            d.message = records.get(d.id)
+            if d.message is None:
+                vanished.append(d.id)
+            elif d.message.archived:
+                stubs.append(d)
+        if stubs:
+            try:
+                topic_retention.bodies_from_archive(self, stubs)
+            except PartitionUnavailable as exc:
+                if sub is None:
+                    raise
+                log.warning("%s", exc)
+                for d in stubs:
+                    d.message = None
+                self.give_back(stubs, sub)
+        if vanished:
+            # Removed behind our back (acknowledged at a previous owner before our scan saw it
+            # gone, a purge): forget it rather than keep it in flight for ever.
+            with self.lock:
+                for c in self.readers:
+                    self.forget(c, vanished)
+                self.drop_stored(vanished)
+        return [d for d in deliveries if d.message is not None]
+
+    def give_back(self, deliveries: Sequence[Delivery], sub: str = "") -> None:
+        """Undo deliveries that never reached the client: each is deliverable again at once, in
+        its place, with the receive count it had (so a failure of ours never brings a message
+        closer to the dead-letter queue). One acknowledged or redelivered since is left alone."""
+        with self.lock:
+            c = self.cursors.get(sub)
+            if c is None:
+                return
+            for d in reversed(deliveries):  # each goes to the front: keep their order
+                entry = c.redelivery.get(d.id)
+                if entry is None or entry.receipt != d.receipt:
+                    continue
+                c.redelivery.remove(d.id)
+                if d.receive_count > 1:
+                    c.receives[d.id] = d.receive_count - 1
+                else:
+                    c.receives.pop(d.id, None)
+                if not self._is_live(c, d.id):
+                    continue
+                group = c.group_of.get(d.id)
+                if group is not None:
+                    if c.group_busy.get(group) == d.id:  # still the group's turn
+                        c.unblocked.appendleft(d.id)
+                    continue
+                state = self.blocks.get(block_and_index(d.id)[0])
+                (c.scanned_ready if state is not None and state.scanned else c.ready).appendleft(d.id)
+        self.on_change()
+
+    # --- ack and visibility -------------------------------------------------------------------
+    def check_receipts(self, items: Sequence[tuple[MessageId, str | None]], sub: str = "") -> None:
+        """Raise :class:`ReceiptMismatch` for the first item whose receipt is not current. Lock held."""
+        c = self.cursor(sub)
+        for mid, receipt in items:
+            if receipt is None:
+                continue
+            entry = c.redelivery.get(str(mid))
+            if entry is None:
+                raise ReceiptMismatch(str(mid), "not in flight (never delivered, or already acknowledged)")
+            if entry.receipt != receipt:
+                raise ReceiptMismatch(str(mid), "the receipt is from an earlier delivery")
+
+    def pin_for_ack(self, items: Sequence[MessageId], sub: str = "") -> dict[str, float]:
+        """Hold the in-flight ones back from redelivery while their delete runs. Lock held.
+
+        Returns their deadlines, for :meth:`unpin` if the delete fails.
+        """
+        redelivery = self.cursor(sub).redelivery
+        pinned = {}
+        for mid in items:
+            key = str(mid)
+            if key not in pinned:
+                deadline = redelivery.pin(key)
+                if deadline is not None:
+                    pinned[key] = deadline
+        return pinned
+
+    def unpin(self, pinned: dict[str, float], sub: str = "") -> None:
+        """Give back the deadlines taken by :meth:`pin_for_ack`. Lock held."""
+        c = self.cursor(sub)
+        for key, deadline in pinned.items():
+            if key in c.redelivery:
+                c.redelivery.change_deadline(key, deadline)
+
+    def delete_acked(self, items: Sequence[MessageId], sub: str = "") -> int:
+        """The store half of an ack: journaled for the archive (if the queue archives), then
+        deleted. Returns how many were still held (a queue: stored). See :meth:`_delete`."""
+        return self.delete(items, journal=True, sub=sub)
+
+    def delete(self, items: Sequence[MessageId], *, journal: bool, sub: str = "") -> int:
+        """Delete messages ``sub`` holds. ``journal``: it is an ack, which the archive journal
+        records; removals that are no ack (retention, a move to the dead-letter queue) are not
+        archived.
+
+        A queue's runs without the lock. A subscription's decides, under the lock, whether
+        another subscription still holds each message: then only its marker is written, else
+        the message goes (with the others' markers). The lock is held across those writes, so
+        two subscriptions acking one message cannot both leave it to the other; a failure
+        closes the manager, which the node reopens from the store.
+        """
+        c = self.cursor(sub)
+        if not c.shared:
+            return self._delete_by_subscription(c, items, journal)
+        counts = [self._receives_key(c, m) for m in items if str(m) in c.receives]
+        try:
+            if journal and self.archive != "none":
+                entries = archive_journal.on_ack(
+                    self.store, self.cache, self.queue, self.index, self.archive, items, self.wall()
+                )
+                self.store.put_many(entries, fence=self.fence)
+            # Fenced like every write: a stale owner's delete would leave the new owner holding a
+            # live message that is gone (in flight for ever, its group blocked).
+            removed = self.store.delete_many([str(m) for m in items], fence=self.fence)
+            if counts:
+                self.store.delete_many(counts, fence=self.fence)
+            return removed
+        except Fenced as exc:
+            raise self.lost(exc) from exc
+        except KVError as exc:
+            raise PartitionUnavailable(f"{self.queue}/{self.index}: store delete failed: {exc}") from exc
+
+    def _delete_by_subscription(self, c: Cursor, items: Sequence[MessageId], journal: bool) -> int:
+        with self.lock:
+            self.check_serving()
+            held = [m for m in items if c.holds(self.blocks, m.block, m.index)]
+            last: list[MessageId] = []
+            shared: list[MessageId] = []
+            for m in held:
+                others = any(o is not c and o.holds(self.blocks, m.block, m.index) for o in self.readers)
+                (shared if others else last).append(m)
+            try:
+                if journal and last and self.archive != "none":
+                    entries = archive_journal.on_ack(
+                        self.store, self.cache, self.queue, self.index, self.archive, last, self.wall()
+                    )
+                    self.store.put_many(entries, fence=self.fence)
+                if shared:
+                    self.store.put_many([(self._ack_key(c, m), b"1") for m in shared], fence=self.fence)
+                if last:
+                    self._delete_stored([str(m) for m in last])
+                counts = [self._receives_key(c, m) for m in held if str(m) in c.receives]
+                if counts:
+                    self.store.delete_many(counts, fence=self.fence)
+            except Fenced as exc:
+                raise self.lost(exc) from exc
+            except KVError as exc:
+                self.closed = True  # memory and store may disagree now: reopen from the store
+                raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
+            for m in held:
+                c.live.get(m.block, set()).discard(m.index)
+            self.drop_stored([str(m) for m in last])
+            return len(held)
+
+    def _delete_stored(self, mids: Sequence[str]) -> None:
+        """Delete messages from the store with every subscription's marker and count. Lock held."""
+        keys = list(mids)
+        if self.is_topic:
+            for mid in mids:
+                parsed = parse_message_id(mid)
+                if parsed is not None:
+                    for o in self.readers:
+                        keys.append(self._ack_key(o, parsed))
+                        keys.append(self._receives_key(o, parsed))
+        self.store.delete_many(keys, fence=self.fence)
+
+    def drop_stored(self, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> None:
+        """Memory of messages no longer stored (block live sets, cache). Lock held. ``where``:
+        each one's ``(block id, index)``, when the caller has them already."""
+        self.cache.discard_many(mids)
+        for block_id, idx in where if where is not None else map(block_and_index, mids):
+            state = self.blocks.get(block_id)
+            if state is not None:
+                state.live.discard(idx)
+                state.archived.discard(idx)
+
+    def stored(self, mid: str) -> bool:
+        block_id, idx = block_and_index(mid)
+        state = self.blocks.get(block_id)
+        return state is not None and idx in state.live
+
+    def remove_everywhere(self, mids: Sequence[str]) -> None:
+        """Delete messages that no cursor needs, and forget them everywhere. Lock held."""
+        try:
+            self._delete_stored(mids)
+        except Fenced as exc:
+            raise self.lost(exc) from exc
+        for c in self.readers:
+            self.forget(c, mids)
+        self.drop_stored(mids)
+
+    def settle_acked(self, items: Sequence[MessageId], removed: int, sub: str = "", *, ack: bool = True) -> None:
+        """The memory half of an ack, after the delete. Lock held. ``ack=False``: a removal
+        that is no ack (a move to the dead-letter queue), left out of ``mq_messages_acked``."""
+        c = self.cursor(sub)
+        mids = [str(m) for m in items]
+        where = [(m.block, m.index) for m in items]  # parsed already: not again per use
+        self.forget(c, mids, where)
+        if c.shared:
+            self.drop_stored(mids, where)
+        c.acked_total += removed
+        if ack:
+            self.counters.acked(self.queue, sub, removed)
+        self.prune()
+
+    def forget(self, c: Cursor, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> None:
+        """Drop acknowledged (or dead-lettered, or expired) messages from a cursor. Lock held.
+        ``where``: each one's ``(block id, index)``, when the caller has them already."""
+        freed: set[str] = set()
+        c.redelivery.remove_many(mids)
+        for key, (block_id, idx) in zip(mids, where if where is not None else map(block_and_index, mids)):
+            c.receives.pop(key, None)
+            c.not_due.discard(key)
+            if not c.shared:
+                live = c.live.get(block_id)
+                if live is not None:
+                    live.discard(idx)
+                    if not live:
+                        del c.live[block_id]
+            group = c.group_of.pop(key, None)
+            if group is not None:
+                pending = c.groups.get(group)
+                state = self.blocks.get(block_id)
+                if pending is not None and state is not None:
+                    pending.discard(((state.block.ordinal, idx), key))
+                if c.group_busy.get(group) == key:
+                    del c.group_busy[group]
+                freed.add(group)
+        for group in freed:
+            self.unblock_group(c, group)
+
+    # --- retention: Retention -----------------------------------------------------------------
+    def expire(self, cutoff: float) -> int:
+        """Remove messages of blocks whose newest message is older than ``cutoff`` (see
+        :meth:`Retention.expire <queues.engine.retention.Retention.expire>`); how many were removed."""
+        return self.retention.expire(cutoff)
+
+    def prune(self) -> None:
+        """Delete fully acknowledged blocks from the front of the allocation order. Lock held."""
+        self.retention.prune()
+
+    def held(self, mid: str) -> bool:
+        """Some cursor still holds ``mid``. Lock held."""
+        return any(self._is_live(c, mid) for c in self.readers)
+
+    def is_stub(self, mid: str) -> bool:
+        """``mid``'s stored record is a stub: its body is in the archive only. Lock held."""
+        block_id, idx = block_and_index(mid)
+        state = self.blocks.get(block_id)
+        return state is not None and idx in state.archived
+
+    def mark_stubs(self, mids: Sequence[str]) -> None:
+        """``mids``' stored records were replaced by stubs (their bodies are in the archive
+        only): no longer kept in the cache. Lock held."""
+        for mid in mids:
+            block_id, idx = block_and_index(mid)
+            self.blocks[block_id].archived.add(idx)
+            self.cache.discard(mid)
+
+    def records(self, mids: Sequence[str]) -> dict[str, StoredMessage]:
+        """The stored records of ``mids`` (cache, else one batched read; stubs too); gone ones
+        left out."""
+        out: dict[str, StoredMessage] = {}
+        missing = []
+        for mid in mids:
+            cached = self.cache.get(mid)
+            if cached is not None:
+                out[mid] = cached
+            else:
+                missing.append(mid)
+        if missing:
+            try:
+                raws = self.store.get_many(missing)
+            except KVError as exc:
+                raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
+            for mid, raw in zip(missing, raws):
+                if raw is not None:
+                    out[mid] = StoredMessage.from_bytes(raw)
+        return out
+
+    def ack(self, items: Sequence[tuple[MessageId, str | None]], sub: str = "") -> int:
+        """Check receipts, delete, settle: a whole ack on this partition alone (journaled for
+        the archive: :meth:`delete_acked`). Returns how many were still held."""
+        return self._ack(items, journal=True, sub=sub)
+
+    def remove_dead_lettered(self, items: Sequence[MessageId], sub: str = "") -> int:
+        """Remove messages that were moved to the dead-letter queue: like an ack without
+        receipts, but not journaled (a dead letter is not acknowledged, so not archived)."""
+        return self._ack([(m, None) for m in items], journal=False, sub=sub)
+
+    def _ack(self, items: Sequence[tuple[MessageId, str | None]], *, journal: bool, sub: str) -> int:
+        mids = [mid for mid, _ in items]
+        with self.lock:
+            self.check_serving()
+            self.check_receipts(items, sub)
+            pinned = self.pin_for_ack(mids, sub)
+        try:
+            removed = self.delete(mids, journal=journal, sub=sub)
+        except PartitionUnavailable:
+            with self.lock:
+                self.unpin(pinned, sub)
+            raise
+        with self.lock:
+            self.settle_acked(mids, removed, sub, ack=journal)
+        return removed
+
+    def change_visibility_locked(self, mid: MessageId, receipt: str | None, timeout: float, sub: str = "") -> int:
+        """Move the message's visibility deadline to ``timeout`` seconds from now (0: deliverable
+        at once); returns its receive count. Called with ``lock`` held."""
+        c = self.cursor(sub)
+        key = str(mid)
+        entry = c.redelivery.get(key)
+        if entry is None or not self._is_live(c, key):
+            raise ReceiptMismatch(key, "not in flight (never delivered, or already acknowledged)")
+        if receipt is not None and entry.receipt != receipt:
+            raise ReceiptMismatch(key, "the receipt is from an earlier delivery")
+        if entry.deadline == float("inf"):
+            raise ReceiptMismatch(key, "it is being acknowledged or dead-lettered")
+        c.redelivery.change_deadline(key, monotonic() + timeout)
+        if timeout == 0:
+            self.on_change()
+        return c.receives.get(key, 1)
+
+    # --- figures ------------------------------------------------------------------------------
+    def stats(self) -> PartitionStats:
+        with self.lock:
+            now = monotonic()
+            for c in self.readers:
+                c.redelivery.advance(now)  # (the count read without the lock walks only what came due since)
+            live = sum(len(s.live) for s in self.blocks.values())
+            ordered = [*self.scanned_order, *self.local_order]
+            in_flight = self.in_flight_count(now)
+            head = self.tree.head
+            oldest = next((s.block.created_at for s in ordered if s.live), None)
+            first = ""
+            cursors = {}
+            if self.is_topic:
+                for c in self.readers:
+                    cursors[c.name] = {
+                        "held": c.held_count(),
+                        "in_flight": c.redelivery.in_flight_count(now),
+                        "archived": sum(
+                            len(live & self.blocks[b].archived)
+                            for b, live in c.live.items()
+                            if b in self.blocks and self.blocks[b].archived
+                        ),
+                        "acked": c.acked_total,
+                        "redelivered": c.redelivered_total,
+                        "dequeue_id": (c.scanned_ready or c.ready or [""])[0],
+                        "oldest_enqueued_at": min(
+                            (
+                                self.blocks[b].block.created_at
+                                for b, live in c.live.items()
+                                if live and b in self.blocks
+                            ),
+                            default=None,
+                        ),
+                    }
+            else:
+                c = self.cursors[""]
+                first = (c.scanned_ready or c.ready or [""])[0]
+            return PartitionStats(
+                queue=self.queue,
+                index=self.index,
+                epoch=self.lease.epoch,
+                head_block=head.id if head else "",
+                enqueue_id=keys.message_key(self.queue, self.index, head.id, self.next_index) if head else "",
+                dequeue_id=first,
+                visible=max(live - in_flight, 0),
+                in_flight=in_flight,
+                delayed=len(set().union(*(c.not_due for c in self.readers))),
+                depth_exact=self.unscanned is None,
+                live_blocks=len(self.blocks),
+                tree_height=max((h for _, h in self.tree.roots), default=-1) + 1,
+                oldest_enqueued_at=oldest,
+                enqueued_total=self.enqueued_total,
+                acked_total=self.acked_total,
+                redelivered_total=self.redelivered_total,
+                opened_in=self.opened_in,
+                cursors=cursors,
+            )
+
+    def next_wakeup(self, sub: str | None = None) -> float | None:
+        """Monotonic time at which an in-flight message becomes deliverable again."""
+        cursors = self.readers if sub is None else [self.cursors[sub]] if sub in self.cursors else []
+        deadlines = [d for d in (c.redelivery.next_deadline() for c in cursors) if d is not None]
+        return min(deadlines, default=None)
