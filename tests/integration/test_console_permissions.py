@@ -53,9 +53,9 @@ SCOPE: dict[str, str] = {
     "auth.user":               "all",
     "authtoken.tokenproxy":    "own",
     "queues.queue":            "read",
-    "queues.engine.partition":        "read",
+    "queues.partition":        "read",
     "queues.subscription":     "read",
-    "queues.cluster.node":             "all",
+    "queues.node":             "all",
     "queues.grant":            "manage",
     "queues.auditentry":       "manage",
     "workers.consumer":        "own",
@@ -79,9 +79,9 @@ OFFERS: dict[str, tuple[bool | str, bool | str, bool | str]] = {
     "auth.user":               (True,  True,  True),
     "authtoken.tokenproxy":    (True,  False, True),
     "queues.queue":            (True,  True,  True),
-    "queues.engine.partition":        (False, False, False),
+    "queues.partition":        (False, False, False),
     "queues.subscription":     (False, True,  True),
-    "queues.cluster.node":             (False, False, False),
+    "queues.node":             (False, False, False),
     "queues.grant":            (True,  False, True),
     "queues.auditentry":       (False, False, False),
     "workers.consumer":        (False, False, False),
@@ -100,7 +100,7 @@ OFFERS: dict[str, tuple[bool | str, bool | str, bool | str]] = {
 ACTIONS: dict[str, dict[str, str | None] | None] = {
     "authtoken.tokenproxy":    None,
     "queues.queue":            {"purge": "queues.purge_queue", "redrive": "queues.redrive_queue"},
-    "queues.engine.partition":        {"release_lease": "queues.release_partition"},
+    "queues.partition":        {"release_lease": "queues.release_partition"},
     "archive.archivedmessage": {"replay_into_source": "archive.replay_archivedmessage"},
     "sqs.accesskey":           {"revoke": "sqs.change_accesskey"},
 }
@@ -188,7 +188,7 @@ class World:
             )
             found = {
                 "queues.queue": q,
-                "queues.engine.partition": Partition.objects.create(queue=q, index=0),
+                "queues.partition": Partition.objects.create(queue=q, index=0),
                 "queues.subscription": Subscription.objects.create(topic=topic, name="s"),
                 "queues.grant": Grant.objects.create(user=carol, queue=q, action="consume"),
                 "queues.auditentry": AuditEntry.objects.create(actor=self.other.username, action="purge", target=name),
@@ -225,7 +225,7 @@ class World:
         everyone = {
             "auth.group": Group.objects.create(name=f"group-{h}"),
             "auth.user": self.other,
-            "queues.cluster.node": node,
+            "queues.node": node,
             "consoles.dashboardrun": run,
         }
         for label, obj in everyone.items():
