@@ -332,7 +332,10 @@ def env(django_db_setup, django_db_blocker, tmp_path_factory):
     kv.flushdb()
     with django_db_blocker.unblock():
         tmp = tmp_path_factory.mktemp("sqs-matrix")
-        nodes = NodeSet(local_node_env(tmp, NODE_HEARTBEAT="0.3"), tmp)
+        # A one-second pass: the module makes about 400 queues, and a pass over their partitions
+        # every 0.3 s keeps their rows' locks taken nearly all the time, and a loaded machine's
+        # calls then met lock waits past the node's database deadline.
+        nodes = NodeSet(local_node_env(tmp, NODE_HEARTBEAT="1.0"), tmp)
         try:
             yield Env(nodes.start())
         finally:
