@@ -19,6 +19,7 @@ from queues import service
 from queues.cluster import peerauth
 from queues.cluster.balance import Balancer
 from queues.cluster.node import NodeRuntime
+from queues.cluster.siblings import Board
 from queues.cluster.watchdog import ServingProbe, Watchdog
 
 log = logging.getLogger("queues.runnode")
@@ -38,6 +39,11 @@ _watchdog = Watchdog(
     stuck_after=settings.NODE_STUCK_AFTER,
 )
 runtime.serving = _watchdog.serving
+if os.environ.get("NODE_SIBLINGS_DIR"):
+    # One of several processes of a runnode: what it could deliver, for its siblings' dequeues
+    # and long polls (queues.cluster.siblings).
+    runtime.board = Board(os.environ["NODE_SIBLINGS_DIR"], runtime.notify)
+    mp_util.Finalize(runtime.board, runtime.board.close, exitpriority=5)
 runtime.start()
 _watchdog.start()
 print(f"node {runtime.node_id} serving on http://{runtime.address}/ (pid {os.getpid()})", flush=True)

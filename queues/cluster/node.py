@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import (
@@ -46,6 +46,9 @@ from queues.engine.ports import BoundRow
 from queues.errors import QueueNotFound
 from queues.kv import KeyValueStore, KVError, get_store
 from queues.models import Node, Partition, Queue
+
+if TYPE_CHECKING:
+    from queues.cluster.siblings import Board
 
 log = logging.getLogger(__name__)
 monotonic = time.monotonic
@@ -214,6 +217,9 @@ class NodeRuntime:
         #: process whose request threads are all stuck must not keep partitions it cannot serve.
         self.serving: Callable[[], bool] | None = None
         self._gave_up = False
+        #: what this process tells its sibling processes of one runnode (None: it has none);
+        #: set by ``config.node`` (see :mod:`queues.cluster.siblings`).
+        self.board: Board | None = None
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> NodeRuntime:
@@ -340,6 +346,9 @@ class NodeRuntime:
         if self.is_serving():
             self._claim_partitions()
         self._publish_stats()
+        if self.board is not None:
+            for queue in list(self._queue_managers):
+                self.hint(queue)  # (what came due by the clock, a delayed message's turn)
         self.last_pass = monotonic()
 
     def is_serving(self) -> bool:
@@ -422,6 +431,8 @@ class NodeRuntime:
                 same_queue.pop(key[1], None)
                 if not same_queue:
                     self._queue_managers.pop(key[0], None)
+        if self.board is not None:
+            self.hint(key[0])
 
     def refresh_queues(self) -> None:
         with self._lock:
@@ -614,7 +625,7 @@ class NodeRuntime:
                 leases.move_epoch,
                 outages=leases.ROW_OUTAGES,
             ),
-            on_change=self.notify,
+            on_change=functools.partial(self._messages_changed, cfg.name),
             counters=metrics.MESSAGES,
             subscriptions=cfg.subscriptions,
             archive_sink=ARCHIVE.sink,
@@ -649,7 +660,7 @@ class NodeRuntime:
             log.exception("opening %s/%s", cfg.name, lease.index)
             self.hold_off[key] = monotonic() + lease.period
             return None, False
-        self.notify()
+        self._messages_changed(cfg.name)
         return m, False
 
     def _rates_of(self, key: tuple[str, int], enqueued: int, acked: int) -> tuple[float, float]:
@@ -755,14 +766,18 @@ class NodeRuntime:
         cfg = catalog.load(q.name).get(q.name)
         if cfg is not None and self._remember(cfg):
             self._claim_partitions(only=q.name)
+            self.router.forget(cfg.id)
 
-    def topic_changed(self, name: str) -> None:
-        """A subscription came or went: reload the topic, reopen its partitions held here."""
+    def reload(self, name: str) -> None:
+        """Queue or topic ``name`` was created or changed through another node: describe it
+        as its row now reads and claim this node's share of its partitions now, rather than at
+        the next pass; a topic's partitions held here whose subscriptions changed are reopened."""
         cfg = catalog.load(name).get(name)
         if cfg is None or not self._remember(cfg):
             return
         self._release_if_subscriptions_changed({name: cfg})
         self._claim_partitions(only=name)
+        self.router.forget(cfg.id)
         self.notify()
 
     def _release_if_subscriptions_changed(self, configs: dict[str, QueueConfig]) -> None:
@@ -803,6 +818,33 @@ class NodeRuntime:
         return m
 
     # --- long polling -------------------------------------------------------------------------
+    def _messages_changed(self, queue: str) -> None:
+        """Messages of ``queue`` may have become deliverable here: wake the long polls (this
+        process's, and the siblings' waiting for it)."""
+        self.notify()
+        if self.board is not None:
+            self.hint(queue)
+
+    def hint(self, queue: str) -> None:
+        """Tell the sibling processes what this one could deliver of ``queue`` now (each of a
+        topic's subscriptions apart; see :mod:`queues.cluster.siblings`)."""
+        board = self.board
+        if board is None:
+            return
+        cfg = self.queues.get(queue)
+        subs = [s.name for s in cfg.subscriptions] if cfg is not None and cfg.subscriptions is not None else [""]
+        managers = self.local_managers(queue)
+        for sub in subs:
+            oldest: float | None = None
+            due: float | None = None
+            for m in managers:
+                o, d = m.waiting_since(sub)
+                if o is not None and (oldest is None or o < oldest):
+                    oldest = o
+                if d is not None and (due is None or d < due):
+                    due = d
+            board.publish(f"{queue}/{sub}" if sub else queue, oldest, due)
+
     def notify(self) -> None:
         with self._changed:
             self._change_seq += 1

@@ -960,6 +960,43 @@ class PartitionManager(Generic[LeaseT]):
                 cursors=cursors,
             )
 
+    def waiting_since(self, sub: str = "") -> tuple[float | None, float | None]:
+        """``(oldest, due)``: the wall time the oldest message this manager could deliver to
+        ``sub`` now has waited since (None: none), and the monotonic time its next message in
+        flight comes due (None: none; past: due now).
+
+        Read without the lock, for the node's sibling processes (``queues.cluster.siblings``):
+        a hint that may be a moment old, or name a message that turns out not deliverable (a
+        delayed one, one acknowledged meanwhile); a reader that acts on it finds out."""
+        c = self.cursors.get(sub)
+        if c is None or self.closed or not self.dequeue_ready:
+            return None, None
+        oldest: float | None = self.wall() if self.unscanned is not None else None
+        for waiting in (c.unblocked, c.scanned_ready, c.ready):
+            try:
+                mid = waiting[0]
+            except IndexError:
+                continue
+            message = self.cache.get(mid)
+            if message is not None:
+                since = message.enqueued_at
+            else:
+                state = self.blocks.get(block_and_index(mid)[0])
+                since = state.block.created_at if state is not None else self.wall()
+            oldest = since if oldest is None else min(oldest, since)
+        now = monotonic()
+        due = c.redelivery.next_deadline()
+        if due == float("-inf"):  # changed under us: due now, as far as a hint goes
+            due = now
+        try:
+            delayed = c.delayed[0][0]  # the next delayed message's turn (wall time)
+        except IndexError:
+            pass
+        else:
+            turn = now + (delayed - self.wall())
+            due = turn if due is None else min(due, turn)
+        return oldest, due
+
     def next_wakeup(self, sub: str | None = None) -> float | None:
         """Monotonic time at which an in-flight message becomes deliverable again."""
         cursors = self.readers if sub is None else [self.cursors[sub]] if sub in self.cursors else []
