@@ -153,7 +153,7 @@ def release_partition(name: str, index: int, hops: int = 0, *, caller: Caller) -
 
 
 def refresh(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
-    service.refresh_topic(name, caller=caller)
+    service.reload(name, caller=caller)
     return 200, {"refreshed": True}
 
 

@@ -292,8 +292,8 @@ class HttpPeers:
     def close_purged(self, address: str, queue: str) -> None:
         self.call(address, queue, "purge", {"close_only": True}, MAX_HOPS - 1, None)
 
-    def refresh_topic(self, address: str, topic: str) -> None:
-        self.call(address, topic, "refresh", {}, 1, None)
+    def reload(self, address: str, name: str) -> None:
+        self.call(address, name, "refresh", {}, 1, None)
 
     def redrive(self, address: str, queue: str, max_messages: int, hops: int, caller: Caller) -> RedriveResult:
         body = self.call(address, queue, "redrive", {"max": max_messages}, hops, caller)

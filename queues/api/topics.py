@@ -129,13 +129,14 @@ class PublishView(CallView):
 
 
 class RefreshView(APIView):
+    """A queue or topic was created or changed through another node (``service.reload``)."""
+
     permission_classes = [IsClusterPeerOrStaff]
 
     # Between nodes only, not part of the public API (and not in its schema).
     @extend_schema(exclude=True)
     def post(self, request: Request, name: str) -> Response:
         who = caller(request, node_only=True)
-        service.get_queue(name, Queue.Kind.TOPIC, caller=who)
         status_code, payload = calls.refresh(name, {}, _hops(request), caller=who)
         return Response(payload, status=status_code)
 

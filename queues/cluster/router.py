@@ -49,6 +49,11 @@ class Router:
             self._owners[queue_id] = (now, owners)
         return owners
 
+    def forget(self, queue_id: int) -> None:
+        """Read the queue's owners afresh at the next look (partitions were just claimed)."""
+        with self._lock:
+            self._owners.pop(queue_id, None)
+
     def other_nodes(self, queue_id: int, queue: str) -> list[str]:
         """Addresses of other nodes owning partitions of the queue, the deepest first."""
         depth: dict[str, int] = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -123,6 +124,7 @@ def create_queue(*, caller: Caller, **fields: Any) -> Queue:
             raise Conflict(f"a queue or topic named {name!r} exists", "already_exists") from exc
         raise Conflict(f"{name}: a queue it names was changed meanwhile; retry ({exc})", "concurrent_change") from exc
     get_runtime().queue_created(q)
+    _others_claim(q)
     return q
 
 
@@ -176,6 +178,8 @@ def update_queue(q: Queue, *, caller: Caller, **fields: Any) -> Queue:
     except IntegrityError as exc:
         raise Conflict(f"{q.name}: a queue it names was changed meanwhile; retry ({exc})", "concurrent_change") from exc
     get_runtime().queue_changed(q)
+    if q.partitions > old_partitions:
+        _others_claim(q)
     return q
 
 
@@ -399,15 +403,49 @@ def check_subscription_update(sub: Subscription, *, caller: Caller, **fields: An
     _require_dead_letter_queue(caller, fields)
 
 
-def refresh_topic(topic: str, *, caller: Caller) -> None:
-    """A topic's subscriptions changed (told by another node): reopen its partitions held here
-    (``read``: it changes nothing but this node's memory)."""
-    get_runtime().topic_changed(authorize(topic, "read", caller=caller)[0].name)
+def reload(name: str, *, caller: Caller) -> None:
+    """Queue or topic ``name`` was created or changed through another node: describe it afresh
+    and claim this node's share of its partitions now; a topic whose subscriptions changed has
+    its partitions held here reopened (``read``: it changes nothing but this node's memory)."""
+    get_runtime().reload(authorize(name, "read", caller=caller)[0].name)
+
+
+#: Seconds a create waits for the other nodes to claim their shares of the new partitions.
+CLAIM_WAIT = 2.0
+
+
+def _others_claim(q: Queue) -> None:
+    """Have every other live node (this node's sibling processes first among them) claim its
+    share of the queue's partitions now, so that the queue is served by all of them when the
+    create returns. A node that does not answer within :data:`CLAIM_WAIT` claims at its next
+    pass; until then the calls for its share wait for an owner (``messages._owner``)."""
+    rt = get_runtime()
+    try:
+        addresses = sorted({n.address for n in rt.live_nodes() if n.pk != rt.node_id and n.address != rt.address})
+    except Exception as exc:  # noqa: BLE001 - the others find it at their next pass
+        log.warning("telling the other nodes of %s: %s", q.name, exc)
+        return
+    if not addresses:
+        return
+    peers = get_peers()
+
+    def tell(address: str) -> None:
+        try:
+            peers.reload(address, q.name)
+        except Exception as exc:  # noqa: BLE001 - it claims at its next pass
+            log.info("telling %s of %s: %s", address, q.name, exc)
+
+    pool = ThreadPoolExecutor(max_workers=min(8, len(addresses)), thread_name_prefix="claim")
+    try:
+        wait([pool.submit(tell, a) for a in addresses], timeout=CLAIM_WAIT)
+    finally:
+        pool.shutdown(wait=False)
+    rt.router.forget(q.pk)
 
 
 def _subscriptions_changed(topic: Queue) -> None:
     rt = get_runtime()
-    rt.topic_changed(topic.name)
+    rt.reload(topic.name)
     owners = set(
         Partition.objects.filter(queue=topic, owner__isnull=False, owner__stopped_at=None)
         .exclude(owner_id=rt.node_id)
@@ -415,7 +453,7 @@ def _subscriptions_changed(topic: Queue) -> None:
     )
     for address in sorted(owners):
         try:
-            get_peers().refresh_topic(address, topic.name)
+            get_peers().reload(address, topic.name)
         except Exception as exc:  # noqa: BLE001 - it sees the change at its next heartbeat
             log.warning("telling %s about %s's subscriptions: %s", address, topic.name, exc)
 

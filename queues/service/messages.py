@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 
 from django.conf import settings
@@ -25,6 +25,7 @@ from queues import metrics
 from queues.access import SYSTEM, Caller, granted_now
 from queues.cluster.dedup import get_dedup
 from queues.cluster.router import MAX_HOPS
+from queues.cluster.siblings import Board
 from queues.engine.config import QueueConfig
 from queues.engine.ids import MessageId, StoredMessage, group_partition, parse_message_id
 from queues.engine.isotime import iso
@@ -200,10 +201,45 @@ def _enqueue_somewhere(
         )
     if (cfg.name, index) in rt.managers or hops >= MAX_HOPS:
         return rt.manager(cfg.name, index).enqueue(messages)
-    address = rt.router.owner_of(cfg.id, cfg.name, index)
+    address = _owner(cfg, index)
     if address is None:
-        raise _unserved(cfg, f"partition {cfg.name}/{index} has no live owner now; retry")
+        return rt.manager(cfg.name, index).enqueue(messages)
     return get_peers().enqueue(address, cfg.name, _without_dedup(drafts), hops, caller)
+
+
+def _owner_wait() -> float:
+    """Seconds a call waits for a partition that has no live owner to get one: a queue just
+    created whose other nodes claim at their next pass (a heartbeat), or a partition between
+    two owners."""
+    return min(OWNER_WAIT_MAX, 1.5 * get_runtime().heartbeat + 0.5)
+
+
+#: The most a call waits for a partition's owner (:func:`_owner_wait`).
+OWNER_WAIT_MAX = 5.0
+
+
+def _owner(cfg: QueueConfig, index: int) -> str | None:
+    """The address of the owner of partition ``index``, None when it is this node; waits
+    :func:`_owner_wait` for one when it has none, then raises NotServedHere (503: retry) or
+    QueueNotFound (it was deleted)."""
+    rt = get_runtime()
+    give_up = monotonic() + _owner_wait()
+    while True:
+        if (cfg.name, index) in rt.managers:
+            return None
+        address = rt.router.owner_of(cfg.id, cfg.name, index)
+        if address is not None:
+            return address
+        if monotonic() >= give_up:
+            raise _unserved(cfg, f"partition {cfg.name}/{index} has no live owner now; retry")
+        if cfg.name not in rt.queues:
+            raise _unserved(cfg, f"queue {cfg.name!r} is not described on this node now; retry")
+        time.sleep(OWNER_LOOK)
+        rt.router.forget(cfg.id)
+
+
+#: Seconds between two looks for a partition's owner.
+OWNER_LOOK = 0.05
 
 
 def _without_dedup(drafts: list[MessageDraft]) -> list[MessageDraft]:
@@ -250,18 +286,24 @@ def _local_or_forward(
             raise
     rt = get_runtime()
     last: Exception | None = None
-    for address in rt.router.other_nodes(cfg.id, cfg.name):
-        try:
-            return remote(address)
-        except RemoteError as exc:
-            if exc.status < 500:
-                raise  # the owner refused it: so would the others
-            last = exc
-        except Exception as exc:  # noqa: BLE001 - unreachable or unavailable: try the next owner
-            last = exc
-    if rt.local_managers(cfg.name):
-        return local(True)
-    raise _unserved(cfg, f"no node serves queue {cfg.name!r} now ({last or 'no owner'}); retry")
+    give_up = monotonic() + _owner_wait()
+    while True:
+        for address in rt.router.other_nodes(cfg.id, cfg.name):
+            try:
+                return remote(address)
+            except RemoteError as exc:
+                if exc.status < 500:
+                    raise  # the owner refused it: so would the others
+                last = exc
+            except Exception as exc:  # noqa: BLE001 - unreachable or unavailable: try the next owner
+                last = exc
+        if rt.local_managers(cfg.name):
+            return local(True)
+        if last is not None or monotonic() >= give_up or cfg.name not in rt.queues:
+            raise _unserved(cfg, f"no node serves queue {cfg.name!r} now ({last or 'no owner'}); retry")
+        # No owner at all yet (a queue just created, its partitions not claimed yet): wait.
+        time.sleep(OWNER_LOOK)
+        rt.router.forget(cfg.id)
 
 
 def _unserved(cfg: QueueConfig, detail: str) -> Exception:
@@ -385,19 +427,23 @@ def _dequeue(
         local_visibility_timeout = spec.visibility_timeout
     if local_visibility_timeout is None:
         local_visibility_timeout = cfg.visibility_timeout
-    found = _dequeue_local(cfg, sub, max_messages, local_visibility_timeout, 0)
-    _announce(target, found)
-    if (spec.max_receives if spec is not None else cfg.max_receives) is not None:
-        _move_dead_letters(cfg, sub)
+    rt = get_runtime()
     # A forwarded dequeue (hops >= 1) answers from here only: forwarding again made every
     # empty poll cost N(N-1) internal calls on N nodes, each with its own timeout.
+    board = rt.board if hops == 0 else None
+    asked: set[str] = set()
+    found = _dequeue_node(
+        target, cfg, sub, caller, max_messages, visibility_timeout, local_visibility_timeout, board, asked
+    )
+    if (spec.max_receives if spec is not None else cfg.max_receives) is not None:
+        _move_dead_letters(cfg, sub)
     if found or hops >= 1:
         if not found and wait:
-            found = _waited(cfg, sub, caller, max_messages, local_visibility_timeout, wait)
-            _announce(target, found)
+            found = _waited(target, cfg, sub, caller, max_messages, visibility_timeout, local_visibility_timeout, wait)
         return found
-    rt = get_runtime()
     for address in rt.router.other_nodes(cfg.id, cfg.name):
+        if address in asked:
+            continue
         try:
             got = get_peers().dequeue(address, target, max_messages, visibility_timeout, hops, caller)
         except Exception:  # noqa: BLE001, S112 - that owner is unreachable or refused: try the next
@@ -405,33 +451,152 @@ def _dequeue(
         if got:
             return got
     if wait:
-        found = _waited(cfg, sub, caller, max_messages, local_visibility_timeout, wait)
-        _announce(target, found)
+        found = _waited(target, cfg, sub, caller, max_messages, visibility_timeout, local_visibility_timeout, wait)
     return found
+
+
+#: Seconds by which a sibling process's oldest deliverable message must have waited longer than
+#: this process's for a dequeue to ask the sibling first. Within it, this process's own come
+#: first (no call between processes for a difference nobody sees); past it, the node's oldest.
+SIBLING_AHEAD = 0.1
+
+
+def _dequeue_node(
+    target: str,
+    cfg: QueueConfig,
+    sub: str,
+    caller: Caller,
+    max_messages: int,
+    visibility_timeout: float | None,
+    local_visibility_timeout: float,
+    board: Board | None,
+    asked: set[str],
+) -> list[Delivery]:
+    """One look, no wait: this process's partitions, and (``board``: a runnode of several
+    processes) the siblings that hold deliverable messages of ``target``, so that any process
+    answers with the node's oldest. A sibling whose oldest has waited longer than this
+    process's by :data:`SIBLING_AHEAD` is asked first; one that holds some is asked while the
+    dequeue has room. ``asked``: the siblings asked, filled in."""
+    holders = board.holders(target) if board is not None else []
+    if not holders:
+        found = _dequeue_local(cfg, sub, max_messages, local_visibility_timeout)
+        _announce(target, found)
+        return found
+    mine = _oldest_here(cfg.name, sub)
+    found = []
+    later: list[str] = []
+    for oldest, address in holders:
+        if mine is None or oldest < mine - SIBLING_AHEAD:
+            found.extend(_from_sibling(address, target, max_messages - len(found), visibility_timeout, caller, asked))
+            if len(found) >= max_messages:
+                return found
+        else:
+            later.append(address)
+    here = _dequeue_local(cfg, sub, max_messages - len(found), local_visibility_timeout)
+    _announce(target, here)
+    found.extend(here)
+    for address in later:
+        if len(found) >= max_messages:
+            break
+        found.extend(_from_sibling(address, target, max_messages - len(found), visibility_timeout, caller, asked))
+    return found
+
+
+def _oldest_here(queue: str, sub: str) -> float | None:
+    """The wall time this process's oldest deliverable message of the target has waited since."""
+    oldest: float | None = None
+    now, wall = monotonic(), time.time()
+    for m in get_runtime().local_managers(queue):
+        o, due = m.waiting_since(sub)
+        if due is not None and due <= now:
+            o = min(o if o is not None else wall, wall - (now - due))
+        if o is not None and (oldest is None or o < oldest):
+            oldest = o
+    return oldest
+
+
+def _from_sibling(
+    address: str, target: str, room: int, visibility_timeout: float | None, caller: Caller, asked: set[str]
+) -> list[Delivery]:
+    """A dequeue of up to ``room`` from a sibling process (which answers from its own memory)."""
+    asked.add(address)
+    if room <= 0:
+        return []
+    try:
+        return get_peers().dequeue(address, target, room, visibility_timeout, 0, caller)
+    except Exception as exc:  # noqa: BLE001 - gone or busy: its messages are its own consumers' then
+        log.info("dequeue of %s from sibling %s: %s", target, address, exc)
+        return []
 
 
 def _waited(
-    cfg: QueueConfig, sub: str, caller: Caller, max_messages: int, visibility_timeout: float, wait: float
+    target: str,
+    cfg: QueueConfig,
+    sub: str,
+    caller: Caller,
+    max_messages: int,
+    visibility_timeout: float | None,
+    local_visibility_timeout: float,
+    wait: float,
 ) -> list[Delivery]:
-    """:func:`_dequeue_local` with its wait, and the caller's right checked again at the end:
-    it was checked when the call started, up to ``MAX_WAIT`` seconds ago. A caller that lost
-    ``consume`` meanwhile gets nothing, and what the wait took is given back, deliverable at
-    once to those who may still read it, with the receive count it had."""
-    found = _dequeue_local(cfg, sub, max_messages, visibility_timeout, wait)
-    if found and "consume" not in granted_now(caller, cfg.id, cfg.name, cfg.created_by):
-        rt = get_runtime()
+    """Wait up to ``wait`` seconds for the first delivery: woken by an enqueue here, by a
+    sibling process that stored one (``board``), or by the next visibility deadline.
+
+    The caller's right is checked again at the end: it was checked when the call started, up
+    to ``MAX_WAIT`` seconds ago. A caller that lost ``consume`` meanwhile gets nothing of this
+    process's, and what the wait took is given back, deliverable at once to those who may
+    still read it, with the receive count it had (a sibling asked at the end checked the right
+    itself)."""
+    rt = get_runtime()
+    board = rt.board
+    give_up = monotonic() + min(wait, MAX_WAIT)
+    with board.waiting(target) if board is not None else nullcontext():
+        while True:
+            seq = rt.change_seq()
+            asked: set[str] = set()
+            found = _dequeue_node(
+                target, cfg, sub, caller, max_messages, visibility_timeout, local_visibility_timeout, board, asked
+            )
+            now = monotonic()
+            if found or now >= give_up:
+                break
+            timeout = give_up - now
+            for m in rt.local_managers(cfg.name):
+                nd = m.next_wakeup(sub)
+                if nd is not None:
+                    timeout = min(timeout, max(nd - now, 0.0) + 0.001)
+            if board is not None:
+                due = board.next_due(target)
+                if due is not None:
+                    timeout = min(timeout, max(due - now, 0.0) + 0.001)
+                timeout = min(timeout, BOARD_LOOK)
+                if asked:
+                    # A sibling's hint named messages it no longer had (another consumer took
+                    # them): wait for news after this look, not for the wake-up the hint sent.
+                    seq = rt.change_seq()
+                    timeout = min(timeout, SIBLING_RETRY)
+            rt.wait_for_change(seq, timeout)
+    local = [d for d in found if (cfg.name, _message_id(d.id).partition) in rt.managers]
+    if local and "consume" not in granted_now(caller, cfg.id, cfg.name, cfg.created_by):
         by_partition: dict[int, list[Delivery]] = {}
-        for d in found:
+        for d in local:
             by_partition.setdefault(_message_id(d.id).partition, []).append(d)
         for index, deliveries in by_partition.items():
-            m = rt.managers.get((cfg.name, index))
-            if m is not None:  # (one closed meanwhile: its next owner delivers them again)
-                m.give_back(deliveries, sub)
+            holder = rt.managers.get((cfg.name, index))
+            if holder is not None:  # (one closed meanwhile: its next owner delivers them again)
+                holder.give_back(deliveries, sub)
         log.info(
-            "a long poll of %s on %s ended after its right was revoked: %d given back", caller, cfg.name, len(found)
+            "a long poll of %s on %s ended after its right was revoked: %d given back", caller, cfg.name, len(local)
         )
         return []
     return found
+
+
+#: The longest a long poll of a runnode of several processes sleeps between two looks at its
+#: siblings' boards: a wake-up lost (a sibling that started meanwhile) costs at most this.
+BOARD_LOOK = 1.0
+#: After a look that asked a sibling and found nothing, the longest wait before the next one.
+SIBLING_RETRY = 0.01
 
 
 def _announce(target: str, deliveries: list[Delivery]) -> None:
@@ -440,40 +605,27 @@ def _announce(target: str, deliveries: list[Delivery]) -> None:
         redelivered.send_robust(sender=None, target=target, deliveries=again)
 
 
-def _dequeue_local(
-    cfg: QueueConfig, sub: str, max_messages: int, visibility_timeout: float, wait: float
-) -> list[Delivery]:
-    """This node's partitions only, in turn; waits up to ``wait`` for the first delivery
-    (woken by an enqueue here or by the next visibility deadline)."""
+def _dequeue_local(cfg: QueueConfig, sub: str, max_messages: int, visibility_timeout: float) -> list[Delivery]:
+    """This process's partitions only, in turn, no wait."""
     rt = get_runtime()
-    give_up = monotonic() + min(wait, MAX_WAIT)
-    while True:
-        seq = rt.change_seq()
-        managers = rt.local_managers(cfg.name)
-        out: list[Delivery] = []
-        if managers:
-            start = rt.rotation(len(managers))
-            for i in range(len(managers)):
-                m = managers[(start + i) % len(managers)]
-                try:
-                    got = m.dequeue(max_messages - len(out), visibility_timeout, sub)
-                    if got:  # what cannot be read now is given back, not left hidden
-                        out.extend(m.load_bodies(got, sub))
-                except PartitionUnavailable:
-                    continue
-                if len(out) >= max_messages:
-                    break
-        if out:
-            return out
-        now = monotonic()
-        if now >= give_up:
-            return out
-        timeout = give_up - now
-        for m in managers:
-            nd = m.next_wakeup(sub)
-            if nd is not None:
-                timeout = min(timeout, max(nd - now, 0.0) + 0.001)
-        rt.wait_for_change(seq, timeout)
+    managers = rt.local_managers(cfg.name)
+    out: list[Delivery] = []
+    if not managers or max_messages <= 0:
+        return out
+    start = rt.rotation(len(managers))
+    for i in range(len(managers)):
+        m = managers[(start + i) % len(managers)]
+        try:
+            got = m.dequeue(max_messages - len(out), visibility_timeout, sub)
+            if got:  # what cannot be read now is given back, not left hidden
+                out.extend(m.load_bodies(got, sub))
+        except PartitionUnavailable:
+            continue
+        if len(out) >= max_messages:
+            break
+    if rt.board is not None:
+        rt.hint(cfg.name)  # the siblings see this process's new oldest (or that it has none)
+    return out
 
 
 def _move_dead_letters(cfg: QueueConfig, sub: str = "") -> None:

@@ -51,7 +51,7 @@ class Peers(Protocol):
 
     ``caller``: who the call is made for; the peer acts as that user (``access.SYSTEM``: the
     service's own work) and checks its rights again, so a forwarded call never has more rights
-    than its user. The node-only calls (``close_purged``, ``refresh_topic``, ``expire``) are the
+    than its user. The node-only calls (``close_purged``, ``reload``, ``expire``) are the
     node's own and carry no caller.
     """
 
@@ -92,7 +92,7 @@ class Peers(Protocol):
 
     def close_purged(self, address: str, queue: str) -> None: ...
 
-    def refresh_topic(self, address: str, topic: str) -> None: ...
+    def reload(self, address: str, name: str) -> None: ...
 
     def expire(self, address: str, queue: str) -> ExpireResult: ...
 
