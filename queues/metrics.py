@@ -90,6 +90,10 @@ API_CALLS = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 
+#: Calls this process made of another node (a sibling process of its runnode included): the
+#: second hops, by call, which ``bench/throughput.py`` divides by the messages moved.
+FORWARDED = Counter("mq_forwarded_calls", "Calls this process forwarded to another node, by call", ["call"])
+
 #: runnode --processes N: connections a process closed to even out the processes (queues.cluster.balance).
 CONNECTIONS_SHED = Counter(
     "mq_node_connections_shed",

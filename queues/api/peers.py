@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 import pycurl
 
+from queues import metrics
 from queues.access import Caller
 from queues.api.auth import on_behalf_value
 from queues.cluster import peerauth
@@ -233,6 +234,7 @@ class HttpPeers:
         """A call on a queue or on a topic's subscription (``"topic/subscription"``)."""
         topic, slash, sub = target.partition("/")
         path = f"topics/{topic}/subscriptions/{sub}/{call}" if slash else f"queues/{target}/{call}"
+        metrics.FORWARDED.labels(call).inc()
         status, body = self.post(address, path, payload, hops, caller)
         if status != ok:
             raise RemoteError(status, body)

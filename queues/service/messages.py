@@ -457,8 +457,10 @@ def _dequeue(
 
 #: Seconds by which a sibling process's oldest deliverable message must have waited longer than
 #: this process's for a dequeue to ask the sibling first. Within it, this process's own come
-#: first (no call between processes for a difference nobody sees); past it, the node's oldest.
-SIBLING_AHEAD = 0.1
+#: first: under a backlog, the processes' oldest messages are always some time apart, and a
+#: call between processes for every dequeue would cost more than the order it buys. Past it,
+#: the node's oldest come first, so no message waits much longer than its node's newest.
+SIBLING_AHEAD = 0.5
 
 
 def _dequeue_node(
