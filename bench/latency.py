@@ -12,9 +12,10 @@ A run, on a fresh queue of --partitions partitions (4), once every partition has
     both read on this machine's monotonic clock; the messages sent in the first --warmup seconds
     (2) are left out.
 Figures per run: p50, p99 and max latency, the messages measured, and those never received
-(within 10 s of the last send). Where the kernel put the connections is printed too: a node of
-several processes hands each new connection to one of them, and a process serving a long poll
-may leave a sibling's messages waiting.
+(within 10 s of the last send). Where the connections are is printed too: a node of several
+processes hands each new connection to one of them, and a process serving a long poll may leave a
+sibling's messages waiting. ``--placement apart`` puts the producer's connection on one process and
+every consumer's on another (new connections until the kernel does), the case where that shows.
 
 --runs runs (10) per node; one node per count of --node-processes (1,2), started as
 bench/throughput.py starts its nodes (bench/common.py: migrate, a staff user and token,
@@ -25,7 +26,7 @@ lines together at the end.
 Examples:
   scripts/with-services.sh python bench/latency.py
   scripts/with-services.sh python bench/latency.py --runs 3 --node-processes 1,2
-  scripts/with-services.sh python bench/latency.py --rate 200 --seconds 6 --node-processes 2
+  scripts/with-services.sh python bench/latency.py --rate 200 --seconds 6 --node-processes 2 --placement apart
 """
 
 from __future__ import annotations
@@ -66,6 +67,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--wait", type=float, default=5, help="wait of each dequeue (a long poll)")
     p.add_argument("--visibility", type=float, default=30, help="visibility timeout of each dequeue")
     p.add_argument("--partitions", type=int, default=4, help="partitions of each run's queue")
+    p.add_argument(
+        "--placement",
+        choices=("kernel", "apart"),
+        default="kernel",
+        help="where the connections go on a node of several processes: where the kernel puts them, or "
+        "the producer's on one process and every consumer's on another (the case where a process's "
+        "long polls can leave a sibling's messages waiting)",
+    )
     p.add_argument("--runs", type=int, default=10, help="runs per node")
     p.add_argument(
         "--node-processes", default="1,2", metavar="N[,N...]", help="a node per count: runnode --processes N"
@@ -187,6 +196,39 @@ def placement(
     return f"P:{name(producer)} C:{','.join(name(c) for c in consumers)}"
 
 
+def connected(node: BenchNode, timeout: float) -> tuple[http.client.HTTPConnection, int | None]:
+    """A new connection, used once (so that the process holding it can be seen), and that process."""
+    assert node.process is not None
+    conn = node.connection(timeout)
+    call(node, conn, "GET", "/api/v1/healthz")
+    return conn, process_of(node.port, node.process.member_pids(), conn)
+
+
+def connections(
+    args: argparse.Namespace, node: BenchNode, processes: int
+) -> tuple[http.client.HTTPConnection, list[http.client.HTTPConnection]]:
+    """The producer's connection and the consumers'. ``--placement kernel``: where the kernel
+    puts them; ``apart`` (on a node of several processes): new connections until the producer's
+    is on one process and every consumer's on another, the same for all."""
+    producer, producer_pid = connected(node, 30)
+    consumers = [connected(node, args.wait + 30) for _ in range(args.consumers)]
+    if args.placement == "kernel" or processes < 2:
+        return producer, [c for c, _ in consumers]
+    target: int | None = None
+    placed = []
+    for conn, pid in consumers:
+        for _ in range(60):
+            if pid is not None and pid != producer_pid and target in (None, pid):
+                break
+            conn.close()
+            conn, pid = connected(node, args.wait + 30)
+        else:
+            log(f"no connection landed apart from the producer's in 60 tries; consumer on {pid}")
+        target = target or pid
+        placed.append(conn)
+    return producer, placed
+
+
 def wait_for_owners(node: BenchNode, queue: str, processes: int, timeout: float = 30) -> None:
     """Until every partition of ``queue`` has an owner and as many processes own some as can."""
     deadline = time.monotonic() + timeout
@@ -209,10 +251,7 @@ def one_run(args: argparse.Namespace, node: BenchNode, processes: int, index: in
         raise BenchError(f"create {queue}: {status} {raw[:300]!r}")
     wait_for_owners(node, queue, processes)
     path = f"/api/v1/queues/{queue}"
-    producer_conn = node.connection()
-    consumer_conns = [node.connection(timeout=args.wait + 30) for _ in range(args.consumers)]
-    for c in [producer_conn, *consumer_conns]:  # connected now, so that where they landed can be seen
-        call(node, c, "GET", "/api/v1/healthz")
+    producer_conn, consumer_conns = connections(args, node, processes)
     run.placement = placement(node, producer_conn, consumer_conns)
 
     total = int(args.rate * args.seconds)
@@ -305,7 +344,7 @@ def summary_line(processes: int, runs: list[Run]) -> str:
     )
 
 
-def print_table(processes: int, runs: list[Run]) -> None:
+def print_table(processes: int, runs: list[Run], rate: float) -> None:
     print(f"\n### node of {processes} process{'es' if processes > 1 else ''}\n")
     print("| run | p50 | p99 | max | messages | lost | sent/s | connections |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -318,6 +357,12 @@ def print_table(processes: int, runs: list[Run]) -> None:
     for r in runs:
         for e in r.errors[:3]:
             print(f"run {r.run}: {e}")
+    short = [r.run for r in runs if r.send_rate < 0.95 * rate]
+    if short:
+        print(
+            f"\nthe producer sent under 95% of {rate:g} msg/s in run(s) {', '.join(map(str, short))}: "
+            "those figures are of a lighter load (a busy machine: each call waits for the one before)"
+        )
     print(f"\n{summary_line(processes, runs)}")
     sys.stdout.flush()
 
@@ -341,8 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"one producer at {args.rate:g} msg/s for {args.seconds:g} s (warm-up {args.warmup:g} s), "
         f"{args.consumers} consumers (max {args.max}, wait {args.wait:g}), {args.partitions} partitions, "
-        f"KV {args.backend}, database {redact(args.database_url)}; connections: P producer, C consumers, "
-        "on the node's processes a, b, ... (in pid order)"
+        f"KV {args.backend}, database {redact(args.database_url)}; connections ({args.placement}): "
+        "P producer, C consumers, on the node's processes a, b, ... (in pid order)"
     )
     sys.stdout.flush()
     results: dict[int, list[Run]] = {}
@@ -373,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             node.stop()
         if results.get(processes):
-            print_table(processes, results[processes])
+            print_table(processes, results[processes], args.rate)
     print("\n## summary\n")
     for processes, runs in results.items():
         print(summary_line(processes, runs))
