@@ -109,9 +109,12 @@ def create_queue(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
             "digit here), 1 to 80 in length, .fifo at the end for a FIFO queue."
         )
     attrs = params.get("Attributes") or {}
-    fields, extra = checked_attributes(attrs, ctx, fifo=fifo)
-    tags = checked_tags(params.get("tags"), "tags")
+    if fifo and not (isinstance(attrs, dict) and str(attrs.get("FifoQueue", "")).lower() == "true"):
+        # SQS: a name with a dot is a FIFO queue's, and only with FifoQueue=true.
+        raise invalid("Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in length")
     target = service_name(name)
+    fields, extra = checked_attributes(attrs, ctx, fifo=fifo, queue=target)
+    tags = checked_tags(params.get("tags"), "tags")
 
     def existing() -> dict[str, Any] | None:
         with service_errors():
@@ -228,7 +231,7 @@ def set_queue_attributes(params: dict[str, Any], ctx: Context) -> dict[str, Any]
     attrs = params.get("Attributes")
     if attrs is None:
         raise missing("Attributes")
-    fields, extra = checked_attributes(attrs, ctx, fifo=q.strict)
+    fields, extra = checked_attributes(attrs, ctx, fifo=q.strict, queue=q.name)
     with service_errors():
         # Checked for every change, even one of QueueSettings only: it needs ``manage``.
         q = service.update_queue(q, caller=ctx.caller, **fields)
