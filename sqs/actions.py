@@ -304,6 +304,13 @@ class _Draft:
     md5_body: str
     md5_attributes: str | None
     md5_system: str | None
+    #: bytes of the body and the message attributes (what SQS's size limits count).
+    size: int
+
+
+_NO_DEDUP = (
+    "The queue should either have ContentBasedDeduplication enabled or MessageDeduplicationId provided explicitly"
+)
 
 
 def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context, now: float) -> _Draft:
@@ -340,10 +347,7 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
             )
         if dedup is None:
             if not settings.content_based_dedup:
-                raise invalid(
-                    "The queue should either have ContentBasedDeduplication enabled or MessageDeduplicationId "
-                    "provided explicitly"
-                )
+                raise invalid(_NO_DEDUP)
             dedup = hashlib.sha256(body.encode("utf-8")).hexdigest()
         meta["dedup"] = dedup
         scoped = f"{group}\x00{dedup}" if (settings.opaque or {}).get("DeduplicationScope") == "messageGroup" else dedup
@@ -372,6 +376,7 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
         md5_of_body(body),
         md5_of_attributes(attrs) if attrs else None,
         md5_of_attributes(system) if system else None,
+        size,
     )
 
 
@@ -428,10 +433,25 @@ def _batch_result(ok: list[dict[str, Any]], failed: list[dict[str, Any]]) -> dic
     return {"Successful": ok, "Failed": failed}
 
 
+def _fifo_batch(entries: list[dict[str, Any]], settings: QueueSettings) -> None:
+    """SQS refuses a FIFO queue's batch as a whole (not entry by entry) when an entry has no
+    MessageGroupId (MissingParameter), or no MessageDeduplicationId on a queue without
+    ContentBasedDeduplication (InvalidParameterValue)."""
+    if any(e.get("MessageGroupId") is None for e in entries):
+        raise missing("MessageGroupId")
+    if not settings.content_based_dedup and any(e.get("MessageDeduplicationId") is None for e in entries):
+        raise invalid(_NO_DEDUP)
+
+
 def send_message_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """Entries fail one by one, but for what SQS refuses the whole call for: the batch's size
+    (bodies and message attributes over ``MAX_BATCH_BYTES``: BatchRequestTooLong) and a FIFO
+    entry without its group or deduplication ID (:func:`_fifo_batch`). Nothing is stored then."""
     q = queue_param(params, ctx)
     entries = _entries(params)
     settings = settings_of(q)
+    if q.strict:
+        _fifo_batch(entries, settings)
     now = time.time()
     drafts: list[tuple[str, _Draft]] = []
     failed = []
@@ -441,13 +461,15 @@ def send_message_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
             d = _draft(e, q, settings, ctx, now)
         except SQSError as err:
             failed.append(_failed(e["Id"], err))
+            body = e.get("MessageBody")
+            total += len(body.encode("utf-8", "surrogatepass")) if isinstance(body, str) else 0
             continue
-        total += len(d.draft.body.encode("utf-8"))
+        total += d.size
         drafts.append((e["Id"], d))
-    if total > max(MAX_BATCH_BYTES, q.max_message_size):
+    if total > MAX_BATCH_BYTES:
         raise SQSError(
             "BatchRequestTooLong",
-            f"Batch requests cannot be longer than {max(MAX_BATCH_BYTES, q.max_message_size)} bytes.",
+            f"Batch requests cannot be longer than {MAX_BATCH_BYTES} bytes. You have sent {total} bytes.",
         )
     ok = []
     if drafts:
