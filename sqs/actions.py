@@ -199,7 +199,8 @@ def delete_queue(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
 def purge_queue(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     q = queue_param(params, ctx)
     with service_errors():
-        service.purge(q.name, caller=ctx.caller)
+        # SQS forgets a FIFO queue's deduplication IDs with its messages.
+        service.purge(q.name, caller=ctx.caller, forget_dedup=True)
     return {}
 
 
