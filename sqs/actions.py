@@ -480,8 +480,23 @@ def send_message_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     return _batch_result(ok, failed)
 
 
-def _receipt_handle(message_id: str, receipt: str) -> str:
-    return base64.urlsafe_b64encode(f"{message_id}\n{receipt}".encode()).decode()
+def _receipt_handle(message_id: str, receipt: str, deadline: float) -> str:
+    """The message ID, the service's receipt of this delivery and the wall-clock time (ms) its
+    visibility timeout runs out, as first given (a FIFO receipt expires then)."""
+    return base64.urlsafe_b64encode(f"{message_id}\n{receipt}\n{int(deadline * 1000)}".encode()).decode()
+
+
+def _expired(handle: Any) -> bool:
+    """Whether a well-formed handle's visibility timeout, as first given, has run out."""
+    try:
+        deadline = base64.urlsafe_b64decode(str(handle).encode()).decode().split("\n")[2]
+        return int(deadline) < time.time() * 1000
+    except (binascii.Error, UnicodeDecodeError, ValueError, IndexError):
+        return False
+
+
+def _expired_error(handle: Any) -> SQSError:
+    return invalid(f"Value {handle} for parameter ReceiptHandle is invalid. Reason: The receipt handle has expired.")
 
 
 def _parse_handle(handle: Any, q: Any) -> tuple[service.MessageId, str]:
@@ -494,6 +509,7 @@ def _parse_handle(handle: Any, q: Any) -> tuple[service.MessageId, str]:
         raise SQSError(
             "ReceiptHandleIsInvalid", f'The input receipt handle "{handle}" is not a valid receipt handle.'
         ) from None
+    receipt = receipt.split("\n", 1)[0]
     mid = service.parse_message_id(message_id)
     if mid is None or mid.queue != q.name or not receipt:
         raise SQSError("ReceiptHandleIsInvalid", f'The input receipt handle "{handle}" is not a valid receipt handle.')
@@ -530,7 +546,9 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
             visibility_timeout=float(visibility) if visibility is not None else None,
             wait=float(wait),
         )
-    now_ms = str(int(time.time() * 1000))
+    now = time.time()
+    now_ms = str(int(now * 1000))
+    deadline = now + (visibility if visibility is not None else q.visibility_timeout)
     messages = []
     for d in found:
         m = d.message
@@ -540,7 +558,7 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         attrs, meta = read_attributes(m.attributes, body=m.body, queues=(q.name, str(source or "")))
         item: dict[str, Any] = {
             "MessageId": d.id,
-            "ReceiptHandle": _receipt_handle(d.id, d.receipt),
+            "ReceiptHandle": _receipt_handle(d.id, d.receipt, deadline),
             "MD5OfBody": md5_of_body(m.body),
             "Body": m.body,
         }
@@ -574,23 +592,37 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     return {"Messages": messages} if messages else {}
 
 
-#: the service's reason for a receipt whose message is not in flight: acknowledged already.
+#: the service's reasons for a receipt that is not current: its message is not in flight
+#: (acknowledged already, or visible again), or it was received again since.
 _NOT_IN_FLIGHT = "not in flight"
+_EARLIER = "earlier delivery"
 
 
-def _ack(q: Any, ctx: Context, items: list[tuple[service.MessageId, str]]) -> None:
+def _mismatch(exc: service.ServiceError) -> str | None:
+    """The service's reason why a receipt is not current (here or at another node), else None."""
+    if isinstance(exc, service.ReceiptMismatch):
+        return exc.reason
+    if isinstance(exc, service.RemoteError) and exc.status == 409:
+        return json.dumps(exc.payload)
+    return None
+
+
+def _ack(q: Any, ctx: Context, items: list[tuple[service.MessageId, str]], handle: Any = None) -> None:
     """Acknowledge; one message deleted already succeeds (SQS: a repeated delete does), one
-    received again since is ReceiptHandleIsInvalid. A batch refused as a whole is retried
-    entry by entry by the caller."""
+    received again since is ReceiptHandleIsInvalid. On a FIFO queue, the one item's ``handle``
+    whose visibility timeout ran out is refused as SQS refuses it (InvalidParameterValue), not
+    taken as a repeated delete. A batch refused as a whole is retried entry by entry by the
+    caller."""
     with service_errors():
         try:
             service.ack(q.name, items, caller=ctx.caller)
-        except service.ReceiptMismatch as exc:
-            if len(items) == 1 and exc.reason.startswith(_NOT_IN_FLIGHT):
-                return
-            raise
-        except service.RemoteError as exc:
-            if len(items) == 1 and exc.status == 409 and _NOT_IN_FLIGHT in json.dumps(exc.payload):
+        except (service.ReceiptMismatch, service.RemoteError) as exc:
+            reason = _mismatch(exc)
+            if reason is None or len(items) != 1:
+                raise
+            if q.strict and handle is not None and _expired(handle):
+                raise _expired_error(handle) from None
+            if _NOT_IN_FLIGHT in reason:
                 return
             raise
 
@@ -599,7 +631,8 @@ def delete_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     """Deleting a message deleted already succeeds (as SQS); a receipt of an earlier delivery
     of a message received again since is ReceiptHandleIsInvalid (the service's receipts)."""
     q = queue_param(params, ctx)
-    _ack(q, ctx, [_parse_handle(params.get("ReceiptHandle"), q)])
+    handle = params.get("ReceiptHandle")
+    _ack(q, ctx, [_parse_handle(handle, q)], handle)
     return {}
 
 
@@ -639,7 +672,10 @@ def delete_message_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]
             if err.code != "ReceiptHandleIsInvalid":
                 raise
             items = {e["Id"]: item for e, item in parsed}
-            ok, more = _per_entry([e for e, _ in parsed], lambda e: _ack(q, ctx, [items[e["Id"]]]))
+            ok, more = _per_entry(
+                [e for e, _ in parsed],
+                lambda e: _ack(q, ctx, [items[e["Id"]]], e.get("ReceiptHandle")),
+            )
             failed += more
     else:
         ok = []
@@ -651,13 +687,23 @@ def _change_visibility(q: Any, ctx: Context, handle: Any, timeout_value: Any) ->
     timeout = integer_param({"VisibilityTimeout": timeout_value}, "VisibilityTimeout", *LIMITS["visibility_timeout"])
     if timeout is None:
         raise missing("VisibilityTimeout")
-    try:
-        with service_errors():
+    with service_errors():
+        try:
             service.change_visibility(q.name, mid, receipt, float(timeout), caller=ctx.caller)
-    except SQSError as err:
-        if err.code == "ReceiptHandleIsInvalid":
-            raise SQSError("MessageNotInflight", "The message referred to isn't in flight.") from None
-        raise
+        except (service.ReceiptMismatch, service.RemoteError) as exc:
+            reason = _mismatch(exc)
+            if reason is None:
+                raise
+            if _EARLIER in reason and not q.strict:
+                # SQS takes a standard queue's earlier receipt of a message in flight.
+                service.change_visibility(q.name, mid, None, float(timeout), caller=ctx.caller)
+                return
+            if q.strict and _expired(handle):
+                raise _expired_error(handle) from None
+            raise invalid(
+                f"Value {handle} for parameter ReceiptHandle is invalid. Reason: Message does not exist or is not "
+                "available for visibility timeout change."
+            ) from None
 
 
 def change_message_visibility(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
