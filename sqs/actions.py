@@ -596,6 +596,7 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
 #: (acknowledged already, or visible again), or it was received again since.
 _NOT_IN_FLIGHT = "not in flight"
 _EARLIER = "earlier delivery"
+_EXPIRED = "receipt expired"
 
 
 def _mismatch(exc: service.ServiceError) -> str | None:
@@ -609,18 +610,19 @@ def _mismatch(exc: service.ServiceError) -> str | None:
 
 def _ack(q: Any, ctx: Context, items: list[tuple[service.MessageId, str]], handle: Any = None) -> None:
     """Acknowledge; one message deleted already succeeds (SQS: a repeated delete does), one
-    received again since is ReceiptHandleIsInvalid. On a FIFO queue, the one item's ``handle``
-    whose visibility timeout ran out is refused as SQS refuses it (InvalidParameterValue), not
-    taken as a repeated delete. A batch refused as a whole is retried entry by entry by the
-    caller."""
+    received again since is ReceiptHandleIsInvalid. On a FIFO queue a receipt whose
+    visibility timeout ran out (the service's ``unexpired``; or, the message received again
+    or no longer in flight, the one item's ``handle``) is refused as SQS refuses it
+    (InvalidParameterValue), not taken. A batch refused as a whole is retried entry by entry
+    by the caller."""
     with service_errors():
         try:
-            service.ack(q.name, items, caller=ctx.caller)
+            service.ack(q.name, items, caller=ctx.caller, unexpired=q.strict)
         except (service.ReceiptMismatch, service.RemoteError) as exc:
             reason = _mismatch(exc)
             if reason is None or len(items) != 1:
                 raise
-            if q.strict and handle is not None and _expired(handle):
+            if q.strict and (_EXPIRED in reason or (handle is not None and _expired(handle))):
                 raise _expired_error(handle) from None
             if _NOT_IN_FLIGHT in reason:
                 return
