@@ -753,8 +753,8 @@ def ack(
 ) -> AckResult:
     """Acknowledge (remove) messages: this node's partitions here, the rest at their owners,
     one call per owner. With ``unexpired``, a receipt whose visibility timeout ran out is
-    refused (ReceiptMismatch) on this node's partitions even if nobody received the message
-    since (SQS's FIFO receipts); another owner takes it as any ack.
+    refused (ReceiptMismatch) even if nobody received the message since (SQS's FIFO receipts),
+    here and at the other owners alike.
 
     Every receipt is checked before anything is removed anywhere: here with the partitions
     locked, then at each other owner (``check_only``: it checks the receipts of its partitions
@@ -782,13 +782,13 @@ def ack(
         if check_only:
             return AckResult(0, 0)
         for address, batch in remote.items():
-            get_peers().check_ack(address, target, batch, hops, caller)
+            get_peers().check_ack(address, target, batch, hops, caller, unexpired=unexpired)
     acked = not_found = 0
     if local:
         result = _ack_local(cfg.name, local, sub, unexpired)
         acked, not_found = result.acked, result.not_found
     for address, batch in remote.items():
-        result = get_peers().ack(address, target, batch, hops, caller)
+        result = get_peers().ack(address, target, batch, hops, caller, unexpired=unexpired)
         acked += result.acked
         not_found += result.not_found
     return AckResult(acked, not_found)
