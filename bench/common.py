@@ -115,6 +115,11 @@ def fmt_cores(x) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
 
+def fmt_fwd(x) -> str:
+    """Forwarded calls per message as printed; ``-`` where not counted (not our node)."""
+    return "-" if x is None else f"{x:.3f}"
+
+
 def fmt_ratio(a, b) -> str:
     if a is None or b in (None, 0):
         return "n/a"

@@ -12,6 +12,9 @@ reads before and after a phase:
 * Redis: ``used_cpu_user + used_cpu_sys`` of every server of a deployment (one server, or every
   node a Redis Cluster lists in ``CLUSTER NODES``).
 
+Beside them, one count our node keeps itself: the calls its processes forwarded to another
+node or to a sibling (``mq_forwarded_calls_total`` of its ``/metrics``, every process summed).
+
 The parsers are pure functions (tests/unit/test_bench_cpu.py).
 """
 
@@ -78,6 +81,19 @@ def parse_cluster_url(url: str) -> list[tuple[str, int]]:
             raise ValueError(f"seed {item!r} of {url!r} is not host:port")
         seeds.append((host, int(port)))
     return seeds
+
+
+def parse_forwarded_calls(text: str) -> float:
+    """The sum of ``mq_forwarded_calls_total`` over its labels, from a ``/metrics`` text
+    (Prometheus' text format); 0 when the node has forwarded nothing yet."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "mq_forwarded_calls_total"
+    )
 
 
 def per_message_us(cpu_s: float | None, count: int | float | None) -> float | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
-from common import fmt_box_speed, fmt_cores, fmt_rate, fmt_ratio, median
+from common import fmt_box_speed, fmt_cores, fmt_fwd, fmt_rate, fmt_ratio, median
 from throughput_rounds import FIGURES, STRICT_FIGURES, STRICT_LABELS, is_strict
 from throughput_systems import System
 
@@ -13,7 +13,7 @@ BASELINES = ("skip-locked", "pgqueuer", "redis-streams", "thin[wsgi]", "thin[rsg
 #: the thin queue's systems (bench/serving_apps.py): a reference whose ratio to Redis Streams is the ceiling
 THIN = ("thin[wsgi]", "thin[rsgi]")
 CORES = ("client_cpu_cores", "server_cpu_cores", "store_cpu_cores", "box_cpu_cores")
-PER_MESSAGE = ("client_cpu_us_msg", "server_cpu_us_msg", "store_cpu_us_msg", "server_cpu_us_call")
+PER_MESSAGE = ("client_cpu_us_msg", "server_cpu_us_msg", "store_cpu_us_msg", "server_cpu_us_call", "forwarded_per_msg")
 
 
 def summarize(results: dict, modes, systems: list[System]) -> dict:
@@ -216,10 +216,11 @@ def print_cpu_table(w, mode: str, systems, summary: dict) -> None:
     w("  PostgreSQL backends of their connections. store = ours only: redis-server (every node of a cluster)")
     w("  + the node's PostgreSQL backends. client = the client processes' own CPU. srv/call = server CPU")
     w("  over every call of the cycle (enqueue, dequeue with the empty ones, ack); srv enq/deq/ack = the")
-    w("  server's CPU in each phase per message of that phase.")
+    w("  server's CPU in each phase per message of that phase. fwd = ours only: calls the node forwarded to")
+    w("  another node or a sibling process (mq_forwarded_calls_total), per message of the cycle and of each phase.")
     hdr = (
         f"{'system':<22}{'server':>9}{'store':>9}{'srv+store':>10}{'client':>9}{'srv/call':>10}"
-        f"{'srv enq':>9}{'srv deq':>9}{'srv ack':>9}"
+        f"{'srv enq':>9}{'srv deq':>9}{'srv ack':>9}{'fwd':>8}{'fwd enq':>9}{'fwd deq':>9}{'fwd ack':>9}"
     )
     w(hdr)
     w("-" * len(hdr))
@@ -228,10 +229,13 @@ def print_cpu_table(w, mode: str, systems, summary: dict) -> None:
         srv, store = m.get("server_cpu_us_msg"), m.get("store_cpu_us_msg")
         both = srv if store is None else (None if srv is None else srv + store)
         ph = m.get("phase_server_cpu_us_msg") or {}
+        fwd = m.get("phase_forwarded_per_msg") or {}
         w(
             f"{s.name:<22}{fmt_us(srv):>9}{('-' if not s.is_ours else fmt_us(store)):>9}{fmt_us(both):>10}"
             f"{fmt_us(m.get('client_cpu_us_msg')):>9}{fmt_us(m.get('server_cpu_us_call')):>10}"
             + "".join(f"{fmt_us(ph.get(f)):>9}" for f in ("enqueue", "dequeue", "ack"))
+            + f"{fmt_fwd(m.get('forwarded_per_msg')):>8}"
+            + "".join(f"{fmt_fwd(fwd.get(f)):>9}" for f in ("enqueue", "dequeue", "ack"))
         )
 
 
@@ -266,7 +270,7 @@ def closing_summary(modes, systems, summary: dict) -> list[str]:
     """The figures the closing note quotes, from this run: a markdown table of full-cycle rates
     with the server (node) CPU per message, then the same-run ratios of each of our nodes to the
     baselines interleaved with it, the node CPU per message and per call beside the issue's
-    goals, and our nodes compared with each other (1 vs N processes, Redis vs Redis Cluster)."""
+    goals with the calls the node forwarded per message, and our nodes compared with each other (1 vs N processes, Redis vs Redis Cluster)."""
     std = [(m, b) for m, b, _n in modes if not is_strict(m)]
     measured = [s for s in systems if any(s.name in summary.get(m, {}) for m, _b in std)]
     if not std or not measured:
@@ -319,7 +323,8 @@ def closing_summary(modes, systems, summary: dict) -> list[str]:
             w(
                 f"  {mode:<9} {s.name}: {fmt_us(us_msg)} µs/msg{goal_text(mode, s, 'node us/msg', us_msg)}, "
                 f"{fmt_us(us_call)} µs/call{goal_text(mode, s, 'node us/call', us_call)}, "
-                f"{fmt_cores(m.get('server_cpu_cores'))} cores busy; store {fmt_us(m.get('store_cpu_us_msg'))} µs/msg"
+                f"{fmt_cores(m.get('server_cpu_cores'))} cores busy; store {fmt_us(m.get('store_cpu_us_msg'))} µs/msg; "
+                f"{fmt_fwd(m.get('forwarded_per_msg'))} forwarded calls/msg"
             )
     pairs = ours_pairs(ours)
     if pairs:

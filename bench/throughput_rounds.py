@@ -11,7 +11,7 @@ import uuid
 from contextlib import contextmanager
 
 import throughput_clients as tc
-from common import BenchError, fmt_cores, fmt_rate, log
+from common import BenchError, fmt_cores, fmt_fwd, fmt_rate, log
 from throughput_cpu import background_load, box_busy_seconds, per_message_us
 from throughput_systems import System
 
@@ -103,10 +103,14 @@ def run_phase(system: System, pool: ClientPool, cmd: str, args_per_client: list,
     """One timed phase on every client; its counts, and the CPU seconds each side spent:
     clients (their own process time over the phase), server (:meth:`System.server_cpu`),
     store (ours: :meth:`System.store_cpu`) and the whole machine, read right before the
-    clients are released and right after the last one reported."""
+    clients are released and right after the last one reported; and the calls the node
+    forwarded (ours: :meth:`System.forwarded_calls`), read outside the CPU readings so that
+    its scrape is not in them."""
+    f0 = system.forwarded_calls()
     s0, t0, b0 = system.server_cpu(), system.store_cpu(), box_busy_seconds()
     res = pool.send(cmd, args_per_client, timeout=timeout)
     s1, t1, b1 = system.server_cpu(), system.store_cpu(), box_busy_seconds()
+    f1 = system.forwarded_calls()
     wall = max(r["t1"] for r in res) - min(r["t0"] for r in res)
     wall = max(wall, 1e-9)
     count = sum(r["count"] for r in res)
@@ -123,6 +127,7 @@ def run_phase(system: System, pool: ClientPool, cmd: str, args_per_client: list,
         "server_cpu_s": (s1 - s0) if s0 is not None and s1 is not None else None,
         "store_cpu_s": (t1 - t0) if t0 is not None and t1 is not None else None,
         "box_cpu_s": b1 - b0,
+        "forwarded": (f1 - f0) if f0 is not None and f1 is not None else None,
     }
     if cmd == "dequeue":
         ids = [i for r in res for i in r["ids"]]
@@ -146,7 +151,8 @@ def add_cycle(phases: dict, count: int) -> None:
     """Add the ``cycle`` figure (every phase taken together, ``count`` messages through), then
     each figure's CPU seconds as cores busy over its wall time and as microseconds per
     message (``*_us_msg``: over the messages of that phase; the cycle's over ``count``) and
-    per call (``*_us_call``: over every call the clients made in it, empty dequeues too)."""
+    per call (``*_us_call``: over every call the clients made in it, empty dequeues too), and
+    the calls the node forwarded per message (``forwarded_per_msg``, ours only)."""
     wall = sum(p["wall"] for p in phases.values())
 
     def tot(key):
@@ -158,6 +164,7 @@ def add_cycle(phases: dict, count: int) -> None:
         "count": count,
         "rate": count / wall,
         "calls": tot("calls"),
+        "forwarded": tot("forwarded"),
         **{key: tot(key) for key in CPU_KEYS},
     }
     for p in phases.values():
@@ -166,6 +173,8 @@ def add_cycle(phases: dict, count: int) -> None:
             p[key.replace("_s", "_cores")] = None if v is None else v / p["wall"]
             p[key.replace("_s", "_us_msg")] = per_message_us(v, p["count"])
             p[key.replace("_s", "_us_call")] = per_message_us(v, p.get("calls"))
+        fwd = p.get("forwarded")
+        p["forwarded_per_msg"] = None if fwd is None or not p["count"] else fwd / p["count"]
 
 
 def request_errors(*phases: dict) -> list[str]:
@@ -392,6 +401,11 @@ class Runner:
             f"{system.name} {mode} {what} [{group}]: "
             + "  ".join(f"{f} {fmt_rate(ph[f]['rate'])}/s" for f in figures_of(mode))
             + f"  box CPU {fmt_cores(ph['cycle']['box_cpu_cores'])}"
+            + (
+                "  forwarded/msg " + " ".join(f"{f} {fmt_fwd(ph[f]['forwarded_per_msg'])}" for f in ph)
+                if ph["cycle"]["forwarded_per_msg"] is not None
+                else ""
+            )
             + extra
             + (f"  ANOMALIES: {r['anomalies']}" if r["anomalies"] else "")
         )

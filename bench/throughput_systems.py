@@ -7,6 +7,7 @@ throughput_clients.py; the counters in throughput_cpu.py).
                    Server CPU = every process of the node's session; store CPU = what the
                    stores spent for it: redis-server (INFO cpu, every node of a cluster) and the
                    PostgreSQL backends of its connections (application_name from PGAPPNAME).
+                   Forwarded calls = mq_forwarded_calls_total of its /metrics (every process).
   redis-streams    Redis Streams on the same Redis, in its own DB. Server CPU = redis-server.
   pgqueuer         pgqueuer installed into a schema of its own on the same PostgreSQL. Server
                    CPU = the backends of its clients' connections.
@@ -37,6 +38,7 @@ from throughput_cpu import (
     PgBackendMeter,
     parse_cluster_nodes,
     parse_cluster_url,
+    parse_forwarded_calls,
     redis_cpu_seconds,
     session_cpu_seconds,
     session_pids,
@@ -77,6 +79,10 @@ class System:
 
     def store_cpu(self) -> float | None:
         """Ours only: cumulative CPU seconds of the stores the node uses; None otherwise."""
+        return None
+
+    def forwarded_calls(self) -> float | None:
+        """Ours only: calls the node has forwarded so far (every process); None otherwise."""
         return None
 
     def describe(self) -> str:
@@ -397,6 +403,15 @@ class OursSystem(System):
         if self.pg_meter is not None:
             meters.append(self.pg_meter.read)
         return summed(*meters) if meters else None
+
+    def forwarded_calls(self) -> float | None:
+        """``mq_forwarded_calls_total`` of the node's ``/metrics`` (one scrape sums every
+        process; loopback needs no token); None if the scrape fails."""
+        try:
+            status, body = self.node.api("GET", "/metrics", auth=False)
+        except OSError:
+            return None
+        return parse_forwarded_calls(body.decode()) if status == 200 else None
 
     def describe(self) -> str:
         procs = "NodeProcess' default processes" if self.processes is None else f"--processes {self.processes}"

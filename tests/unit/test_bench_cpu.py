@@ -97,7 +97,20 @@ def test_summed_is_unknown_when_any_part_is():
     assert cpu.summed(lambda: 1.5, lambda: None) is None
 
 
-def phase(wall, count, calls, server, client=0.1, store=None, box=1.0):
+def test_parse_forwarded_calls_sums_every_call_label():
+    text = (
+        "# HELP mq_forwarded_calls_total Calls this process forwarded to another node, by call\n"
+        "# TYPE mq_forwarded_calls_total counter\n"
+        'mq_forwarded_calls_total{call="enqueue"} 12.0\n'
+        'mq_forwarded_calls_total{call="ack"} 3.0\n'
+        'mq_forwarded_calls_created{call="ack"} 1.7e+09\n'
+        "# TYPE mq_node_processes_missing gauge\nmq_node_processes_missing 0.0\n"
+    )
+    assert cpu.parse_forwarded_calls(text) == 15.0
+    assert cpu.parse_forwarded_calls("# TYPE mq_node_processes_missing gauge\nmq_node_processes_missing 0.0\n") == 0
+
+
+def phase(wall, count, calls, server, client=0.1, store=None, box=1.0, forwarded=None):
     return {
         "wall": wall,
         "count": count,
@@ -106,6 +119,7 @@ def phase(wall, count, calls, server, client=0.1, store=None, box=1.0):
         "server_cpu_s": server,
         "store_cpu_s": store,
         "box_cpu_s": box,
+        "forwarded": forwarded,
     }
 
 
@@ -124,6 +138,20 @@ def test_add_cycle_gives_cpu_per_message_and_per_call():
     assert c["server_cpu_cores"] == pytest.approx(0.025)
     assert phases["dequeue"]["server_cpu_us_msg"] == pytest.approx(50.0)
     assert c["store_cpu_us_msg"] is None  # a system without a store
+    assert c["forwarded_per_msg"] is None  # nor a count of forwarded calls
+
+
+def test_add_cycle_gives_forwarded_calls_per_message():
+    phases = {
+        "enqueue": phase(1.0, 1000, 10, 0.02, forwarded=5),
+        "dequeue": phase(2.0, 1000, 12, 0.05, forwarded=0),
+        "ack": phase(1.0, 800, 8, 0.03, forwarded=4),
+    }
+    add_cycle(phases, 800)
+    assert phases["cycle"]["forwarded"] == 9
+    assert phases["cycle"]["forwarded_per_msg"] == pytest.approx(9 / 800)
+    assert phases["enqueue"]["forwarded_per_msg"] == pytest.approx(0.005)
+    assert phases["dequeue"]["forwarded_per_msg"] == 0
 
 
 def test_parse_counts():
@@ -144,8 +172,14 @@ def system(name, backend=None, processes=None):
     return SimpleNamespace(name=name, is_ours=backend is not None, backend=backend or "", processes=processes)
 
 
-def medians(cycle, us_msg, us_call=None):
-    return {"cycle": cycle, "server_cpu_us_msg": us_msg, "server_cpu_us_call": us_call, "server_cpu_cores": 0.9}
+def medians(cycle, us_msg, us_call=None, fwd=None):
+    return {
+        "cycle": cycle,
+        "server_cpu_us_msg": us_msg,
+        "server_cpu_us_call": us_call,
+        "server_cpu_cores": 0.9,
+        "forwarded_per_msg": fwd,
+    }
 
 
 def test_closing_summary_quotes_rates_ratios_and_goals():
@@ -154,7 +188,7 @@ def test_closing_summary_quotes_rates_ratios_and_goals():
     summary = {
         "single": {
             "ours[redis]": medians(600, 480, 160),
-            "ours[redis,p2]": medians(700, 500, 170),
+            "ours[redis,p2]": medians(700, 500, 170, fwd=0.5),
             "pgqueuer": medians(400, 900),
             "redis-streams": medians(1700, 30),
             "_ratios": {"ours[redis] / redis-streams": {"cycle": 600 / 1700}},
@@ -180,6 +214,8 @@ def test_closing_summary_quotes_rates_ratios_and_goals():
     assert "100 µs/msg (goal <= 40: NOT met)" in text
     assert "160 µs/call (goal <= 200: met)" in text
     assert "ours[redis,p2] / ours[redis]: cycle 1.167x" in text
+    assert "single    ours[redis,p2]: 500 µs/msg" in text and "0.500 forwarded calls/msg" in text
+    assert "µs/msg; - forwarded calls/msg" in text  # a node whose count is unknown
 
 
 def test_the_ceiling_is_the_thin_queue_over_redis_streams_in_the_same_rounds():
