@@ -37,7 +37,7 @@ from typing import Any
 
 from queues import service
 from queues.models import LIMITS
-from sqs import move_tasks
+from sqs import ids, move_tasks
 from sqs import service as sqs_service
 from sqs.attributes import (
     DEDUP_INTERVAL,
@@ -373,7 +373,7 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
 
 
 def _sent(d: _Draft, message_id: str) -> dict[str, Any]:
-    out = {"MessageId": message_id, "MD5OfMessageBody": d.md5_body}
+    out = {"MessageId": ids.sqs_message_id(message_id), "MD5OfMessageBody": d.md5_body}
     if d.md5_attributes:
         out["MD5OfMessageAttributes"] = d.md5_attributes
     if d.md5_system:
@@ -454,24 +454,14 @@ def send_message_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     return _batch_result(ok, failed)
 
 
-def _receipt_handle(message_id: str, receipt: str) -> str:
-    return base64.urlsafe_b64encode(f"{message_id}\n{receipt}".encode()).decode()
-
-
 def _parse_handle(handle: Any, q: Any) -> tuple[service.MessageId, str]:
     """(message ID, receipt) of a receipt handle of queue ``q``. Raises ReceiptHandleIsInvalid."""
     if not isinstance(handle, str) or not handle:
         raise SQSError("ReceiptHandleIsInvalid", "The input receipt handle is invalid.")
-    try:
-        message_id, _, receipt = base64.urlsafe_b64decode(handle.encode()).decode().partition("\n")
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise SQSError(
-            "ReceiptHandleIsInvalid", f'The input receipt handle "{handle}" is not a valid receipt handle.'
-        ) from None
-    mid = service.parse_message_id(message_id)
-    if mid is None or mid.queue != q.name or not receipt:
+    parsed = ids.parse_receipt_handle(handle, q.name)
+    if parsed is None:
         raise SQSError("ReceiptHandleIsInvalid", f'The input receipt handle "{handle}" is not a valid receipt handle.')
-    return mid, receipt
+    return parsed
 
 
 def _names(params: dict[str, Any], key: str) -> list[str]:
@@ -513,8 +503,8 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         # A dead letter's sender was sealed for the queue it came from.
         attrs, meta = read_attributes(m.attributes, body=m.body, queues=(q.name, str(source or "")))
         item: dict[str, Any] = {
-            "MessageId": d.id,
-            "ReceiptHandle": _receipt_handle(d.id, d.receipt),
+            "MessageId": ids.sqs_message_id(d.id),
+            "ReceiptHandle": ids.receipt_handle(d.id, d.receipt),
             "MD5OfBody": md5_of_body(m.body),
             "Body": m.body,
         }
