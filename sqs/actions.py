@@ -372,8 +372,10 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
     )
 
 
-def _sent(d: _Draft, message_id: str) -> dict[str, Any]:
+def _sent(d: _Draft, message_id: str, fifo: bool) -> dict[str, Any]:
     out = {"MessageId": ids.sqs_message_id(message_id), "MD5OfMessageBody": d.md5_body}
+    if fifo:
+        out["SequenceNumber"] = ids.sequence_number(message_id)
     if d.md5_attributes:
         out["MD5OfMessageAttributes"] = d.md5_attributes
     if d.md5_system:
@@ -386,7 +388,7 @@ def send_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     d = _draft(params, q, settings_of(q), ctx, time.time())
     with service_errors():
         (message_id,) = service.enqueue(q.name, [d.draft], caller=ctx.caller)
-    return _sent(d, message_id)
+    return _sent(d, message_id, q.strict)
 
 
 def _entries(params: dict[str, Any], key: str = "Entries") -> list[dict[str, Any]]:
@@ -450,7 +452,7 @@ def send_message_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     if drafts:
         with service_errors():
             ids = service.enqueue(q.name, [d.draft for _, d in drafts], caller=ctx.caller)
-        ok = [{"Id": entry_id, **_sent(d, mid)} for (entry_id, d), mid in zip(drafts, ids)]
+        ok = [{"Id": entry_id, **_sent(d, mid, q.strict)} for (entry_id, d), mid in zip(drafts, ids)]
     return _batch_result(ok, failed)
 
 
@@ -518,7 +520,7 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         if meta.get("sender"):
             every["SenderId"] = meta["sender"]
         if q.strict:
-            every["SequenceNumber"] = str(m.sequence)
+            every["SequenceNumber"] = ids.sequence_number(d.id)
             if m.group is not None:
                 every["MessageGroupId"] = m.group
             if meta.get("dedup"):

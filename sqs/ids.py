@@ -11,8 +11,8 @@ too. A dead letter answers the MessageId it had in the queue it came from (``his
 which only a node writes), as SQS keeps it.
 
 A FIFO message's SequenceNumber is its position in its partition, so in its group: the block's
-ordinal (increasing in a partition) and the index in the block, ``ordinal << 20 | index``; the
-same at send and at every receive.
+ordinal (increasing in a partition) and the index in the block, ``2**64 | ordinal << 20 | index``
+(20 digits, as AWS's); the same at send and at every receive.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from queues import service
 
 #: the bits of the index in a SequenceNumber (an index has at most 5 decimal digits).
 _INDEX_BITS = 20
+#: above the ordinal's 32 bits and the index's: 20 digits, as large as AWS's (never 0).
+_BASE = 1 << 64
 
 
 def sqs_message_id(message_id: str) -> str:
@@ -52,7 +54,7 @@ def sequence_number(message_id: str) -> str:
     if mid is None:
         return "0"
     ordinal = int(mid.block.partition("-")[0], 16)
-    return str(ordinal << _INDEX_BITS | mid.index)
+    return str(_BASE | ordinal << _INDEX_BITS | mid.index)
 
 
 def receipt_handle(message_id: str, receipt: str) -> str:

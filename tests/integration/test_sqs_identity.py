@@ -2,6 +2,7 @@
 query protocol with signed form posts), against a real node on PostgreSQL + Redis:
 
 - a MessageId serves as a batch entry's ``Id`` (letters, digits, ``-``, ``_``; AWS's are UUIDs);
+- a FIFO send answers its ``SequenceNumber``, increasing in a group, the one every receive shows;
 """
 
 from __future__ import annotations
@@ -85,3 +86,58 @@ def test_message_ids_serve_as_batch_entry_ids_query(node, key):
     )
     (ok,) = tree.findall("s:DeleteMessageBatchResult/s:DeleteMessageBatchResultEntry", NS)
     assert _text(ok, "s:Id") == sent
+
+
+# --- SequenceNumber -----------------------------------------------------------------------------
+# "SequenceNumber: The large, non-consecutive number that Amazon SQS assigns to each message. [...]
+# SequenceNumber continues to increase for a particular MessageGroupId." (SendMessage, FIFO only)
+def _fifo(sqs) -> str:
+    url: str = sqs.create_queue(
+        QueueName=_name("seq") + ".fifo", Attributes={"FifoQueue": "true", "ContentBasedDeduplication": "true"}
+    )["QueueUrl"]
+    return url
+
+
+def test_fifo_sends_answer_their_sequence_number_json(sqs):
+    url = _fifo(sqs)
+    one = sqs.send_message(QueueUrl=url, MessageBody="a0", MessageGroupId="g")
+    batch = sqs.send_message_batch(
+        QueueUrl=url, Entries=[{"Id": f"e{i}", "MessageBody": f"a{i}", "MessageGroupId": "g"} for i in (1, 2)]
+    )["Successful"]
+    sent = [one, *sorted(batch, key=lambda e: e["Id"])]
+    numbers = [int(e["SequenceNumber"]) for e in sent]
+    assert numbers == sorted(numbers) and len(set(numbers)) == 3
+    # the same number at every receive
+    got = []
+    for _ in range(3):
+        (m,) = sqs.receive_message(QueueUrl=url, AttributeNames=["SequenceNumber"], WaitTimeSeconds=5)["Messages"]
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+        got.append(m)
+    assert {m["MessageId"]: m["Attributes"]["SequenceNumber"] for m in got} == {
+        e["MessageId"]: e["SequenceNumber"] for e in sent
+    }
+    # a standard queue answers none
+    plain = sqs.create_queue(QueueName=_name())["QueueUrl"]
+    assert "SequenceNumber" not in sqs.send_message(QueueUrl=plain, MessageBody="x")
+
+
+def test_fifo_sends_answer_their_sequence_number_query(node, key, sqs):
+    url = _fifo(sqs)
+    numbers = []
+    for i in range(2):
+        tree = _query(node, key, "SendMessage", QueueUrl=url, MessageBody=f"q{i}", MessageGroupId="g")
+        numbers.append(int(_text(tree, "s:SendMessageResult/s:SequenceNumber") or "0"))
+    tree = _query(
+        node,
+        key,
+        "SendMessageBatch",
+        QueueUrl=url,
+        **{
+            "SendMessageBatchRequestEntry.1.Id": "b",
+            "SendMessageBatchRequestEntry.1.MessageBody": "q2",
+            "SendMessageBatchRequestEntry.1.MessageGroupId": "g",
+        },
+    )
+    (entry,) = tree.findall("s:SendMessageBatchResult/s:SendMessageBatchResultEntry", NS)
+    numbers.append(int(_text(entry, "s:SequenceNumber") or "0"))
+    assert numbers == sorted(numbers) and len(set(numbers)) == 3 and numbers[0] > 0
