@@ -504,8 +504,11 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         source = (m.history or {}).get("source")
         # A dead letter's sender was sealed for the queue it came from.
         attrs, meta = read_attributes(m.attributes, body=m.body, queues=(q.name, str(source or "")))
+        # A dead letter keeps the MessageId it had where it came from (``history.id``, which
+        # only a node writes); one moved back is a new message (SQS: a new MessageId).
+        message_id = ids.sqs_message_id(str((m.history or {}).get("id") or d.id) if source else d.id)
         item: dict[str, Any] = {
-            "MessageId": ids.sqs_message_id(d.id),
+            "MessageId": message_id,
             "ReceiptHandle": ids.receipt_handle(d.id, d.receipt),
             "MD5OfBody": md5_of_body(m.body),
             "Body": m.body,
@@ -523,7 +526,10 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
             every["SequenceNumber"] = ids.sequence_number(d.id)
             if m.group is not None:
                 every["MessageGroupId"] = m.group
-            if meta.get("dedup"):
+            if source:
+                # SQS: a dead letter's deduplication ID is the original message's ID.
+                every["MessageDeduplicationId"] = message_id
+            elif meta.get("dedup"):
                 every["MessageDeduplicationId"] = meta["dedup"]
         if meta.get("trace"):
             every["AWSTraceHeader"] = meta["trace"]

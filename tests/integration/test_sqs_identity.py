@@ -3,10 +3,12 @@ query protocol with signed form posts), against a real node on PostgreSQL + Redi
 
 - a MessageId serves as a batch entry's ``Id`` (letters, digits, ``-``, ``_``; AWS's are UUIDs);
 - a FIFO send answers its ``SequenceNumber``, increasing in a group, the one every receive shows;
+- a dead letter keeps its MessageId;
 """
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 import xml.etree.ElementTree as ET
@@ -17,6 +19,7 @@ from django.contrib.auth.models import User
 from sqs.models import AccessKey
 from tests.integration.test_sqs_boto3 import _client, _name, _receive_all
 from tests.integration.test_sqs_query import NS, _post, _text
+from tests.launcher import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -141,3 +144,30 @@ def test_fifo_sends_answer_their_sequence_number_query(node, key, sqs):
     (entry,) = tree.findall("s:SendMessageBatchResult/s:SendMessageBatchResultEntry", NS)
     numbers.append(int(_text(entry, "s:SequenceNumber") or "0"))
     assert numbers == sorted(numbers) and len(set(numbers)) == 3 and numbers[0] > 0
+
+
+# --- dead letters -------------------------------------------------------------------------------
+# SQS keeps a message's MessageId when it moves it to the dead-letter queue; a message moved on
+# by a redrive "is considered a new message [...] assigned a new messageID".
+def test_a_dead_letter_keeps_its_message_id_on_both_protocols(node, key, sqs):
+    dlq_url = sqs.create_queue(QueueName=_name("dlq"))["QueueUrl"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    policy = json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 1})
+    url = sqs.create_queue(QueueName=_name("src"), Attributes={"RedrivePolicy": policy})["QueueUrl"]
+    sent = sqs.send_message(QueueUrl=url, MessageBody="poison")["MessageId"]
+    (m,) = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5, VisibilityTimeout=0)["Messages"]
+    assert m["MessageId"] == sent
+    found: list[dict] = []
+
+    def dead() -> bool:
+        sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0, VisibilityTimeout=0)
+        found[:] = sqs.receive_message(QueueUrl=dlq_url, WaitTimeSeconds=1, VisibilityTimeout=0).get("Messages", [])
+        return bool(found)
+
+    wait_until(dead, 30, "the dead letter")
+    assert found[0]["MessageId"] == sent
+    (q,) = _query_receive(node, key, dlq_url, 1, VisibilityTimeout="0")
+    assert _text(q, "s:MessageId") == sent
+    # its receipt handle is the dead-letter queue's
+    sqs.delete_message(QueueUrl=dlq_url, ReceiptHandle=_text(q, "s:ReceiptHandle"))
+    assert "Messages" not in sqs.receive_message(QueueUrl=dlq_url, WaitTimeSeconds=1)
