@@ -354,8 +354,12 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
         group, scoped = None, None
     if ctx.sender_id:
         meta["sender"] = ctx.sender_id
+    # X-Ray: the request's header is the trace of every message it sends; the message system
+    # attribute, when given, overrides it.
     if "AWSTraceHeader" in system:
         meta["trace"] = system["AWSTraceHeader"][1]
+    elif ctx.trace_header:
+        meta["trace"] = ctx.trace_header
     wait = q.delay if delay is None else delay
     draft = service.MessageDraft(
         body,

@@ -37,6 +37,8 @@ class Context:
     region: str
     #: the caller's SenderId: an opaque ID of its user (never a credential of theirs).
     sender_id: str = ""
+    #: the request's ``X-Amzn-Trace-Id`` header: the AWSTraceHeader of every message it sends.
+    trace_header: str = ""
 
 
 # --- names, URLs, ARNs --------------------------------------------------------------------------

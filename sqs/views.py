@@ -172,6 +172,7 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
             account=settings.SQS_ACCOUNT_ID,
             region=cred.region,
             sender_id=sender_id(key.user_id),
+            trace_header=headers.get("x-amzn-trace-id", ""),
         )
         key.touch()
         result = actions.run(action, params, ctx)

@@ -4,6 +4,7 @@ query protocol with signed form posts), against a real node on PostgreSQL + Redi
 - a MessageId serves as a batch entry's ``Id`` (letters, digits, ``-``, ``_``; AWS's are UUIDs);
 - a FIFO send answers its ``SequenceNumber``, increasing in a group, the one every receive shows;
 - a dead letter keeps its MessageId;
+- the ``X-Amzn-Trace-Id`` header is the ``AWSTraceHeader`` of the messages a call sends;
 """
 
 from __future__ import annotations
@@ -12,8 +13,13 @@ import json
 import re
 import uuid
 import xml.etree.ElementTree as ET
+from urllib.parse import urlencode
 
 import pytest
+import requests
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 from django.contrib.auth.models import User
 
 from sqs.models import AccessKey
@@ -171,3 +177,50 @@ def test_a_dead_letter_keeps_its_message_id_on_both_protocols(node, key, sqs):
     # its receipt handle is the dead-letter queue's
     sqs.delete_message(QueueUrl=dlq_url, ReceiptHandle=_text(q, "s:ReceiptHandle"))
     assert "Messages" not in sqs.receive_message(QueueUrl=dlq_url, WaitTimeSeconds=1)
+
+
+# --- AWSTraceHeader -----------------------------------------------------------------------------
+# X-Ray: "The default trace header is carried by X-Amzn-Trace-Id and corresponds to all messages
+# included in a SendMessage or SendMessageBatch request. [...] If both headers are set, the message
+# system attribute overrides the HTTP trace header."
+TRACE = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
+OTHER = "Root=1-5759e988-00000000e1be46a994272793;Sampled=0"
+
+
+def _traced(sqs):
+    def add(request, **_kw):
+        request.headers["X-Amzn-Trace-Id"] = TRACE
+
+    sqs.meta.events.register("before-sign.sqs.*", add)
+    return sqs
+
+
+def test_the_trace_header_is_the_aws_trace_header_json(node, key):
+    sqs = _traced(_client(node, key))
+    url = sqs.create_queue(QueueName=_name("trace"))["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="one")
+    sqs.send_message_batch(QueueUrl=url, Entries=[{"Id": "b", "MessageBody": "two"}])
+    sqs.send_message(
+        QueueUrl=url,
+        MessageBody="three",
+        MessageSystemAttributes={"AWSTraceHeader": {"DataType": "String", "StringValue": OTHER}},
+    )
+    got = _receive_all(sqs, url, 3, MessageSystemAttributeNames=["AWSTraceHeader"])
+    assert {m["Body"]: m["Attributes"]["AWSTraceHeader"] for m in got} == {"one": TRACE, "two": TRACE, "three": OTHER}
+    # not asked for: not answered
+    plain = _client(node, key)
+    plain.send_message(QueueUrl=url, MessageBody="four")
+    (m,) = _receive_all(plain, url, 1)
+    assert "Attributes" not in m
+
+
+def test_the_trace_header_is_the_aws_trace_header_query(node, key):
+    url = _text(_query(node, key, "CreateQueue", QueueName=_name("trace")), "s:CreateQueueResult/s:QueueUrl")
+    assert url
+    body = urlencode({"Action": "SendMessage", "QueueUrl": url, "MessageBody": "q", "Version": "2012-11-05"})
+    headers = {"Content-Type": "application/x-www-form-urlencoded", "X-Amzn-Trace-Id": TRACE}
+    req = AWSRequest("POST", f"{node.url}/sqs", data=body, headers=headers)
+    SigV4Auth(Credentials(key.access_key_id, key.secret), "sqs", "eu-west-1").add_auth(req)
+    assert requests.post(f"{node.url}/sqs", data=body, headers=dict(req.headers), timeout=30).status_code == 200
+    (m,) = _query_receive(node, key, url, 1, **{"MessageSystemAttributeName.1": "AWSTraceHeader"})
+    assert {_text(a, "s:Name"): _text(a, "s:Value") for a in m.findall("s:Attribute", NS)} == {"AWSTraceHeader": TRACE}
