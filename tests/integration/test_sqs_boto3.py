@@ -77,7 +77,7 @@ def test_queue_actions(sqs, node):
     name = _name()
     attrs = {"VisibilityTimeout": "45", "DelaySeconds": "0", "ReceiveMessageWaitTimeSeconds": "3"}
     url = sqs.create_queue(QueueName=name, Attributes=attrs, tags={"team": "a"})["QueueUrl"]
-    assert url == f"{node.url}/sqs/000000000000/{name}"
+    assert url == f"{node.url}/sqs/eu-west-1/000000000000/{name}"
     # idempotent with the same attributes; another value is QueueAlreadyExists
     assert sqs.create_queue(QueueName=name, Attributes=attrs)["QueueUrl"] == url
     with pytest.raises(sqs.exceptions.QueueNameExists) as exc:
@@ -559,7 +559,7 @@ def test_the_endpoint_answers_at_the_root_too(node):
         aws_secret_access_key=key.secret,
     )
     url = at_root.create_queue(QueueName=_name())["QueueUrl"]
-    assert url.startswith(f"{node.url}/sqs/000000000000/")
+    assert url.startswith(f"{node.url}/sqs/eu-west-1/000000000000/")
     at_root.send_message(QueueUrl=url, MessageBody="via /")
     (m,) = _client(node, key).receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
     assert m["Body"] == "via /"

@@ -5,6 +5,7 @@ query protocol with signed form posts), against a real node on PostgreSQL + Redi
 - a FIFO send answers its ``SequenceNumber``, increasing in a group, the one every receive shows;
 - a dead letter keeps its MessageId;
 - the ``X-Amzn-Trace-Id`` header is the ``AWSTraceHeader`` of the messages a call sends;
+- queue URLs and ARNs name the region; a node serves one (``SQS_REGION``);
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import uuid
 import xml.etree.ElementTree as ET
 from urllib.parse import urlencode
 
+import boto3
 import pytest
 import requests
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+from botocore.exceptions import ClientError
 from django.contrib.auth.models import User
 
 from sqs.models import AccessKey
@@ -46,6 +49,19 @@ def _query(node, key, action: str, **params: str) -> ET.Element:
     status, tree = _post(node, key, {"Action": action, **params})
     assert status == 200, ET.tostring(tree)
     return tree
+
+
+def _signed(
+    node, key, params: dict[str, str], *, region: str = "eu-west-1", trace: str | None = None
+) -> requests.Response:
+    """A query-protocol call signed for ``region``, with an ``X-Amzn-Trace-Id`` header if given."""
+    body = urlencode({**params, "Version": "2012-11-05"})
+    headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    if trace:
+        headers["X-Amzn-Trace-Id"] = trace
+    req = AWSRequest("POST", f"{node.url}/sqs", data=body, headers=headers)
+    SigV4Auth(Credentials(key.access_key_id, key.secret), "sqs", region).add_auth(req)
+    return requests.post(f"{node.url}/sqs", data=body, headers=dict(req.headers), timeout=30)
 
 
 def _query_receive(node, key, url: str, expected: int, **params: str) -> list[ET.Element]:
@@ -217,10 +233,52 @@ def test_the_trace_header_is_the_aws_trace_header_json(node, key):
 def test_the_trace_header_is_the_aws_trace_header_query(node, key):
     url = _text(_query(node, key, "CreateQueue", QueueName=_name("trace")), "s:CreateQueueResult/s:QueueUrl")
     assert url
-    body = urlencode({"Action": "SendMessage", "QueueUrl": url, "MessageBody": "q", "Version": "2012-11-05"})
-    headers = {"Content-Type": "application/x-www-form-urlencoded", "X-Amzn-Trace-Id": TRACE}
-    req = AWSRequest("POST", f"{node.url}/sqs", data=body, headers=headers)
-    SigV4Auth(Credentials(key.access_key_id, key.secret), "sqs", "eu-west-1").add_auth(req)
-    assert requests.post(f"{node.url}/sqs", data=body, headers=dict(req.headers), timeout=30).status_code == 200
+    r = _signed(node, key, {"Action": "SendMessage", "QueueUrl": url, "MessageBody": "q"}, trace=TRACE)
+    assert r.status_code == 200, r.text
     (m,) = _query_receive(node, key, url, 1, **{"MessageSystemAttributeName.1": "AWSTraceHeader"})
     assert {_text(a, "s:Name"): _text(a, "s:Value") for a in m.findall("s:Attribute", NS)} == {"AWSTraceHeader": TRACE}
+
+
+# --- regions ------------------------------------------------------------------------------------
+# A queue URL and its ARN name the region (AWS: https://sqs.<region>.amazonaws.com/<account>/<name>,
+# arn:aws:sqs:<region>:<account>:<name>). A node serves one region (SQS_REGION); unset, the one a
+# call is signed for.
+def test_queue_urls_and_arns_name_the_region_json(node, key):
+    for region in ("eu-west-1", "ap-south-1"):
+        client = boto3.client(
+            "sqs",
+            endpoint_url=f"{node.url}/sqs",
+            region_name=region,
+            aws_access_key_id=key.access_key_id,
+            aws_secret_access_key=key.secret,
+        )
+        name = _name("reg")
+        url = client.create_queue(QueueName=name)["QueueUrl"]
+        assert url == f"{node.url}/sqs/{region}/000000000000/{name}"
+        arn = client.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        assert arn == f"arn:aws:sqs:{region}:000000000000:{name}"
+
+
+@pytest.mark.node(env={"SQS_REGION": "eu-central-1"})
+def test_a_node_serves_its_own_region_only(node, key):
+    def client(region: str):
+        return boto3.client(
+            "sqs",
+            endpoint_url=f"{node.url}/sqs",
+            region_name=region,
+            aws_access_key_id=key.access_key_id,
+            aws_secret_access_key=key.secret,
+        )
+
+    name = _name("reg")
+    url = client("eu-central-1").create_queue(QueueName=name)["QueueUrl"]
+    assert url == f"{node.url}/sqs/eu-central-1/000000000000/{name}"
+    with pytest.raises(ClientError) as exc:
+        client("us-east-1").get_queue_url(QueueName=name)
+    assert exc.value.response["Error"]["Code"] == "SignatureDoesNotMatch"
+    assert exc.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    # the query protocol: the same refusal in its own shape
+    r = _signed(node, key, {"Action": "GetQueueUrl", "QueueName": name}, region="us-east-1")
+    assert r.status_code == 403 and _text(ET.fromstring(r.content), "s:Error/s:Code") == "SignatureDoesNotMatch"
+    r = _signed(node, key, {"Action": "GetQueueUrl", "QueueName": name}, region="eu-central-1")
+    assert r.status_code == 200 and _text(ET.fromstring(r.content), "s:GetQueueUrlResult/s:QueueUrl") == url
