@@ -272,21 +272,33 @@ def list_dead_letter_source_queues(params: dict[str, Any], ctx: Context) -> dict
 
 
 # --- message move tasks -------------------------------------------------------------------------
+def _queue_of_arn(params: dict[str, Any], name: str, ctx: Context, *, required: bool = False) -> Any:
+    """The queue an ARN parameter names (``arn:aws:sqs:<region>:<account>:<name>``), or None."""
+    arn = text_param(params, name, required=required)
+    if arn is None:
+        return None
+    parts = arn.split(":")
+    if len(parts) != 6 or parts[:3] != ["arn", "aws", "sqs"] or not parts[5]:
+        raise invalid(f"Value {arn} for parameter {name} is invalid. Reason: not the ARN of a queue.")
+    return queue_param({"QueueUrl": parts[5]}, ctx)
+
+
 def start_message_move_task(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    """The service's redrive, run to the end before answering: every dead letter back to the
-    queue it came from. Only that destination (no DestinationArn) is supported."""
-    source = text_param(params, "SourceArn", required=True)
-    assert source is not None
-    if params.get("DestinationArn"):
-        raise SQSError("UnsupportedOperation", "dead letters move back to their source queues only (no DestinationArn)")
-    q = queue_param({"QueueUrl": source.rsplit(":", 1)[-1]}, ctx)
-    return {"TaskHandle": move_tasks.run_task(q, source, ctx)}
+    """Run to the end before answering: without a DestinationArn the service's redrive, every
+    dead letter back to the queue it came from; with one, every message of the source moved
+    there (a queue of the same type)."""
+    q = _queue_of_arn(params, "SourceArn", ctx, required=True)
+    dest = _queue_of_arn(params, "DestinationArn", ctx)
+    if dest is not None and dest.strict != q.strict:
+        raise invalid("The source queue and the destination queue must be of the same type (FIFO or standard).")
+    if dest is not None and dest.pk == q.pk:
+        raise invalid("The destination queue must not be the source queue.")
+    source, destination = params["SourceArn"], params.get("DestinationArn")
+    return {"TaskHandle": move_tasks.run_task(q, source, ctx, dest, destination)}
 
 
 def list_message_move_tasks(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    source = text_param(params, "SourceArn", required=True)
-    assert source is not None
-    q = queue_param({"QueueUrl": source.rsplit(":", 1)[-1]}, ctx)
+    q = _queue_of_arn(params, "SourceArn", ctx, required=True)
     return {"Results": move_tasks.TASKS.recent(q.name)}
 
 

@@ -6,10 +6,12 @@ query protocol with signed form posts), against a real node on PostgreSQL + Redi
 - a dead letter keeps its MessageId;
 - the ``X-Amzn-Trace-Id`` header is the ``AWSTraceHeader`` of the messages a call sends;
 - queue URLs and ARNs name the region; a node serves one (``SQS_REGION``);
+- message move tasks take a ``DestinationArn``; their handles are SQS's;
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import uuid
@@ -282,3 +284,51 @@ def test_a_node_serves_its_own_region_only(node, key):
     assert r.status_code == 403 and _text(ET.fromstring(r.content), "s:Error/s:Code") == "SignatureDoesNotMatch"
     r = _signed(node, key, {"Action": "GetQueueUrl", "QueueName": name}, region="eu-central-1")
     assert r.status_code == 200 and _text(ET.fromstring(r.content), "s:GetQueueUrlResult/s:QueueUrl") == url
+
+
+# --- message move tasks -------------------------------------------------------------------------
+# StartMessageMoveTask: "DestinationArn: The ARN of the queue that receives the moved messages. [...]
+# If this field is left blank, the messages will be redriven back to their respective original
+# source queues." AWS's TaskHandle is the base64 of {"taskId": ..., "sourceArn": ...}.
+def _arn(sqs, url: str) -> str:
+    arn: str = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    return arn
+
+
+def _handle(handle: str) -> dict:
+    task = json.loads(base64.b64decode(handle))
+    assert set(task) == {"taskId", "sourceArn"} and uuid.UUID(task["taskId"])
+    return task
+
+
+def test_a_move_task_to_a_destination_json(sqs):
+    source = sqs.create_queue(QueueName=_name("dlq"))["QueueUrl"]
+    dest = sqs.create_queue(QueueName=_name("dest"))["QueueUrl"]
+    sqs.send_message_batch(QueueUrl=source, Entries=[{"Id": f"e{i}", "MessageBody": f"m{i}"} for i in range(3)])
+    source_arn, dest_arn = _arn(sqs, source), _arn(sqs, dest)
+    handle = sqs.start_message_move_task(SourceArn=source_arn, DestinationArn=dest_arn)["TaskHandle"]
+    assert _handle(handle)["sourceArn"] == source_arn
+    (task,) = sqs.list_message_move_tasks(SourceArn=source_arn)["Results"]
+    assert (task["TaskHandle"], task["DestinationArn"], task["Status"]) == (handle, dest_arn, "COMPLETED")
+    assert task["ApproximateNumberOfMessagesMoved"] == 3
+    assert sorted(m["Body"] for m in _receive_all(sqs, dest, 3)) == ["m0", "m1", "m2"]
+    assert "Messages" not in sqs.receive_message(QueueUrl=source, WaitTimeSeconds=1)
+    # a FIFO source needs a FIFO destination
+    fifo = _fifo(sqs)
+    with pytest.raises(ClientError) as exc:
+        sqs.start_message_move_task(SourceArn=_arn(sqs, fifo), DestinationArn=dest_arn)
+    assert exc.value.response["Error"]["Code"] == "InvalidParameterValue"
+
+
+def test_a_move_task_to_a_destination_query(node, key, sqs):
+    source = sqs.create_queue(QueueName=_name("dlq"))["QueueUrl"]
+    dest = sqs.create_queue(QueueName=_name("dest"))["QueueUrl"]
+    sqs.send_message(QueueUrl=source, MessageBody="moved")
+    source_arn, dest_arn = _arn(sqs, source), _arn(sqs, dest)
+    tree = _query(node, key, "StartMessageMoveTask", SourceArn=source_arn, DestinationArn=dest_arn)
+    handle = _text(tree, "s:StartMessageMoveTaskResult/s:TaskHandle")
+    assert handle and _handle(handle)["sourceArn"] == source_arn
+    tree = _query(node, key, "ListMessageMoveTasks", SourceArn=source_arn)
+    (entry,) = tree.findall("s:ListMessageMoveTasksResult/s:ListMessageMoveTasksResultEntry", NS)
+    assert _text(entry, "s:TaskHandle") == handle and _text(entry, "s:DestinationArn") == dest_arn
+    assert [m["Body"] for m in _receive_all(sqs, dest, 1)] == ["moved"]
