@@ -37,7 +37,7 @@ from typing import Any
 
 from queues import service
 from queues.models import LIMITS
-from sqs import ids, move_tasks
+from sqs import ids, move_tasks, permissions
 from sqs import service as sqs_service
 from sqs.attributes import (
     DEDUP_INTERVAL,
@@ -303,7 +303,7 @@ def list_message_move_tasks(params: dict[str, Any], ctx: Context) -> dict[str, A
 
 
 def unsupported(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    raise SQSError("UnsupportedOperation", "not supported here: grants are managed in the admin or the REST API")
+    raise SQSError("UnsupportedOperation", "not supported here: a message move task runs to the end when started")
 
 
 # --- messages -----------------------------------------------------------------------------------
@@ -685,8 +685,8 @@ ACTIONS: dict[str, Callable[[dict[str, Any], Context], dict[str, Any]]] = {
     "StartMessageMoveTask": start_message_move_task,
     "ListMessageMoveTasks": list_message_move_tasks,
     "CancelMessageMoveTask": unsupported,
-    "AddPermission": unsupported,
-    "RemovePermission": unsupported,
+    "AddPermission": permissions.add_permission,
+    "RemovePermission": permissions.remove_permission,
 }
 
 

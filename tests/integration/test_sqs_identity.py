@@ -7,6 +7,7 @@ query protocol with signed form posts), against a real node on PostgreSQL + Redi
 - the ``X-Amzn-Trace-Id`` header is the ``AWSTraceHeader`` of the messages a call sends;
 - queue URLs and ARNs name the region; a node serves one (``SQS_REGION``);
 - message move tasks take a ``DestinationArn``; their handles are SQS's;
+- AddPermission and RemovePermission give and take back grants.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 from django.contrib.auth.models import User
 
+from queues.models import Grant
 from sqs.models import AccessKey
 from tests.integration.test_sqs_boto3 import _client, _name, _receive_all
 from tests.integration.test_sqs_query import NS, _post, _text
@@ -332,3 +334,79 @@ def test_a_move_task_to_a_destination_query(node, key, sqs):
     (entry,) = tree.findall("s:ListMessageMoveTasksResult/s:ListMessageMoveTasksResultEntry", NS)
     assert _text(entry, "s:TaskHandle") == handle and _text(entry, "s:DestinationArn") == dest_arn
     assert [m["Body"] for m in _receive_all(sqs, dest, 1)] == ["moved"]
+
+
+# --- AddPermission, RemovePermission ------------------------------------------------------------
+# AddPermission "adds a permission to a queue for a specific principal"; its Label is "the unique
+# identification of the permission you're setting", RemovePermission takes it back. Here an entry
+# of AWSAccountIds names a user of the service (user name or access key ID), and an action maps
+# to a grant (sqs.permissions).
+def _grants(user, queue: str) -> set[str]:
+    return set(Grant.objects.filter(user=user, queue__name=queue).values_list("action", flat=True))
+
+
+def test_add_and_remove_permission_json(node, sqs):
+    bob = User.objects.create(username=f"bob-{uuid.uuid4().hex[:8]}")
+    as_bob = _client(node, AccessKey.issue(bob))
+    name = _name("perm")
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    sqs.add_permission(QueueUrl=url, Label="send", AWSAccountIds=[bob.username], Actions=["SendMessage"])
+    sqs.add_permission(
+        QueueUrl=url, Label="recv", AWSAccountIds=[bob.username], Actions=["ReceiveMessage", "SendMessage"]
+    )
+    assert _grants(bob, name) == {"produce", "consume"}
+    policy = json.loads(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["Policy"])["Attributes"]["Policy"])
+    assert [s["Sid"] for s in policy["Statement"]] == ["send", "recv"]
+    assert policy["Statement"][0]["Action"] == ["SQS:SendMessage"]
+
+    def sends() -> bool:
+        try:
+            as_bob.send_message(QueueUrl=url, MessageBody="from bob")
+        except ClientError:
+            return False
+        return True
+
+    wait_until(sends, 20, "bob's grant")
+    # a label taken, an AWS account ID, an unknown action: refused
+    for kw in (
+        {"Label": "send", "AWSAccountIds": [bob.username], "Actions": ["SendMessage"]},
+        {"Label": "other", "AWSAccountIds": ["111122223333"], "Actions": ["SendMessage"]},
+        {"Label": "other", "AWSAccountIds": [bob.username], "Actions": ["FlyToTheMoon"]},
+    ):
+        with pytest.raises(ClientError) as exc:
+            sqs.add_permission(QueueUrl=url, **kw)
+        assert exc.value.response["Error"]["Code"] == "InvalidParameterValue", kw
+    # bob may not give permissions: manage
+    with pytest.raises(ClientError) as exc:
+        as_bob.add_permission(QueueUrl=url, Label="mine", AWSAccountIds=[bob.username], Actions=["*"])
+    assert exc.value.response["Error"]["Code"] == "AccessDenied"
+    # "send" removed: "recv" still gives produce
+    sqs.remove_permission(QueueUrl=url, Label="send")
+    assert _grants(bob, name) == {"produce", "consume"}
+    sqs.remove_permission(QueueUrl=url, Label="recv")
+    assert _grants(bob, name) == set()
+    assert "Policy" not in sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    wait_until(lambda: not sends(), 20, "bob's grant taken back")
+    with pytest.raises(ClientError) as exc:
+        sqs.remove_permission(QueueUrl=url, Label="recv")
+    assert exc.value.response["Error"]["Code"] == "InvalidParameterValue"
+
+
+def test_add_and_remove_permission_query(node, key, sqs):
+    carol = User.objects.create(username=f"carol-{uuid.uuid4().hex[:8]}")
+    carol_key = AccessKey.issue(carol)
+    name = _name("perm")
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    _query(
+        node,
+        key,
+        "AddPermission",
+        QueueUrl=url,
+        Label="all",
+        **{"AWSAccountId.1": carol_key.access_key_id, "ActionName.1": "GetQueueAttributes", "ActionName.2": "*"},
+    )
+    assert _grants(carol, name) == {"read", "manage"}
+    _query(node, key, "RemovePermission", QueueUrl=url, Label="all")
+    assert _grants(carol, name) == set()
+    status, tree = _post(node, key, {"Action": "RemovePermission", "QueueUrl": url, "Label": "all"})
+    assert status == 400 and _text(tree, "s:Error/s:Code") == "InvalidParameterValue"
