@@ -15,9 +15,12 @@ How SQS's model maps onto the service's (the README's compatibility table says t
 - VisibilityTimeout, MessageRetentionPeriod, DelaySeconds, MaximumMessageSize and RedrivePolicy
   are the queue's own fields; ReceiveMessageWaitTimeSeconds, ContentBasedDeduplication, tags
   and the attributes with no effect here live in ``models.QueueSettings`` (``attributes``).
-- A receipt handle carries the message ID and the service's receipt of that delivery.
+- A MessageId is the service's message ID spelled without ``/``, a receipt handle carries it
+  and the service's receipt of that delivery; a FIFO message's SequenceNumber is its position
+  (``ids``). A dead letter answers the MessageId it had where it came from.
 - Message attributes are stored with the message's ``attributes`` (``message_attributes``).
-- A message move task is the service's redrive (``move_tasks``).
+- A message move task is the service's redrive, or a move to its DestinationArn
+  (``move_tasks``); AddPermission and RemovePermission are grants (``permissions``).
 
 What every action shares (the call's context, queue names and URLs, its parameters, the
 service's errors as SQS's) is in ``context``.
