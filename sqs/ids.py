@@ -6,8 +6,9 @@ the REST API shows it so. SQS's MessageIds are UUIDs, and clients put them where
 taken (a batch entry's ``Id``: letters, digits, ``-`` and ``_``, at most 80). So the SQS API
 answers ``<block>-<partition>-<index>`` (``0000002a-5f0c9e1d2b3a4c5d-3-17``: at most 36
 characters, like a UUID). The block's 64 random bits keep it unique across queues; the queue
-makes it the service's ID again (:func:`service_id`), and a receipt handle carries that form
-too. A dead letter answers the MessageId it had in the queue it came from (``history.id``,
+makes it the service's ID again (:func:`service_id`). A receipt handle is opaque: it carries
+the service's ID, queue included, so a handle of one queue is refused on another (one that
+carries the SQS spelling is read too, with the queue of the call). A dead letter answers the MessageId it had in the queue it came from (``history.id``,
 which only a node writes), as SQS keeps it.
 
 A FIFO message's SequenceNumber is its position in its partition, so in its group: the block's
@@ -58,8 +59,9 @@ def sequence_number(message_id: str) -> str:
 
 
 def receipt_handle(message_id: str, receipt: str) -> str:
-    """The receipt handle of a delivery: its SQS MessageId and the service's receipt."""
-    return base64.urlsafe_b64encode(f"{sqs_message_id(message_id)}\n{receipt}".encode()).decode()
+    """The receipt handle of a delivery: the service's message ID (its queue in it, so a handle
+    is refused on any other queue) and the service's receipt, opaque to the client."""
+    return base64.urlsafe_b64encode(f"{message_id}\n{receipt}".encode()).decode()
 
 
 def parse_receipt_handle(handle: object, queue: str) -> tuple[service.MessageId, str] | None:
