@@ -398,10 +398,11 @@ NODE_THREADS = envint("NODE_THREADS", 64, minimum=1)
 #: other process (a shell, a Celery worker, a test) is one process and counts 0 as 1.
 NODE_PROCESSES = envint("NODE_PROCESSES", 0, minimum=0)
 #: Where `runnode` runs its worker processes (its --cpu-affinity default): "auto", each process
-#: on one CPU of those runnode may use when it has a process for each of them (the default: one
-#: a core; worker i on the i-th after one chosen by the node's port), else left to the kernel;
-#: "off", never pinned; or a list of CPUs to pin them to, whatever their number ("0-3,6"). On one
-#: CPU a request's hand-offs between the server's threads and the GIL's stay on it (see
+#: on a CPU of its own among those runnode may use (worker i on the i-th after one chosen by the
+#: node's port; more processes than CPUs share them round robin); "off", left to the kernel
+#: (for nodes that share a machine: one-process nodes on one port would all start on one CPU);
+#: or a list of CPUs to pin them to, whatever their number ("0-3,6"). On one CPU a request's
+#: hand-offs between the server's threads and the GIL's stay on it (see
 #: `queues.cluster.serving.cpu_plan`).
 NODE_CPU_AFFINITY = env("NODE_CPU_AFFINITY", "auto")
 #: Seconds between a process's looks at how the node's client connections are spread over its

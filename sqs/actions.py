@@ -112,9 +112,12 @@ def create_queue(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
             "digit here), 1 to 80 in length, .fifo at the end for a FIFO queue."
         )
     attrs = params.get("Attributes") or {}
-    fields, extra = checked_attributes(attrs, ctx, fifo=fifo)
-    tags = checked_tags(params.get("tags"), "tags")
+    if fifo and not (isinstance(attrs, dict) and str(attrs.get("FifoQueue", "")).lower() == "true"):
+        # SQS: a name with a dot is a FIFO queue's, and only with FifoQueue=true.
+        raise invalid("Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in length")
     target = service_name(name)
+    fields, extra = checked_attributes(attrs, ctx, fifo=fifo, queue=target)
+    tags = checked_tags(params.get("tags"), "tags")
 
     def existing() -> dict[str, Any] | None:
         with service_errors():
@@ -199,7 +202,8 @@ def delete_queue(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
 def purge_queue(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     q = queue_param(params, ctx)
     with service_errors():
-        service.purge(q.name, caller=ctx.caller)
+        # SQS forgets a FIFO queue's deduplication IDs with its messages.
+        service.purge(q.name, caller=ctx.caller, forget_dedup=True)
     return {}
 
 
@@ -231,7 +235,7 @@ def set_queue_attributes(params: dict[str, Any], ctx: Context) -> dict[str, Any]
     attrs = params.get("Attributes")
     if attrs is None:
         raise missing("Attributes")
-    fields, extra = checked_attributes(attrs, ctx, fifo=q.strict)
+    fields, extra = checked_attributes(attrs, ctx, fifo=q.strict, queue=q.name)
     with service_errors():
         # Checked for every change, even one of QueueSettings only: it needs ``manage``.
         q = service.update_queue(q, caller=ctx.caller, **fields)
@@ -316,6 +320,13 @@ class _Draft:
     md5_body: str
     md5_attributes: str | None
     md5_system: str | None
+    #: bytes of the body and the message attributes (what SQS's size limits count).
+    size: int
+
+
+_NO_DEDUP = (
+    "The queue should either have ContentBasedDeduplication enabled or MessageDeduplicationId provided explicitly"
+)
 
 
 def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context, now: float) -> _Draft:
@@ -352,10 +363,7 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
             )
         if dedup is None:
             if not settings.content_based_dedup:
-                raise invalid(
-                    "The queue should either have ContentBasedDeduplication enabled or MessageDeduplicationId "
-                    "provided explicitly"
-                )
+                raise invalid(_NO_DEDUP)
             dedup = hashlib.sha256(body.encode("utf-8")).hexdigest()
         meta["dedup"] = dedup
         scoped = f"{group}\x00{dedup}" if (settings.opaque or {}).get("DeduplicationScope") == "messageGroup" else dedup
@@ -388,6 +396,7 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
         md5_of_body(body),
         md5_of_attributes(attrs) if attrs else None,
         md5_of_attributes(system) if system else None,
+        size,
     )
 
 
@@ -446,10 +455,25 @@ def _batch_result(ok: list[dict[str, Any]], failed: list[dict[str, Any]]) -> dic
     return {"Successful": ok, "Failed": failed}
 
 
+def _fifo_batch(entries: list[dict[str, Any]], settings: QueueSettings) -> None:
+    """SQS refuses a FIFO queue's batch as a whole (not entry by entry) when an entry has no
+    MessageGroupId (MissingParameter), or no MessageDeduplicationId on a queue without
+    ContentBasedDeduplication (InvalidParameterValue)."""
+    if any(e.get("MessageGroupId") is None for e in entries):
+        raise missing("MessageGroupId")
+    if not settings.content_based_dedup and any(e.get("MessageDeduplicationId") is None for e in entries):
+        raise invalid(_NO_DEDUP)
+
+
 def send_message_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """Entries fail one by one, but for what SQS refuses the whole call for: the batch's size
+    (bodies and message attributes over ``MAX_BATCH_BYTES``: BatchRequestTooLong) and a FIFO
+    entry without its group or deduplication ID (:func:`_fifo_batch`). Nothing is stored then."""
     q = queue_param(params, ctx)
     entries = _entries(params)
     settings = settings_of(q)
+    if q.strict:
+        _fifo_batch(entries, settings)
     now = time.time()
     drafts: list[tuple[str, _Draft]] = []
     failed = []
@@ -459,13 +483,15 @@ def send_message_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
             d = _draft(e, q, settings, ctx, now)
         except SQSError as err:
             failed.append(_failed(e["Id"], err))
+            body = e.get("MessageBody")
+            total += len(body.encode("utf-8", "surrogatepass")) if isinstance(body, str) else 0
             continue
-        total += len(d.draft.body.encode("utf-8"))
+        total += d.size
         drafts.append((e["Id"], d))
-    if total > max(MAX_BATCH_BYTES, q.max_message_size):
+    if total > MAX_BATCH_BYTES:
         raise SQSError(
             "BatchRequestTooLong",
-            f"Batch requests cannot be longer than {max(MAX_BATCH_BYTES, q.max_message_size)} bytes.",
+            f"Batch requests cannot be longer than {MAX_BATCH_BYTES} bytes. You have sent {total} bytes.",
         )
     ok = []
     if drafts:
@@ -473,6 +499,25 @@ def send_message_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
             ids = service.enqueue(q.name, [d.draft for _, d in drafts], caller=ctx.caller)
         ok = [{"Id": entry_id, **_sent(d, mid, q.strict)} for (entry_id, d), mid in zip(drafts, ids)]
     return _batch_result(ok, failed)
+
+
+def _receipt_handle(message_id: str, receipt: str, deadline: float) -> str:
+    """The message ID, the service's receipt of this delivery and the wall-clock time (ms) its
+    visibility timeout runs out, as first given (a FIFO receipt expires then)."""
+    return base64.urlsafe_b64encode(f"{message_id}\n{receipt}\n{int(deadline * 1000)}".encode()).decode()
+
+
+def _expired(handle: Any) -> bool:
+    """Whether a well-formed handle's visibility timeout, as first given, has run out."""
+    try:
+        deadline = base64.urlsafe_b64decode(str(handle).encode()).decode().split("\n")[2]
+        return int(deadline) < time.time() * 1000
+    except (binascii.Error, UnicodeDecodeError, ValueError, IndexError):
+        return False
+
+
+def _expired_error(handle: Any) -> SQSError:
+    return invalid(f"Value {handle} for parameter ReceiptHandle is invalid. Reason: The receipt handle has expired.")
 
 
 def _parse_handle(handle: Any, q: Any) -> tuple[service.MessageId, str]:
@@ -515,7 +560,9 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
             visibility_timeout=float(visibility) if visibility is not None else None,
             wait=float(wait),
         )
-    now_ms = str(int(time.time() * 1000))
+    now = time.time()
+    now_ms = str(int(now * 1000))
+    deadline = now + (visibility if visibility is not None else q.visibility_timeout)
     messages = []
     for d in found:
         m = d.message
@@ -528,7 +575,7 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         message_id = ids.sqs_message_id(str((m.history or {}).get("id") or d.id) if source else d.id)
         item: dict[str, Any] = {
             "MessageId": message_id,
-            "ReceiptHandle": ids.receipt_handle(d.id, d.receipt),
+            "ReceiptHandle": _receipt_handle(d.id, d.receipt, deadline),
             "MD5OfBody": md5_of_body(m.body),
             "Body": m.body,
         }
@@ -565,23 +612,39 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     return {"Messages": messages} if messages else {}
 
 
-#: the service's reason for a receipt whose message is not in flight: acknowledged already.
+#: the service's reasons for a receipt that is not current: its message is not in flight
+#: (acknowledged already, or visible again), or it was received again since.
 _NOT_IN_FLIGHT = "not in flight"
+_EARLIER = "earlier delivery"
+_EXPIRED = "receipt expired"
 
 
-def _ack(q: Any, ctx: Context, items: list[tuple[service.MessageId, str]]) -> None:
+def _mismatch(exc: service.ServiceError) -> str | None:
+    """The service's reason why a receipt is not current (here or at another node), else None."""
+    if isinstance(exc, service.ReceiptMismatch):
+        return exc.reason
+    if isinstance(exc, service.RemoteError) and exc.status == 409:
+        return json.dumps(exc.payload)
+    return None
+
+
+def _ack(q: Any, ctx: Context, items: list[tuple[service.MessageId, str]], handle: Any = None) -> None:
     """Acknowledge; one message deleted already succeeds (SQS: a repeated delete does), one
-    received again since is ReceiptHandleIsInvalid. A batch refused as a whole is retried
-    entry by entry by the caller."""
+    received again since is ReceiptHandleIsInvalid. On a FIFO queue a receipt whose
+    visibility timeout ran out (the service's ``unexpired``; or, the message received again
+    or no longer in flight, the one item's ``handle``) is refused as SQS refuses it
+    (InvalidParameterValue), not taken. A batch refused as a whole is retried entry by entry
+    by the caller."""
     with service_errors():
         try:
-            service.ack(q.name, items, caller=ctx.caller)
-        except service.ReceiptMismatch as exc:
-            if len(items) == 1 and exc.reason.startswith(_NOT_IN_FLIGHT):
-                return
-            raise
-        except service.RemoteError as exc:
-            if len(items) == 1 and exc.status == 409 and _NOT_IN_FLIGHT in json.dumps(exc.payload):
+            service.ack(q.name, items, caller=ctx.caller, unexpired=q.strict)
+        except (service.ReceiptMismatch, service.RemoteError) as exc:
+            reason = _mismatch(exc)
+            if reason is None or len(items) != 1:
+                raise
+            if q.strict and (_EXPIRED in reason or (handle is not None and _expired(handle))):
+                raise _expired_error(handle) from None
+            if _NOT_IN_FLIGHT in reason:
                 return
             raise
 
@@ -590,7 +653,8 @@ def delete_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     """Deleting a message deleted already succeeds (as SQS); a receipt of an earlier delivery
     of a message received again since is ReceiptHandleIsInvalid (the service's receipts)."""
     q = queue_param(params, ctx)
-    _ack(q, ctx, [_parse_handle(params.get("ReceiptHandle"), q)])
+    handle = params.get("ReceiptHandle")
+    _ack(q, ctx, [_parse_handle(handle, q)], handle)
     return {}
 
 
@@ -630,7 +694,10 @@ def delete_message_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]
             if err.code != "ReceiptHandleIsInvalid":
                 raise
             items = {e["Id"]: item for e, item in parsed}
-            ok, more = _per_entry([e for e, _ in parsed], lambda e: _ack(q, ctx, [items[e["Id"]]]))
+            ok, more = _per_entry(
+                [e for e, _ in parsed],
+                lambda e: _ack(q, ctx, [items[e["Id"]]], e.get("ReceiptHandle")),
+            )
             failed += more
     else:
         ok = []
@@ -642,13 +709,23 @@ def _change_visibility(q: Any, ctx: Context, handle: Any, timeout_value: Any) ->
     timeout = integer_param({"VisibilityTimeout": timeout_value}, "VisibilityTimeout", *LIMITS["visibility_timeout"])
     if timeout is None:
         raise missing("VisibilityTimeout")
-    try:
-        with service_errors():
+    with service_errors():
+        try:
             service.change_visibility(q.name, mid, receipt, float(timeout), caller=ctx.caller)
-    except SQSError as err:
-        if err.code == "ReceiptHandleIsInvalid":
-            raise SQSError("MessageNotInflight", "The message referred to isn't in flight.") from None
-        raise
+        except (service.ReceiptMismatch, service.RemoteError) as exc:
+            reason = _mismatch(exc)
+            if reason is None:
+                raise
+            if _EARLIER in reason and not q.strict:
+                # SQS takes a standard queue's earlier receipt of a message in flight.
+                service.change_visibility(q.name, mid, None, float(timeout), caller=ctx.caller)
+                return
+            if q.strict and _expired(handle):
+                raise _expired_error(handle) from None
+            raise invalid(
+                f"Value {handle} for parameter ReceiptHandle is invalid. Reason: Message does not exist or is not "
+                "available for visibility timeout change."
+            ) from None
 
 
 def change_message_visibility(params: dict[str, Any], ctx: Context) -> dict[str, Any]:

@@ -28,8 +28,8 @@ MAX_RECEIVE = 10
 MAX_RECEIVE_WAIT = 20
 #: message attributes of one message.
 MAX_MESSAGE_ATTRIBUTES = 10
-#: what a batch's bodies may add up to (SQS: the queue's maximum message size, 256 KiB by default).
-MAX_BATCH_BYTES = 256 * 1024
+#: what a batch's messages may add up to, bodies and message attributes (SQS: 1 MiB).
+MAX_BATCH_BYTES = 1024 * 1024
 #: the smallest MaximumMessageSize (the largest is the service's).
 MIN_MESSAGE_SIZE = 1024
 #: a FIFO queue's deduplication interval, seconds (the queue's ``dedup_window``).
@@ -61,6 +61,13 @@ OPAQUE = frozenset(
         "FifoThroughputLimit",
     }
 )
+#: attributes of FIFO queues only: a standard queue does not know them (InvalidAttributeName).
+FIFO_ONLY = frozenset({"ContentBasedDeduplication", "DeduplicationScope", "FifoThroughputLimit"})
+#: the values SQS takes for these attributes kept as given.
+CHOICES = {
+    "DeduplicationScope": ("messageGroup", "queue"),
+    "FifoThroughputLimit": ("perQueue", "perMessageGroupId"),
+}
 READ_ONLY = {
     "ApproximateNumberOfMessages",
     "ApproximateNumberOfMessagesNotVisible",
@@ -72,33 +79,43 @@ READ_ONLY = {
 SETTABLE = set(QUEUE_FIELDS) | OPAQUE | {"ReceiveMessageWaitTimeSeconds", "RedrivePolicy", "ContentBasedDeduplication"}
 
 
+#: SQS's answer to ``FifoQueue=true`` on a name without ``.fifo``.
+FIFO_NAME = (
+    "The name of a FIFO queue can only include alphanumeric characters, hyphens, or underscores, "
+    "must end with .fifo suffix and be 1 to 80 in length."
+)
+
+
 def settings_of(q: Any) -> QueueSettings:
     """Queue ``q``'s SQS settings (their defaults if it has none stored)."""
     return QueueSettings.objects.filter(queue_id=q.pk).first() or QueueSettings(queue_id=q.pk)
 
 
-def _redrive_policy(value: str, ctx: Context) -> tuple[Any, int]:
-    """(dead-letter queue row, maxReceiveCount) of a RedrivePolicy."""
+def _bad_redrive(value: str, reason: str) -> SQSError:
+    """SQS answers a RedrivePolicy it cannot take with InvalidParameterValue."""
+    return invalid(f"Value {value} for parameter RedrivePolicy is invalid. Reason: {reason}")
+
+
+def _redrive_policy(value: str, ctx: Context, queue: str | None) -> tuple[Any, int]:
+    """(dead-letter queue row, maxReceiveCount) of a RedrivePolicy of queue ``queue`` (the
+    service's name; None: not created yet)."""
     try:
         policy = json.loads(value)
         arn = policy["deadLetterTargetArn"]
         count = int(policy["maxReceiveCount"])
     except (ValueError, KeyError, TypeError):
-        raise SQSError(
-            "InvalidAttributeValue",
-            "RedrivePolicy must be JSON with deadLetterTargetArn and maxReceiveCount",
-        ) from None
+        raise _bad_redrive(value, "Redrive policy must be JSON with deadLetterTargetArn and maxReceiveCount.") from None
     low, high = LIMITS["max_receives"]
     if not isinstance(arn, str) or not low <= count <= high:
-        raise SQSError("InvalidAttributeValue", f"maxReceiveCount must be {low} to {high}")
-    target = arn.rsplit(":", 1)[-1]
+        raise _bad_redrive(value, f"Invalid value for maxReceiveCount: {count}, valid values are from {low} to {high}.")
+    target = service_name(arn.rsplit(":", 1)[-1])
+    if target == queue:
+        raise _bad_redrive(value, "A queue cannot be its own dead-letter queue.")
     with service_errors():
         try:
-            dlq = service.get_queue(service_name(target), caller=ctx.caller)
+            dlq = service.get_queue(target, caller=ctx.caller)
         except service.QueueNotFound:
-            raise SQSError(
-                "InvalidAttributeValue", f"Value {value} for parameter RedrivePolicy is invalid. Reason: no {arn}."
-            ) from None
+            raise _bad_redrive(value, "Dead letter target does not exist.") from None
     return dlq, count
 
 
@@ -108,8 +125,14 @@ def _attribute_integer(name: str, value: str, low: int, high: int) -> int:
     return int(value)
 
 
-def checked_attributes(attrs: Any, ctx: Context, *, fifo: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(queue fields, QueueSettings fields) of CreateQueue's or SetQueueAttributes' attributes."""
+def checked_attributes(
+    attrs: Any, ctx: Context, *, fifo: bool, queue: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(queue fields, QueueSettings fields) of CreateQueue's or SetQueueAttributes' attributes
+    for queue ``queue`` (the service's name). An attribute of FIFO queues on a standard queue
+    is unknown there (InvalidAttributeName); ``FifoQueue=true`` on a name without ``.fifo``
+    is an invalid name (InvalidParameterValue); an attribute kept as given set to ``""`` is
+    removed (``Policy``)."""
     if attrs is None:
         return {}, {}
     if not isinstance(attrs, dict) or not all(isinstance(v, str) for v in attrs.values()):
@@ -118,6 +141,8 @@ def checked_attributes(attrs: Any, ctx: Context, *, fifo: bool) -> tuple[dict[st
     extra: dict[str, Any] = {}
     opaque: dict[str, str] = {}
     for name, value in attrs.items():
+        if name in FIFO_ONLY and not fifo:
+            raise SQSError("InvalidAttributeName", f"Unknown Attribute {name}.")
         if name in QUEUE_FIELDS:
             field, low, high = QUEUE_FIELDS[name]
             fields[field] = _attribute_integer(name, value, low, high)
@@ -127,23 +152,23 @@ def checked_attributes(attrs: Any, ctx: Context, *, fifo: bool) -> tuple[dict[st
             if value == "":
                 fields["dead_letter_queue"], fields["max_receives"] = None, None
             else:
-                dlq, fields["max_receives"] = _redrive_policy(value, ctx)
+                dlq, fields["max_receives"] = _redrive_policy(value, ctx, queue)
                 if dlq.strict != fifo:  # SQS: a FIFO queue's dead letters go to a FIFO queue
                     raise SQSError(
                         "InvalidParameterValue", "the dead-letter queue's type (FIFO or standard) must match"
                     )
                 fields["dead_letter_queue"] = dlq
         elif name == "FifoQueue":
-            if value.lower() not in ("true", "false") or (value.lower() == "true") != fifo:
-                raise SQSError(
-                    "InvalidAttributeValue", "FifoQueue is 'true' exactly for a queue whose name ends in .fifo"
-                )
+            if value.lower() not in ("true", "false"):
+                raise SQSError("InvalidAttributeValue", f"Invalid value for the parameter {name}.")
+            if (value.lower() == "true") != fifo:
+                raise invalid(FIFO_NAME if not fifo else "FifoQueue is true on a FIFO queue; it cannot change.")
         elif name == "ContentBasedDeduplication":
             if value.lower() not in ("true", "false"):
-                raise SQSError("InvalidAttributeValue", "ContentBasedDeduplication must be true or false")
-            if not fifo and value.lower() == "true":
-                raise SQSError("InvalidAttributeName", "ContentBasedDeduplication is for FIFO queues only")
+                raise SQSError("InvalidAttributeValue", f"Invalid value for the parameter {name}.")
             extra["content_based_dedup"] = value.lower() == "true"
+        elif name in CHOICES and value not in CHOICES[name]:
+            raise SQSError("InvalidAttributeValue", f"Invalid value for the parameter {name}.")
         elif name in OPAQUE:
             opaque[name] = value
         elif name in READ_ONLY:

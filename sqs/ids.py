@@ -1,5 +1,5 @@
-"""How the SQS API spells what identifies a message: its MessageId, its receipt handle, a FIFO
-message's SequenceNumber.
+"""How the SQS API spells what identifies a message: its MessageId, what its receipt handle
+carries, a FIFO message's SequenceNumber.
 
 The service's message ID is a path, ``<queue>/<partition>/<block>/<index>`` (``queues.engine.ids``);
 the REST API shows it so. SQS's MessageIds are UUIDs, and clients put them where a ``/`` is not
@@ -58,20 +58,16 @@ def sequence_number(message_id: str) -> str:
     return str(_BASE | ordinal << _INDEX_BITS | mid.index)
 
 
-def receipt_handle(message_id: str, receipt: str) -> str:
-    """The receipt handle of a delivery: the service's message ID (its queue in it, so a handle
-    is refused on any other queue) and the service's receipt, opaque to the client."""
-    return base64.urlsafe_b64encode(f"{message_id}\n{receipt}".encode()).decode()
-
-
 def parse_receipt_handle(handle: object, queue: str) -> tuple[service.MessageId, str] | None:
-    """(the service's message ID, receipt) of a receipt handle of ``queue``, or None."""
+    """(the service's message ID, receipt) of a receipt handle of ``queue`` (``actions`` makes
+    them: ``<message ID>\n<receipt>[\n<deadline>]``, base64), or None."""
     if not isinstance(handle, str) or not handle:
         return None
     try:
         message_id, _, receipt = base64.urlsafe_b64decode(handle.encode()).decode().partition("\n")
     except (binascii.Error, UnicodeDecodeError, ValueError):
         return None
+    receipt = receipt.split("\n", 1)[0]  # (what follows it: the deadline of a FIFO receipt)
     mid = service_id(queue, message_id)
     if mid is None or mid.queue != queue or not receipt:
         return None

@@ -37,7 +37,9 @@ SYSTEM_ATTRIBUTES = {
 #: characters SQS refuses in a body or an attribute's text.
 INVALID_CHARS = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
-_ATTRIBUTE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")
+#: a message attribute's name: SQS takes alphanumeric characters (Unicode letters and digits
+#: too, not ASCII only), ``_``, ``-`` and ``.``, up to 256.
+_ATTRIBUTE_NAME = re.compile(r"^[\w.-]{1,256}$")
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
 

@@ -29,9 +29,21 @@ from xml.sax.saxutils import escape
 from queues.errors import ServiceError
 from sqs.query_shapes import ERROR_CODES, OPERATIONS, SHAPES, XML_NAMESPACE
 
-__all__ = ["QueryError", "decode", "encode", "encode_error", "query_error_code"]
+__all__ = ["NOT_AT_A_QUEUE_URL", "QueryError", "decode", "encode", "encode_error", "query_error_code"]
 
 _INDEX = re.compile(r"[1-9][0-9]{0,5}")
+
+#: The actions SQS refuses (``InvalidAction``) at a queue's URL: they act on no queue. Every
+#: other action is served there, ``GetQueueUrl`` included (of any queue, as SQS answers it).
+NOT_AT_A_QUEUE_URL = frozenset({"CreateQueue", "ListQueues"})
+
+#: The query protocol's own wording of an error's message, by its code and the JSON protocol's
+#: wording, where SQS words it apart.
+_QUERY_MESSAGES = {
+    ("AWS.SimpleQueueService.NonExistentQueue", "The specified queue does not exist."): (
+        "The specified queue does not exist for this wsdl version."
+    ),
+}
 
 
 class QueryError(ServiceError):
@@ -161,13 +173,16 @@ def _decode_structure(form: _Form, shape_name: str, prefix: str) -> dict[str, An
     return params
 
 
-def decode(form: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+def decode(form: Mapping[str, Any], queue_url: str | None = None) -> tuple[str, dict[str, Any]]:
     """The action of a query request and its params in the JSON protocol's shape.
 
     ``form`` is the request's form (the body of a POST, the query string of a GET): a Django
     ``QueryDict``, a ``urllib.parse.parse_qs`` dict of lists, or a dict of strings. Keys the
     action does not take (``Version``, the signature's) are ignored; values are typed by the
-    action's input shape. Raises ``QueryError`` (``MissingAction``, ``InvalidAction``,
+    action's input shape. ``queue_url``: the queue's URL the request was sent to (None: the
+    service's endpoint), as SQS takes it: the ``QueueUrl`` of an action that takes one and whose
+    form names none (one the form names wins), and ``InvalidAction`` for the actions of
+    ``NOT_AT_A_QUEUE_URL``. Raises ``QueryError`` (``MissingAction``, ``InvalidAction``,
     ``InvalidParameterValue``, ``MissingParameter``) for a form it cannot read. Cost: O(keys x
     key depth) to index the form, then O(members) per structure.
     """
@@ -175,12 +190,15 @@ def decode(form: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     action = flat.get("Action")
     if not action:
         raise QueryError("MissingAction", "The request must contain the parameter Action.")
-    if action not in OPERATIONS:
+    if action not in OPERATIONS or (queue_url is not None and action in NOT_AT_A_QUEUE_URL):
         raise QueryError("InvalidAction", f"The action {action} is not valid for this endpoint.")
     request_shape = OPERATIONS[action][0]
     if request_shape is None:
         return action, {}
-    return action, _decode_structure(_Form(flat), request_shape, "")
+    params = _decode_structure(_Form(flat), request_shape, "")
+    if queue_url is not None and "QueueUrl" in SHAPES[request_shape][1] and "QueueUrl" not in params:
+        params["QueueUrl"] = queue_url
+    return action, params
 
 
 # -- encode -------------------------------------------------------------------------------------
@@ -260,10 +278,13 @@ def encode(action: str, result: Mapping[str, Any] | None, request_id: str) -> by
 
 def encode_error(code: str, message: str, sender_fault: bool, request_id: str) -> bytes:
     """SQS's query-protocol error body for a JSON-protocol error ``code`` (mapped by
-    ``query_error_code``): ``<ErrorResponse><Error><Type>Sender|Receiver</Type><Code>..``."""
+    ``query_error_code``, its message worded as SQS words it in this protocol):
+    ``<ErrorResponse><Error><Type>Sender|Receiver</Type><Code>..``."""
     kind = "Sender" if sender_fault else "Receiver"
+    code = query_error_code(code)
+    message = _QUERY_MESSAGES.get((code, message), message)
     return (
         f'<?xml version="1.0"?><ErrorResponse xmlns="{XML_NAMESPACE}"><Error><Type>{kind}</Type>'
-        f"<Code>{_text(query_error_code(code))}</Code><Message>{_text(message)}</Message><Detail/></Error>"
+        f"<Code>{_text(code)}</Code><Message>{_text(message)}</Message><Detail/></Error>"
         f"<RequestId>{_text(request_id)}</RequestId></ErrorResponse>"
     ).encode()

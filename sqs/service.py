@@ -71,7 +71,7 @@ def update_queue_settings(
 ) -> QueueSettings:
     """Change the SQS settings of queue ``q`` (:data:`SETTINGS`), under its row's lock:
     ``manage`` on the queue, as SetQueueAttributes. ``opaque`` and ``tags`` are merged into what
-    is kept unless ``replace`` names them; ``remove_tags`` are dropped (UntagQueue). Checked as
+    is kept unless ``replace`` names them (an ``opaque`` attribute given as ``""`` is removed); ``remove_tags`` are dropped (UntagQueue). Checked as
     the SQS API checks them: a wait of 0 to 20 s, ContentBasedDeduplication on a FIFO queue
     only, the attributes kept as given (:data:`OPAQUE`) by name, at most 50 tags. The SQS API
     reads them at every call, on every node. Recorded as ``change`` of the queue, what changed
@@ -83,6 +83,8 @@ def update_queue_settings(
         for k, v in fields.items():
             if k in ("opaque", "tags") and k not in replace:
                 v = {**(getattr(s, k) or {}), **v}
+            if k == "opaque":  # an attribute set to "" is removed (SQS: ``Policy`` "" clears it)
+                v = {name: value for name, value in v.items() if value != ""}
             setattr(s, k, v)
         if remove_tags:
             s.tags = {k: v for k, v in (s.tags or {}).items() if k not in remove_tags}

@@ -4,9 +4,11 @@ Every call: find the active ``AccessKey`` of an active user that the call names 
 its body (none: refused unread), read the body to a bound, check the SigV4 signature with the
 key's secret, count the call against the user's rate as the REST API does, decode the protocol
 (AWS JSON 1.0 by ``X-Amz-Target``, which must be signed; else the query protocol's
-``Action=...``), run the action as that user (``actions``), encode the answer or the error in
-the same protocol. Past a per-user limit (call rate, concurrent long polls) the answer is SQS's
-throttling error, ``RequestThrottled``.
+``Action=...``, in a POST's form or a GET's query string, at the service's endpoint or at a
+queue's URL, whose queue it then acts on), run the action as that user (``actions``), encode
+the answer or the error in the same protocol. A GET that names no action is SQS's 404
+``UnknownOperationException``, answered before anything is looked up. Past a per-user limit
+(call rate, concurrent long polls) the answer is SQS's throttling error, ``RequestThrottled``.
 A store or database outage is ServiceUnavailable (503, Retry-After), never a 500.
 """
 
@@ -167,6 +169,10 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
     request_id = str(uuid.uuid4())
     headers = _headers(request)
     json_protocol = wire.is_json_request(headers)
+    if request.method == "GET" and not json_protocol and not request.GET.get("Action"):
+        # No action: no call of the query protocol, whose GETs name theirs in the query string.
+        # SQS answers it unsigned or signed alike, before anything else (nothing to read here).
+        return _respond((404, {"Content-Type": XML}, UNKNOWN_OPERATION), request_id)
     try:
         if request.method not in ("POST", "GET"):
             raise SQSError("InvalidAction", "SQS calls are POST (or GET with the query protocol)")
@@ -178,8 +184,12 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
         if json_protocol:
             action, params = wire.decode(headers, body)
         else:
+            # At a queue's URL (any path under /sqs/), the queue is the path's (the QueueUrl a
+            # form names wins, as in SQS).
+            path = rest.strip("/")
+            queue_url = f"{request.scheme}://{request.get_host()}/sqs/{path}" if path else None
             try:
-                action, params = query.decode(_form(request))
+                action, params = query.decode(_form(request), queue_url)
             except query.QueryError as exc:
                 raise SQSError(exc.code, exc.message, exc.status, exc.sender_fault) from None
         ctx = Context(
@@ -208,6 +218,8 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
 
 #: The query protocol's answers, as SQS sends them.
 XML = "text/xml"
+#: SQS's answer (404) to a GET that names no action.
+UNKNOWN_OPERATION = b"<UnknownOperationException/>"
 
 
 def _error(err: SQSError, json_protocol: bool, request_id: str) -> HttpResponse:

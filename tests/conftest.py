@@ -24,6 +24,18 @@ PG_URL = os.environ.get("MQ_TEST_PG_URL", "")
 REDIS_CLUSTER_URL = os.environ.get("MQ_TEST_REDIS_CLUSTER_URL", "")
 
 
+def pytest_configure(config):
+    """The tests' nodes are left where the kernel puts them (``NODE_CPU_AFFINITY=off``) unless a
+    test asks otherwise (tests/integration/test_runnode_affinity.py). Under ``auto`` each
+    would be pinned to a CPU its random port picks: on a small machine the nodes of one test
+    would often share a CPU that PostgreSQL, Redis or a node of a parallel run keeps busy, and
+    the kernel could not move them away; their heartbeats and leases would lag for no gain
+    the tests measure."""
+    from tests import launcher
+
+    launcher.NodeProcess.default_cpu_affinity = "off"
+
+
 #: The fixtures that start node processes: a test that uses one is a ``cluster`` test.
 NODE_FIXTURES = frozenset({"node", "nodes"})
 

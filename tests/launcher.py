@@ -123,11 +123,16 @@ class NodeProcess:
     ``env`` is added to this process's environment; ``heartbeat`` (seconds) is the default
     ``NODE_HEARTBEAT`` when ``env`` does not set one (None: the node's own default);
     ``processes`` is ``runnode --processes`` (default :attr:`default_processes`: 1, so a test
-    that means several says so). Killing the node kills every process of it (its group).
+    that means several says so); ``NODE_CPU_AFFINITY`` is :attr:`default_cpu_affinity` when
+    neither ``env`` nor this process's environment sets it. Killing the node kills every process
+    of it (its group).
     """
 
     #: ``--processes`` of nodes started without ``processes`` (tests of several set it).
     default_processes = 1
+    #: ``NODE_CPU_AFFINITY`` of nodes whose ``env`` does not set it (None: the node's own, as the
+    #: benchmarks want; the test session sets "off", tests/conftest.py).
+    default_cpu_affinity: str | None = None
 
     def __init__(
         self,
@@ -146,6 +151,8 @@ class NodeProcess:
         self.env = {**os.environ, **env}
         if heartbeat is not None:
             self.env.setdefault("NODE_HEARTBEAT", str(heartbeat))
+        if self.default_cpu_affinity is not None:
+            self.env.setdefault("NODE_CPU_AFFINITY", self.default_cpu_affinity)
         self.python, self.cwd = python, cwd
         self.log_path = Path(log_dir) / f"node-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None

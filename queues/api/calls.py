@@ -99,13 +99,19 @@ def dequeue(name: str, data: Any, hops: int = 0, trusted: bool = False, *, calle
 
 
 def ack(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
+    """``trusted``: the request comes from a node (it may ask only to check, or that receipts
+    whose visibility timeout ran out be refused: ``"unexpired": true``)."""
     cfg, _ = service.authorize(name, "consume", caller=caller, reading=True)
     data, checking = check_only(data, trusted)
+    unexpired = False
+    if trusted and isinstance(data, dict) and "unexpired" in data:
+        data = dict(data)
+        unexpired = data.pop("unexpired") is True
     items = validation.ack_request(data, cfg)
     if checking:
-        service.ack(name, items, caller=caller, hops=hops, check_only=True)
+        service.ack(name, items, caller=caller, hops=hops, check_only=True, unexpired=unexpired)
         return 200, {"checked": len(items)}
-    result = service.ack(name, items, caller=caller, hops=hops)
+    result = service.ack(name, items, caller=caller, hops=hops, unexpired=unexpired)
     return 200, {"acked": result.acked, "not_found": result.not_found}
 
 

@@ -32,6 +32,8 @@ from queues.service.types import Delivery
 
 #: In a node's enqueue or ack call: check it, change nothing (``calls.check_only``).
 CHECK_ONLY = "check_only"
+#: A node's ack that refuses receipts whose visibility timeout ran out (``service.ack``).
+UNEXPIRED = "unexpired"
 
 #: Seconds a forwarded call may take in all (a long poll is never forwarded: its wait is 0
 #: there), and its connection.
@@ -262,16 +264,37 @@ class HttpPeers:
         return [delivery_of(item) for item in body.get("messages", ())]
 
     def ack(
-        self, address: str, target: str, items: Sequence[tuple[MessageId, str | None]], hops: int, caller: Caller
+        self,
+        address: str,
+        target: str,
+        items: Sequence[tuple[MessageId, str | None]],
+        hops: int,
+        caller: Caller,
+        *,
+        unexpired: bool = False,
     ) -> AckResult:
-        payload = {"messages": [{"id": str(mid), "receipt": receipt} for mid, receipt in items]}
+        payload: dict[str, Any] = {"messages": [{"id": str(mid), "receipt": receipt} for mid, receipt in items]}
+        if unexpired:
+            payload[UNEXPIRED] = True
         body = self.call(address, target, "ack", payload, hops, caller)
         return AckResult(body.get("acked", 0), body.get("not_found", 0))
 
     def check_ack(
-        self, address: str, target: str, items: Sequence[tuple[MessageId, str | None]], hops: int, caller: Caller
+        self,
+        address: str,
+        target: str,
+        items: Sequence[tuple[MessageId, str | None]],
+        hops: int,
+        caller: Caller,
+        *,
+        unexpired: bool = False,
     ) -> None:
-        payload = {"messages": [{"id": str(mid), "receipt": receipt} for mid, receipt in items], CHECK_ONLY: True}
+        payload: dict[str, Any] = {
+            "messages": [{"id": str(mid), "receipt": receipt} for mid, receipt in items],
+            CHECK_ONLY: True,
+        }
+        if unexpired:
+            payload[UNEXPIRED] = True
         self.call(address, target, "ack", payload, hops, caller)
 
     def change_visibility(

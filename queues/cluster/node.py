@@ -220,6 +220,9 @@ class NodeRuntime:
         #: what this process tells its sibling processes of one runnode (None: it has none);
         #: set by ``config.node`` (see :mod:`queues.cluster.siblings`).
         self.board: Board | None = None
+        #: what :meth:`hint` last published, by target.
+        self._hinted: dict[str, tuple[float | None, float | None]] = {}
+        self._hint_lock = threading.Lock()
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> NodeRuntime:
@@ -348,7 +351,7 @@ class NodeRuntime:
         self._publish_stats()
         if self.board is not None:
             for queue in list(self._queue_managers):
-                self.hint(queue)  # (what came due by the clock, a delayed message's turn)
+                self.hint(queue, force=True)  # (what came due by the clock, a delayed message's turn)
         self.last_pass = monotonic()
 
     def is_serving(self) -> bool:
@@ -825,9 +828,10 @@ class NodeRuntime:
         if self.board is not None:
             self.hint(queue)
 
-    def hint(self, queue: str) -> None:
+    def hint(self, queue: str, *, force: bool = False) -> None:
         """Tell the sibling processes what this one could deliver of ``queue`` now (each of a
-        topic's subscriptions apart; see :mod:`queues.cluster.siblings`)."""
+        topic's subscriptions apart; see :mod:`queues.cluster.siblings`), unless it is what was
+        told last (``force``: tell it again)."""
         board = self.board
         if board is None:
             return
@@ -843,7 +847,11 @@ class NodeRuntime:
                     oldest = o
                 if d is not None and (due is None or d < due):
                     due = d
-            board.publish(f"{queue}/{sub}" if sub else queue, oldest, due)
+            target = f"{queue}/{sub}" if sub else queue
+            with self._hint_lock:
+                if force or self._hinted.get(target) != (oldest, due):  # (an enqueue behind others changes nothing)
+                    self._hinted[target] = (oldest, due)
+                    board.publish(target, oldest, due)
 
     def notify(self) -> None:
         with self._changed:

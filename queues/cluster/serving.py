@@ -68,15 +68,15 @@ def cpu_plan(setting: str, allowed: Collection[int], processes: int, seed: int) 
     """The CPU of each worker process (worker ``i``: the ``i``-th), or None to leave them
     where the kernel puts their threads.
 
-    ``setting``: "auto" spreads them over ``allowed`` (the CPUs runnode may use: a cgroup's or
-    ``taskset``'s) when they are at least as many as those CPUs (the default: one process a
-    core), so that every CPU gets as many workers of the node as any other; a node of fewer
-    processes shares its machine, and is left to the kernel, which moves its threads away from
-    whatever else keeps a CPU busy (with pinning, one-process nodes sharing a machine, all on
-    one port as containers are, would all have started on its first CPU). "off": left to the
-    kernel. A list of CPUs ("0-3,6", each one of ``allowed``): the workers on those, however
-    many. Round robin from the CPU ``seed`` (the node's port) picks; more processes than CPUs
-    share them.
+    ``setting``: "auto" pins them over ``allowed`` (the CPUs runnode may use: a cgroup's or
+    ``taskset``'s), whatever their number: a node of as many processes as those CPUs or fewer
+    has a CPU of its own for each, and more processes than CPUs share them, so that every CPU
+    gets as many workers of the node as any other. "off": left to the kernel, which moves
+    threads away from whatever else keeps a CPU busy (nodes that share a machine with each
+    other, one-process nodes on one port as containers without a cpuset are, would all start
+    on the same CPU under "auto": give them "off" or CPUs of their own). A list of CPUs
+    ("0-3,6", each one of ``allowed``): the workers on those, however many. Round robin from
+    the CPU ``seed`` (the node's port) picks.
 
     Why: a call crosses threads (granian's I/O thread hands it to a request thread, which takes
     the GIL from the others of its process) and each hand-off to a thread on another CPU is a
@@ -89,8 +89,6 @@ def cpu_plan(setting: str, allowed: Collection[int], processes: int, seed: int) 
     if text == "off":
         return None
     if text == "auto":
-        if processes < len(allowed):
-            return None
         cpus = sorted(allowed)
     elif _CPU_LIST.fullmatch(text):
         cpus = []

@@ -629,9 +629,14 @@ class PartitionManager(Generic[LeaseT]):
         self.on_change()
 
     # --- ack and visibility -------------------------------------------------------------------
-    def check_receipts(self, items: Sequence[tuple[MessageId, str | None]], sub: str = "") -> None:
-        """Raise :class:`ReceiptMismatch` for the first item whose receipt is not current. Lock held."""
+    def check_receipts(
+        self, items: Sequence[tuple[MessageId, str | None]], sub: str = "", *, unexpired: bool = False
+    ) -> None:
+        """Raise :class:`ReceiptMismatch` for the first item whose receipt is not current. With
+        ``unexpired``, a receipt whose visibility timeout ran out is not current either, though
+        nobody received the message since. Lock held."""
         c = self.cursor(sub)
+        now = monotonic()
         for mid, receipt in items:
             if receipt is None:
                 continue
@@ -640,6 +645,8 @@ class PartitionManager(Generic[LeaseT]):
                 raise ReceiptMismatch(str(mid), "not in flight (never delivered, or already acknowledged)")
             if entry.receipt != receipt:
                 raise ReceiptMismatch(str(mid), "the receipt is from an earlier delivery")
+            if unexpired and entry.deadline <= now:
+                raise ReceiptMismatch(str(mid), "the receipt expired: its visibility timeout ran out")
 
     def pin_for_ack(self, items: Sequence[MessageId], sub: str = "") -> dict[str, float]:
         """Hold the in-flight ones back from redelivery while their delete runs. Lock held.
@@ -858,21 +865,24 @@ class PartitionManager(Generic[LeaseT]):
                     out[mid] = StoredMessage.from_bytes(raw)
         return out
 
-    def ack(self, items: Sequence[tuple[MessageId, str | None]], sub: str = "") -> int:
-        """Check receipts, delete, settle: a whole ack on this partition alone (journaled for
-        the archive: :meth:`delete_acked`). Returns how many were still held."""
-        return self._ack(items, journal=True, sub=sub)
+    def ack(self, items: Sequence[tuple[MessageId, str | None]], sub: str = "", *, unexpired: bool = False) -> int:
+        """Check receipts (``unexpired``: :meth:`check_receipts`), delete, settle: a whole ack
+        on this partition alone (journaled for the archive: :meth:`delete_acked`). Returns how
+        many were still held."""
+        return self._ack(items, journal=True, sub=sub, unexpired=unexpired)
 
     def remove_dead_lettered(self, items: Sequence[MessageId], sub: str = "") -> int:
         """Remove messages that were moved to the dead-letter queue: like an ack without
         receipts, but not journaled (a dead letter is not acknowledged, so not archived)."""
         return self._ack([(m, None) for m in items], journal=False, sub=sub)
 
-    def _ack(self, items: Sequence[tuple[MessageId, str | None]], *, journal: bool, sub: str) -> int:
+    def _ack(
+        self, items: Sequence[tuple[MessageId, str | None]], *, journal: bool, sub: str, unexpired: bool = False
+    ) -> int:
         mids = [mid for mid, _ in items]
         with self.lock:
             self.check_serving()
-            self.check_receipts(items, sub)
+            self.check_receipts(items, sub, unexpired=unexpired)
             pinned = self.pin_for_ack(mids, sub)
         try:
             removed = self.delete(mids, journal=journal, sub=sub)

@@ -749,9 +749,12 @@ def ack(
     caller: Caller,
     hops: int = 0,
     check_only: bool = False,
+    unexpired: bool = False,
 ) -> AckResult:
     """Acknowledge (remove) messages: this node's partitions here, the rest at their owners,
-    one call per owner.
+    one call per owner. With ``unexpired``, a receipt whose visibility timeout ran out is
+    refused (ReceiptMismatch) even if nobody received the message since (SQS's FIFO receipts),
+    here and at the other owners alike.
 
     Every receipt is checked before anything is removed anywhere: here with the partitions
     locked, then at each other owner (``check_only``: it checks the receipts of its partitions
@@ -775,17 +778,17 @@ def ack(
         remote.setdefault(address, []).append((mid, receipt))
     if check_only or remote:
         if local:
-            _check_local(cfg.name, local, sub)
+            _check_local(cfg.name, local, sub, unexpired)
         if check_only:
             return AckResult(0, 0)
         for address, batch in remote.items():
-            get_peers().check_ack(address, target, batch, hops, caller)
+            get_peers().check_ack(address, target, batch, hops, caller, unexpired=unexpired)
     acked = not_found = 0
     if local:
-        result = _ack_local(cfg.name, local, sub)
+        result = _ack_local(cfg.name, local, sub, unexpired)
         acked, not_found = result.acked, result.not_found
     for address, batch in remote.items():
-        result = get_peers().ack(address, target, batch, hops, caller)
+        result = get_peers().ack(address, target, batch, hops, caller, unexpired=unexpired)
         acked += result.acked
         not_found += result.not_found
     return AckResult(acked, not_found)
@@ -824,16 +827,18 @@ def _serving_locked(groups: list[tuple[PartitionManager[Lease], list[tuple[Messa
             m.lock.release()
 
 
-def _check_local(queue: str, items: Sequence[tuple[MessageId, str | None]], sub: str) -> None:
+def _check_local(queue: str, items: Sequence[tuple[MessageId, str | None]], sub: str, unexpired: bool = False) -> None:
     """Raise ReceiptMismatch if a receipt of this node's partitions is not current; removes
     nothing. The partitions are locked as :func:`_ack_local` locks them."""
     groups = _managers_of(queue, list(items))
     with _serving_locked(groups):
         for m, group in groups:
-            m.check_receipts(group, sub)
+            m.check_receipts(group, sub, unexpired=unexpired)
 
 
-def _ack_local(queue: str, items: Sequence[tuple[MessageId, str | None]], sub: str = "") -> AckResult:
+def _ack_local(
+    queue: str, items: Sequence[tuple[MessageId, str | None]], sub: str = "", unexpired: bool = False
+) -> AckResult:
     """Acknowledge on this node's partitions; all receipts are checked before anything is removed.
 
     Receipts are checked with every involved partition locked (in index order), and the
@@ -843,11 +848,11 @@ def _ack_local(queue: str, items: Sequence[tuple[MessageId, str | None]], sub: s
     groups = _managers_of(queue, unique)
     if len(groups) == 1:
         m, group = groups[0]
-        removed = m.ack(group, sub=sub)
+        removed = m.ack(group, sub=sub, unexpired=unexpired)
         return AckResult(removed, len(unique) - removed)
     with _serving_locked(groups):
         for m, group in groups:
-            m.check_receipts(group, sub)
+            m.check_receipts(group, sub, unexpired=unexpired)
         pins = [m.pin_for_ack([mid for mid, _ in group], sub) for m, group in groups]
     acked = 0
     failure: Exception | None = None

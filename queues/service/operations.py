@@ -36,9 +36,11 @@ log = logging.getLogger(__name__)
 REDRIVE_VISIBILITY = 60.0
 
 
-def purge(queue: str, *, caller: Caller) -> int:
+def purge(queue: str, *, caller: Caller, forget_dedup: bool = False) -> int:
     """Remove every message of ``queue``, in flight ones too (``manage``); returns how many
-    were removed.
+    were removed. With ``forget_dedup`` its remembered dedup_ids go too (SQS's PurgeQueue: a
+    message sent again after it is stored); without, a retried dedup_id still answers the
+    purged message's ID for the rest of its window.
 
     Done here whoever owns the partitions (see ``queues.cluster.purge``: each row's epoch moves on
     in its own transaction, then the store's fence, then the old tree is deleted); the owners
@@ -81,6 +83,8 @@ def purge(queue: str, *, caller: Caller) -> int:
     # Not answered before no manager of the old epochs, told or not, delivers without reading
     # its fence (a node whose call failed, one that was still opening the partition).
     wait_out_trust(fenced_at)
+    if forget_dedup:
+        get_dedup().forget(cfg.name)
     Queue.objects.filter(pk=queue_id).update(purged_total=F("purged_total") + removed)
     audit.record(caller, "purge", cfg.name, removed=removed)
     log.info("purged %s: %d messages", cfg.name, removed)

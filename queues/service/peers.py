@@ -68,11 +68,25 @@ class Peers(Protocol):
     ) -> list[Delivery]: ...
 
     def ack(
-        self, address: str, target: str, items: Sequence[tuple[MessageId, str | None]], hops: int, caller: Caller
+        self,
+        address: str,
+        target: str,
+        items: Sequence[tuple[MessageId, str | None]],
+        hops: int,
+        caller: Caller,
+        *,
+        unexpired: bool = False,
     ) -> AckResult: ...
 
     def check_ack(
-        self, address: str, target: str, items: Sequence[tuple[MessageId, str | None]], hops: int, caller: Caller
+        self,
+        address: str,
+        target: str,
+        items: Sequence[tuple[MessageId, str | None]],
+        hops: int,
+        caller: Caller,
+        *,
+        unexpired: bool = False,
     ) -> None: ...
 
     def change_visibility(

@@ -305,3 +305,42 @@ def test_a_rest_message_beside_sqs_dead_letters_moves_with_them(two_nodes):
         assert seen[body]["Attributes"].get("SenderId")
     assert seen["rest"]["MessageAttributes"] == {"kind": {"DataType": "String", "StringValue": "rest"}}
     assert "SenderId" not in seen["rest"]["Attributes"]
+
+
+def test_an_expired_fifo_receipt_is_refused_through_the_node_that_does_not_own_it(two_nodes):
+    """A FIFO receipt whose visibility timeout ran out deletes nothing, whichever node the
+    delete goes through: the owner refuses it for the other node as for its own caller."""
+    both = Both(*two_nodes)
+    a, b = both.nodes
+    url = both.sqs[a].create_queue(QueueName="late.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
+    owners = both.settled("late-fifo", each=PARTITIONS // 2)
+    # one group on a partition of each node
+    groups = {}
+    for i in range(200):
+        node = owners[group_partition(f"g{i}", PARTITIONS)]
+        groups.setdefault(node, f"g{i}")
+    assert set(groups) == {a, b}
+    for group in groups.values():
+        both.sqs[a].send_message(QueueUrl=url, MessageBody=group, MessageGroupId=group, MessageDeduplicationId=group)
+    got: list[dict] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 2 and time.monotonic() < deadline:
+        answer = both.sqs[a].receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=1, WaitTimeSeconds=1
+        )
+        got += answer.get("Messages", [])
+    assert len(got) == 2
+    time.sleep(1.5)
+    for m in got:
+        for node in (a, b):  # through the owner, and through the other node
+            with pytest.raises(both.sqs[node].exceptions.ClientError) as e:
+                both.sqs[node].delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+            assert e.value.response["Error"]["Code"] == "InvalidParameterValue", (node.url, m["Body"])
+    # nothing was deleted: both are delivered again
+    again: list[dict] = []
+    deadline = time.monotonic() + 30
+    while len(again) < 2 and time.monotonic() < deadline:
+        again += (
+            both.sqs[b].receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1).get("Messages", [])
+        )
+    assert sorted(m["Body"] for m in again) == sorted(groups.values())

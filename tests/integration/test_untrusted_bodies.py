@@ -2,7 +2,8 @@
 
 - A call that only claims to be a node's (a forged ``X-MQ-Cluster-Signature``) is refused on
   its headers, before a byte of its body is read or waited for; an anonymous body past a few
-  KB is refused by its ``Content-Length``, unread (``queues.api.bodies``).
+  KB is refused by its ``Content-Length``, unread (``queues.api.bodies``); smaller ones are
+  read by at most ``API_ANONYMOUS_BODY_READERS`` request threads at once, the next is 503.
 - 192 anonymous 8 MiB bodies leave the node's memory where it was.
 - 100 clients trickling bodies (a byte every 2 s) to ``/sqs/`` and to the fast path with a
   forged signature: an ordinary client's calls are still answered within 1 s, and the node keeps
@@ -269,6 +270,33 @@ def test_one_callers_trickled_bodies_hold_a_few_request_threads_only(tmp_path, r
         assert r.status_code == 201, r.text
     finally:
         nodes.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.node(env={"API_ANONYMOUS_BODY_READERS": "1"}, processes=1)
+def test_trickled_anonymous_bodies_hold_only_the_anonymous_readers(nodes, token):
+    node = nodes.start()
+    name = _make_queue(node.url, token)
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    # when an anonymous client sends a small body to the console's login, and none of its bytes
+    held = _open(node.port, "/admin/login/", 1000, form)
+    try:
+        time.sleep(0.5)
+        # then the next anonymous body is answered 503, unread (no body is ever sent: an
+        # answer that waited for it would time out and be None)
+        second = _open(node.port, "/admin/login/", 1000, form, timeout=3)
+        with second:
+            assert _status(second) == 503
+        # while a known caller's call with a body is served
+        r = requests.post(
+            f"{node.url}{API}/{name}/enqueue",
+            json={"messages": [{"body": "x"}]},
+            headers={"Authorization": f"Token {token}"},
+            timeout=5,
+        )
+        assert r.status_code == 201, r.text
+    finally:
+        held.close()
 
 
 @pytest.mark.slow

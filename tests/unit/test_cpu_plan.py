@@ -1,5 +1,6 @@
 """Where runnode runs its worker processes (``queues.cluster.serving.cpu_plan``): one CPU each, spread
-round robin from one the node's port picks, over the CPUs it may use or those it is given."""
+round robin from one the node's port picks, over the CPUs it may use or those it is given; a CPU of
+its own each while they are no more than those CPUs."""
 
 from __future__ import annotations
 
@@ -11,14 +12,22 @@ from queues.cluster.serving import cpu_plan
 def test_auto_puts_each_worker_on_a_cpu_of_its_own_when_the_node_has_one_a_cpu():
     assert cpu_plan("auto", {0, 1, 2, 3}, 4, 8000) == [0, 1, 2, 3]
     assert cpu_plan("auto", {0, 1, 2, 3}, 4, 8001) == [1, 2, 3, 0]  # from the CPU the port picks
-    assert cpu_plan("AUTO ", {4, 6}, 3, 1) == [6, 4, 6]  # more workers than CPUs: they share
     assert cpu_plan("auto", {5}, 1, 8000) == [5]
 
 
-def test_auto_leaves_a_node_of_fewer_processes_than_cpus_to_the_kernel():
-    # it shares its machine: several such nodes on one port (containers) would all pin to one CPU
-    assert cpu_plan("auto", {0, 1, 2, 3}, 2, 8000) is None
-    assert cpu_plan("auto", {0, 1}, 1, 8000) is None
+def test_auto_pins_a_node_of_fewer_processes_than_cpus_each_on_a_cpu_of_its_own():
+    assert cpu_plan("auto", {0, 1, 2, 3}, 2, 8000) == [0, 1]
+    assert cpu_plan("auto", {0, 1, 2, 3}, 3, 8003) == [3, 0, 1]
+    assert cpu_plan("auto", {0, 1}, 1, 8000) == [0]
+    assert cpu_plan("auto", {0, 1}, 1, 8001) == [1]
+    assert cpu_plan("auto", {2, 5, 7}, 2, 8002) == [5, 7]  # the allowed CPUs, in order, not 0..n
+    plan = cpu_plan("auto", set(range(16)), 8, 8013)
+    assert plan is not None and len(set(plan)) == 8  # never two on one CPU while they fit
+
+
+def test_auto_shares_the_cpus_round_robin_when_the_node_has_more_processes_than_cpus():
+    assert cpu_plan("AUTO ", {4, 6}, 3, 1) == [6, 4, 6]
+    assert cpu_plan("auto", {0, 1}, 5, 8000) == [0, 1, 0, 1, 0]
 
 
 def test_a_list_pins_a_node_of_any_size():

@@ -27,7 +27,7 @@ def test_a_message_id_has_no_slash_and_turns_back_with_its_queue():
 
 
 def test_a_receipt_handle_is_of_its_queue_only():
-    handle = ids.receipt_handle(SERVICE_ID, "r3ceipt")
+    handle = base64.urlsafe_b64encode(f"{SERVICE_ID}\nr3ceipt\n1700000000000".encode()).decode()
     mid, receipt = ids.parse_receipt_handle(handle, "orders") or (None, None)
     assert (str(mid), receipt) == (SERVICE_ID, "r3ceipt")
     assert ids.parse_receipt_handle(handle, "other") is None  # another queue's handle

@@ -263,6 +263,43 @@ def test_a_form_it_cannot_read_is_a_sender_error(form, code):
     assert raised.value.status == 400 and raised.value.sender_fault
 
 
+def test_at_a_queue_url_the_queue_is_the_path_s_unless_the_form_names_one():
+    other = QUEUE_URL.replace("orders", "invoices")
+    # an action on a queue, sent to the queue's URL with no QueueUrl: the URL's
+    assert query.decode({"Action": "SendMessage", "MessageBody": "b"}, QUEUE_URL) == (
+        "SendMessage",
+        {"QueueUrl": QUEUE_URL, "MessageBody": "b"},
+    )
+    assert query.decode({"Action": "DeleteQueue"}, QUEUE_URL) == ("DeleteQueue", {"QueueUrl": QUEUE_URL})
+    # one the form names wins, as in SQS
+    assert query.decode({"Action": "PurgeQueue", "QueueUrl": other}, QUEUE_URL) == ("PurgeQueue", {"QueueUrl": other})
+    # GetQueueUrl is served at any queue's URL, of any queue; it takes no QueueUrl
+    assert query.decode({"Action": "GetQueueUrl", "QueueName": "invoices"}, QUEUE_URL) == (
+        "GetQueueUrl",
+        {"QueueName": "invoices"},
+    )
+    # at the service's endpoint, nothing is added: a missing QueueUrl is the action's to refuse
+    assert query.decode({"Action": "DeleteQueue"}) == ("DeleteQueue", {})
+
+
+@pytest.mark.parametrize("action", sorted(query.NOT_AT_A_QUEUE_URL))
+def test_an_action_on_no_queue_is_invalid_at_a_queue_url(action):
+    form = {"Action": action, "QueueName": "q"}
+    with pytest.raises(query.QueryError) as raised:
+        query.decode(form, QUEUE_URL)
+    assert (raised.value.code, raised.value.status) == ("InvalidAction", 400)
+    assert raised.value.message == f"The action {action} is not valid for this endpoint."
+    # and served at the service's endpoint
+    assert query.decode(form)[0] == action
+
+
+def test_a_queue_that_does_not_exist_is_worded_as_sqs_words_it_in_this_protocol():
+    body = query.encode_error("QueueDoesNotExist", "The specified queue does not exist.", True, "req-q")
+    parsed = parse_query("GetQueueAttributes", body, status=400)
+    assert parsed["Error"]["Code"] == "AWS.SimpleQueueService.NonExistentQueue"
+    assert parsed["Error"]["Message"] == "The specified queue does not exist for this wsdl version."
+
+
 # -- generated values for any shape -----------------------------------------------------------
 
 # SQS bodies and attribute values are XML characters (#x9 | #xA | #xD | #x20-#xD7FF | ...).

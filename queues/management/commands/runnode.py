@@ -14,9 +14,9 @@ counted in local memory), and one scrape of ``/metrics`` is the node's: the coun
 siblings (listed in ``NODE_SIBLINGS_DIR``, a fresh folder).
 
 Each worker process may run on one CPU (``--cpu-affinity``, default ``settings.NODE_CPU_AFFINITY``:
-``auto``, which pins a node that has a process for each CPU it may use; see
-``queues.cluster.serving.cpu_plan``), every thread of it, so a request's hand-offs between granian's
-threads and the GIL's stay on that CPU.
+``auto``, each process on a CPU of its own among those runnode may use while there are enough, round
+robin past that; see ``queues.cluster.serving.cpu_plan``), every thread of it, so a request's
+hand-offs between granian's threads and the GIL's stay on that CPU.
 
 Requests run on ``--threads`` Python threads per process (default ``settings.NODE_THREADS``);
 a long poll holds one for up to 20 s. Every process (each a node) is in runnode's process
@@ -90,7 +90,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--cpu-affinity",
             default=settings.NODE_CPU_AFFINITY,
-            help="auto: each process on one CPU when there is one a CPU; off: wherever the kernel puts it; "
+            help="auto: each process on a CPU of its own (shared round robin when there are more processes "
+            "than CPUs); off: wherever the kernel puts it; "
             "or CPUs to pin the processes to, e.g. 0-3,6 (default %(default)s: settings.NODE_CPU_AFFINITY)",
         )
 

@@ -1,0 +1,302 @@
+"""SQS's validation and error codes as AWS's API reference gives them, action by action, on
+both protocols: AWS JSON 1.0 (boto3) and the query protocol (botocore's own query serializer
+and parser, signed with SigV4), against a real node on PostgreSQL + Redis. Each refusal is
+checked to change nothing.
+
+The sources, by point: SendMessageBatch (the batch's 1 MiB counted with message attributes,
+BatchRequestTooLong; a FIFO entry needs MessageGroupId, and a MessageDeduplicationId unless
+ContentBasedDeduplication), CreateQueue / SetQueueAttributes (the FIFO-only attributes, the
+``.fifo`` name with ``FifoQueue``, ``Policy`` removed by ``""``, RedrivePolicy's
+InvalidParameterValue), the message attribute's Name (alphanumeric, ``_``, ``-``, ``.``),
+ChangeMessageVisibility / DeleteMessage (a FIFO receipt expires with its visibility timeout:
+InvalidParameterValue "The receipt handle has expired"), PurgeQueue and SendMessage's
+DelaySeconds ("If you don't specify a value, the default value for the queue applies").
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import boto3
+import botocore.session
+import pytest
+import requests
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.config import Config
+from botocore.credentials import Credentials
+from botocore.exceptions import ClientError
+from botocore.model import ServiceModel
+from botocore.parsers import create_parser
+from botocore.serialize import create_serializer
+from django.contrib.auth.models import User
+
+from sqs.models import AccessKey
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+_spec = importlib.util.spec_from_file_location(
+    "gen_sqs_query_shapes", Path(__file__).resolve().parents[2] / "scripts" / "gen_sqs_query_shapes.py"
+)
+assert _spec and _spec.loader
+_gen = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_gen)
+_RAW = botocore.session.get_session().get_component("data_loader").load_service_model("sqs", "service-2")
+QUERY_MODEL = ServiceModel(_gen.query_model(_RAW), service_name="sqs")
+NS = {"s": "http://queue.amazonaws.com/doc/2012-11-05/"}
+
+
+class Refused(Exception):
+    def __init__(self, code: str, status: int):
+        super().__init__(f"{status} {code}")
+        self.code = code
+        self.status = status
+
+
+class Api:
+    """One SQS client, ``protocol`` "json" or "query": ``api("SendMessage", QueueUrl=...)``
+    answers the result as botocore parses it, or raises :class:`Refused` with the error code
+    (the query protocol's, which boto3 reads from the JSON protocol's header too)."""
+
+    def __init__(self, node: Any, key: AccessKey, protocol: str):
+        self.node, self.key, self.protocol = node, key, protocol
+        self.client = boto3.client(
+            "sqs",
+            endpoint_url=f"{node.url}/sqs",
+            region_name="eu-west-1",
+            aws_access_key_id=key.access_key_id,
+            aws_secret_access_key=key.secret,
+            config=Config(retries={"max_attempts": 1}, read_timeout=60),
+        )
+
+    def __call__(self, action: str, **params: Any) -> dict[str, Any]:
+        if self.protocol == "json":
+            method = getattr(self.client, botocore.xform_name(action))
+            try:
+                return method(**params)
+            except ClientError as exc:
+                raise Refused(
+                    exc.response["Error"]["Code"], exc.response["ResponseMetadata"]["HTTPStatusCode"]
+                ) from None
+        op = QUERY_MODEL.operation_model(action)
+        request = create_serializer("query", include_validation=False).serialize_to_request(params, op)
+        body = request["body"]
+        url = f"{self.node.url}/sqs"
+        aws = AWSRequest("POST", url, data=body, headers={"Content-Type": "application/x-www-form-urlencoded"})
+        SigV4Auth(Credentials(self.key.access_key_id, self.key.secret), "sqs", "eu-west-1").add_auth(aws)
+        aws.prepare()
+        r = requests.post(url, data=aws.body, headers=dict(aws.headers), timeout=60)
+        if r.status_code >= 400:
+            code = ET.fromstring(r.content).find("s:Error/s:Code", NS)
+            raise Refused(code.text if code is not None else "?", r.status_code)
+        response = {"status_code": r.status_code, "headers": dict(r.headers), "body": r.content}
+        return create_parser("query").parse(response, op.output_shape)
+
+
+@pytest.fixture(params=["json", "query"])
+def api(request, node) -> Api:
+    key = AccessKey.issue(User.objects.create(username=f"rules-{uuid.uuid4().hex[:8]}"))
+    return Api(node, key, request.param)
+
+
+def _name(prefix: str = "r") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _refused(api: Api, action: str, **params: Any) -> Refused:
+    with pytest.raises(Refused) as exc:
+        api(action, **params)
+    assert 400 <= exc.value.status < 500
+    return exc.value
+
+
+def _receive(api: Api, url: str, wait: int = 1, **kw: Any) -> list[dict[str, Any]]:
+    return api("ReceiveMessage", QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=wait, **kw).get("Messages", [])
+
+
+def _depth(api: Api, url: str) -> int:
+    attrs = api("GetQueueAttributes", QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
+    return int(attrs["Attributes"]["ApproximateNumberOfMessages"])
+
+
+def _fifo(api: Api, **attrs: str) -> str:
+    return api("CreateQueue", QueueName=_name("f") + ".fifo", Attributes={"FifoQueue": "true", **attrs})["QueueUrl"]
+
+
+# --- SendMessageBatch: what refuses the whole batch --------------------------------------------
+def test_a_fifo_batch_without_a_group_or_a_dedup_id_is_refused_whole(api):
+    url = _fifo(api)
+    good = {"Id": "good", "MessageBody": "a", "MessageGroupId": "g", "MessageDeduplicationId": "d1"}
+    e = _refused(api, "SendMessageBatch", QueueUrl=url, Entries=[good, {"Id": "nogroup", "MessageBody": "b"}])
+    assert e.code == "MissingParameter"
+    no_dedup = {"Id": "nodedup", "MessageBody": "c", "MessageGroupId": "g"}
+    e = _refused(api, "SendMessageBatch", QueueUrl=url, Entries=[good, no_dedup])
+    assert e.code == "InvalidParameterValue"
+    assert _depth(api, url) == 0  # the good entry was not stored either
+    # with content-based deduplication the ID may be left out
+    url = _fifo(api, ContentBasedDeduplication="true")
+    out = api("SendMessageBatch", QueueUrl=url, Entries=[no_dedup])
+    assert [s["Id"] for s in out["Successful"]] == ["nodedup"]
+
+
+def test_a_batch_over_1_mib_with_its_attributes_is_batch_request_too_long(api):
+    url = api("CreateQueue", QueueName=_name())["QueueUrl"]
+    # five messages of 200 KiB bodies (1,000 KiB: under 1 MiB) and 20 KiB attributes each
+    attr = {"pad": {"DataType": "String", "StringValue": "a" * 20 * 1024}}
+    entries = [{"Id": f"m{i}", "MessageBody": "b" * 200 * 1024, "MessageAttributes": attr} for i in range(5)]
+    e = _refused(api, "SendMessageBatch", QueueUrl=url, Entries=entries)
+    assert e.code == "AWS.SimpleQueueService.BatchRequestTooLong"
+    assert _depth(api, url) == 0
+    out = api("SendMessageBatch", QueueUrl=url, Entries=entries[:4])  # 880 KiB in all: taken
+    assert len(out["Successful"]) == 4
+
+
+# --- CreateQueue, SetQueueAttributes ------------------------------------------------------------
+def test_fifo_attributes_are_unknown_on_a_standard_queue(api):
+    name = _name("std")
+    for attrs, code in (
+        ({"ContentBasedDeduplication": "false"}, "InvalidAttributeName"),
+        ({"DeduplicationScope": "queue"}, "InvalidAttributeName"),
+        ({"FifoThroughputLimit": "perQueue"}, "InvalidAttributeName"),
+        ({"FifoQueue": "true"}, "InvalidParameterValue"),  # a FIFO queue's name ends in .fifo
+    ):
+        assert _refused(api, "CreateQueue", QueueName=name, Attributes=attrs).code == code, attrs
+    # a .fifo name is a FIFO queue's only with FifoQueue=true
+    for attrs in ({}, {"FifoQueue": "false"}):
+        assert _refused(api, "CreateQueue", QueueName=name + ".fifo", Attributes=attrs).code == "InvalidParameterValue"
+    assert "QueueUrls" not in api("ListQueues", QueueNamePrefix=name)
+    url = api("CreateQueue", QueueName=name)["QueueUrl"]
+    for attrs in ({"ContentBasedDeduplication": "true"}, {"DeduplicationScope": "messageGroup"}):
+        assert _refused(api, "SetQueueAttributes", QueueUrl=url, Attributes=attrs).code == "InvalidAttributeName"
+    got = api("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert not {"ContentBasedDeduplication", "DeduplicationScope", "FifoQueue"} & set(got)
+    # on a FIFO queue they are known, with SQS's values only
+    fifo = _fifo(api, DeduplicationScope="messageGroup", FifoThroughputLimit="perMessageGroupId")
+    e = _refused(api, "SetQueueAttributes", QueueUrl=fifo, Attributes={"DeduplicationScope": "everywhere"})
+    assert e.code == "InvalidAttributeValue"
+    got = api("GetQueueAttributes", QueueUrl=fifo, AttributeNames=["All"])["Attributes"]
+    assert got["DeduplicationScope"] == "messageGroup" and got["FifoThroughputLimit"] == "perMessageGroupId"
+
+
+def test_an_empty_policy_removes_it(api):
+    url = api("CreateQueue", QueueName=_name())["QueueUrl"]
+    policy = '{"Version":"2012-10-17","Statement":[]}'
+    api("SetQueueAttributes", QueueUrl=url, Attributes={"Policy": policy})
+    assert api("GetQueueAttributes", QueueUrl=url, AttributeNames=["Policy"])["Attributes"] == {"Policy": policy}
+    api("SetQueueAttributes", QueueUrl=url, Attributes={"Policy": ""})
+    assert "Policy" not in api("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])["Attributes"]
+
+
+def test_redrive_policy_refusals_are_invalid_parameter_value(api):
+    url = api("CreateQueue", QueueName=_name())["QueueUrl"]
+    arn = api("GetQueueAttributes", QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    dlq = api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
+    dlq_arn = api("GetQueueAttributes", QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    for policy in (
+        f'{{"deadLetterTargetArn":"{arn}","maxReceiveCount":3}}',  # itself
+        f'{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":0}}',
+        f'{{"deadLetterTargetArn":"{arn[:-8]}nothere1","maxReceiveCount":3}}',
+        "not json",
+    ):
+        e = _refused(api, "SetQueueAttributes", QueueUrl=url, Attributes={"RedrivePolicy": policy})
+        assert e.code == "InvalidParameterValue", policy
+    assert "RedrivePolicy" not in api("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    # a queue created naming itself does not exist yet: refused alike, and not created
+    name = _name()
+    policy = f'{{"deadLetterTargetArn":"{arn.rsplit(":", 1)[0]}:{name}","maxReceiveCount":3}}'
+    e = _refused(api, "CreateQueue", QueueName=name, Attributes={"RedrivePolicy": policy})
+    assert e.code == "InvalidParameterValue"
+    assert "QueueUrls" not in api("ListQueues", QueueNamePrefix=name)
+
+
+# --- messages -----------------------------------------------------------------------------------
+def test_message_attribute_names_take_unicode_letters_and_digits(api):
+    url = api("CreateQueue", QueueName=_name())["QueueUrl"]
+    attrs = {
+        "größe": {"DataType": "Number", "StringValue": "3"},
+        "数量.単位_x-1": {"DataType": "String", "StringValue": "個"},
+    }
+    sent = api("SendMessage", QueueUrl=url, MessageBody="x", MessageAttributes=attrs)
+    (m,) = _receive(api, url, 5, MessageAttributeNames=["All"])
+    assert m["MessageAttributes"] == attrs
+    assert m["MD5OfMessageAttributes"] == sent["MD5OfMessageAttributes"]
+    # what the name may not hold is still refused, and nothing is stored
+    for bad in ("with space", "a/b", "AWS.x", ".start", "a..b"):
+        attrs = {bad: {"DataType": "String", "StringValue": "v"}}
+        e = _refused(api, "SendMessage", QueueUrl=url, MessageBody="y", MessageAttributes=attrs)
+        assert e.code == "InvalidParameterValue", bad
+    assert _depth(api, url) == 0
+
+
+def test_a_message_delay_of_zero_overrides_the_queues(api):
+    url = api("CreateQueue", QueueName=_name(), Attributes={"DelaySeconds": "60"})["QueueUrl"]
+    api("SendMessage", QueueUrl=url, MessageBody="queue's delay")
+    api("SendMessage", QueueUrl=url, MessageBody="now", DelaySeconds=0)
+    api("SendMessageBatch", QueueUrl=url, Entries=[{"Id": "b", "MessageBody": "batch now", "DelaySeconds": 0}])
+    got: list[dict[str, Any]] = []
+    for _ in range(5):
+        got += _receive(api, url, 1)
+        if len(got) >= 2:
+            break
+    assert sorted(m["Body"] for m in got) == ["batch now", "now"]
+
+
+def test_change_visibility_takes_an_earlier_receipt_of_a_standard_queue(api):
+    url = api("CreateQueue", QueueName=_name())["QueueUrl"]
+    api("SendMessage", QueueUrl=url, MessageBody="x")
+    (first,) = _receive(api, url, 5)
+    api("ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=0)
+    (second,) = _receive(api, url, 5)
+    assert second["MessageId"] == first["MessageId"]
+    # the first delivery's receipt still changes the message in flight
+    api("ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=0)
+    (third,) = _receive(api, url, 5, AttributeNames=["ApproximateReceiveCount"])
+    assert third["Attributes"]["ApproximateReceiveCount"] == "3"
+    api("DeleteMessage", QueueUrl=url, ReceiptHandle=third["ReceiptHandle"])
+    # a message deleted is not available for a visibility change
+    e = _refused(
+        api, "ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=third["ReceiptHandle"], VisibilityTimeout=5
+    )
+    assert e.code == "InvalidParameterValue"
+
+
+def test_a_fifo_receipt_expires_with_its_visibility_timeout(api):
+    url = _fifo(api, ContentBasedDeduplication="true")
+    api("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g")
+    (m,) = _receive(api, url, 5, VisibilityTimeout=1)
+    time.sleep(1.5)
+    # its timeout ran out: the receipt deletes nothing, though nobody received the message since
+    assert (
+        _refused(api, "DeleteMessage", QueueUrl=url, ReceiptHandle=m["ReceiptHandle"]).code == "InvalidParameterValue"
+    )
+    # delivered again, with a new receipt; the old one stays refused
+    (again,) = _receive(api, url, 5)
+    assert again["MessageId"] == m["MessageId"]
+    for action, extra in (("DeleteMessage", {}), ("ChangeMessageVisibility", {"VisibilityTimeout": 5})):
+        e = _refused(api, action, QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], **extra)
+        assert e.code == "InvalidParameterValue", action
+    batch = api("DeleteMessageBatch", QueueUrl=url, Entries=[{"Id": "a", "ReceiptHandle": m["ReceiptHandle"]}])
+    assert [(f["Id"], f["Code"]) for f in batch["Failed"]] == [("a", "InvalidParameterValue")]
+    # nothing deleted: the new receipt deletes it (twice, within its timeout)
+    assert _depth(api, url) == 0 and _receive(api, url, 0) == []
+    api("DeleteMessage", QueueUrl=url, ReceiptHandle=again["ReceiptHandle"])
+    api("DeleteMessage", QueueUrl=url, ReceiptHandle=again["ReceiptHandle"])
+    assert _depth(api, url) == 0
+
+
+def test_purge_forgets_the_fifo_dedup_ids(api):
+    url = _fifo(api)
+    first = api("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g", MessageDeduplicationId="d")
+    repeat = api("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g", MessageDeduplicationId="d")
+    assert repeat["MessageId"] == first["MessageId"] and _depth(api, url) == 1
+    api("PurgeQueue", QueueUrl=url)
+    assert _depth(api, url) == 0
+    again = api("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g", MessageDeduplicationId="d")
+    assert again["MessageId"] != first["MessageId"]
+    (m,) = _receive(api, url, 5)
+    assert m["MessageId"] == again["MessageId"]
