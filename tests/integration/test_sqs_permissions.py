@@ -60,7 +60,7 @@ ANON = "MissingAuthenticationToken"
 GONE = "AWS.SimpleQueueService.NonExistentQueue"
 DENIED = "AccessDenied"
 TAKEN = "QueueAlreadyExists"
-NO_DLQ = "InvalidAttributeValue"
+NO_DLQ = "InvalidParameterValue"  # (SQS: a deadLetterTargetArn that names no queue)
 UNSUPPORTED = "AWS.SimpleQueueService.UnsupportedOperation"
 BAD = "InvalidParameterValue"
 STATUS = {ANON: 403, GONE: 400, DENIED: 403, TAKEN: 400, NO_DLQ: 400, UNSUPPORTED: 400, BAD: 400}
@@ -155,7 +155,7 @@ CALLS: dict[str, Callable[[Any, World], dict]] = {
     "GetQueueAttributes": lambda c, w: c.get_queue_attributes(QueueUrl=w.url, AttributeNames=["All"]),
     "SetQueueAttributes": lambda c, w: c.set_queue_attributes(QueueUrl=w.url, Attributes={"VisibilityTimeout": "40"}),
     "SetQueueAttributes (SQS settings)": lambda c, w: c.set_queue_attributes(
-        QueueUrl=w.url, Attributes={"ReceiveMessageWaitTimeSeconds": "2", "DeduplicationScope": "messageGroup"}
+        QueueUrl=w.url, Attributes={"ReceiveMessageWaitTimeSeconds": "2", "KmsMasterKeyId": "alias/aws/sqs"}
     ),
     "DeleteQueue": lambda c, w: c.delete_queue(QueueUrl=w.url),
     "PurgeQueue": lambda c, w: c.purge_queue(QueueUrl=w.url),
