@@ -526,3 +526,6 @@ LOGGING = {
 
 # The SQS API (``sqs/``): the account ID in its queue URLs and ARNs (one account: the node's).
 SQS_ACCOUNT_ID = env("SQS_ACCOUNT_ID", "000000000000")
+# The one region a node serves (queue URLs and ARNs name it; a call signed for another region is
+# refused). Empty: the region a call is signed for, every region sharing one namespace.
+SQS_REGION = env("SQS_REGION", "")

@@ -15,9 +15,12 @@ How SQS's model maps onto the service's (the README's compatibility table says t
 - VisibilityTimeout, MessageRetentionPeriod, DelaySeconds, MaximumMessageSize and RedrivePolicy
   are the queue's own fields; ReceiveMessageWaitTimeSeconds, ContentBasedDeduplication, tags
   and the attributes with no effect here live in ``models.QueueSettings`` (``attributes``).
-- A receipt handle carries the message ID and the service's receipt of that delivery.
+- A MessageId is the service's message ID spelled without ``/``, a receipt handle carries it
+  and the service's receipt of that delivery; a FIFO message's SequenceNumber is its position
+  (``ids``). A dead letter answers the MessageId it had where it came from.
 - Message attributes are stored with the message's ``attributes`` (``message_attributes``).
-- A message move task is the service's redrive (``move_tasks``).
+- A message move task is the service's redrive, or a move to its DestinationArn
+  (``move_tasks``); AddPermission and RemovePermission are grants (``permissions``).
 
 What every action shares (the call's context, queue names and URLs, its parameters, the
 service's errors as SQS's) is in ``context``.
@@ -37,7 +40,7 @@ from typing import Any
 
 from queues import service
 from queues.models import LIMITS
-from sqs import move_tasks
+from sqs import ids, move_tasks, permissions
 from sqs import service as sqs_service
 from sqs.attributes import (
     DEDUP_INTERVAL,
@@ -276,26 +279,38 @@ def list_dead_letter_source_queues(params: dict[str, Any], ctx: Context) -> dict
 
 
 # --- message move tasks -------------------------------------------------------------------------
+def _queue_of_arn(params: dict[str, Any], name: str, ctx: Context, *, required: bool = False) -> Any:
+    """The queue an ARN parameter names (``arn:aws:sqs:<region>:<account>:<name>``), or None."""
+    arn = text_param(params, name, required=required)
+    if arn is None:
+        return None
+    parts = arn.split(":")
+    if len(parts) != 6 or parts[:3] != ["arn", "aws", "sqs"] or not parts[5]:
+        raise invalid(f"Value {arn} for parameter {name} is invalid. Reason: not the ARN of a queue.")
+    return queue_param({"QueueUrl": parts[5]}, ctx)
+
+
 def start_message_move_task(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    """The service's redrive, run to the end before answering: every dead letter back to the
-    queue it came from. Only that destination (no DestinationArn) is supported."""
-    source = text_param(params, "SourceArn", required=True)
-    assert source is not None
-    if params.get("DestinationArn"):
-        raise SQSError("UnsupportedOperation", "dead letters move back to their source queues only (no DestinationArn)")
-    q = queue_param({"QueueUrl": source.rsplit(":", 1)[-1]}, ctx)
-    return {"TaskHandle": move_tasks.run_task(q, source, ctx)}
+    """Run to the end before answering: without a DestinationArn the service's redrive, every
+    dead letter back to the queue it came from; with one, every message of the source moved
+    there (a queue of the same type)."""
+    q = _queue_of_arn(params, "SourceArn", ctx, required=True)
+    dest = _queue_of_arn(params, "DestinationArn", ctx)
+    if dest is not None and dest.strict != q.strict:
+        raise invalid("The source queue and the destination queue must be of the same type (FIFO or standard).")
+    if dest is not None and dest.pk == q.pk:
+        raise invalid("The destination queue must not be the source queue.")
+    source, destination = params["SourceArn"], params.get("DestinationArn")
+    return {"TaskHandle": move_tasks.run_task(q, source, ctx, dest, destination)}
 
 
 def list_message_move_tasks(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    source = text_param(params, "SourceArn", required=True)
-    assert source is not None
-    q = queue_param({"QueueUrl": source.rsplit(":", 1)[-1]}, ctx)
+    q = _queue_of_arn(params, "SourceArn", ctx, required=True)
     return {"Results": move_tasks.TASKS.recent(q.name)}
 
 
 def unsupported(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    raise SQSError("UnsupportedOperation", "not supported here: grants are managed in the admin or the REST API")
+    raise SQSError("UnsupportedOperation", "not supported here: a message move task runs to the end when started")
 
 
 # --- messages -----------------------------------------------------------------------------------
@@ -362,8 +377,12 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
         group, scoped = None, None
     if ctx.sender_id:
         meta["sender"] = ctx.sender_id
+    # X-Ray: the request's header is the trace of every message it sends; the message system
+    # attribute, when given, overrides it.
     if "AWSTraceHeader" in system:
         meta["trace"] = system["AWSTraceHeader"][1]
+    elif ctx.trace_header:
+        meta["trace"] = ctx.trace_header
     wait = q.delay if delay is None else delay
     draft = service.MessageDraft(
         body,
@@ -381,8 +400,10 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
     )
 
 
-def _sent(d: _Draft, message_id: str) -> dict[str, Any]:
-    out = {"MessageId": message_id, "MD5OfMessageBody": d.md5_body}
+def _sent(d: _Draft, message_id: str, fifo: bool) -> dict[str, Any]:
+    out = {"MessageId": ids.sqs_message_id(message_id), "MD5OfMessageBody": d.md5_body}
+    if fifo:
+        out["SequenceNumber"] = ids.sequence_number(message_id)
     if d.md5_attributes:
         out["MD5OfMessageAttributes"] = d.md5_attributes
     if d.md5_system:
@@ -395,7 +416,7 @@ def send_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     d = _draft(params, q, settings_of(q), ctx, time.time())
     with service_errors():
         (message_id,) = service.enqueue(q.name, [d.draft], caller=ctx.caller)
-    return _sent(d, message_id)
+    return _sent(d, message_id, q.strict)
 
 
 def _entries(params: dict[str, Any], key: str = "Entries") -> list[dict[str, Any]]:
@@ -476,7 +497,7 @@ def send_message_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     if drafts:
         with service_errors():
             ids = service.enqueue(q.name, [d.draft for _, d in drafts], caller=ctx.caller)
-        ok = [{"Id": entry_id, **_sent(d, mid)} for (entry_id, d), mid in zip(drafts, ids)]
+        ok = [{"Id": entry_id, **_sent(d, mid, q.strict)} for (entry_id, d), mid in zip(drafts, ids)]
     return _batch_result(ok, failed)
 
 
@@ -503,17 +524,10 @@ def _parse_handle(handle: Any, q: Any) -> tuple[service.MessageId, str]:
     """(message ID, receipt) of a receipt handle of queue ``q``. Raises ReceiptHandleIsInvalid."""
     if not isinstance(handle, str) or not handle:
         raise SQSError("ReceiptHandleIsInvalid", "The input receipt handle is invalid.")
-    try:
-        message_id, _, receipt = base64.urlsafe_b64decode(handle.encode()).decode().partition("\n")
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise SQSError(
-            "ReceiptHandleIsInvalid", f'The input receipt handle "{handle}" is not a valid receipt handle.'
-        ) from None
-    receipt = receipt.split("\n", 1)[0]
-    mid = service.parse_message_id(message_id)
-    if mid is None or mid.queue != q.name or not receipt:
+    parsed = ids.parse_receipt_handle(handle, q.name)
+    if parsed is None:
         raise SQSError("ReceiptHandleIsInvalid", f'The input receipt handle "{handle}" is not a valid receipt handle.')
-    return mid, receipt
+    return parsed
 
 
 def _names(params: dict[str, Any], key: str) -> list[str]:
@@ -556,8 +570,11 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         source = (m.history or {}).get("source")
         # A dead letter's sender was sealed for the queue it came from.
         attrs, meta = read_attributes(m.attributes, body=m.body, queues=(q.name, str(source or "")))
+        # A dead letter keeps the MessageId it had where it came from (``history.id``, which
+        # only a node writes); one moved back is a new message (SQS: a new MessageId).
+        message_id = ids.sqs_message_id(str((m.history or {}).get("id") or d.id) if source else d.id)
         item: dict[str, Any] = {
-            "MessageId": d.id,
+            "MessageId": message_id,
             "ReceiptHandle": _receipt_handle(d.id, d.receipt, deadline),
             "MD5OfBody": md5_of_body(m.body),
             "Body": m.body,
@@ -572,10 +589,13 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         if meta.get("sender"):
             every["SenderId"] = meta["sender"]
         if q.strict:
-            every["SequenceNumber"] = str(m.sequence)
+            every["SequenceNumber"] = ids.sequence_number(d.id)
             if m.group is not None:
                 every["MessageGroupId"] = m.group
-            if meta.get("dedup"):
+            if source:
+                # SQS: a dead letter's deduplication ID is the original message's ID.
+                every["MessageDeduplicationId"] = message_id
+            elif meta.get("dedup"):
                 every["MessageDeduplicationId"] = meta["dedup"]
         if meta.get("trace"):
             every["AWSTraceHeader"] = meta["trace"]
@@ -745,8 +765,8 @@ ACTIONS: dict[str, Callable[[dict[str, Any], Context], dict[str, Any]]] = {
     "StartMessageMoveTask": start_message_move_task,
     "ListMessageMoveTasks": list_message_move_tasks,
     "CancelMessageMoveTask": unsupported,
-    "AddPermission": unsupported,
-    "RemovePermission": unsupported,
+    "AddPermission": permissions.add_permission,
+    "RemovePermission": permissions.remove_permission,
 }
 
 

@@ -3,8 +3,8 @@ ARNs are spelled, the call's parameters read and checked, and the service's exce
 SQS's errors.
 
 A queue name ``x.fifo`` is the strict queue ``x-fifo`` of the service (its names have no dots);
-the REST API sees that name. A queue URL is ``<base_url>/<account>/<name>``; only its last part
-counts (any host).
+the REST API sees that name. A queue URL is ``<base_url>/<region>/<account>/<name>``; only its
+last part counts (any host).
 """
 
 from __future__ import annotations
@@ -31,12 +31,15 @@ class Context:
     """Who calls, and how queue URLs and ARNs are spelled for them."""
 
     caller: Caller
-    #: ``http://<host>/sqs``: queue URLs are ``<base_url>/<account>/<name>``.
+    #: ``http://<host>/sqs``: queue URLs are ``<base_url>/<region>/<account>/<name>``.
     base_url: str
     account: str
+    #: the node's region (``SQS_REGION``), else the one the call is signed for.
     region: str
     #: the caller's SenderId: an opaque ID of its user (never a credential of theirs).
     sender_id: str = ""
+    #: the request's ``X-Amzn-Trace-Id`` header: the AWSTraceHeader of every message it sends.
+    trace_header: str = ""
 
 
 # --- names, URLs, ARNs --------------------------------------------------------------------------
@@ -53,7 +56,7 @@ def sqs_name(name: str, strict: bool) -> str:
 
 
 def queue_url(ctx: Context, name: str, strict: bool) -> str:
-    return f"{ctx.base_url}/{ctx.account}/{sqs_name(name, strict)}"
+    return f"{ctx.base_url}/{ctx.region}/{ctx.account}/{sqs_name(name, strict)}"
 
 
 def queue_arn(ctx: Context, name: str, strict: bool) -> str:

@@ -104,6 +104,21 @@ def _authenticate(request: HttpRequest, headers: dict[str, str], body: bytes, ke
     return cred
 
 
+def _region(cred: sigv4.Credential) -> str:
+    """The region the call is served in: the node's one (``SQS_REGION``), which a call signed for
+    another is refused for; else the one it is signed for (every region one namespace)."""
+    region: str = settings.SQS_REGION
+    if not region:
+        return cred.region
+    if cred.region != region:
+        raise SQSError(
+            "SignatureDoesNotMatch",
+            f"Credential should be scoped to a valid region, not '{cred.region}': this endpoint serves {region}",
+            403,
+        )
+    return region
+
+
 def _form(request: HttpRequest) -> dict[str, str]:
     """The query protocol's parameters: the query string's and the body's, neither overriding
     the other (a parameter in both is refused)."""
@@ -165,6 +180,7 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
         body = _body(request)
         cred = _authenticate(request, headers, body, key)
         _throttle(key)
+        region = _region(cred)
         if json_protocol:
             action, params = wire.decode(headers, body)
         else:
@@ -180,8 +196,9 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
             caller=caller_of(key.user),
             base_url=f"{request.scheme}://{request.get_host()}/sqs",
             account=settings.SQS_ACCOUNT_ID,
-            region=cred.region,
+            region=region,
             sender_id=sender_id(key.user_id),
+            trace_header=headers.get("x-amzn-trace-id", ""),
         )
         key.touch()
         result = actions.run(action, params, ctx)

@@ -27,6 +27,7 @@ from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 
 from queues.models import Grant, Partition, Queue
+from sqs.ids import sqs_message_id
 from sqs.models import AccessKey
 from tests.integration.nodes import Client
 from tests.launcher import free_port, wait_until
@@ -76,7 +77,7 @@ def test_queue_actions(sqs, node):
     name = _name()
     attrs = {"VisibilityTimeout": "45", "DelaySeconds": "0", "ReceiveMessageWaitTimeSeconds": "3"}
     url = sqs.create_queue(QueueName=name, Attributes=attrs, tags={"team": "a"})["QueueUrl"]
-    assert url == f"{node.url}/sqs/000000000000/{name}"
+    assert url == f"{node.url}/sqs/eu-west-1/000000000000/{name}"
     # idempotent with the same attributes; another value is QueueAlreadyExists
     assert sqs.create_queue(QueueName=name, Attributes=attrs)["QueueUrl"] == url
     with pytest.raises(sqs.exceptions.QueueNameExists) as exc:
@@ -521,7 +522,8 @@ def test_messages_cross_between_boto3_and_the_rest_api(node):
     r = rest.post(f"queues/{name}/dequeue", {"max": 10, "wait": 5})
     assert r.status_code == 200, r.text
     (m,) = r.json()["messages"]
-    assert (m["id"], m["body"], m["attributes"]["k"]) == (sent["MessageId"], "to rest", "v")
+    # the REST API's ID is the service's path; the SQS API's has no "/" (sqs.ids)
+    assert (sqs_message_id(m["id"]), m["body"], m["attributes"]["k"]) == (sent["MessageId"], "to rest", "v")
     assert (
         rest.post(f"queues/{name}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]}]}).json()["acked"] == 1
     )
@@ -530,7 +532,7 @@ def test_messages_cross_between_boto3_and_the_rest_api(node):
     r = rest.post(f"queues/{name}/enqueue", {"body": "to boto3", "attributes": {"s": "x", "n": 7}})
     assert r.status_code == 201, r.text
     (got,) = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["All"], WaitTimeSeconds=5)["Messages"]
-    assert (got["MessageId"], got["Body"]) == (r.json()["id"], "to boto3")
+    assert (got["MessageId"], got["Body"]) == (sqs_message_id(r.json()["id"]), "to boto3")
     assert got["MessageAttributes"] == {
         "s": {"DataType": "String", "StringValue": "x"},
         "n": {"DataType": "Number", "StringValue": "7"},
@@ -556,7 +558,7 @@ def test_the_endpoint_answers_at_the_root_too(node):
         aws_secret_access_key=key.secret,
     )
     url = at_root.create_queue(QueueName=_name())["QueueUrl"]
-    assert url.startswith(f"{node.url}/sqs/000000000000/")
+    assert url.startswith(f"{node.url}/sqs/eu-west-1/000000000000/")
     at_root.send_message(QueueUrl=url, MessageBody="via /")
     (m,) = _client(node, key).receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
     assert m["Body"] == "via /"

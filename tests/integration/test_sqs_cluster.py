@@ -235,8 +235,10 @@ def test_sqs_sends_through_the_other_node_and_dead_letters_cross_nodes(two_nodes
         assert delivered[g] == [f"{g}-0", f"{g}-2"] if g in poisoned else [f"{g}-{k}" for k in range(3)], g
     for body, d in dead.items():
         g = body.removeprefix("poison ")
-        entry = _entry(g, 1, poisoned)
-        # the dead letter keeps its attributes, group, deduplication ID, sender and trace
+        # the dead letter keeps its MessageId, attributes, group, sender and trace; its
+        # deduplication ID is its MessageId (SQS: the original message's ID replaces it)
+        entry = {**_entry(g, 1, poisoned), "MessageDeduplicationId": d["MessageId"]}
+        assert sent[d["MessageId"]]["MessageBody"] == body
         assert d["Attributes"]["DeadLetterQueueSourceArn"].endswith(f":{src}.fifo")
         assert d["Attributes"]["ApproximateReceiveCount"] == "1"
         _check_message(d, entry)

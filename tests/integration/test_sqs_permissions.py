@@ -60,9 +60,10 @@ ANON = "MissingAuthenticationToken"
 GONE = "AWS.SimpleQueueService.NonExistentQueue"
 DENIED = "AccessDenied"
 TAKEN = "QueueAlreadyExists"
-NO_DLQ = "InvalidAttributeValue"
+NO_DLQ = "InvalidParameterValue"  # (SQS: a deadLetterTargetArn that names no queue)
 UNSUPPORTED = "AWS.SimpleQueueService.UnsupportedOperation"
-STATUS = {ANON: 403, GONE: 400, DENIED: 403, TAKEN: 400, NO_DLQ: 400, UNSUPPORTED: 400}
+BAD = "InvalidParameterValue"
+STATUS = {ANON: 403, GONE: 400, DENIED: 403, TAKEN: 400, NO_DLQ: 400, UNSUPPORTED: 400, BAD: 400}
 
 
 def _model_permissions() -> list[str]:
@@ -107,8 +108,9 @@ TABLE: dict[str, tuple[str, ...]] = {
     "StartMessageMoveTask":            (ANON,  GONE,   DENIED, DENIED, DENIED, OK,     GONE,   OK),
     "ListMessageMoveTasks":            (ANON,  GONE,   OK,     OK,     OK,     OK,     GONE,   OK),
     "CancelMessageMoveTask":           (ANON,  UNSUPPORTED, UNSUPPORTED, UNSUPPORTED, UNSUPPORTED, UNSUPPORTED, UNSUPPORTED, UNSUPPORTED),
-    "AddPermission":                   (ANON,  UNSUPPORTED, UNSUPPORTED, UNSUPPORTED, UNSUPPORTED, UNSUPPORTED, UNSUPPORTED, UNSUPPORTED),
-    "RemovePermission":                (ANON,  UNSUPPORTED, UNSUPPORTED, UNSUPPORTED, UNSUPPORTED, UNSUPPORTED, UNSUPPORTED, UNSUPPORTED),
+    # an AWS account ID names no user here; no label "all" to remove (test_sqs_identity: both done)
+    "AddPermission":                   (ANON,  GONE,   DENIED, DENIED, DENIED, BAD,    GONE,   BAD),
+    "RemovePermission":                (ANON,  GONE,   DENIED, DENIED, DENIED, BAD,    GONE,   BAD),
 }
 # fmt: on
 
@@ -153,7 +155,7 @@ CALLS: dict[str, Callable[[Any, World], dict]] = {
     "GetQueueAttributes": lambda c, w: c.get_queue_attributes(QueueUrl=w.url, AttributeNames=["All"]),
     "SetQueueAttributes": lambda c, w: c.set_queue_attributes(QueueUrl=w.url, Attributes={"VisibilityTimeout": "40"}),
     "SetQueueAttributes (SQS settings)": lambda c, w: c.set_queue_attributes(
-        QueueUrl=w.url, Attributes={"ReceiveMessageWaitTimeSeconds": "2", "DeduplicationScope": "messageGroup"}
+        QueueUrl=w.url, Attributes={"ReceiveMessageWaitTimeSeconds": "2", "KmsMasterKeyId": "alias/aws/sqs"}
     ),
     "DeleteQueue": lambda c, w: c.delete_queue(QueueUrl=w.url),
     "PurgeQueue": lambda c, w: c.purge_queue(QueueUrl=w.url),
@@ -212,8 +214,8 @@ RIGHTS: dict[str, tuple[str | None, str | None, str | None]] = {
     "StartMessageMoveTask": ("manage", "d", "redrive"),
     "ListMessageMoveTasks": ("read", "d", None),
     "CancelMessageMoveTask": (None, None, None),
-    "AddPermission": (None, None, None),
-    "RemovePermission": (None, None, None),
+    "AddPermission": ("manage", "q", None),
+    "RemovePermission": ("manage", "q", None),
 }
 
 

@@ -59,7 +59,7 @@ def test_the_query_protocol_end_to_end(node, key):
     )
     assert status == 200 and tree.tag == "{" + NS["s"] + "}CreateQueueResponse"
     url = _text(tree, "s:CreateQueueResult/s:QueueUrl")
-    assert url == f"{node.url}/sqs/000000000000/{name}"
+    assert url == f"{node.url}/sqs/eu-west-1/000000000000/{name}"
     assert _text(tree, "s:ResponseMetadata/s:RequestId")
 
     # SendMessage with a message attribute: SQS's digests
