@@ -61,7 +61,7 @@ def _create(node, key: AccessKey) -> tuple[str, str]:
     r = _call("POST", f"{node.url}/sqs", key, {"Action": "CreateQueue", "QueueName": name})
     assert r.status_code == 200, r.text
     url = _text(_xml(r), "s:CreateQueueResult/s:QueueUrl")
-    assert url == f"{node.url}/sqs/000000000000/{name}"
+    assert url == f"{node.url}/sqs/{REGION}/000000000000/{name}"
     return name, url
 
 
