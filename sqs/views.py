@@ -1,4 +1,4 @@
-"""The SQS endpoint: one view under ``/sqs/`` (queue URLs ``http://<node>/sqs/<account>/<queue>``).
+"""The SQS endpoint: one view under ``/sqs/`` (queue URLs ``http://<node>/sqs/<region>/<account>/<queue>``).
 
 Every call: find the active ``AccessKey`` of an active user that the call names before reading
 its body (none: refused unread), read the body to a bound, check the SigV4 signature with the
