@@ -7,9 +7,12 @@ are SVG rendered on the server (:mod:`consoles.charts`).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db.models import Max, Sum
+from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from consoles.charts import Series, format_value, line_chart
@@ -21,6 +24,14 @@ from queues.access import Caller
 MAX_BUCKETS = 1440
 TABLE_BUCKETS = 30
 TABLE_GROUPS = 25
+
+_FAVICON = Path(__file__).parent / "static" / "consoles" / "favicon.ico"
+
+
+def favicon(request: HttpRequest) -> HttpResponse:
+    """``/favicon.ico``, which browsers ask every origin for: the console's icon (the pages link
+    the same file under ``/static/``)."""
+    return HttpResponse(_FAVICON.read_bytes(), content_type="image/x-icon", headers={"Cache-Control": "max-age=86400"})
 
 
 def _epoch(dt) -> float:
