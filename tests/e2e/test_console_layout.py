@@ -2,8 +2,9 @@
 against a real node, with rows in every list (a queue with its dead-letter queue, a topic with a
 subscription, a worker's attempts, an archived message, a key, a grant, settings).
 
-At 1280x800, each list page of every registered model: the page does not scroll sideways and no
-table is wider than the box it sits in (``scrollWidth <= clientWidth``). Each add form the console
+At 1280x800, each list page of every registered model, and the page of its first row: the page
+does not scroll sideways and no table is wider than the box it sits in (``scrollWidth <=
+clientWidth``). Each add form the console
 offers, submitted empty, answers a page (its errors), never a 5xx. ``/favicon.ico`` is served.
 """
 
@@ -148,6 +149,15 @@ def test_every_list_fits_1280_and_every_add_form_answers(browser, node, token, a
                 problems.append((url, got))
             if browser.find_elements(By.CSS_SELECTOR, f"a.addlink[href='{url}add/']"):
                 adds.append(url + "add/")
+            # and the page of its first row (where the columns the list leaves out are)
+            links = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr > :is(th, td) a[href*='/change/']")
+            if links:
+                page = links[0].get_attribute("href")
+                browser.get(page)
+                _wait(browser, EC.presence_of_element_located((By.ID, "content")))
+                got = browser.execute_script(_OVERFLOW)
+                if got["page"][0] > got["page"][1] or got["tables"]:
+                    problems.append((page, got))
         # every add form submitted empty answers the form again (its errors), not a 5xx
         for url in adds:
             browser.get(node.url + url)
@@ -159,6 +169,8 @@ def test_every_list_fits_1280_and_every_add_form_answers(browser, node, token, a
             assert status < 500, (url, status, browser.page_source[:2000])
             # and says what is missing
             assert browser.find_elements(By.CSS_SELECTOR, ".errornote"), (url, browser.page_source[:2000])
+        browser.get(node.url + reverse("admin:queues_queue_changelist"))
+        browser.shot("queue list")
         # and the icon the browser asks every page for is there
         browser.get(node.url + "/favicon.ico")
         assert browser.execute_script(_STATUS) == 200
