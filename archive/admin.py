@@ -7,6 +7,7 @@ from django.contrib import admin, messages
 from archive.models import ArchivedMessage, ArchiverLock
 from archive.replay import PartialReplay, replay
 from queues.access import Caller
+from queues.admin.common import _age
 from queues.admin.reads import ByGrant
 
 
@@ -43,15 +44,12 @@ class ReplayedFilter(admin.SimpleListFilter):
 @admin.register(ArchivedMessage)
 class ArchivedMessageAdmin(ByGrant, admin.ModelAdmin):
     grant_incarnation = "incarnation"  # the archive of the queues the user may read
+    # The queue is in the message's ID; the group and the exact times are on its page.
     list_display = (
         "message_id",
-        "queue",
-        "group",
         "short_body",
-        "enqueued_at",
-        "acked_at",
+        "enqueued",
         "latency_s",
-        "archived_at",
         "replay_count",
     )
     list_filter = ("queue", AckedFilter, ReplayedFilter)
@@ -77,7 +75,11 @@ class ArchivedMessageAdmin(ByGrant, admin.ModelAdmin):
 
     @admin.display(description="body")
     def short_body(self, obj):
-        return obj.body if len(obj.body) <= 80 else obj.body[:77] + "..."
+        return obj.body if len(obj.body) <= 40 else obj.body[:37] + "..."
+
+    @admin.display(description="enqueued", ordering="enqueued_at")
+    def enqueued(self, obj):
+        return _age(obj.enqueued_at) + " ago" if obj.enqueued_at else "-"
 
     @admin.display(description="latency (s)")
     def latency_s(self, obj):

@@ -4,6 +4,7 @@ from django.urls import include, path, reverse
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.exceptions import NotAuthenticated
 
+from consoles.views import favicon
 from queues.api.observability import metrics_view
 
 # No ReDoc page: drf-spectacular's ReDoc template loads Google's fonts, a third-party request
@@ -33,6 +34,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", DocsView.as_view(url_name="schema"), name="docs"),
     path("metrics", metrics_view, name="metrics"),
+    path("favicon.ico", favicon, name="favicon"),
 ]
 
 handler404 = "queues.api.errors.json_404"

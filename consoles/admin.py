@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from consoles.models import DashboardRun, EstimateFit
+from queues.admin.common import _age
 from queues.admin.reads import ByGrant
 
 
@@ -27,20 +28,17 @@ class ReadOnly(admin.ModelAdmin):
 
 @admin.register(DashboardRun)
 class DashboardRunAdmin(ReadOnly):
-    list_display = [
-        "id",
-        "started_at",
-        "status",
-        "trigger",
-        "master",
-        "source",
-        "attempts_read",
-        "queues",
-        "fits",
-        "read_seconds",
-        "transform_seconds",
-        "write_seconds",
-    ]
+    # Where it ran and how long each step took are on its page.
+    list_display = ["id", "started", "status", "trigger", "attempts_read", "queues", "fits", "seconds"]
+
+    @admin.display(description="started", ordering="started_at")
+    def started(self, obj):
+        return _age(obj.started_at) + " ago"
+
+    @admin.display(description="seconds")
+    def seconds(self, obj):
+        return None if obj.total_seconds is None else round(obj.total_seconds, 1)
+
     list_filter = ["status", "trigger"]
 
 
@@ -48,18 +46,19 @@ class DashboardRunAdmin(ReadOnly):
 class EstimateFitAdmin(ByGrant, ReadOnly):
     grant_name = "queue"  # the estimates of the queues the user may read (by name)
     list_display = [
-        "created_at",
+        "created",
         "queue",
         "stage",
         "estimate",
         "previous",
         "applied",
         "n",
-        "intercept",
-        "slope",
         "r2",
-        "rmse",
-        "median_size",
-    ]
+    ]  # the fit's line (intercept, slope), its error and the median size are on its page
     list_filter = ["stage", "applied"]
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj):
+        return _age(obj.created_at) + " ago"
+
     search_fields = ["queue"]

@@ -7,9 +7,12 @@ are SVG rendered on the server (:mod:`consoles.charts`).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db.models import Max, Sum
+from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from consoles.charts import Series, format_value, line_chart
@@ -21,6 +24,14 @@ from queues.access import Caller
 MAX_BUCKETS = 1440
 TABLE_BUCKETS = 30
 TABLE_GROUPS = 25
+
+_FAVICON = Path(__file__).parent / "static" / "consoles" / "favicon.ico"
+
+
+def favicon(request: HttpRequest) -> HttpResponse:
+    """``/favicon.ico``, which browsers ask every origin for: the console's icon (the pages link
+    the same file under ``/static/``)."""
+    return HttpResponse(_FAVICON.read_bytes(), content_type="image/x-icon", headers={"Cache-Control": "max-age=86400"})
 
 
 def _epoch(dt) -> float:
@@ -67,7 +78,8 @@ def _charts(rows, fits, latency) -> list:
 
 def dashboards(request, site: admin.AdminSite):
     """The page, for a user with ``consoles.view_dashboards``, with the figures of the queues it
-    may read (a superuser: every queue the job saw, gone ones included)."""
+    may read and that exist now (a queue deleted since, over the API or SQS, is not listed: its
+    figures stay in the job's tables, under a name a new queue may take)."""
     if not request.user.has_perm("consoles.view_dashboards"):
         raise PermissionDenied
     caller = Caller.of(request.user)
@@ -99,14 +111,15 @@ def dashboards(request, site: admin.AdminSite):
     estimates = {
         q["name"]: q for q in service.permitted_queues(caller).values("name", "preprocess_estimate", "process_estimate")
     }
+    overview = [t for t in overview if t["queue"] in estimates]
     for t in overview:
-        q = estimates.get(t["queue"])
-        t["preprocess_estimate"] = q["preprocess_estimate"] if q else None
-        t["process_estimate"] = q["process_estimate"] if q else None
+        q = estimates[t["queue"]]
+        t["preprocess_estimate"] = q["preprocess_estimate"]
+        t["process_estimate"] = q["process_estimate"]
         t["failure_text"] = format_value(t["failure_rate"], "%")
         t["retry_text"] = format_value(t["retry_rate"], "%")
 
-    names = sorted(set(estimates) | {t["queue"] for t in overview})
+    names = sorted(estimates)
     selected = request.GET.get("queue") or (overview[0]["queue"] if overview else (names[0] if names else None))
     status = 200
     context = {

@@ -15,6 +15,7 @@ from django.http import HttpRequest
 
 from queues import service
 from queues.access import ANONYMOUS, Caller, Forbidden
+from queues.admin.common import _age
 from queues.admin.reads import ByGrant, request_caller
 from sqs import service as sqs_service
 from sqs.models import AccessKey, QueueSettings
@@ -62,12 +63,16 @@ class AccessKeyForm(_AccessKeyForm):
 @admin.register(AccessKey)
 class AccessKeyAdmin(_AccessKeyAdmin):
     form = AccessKeyForm
-    list_display = ("access_key_id", "user", "description", "created_at", "last_used_at", "active")
+    list_display = ("access_key_id", "user", "description", "last_used", "active")
     list_filter = ("revoked_at",)
     search_fields = ("access_key_id", "user__username", "description")
     fields = ("user", "description", "access_key_id", "created_at", "last_used_at", "revoked_at")
     readonly_fields = ("access_key_id", "created_at", "last_used_at", "revoked_at")
     actions = ["revoke"]
+
+    @admin.display(description="last used", ordering="last_used_at")
+    def last_used(self, obj: AccessKey) -> str:
+        return _age(obj.last_used_at) + " ago" if obj.last_used_at else "never"
 
     @admin.display(boolean=True)
     def active(self, obj: AccessKey) -> bool:
@@ -173,6 +178,14 @@ class QueueSettingsAdmin(ByGrant, _QueueSettingsAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: QueueSettings | None = None) -> tuple[str, ...]:
         return ("queue",) if obj is not None else ()
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        # a new row's queue: one the user may manage that has no settings row yet (the others'
+        # rows are changed from the list)
+        field = super().formfield_for_foreignkey(db_field, request, **kwargs)
+        if db_field.name == "queue":
+            field.queryset = field.queryset.filter(sqs__isnull=True)
+        return field
 
     def get_form(
         self, request: HttpRequest, obj: QueueSettings | None = None, change: bool = False, **kwargs: Any

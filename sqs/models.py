@@ -76,5 +76,8 @@ class QueueSettings(models.Model):
     opaque = models.JSONField(default=dict, blank=True)
     modified_at = models.DateTimeField(auto_now=True)
 
+    class Meta:
+        verbose_name = verbose_name_plural = "queue settings"
+
     def __str__(self) -> str:
         return f"SQS settings of queue {self.queue_id}"

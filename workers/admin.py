@@ -6,6 +6,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from queues import service
+from queues.admin.common import _age
 from queues.admin.reads import ByGrant, request_caller
 from queues.models import Partition
 from workers.models import AttemptLog, Consumer
@@ -74,23 +75,35 @@ class ConsumerAdmin(admin.ModelAdmin):
 @admin.register(AttemptLog)
 class AttemptLogAdmin(ByGrant, admin.ModelAdmin):
     grant_incarnation = "incarnation"  # the attempts on the queues the user may read
+    # The group, the times of each stage (the processing time) and the traceback are on the
+    # attempt's page.
     list_display = [
-        "recorded_at",
+        "recorded",
         "message_link",
-        "attempt",
-        "outcome",
-        "queue",
+        "outcome_of_attempt",
         "partition_link",
-        "group",
         "worker_link",
-        "process_seconds",
-        "error",
+        "short_error",
     ]
     list_filter = ["outcome", "queue", ("worker", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["message_id", "group", "error"]
     date_hierarchy = "recorded_at"
-    readonly_fields = [f.name for f in AttemptLog._meta.fields]
+    readonly_fields = ["process_seconds", *[f.name for f in AttemptLog._meta.fields]]
     list_select_related = ["worker"]
+
+    @admin.display(description="recorded", ordering="recorded_at")
+    def recorded(self, obj):
+        return _age(obj.recorded_at) + " ago" if obj.recorded_at else "-"
+
+    @admin.display(description="outcome (attempt)", ordering="outcome")
+    def outcome_of_attempt(self, obj):
+        return f"{obj.get_outcome_display()} ({obj.attempt})"
+
+    @admin.display(description="error", ordering="error")
+    def short_error(self, obj):
+        if len(obj.error) <= 60:
+            return obj.error
+        return format_html('<span title="{}">{}...</span>', obj.error, obj.error[:57])
 
     @admin.display(description="message")
     def message_link(self, obj):

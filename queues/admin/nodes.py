@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from queues.admin.common import _NodeAdmin
+from queues.admin.common import _age, _NodeAdmin
 from queues.models import Node
 
 if TYPE_CHECKING:
@@ -25,7 +25,8 @@ class _NodeCounts(TypedDict):
 
 @admin.register(Node)
 class NodeAdmin(_NodeAdmin):
-    list_display = ["address", "id", "alive", "owned", "cooling", "heartbeat_at", "started_at", "stopped_at", "pid"]
+    # Its ID and exact times are on its page; the list shows ages.
+    list_display = ["address", "alive", "owned", "cooling_mark", "heartbeat_age", "up", "pid"]
     list_filter = ["cooling", ("stopped_at", admin.EmptyFieldListFilter)]
     readonly_fields = [f.name for f in Node._meta.fields]
 
@@ -36,6 +37,23 @@ class NodeAdmin(_NodeAdmin):
     def owned(self, obj: WithAnnotations[Node, _NodeCounts]) -> SafeString:
         url = reverse("admin:queues_partition_changelist") + f"?owner__id__exact={obj.pk}"
         return format_html('<a href="{}">{}</a>', url, obj.owned_count)
+
+    @admin.display(description="cooling", ordering="cooling")
+    def cooling_mark(self, obj: Node) -> SafeString:
+        """Cooling is a state a node passes through, not a fault: a word when it is, nothing when not."""
+        if obj.cooling:
+            return format_html(
+                '<span class="mark-warn" title="{}">cooling</span>', "sending enqueues elsewhere (overload)"
+            )
+        return format_html('<span class="mark-quiet">{}</span>', "-")
+
+    @admin.display(description="heartbeat", ordering="-heartbeat_at")
+    def heartbeat_age(self, obj: Node) -> str:
+        return _age(obj.heartbeat_at)
+
+    @admin.display(description="up", ordering="started_at")
+    def up(self, obj: Node) -> str:
+        return "stopped" if obj.stopped_at is not None else _age(obj.started_at)
 
     @admin.display(boolean=True, description="alive")
     def alive(self, obj: Node) -> bool:

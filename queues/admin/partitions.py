@@ -22,24 +22,21 @@ from queues.models import Partition
 @admin.register(Partition)
 class PartitionAdmin(ByGrant, _PartitionAdmin):
     grant_queue = "queue"  # the partitions of the queues the user may read
+    # Who serves it and how much it holds; its block IDs (head, enqueue and dequeue positions),
+    # its delayed messages, the age of its figures and the tree are on its page.
     list_display = [
         "__str__",
         "owner_link",
         "epoch",
         "lease_age",
-        "head_block",
         "tree_height",
         "live_blocks",
         "depth",
         "in_flight",
-        "delayed",
-        "enqueue_id",
-        "dequeue_id",
-        "stats_age",
     ]
     list_filter = [("queue", admin.RelatedOnlyFieldListFilter), "owner"]
     list_select_related = ["queue", "owner"]
-    readonly_fields = ["tree", "lease_age", *[f.name for f in Partition._meta.fields]]
+    readonly_fields = ["tree", "lease_age", "stats_age", *[f.name for f in Partition._meta.fields]]
     actions = ["release_lease"]
 
     def has_change_permission(self, request: HttpRequest, obj: Partition | None = None) -> bool:
@@ -66,15 +63,15 @@ class PartitionAdmin(ByGrant, _PartitionAdmin):
     def lease_age(self, obj: Partition) -> str:
         return _age(obj.lease_acquired_at) if obj.owner_id else "-"
 
-    @admin.display(description="stats from")
+    @admin.display(description="stats age", ordering="stats_at")
     def stats_age(self, obj: Partition) -> str:
-        return _age(obj.stats_at) + " ago" if obj.stats_at else "-"
+        return _age(obj.stats_at) if obj.stats_at else "-"
 
     def has_release_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("queues.release_partition")
 
     @admin.action(
-        description="Release the lease: the owner gives the partition up, another node takes it",
+        description="Release the lease (another node takes the partition)",
         permissions=["release"],
     )
     def release_lease(self, request: HttpRequest, queryset: QuerySet[Partition]) -> None:

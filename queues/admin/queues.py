@@ -140,20 +140,16 @@ def _may_manage(request: HttpRequest, q: Queue) -> bool:
 @admin.register(Queue)
 class QueueAdmin(ByGrant, _QueueAdmin):
     grant_queue = "pk"  # the queues and topics the user may read
+    # The figures an operator scans a list for; the settings (strict, archive, the dead-letter
+    # queue, delays, estimates) are on the queue's page. A topic is marked beside its name.
     list_display = [
-        "name",
-        "kind",
-        "partitions",
+        "name_and_kind",
         "depth",
         "in_flight",
         "delayed",
         "dead_letters",
         "oldest_age",
-        "enqueue_rate",
-        "ack_rate",
-        "strict",
-        "archive",
-        "dead_letter_queue",
+        "rates",
         "partition_link",
     ]
     list_filter = ["kind", "strict", "archive"]
@@ -273,6 +269,12 @@ class QueueAdmin(ByGrant, _QueueAdmin):
         )
         return rows
 
+    @admin.display(description="name", ordering="name")
+    def name_and_kind(self, obj: Queue) -> SafeString:
+        if obj.kind == Queue.Kind.TOPIC:
+            return format_html('{} <span class="mark-kind">topic</span>', obj.name)
+        return format_html("{}", obj.name)
+
     @admin.display(description="depth", ordering="depth_sum")
     def depth(self, obj: WithAnnotations[Queue, _QueueFigures]) -> int:
         return obj.depth_sum or 0
@@ -296,22 +298,18 @@ class QueueAdmin(ByGrant, _QueueAdmin):
             '<a href="{}" title="waiting now / moved in all">{} / {}</a>', url, waiting, obj.dead_lettered_total
         )
 
-    @admin.display(description="oldest message", ordering="oldest")
+    @admin.display(description="oldest", ordering="oldest")
     def oldest_age(self, obj: WithAnnotations[Queue, _QueueFigures]) -> str:
         return _age(obj.oldest)
 
-    @admin.display(description="enqueued/s", ordering="enqueue_rate_sum")
-    def enqueue_rate(self, obj: WithAnnotations[Queue, _QueueFigures]) -> str:
-        return f"{obj.enqueue_rate_sum or 0:.1f}"
+    @admin.display(description="enqueued / acked per s", ordering="-enqueue_rate_sum")
+    def rates(self, obj: WithAnnotations[Queue, _QueueFigures]) -> str:
+        return f"{obj.enqueue_rate_sum or 0:.1f} / {obj.ack_rate_sum or 0:.1f}"
 
-    @admin.display(description="acked/s", ordering="ack_rate_sum")
-    def ack_rate(self, obj: WithAnnotations[Queue, _QueueFigures]) -> str:
-        return f"{obj.ack_rate_sum or 0:.1f}"
-
-    @admin.display(description="partitions")
+    @admin.display(description="partitions", ordering="partitions")
     def partition_link(self, obj: Queue) -> SafeString:
         url = reverse("admin:queues_partition_changelist") + f"?queue__id__exact={obj.pk}"
-        return format_html('<a href="{}">partitions</a>', url)
+        return format_html('<a href="{}">{} partition{}</a>', url, obj.partitions, "" if obj.partitions == 1 else "s")
 
     # Each action is offered only to a user with its own permission (``queues.purge_queue``,
     # ``queues.redrive_queue``): viewing the queues is not enough. Who may act on which queue is
@@ -323,7 +321,7 @@ class QueueAdmin(ByGrant, _QueueAdmin):
         return request.user.has_perm("queues.redrive_queue")
 
     @admin.action(
-        description="Purge: delete every message of the selected queues (in flight ones too)",
+        description="Purge: delete every message, in flight too",
         permissions=["purge"],
     )
     def purge(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
@@ -339,7 +337,7 @@ class QueueAdmin(ByGrant, _QueueAdmin):
             self.message_user(request, f"{q.name}: purged {removed} messages")
 
     @admin.action(
-        description="Redrive dead letters back to their source queues (up to 1,000 each)",
+        description="Redrive dead letters to their sources (1,000 each)",
         permissions=["redrive"],
     )
     def redrive(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:

@@ -14,7 +14,7 @@ from django.utils.safestring import SafeString
 
 from queues import access, service
 from queues.access import Caller
-from queues.admin.common import _refusal, _SubscriptionAdmin, _SubscriptionForm, _SubscriptionInline
+from queues.admin.common import _age, _refusal, _SubscriptionAdmin, _SubscriptionForm, _SubscriptionInline
 from queues.admin.reads import ByGrant
 from queues.models import Partition, Queue, Subscription
 
@@ -119,16 +119,8 @@ class SubscriptionForm(_SubscriptionForm):
 class SubscriptionAdmin(ByGrant, SubscriptionStatsColumns, _SubscriptionAdmin):
     form = SubscriptionForm
     grant_queue = "topic"  # the subscriptions of the topics the user may read
-    list_display = [
-        "__str__",
-        "start",
-        "starts_at",
-        "held",
-        "in_flight",
-        "archived",
-        "dead_letter_queue",
-        "created_at",
-    ]
+    # Where it started, when, and its dead-letter queue are on its page.
+    list_display = ["__str__", "held", "in_flight", "archived", "created"]
     list_filter = [("topic", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["topic", "dead_letter_queue"]
     readonly_fields = [
@@ -144,6 +136,10 @@ class SubscriptionAdmin(ByGrant, SubscriptionStatsColumns, _SubscriptionAdmin):
         "positions",
     ]
     fields = [*readonly_fields, "visibility_timeout", "dead_letter_queue", "max_receives"]
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj: Subscription) -> str:
+        return _age(obj.created_at) + " ago"
 
     @admin.display(description="positions per partition")
     def positions(self, obj: Subscription) -> SafeString:

@@ -80,6 +80,17 @@ def assert_charts_laid_out(browser) -> None:
     assert len(latency) == 1 and len(latency[0]["legend"]) == 6 and len(latency[0]["x_labels"]) == 6, latency
 
 
+#: The tree drawing's own box (the element that scrolls it) and the form row it sits in.
+_TREE_BOX = """
+const svg = arguments[0], row = svg.closest('.form-row');
+let box = svg.parentElement;
+while (box !== row && getComputedStyle(box).overflowX === 'visible') box = box.parentElement;
+const b = box.getBoundingClientRect(), r = row.getBoundingClientRect();
+return {svg: svg.getBoundingClientRect().width, box: [b.left, b.right], row: [r.left, r.right],
+        scroll: box.scrollWidth, client: box.clientWidth, overflow: getComputedStyle(box).overflowX};
+"""
+
+
 def make_queue(client: Client, partitions: int, **fields) -> str:
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     r = client.post("queues", {"name": name, "partitions": partitions, **fields})
@@ -111,13 +122,13 @@ def test_queue_partitions_and_tree(browser, node, token, admin_login):
     from queues.kv import get_store
     from queues.models import Partition, Queue
 
-    # given a queue of 3 partitions with 4-message blocks, 120 messages, and the oldest
+    # given a queue of 3 partitions with 4-message blocks, 240 messages, and the oldest
     # four blocks of each partition fully acknowledged (so pruned), the rest still held
     client = Client(node.url, token)
     name = make_queue(client, 3, block_size=BLOCK_SIZE, visibility_timeout=300)
     try:
         ids: list[str] = []
-        for batch in range(12):
+        for batch in range(24):  # about 16 live blocks a partition: a drawing wider than its row
             r = client.post(f"queues/{name}/enqueue", {"messages": [{"body": f"{batch}:{i}"} for i in range(10)]})
             assert r.status_code == 201, r.text
             ids.extend(r.json()["ids"])
@@ -176,7 +187,7 @@ def test_queue_partitions_and_tree(browser, node, token, admin_login):
         assert len(rows) == 3
         listing = browser.find_element(By.ID, "result_list").text
         for p in Partition.objects.filter(queue=queue):
-            assert p.head_block in listing
+            assert str(p) in listing and p.owner.address in listing
         # and one partition's page
         browser.find_element(
             By.CSS_SELECTOR, f"#result_list a[href^='/admin/queues/partition/{row().pk}/change/']"
@@ -201,6 +212,12 @@ def test_queue_partitions_and_tree(browser, node, token, admin_login):
         assert len(svg.find_elements(By.CSS_SELECTOR, "rect")) == len(drawn) + len(ghosts)
         # it is really painted: the drawing has a size on the page
         assert svg.size["width"] > 100 and svg.size["height"] > 50, svg.size
+        # and all of it can be reached: a drawing wider than its row scrolls sideways in its own
+        # box, which ends inside the row (the row hides what overflows it)
+        fit = browser.execute_script(_TREE_BOX, svg)
+        assert fit["box"][1] <= fit["row"][1] + 1, fit
+        assert fit["scroll"] >= fit["svg"] - 1, fit
+        assert fit["scroll"] <= fit["client"] or fit["overflow"] in ("auto", "scroll"), fit
     finally:
         _empty_store(name)
 

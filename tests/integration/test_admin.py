@@ -15,7 +15,8 @@ def test_partitions_show_their_owner_and_head(admin_client, api, make_queue, run
     queue_id = Queue.objects.get(name=name).pk
     partitions = admin_client.get("/admin/queues/partition/", {"queue__id__exact": queue_id})
     queue_page = admin_client.get("/admin/queues/queue/")
-    # then they show the owner node's address, the epoch and the head block, from the rows
+    # then the list shows the owner node's address and the epoch, from the rows, and each
+    # partition's page its head block
     from queues.models import Partition
 
     rows = list(Partition.objects.filter(queue__name=name))
@@ -23,7 +24,11 @@ def test_partitions_show_their_owner_and_head(admin_client, api, make_queue, run
     html = partitions.content.decode()
     assert html.count("test-node") >= 2
     for p in rows:
-        assert p.owner_id == runtime.node_id and p.head_block and p.head_block in html
+        assert p.owner_id == runtime.node_id and f'<td class="field-epoch">{p.epoch}</td>' in html
+        assert (
+            p.head_block
+            and p.head_block in admin_client.get(f"/admin/queues/partition/{p.pk}/change/").content.decode()
+        )
     assert name in queue_page.content.decode()
     # and a partition's page draws its append tree from the store
     page = admin_client.get(f"/admin/queues/partition/{rows[0].pk}/change/").content.decode()

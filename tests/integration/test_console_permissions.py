@@ -513,3 +513,32 @@ def test_a_queue_made_again_under_a_deleted_ones_name_shows_none_of_its_history(
         rows = as_root.get(_url(label, "changelist")).context["cl"].result_list
         assert {row.pk for row in rows} >= {own[label], *old}, label
         assert as_root.get(_url(label, "change", old[0])).status_code == 200, label
+
+
+def test_the_dashboards_list_no_queue_deleted_since(purge_kv, unique_name):
+    # given the dashboards job's figures of two queues, one of which is then deleted (as SQS's
+    # DeleteQueue does it: through the service)
+    from queues.access import SYSTEM
+
+    now = timezone.now()
+    run = DashboardRun.objects.create(
+        status=DashboardRun.Status.SUCCEEDED, bucket_seconds=60, window_start=now - timedelta(hours=1)
+    )
+    kept, gone = unique_name("kept"), unique_name("gone")
+    for name in (kept, gone):
+        service.create_queue(caller=SYSTEM, name=name, partitions=1)
+        stats = dict.fromkeys(("attempts", "succeeded", "failed", "timed_out", "abandoned", "retries"), 1)
+        stats |= {"failure_rate": 0.0, "retry_rate": 0.0, "throughput": 1.0}
+        QueueBucketStats.objects.create(
+            run=run, queue=name, bucket_seconds=60, bucket_start=now - timedelta(minutes=5), **stats
+        )
+    service.delete_queue(Queue.objects.get(name=gone), caller=SYSTEM)
+    # when a superuser opens the dashboards
+    root = Client()
+    root.force_login(User.objects.create(username=f"root-{uuid.uuid4().hex[:6]}", is_staff=True, is_superuser=True))
+    r = root.get(reverse("admin:dashboards"))
+    # then the queue table and the queue choice name the queue that exists, not the deleted one
+    assert [t["queue"] for t in r.context["overview"]] == [kept]
+    assert r.context["queues"] == [kept]
+    assert gone not in r.content.decode()
+    assert root.get(reverse("admin:dashboards"), {"queue": gone}).status_code == 404
