@@ -31,7 +31,7 @@ if str(HERE) not in sys.path:
 import boto3
 from botocore.config import Config
 from common import BenchNode, exit_on_sigterm, fmt_rate, fmt_ratio, log, median
-from throughput_systems import tree_cpu_seconds as node_cpu
+from throughput_cpu import session_cpu_seconds
 
 BATCH = 10
 
@@ -109,6 +109,12 @@ class Rest:
         for chunk in chunks(handles, BATCH):
             r = self._post("ack", {"messages": [{"id": i, "receipt": rc} for i, rc in chunk]}, 200)
             assert r["acked"] == len(chunk), r
+
+
+def node_cpu(pid: int) -> float:
+    """CPU seconds of every process of the node (runnode leads a session of its own: its
+    serving processes and its worker are in it)."""
+    return session_cpu_seconds(pid)
 
 
 def one_round(system, n: int, pid: int) -> dict[str, float]:
