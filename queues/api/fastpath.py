@@ -28,7 +28,7 @@ import io
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,7 @@ from django.core.handlers.wsgi import WSGIRequest
 from django.core.signals import setting_changed
 from django.db import close_old_connections
 from django.dispatch import receiver
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.http.request import split_domain_port, validate_host
 from django.middleware.clickjacking import XFrameOptionsMiddleware
 from django.middleware.security import SecurityMiddleware
@@ -145,6 +145,22 @@ def security_headers(secure: bool) -> tuple[tuple[str, str], ...]:
     return found
 
 
+#: ``(path prefix, view)``: views that use nothing of Django's middleware (no session, cookie,
+#: CSRF token, message or login: they find their caller in the request themselves, before its
+#: body) and answer every error in their own protocol; the fast path hands them a POST under
+#: their prefix as Django's request, with the path after the prefix (the SQS endpoint).
+DirectView = Callable[[HttpRequest, str], HttpResponse]
+_DIRECT: list[tuple[str, DirectView]] = []
+
+
+def register_direct_view(prefix: str, view: DirectView) -> None:
+    """Serve POSTs under ``prefix`` (which ends with ``/``) with ``view`` (see :data:`_DIRECT`)."""
+    if not prefix.endswith("/"):
+        raise ValueError(f"a direct view's prefix ends with '/': {prefix!r}")
+    if (prefix, view) not in _DIRECT:
+        _DIRECT.append((prefix, view))
+
+
 class FastPath:
     def __init__(self, app: WSGIApplication) -> None:
         self.app = app
@@ -153,8 +169,12 @@ class FastPath:
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD") != "POST":
             return self.app(environ, start_response)
-        match = _PATH.fullmatch(environ.get("PATH_INFO", ""))
+        path = environ.get("PATH_INFO", "")
+        match = _PATH.fullmatch(path)
         if match is None:
+            for prefix, view in _DIRECT:
+                if path.startswith(prefix):
+                    return self._direct(prefix, view, environ, start_response)
             return self.app(environ, start_response)
         if not _host_allowed(environ):
             return self.app(environ, start_response)  # Django refuses it (400), as for every other call
@@ -246,6 +266,38 @@ class FastPath:
                 ("Content-Length", str(len(body))),
                 *headers.items(),
                 *security_headers(secure),
+            ],
+        )
+        return [body]
+
+    def _direct(
+        self, prefix: str, view: DirectView, environ: dict[str, Any], start_response: StartResponse
+    ) -> Iterable[bytes]:
+        """A direct view's call (:data:`_DIRECT`): Django's request, none of its middleware; the
+        checks those would make that matter to such a view (the Host, HTTPS) made here, and
+        their headers added to its answer."""
+        if not _host_allowed(environ):
+            return self.app(environ, start_response)  # Django refuses it (400), as for every other call
+        secure = is_secure(environ)
+        if settings.SECURE_SSL_REDIRECT and not secure:
+            return self.app(environ, start_response)  # Django redirects it to HTTPS
+        request = WSGIRequest(environ)
+        try:
+            response = view(request, request.path_info[len(prefix) :])
+        except Exception:
+            log.exception("direct view: POST %s", request.path_info)
+            response = HttpResponse(b"internal error; see the node's log", status=500, content_type="text/plain")
+        finally:
+            close_old_connections()
+        body = response.content
+        headers = [(k, v) for k, v in response.items() if k.lower() != "content-length"]
+        have = {k.lower() for k, _ in headers}
+        start_response(
+            f"{response.status_code} {response.reason_phrase}",
+            [
+                *headers,
+                ("Content-Length", str(len(body))),
+                *((k, v) for k, v in security_headers(secure) if k.lower() not in have),
             ],
         )
         return [body]
