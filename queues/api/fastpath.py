@@ -10,6 +10,11 @@ call is signed (``queues.cluster.peerauth``), the user named by ``X-MQ-On-Behalf
 may make none of these calls), mapping errors with the same functions as the DRF exception
 handler. A client's ``X-MQ-Hops`` is ignored (hop 0), as in DRF.
 
+An app may also register a view that needs none of Django's middleware
+(:func:`register_direct_view`: the SQS endpoint, which finds its caller itself and answers in
+its own protocol): a POST under its prefix is handed to it as Django's request, the Host and
+HTTPS checked as Django checks them, Django's security headers added to its answer.
+
 Everything else, and every request it is not sure about (no token, a session cookie, another
 content type, another method, plain HTTP where ``SECURE_SSL_REDIRECT`` redirects it), goes to
 Django and DRF unchanged; so do the schema and the browsable API. The integration tests send
