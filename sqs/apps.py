@@ -17,4 +17,4 @@ class SqsConfig(AppConfig):
         # The SQS view refuses a key it does not know before it reads a body, in SQS's words.
         register_self_guarded(is_sqs_call)
         # Its POSTs need none of Django's middleware: the fast path serves them without it.
-        register_direct_view("/sqs/", direct_endpoint)
+        register_direct_view("/sqs", direct_endpoint)

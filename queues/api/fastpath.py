@@ -150,20 +150,29 @@ def security_headers(secure: bool) -> tuple[tuple[str, str], ...]:
     return found
 
 
-#: ``(path prefix, view)``: views that use nothing of Django's middleware (no session, cookie,
-#: CSRF token, message or login: they find their caller in the request themselves, before its
-#: body) and answer every error in their own protocol; the fast path hands them a POST under
-#: their prefix as Django's request, with the path after the prefix (the SQS endpoint).
+#: ``(path, view)``: views that use nothing of Django's middleware (no session, cookie, CSRF
+#: token, message or login: they find their caller in the request themselves, before its body)
+#: and answer every error in their own protocol; the fast path hands them a POST to their path
+#: or under it as Django's request, with the rest of the path after ``path/`` ("" for ``path``
+#: itself): the SQS endpoint.
 DirectView = Callable[[HttpRequest, str], HttpResponse]
 _DIRECT: list[tuple[str, DirectView]] = []
 
 
-def register_direct_view(prefix: str, view: DirectView) -> None:
-    """Serve POSTs under ``prefix`` (which ends with ``/``) with ``view`` (see :data:`_DIRECT`)."""
-    if not prefix.endswith("/"):
-        raise ValueError(f"a direct view's prefix ends with '/': {prefix!r}")
-    if (prefix, view) not in _DIRECT:
-        _DIRECT.append((prefix, view))
+def register_direct_view(path: str, view: DirectView) -> None:
+    """Serve POSTs to ``path`` (``/name``, no ``/`` at its end) and under it with ``view``
+    (see :data:`_DIRECT`)."""
+    if not path.startswith("/") or path.endswith("/"):
+        raise ValueError(f"a direct view's path starts with '/' and does not end with one: {path!r}")
+    if (path, view) not in _DIRECT:
+        _DIRECT.append((path, view))
+
+
+def _direct_view(path: str) -> tuple[str, DirectView] | None:
+    for prefix, view in _DIRECT:
+        if path == prefix or path.startswith(prefix + "/"):
+            return prefix, view
+    return None
 
 
 class FastPath:
@@ -177,9 +186,9 @@ class FastPath:
         path = environ.get("PATH_INFO", "")
         match = _PATH.fullmatch(path)
         if match is None:
-            for prefix, view in _DIRECT:
-                if path.startswith(prefix):
-                    return self._direct(prefix, view, environ, start_response)
+            direct = _direct_view(path) if _DIRECT else None
+            if direct is not None:
+                return self._direct(*direct, environ, start_response)
             return self.app(environ, start_response)
         if not _host_allowed(environ):
             return self.app(environ, start_response)  # Django refuses it (400), as for every other call
@@ -288,7 +297,7 @@ class FastPath:
             return self.app(environ, start_response)  # Django redirects it to HTTPS
         request = WSGIRequest(environ)
         try:
-            response = view(request, request.path_info[len(prefix) :])
+            response = view(request, request.path_info[len(prefix) + 1 :])
         except Exception:
             log.exception("direct view: POST %s", request.path_info)
             response = HttpResponse(b"internal error; see the node's log", status=500, content_type="text/plain")
