@@ -165,6 +165,7 @@ def main(argv=None) -> int:
         "node", "redis", database_url=a.pg_url, redis_url=a.redis_url, kv_redis_db=a.kv_redis_db, user="mqbench-sqs"
     )
     node.start()
+    queues: dict[str, str] = {}
     try:
         out = node.manage(
             "shell",
@@ -177,7 +178,7 @@ def main(argv=None) -> int:
         m = re.search(r"KEY=(\w+):(\S+)", out)
         assert m, out[-500:]
         tag = uuid.uuid4().hex[:6]
-        queues = {"sqs": f"bench-sqs-{tag}", "rest": f"bench-rest-{tag}"}
+        queues.update(sqs=f"bench-sqs-{tag}", rest=f"bench-rest-{tag}")
         for q in queues.values():
             status, body = node.api("POST", "/api/v1/queues", {"name": q, "partitions": 4})
             assert status == 201, body
@@ -199,6 +200,9 @@ def main(argv=None) -> int:
                     f"({fig['node_net_us']:.0f} net of idle)"
                 )
     finally:
+        # (a queue left behind would be the next run's: its node would hold its partitions too)
+        for q in queues.values():
+            node.api("DELETE", f"/api/v1/queues/{q}")
         node.stop()
 
     keys = ["send", "receive", "delete", "cycle", "node_us", "node_net_us"]
