@@ -525,6 +525,10 @@ def _names(params: dict[str, Any], key: str) -> list[str]:
     return value
 
 
+#: the system attributes a message's stored SQS metadata holds (``meta``).
+_FROM_META = frozenset({"SenderId", "MessageDeduplicationId", "AWSTraceHeader"})
+
+
 def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     q = message_queue_param(params, ctx)
     settings = served_settings(q)
@@ -559,7 +563,10 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         # A dead letter's sender was sealed for the queue it came from. The seal is checked only
         # when the SenderId is asked for (no queue to check it for: no sender).
         sealed_for = (q.name, str(source or "")) if "SenderId" in system else ()
-        attrs, meta = read_attributes(m.attributes, body=m.body, queues=sealed_for)
+        if wanted or system & _FROM_META:
+            attrs, meta = read_attributes(m.attributes, body=m.body, queues=sealed_for)
+        else:  # nothing asked for that the stored attributes hold
+            attrs, meta = {}, {}
         item: dict[str, Any] = {
             "MessageId": d.id,
             "ReceiptHandle": _receipt_handle(d.id, d.receipt, deadline),
