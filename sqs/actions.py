@@ -55,6 +55,7 @@ from sqs.attributes import (
     checked_attributes,
     checked_tags,
     same_attributes,
+    served_settings,
     settings_of,
 )
 from sqs.context import (
@@ -63,6 +64,7 @@ from sqs.context import (
     Context,
     integer_param,
     invalid,
+    message_queue_param,
     missing,
     queue_arn,
     queue_param,
@@ -412,8 +414,8 @@ def _sent(d: _Draft, message_id: str, fifo: bool) -> dict[str, Any]:
 
 
 def send_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    q = queue_param(params, ctx)
-    d = _draft(params, q, settings_of(q), ctx, time.time())
+    q = message_queue_param(params, ctx)
+    d = _draft(params, q, served_settings(q), ctx, time.time())
     with service_errors():
         (message_id,) = service.enqueue(q.name, [d.draft], caller=ctx.caller)
     return _sent(d, message_id, q.strict)
@@ -469,9 +471,9 @@ def send_message_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     """Entries fail one by one, but for what SQS refuses the whole call for: the batch's size
     (bodies and message attributes over ``MAX_BATCH_BYTES``: BatchRequestTooLong) and a FIFO
     entry without its group or deduplication ID (:func:`_fifo_batch`). Nothing is stored then."""
-    q = queue_param(params, ctx)
+    q = message_queue_param(params, ctx)
     entries = _entries(params)
-    settings = settings_of(q)
+    settings = served_settings(q)
     if q.strict:
         _fifo_batch(entries, settings)
     now = time.time()
@@ -537,9 +539,13 @@ def _names(params: dict[str, Any], key: str) -> list[str]:
     return value
 
 
+#: the system attributes a message's stored SQS metadata holds (``meta``).
+_FROM_META = frozenset({"SenderId", "MessageDeduplicationId", "AWSTraceHeader"})
+
+
 def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    q = queue_param(params, ctx)
-    settings = settings_of(q)
+    q = message_queue_param(params, ctx)
+    settings = served_settings(q)
     max_messages = integer_param(params, "MaxNumberOfMessages", 1, MAX_RECEIVE) or 1
     visibility = integer_param(params, "VisibilityTimeout", *LIMITS["visibility_timeout"])
     wait = integer_param(params, "WaitTimeSeconds", 0, MAX_RECEIVE_WAIT)
@@ -568,8 +574,13 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         m = d.message
         assert m is not None
         source = (m.history or {}).get("source")
-        # A dead letter's sender was sealed for the queue it came from.
-        attrs, meta = read_attributes(m.attributes, body=m.body, queues=(q.name, str(source or "")))
+        # A dead letter's sender was sealed for the queue it came from. The seal is checked only
+        # when the SenderId is asked for (no queue to check it for: no sender).
+        sealed_for = (q.name, str(source or "")) if "SenderId" in system else ()
+        if wanted or system & _FROM_META:
+            attrs, meta = read_attributes(m.attributes, body=m.body, queues=sealed_for)
+        else:  # nothing asked for that the stored attributes hold
+            attrs, meta = {}, {}
         # A dead letter keeps the MessageId it had where it came from (``history.id``, which
         # only a node writes); one moved back is a new message (SQS: a new MessageId).
         message_id = ids.sqs_message_id(str((m.history or {}).get("id") or d.id) if source else d.id)
@@ -652,7 +663,7 @@ def _ack(q: Any, ctx: Context, items: list[tuple[service.MessageId, str]], handl
 def delete_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     """Deleting a message deleted already succeeds (as SQS); a receipt of an earlier delivery
     of a message received again since is ReceiptHandleIsInvalid (the service's receipts)."""
-    q = queue_param(params, ctx)
+    q = message_queue_param(params, ctx)
     handle = params.get("ReceiptHandle")
     _ack(q, ctx, [_parse_handle(handle, q)], handle)
     return {}
@@ -677,7 +688,7 @@ def _per_entry(
 def delete_message_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     """One ack for the well-formed handles; if the service refuses it (a stale receipt changes
     nothing), each entry on its own, so the others still go and the stale one fails alone."""
-    q = queue_param(params, ctx)
+    q = message_queue_param(params, ctx)
     entries = _entries(params)
     parsed: list[tuple[dict[str, Any], tuple[service.MessageId, str]]] = []
     failed = []
@@ -729,13 +740,13 @@ def _change_visibility(q: Any, ctx: Context, handle: Any, timeout_value: Any) ->
 
 
 def change_message_visibility(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    q = queue_param(params, ctx)
+    q = message_queue_param(params, ctx)
     _change_visibility(q, ctx, params.get("ReceiptHandle"), params.get("VisibilityTimeout"))
     return {}
 
 
 def change_message_visibility_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    q = queue_param(params, ctx)
+    q = message_queue_param(params, ctx)
     entries = _entries(params)
     ok, failed = _per_entry(
         entries, lambda e: _change_visibility(q, ctx, e.get("ReceiptHandle"), e.get("VisibilityTimeout"))

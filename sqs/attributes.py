@@ -11,7 +11,11 @@ effect here (:data:`OPAQUE`) live in ``models.QueueSettings``. The bounds that a
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
+
+from django.db import transaction
+from django.db.models.signals import post_delete, post_save
 
 from queues import service
 from queues.models import LIMITS
@@ -89,6 +93,52 @@ FIFO_NAME = (
 def settings_of(q: Any) -> QueueSettings:
     """Queue ``q``'s SQS settings (their defaults if it has none stored)."""
     return QueueSettings.objects.filter(queue_id=q.pk).first() or QueueSettings(queue_id=q.pk)
+
+
+class _ServedSettings:
+    """queue id -> (the description it was read with, its settings): the message actions' SQS
+    settings, read once per description of the queue this node serves (``service.authorize``).
+
+    The node reads its queues' descriptions again on every housekeeping pass (a new object
+    each time), so settings changed in another process are seen as soon as a change of the
+    queue's own fields would be, the REST API's rule; a change made in this process is seen at
+    once (its save forgets them, and so does its commit)."""
+
+    _cache: dict[int, tuple[object, QueueSettings]] = {}
+    _lock = threading.Lock()
+
+    @classmethod
+    def get(cls, cfg: Any) -> QueueSettings:
+        hit = cls._cache.get(cfg.id)
+        if hit is not None and hit[0] is cfg:
+            return hit[1]
+        found = QueueSettings.objects.filter(queue_id=cfg.id).first() or QueueSettings(queue_id=cfg.id)
+        with cls._lock:
+            if len(cls._cache) > 10_000:
+                cls._cache.clear()
+            cls._cache[cfg.id] = (cfg, found)
+        return found
+
+    @classmethod
+    def forget(cls, **_: Any) -> None:
+        with cls._lock:
+            cls._cache.clear()
+
+
+def served_settings(cfg: Any) -> QueueSettings:
+    """The SQS settings of the queue described by ``cfg`` (a ``QueueConfig`` from
+    ``service.authorize``), cached for that description (:class:`_ServedSettings`). Read only."""
+    return _ServedSettings.get(cfg)
+
+
+def _settings_changed(**_: Any) -> None:
+    _ServedSettings.forget()
+    # (and after the commit: a call that read the rows before it must not keep them)
+    transaction.on_commit(_ServedSettings.forget)
+
+
+post_save.connect(_settings_changed, sender=QueueSettings, dispatch_uid="sqs.attributes.settings_saved")
+post_delete.connect(_settings_changed, sender=QueueSettings, dispatch_uid="sqs.attributes.settings_deleted")
 
 
 def _bad_redrive(value: str, reason: str) -> SQSError:

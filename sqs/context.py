@@ -19,6 +19,7 @@ from django.db import DatabaseError
 
 from queues import service
 from queues.access import Caller
+from queues.service.types import QueueConfig
 from sqs.errors import SQSError
 
 FIFO_SUFFIX = ".fifo"
@@ -169,3 +170,20 @@ def queue_param(params: dict[str, Any], ctx: Context) -> Any:
     if name.endswith(FIFO_SUFFIX) and not q.strict:
         raise no_queue()
     return q
+
+
+def message_queue_param(params: dict[str, Any], ctx: Context) -> QueueConfig:
+    """As :func:`queue_param`, for the message actions: the queue's description as this node
+    serves it (``service.authorize``, as the REST API's message calls read it: no query), not
+    its row."""
+    url = text_param(params, "QueueUrl", required=True)
+    assert url is not None
+    name = url.rstrip("/").rsplit("/", 1)[-1]
+    with service_errors():
+        try:
+            cfg, _ = service.authorize(service_name(name), "read", caller=ctx.caller)
+        except service.QueueNotFound:
+            raise no_queue() from None
+    if cfg.kind != "queue" or (name.endswith(FIFO_SUFFIX) and not cfg.strict):
+        raise no_queue()
+    return cfg

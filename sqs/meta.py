@@ -60,8 +60,12 @@ def _key(secret: str) -> bytes:
     return hmac.new(secret.encode(), _LABEL, hashlib.sha256).digest()
 
 
+#: ``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``, made once.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def _text(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _ENCODER.encode(value)
 
 
 def _canonical(value: Any) -> bytes:
@@ -79,7 +83,7 @@ def _seal(queue: str, body: str, attributes: Mapping[str, Any], meta: Mapping[st
             _canonical({k: v for k, v in meta.items() if k != _SEAL}),
         )
     )
-    return hmac.new(_key(settings.CLUSTER_SECRET), message, hashlib.sha256).hexdigest()[:32]
+    return hmac.digest(_key(settings.CLUSTER_SECRET), message, "sha256").hex()[:32]
 
 
 def encode(attributes: Mapping[str, Any], meta: Mapping[str, Any], *, queue: str, body: str) -> str:

@@ -11,6 +11,9 @@ from django.utils import timezone
 
 _KEY_ALPHABET = string.ascii_uppercase + string.digits
 
+#: the longest access key ID.
+ACCESS_KEY_ID_MAX = 32
+
 #: ``last_used_at`` is written at most this often per key (seconds): not one UPDATE per call.
 LAST_USED_RESOLUTION = 60
 
@@ -23,7 +26,7 @@ class AccessKey(models.Model):
     """
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sqs_access_keys")
-    access_key_id = models.CharField(max_length=32, unique=True, editable=False)
+    access_key_id = models.CharField(max_length=ACCESS_KEY_ID_MAX, unique=True, editable=False)
     secret = models.CharField(max_length=64, editable=False)
     description = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import logging
 import uuid
+from functools import lru_cache
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -27,11 +28,11 @@ from rest_framework import exceptions
 
 from queues import service
 from queues.api import throttles
-from queues.api.auth import caller_of
+from queues.api.auth import caller_of_id
 from sqs import actions, query, sigv4, wire
 from sqs.context import Context
 from sqs.errors import SQSError
-from sqs.models import AccessKey
+from sqs.keys import ActiveKey, active_key
 
 log = logging.getLogger(__name__)
 
@@ -44,16 +45,26 @@ MAX_REQUEST_BYTES = 4 * 1024 * 1024 + 64 * 1024
 
 
 def _headers(request: HttpRequest) -> dict[str, str]:
-    """The request's headers in lower case, as signed (Host and Content-Type included)."""
-    out = {k.lower(): v for k, v in request.headers.items()}
+    """The request's headers in lower case, as signed (Host and Content-Type included): those
+    ``request.headers`` holds, read from the environ straight."""
+    out = {}
+    for k, v in request.META.items():
+        if k.startswith("HTTP_"):
+            out[k[5:].replace("_", "-").lower()] = v
+        elif k in _UNPREFIXED:
+            out[_UNPREFIXED[k]] = v
     return out
+
+
+#: the headers WSGI names without ``HTTP_``.
+_UNPREFIXED = {"CONTENT_TYPE": "content-type", "CONTENT_LENGTH": "content-length"}
 
 
 def _signature_error(exc: sigv4.SignatureError) -> SQSError:
     return SQSError(exc.code, exc.message, exc.status)
 
 
-def _key_of(request: HttpRequest, headers: dict[str, str]) -> AccessKey:
+def _key_of(request: HttpRequest, headers: dict[str, str]) -> ActiveKey:
     """The active key of an active user that the request names (its Authorization header, else
     a presigned query string), found before a byte of the body is read: a call that names none,
     or a key unknown, revoked or of an inactive user, is refused with its body unread."""
@@ -61,11 +72,7 @@ def _key_of(request: HttpRequest, headers: dict[str, str]) -> AccessKey:
         claimed = sigv4.claimed_credential(request.META.get("QUERY_STRING", ""), headers)
     except sigv4.SignatureError as exc:
         raise _signature_error(exc) from None
-    key = (
-        AccessKey.objects.filter(access_key_id=claimed.access_key_id, revoked_at__isnull=True, user__is_active=True)
-        .select_related("user")
-        .first()
-    )
+    key = active_key(claimed.access_key_id)
     if key is None:
         raise SQSError("InvalidClientTokenId", "The security token included in the request is invalid.")
     return key
@@ -84,7 +91,7 @@ def _body(request: HttpRequest) -> bytes:
     return request.body
 
 
-def _authenticate(request: HttpRequest, headers: dict[str, str], body: bytes, key: AccessKey) -> sigv4.Credential:
+def _authenticate(request: HttpRequest, headers: dict[str, str], body: bytes, key: ActiveKey) -> sigv4.Credential:
     """The credential of the request, signed with ``key``'s secret (``_key_of``)."""
     raw_path = request.META.get("RAW_URI") or request.get_full_path()
     req = sigv4.Request(
@@ -131,7 +138,7 @@ def _form(request: HttpRequest) -> dict[str, str]:
     return {**request.GET.dict(), **request.POST.dict()}
 
 
-def _throttle(key: AccessKey) -> None:
+def _throttle(key: ActiveKey) -> None:
     """The REST API's per-user call rate (``API_THROTTLE_USER``), counted in the same windows:
     past it, SQS's throttling error (400 RequestThrottled, which SDKs back off from and retry)."""
     try:
@@ -149,7 +156,12 @@ def sender_id(user_id: object) -> str:
     """The SenderId of a user's messages: opaque and stable for the user, AWS-like (``AIDA`` and
     17 upper-case letters and digits), derived with an HMAC keyed by ``SECRET_KEY`` so that it
     names neither the user nor a credential of theirs."""
-    digest = salted_hmac("sqs.sender-id", str(user_id), algorithm="sha256").digest()
+    return _sender_id(str(user_id), settings.SECRET_KEY)
+
+
+@lru_cache(maxsize=4096)
+def _sender_id(user_id: str, secret: str) -> str:
+    digest = salted_hmac("sqs.sender-id", user_id, secret=secret, algorithm="sha256").digest()
     return "AIDA" + base64.b32encode(digest).decode("ascii")[:17]
 
 
@@ -192,8 +204,12 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
                 action, params = query.decode(_form(request), queue_url)
             except query.QueryError as exc:
                 raise SQSError(exc.code, exc.message, exc.status, exc.sender_fault) from None
+        try:
+            caller = caller_of_id(key.user_id)
+        except exceptions.AuthenticationFailed:  # its user deleted or made inactive just now
+            raise SQSError("InvalidClientTokenId", "The security token included in the request is invalid.") from None
         ctx = Context(
-            caller=caller_of(key.user),
+            caller=caller,
             base_url=f"{request.scheme}://{request.get_host()}/sqs",
             account=settings.SQS_ACCOUNT_ID,
             region=region,
@@ -201,7 +217,11 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
             trace_header=headers.get("x-amzn-trace-id", ""),
         )
         key.touch()
-        result = actions.run(action, params, ctx)
+        call = service.begin_call()
+        try:
+            result = actions.run(action, params, ctx)
+        finally:
+            service.end_call(call)
     except SQSError as err:
         return _error(err, json_protocol, request_id)
     except (service.Unavailable, DatabaseError) as exc:
@@ -214,6 +234,12 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
     if json_protocol:
         return _respond(wire.encode(result), request_id)
     return _respond((200, {"Content-Type": XML}, query.encode(action, result, request_id)), request_id)
+
+
+def direct_endpoint(request: HttpRequest, rest: str) -> HttpResponse:
+    """:func:`endpoint` as the fast path calls it, without Django's middleware (``POST /sqs/...``):
+    the view reads no session, cookie or CSRF token, and finds its caller itself."""
+    return endpoint(request, rest)
 
 
 #: The query protocol's answers, as SQS sends them.

@@ -113,12 +113,20 @@ def caller_on_behalf_of(value: str) -> Caller:
         return SYSTEM
     if not (value.isascii() and value.isdigit()):
         raise AuthenticationFailed("X-MQ-On-Behalf-Of must be a user id or 'system'")
-    user_id = int(value)
+    try:
+        return caller_of_id(int(value))
+    except AuthenticationFailed:
+        raise AuthenticationFailed(f"X-MQ-On-Behalf-Of names no active user ({value})") from None
+
+
+def caller_of_id(user_id: int) -> Caller:
+    """The caller active user ``user_id`` acts as (cached as :func:`caller_of`). Raises
+    AuthenticationFailed (no such active user)."""
 
     def load() -> Caller:
         user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
         if user is None:
-            raise AuthenticationFailed(f"X-MQ-On-Behalf-Of names no active user ({user_id})")
+            raise AuthenticationFailed(f"no active user {user_id}")
         return Caller.of(user)
 
     return _Callers.get(user_id, load)

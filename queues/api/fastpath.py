@@ -10,6 +10,11 @@ call is signed (``queues.cluster.peerauth``), the user named by ``X-MQ-On-Behalf
 may make none of these calls), mapping errors with the same functions as the DRF exception
 handler. A client's ``X-MQ-Hops`` is ignored (hop 0), as in DRF.
 
+An app may also register a view that needs none of Django's middleware
+(:func:`register_direct_view`: the SQS endpoint, which finds its caller itself and answers in
+its own protocol): a POST under its prefix is handed to it as Django's request, the Host and
+HTTPS checked as Django checks them, Django's security headers added to its answer.
+
 Everything else, and every request it is not sure about (no token, a session cookie, another
 content type, another method, plain HTTP where ``SECURE_SSL_REDIRECT`` redirects it), goes to
 Django and DRF unchanged; so do the schema and the browsable API. The integration tests send
@@ -28,7 +33,7 @@ import io
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +43,7 @@ from django.core.handlers.wsgi import WSGIRequest
 from django.core.signals import setting_changed
 from django.db import close_old_connections
 from django.dispatch import receiver
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.http.request import split_domain_port, validate_host
 from django.middleware.clickjacking import XFrameOptionsMiddleware
 from django.middleware.security import SecurityMiddleware
@@ -145,6 +150,31 @@ def security_headers(secure: bool) -> tuple[tuple[str, str], ...]:
     return found
 
 
+#: ``(path, view)``: views that use nothing of Django's middleware (no session, cookie, CSRF
+#: token, message or login: they find their caller in the request themselves, before its body)
+#: and answer every error in their own protocol; the fast path hands them a POST to their path
+#: or under it as Django's request, with the rest of the path after ``path/`` ("" for ``path``
+#: itself): the SQS endpoint.
+DirectView = Callable[[HttpRequest, str], HttpResponse]
+_DIRECT: list[tuple[str, DirectView]] = []
+
+
+def register_direct_view(path: str, view: DirectView) -> None:
+    """Serve POSTs to ``path`` (``/name``, no ``/`` at its end) and under it with ``view``
+    (see :data:`_DIRECT`)."""
+    if not path.startswith("/") or path.endswith("/"):
+        raise ValueError(f"a direct view's path starts with '/' and does not end with one: {path!r}")
+    if (path, view) not in _DIRECT:
+        _DIRECT.append((path, view))
+
+
+def _direct_view(path: str) -> tuple[str, DirectView] | None:
+    for prefix, view in _DIRECT:
+        if path == prefix or path.startswith(prefix + "/"):
+            return prefix, view
+    return None
+
+
 class FastPath:
     def __init__(self, app: WSGIApplication) -> None:
         self.app = app
@@ -153,8 +183,12 @@ class FastPath:
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD") != "POST":
             return self.app(environ, start_response)
-        match = _PATH.fullmatch(environ.get("PATH_INFO", ""))
+        path = environ.get("PATH_INFO", "")
+        match = _PATH.fullmatch(path)
         if match is None:
+            direct = _direct_view(path) if _DIRECT else None
+            if direct is not None:
+                return self._direct(*direct, environ, start_response)
             return self.app(environ, start_response)
         if not _host_allowed(environ):
             return self.app(environ, start_response)  # Django refuses it (400), as for every other call
@@ -246,6 +280,38 @@ class FastPath:
                 ("Content-Length", str(len(body))),
                 *headers.items(),
                 *security_headers(secure),
+            ],
+        )
+        return [body]
+
+    def _direct(
+        self, prefix: str, view: DirectView, environ: dict[str, Any], start_response: StartResponse
+    ) -> Iterable[bytes]:
+        """A direct view's call (:data:`_DIRECT`): Django's request, none of its middleware; the
+        checks those would make that matter to such a view (the Host, HTTPS) made here, and
+        their headers added to its answer."""
+        if not _host_allowed(environ):
+            return self.app(environ, start_response)  # Django refuses it (400), as for every other call
+        secure = is_secure(environ)
+        if settings.SECURE_SSL_REDIRECT and not secure:
+            return self.app(environ, start_response)  # Django redirects it to HTTPS
+        request = WSGIRequest(environ)
+        try:
+            response = view(request, request.path_info[len(prefix) + 1 :])
+        except Exception:
+            log.exception("direct view: POST %s", request.path_info)
+            response = HttpResponse(b"internal error; see the node's log", status=500, content_type="text/plain")
+        finally:
+            close_old_connections()
+        body = response.content
+        headers = [(k, v) for k, v in response.items() if k.lower() != "content-length"]
+        have = {k.lower() for k, _ in headers}
+        start_response(
+            f"{response.status_code} {response.reason_phrase}",
+            [
+                *headers,
+                ("Content-Length", str(len(body))),
+                *((k, v) for k, v in security_headers(secure) if k.lower() not in have),
             ],
         )
         return [body]

@@ -28,7 +28,9 @@ from botocore.exceptions import ClientError
 from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 
+from queues.access import Caller
 from queues.models import Grant, Queue
+from sqs import service as sqs_service
 from sqs.models import AccessKey
 from tests.integration.nodes import Client
 
@@ -160,6 +162,36 @@ def test_a_call_without_a_known_key_is_refused_with_its_body_unread(node):
             node, f"{path}?{presigned_query}", {"Content-Type": "application/x-www-form-urlencoded"}, 1000
         )
         assert status == 403 and b"<Code>InvalidClientTokenId</Code>" in body, (path, body)
+
+
+def test_a_key_revoked_or_its_user_made_inactive_is_refused_from_the_next_call(node):
+    # given a user's two keys, each of which has just sent a message (its key, its user and the
+    # queue looked up by the node already)
+    owner = User.objects.create(username=_name("holder"), is_superuser=True)
+    first, second = AccessKey.issue(owner), AccessKey.issue(owner)
+    sqs = _client(node, first)
+    url = sqs.create_queue(QueueName=_name())["QueueUrl"]
+    other = _client(node, second)
+    for client in (sqs, other):
+        client.send_message_batch(QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "before"}])
+    # when the first is revoked through the service, the very next call with it is refused
+    assert sqs_service.revoke_access_key(first, caller=Caller.of(owner))
+    with pytest.raises(ClientError) as exc:
+        sqs.send_message_batch(QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "after"}])
+    assert _code(exc) == "InvalidClientTokenId"
+    # while the second still works, until its user is made inactive
+    other.receive_message(QueueUrl=url, MaxNumberOfMessages=10)
+    owner.is_active = False
+    owner.save(update_fields=["is_active"])
+    with pytest.raises(ClientError) as exc:
+        other.receive_message(QueueUrl=url, MaxNumberOfMessages=10)
+    assert _code(exc) == "InvalidClientTokenId"
+    # and nothing was sent after the revocation
+    owner.is_active = True
+    owner.save(update_fields=["is_active"])
+    third = _client(node, AccessKey.issue(owner))
+    bodies = [m["Body"] for m in third.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])]
+    assert "after" not in bodies
 
 
 def test_a_known_key_s_body_is_bounded_by_its_length_before_it_is_read(node):
