@@ -39,7 +39,7 @@ def test_admin_creates_lists_and_revokes_keys(client, owner):
     assert any(key.access_key_id in m and key.secret in m for m in shown), shown
     assert re.fullmatch(r"AKMQ[A-Z0-9]{16}", key.access_key_id) and len(key.secret) == 40
     listing = client.get("/admin/sqs/accesskey/").content.decode()
-    assert key.access_key_id in listing and "Last used at" in listing
+    assert key.access_key_id in listing and "Last used" in listing
     assert key.secret not in client.get(f"/admin/sqs/accesskey/{key.pk}/change/").content.decode()
     # when revoked by the action
     r = client.post("/admin/sqs/accesskey/", {"action": "revoke", "_selected_action": [key.pk]}, follow=True)
