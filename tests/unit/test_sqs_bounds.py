@@ -30,6 +30,11 @@ def changes(monkeypatch) -> list[float]:
     asked: list[float] = []
     monkeypatch.setattr(service, "get_queue", lambda name, *, caller: SimpleNamespace(name=name, strict=False))
     monkeypatch.setattr(
+        service,
+        "authorize",
+        lambda name, right, *, caller: (SimpleNamespace(name=name, strict=False, kind="queue"), ""),
+    )
+    monkeypatch.setattr(
         service, "change_visibility", lambda queue, mid, receipt, timeout, *, caller: asked.append(timeout)
     )
     return asked
