@@ -34,13 +34,6 @@ def pytest_configure(config):
     from tests import launcher
 
     launcher.NodeProcess.default_cpu_affinity = "off"
-    if "DB_CALL_TIMEOUT" not in os.environ:
-        # The test process's own database calls wait as long as its nodes' do
-        # (``tests.launcher.node_env``): a transactional test's flush (TRUNCATE of every table) on a
-        # loaded 2-core machine took longer than the 5 s a node's request may wait.
-        from django.conf import settings
-
-        settings.DB_CALL_TIMEOUT = 15.0
 
 
 #: The fixtures that start node processes: a test that uses one is a ``cluster`` test.
