@@ -239,7 +239,9 @@ class Env:
 
     def client(self, user):
         """A boto3 client with a new access key of ``user`` (None: unsigned)."""
-        config = Config(retries={"max_attempts": 1}, read_timeout=30, max_pool_connections=4)
+        # A 5xx is retried, as SDKs do: a moment's 503 (the node's database busy on a loaded
+        # machine) says nothing of a right. A refusal (4xx) is never retried.
+        config = Config(retries={"max_attempts": 3, "mode": "standard"}, read_timeout=30, max_pool_connections=4)
         if user is None:
             config = config.merge(Config(signature_version=botocore.UNSIGNED))
             key_id, secret = "unused", "unused"
