@@ -13,7 +13,9 @@
 #      MQ_REDIS_CLUSTER_PORT (MQ_REDIS_PORT + 101: 63900 by default): the cluster's three
 #      primaries listen on it and the next two ports, their cluster bus on the three after
 #      (63900-63905 by default; a worktree with its own MQ_REDIS_PORT gets its own cluster),
-#      MQ_SERVICES_TIMEOUT (seconds to wait for readiness, default 30).
+#      MQ_SERVICES_TIMEOUT (seconds to wait for readiness, default 30), MQ_PG_FSYNC (on; the
+#      test suite sets off: a commit still reaches the operating system before it returns, so a
+#      killed server or client loses nothing, but no test waits on a disk flush or a checkpoint's).
 # Every server listens on 127.0.0.1 only; `start` starts the cluster too, `stop` stops it. PostgreSQL runs as the `postgres` user when we are root.
 set -euo pipefail
 
@@ -147,7 +149,7 @@ pg_init() {
 listen_addresses = '127.0.0.1'
 port = $pg_port
 unix_socket_directories = '$pgrun'
-fsync = on
+fsync = ${MQ_PG_FSYNC:-on}
 synchronous_commit = on
 full_page_writes = on
 max_connections = 200

@@ -83,6 +83,7 @@ def _query(sql: str = "SELECT 1") -> None:
 def test_a_connection_that_answered_a_moment_ago_is_not_checked_first(store, monkeypatch):
     from config.postgresql import base
 
+    monkeypatch.setattr(base, "HEALTH_CHECK_IDLE", 60.0)  # "a moment", however slow the machine
     checks = _count_checks(monkeypatch)
     _query()
     connection.close_if_unusable_or_obsolete()  # a request ends: the next first query may check
@@ -96,6 +97,9 @@ def test_a_connection_that_answered_a_moment_ago_is_not_checked_first(store, mon
 
 def test_a_connection_cut_right_after_it_answered_is_checked_and_replaced(store, monkeypatch):
     # (a database restart: every kept connection is told "terminating connection", then closed)
+    from config.postgresql import base
+
+    monkeypatch.setattr(base, "HEALTH_CHECK_IDLE", 60.0)  # "a moment", however slow the machine
     checks = _count_checks(monkeypatch)
     _query()
     pid = connection.connection.info.backend_pid
@@ -109,6 +113,9 @@ def test_a_connection_cut_right_after_it_answered_is_checked_and_replaced(store,
 def test_a_connection_cut_during_a_request_fails_once_then_is_replaced(store, monkeypatch):
     from django.db import OperationalError
 
+    from config.postgresql import base
+
+    monkeypatch.setattr(base, "HEALTH_CHECK_IDLE", 60.0)  # "a moment", however slow the machine
     checks = _count_checks(monkeypatch)
     _query()
     pid = connection.connection.info.backend_pid
