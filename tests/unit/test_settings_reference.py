@@ -42,9 +42,12 @@ def settings_read() -> set[str]:
                     names.add(f"{name}_FILE")
             elif isinstance(func, ast.Attribute) and func.attr == "get" and ast.unparse(func.value) == "os.environ":
                 names.add(name)
-        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant):
-            if any(ast.unparse(c) == "os.environ" for c in node.comparators):
-                names.add(str(node.left.value))
+        elif (
+            isinstance(node, ast.Compare)
+            and isinstance(node.left, ast.Constant)
+            and any(ast.unparse(c) == "os.environ" for c in node.comparators)
+        ):
+            names.add(str(node.left.value))
     # The readers themselves read their argument: not a setting.
     names.discard("name")
     return names
