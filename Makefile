@@ -3,18 +3,20 @@
 #   make test [ARGS="-k foo"]     pytest with real PostgreSQL + Redis (started, then always stopped)
 #   make test ARGS='-m "not cluster"'   the same without the tests that start node processes
 #   make test-unit [ARGS=...]     tests/unit on the embedded defaults, no services, not the slow ones
-#   make lint                     ruff check, ruff format --check, mypy, lint-imports (what CI runs first)
+#   make lint                     ruff check, ruff format --check, mypy, lint-imports, mkdocs build --strict (what CI runs first)
 #   make fmt                      ruff format, then ruff check --fix
 #   make bench                    bench/throughput.py with PostgreSQL + Redis
+#   make docs                     the documentation site: mkdocs serve on http://127.0.0.1:8001/ (DOCS_PORT=N: another port)
 #   make services-start | services-stop | services-status
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 PORT ?= 8000
+DOCS_PORT ?= 8001
 ARGS ?=
 export PORT
 
-.PHONY: help venv run test test-unit lint fmt bench services-start services-stop services-status services-env
+.PHONY: help venv run test test-unit lint fmt bench docs services-start services-stop services-status services-env
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -40,6 +42,9 @@ fmt:
 
 bench:
 	@scripts/with-services.sh python bench/throughput.py $(ARGS)
+
+docs:
+	@NO_MKDOCS_2_WARNING=1 scripts/in-venv.sh mkdocs serve --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 services-start:
 	@scripts/services.sh start

@@ -3,7 +3,7 @@
 
 It MEASURES AND PRINTS; it never passes or fails.
 
-DESIGN.md, invariant 5: after a takeover, enqueues resume as soon as the head block is loaded,
+docs/explanation/correctness.md, invariant 5: after a takeover, enqueues resume as soon as the head block is loaded,
 and dequeues once the oldest live block is reached: O(log N) blocks from the head.
 
 For each depth N (default 10^3, 10^4, 10^5, 10^6 messages in one partition):

@@ -9,7 +9,7 @@ check the signature, the user it acts as, its last use).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.contrib.auth import get_user_model
 from django.db import connection
@@ -62,4 +62,7 @@ def active_key(access_key_id: str) -> ActiveKey | None:
     if row is None:
         return None
     pk, secret, user_id, last_used_at = row
+    if isinstance(last_used_at, datetime) and timezone.is_naive(last_used_at):
+        # SQLite's raw rows are naive (UTC, as Django stores them); PostgreSQL's are aware.
+        last_used_at = timezone.make_aware(last_used_at, UTC)
     return ActiveKey(pk, access_key_id, secret, user_id, last_used_at)

@@ -1,7 +1,7 @@
 """A WSGI fast path in front of Django for the four message calls.
 
 Django's middleware, DRF's request wrapping and content negotiation cost many times what
-enqueueing one message costs (``docs/performance.md``). The message calls are most of a
+enqueueing one message costs (``docs/explanation/performance.md``). The message calls are most of a
 queue's traffic, so for ``POST /api/v1/queues/<name>/{enqueue, dequeue,
 ack, visibility}`` with a ``Token`` header and a JSON body this layer authenticates (the same
 cached token check as DRF), parses with orjson, and calls the very functions the DRF views call

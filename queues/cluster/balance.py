@@ -7,7 +7,7 @@ that accepted it. So the spread is chance: four clients on two processes are oft
 or 4:0. A client of a queue service keeps its connection for hours (a Celery worker, an
 application's pool), so a 3:1 split leaves one process with three quarters of the work on
 one core while the other idles, and the same checkout's throughput varies from run to run
-(``bench/throughput.py``; figures in ``docs/performance.md``).
+(``bench/throughput.py``; figures in ``docs/explanation/performance.md``).
 
 So each process counts its busy client connections (on the node's public port, that received
 data within :data:`ACTIVE_MS`) and writes the count beside its siblings' (``NODE_SIBLINGS_DIR``).

@@ -95,7 +95,7 @@ class PartitionRow(NamedTuple):
     A claim pass reads every partition row at every heartbeat (an owner that stopped renewing
     is found by watching its nonce stand), so it reads these columns as tuples
     (:func:`claim_rows`): model instances cost several times as much a pass
-    (``bench/housekeeping.py``; figures in ``docs/performance.md``)."""
+    (``bench/housekeeping.py``; figures in ``docs/explanation/performance.md``)."""
 
     pk: int
     queue_id: int

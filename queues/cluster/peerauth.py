@@ -67,7 +67,7 @@ CONTENT_HEADER = "X-MQ-Cluster-Content-SHA256"
 #: the header of the old scheme (the secret itself in clear): refused.
 LEGACY_SECRET_HEADER = "X-MQ-Cluster-Secret"  # noqa: S105 - a header name, not a secret
 
-#: signatures remembered at most, so their memory is bounded (its size: docs/performance.md);
+#: signatures remembered at most, so their memory is bounded (its size: docs/explanation/performance.md);
 #: 100,000 in 60 s (twice the default window) is 1,666 forwarded calls a second into one node.
 SEEN_MAX = 100_000
 _SCHEME = b"MQ-HMAC-SHA256-v2"

@@ -82,7 +82,7 @@ def cpu_plan(setting: str, allowed: Collection[int], processes: int, seed: int) 
     the GIL from the others of its process) and each hand-off to a thread on another CPU is a
     wake-up there (an interrupt between CPUs, a VM exit in a virtual machine) and a cold cache.
     With every thread of a process on one CPU, ``bench/throughput.py`` measures less node CPU a
-    message and more messages a second (``docs/performance.md``). A process's Python runs on
+    message and more messages a second (``docs/explanation/performance.md``). A process's Python runs on
     one core at a time anyway (the GIL).
     """
     text = setting.strip().lower()

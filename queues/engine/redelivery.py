@@ -11,7 +11,7 @@ entry no longer points at it, by identity); a stale item is dropped when it come
 and an order is rebuilt without its stale items once they are more than half of it (so the
 memory stays within twice the entries; the rebuild is O(n) under the partition's lock, paid by
 the one call that tips it). Removing each acknowledged message from a sorted list at once
-costs a visible share of a batch cycle (``docs/performance.md``); here a push is a deque
+costs a visible share of a batch cycle (``docs/explanation/performance.md``); here a push is a deque
 append (or a heap push), and a removal a dict pop.
 
 An entry stays after its deadline passes, until it is delivered again (with a new receipt

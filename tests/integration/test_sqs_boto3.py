@@ -1,6 +1,6 @@
 """The SQS API with boto3 (AWS JSON 1.0, SigV4) against a real node on PostgreSQL + Redis.
 
-Every action the README's table lists as supported, FIFO order and deduplication, a dead-letter
+Every action docs/reference/sqs.md's table lists as supported, FIFO order and deduplication, a dead-letter
 queue by RedrivePolicy and the move back, long polling, batch errors per entry, signatures
 refused (bad secret, unknown or revoked key, stale date), the REST API's permissions, and the
 same messages read through both APIs.

@@ -1,4 +1,4 @@
-"""Message groups in the partition manager (DESIGN.md invariant 4), against a model.
+"""Message groups in the partition manager (docs/explanation/correctness.md, invariant 4), against a model.
 
 Random sequences of enqueue (several groups plus ungrouped messages, some delayed) / dequeue /
 ack / visibility change / clock advance / takeover (a new owner with a newer epoch, the old

@@ -22,7 +22,7 @@ def test_allocation_follows_the_seed_figures():
     # given the first eight blocks
     _, blocks = _named_tree(8)
     by_id = {b.id: b for b in blocks}
-    # then the order, kinds, previous and child pointers are those of DESIGN.md
+    # then the order, kinds, previous and child pointers are those of docs/explanation/design.md
     assert [b.id for b in blocks] == list("ABCDEFGH")
     assert {b.id: b.prev for b in blocks} == {
         "A": None,
