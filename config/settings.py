@@ -351,6 +351,21 @@ WORKER_MAX_CONSUMERS_PER_USER = envint("WORKER_MAX_CONSUMERS_PER_USER", 100, min
 #: Held messages one heartbeat may list (400 past it).
 WORKER_MAX_HELD = envint("WORKER_MAX_HELD", 1000, minimum=1)
 
+# --- Django's tasks framework ------------------------------------------------------------
+# ``@task`` functions of this project run on the service's queues (docs/how-to/django-tasks.md):
+# TASKS_QUEUES names the queues tasks may use (they must exist); the service is reached at
+# QUEUE_API_URL with QUEUE_API_TOKEN, as the workers do.
+TASKS = {
+    "default": {
+        "BACKEND": "workers.tasks_backend.QueueTaskBackend",
+        "QUEUES": [q.strip() for q in env("TASKS_QUEUES", "default").split(",") if q.strip()],
+        "OPTIONS": {"relay_after": envfloat("TASKS_RELAY_AFTER", 10.0)},
+    }
+}
+#: Mail from tasks and the console (Django's backends; the file one writes into EMAIL_FILE_PATH).
+EMAIL_BACKEND = env("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_FILE_PATH = env("EMAIL_FILE_PATH", str(DATA_DIR / "mail"))
+
 # --- Spark --------------------------------------------------------------------------------
 SPARK_MASTER = env("SPARK_MASTER", "local[2]")
 #: Partitions of the dashboards job's shuffles: its results are small, few partitions are faster.
