@@ -1,0 +1,244 @@
+"""Django's tasks framework on a real node, a real ``manage.py mq_tasks_worker``, and enqueues
+that follow the caller's transaction (``workers.tasks_backend``, ``workers.outbox``).
+
+The application here is this project on the test database (PostgreSQL under ``make test``):
+the test process enqueues, a worker process runs the tasks, and both read the results.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from django.db import connection, transaction
+
+from mq_client import Client as SDK
+from tests.integration.nodes import Client, database_url
+from tests.integration.tasks_for_tests import email_users, fails
+from tests.launcher import ROOT, wait_until
+from workers.models import AttemptLog, OutboxMessage, TaskRecord
+from workers.outbox import enqueue_on_commit
+
+try:
+    from django.tasks import TaskResultStatus
+except ImportError:
+    from django_tasks import TaskResultStatus
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+BACKEND = "workers.tasks_backend.QueueTaskBackend"
+
+
+@pytest.fixture
+def node_api(node, token) -> Client:
+    return Client(node.url, token)
+
+
+@pytest.fixture
+def tasks(settings, node, token):
+    """This process's TASKS: the node's queues ``default`` and ``plain``; ``tasks(outbox=...)``
+    sets it again with other options."""
+
+    def configure(**options) -> None:
+        settings.TASKS = {
+            "default": {
+                "BACKEND": BACKEND,
+                "QUEUES": ["default", "plain"],
+                "OPTIONS": {"url": node.url, "token": token, **options},
+            }
+        }
+
+    configure()
+    return configure
+
+
+@pytest.fixture
+def app_env(tmp_path, node, token) -> dict[str, str]:
+    """The environment of another process of the application (a worker, a producer)."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "MQ_DATA_DIR": str(tmp_path / "app-data"),
+        "QUEUE_API_URL": node.url,
+        "QUEUE_API_TOKEN": token,
+        "TASKS_QUEUES": "default,plain",
+        "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+        "EMAIL_FILE_PATH": str(tmp_path / "mail"),
+        "PYTHONPATH": str(ROOT),
+    }
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return env
+
+
+@pytest.fixture
+def tasks_worker(tmp_path, app_env):
+    """``manage.py mq_tasks_worker --queue default`` on demand (``start(**env)``), stopped at the end."""
+    procs: list[subprocess.Popen] = []
+    log_path = tmp_path / "tasks-worker.log"
+
+    def start(*args: str, **extra_env: str) -> subprocess.Popen:
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "manage.py", "mq_tasks_worker", "--queue", "default", "--wait", "0.5", *args],
+                cwd=ROOT,
+                env={**app_env, **extra_env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        procs.append(proc)
+        wait_until(lambda: "consuming [" in log_path.read_text() or proc.poll() is not None, 30, "the worker")
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _create_queue(api: Client, **fields) -> None:
+    r = api.post("queues", fields)
+    assert r.status_code == 201, r.text
+    wait_until(
+        lambda: all(p["owner"] for p in api.get(f"queues/{fields['name']}/partitions").json()["partitions"]),
+        20,
+        f"the node to own every partition of {fields['name']}",
+    )
+
+
+def _bodies(api: Client, queue: str) -> list[str]:
+    """Every message in ``queue`` now, taken and acked."""
+    bodies: list[str] = []
+    while True:
+        got = api.post(f"queues/{queue}/dequeue", {"max": 100, "wait": 0}).json()["messages"]
+        if not got:
+            return bodies
+        bodies += [m["body"] for m in got]
+        r = api.post(f"queues/{queue}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]})
+        assert r.status_code == 200, r.text
+
+
+def _depth(api: Client, queue: str) -> int:
+    return api.get(f"queues/{queue}/stats").json()["depth"]
+
+
+@pytest.mark.urls("tests.integration.tasks_for_tests")
+def test_djangos_example_runs_on_the_worker_and_a_failing_task_ends_in_the_dead_letters(
+    node_api, tasks, tasks_worker, client, admin_client, tmp_path
+):
+    # given the queue "default" (two receives, then its dead-letter queue) and a worker of it
+    _create_queue(node_api, name="default-dead")
+    _create_queue(node_api, name="default", visibility_timeout=10, max_receives=2, dead_letter_queue="default-dead")
+    tasks_worker("--retry-backoff", "0.2")
+
+    # when a view enqueues Django's example task
+    r = client.get("/send-email/")
+    assert r.status_code == 200, r.content
+    result_id = r.json()["result_id"]
+
+    # then the worker ran it, and this process reads its result by ID
+    wait_until(lambda: email_users.get_result(result_id).is_finished, 30, "the task to finish")
+    result = email_users.get_result(result_id)
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert result.return_value == 1  # send_mail's count of messages sent
+    assert result.kwargs == {"emails": ["user@example.com"], "subject": "You have a message", "message": "Hello there!"}
+    mail = "".join(p.read_text() for p in (tmp_path / "mail").iterdir())
+    assert "Subject: You have a message" in mail and "Hello there!" in mail
+    # ...and the attempt log's record of it is the result's one attempt
+    wait_until(lambda: email_users.get_result(result_id).attempt_log, 10, "the attempt record")
+    result = email_users.get_result(result_id)
+    assert [(a["attempt"], a["outcome"]) for a in result.attempt_log] == [(1, "succeeded")]
+    assert result.attempts == 1 and result.worker_ids == [result.attempt_log[0]["worker"]]
+
+    # when a task raises, at each of the queue's two receives
+    failing = fails.enqueue("boom")
+
+    # then it lands in the dead-letter queue...
+    wait_until(lambda: _depth(node_api, "default-dead") == 1, 30, "the dead letter")
+    assert _depth(node_api, "default") == 0
+    # ...its result shows both failures with their tracebacks...
+    wait_until(
+        lambda: [a["outcome"] for a in fails.get_result(failing.id).attempt_log] == ["failed", "failed"],
+        10,
+        "two failed attempts in the log",
+    )
+    result = fails.get_result(failing.id)
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class for e in result.errors] == [ValueError, ValueError]
+    assert all("ValueError: this task fails: boom" in e.traceback for e in result.errors)
+    assert [(a["attempt"], a["outcome"]) for a in result.attempt_log] == [(1, "failed"), (2, "failed")]
+    assert result.attempts == 2
+    # ...and the console's page of an attempt shows the traceback
+    record = AttemptLog.objects.filter(message_id=TaskRecord.objects.get(pk=failing.id).message_id).first()
+    page = admin_client.get(f"/admin/workers/attemptlog/{record.pk}/change/").content.decode()
+    assert "ValueError: this task fails: boom" in page
+    assert "raise ValueError" in page
+
+
+def test_a_rolled_back_transaction_sends_nothing_with_or_without_the_outbox(node_api, tasks):
+    # given the queues "default" (tasks) and "plain" (the SDK's messages)
+    _create_queue(node_api, name="default")
+    _create_queue(node_api, name="plain")
+    sdk = SDK(node_api.base, node_api.session.headers["Authorization"].split()[1])
+    assert connection.vendor == "postgresql", "the outbox is PostgreSQL's (make test runs on it)"
+    for outbox in (True, False):  # PostgreSQL's outbox, and transaction.on_commit alone (other databases)
+        tasks(outbox=outbox)
+        # when a transaction enqueues a task and a message and rolls back
+        with pytest.raises(RuntimeError), transaction.atomic():
+            dropped = email_users.enqueue(["a@example.com"], "dropped", "dropped")
+            enqueue_on_commit(sdk, "plain", ["dropped"], outbox=outbox)
+            raise RuntimeError("roll back")
+        # and another one commits
+        with transaction.atomic():
+            kept = email_users.enqueue(["a@example.com"], "kept", "kept")
+            enqueue_on_commit(sdk, "plain", [f"kept {outbox}"], outbox=outbox)
+            assert _depth(node_api, "plain") == 0, "sent before the commit"
+
+        # then only the committed ones were sent, and nothing of the other is left anywhere
+        assert _bodies(node_api, "plain") == [f"kept {outbox}"]
+        assert [kept.id in body for body in _bodies(node_api, "default")] == [True]
+        assert not TaskRecord.objects.filter(pk=dropped.id).exists()
+        assert TaskRecord.objects.filter(pk=kept.id).exists()
+        assert not OutboxMessage.objects.exists()
+
+
+def test_a_process_killed_between_its_commit_and_the_send_loses_nothing(node_api, tasks_worker, app_env):
+    # given the queues "default" (tasks) and "plain" (the SDK's messages)
+    _create_queue(node_api, name="default")
+    _create_queue(node_api, name="plain")
+    # when two processes commit an enqueue and die at once (SIGKILL, from a commit hook)
+    keys = {}
+    for kind, queue in (("sdk", "plain"), ("task", "default")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.integration.enqueue_and_die", kind, queue],
+            cwd=ROOT,
+            env=app_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+        keys[kind] = proc.stdout.strip()
+    # then nothing was sent, and the outbox holds both
+    assert _depth(node_api, "plain") == _depth(node_api, "default") == 0
+    assert OutboxMessage.objects.count() == 2
+    assert TaskRecord.objects.get(pk=keys["task"]).status == TaskResultStatus.READY
+
+    # when a worker starts, its relay sends them (rows older than TASKS_RELAY_AFTER)
+    tasks_worker("--relay-every", "0.2", TASKS_RELAY_AFTER="0.5")
+
+    # then the task ran, the message is in its queue once, and the outbox is empty
+    wait_until(lambda: email_users.get_result(keys["task"]).is_finished, 30, "the relayed task")
+    assert email_users.get_result(keys["task"]).status == TaskResultStatus.SUCCESSFUL
+    wait_until(lambda: _depth(node_api, "plain") == 1, 10, "the relayed message")
+    assert _bodies(node_api, "plain") == ["left at the commit"]
+    assert not OutboxMessage.objects.exists()
