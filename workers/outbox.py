@@ -32,7 +32,7 @@ from django.db import DatabaseError, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from mq_client import ApiError
+from mq_client import ApiError, Client
 from mq_client.types import MessageItem, message_json
 from workers.models import OutboxMessage
 
@@ -40,6 +40,17 @@ log = logging.getLogger(__name__)
 
 #: Seconds an outbox row waits for the process that wrote it before a relay sends it.
 RELAY_AFTER = 10.0
+
+
+_default_client: Client | None = None
+
+
+def default_client() -> Client:
+    """The process's client of the service from ``QUEUE_API_URL`` and ``QUEUE_API_TOKEN``."""
+    global _default_client
+    if _default_client is None:
+        _default_client = Client.from_env()
+    return _default_client
 
 
 def outbox_used(using: str = "default", outbox: bool | None = None) -> bool:
@@ -51,17 +62,19 @@ def outbox_used(using: str = "default", outbox: bool | None = None) -> bool:
 
 
 def enqueue_on_commit(
-    client: Any,
     queue: str,
     messages: Iterable[MessageItem],
     *,
+    client: Client | None = None,
     using: str = "default",
     outbox: bool | None = None,
 ) -> str:
     """Send ``messages`` (at most 1,000: one enqueue call) to ``queue`` once the transaction of
     ``using`` commits; nothing if it rolls back. Returns the key of this enqueue (the outbox
     row's ID, also the messages' ``dedup_id`` where they have none). ``outbox``: see
-    :func:`outbox_used`. ``client`` is an ``mq_client.Client``."""
+    :func:`outbox_used`. ``client``: an ``mq_client.Client``; by default one from
+    ``QUEUE_API_URL`` and ``QUEUE_API_TOKEN``, the service a worker's handlers consume from."""
+    sender = client or default_client()
     key = uuid.uuid4().hex
     items = [message_json(m) for m in messages]
     if not items:
@@ -71,9 +84,9 @@ def enqueue_on_commit(
     if outbox_used(using, outbox):
         OutboxMessage.objects.using(using).create(id=key, queue=queue, messages=items, created_at=timezone.now())
         # robust: the transaction committed and the row is there; a failed send is the relay's
-        transaction.on_commit(lambda: send_row(client, key, using=using), using=using, robust=True)
+        transaction.on_commit(lambda: send_row(sender, key, using=using), using=using, robust=True)
     else:
-        transaction.on_commit(lambda: client.enqueue_batch(queue, items), using=using)
+        transaction.on_commit(lambda: sender.enqueue_batch(queue, items), using=using)
     return key
 
 
@@ -101,8 +114,6 @@ def relay(client: Any, *, using: str = "default", older_than: float = RELAY_AFTE
     failed), oldest first, each in its own transaction; how many were sent. A row the service
     refuses (its queue missing, a message over the queue's limits) stays, its error noted, and
     is tried again at the next relay."""
-    if connections[using].vendor != "postgresql":
-        return 0
     cutoff = timezone.now() - timedelta(seconds=older_than)
     keys = list(
         OutboxMessage.objects.using(using)
