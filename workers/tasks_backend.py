@@ -81,7 +81,8 @@ class QueueTaskBackend(BaseTaskBackend):
     supports_get_result = True
     #: accepted and recorded; the service delivers in its own order (see the module's docstring)
     supports_priority = True
-    supports_async_task = False
+    #: a coroutine task runs in the worker's slot thread (``async_to_sync``)
+    supports_async_task = True
 
     def __init__(self, alias: str, params: dict) -> None:
         super().__init__(alias, params)
@@ -127,7 +128,7 @@ class QueueTaskBackend(BaseTaskBackend):
         }
         if task.run_after is not None:
             message["not_before"] = task.run_after.isoformat()
-        enqueue_on_commit(self.client, task.queue_name, [message], using=self.database, outbox=self.outbox)
+        enqueue_on_commit(task.queue_name, [message], client=self.client, using=self.database, outbox=self.outbox)
         result = self._result(record, task)
         task_enqueued.send(type(self), task_result=result)
         return result
