@@ -75,7 +75,7 @@ def app_env(tmp_path, node, token) -> dict[str, str]:
 
 @pytest.fixture
 def tasks_worker(tmp_path, app_env):
-    """``manage.py mq_tasks_worker --queue default`` on demand (``start(**env)``), stopped at the end."""
+    """``manage.py mq_tasks_worker --queue default`` on demand (``start(*args, **env)``), killed at the end."""
     procs: list[subprocess.Popen] = []
     log_path = tmp_path / "tasks-worker.log"
 
@@ -95,14 +95,9 @@ def tasks_worker(tmp_path, app_env):
         return proc
 
     yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    for proc in procs:  # killed: what it holds comes back after its visibility timeout
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _create_queue(api: Client, **fields) -> None:
@@ -195,12 +190,12 @@ def test_a_rolled_back_transaction_sends_nothing_with_or_without_the_outbox(node
         # when a transaction enqueues a task and a message and rolls back
         with pytest.raises(RuntimeError), transaction.atomic():
             dropped = email_users.enqueue(["a@example.com"], "dropped", "dropped")
-            enqueue_on_commit(sdk, "plain", ["dropped"], outbox=outbox)
+            enqueue_on_commit("plain", ["dropped"], client=sdk, outbox=outbox)
             raise RuntimeError("roll back")
         # and another one commits
         with transaction.atomic():
             kept = email_users.enqueue(["a@example.com"], "kept", "kept")
-            enqueue_on_commit(sdk, "plain", [f"kept {outbox}"], outbox=outbox)
+            enqueue_on_commit("plain", [f"kept {outbox}"], client=sdk, outbox=outbox)
             assert _depth(node_api, "plain") == 0, "sent before the commit"
 
         # then only the committed ones were sent, and nothing of the other is left anywhere
@@ -215,30 +210,28 @@ def test_a_process_killed_between_its_commit_and_the_send_loses_nothing(node_api
     # given the queues "default" (tasks) and "plain" (the SDK's messages)
     _create_queue(node_api, name="default")
     _create_queue(node_api, name="plain")
-    # when two processes commit an enqueue and die at once (SIGKILL, from a commit hook)
-    keys = {}
-    for kind, queue in (("sdk", "plain"), ("task", "default")):
-        proc = subprocess.run(
-            [sys.executable, "-m", "tests.integration.enqueue_and_die", kind, queue],
-            cwd=ROOT,
-            env=app_env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-        keys[kind] = proc.stdout.strip()
+    # when a process commits a message's and a task's enqueue and dies at once (SIGKILL, from a commit hook)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.integration.enqueue_and_die"],
+        cwd=ROOT,
+        env=app_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    key, task_id = proc.stdout.split()
     # then nothing was sent, and the outbox holds both
     assert _depth(node_api, "plain") == _depth(node_api, "default") == 0
-    assert OutboxMessage.objects.count() == 2
-    assert TaskRecord.objects.get(pk=keys["task"]).status == TaskResultStatus.READY
+    assert OutboxMessage.objects.count() == 2 and OutboxMessage.objects.filter(pk=key).exists()
+    assert TaskRecord.objects.get(pk=task_id).status == TaskResultStatus.READY
 
-    # when a worker starts, its relay sends them (rows older than TASKS_RELAY_AFTER)
-    tasks_worker("--relay-every", "0.2", TASKS_RELAY_AFTER="0.5")
+    # when a worker starts, its relay sends them (rows older than OUTBOX_RELAY_AFTER)
+    tasks_worker("--relay-every", "0.2", OUTBOX_RELAY_AFTER="0.5")
 
     # then the task ran, the message is in its queue once, and the outbox is empty
-    wait_until(lambda: email_users.get_result(keys["task"]).is_finished, 30, "the relayed task")
-    assert email_users.get_result(keys["task"]).status == TaskResultStatus.SUCCESSFUL
+    wait_until(lambda: email_users.get_result(task_id).is_finished, 30, "the relayed task")
+    assert email_users.get_result(task_id).status == TaskResultStatus.SUCCESSFUL
     wait_until(lambda: _depth(node_api, "plain") == 1, 10, "the relayed message")
     assert _bodies(node_api, "plain") == ["left at the commit"]
     assert not OutboxMessage.objects.exists()
