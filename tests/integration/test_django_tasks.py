@@ -7,10 +7,13 @@ the test process enqueues, a worker process runs the tasks, and both read the re
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 from django.db import connection, transaction
@@ -21,11 +24,14 @@ from tests.integration.tasks_for_tests import email_users, fails
 from tests.launcher import ROOT, wait_until
 from workers.models import AttemptLog, OutboxMessage, TaskRecord
 from workers.outbox import enqueue_on_commit
+from workers.tasks_backend import TaskRunner, load_task
 
 try:
     from django.tasks import TaskResultStatus
+    from django.tasks.exceptions import InvalidTaskError
 except ImportError:
     from django_tasks import TaskResultStatus
+    from django_tasks.exceptions import InvalidTaskError
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -179,10 +185,15 @@ def test_djangos_example_runs_on_the_worker_and_a_failing_task_ends_in_the_dead_
     assert "raise ValueError" in page
 
 
-def test_a_rolled_back_transaction_sends_nothing_with_or_without_the_outbox(node_api, tasks):
+def test_enqueue_on_commit_sends_nothing_on_a_rollback_and_loses_nothing_to_a_kill_after_commit(
+    node_api, tasks, tasks_worker, app_env
+):
+    """One node for both halves: they need the same queues, and a node costs seconds."""
     # given the queues "default" (tasks) and "plain" (the SDK's messages)
     _create_queue(node_api, name="default")
     _create_queue(node_api, name="plain")
+
+    # --- a rollback sends nothing -------------------------------------------------------------
     sdk = SDK(node_api.base, node_api.session.headers["Authorization"].split()[1])
     assert connection.vendor == "postgresql", "the outbox is PostgreSQL's (make test runs on it)"
     for outbox in (True, False):  # PostgreSQL's outbox, and transaction.on_commit alone (other databases)
@@ -205,11 +216,7 @@ def test_a_rolled_back_transaction_sends_nothing_with_or_without_the_outbox(node
         assert TaskRecord.objects.filter(pk=kept.id).exists()
         assert not OutboxMessage.objects.exists()
 
-
-def test_a_process_killed_between_its_commit_and_the_send_loses_nothing(node_api, tasks_worker, app_env):
-    # given the queues "default" (tasks) and "plain" (the SDK's messages)
-    _create_queue(node_api, name="default")
-    _create_queue(node_api, name="plain")
+    # --- a process killed after its commit loses nothing --------------------------------------
     # when a process commits a message's and a task's enqueue and dies at once (SIGKILL, from a commit hook)
     proc = subprocess.run(
         [sys.executable, "-m", "tests.integration.enqueue_and_die"],
@@ -235,3 +242,64 @@ def test_a_process_killed_between_its_commit_and_the_send_loses_nothing(node_api
     wait_until(lambda: _depth(node_api, "plain") == 1, 10, "the relayed message")
     assert _bodies(node_api, "plain") == ["left at the commit"]
     assert not OutboxMessage.objects.exists()
+
+
+class _Recorder:
+    """A stand-in for the SDK's client that keeps what it is asked to enqueue."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, list[dict]]] = []
+
+    def enqueue_batch(self, queue, items):
+        self.calls.append((queue, list(items)))
+        return [f"{queue}/0/00000000-0000000000000000/{i}" for i in range(len(items))]
+
+
+@pytest.mark.django_db  # in a transaction rolled back at the end: no node sees it
+def test_a_task_is_one_message_with_its_arguments_and_run_after_and_runs_once(
+    settings, mailoutbox, django_capture_on_commit_callbacks
+):
+    # given the backend with a recording client
+    settings.TASKS = {"default": {"BACKEND": BACKEND, "QUEUES": ["default"], "OPTIONS": {"token": "t"}}}
+    backend = email_users.get_backend()
+    backend._client = recorder = _Recorder()
+    run_after = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+    # when a task is enqueued with a priority and run_after
+    with django_capture_on_commit_callbacks(execute=True):
+        result = email_users.using(priority=5, run_after=run_after).enqueue(("a@example.com",), "s", message="m")
+
+    # then one message carries it, deduplicated by the result's ID and hidden until run_after
+    [(queue, [item])] = recorder.calls
+    assert queue == "default"
+    assert json.loads(item["body"]) == {
+        "id": result.id,
+        "task": "tests.integration.tasks_for_tests.email_users",
+        "backend": "default",
+        "args": [["a@example.com"], "s"],
+        "kwargs": {"message": "m"},
+    }
+    assert item["dedup_id"] == result.id
+    assert item["not_before"] == run_after.isoformat()
+    assert item["attributes"] == {"task": "tests.integration.tasks_for_tests.email_users", "priority": 5}
+    stored = email_users.get_result(result.id)
+    assert (stored.status, stored.task.priority, stored.task.run_after) == (TaskResultStatus.READY, 5, run_after)
+
+    # when a worker runs its message twice (a second delivery)
+    message = SimpleNamespace(id="default/0/00000000-0000000000000000/0", body=item["body"], enqueued_at=None)
+    TaskRunner(backend, "worker-1")(message, None)
+    TaskRunner(backend, "worker-2")(message, None)
+
+    # then it ran once, and its result says so
+    assert len(mailoutbox) == 1
+    done = email_users.get_result(result.id)
+    assert (done.status, done.return_value, done.worker_ids) == (TaskResultStatus.SUCCESSFUL, 1, ["worker-1"])
+
+
+@pytest.mark.django_db
+def test_a_task_names_one_of_the_backends_queues_and_a_message_names_a_task(settings):
+    settings.TASKS = {"default": {"BACKEND": BACKEND, "QUEUES": ["default"], "OPTIONS": {"token": "t"}}}
+    with pytest.raises(InvalidTaskError, match="not valid"):
+        email_users.using(queue_name="elsewhere")
+    with pytest.raises(ValueError, match="is not a task"):
+        load_task("tests.integration.tasks_for_tests.send_email")
