@@ -29,6 +29,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -203,6 +204,14 @@ def _attempt(a: AttemptLog) -> dict[str, Any]:
     }
 
 
+def _drop_stale_connections() -> None:
+    """Close this thread's connections the database broke or that outlived CONN_MAX_AGE, as Django
+    does around each request (a worker's slot thread lives long); never one inside a transaction."""
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close_if_unusable_or_obsolete()
+
+
 def load_task(path: str) -> Task:
     """The ``@task`` at ``path``; ValueError for anything else: a message names what runs, and
     only functions declared as tasks may run that way."""
@@ -225,6 +234,13 @@ class TaskRunner:
         self.worker_id = worker_id
 
     def __call__(self, message: Any, prepared: Any) -> None:
+        _drop_stale_connections()
+        try:
+            self._run(message)
+        finally:
+            _drop_stale_connections()
+
+    def _run(self, message: Any) -> None:
         body = json.loads(message.body)
         db = self.backend.database
         record = TaskRecord.objects.using(db).filter(pk=body["id"]).first()
