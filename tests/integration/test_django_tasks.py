@@ -102,8 +102,9 @@ def tasks_worker(tmp_path, app_env):
 
     yield start
     for proc in procs:  # killed: what it holds comes back after its visibility timeout
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def _create_queue(api: Client, **fields) -> None:
@@ -139,7 +140,7 @@ def test_djangos_example_runs_on_the_worker_and_a_failing_task_ends_in_the_dead_
     # given the queue "default" (two receives, then its dead-letter queue) and a worker of it
     _create_queue(node_api, name="default-dead")
     _create_queue(node_api, name="default", visibility_timeout=10, max_receives=2, dead_letter_queue="default-dead")
-    tasks_worker("--retry-backoff", "0.2")
+    worker = tasks_worker("--retry-backoff", "0.2")
 
     # when a view enqueues Django's example task
     r = client.get("/send-email/")
@@ -183,6 +184,10 @@ def test_djangos_example_runs_on_the_worker_and_a_failing_task_ends_in_the_dead_
     page = admin_client.get(f"/admin/workers/attemptlog/{record.pk}/change/").content.decode()
     assert "ValueError: this task fails: boom" in page
     assert "raise ValueError" in page
+
+    # when the worker is told to stop, it stops cleanly
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
 
 
 def test_enqueue_on_commit_sends_nothing_on_a_rollback_and_loses_nothing_to_a_kill_after_commit(
