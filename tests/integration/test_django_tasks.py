@@ -308,3 +308,49 @@ def test_a_task_names_one_of_the_backends_queues_and_a_message_names_a_task(sett
         email_users.using(queue_name="elsewhere")
     with pytest.raises(ValueError, match="is not a task"):
         load_task("tests.integration.tasks_for_tests.send_email")
+
+
+@pytest.mark.django_db
+def test_a_celery_task_delayed_on_commit_is_sent_only_if_the_transaction_commits(
+    settings, django_capture_on_commit_callbacks
+):
+    # given this project's Celery app and its broker (Redis under make test)
+    from celery.signals import after_task_publish
+
+    from queues.tasks import expire
+
+    sent: list[str] = []
+
+    def published(sender=None, headers=None, **kwargs):
+        sent.append(headers["id"])
+
+    after_task_publish.connect(published, weak=False)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            # when one transaction delays a task on commit and rolls back, and another commits
+            with pytest.raises(RuntimeError), transaction.atomic():
+                expire.delay_on_commit()
+                raise RuntimeError("roll back")
+            with transaction.atomic():
+                expire.delay_on_commit()
+            assert sent == [], "sent before the commit"
+    finally:
+        after_task_publish.disconnect(published)
+        _forget_celery_messages(settings.CELERY_BROKER_URL, sent)
+    # then the committed one alone reached the broker
+    assert len(sent) == 1
+
+
+def _forget_celery_messages(broker_url: str, ids: list[str]) -> None:
+    """Take the test's messages off a Redis broker's default queue: no worker of this test runs them."""
+    if not broker_url.startswith("redis://"):
+        return
+    import redis
+
+    client = redis.Redis.from_url(broker_url)
+    try:
+        for raw in client.lrange("celery", 0, -1):
+            if any(i.encode() in raw for i in ids):
+                client.lrem("celery", 1, raw)
+    finally:
+        client.close()
