@@ -126,9 +126,10 @@ def relay(client: Any, *, using: str = "default", older_than: float = RELAY_AFTE
         try:
             sent += send_row(client, key, using=using)
         except ApiError as exc:
-            log.error("outbox %s: the service refused it, kept for the next relay: %s", key, exc)
             if exc.status == 0 or exc.status >= 500:
-                break  # no node answers now: the next relay tries again
+                log.warning("outbox relay: no node took %s now, the next relay tries again: %s", key, exc)
+                break
+            log.error("outbox %s: the service refused it, kept for the next relay: %s", key, exc)
         except DatabaseError as exc:
             log.warning("outbox relay: %s", exc)
             break
