@@ -341,6 +341,7 @@ CELERY_BEAT_SCHEDULE = {
     "consumers": {"task": "workers.expire_consumers", "schedule": 300.0},
     "dashboards": {"task": "consoles.refresh_dashboards", "schedule": envfloat("DASHBOARDS_EVERY", 300.0)},
     "archive": {"task": "archive.run_archiver", "schedule": envfloat("ARCHIVE_EVERY", 10.0)},
+    "outbox": {"task": "workers.relay_outbox", "schedule": envfloat("OUTBOX_RELAY_EVERY", 10.0)},
 }
 #: Days an attempt record is kept.
 ATTEMPT_LOG_RETENTION_DAYS = envint("ATTEMPT_LOG_RETENTION_DAYS", 30, minimum=1)
@@ -350,6 +351,23 @@ CONSUMER_RETENTION = envint("CONSUMER_RETENTION", 3600, minimum=60)
 WORKER_MAX_CONSUMERS_PER_USER = envint("WORKER_MAX_CONSUMERS_PER_USER", 100, minimum=1)
 #: Held messages one heartbeat may list (400 past it).
 WORKER_MAX_HELD = envint("WORKER_MAX_HELD", 1000, minimum=1)
+
+# --- Django's tasks framework ------------------------------------------------------------
+# ``@task`` functions of this project run on the service's queues (docs/how-to/django-tasks.md):
+# TASKS_QUEUES names the queues tasks may use (they must exist); the service is reached at
+# QUEUE_API_URL with QUEUE_API_TOKEN, as the workers do.
+#: Seconds an enqueue's outbox row waits for its writer before a relay sends it (workers/outbox.py).
+OUTBOX_RELAY_AFTER = envfloat("OUTBOX_RELAY_AFTER", 10.0)
+TASKS = {
+    "default": {
+        "BACKEND": "workers.tasks_backend.QueueTaskBackend",
+        "QUEUES": [q.strip() for q in env("TASKS_QUEUES", "default").split(",") if q.strip()],
+        "OPTIONS": {"relay_after": OUTBOX_RELAY_AFTER},
+    }
+}
+#: Mail from tasks and the console (Django's backends; the file one writes into EMAIL_FILE_PATH).
+EMAIL_BACKEND = env("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_FILE_PATH = env("EMAIL_FILE_PATH", str(DATA_DIR / "mail"))
 
 # --- Spark --------------------------------------------------------------------------------
 SPARK_MASTER = env("SPARK_MASTER", "local[2]")

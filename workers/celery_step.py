@@ -28,7 +28,7 @@ class QueueConsumers(bootsteps.StartStopStep):
     def start(self, worker):
         from mq_client import Client
         from workers.handlers import configured_queues, discover
-        from workers.pipeline import Pipeline
+        from workers.pipeline import Pipeline, heartbeat_every
 
         found = discover()
         queues = configured_queues(found)
@@ -40,8 +40,7 @@ class QueueConsumers(bootsteps.StartStopStep):
             return
         client = Client.from_env()
         timeouts = [client.get_queue(q).visibility_timeout for q in queues]
-        # Three beats per visibility timeout: one lost beat never lets a message go.
-        beat = max(0.2, min(10.0, min(timeouts) / 3)) if timeouts else 5.0
+        beat = heartbeat_every(timeouts)
         self.pipeline = Pipeline(
             client,
             found,

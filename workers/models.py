@@ -92,3 +92,64 @@ class AttemptLog(models.Model):
 
     def __str__(self) -> str:
         return f"{self.message_id} #{self.attempt} {self.outcome}"
+
+
+class OutboxMessage(models.Model):
+    """Messages an application enqueued inside a database transaction, not sent yet.
+
+    Written in the caller's transaction (:mod:`workers.outbox`), so they exist exactly when
+    that transaction committed; sent after the commit and deleted, or, when the process died
+    in between, sent by a relay (``mq_tasks_worker``) once they are ``relay_after`` seconds old.
+    """
+
+    #: also each message's ``dedup_id`` when it has none: a second send within the queue's
+    #: dedup window gets the first one's ID, so a relay after a lost answer stores nothing twice.
+    id = models.CharField(primary_key=True, max_length=64)
+    queue = models.CharField(max_length=80)
+    #: the enqueue call's messages, as the API takes them (``body``, ``group``, ``dedup_id``...)
+    messages = models.JSONField()
+    created_at = models.DateTimeField(db_index=True)
+    #: relays that failed, and why the last one did (a missing queue, a refused message...)
+    failures = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.queue}: {len(self.messages)} message(s) from {self.created_at:%Y-%m-%d %H:%M:%S}"
+
+
+class TaskRecord(models.Model):
+    """A ``django.tasks`` task enqueued on a queue, and what became of it (its ``TaskResult``).
+
+    Written with the enqueue, in the caller's transaction; the worker updates it around each
+    attempt. The attempts themselves are the attempt log's records of ``message_id``.
+    """
+
+    id = models.CharField(primary_key=True, max_length=64)
+    task_path = models.CharField(max_length=300, help_text="the task function's module path")
+    backend = models.CharField(max_length=100, help_text="the TASKS alias it was enqueued with")
+    queue = models.CharField(max_length=80)
+    priority = models.IntegerField(default=0)
+    run_after = models.DateTimeField(null=True, blank=True)
+    args = models.JSONField(default=list)
+    kwargs = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, db_index=True)
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    return_value = models.JSONField(null=True, blank=True)
+    #: one ``{"exception_class_path", "traceback"}`` per failed attempt
+    errors = models.JSONField(default=list)
+    #: the consumer of each attempt the worker started
+    worker_ids = models.JSONField(default=list)
+    #: the queue message that carries it (known from its first attempt)
+    message_id = models.CharField(max_length=200, blank=True, db_index=True)
+
+    class Meta:
+        ordering = ["-enqueued_at"]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} {self.id} {self.status}"

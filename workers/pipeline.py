@@ -58,6 +58,12 @@ def _estimate(message, kind: str) -> float:
         return 0.0
 
 
+def heartbeat_every(visibility_timeouts: list[float]) -> float:
+    """Seconds between two heartbeats of a worker of queues with these visibility timeouts:
+    three beats per (shortest) timeout, so one lost beat never lets a message go."""
+    return max(0.2, min(10.0, min(visibility_timeouts) / 3)) if visibility_timeouts else 5.0
+
+
 @dataclass
 class Work:
     """A held message and what the pipeline knows of it."""

@@ -7,7 +7,8 @@ from datetime import timedelta
 from celery import shared_task
 from django.conf import settings
 
-from workers import services
+from workers import outbox, services
+from workers.models import OutboxMessage
 
 
 # "Expire" is the queues' retention rule applied; these trim the workers' own records. The
@@ -22,3 +23,12 @@ def trim_attempt_logs() -> int:
 def forget_silent_consumers() -> int:
     """Delete the consumers not heard from in CONSUMER_RETENTION seconds; returns how many."""
     return services.forget_silent_consumers()
+
+
+@shared_task(name="workers.relay_outbox", ignore_result=True)
+def relay_outbox() -> int:
+    """Send the outbox rows left by processes that died between their commit and the send; how
+    many were sent. Asks the service (``QUEUE_API_URL``) only when there is a row to send."""
+    if not OutboxMessage.objects.exists():
+        return 0
+    return outbox.relay(outbox.default_client(), older_than=settings.OUTBOX_RELAY_AFTER)

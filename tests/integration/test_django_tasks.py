@@ -1,0 +1,356 @@
+"""Django's tasks framework on a real node, a real ``manage.py mq_tasks_worker``, and enqueues
+that follow the caller's transaction (``workers.tasks_backend``, ``workers.outbox``).
+
+The application here is this project on the test database (PostgreSQL under ``make test``):
+the test process enqueues, a worker process runs the tasks, and both read the results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime
+from types import SimpleNamespace
+
+import pytest
+from django.db import connection, transaction
+
+from mq_client import Client as SDK
+from tests.integration.nodes import Client, database_url
+from tests.integration.tasks_for_tests import email_users, fails
+from tests.launcher import ROOT, wait_until
+from workers.models import AttemptLog, OutboxMessage, TaskRecord
+from workers.outbox import enqueue_on_commit
+from workers.tasks_backend import TaskRunner, load_task
+
+try:
+    from django.tasks import TaskResultStatus
+    from django.tasks.exceptions import InvalidTaskError
+except ImportError:
+    from django_tasks import TaskResultStatus
+    from django_tasks.exceptions import InvalidTaskError
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+BACKEND = "workers.tasks_backend.QueueTaskBackend"
+
+
+@pytest.fixture
+def node_api(node, token) -> Client:
+    return Client(node.url, token)
+
+
+@pytest.fixture
+def tasks(settings, node, token):
+    """This process's TASKS: the node's queues ``default`` and ``plain``; ``tasks(outbox=...)``
+    sets it again with other options."""
+
+    def configure(**options) -> None:
+        settings.TASKS = {
+            "default": {
+                "BACKEND": BACKEND,
+                "QUEUES": ["default", "plain"],
+                "OPTIONS": {"url": node.url, "token": token, **options},
+            }
+        }
+
+    configure()
+    return configure
+
+
+@pytest.fixture
+def app_env(tmp_path, node, token) -> dict[str, str]:
+    """The environment of another process of the application (a worker, a producer)."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "MQ_DATA_DIR": str(tmp_path / "app-data"),
+        "QUEUE_API_URL": node.url,
+        "QUEUE_API_TOKEN": token,
+        "TASKS_QUEUES": "default,plain",
+        "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+        "EMAIL_FILE_PATH": str(tmp_path / "mail"),
+        "PYTHONPATH": str(ROOT),
+    }
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return env
+
+
+@pytest.fixture
+def tasks_worker(tmp_path, app_env):
+    """``manage.py mq_tasks_worker --queue default`` on demand (``start(*args, **env)``), killed at the end."""
+    procs: list[subprocess.Popen] = []
+    log_path = tmp_path / "tasks-worker.log"
+
+    def start(*args: str, **extra_env: str) -> subprocess.Popen:
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "manage.py", "mq_tasks_worker", "--queue", "default", "--wait", "0.5", *args],
+                cwd=ROOT,
+                env={**app_env, **extra_env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        procs.append(proc)
+        wait_until(lambda: "consuming [" in log_path.read_text() or proc.poll() is not None, 30, "the worker")
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        return proc
+
+    yield start
+    for proc in procs:  # killed: what it holds comes back after its visibility timeout
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _create_queue(api: Client, **fields) -> None:
+    r = api.post("queues", fields)
+    assert r.status_code == 201, r.text
+    wait_until(
+        lambda: all(p["owner"] for p in api.get(f"queues/{fields['name']}/partitions").json()["partitions"]),
+        20,
+        f"the node to own every partition of {fields['name']}",
+    )
+
+
+def _bodies(api: Client, queue: str) -> list[str]:
+    """Every message in ``queue`` now, taken and acked."""
+    bodies: list[str] = []
+    while True:
+        got = api.post(f"queues/{queue}/dequeue", {"max": 100, "wait": 0}).json()["messages"]
+        if not got:
+            return bodies
+        bodies += [m["body"] for m in got]
+        r = api.post(f"queues/{queue}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]})
+        assert r.status_code == 200, r.text
+
+
+def _depth(api: Client, queue: str) -> int:
+    return api.get(f"queues/{queue}/stats").json()["depth"]
+
+
+@pytest.mark.urls("tests.integration.tasks_for_tests")
+def test_djangos_example_runs_on_the_worker_and_a_failing_task_ends_in_the_dead_letters(
+    node_api, tasks, tasks_worker, client, admin_client, tmp_path
+):
+    # given the queue "default" (two receives, then its dead-letter queue) and a worker of it
+    _create_queue(node_api, name="default-dead")
+    _create_queue(node_api, name="default", visibility_timeout=10, max_receives=2, dead_letter_queue="default-dead")
+    worker = tasks_worker("--retry-backoff", "0.2")
+
+    # when a view enqueues Django's example task
+    r = client.get("/send-email/")
+    assert r.status_code == 200, r.content
+    result_id = r.json()["result_id"]
+
+    # then the worker ran it, and this process reads its result by ID
+    wait_until(lambda: email_users.get_result(result_id).is_finished, 30, "the task to finish")
+    result = email_users.get_result(result_id)
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert result.return_value == 1  # send_mail's count of messages sent
+    assert result.kwargs == {"emails": ["user@example.com"], "subject": "You have a message", "message": "Hello there!"}
+    mail = "".join(p.read_text() for p in (tmp_path / "mail").iterdir())
+    assert "Subject: You have a message" in mail and "Hello there!" in mail
+    # ...and the attempt log's record of it is the result's one attempt
+    wait_until(lambda: email_users.get_result(result_id).attempt_log, 10, "the attempt record")
+    result = email_users.get_result(result_id)
+    assert [(a["attempt"], a["outcome"]) for a in result.attempt_log] == [(1, "succeeded")]
+    assert result.attempts == 1 and result.worker_ids == [result.attempt_log[0]["worker"]]
+
+    # when a task raises, at each of the queue's two receives
+    failing = fails.enqueue("boom")
+
+    # then it lands in the dead-letter queue...
+    wait_until(lambda: _depth(node_api, "default-dead") == 1, 30, "the dead letter")
+    assert _depth(node_api, "default") == 0
+    # ...its result shows both failures with their tracebacks...
+    wait_until(
+        lambda: [a["outcome"] for a in fails.get_result(failing.id).attempt_log] == ["failed", "failed"],
+        10,
+        "two failed attempts in the log",
+    )
+    result = fails.get_result(failing.id)
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class for e in result.errors] == [ValueError, ValueError]
+    assert all("ValueError: this task fails: boom" in e.traceback for e in result.errors)
+    assert [(a["attempt"], a["outcome"]) for a in result.attempt_log] == [(1, "failed"), (2, "failed")]
+    assert result.attempts == 2
+    # ...and the console's page of an attempt shows the traceback
+    record = AttemptLog.objects.filter(message_id=TaskRecord.objects.get(pk=failing.id).message_id).first()
+    page = admin_client.get(f"/admin/workers/attemptlog/{record.pk}/change/").content.decode()
+    assert "ValueError: this task fails: boom" in page
+    assert "raise ValueError" in page
+
+    # when the worker is told to stop, it stops cleanly
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+
+
+def test_enqueue_on_commit_sends_nothing_on_a_rollback_and_loses_nothing_to_a_kill_after_commit(
+    node_api, tasks, tasks_worker, app_env
+):
+    """One node for both halves: they need the same queues, and a node costs seconds."""
+    # given the queues "default" (tasks) and "plain" (the SDK's messages)
+    _create_queue(node_api, name="default")
+    _create_queue(node_api, name="plain")
+
+    # --- a rollback sends nothing -------------------------------------------------------------
+    sdk = SDK(node_api.base, node_api.session.headers["Authorization"].split()[1])
+    assert connection.vendor == "postgresql", "the outbox is PostgreSQL's (make test runs on it)"
+    for outbox in (True, False):  # PostgreSQL's outbox, and transaction.on_commit alone (other databases)
+        tasks(outbox=outbox)
+        # when a transaction enqueues a task and a message and rolls back
+        with pytest.raises(RuntimeError), transaction.atomic():
+            dropped = email_users.enqueue(["a@example.com"], "dropped", "dropped")
+            enqueue_on_commit("plain", ["dropped"], client=sdk, outbox=outbox)
+            raise RuntimeError("roll back")
+        # and another one commits
+        with transaction.atomic():
+            kept = email_users.enqueue(["a@example.com"], "kept", "kept")
+            enqueue_on_commit("plain", [f"kept {outbox}"], client=sdk, outbox=outbox)
+            assert _depth(node_api, "plain") == 0, "sent before the commit"
+
+        # then only the committed ones were sent, and nothing of the other is left anywhere
+        assert _bodies(node_api, "plain") == [f"kept {outbox}"]
+        assert [kept.id in body for body in _bodies(node_api, "default")] == [True]
+        assert not TaskRecord.objects.filter(pk=dropped.id).exists()
+        assert TaskRecord.objects.filter(pk=kept.id).exists()
+        assert not OutboxMessage.objects.exists()
+
+    # --- a process killed after its commit loses nothing --------------------------------------
+    # when a process commits a message's and a task's enqueue and dies at once (SIGKILL, from a commit hook)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.integration.enqueue_and_die"],
+        cwd=ROOT,
+        env=app_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    key, task_id = proc.stdout.split()
+    # then nothing was sent, and the outbox holds both
+    assert _depth(node_api, "plain") == _depth(node_api, "default") == 0
+    assert OutboxMessage.objects.count() == 2 and OutboxMessage.objects.filter(pk=key).exists()
+    assert TaskRecord.objects.get(pk=task_id).status == TaskResultStatus.READY
+
+    # when a worker starts, its relay sends them (rows older than OUTBOX_RELAY_AFTER)
+    tasks_worker("--relay-every", "0.2", OUTBOX_RELAY_AFTER="0.5")
+
+    # then the task ran, the message is in its queue once, and the outbox is empty
+    wait_until(lambda: email_users.get_result(task_id).is_finished, 30, "the relayed task")
+    assert email_users.get_result(task_id).status == TaskResultStatus.SUCCESSFUL
+    wait_until(lambda: _depth(node_api, "plain") == 1, 10, "the relayed message")
+    assert _bodies(node_api, "plain") == ["left at the commit"]
+    assert not OutboxMessage.objects.exists()
+
+
+class _Recorder:
+    """A stand-in for the SDK's client that keeps what it is asked to enqueue."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, list[dict]]] = []
+
+    def enqueue_batch(self, queue, items):
+        self.calls.append((queue, list(items)))
+        return [f"{queue}/0/00000000-0000000000000000/{i}" for i in range(len(items))]
+
+
+@pytest.mark.django_db  # in a transaction rolled back at the end: no node sees it
+def test_a_task_is_one_message_with_its_arguments_and_run_after_and_runs_once(
+    settings, mailoutbox, django_capture_on_commit_callbacks
+):
+    # given the backend with a recording client
+    settings.TASKS = {"default": {"BACKEND": BACKEND, "QUEUES": ["default"], "OPTIONS": {"token": "t"}}}
+    backend = email_users.get_backend()
+    backend._client = recorder = _Recorder()
+    run_after = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+    # when a task is enqueued with a priority and run_after
+    with django_capture_on_commit_callbacks(execute=True):
+        result = email_users.using(priority=5, run_after=run_after).enqueue(("a@example.com",), "s", message="m")
+
+    # then one message carries it, deduplicated by the result's ID and hidden until run_after
+    [(queue, [item])] = recorder.calls
+    assert queue == "default"
+    assert json.loads(item["body"]) == {
+        "id": result.id,
+        "task": "tests.integration.tasks_for_tests.email_users",
+        "backend": "default",
+        "args": [["a@example.com"], "s"],
+        "kwargs": {"message": "m"},
+    }
+    assert item["dedup_id"] == result.id
+    assert item["not_before"] == run_after.isoformat()
+    assert item["attributes"] == {"task": "tests.integration.tasks_for_tests.email_users", "priority": 5}
+    stored = email_users.get_result(result.id)
+    assert (stored.status, stored.task.priority, stored.task.run_after) == (TaskResultStatus.READY, 5, run_after)
+
+    # when a worker runs its message twice (a second delivery)
+    message = SimpleNamespace(id="default/0/00000000-0000000000000000/0", body=item["body"], enqueued_at=None)
+    TaskRunner(backend, "worker-1")(message, None)
+    TaskRunner(backend, "worker-2")(message, None)
+
+    # then it ran once, and its result says so
+    assert len(mailoutbox) == 1
+    done = email_users.get_result(result.id)
+    assert (done.status, done.return_value, done.worker_ids) == (TaskResultStatus.SUCCESSFUL, 1, ["worker-1"])
+
+
+@pytest.mark.django_db
+def test_a_task_names_one_of_the_backends_queues_and_a_message_names_a_task(settings):
+    settings.TASKS = {"default": {"BACKEND": BACKEND, "QUEUES": ["default"], "OPTIONS": {"token": "t"}}}
+    with pytest.raises(InvalidTaskError, match="not valid"):
+        email_users.using(queue_name="elsewhere")
+    with pytest.raises(ValueError, match="is not a task"):
+        load_task("tests.integration.tasks_for_tests.send_email")
+
+
+@pytest.mark.django_db
+def test_a_celery_task_delayed_on_commit_is_sent_only_if_the_transaction_commits(
+    settings, django_capture_on_commit_callbacks
+):
+    # given this project's Celery app and its broker (Redis under make test)
+    from celery.signals import after_task_publish
+
+    from queues.tasks import expire
+
+    sent: list[str] = []
+
+    def published(sender=None, headers=None, **kwargs):
+        sent.append(headers["id"])
+
+    after_task_publish.connect(published, weak=False)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            # when one transaction delays a task on commit and rolls back, and another commits
+            with pytest.raises(RuntimeError), transaction.atomic():
+                expire.delay_on_commit()
+                raise RuntimeError("roll back")
+            with transaction.atomic():
+                expire.delay_on_commit()
+            assert sent == [], "sent before the commit"
+    finally:
+        after_task_publish.disconnect(published)
+        _forget_celery_messages(settings.CELERY_BROKER_URL, sent)
+    # then the committed one alone reached the broker
+    assert len(sent) == 1
+
+
+def _forget_celery_messages(broker_url: str, ids: list[str]) -> None:
+    """Take the test's messages off a Redis broker's default queue: no worker of this test runs them."""
+    if not broker_url.startswith("redis://"):
+        return
+    import redis
+
+    client = redis.Redis.from_url(broker_url)
+    try:
+        for raw in client.lrange("celery", 0, -1):
+            if any(i.encode() in raw for i in ids):
+                client.lrem("celery", 1, raw)
+    finally:
+        client.close()
