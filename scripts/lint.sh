@@ -25,7 +25,7 @@ check "ruff format --check" ruff format --check .
 check "mypy" mypy
 check "lint-imports" lint-imports
 docs_out="$(mktemp -d)"
-check "mkdocs build --strict" mkdocs build --strict --site-dir "$docs_out"
+NO_MKDOCS_2_WARNING=1 check "mkdocs build --strict" mkdocs build --strict --site-dir "$docs_out"
 rm -rf "$docs_out"
 
 if [ ${#failed[@]} -gt 0 ]; then
