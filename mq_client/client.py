@@ -526,7 +526,7 @@ class Client:
         ) as span:
             carried: dict[str, str] = {}
             tracing.inject(carried)
-            items = [{**item, "attributes": {**(item.get("attributes") or {}), **carried}} for item in items]
+            items = [{**item, "attributes": tracing.with_context(item.get("attributes"), carried)} for item in items]
             path = _path(queue, "enqueue")
             if single:
                 ids = [str(self._call("POST", path, items[0], owner=owner)["id"])]

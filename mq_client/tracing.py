@@ -40,6 +40,9 @@ TRACESTATE = "tracestate"
 SQS_META = "sqs:meta"
 #: The most messages of one call that a span links to.
 MAX_LINKS = 128
+#: The most attributes a message may have (the API's limit): trace context is added to a
+#: message only while it fits, so that tracing never makes a call refused.
+MAX_ATTRIBUTES = 16
 
 _W3C = TraceContextTextMapPropagator() if trace is not None else None
 _XRAY = re.compile(r"(?:^|;)\s*Root=1-([0-9a-f]{8})-([0-9a-f]{24})\s*(?:;|$)")
@@ -68,6 +71,14 @@ def inject(carrier: MutableMapping[str, Any], context: Context | None = None) ->
     ``carrier``: HTTP headers or a message's attributes. Nothing when it has no valid span."""
     if _W3C is not None:
         _W3C.inject(carrier, context)
+
+
+def with_context(attributes: Mapping[str, Any] | None, carried: Mapping[str, str]) -> Mapping[str, Any] | None:
+    """``attributes`` with the trace context ``carried`` (:func:`inject`'s) added; ``attributes``
+    themselves when they have a ``traceparent`` already or no room is left (:data:`MAX_ATTRIBUTES`)."""
+    if not carried or (attributes and (TRACEPARENT in attributes or len(attributes) + len(carried) > MAX_ATTRIBUTES)):
+        return attributes
+    return {**(attributes or {}), **carried}
 
 
 def extract(carrier: Mapping[str, Any] | None) -> Context | None:

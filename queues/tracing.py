@@ -240,13 +240,12 @@ def _carrying_context(drafts: Sequence[_T]) -> list[_T]:
         return list(drafts)
     out = []
     for d in drafts:
-        attrs = getattr(d, "attributes", None) or {}
-        # A message that has its own context keeps it; one that came through the SQS API keeps
-        # its AWSTraceHeader (an attribute more would show in its SQS message attributes).
-        if common.TRACEPARENT in attrs or common.SQS_META in attrs:
-            out.append(d)
-        else:
-            out.append(dataclasses.replace(d, attributes={**attrs, **carried}))  # type: ignore[type-var]
+        attrs = getattr(d, "attributes", None)
+        # A message that has its own context keeps it (with_context), and so does one that came
+        # through the SQS API: its AWSTraceHeader (an attribute more would show in its SQS
+        # message attributes).
+        added = attrs if attrs and common.SQS_META in attrs else common.with_context(attrs, carried)
+        out.append(d if added is attrs else dataclasses.replace(d, attributes=added))  # type: ignore[type-var]
     return out
 
 

@@ -97,3 +97,17 @@ def test_each_attempt_is_a_process_span_in_the_messages_trace(exporter):
     # and the failed one says why
     assert spans[bad].attributes["mq.outcome"] == "failed"
     assert spans[bad].attributes["error.type"] == "ValueError" and spans[bad].status.status_code.name == "ERROR"
+
+
+def test_trace_context_is_added_only_where_it_fits():
+    from queues.api.validation import MAX_ATTRIBUTES
+
+    carried = {"traceparent": TRACEPARENT}
+    assert tracing.MAX_ATTRIBUTES == MAX_ATTRIBUTES  # the API's limit: tracing never gets a call refused
+    assert tracing.with_context(None, carried) == carried
+    assert tracing.with_context({"k": "v"}, carried) == {"k": "v", **carried}
+    own = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    assert tracing.with_context(own, carried) is own  # a message's own context is kept
+    full = {f"a{i}": i for i in range(MAX_ATTRIBUTES)}
+    assert tracing.with_context(full, carried) is full
+    assert tracing.with_context({"k": "v"}, {}) == {"k": "v"}
