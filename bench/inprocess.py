@@ -59,7 +59,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--profile", metavar="FILE", help="write a cProfile (thread CPU time) of the last round to FILE")
+    p.add_argument(
+        "--traces",
+        metavar="MODES",
+        help="off,on: rounds with no OpenTelemetry SDK (off: what a node without one runs) and with one "
+        "(on: the SDK's TracerProvider, spans batched to an exporter that drops them) interleaved, "
+        "their medians side by side, and what the off path's checks cost",
+    )
     args = p.parse_args(argv)
+    if args.traces is not None:
+        args.traces = [m.strip() for m in args.traces.split(",") if m.strip()]
+        if not args.traces or set(args.traces) - {"off", "on"}:
+            p.error("--traces takes off, on or off,on")
     if args.batch < 1 or args.n < args.batch * args.threads or args.threads < 1:
         p.error("need --batch >= 1, --threads >= 1 and --n >= batch x threads")
     return args
@@ -180,6 +191,70 @@ def round_(call: Caller, queue: str, args: argparse.Namespace, profile: cProfile
     return figures
 
 
+def traces(call: Caller, queue: str, args: argparse.Namespace) -> None:
+    """``--traces``: the modes' rounds interleaved (off, on, off, on, ...), their medians side by
+    side; then the cost of the checks the off path makes (``if tracing.ON:`` at the entrance, in
+    the service and at the store write) measured alone, beside the off rounds' spread."""
+    from queues import tracing
+
+    if tracing.ON:
+        sys.exit("--traces: this process has an OpenTelemetry SDK configured already (TRACES_EXPORT?)")
+    provider = None
+    if "on" in args.traces:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+        class Dropped(SpanExporter):
+            spans = 0
+
+            def export(self, spans):  # the spans made and handed over, not serialized
+                Dropped.spans += len(spans)
+                return SpanExportResult.SUCCESS
+
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(Dropped()))
+        tracing.use(provider)
+        cycle(call, queue, min(args.n, 20 * args.batch), args.batch, {})  # warm the SDK's path too
+        tracing.use(None)
+    rounds: dict[str, list[dict[str, float]]] = {m: [] for m in args.traces}
+    for _ in range(args.repeat):
+        for mode in args.traces:
+            tracing.use(provider if mode == "on" else None)
+            try:
+                rounds[mode].append(round_(call, queue, args, None))
+            finally:
+                tracing.use(None)
+    if provider is not None:
+        provider.force_flush()
+        provider.shutdown()
+    keys = list(next(iter(rounds.values()))[0])
+    print(
+        f"kv={args.kv} batch={args.batch} threads={args.threads} n={args.n}: node CPU, medians of {args.repeat} rounds"
+    )
+    print(f"  {'':<18}" + "".join(f"{'traces ' + m:>14}" for m in args.traces))
+    for k in keys:
+        print(f"  {k:<18}" + "".join(f"{statistics.median(r[k] for r in rounds[m]):>14.1f}" for m in args.traces))
+    for m in args.traces:
+        each = ", ".join(f"{r['µs/msg']:.1f}" for r in rounds[m])
+        print(f"  traces {m}: per round {each} µs/msg")
+    # What "off" adds to a call: one `if tracing.ON:` at the entrance, one in the service's call,
+    # one at each partition's store write (an enqueue); the same test timed alone.
+    loops = 2_000_000
+    started = time.perf_counter()
+    for _ in range(loops):
+        if tracing.ON:
+            pass
+    check_ns = (time.perf_counter() - started) / loops * 1e9
+    if "off" in rounds:
+        off = [r["µs/call"] for r in rounds["off"]]
+        spread = (max(off) - min(off)) / statistics.median(off) * 100
+        print(
+            f"  off path: 3 checks a call at most, {check_ns:.0f} ns each measured alone: "
+            f"{3 * check_ns / 1000:.2f} µs/call, {3 * check_ns / 10 / statistics.median(off):.3f}% of "
+            f"the off rounds' median µs/call (their spread: {spread:.1f}%)"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     setup(args.kv)
@@ -208,6 +283,13 @@ def main(argv: list[str] | None = None) -> None:
     speed = box_speed(os.environ.get("REDIS_URL"))
     try:
         cycle(call, queue, min(args.n, 20 * args.batch), args.batch, {})  # warm-up, untimed
+        if args.traces:
+            traces(call, queue, args)
+            print(
+                f"box speed: before {fmt_box_speed(speed)}; "
+                f"after {fmt_box_speed(box_speed(os.environ.get('REDIS_URL')))}"
+            )
+            return
         rounds = []
         for i in range(args.repeat):
             profile = cProfile.Profile(time.thread_time) if args.profile and i == args.repeat - 1 else None

@@ -456,6 +456,14 @@ def envnetworks(name: str, default: str) -> list[ipaddress.IPv4Network | ipaddre
 #: Addresses that may scrape /metrics without the token (default: loopback only).
 METRICS_ALLOW = envnetworks("METRICS_ALLOW", "127.0.0.0/8,::1/128")
 
+# --- traces (OpenTelemetry; docs/how-to/traces.md) ---------------------------------------
+#: "" (default): spans only when the process has an OpenTelemetry SDK configured already
+#: (``opentelemetry-instrument``, the application's own setup); "otlp", "console" or "jsonl"
+#: install the SDK (``opentelemetry-sdk``, not in the runtime's requirements) with that exporter.
+TRACES_EXPORT = env("TRACES_EXPORT", "")
+#: the file "jsonl" appends the spans to, one JSON object a line
+TRACES_FILE = env("TRACES_FILE", str(DATA_DIR / "traces.jsonl"))
+
 # --- API ----------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+from mq_client import tracing
 from mq_client.errors import ApiError, error_from_answer
 from mq_client.ids import group_partition, partition_or_none
 from mq_client.routing import OwnerCache
@@ -70,6 +71,8 @@ class Client:
     :param max_backoff: the largest delay between two tries, ``Retry-After`` included
     :param owners_ttl: seconds the partition owners of a queue are cached; 0 turns owner routing off
     :param node_quarantine: seconds a node that refused a connection is skipped (doubles, up to 8x)
+    :param tracer_provider: the OpenTelemetry ``TracerProvider`` of the client's spans (default:
+        the global one, when an SDK is configured; with none the client makes no span)
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class Client:
         owners_ttl: float = 30.0,
         node_quarantine: float = 2.0,
         user_agent: str = "mq-sdk/1",
+        tracer_provider: Any = None,
     ) -> None:
         self._transport = Transport(
             urls.split(",") if isinstance(urls, str) else urls,
@@ -98,6 +102,10 @@ class Client:
         )
         self._owners = OwnerCache(owners_ttl)
         self.token = token
+        #: the OpenTelemetry tracer of this client's spans; None (no span, no trace context
+        #: added) unless an SDK is configured when the client is made, or ``tracer_provider`` given
+        self.tracer = tracing.tracer(tracer_provider) if tracer_provider is not None or tracing.enabled() else None
+        self._transport.traced = self.tracer is not None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **options: Any) -> Client:
@@ -308,6 +316,8 @@ class Client:
             size=size,
             estimates=estimates,
         ).to_json()
+        if self.tracer is not None:
+            return self._traced_enqueue(queue, [item], self._group_owner(queue, [group]), single=True)[0]
         mid: str = self._call("POST", _path(queue, "enqueue"), item, owner=self._group_owner(queue, [group]))["id"]
         return mid
 
@@ -320,6 +330,8 @@ class Client:
         if len(items) > MAX_BATCH:
             raise ValueError(f"at most {MAX_BATCH} messages per call, got {len(items)}: use enqueue_many")
         owner = self._group_owner(queue, [i.get("group") for i in items])
+        if self.tracer is not None:
+            return self._traced_enqueue(queue, items, owner, single=False)
         return list(self._call("POST", _path(queue, "enqueue"), {"messages": items}, owner=owner)["ids"])
 
     def enqueue_many(self, queue: str, messages: Iterable[MessageItem], batch_size: int = MAX_BATCH) -> list[str]:
@@ -358,6 +370,8 @@ class Client:
             payload["wait"] = wait
         timeout = self.timeout + (wait if isinstance(wait, (int, float)) and wait > 0 else 0)
         owner = self._transport.owner_url(node)
+        if self.tracer is not None:
+            return self._traced_dequeue(queue, payload, timeout, owner)
         answer = self._call("POST", _path(queue, "dequeue"), payload, timeout=timeout, owner=owner)
         return [Message.from_json(m) for m in answer.get("messages", ())]
 
@@ -480,12 +494,62 @@ class Client:
         by_owner: dict[str | None, list[_T]] = {}
         for item in items:
             by_owner.setdefault(self._owner(queue, partition_or_none(id_of(item))), []).append(item)
+        if self.tracer is not None:
+            from opentelemetry.trace import SpanKind
+
+            with self.tracer.start_as_current_span(
+                f"ack {queue}",
+                kind=SpanKind.CLIENT,
+                attributes=tracing.messaging_attributes("settle", "ack", queue, count=len(items)),
+            ):
+                return self._ack_calls(queue, key, by_owner)
+        return self._ack_calls(queue, key, by_owner)
+
+    def _ack_calls(self, queue: str, key: str, by_owner: dict[str | None, list[_T]]) -> AckResult:
         total = AckResult()
         for owner, owned in by_owner.items():
             for chunk in _chunks(owned, MAX_BATCH):
                 answer = self._call("POST", _path(queue, "ack"), {key: chunk}, owner=owner)
                 total = total + AckResult(answer.get("acked", 0), answer.get("not_found", 0))
         return total
+
+    def _traced_enqueue(self, queue: str, items: list[dict[str, Any]], owner: str | None, single: bool) -> list[str]:
+        """An enqueue inside a producer span (``send``) whose context each message carries in
+        its attributes (``traceparent``, ``tracestate``), and the request in its headers."""
+        from opentelemetry.trace import SpanKind
+
+        assert self.tracer is not None
+        with self.tracer.start_as_current_span(
+            f"enqueue {queue}",
+            kind=SpanKind.PRODUCER,
+            attributes=tracing.messaging_attributes("send", "enqueue", queue, count=len(items)),
+        ) as span:
+            carried: dict[str, str] = {}
+            tracing.inject(carried)
+            items = [{**item, "attributes": tracing.with_context(item.get("attributes"), carried)} for item in items]
+            path = _path(queue, "enqueue")
+            if single:
+                ids = [str(self._call("POST", path, items[0], owner=owner)["id"])]
+                span.set_attribute("messaging.message.id", ids[0])
+                return ids
+            return list(self._call("POST", path, {"messages": items}, owner=owner)["ids"])
+
+    def _traced_dequeue(self, queue: str, payload: dict[str, Any], timeout: float, owner: str | None) -> list[Message]:
+        """A dequeue inside a ``receive`` span linked to the messages' creation contexts."""
+        from opentelemetry.trace import SpanKind
+
+        assert self.tracer is not None
+        with self.tracer.start_as_current_span(
+            f"dequeue {queue}",
+            kind=SpanKind.CLIENT,
+            attributes=tracing.messaging_attributes("receive", "dequeue", queue),
+        ) as span:
+            answer = self._call("POST", _path(queue, "dequeue"), payload, timeout=timeout, owner=owner)
+            messages = [Message.from_json(m) for m in answer.get("messages", ())]
+            span.set_attribute("messaging.batch.message_count", len(messages))
+            for link in tracing.links_of([tracing.context_of(m.attributes) for m in messages]):
+                span.add_link(link.context)
+            return messages
 
     def _call(
         self,

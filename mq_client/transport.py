@@ -23,6 +23,7 @@ from typing import Any
 
 import requests
 
+from mq_client import tracing
 from mq_client.errors import ApiError, ConnectionFailed, error_from_answer
 
 try:  # the service's own JSON codec when present; the standard library otherwise
@@ -115,6 +116,9 @@ class Transport:
             "User-Agent": user_agent,
         }
         self.on_owner_failed = on_owner_failed
+        #: whether each request carries the current trace context (``traceparent``): set by the
+        #: client when an OpenTelemetry SDK is configured
+        self.traced = False
         #: how the backoff waits (tests replace it to record the delays)
         self.sleep: Callable[[float], None] = time.sleep
         self._lock = threading.Lock()
@@ -162,8 +166,12 @@ class Transport:
     ) -> tuple[int, Any, Mapping[str, str]]:
         """One HTTP request: ``(status, JSON or None, headers)``; raises requests' exceptions."""
         data = None if payload is None else dumps(payload)
+        headers: dict[str, str] | None = None
+        if self.traced:  # the current span's context, for the node's spans to join its trace
+            headers = {}
+            tracing.inject(headers)
         r = self.session().request(
-            method, f"{base}{API_PREFIX}/{path}", data=data, timeout=(min(timeout, 5.0), timeout)
+            method, f"{base}{API_PREFIX}/{path}", data=data, headers=headers, timeout=(min(timeout, 5.0), timeout)
         )
         body: Any = None
         if r.content:

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mq_client.tracing import TRACEPARENT, xray_of_traceparent
 from queues import service
 from queues.models import LIMITS
 from sqs import ids, move_tasks, permissions
@@ -610,6 +611,12 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
                 every["MessageDeduplicationId"] = meta["dedup"]
         if meta.get("trace"):
             every["AWSTraceHeader"] = meta["trace"]
+        elif "AWSTraceHeader" in system and isinstance(m.attributes, dict):
+            # A message sent with W3C trace context (REST, the SDK): its traceparent as X-Ray's.
+            parent = m.attributes.get(TRACEPARENT)
+            xray = xray_of_traceparent(parent) if isinstance(parent, str) else None
+            if xray:
+                every["AWSTraceHeader"] = xray
         if source:
             every["DeadLetterQueueSourceArn"] = queue_arn(ctx, source, source.endswith(SERVICE_FIFO_SUFFIX))
         chosen = {k: v for k, v in every.items() if k in system}

@@ -26,7 +26,8 @@ from django.utils.crypto import salted_hmac
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 
-from queues import service
+from mq_client.tracing import traceparent_of_xray
+from queues import service, tracing
 from queues.api import throttles
 from queues.api.auth import caller_of_id
 from sqs import actions, query, sigv4, wire
@@ -218,9 +219,11 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
         )
         key.touch()
         call = service.begin_call()
+        trace_token = _attach_trace(headers) if tracing.ON else None
         try:
             result = actions.run(action, params, ctx)
         finally:
+            tracing.detach(trace_token)
             service.end_call(call)
     except SQSError as err:
         return _error(err, json_protocol, request_id)
@@ -234,6 +237,13 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
     if json_protocol:
         return _respond(wire.encode(result), request_id)
     return _respond((200, {"Content-Type": XML}, query.encode(action, result, request_id)), request_id)
+
+
+def _attach_trace(headers: dict[str, str]) -> object | None:
+    """The caller's trace context, current for the call: its ``traceparent``, else its X-Ray
+    header (``X-Amzn-Trace-Id``, the one SQS clients send)."""
+    parent = headers.get("traceparent") or traceparent_of_xray(headers.get("x-amzn-trace-id", ""))
+    return tracing.attach(parent, headers.get("tracestate"))
 
 
 def direct_endpoint(request: HttpRequest, rest: str) -> HttpResponse:

@@ -24,10 +24,12 @@ import traceback
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from mq_client import tracing
 from queues.engine.isotime import isoformat
 from workers.handlers import Handler
 
@@ -62,6 +64,18 @@ def heartbeat_every(visibility_timeouts: list[float]) -> float:
     """Seconds between two heartbeats of a worker of queues with these visibility timeouts:
     three beats per (shortest) timeout, so one lost beat never lets a message go."""
     return max(0.2, min(10.0, min(visibility_timeouts) / 3)) if visibility_timeouts else 5.0
+
+
+@contextmanager
+def _current(span):
+    """``span`` (None: nothing) current inside, ended after."""
+    if span is None:
+        yield
+        return
+    from opentelemetry import trace
+
+    with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+        yield
 
 
 @dataclass
@@ -121,6 +135,9 @@ class Pipeline:
         self._threads: list[threading.Thread] = []
         self.processed = 0
         self.busy = 0
+        #: the client's OpenTelemetry tracer (None: no spans): each attempt is a ``process``
+        #: span, a child of the context the message was created in (its ``traceparent``)
+        self.tracer = getattr(client, "tracer", None)
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> Pipeline:
@@ -227,6 +244,25 @@ class Pipeline:
             nxt = self._work_on(current)
             current = nxt
 
+    def _attempt_span(self, work: Work):
+        """The span of one attempt at ``work`` (OpenTelemetry's ``process`` operation), a child
+        of the context its message was created in, started now; made current by
+        :func:`_current` while its handler runs and its message is acked or given back."""
+        from opentelemetry.trace import SpanKind
+
+        message = work.message
+        attributes = tracing.messaging_attributes(
+            "process", "process", work.queue, message_id=getattr(message, "id", None)
+        )
+        attributes["messaging.consumer.group.name"] = self.name
+        attributes["mq.receive_count"] = getattr(message, "receive_count", 0)
+        return self.tracer.start_span(
+            f"process {work.queue}",
+            context=tracing.context_of(getattr(message, "attributes", None)),
+            kind=SpanKind.CONSUMER,
+            attributes=attributes,
+        )
+
     def _work_on(self, work: Work) -> Work | None:
         """Process ``work``; meanwhile take the next message and time its pre-processing."""
         try:
@@ -236,7 +272,12 @@ class Pipeline:
             self._forget(work)
             return None
         except BaseException as exc:  # noqa: BLE001 - pre-processing failed: an attempt that failed
-            self._finish(work, "failed", exc, None, None)
+            span = self._attempt_span(work) if self.tracer is not None else None
+            with _current(span):
+                if span is not None:
+                    span.set_attribute("mq.outcome", "failed")
+                    tracing.record_error(span, exc)
+                self._finish(work, "failed", exc, None, None)
             return None
         if work.lost:
             self._forget(work)
@@ -250,16 +291,22 @@ class Pipeline:
         if self.pipelining and not self._stop.is_set():
             taken = self._take_next(work, started, done)
         outcome, error = "succeeded", None
-        try:
-            work.handler.process(work.message, prepared)
-        except BaseException as exc:  # noqa: BLE001 - recorded, the message comes back later
-            outcome, error = "failed", exc
-        ended = time.time()
-        self.busy -= 1
-        done.set()  # done earlier than estimated: the next one need not wait any longer
-        if outcome == "succeeded" and work.handler.timeout and ended - started > work.handler.timeout:
-            outcome = "timed_out"
-        self._finish(work, outcome, error, started, ended)
+        span = self._attempt_span(work) if self.tracer is not None else None
+        with _current(span):
+            try:
+                work.handler.process(work.message, prepared)
+            except BaseException as exc:  # noqa: BLE001 - recorded, the message comes back later
+                outcome, error = "failed", exc
+            ended = time.time()
+            self.busy -= 1
+            done.set()  # done earlier than estimated: the next one need not wait any longer
+            if outcome == "succeeded" and work.handler.timeout and ended - started > work.handler.timeout:
+                outcome = "timed_out"
+            if span is not None:
+                span.set_attribute("mq.outcome", outcome)
+                if error is not None:
+                    tracing.record_error(span, error)
+            self._finish(work, outcome, error, started, ended)
         if taken is not None:
             nxt = taken.result()
         if not self.pipelining and not self._stop.is_set():

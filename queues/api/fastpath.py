@@ -49,7 +49,7 @@ from django.middleware.clickjacking import XFrameOptionsMiddleware
 from django.middleware.security import SecurityMiddleware
 from rest_framework import exceptions
 
-from queues import metrics, service
+from queues import metrics, service, tracing
 from queues.api import bodies, calls, throttles
 from queues.api.auth import CachedTokenAuthentication, caller_of, check_peer_body, peer_of, request_caller
 from queues.api.errors import PayloadTooLarge, api_error, domain_error
@@ -221,6 +221,7 @@ class FastPath:
         headers: dict[str, str] = {}
         started = time.perf_counter()
         call_token = service.begin_call()
+        trace_token = tracing.attach_meta(environ) if tracing.ON else None  # the caller's traceparent
         try:
             if peer:
                 # The signature (over the body's hash, in a header) before a byte of the body:
@@ -267,6 +268,8 @@ class FastPath:
                 # want a Request and allow no header back
                 headers["WWW-Authenticate"] = self.auth.authenticate_header(None)  # type: ignore[arg-type, assignment]
         finally:
+            if trace_token is not None:
+                tracing.detach(trace_token)
             service.end_call(call_token)
             close_old_connections()
         body = orjson.dumps(payload)

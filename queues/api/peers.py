@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import pycurl
 
-from queues import metrics
+from queues import metrics, tracing
 from queues.access import Caller
 from queues.api.auth import on_behalf_value
 from queues.cluster import peerauth
@@ -212,6 +212,8 @@ class HttpPeers:
             "Content-Type": "application/json",
             **peerauth.sign("POST", full_path, data, hops + 1, on_behalf, to=address),
         }
+        if tracing.ON:  # the owner's spans join the caller's trace
+            tracing.inject(headers)
         try:
             status, raw = curl_post(self.handles(address), f"http://{address}{full_path}", data, headers)
         except pycurl.error as exc:  # refused, reset, timed out
@@ -237,7 +239,11 @@ class HttpPeers:
         topic, slash, sub = target.partition("/")
         path = f"topics/{topic}/subscriptions/{sub}/{call}" if slash else f"queues/{target}/{call}"
         metrics.FORWARDED.labels(call).inc()
-        status, body = self.post(address, path, payload, hops, caller)
+        if tracing.ON:
+            with tracing.forward_span(address, call, target):
+                status, body = self.post(address, path, payload, hops, caller)
+        else:
+            status, body = self.post(address, path, payload, hops, caller)
         if status != ok:
             raise RemoteError(status, body)
         return body

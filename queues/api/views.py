@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from queues import service
+from queues import service, tracing
 from queues.access import Caller
 from queues.api import calls
 from queues.api.auth import CachedTokenAuthentication, ClusterAuthentication, ClusterPeer, request_caller, request_hops
@@ -146,13 +146,17 @@ class CallView(APIView):
         return calls.body_limit(name, self.target(**self.kwargs), caller=who)
 
     def post(self, request: Request, **kwargs: str) -> Response:
-        status_code, payload = type(self).call(
-            self.target(**kwargs),
-            request.data,
-            _hops(request),
-            trusted=isinstance(request.user, ClusterPeer),
-            caller=caller(request, node_only=self.node_only(request)),
-        )
+        trace_token = tracing.attach_meta(request.META) if tracing.ON else None  # the caller's traceparent
+        try:
+            status_code, payload = type(self).call(
+                self.target(**kwargs),
+                request.data,
+                _hops(request),
+                trusted=isinstance(request.user, ClusterPeer),
+                caller=caller(request, node_only=self.node_only(request)),
+            )
+        finally:
+            tracing.detach(trace_token)
         return Response(payload, status=status_code)
 
 

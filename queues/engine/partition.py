@@ -47,6 +47,7 @@ from typing import Any, Generic, TypeVar
 
 from sortedcontainers import SortedList
 
+from queues import tracing
 from queues.engine import archive_journal, keys, topic_retention
 from queues.engine.blocks import BlockState
 from queues.engine.body_cache import BodyCache
@@ -445,6 +446,8 @@ class PartitionManager(Generic[LeaseT]):
     def enqueue(self, messages: Sequence[StoredMessage]) -> list[str]:
         """Store ``messages`` in order; their IDs once stored. All or nothing for the caller
         (see :meth:`Writer.enqueue <queues.engine.writer.Writer.enqueue>`)."""
+        if tracing.ON:
+            return tracing.store_span(self.writer.enqueue, self.queue, self.index, messages)
         return self.writer.enqueue(messages)
 
     # --- dequeue ------------------------------------------------------------------------------

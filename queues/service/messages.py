@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 
-from queues import metrics
+from queues import metrics, tracing
 from queues.access import SYSTEM, Caller, granted_now
 from queues.cluster.dedup import get_dedup
 from queues.cluster.router import MAX_HOPS
@@ -54,7 +54,13 @@ monotonic = time.monotonic
 
 # --- enqueue ----------------------------------------------------------------------------------
 def enqueue(
-    queue: str, drafts: Sequence[MessageDraft], *, caller: Caller, hops: int = 0, check_only: bool = False
+    queue: str,
+    drafts: Sequence[MessageDraft],
+    *,
+    caller: Caller,
+    hops: int = 0,
+    check_only: bool = False,
+    _in_span: bool = False,
 ) -> list[str]:
     """Store ``drafts`` and return their IDs in the caller's order (``produce``; forwarded
     shares act for ``caller`` at their owners).
@@ -74,6 +80,8 @@ def enqueue(
     refuse: nothing stored), PartitionUnavailable / NotServedHere (503: retry), RemoteError (an
     owner's refusal).
     """
+    if tracing.ON and not (_in_span or check_only):  # its span (queues.tracing), then this again
+        return tracing.enqueue_span(enqueue, queue, drafts, hops, caller=caller, _in_span=True)
     cfg, _ = authorize(queue, "produce", caller=caller)
     check_drafts(cfg, drafts)
     if check_only:
@@ -331,6 +339,7 @@ def dequeue(
     visibility_timeout: float | None = None,
     wait: float = 0.0,
     hops: int = 0,
+    _in_span: bool = False,
 ) -> list[Delivery]:
     """Up to ``max_messages`` deliveries, each hidden for ``visibility`` seconds (None: the
     queue's or subscription's default); here first, then from the other owners (deepest first),
@@ -342,6 +351,17 @@ def dequeue(
     ``access.Forbidden``, SubscriptionNotFound, InvalidRequest (``is_a_topic``), TooManyWaits
     (``wait`` > 0 past the node's cap on concurrent long polls: :class:`WaitSlots`).
     """
+    if tracing.ON and not _in_span:  # its span (queues.tracing), then this again
+        return tracing.dequeue_span(
+            dequeue,
+            target,
+            caller=caller,
+            max_messages=max_messages,
+            visibility_timeout=visibility_timeout,
+            wait=wait,
+            hops=hops,
+            _in_span=True,
+        )
     cfg, sub = authorize(target, "consume", caller=caller, reading=True)
     if wait > 0:
         with _WAITS.slot(caller):
@@ -750,6 +770,7 @@ def ack(
     hops: int = 0,
     check_only: bool = False,
     unexpired: bool = False,
+    _in_span: bool = False,
 ) -> AckResult:
     """Acknowledge (remove) messages: this node's partitions here, the rest at their owners,
     one call per owner. With ``unexpired``, a receipt whose visibility timeout ran out is
@@ -765,6 +786,8 @@ def ack(
     QueueNotFound, ``access.Forbidden``, SubscriptionNotFound, ReceiptMismatch, NotServedHere
     (a partition with no live owner), RemoteError.
     """
+    if tracing.ON and not (_in_span or check_only):  # its span (queues.tracing), then this again
+        return tracing.ack_span(ack, target, items, caller=caller, hops=hops, unexpired=unexpired, _in_span=True)
     cfg, sub = authorize(target, "consume", caller=caller, reading=True)
     rt = get_runtime()
     local = [(mid, r) for mid, r in items if (cfg.name, mid.partition) in rt.managers]

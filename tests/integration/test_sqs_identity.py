@@ -27,6 +27,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 from django.contrib.auth.models import User
+from rest_framework.authtoken.models import Token
 
 from queues.models import Grant
 from sqs.models import AccessKey
@@ -232,6 +233,18 @@ def test_the_trace_header_is_the_aws_trace_header_json(node, key):
     plain.send_message(QueueUrl=url, MessageBody="four")
     (m,) = _receive_all(plain, url, 1)
     assert "Attributes" not in m
+    # a message sent over REST with W3C trace context (a traceparent attribute) answers it as
+    # X-Ray's header: the same trace
+    name = url.rsplit("/", 1)[1]
+    r = requests.post(
+        f"{node.url}/api/v1/queues/{name}/enqueue",
+        json={"body": "five", "attributes": {"traceparent": "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01"}},
+        headers={"Authorization": f"Token {Token.objects.create(user=key.user).key}"},
+        timeout=30,
+    )
+    assert r.status_code == 201, r.text
+    (m,) = _receive_all(plain, url, 1, MessageSystemAttributeNames=["AWSTraceHeader"])
+    assert (m["Body"], m["Attributes"]["AWSTraceHeader"]) == ("five", TRACE)
 
 
 def test_the_trace_header_is_the_aws_trace_header_query(node, key):
