@@ -140,7 +140,8 @@ def create_queue(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         fields.setdefault("dedup_window", DEDUP_INTERVAL)
     with service_errors():
         try:
-            q = service.create_queue(caller=ctx.caller, name=target, strict=fifo, **fields)
+            # A FIFO queue's receive takes as many of a group as it has room for, as SQS's.
+            q = service.create_queue(caller=ctx.caller, name=target, strict=fifo, group_batch=fifo, **fields)
         except service.Conflict as exc:
             if exc.code != "already_exists":
                 raise
