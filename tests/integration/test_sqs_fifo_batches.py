@@ -31,7 +31,7 @@ from django.contrib.auth.models import User
 from queues.engine.ids import group_partition
 from sqs.models import AccessKey
 from tests.integration.nodes import KV_REDIS_DB, NodeSet, local_node_env
-from tests.integration.test_sqs_aws_rules import Api
+from tests.integration.test_sqs_aws_rules import Api, Refused
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.django_db]
 
@@ -166,3 +166,28 @@ def test_a_batch_of_ten_comes_in_one_receive(api):
     )
     assert not answer.get("Failed") and len(answer["Successful"]) == 10
     assert _receive(api, url) == []
+
+
+def test_refusals_name_what_aws_names(api):
+    # (AWS's texts, as moto's AWS-verified tests check them)
+    url = _fifo(api)
+    for action, entry in (
+        ("SendMessageBatch", "SendMessageBatchRequestEntry"),
+        ("DeleteMessageBatch", "DeleteMessageBatchRequestEntry"),
+    ):
+        with pytest.raises(Refused) as empty:
+            api(action, QueueUrl=url, Entries=[])
+        assert empty.value.code.endswith("EmptyBatchRequest")
+        assert empty.value.message == f"There should be at least one {entry} in the request."
+    with pytest.raises(Refused) as bad_id:
+        api("SendMessageBatch", QueueUrl=url, Entries=[{"Id": ".!@#", "MessageBody": "x", "MessageGroupId": "g"}])
+    assert bad_id.value.message == (
+        "A batch entry id can only contain alphanumeric characters, hyphens and underscores. "
+        "It can be at most 80 letters long."
+    )
+    with pytest.raises(Refused) as delayed:
+        api("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g", DelaySeconds=5)
+    assert delayed.value.message == (
+        "Value 5 for parameter DelaySeconds is invalid. Reason: The request include parameter that is not valid "
+        "for this queue type."
+    )
