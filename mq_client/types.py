@@ -240,6 +240,9 @@ class Queue:
     retention: float = 4 * 24 * 3600
     #: every message needs a group, and acks need receipts
     strict: bool = False
+    #: a dequeue takes as many of a group's next messages as it has room for, in order, and the
+    #: group is held until each is acknowledged or visible again (SQS FIFO); else one at a time
+    group_batch: bool = False
     #: name of the queue that receives messages delivered ``max_receives`` times, or None
     dead_letter_queue: str | None = None
     #: deliveries after which a message goes to ``dead_letter_queue``, or None

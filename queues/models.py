@@ -61,6 +61,7 @@ QUEUE_SETTINGS = (
     "max_message_size",
     "retention",
     "strict",
+    "group_batch",
     "dead_letter_queue",
     "max_receives",
     "dedup_window",
@@ -74,7 +75,7 @@ QUEUE_SETTINGS = (
 TOPIC_SETTINGS = tuple(
     f
     for f in QUEUE_SETTINGS
-    if f not in {"dead_letter_queue", "max_receives", "preprocess_estimate", "process_estimate"}
+    if f not in {"group_batch", "dead_letter_queue", "max_receives", "preprocess_estimate", "process_estimate"}
 )
 
 DEAD_LETTER_PAIRING = "dead_letter_queue and max_receives go together"
@@ -170,6 +171,11 @@ class Queue(models.Model):
         help_text="seconds a message is kept unacknowledged",
     )
     strict = models.BooleanField(default=False, help_text="every message needs a group; acks need receipts")
+    group_batch = models.BooleanField(
+        default=False,
+        help_text="a dequeue takes as many of a group's next messages as it has room for, in order (SQS FIFO), "
+        "and the group is held until each is acked or visible again; off: one of a group at a time",
+    )
     dead_letter_queue = models.ForeignKey(
         "self",
         null=True,

@@ -141,7 +141,8 @@ def create_queue(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         fields.setdefault("dedup_window", DEDUP_INTERVAL)
     with service_errors():
         try:
-            q = service.create_queue(caller=ctx.caller, name=target, strict=fifo, **fields)
+            # A FIFO queue's receive takes as many of a group as it has room for, as SQS's.
+            q = service.create_queue(caller=ctx.caller, name=target, strict=fifo, group_batch=fifo, **fields)
         except service.Conflict as exc:
             if exc.code != "already_exists":
                 raise
@@ -361,8 +362,8 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
             raise missing("MessageGroupId")
         if delay:
             raise invalid(
-                "Value for parameter DelaySeconds is invalid. Reason: The request include parameter that is "
-                "not valid for this queue type."
+                f"Value {delay} for parameter DelaySeconds is invalid. Reason: The request include parameter "
+                "that is not valid for this queue type."
             )
         if dedup is None:
             if not settings.content_based_dedup:
@@ -422,15 +423,16 @@ def send_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     return _sent(d, message_id, q.strict)
 
 
-def _entries(params: dict[str, Any], key: str = "Entries") -> list[dict[str, Any]]:
-    """A batch's entries, checked as a whole (SQS refuses the call for these)."""
+def _entries(params: dict[str, Any], entry: str, key: str = "Entries") -> list[dict[str, Any]]:
+    """A batch's entries, checked as a whole (SQS refuses the call for these). ``entry``: the
+    entry's shape, which SQS names when there is none."""
     entries = params.get(key)
     if entries is None:
         raise missing(key)
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise invalid(f"{key} must be a list of structures")
     if not entries:
-        raise SQSError("EmptyBatchRequest", "There should be at least one entry in the request.")
+        raise SQSError("EmptyBatchRequest", f"There should be at least one {entry} in the request.")
     if len(entries) > MAX_BATCH:
         raise SQSError(
             "TooManyEntriesInBatchRequest",
@@ -442,7 +444,8 @@ def _entries(params: dict[str, Any], key: str = "Entries") -> list[dict[str, Any
         if not isinstance(entry_id, str) or not _ENTRY_ID.fullmatch(entry_id):
             raise SQSError(
                 "InvalidBatchEntryId",
-                f"A batch entry id can only contain alphanumeric characters, hyphens and underscores. It can be at most 80 letters long: {entry_id!r}",
+                "A batch entry id can only contain alphanumeric characters, hyphens and underscores. "
+                "It can be at most 80 letters long.",
             )
         if entry_id in seen:
             raise SQSError("BatchEntryIdsNotDistinct", f"Id {entry_id} repeated.")
@@ -473,7 +476,7 @@ def send_message_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     (bodies and message attributes over ``MAX_BATCH_BYTES``: BatchRequestTooLong) and a FIFO
     entry without its group or deduplication ID (:func:`_fifo_batch`). Nothing is stored then."""
     q = message_queue_param(params, ctx)
-    entries = _entries(params)
+    entries = _entries(params, "SendMessageBatchRequestEntry")
     settings = served_settings(q)
     if q.strict:
         _fifo_batch(entries, settings)
@@ -696,7 +699,7 @@ def delete_message_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]
     """One ack for the well-formed handles; if the service refuses it (a stale receipt changes
     nothing), each entry on its own, so the others still go and the stale one fails alone."""
     q = message_queue_param(params, ctx)
-    entries = _entries(params)
+    entries = _entries(params, "DeleteMessageBatchRequestEntry")
     parsed: list[tuple[dict[str, Any], tuple[service.MessageId, str]]] = []
     failed = []
     for e in entries:
@@ -754,7 +757,7 @@ def change_message_visibility(params: dict[str, Any], ctx: Context) -> dict[str,
 
 def change_message_visibility_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     q = message_queue_param(params, ctx)
-    entries = _entries(params)
+    entries = _entries(params, "ChangeMessageVisibilityBatchRequestEntry")
     ok, failed = _per_entry(
         entries, lambda e: _change_visibility(q, ctx, e.get("ReceiptHandle"), e.get("VisibilityTimeout"))
     )

@@ -80,4 +80,5 @@ def config_from_row(row: dict[str, Any], subscriptions: Iterable[dict[str, Any]]
         row["kind"],
         subs,
         row["created_by_id"],
+        row["group_batch"],
     )

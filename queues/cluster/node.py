@@ -141,6 +141,14 @@ def _column(field: models.Field[Any, Any]) -> str:
     return field.column
 
 
+def _apply_rules(m: PartitionManager[leases.Lease], cfg: QueueConfig) -> None:
+    """The queue's rules that its partition managers apply (the dead-letter rule, how a
+    group's messages go, what is archived), as its description gives them."""
+    m.max_receives = cfg.max_receives
+    m.group_batch = cfg.group_batch
+    m.archive = cfg.archive
+
+
 class NodeRuntime:
     """One server process's membership of the cluster, and the partitions it serves.
 
@@ -457,8 +465,7 @@ class NodeRuntime:
         for (name, _), m in list(self.managers.items()):
             cfg = fresh.get(name)
             if cfg is not None:
-                m.max_receives = cfg.max_receives
-                m.archive = cfg.archive
+                _apply_rules(m, cfg)
         self._release_if_subscriptions_changed(fresh)
         for name in gone:
             self._close_queue(name)
@@ -634,8 +641,7 @@ class NodeRuntime:
             archive_sink=ARCHIVE.sink,
             archive_source=ARCHIVE.source,
         )
-        m.max_receives = cfg.max_receives
-        m.archive = cfg.archive
+        _apply_rules(m, cfg)
         key = (cfg.name, lease.index)
         try:
             m.open_head()
@@ -758,6 +764,8 @@ class NodeRuntime:
             self.queues[cfg.name] = cfg
             self._generation += 1
             self._remembered[cfg.name] = self._generation
+            for m in self._queue_managers.get(cfg.name, {}).values():
+                _apply_rules(m, cfg)  # a change made here holds at once, not from the next pass
             return True
 
     def queue_created(self, q: Queue) -> None:

@@ -32,6 +32,9 @@ class QueueConfig:
     subscriptions: tuple[SubscriptionSpec, ...] | None = None
     #: the user who created it (it may manage it: ``queues.access``), so the hot path needs no query.
     created_by: int | None = None
+    #: a dequeue takes a group's next messages in one batch (SQS FIFO), not one at a time
+    #: (``queues.engine.cursor.Cursor.group_batch``).
+    group_batch: bool = False
 
     def subscription(self, name: str) -> SubscriptionSpec | None:
         return next((s for s in self.subscriptions or () if s.name == name), None)

@@ -60,6 +60,12 @@ class Cursor:
         self.group_of: dict[str, str] = {}
         #: the group's message that is unblocked (its turn came) or in flight (one at a time).
         self.group_busy: dict[str, str] = {}
+        #: deliver a group's messages in batches (SQS FIFO): a dequeue that delivers a group's
+        #: head goes on with the group's next messages, in order, while it has room; the group
+        #: is held until every one of them is settled (acked, or its visibility ran out).
+        self.group_batch = False
+        #: a batch's messages still in flight, by group (see :attr:`group_batch`).
+        self.group_out: dict[str, set[str]] = {}
         #: group heads whose turn has come.
         self.unblocked: deque[str] = deque()
         #: (not_before, id) of messages whose delay has not passed.

@@ -306,6 +306,17 @@ class PartitionManager(Generic[LeaseT]):
             c.max_receives = value
 
     @property
+    def group_batch(self) -> bool:
+        """Groups are delivered in batches (SQS FIFO: see :attr:`Cursor.group_batch
+        <queues.engine.cursor.Cursor.group_batch>`), not one message at a time."""
+        return any(c.group_batch for c in self.readers)
+
+    @group_batch.setter
+    def group_batch(self, value: bool) -> None:
+        for c in self.readers:
+            c.group_batch = value
+
+    @property
     def acked_total(self) -> int:
         return sum(c.acked_total for c in self.readers)
 
@@ -372,27 +383,35 @@ class PartitionManager(Generic[LeaseT]):
             return
         (c.scanned_ready if scanned else c.ready).append(mid)
 
-    def unblock_group(self, c: Cursor, group: str) -> None:
-        """Let the group's head be delivered if the group has nothing out. Lock held.
+    def unblock_group(self, c: Cursor, group: str, *, front: bool = False) -> bool:
+        """Let the group's head be delivered if the group has nothing out. Lock held. True if
+        it did (``front``: ahead of the other groups' heads whose turn came).
 
         The head is the group's oldest live message. A message this manager enqueued waits
         while blocks found at open are still unscanned: one of them may hold an older message
         of the same group.
         """
-        if group in c.group_busy:
-            return
+        if group in c.group_busy or group in c.group_out:
+            return False
         pending = c.groups.get(group)
         if not pending:
             c.groups.pop(group, None)
-            return
+            return False
         (_ordinal, _), head = pending[0]
-        if head in c.not_due:
-            return
-        state = self.blocks.get(head.rsplit("/", 2)[1])
-        if self.unscanned is not None and state is not None and not state.scanned:
-            return
+        if head in c.not_due or self._waits_for_scan(head):
+            return False
         c.group_busy[group] = head
-        c.unblocked.append(head)
+        if front:
+            c.unblocked.appendleft(head)
+        else:
+            c.unblocked.append(head)
+        return True
+
+    def _waits_for_scan(self, mid: str) -> bool:
+        """``mid`` is in a block of this manager's while blocks found at open are unscanned:
+        an older message of its group may be in one of them. Lock held."""
+        state = self.blocks.get(mid.rsplit("/", 2)[1])
+        return self.unscanned is not None and state is not None and not state.scanned
 
     def _unblock_due(self, c: Cursor) -> None:
         """Messages whose delay (not_before) has passed become deliverable. Lock held."""
@@ -465,29 +484,29 @@ class PartitionManager(Generic[LeaseT]):
                 return out
             now = monotonic()
             deadline = now + visibility
-            for mid in c.redelivery.expired(now, max_messages):
-                if not self._is_live(c, mid):
-                    c.redelivery.remove(mid)
-                    continue
-                entry = c.redelivery.get(mid)
-                assert entry is not None  # due() lists only entries of the index
-                if c.max_receives is not None and entry.receive_count >= c.max_receives:
-                    c.redelivery.change_deadline(mid, float("inf"))  # pinned until moved
-                    c.dead.append((mid, entry.receive_count))
-                    continue
-                receipt = new_receipt()
-                count = entry.receive_count + 1
-                c.redelivery.add(mid, deadline, receipt, count)
-                c.redelivered_total += 1
-                self.counters.redelivered(self.queue, sub)
-                counts.append((mid, count))
-                out.append(Delivery(mid, receipt, count))
+            # A batch's message whose visibility ran out goes back to its group, not into
+            # ``out``: then another pass lists more, skipping those seen (one delivered again
+            # with a visibility of 0 is listed again).
+            seen: set[str] = set()
+            returned = True
+            while returned and len(out) < max_messages:
+                returned = False
+                for mid in c.redelivery.expired(now, max_messages - len(out) + len(seen)):
+                    if mid not in seen:
+                        seen.add(mid)
+                        returned = self._redeliver(c, mid, deadline, out, counts) or returned
             self._unblock_due(c)
             scans = 0
             try:
                 while len(out) < max_messages:
                     if c.unblocked:
                         mid = c.unblocked.popleft()
+                        if c.group_batch:
+                            for batched in self._deliver_batch(c, mid, deadline, max_messages - len(out)):
+                                out.append(batched)
+                                if batched.receive_count > 1:
+                                    counts.append((batched.id, batched.receive_count))
+                            continue
                     elif c.scanned_ready:
                         mid = c.scanned_ready.popleft()
                     elif self.unscanned is not None and scans < 8:
@@ -514,6 +533,78 @@ class PartitionManager(Generic[LeaseT]):
             self._save_receives(c, counts)
         if out:
             self.counters.delivered(self.queue, sub, len(out))
+        return out
+
+    def _redeliver(
+        self, c: Cursor, mid: str, deadline: float, out: list[Delivery], counts: list[tuple[str, int]]
+    ) -> bool:
+        """Deliver again a message whose visibility ran out (into ``out``), set it aside for the
+        dead-letter queue, or, in a batch of its group, give it back to its group (True). Lock
+        held."""
+        if not self._is_live(c, mid):
+            c.redelivery.remove(mid)
+            return False
+        entry = c.redelivery.get(mid)
+        assert entry is not None  # expired() lists only entries of the index
+        if c.max_receives is not None and entry.receive_count >= c.max_receives:
+            c.redelivery.change_deadline(mid, float("inf"))  # pinned until moved
+            c.dead.append((mid, entry.receive_count))
+            return False
+        group = c.group_of.get(mid)
+        batch = c.group_out.get(group) if group is not None else None
+        if group is not None and batch is not None and mid in batch:
+            # Back in its place in the group, with the deliveries it had: the group's turn
+            # comes again once the batch's others are settled too, and it goes in order.
+            c.redelivery.remove(mid)
+            c.receives[mid] = entry.receive_count
+            c.redelivered_total += 1
+            self.counters.redelivered(self.queue, c.name)
+            batch.discard(mid)
+            if not batch:
+                del c.group_out[group]
+                self.unblock_group(c, group, front=True)
+            return True
+        receipt = new_receipt()
+        count = entry.receive_count + 1
+        c.redelivery.add(mid, deadline, receipt, count)
+        c.redelivered_total += 1
+        self.counters.redelivered(self.queue, c.name)
+        counts.append((mid, count))
+        out.append(Delivery(mid, receipt, count))
+        return False
+
+    def _deliver_batch(self, c: Cursor, head: str, deadline: float, room: int) -> list[Delivery]:
+        """The group's head whose turn came, then the group's next messages in order, up to
+        ``room``: one batch, which holds the group until each of them is settled (see
+        :attr:`Cursor.group_batch <queues.engine.cursor.Cursor.group_batch>`). Lock held.
+
+        It stops at a message that cannot go yet (delayed, in flight, or possibly preceded by
+        one in a block not scanned yet), and after one past ``max_receives``, which is set aside
+        for the dead-letter queue instead and holds the group like the others until it is
+        moved."""
+        group = c.group_of.get(head)
+        if group is None or c.group_busy.get(group) != head:
+            return []
+        if not self._is_live(c, head) or head in c.redelivery or head in c.not_due:
+            return []
+        del c.group_busy[group]
+        pending = c.groups[group]
+        block_id, idx = block_and_index(head)
+        start = pending.bisect_left(((self.blocks[block_id].block.ordinal, idx), head))
+        batch = c.group_out.setdefault(group, set())
+        out: list[Delivery] = []
+        for _, mid in pending.islice(start):
+            if len(out) >= room:
+                break
+            if mid in c.redelivery or mid in c.not_due or (mid != head and self._waits_for_scan(mid)):
+                break
+            if not self._is_live(c, mid):
+                continue
+            batch.add(mid)
+            delivery = self._deliver_first(c, mid, deadline)
+            if delivery is None:
+                break  # set aside: the next ones wait until it is moved, as after a head
+            out.append(delivery)
         return out
 
     def _save_receives(self, c: Cursor, counts: list[tuple[str, int]]) -> None:
@@ -611,6 +702,7 @@ class PartitionManager(Generic[LeaseT]):
             c = self.cursors.get(sub)
             if c is None:
                 return
+            freed: list[str] = []
             for d in reversed(deliveries):  # each goes to the front: keep their order
                 entry = c.redelivery.get(d.id)
                 if entry is None or entry.receipt != d.receipt:
@@ -624,11 +716,19 @@ class PartitionManager(Generic[LeaseT]):
                     continue
                 group = c.group_of.get(d.id)
                 if group is not None:
-                    if c.group_busy.get(group) == d.id:  # still the group's turn
+                    batch = c.group_out.get(group)
+                    if batch is not None and d.id in batch:  # back in its place in the group
+                        batch.discard(d.id)
+                        if not batch:
+                            del c.group_out[group]
+                            freed.append(group)
+                    elif c.group_busy.get(group) == d.id:  # still the group's turn
                         c.unblocked.appendleft(d.id)
                     continue
                 state = self.blocks.get(block_and_index(d.id)[0])
                 (c.scanned_ready if state is not None and state.scanned else c.ready).appendleft(d.id)
+            for group in freed:
+                self.unblock_group(c, group, front=True)
         self.on_change()
 
     # --- ack and visibility -------------------------------------------------------------------
@@ -785,17 +885,20 @@ class PartitionManager(Generic[LeaseT]):
         c = self.cursor(sub)
         mids = [str(m) for m in items]
         where = [(m.block, m.index) for m in items]  # parsed already: not again per use
-        self.forget(c, mids, where)
+        woke = self.forget(c, mids, where)
         if c.shared:
             self.drop_stored(mids, where)
         c.acked_total += removed
         if ack:
             self.counters.acked(self.queue, sub, removed)
         self.prune()
+        if woke:
+            self.on_change()  # a group's next message may go: wake the long polls
 
-    def forget(self, c: Cursor, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> None:
+    def forget(self, c: Cursor, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> bool:
         """Drop acknowledged (or dead-lettered, or expired) messages from a cursor. Lock held.
-        ``where``: each one's ``(block id, index)``, when the caller has them already."""
+        ``where``: each one's ``(block id, index)``, when the caller has them already. True if
+        a group's next message became deliverable."""
         freed: set[str] = set()
         c.redelivery.remove_many(mids)
         for key, (block_id, idx) in zip(mids, where if where is not None else map(block_and_index, mids)):
@@ -815,9 +918,16 @@ class PartitionManager(Generic[LeaseT]):
                     pending.discard(((state.block.ordinal, idx), key))
                 if c.group_busy.get(group) == key:
                     del c.group_busy[group]
+                batch = c.group_out.get(group)
+                if batch is not None:
+                    batch.discard(key)
+                    if not batch:
+                        del c.group_out[group]
                 freed.add(group)
+        woke = False
         for group in freed:
-            self.unblock_group(c, group)
+            woke = self.unblock_group(c, group) or woke
+        return woke
 
     # --- retention: Retention -----------------------------------------------------------------
     def expire(self, cutoff: float) -> int:

@@ -52,10 +52,11 @@ NS = {"s": "http://queue.amazonaws.com/doc/2012-11-05/"}
 
 
 class Refused(Exception):
-    def __init__(self, code: str, status: int):
-        super().__init__(f"{status} {code}")
+    def __init__(self, code: str, status: int, message: str = ""):
+        super().__init__(f"{status} {code}: {message}")
         self.code = code
         self.status = status
+        self.message = message
 
 
 class Api:
@@ -81,7 +82,9 @@ class Api:
                 return method(**params)
             except ClientError as exc:
                 raise Refused(
-                    exc.response["Error"]["Code"], exc.response["ResponseMetadata"]["HTTPStatusCode"]
+                    exc.response["Error"]["Code"],
+                    exc.response["ResponseMetadata"]["HTTPStatusCode"],
+                    exc.response["Error"].get("Message", ""),
                 ) from None
         op = QUERY_MODEL.operation_model(action)
         request = create_serializer("query", include_validation=False).serialize_to_request(params, op)
@@ -92,8 +95,13 @@ class Api:
         aws.prepare()
         r = requests.post(url, data=aws.body, headers=dict(aws.headers), timeout=60)
         if r.status_code >= 400:
-            code = ET.fromstring(r.content).find("s:Error/s:Code", NS)
-            raise Refused(code.text if code is not None else "?", r.status_code)
+            error = ET.fromstring(r.content)
+            code, message = error.find("s:Error/s:Code", NS), error.find("s:Error/s:Message", NS)
+            raise Refused(
+                code.text if code is not None else "?",
+                r.status_code,
+                (message.text or "") if message is not None else "",
+            )
         response = {"status_code": r.status_code, "headers": dict(r.headers), "body": r.content}
         return create_parser("query").parse(response, op.output_shape)
 

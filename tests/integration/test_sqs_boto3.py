@@ -301,7 +301,7 @@ def test_fifo_order_dedup_and_sequence(sqs):
     url = sqs.create_queue(QueueName=name, Attributes={"FifoQueue": "true"})["QueueUrl"]
     assert url.endswith("/" + name)
     row = Queue.objects.get(name=name[: -len(".fifo")] + "-fifo")
-    assert row.strict and row.dedup_window == 300
+    assert row.strict and row.group_batch and row.dedup_window == 300
     with pytest.raises(ClientError) as exc:
         sqs.create_queue(QueueName=_name(), Attributes={"FifoQueue": "true"})
     assert _code(exc) == "InvalidParameterValue"
@@ -345,7 +345,7 @@ def test_fifo_order_dedup_and_sequence(sqs):
     assert seen["c"][0]["Attributes"]["MessageDeduplicationId"] == hashlib.sha256(b"same body").hexdigest()
 
 
-def test_fifo_group_is_delivered_one_at_a_time(sqs):
+def test_fifo_group_is_held_while_a_message_is_in_flight(sqs):
     url = sqs.create_queue(
         QueueName=_name("fifo") + ".fifo", Attributes={"FifoQueue": "true", "ContentBasedDeduplication": "true"}
     )["QueueUrl"]

@@ -6,10 +6,12 @@ one abandoned), optionally with ``max_receives`` so that some messages are dead-
 keep to:
 
 1. a group's message is never delivered while an earlier message of the group is still live
-   (not acknowledged, not dead-lettered): delivery in sequence order;
+   (not acknowledged, not dead-lettered): delivery in sequence order (with ``group_batch``,
+   unless that one is delivered before it by the same dequeue);
 2. never two messages of one group in flight at once (delivered by the current owner, not
    acknowledged, visibility not expired; the old owner's deliveries are forgotten at a
-   takeover, since the new owner cannot know them: at least once);
+   takeover, since the new owner cannot know them: at least once); with ``group_batch``,
+   never a message of a group delivered while one of an earlier dequeue is in flight;
 3. a delayed message is never delivered before its ``not_before`` (wall clock);
 4. sequence numbers increase with enqueue order, within a group and the partition, also
    across takeovers;
@@ -70,11 +72,13 @@ def open_manager(
     cache_bytes: int = 0,
     max_receives: int | None = None,
     full: bool = True,
+    batch: bool = False,
 ) -> PartitionManager:
     """A takeover: the next epoch opens the partition (both phases, or only the head)."""
     m = next_owner(store, row, block_size=block_size, cache_bytes=cache_bytes)
     m.wall = clocks.time  # before open: messages of unscanned blocks are routed by their delay
     m.max_receives = max_receives
+    m.group_batch = batch
     if full:
         m.open()
     else:
@@ -98,6 +102,7 @@ class GroupMachine(RuleBasedStateMachine):
         self.block_size = 2
         self.cache_bytes = 0
         self.max_receives: int | None = None
+        self.batch = False
         self.groups = GROUPS[:1]
         # the model
         self.pos: dict[str, int] = {}  # id -> enqueue order
@@ -117,9 +122,11 @@ class GroupMachine(RuleBasedStateMachine):
         ngroups=st.integers(1, 4),
         max_receives=st.sampled_from([None, None, 1, 2, 3]),
         cache=st.sampled_from([0, 1 << 20]),
+        batch=st.booleans(),
     )
-    def start(self, block_size, ngroups, max_receives, cache):
+    def start(self, block_size, ngroups, max_receives, cache, batch):
         self.block_size, self.max_receives, self.cache_bytes = block_size, max_receives, cache
+        self.batch = batch
         self.groups = GROUPS[:ngroups]
         self.m = self._open(full=True)
 
@@ -132,6 +139,7 @@ class GroupMachine(RuleBasedStateMachine):
             cache_bytes=self.cache_bytes,
             max_receives=self.max_receives,
             full=full,
+            batch=self.batch,
         )
 
     # --- rules --------------------------------------------------------------------------------
@@ -175,10 +183,16 @@ class GroupMachine(RuleBasedStateMachine):
         if self.half_open:
             assert got == [], "delivered before the oldest live block was reached"
 
+    def _ackable(self) -> list[str]:
+        """What a consumer may acknowledge: in a batch, a message whose visibility ran out goes
+        back to its group at the next dequeue, and its receipt is no longer current then."""
+        now = self.clocks.mono
+        return sorted(i for i, (_, dl) in self.in_flight.items() if not self.batch or dl > now)
+
     @rule(data=st.data())
-    @precondition(lambda self: self.in_flight)
+    @precondition(lambda self: self._ackable())
     def ack(self, data):
-        ids = data.draw(st.lists(st.sampled_from(sorted(self.in_flight)), min_size=1, max_size=4, unique=True))
+        ids = data.draw(st.lists(st.sampled_from(self._ackable()), min_size=1, max_size=4, unique=True))
         removed = self.m.ack([(parse_message_id(i), self.in_flight[i][0]) for i in ids])
         assert removed == len(ids)
         for i in ids:
@@ -203,7 +217,7 @@ class GroupMachine(RuleBasedStateMachine):
     def takeover(self, full):
         # the old owner is abandoned; its deliveries count as expired (at least once)
         self.stale = self.m
-        self.stale_receipts = {i: r for i, (r, _) in self.in_flight.items()}
+        self.stale_receipts = {i: self.in_flight[i][0] for i in self._ackable()}
         self.m = self._open(full=full)
         self.half_open = not full
         self.in_flight.clear()
@@ -231,6 +245,7 @@ class GroupMachine(RuleBasedStateMachine):
         got = self.m.load_bodies(deliveries)
         assert len(got) == len(deliveries), "a delivered message had no body in the store"
         now = self.clocks.mono
+        this_call: set[str] = set()
         for d in got:
             mid = d.id
             assert mid in self.live, f"delivered {mid}, which was acked, dead-lettered or never confirmed"
@@ -243,13 +258,20 @@ class GroupMachine(RuleBasedStateMachine):
             group = self.group_of[mid]
             if group is not None:
                 # (1) in sequence order: no earlier message of the group is still live
-                earlier = [x for x in self.by_group[group] if self.pos[x] < self.pos[mid] and x in self.live]
+                earlier = [
+                    x
+                    for x in self.by_group[group]
+                    if self.pos[x] < self.pos[mid] and x in self.live and not (self.batch and x in this_call)
+                ]
                 assert not earlier, f"{group}: {mid} delivered while earlier {earlier} still live"
-                # (2) one in flight at a time
+                # (2) one in flight at a time (a batch: one dequeue's at a time)
                 busy = [
-                    x for x, (_, dl) in self.in_flight.items() if x != mid and self.group_of[x] == group and dl > now
+                    x
+                    for x, (_, dl) in self.in_flight.items()
+                    if x != mid and self.group_of[x] == group and dl > now and not (self.batch and x in this_call)
                 ]
                 assert not busy, f"{group}: {mid} delivered while {busy} in flight"
+                this_call.add(mid)
             if self.max_receives is not None:
                 assert d.receive_count <= self.max_receives, "delivered past max_receives"
             self.deliveries[mid] += 1
@@ -430,3 +452,70 @@ def test_dead_letter_releases_the_group(clocks):
     assert [(parse_message_id(mid).index, count) for mid, count in dead] == [(0, 1)]
     m.ack([(parse_message_id(mid), None) for mid, _ in dead])
     assert _bodies(m, 10)[0] == ["a2"]
+
+
+# --- batches of a group (group_batch: SQS FIFO) ----------------------------------------------------
+def test_batch_takes_a_group_in_order_and_holds_it(clocks):
+    m = open_manager(MemoryStore(), PartitionRow(), clocks, block_size=4, batch=True)
+    _enqueue(m, clocks, ("a1", "a"), ("b1", "b"), ("a2", "a"), ("x", None), ("a3", "a"), ("a4", "a"), ("a5", "a"))
+    bodies, first = _bodies(m, 3)
+    assert bodies == ["a1", "a2", "a3"]  # as many of one group as there is room for
+    bodies, second = _bodies(m, 10)
+    assert bodies == ["b1", "x"]  # a's are held while its batch is out
+    _ack(m, first[:2])
+    assert _bodies(m, 10)[0] == []  # a3 is still out
+    _ack(m, first[2:] + second)
+    assert _bodies(m, 10)[0] == ["a4", "a5"]
+
+
+def test_batch_message_visible_again_waits_for_the_rest_then_goes_in_order(clocks):
+    m = open_manager(MemoryStore(), PartitionRow(), clocks, block_size=4, batch=True)
+    _enqueue(m, clocks, ("a1", "a"), ("a2", "a"), ("a3", "a"), ("a4", "a"))
+    bodies, got = _bodies(m, 3, vis=10.0)
+    assert bodies == ["a1", "a2", "a3"]
+    with m.lock:
+        m.change_visibility_locked(parse_message_id(got[1].id), got[1].receipt, 0)
+    assert _bodies(m, 10)[0] == []  # a1 and a3 are still out
+    _ack(m, got[:1])
+    assert _bodies(m, 10)[0] == []  # a3 is still out
+    clocks.advance(11.0)  # a3's visibility runs out: the group is free
+    bodies, again = _bodies(m, 10)
+    assert bodies == ["a2", "a3", "a4"]
+    assert [d.receive_count for d in again] == [2, 2, 1]
+    assert m.redelivered_total == 2
+
+
+def test_batch_given_back_is_delivered_again_first(clocks):
+    m = open_manager(MemoryStore(), PartitionRow(), clocks, block_size=4, batch=True)
+    _enqueue(m, clocks, ("a1", "a"), ("a2", "a"), ("b1", "b"))
+    got = m.dequeue(2, 5.0)
+    m.give_back(got)
+    bodies, got = _bodies(m, 10)
+    assert bodies == ["a1", "a2", "b1"]
+    assert [d.receive_count for d in got] == [1, 1, 1]
+
+
+def test_an_ack_that_frees_a_group_wakes_the_long_polls(clocks):
+    m = open_manager(MemoryStore(), PartitionRow(), clocks, block_size=4, batch=True)
+    _enqueue(m, clocks, ("a1", "a"), ("a2", "a"), ("a3", "a"))
+    _, got = _bodies(m, 2)
+    woken = []
+    m.on_change = lambda: woken.append(1)
+    _ack(m, got[:1])
+    assert woken == []  # a2 is still out
+    _ack(m, got[1:])
+    assert woken == [1]
+    assert _bodies(m, 10)[0] == ["a3"]
+
+
+def test_batch_dead_letter_holds_the_group_until_moved(clocks):
+    m = open_manager(MemoryStore(), PartitionRow(), clocks, block_size=4, max_receives=1, batch=True)
+    _enqueue(m, clocks, ("a1", "a"), ("a2", "a"), ("a3", "a"))
+    _, got = _bodies(m, 2, vis=1.0)
+    _ack(m, got[1:])
+    clocks.advance(2.0)
+    assert _bodies(m, 10)[0] == []  # a1 is set aside, still holding the group
+    dead = m.take_dead()
+    assert [mid for mid, _ in dead] == [got[0].id]
+    m.ack([(parse_message_id(mid), None) for mid, _ in dead])
+    assert _bodies(m, 10)[0] == ["a3"]
