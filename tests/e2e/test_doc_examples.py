@@ -1,8 +1,8 @@
 """Every example of README.md and docs/**/*.md runs, in order, and shows what the text shows.
 
-The pages (README.md, then docs/**/*.md in path order) are read for fenced blocks whose info
-string is ``console``, ``bash``, ``sh``, ``shell`` or ``python``; each page is one test, its
-blocks run in order in one ``bash`` of its own (so a variable one block sets, exported or not,
+The pages (README.md, then docs/**/*.md in the order of the site's navigation, then by path)
+are read for fenced blocks whose info string is ``console``, ``bash``, ``sh``, ``shell`` or
+``python``; each page is one test, its blocks run in order in one ``bash`` of its own (so a variable one block sets, exported or not,
 is there in the next), from the repository's root, against one node started as ``make run``
 starts it: ``scripts/run.sh`` (the node and a Celery worker on the embedded defaults) with a
 data folder of its own (``MQ_DATA_DIR``, also set in the pages' shell) on a free port, which
@@ -127,8 +127,20 @@ def read_blocks(path: Path) -> list[Block]:
     return blocks
 
 
+def reading_order() -> list[Path]:
+    """README.md, the site's pages in the order of its navigation (mkdocs.yml), then any other
+    page under docs/ by path."""
+    nav: list[Path] = []
+    mkdocs = ROOT / "mkdocs.yml"
+    if mkdocs.is_file():
+        for m in re.finditer(r"^\s*-\s*(?:[^\n:]*:\s*)?([\w./-]+\.md)\s*$", mkdocs.read_text(), re.M):
+            nav.append(ROOT / "docs" / m[1])
+    rest = [p for p in sorted((ROOT / "docs").rglob("*.md")) if p not in nav]
+    return [ROOT / "README.md", *nav, *rest]
+
+
 def pages() -> list[Page]:
-    paths = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    paths = reading_order()
     out = []
     for path in paths:
         if path.is_file():
@@ -138,7 +150,7 @@ def pages() -> list[Page]:
 
 
 PAGES = pages()
-#: page -> (blocks run, blocks not run), for the run's summary (tests/e2e/conftest.py).
+#: page -> (blocks to run, blocks marked not run), for the run's summary (tests/e2e/conftest.py).
 COUNTS: dict[str, tuple[int, int]] = {}
 
 
@@ -345,18 +357,18 @@ def on_port(text: str, port: int) -> str:
     return text.replace(DOC_ADDRESS, f"127.0.0.1:{port}")
 
 
-def run_page(page: Page, make_run: MakeRun, tmp_path: Path) -> tuple[int, int]:
+def run_page(page: Page, make_run: MakeRun, tmp_path: Path) -> None:
     runnable = [b for b in page.blocks if not b.not_run]
+    COUNTS[page.name] = (len(runnable), len(page.blocks) - len(runnable))
     if runnable and (make_run.proc is None or page.fresh):
         if make_run.proc is not None:
             rc = make_run.stop()
             assert rc == 0, f"scripts/run.sh ended with {rc} after Ctrl-C:\n{make_run.tail()}"
         make_run.start()
     if not runnable:
-        return 0, len(page.blocks)
+        return
     port = make_run.port
-    # mktemp and the like write under the test's folder, kept for a look after a failure
-    shell = Shell(newcomer_env(make_run.data_dir) | {"TMPDIR": str(tmp_path)}, tmp_path)
+    shell = Shell(newcomer_env(make_run.data_dir), tmp_path)
     try:
         for block in runnable:
             where = f"{page.name}:{block.line}"
@@ -382,7 +394,6 @@ def run_page(page: Page, make_run: MakeRun, tmp_path: Path) -> tuple[int, int]:
                 assert rc == 0, f"{where} ({block.language}) exited {rc}:\n{printed}"
     finally:
         shell.close()
-    return len(runnable), len(page.blocks) - len(runnable)
 
 
 @pytest.mark.cluster
@@ -390,7 +401,7 @@ def run_page(page: Page, make_run: MakeRun, tmp_path: Path) -> tuple[int, int]:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_the_page_s_examples_run_as_shown(page, make_run, tmp_path):
-    COUNTS[page.name] = run_page(page, make_run, tmp_path)
+    run_page(page, make_run, tmp_path)
 
 
 def test_the_readme_s_session_covers_rest_sqs_and_a_worker_through_the_virtualenv():
