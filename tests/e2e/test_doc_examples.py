@@ -28,7 +28,7 @@ The pages' shell is what a newcomer has: the project's virtualenv is *not* on it
 - A block preceded by the line ``<!-- example: not run: <reason> -->`` is skipped and counted.
 
 Each command may take ``COMMAND_TIMEOUT`` seconds (``MQ_DOC_TIMES=1`` prints what each took, with
-``-s``). The summary at the end of the run says how many blocks ran and how many did not.
+``-s``; ``MQ_DOC_TRANSCRIPT=<file>`` appends each console command and what it printed there). The summary at the end of the run says how many blocks ran and how many did not.
 """
 
 from __future__ import annotations
@@ -378,6 +378,12 @@ def run_page(page: Page, make_run: MakeRun, tmp_path: Path) -> None:
                     rc, printed = shell.run(on_port(command.text, port))
                     if os.environ.get("MQ_DOC_TIMES"):
                         print(f"{time.monotonic() - started:6.2f}s  {command.text[:100]!r}")
+                    if os.environ.get("MQ_DOC_TRANSCRIPT"):
+                        with open(os.environ["MQ_DOC_TRANSCRIPT"], "a") as transcript:
+                            shown = "\n".join(
+                                ("$ " if i == 0 else "> ") + t for i, t in enumerate(command.text.split("\n"))
+                            )
+                            transcript.write(f"{shown}\n{printed.rstrip()}\n" if printed.strip() else f"{shown}\n")
                     at = f"{page.name}:{command.line}: $ {command.text}"
                     assert rc == 0, f"{at}\nexited {rc}:\n{printed}\nnode:\n{make_run.tail()}"
                     assert matches(on_port(command.shown, port), printed), (
