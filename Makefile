@@ -1,5 +1,5 @@
 # Developer entry points. Every target builds/reuses the venv (scripts/venv.sh) on its own.
-#   make run                      node on 127.0.0.1:$(PORT) + Celery worker, embedded defaults
+#   make run                      node on 127.0.0.1:$(PORT) + Celery worker, embedded defaults (Ctrl-C stops both)
 #   make test [ARGS="-k foo"]     pytest with real PostgreSQL + Redis (started, then always stopped)
 #   make test ARGS='-m "not cluster"'   the same without the tests that start node processes
 #   make test-unit [ARGS=...]     tests/unit on the embedded defaults, no services, not the slow ones

@@ -279,7 +279,7 @@ KV_URL = env("KV_URL", f"file://{DATA_DIR / 'kv'}")
 #: Every key the service writes starts with this (letters, digits, _ . : -; not empty), and
 #: deleting a queue reaches no key outside it: a Redis database can be shared with Celery's
 #: broker or another application. Changing it on a store in use hides the existing keys
-#: (they are not read under another prefix): see README, "Upgrading".
+#: (they are not read under another prefix): see docs/explanation/correctness.md, "Keys in the store".
 KV_PREFIX = env("KV_PREFIX", "mq:")
 if not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$", KV_PREFIX):
     raise ImproperlyConfigured(f"KV_PREFIX={KV_PREFIX!r}: use letters, digits and _ . : - (no /), not empty")

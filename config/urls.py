@@ -4,6 +4,7 @@ from django.urls import include, path, reverse
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.exceptions import NotAuthenticated
 
+from config.root import root
 from consoles.views import favicon
 from queues.api.observability import metrics_view
 
@@ -31,6 +32,7 @@ urlpatterns = [
     path("api/v1/", include("workers.urls")),
     path("api/v1/", include("archive.urls")),
     path("", include("sqs.urls")),
+    path("", root, name="root"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", DocsView.as_view(url_name="schema"), name="docs"),
     path("metrics", metrics_view, name="metrics"),

@@ -16,8 +16,8 @@ A leaf module (``prometheus_client``, no Django: the middleware names only what 
 Django's request and response), so the key-value store imports it without cycles and the
 engine built on the store stays Django-free. Multiprocess-safe: with
 ``PROMETHEUS_MULTIPROC_DIR`` set when the process starts, ``prometheus_client`` keeps these
-values in memory-mapped files of that folder and ``/metrics`` adds up every process's (see the
-README, Metrics).
+values in memory-mapped files of that folder and ``/metrics`` adds up every process's (see
+docs/reference/metrics.md).
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 # `make run`: one node + one Celery worker in the foreground, embedded defaults (no services needed).
 #   PORT (default 8000)        node HTTP port on 127.0.0.1
 #   ADMIN_PASSWORD             password for the `admin` superuser (else a random one, shown once at creation)
-# Ctrl-C (or a TERM) stops both and exits 0 once they have stopped in time; if either exits on its
-# own, the other is stopped too and the script exits with that code.
+# Ctrl-C (or a TERM) stops both, and this script exits 0 once they have stopped in time; if either
+# exits on its own, the other is stopped too and the script exits with that code. Under `make run`
+# the terminal's Ctrl-C reaches make as well: make waits for this script to stop both, then ends
+# by the same signal (status 130 in the shell), printing no error.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -95,9 +97,8 @@ cleanup() {
         fi
     fi
     wait 2>/dev/null || true
-    # Stopping on request is the normal end of `make run`: exit 0 so make reports no error
-    # (it printed "Error 130/143" before). A forced stop, or one before both started, keeps the
-    # signal's code.
+    # Stopping on request is the normal end of `make run`: exit 0, so that make reports no
+    # error. A forced stop, or one before both started, keeps the signal's code.
     if [ "$requested" = 1 ] && [ "$forced" = 0 ] && [ ${#pids[@]} -gt 0 ]; then
         echo "run: stopped" >&2
         rc=0

@@ -6,7 +6,7 @@ as the access key's user (``ctx.caller``), so the REST API's permissions apply u
 a queue the user may not read does not exist (QueueDoesNotExist), one it may read but not act
 on answers AccessDenied. Refusals raise :class:`SQSError`.
 
-How SQS's model maps onto the service's (the README's compatibility table says the same):
+How SQS's model maps onto the service's (docs/reference/sqs.md's compatibility table says the same):
 
 - A queue name ``x.fifo`` is the strict queue ``x-fifo`` of the service (its names have no
   dots); the REST API sees that name. A FIFO queue's MessageGroupId is the group, its

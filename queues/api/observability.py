@@ -32,9 +32,16 @@ import urllib3
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.throttling import BaseThrottle
+from rest_framework.views import APIView
 
 from queues.cluster import peerauth
 from queues.service.figures import NodeCollector, readiness
@@ -174,12 +181,29 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     return HttpResponse(_events() + _figures(), content_type=CONTENT_TYPE_LATEST)
 
 
-@require_GET
-def readyz_view(request: HttpRequest) -> HttpResponse:
-    checks = readiness()
-    failing = sorted(name for name, ok in checks.items() if not ok)
-    if not failing:
-        return JsonResponse({"status": "ready"})
-    response = JsonResponse({"status": "not_ready", "not_ready": failing}, status=503)
-    response["Retry-After"] = str(READY_RETRY_AFTER)
-    return response
+class ReadyView(APIView):
+    """Readiness, for anyone (load balancers, orchestrators): 200 when the database, the store
+    and the node's leases answer, else 503 naming the failing checks. No authentication and no
+    throttle: a probe asks often and carries no token."""
+
+    permission_classes = [AllowAny]
+    authentication_classes: list[type[BaseAuthentication]] = []
+    throttle_classes: list[type[BaseThrottle]] = []
+
+    @extend_schema(
+        summary="Readiness of this node: database, store, leases (no authentication)",
+        responses={
+            200: OpenApiResponse(description="ready to serve"),
+            503: OpenApiResponse(description="not ready: the failing checks; ask again after Retry-After seconds"),
+        },
+    )
+    def get(self, request: Request) -> Response:
+        checks = readiness()
+        failing = sorted(name for name, ok in checks.items() if not ok)
+        if not failing:
+            return Response({"status": "ready"})
+        return Response(
+            {"status": "not_ready", "not_ready": failing},
+            status=503,
+            headers={"Retry-After": str(READY_RETRY_AFTER)},
+        )

@@ -528,6 +528,18 @@ def _responses() -> dict[tuple[str, str, str], dict[str, Any]]:
                 "partitions": {"type": "integer", "description": "partitions it serves (staff and nodes only)"},
             },
         },
+        ("/api/v1/readyz", "get", "200"): _closed({"status": {"type": "string", "enum": ["ready"]}}, ["status"]),
+        ("/api/v1/readyz", "get", "503"): _closed(
+            {
+                "status": {"type": "string", "enum": ["not_ready"]},
+                "not_ready": {
+                    "type": "array",
+                    "items": {"type": "string", "enum": ["database", "partitions", "store"]},
+                    "description": "the checks that fail",
+                },
+            },
+            ["status", "not_ready"],
+        ),
         (q + "/stats", "get", "200"): type_schema(QueueStats),
         (s + "/stats", "get", "200"): type_schema(SubscriptionStats),
         (q + "/partitions", "get", "200"): {
@@ -602,6 +614,9 @@ def postprocess(result: dict[str, Any], generator: Any, request: Any, public: bo
     _limits(result)
     _document_responses(result)
     _add_errors(result)
+    not_ready = result["paths"].get("/api/v1/readyz", {}).get("get", {}).get("responses", {}).get("503")
+    if not_ready is not None:
+        not_ready["headers"] = RETRY_AFTER
     _add_links(result)
     for (path, _method), op in _operations(result).items():
         body = op.get("requestBody")

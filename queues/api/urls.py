@@ -4,7 +4,7 @@ from queues.api import observability, topics, views
 
 urlpatterns = [
     path("healthz", views.HealthView.as_view(), name="healthz"),
-    path("readyz", observability.readyz_view, name="readyz"),
+    path("readyz", observability.ReadyView.as_view(), name="readyz"),
     path("queues", views.QueueListView.as_view(), name="queue-list"),
     path("queues/<str:name>", views.QueueDetailView.as_view(), name="queue-detail"),
     path("queues/<str:name>/enqueue", views.EnqueueView.as_view(), name="queue-enqueue"),

@@ -161,3 +161,18 @@ def admin_login(transactional_db):
 
     User.objects.create_superuser(ADMIN_USER, "operator@example.com", ADMIN_PASSWORD)
     return ADMIN_USER, ADMIN_PASSWORD
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many documentation examples ran and how many are marked not run (test_doc_examples)."""
+    import sys
+
+    module = sys.modules.get("tests.e2e.test_doc_examples")
+    counts = getattr(module, "COUNTS", None)
+    if counts:
+        ran = sum(r for r, _ in counts.values())
+        skipped = sum(n for _, n in counts.values())
+        terminalreporter.write_line(
+            f"doc examples: {ran} blocks run, {skipped} not run, on {len(counts)} pages (run/not run:"
+            f" {', '.join(f'{page} {r}/{n}' for page, (r, n) in counts.items() if r or n)})"
+        )

@@ -542,3 +542,48 @@ def test_healthz_needs_no_auth(runtime):
     # then
     assert r.status_code == 200
     assert r.json() == {"status": "ok"}  # liveness only: nothing about the node (test_node_identity)
+
+
+def test_the_root_maps_the_node_and_post_stays_the_sqs_endpoint(api):
+    # given a client without credentials, of the same entrance as the api fixture's
+    anonymous = make_client(api.transport)
+
+    # when it opens the node's address, asks for its headers only, and posts an unsigned SQS call there
+    page = anonymous.get("/")
+    head = anonymous.generic("HEAD", "/")
+    sqs = anonymous.post("/", data="Action=ListQueues", content_type="application/x-www-form-urlencoded")
+    wrong = anonymous.delete("/")
+
+    # then the map names the console, the API's docs and schema, the SQS endpoint and the checks
+    assert page.status_code == 200 and page["Content-Type"] == "application/json"
+    assert page.json() == {
+        "service": "mq: a partitioned, at-least-once message queue",
+        "console": "/admin/",
+        "api_docs": "/api/docs/",
+        "api_schema": "/api/schema/",
+        "sqs": "/sqs",
+        "healthz": "/api/v1/healthz",
+        "readyz": "/api/v1/readyz",
+        "metrics": "/metrics",
+    }
+    assert head.status_code == 200
+    # and each path it names is served (the docs and the schema ask for a login first)
+    for path, status in [("/admin/", 302), ("/api/docs/", 302), ("/api/schema/", 401), ("/api/v1/healthz", 200)]:
+        assert anonymous.get(path).status_code == status, path
+    # and POST / is still SQS's: an unsigned call is refused in SQS's words
+    assert sqs.status_code == 403 and b"MissingAuthenticationToken" in sqs.content, sqs.content
+    assert wrong.status_code == 405 and wrong["Allow"] == "GET, HEAD, POST"
+
+
+def test_the_schema_documents_readyz(api):
+    # when
+    r = api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    op = json.loads(r.content)["paths"]["/api/v1/readyz"]["get"]
+
+    # then: no authentication, 200 ready, 503 with the failing checks and Retry-After
+    assert op["security"] == [{}]
+    ready = op["responses"]["200"]["content"]["application/json"]["schema"]
+    assert ready["properties"]["status"]["enum"] == ["ready"]
+    not_ready = op["responses"]["503"]
+    assert not_ready["content"]["application/json"]["schema"]["required"] == ["status", "not_ready"]
+    assert "Retry-After" in not_ready["headers"]

@@ -562,7 +562,9 @@ def test_the_endpoint_answers_at_the_root_too(node):
     at_root.send_message(QueueUrl=url, MessageBody="via /")
     (m,) = _client(node, key).receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
     assert m["Body"] == "via /"
-    assert requests.get(f"{node.url}/", timeout=10).status_code == 404
+    # and GET / is the node's map (config/root.py), which names the SQS endpoint
+    page = requests.get(f"{node.url}/", timeout=10)
+    assert page.status_code == 200 and page.json()["sqs"] == "/sqs"
 
 
 # --- outage -------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@
   (``--pattern``, default ``*``). On one machine that is what applications and workers need to
   use the queues an operator makes in the console; it may create queues of its own (and manages
   those), but may not change, purge or delete anyone else's, nor grant. A deployment gives each
-  application its own user and grants on its own names instead (README: Access control).
+  application its own user and grants on its own names instead (docs/how-to/access-control.md).
 
 Prints, one per line, for the script to read: ``MQ_ADMIN created <password>|created given|reset
 given|exists -``, ``MQ_ADMIN_TOKEN revoked`` when it deleted one, ``MQ_APP <username>``,
