@@ -218,6 +218,17 @@ def test_queue_partitions_and_tree(browser, node, token, admin_login):
         assert fit["box"][1] <= fit["row"][1] + 1, fit
         assert fit["scroll"] >= fit["svg"] - 1, fit
         assert fit["scroll"] <= fit["client"] or fit["overflow"] in ("auto", "scroll"), fit
+        # where the head and the oldest block still holding messages are is marked
+        assert svg.find_elements(By.CSS_SELECTOR, "text.mark-head"), "no head mark"
+        assert svg.find_elements(By.CSS_SELECTOR, "text.mark-oldest"), "no oldest live mark"
+        # and it zooms: "+" draws it larger, "fit" puts all of it inside its box
+        before = svg.size["width"]
+        browser.find_element(By.CSS_SELECTOR, ".tree-controls [data-zoom=in]").click()
+        assert svg.size["width"] > before * 1.2, (before, svg.size)
+        browser.find_element(By.CSS_SELECTOR, ".tree-controls [data-zoom=fit]").click()
+        fit = browser.execute_script(_TREE_BOX, svg)
+        assert fit["svg"] <= fit["client"] and fit["scroll"] <= fit["client"] + 1, fit
+        browser.shot("partition tree, fitted")
     finally:
         _empty_store(name)
 
