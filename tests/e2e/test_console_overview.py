@@ -6,12 +6,14 @@ their figures, the nodes with the partitions they hold and a map of partition ow
 refreshes itself: an enqueue shows in its depth without a reload. A topic's page lists its
 subscriptions with their backlogs and positions; its settings page has no queue-only field; a
 queue's page starts with its figures. None of these pages scrolls sideways or has a table wider
-than its box, at either width. A staff user without grants sees none of the queues. Screenshots
-of each page at each width are kept (``artifacts/screenshots/``).
+than its box, at either width, and none logs an error in the browser's console. A staff user without grants sees none of the queues. Screenshots
+of each page at each width are kept (``artifacts/screenshots/``). ``manage.py mq_demo`` fills
+the node with queues, a topic and a worker's attempts that the overview shows.
 """
 
 from __future__ import annotations
 
+import io
 import uuid
 
 import pytest
@@ -19,19 +21,12 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 
 from tests.e2e.test_admin_console import _empty_store, _wait, log_in, make_queue
-from tests.e2e.test_console_layout import _OVERFLOW, _STATUS
+from tests.e2e.test_console_layout import _OVERFLOW, _STATUS, _size
 from tests.integration.nodes import Client
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 SIZES = [(1280, 800), (1920, 1080)]
-
-
-def _size(browser, width: int, height: int) -> None:
-    """The window whose inner width (what the page is laid out in) is ``width``."""
-    browser.set_window_size(width, height)
-    inner = browser.execute_script("return window.innerWidth")
-    browser.set_window_size(width + (width - inner), height)
 
 
 def _fits(browser, url: str) -> None:
@@ -43,6 +38,13 @@ def _open(browser, url: str) -> None:
     browser.get(url)
     _wait(browser, EC.presence_of_element_located((By.ID, "content")))
     assert browser.execute_script(_STATUS) == 200, url
+    _no_errors(browser, url)
+
+
+def _no_errors(browser, where: str) -> None:
+    """Nothing the page logged as an error (a script's exception, a resource that failed: a 404)."""
+    errors = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"]
+    assert errors == [], (where, errors)
 
 
 def _depth_shown(browser, name: str) -> str:
@@ -52,11 +54,13 @@ def _depth_shown(browser, name: str) -> str:
 
 def test_the_overview_topic_and_queue_pages(browser, node, token, admin_login):
     from django.contrib.auth.models import User
+    from django.core.management import call_command
     from django.urls import reverse
 
     from queues import service
     from queues.access import SYSTEM
     from queues.models import Queue
+    from workers.models import AttemptLog
 
     client = Client(node.url, token)
     dlq = make_queue(client, 1)
@@ -67,6 +71,7 @@ def test_the_overview_topic_and_queue_pages(browser, node, token, admin_login):
     assert client.post(f"topics/{topic}/publish", {"messages": [{"body": "p1"}, {"body": "p2"}]}).status_code == 201
     assert client.post(f"queues/{name}/enqueue", {"messages": [{"body": f"m{i}"} for i in range(4)]}).status_code == 201
     nobody = User.objects.create_user(f"staff-{uuid.uuid4().hex[:6]}", password="e2e-Secret-pw-2", is_staff=True)
+    browser.get_log("browser")  # what earlier tests' pages logged is not this test's
     try:
         log_in(browser, node.url, *admin_login)
         # the overview is the index's first link
@@ -87,6 +92,7 @@ def test_the_overview_topic_and_queue_pages(browser, node, token, admin_login):
         assert client.post(f"queues/{name}/enqueue", {"messages": [{"body": "late"}] * 3}).status_code == 201
         _wait(browser, lambda d: _depth_shown(d, name) == "7", timeout=20)
         assert browser.execute_script("return document.body.dataset.notReloaded") == "yes"
+        _no_errors(browser, "the overview, refreshed")
 
         topic_page = node.url + reverse("admin:topic", args=[topic])
         queue_page = node.url + reverse("admin:queues_queue_change", args=[Queue.objects.get(name=name).pk])
@@ -118,6 +124,19 @@ def test_the_overview_topic_and_queue_pages(browser, node, token, admin_login):
             _fits(browser, "queue")
             browser.shot(f"queue {width}")
 
+        # the demonstration fills a node: its queues, topic and worker's attempts show in the console
+        out = io.StringIO()
+        call_command("mq_demo", url=node.url, token=token, seconds=4, rate=30, no_dashboards=True, stdout=out)
+        text = out.getvalue()
+        assert "] " in text and "sent" in text and "/admin/overview/" in text, text
+        assert AttemptLog.objects.filter(queue__in=["demo-orders", "demo-emails"]).exists()
+        _open(browser, node.url + reverse("admin:overview"))
+        for shown in ("demo-orders", "demo-emails", "demo-events"):
+            _wait(
+                browser, EC.presence_of_element_located((By.CSS_SELECTOR, f"#overview-queues tr[data-queue='{shown}']"))
+            )
+        browser.shot("overview after the demo")
+
         # a staff user without grants sees none of the queues (nor their partitions)
         browser.delete_all_cookies()
         log_in(browser, node.url, nobody.username, "e2e-Secret-pw-2")
@@ -128,5 +147,6 @@ def test_the_overview_topic_and_queue_pages(browser, node, token, admin_login):
         browser.get(topic_page)
         assert browser.execute_script(_STATUS) == 404
     finally:
-        for made in (name, dlq, topic):
+        browser.set_window_size(1400, 1000)
+        for made in (name, dlq, topic, "demo-orders", "demo-orders-dead", "demo-emails", "demo-events"):
             _empty_store(made)
