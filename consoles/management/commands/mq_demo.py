@@ -32,6 +32,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from mq_client.transport import API_PREFIX
+
 QUEUES = {
     "demo-orders": {
         "partitions": 4,
@@ -184,7 +186,7 @@ class Command(BaseCommand):
 def _post(url: str, token: str, path: str, body: dict[str, Any], ok: tuple[int, ...] = (200, 201)) -> int:
     """A call the SDK has no method for (topics), with the same token."""
     request = urllib.request.Request(  # noqa: S310 - the node's own http(s) URL
-        f"{url}/{path}",
+        f"{url}{API_PREFIX}/{path}",
         data=json.dumps(body).encode(),
         headers={"Authorization": f"Token {token}", "Content-Type": "application/json"},
         method="POST",
