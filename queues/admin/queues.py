@@ -47,7 +47,7 @@ class PartitionInline(_PartitionInline):
         "link",
         "owner",
         "epoch",
-        "head_block",
+        "lease_age",
         "depth",
         "in_flight",
         "delayed",
@@ -58,6 +58,10 @@ class PartitionInline(_PartitionInline):
     ]
     # the stubs type fields as names or groups of names, readonly_fields as names: one list of names is both
     readonly_fields = fields  # type: ignore[assignment]
+
+    @admin.display(description="lease age")
+    def lease_age(self, obj: Partition) -> str:
+        return _age(obj.lease_acquired_at) if obj.owner_id else "-"
 
     @admin.display(description="partition")
     def link(self, obj: Partition) -> SafeString:
