@@ -23,6 +23,7 @@ from selenium.webdriver.support import expected_conditions as EC
 from tests.e2e.test_admin_console import _empty_store, _wait, log_in, make_queue
 from tests.e2e.test_console_layout import _OVERFLOW, _STATUS, _size
 from tests.integration.nodes import Client
+from tests.launcher import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -126,10 +127,15 @@ def test_the_overview_topic_and_queue_pages(browser, node, token, admin_login):
 
         # the demonstration fills a node: its queues, topic and worker's attempts show in the console
         out = io.StringIO()
-        call_command("mq_demo", url=node.url, token=token, seconds=4, rate=30, no_dashboards=True, stdout=out)
+        call_command("mq_demo", url=node.url, token=token, seconds=6, rate=30, no_dashboards=True, stdout=out)
         text = out.getvalue()
         assert "] " in text and "sent" in text and "/admin/overview/" in text, text
-        assert AttemptLog.objects.filter(queue__in=["demo-orders", "demo-emails"]).exists()
+        # the worker's attempt log reaches the table after the node takes it in (a batch at a time)
+        wait_until(
+            lambda: AttemptLog.objects.filter(queue__in=["demo-orders", "demo-emails"]).exists(),
+            20,
+            f"the demo worker's attempts in the attempt log (the demo said: {text[-400:]!r})",
+        )
         _open(browser, node.url + reverse("admin:overview"))
         for shown in ("demo-orders", "demo-emails", "demo-events"):
             _wait(
