@@ -1,5 +1,6 @@
 # Developer entry points. Every target builds/reuses the venv (scripts/venv.sh) on its own.
 #   make run                      node on 127.0.0.1:$(PORT) + Celery worker, embedded defaults (Ctrl-C stops both)
+#   make demo [ARGS=...]          with `make run` up: demo queues, a topic and traffic, then the dashboards
 #   make test [ARGS="-k foo"]     pytest with real PostgreSQL + Redis (started, then always stopped)
 #   make test ARGS='-m "not cluster"'   the same without the tests that start node processes
 #   make test-unit [ARGS=...]     tests/unit on the embedded defaults, no services, not the slow ones
@@ -16,7 +17,7 @@ DOCS_PORT ?= 8001
 ARGS ?=
 export PORT
 
-.PHONY: help venv run test test-unit lint fmt bench docs services-start services-stop services-status services-env
+.PHONY: help venv run demo test test-unit lint fmt bench docs services-start services-stop services-status services-env
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -26,6 +27,9 @@ venv:
 
 run:
 	@scripts/run.sh
+
+demo:
+	@scripts/in-venv.sh python manage.py mq_demo --url http://127.0.0.1:$(PORT) $(ARGS)
 
 test:
 	@scripts/test.sh $(ARGS)

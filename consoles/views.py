@@ -7,13 +7,16 @@ are SVG rendered on the server (:mod:`consoles.charts`).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db.models import Max, Sum
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
+from django.utils import timezone
 
 from consoles.charts import Series, format_value, line_chart
 from consoles.models import DashboardRun, EstimateFit, GroupStats, LatencyBucketStats, QueueBucketStats, WorkerStats
@@ -24,6 +27,18 @@ from queues.access import Caller
 MAX_BUCKETS = 1440
 TABLE_BUCKETS = 30
 TABLE_GROUPS = 25
+
+#: The ranges an operator may choose: (label, seconds shown, bucket seconds), so that a chart has
+#: tens of points whatever the range. The job's own buckets (60 s by default) are summed into
+#: these; a range whose bucket is not above the job's shows the job's buckets as they are.
+RANGES = {
+    "hour": ("last hour", 3600, 60),
+    "day": ("last day", 86400, 1800),
+    "week": ("last week", 7 * 86400, 4 * 3600),
+}
+DEFAULT_RANGE = "hour"
+#: ``?queue=`` for the figures of every queue the user may read, added up (the whole cluster).
+ALL_QUEUES = "*"
 
 _FAVICON = Path(__file__).parent / "static" / "consoles" / "favicon.ico"
 
@@ -76,6 +91,70 @@ def _charts(rows, fits, latency) -> list:
     ]
 
 
+def _weighted(rows, field: str, weight: str) -> float | None:
+    known = [(getattr(r, field), getattr(r, weight)) for r in rows if getattr(r, field) is not None]
+    total = sum(w for _, w in known)
+    if not known:
+        return None
+    if total == 0:
+        return sum(v for v, _ in known) / len(known)
+    return sum(v * w for v, w in known) / total
+
+
+def _highest(rows, field: str) -> float | None:
+    known = [getattr(r, field) for r in rows if getattr(r, field) is not None]
+    return max(known) if known else None
+
+
+def regroup(rows, seconds: int, counts: tuple[str, ...], weight: str, percentiles: tuple[str, ...]) -> list:
+    """The job's buckets (of one queue or of several) summed into buckets of ``seconds``: counts
+    added up; a p50 is the mean of the buckets' p50 weighted by ``weight``, a p95 or p99 the
+    highest of theirs (an upper bound: percentiles cannot be added up exactly)."""
+    groups: dict[float, list] = {}
+    for r in rows:
+        start = r.bucket_start.timestamp()
+        groups.setdefault(start - start % seconds, []).append(r)
+    out = []
+    for start in sorted(groups):
+        members = groups[start]
+        row = SimpleNamespace(bucket_start=datetime.fromtimestamp(start, tz=UTC), bucket_seconds=seconds)
+        for c in counts:
+            setattr(row, c, sum(getattr(m, c) for m in members))
+        for name in percentiles:
+            setattr(row, name, _weighted(members, name, weight) if name.endswith("p50") else _highest(members, name))
+        out.append(row)
+    return out
+
+
+_FIGURE_COUNTS = ("attempts", "succeeded", "failed", "timed_out", "abandoned", "retries")
+_FIGURE_PERCENTILES = tuple(f"{m}_p{p}" for m in ("wait", "preprocess", "process") for p in (50, 95, 99))
+
+
+def _bucket_rows(queues: list[str], job_bucket: int, since: datetime, seconds: int) -> tuple[list, list]:
+    """The figures and latency rows of ``queues`` since ``since``, in buckets of ``seconds``
+    (the job's own rows when that is its bucket and one queue is shown)."""
+    rows = list(
+        QueueBucketStats.objects.filter(queue__in=queues, bucket_seconds=job_bucket, bucket_start__gte=since).order_by(
+            "bucket_start"
+        )[: MAX_BUCKETS * max(1, len(queues))]
+    )
+    latency = list(
+        LatencyBucketStats.objects.filter(
+            queue__in=queues, bucket_seconds=job_bucket, bucket_start__gte=since
+        ).order_by("bucket_start")[: MAX_BUCKETS * max(1, len(queues))]
+    )
+    if seconds <= job_bucket and len(queues) == 1:
+        return rows, latency
+    seconds = max(seconds, job_bucket)
+    rows = regroup(rows, seconds, _FIGURE_COUNTS, "attempts", _FIGURE_PERCENTILES)
+    for r in rows:
+        r.throughput = r.succeeded / seconds
+        r.failure_rate = (r.failed + r.timed_out) / r.attempts if r.attempts else 0.0
+        r.retry_rate = r.retries / r.attempts if r.attempts else 0.0
+    latency = regroup(latency, seconds, ("acked",), "acked", ("latency_p50", "latency_p95", "latency_p99"))
+    return rows, latency
+
+
 def dashboards(request, site: admin.AdminSite):
     """The page, for a user with ``consoles.view_dashboards``, with the figures of the queues it
     may read and that exist now (a queue deleted since, over the API or SQS, is not listed: its
@@ -121,6 +200,10 @@ def dashboards(request, site: admin.AdminSite):
 
     names = sorted(estimates)
     selected = request.GET.get("queue") or (overview[0]["queue"] if overview else (names[0] if names else None))
+    chosen = request.GET.get("range") or DEFAULT_RANGE
+    if chosen not in RANGES:
+        chosen = DEFAULT_RANGE
+    range_label, range_seconds, range_bucket = RANGES[chosen]
     status = 200
     context = {
         **site.each_context(request),
@@ -131,27 +214,30 @@ def dashboards(request, site: admin.AdminSite):
         "overview": overview,
         "queues": names,
         "selected": selected,
+        "all_queues": ALL_QUEUES,
+        "ranges": [(key, label) for key, (label, _, _) in RANGES.items()],
+        "range": chosen,
+        "range_label": range_label,
     }
-    if selected is not None and selected not in names:
+    if selected == ALL_QUEUES:
+        shown = names
+    elif selected is not None and selected in names:
+        shown = [selected]
+    else:
+        shown = []
+    if selected is not None and selected != ALL_QUEUES and selected not in names:
         context["unknown"] = selected
         context["selected"] = None
         status = 404
     elif selected is not None:
-        rows = []
+        rows: list = []
+        latency: list = []
         if last_ok:
-            rows = list(
-                QueueBucketStats.objects.filter(queue=selected, bucket_seconds=bucket).order_by("-bucket_start")[
-                    :MAX_BUCKETS
-                ]
-            )[::-1]
-        fits = list(EstimateFit.objects.filter(queue=selected).order_by("created_at", "stage"))
-        latency = []
-        if last_ok:
-            latency = list(
-                LatencyBucketStats.objects.filter(queue=selected, bucket_seconds=bucket).order_by("-bucket_start")[
-                    :MAX_BUCKETS
-                ]
-            )[::-1]
+            since = timezone.now() - timedelta(seconds=range_seconds)
+            rows, latency = _bucket_rows(shown, bucket, since, range_bucket)
+        fits = list(EstimateFit.objects.filter(queue__in=shown).order_by("created_at", "stage"))
+        if selected == ALL_QUEUES:
+            fits = []  # learned per queue: on each queue's page
         latest_fit = {}
         for f in fits:
             latest_fit[f.stage] = f
@@ -160,9 +246,10 @@ def dashboards(request, site: admin.AdminSite):
                 "charts": _charts(rows, fits, latency),
                 "latency": latency[::-1][:TABLE_BUCKETS],
                 "buckets": rows[::-1][:TABLE_BUCKETS],
-                "workers": WorkerStats.objects.filter(run=last_ok, queue=selected) if last_ok else [],
-                "groups": (GroupStats.objects.filter(run=last_ok, queue=selected)[:TABLE_GROUPS] if last_ok else []),
-                "groups_total": GroupStats.objects.filter(run=last_ok, queue=selected).count() if last_ok else 0,
+                "workers": WorkerStats.objects.filter(run=last_ok, queue__in=shown) if last_ok else [],
+                "groups": (GroupStats.objects.filter(run=last_ok, queue__in=shown)[:TABLE_GROUPS] if last_ok else []),
+                "groups_total": GroupStats.objects.filter(run=last_ok, queue__in=shown).count() if last_ok else 0,
+                "range_bucket": max(range_bucket, bucket or 0),
                 "queue_estimates": estimates.get(selected),
                 "fits": [latest_fit[s] for s in ("preprocess", "process") if s in latest_fit],
             }

@@ -95,6 +95,7 @@ def spark_session():
             SparkSession.builder.master(master)
             .appName("mq-dashboards")
             .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")  # stage bars: the caller shows its own progress
             .config("spark.sql.shuffle.partitions", str(settings.SPARK_SHUFFLE_PARTITIONS))
             .config("spark.driver.memory", settings.SPARK_DRIVER_MEMORY)
             .config("spark.sql.session.timeZone", "UTC")

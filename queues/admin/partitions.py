@@ -51,7 +51,20 @@ class PartitionAdmin(ByGrant, _PartitionAdmin):
             svg = partition_svg(obj, get_store().within(keys.incarnation(obj.queue_id)))
         except Exception as exc:  # noqa: BLE001 - the store may be down: say so, keep the page
             return f"cannot read the tree from the store: {exc}"
-        return mark_safe(f'<div style="overflow-x:auto;max-width:100%">{svg}</div>')  # noqa: S308 - partition_svg escapes
+        # Zoomed in the page (consoles/static/consoles/tree.js): its buttons scale the drawing,
+        # which scrolls inside its box when wider than it.
+        controls = (
+            '<div class="tree-controls" hidden>'
+            '<button type="button" data-zoom="out" title="zoom out">\u2212</button>'
+            '<button type="button" data-zoom="in" title="zoom in">+</button>'
+            '<button type="button" data-zoom="fit" title="the whole drawing in the box">fit</button>'
+            '<button type="button" data-zoom="1" title="actual size">100%</button>'
+            '<span class="tree-scale"></span></div>'
+        )
+        return mark_safe(f'<div class="tree-zoom">{controls}<div class="tree-box">{svg}</div></div>')  # noqa: S308 - partition_svg escapes
+
+    class Media:
+        js = ["consoles/tree.js"]
 
     @admin.display(description="owner", ordering="owner__address")
     def owner_link(self, obj: Partition) -> str:

@@ -47,7 +47,7 @@ class PartitionInline(_PartitionInline):
         "link",
         "owner",
         "epoch",
-        "head_block",
+        "lease_age",
         "depth",
         "in_flight",
         "delayed",
@@ -59,6 +59,10 @@ class PartitionInline(_PartitionInline):
     # the stubs type fields as names or groups of names, readonly_fields as names: one list of names is both
     readonly_fields = fields  # type: ignore[assignment]
 
+    @admin.display(description="lease age")
+    def lease_age(self, obj: Partition) -> str:
+        return _age(obj.lease_acquired_at) if obj.owner_id else "-"
+
     @admin.display(description="partition")
     def link(self, obj: Partition) -> SafeString:
         return format_html('<a href="{}">{}</a>', reverse("admin:queues_partition_change", args=[obj.pk]), obj)
@@ -68,6 +72,12 @@ class PartitionInline(_PartitionInline):
 
 
 _MARK = {True: "\u2713", False: "\u2013"}
+
+#: Settings a topic's page leaves out: each subscription has its own dead-letter queue and
+#: receive limit, and workers' estimates are learned for queues.
+TOPIC_HIDES = frozenset(
+    {"dead_letter_queue", "max_receives", "preprocess_estimate", "process_estimate", "dead_lettered_total"}
+)
 
 
 def effective_access_table(q: Queue) -> SafeString:
@@ -172,8 +182,11 @@ class QueueAdmin(ByGrant, _QueueAdmin):
         return [*fixed, *self.readonly_fields, *shown]
 
     def get_fieldsets(self, request: HttpRequest, obj: Queue | None = None) -> _FieldsetSpec:
-        # Who may do what gets its own section under the settings.
-        fields = [f for f in self.get_fields(request, obj) if f != "effective_access"]
+        # Who may do what gets its own section under the settings (the figures are above them:
+        # change_view). A topic is read through its subscriptions, each with its own
+        # dead-letter queue and limit: its page leaves those settings out (and so does its form).
+        hidden = {"effective_access"} | (TOPIC_HIDES if obj is not None and obj.kind == Queue.Kind.TOPIC else set())
+        fields = [f for f in self.get_fields(request, obj) if f not in hidden]
         if obj is None or not _may_manage(request, obj):
             return [(None, {"fields": fields})]
         return [
@@ -207,6 +220,28 @@ class QueueAdmin(ByGrant, _QueueAdmin):
             save_grants(request, formset)
         else:
             super().save_formset(request, form, formset, change)
+
+    change_form_template = "admin/queues/queue/change_form.html"
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> Any:
+        # What an operator opens a queue's page for, above its settings: its figures, read
+        # through the service with the console's user as the caller (none for a queue it may
+        # not read: the page itself answers 404 then).
+        extra: dict[str, Any] = dict(extra_context or {})
+        try:
+            pk = int(object_id)
+        except ValueError:
+            pk = None
+        if pk is not None:
+            lines = service.cluster_overview(request_caller(request), with_nodes=False, only=[pk])["queues"]
+            if lines:
+                extra["figures"] = lines[0]
+                if lines[0]["kind"] == Queue.Kind.TOPIC:
+                    extra["topic_url"] = reverse("admin:topic", args=[lines[0]["name"]])
+                    extra["title"] = "Change topic"
+        return super().change_view(request, object_id, form_url, extra)
 
     @admin.display(description="effective access")
     def effective_access(self, obj: Queue) -> SafeString:

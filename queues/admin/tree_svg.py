@@ -89,8 +89,11 @@ def _height_of(block_id: str, present: dict[str, Block]) -> int:
     return 0
 
 
-def render(drawn: list[Drawn], edges: list[tuple[str, str, str]]) -> str:
-    """Blocks left to right in allocation order, parents above their children."""
+def render(drawn: list[Drawn], edges: list[tuple[str, str, str]], head: str | None = None) -> str:
+    """Blocks left to right in allocation order, parents above their children. The drawing has a
+    ``viewBox``: the page scales it (zoom, or fit to its box) by setting its width and height.
+    The ``head`` block (the newest) and the oldest block drawn that still holds messages are
+    marked above their boxes."""
     if not drawn:
         return (
             '<svg xmlns="http://www.w3.org/2000/svg" width="320" height="40"><text x="8" y="24">'
@@ -107,6 +110,7 @@ def render(drawn: list[Drawn], edges: list[tuple[str, str, str]]) -> str:
     out = [
         (
             f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" class="append-tree" '
             'font-family="monospace" font-size="10" role="img" aria-label="append tree">'
         ),
         (
@@ -128,6 +132,16 @@ def render(drawn: list[Drawn], edges: list[tuple[str, str, str]]) -> str:
         else:
             x2, y2 = b.x + BOX_W / 2, b.y
             out.append(f'<line class="child" x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="#555"/>')
+    oldest = min((d for d in drawn if d.present and d.live), key=lambda d: d.ordinal, default=None)
+    marks: dict[str, list[str]] = {}
+    if head in at:
+        marks.setdefault(head, []).append("head")
+    if oldest is not None:
+        marks.setdefault(oldest.id, []).append("oldest live")
+    for block_id, names in marks.items():
+        d = at[block_id]
+        classes = " ".join(f"mark-{n.split()[0]}" for n in names)
+        out.append(f'<text class="{classes}" x="{d.x + 2}" y="{d.y - 4}" fill="#ba2121">{", ".join(names)}</text>')
     for d in drawn:
         label = escape(d.id.split("-")[0].lstrip("0") or "0")
         title = escape(d.id)
@@ -153,4 +167,4 @@ def render(drawn: list[Drawn], edges: list[tuple[str, str, str]]) -> str:
 
 def partition_svg(partition: Partition, store: KeyValueStore, limit: int = 40) -> str:
     drawn, edges = collect(store, partition.queue.name, partition.index, partition.head_block or None, limit)
-    return render(drawn, edges)
+    return render(drawn, edges, partition.head_block or None)

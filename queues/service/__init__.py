@@ -6,7 +6,8 @@ function takes checked Python values and returns typed results (``types``); it r
 exceptions in ``errors``, which the API maps to statuses in one place (``queues.api.errors``).
 Its docstring states what it locks and what it raises.
 
-Modules: ``descriptions`` (queues, topics, subscriptions, their figures), ``messages`` (enqueue, dequeue,
+Modules: ``descriptions`` (queues, topics, subscriptions, their figures), ``overview`` (the
+whole cluster as one caller may see it), ``messages`` (enqueue, dequeue,
 ack, visibility, the dead-letter move), ``operations`` (purge, redrive, expire, release),
 ``grants`` (grant, revoke: who may do what, recorded in the audit trail), ``credentials``
 (API tokens, and who may issue or revoke a credential for whom),
@@ -67,6 +68,7 @@ from queues.service.operations import (
     redrive,
     release_partition,
 )
+from queues.service.overview import Overview, cluster_overview
 from queues.service.peers import Peers, get_peers, set_peers
 from queues.service.reads import only_permitted, permitted_queues
 from queues.service.runtime import get_runtime, set_runtime
@@ -97,6 +99,7 @@ __all__ = [
     "MessageId",
     "NotFound",
     "NotServedHere",
+    "Overview",
     "PartitionOwner",
     "PartitionStats",
     "PartitionUnavailable",
@@ -125,6 +128,7 @@ __all__ = [
     "check_subscription_update",
     "checked_name",
     "close_purged",
+    "cluster_overview",
     "create_queue",
     "create_subscription",
     "current_queue_ids",

@@ -67,6 +67,8 @@ def _driver(chromium_paths, tmp_path_factory):
         f"--user-data-dir={profile}",
     ):
         options.add_argument(flag)
+    # the page's console messages, for tests that check a page logs no error (driver.get_log("browser"))
+    options.set_capability("goog:loggingPrefs", {"browser": "SEVERE"})
     log = tmp_path_factory.getbasetemp() / "chromedriver.log"
     driver = webdriver.Chrome(service=Service(chromedriver, log_output=str(log)), options=options)
     driver.set_page_load_timeout(30)
@@ -86,18 +88,22 @@ class Screenshots:
     def __call__(self, step: str) -> Path:
         self.count += 1
         path = self.folder / f"{self.count:02d}-{re.sub(r'[^a-z0-9]+', '-', step.lower()).strip('-')}.png"
-        # The whole page, not just the window: grow the window to the document for the shot.
+        # The whole page, not just the window: grow the window to the document for the shot,
+        # then give the window its size back (a test may be checking a layout at that size).
+        before = self.driver.get_window_size()
         height = self.driver.execute_script(
             "return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)"
         )
         width = self.driver.execute_script(
             "return Math.max(document.body.scrollWidth, document.documentElement.scrollWidth)"
         )
-        self.driver.set_window_size(max(1400, min(int(width), 4000)), max(1000, min(int(height) + 140, 6000)))
+        self.driver.set_window_size(
+            max(before["width"], min(int(width), 4000)), max(before["height"], min(int(height) + 140, 6000))
+        )
         try:
             assert self.driver.save_screenshot(str(path)), f"could not save {path}"
         finally:
-            self.driver.set_window_size(1400, 1000)
+            self.driver.set_window_size(before["width"], before["height"])
         return path
 
 

@@ -218,6 +218,17 @@ def test_queue_partitions_and_tree(browser, node, token, admin_login):
         assert fit["box"][1] <= fit["row"][1] + 1, fit
         assert fit["scroll"] >= fit["svg"] - 1, fit
         assert fit["scroll"] <= fit["client"] or fit["overflow"] in ("auto", "scroll"), fit
+        # where the head and the oldest block still holding messages are is marked
+        assert svg.find_elements(By.CSS_SELECTOR, "text.mark-head"), "no head mark"
+        assert svg.find_elements(By.CSS_SELECTOR, "text.mark-oldest"), "no oldest live mark"
+        # and it zooms: "+" draws it larger, "fit" puts all of it inside its box
+        before = svg.size["width"]
+        browser.find_element(By.CSS_SELECTOR, ".tree-controls [data-zoom=in]").click()
+        assert svg.size["width"] > before * 1.2, (before, svg.size)
+        browser.find_element(By.CSS_SELECTOR, ".tree-controls [data-zoom=fit]").click()
+        fit = browser.execute_script(_TREE_BOX, svg)
+        assert fit["svg"] <= fit["client"] and fit["scroll"] <= fit["client"] + 1, fit
+        browser.shot("partition tree, fitted")
     finally:
         _empty_store(name)
 
@@ -317,6 +328,33 @@ def test_dashboards(browser, node, token, admin_login):
         learned = Queue.objects.get(name=name)
         assert 0.2 <= learned.process_estimate <= 3.0, learned.process_estimate
         assert browser.find_elements(By.CSS_SELECTOR, "#estimates tbody tr")
+        # and the charts use the page's width: three in a row at 1920 px, two at 1280 px
+        for width, per_row in ((1920, 3), (1280, 2)):
+            browser.set_window_size(width, 1080)
+            browser.set_window_size(width + width - browser.execute_script("return window.innerWidth"), 1080)
+            tops = browser.execute_script(
+                "return [...document.querySelectorAll('svg.chart')].map(c => Math.round(c.getBoundingClientRect().top))"
+            )
+            assert tops.count(tops[0]) == per_row, (width, tops)
+            widths = browser.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
+            assert widths[0] <= widths[1], (width, widths)
+            browser.shot(f"dashboards {width}")
+        browser.set_window_size(1400, 1000)
+        # and the operator chooses the range (buckets to match) and the whole cluster's figures
+        browser.find_element(By.CSS_SELECTOR, ".dash-ranges a[data-range=day]").click()
+        _wait(browser, EC.url_contains("range=day"))
+        assert "1800 s buckets" in browser.find_element(By.CSS_SELECTOR, ".dash-ranges").text
+        assert len(browser.find_elements(By.CSS_SELECTOR, "svg.chart circle")) > 0
+        browser.find_element(By.LINK_TEXT, "all queues").click()
+        _wait(browser, EC.url_contains("queue=%2A"))
+        assert "All queues" in browser.find_element(By.CSS_SELECTOR, ".dash-ranges + h2").text
+        # every attempt of the hour is in the half hours shown (one queue's: it is the only one)
+        attempts = [
+            int(tr.find_elements(By.TAG_NAME, "td")[1].text)
+            for tr in browser.find_elements(By.CSS_SELECTOR, "#buckets tbody tr")
+        ]
+        assert sum(attempts) == 300, attempts
+        browser.shot("dashboards, all queues, last day")
     finally:
         _empty_store(name)
 

@@ -2,9 +2,9 @@
 against a real node, with rows in every list (a queue with its dead-letter queue, a topic with a
 subscription, a worker's attempts, an archived message, a key, a grant, settings).
 
-At 1280x800, each list page of every registered model, and the page of its first row: the page
-does not scroll sideways and no table is wider than the box it sits in (``scrollWidth <=
-clientWidth``). Each add form the console
+At 1280x800, each list page of every registered model (a screenshot of each is kept), and the
+page of its first row: the page does not scroll sideways and no table is wider than the box it
+sits in (``scrollWidth <= clientWidth``); at 1920x1080, each list page again. Each add form the console
 offers, submitted empty, answers a page (its errors), never a 5xx. ``/favicon.ico`` is served.
 """
 
@@ -22,6 +22,15 @@ from tests.integration.nodes import Client
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 WIDTH, HEIGHT = 1280, 800
+WIDE = (1920, 1080)
+
+
+def _size(browser, width: int, height: int) -> None:
+    """The window whose inner width (what the page is laid out in) is ``width``."""
+    browser.set_window_size(width, height)
+    inner = browser.execute_script("return window.innerWidth")
+    browser.set_window_size(width + (width - inner), height)
+
 
 #: The page's sideways overflow, and each table wider than the box it sits in.
 _OVERFLOW = """
@@ -133,10 +142,7 @@ def test_every_list_fits_1280_and_every_add_form_answers(browser, node, token, a
     made = _seed(node, token)
     try:
         log_in(browser, node.url, *admin_login)
-        browser.set_window_size(WIDTH, HEIGHT)
-        # the window's inner width: what the page is laid out in
-        inner = browser.execute_script("return window.innerWidth")
-        browser.set_window_size(WIDTH + (WIDTH - inner), HEIGHT)
+        _size(browser, WIDTH, HEIGHT)
         problems, adds = [], []
         for model in list(admin.site._registry):
             meta = model._meta
@@ -147,6 +153,7 @@ def test_every_list_fits_1280_and_every_add_form_answers(browser, node, token, a
             got = browser.execute_script(_OVERFLOW)
             if got["page"][0] > got["page"][1] or got["tables"]:
                 problems.append((url, got))
+            browser.shot(f"{meta.app_label} {meta.model_name}")
             if browser.find_elements(By.CSS_SELECTOR, f"a.addlink[href='{url}add/']"):
                 adds.append(url + "add/")
             # and the page of its first row (where the columns the list leaves out are)
@@ -169,8 +176,18 @@ def test_every_list_fits_1280_and_every_add_form_answers(browser, node, token, a
             assert status < 500, (url, status, browser.page_source[:2000])
             # and says what is missing
             assert browser.find_elements(By.CSS_SELECTOR, ".errornote"), (url, browser.page_source[:2000])
+        # and at 1920x1080 every list fits too (wider screens show more columns' text per line)
+        _size(browser, *WIDE)
+        for model in list(admin.site._registry):
+            meta = model._meta
+            url = reverse(f"admin:{meta.app_label}_{meta.model_name}_changelist")
+            browser.get(node.url + url)
+            _wait(browser, EC.presence_of_element_located((By.ID, "content")))
+            got = browser.execute_script(_OVERFLOW)
+            if got["page"][0] > got["page"][1] or got["tables"]:
+                problems.append((f"{url} at {WIDE[0]}", got))
         browser.get(node.url + reverse("admin:queues_queue_changelist"))
-        browser.shot("queue list")
+        browser.shot("queue list 1920")
         # and the icon the browser asks every page for is there
         browser.get(node.url + "/favicon.ico")
         assert browser.execute_script(_STATUS) == 200

@@ -9,7 +9,7 @@ the queue and the topic named ``shown-...``; ``no_grant``: the same permissions,
 Cells, generated from the admin registry (a newly registered admin fails here until it has a row
 in the tables below): its list, the page of an object (``view``), ``add``, ``change`` (the page
 is editable), ``delete`` (the confirmation page) and each action (offered on the list); plus the
-dashboards page and the index. Each test builds the same rows: for every model one object that
+dashboards page, the overview (and a topic's page) and the index. Each test builds the same rows: for every model one object that
 belongs to the role (a row of ``shown-...``, or the role's own key, token or worker) and one that
 does not (a row of ``hidden-...``, another user's key, token or worker), one object for tables no
 grant governs (nodes, users, the dashboards job's runs). A model permission opens a list; the grants
@@ -364,6 +364,23 @@ def _check_dashboards(w: World, role: str) -> None:
     assert ('id="dashboards-link"' in index) == opens, f"{role} index: dashboards link"
 
 
+def _check_overview(w: World, role: str) -> None:
+    """The overview opens for every staff user and shows the queues and topics it may read (none
+    without a grant), with the nodes when it may view nodes; a topic's page is its readers' only."""
+    assert w.client.get(reverse("admin:overview")).status_code == 200, f"{role} overview"
+    figures = w.client.get(reverse("admin:overview_json")).json()
+    names = {q["name"] for q in figures["queues"]}
+    owned = {name for n in figures["nodes"] for name in n["owns"]}
+    sees = role == "superuser" or role in GRANT_ROLES
+    assert ({w.shown, f"{w.shown}-t"} <= names) == sees, f"{role} overview: {names}"
+    if role != "superuser":
+        assert not any(n.startswith("hidden-") for n in names | owned), f"{role} overview: {names | owned}"
+        assert w.client.get(reverse("admin:topic", args=[f"{w.hidden}-t"])).status_code == 404
+    assert bool(figures["nodes"]) == has(role, "queues.view_node"), f"{role} overview: nodes"
+    topic = w.client.get(reverse("admin:topic", args=[f"{w.shown}-t"]))
+    assert topic.status_code == (200 if sees else 404), f"{role} topic page"
+
+
 def _check_index(w: World, role: str, label: str) -> None:
     """A single permission lists its model on the index, and no other."""
     r = w.client.get(reverse("admin:index"))
@@ -386,6 +403,7 @@ def test_console_cell(world_for, role):
     for label in labels:
         _check_model(w, role, label)
     _check_dashboards(w, role)
+    _check_overview(w, role)
 
 
 # ------------------------------------------------------------- rules the matrix does not show

@@ -1,9 +1,14 @@
-"""``python manage.py refresh_dashboards``: run the dashboards' Spark job now, with progress."""
+"""``python manage.py refresh_dashboards``: run the dashboards' Spark job now, with one progress
+line; the Spark process's own output goes to ``--spark-log`` (``$MQ_DATA_DIR/spark.log``)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import sys
 import time
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -22,6 +27,29 @@ def _positive(minimum: int = 1):
         return value
 
     return parse
+
+
+@contextlib.contextmanager
+def _stderr_to(path: str):
+    """This process's standard error (file descriptor 2) appended to ``path`` meanwhile: the Spark
+    process it starts writes its warnings there (native libraries it cannot load, its own log),
+    not over the command's progress line. ``-``: left as it is."""
+    if path == "-":
+        yield
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "ab") as log:
+            os.dup2(log.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
 
 
 class Command(BaseCommand):
@@ -50,10 +78,16 @@ class Command(BaseCommand):
             help="samples a queue needs before its estimates are learned (default %(default)s)",
         )
         parser.add_argument(
+            "--spark-log",
+            default=str(Path(settings.DATA_DIR) / "spark.log"),
+            help="where the Spark process's own output (warnings, its log) goes (default %(default)s; "
+            "'-' leaves it on the terminal)",
+        )
+        parser.add_argument(
             "--no-apply", action="store_true", help="record the learned estimates without changing the queues' defaults"
         )
 
-    def handle(self, *args, bucket: int, window: int, min_samples: int, no_apply: bool, **options):
+    def handle(self, *args, bucket: int, window: int, min_samples: int, no_apply: bool, spark_log: str, **options):
         from consoles.spark import job
 
         opts = job.Options(
@@ -76,7 +110,8 @@ class Command(BaseCommand):
             self.stdout.flush()
 
         try:
-            run = job.run(opts, trigger="command", progress=progress)
+            with _stderr_to(spark_log):
+                run = job.run(opts, trigger="command", progress=progress)
         except Exception as exc:
             self.stdout.write("")
             raise CommandError(f"the dashboards job failed: {type(exc).__name__}: {exc}") from exc
