@@ -1,6 +1,6 @@
 """A topic's own page in the console (``admin:topic``): its figures, its subscriptions with their
 positions and backlogs, its partitions and where its archive is. No queue-only field: a topic
-is read through its subscriptions, each with its own dead-letter queue and receive limit.
+is read through its subscriptions, each with a dead-letter queue and a receive limit of its own.
 
 Read through the service with the console's user as the caller (``read`` on the topic): a
 topic the user may not read answers 404, as one that does not exist.
