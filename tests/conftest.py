@@ -37,7 +37,7 @@ def pytest_configure(config):
 
 
 #: The fixtures that start node processes: a test that uses one is a ``cluster`` test.
-NODE_FIXTURES = frozenset({"node", "nodes"})
+NODE_FIXTURES = frozenset({"node", "nodes", "module_node"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker

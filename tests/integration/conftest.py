@@ -16,9 +16,12 @@ leaves them out.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+
 import pytest
 
-from tests.integration.nodes import NodeSet, local_node_env
+from tests.integration.nodes import KV_REDIS_DB, NodeSet, local_node_env
 from tests.launcher import KV_BACKENDS, NodeProcess
 
 #: Every node of a test beats this often (seconds): a takeover or a grant shows within moments.
@@ -52,3 +55,39 @@ def nodes(request, transactional_db, tmp_path) -> NodeSet:
 def node(nodes) -> NodeProcess:
     """One node process, as :func:`nodes` starts them."""
     return nodes.start()
+
+
+@pytest.fixture(scope="module")
+def module_node(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[NodeProcess]:
+    """One node process for a whole module whose tests only call it over HTTP, with rows of the
+    module's own made here (``module_rows``) and committed, since the node reads them; all of it
+    removed at the module's end, as a transactional test's teardown does. A node start and stop
+    a test cost more than most such tests' calls."""
+    import redis
+    from django.core.management import call_command
+
+    if not os.environ.get("MQ_TEST_REDIS_URL"):
+        pytest.skip("MQ_TEST_REDIS_URL is not set (make test sets it)")
+    kv = redis.Redis.from_url(os.environ["MQ_TEST_REDIS_URL"] + f"/{KV_REDIS_DB}")
+    kv.flushdb()
+    with django_db_blocker.unblock():
+        tmp = tmp_path_factory.mktemp("module-node")
+        started = NodeSet(local_node_env(tmp, NODE_HEARTBEAT=HEARTBEAT), tmp)
+        try:
+            yield started.start()
+        finally:
+            started.stop()
+            call_command("flush", interactive=False, verbosity=0)
+            kv.flushdb()
+            kv.close()
+
+
+@pytest.fixture(scope="module")
+def module_rows(module_node, django_db_blocker):
+    """Make rows the module's node can read (committed): ``module_rows(lambda: ...)``."""
+
+    def make(build):  # type: ignore[no-untyped-def]
+        with django_db_blocker.unblock():
+            return build()
+
+    return make

@@ -38,7 +38,7 @@ from django.contrib.auth.models import User
 
 from sqs.models import AccessKey
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.django_db]
 
 _spec = importlib.util.spec_from_file_location(
     "gen_sqs_query_shapes", Path(__file__).resolve().parents[2] / "scripts" / "gen_sqs_query_shapes.py"
@@ -106,10 +106,14 @@ class Api:
         return create_parser("query").parse(response, op.output_shape)
 
 
+@pytest.fixture(scope="module")
+def key(module_rows) -> AccessKey:
+    return module_rows(lambda: AccessKey.issue(User.objects.create(username=f"rules-{uuid.uuid4().hex[:8]}")))
+
+
 @pytest.fixture(params=["json", "query"])
-def api(request, node) -> Api:
-    key = AccessKey.issue(User.objects.create(username=f"rules-{uuid.uuid4().hex[:8]}"))
-    return Api(node, key, request.param)
+def api(request, module_node, key) -> Api:
+    return Api(module_node, key, request.param)
 
 
 def _name(prefix: str = "r") -> str:

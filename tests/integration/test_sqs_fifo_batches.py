@@ -20,9 +20,7 @@ queue of the REST API keeps one message of a group in flight (tests/unit/test_gr
 
 from __future__ import annotations
 
-import os
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,34 +28,16 @@ from django.contrib.auth.models import User
 
 from queues.engine.ids import group_partition
 from sqs.models import AccessKey
-from tests.integration.nodes import KV_REDIS_DB, NodeSet, local_node_env
 from tests.integration.test_sqs_aws_rules import Api, Refused
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.django_db]
 
 
 @pytest.fixture(scope="module")
-def served(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[tuple[Any, AccessKey]]:
-    """A node for the module and an access key, their rows committed (the node reads them);
-    all of it removed at the end, as a transactional test's teardown does."""
-    import redis
-    from django.core.management import call_command
-
-    if not os.environ.get("MQ_TEST_REDIS_URL"):
-        pytest.skip("MQ_TEST_REDIS_URL is not set (make test sets it)")
-    kv = redis.Redis.from_url(os.environ["MQ_TEST_REDIS_URL"] + f"/{KV_REDIS_DB}")
-    kv.flushdb()
-    with django_db_blocker.unblock():
-        tmp = tmp_path_factory.mktemp("sqs-fifo")
-        nodes = NodeSet(local_node_env(tmp, NODE_HEARTBEAT="0.3"), tmp)
-        try:
-            key = AccessKey.issue(User.objects.create(username=f"fifo-{uuid.uuid4().hex[:8]}"))
-            yield nodes.start(), key
-        finally:
-            nodes.stop()
-            call_command("flush", interactive=False, verbosity=0)
-            kv.flushdb()
-            kv.close()
+def served(module_node, module_rows) -> tuple[Any, AccessKey]:
+    """The module's node and an access key it reads."""
+    key = module_rows(lambda: AccessKey.issue(User.objects.create(username=f"fifo-{uuid.uuid4().hex[:8]}")))
+    return module_node, key
 
 
 @pytest.fixture(params=["json", "query"])
