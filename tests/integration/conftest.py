@@ -59,8 +59,8 @@ def node(nodes) -> NodeProcess:
 
 @pytest.fixture(scope="module")
 def module_node(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[NodeProcess]:
-    """One node process for a whole module whose tests only call it over HTTP, with rows of the
-    module's own made here (``module_rows``) and committed, since the node reads them; all of it
+    """One node process for a whole module whose tests call it over HTTP with rows of their own
+    committed (:func:`committed`), since the node reads them; all of it
     removed at the module's end, as a transactional test's teardown does. A node start and stop
     a test cost more than most such tests' calls."""
     import redis
@@ -83,11 +83,31 @@ def module_node(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterato
 
 
 @pytest.fixture(scope="module")
-def module_rows(module_node, django_db_blocker):
-    """Make rows the module's node can read (committed): ``module_rows(lambda: ...)``."""
+def committed(django_db_blocker):
+    """``committed(lambda: ...)``: run an ORM call on a connection of its own, committed at once,
+    so that a node process reads its rows even while a test's transaction is open; the module's
+    node removes them at its end (:func:`module_node`)."""
+    import threading
 
-    def make(build):  # type: ignore[no-untyped-def]
-        with django_db_blocker.unblock():
-            return build()
+    from django.db import connection
 
-    return make
+    def run(build):  # type: ignore[no-untyped-def]
+        out: dict[str, object] = {}
+
+        def work() -> None:
+            try:
+                with django_db_blocker.unblock():
+                    out["value"] = build()
+            except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+                out["error"] = exc
+            finally:
+                connection.close()
+
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+        if "error" in out:
+            raise out["error"]  # type: ignore[misc]
+        return out["value"]
+
+    return run

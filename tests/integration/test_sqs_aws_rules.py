@@ -107,8 +107,8 @@ class Api:
 
 
 @pytest.fixture(scope="module")
-def key(module_rows) -> AccessKey:
-    return module_rows(lambda: AccessKey.issue(User.objects.create(username=f"rules-{uuid.uuid4().hex[:8]}")))
+def key(committed) -> AccessKey:
+    return committed(lambda: AccessKey.issue(User.objects.create(username=f"rules-{uuid.uuid4().hex[:8]}")))
 
 
 @pytest.fixture(params=["json", "query"])

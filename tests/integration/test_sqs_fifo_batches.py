@@ -34,9 +34,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.django_db]
 
 
 @pytest.fixture(scope="module")
-def served(module_node, module_rows) -> tuple[Any, AccessKey]:
+def served(module_node, committed) -> tuple[Any, AccessKey]:
     """The module's node and an access key it reads."""
-    key = module_rows(lambda: AccessKey.issue(User.objects.create(username=f"fifo-{uuid.uuid4().hex[:8]}")))
+    key = committed(lambda: AccessKey.issue(User.objects.create(username=f"fifo-{uuid.uuid4().hex[:8]}")))
     return module_node, key
 
 

@@ -35,14 +35,24 @@ from tests.integration.test_sqs_boto3 import _client, _name, _receive_all
 from tests.integration.test_sqs_query import NS, _post, _text
 from tests.launcher import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+# One node for the module (its tests only call it); rows it must read are committed apart.
+pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.django_db]
 
 _ENTRY_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
 
 
-@pytest.fixture
-def key():
+def _new_key() -> AccessKey:
     return AccessKey.issue(User.objects.create(username=f"ident-{uuid.uuid4().hex[:8]}"))
+
+
+@pytest.fixture
+def node(module_node):
+    return module_node
+
+
+@pytest.fixture(scope="module")
+def key(committed) -> AccessKey:
+    return committed(_new_key)
 
 
 @pytest.fixture
@@ -216,7 +226,7 @@ def _traced(sqs):
     return sqs
 
 
-def test_the_trace_header_is_the_aws_trace_header_json(node, key):
+def test_the_trace_header_is_the_aws_trace_header_json(node, key, committed):
     sqs = _traced(_client(node, key))
     url = sqs.create_queue(QueueName=_name("trace"))["QueueUrl"]
     sqs.send_message(QueueUrl=url, MessageBody="one")
@@ -239,7 +249,7 @@ def test_the_trace_header_is_the_aws_trace_header_json(node, key):
     r = requests.post(
         f"{node.url}/api/v1/queues/{name}/enqueue",
         json={"body": "five", "attributes": {"traceparent": "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01"}},
-        headers={"Authorization": f"Token {Token.objects.create(user=key.user).key}"},
+        headers={"Authorization": f"Token {committed(lambda: Token.objects.create(user=key.user)).key}"},
         timeout=30,
     )
     assert r.status_code == 201, r.text
@@ -276,8 +286,11 @@ def test_queue_urls_and_arns_name_the_region_json(node, key):
         assert arn == f"arn:aws:sqs:{region}:000000000000:{name}"
 
 
-@pytest.mark.node(env={"SQS_REGION": "eu-central-1"})
-def test_a_node_serves_its_own_region_only(node, key):
+@pytest.mark.django_db(transaction=True)
+def test_a_node_serves_its_own_region_only(nodes):
+    # (a node of its own, set to one region)
+    node, key = nodes.start(SQS_REGION="eu-central-1"), _new_key()
+
     def client(region: str):
         return boto3.client(
             "sqs",
@@ -358,9 +371,10 @@ def _grants(user, queue: str) -> set[str]:
     return set(Grant.objects.filter(user=user, queue__name=queue).values_list("action", flat=True))
 
 
-def test_add_and_remove_permission_json(node, sqs):
-    bob = User.objects.create(username=f"bob-{uuid.uuid4().hex[:8]}")
-    as_bob = _client(node, AccessKey.issue(bob))
+def test_add_and_remove_permission_json(node, sqs, committed):
+    bob_key = committed(lambda: AccessKey.issue(User.objects.create(username=f"bob-{uuid.uuid4().hex[:8]}")))
+    bob = bob_key.user
+    as_bob = _client(node, bob_key)
     name = _name("perm")
     url = sqs.create_queue(QueueName=name)["QueueUrl"]
     sqs.add_permission(QueueUrl=url, Label="send", AWSAccountIds=[bob.username], Actions=["SendMessage"])
@@ -405,9 +419,9 @@ def test_add_and_remove_permission_json(node, sqs):
     assert exc.value.response["Error"]["Code"] == "InvalidParameterValue"
 
 
-def test_add_and_remove_permission_query(node, key, sqs):
-    carol = User.objects.create(username=f"carol-{uuid.uuid4().hex[:8]}")
-    carol_key = AccessKey.issue(carol)
+def test_add_and_remove_permission_query(node, key, sqs, committed):
+    carol_key = committed(lambda: AccessKey.issue(User.objects.create(username=f"carol-{uuid.uuid4().hex[:8]}")))
+    carol = carol_key.user
     name = _name("perm")
     url = sqs.create_queue(QueueName=name)["QueueUrl"]
     _query(
