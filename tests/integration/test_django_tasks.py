@@ -193,7 +193,8 @@ def test_djangos_example_runs_on_the_worker_and_a_failing_task_ends_in_the_dead_
 def test_enqueue_on_commit_sends_nothing_on_a_rollback_and_loses_nothing_to_a_kill_after_commit(
     node_api, tasks, tasks_worker, app_env
 ):
-    """One node for both halves: they need the same queues, and a node costs seconds."""
+    """One node for every part (PostgreSQL with and without the outbox, SQLite, a kill): they
+    need the same queues, and a node costs seconds."""
     # given the queues "default" (tasks) and "plain" (the SDK's messages)
     _create_queue(node_api, name="default")
     _create_queue(node_api, name="plain")
@@ -220,6 +221,22 @@ def test_enqueue_on_commit_sends_nothing_on_a_rollback_and_loses_nothing_to_a_ki
         assert not TaskRecord.objects.filter(pk=dropped.id).exists()
         assert TaskRecord.objects.filter(pk=kept.id).exists()
         assert not OutboxMessage.objects.exists()
+
+    # --- the same on SQLite (on_commit alone), in a process of its own ---------------------------
+    sqlite_env = {**app_env, "DATABASE_URL": f"sqlite:///{app_env['MQ_DATA_DIR']}/app.sqlite3"}
+    os.makedirs(app_env["MQ_DATA_DIR"], exist_ok=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.integration.enqueue_on_sqlite"],
+        cwd=ROOT,
+        env=sqlite_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sqlite_task = proc.stdout.split()[-1]
+    assert _bodies(node_api, "plain") == ["kept on sqlite"]
+    assert [sqlite_task in body for body in _bodies(node_api, "default")] == [True]
 
     # --- a process killed after its commit loses nothing --------------------------------------
     # when a process commits a message's and a task's enqueue and dies at once (SIGKILL, from a commit hook)
