@@ -207,6 +207,21 @@ class BenchNode:
             raise BenchError(f"`manage.py {argv[0]}` exited {r.returncode}:\n{(r.stdout + r.stderr)[-3000:]}")
         return r.stdout + r.stderr
 
+    def sqs_key(self, description: str) -> tuple[str, str]:
+        """(access key ID, secret) of a new SQS access key of the node's user."""
+        out = self.manage(
+            "shell",
+            "-c",
+            "from django.contrib.auth import get_user_model\n"
+            "from sqs.models import AccessKey\n"
+            f"k = AccessKey.issue(get_user_model().objects.get(username={self.user!r}), {description!r})\n"
+            "print('KEY=' + k.access_key_id + ':' + k.secret)\n",
+        )
+        m = re.search(r"KEY=(\w+):(\S+)", out)
+        if m is None:
+            raise BenchError(f"no access key made:\n{out[-500:]}")
+        return m.group(1), m.group(2)
+
     def _create_token(self) -> str:
         user = self.user
         code = (

@@ -20,7 +20,6 @@ import argparse
 import http.client
 import json
 import os
-import re
 import sys
 import time
 import uuid
@@ -167,23 +166,14 @@ def main(argv=None) -> int:
     node.start()
     queues: dict[str, str] = {}
     try:
-        out = node.manage(
-            "shell",
-            "-c",
-            "from django.contrib.auth import get_user_model\n"
-            "from sqs.models import AccessKey\n"
-            "k = AccessKey.issue(get_user_model().objects.get(username='mqbench-sqs'), 'bench/sqs.py')\n"
-            "print('KEY=' + k.access_key_id + ':' + k.secret)\n",
-        )
-        m = re.search(r"KEY=(\w+):(\S+)", out)
-        assert m, out[-500:]
+        key_id, secret = node.sqs_key("bench/sqs.py")
         tag = uuid.uuid4().hex[:6]
         queues.update(sqs=f"bench-sqs-{tag}", rest=f"bench-rest-{tag}")
         for q in queues.values():
             status, body = node.api("POST", "/api/v1/queues", {"name": q, "partitions": 4})
             assert status == 201, body
         time.sleep(2)  # the node claims the partitions
-        systems = [Sqs(node, m.group(1), m.group(2), queues["sqs"], a.sqs_path), Rest(node, queues["rest"])]
+        systems = [Sqs(node, key_id, secret, queues["sqs"], a.sqs_path), Rest(node, queues["rest"])]
         for s in systems:  # warm-up
             one_round(s, min(a.n, 200), node.pid)
         idle = idle_rate(node.pid, a.idle)

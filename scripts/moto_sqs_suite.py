@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import http.server
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -76,17 +75,7 @@ def main() -> int:
     )
     node.start()
     try:
-        out = node.manage(
-            "shell",
-            "-c",
-            "from django.contrib.auth import get_user_model\n"
-            "from sqs.models import AccessKey\n"
-            "k = AccessKey.issue(get_user_model().objects.get(username='moto-suite'), 'moto')\n"
-            "print('KEY=' + k.access_key_id + ':' + k.secret)\n",
-        )
-        m = re.search(r"KEY=(\w+):(\S+)", out)
-        assert m, out[-500:]
-        key_id, secret = m.group(1), m.group(2)
+        key_id, secret = node.sqs_key("moto")
         sqs = boto3.client(
             "sqs",
             endpoint_url=node.url + "/sqs",
