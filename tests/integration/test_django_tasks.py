@@ -129,6 +129,13 @@ def _bodies(api: Client, queue: str) -> list[str]:
         assert r.status_code == 200, r.text
 
 
+def _app_process(module: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``python -m module``, a process of the application, to its end."""
+    return subprocess.run(
+        [sys.executable, "-m", module], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
 def _depth(api: Client, queue: str) -> int:
     return api.get(f"queues/{queue}/stats").json()["depth"]
 
@@ -225,14 +232,7 @@ def test_enqueue_on_commit_sends_nothing_on_a_rollback_and_loses_nothing_to_a_ki
     # --- the same on SQLite (on_commit alone), in a process of its own ---------------------------
     sqlite_env = {**app_env, "DATABASE_URL": f"sqlite:///{app_env['MQ_DATA_DIR']}/app.sqlite3"}
     os.makedirs(app_env["MQ_DATA_DIR"], exist_ok=True)
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.integration.enqueue_on_sqlite"],
-        cwd=ROOT,
-        env=sqlite_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _app_process("tests.integration.enqueue_on_sqlite", sqlite_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     sqlite_task = proc.stdout.split()[-1]
     assert _bodies(node_api, "plain") == ["kept on sqlite"]
@@ -240,14 +240,7 @@ def test_enqueue_on_commit_sends_nothing_on_a_rollback_and_loses_nothing_to_a_ki
 
     # --- a process killed after its commit loses nothing --------------------------------------
     # when a process commits a message's and a task's enqueue and dies at once (SIGKILL, from a commit hook)
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.integration.enqueue_and_die"],
-        cwd=ROOT,
-        env=app_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = _app_process("tests.integration.enqueue_and_die", app_env)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     key, task_id = proc.stdout.split()
     # then nothing was sent, and the outbox holds both
