@@ -23,8 +23,10 @@ from consoles.models import DashboardRun, EstimateFit, GroupStats, LatencyBucket
 from queues import service
 from queues.access import Caller
 
-#: buckets drawn per chart and listed in the table
-MAX_BUCKETS = 1440
+#: the job's buckets read for one queue's chart at most (a week of 60 s buckets); the newest
+#: are kept when a range holds more
+MAX_JOB_BUCKETS = 7 * 1440
+#: buckets listed in the table
 TABLE_BUCKETS = 30
 TABLE_GROUPS = 25
 
@@ -133,16 +135,20 @@ _FIGURE_PERCENTILES = tuple(f"{m}_p{p}" for m in ("wait", "preprocess", "process
 def _bucket_rows(queues: list[str], job_bucket: int, since: datetime, seconds: int) -> tuple[list, list]:
     """The figures and latency rows of ``queues`` since ``since``, in buckets of ``seconds``
     (the job's own rows when that is its bucket and one queue is shown)."""
+    # Every job bucket of the range, the newest kept if there are more (a week of 60 s buckets
+    # is 10,080 a queue, summed below into the range's own buckets).
+    per_queue = min(MAX_JOB_BUCKETS, int((timezone.now() - since).total_seconds() // max(1, job_bucket)) + 1)
+    cap = per_queue * max(1, len(queues))
     rows = list(
         QueueBucketStats.objects.filter(queue__in=queues, bucket_seconds=job_bucket, bucket_start__gte=since).order_by(
-            "bucket_start"
-        )[: MAX_BUCKETS * max(1, len(queues))]
-    )
+            "-bucket_start"
+        )[:cap]
+    )[::-1]
     latency = list(
         LatencyBucketStats.objects.filter(
             queue__in=queues, bucket_seconds=job_bucket, bucket_start__gte=since
-        ).order_by("bucket_start")[: MAX_BUCKETS * max(1, len(queues))]
-    )
+        ).order_by("-bucket_start")[:cap]
+    )[::-1]
     if seconds <= job_bucket and len(queues) == 1:
         return rows, latency
     seconds = max(seconds, job_bucket)

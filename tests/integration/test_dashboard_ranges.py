@@ -87,3 +87,25 @@ def test_ranges_and_all_queues(admin_client):
     assert len(buckets(html)) >= 2
     # an unknown range is the default one
     assert "60 s buckets" in page(queue="ranges-b", range="year")
+
+
+def test_a_week_of_minutes_shows_the_whole_week_newest_first(admin_client):
+    # given one queue with a job bucket for every minute of the last week (10,080 of them)
+    now = timezone.now()
+    Queue.objects.create(name="ranges-week")
+    QueueBucketStats.objects.bulk_create(
+        _minutes("ranges-week", now - timedelta(days=7) + timedelta(minutes=1), 7 * 1440)
+    )
+    DashboardRun.objects.create(
+        status=DashboardRun.Status.SUCCEEDED, trigger="test", master="local[1]", source="django",
+        bucket_seconds=60, window_start=now - timedelta(days=7), finished_at=now,
+    )  # fmt: skip
+    # when the last week is shown
+    r = admin_client.get("/admin/dashboards/", {"queue": "ranges-week", "range": "week"})
+    assert r.status_code == 200
+    body = r.content.decode().split('id="buckets"', 1)[1].split("</table>", 1)[0]
+    counts = [int(row[1]) for row in (re.findall(r"<td>([^<]*)</td>", x)[:3] for x in body.split("<tr>")[3:])]
+    # then the table lists its newest 30 four-hour buckets, each of 240 minutes of 10 attempts
+    # (not the week's first day only, which is what a cut at a day's worth of rows would keep)
+    assert len(counts) == 30, counts
+    assert sum(c == 2400 for c in counts) >= 28, counts
