@@ -111,14 +111,15 @@ def send_row(client: Any, key: str, *, using: str = "default") -> bool:
 
 def relay(client: Any, *, using: str = "default", older_than: float = RELAY_AFTER, limit: int = 100) -> int:
     """Send the outbox rows older than ``older_than`` seconds (their writer died, or its send
-    failed), oldest first, each in its own transaction; how many were sent. A row the service
-    refuses (its queue missing, a message over the queue's limits) stays, its error noted, and
-    is tried again at the next relay."""
+    failed), the least refused first and then the oldest, each in its own transaction; how many
+    were sent. A row the service refuses (its queue missing, a message over the queue's limits)
+    stays, its error noted, and is tried again at the next relay, behind the rows refused fewer
+    times: rows refused for good never hold up the others."""
     cutoff = timezone.now() - timedelta(seconds=older_than)
     keys = list(
         OutboxMessage.objects.using(using)
         .filter(created_at__lt=cutoff)
-        .order_by("created_at")
+        .order_by("failures", "created_at")
         .values_list("pk", flat=True)[:limit]
     )
     sent = 0
@@ -126,7 +127,7 @@ def relay(client: Any, *, using: str = "default", older_than: float = RELAY_AFTE
         try:
             sent += send_row(client, key, using=using)
         except ApiError as exc:
-            if exc.status == 0 or exc.status >= 500:
+            if exc.status in (0, 429) or exc.status >= 500:  # no node now, or too many calls: later
                 log.warning("outbox relay: no node took %s now, the next relay tries again: %s", key, exc)
                 break
             log.error("outbox %s: the service refused it, kept for the next relay: %s", key, exc)

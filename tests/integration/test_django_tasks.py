@@ -12,18 +12,19 @@ import os
 import signal
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
 from django.db import connection, transaction
 
 from mq_client import Client as SDK
+from mq_client.errors import ApiError
 from tests.integration.nodes import Client, database_url
 from tests.integration.tasks_for_tests import email_users, fails
 from tests.launcher import ROOT, wait_until
 from workers.models import AttemptLog, OutboxMessage, TaskRecord
-from workers.outbox import enqueue_on_commit
+from workers.outbox import enqueue_on_commit, relay
 from workers.tasks_backend import TaskRunner, load_task
 
 try:
@@ -364,3 +365,32 @@ def _forget_celery_messages(broker_url: str, ids: list[str]) -> None:
                 client.lrem("celery", 1, raw)
     finally:
         client.close()
+
+
+class _Refusing(_Recorder):
+    """A stand-in client that refuses every message of queue ``gone``, as for a deleted queue."""
+
+    def enqueue_batch(self, queue, items):
+        if queue == "gone":
+            raise ApiError(404, "queue_not_found", "no queue 'gone'")
+        return super().enqueue_batch(queue, items)
+
+
+@pytest.mark.django_db
+def test_rows_the_service_refuses_do_not_hold_up_the_outbox():
+    # given outbox rows left after their commit: three to a queue that is gone, then one to a queue that is there
+    old = datetime.now(UTC) - timedelta(minutes=5)
+    for i in range(3):
+        OutboxMessage.objects.create(
+            id=f"gone-{i}", queue="gone", messages=[{"body": "x"}], created_at=old + timedelta(seconds=i)
+        )
+    OutboxMessage.objects.create(
+        id="kept", queue="plain", messages=[{"body": "y"}], created_at=old + timedelta(seconds=9)
+    )
+    client = _Refusing()
+    # when relays that take two rows each run twice
+    relay(client, older_than=0, limit=2)
+    relay(client, older_than=0, limit=2)
+    # then the row behind the refused ones was sent, and the refused ones are kept with their errors
+    assert client.calls == [("plain", [{"body": "y"}])]
+    assert sorted(OutboxMessage.objects.values_list("pk", "failures")) == [("gone-0", 1), ("gone-1", 1), ("gone-2", 1)]
