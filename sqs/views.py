@@ -219,8 +219,9 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
         )
         key.touch()
         call = service.begin_call()
-        trace_token = _attach_trace(headers) if tracing.ON else None
+        trace_token = None
         try:
+            trace_token = _attach_trace(headers) if tracing.ON else None
             result = actions.run(action, params, ctx)
         finally:
             tracing.detach(trace_token)

@@ -221,8 +221,9 @@ class FastPath:
         headers: dict[str, str] = {}
         started = time.perf_counter()
         call_token = service.begin_call()
-        trace_token = tracing.attach_meta(environ) if tracing.ON else None  # the caller's traceparent
+        trace_token = None
         try:
+            trace_token = tracing.attach_meta(environ) if tracing.ON else None  # the caller's traceparent
             if peer:
                 # The signature (over the body's hash, in a header) before a byte of the body:
                 # a forged or replayed one is refused unread.
