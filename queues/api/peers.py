@@ -218,7 +218,9 @@ class HttpPeers:
             status, raw = curl_post(self.handles(address), f"http://{address}{full_path}", data, headers)
         except pycurl.error as exc:  # refused, reset, timed out
             code, text = exc.args if len(exc.args) == 2 else (0, str(exc))
-            raise PeerUnreachable(f"node {address} did not answer (curl {code}: {text}); retry") from exc
+            raise PeerUnreachable(
+                f"node {address} did not answer (curl {code}: {text}); retry", refused=code == pycurl.E_COULDNT_CONNECT
+            ) from exc
         try:
             body = orjson.loads(raw) if raw else {}
         except orjson.JSONDecodeError:

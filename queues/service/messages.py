@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from django.conf import settings
 
@@ -36,6 +37,7 @@ from queues.service.errors import (
     InvalidRequest,
     NotServedHere,
     PartitionUnavailable,
+    PeerUnreachable,
     QueueNotFound,
     RemoteError,
     TooManyWaits,
@@ -48,6 +50,7 @@ from queues.service.types import AckResult, MessageDraft
 from queues.signals import given_back, redelivered
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 monotonic = time.monotonic
 
@@ -209,10 +212,12 @@ def _enqueue_somewhere(
         )
     if (cfg.name, index) in rt.managers or hops >= MAX_HOPS:
         return rt.manager(cfg.name, index).enqueue(messages)
-    address = _owner(cfg, index)
-    if address is None:
-        return rt.manager(cfg.name, index).enqueue(messages)
-    return get_peers().enqueue(address, cfg.name, _without_dedup(drafts), hops, caller)
+    return _at_owner(
+        cfg,
+        index,
+        lambda: rt.manager(cfg.name, index).enqueue(messages),
+        lambda address: get_peers().enqueue(address, cfg.name, _without_dedup(drafts), hops, caller),
+    )
 
 
 def _owner_wait() -> float:
@@ -248,6 +253,25 @@ def _owner(cfg: QueueConfig, index: int) -> str | None:
 
 #: Seconds between two looks for a partition's owner.
 OWNER_LOOK = 0.05
+
+
+def _at_owner(cfg: QueueConfig, index: int, local: Callable[[], T], remote: Callable[[str], T]) -> T:
+    """``remote(address)`` at the owner of partition ``index``, or ``local()`` when that is
+    this node. An owner that refuses the connection is looked up again until
+    :func:`_owner_wait` runs out: it died, and its row names it until its lease passes to a
+    live node, while the call never reached it (safe to make again, whatever it is)."""
+    give_up = monotonic() + _owner_wait()
+    while True:
+        address = _owner(cfg, index)
+        if address is None:
+            return local()
+        try:
+            return remote(address)
+        except PeerUnreachable as exc:
+            if not exc.refused or monotonic() >= give_up:
+                raise
+        time.sleep(OWNER_LOOK)
+        get_runtime().router.forget(cfg.id)
 
 
 def _without_dedup(drafts: list[MessageDraft]) -> list[MessageDraft]:
@@ -790,22 +814,27 @@ def ack(
         return tracing.ack_span(ack, target, items, caller=caller, hops=hops, unexpired=unexpired, _in_span=True)
     cfg, sub = authorize(target, "consume", caller=caller, reading=True)
     rt = get_runtime()
-    local = [(mid, r) for mid, r in items if (cfg.name, mid.partition) in rt.managers]
-    remote: dict[str, list[tuple[MessageId, str | None]]] = {}
-    for mid, receipt in items:
-        if (cfg.name, mid.partition) in rt.managers:
-            continue
-        address = rt.router.owner_of(cfg.id, cfg.name, mid.partition) if hops < MAX_HOPS else None
-        if address is None:
-            raise _unserved(cfg, f"partition {cfg.name}/{mid.partition} has no live owner now; retry")
-        remote.setdefault(address, []).append((mid, receipt))
-    if check_only or remote:
-        if local:
-            _check_local(cfg.name, local, sub, unexpired)
-        if check_only:
-            return AckResult(0, 0)
-        for address, batch in remote.items():
-            get_peers().check_ack(address, target, batch, hops, caller, unexpired=unexpired)
+    give_up = monotonic() + _owner_wait()
+    while True:
+        local, remote, unowned = _ack_route(cfg, items, hops)
+        try:
+            if unowned is not None:
+                raise _unserved(cfg, f"partition {cfg.name}/{unowned} has no live owner now; retry")
+            if check_only or remote:
+                if local:
+                    _check_local(cfg.name, local, sub, unexpired)
+                if check_only:
+                    return AckResult(0, 0)
+                for address, batch in remote.items():
+                    get_peers().check_ack(address, target, batch, hops, caller, unexpired=unexpired)
+            break
+        except (PeerUnreachable, NotServedHere):
+            # No owner now, or one that did not answer a check (which removes nothing): look
+            # again for where the partitions are, as an enqueue waits for its partition's owner.
+            if hops >= MAX_HOPS or monotonic() >= give_up or cfg.name not in rt.queues:
+                raise
+        time.sleep(OWNER_LOOK)
+        rt.router.forget(cfg.id)
     acked = not_found = 0
     if local:
         result = _ack_local(cfg.name, local, sub, unexpired)
@@ -815,6 +844,25 @@ def ack(
         acked += result.acked
         not_found += result.not_found
     return AckResult(acked, not_found)
+
+
+def _ack_route(
+    cfg: QueueConfig, items: Sequence[tuple[MessageId, str | None]], hops: int
+) -> tuple[list[tuple[MessageId, str | None]], dict[str, list[tuple[MessageId, str | None]]], int | None]:
+    """The acks for this node's partitions, those for each other owner, and a partition that
+    has no live owner now (None: every partition has one)."""
+    rt = get_runtime()
+    local: list[tuple[MessageId, str | None]] = []
+    remote: dict[str, list[tuple[MessageId, str | None]]] = {}
+    for mid, receipt in items:
+        if (cfg.name, mid.partition) in rt.managers:
+            local.append((mid, receipt))
+            continue
+        address = rt.router.owner_of(cfg.id, cfg.name, mid.partition) if hops < MAX_HOPS else None
+        if address is None:
+            return local, remote, mid.partition
+        remote.setdefault(address, []).append((mid, receipt))
+    return local, remote, None
 
 
 def _message_id(text: str) -> MessageId:
@@ -914,8 +962,24 @@ def change_visibility(
     if (cfg.name, mid.partition) not in rt.managers and hops < MAX_HOPS:
         address = rt.router.owner_of(cfg.id, cfg.name, mid.partition)
         if address is not None:
-            get_peers().change_visibility(address, target, mid, receipt, visibility_timeout, hops, caller)
+            _at_owner(
+                cfg,
+                mid.partition,
+                lambda: _change_visibility_here(target, cfg, sub, mid, receipt, visibility_timeout),
+                lambda a: get_peers().change_visibility(a, target, mid, receipt, visibility_timeout, hops, caller),
+            )
             return
+    _change_visibility_here(target, cfg, sub, mid, receipt, visibility_timeout)
+
+
+def _change_visibility_here(
+    target: str,
+    cfg: QueueConfig,
+    sub: str,
+    mid: MessageId,
+    receipt: str | None,
+    visibility_timeout: float,
+) -> None:
     ((m, _),) = _managers_of(cfg.name, [(mid, receipt)])
     with m.lock:
         m.check_serving()

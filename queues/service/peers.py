@@ -42,7 +42,15 @@ class RemoteError(ServiceError):
 class PeerUnreachable(PartitionUnavailable):
     """Another node did not answer: refused, reset or timed out (a node that just died and
     whose lease has not run out yet). 503 with Retry-After: by then its lease may have passed
-    to a live node."""
+    to a live node.
+
+    ``refused``: the connection was refused, so the call never reached the node and may be
+    made again elsewhere, whatever it was (a reset or a timeout may come after the node ran it).
+    """
+
+    def __init__(self, detail: str, *, refused: bool = False):
+        super().__init__(detail)
+        self.refused = refused
 
 
 class Peers(Protocol):
