@@ -116,7 +116,9 @@ def node_spans(path: Path) -> list[dict]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_producer_nodes_worker_and_its_handlers_enqueue_share_one_trace_across_a_forwarded_call(nodes, token, tmp_path, exporter):
+def test_producer_nodes_worker_and_its_handlers_enqueue_share_one_trace_across_a_forwarded_call(
+    nodes, token, tmp_path, exporter
+):
     # given node B, which owns the only partition of a queue, and node A, which does not; both
     # write their spans as JSON lines
     b = nodes.start(TRACES_EXPORT="jsonl", TRACES_FILE=str(tmp_path / "b.jsonl"))
