@@ -11,3 +11,8 @@ class WorkersConfig(AppConfig):
 
         signals.redelivered.connect(receivers.on_redelivered, dispatch_uid="workers.attempt_log.redelivered")
         signals.given_back.connect(receivers.on_given_back, dispatch_uid="workers.attempt_log.given_back")
+        # Celery's tasks carry their sender's trace context when an SDK is configured (the
+        # queues app, ready before this one, has installed TRACES_EXPORT's exporter).
+        from workers import celery_tracing
+
+        celery_tracing.use()

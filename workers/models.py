@@ -112,6 +112,9 @@ class OutboxMessage(models.Model):
     #: relays that failed, and why the last one did (a missing queue, a refused message...)
     failures = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)
+    #: until when a sender (the writer, or a relay) has claimed the row to send it; no other
+    #: sender takes it before then (:func:`workers.outbox.send_row`)
+    claimed_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["created_at"]

@@ -10,10 +10,13 @@ How, by the application's database:
   written in the caller's transaction; after the commit the same process sends it and deletes
   the row. A process that dies between its commit and the send leaves the row, and a relay
   (:func:`relay`, run by ``manage.py mq_tasks_worker``) sends it once it is ``relay_after``
-  seconds old. Each message carries a ``dedup_id`` (the row's, unless the caller gave one), so a
-  send whose answer was lost and is sent again by the relay within the queue's dedup window is
-  stored once. The sender and the relay lock the row (``FOR UPDATE SKIP LOCKED``): one of
-  them sends it.
+  seconds old. A sender (the writer or a relay) first claims the row for :data:`CLAIM_FOR`
+  seconds, in one statement committed at once, then sends it with no transaction open and no
+  row lock held, then deletes it: a slow send (the client's retries) holds no database
+  resource, and a second sender skips a claimed row. Each message carries a ``dedup_id`` (the
+  row's, unless the caller gave one), so a send whose answer was lost, or whose claim ran out
+  while it was under way, and that is sent again by the relay within the queue's dedup window
+  is stored once.
 - **Any other database** (SQLite, MySQL...): ``transaction.on_commit`` alone. Nothing is sent
   on a rollback, but a process that dies after its commit and before the send loses the
   messages, and a send that fails after the commit raises from the commit (the transaction
@@ -29,7 +32,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from mq_client import ApiError, Client
@@ -40,6 +43,10 @@ log = logging.getLogger(__name__)
 
 #: Seconds an outbox row waits for the process that wrote it before a relay sends it.
 RELAY_AFTER = 10.0
+#: Seconds a sender's claim on a row lasts: longer than a send with all the client's retries
+#: (5 tries of 10 s and their backoffs by default), shorter than a queue's dedup window (300 s
+#: by default), so that a row whose sender died mid-send is sent again, and stored once.
+CLAIM_FOR = 120.0
 
 
 _default_client: Client | None = None
@@ -54,8 +61,8 @@ def default_client() -> Client:
 
 
 def outbox_used(using: str = "default", outbox: bool | None = None) -> bool:
-    """Whether enqueues of ``using`` go through the outbox: ``outbox``, or (None) PostgreSQL only
-    (the others have no ``SKIP LOCKED`` that the relay's one-sender rule needs)."""
+    """Whether enqueues of ``using`` go through the outbox: ``outbox``, or (None) on PostgreSQL
+    only, the database its guarantees are tested on."""
     if outbox is None:
         return connections[using].vendor == "postgresql"
     return outbox
@@ -91,34 +98,44 @@ def enqueue_on_commit(
 
 
 def send_row(client: Any, key: str, *, using: str = "default") -> bool:
-    """Send the outbox row ``key`` and delete it; False when it is gone or a relay holds it.
-    A failed send is noted on the row and raised."""
-    with transaction.atomic(using=using):
-        row = OutboxMessage.objects.using(using).select_for_update(skip_locked=True).filter(pk=key).first()
-        if row is None:
-            return False
-        try:
-            client.enqueue_batch(row.queue, row.messages)
-        except Exception as exc:  # noqa: BLE001 - noted below, then raised
-            error = exc
-        else:
-            row.delete()
-            return True
-    # after the row's transaction, so that the note is not rolled back with it
-    OutboxMessage.objects.using(using).filter(pk=key).update(failures=F("failures") + 1, last_error=str(error)[:2000])
-    raise error
+    """Claim the outbox row ``key``, send it and delete it; False when it is gone or another
+    sender has claimed it. A failed send is noted on the row, its claim given up, and raised.
+
+    Called outside a transaction (as ``transaction.on_commit`` callbacks and the relay are),
+    the claim is committed before the send and the send runs with no transaction open: the
+    client's retries hold no lock and no transaction of the application's."""
+    now = timezone.now()
+    until = now + timedelta(seconds=CLAIM_FOR)
+    rows = OutboxMessage.objects.using(using)
+    free = Q(claimed_until__isnull=True) | Q(claimed_until__lte=now)
+    # One UPDATE: of two senders, the second waits for the first's claim and then finds it taken.
+    if not rows.filter(free, pk=key).update(claimed_until=until):
+        return False
+    row = rows.filter(pk=key).only("queue", "messages").first()
+    if row is None:
+        return False
+    try:
+        client.enqueue_batch(row.queue, row.messages)
+    except Exception as exc:
+        rows.filter(pk=key, claimed_until=until).update(
+            claimed_until=None, failures=F("failures") + 1, last_error=str(exc)[:2000]
+        )
+        raise
+    rows.filter(pk=key).delete()
+    return True
 
 
 def relay(client: Any, *, using: str = "default", older_than: float = RELAY_AFTER, limit: int = 100) -> int:
     """Send the outbox rows older than ``older_than`` seconds (their writer died, or its send
-    failed), the least refused first and then the oldest, each in its own transaction; how many
-    were sent. A row the service refuses (its queue missing, a message over the queue's limits)
+    failed) and not claimed by another sender, the least refused first and then the oldest, each
+    claimed and sent as :func:`send_row` does; how many were sent. A row the service refuses (its queue missing, a message over the queue's limits)
     stays, its error noted, and is tried again at the next relay, behind the rows refused fewer
     times: rows refused for good never hold up the others."""
-    cutoff = timezone.now() - timedelta(seconds=older_than)
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=older_than)
     keys = list(
         OutboxMessage.objects.using(using)
-        .filter(created_at__lt=cutoff)
+        .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lte=now), created_at__lt=cutoff)
         .order_by("failures", "created_at")
         .values_list("pk", flat=True)[:limit]
     )

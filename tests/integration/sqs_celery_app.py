@@ -3,7 +3,9 @@
 Nothing in it knows about this service: it is configured as an application that uses Amazon SQS
 would be, with the node's address in place of AWS's (``sqs://<key>:<secret>@<host>:<port>``).
 ``MQ_SQS_BROKER_URL`` names the broker, ``MQ_SQS_QUEUE`` the task queue, ``MQ_SQS_OUT`` the
-folder each worker process appends what it ran to (one file per process).
+folder each worker process appends what it ran to (one file per process). With ``MQ_SQS_TRACES``
+(a file), each worker process configures an OpenTelemetry SDK that appends its spans there as
+JSON lines, and continues the trace context its tasks were sent with (``workers.celery_tracing``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from pathlib import Path
 
 from celery import Celery
+from celery.signals import worker_process_init
 
 app = Celery("sqs_tasks")
 app.conf.update(
@@ -38,3 +41,20 @@ def record(n: int, sleep: float = 0.0) -> None:
     time.sleep(sleep)
     with open(Path(os.environ["MQ_SQS_OUT"]) / f"{os.getpid()}.log", "a") as f:
         f.write(f"{n}\n")
+
+
+@worker_process_init.connect
+def _traced(**kwargs) -> None:
+    """The SDK of an application's worker process, configured after the fork."""
+    path = os.environ.get("MQ_SQS_TRACES")
+    if not path:
+        return
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from queues.tracing import JsonLinesExporter
+    from workers import celery_tracing
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(JsonLinesExporter(path)))
+    celery_tracing.use(provider)

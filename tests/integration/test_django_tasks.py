@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
@@ -24,7 +25,7 @@ from tests.integration.nodes import Client, database_url
 from tests.integration.tasks_for_tests import email_users, fails
 from tests.launcher import ROOT, wait_until
 from workers.models import AttemptLog, OutboxMessage, TaskRecord
-from workers.outbox import enqueue_on_commit, relay
+from workers.outbox import enqueue_on_commit, relay, send_row
 from workers.tasks_backend import TaskRunner, load_task
 
 try:
@@ -394,3 +395,79 @@ def test_rows_the_service_refuses_do_not_hold_up_the_outbox():
     # then the row behind the refused ones was sent, and the refused ones are kept with their errors
     assert client.calls == [("plain", [{"body": "y"}])]
     assert sorted(OutboxMessage.objects.values_list("pk", "failures")) == [("gone-0", 1), ("gone-1", 1), ("gone-2", 1)]
+
+
+class _ProbingSender(_Recorder):
+    """A stand-in client that, during its send, looks at the sender's connection and has
+    another connection (a thread of its own) lock the row and try to send it too."""
+
+    def __init__(self, key_of):
+        super().__init__()
+        self.key_of = key_of
+        self.seen: dict[str, object] = {}
+
+    def enqueue_batch(self, queue, items):
+        import psycopg
+        from django.db import connection as mine
+
+        key = self.key_of()
+        self.seen["in_atomic_block"] = mine.in_atomic_block
+        self.seen["transaction_status"] = mine.connection.info.transaction_status
+        other = _Recorder()
+
+        def elsewhere() -> None:
+            try:
+                with transaction.atomic():
+                    # NOWAIT: a lock the sender held would raise here
+                    OutboxMessage.objects.select_for_update(nowait=True).get(pk=key)
+                    OutboxMessage.objects.filter(pk=key).update(last_error="touched while sending")
+                self.seen["second_sender_sent"] = send_row(other, key)
+                self.seen["relayed"] = relay(other, older_than=0)
+            except BaseException as exc:  # noqa: BLE001 - asserted in the test's thread
+                self.seen["error"] = exc
+            finally:
+                connection.close()
+
+        t = threading.Thread(target=elsewhere)
+        t.start()
+        t.join(30)
+        self.seen["other_calls"] = other.calls
+        self.seen["idle"] = psycopg.pq.TransactionStatus.IDLE
+        return super().enqueue_batch(queue, items)
+
+
+def test_an_outbox_send_holds_no_transaction_or_lock_and_one_sender_has_the_row():
+    # given an enqueue on commit, through the outbox, whose client probes the database during its send
+    keys: list[str] = []
+    sender = _ProbingSender(lambda: keys[0])
+
+    # when the transaction commits and the row is sent
+    with transaction.atomic():
+        keys.append(enqueue_on_commit("plain", ["sent once"], client=sender, outbox=True))
+
+    # then the send ran outside any transaction of the sender's connection...
+    assert "error" not in sender.seen, sender.seen.get("error")
+    assert sender.seen["in_atomic_block"] is False
+    assert sender.seen["transaction_status"] == sender.seen["idle"]
+    # ...another connection locked and updated the row meanwhile (NOWAIT: no lock was held)...
+    # ...and neither a second sender nor a relay sent the claimed row
+    assert sender.seen["second_sender_sent"] is False and sender.seen["relayed"] == 0
+    assert sender.seen["other_calls"] == []
+    assert [(q, [i["body"] for i in items]) for q, items in sender.calls] == [("plain", ["sent once"])]
+    assert not OutboxMessage.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_failed_send_gives_its_claim_up_for_the_relay():
+    # given an outbox row whose writer's send failed
+    old = datetime.now(UTC) - timedelta(minutes=5)
+    OutboxMessage.objects.create(id="refused", queue="gone", messages=[{"body": "x"}], created_at=old)
+    with pytest.raises(ApiError):
+        send_row(_Refusing(), "refused")
+    # then it is not claimed, its failure is noted, and a relay takes it
+    row = OutboxMessage.objects.get(pk="refused")
+    assert (row.claimed_until, row.failures) == (None, 1)
+    OutboxMessage.objects.filter(pk="refused").update(queue="plain")
+    client = _Recorder()
+    assert relay(client, older_than=0) == 1
+    assert client.calls == [("plain", [{"body": "x"}])]

@@ -8,6 +8,7 @@ endpoint from the broker URL's host and port only, so the node answers SQS calls
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,7 +24,8 @@ from kombu import Connection
 
 from tests.launcher import ROOT, NodeProcess, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+# One node for the module (its tests call it over HTTP only); the access key is committed apart.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
 CELERY = str(Path(sys.executable).with_name("celery"))
 TASKS = 500
@@ -32,11 +34,21 @@ VISIBILITY = 4
 
 
 @pytest.fixture
-def access_key(django_user_model):
+def node(module_node):
+    return module_node
+
+
+@pytest.fixture(scope="module")
+def access_key(committed):
+    from django.contrib.auth import get_user_model
+
     from sqs.models import AccessKey
 
-    user = django_user_model.objects.create_user(f"celery-app-{uuid.uuid4().hex[:6]}")
-    return AccessKey.issue(user, "kombu test")
+    def issue() -> AccessKey:
+        user = get_user_model().objects.create_user(f"celery-app-{uuid.uuid4().hex[:6]}")
+        return AccessKey.issue(user, "kombu test")
+
+    return committed(issue)
 
 
 def _broker_url(node: NodeProcess, key) -> str:
@@ -152,3 +164,60 @@ def test_a_celery_worker_runs_every_task_once_over_sqs(node, access_key, tmp_pat
             proc.wait(timeout=5)
     log = (tmp_path / "celery.log").read_text(errors="replace")
     assert "transport:   sqs://" in log and "Traceback" not in log
+
+
+def test_a_celery_task_over_sqs_continues_its_senders_trace_in_the_worker(node, access_key, tmp_path, monkeypatch):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from workers import celery_tracing
+
+    queue = f"traced-{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "ran"
+    out.mkdir()
+    traces = tmp_path / "worker-spans.jsonl"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "MQ_SQS_BROKER_URL": _broker_url(node, access_key),
+        "MQ_SQS_QUEUE": queue,
+        "MQ_SQS_OUT": str(out),
+        "MQ_SQS_VISIBILITY": str(VISIBILITY),
+        "MQ_SQS_TRACES": str(traces),
+    }
+    env.pop("CELERY_BROKER_URL", None)
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+    from tests.integration.sqs_celery_app import app, record
+
+    app.conf.broker_url = env["MQ_SQS_BROKER_URL"]
+    app.conf.task_default_queue = queue
+    app.conf.broker_transport_options = _transport_options()
+    # given a producer whose OpenTelemetry SDK keeps its spans in memory, and a Celery worker
+    # whose SDK writes its spans as JSON lines
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    celery_tracing.use(provider)
+    try:
+        # when the producer sends a task over sqs:// inside a span of its own
+        with provider.get_tracer("shop").start_as_current_span("checkout"):
+            record.delay(7)
+    finally:
+        celery_tracing.use(None)
+    (producer,) = memory.get_finished_spans()
+    proc = _worker(tmp_path, env)
+    try:
+        wait_until(lambda: traces.exists() and '"process ' in traces.read_text(), 60, "the worker's span")
+    finally:  # the span is written as it ends: nothing is left to wait for
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    # then the worker ran it inside a CONSUMER span, the child of the producer's span
+    assert _ran(out) == Counter({7: 1})
+    (span,) = [json.loads(line) for line in traces.read_text().splitlines()]
+    ctx = producer.get_span_context()
+    assert (span["trace_id"], span["parent_id"]) == (f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}")
+    assert (span["name"], span["kind"], span["status"]) == (f"process {queue}", "CONSUMER", "UNSET")
+    assert span["attributes"]["celery.task.name"] == "sqs_tasks.record"
+    assert span["attributes"]["messaging.operation.type"] == "process"

@@ -116,17 +116,26 @@ def node_spans(path: Path) -> list[dict]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_producer_nodes_and_worker_share_one_trace_across_a_forwarded_call(nodes, token, tmp_path, exporter):
+def test_producer_nodes_worker_and_its_handlers_enqueue_share_one_trace_across_a_forwarded_call(
+    nodes, token, tmp_path, exporter
+):
     # given node B, which owns the only partition of a queue, and node A, which does not; both
     # write their spans as JSON lines
     b = nodes.start(TRACES_EXPORT="jsonl", TRACES_FILE=str(tmp_path / "b.jsonl"))
-    Client(b.url, token).create_queue("traced", partitions=1)
-    wait_until(lambda: all(p.owner for p in Client(b.url, token).partitions("traced")), 20, "B to own it")
+    for name in ("traced", "follow-ups"):
+        Client(b.url, token).create_queue(name, partitions=1)
+        wait_until(lambda n=name: all(p.owner for p in Client(b.url, token).partitions(n)), 20, f"B to own {name}")
     a = nodes.start(TRACES_EXPORT="jsonl", TRACES_FILE=str(tmp_path / "a.jsonl"))
-    # and a producer and a worker whose SDK client traces (in memory), both calling A only
+    # and a producer and a worker whose SDK client traces (in memory), both calling A only; the
+    # worker's handler enqueues a follow-up message through the same client
     client = Client(a.url, token, owners_ttl=0, tracer_provider=exporter.provider)
     processed = threading.Event()
-    worker = Pipeline(client, {"traced": Handler("traced", lambda m, p: processed.set())}, wait=0.5, name="w")
+
+    def handle(message, prepared) -> None:
+        client.enqueue("follow-ups", f"after {message.id}")
+        processed.set()
+
+    worker = Pipeline(client, {"traced": Handler("traced", handle)}, wait=0.5, name="w")
 
     # when the producer enqueues through A (forwarded to B) and the worker processes the message
     mid = client.enqueue("traced", "hello")
@@ -161,3 +170,10 @@ def test_producer_nodes_and_worker_share_one_trace_across_a_forwarded_call(nodes
     # and B's dequeue (in the worker's own receive trace) links to the message's creation
     receive = next(s for s in node_spans(tmp_path / "b.jsonl") if s["name"] == "dequeue traced" and s["links"])
     assert receive["links"] == [f"{trace_id}-{producer_id}"]
+
+    # the handler's enqueue is a PRODUCER span, the child of the attempt, and the follow-up
+    # message carries that span's context: its consumer continues the same trace
+    follow_up = mine["enqueue follow-ups"]
+    assert follow_up.kind.name == "PRODUCER" and follow_up.parent.span_id == attempt.get_span_context().span_id
+    (got,) = Client(b.url, token).dequeue("follow-ups", max_messages=1)
+    assert got.attributes["traceparent"].split("-")[1:3] == list(hex_ids(follow_up))

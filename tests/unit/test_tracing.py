@@ -111,3 +111,38 @@ def test_trace_context_is_added_only_where_it_fits():
     full = {f"a{i}": i for i in range(MAX_ATTRIBUTES)}
     assert tracing.with_context(full, carried) is full
     assert tracing.with_context({"k": "v"}, {}) == {"k": "v"}
+
+
+def test_a_celery_task_carries_its_senders_context_only_when_tracing_is_on():
+    from celery import Celery
+    from celery.signals import after_task_publish
+
+    from workers import celery_tracing
+
+    app = Celery("traced", broker="memory://", set_as_current=False)
+    sent: list[dict] = []
+
+    def published(headers=None, **kwargs):
+        sent.append(dict(headers))
+
+    after_task_publish.connect(published, weak=False)
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("shop")
+    try:
+        # with no SDK: no trace context, even inside a span
+        assert celery_tracing.use(None) is False
+        with tracer.start_as_current_span("checkout"):
+            app.send_task("anything", (1,))
+        # with one: the current span's
+        assert celery_tracing.use(provider) is True
+        with tracer.start_as_current_span("checkout") as span:
+            app.send_task("anything", (2,))
+        app.send_task("anything", (3,))  # no span current: nothing to carry
+    finally:
+        celery_tracing.use(None)
+        after_task_publish.disconnect(published)
+    ctx = span.get_span_context()
+    parents = [h.get("traceparent") for h in sent]
+    assert [p and p.split("-")[1:3] for p in parents] == [None, [f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"], None]
