@@ -35,7 +35,7 @@ from django.db import DatabaseError, connections, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from mq_client import ApiError, Client
+from mq_client import ApiError, Client, tracing
 from mq_client.types import MessageItem, message_json
 from workers.models import OutboxMessage
 
@@ -89,6 +89,12 @@ def enqueue_on_commit(
     for i, item in enumerate(items):
         item.setdefault("dedup_id", key if len(items) == 1 else f"{key}-{i}")
     if outbox_used(using, outbox):
+        # The writer's trace context goes into the row: a relay's send continues the writer's
+        # trace, not its own (the SDK keeps a traceparent a message has).
+        carried: dict[str, str] = {}
+        tracing.inject(carried)
+        if carried:
+            items = [{**item, "attributes": tracing.with_context(item.get("attributes"), carried)} for item in items]
         OutboxMessage.objects.using(using).create(id=key, queue=queue, messages=items, created_at=timezone.now())
         # robust: the transaction committed and the row is there; a failed send is the relay's
         transaction.on_commit(lambda: send_row(sender, key, using=using), using=using, robust=True)

@@ -471,3 +471,31 @@ def test_a_failed_send_gives_its_claim_up_for_the_relay():
     client = _Recorder()
     assert relay(client, older_than=0) == 1
     assert client.calls == [("plain", [{"body": "x"}])]
+
+
+@pytest.mark.django_db
+def test_a_relayed_outbox_row_continues_its_writers_trace():
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from mq_client import tracing
+
+    # given an enqueue on commit made inside a span, whose writer dies before it sends
+    tracer = tracing.tracer(TracerProvider())
+    with tracer.start_as_current_span("request") as span, transaction.atomic():
+        key = enqueue_on_commit("plain", [{"body": "x", "attributes": {"k": "v"}}], client=_Dead(), outbox=True)
+    # when a relay sends the row, outside any span
+    client = _Recorder()
+    assert relay(client, older_than=0) == 1
+    # then the message carries the writer's span as its trace context, beside its own attributes
+    ((_, items),) = client.calls
+    ctx = span.get_span_context()
+    assert items[0]["attributes"]["traceparent"] == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
+    assert items[0]["attributes"]["k"] == "v"
+    assert items[0]["dedup_id"] == key
+
+
+class _Dead(_Recorder):
+    """A writer that dies after its commit, before its send reaches the service."""
+
+    def enqueue_batch(self, queue, items):
+        raise ConnectionError("the writer died")
