@@ -63,7 +63,10 @@ class PartitionAdmin(ByGrant, _PartitionAdmin):
             '<button type="button" data-zoom="in" title="zoom in">+</button>'
             '<button type="button" data-zoom="fit" title="the whole drawing in the box">fit</button>'
             '<button type="button" data-zoom="1" title="actual size">100%</button>'
-            '<span class="tree-scale"></span></div>'
+            '<span class="tree-scale"></span>'
+            '<button type="button" data-goto="head" title="scroll to the newest block, list its messages">head</button>'
+            '<button type="button" data-goto="oldest" title="scroll to the oldest block holding messages, list them">'
+            "oldest live</button></div>"
         )
         url = reverse("admin:queues_partition_block", args=[obj.pk, "BLOCK"])
         panel = (

@@ -183,7 +183,10 @@ def render(drawn: list[Drawn], edges: list[tuple[str, str, str]], head: str | No
     for block_id, names in marks.items():
         d = at[block_id]
         classes = " ".join(f"mark-{n.split()[0]}" for n in names)
-        out.append(f'<text class="{classes}" x="{d.x + 2}" y="{d.y - 4}" fill="#ba2121">{", ".join(names)}</text>')
+        out.append(
+            f'<text class="{classes}" data-block="{escape(block_id)}" x="{d.x + 2}" y="{d.y - 4}" '
+            f'fill="#ba2121">{", ".join(names)}</text>'
+        )
     for d in drawn:
         label = escape(d.id.split("-")[0].lstrip("0") or "0")
         title = escape(d.id)

@@ -5,7 +5,8 @@
 
    A block clicked (or Enter on it) shows its messages in the panel beside the drawing: their
    IDs and states (ready, in flight, delayed, dead letter, gone), read from the partition's
-   owner through the console's JSON (the box's data-block-url, BLOCK standing for the block). */
+   owner through the console's JSON (the box's data-block-url, BLOCK standing for the block).
+   "head" and "oldest live" scroll the drawing to the block so marked and list its messages. */
 (function () {
   "use strict";
   const STATES = {ready: "ready", in_flight: "in flight", delayed: "delayed", dead_letter: "dead letter", gone: "gone"};
@@ -81,7 +82,7 @@
   function setUpBlocks(zoom, svg) {
     const url = zoom.dataset.blockUrl;
     const panel = zoom.querySelector(".tree-block-panel");
-    if (!url || !panel) return;
+    if (!url || !panel) return null;
     let asked = 0;
     async function open(g) {
       const id = g.dataset.id;
@@ -120,13 +121,29 @@
       panel.hidden = true;
       svg.querySelectorAll("g.block.selected").forEach(b => b.classList.remove("selected"));
     });
+    return open;
+  }
+
+  /* "head" and "oldest live": scroll the drawing to the marked block and list its messages. */
+  function setUpGoto(zoom, svg, open) {
+    const controls = zoom.querySelector(".tree-controls");
+    if (!controls) return;
+    controls.addEventListener("click", e => {
+      const b = e.target.closest("button[data-goto]");
+      if (!b) return;
+      const mark = svg.querySelector(`text.mark-${b.dataset.goto}`);
+      const g = mark && svg.querySelector(`g.block[data-id="${mark.dataset.block}"]`);
+      if (!g) return;
+      g.scrollIntoView({block: "nearest", inline: "center"});
+      if (open) open(g);
+    });
   }
 
   function setUp(zoom) {
     const svg = zoom.querySelector("svg.append-tree");
     if (!svg) return;
     setUpZoom(zoom, svg);
-    setUpBlocks(zoom, svg);
+    setUpGoto(zoom, svg, setUpBlocks(zoom, svg));
   }
   function start() { document.querySelectorAll(".tree-zoom").forEach(setUp); }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start); else start();
