@@ -289,3 +289,35 @@ def test_a_block_lists_its_messages_and_their_states(staff_api, admin_client, ma
     assert r.status_code == 400 and r.json()["error"] == "invalid_block"
     r = api.post(f"/api/v1/queues/{name}/partitions/3/blocks/{block}", {}, format="json")
     assert r.status_code == 404 and r.json()["error"] == "no_such_partition"
+
+
+def test_a_block_of_a_partition_another_node_owns_is_asked_of_it(
+    admin_client, make_queue, runtime, purge_kv, monkeypatch
+):
+    from queues import service
+
+    # given a partition this node gave up, now owned by another node
+    name = make_queue(partitions=1, block_size=4)
+    runtime.tick()
+    assert runtime.release_partition(name, 0)
+    monkeypatch.setattr(runtime.router, "owner_of", lambda queue_id, queue, index: "other-node:8000")
+    asked = []
+
+    class Owner:
+        def block_messages(self, address, queue, index, block, limit, hops, caller):
+            asked.append((address, queue, index, block, limit, hops, caller.user_id))
+            return {"block": block, "messages": [{"id": f"{queue}/0/{block}/0", "index": 0, "states": {"": "ready"}}]}
+
+    previous = service.get_peers()
+    service.set_peers(Owner())  # type: ignore[arg-type]
+    try:
+        # when an operator clicks one of its blocks
+        block = "00000002-0123456789abcdef"
+        p = Partition.objects.get(queue__name=name, index=0)
+        r = admin_client.get(f"/admin/queues/partition/{p.pk}/blocks/{block}.json")
+    finally:
+        service.set_peers(previous)
+    # then the owner is asked, for the operator, and its answer shown
+    user_id = int(admin_client.session["_auth_user_id"])
+    assert asked == [("other-node:8000", name, 0, block, service.BLOCK_LISTING_MAX, 0, user_id)]
+    assert r.status_code == 200 and r.json()["messages"][0]["states"] == {"": "ready"}, r.content

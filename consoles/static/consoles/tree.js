@@ -98,7 +98,7 @@
       let text;
       try {
         const r = await fetch(url.replace("BLOCK", encodeURIComponent(id)), {credentials: "same-origin", headers: {Accept: "application/json"}});
-        const data = await r.json();
+        const data = await r.json().catch(() => ({error: r.statusText}));
         if (mine !== asked) return;  // another block was clicked meanwhile
         if (!r.ok) text = `Not shown: ${data.detail || data.error || r.status}`;
         else showListing(panel, data);
