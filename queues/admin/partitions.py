@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
-from django.urls import reverse
+from django.http import HttpRequest, JsonResponse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from queues import service
 from queues.access import Caller
 from queues.admin.common import _age, _PartitionAdmin, _refusal
-from queues.admin.reads import ByGrant
+from queues.admin.reads import ByGrant, request_caller
 from queues.admin.tree_svg import partition_svg
 from queues.engine import keys
 from queues.kv import get_store
@@ -52,16 +55,59 @@ class PartitionAdmin(ByGrant, _PartitionAdmin):
         except Exception as exc:  # noqa: BLE001 - the store may be down: say so, keep the page
             return f"cannot read the tree from the store: {exc}"
         # Zoomed in the page (consoles/static/consoles/tree.js): its buttons scale the drawing,
-        # which scrolls inside its box when wider than it.
+        # which scrolls inside its box when wider than it. A block clicked shows its messages
+        # in the panel beside it, read from the owner (``block_json``).
         controls = (
             '<div class="tree-controls" hidden>'
             '<button type="button" data-zoom="out" title="zoom out">\u2212</button>'
             '<button type="button" data-zoom="in" title="zoom in">+</button>'
             '<button type="button" data-zoom="fit" title="the whole drawing in the box">fit</button>'
             '<button type="button" data-zoom="1" title="actual size">100%</button>'
-            '<span class="tree-scale"></span></div>'
+            '<span class="tree-scale"></span>'
+            '<button type="button" data-goto="head" title="scroll to the newest block, list its messages">head</button>'
+            '<button type="button" data-goto="oldest" title="scroll to the oldest block holding messages, list them">'
+            "oldest live</button></div>"
         )
-        return mark_safe(f'<div class="tree-zoom">{controls}<div class="tree-box">{svg}</div></div>')  # noqa: S308 - partition_svg escapes
+        url = reverse("admin:queues_partition_block", args=[obj.pk, "BLOCK"])
+        panel = (
+            '<aside class="tree-block-panel" hidden aria-live="polite"><header>'
+            '<strong class="tree-block-title"></strong>'
+            '<button type="button" class="tree-block-close" title="close">\u00d7</button></header>'
+            '<p class="tree-block-summary"></p><ol class="tree-block-messages"></ol></aside>'
+        )
+        return mark_safe(  # noqa: S308 - partition_svg escapes; the URL is reverse()'s
+            f'<div class="tree-zoom" data-block-url="{url}">{controls}'
+            f'<div class="tree-area"><div class="tree-box">{svg}</div>{panel}</div></div>'
+        )
+
+    def get_urls(self) -> list[URLPattern]:
+        own = [
+            path(
+                "<path:object_id>/blocks/<str:block>.json",
+                self.admin_site.admin_view(self.block_json),
+                name="queues_partition_block",
+            )
+        ]
+        return own + super().get_urls()
+
+    def block_json(self, request: HttpRequest, object_id: str, block: str) -> JsonResponse:
+        """A block's messages and their states (``service.block_messages``: read at the
+        partition's owner, as the console's user), for the panel beside the tree drawing. A
+        partition the user may not see answers 404, as its page does."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        partition = self.get_object(request, object_id)
+        if partition is None:
+            return JsonResponse({"error": "not_found", "detail": "no such partition"}, status=404)
+        try:
+            listing: Any = service.block_messages(
+                partition.queue.name, partition.index, block, caller=request_caller(request)
+            )
+        except service.ServiceError as exc:
+            return JsonResponse(exc.body(), status=exc.status)
+        response = JsonResponse(listing)
+        response["Cache-Control"] = "no-store"
+        return response
 
     class Media:
         js = ["consoles/tree.js"]

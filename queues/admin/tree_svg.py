@@ -2,8 +2,11 @@
 
 It is read from the key-value store, not from the owner's memory, so any node's admin can
 draw any partition: the head pointer from the row, then the blocks by their pointers, the
-newest ``limit`` of them. A pointer to a block that is gone (pruned) is drawn as a dashed
-ghost. Each present block shows how many of its positions still hold messages (one scan).
+newest ``limit`` of them, and when there are more, the oldest few (where the oldest live block
+is) with a fold between. A pointer to a block that is gone (pruned) is drawn as a dashed
+ghost. Each present block shows how many of its positions still hold messages (one scan);
+what each of them is (ready, in flight, delayed...) only the owner knows
+(``queues.service.block_messages``: the page asks it when a block is clicked).
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ from queues.kv import KeyValueStore
 from queues.models import Partition
 
 BOX_W, BOX_H, GAP_X, LEVEL_H, MARGIN = 64, 34, 14, 64, 24
+#: Width of the fold that stands for the blocks not drawn between the oldest and the newest.
+FOLD_W = 120
+#: Oldest present blocks drawn beside the newest ones when the tree holds more than those.
+OLDEST_DRAWN = 6
 
 
 @dataclass
@@ -32,9 +39,11 @@ class Drawn:
 
 
 def collect(
-    store: KeyValueStore, queue: str, index: int, head_id: str | None, limit: int = 40
+    store: KeyValueStore, queue: str, index: int, head_id: str | None, limit: int = 40, oldest: int = OLDEST_DRAWN
 ) -> tuple[list[Drawn], list[tuple[str, str, str]]]:
-    """The newest ``limit`` blocks (present or pruned) and the pointers between them."""
+    """The newest ``limit`` blocks (present or pruned) and the pointers between them; when the
+    tree holds more, also its ``oldest`` oldest present blocks (the oldest live block first:
+    O(log N) reads to reach it), the blocks between them left undrawn (see :func:`render`)."""
     if not head_id:
         return [], []
 
@@ -47,7 +56,7 @@ def collect(
     # Newest first: the head, then each root's subtree from its right side.
     stack = [rid for rid, _ in tree.roots if rid is not None]
     seen: set[str] = set()
-    ghosts: dict[str, int] = {}
+    missing: set[str] = set()
     while stack and len(present) < limit:
         block_id = stack.pop()
         if block_id in seen:
@@ -55,19 +64,32 @@ def collect(
         seen.add(block_id)
         block = tree.blocks.get(block_id) or read(block_id)
         if block is None:
-            ghosts.setdefault(block_id, -1)
+            missing.add(block_id)
             continue
         present[block_id] = block
         for child in (block.left, block.right):
             if child:
                 stack.append(child)  # noqa: PERF401 - a depth-first walk: the stack is popped meanwhile
+    if stack and oldest > 0:  # more blocks than drawn: the oldest ones too
+        newest_drawn = min(b.ordinal for b in present.values())
+        for block in tree.iter_from_oldest(read):
+            if block.ordinal >= newest_drawn or len(present) >= limit + oldest:
+                break
+            present[block.id] = block
     edges: list[tuple[str, str, str]] = []
+    ghosts: set[str] = set()
     for block in present.values():
         for kind, target in (("left", block.left), ("right", block.right), ("prev", block.prev)):
-            if target:
-                edges.append((kind, block.id, target))
-                if target not in present:
-                    ghosts.setdefault(target, -1)
+            if not target:
+                continue
+            if target not in present:
+                # A block not drawn: pruned (a dashed ghost), or present and left out of the
+                # drawing (no pointer drawn to it).
+                if target not in missing and (tree.blocks.get(target) or read(target)) is not None:
+                    continue
+                missing.add(target)
+                ghosts.add(target)
+            edges.append((kind, block.id, target))
     drawn = [
         Drawn(b.id, b.ordinal, b.height, True, len(store.scan(f"{queue}/{index}/{b.id}")), b.size)
         for b in present.values()
@@ -78,8 +100,7 @@ def collect(
         except ValueError:
             ordinal = -1
         drawn.append(Drawn(ghost_id, ordinal, _height_of(ghost_id, present), False, None, None))
-    ids = {d.id for d in drawn}
-    return drawn, [e for e in edges if e[2] in ids]
+    return drawn, edges
 
 
 def _height_of(block_id: str, present: dict[str, Block]) -> int:
@@ -90,10 +111,12 @@ def _height_of(block_id: str, present: dict[str, Block]) -> int:
 
 
 def render(drawn: list[Drawn], edges: list[tuple[str, str, str]], head: str | None = None) -> str:
-    """Blocks left to right in allocation order, parents above their children. The drawing has a
-    ``viewBox``: the page scales it (zoom, or fit to its box) by setting its width and height.
-    The ``head`` block (the newest) and the oldest block drawn that still holds messages are
-    marked above their boxes."""
+    """Blocks left to right in allocation order, parents above their children; a fold stands for
+    the blocks left out between the oldest and the newest drawn. The drawing has a ``viewBox``:
+    the page scales it (zoom, or fit to its box) by setting its width and height. The ``head``
+    block (the newest) and the oldest block drawn that still holds messages (with the oldest
+    blocks drawn, the partition's oldest live block) are marked above their boxes; a present
+    block is a button (``tabindex``) that the page shows the messages of when clicked."""
     if not drawn:
         return (
             '<svg xmlns="http://www.w3.org/2000/svg" width="320" height="40"><text x="8" y="24">'
@@ -101,11 +124,21 @@ def render(drawn: list[Drawn], edges: list[tuple[str, str, str]], head: str | No
         )
     drawn.sort(key=lambda d: d.ordinal)
     top = max(d.height for d in drawn)
-    for i, d in enumerate(drawn):
-        d.x = MARGIN + i * (BOX_W + GAP_X)
+    # Between two present blocks drawn whose ordinals are not consecutive lie present blocks
+    # left out (pruning only ever removes the oldest): a fold that says how many.
+    folds: list[tuple[float, int]] = []
+    x = float(MARGIN)
+    previous: Drawn | None = None
+    for d in drawn:
+        if previous is not None and previous.present and d.present and d.ordinal > previous.ordinal + 1:
+            folds.append((x, d.ordinal - previous.ordinal - 1))
+            x += FOLD_W + GAP_X
+        d.x = x
         d.y = MARGIN + (top - max(d.height, 0)) * LEVEL_H
+        x += BOX_W + GAP_X
+        previous = d
     at = {d.id: d for d in drawn}
-    width = MARGIN * 2 + len(drawn) * (BOX_W + GAP_X)
+    width = int(x) + MARGIN
     height = MARGIN * 2 + (top + 1) * LEVEL_H + 20
     out = [
         (
@@ -132,6 +165,15 @@ def render(drawn: list[Drawn], edges: list[tuple[str, str, str]], head: str | No
         else:
             x2, y2 = b.x + BOX_W / 2, b.y
             out.append(f'<line class="child" x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="#555"/>')
+    for fx, count in folds:
+        fy = MARGIN + top * LEVEL_H
+        out.append(
+            f'<g class="fold" data-blocks="{count}"><title>{count:,} blocks not drawn</title>'
+            f'<rect x="{fx}" y="{fy}" width="{FOLD_W}" height="{BOX_H}" rx="4" fill="#fafafa" '
+            'stroke="#999" stroke-dasharray="2,4"/>'
+            f'<text x="{fx + FOLD_W / 2}" y="{fy + 21}" text-anchor="middle" fill="#555">'
+            f"\u22ef {count:,} blocks \u22ef</text></g>"
+        )
     oldest = min((d for d in drawn if d.present and d.live), key=lambda d: d.ordinal, default=None)
     marks: dict[str, list[str]] = {}
     if head in at:
@@ -141,14 +183,17 @@ def render(drawn: list[Drawn], edges: list[tuple[str, str, str]], head: str | No
     for block_id, names in marks.items():
         d = at[block_id]
         classes = " ".join(f"mark-{n.split()[0]}" for n in names)
-        out.append(f'<text class="{classes}" x="{d.x + 2}" y="{d.y - 4}" fill="#ba2121">{", ".join(names)}</text>')
+        out.append(
+            f'<text class="{classes}" data-block="{escape(block_id)}" x="{d.x + 2}" y="{d.y - 4}" '
+            f'fill="#ba2121">{", ".join(names)}</text>'
+        )
     for d in drawn:
         label = escape(d.id.split("-")[0].lstrip("0") or "0")
         title = escape(d.id)
         if d.present:
             fill = "#e8f3e8" if d.live else "#f4f4f4"
             out.append(
-                f'<g class="block" data-id="{title}"><title>{title}: {d.live}/{d.size} live</title>'
+                f'<g class="block" data-id="{title}" tabindex="0" role="button"><title>{title}: {d.live}/{d.size} live</title>'
                 f'<rect x="{d.x}" y="{d.y}" width="{BOX_W}" height="{BOX_H}" rx="4" '
                 f'fill="{fill}" stroke="#333"/>'
                 f'<text x="{d.x + 4}" y="{d.y + 13}">#{label}</text>'

@@ -158,6 +158,16 @@ def release_partition(name: str, index: int, hops: int = 0, *, caller: Caller) -
     return 200, {"released": True, "node": service.release_partition(name, index, caller=caller, hops=hops)}
 
 
+def block_messages(name: str, index: int, block: str, data: Any, hops: int = 0, *, caller: Caller) -> Answer:
+    """``{"limit": n}`` (optional): a block's messages and their states, read at the owner."""
+    data = validation.object_of(data)
+    validation.no_extra(data, {"limit"}, "the request")
+    limit = data.get("limit", service.BLOCK_LISTING_MAX)
+    if type(limit) is not int or not 1 <= limit <= service.BLOCK_LISTING_MAX:
+        raise service.InvalidRequest(f"limit must be an integer from 1 to {service.BLOCK_LISTING_MAX}")
+    return 200, dict(service.block_messages(name, index, block, caller=caller, hops=hops, limit=limit))
+
+
 def refresh(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
     service.reload(name, caller=caller)
     return 200, {"refreshed": True}

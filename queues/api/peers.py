@@ -27,7 +27,15 @@ from queues.api.auth import on_behalf_value
 from queues.cluster import peerauth
 from queues.cluster.router import MAX_HOPS
 from queues.engine.ids import MessageId, StoredMessage
-from queues.service import AckResult, ExpireResult, MessageDraft, PeerUnreachable, RedriveResult, RemoteError
+from queues.service import (
+    AckResult,
+    BlockListing,
+    ExpireResult,
+    MessageDraft,
+    PeerUnreachable,
+    RedriveResult,
+    RemoteError,
+)
 from queues.service.types import Delivery
 
 #: In a node's enqueue or ack call: check it, change nothing (``calls.check_only``).
@@ -321,6 +329,14 @@ class HttpPeers:
     def release_partition(self, address: str, queue: str, index: int, hops: int, caller: Caller) -> str:
         node: str = self.call(address, queue, f"partitions/{index}/release", {}, hops, caller)["node"]
         return node
+
+    def block_messages(
+        self, address: str, queue: str, index: int, block: str, limit: int, hops: int, caller: Caller
+    ) -> BlockListing:
+        listing: BlockListing = self.call(
+            address, queue, f"partitions/{index}/blocks/{block}", {"limit": limit}, hops, caller
+        )
+        return listing
 
     def close_purged(self, address: str, queue: str) -> None:
         self.call(address, queue, "purge", {"close_only": True}, MAX_HOPS - 1, None)

@@ -20,6 +20,11 @@ urlpatterns = [
         views.ReleasePartitionView.as_view(),
         name="partition-release",
     ),
+    path(
+        "queues/<str:name>/partitions/<int:index>/blocks/<str:block>",
+        views.BlockView.as_view(),
+        name="partition-block",
+    ),
     path("queues/<str:name>/purge", views.PurgeView.as_view(), name="queue-purge"),
     path("queues/<str:name>/refresh", topics.RefreshView.as_view(), name="topic-refresh"),
     path("topics", topics.TopicListView.as_view(), name="topic-list"),

@@ -288,6 +288,21 @@ class ReleasePartitionView(APIView):
         return Response(payload, status=status_code)
 
 
+class BlockView(APIView):
+    """A block of a partition's append tree, read at the partition's owner
+    (``service.block_messages``): the console's tree drawing asks it of the owner when this
+    node is not. Between nodes (and staff), not part of the public API (nor in its schema)."""
+
+    permission_classes = [IsClusterPeerOrStaff]
+
+    @extend_schema(exclude=True)
+    def post(self, request: Request, name: str, index: int, block: str) -> Response:
+        status_code, payload = calls.block_messages(
+            name, index, block, request.data, _hops(request), caller=caller(request)
+        )
+        return Response(payload, status=status_code)
+
+
 class StatsView(APIView):
     @extend_schema(responses={200: dict, **ERRORS}, summary="Depth, in flight, oldest age, per partition")
     def get(self, request: Request, name: str) -> Response:

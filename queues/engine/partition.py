@@ -43,7 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NotRequired, TypedDict, TypeVar
 
 from sortedcontainers import SortedList
 
@@ -149,6 +149,48 @@ class PartitionStats:
     #: included), in_flight, archived (held, only in the archive), acked, redelivered,
     #: dequeue_id and oldest_enqueued_at (epoch seconds, of the oldest held; None: none held).
     cursors: dict[str, dict[str, Any]]
+
+
+#: A message's states in :meth:`PartitionManager.block_messages`, for each reader: ``ready`` (to
+#: be delivered: its turn, its group's or its visibility's came), ``in_flight`` (delivered, not
+#: acknowledged, hidden until its visibility timeout), ``delayed`` (its delay has not passed),
+#: ``dead_letter`` (received too often: on its way to the dead-letter queue), ``gone`` (not held
+#: by the reader: acknowledged, expired, moved, or a position never written).
+MESSAGE_STATES = ("ready", "in_flight", "delayed", "dead_letter", "gone")
+#: The most positions one block listing names (a block holds up to ``tree.MAX_BLOCK_SIZE``).
+BLOCK_LISTING_MAX = 1000
+
+
+class BlockMessage(TypedDict):
+    id: str
+    index: int
+    #: reader (``""``: a queue's) -> one of :data:`MESSAGE_STATES`
+    states: dict[str, str]
+    #: reader -> deliveries so far (readers that delivered it)
+    receive_counts: NotRequired[dict[str, int]]
+    #: reader -> seconds until an in-flight message is visible again
+    visible_in: NotRequired[dict[str, float]]
+    #: its stored record is a stub: its body is in the archive (a topic's retention)
+    archived: NotRequired[bool]
+
+
+class BlockListing(TypedDict):
+    block: str
+    ordinal: int
+    height: int
+    size: int
+    #: positions written so far (the head block's next index; ``size`` for the others)
+    used: int
+    #: positions some reader still holds
+    live: int
+    created_age: float
+    head: bool
+    messages: list[BlockMessage]
+    #: positions written beyond those listed
+    more: int
+    #: the owner holds no such live block, and has blocks found at its open still to read:
+    #: it may be one of them (``queues.service.blocks``)
+    unscanned: NotRequired[bool]
 
 
 class PartitionManager(Generic[LeaseT]):
@@ -1082,6 +1124,67 @@ class PartitionManager(Generic[LeaseT]):
                 opened_in=self.opened_in,
                 cursors=cursors,
             )
+
+    def block_messages(self, block_id: str, limit: int = BLOCK_LISTING_MAX) -> BlockListing | None:
+        """What each position of live block ``block_id`` holds, for the console: its message
+        ID and its state (:data:`MESSAGE_STATES`) for each reader (``""``: a queue's; a
+        topic's subscriptions by name), the first ``limit`` positions. None when this manager
+        holds no such live block: none of its messages is held (acknowledged, expired or
+        purged), or it was found at the open and is not scanned yet (:attr:`unscanned`). Takes
+        the lock; O(positions listed)."""
+        with self.lock:
+            state = self.blocks.get(block_id)
+            if state is None:
+                return None
+            block = state.block
+            head = self.tree.head
+            used = self.writer.next_index if head is not None and head.id == block_id else block.size
+            now, wall = monotonic(), self.wall()
+            messages: list[BlockMessage] = []
+            dead = {c.name: {mid for mid, _ in c.dead} for c in self.readers if c.dead}
+            for i in range(min(used, max(limit, 0))):
+                mid = keys.message_key(self.queue, self.index, block_id, i)
+                states: dict[str, str] = {}
+                receives: dict[str, int] = {}
+                visible_in: dict[str, float] = {}
+                for c in self.readers:
+                    if not c.holds(self.blocks, block_id, i):
+                        states[c.name] = "gone"
+                        continue
+                    entry = c.redelivery.get(mid)
+                    if mid in dead.get(c.name, ()):
+                        states[c.name] = "dead_letter"
+                    elif entry is not None and entry.deadline > now:
+                        states[c.name] = "in_flight"
+                        if entry.deadline != float("inf"):  # (inf: an ack in progress)
+                            visible_in[c.name] = round(entry.deadline - now, 3)
+                    elif mid in c.not_due:
+                        states[c.name] = "delayed"
+                    else:
+                        states[c.name] = "ready"
+                    count = entry.receive_count if entry is not None else c.receives.get(mid, 0)
+                    if count:
+                        receives[c.name] = count
+                item: BlockMessage = {"id": mid, "index": i, "states": states}
+                if receives:
+                    item["receive_counts"] = receives
+                if visible_in:
+                    item["visible_in"] = visible_in
+                if i in state.archived:
+                    item["archived"] = True
+                messages.append(item)
+            return {
+                "block": block_id,
+                "ordinal": block.ordinal,
+                "height": block.height,
+                "size": block.size,
+                "used": used,
+                "live": len(state.live),
+                "created_age": round(max(wall - block.created_at, 0.0), 3),
+                "head": head is not None and head.id == block_id,
+                "messages": messages,
+                "more": max(used - len(messages), 0),
+            }
 
     def waiting_since(self, sub: str = "") -> tuple[float | None, float | None]:
         """``(oldest, due)``: the wall time the oldest message this manager could deliver to

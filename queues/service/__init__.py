@@ -8,7 +8,8 @@ Its docstring states what it locks and what it raises.
 
 Modules: ``descriptions`` (queues, topics, subscriptions, their figures), ``overview`` (the
 whole cluster as one caller may see it), ``messages`` (enqueue, dequeue,
-ack, visibility, the dead-letter move), ``operations`` (purge, redrive, expire, release),
+ack, visibility, the dead-letter move), ``operations`` (purge, redrive, expire, release), ``blocks`` (a tree block's messages, read at
+its owner),
 ``grants`` (grant, revoke: who may do what, recorded in the audit trail), ``credentials``
 (API tokens, and who may issue or revoke a credential for whom),
 ``peers`` (calls to other nodes, a protocol the API implements), ``runtime`` (this process's
@@ -17,7 +18,9 @@ node).
 
 from queues.engine.ids import MessageId, parse_message_id
 from queues.engine.isotime import iso
+from queues.engine.partition import BLOCK_LISTING_MAX, BlockListing
 from queues.kv import KVError
+from queues.service.blocks import block_messages
 from queues.service.credentials import CredentialForbidden, check_issuer, check_revoker, issue_token, revoke_token
 from queues.service.descriptions import (
     check_subscription_update,
@@ -86,9 +89,11 @@ from queues.service.types import (
 )
 
 __all__ = [
+    "BLOCK_LISTING_MAX",
     "MAX_BATCH",
     "MAX_WAIT",
     "AckResult",
+    "BlockListing",
     "Conflict",
     "CredentialForbidden",
     "ExpireResult",
@@ -120,6 +125,7 @@ __all__ = [
     "ack",
     "authorize",
     "begin_call",
+    "block_messages",
     "change_visibility",
     "check_drafts",
     "check_grant",

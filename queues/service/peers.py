@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from queues.access import Caller
 from queues.engine.ids import MessageId
-from queues.engine.partition import Delivery
+from queues.engine.partition import BlockListing, Delivery
 from queues.errors import PartitionUnavailable, ServiceError
 from queues.service.types import AckResult, ExpireResult, MessageDraft, RedriveResult
 
@@ -109,6 +109,10 @@ class Peers(Protocol):
     ) -> None: ...
 
     def release_partition(self, address: str, queue: str, index: int, hops: int, caller: Caller) -> str: ...
+
+    def block_messages(
+        self, address: str, queue: str, index: int, block: str, limit: int, hops: int, caller: Caller
+    ) -> BlockListing: ...
 
     def redrive(self, address: str, queue: str, max_messages: int, hops: int, caller: Caller) -> RedriveResult: ...
 

@@ -1,7 +1,7 @@
 """An operator's walk through the admin console in headless Chromium, against a real node.
 
-Log in, open a queue, its partitions and a partition's append-tree drawing, then the
-dashboards. What the pages show is checked against state the test made itself (its own
+Log in, open a queue, its partitions and a partition's append-tree drawing (a block's
+messages, and a tree of 10^4 blocks), then the dashboards. What the pages show is checked against state the test made itself (its own
 message IDs, the rows, the store), and every step leaves a screenshot under
 ``artifacts/screenshots/<test>/``.
 """
@@ -9,6 +9,7 @@ message IDs, the rows, the store), and every step leaves a screenshot under
 from __future__ import annotations
 
 import random
+import time
 import uuid
 from collections import Counter
 from datetime import timedelta
@@ -25,6 +26,8 @@ from tests.launcher import wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 BLOCK_SIZE = 4
+#: Live blocks of the large tree drawn (one message each).
+TREE_BLOCKS = 10_000
 
 
 def _wait(driver, condition, timeout: float = 15):
@@ -229,6 +232,108 @@ def test_queue_partitions_and_tree(browser, node, token, admin_login):
         fit = browser.execute_script(_TREE_BOX, svg)
         assert fit["svg"] <= fit["client"] and fit["scroll"] <= fit["client"] + 1, fit
         browser.shot("partition tree, fitted")
+
+        # when one message of the head block is acknowledged, and the operator clicks the block
+        head = row().head_block
+        in_head = sorted((m for m in delivered if block_of(m["id"]) == (index, head)), key=lambda m: position(m["id"]))
+        assert len(in_head) >= 2, in_head
+        r = client.post(
+            f"queues/{name}/ack", {"messages": [{"id": in_head[0]["id"], "receipt": in_head[0]["receipt"]}]}
+        )
+        assert r.status_code == 200 and r.json()["acked"] == 1, r.text
+        browser.find_element(By.CSS_SELECTOR, f".field-tree g.block[data-id='{head}']").click()
+        panel = browser.find_element(By.CSS_SELECTOR, ".tree-block-panel")
+        _wait(browser, lambda _: panel.get_attribute("data-loaded") == head)
+        browser.shot("a block's messages")
+        # then the panel beside the drawing lists its messages' IDs and states, from the owner:
+        # the one acknowledged is gone, the others in flight (dequeued above)
+        shown = {
+            li.get_attribute("data-id"): li.find_element(By.CSS_SELECTOR, ".state").get_attribute("data-state")
+            for li in panel.find_elements(By.CSS_SELECTOR, "li")
+        }
+        assert shown == {in_head[0]["id"]: "gone", **{m["id"]: "in_flight" for m in in_head[1:]}}, shown
+        assert panel.is_displayed() and in_head[1]["id"] in panel.text and "in flight" in panel.text
+        # and what a node that does not own the partition asks of the owner (a signed call
+        # for the console's user) is the same list, refused for a user without a grant
+        _forwarded_block_read(node, admin_login[0], name, index, head, shown)
+    finally:
+        _empty_store(name)
+    _ten_thousand_blocks(browser, node, client)
+
+
+def position(mid: str) -> int:
+    return int(mid.rsplit("/", 1)[1])
+
+
+def _forwarded_block_read(node, operator: str, name: str, index: int, block: str, expected: dict[str, str]) -> None:
+    from django.contrib.auth.models import User
+
+    from queues.access import Caller
+    from queues.api.peers import HttpPeers
+    from queues.service import RemoteError
+
+    address = node.url.split("://", 1)[1]
+    as_operator = Caller.of(User.objects.get(username=operator))
+    listing = HttpPeers().block_messages(address, name, index, block, 1000, 0, as_operator)
+    assert {m["id"]: m["states"][""] for m in listing["messages"]} == expected
+    stranger = User.objects.create(username=f"stranger-{uuid.uuid4().hex[:6]}", is_staff=True)
+    with pytest.raises(RemoteError) as refused:
+        HttpPeers().block_messages(address, name, index, block, 1000, 0, Caller.of(stranger))
+    assert refused.value.status == 404, refused.value.payload
+
+
+def _ten_thousand_blocks(browser, node, client: Client) -> None:
+    """A tree of 10^4 live blocks (on the node of test_queue_partitions_and_tree, whose blocks
+    hold block_size messages: no node started for it alone)."""
+    from queues.models import Partition
+
+    # given a partition of 10^4 blocks of one message (a batch enqueue of 1,000 allocates
+    # 1,000 blocks), the oldest 3 acknowledged
+    name = make_queue(client, 1, block_size=1, visibility_timeout=300)
+    try:
+        t = time.perf_counter()
+        ids: list[str] = []
+        for start in range(0, TREE_BLOCKS, 1000):
+            r = client.post(
+                f"queues/{name}/enqueue", {"messages": [{"body": str(i)} for i in range(start, start + 1000)]}
+            )
+            assert r.status_code == 201, r.text
+            ids.extend(r.json()["ids"])
+        filled = time.perf_counter() - t
+        got = client.post(f"queues/{name}/dequeue", {"max": 3, "visibility_timeout": 300}).json()["messages"]
+        assert [m["id"] for m in got] == ids[:3]
+        r = client.post(f"queues/{name}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]})
+        assert r.status_code == 200 and r.json()["acked"] == 3, r.text
+        p = Partition.objects.get(queue__name=name, index=0)
+        assert p.head_block == block_of(ids[-1])[1]
+        # when the operator opens the partition's page
+        t = time.perf_counter()
+        browser.get(f"{node.url}/admin/queues/partition/{p.pk}/change/")
+        svg = _wait(browser, EC.presence_of_element_located((By.CSS_SELECTOR, ".field-tree svg")))
+        loaded = time.perf_counter() - t
+        print(f"{TREE_BLOCKS} blocks: enqueued in {filled:.1f} s; the page loaded in {loaded:.2f} s")
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", svg)
+        browser.shot("a tree of 10^4 blocks")
+        # then the drawing marks the head (the newest block) and the oldest block still holding
+        # a message, with a fold for the blocks between them left undrawn
+        marks = {
+            t.get_attribute("class"): t.get_attribute("data-block")
+            for t in svg.find_elements(By.CSS_SELECTOR, "text.mark-head, text.mark-oldest")
+        }
+        assert marks == {"mark-head": block_of(ids[-1])[1], "mark-oldest": block_of(ids[3])[1]}, marks
+        (fold,) = svg.find_elements(By.CSS_SELECTOR, "g.fold")
+        drawn = svg.find_elements(By.CSS_SELECTOR, "g.block")
+        # (every block drawn or counted in the fold; the 3 acknowledged ones may be pruned already)
+        assert TREE_BLOCKS - 3 <= int(fold.get_attribute("data-blocks")) + len(drawn) <= TREE_BLOCKS, len(drawn)
+        assert fold.is_displayed() and "blocks" in fold.text
+        # and "oldest live" lists that block's message, ready to be delivered
+        browser.find_element(By.CSS_SELECTOR, ".tree-controls [data-goto=oldest]").click()
+        panel = browser.find_element(By.CSS_SELECTOR, ".tree-block-panel")
+        _wait(browser, lambda _: panel.get_attribute("data-loaded") == block_of(ids[3])[1])
+        browser.shot("a tree of 10^4 blocks, its oldest live block")
+        (item,) = panel.find_elements(By.CSS_SELECTOR, "li")
+        assert item.get_attribute("data-id") == ids[3], item.text
+        assert item.find_element(By.CSS_SELECTOR, ".state").get_attribute("data-state") == "ready"
     finally:
         _empty_store(name)
 

@@ -250,3 +250,74 @@ def test_admin_cannot_rename_a_queue_and_deleting_one_empties_the_store(
     r = admin_client.post(f"/admin/queues/queue/{q.pk}/delete/", {"post": "yes"}, follow=True)
     assert r.status_code == 200 and not Queue.objects.filter(pk=q.pk).exists()
     assert store.get_many(ids) == [None] * 3
+
+
+def test_a_block_lists_its_messages_and_their_states(staff_api, admin_client, make_queue, runtime, purge_kv):
+    # given a queue's block of 4 holding a message in flight, one acknowledged, one delayed
+    # and one ready
+    api = staff_api
+    name = make_queue(partitions=1, block_size=4, visibility_timeout=300)
+    runtime.tick()
+    first, second, delayed = _enqueue(api, name, 2) + _enqueue(api, name, 1, delay=600)
+    got = api.post(f"/api/v1/queues/{name}/dequeue", {"max": 2}, format="json").json()["messages"]
+    assert [m["id"] for m in got] == [first, second]
+    ack = {"messages": [{"id": second, "receipt": got[1]["receipt"]}]}
+    assert api.post(f"/api/v1/queues/{name}/ack", ack, format="json").json()["acked"] == 1
+    (ready,) = _enqueue(api, name, 1)
+    block = parse_message_id(first).block
+    assert {parse_message_id(m).block for m in (second, delayed, ready)} == {block}
+    p = Partition.objects.get(queue__name=name, index=0)
+    # when an operator clicks the block in the partition's tree drawing
+    r = admin_client.get(f"/admin/queues/partition/{p.pk}/blocks/{block}.json")
+    # then the owner lists its messages, each with its state
+    assert r.status_code == 200, r.content
+    listing = r.json()
+    states = {m["id"]: m["states"][""] for m in listing["messages"]}
+    assert states == {first: "in_flight", second: "gone", delayed: "delayed", ready: "ready"}
+    assert (listing["block"], listing["used"], listing["live"], listing["more"]) == (block, 4, 3, 0)
+    (held,) = [m for m in listing["messages"] if m["id"] == first]
+    assert held["receive_counts"] == {"": 1} and 0 < held["visible_in"][""] <= 300
+    # and the same read is what another node asks of the owner (staff or nodes only)
+    r = api.post(f"/api/v1/queues/{name}/partitions/0/blocks/{block}", {"limit": 2}, format="json")
+    assert r.status_code == 200 and [m["id"] for m in r.json()["messages"]] == [first, second], r.content
+    assert r.json()["more"] == 2
+    # a block it holds nothing of lists nothing; a bad block ID or partition is refused
+    gone = "00000fff-0123456789abcdef"
+    r = admin_client.get(f"/admin/queues/partition/{p.pk}/blocks/{gone}.json")
+    assert r.status_code == 200 and r.json()["messages"] == [] and r.json()["live"] == 0
+    r = admin_client.get(f"/admin/queues/partition/{p.pk}/blocks/nope.json")
+    assert r.status_code == 400 and r.json()["error"] == "invalid_block"
+    r = api.post(f"/api/v1/queues/{name}/partitions/3/blocks/{block}", {}, format="json")
+    assert r.status_code == 404 and r.json()["error"] == "no_such_partition"
+
+
+def test_a_block_of_a_partition_another_node_owns_is_asked_of_it(
+    admin_client, make_queue, runtime, purge_kv, monkeypatch
+):
+    from queues import service
+
+    # given a partition this node gave up, now owned by another node
+    name = make_queue(partitions=1, block_size=4)
+    runtime.tick()
+    assert runtime.release_partition(name, 0)
+    monkeypatch.setattr(runtime.router, "owner_of", lambda queue_id, queue, index: "other-node:8000")
+    asked = []
+
+    class Owner:
+        def block_messages(self, address, queue, index, block, limit, hops, caller):
+            asked.append((address, queue, index, block, limit, hops, caller.user_id))
+            return {"block": block, "messages": [{"id": f"{queue}/0/{block}/0", "index": 0, "states": {"": "ready"}}]}
+
+    previous = service.get_peers()
+    service.set_peers(Owner())  # type: ignore[arg-type]
+    try:
+        # when an operator clicks one of its blocks
+        block = "00000002-0123456789abcdef"
+        p = Partition.objects.get(queue__name=name, index=0)
+        r = admin_client.get(f"/admin/queues/partition/{p.pk}/blocks/{block}.json")
+    finally:
+        service.set_peers(previous)
+    # then the owner is asked, for the operator, and its answer shown
+    user_id = int(admin_client.session["_auth_user_id"])
+    assert asked == [("other-node:8000", name, 0, block, service.BLOCK_LISTING_MAX, 0, user_id)]
+    assert r.status_code == 200 and r.json()["messages"][0]["states"] == {"": "ready"}, r.content

@@ -9,7 +9,7 @@ the queue and the topic named ``shown-...``; ``no_grant``: the same permissions,
 Cells, generated from the admin registry (a newly registered admin fails here until it has a row
 in the tables below): its list, the page of an object (``view``), ``add``, ``change`` (the page
 is editable), ``delete`` (the confirmation page) and each action (offered on the list); plus the
-dashboards page, the overview (and a topic's page) and the index. Each test builds the same rows: for every model one object that
+dashboards page, the overview (and a topic's page), a tree block's messages and the index. Each test builds the same rows: for every model one object that
 belongs to the role (a row of ``shown-...``, or the role's own key, token or worker) and one that
 does not (a row of ``hidden-...``, another user's key, token or worker), one object for tables no
 grant governs (nodes, users, the dashboards job's runs). A model permission opens a list; the grants
@@ -381,6 +381,20 @@ def _check_overview(w: World, role: str) -> None:
     assert topic.status_code == (200 if sees else 404), f"{role} topic page"
 
 
+def _check_tree_block(w: World, role: str) -> None:
+    """A block of a partition's tree (the JSON the drawing's panel reads): with the partitions'
+    view permission, of a partition the role may see (its queue's ``read``). Past every check
+    it is asked of the owner: 200 (this process took the partition) or 409 (none has yet)."""
+    label = "queues.partition"
+    for obj, is_mine in ((w.mine[label], True), (w.theirs[label], False)):
+        r = w.client.get(reverse("admin:queues_partition_block", args=[obj.pk, "00000000-0123456789abcdef"]))
+        opens = may(role, label, "view") or may(role, label, "change")  # (as its page: Django's view)
+        expected = ({200, 409} if sees(role, label, is_mine) else {404}) if opens else {403}
+        assert r.status_code in expected, f"{role} tree block ({'mine' if is_mine else 'theirs'}): {r.content!r}"
+        if role != "superuser":
+            assert w.hidden not in r.content.decode(), f"{role} tree block names {w.hidden}"
+
+
 def _check_index(w: World, role: str, label: str) -> None:
     """A single permission lists its model on the index, and no other."""
     r = w.client.get(reverse("admin:index"))
@@ -404,6 +418,7 @@ def test_console_cell(world_for, role):
         _check_model(w, role, label)
     _check_dashboards(w, role)
     _check_overview(w, role)
+    _check_tree_block(w, role)
 
 
 # ------------------------------------------------------------- rules the matrix does not show

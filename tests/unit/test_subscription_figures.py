@@ -77,3 +77,26 @@ def test_figures_survive_a_takeover():
     # then it reports the same holding, with the block's time as the oldest
     assert figures["slow"]["held"] == 3 and figures["fast"]["held"] == 3
     assert figures["slow"]["oldest_enqueued_at"] == next(iter(m2.blocks.values())).block.created_at
+
+
+def test_a_blocks_listing_gives_each_subscription_its_own_state():
+    # given a topic's block of 4, whose messages "fast" took (one then acknowledged) and "slow" not
+    store, row = MemoryStore(), PartitionRow()
+    m = open_topic(store, row)
+    ids = m.enqueue([StoredMessage(f"m{i}", time.time()) for i in range(3)])
+    got = m.dequeue(10, 30.0, "fast")
+    m.ack([(parse_message_id(got[0].id), got[0].receipt)], sub="fast")
+    block = parse_message_id(ids[0]).block
+    # when the console asks for the block's messages
+    listing = m.block_messages(block)
+    # then each one has a state per subscription, and the head's unwritten position is not listed
+    assert listing is not None and (listing["used"], listing["live"], listing["head"]) == (3, 3, True)
+    assert [(x["id"], x["states"]) for x in listing["messages"]] == [
+        (ids[0], {"fast": "gone", "slow": "ready"}),
+        (ids[1], {"fast": "in_flight", "slow": "ready"}),
+        (ids[2], {"fast": "in_flight", "slow": "ready"}),
+    ]
+    assert listing["messages"][1]["receive_counts"] == {"fast": 1}
+    # and a listing is bounded; a block the manager holds nothing of has none
+    assert len(m.block_messages(block, limit=1)["messages"]) == 1
+    assert m.block_messages("00000009-0123456789abcdef") is None

@@ -44,14 +44,22 @@ def test_the_seed_example_is_drawn_with_its_pointers():
 def test_pruned_blocks_are_ghosts_and_the_drawing_is_bounded():
     # given 200 blocks whose oldest 150 are pruned
     store, blocks = _store_with_tree(200, pruned=150)
-    drawn, edges = collect(store, "q", 0, blocks[-1].id, limit=30)
-    svg = ET.fromstring(render(drawn, edges))
-    kinds = [g.get("class") for g in svg.findall(f"{SVG}g")]
-    # then at most 30 present blocks are drawn, the newest, and pointers into the pruned
-    # prefix end at dashed ghosts
-    assert 0 < kinds.count("block") <= 30 and kinds.count("pruned") >= 1
+    drawn, edges = collect(store, "q", 0, blocks[-1].id, limit=30, oldest=6)
+    svg = ET.fromstring(render(drawn, edges, blocks[-1].id))
+    groups = svg.findall(f"{SVG}g")
+    kinds = [g.get("class") for g in groups]
+    # then the newest 30 present blocks are drawn and the oldest 6, a fold counting those
+    # between, and pointers into the pruned prefix end at dashed ghosts
     present = {d.id for d in drawn if d.present}
-    assert blocks[-1].id in present and not present & {b.id for b in blocks[:150]}
+    assert present == {b.id for b in blocks[-30:] + blocks[150:156]}
+    (fold,) = [g for g in groups if g.get("class") == "fold"]
+    assert int(fold.get("data-blocks")) == 50 - 30 - 6
+    assert kinds.count("pruned") >= 1
+    ghosts = {d.id for d in drawn if not d.present}
+    assert ghosts <= {b.id for b in blocks[:150]}, "a present block left out is drawn as pruned"
+    # and the head and the oldest live block are marked
+    marks = {t.get("class"): t.get("data-block") for t in svg.findall(f"{SVG}text") if t.get("data-block")}
+    assert marks == {"mark-head": blocks[-1].id, "mark-oldest": blocks[150].id}
 
 
 def test_an_empty_partition_says_so():
