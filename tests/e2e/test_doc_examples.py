@@ -23,8 +23,9 @@ The pages' shell is what a newcomer has: the project's virtualenv is *not* on it
   ``…`` in the shown output stands for any text. A command must exit 0.
 - ``bash``, ``sh``, ``shell``: the block runs as one script in the page's shell; it must exit 0;
   what it prints is not checked.
-- ``python``: the block runs with the project's virtualenv (``scripts/in-venv.sh python``) from
-  the page's shell; it must exit 0.
+- ``python``: the block runs with the project's virtualenv from the page's shell, read from standard
+  input as a reader pastes it (``scripts/in-venv.sh python -``: the repository's root is on
+  ``sys.path``); it must exit 0.
 - A block preceded by the line ``<!-- example: not run: <reason> -->`` is skipped and counted.
 
 Each command may take ``COMMAND_TIMEOUT`` seconds (``MQ_DOC_TIMES=1`` prints what each took, with
@@ -324,7 +325,10 @@ class Shell:
         path = self.workdir / f"command-{self.n}.sh"
         path.write_text(script + "\n")
         end = f"__end_of_command_{self.n}__"
-        self.proc.stdin.write(f"source {shlex.quote(str(path))} < /dev/null 2>&1; echo; echo {end} $?\n".encode())
+        # printf's arguments are expanded before it runs: $? is the command's status, not an echo's
+        self.proc.stdin.write(
+            f"source {shlex.quote(str(path))} < /dev/null 2>&1; printf '\\n%s %s\\n' {end} $?\n".encode()
+        )
         self.proc.stdin.flush()
         out: list[str] = []
         deadline = time.monotonic() + timeout
@@ -393,7 +397,7 @@ def run_page(page: Page, make_run: MakeRun, tmp_path: Path) -> None:
             elif block.language == "python":
                 script = tmp_path / f"block-{block.line}.py"
                 script.write_text(on_port(block.text, port) + "\n")
-                rc, printed = shell.run(f"scripts/in-venv.sh python {shlex.quote(str(script))}")
+                rc, printed = shell.run(f"scripts/in-venv.sh python - < {shlex.quote(str(script))}")
                 assert rc == 0, f"{where} (python) exited {rc}:\n{printed}"
             else:
                 rc, printed = shell.run(on_port(block.text, port))
