@@ -18,6 +18,12 @@ import os
 import uuid
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+
+# Hypothesis's per-example deadline is a timed pass/fail check: on a loaded machine a first
+# example that imports or warms a cache runs past it. Examples are judged on what they do.
+hypothesis_settings.register_profile("mq", deadline=None)
+hypothesis_settings.load_profile("mq")
 
 REDIS_URL = os.environ.get("MQ_TEST_REDIS_URL", "")
 PG_URL = os.environ.get("MQ_TEST_PG_URL", "")
