@@ -1,7 +1,8 @@
 """What the benchmarks share: logging, medians, and one node started for a benchmark.
 
 A benchmark node (:class:`BenchNode`) is what ``bench/throughput.py`` and ``bench/pipeline.py``
-run against: a temp dir of its own (data, file KV, log), ``manage.py migrate``, a staff user with
+run against: a temp dir of its own (data, file KV, log), ``manage.py migrate`` (left out when
+``MQBENCH_MIGRATED=1``: a database known to be migrated, as the smoke test's), a staff user with
 an API token, then ``manage.py runnode`` started and stopped by ``tests.launcher.NodeProcess``
 (the launcher the integration tests use too).
 """
@@ -263,8 +264,9 @@ class BenchNode:
     def start(self) -> None:
         self.tmp = tempfile.mkdtemp(prefix=f"mqbench-{self.backend}-")
         self.port = self.port or free_port()
-        log(f"{self.name}: migrate")
-        self.manage("migrate", "--noinput", timeout=600)
+        if os.environ.get("MQBENCH_MIGRATED") != "1":  # the smoke test's database is migrated already
+            log(f"{self.name}: migrate")
+            self.manage("migrate", "--noinput", timeout=600)
         self.token = self._create_token()
         options = {} if self.processes is None else {"processes": self.processes}
         self.process = NodeProcess(

@@ -146,6 +146,7 @@ def main(argv=None) -> int:
     p.add_argument("--body-batches", type=int, default=24, help="phase 2: batches of 7 bodies of 1 MiB")
     p.add_argument("--consumers", type=int, default=300, help="phase 4: consumer IDs heartbeating")
     p.add_argument("--long-polls", type=int, default=200, help="phase 5: concurrent long polls")
+    p.add_argument("--poll-wait", type=float, default=5, help="phase 5: each long poll's wait (seconds)")
     p.add_argument("--cache-bytes", type=int, default=64 * MiB, help="the node's NODE_BODY_CACHE_BYTES")
     p.add_argument("--request-bytes", type=int, default=8 * MiB, help="the node's API_MAX_REQUEST_BYTES")
     args = p.parse_args(argv)
@@ -220,8 +221,8 @@ def drive(node: BenchNode, args) -> int:
     empty = f"hostile-empty-{uuid.uuid4().hex[:6]}"
     api.post("queues", {"name": empty, "partitions": 2})
     t0 = time.monotonic()
-    phases[f"5 {args.long_polls} concurrent long polls (wait 5 s)"] = run_threads(
-        args.long_polls, lambda k: [api.post(f"queues/{empty}/dequeue", {"wait": 5})[0]]
+    phases[f"5 {args.long_polls} concurrent long polls (wait {args.poll_wait:g} s)"] = run_threads(
+        args.long_polls, lambda k: [api.post(f"queues/{empty}/dequeue", {"wait": args.poll_wait})[0]]
     )
     log(f"phase 5: {time.monotonic() - t0:.1f}s")
 

@@ -68,6 +68,7 @@ def main() -> None:
     )
     p.add_argument("--calls", type=int, default=3000, help="forwarded calls per transport and round")
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--kv-redis-db", type=int, default=1, help="the Redis database of the node's store")
     args = p.parse_args()
     database_url, redis_url = os.environ.get("DATABASE_URL", ""), os.environ.get("REDIS_URL", "")
     if not database_url or not redis_url:
@@ -79,7 +80,7 @@ def main() -> None:
         "redis",
         database_url=database_url,
         redis_url=redis_url,
-        kv_redis_db=1,
+        kv_redis_db=args.kv_redis_db,
         processes=1,
         extra_env=[f"CLUSTER_SECRET={secret}"],
     )

@@ -40,11 +40,13 @@ from typing import Any
 
 from mq_client.tracing import TRACEPARENT, xray_of_traceparent
 from queues import service
+from queues.access import require
 from queues.models import LIMITS
 from sqs import ids, move_tasks, permissions
 from sqs import service as sqs_service
 from sqs.attributes import (
     DEDUP_INTERVAL,
+    DEFAULT_MESSAGE_SIZE,
     MAX_BATCH,
     MAX_BATCH_BYTES,
     MAX_RECEIVE,
@@ -121,6 +123,11 @@ def create_queue(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     target = service_name(name)
     fields, extra = checked_attributes(attrs, ctx, fifo=fifo, queue=target)
     tags = checked_tags(params.get("tags"), "tags")
+    if "max_message_size" not in fields:
+        # SQS's default, or the dead-letter queue's MaximumMessageSize where that is less: every
+        # dead letter fits its dead-letter queue (queues.models.dead_letter_mismatch)
+        dlq = fields.get("dead_letter_queue")
+        fields["max_message_size"] = min(DEFAULT_MESSAGE_SIZE, dlq.max_message_size if dlq else DEFAULT_MESSAGE_SIZE)
 
     def existing() -> dict[str, Any] | None:
         with service_errors():
@@ -295,26 +302,53 @@ def _queue_of_arn(params: dict[str, Any], name: str, ctx: Context, *, required: 
 
 
 def start_message_move_task(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    """Run to the end before answering: without a DestinationArn the service's redrive, every
-    dead letter back to the queue it came from; with one, every message of the source moved
-    there (a queue of the same type)."""
+    """Without a DestinationArn the service's redrive, every dead letter back to the queue it
+    came from; with one, every message of the source moved there (a queue of the same type).
+    Answered once the task has ended or after a few seconds; a task with a rate at once
+    (``move_tasks``). One task of a source runs at a time."""
     q = _queue_of_arn(params, "SourceArn", ctx, required=True)
     dest = _queue_of_arn(params, "DestinationArn", ctx)
+    rate = integer_param(params, "MaxNumberOfMessagesPerSecond", 1, move_tasks.MAX_RATE)
     if dest is not None and dest.strict != q.strict:
         raise invalid("The source queue and the destination queue must be of the same type (FIFO or standard).")
     if dest is not None and dest.pk == q.pk:
         raise invalid("The destination queue must not be the source queue.")
+    # the rights the task needs, checked before it starts
+    with service_errors():
+        if dest is None:
+            require(ctx.caller, "manage", q.pk, q.name, q.created_by_id)
+        else:
+            require(ctx.caller, "consume", q.pk, q.name, q.created_by_id)
+            require(ctx.caller, "produce", dest.pk, dest.name, dest.created_by_id)
+    if move_tasks.running(q) is not None:
+        raise SQSError("UnsupportedOperation", "A message move task of this source queue is running: one at a time.")
     source, destination = params["SourceArn"], params.get("DestinationArn")
-    return {"TaskHandle": move_tasks.run_task(q, source, ctx, dest, destination)}
+    return {"TaskHandle": move_tasks.start(q, source, ctx, dest, destination, rate)}
 
 
 def list_message_move_tasks(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """The ``MaxResults`` (1 by default, 10 at the most) most recent tasks of the source."""
     q = _queue_of_arn(params, "SourceArn", ctx, required=True)
-    return {"Results": move_tasks.TASKS.recent(q.name)}
+    limit = integer_param(params, "MaxResults", 1, 10) or 1
+    return {"Results": move_tasks.recent(q, limit)}
 
 
-def unsupported(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    raise SQSError("UnsupportedOperation", "not supported here: a message move task runs to the end when started")
+def cancel_message_move_task(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """Stop the running task of ``TaskHandle``: what it moved stays moved. The caller needs
+    the right that starting it needs (``manage`` on the source for a redrive, ``consume`` on
+    it for a move to a DestinationArn). ResourceNotFoundException for a task not running."""
+    handle = text_param(params, "TaskHandle", required=True)
+    assert handle is not None
+    task = move_tasks.parse_task_handle(handle)
+    if task is None:
+        raise SQSError("ResourceNotFoundException", "No task of that TaskHandle is running.")
+    q = _queue_of_arn({"SourceArn": task["sourceArn"]}, "SourceArn", ctx, required=True)
+    running = move_tasks.running(q)
+    if running is None or running.handle != handle:
+        raise SQSError("ResourceNotFoundException", "No task of that TaskHandle is running.")
+    with service_errors():
+        require(ctx.caller, "consume" if running.destination_arn else "manage", q.pk, q.name, q.created_by_id)
+    return {"ApproximateNumberOfMessagesMoved": move_tasks.cancel(handle)}
 
 
 # --- messages -----------------------------------------------------------------------------------
@@ -785,7 +819,7 @@ ACTIONS: dict[str, Callable[[dict[str, Any], Context], dict[str, Any]]] = {
     "ListDeadLetterSourceQueues": list_dead_letter_source_queues,
     "StartMessageMoveTask": start_message_move_task,
     "ListMessageMoveTasks": list_message_move_tasks,
-    "CancelMessageMoveTask": unsupported,
+    "CancelMessageMoveTask": cancel_message_move_task,
     "AddPermission": permissions.add_permission,
     "RemovePermission": permissions.remove_permission,
 }

@@ -36,6 +36,9 @@ MAX_MESSAGE_ATTRIBUTES = 10
 MAX_BATCH_BYTES = 1024 * 1024
 #: the smallest MaximumMessageSize (the largest is the service's).
 MIN_MESSAGE_SIZE = 1024
+#: a queue's MaximumMessageSize when CreateQueue names none (SQS's: 1 MiB, the service's largest;
+#: the REST API's default is less).
+DEFAULT_MESSAGE_SIZE = 1024 * 1024
 #: a FIFO queue's deduplication interval, seconds (the queue's ``dedup_window``).
 DEDUP_INTERVAL = 300
 #: the most results of a listing (ListQueues, ListDeadLetterSourceQueues).

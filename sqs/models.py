@@ -84,3 +84,37 @@ class QueueSettings(models.Model):
 
     def __str__(self) -> str:
         return f"SQS settings of queue {self.queue_id}"
+
+
+class MoveTask(models.Model):
+    """A message move task (StartMessageMoveTask) of a source queue, as ListMessageMoveTasks
+    lists it: in the database, so that every process of a node (and every node) lists it, and a
+    CancelMessageMoveTask that lands on any of them stops it. The process that runs it writes
+    its progress and ``beat_at`` after every round and reads ``status`` between rounds: a
+    cancel is ``CANCELLING`` until it sees it. The ``KEEP`` most recent of a source are kept;
+    deleted with the source queue."""
+
+    RUNNING, COMPLETED, CANCELLING, CANCELLED, FAILED = "RUNNING", "COMPLETED", "CANCELLING", "CANCELLED", "FAILED"
+    #: tasks kept of each source queue (SQS lists at most 10).
+    KEEP = 10
+
+    handle = models.CharField(max_length=600, unique=True)
+    queue = models.ForeignKey("queues.Queue", on_delete=models.CASCADE, related_name="sqs_move_tasks")
+    source_arn = models.CharField(max_length=300)
+    destination_arn = models.CharField(max_length=300, blank=True)
+    status = models.CharField(max_length=10, default=RUNNING)
+    moved = models.BigIntegerField(default=0)
+    to_move = models.BigIntegerField(null=True, blank=True)
+    #: MaxNumberOfMessagesPerSecond (None: as fast as the node moves them).
+    rate = models.PositiveIntegerField(null=True, blank=True)
+    failure_reason = models.CharField(max_length=300, blank=True)
+    #: StartedTimestamp (epoch milliseconds).
+    started_ms = models.BigIntegerField()
+    #: the running process's last write.
+    beat_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["queue", "-started_ms"], name="sqs_move_task_recent")]
+
+    def __str__(self) -> str:
+        return f"move task {self.pk} of queue {self.queue_id}: {self.status}"

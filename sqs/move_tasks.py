@@ -1,8 +1,17 @@
-"""SQS's message move tasks (StartMessageMoveTask, ListMessageMoveTasks) over the service's
-redrive: a task runs to the end before it is answered, moving every dead letter back to the
-queue it came from (or every message to the ``DestinationArn``), and is remembered by the
-process that ran it, a bounded number of them. Its handle is SQS's: the base64 of a JSON object
-with its ``taskId`` and ``sourceArn``.
+"""SQS's message move tasks (StartMessageMoveTask, ListMessageMoveTasks, CancelMessageMoveTask)
+over the service's redrive: a task moves every dead letter back to the queue it came from (or
+every message to the ``DestinationArn``), in rounds, on a thread of the process that started
+it, at most ``MaxNumberOfMessagesPerSecond`` a second when given. StartMessageMoveTask answers
+once the task has ended or after ``ANSWER_WITHIN`` seconds, whichever is first (a task with a
+rate answers at once), so a small redrive has ended when it is answered.
+
+A task is a row (``models.MoveTask``): whichever process of the node a ListMessageMoveTasks or
+a CancelMessageMoveTask lands on reads or changes that row. A cancel turns ``RUNNING`` into
+``CANCELLING``; the running thread reads the status between rounds (and every ``_POLL``
+seconds while it waits for its rate), stops, and writes ``CANCELLED``: what it moved stays
+moved. A running task whose process has written nothing for ``STALE`` seconds (the process
+ended) is listed ``FAILED``. Its handle is SQS's: the base64 of a JSON object with its
+``taskId`` and ``sourceArn``.
 """
 
 from __future__ import annotations
@@ -10,62 +19,39 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from datetime import timedelta
 from typing import Any
+
+from django.db import connection
+from django.utils import timezone
 
 from queues import service
 from sqs.context import Context, service_errors
+from sqs.errors import SQSError
+from sqs.models import MoveTask
 
-#: dead letters one call of the service's redrive moves at the most.
+log = logging.getLogger(__name__)
+
+#: dead letters one round moves at the most (no rate given).
 _ROUND = 1000
 #: how long a message being moved to a DestinationArn stays hidden (seconds).
 _HOLD = 60.0
+#: how often a task waiting for its rate reads whether it was cancelled (seconds).
+_POLL = 0.2
+#: how long StartMessageMoveTask waits for a task with no rate to end (seconds).
+ANSWER_WITHIN = 5.0
+#: a running task whose process wrote nothing for this long is listed FAILED (seconds).
+STALE = 120.0
+#: a task's FailureReason when its process ended while it ran.
+LOST = "The process running the task stopped before it ended."
+#: MaxNumberOfMessagesPerSecond's range (SQS's).
+MAX_RATE = 500
 
-
-class MoveTasks:
-    """The move tasks this process ran, as ListMessageMoveTasks lists them: the ``per_source``
-    most recent of each source queue (SQS lists at most 10), for the ``sources`` queues that
-    ran one last; older ones are forgotten, so what a node keeps stays bounded however long it
-    runs. Calls are answered on several threads: one lock guards it."""
-
-    def __init__(self, per_source: int = 10, sources: int = 1000) -> None:
-        self.per_source = per_source
-        self.sources = sources
-        self._lock = threading.Lock()
-        #: source queue -> its tasks, newest first; the source that ran one last at the end.
-        self._by_source: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
-
-    def add(self, queue: str, task: dict[str, Any]) -> None:
-        """Remember ``task`` (ListMessageMoveTasks' entry) of source ``queue``; one of the same
-        handle is replaced."""
-        with self._lock:
-            tasks = [t for t in self._by_source.pop(queue, []) if t["TaskHandle"] != task["TaskHandle"]]
-            tasks.append(task)
-            tasks.sort(key=lambda t: -t["StartedTimestamp"])
-            del tasks[self.per_source :]
-            self._by_source[queue] = tasks
-            while len(self._by_source) > self.sources:
-                self._by_source.popitem(last=False)
-
-    def recent(self, queue: str) -> list[dict[str, Any]]:
-        """The tasks of source ``queue`` remembered, newest first."""
-        with self._lock:
-            return list(self._by_source.get(queue, ()))
-
-    def clear(self) -> None:
-        with self._lock:
-            self._by_source.clear()
-
-    def __len__(self) -> int:
-        with self._lock:
-            return sum(len(tasks) for tasks in self._by_source.values())
-
-
-#: the tasks this process ran.
-TASKS = MoveTasks()
+_ACTIVE = (MoveTask.RUNNING, MoveTask.CANCELLING)
 
 
 def task_handle(source_arn: str) -> str:
@@ -85,56 +71,181 @@ def parse_task_handle(handle: str) -> dict[str, str] | None:
     return {"taskId": task["taskId"], "sourceArn": task["sourceArn"]}
 
 
-def _move_to(q: Any, dest: Any, ctx: Context) -> int:
-    """Move every message of queue ``q`` to queue ``dest`` as ``ctx.caller`` (``consume`` on
-    ``q``, ``produce`` on ``dest``): received, stored there in its group, then deleted here, a
-    batch at a time (a failure between the two leaves a copy in both: at least once, as SQS's
-    move). At most as many rounds as ``q`` held messages when it started (a FIFO queue gives
-    one a group a round), so messages that keep coming do not keep it running."""
-    moved = 0
-    with service_errors():
-        depth = int(service.queue_stats(q.name, caller=ctx.caller)["depth"])
-        for _ in range(depth + 2):
-            found = service.dequeue(q.name, caller=ctx.caller, max_messages=service.MAX_BATCH, visibility_timeout=_HOLD)
-            if not found:
-                break
-            drafts = []
-            for d in found:
-                m = d.message
-                assert m is not None
-                drafts.append(service.MessageDraft(m.body, group=m.group, attributes=m.attributes, size=m.size))
-            service.enqueue(dest.name, drafts, caller=ctx.caller)
-            items = [(service.parse_message_id(d.id), d.receipt) for d in found]
-            service.ack(q.name, [(mid, receipt) for mid, receipt in items if mid is not None], caller=ctx.caller)
-            moved += len(found)
-    return moved
+# --- the rows -------------------------------------------------------------------------------------
+def _status(task_id: int) -> str | None:
+    return MoveTask.objects.filter(pk=task_id).values_list("status", flat=True).first()
 
 
-def run_task(q: Any, source_arn: str, ctx: Context, dest: Any = None, destination_arn: str | None = None) -> str:
-    """Move every dead letter of queue ``q`` (named by ``source_arn``) back to where it came
-    from, or every message of it to queue ``dest`` (named by ``destination_arn``), as
-    ``ctx.caller``, and remember the task: its handle. Raises SQSError."""
-    started = int(time.time() * 1000)
-    moved = 0
-    if dest is not None:
-        moved = _move_to(q, dest, ctx)
-    else:
-        with service_errors():
-            while True:
-                result = service.redrive(q.name, _ROUND, caller=ctx.caller)
-                moved += result.moved
-                if result.moved + result.skipped == 0 or result.moved == 0:
-                    break
-    handle = task_handle(source_arn)
-    task: dict[str, Any] = {
-        "TaskHandle": handle,
-        "Status": "COMPLETED",
-        "SourceArn": source_arn,
-        "ApproximateNumberOfMessagesMoved": moved,
-        "ApproximateNumberOfMessagesToMove": moved,
-        "StartedTimestamp": started,
+def _progress(task_id: int, moved: int) -> None:
+    MoveTask.objects.filter(pk=task_id).update(moved=moved, beat_at=timezone.now())
+
+
+def _end(task_id: int, moved: int, status: str, reason: str = "") -> None:
+    """``status`` (COMPLETED or FAILED) if the task still runs; CANCELLED if it was cancelled."""
+    now = timezone.now()
+    fields: dict[str, Any] = {"moved": moved, "beat_at": now, "failure_reason": reason[:300]}
+    if not MoveTask.objects.filter(pk=task_id, status=MoveTask.RUNNING).update(status=status, **fields):
+        MoveTask.objects.filter(pk=task_id, status=MoveTask.CANCELLING).update(status=MoveTask.CANCELLED, **fields)
+
+
+def _stale(task: MoveTask) -> bool:
+    return task.status in _ACTIVE and timezone.now() - task.beat_at > timedelta(seconds=STALE)
+
+
+def entry(task: MoveTask) -> dict[str, Any]:
+    """ListMessageMoveTasks' entry of ``task``: its TaskHandle only while it runs, its
+    FailureReason only when it failed, DestinationArn and MaxNumberOfMessagesPerSecond only
+    when it was started with them (SQS's)."""
+    status, reason = (MoveTask.FAILED, LOST) if _stale(task) else (task.status, task.failure_reason)
+    out: dict[str, Any] = {
+        "Status": status,
+        "SourceArn": task.source_arn,
+        "ApproximateNumberOfMessagesMoved": task.moved,
+        "StartedTimestamp": task.started_ms,
     }
-    if destination_arn:
-        task["DestinationArn"] = destination_arn
-    TASKS.add(q.name, task)
+    if task.to_move is not None:
+        out["ApproximateNumberOfMessagesToMove"] = task.to_move
+    if status == MoveTask.RUNNING:
+        out["TaskHandle"] = task.handle
+    if task.destination_arn:
+        out["DestinationArn"] = task.destination_arn
+    if task.rate is not None:
+        out["MaxNumberOfMessagesPerSecond"] = task.rate
+    if status == MoveTask.FAILED:
+        out["FailureReason"] = reason or "The task failed."
+    return out
+
+
+def recent(q: Any, limit: int) -> list[dict[str, Any]]:
+    """The ``limit`` most recent tasks of source queue ``q``, newest first."""
+    return [entry(t) for t in MoveTask.objects.filter(queue_id=q.pk).order_by("-started_ms", "-pk")[:limit]]
+
+
+def running(q: Any) -> MoveTask | None:
+    """The task of source queue ``q`` that is running or being cancelled, if any."""
+    for task in MoveTask.objects.filter(queue_id=q.pk, status__in=_ACTIVE):
+        if not _stale(task):
+            return task
+    return None
+
+
+def cancel(handle: str) -> int:
+    """Cancel the running task of ``handle``: its ApproximateNumberOfMessagesMoved so far.
+    ResourceNotFoundException if no task of that handle is running."""
+    if not MoveTask.objects.filter(handle=handle, status=MoveTask.RUNNING).update(status=MoveTask.CANCELLING):
+        raise SQSError("ResourceNotFoundException", "No task of that TaskHandle is running.")
+    moved = MoveTask.objects.filter(handle=handle).values_list("moved", flat=True).first()
+    return int(moved or 0)
+
+
+# --- running a task -------------------------------------------------------------------------------
+class _Cancelled(Exception):
+    pass
+
+
+class _Runner:
+    """One task's rounds, on its own thread: each round moves at most ``rate`` messages (when
+    given) and is followed by the rest of its second, the status read every ``_POLL`` seconds."""
+
+    def __init__(self, task_id: int, q: Any, ctx: Context, dest: Any, rate: int | None, to_move: int):
+        self.task_id, self.q, self.ctx, self.dest, self.rate, self.to_move = task_id, q, ctx, dest, rate, to_move
+        self.moved = 0
+
+    def run(self) -> None:
+        try:
+            self._rounds()
+        except _Cancelled:
+            _end(self.task_id, self.moved, MoveTask.CANCELLED)
+        except SQSError as exc:
+            _end(self.task_id, self.moved, MoveTask.FAILED, f"{exc.code}: {exc.message}")
+        except Exception as exc:  # the task records why it failed; the node goes on
+            log.exception("message move task %s failed", self.task_id)
+            _end(self.task_id, self.moved, MoveTask.FAILED, f"{type(exc).__name__}: {exc}")
+        else:
+            _end(self.task_id, self.moved, MoveTask.COMPLETED)
+        finally:
+            connection.close()
+
+    def _check(self) -> None:
+        if _status(self.task_id) != MoveTask.RUNNING:
+            raise _Cancelled
+
+    def _pace(self, started: float, n: int) -> None:
+        """Wait out the round's share of the rate, reading the status meanwhile."""
+        if self.rate is None:
+            return
+        until = started + n / self.rate
+        while (left := until - time.monotonic()) > 0:
+            time.sleep(min(_POLL, left))
+            self._check()
+
+    def _rounds(self) -> None:
+        batch = min(self.rate or _ROUND, _ROUND)
+        # at most as many rounds as the source held messages when it started (a FIFO queue
+        # gives one a group a round), so messages that keep coming do not keep it running
+        for _ in range(self.to_move + 2):
+            self._check()
+            started = time.monotonic()
+            n = self._round(batch)
+            if n == 0:
+                return
+            self.moved += n
+            _progress(self.task_id, self.moved)
+            self._pace(started, n)
+
+    def _round(self, batch: int) -> int:
+        with service_errors():
+            if self.dest is None:
+                result = service.redrive(self.q.name, batch, caller=self.ctx.caller)
+                return result.moved
+            return self._move_to(min(batch, service.MAX_BATCH))
+
+    def _move_to(self, batch: int) -> int:
+        """Messages of the source to ``dest`` as the caller (``consume`` on the source,
+        ``produce`` there): received, stored there in their group, then deleted here (a failure
+        between the two leaves a copy in both: at least once, as SQS's move)."""
+        found = service.dequeue(self.q.name, caller=self.ctx.caller, max_messages=batch, visibility_timeout=_HOLD)
+        if not found:
+            return 0
+        drafts = []
+        for d in found:
+            m = d.message
+            assert m is not None
+            drafts.append(service.MessageDraft(m.body, group=m.group, attributes=m.attributes, size=m.size))
+        service.enqueue(self.dest.name, drafts, caller=self.ctx.caller)
+        items = [(service.parse_message_id(d.id), d.receipt) for d in found]
+        service.ack(self.q.name, [(mid, receipt) for mid, receipt in items if mid is not None], caller=self.ctx.caller)
+        return len(found)
+
+
+def start(
+    q: Any,
+    source_arn: str,
+    ctx: Context,
+    dest: Any = None,
+    destination_arn: str | None = None,
+    rate: int | None = None,
+) -> str:
+    """Start a task moving the dead letters of queue ``q`` (named by ``source_arn``) back to
+    where they came from, or every message of it to queue ``dest`` (named by
+    ``destination_arn``), as ``ctx.caller``: its handle. Raises SQSError."""
+    with service_errors():
+        to_move = int(service.queue_stats(q.name, caller=ctx.caller)["depth"])
+    handle = task_handle(source_arn)
+    task = MoveTask.objects.create(
+        handle=handle,
+        queue_id=q.pk,
+        source_arn=source_arn,
+        destination_arn=destination_arn or "",
+        to_move=to_move,
+        rate=rate,
+        started_ms=int(time.time() * 1000),
+    )
+    old = MoveTask.objects.filter(queue_id=q.pk).order_by("-started_ms", "-pk").values_list("pk", flat=True)
+    MoveTask.objects.filter(pk__in=list(old[MoveTask.KEEP :])).exclude(status__in=_ACTIVE).delete()
+    runner = _Runner(task.pk, q, ctx, dest, rate, to_move)
+    thread = threading.Thread(target=runner.run, name=f"sqs-move-task-{task.pk}", daemon=True)
+    thread.start()
+    if rate is None:
+        thread.join(ANSWER_WITHIN)
     return handle

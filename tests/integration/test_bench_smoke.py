@@ -1,7 +1,12 @@
-"""The benchmarks still run: bench/sqs.py and bench/throughput.py, with tiny sizes, against
-nodes on the test services, each to the end of its summary; and every script of bench/
-imports. Nothing here reads a figure (a benchmark measures and prints, it never fails on
-one): it keeps the scripts from rotting unseen, as an import broken by a rename once did.
+"""The benchmarks still run: every script of bench/ with tiny sizes, against nodes on the test
+services, each to the end of its summary, and every module of bench/ imports. A figure is
+checked to be there and sane (a number where one is printed, every message accounted for),
+never against a speed (a benchmark measures and prints, it never fails on one): it keeps the
+scripts from rotting unseen, as an import broken by a rename once did.
+
+bench/spark_job.py is the exception: its own SparkSession takes about a minute to start on two
+cores, past what this suite can spend, so it only imports here; the job it times
+(``consoles.spark.job.run``) runs on a real session in tests/integration/test_dashboards.py.
 
 The benchmarks' nodes use the test database (migrated already, and emptied after the test
 as every transactional test's is) and a Redis database of their own, emptied after.
@@ -9,13 +14,19 @@ as every transactional test's is) and a Redis database of their own, emptied aft
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from django.db import connection
+
+from tests.launcher import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
 
@@ -48,6 +59,175 @@ def _run(*argv: str) -> str:
     )
     assert r.returncode == 0, f"{argv[0]} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     return r.stdout
+
+
+def _figure(pattern: str, out: str) -> list[float]:
+    m = re.search(pattern, out, re.MULTILINE)
+    assert m, f"{pattern!r} not in:\n{out[-3000:]}"
+    return [float(g.replace(",", "")) for g in m.groups()]
+
+
+def _console_tree(out: str) -> None:
+    live, drawn, calls, read, render = _figure(
+        r"(\d+) live blocks .*drawing: (\d+) blocks, (\d+) store calls, read ([\d.]+) ms, render ([\d.]+) ms", out
+    )
+    assert live == 40 and drawn > 0 and calls > 0 and read > 0 and render > 0, out
+
+
+def _failover(out: str) -> None:
+    # depth, blocks allocated and live, height ... ms to enq, ms to deq ... first=oldest
+    depth, alloc, live, height, *_ = _figure(r"^\s+(100)\s+(\d+)\s+(\d+)\s+(\d+)\s", out)
+    assert depth == 100 and alloc >= live >= 1 and height >= 1, out
+    enq, deq = _figure(r"^\s+100(?:\s+\S+){7}\s+([\d.]+)\s+([\d.]+)\s", out)
+    assert enq > 0 and deq > 0, out
+    assert re.search(r"^\s+100\s.*\s1/1\s", out, re.MULTILINE), out  # the first dequeue got the oldest
+
+
+def _housekeeping(out: str) -> None:
+    total, *steps = _figure(
+        r"one pass ([\d.]+) ms of thread CPU \(update_cooling ([\d.]+), renew ([\d.]+), refresh_queues ([\d.]+), "
+        r"drop_stale ([\d.]+), claim_partitions ([\d.]+), publish_stats ([\d.]+) ms",
+        out,
+    )
+    assert total > 0 and all(s >= 0 for s in steps), out
+
+
+def _inprocess(out: str) -> None:
+    per_message, per_call = _figure(r"n=100: node CPU ([\d.]+) µs/msg, ([\d.]+) µs/call", out)
+    assert per_message > 0 and per_call > 0, out
+
+
+def _hostile(out: str) -> None:
+    # each phase answered as it should: taken, refused unread (413), heartbeats and long polls served
+    for line in ("large attributes .*: 201: 1", "maximal bodies .*: 201: 1", "nothing sent: 413: 5", "held: 200: 2"):
+        assert re.search(line, out), (line, out[-3000:])
+    assert re.search(r"long polls \(wait 1 s\): 200: 2", out), out
+    start, peak, ratio = (
+        _figure(r"RSS after start\s+([\d.]+) MiB", out)[0],
+        _figure(r"peak RSS \(VmHWM\)\s+([\d.]+) MiB", out)[0],
+        _figure(r"peak / bound\s+([\d.]+)", out)[0],
+    )
+    assert 0 < start <= peak and ratio > 0, out
+
+
+def _latency(out: str) -> None:
+    assert "## summary" in out, out
+    p50, p99, worst = _figure(r"1 process: median p50 ([\d.]+) ms, median p99 ([\d.]+) ms, worst p99 ([\d.]+) ms", out)
+    assert 0 < p50 <= p99 <= worst, out
+    messages, lost = _figure(r"^\| 1 \| [^|]+\| [^|]+\| [^|]+\| (\d+) \| (\d+) \|", out)
+    assert messages > 0 and lost == 0, out
+
+
+def _peers(out: str) -> None:
+    for transport in ("pycurl \\(now\\)", "urllib3 \\(before\\)"):
+        cpu, wall = _figure(rf"^{transport}\s+([\d.]+)\s+([\d.]+)$", out)
+        assert cpu > 0 and wall > 0, out
+    assert _figure(r"ratio CPU now / before: ([\d.]+)x", out)[0] > 0, out
+
+
+def _pipeline(out: str) -> None:
+    for mode in ("pipeline \\(pipelining=True\\)", "no pipelining"):
+        (rate,) = _figure(rf"^{mode}\s+([\d.]+)\s", out)
+        assert rate > 0, out
+        assert re.search(rf"^{mode}\s.*\s4/4$", out, re.MULTILINE), out  # every message's attempt logged
+
+
+def _serving(out: str) -> None:
+    rate, per_call = _figure(r"^wsgi-threads\s+([\d.]+)\s+([\d.]+)\s+1\.00x$", out)
+    assert rate > 0 and per_call > 0, out
+
+
+#: The rest of bench/'s scripts at tiny sizes: name -> (its arguments, the Redis database of its
+#: node's store or None, a check of its output). Each runs in a process of its own, all at once
+#: (most of their time is Python and Django starting, and waiting for their nodes).
+SMOKE: dict[str, tuple[str, int | None, Callable[[str], None]]] = {
+    "console_tree": ("--blocks 40 --repeat 1 --kv memory", None, _console_tree),
+    "failover": ("--backend memory --depths 100 --repeat 1", None, _failover),
+    "housekeeping": ("--kv file --partitions 2 --passes 2", None, _housekeeping),
+    "inprocess": ("--kv file --n 100 --batch 10 --repeat 1 --partitions 1", None, _inprocess),
+    "hostile": (
+        (
+            "--producers 1 --attribute-batches 1 --body-batches 1 --consumers 2 --long-polls 2 --poll-wait 1 "
+            "--kv-redis-db {db} --database-url {database} --redis-url {redis}"
+        ),
+        7,
+        _hostile,
+    ),
+    "latency": (
+        (
+            "--rate 20 --seconds 1 --warmup 0 --runs 1 --node-processes 1 --partitions 1 "
+            "--kv-redis-db {db} --pg-url {database} --redis-url {redis}"
+        ),
+        8,
+        _latency,
+    ),
+    "peers": ("--calls 20 --repeat 1 --kv-redis-db {db}", 9, _peers),
+    "pipeline": (
+        (
+            "--messages 4 --repeat 1 --warmup 0 --scale 0.01 --wait 0.2 --partitions 1 "
+            "--kv-redis-db {db} --database-url {database} --redis-url {redis}"
+        ),
+        10,
+        _pipeline,
+    ),
+    "serving": ("--models wsgi-threads --clients 1 --calls 50 --repeat 1 --redis-url {redis}/{db}", 11, _serving),
+}
+#: scripts not run here (only imported), and why (the module's docstring says more).
+NOT_RUN = {"spark_job": "its own SparkSession takes about a minute to start"}
+
+
+def test_every_bench_script_is_smoked_or_said_why_not():
+    runnable = {p.stem for p in BENCH.glob("*.py") if 'if __name__ == "__main__"' in p.read_text()}
+    assert runnable == set(SMOKE) | set(NOT_RUN) | {"sqs", "throughput"}
+
+
+def test_every_other_bench_script_runs_to_its_summary(stores):
+    import redis
+
+    database_url, redis_url = stores
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "MQBENCH_MIGRATED": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    running: dict[str, subprocess.Popen] = {}
+    failed: list[str] = []
+    with contextlib.ExitStack() as files:
+        try:
+            outs = {}
+            for name, (argv, db, _) in SMOKE.items():
+                args = [a.format(db=db, database=database_url, redis=redis_url) for a in argv.split()]
+                if name == "serving":
+                    args += ["--first-port", str(free_port())]
+                outs[name] = files.enter_context(tempfile.TemporaryFile(mode="w+"))
+                running[name] = subprocess.Popen(
+                    [sys.executable, f"bench/{name}.py", *args],
+                    cwd=BENCH.parent,
+                    env=env,
+                    stdout=outs[name],
+                    stderr=subprocess.STDOUT,
+                )
+            for name, proc in running.items():
+                rc = proc.wait(timeout=300)
+                outs[name].seek(0)
+                text = outs[name].read()
+                if rc != 0:
+                    failed.append(f"{name} exited {rc}:\n{text[-3000:]}")
+                else:
+                    SMOKE[name][2](text)
+        finally:
+            for proc in running.values():
+                if proc.poll() is None:
+                    proc.terminate()
+                    proc.wait(timeout=30)
+            for _, db, _ in SMOKE.values():
+                if db is not None:
+                    kv = redis.Redis.from_url(f"{redis_url}/{db}")
+                    kv.flushdb()
+                    kv.close()
+    assert not failed, "\n\n".join(failed)
 
 
 def test_every_bench_script_imports():

@@ -15,7 +15,9 @@ DelaySeconds ("If you don't specify a value, the default value for the queue app
 
 from __future__ import annotations
 
+import base64
 import importlib.util
+import json
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -37,6 +39,7 @@ from botocore.serialize import create_serializer
 from django.contrib.auth.models import User
 
 from sqs.models import AccessKey
+from tests.launcher import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.django_db]
 
@@ -226,6 +229,43 @@ def test_redrive_policy_refusals_are_invalid_parameter_value(api):
     assert "QueueUrls" not in api("ListQueues", QueueNamePrefix=name)
 
 
+# CreateQueue's MaximumMessageSize: "from 1,024 bytes (1 KiB) up to 1,048,576 bytes (1 MiB). Default:
+# 1,048,576 bytes (1 MiB)." Here a dead letter must fit its dead-letter queue, so a queue whose
+# RedrivePolicy names a smaller one takes that queue's size when it names none.
+MIB = 1024 * 1024
+
+
+def test_maximum_message_size_defaults_to_1_mib_and_a_1_mib_message_is_taken(api):
+    url = api("CreateQueue", QueueName=_name())["QueueUrl"]
+    got = api("GetQueueAttributes", QueueUrl=url, AttributeNames=["MaximumMessageSize"])["Attributes"]
+    assert got == {"MaximumMessageSize": str(MIB)}
+    # 1 MiB counted with the message attributes, through the node's request limits: over JSON
+    # as 2-byte characters, which boto3 escapes to 6 bytes each (3 MiB of request); over the
+    # query protocol as ASCII (the node's form parsing takes seconds over 3 MiB of %XX)
+    attrs = {"a": {"DataType": "String", "StringValue": "v"}}  # 1 + 6 + 1 bytes
+    body = "é" * ((MIB - 8) // 2) if api.protocol == "json" else "a" * (MIB - 8)
+    api("SendMessage", QueueUrl=url, MessageBody=body, MessageAttributes=attrs)
+    e = _refused(api, "SendMessage", QueueUrl=url, MessageBody=body + "x", MessageAttributes=attrs)
+    assert e.code == "InvalidParameterValue"
+    (m,) = _receive(api, url, 5, MessageAttributeNames=["All"])
+    assert m["Body"] == body and m["MessageAttributes"]["a"]["StringValue"] == "v"
+
+
+def test_a_queue_whose_dead_letter_queue_is_smaller_takes_its_size(api):
+    small = api("CreateQueue", QueueName=_name("dlq"), Attributes={"MaximumMessageSize": str(256 * 1024)})["QueueUrl"]
+    policy = json.dumps({"deadLetterTargetArn": _arn(api, small), "maxReceiveCount": "3"})
+    url = api("CreateQueue", QueueName=_name(), Attributes={"RedrivePolicy": policy})["QueueUrl"]
+    got = api("GetQueueAttributes", QueueUrl=url, AttributeNames=["MaximumMessageSize"])["Attributes"]
+    assert got == {"MaximumMessageSize": str(256 * 1024)}
+    # named, a size over the dead-letter queue's is refused
+    e = _refused(
+        api, "CreateQueue", QueueName=_name(), Attributes={"RedrivePolicy": policy, "MaximumMessageSize": str(MIB)}
+    )
+    assert e.code == "InvalidAttributeValue"
+    e = _refused(api, "SetQueueAttributes", QueueUrl=url, Attributes={"MaximumMessageSize": str(MIB)})
+    assert e.code == "InvalidAttributeValue"
+
+
 # --- messages -----------------------------------------------------------------------------------
 def test_message_attribute_names_take_unicode_letters_and_digits(api):
     url = api("CreateQueue", QueueName=_name())["QueueUrl"]
@@ -312,3 +352,124 @@ def test_purge_forgets_the_fifo_dedup_ids(api):
     assert again["MessageId"] != first["MessageId"]
     (m,) = _receive(api, url, 5)
     assert m["MessageId"] == again["MessageId"]
+
+
+# --- message move tasks -------------------------------------------------------------------------
+# CancelMessageMoveTask: "A message movement can only be cancelled when the current status is
+# RUNNING. Cancelling a message movement task does not revert the messages that have already been
+# moved. It can only stop the messages that have not been moved yet." Its result is
+# ApproximateNumberOfMessagesMoved; its errors include ResourceNotFoundException. "Only one active
+# message movement task is supported per queue at any given time." ListMessageMoveTasksResultEntry:
+# Status "RUNNING, COMPLETED, CANCELLING, CANCELLED, and FAILED"; TaskHandle "only populated for
+# tasks that are in RUNNING status"; ApproximateNumberOfMessagesToMove "obtained at the time of
+# starting". ListMessageMoveTasks' MaxResults: "The default is 1 [...] The upper limit is 10."
+# StartMessageMoveTask's MaxNumberOfMessagesPerSecond: at most 500.
+NO_TASK = "ResourceNotFoundException"
+
+
+def _arn(api: Api, url: str) -> str:
+    arn: str = api("GetQueueAttributes", QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    return arn
+
+
+def _tasks(api: Api, arn: str, **kw: Any) -> list[dict[str, Any]]:
+    return api("ListMessageMoveTasks", SourceArn=arn, **kw).get("Results", [])
+
+
+def _slow_move(api: Api, messages: int) -> tuple[str, str, str, str]:
+    """A task moving ``messages`` messages of a new queue to another, one a second: source and
+    destination URL, source ARN, the task's handle."""
+    source = api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
+    dest = api("CreateQueue", QueueName=_name("dest"))["QueueUrl"]
+    entries = [{"Id": f"m{i}", "MessageBody": f"m{i}"} for i in range(messages)]
+    api("SendMessageBatch", QueueUrl=source, Entries=entries)
+    arn = _arn(api, source)
+    handle = api("StartMessageMoveTask", SourceArn=arn, DestinationArn=_arn(api, dest), MaxNumberOfMessagesPerSecond=1)
+    return source, dest, arn, handle["TaskHandle"]
+
+
+def _ended(api: Api, arn: str) -> dict[str, Any]:
+    """The source's newest task once it is no longer RUNNING or CANCELLING (CANCELLING at most
+    until the task's next look at its status)."""
+    seen: list[dict[str, Any]] = []
+
+    def ended() -> bool:
+        seen[:] = _tasks(api, arn)
+        return seen[0]["Status"] not in ("RUNNING", "CANCELLING")
+
+    wait_until(ended, 30, "the move task to end")
+    return seen[0]
+
+
+def test_a_cancelled_move_task_stops_and_keeps_what_it_moved(api):
+    source, dest, arn, handle = _slow_move(api, 8)
+    (task,) = _tasks(api, arn)
+    assert (task["Status"], task["TaskHandle"]) == ("RUNNING", handle)
+    assert (task["ApproximateNumberOfMessagesToMove"], task["MaxNumberOfMessagesPerSecond"]) == (8, 1)
+    # one task of a source at a time
+    e = _refused(api, "StartMessageMoveTask", SourceArn=arn, DestinationArn=_arn(api, dest))
+    assert e.code == "AWS.SimpleQueueService.UnsupportedOperation"
+    moved = api("CancelMessageMoveTask", TaskHandle=handle)["ApproximateNumberOfMessagesMoved"]
+    assert 0 <= moved < 8
+    status = _tasks(api, arn)[0]["Status"]
+    assert status in ("CANCELLING", "CANCELLED")
+    task = _ended(api, arn)
+    assert task["Status"] == "CANCELLED" and "TaskHandle" not in task
+    done = task["ApproximateNumberOfMessagesMoved"]
+    assert moved <= done < 8
+    # what was moved stays moved, the rest stays in the source
+    assert (_depth(api, dest), _depth(api, source)) == (done, 8 - done)
+    # a cancelled task is not running: not cancelled again
+    assert _refused(api, "CancelMessageMoveTask", TaskHandle=handle).code == NO_TASK
+
+
+def test_only_a_running_task_is_cancelled(api):
+    source = api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
+    dest = api("CreateQueue", QueueName=_name("dest"))["QueueUrl"]
+    api("SendMessage", QueueUrl=source, MessageBody="m")
+    arn = _arn(api, source)
+    # with no rate, a small task has ended when StartMessageMoveTask answers
+    handle = api("StartMessageMoveTask", SourceArn=arn, DestinationArn=_arn(api, dest))["TaskHandle"]
+    (task,) = _tasks(api, arn)
+    assert (task["Status"], task["ApproximateNumberOfMessagesMoved"]) == ("COMPLETED", 1)
+    assert "TaskHandle" not in task
+    assert _refused(api, "CancelMessageMoveTask", TaskHandle=handle).code == NO_TASK
+    # a handle of no task, and one that is no handle
+    other = base64.b64encode(json.dumps({"taskId": str(uuid.uuid4()), "sourceArn": arn}).encode()).decode()
+    for bad in (other, "bm90LWEtdGFzaw==", "?"):
+        assert _refused(api, "CancelMessageMoveTask", TaskHandle=bad).code == NO_TASK
+    e = _refused(api, "StartMessageMoveTask", SourceArn=arn, MaxNumberOfMessagesPerSecond=501)
+    assert e.code == "InvalidParameterValue"
+
+
+def test_list_message_move_tasks_answers_the_most_recent_up_to_max_results(api):
+    source = api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
+    arn = _arn(api, source)
+    for _ in range(11):  # an empty dead-letter queue: each task ends at once
+        api("StartMessageMoveTask", SourceArn=arn)
+    (newest,) = _tasks(api, arn)
+    ten = _tasks(api, arn, MaxResults=10)
+    assert len(ten) == 10 and ten[0] == newest
+    assert all(t["Status"] == "COMPLETED" for t in ten)
+    stamps = [t["StartedTimestamp"] for t in ten]
+    assert stamps == sorted(stamps, reverse=True)
+    for bad in (0, 11):
+        assert _refused(api, "ListMessageMoveTasks", SourceArn=arn, MaxResults=bad).code == "InvalidParameterValue"
+
+
+def test_a_cancel_from_another_process_stops_the_move(module_node, key, committed):
+    """The task runs in the node's process; the cancel is made by this test's process, on the
+    same database: what every process of a node (and every node) shares."""
+    from queues.access import SYSTEM
+    from sqs import actions
+    from sqs.context import Context
+
+    api = Api(module_node, key, "json")
+    source, dest, arn, handle = _slow_move(api, 8)
+    ctx = Context(caller=SYSTEM, base_url=f"{module_node.url}/sqs", account="000000000000", region="eu-west-1")
+    out = committed(lambda: actions.run("CancelMessageMoveTask", {"TaskHandle": handle}, ctx))
+    assert 0 <= out["ApproximateNumberOfMessagesMoved"] < 8
+    task = _ended(api, arn)
+    assert task["Status"] == "CANCELLED"
+    done = task["ApproximateNumberOfMessagesMoved"]
+    assert (_depth(api, dest), _depth(api, source)) == (done, 8 - done) and done < 8
