@@ -17,7 +17,7 @@ import uuid
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
-from selenium.webdriver.support.ui import Select
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.e2e.test_admin_console import _empty_store, _wait, log_in, make_queue
 from tests.integration.nodes import Client
@@ -71,6 +71,11 @@ FILLED: dict[str, tuple[dict[str, str], str]] = {
     "sqs.accesskey": ({"user": "{bob}", "description": "added by the walk {u}"}, "added by the walk {u}"),
     "sqs.queuesettings": ({"queue": "{dlq}", "receive_wait": "3"}, "{dlq}"),
 }
+
+
+def _left(browser, form) -> None:
+    """Wait for the page the form's save leads to (the form gone stale), not the form still shown."""
+    WebDriverWait(browser, 15, poll_frequency=0.05).until(EC.staleness_of(form))
 
 
 def _fill(form, values: dict[str, str]) -> None:
@@ -207,7 +212,7 @@ def test_every_list_fits_1280_and_every_add_form_answers(browser, node, token, a
             form = _wait(browser, EC.presence_of_element_located((By.CSS_SELECTOR, "#content-main form")))
             assert browser.execute_script(_STATUS) == 200, url
             form.find_element(By.CSS_SELECTOR, "[name=_save]").click()
-            _wait(browser, EC.staleness_of(form))
+            _left(browser, form)
             _wait(browser, EC.presence_of_element_located((By.ID, "content")))
             status = browser.execute_script(_STATUS)
             assert status < 500, (url, status, browser.page_source[:2000])
@@ -228,7 +233,7 @@ def test_every_list_fits_1280_and_every_add_form_answers(browser, node, token, a
             form = _wait(browser, EC.presence_of_element_located((By.CSS_SELECTOR, "#content-main form")))
             _fill(form, values)
             form.find_element(By.CSS_SELECTOR, "[name=_save]").click()
-            _wait(browser, EC.staleness_of(form))  # (the page the save leads to, not this one)
+            _left(browser, form)
             _wait(browser, EC.presence_of_element_located((By.ID, "content")))
             status = browser.execute_script(_STATUS)
             assert status < 500, (url, status, browser.page_source[:2000])
