@@ -389,6 +389,14 @@ DASHBOARDS_MIN_SAMPLES = envint("DASHBOARDS_MIN_SAMPLES", 20, minimum=2)
 DASHBOARDS_HISTORY_DAYS = envint("DASHBOARDS_HISTORY_DAYS", 30, minimum=1)
 
 # --- the node -----------------------------------------------------------------------------
+#: Seconds between the points of the queues' rate history (the overview's sparklines): at the
+#: start of each step, a node's housekeeping pass writes the rates it publishes for each of its
+#: partitions (``queues.models.RateSample``) and deletes the points older than
+#: RATE_HISTORY_SECONDS. 0: no history.
+RATE_HISTORY_STEP = envfloat("RATE_HISTORY_STEP", 60.0)
+RATE_HISTORY_SECONDS = envint("RATE_HISTORY_SECONDS", 3600, minimum=60)
+if RATE_HISTORY_STEP < 0:
+    raise ImproperlyConfigured(f"RATE_HISTORY_STEP={RATE_HISTORY_STEP}: use seconds >= 0")
 #: The address other nodes and clients reach this node at (set by `runnode`).
 NODE_ADDRESS = env("NODE_ADDRESS", "")
 #: Seconds between node heartbeats / housekeeping passes.

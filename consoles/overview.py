@@ -1,5 +1,7 @@
 """The console's overview page (``admin:overview``): the whole cluster at a glance, and its
-figures as JSON (``admin:overview_json``) that the page polls to refresh itself.
+figures as JSON (``admin:overview_json``) that the page polls to refresh itself: the page
+opens with each queue's rate history of the last hour and asks, at each poll, for the points
+after the last it has (``?history_after=``).
 
 Everything is read through :func:`queues.service.cluster_overview` with the console's user as
 the caller: the queues and topics it may read, and the nodes when it may view nodes
@@ -8,6 +10,7 @@ the caller: the queues and topics it may read, and the nodes when it may view no
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.conf import settings
@@ -22,12 +25,23 @@ from queues.access import Caller
 POLL_SECONDS = 2.0
 
 
-def figures(request: HttpRequest) -> service.Overview:
-    return service.cluster_overview(Caller.of(request.user), with_nodes=request.user.has_perm("queues.view_node"))
+def figures(request: HttpRequest, history_after: float | None = None) -> service.Overview:
+    return service.cluster_overview(
+        Caller.of(request.user), with_nodes=request.user.has_perm("queues.view_node"), history_after=history_after
+    )
+
+
+def _after(raw: str | None) -> float | None:
+    """``?history_after=`` (epoch seconds: the page has the rate history up to then), else None."""
+    try:
+        value = float(raw or "")
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def overview_json(request: HttpRequest) -> JsonResponse:
-    response = JsonResponse(figures(request))
+    response = JsonResponse(figures(request, _after(request.GET.get("history_after"))))
     response["Cache-Control"] = "no-store"
     return response
 

@@ -403,6 +403,31 @@ class Partition(models.Model):
         return f"{self.queue.name}/{self.index}"
 
 
+class RateSample(models.Model):
+    """One point of a partition's rate history: the enqueue and ack rates its owner published
+    (``Partition.enqueue_rate`` / ``ack_rate``) at the start of one ``RATE_HISTORY_STEP``.
+
+    Written by the owners' housekeeping pass, one row a partition a step, and the rows older
+    than ``RATE_HISTORY_SECONDS`` deleted by the same pass: at most that many seconds over the
+    step (plus one) rows a partition. The overview sums them a queue a step, for its sparklines.
+    No foreign-key constraint: the rows of a deleted queue's partitions are left to age out
+    rather than add to the delete.
+    """
+
+    partition = models.ForeignKey(
+        Partition, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+", db_index=False
+    )
+    at = models.DateTimeField(db_index=True)
+    enqueue_rate = models.FloatField()
+    ack_rate = models.FloatField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["partition", "at"], name="rate_sample_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.partition_id} at {self.at:%H:%M:%S}: {self.enqueue_rate} / {self.ack_rate}"
+
+
 class KVEntry(models.Model):
     """Rows of the ``postgres`` key-value backend (``queues.kv.sql``); unused otherwise."""
 

@@ -79,15 +79,17 @@ class Options:
 
 
 # --- the session ---------------------------------------------------------------------------------
-def spark_session():
+def spark_session(master: str | None = None, shuffle_partitions: int | None = None):
     """This process's SparkSession, created on first use (JVM start-up costs seconds).
 
-    Local mode unless ``SPARK_MASTER`` names a cluster. The PostgreSQL driver jar is shipped
-    with ``spark.jars`` when it exists; nothing is ever fetched from Maven.
+    Local mode unless ``SPARK_MASTER`` (or ``master``) names a cluster; shuffles in
+    ``SPARK_SHUFFLE_PARTITIONS`` (or ``shuffle_partitions``) partitions. The PostgreSQL driver
+    jar is shipped with ``spark.jars`` when it exists; nothing is ever fetched from Maven.
     """
     from pyspark.sql import SparkSession
 
-    master = settings.SPARK_MASTER
+    master = master or settings.SPARK_MASTER
+    partitions = shuffle_partitions or settings.SPARK_SHUFFLE_PARTITIONS
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no DNS lookups of our own hostname
     with _session_lock:
@@ -96,7 +98,7 @@ def spark_session():
             .appName("mq-dashboards")
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")  # stage bars: the caller shows its own progress
-            .config("spark.sql.shuffle.partitions", str(settings.SPARK_SHUFFLE_PARTITIONS))
+            .config("spark.sql.shuffle.partitions", str(partitions))
             .config("spark.driver.memory", settings.SPARK_DRIVER_MEMORY)
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.sql.adaptive.enabled", "true")
@@ -307,12 +309,13 @@ def run(
     # attempt log still holds it).
     start = math.floor((now.timestamp() - options.window_seconds) / options.bucket_seconds) * options.bucket_seconds
     since = datetime.fromtimestamp(start, tz=UTC)
+    master = settings.SPARK_MASTER if spark is None else spark.sparkContext.master
     record = DashboardRun.objects.create(
-        trigger=trigger, master=settings.SPARK_MASTER, bucket_seconds=options.bucket_seconds, window_start=since
+        trigger=trigger, master=master, bucket_seconds=options.bucket_seconds, window_start=since
     )
     prepared = None
     try:
-        say(1, STEPS, f"starting Spark ({settings.SPARK_MASTER})")
+        say(1, STEPS, f"starting Spark ({master})")
         spark = spark or spark_session()
         say(2, STEPS, f"reading attempts recorded since {since:%Y-%m-%d %H:%M:%S} UTC")
         t0 = time.perf_counter()

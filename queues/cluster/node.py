@@ -45,13 +45,15 @@ from queues.engine.partition import PartitionManager, PartitionUnavailable
 from queues.engine.ports import BoundRow
 from queues.errors import QueueNotFound
 from queues.kv import KeyValueStore, KVError, get_store
-from queues.models import Node, Partition, Queue
+from queues.models import Node, Partition, Queue, RateSample
 
 if TYPE_CHECKING:
     from queues.cluster.siblings import Board
 
 log = logging.getLogger(__name__)
 monotonic = time.monotonic
+#: the wall clock the rate history's steps are read on (tests set it)
+wall = time.time
 
 #: seconds over which the published enqueue/ack rates are averaged.
 RATE_WINDOW = 60.0
@@ -210,6 +212,8 @@ class NodeRuntime:
         self.hold_off: dict[tuple[str, int], float] = {}
         #: per partition: (monotonic time, enqueued total, acked total, enqueue rate, ack rate).
         self._rates: dict[tuple[str, int], tuple[float, int, int, float, float]] = {}
+        #: the start (epoch seconds) of the last step of the rate history written (None: none yet).
+        self._history_step: float | None = None
         #: what each partition's row was last given, by whom and when (monotonic).
         self._published: dict[tuple[str, int], tuple[float, PartitionManager[leases.Lease], dict[str, Any]]] = {}
         #: ids of the queues deleted through this node: a description read before the delete
@@ -357,6 +361,7 @@ class NodeRuntime:
         if self.is_serving():
             self._claim_partitions()
         self._publish_stats()
+        self._record_rates()
         if self.board is not None:
             for queue in list(self._queue_managers):
                 self.hint(queue, force=True)  # (what came due by the clock, a delayed message's turn)
@@ -731,6 +736,29 @@ class NodeRuntime:
         for key, m, figures in due:
             if m.lease.partition_id in written:  # (a row skipped, or no longer ours: due at the next pass)
                 self._published[key] = (mono, m, figures)
+
+    def _record_rates(self) -> None:
+        """Once a ``RATE_HISTORY_STEP``, the first pass of the step: a point of the rate history
+        for each partition held here (the rates just published, at the step's start), and the
+        points older than ``RATE_HISTORY_SECONDS`` deleted, whoever wrote them. One row a
+        partition a step: a partition taken over during a step keeps its first owner's point."""
+        step = float(settings.RATE_HISTORY_STEP)
+        if step <= 0:
+            return
+        start = math.floor(wall() / step) * step
+        if start == self._history_step:
+            return
+        at = datetime.fromtimestamp(start, tz=UTC)
+        points = [
+            RateSample(
+                partition_id=m.lease.partition_id, at=at, enqueue_rate=round(rates[3], 3), ack_rate=round(rates[4], 3)
+            )
+            for key, m in list(self.managers.items())
+            if (rates := self._rates.get(key)) is not None
+        ]
+        RateSample.objects.bulk_create(points, batch_size=500, ignore_conflicts=True)
+        RateSample.objects.filter(at__lt=at - timedelta(seconds=settings.RATE_HISTORY_SECONDS)).delete()
+        self._history_step = start
 
     # --- queues -------------------------------------------------------------------------------
     def queue(self, name: str) -> QueueConfig:

@@ -2,8 +2,10 @@
 with its figures and what is wrong with it, the nodes with the partitions each holds, and the
 alerts those add up to.
 
-Read from what the owners publish at each heartbeat (the partition rows) and the nodes' own
-rows: one query per table, whatever the number of queues, so the console can poll it. The
+Read from what the owners publish at each heartbeat (the partition rows), the rate history
+their housekeeping keeps (``RateSample``: a point a partition each ``RATE_HISTORY_STEP``, for
+the last ``RATE_HISTORY_SECONDS``) and the nodes' own rows: one query per table, whatever the
+number of queues, so the console can poll it. The
 queues are those of :func:`queues.service.permitted_queues` (``read``); a node's partitions
 are listed only where their queue is one of them, so a caller without grants sees the nodes
 (when shown them at all) and none of the queues.
@@ -13,15 +15,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TypedDict
 
 from django.conf import settings
-from django.db.models import Count, Sum
+from django.db.models import Count, F, Sum
 from django.utils import timezone
 
 from queues.access import Caller
-from queues.models import Node, Partition, Queue
+from queues.models import Node, Partition, Queue, RateSample
 from queues.service.reads import permitted_queues
 
 #: A queue is falling behind when it takes in more than this many times what it acks, with
@@ -48,6 +50,9 @@ class QueueLine(TypedDict):
     oldest_age: float | None
     enqueue_rate: float
     ack_rate: float
+    #: the rate history: ``[step start (epoch seconds), enqueue rate, ack rate]``, oldest first,
+    #: summed over the queue's partitions
+    history: list[tuple[float, float, float]]
     #: partitions with no live owner
     unowned: int
     #: partitions whose owner is cooling (sending enqueues elsewhere)
@@ -76,6 +81,8 @@ class NodeLine(TypedDict):
 
 class Overview(TypedDict):
     at: float
+    #: seconds between the points of the queues' ``history`` (0: none kept)
+    history_step: float
     queues: list[QueueLine]
     nodes: list[NodeLine]
     alerts: list[str]
@@ -90,10 +97,17 @@ def alive_cutoff(now: datetime) -> datetime:
     return now - timedelta(seconds=max(5.0, 3 * float(settings.NODE_HEARTBEAT)))
 
 
-def cluster_overview(caller: Caller, *, with_nodes: bool = True, only: Iterable[int] | None = None) -> Overview:
+def cluster_overview(
+    caller: Caller,
+    *,
+    with_nodes: bool = True,
+    only: Iterable[int] | None = None,
+    history_after: float | None = None,
+) -> Overview:
     """The overview for ``caller``: its queues (``read``; of those, the ones whose row IDs are in
     ``only`` when given), and the nodes when ``with_nodes`` (the console shows them to a user
-    who may view nodes)."""
+    who may view nodes). Each queue's rate history holds the last ``RATE_HISTORY_SECONDS``, or
+    only its points after ``history_after`` (epoch seconds: a page that has the earlier ones)."""
     now = timezone.now()
     cutoff = alive_cutoff(now)
     readable = permitted_queues(caller)
@@ -130,6 +144,7 @@ def cluster_overview(caller: Caller, *, with_nodes: bool = True, only: Iterable[
             "oldest_age": None,
             "enqueue_rate": 0.0,
             "ack_rate": 0.0,
+            "history": [],
             "unowned": 0,
             "cooling": 0,
             "behind": False,
@@ -167,6 +182,19 @@ def cluster_overview(caller: Caller, *, with_nodes: bool = True, only: Iterable[
             figures = node_figures.setdefault(owner, [0, 0])
             figures[0] += p["depth"]
             figures[1] += p["in_flight"]
+    since = now - timedelta(seconds=settings.RATE_HISTORY_SECONDS)
+    if history_after is not None:
+        since = max(since, datetime.fromtimestamp(history_after, tz=UTC) + timedelta(microseconds=1))
+    points = (
+        RateSample.objects.filter(partition__queue_id__in=ids, at__gte=since)
+        .values(queue_id=F("partition__queue_id"), step=F("at"))
+        .annotate(enq=Sum("enqueue_rate"), ack=Sum("ack_rate"))
+        .order_by("queue_id", "step")
+    )
+    for point in points:
+        lines[point["queue_id"]]["history"].append(
+            (point["step"].timestamp(), round(point["enq"], 3), round(point["ack"], 3))
+        )
     # the dead-letter queues' depth, whoever may read them: the figure belongs to the source
     targets = {q["dead_letter_queue_id"] for q in queues if q["dead_letter_queue_id"] is not None}
     waiting = dict(
@@ -235,4 +263,10 @@ def cluster_overview(caller: Caller, *, with_nodes: bool = True, only: Iterable[
             alerts.append(f"node {node['address']}: not alive, still named owner of {node['held']} partitions")
         elif node["cooling"] and node["alive"]:
             alerts.append(f"node {node['address']}: cooling")
-    return {"at": time.time(), "queues": list(lines.values()), "nodes": node_lines, "alerts": alerts}
+    return {
+        "at": time.time(),
+        "history_step": float(settings.RATE_HISTORY_STEP),
+        "queues": list(lines.values()),
+        "nodes": node_lines,
+        "alerts": alerts,
+    }

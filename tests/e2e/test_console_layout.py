@@ -5,7 +5,9 @@ subscription, a worker's attempts, an archived message, a key, a grant, settings
 At 1280x800, each list page of every registered model (a screenshot of each is kept), and the
 page of its first row: the page does not scroll sideways and no table is wider than the box it
 sits in (``scrollWidth <= clientWidth``); at 1920x1080, each list page again. Each add form the console
-offers, submitted empty, answers a page (its errors), never a 5xx. ``/favicon.ico`` is served.
+offers, submitted empty, answers a page (its errors), never a 5xx; submitted filled with valid values
+(``FILLED``), it adds the object, which the page it leads to names, and logs no error in the browser.
+``/favicon.ico`` is served.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import uuid
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.e2e.test_admin_console import _empty_store, _wait, log_in, make_queue
 from tests.integration.nodes import Client
@@ -52,8 +55,46 @@ return {cols: cols, page: [doc.scrollWidth, doc.clientWidth], tables: tables, sc
 _STATUS = "return performance.getEntriesByType('navigation')[0].responseStatus"
 
 
-def _seed(node, token) -> list[str]:
-    """Rows in every list: returns the queue names made (to empty their store after)."""
+#: Each add form's valid values, by its model (``app_label.model_name``): field name -> value
+#: (a select's option by its text, else by its value), and the text the page after the save shows
+#: of the new object. ``{bob}`` is the seeded user, ``{queue}`` a seeded queue, ``{dlq}`` one with
+#: no SQS settings yet, ``{u}`` a fresh suffix. A model added to the console without a row here fails.
+FILLED: dict[str, tuple[dict[str, str], str]] = {
+    "auth.group": ({"name": "e2e-group-{u}"}, "e2e-group-{u}"),
+    "auth.user": (
+        {"username": "e2e-user-{u}", "password1": "e2e-Secret-pw-{u}", "password2": "e2e-Secret-pw-{u}"},
+        "e2e-user-{u}",
+    ),
+    "queues.grant": ({"user": "{bob}", "queue": "{queue}", "action": "read"}, "{bob}"),
+    "queues.queue": ({"name": "e2e-add-{u}", "partitions": "2"}, "e2e-add-{u}"),
+    "authtoken.tokenproxy": ({"user": "{bob}"}, "{bob}"),
+    "sqs.accesskey": ({"user": "{bob}", "description": "added by the walk {u}"}, "added by the walk {u}"),
+    "sqs.queuesettings": ({"queue": "{dlq}", "receive_wait": "3"}, "{dlq}"),
+}
+
+
+def _left(browser, form) -> None:
+    """Wait for the page the form's save leads to (the form gone stale), not the form still shown."""
+    WebDriverWait(browser, 15, poll_frequency=0.05).until(EC.staleness_of(form))
+
+
+def _fill(form, values: dict[str, str]) -> None:
+    for name, value in values.items():
+        field = form.find_element(By.NAME, name)
+        if field.tag_name == "select":
+            select = Select(field)
+            if any(o.text == value for o in select.options):
+                select.select_by_visible_text(value)
+            else:
+                select.select_by_value(value)
+        else:
+            field.clear()
+            field.send_keys(value)
+
+
+def _seed(node, token) -> tuple[list[str], str]:
+    """Rows in every list: returns the queue names made (to empty their store after: the
+    dead-letter queue, the queue, the topic) and the name of the user who has a grant and a key."""
     from django.contrib.auth.models import User
     from django.utils import timezone
 
@@ -71,7 +112,8 @@ def _seed(node, token) -> list[str]:
     name = make_queue(client, 2, dead_letter_queue=dlq, max_receives=3)
     topic = f"e2e-t-{uuid.uuid4().hex[:6]}"
     assert client.post("topics", {"name": topic, "partitions": 1}).status_code == 201
-    service.create_subscription(Queue.objects.get(name=topic), caller=SYSTEM, name="billing")
+    # (through the node: the service's call would start a node runtime in this process)
+    assert client.post(f"topics/{topic}/subscriptions", {"name": "billing"}).status_code == 201
     client.post(f"queues/{name}/enqueue", {"messages": [{"body": f"m{i}"} for i in range(5)]})
     bob = User.objects.create(username=f"bob-{uuid.uuid4().hex[:6]}")
     service.grant(caller=SYSTEM, user=bob, queue=Queue.objects.get(name=name), action="consume")
@@ -132,14 +174,14 @@ def _seed(node, token) -> list[str]:
         cooling=True,
         pid=4242,
     )
-    return [dlq, name, topic]
+    return [dlq, name, topic], bob.username
 
 
 def test_every_list_fits_1280_and_every_add_form_answers(browser, node, token, admin_login):
     from django.contrib import admin
     from django.urls import reverse
 
-    made = _seed(node, token)
+    made, bob = _seed(node, token)
     try:
         log_in(browser, node.url, *admin_login)
         _size(browser, WIDTH, HEIGHT)
@@ -155,7 +197,7 @@ def test_every_list_fits_1280_and_every_add_form_answers(browser, node, token, a
                 problems.append((url, got))
             browser.shot(f"{meta.app_label} {meta.model_name}")
             if browser.find_elements(By.CSS_SELECTOR, f"a.addlink[href='{url}add/']"):
-                adds.append(url + "add/")
+                adds.append((model, url + "add/"))
             # and the page of its first row (where the columns the list leaves out are)
             links = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr > :is(th, td) a[href*='/change/']")
             if links:
@@ -166,16 +208,50 @@ def test_every_list_fits_1280_and_every_add_form_answers(browser, node, token, a
                 if got["page"][0] > got["page"][1] or got["tables"]:
                     problems.append((page, got))
         # every add form submitted empty answers the form again (its errors), not a 5xx
-        for url in adds:
+        for _, url in adds:
             browser.get(node.url + url)
             form = _wait(browser, EC.presence_of_element_located((By.CSS_SELECTOR, "#content-main form")))
             assert browser.execute_script(_STATUS) == 200, url
             form.find_element(By.CSS_SELECTOR, "[name=_save]").click()
+            _left(browser, form)
             _wait(browser, EC.presence_of_element_located((By.ID, "content")))
             status = browser.execute_script(_STATUS)
             assert status < 500, (url, status, browser.page_source[:2000])
             # and says what is missing
             assert browser.find_elements(By.CSS_SELECTOR, ".errornote"), (url, browser.page_source[:2000])
+        # and filled with valid values it adds the object: the page it leads to says so and names it
+        browser.get_log("browser")  # (the pages above logged nothing the test reads)
+        dlq, queue = made[0], made[1]
+        for model, url in adds:
+            label = model._meta.label_lower
+            assert label in FILLED, f"{url}: no valid values for its add form in FILLED"
+            u = uuid.uuid4().hex[:6]
+            values, shown = FILLED[label]
+            values = {k: v.format(u=u, bob=bob, queue=queue, dlq=dlq) for k, v in values.items()}
+            shown = shown.format(u=u, bob=bob, queue=queue, dlq=dlq)
+            before = model._default_manager.count()
+            browser.get(node.url + url)
+            form = _wait(browser, EC.presence_of_element_located((By.CSS_SELECTOR, "#content-main form")))
+            _fill(form, values)
+            form.find_element(By.CSS_SELECTOR, "[name=_save]").click()
+            _left(browser, form)
+            _wait(browser, EC.presence_of_element_located((By.ID, "content")))
+            status = browser.execute_script(_STATUS)
+            assert status < 500, (url, status, browser.page_source[:2000])
+            assert not browser.find_elements(By.CSS_SELECTOR, ".errornote, .errorlist"), (
+                url,
+                values,
+                browser.find_element(By.ID, "content").text[:2000],
+            )
+            assert browser.current_url != node.url + url, (url, browser.find_element(By.ID, "content").text[:2000])
+            added = " ".join(e.text for e in browser.find_elements(By.CSS_SELECTOR, ".messagelist .success"))
+            assert "added successfully" in added, (url, added)
+            assert shown in browser.find_element(By.ID, "content").text, (url, shown)
+            assert model._default_manager.count() == before + 1, url
+            errors = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"]
+            assert errors == [], (url, errors)
+            if label == "queues.queue":
+                made.append(values["name"])
         # and at 1920x1080 every list fits too (wider screens show more columns' text per line)
         _size(browser, *WIDE)
         for model in list(admin.site._registry):

@@ -1,8 +1,10 @@
-"""The operators' console: queue figures from live state, purge, release of a lease."""
+"""The operators' console: queue figures from live state, purge, release of a lease, rate history."""
 
 from __future__ import annotations
 
+import math
 import re
+import time
 
 import pytest
 
@@ -321,3 +323,40 @@ def test_a_block_of_a_partition_another_node_owns_is_asked_of_it(
     user_id = int(admin_client.session["_auth_user_id"])
     assert asked == [("other-node:8000", name, 0, block, service.BLOCK_LISTING_MAX, 0, user_id)]
     assert r.status_code == 200 and r.json()["messages"][0]["states"] == {"": "ready"}, r.content
+
+
+def test_the_overview_opens_with_the_last_hour_of_each_queues_rates(
+    admin_client, api, make_queue, runtime, purge_kv, monkeypatch
+):
+    from django.urls import reverse
+
+    from queues.cluster import node
+    from queues.models import RateSample
+
+    # given a queue whose owner's housekeeping passes fall in four steps of the rate history:
+    # one three hours ago, then the last three minutes, with enqueues between them
+    name = make_queue(partitions=2)
+    now = time.time()
+    clock = [now - 3 * 3600]
+    monkeypatch.setattr(node, "wall", lambda: clock[0])
+    runtime.tick()
+    for minutes_ago in (3, 2, 1):
+        _enqueue(api, name, 4)
+        clock[0] = now - 60 * minutes_ago
+        runtime.tick()
+        runtime.tick()  # (a second pass in the same step adds no point)
+    # then each pass's step is a point of the queue's history on the overview, summed over its
+    # partitions, oldest first; the point older than the hour kept is gone
+    steps = [math.floor((now - 60 * m) / 60) * 60 for m in (3, 2, 1)]
+    figures = admin_client.get(reverse("admin:overview_json")).json()
+    line = next(q for q in figures["queues"] if q["name"] == name)
+    assert [p[0] for p in line["history"]] == steps, line["history"]
+    assert all(p[1] > 0 for p in line["history"]), line["history"]
+    assert figures["history_step"] == 60.0
+    assert RateSample.objects.filter(partition__queue__name=name).count() == 2 * 3
+    # the page opens with them, and a poll asks only for the points after those it has
+    page = admin_client.get(reverse("admin:overview"))
+    shown = next(q for q in page.context["figures"]["queues"] if q["name"] == name)
+    assert [p[0] for p in shown["history"]] == steps
+    later = admin_client.get(reverse("admin:overview_json"), {"history_after": steps[1]}).json()
+    assert [p[0] for q in later["queues"] if q["name"] == name for p in q["history"]] == steps[2:]

@@ -10,9 +10,17 @@ makes a few queues and a topic (``demo-`` names, kept if they exist), then for `
   so retries and dead letters show. The ``audit`` subscription is left unread: its backlog grows.
 
 Everything goes through the REST API as an application's would, so the console shows rates,
-attempts, dead letters and partition owners. Then it runs ``refresh_dashboards`` (its Spark
-output goes to ``--log``, default ``$MQ_DATA_DIR/demo-dashboards.log``) so the dashboards have figures.
-It shows one progress line and ends with the console's addresses.
+attempts, dead letters and partition owners. The traffic goes on past ``--seconds`` (up to
+:data:`FIRST_ATTEMPT_WAIT` more) until the worker's first attempt is in the attempt log.
+
+The dashboards' Spark job runs in this process (unless ``--no-dashboards``): its session starts
+with the traffic (the JVM's start-up, the slowest part, overlaps it), a first refresh runs as
+soon as the worker's first attempts are in the log, and a last one after the traffic (unless the
+first began after it: it read all of it). Spark runs small (``--spark-master``, default
+``local[1]`` where ``SPARK_MASTER`` is a local one, and one shuffle partition: a minute of
+traffic is a few thousand rows); its own output goes to ``--log`` (default
+``$MQ_DATA_DIR/demo-dashboards.log``). The command shows one progress line and ends with the
+console's addresses and when the dashboards were filled.
 """
 
 from __future__ import annotations
@@ -20,8 +28,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -45,6 +51,98 @@ QUEUES = {
 }
 DEAD = "demo-orders-dead"
 TOPIC, SUBSCRIPTIONS = "demo-events", ("billing", "audit")
+#: Seconds the traffic may go on past ``--seconds`` while no attempt of the worker is in the log.
+FIRST_ATTEMPT_WAIT = 30.0
+
+
+class Dashboards:
+    """The dashboards' Spark job in this process: the session started at once, on a thread of
+    its own; a first refresh on another as soon as :meth:`refresh_soon` is called; the last one
+    by :meth:`refresh_last`. ``state`` says where it is, for the progress line."""
+
+    def __init__(self, log: Path, master: str, partitions: int, began: float) -> None:
+        self.log, self.master, self.partitions = log, master, partitions
+        #: the command's start (monotonic)
+        self.began = began
+        self.state = "starting Spark"
+        #: seconds after ``began`` when a refresh first wrote the dashboards (None: not yet)
+        self.filled_at: float | None = None
+        self.error: str | None = None
+        self._spark: Any = None
+        self._ready = threading.Event()
+        self._first: threading.Thread | None = None
+        #: when the first refresh began reading (monotonic; None: not yet)
+        self._first_began: float | None = None
+        threading.Thread(target=self._start, name="demo-spark", daemon=True).start()
+
+    def _start(self) -> None:
+        from consoles.management.commands.refresh_dashboards import _stderr_to
+        from consoles.spark import job
+
+        try:
+            # the JVM writes to the standard error it starts with: the log, from then on
+            with _stderr_to(str(self.log)):
+                self._spark = job.spark_session(self.master, self.partitions)
+            self.state = "Spark ready"
+            self._note(f"Spark ({self.master}) ready")
+        except Exception as exc:  # noqa: BLE001 - said at the end; the traffic goes on
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.state = "Spark failed"
+        finally:
+            self._ready.set()
+
+    def _refresh(self, which: str) -> None:
+        from django.db import connection
+
+        from consoles.spark import job
+
+        self._ready.wait()
+        if self._spark is None:
+            return
+        if which == "first":
+            self._first_began = time.monotonic()
+
+        def progress(step: int, steps: int, text: str) -> None:
+            self.state = f"{which} refresh {step}/{steps}"
+
+        try:
+            run = job.run(trigger="demo", progress=progress, spark=self._spark)
+            self.filled_at = self.filled_at or time.monotonic() - self.began
+            self.state = f"filled ({run.attempts_read:,} attempts)"
+            self._note(f"the {which} refresh done: {run.attempts_read:,} attempts")
+        except Exception as exc:  # noqa: BLE001 - said at the end
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.state = f"{which} refresh failed"
+        finally:
+            connection.close()  # (this thread's)
+
+    def _note(self, text: str) -> None:
+        """A line of the demo's own in the log, with the seconds since the command started."""
+        with self.log.open("a") as out:
+            out.write(f"mq_demo: {time.monotonic() - self.began:.1f} s: {text}\n")
+
+    def refresh_soon(self) -> None:
+        """The first refresh, on a thread, once Spark is up (once)."""
+        if self._first is None:
+            self._first = threading.Thread(target=self._refresh, args=("first",), name="demo-refresh", daemon=True)
+            self._first.start()
+
+    def refresh_last(self, traffic_ended: float) -> threading.Thread:
+        """After the first (if it started), a refresh of all the traffic (unless the first began
+        after ``traffic_ended``, monotonic: it read all of it), then Spark stops: on a thread,
+        returned (the progress line goes on meanwhile)."""
+
+        def last() -> None:
+            if self._first is not None:
+                self._first.join()
+            if self._first_began is None or self._first_began < traffic_ended:
+                self._refresh("last")
+            if self._spark is not None:
+                self._spark.stop()
+
+        thread = threading.Thread(target=last, name="demo-refresh", daemon=True)
+        thread.start()
+        return thread
 
 
 class Command(BaseCommand):
@@ -53,15 +151,24 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--url", default=os.environ.get("QUEUE_API_URL", "http://127.0.0.1:8000"))
         parser.add_argument("--token", default=os.environ.get("QUEUE_API_TOKEN", ""))
-        parser.add_argument("--seconds", type=float, default=45.0, help="how long the traffic runs (default 45)")
+        parser.add_argument("--seconds", type=float, default=30.0, help="how long the traffic runs (default 30)")
         parser.add_argument("--rate", type=float, default=40.0, help="messages a second the producer sends (40)")
-        parser.add_argument("--no-dashboards", action="store_true", help="do not run refresh_dashboards after")
+        parser.add_argument("--no-dashboards", action="store_true", help="do not compute the dashboards")
         parser.add_argument("--log", default=str(Path(settings.DATA_DIR) / "demo-dashboards.log"))
+        local = settings.SPARK_MASTER.startswith("local")
+        parser.add_argument(
+            "--spark-master",
+            default="local[1]" if local else settings.SPARK_MASTER,
+            help="the dashboards job's Spark master (default: local[1], or SPARK_MASTER where it names a cluster)",
+        )
 
     def handle(self, *args: Any, **o: Any) -> None:
         from mq_client import Client
         from workers.handlers import Handler
+        from workers.models import AttemptLog
         from workers.pipeline import Pipeline
+
+        started_at = time.monotonic()
 
         token = o["token"] or self._app_token()
         url = o["url"].rstrip("/")
@@ -120,43 +227,59 @@ class Command(BaseCommand):
                 n += 1
                 stop.wait(max(0.0, every - (time.monotonic() - started)))
 
+        demo_queues = [*QUEUES, TOPIC, f"{TOPIC}/billing"]
+        before = AttemptLog.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+        dashboards = None
+        if not o["no_dashboards"]:
+            log = Path(o["log"])
+            log.parent.mkdir(parents=True, exist_ok=True)
+            dashboards = Dashboards(log, o["spark_master"], 1, started_at)
         producer = threading.Thread(target=produce, name="demo-producer", daemon=True)
         producer.start()
         began = time.monotonic()
+        attempted = False
         try:
-            while (elapsed := time.monotonic() - began) < o["seconds"]:
-                self._bar(elapsed, o["seconds"], counts)
+            while (elapsed := time.monotonic() - began) < o["seconds"] or (
+                not attempted and elapsed < o["seconds"] + FIRST_ATTEMPT_WAIT
+            ):
+                if not attempted and AttemptLog.objects.filter(pk__gt=before, queue__in=demo_queues).exists():
+                    attempted = True
+                    if dashboards is not None:
+                        dashboards.refresh_soon()
+                self._bar(elapsed, o["seconds"], counts, dashboards)
                 time.sleep(0.5)
-            self._bar(o["seconds"], o["seconds"], counts)
+            self._bar(max(elapsed, o["seconds"]), o["seconds"], counts, dashboards)
         finally:
             stop.set()
             producer.join(5)
             worker.stop(timeout=15)
-            self.stdout.write("")
-        if not o["no_dashboards"]:
-            log = Path(o["log"])
-            log.parent.mkdir(parents=True, exist_ok=True)
-            self.stdout.write(f"computing the dashboards (Spark's output: {log})...")
-            with log.open("ab") as out:
-                done = subprocess.run(  # noqa: S603 - this interpreter, this project's manage.py
-                    [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "refresh_dashboards"],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    check=False,
-                )
-            if done.returncode:
-                self.stderr.write(f"refresh_dashboards failed (exit {done.returncode}): see {log}")
+        if dashboards is not None:
+            last = dashboards.refresh_last(traffic_ended=time.monotonic())
+            while last.is_alive():
+                self._bar(max(elapsed, o["seconds"]), o["seconds"], counts, dashboards)
+                last.join(0.5)
+            self._bar(max(elapsed, o["seconds"]), o["seconds"], counts, dashboards)
+        self.stdout.write("")
+        if dashboards is not None and dashboards.error:
+            self.stderr.write(f"the dashboards job failed: {dashboards.error} (Spark's output: {dashboards.log})")
+        filled = (
+            ""
+            if dashboards is None or dashboards.filled_at is None
+            else f"\n  the dashboards were filled {dashboards.filled_at:.0f} s after the start"
+            f" (Spark's output: {dashboards.log})"
+        )
         self.stdout.write(
-            f"done: {counts['sent']} sent, {counts['processed']} processed, {counts['failed']} failed attempts.\n"
-            f"  overview:   {url}/admin/overview/\n  dashboards: {url}/admin/dashboards/?queue=demo-orders"
+            f"done: {counts['sent']} sent, {counts['processed']} processed, {counts['failed']} failed attempts."
+            f"{filled}\n  overview:   {url}/admin/overview/\n  dashboards: {url}/admin/dashboards/?queue=demo-orders"
         )
 
-    def _bar(self, elapsed: float, total: float, counts: dict[str, int]) -> None:
+    def _bar(self, elapsed: float, total: float, counts: dict[str, int], dashboards: Dashboards | None) -> None:
         width = 30
         done = int(width * min(1.0, elapsed / total)) if total else width
         self.stdout.write(
             f"\r[{'#' * done}{'.' * (width - done)}] {elapsed:4.0f}/{total:.0f} s  "
-            f"sent {counts['sent']}  processed {counts['processed']}  failed {counts['failed']}",
+            f"sent {counts['sent']}  processed {counts['processed']}  failed {counts['failed']}"
+            + ("" if dashboards is None else f"  dashboards: {dashboards.state}").ljust(40),
             ending="",
         )
         self.stdout.flush()

@@ -1,10 +1,11 @@
 /* The console's overview (templates/consoles/overview.html): drawn from the figures embedded in
    the page, then from the overview's JSON, polled; no page reload, nothing from another origin.
-   The trend of each queue's rates is kept in this tab (sessionStorage) for up to an hour. */
+   Each queue's trend is its rate history of the last hour (a point a step, kept by the nodes'
+   housekeeping), the page's polls asking only for the points after the last it has, then the
+   rates of each poll since that point. */
 (function () {
   "use strict";
   const HOUR = 3600;
-  const TREND_KEY = "mq-overview-trend";
 
   function el(tag, attrs, ...children) {
     const e = document.createElement(tag);
@@ -26,12 +27,29 @@
     return (seconds / 3600).toFixed(1) + " h";
   }
 
-  function loadTrend() {
-    try { return JSON.parse(sessionStorage.getItem(TREND_KEY) || "{}"); } catch (e) { return {}; }
+  /* trend[id] = {history: [[t, enq, ack], ...] (the nodes' points), live: [...] (this page's polls since)} */
+  function merge(trend, data) {
+    for (const q of data.queues) {
+      const kept = trend[q.id] || (trend[q.id] = {history: [], live: []});
+      const got = q.history || [];
+      if (got.length) kept.history = kept.history.filter(p => p[0] < got[0][0]).concat(got);
+      kept.history = kept.history.filter(p => p[0] > data.at - HOUR);
+      const last = kept.history.length ? kept.history[kept.history.length - 1][0] : -Infinity;
+      kept.live = kept.live.filter(p => p[0] > last && p[0] > data.at - HOUR);
+      kept.live.push([data.at, q.enqueue_rate, q.ack_rate]);
+    }
+    for (const id of Object.keys(trend)) if (!data.queues.some(q => String(q.id) === id)) delete trend[id];
   }
 
-  function saveTrend(trend) {
-    try { sessionStorage.setItem(TREND_KEY, JSON.stringify(trend)); } catch (e) { /* full or off: kept in memory */ }
+  /* The history the page has up to (epoch seconds, less half a step: the last step is asked
+     for again, another node may have added its partitions' points to it since), or null. */
+  function historyAfter(trend, step) {
+    let last = null;
+    for (const kept of Object.values(trend)) {
+      const h = kept.history;
+      if (h.length && (last === null || h[h.length - 1][0] > last)) last = h[h.length - 1][0];
+    }
+    return last === null ? null : last - step / 2;
   }
 
   const SVG = "http://www.w3.org/2000/svg";
@@ -60,6 +78,7 @@
   function mark(text, cls, title) { return el("span", {class: cls || "mark-warn", title: title}, text); }
 
   function draw(root, data, trend) {
+    merge(trend, data);
     const queueUrl = root.dataset.queueUrl, topicUrl = root.dataset.topicUrl;
     const alerts = document.getElementById("overview-alerts");
     alerts.replaceChildren(...(data.alerts.length ? data.alerts.map(a => el("li", {class: "alert"}, a))
@@ -67,8 +86,7 @@
     const body = document.querySelector("#overview-queues tbody");
     const rows = [];
     for (const q of data.queues) {
-      const series = (trend[q.id] = (trend[q.id] || []).filter(p => p[0] > data.at - HOUR));
-      if (!series.length || series[series.length - 1][0] < data.at) series.push([data.at, q.enqueue_rate, q.ack_rate]);
+      const series = trend[q.id].history.concat(trend[q.id].live);
       const href = q.kind === "topic" ? topicUrl.replace("NAME", encodeURIComponent(q.name))
                                       : queueUrl.replace("/0/", "/" + q.id + "/");
       const marks = [];
@@ -90,7 +108,6 @@
     }
     body.replaceChildren(...rows);
     document.getElementById("overview-no-queues").hidden = data.queues.length > 0;
-    for (const id of Object.keys(trend)) if (!data.queues.some(q => String(q.id) === id)) delete trend[id];
 
     const nodes = document.querySelector("#overview-nodes tbody");
     if (nodes) {
@@ -128,16 +145,20 @@
   function start() {
     const root = document.querySelector(".overview[data-source]");
     if (!root) return;
-    const trend = loadTrend();
-    draw(root, JSON.parse(document.getElementById("overview-figures").textContent), trend);
-    saveTrend(trend);
+    const trend = {};
+    const first = JSON.parse(document.getElementById("overview-figures").textContent);
+    let step = first.history_step;
+    draw(root, first, trend);
     const error = document.getElementById("overview-error");
     async function poll() {
       try {
-        const r = await fetch(root.dataset.source, {credentials: "same-origin", headers: {Accept: "application/json"}});
+        const after = historyAfter(trend, step);
+        const url = root.dataset.source + (after === null ? "" : "?history_after=" + encodeURIComponent(after));
+        const r = await fetch(url, {credentials: "same-origin", headers: {Accept: "application/json"}});
         if (!r.ok) throw new Error("the console answered " + r.status);
-        draw(root, await r.json(), trend);
-        saveTrend(trend);
+        const data = await r.json();
+        step = data.history_step;
+        draw(root, data, trend);
         error.hidden = true;
       } catch (e) {
         error.textContent = "not refreshed: " + e.message;
