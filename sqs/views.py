@@ -50,15 +50,22 @@ def _headers(request: HttpRequest) -> dict[str, str]:
     ``request.headers`` holds, read from the environ straight."""
     out = {}
     for k, v in request.META.items():
-        if k.startswith("HTTP_"):
-            out[k[5:].replace("_", "-").lower()] = v
-        elif k in _UNPREFIXED:
-            out[_UNPREFIXED[k]] = v
+        # (the environ holds the server's keys and the process's environment too: most of its
+        # keys are no header, and each is looked up once)
+        name = _NAMES.get(k)
+        if name is None:
+            name = k[5:].replace("_", "-").lower() if k.startswith("HTTP_") else ""
+            if len(_NAMES) < _MAX_NAMES:
+                _NAMES[k] = name
+        if name:
+            out[name] = v
     return out
 
 
-#: the headers WSGI names without ``HTTP_``.
-_UNPREFIXED = {"CONTENT_TYPE": "content-type", "CONTENT_LENGTH": "content-length"}
+#: environ key -> header name ("": no header); the headers WSGI names without ``HTTP_`` given.
+_NAMES: dict[str, str] = {"CONTENT_TYPE": "content-type", "CONTENT_LENGTH": "content-length"}
+#: the most environ keys :data:`_NAMES` learns (header names are the callers' to choose).
+_MAX_NAMES = 4096
 
 
 def _signature_error(exc: sigv4.SignatureError) -> SQSError:
