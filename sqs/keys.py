@@ -7,7 +7,8 @@ use or description) writes a new *credentials stamp* there (:data:`STAMP`): once
 write, so that a store that cannot be reached fails the write rather than leave the other
 processes trusting the old rows, and again once it commits. A call reads the stamp (one read
 of the store, as cheap as the store's smallest read) and trusts a key it read under the same
-stamp; under another it reads the key and its user again. So a key revoked, or its user made
+stamp; under another it reads the key and its user again (and while the store does not
+answer, it reads them and keeps nothing). So a key revoked, or its user made
 inactive, is refused from the next call on, on every node and in every process, as when the
 rows were read on every call; a change that bypasses the models' saves (a queryset's
 ``update()``, SQL by hand) is seen within :data:`MAX_AGE`, or at once after :func:`forget`.
@@ -31,6 +32,7 @@ from django.db import connection, transaction
 from django.db.models.signals import post_delete, post_save, pre_delete, pre_save
 from django.utils import timezone
 
+from queues.errors import Unavailable
 from queues.kv import get_store
 from sqs.models import ACCESS_KEY_ID_MAX, LAST_USED_RESOLUTION, AccessKey
 
@@ -84,13 +86,18 @@ _lock = threading.Lock()
 def active_key(access_key_id: str) -> ActiveKey | None:
     """The active key ``access_key_id`` of an active user, as the rows read now would say
     (kept while the credentials stamp is unchanged, at most ``MAX_AGE``); None if there is
-    none (never kept: a key issued a moment ago is found at once). Raises ``Unavailable``
-    (the store) and ``DatabaseError``."""
+    none (never kept: a key issued a moment ago is found at once); read from the rows alone
+    while the store does not answer. Raises ``DatabaseError``."""
     if not access_key_id or len(access_key_id) > ACCESS_KEY_ID_MAX:
         return None
     # The stamp before the rows: a change that commits after this read writes a newer stamp,
     # so what is kept under this one is read again by the next call.
-    stamp = get_store().get(STAMP)
+    try:
+        stamp = get_store().get(STAMP)
+    except Unavailable:
+        # The store out of reach: the rows, read now and not kept (a call that needs no store,
+        # a receive from no partition served here, is answered as before).
+        return _read(access_key_id)
     now = time.monotonic()
     hit = _cache.get(access_key_id)
     if hit is not None and hit[0] == stamp and now - hit[1] < MAX_AGE:
