@@ -9,6 +9,7 @@ class SqsConfig(AppConfig):
     def ready(self) -> None:
         from queues.api.bodies import register_known_caller, register_self_guarded
         from queues.api.fastpath import register_direct_view
+        from sqs import keys
         from sqs.known import access_key_known, is_sqs_call
         from sqs.views import direct_endpoint
 
@@ -18,3 +19,5 @@ class SqsConfig(AppConfig):
         register_self_guarded(is_sqs_call)
         # Its POSTs need none of Django's middleware: the fast path serves them without it.
         register_direct_view("/sqs", direct_endpoint)
+        # A key or a user changed: every process reads its keys again from its next call on.
+        keys.connect()

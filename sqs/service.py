@@ -53,9 +53,10 @@ def describe_access_key(key: AccessKey, description: str, *, caller: Caller) -> 
 
 
 def revoke_access_key(key: AccessKey, *, caller: Caller) -> bool:
-    """Revoke a key (its holder, or a superuser): whether it was active. SigV4 reads the keys
-    on every call, so it is refused at once on every node. Recorded as ``revoke_key``. Raises
-    CredentialForbidden."""
+    """Revoke a key (its holder, or a superuser): whether it was active. Its save announces the
+    change to every process (``sqs.keys``), so it is refused from the next call on, on every
+    node. Recorded as ``revoke_key``. Raises CredentialForbidden, ``Unavailable`` (the
+    key-value store, where the change is announced: the key is then not revoked)."""
     service.check_revoker(caller, key.user, "revoke an access key")
     with transaction.atomic():
         if not AccessKey.objects.filter(pk=key.pk, revoked_at__isnull=True).exists():

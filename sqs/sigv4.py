@@ -20,6 +20,7 @@ import hmac
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import lru_cache
 from urllib.parse import parse_qsl, quote
 
 from queues.errors import ServiceError
@@ -74,7 +75,10 @@ def _hmac(key: bytes, text: str) -> bytes:
     return hmac.new(key, text.encode("utf-8"), hashlib.sha256).digest()
 
 
+@lru_cache(maxsize=1024)
 def signing_key(secret: str, date: str, region: str, service: str) -> bytes:
+    """The key a day's signatures of one secret, region and service are made with: four HMACs,
+    derived once per process for each (as AWS's SDKs keep it for the day)."""
     k = _hmac(("AWS4" + secret).encode("utf-8"), date)
     k = _hmac(k, region)
     k = _hmac(k, service)
@@ -119,6 +123,7 @@ def _parse_credential(value: str) -> Credential:
     return Credential(parts[0], parts[1], parts[2], parts[3])
 
 
+@lru_cache(maxsize=64)
 def _parse_date(amz_date: str) -> datetime:
     try:
         return datetime.strptime(amz_date, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
@@ -127,7 +132,7 @@ def _parse_date(amz_date: str) -> datetime:
 
 
 @dataclass(frozen=True)
-class _Claim:
+class Claim:
     """What a request's signature says of itself, read from its headers or query string."""
 
     cred: Credential
@@ -140,7 +145,10 @@ class _Claim:
     without: str
 
 
-def _claim(query_string: str, headers: Mapping[str, str]) -> _Claim:
+def claim(query_string: str, headers: Mapping[str, str]) -> Claim:
+    """What a request's signature says of itself (Authorization header, else a presigned query
+    string), read without its body and not verified. Raises SignatureError
+    (MissingAuthenticationToken, IncompleteSignature, AuthorizationQueryParametersError)."""
     query = dict(parse_qsl(query_string, keep_blank_values=True))
     auth = headers.get("authorization", "")
     if auth:
@@ -158,7 +166,7 @@ def _claim(query_string: str, headers: Mapping[str, str]) -> _Claim:
         amz_date = headers.get("x-amz-date", "")
         if not amz_date:
             raise SignatureError("IncompleteSignature", "the request needs an X-Amz-Date header", 400)
-        return _Claim(
+        return Claim(
             _parse_credential(fields["Credential"]),
             fields["SignedHeaders"].split(";"),
             fields["Signature"],
@@ -179,7 +187,7 @@ def _claim(query_string: str, headers: Mapping[str, str]) -> _Claim:
                 f"X-Amz-Expires must be between 1 and {MAX_EXPIRES} seconds (seven days), got {expires}",
                 400,
             )
-        return _Claim(
+        return Claim(
             _parse_credential(query.get("X-Amz-Credential", "")),
             query.get("X-Amz-SignedHeaders", "").split(";"),
             query["X-Amz-Signature"],
@@ -195,10 +203,12 @@ def claimed_credential(query: str, headers: Mapping[str, str]) -> Credential:
     read without its body and not verified: whose key to look up before reading the body.
     Raises SignatureError (MissingAuthenticationToken, IncompleteSignature,
     AuthorizationQueryParametersError)."""
-    return _claim(query, headers).cred
+    return claim(query, headers).cred
 
 
-def verify(req: Request, secret_of: Callable[[str], str | None], now: datetime | None = None) -> Credential:
+def verify(
+    req: Request, secret_of: Callable[[str], str | None], now: datetime | None = None, *, claimed: Claim | None = None
+) -> Credential:
     """The credential of a correctly signed, fresh request, with the headers it signed.
 
     ``secret_of`` gives an active key's secret (None: no such key, or revoked). Raises
@@ -206,11 +216,12 @@ def verify(req: Request, secret_of: Callable[[str], str | None], now: datetime |
     AuthorizationQueryParametersError (a presigned URL to live more than ``MAX_EXPIRES``),
     InvalidClientTokenId (unknown or revoked key), RequestExpired (dated more than
     ``MAX_SKEW`` away, or a presigned URL past its expiry), SignatureDoesNotMatch (also: a body
-    under a signature that left the payload unsigned).
+    under a signature that left the payload unsigned). ``claimed``: :func:`claim` of this
+    request's query and headers, when read already.
     """
     now = now or datetime.now(UTC)
-    claim = _claim(req.query, req.headers)
-    cred, signed_headers, amz_date, expires = claim.cred, claim.signed_headers, claim.amz_date, claim.expires
+    found = claimed or claim(req.query, req.headers)
+    cred, signed_headers, amz_date, expires = found.cred, found.signed_headers, found.amz_date, found.expires
     signed_at = _parse_date(amz_date)
     if cred.date != amz_date[:8]:
         raise SignatureError("SignatureDoesNotMatch", "the credential scope's date is not the request's date")
@@ -244,9 +255,9 @@ def verify(req: Request, secret_of: Callable[[str], str | None], now: datetime |
     else:
         hashes = [declared] if declared else [body_hash, UNSIGNED_PAYLOAD]
     for payload_hash in hashes:
-        canonical = canonical_request(req, signed_headers, payload_hash, without=claim.without)
+        canonical = canonical_request(req, signed_headers, payload_hash, without=found.without)
         expected = hmac.new(key, string_to_sign(amz_date, cred, canonical).encode("utf-8"), hashlib.sha256).hexdigest()
-        if hmac.compare_digest(expected, claim.signature):
+        if hmac.compare_digest(expected, found.signature):
             return replace(cred, signed_headers=frozenset(signed_headers))
     raise SignatureError(
         "SignatureDoesNotMatch",

@@ -50,33 +50,41 @@ def _headers(request: HttpRequest) -> dict[str, str]:
     ``request.headers`` holds, read from the environ straight."""
     out = {}
     for k, v in request.META.items():
-        if k.startswith("HTTP_"):
-            out[k[5:].replace("_", "-").lower()] = v
-        elif k in _UNPREFIXED:
-            out[_UNPREFIXED[k]] = v
+        # (the environ holds the server's keys and the process's environment too: most of its
+        # keys are no header, and each is looked up once)
+        name = _NAMES.get(k)
+        if name is None:
+            name = k[5:].replace("_", "-").lower() if k.startswith("HTTP_") else ""
+            if len(_NAMES) < _MAX_NAMES:
+                _NAMES[k] = name
+        if name:
+            out[name] = v
     return out
 
 
-#: the headers WSGI names without ``HTTP_``.
-_UNPREFIXED = {"CONTENT_TYPE": "content-type", "CONTENT_LENGTH": "content-length"}
+#: environ key -> header name ("": no header); the headers WSGI names without ``HTTP_`` given.
+_NAMES: dict[str, str] = {"CONTENT_TYPE": "content-type", "CONTENT_LENGTH": "content-length"}
+#: the most environ keys :data:`_NAMES` learns (header names are the callers' to choose).
+_MAX_NAMES = 4096
 
 
 def _signature_error(exc: sigv4.SignatureError) -> SQSError:
     return SQSError(exc.code, exc.message, exc.status)
 
 
-def _key_of(request: HttpRequest, headers: dict[str, str]) -> ActiveKey:
+def _key_of(request: HttpRequest, headers: dict[str, str]) -> tuple[ActiveKey, sigv4.Claim]:
     """The active key of an active user that the request names (its Authorization header, else
     a presigned query string), found before a byte of the body is read: a call that names none,
-    or a key unknown, revoked or of an inactive user, is refused with its body unread."""
+    or a key unknown, revoked or of an inactive user, is refused with its body unread. With
+    what the signature claims, which ``_authenticate`` checks."""
     try:
-        claimed = sigv4.claimed_credential(request.META.get("QUERY_STRING", ""), headers)
+        claimed = sigv4.claim(request.META.get("QUERY_STRING", ""), headers)
     except sigv4.SignatureError as exc:
         raise _signature_error(exc) from None
-    key = active_key(claimed.access_key_id)
+    key = active_key(claimed.cred.access_key_id)
     if key is None:
         raise SQSError("InvalidClientTokenId", "The security token included in the request is invalid.")
-    return key
+    return key, claimed
 
 
 def _body(request: HttpRequest) -> bytes:
@@ -92,8 +100,10 @@ def _body(request: HttpRequest) -> bytes:
     return request.body
 
 
-def _authenticate(request: HttpRequest, headers: dict[str, str], body: bytes, key: ActiveKey) -> sigv4.Credential:
-    """The credential of the request, signed with ``key``'s secret (``_key_of``)."""
+def _authenticate(
+    request: HttpRequest, headers: dict[str, str], body: bytes, key: ActiveKey, claimed: sigv4.Claim
+) -> sigv4.Credential:
+    """The credential of the request, signed with ``key``'s secret, as ``claimed`` (``_key_of``)."""
     raw_path = request.META.get("RAW_URI") or request.get_full_path()
     req = sigv4.Request(
         request.method or "POST",
@@ -103,7 +113,7 @@ def _authenticate(request: HttpRequest, headers: dict[str, str], body: bytes, ke
         body,
     )
     try:
-        cred = sigv4.verify(req, lambda key_id: key.secret if key_id == key.access_key_id else None)
+        cred = sigv4.verify(req, lambda key_id: key.secret if key_id == key.access_key_id else None, claimed=claimed)
     except sigv4.SignatureError as exc:
         raise _signature_error(exc) from None
     if "x-amz-target" in headers and "x-amz-target" not in cred.signed_headers:
@@ -189,9 +199,9 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
     try:
         if request.method not in ("POST", "GET"):
             raise SQSError("InvalidAction", "SQS calls are POST (or GET with the query protocol)")
-        key = _key_of(request, headers)
+        key, claimed = _key_of(request, headers)
         body = _body(request)
-        cred = _authenticate(request, headers, body, key)
+        cred = _authenticate(request, headers, body, key, claimed)
         _throttle(key)
         region = _region(cred)
         if json_protocol:

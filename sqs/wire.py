@@ -10,6 +10,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from sqs.errors import SQSError
 
 CONTENT_TYPE = "application/x-amz-json-1.0"
@@ -34,7 +36,7 @@ def decode(headers: Mapping[str, str], body: bytes) -> tuple[str, dict[str, Any]
     if not body.strip():
         return action, {}
     try:
-        params = json.loads(body)
+        params = _loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise SQSError("MalformedQueryString", f"the body is not JSON: {exc}") from None
     except RecursionError:
@@ -47,6 +49,15 @@ def decode(headers: Mapping[str, str], body: bytes) -> tuple[str, dict[str, Any]
 
 
 _TOO_DEEP = object()
+
+
+def _loads(body: bytes) -> Any:
+    """``json.loads``'s answer, parsed by orjson where it can: a body it refuses (an integer past
+    64 bits, NaN, its own nesting bound) is parsed again by ``json``, which decides."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return json.loads(body)
 
 
 def _too_deep(value: Any) -> bool:
@@ -66,7 +77,15 @@ def _too_deep(value: Any) -> bool:
 
 def encode(result: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
     """(status, headers, body) of a successful answer."""
-    return 200, {"Content-Type": CONTENT_TYPE}, json.dumps(result, separators=(",", ":")).encode("utf-8")
+    return 200, {"Content-Type": CONTENT_TYPE}, _dumps(result)
+
+
+def _dumps(result: dict[str, Any]) -> bytes:
+    """The answer in JSON (orjson; ``json`` for what orjson does not take: an integer past 64 bits)."""
+    try:
+        return orjson.dumps(result)
+    except TypeError:
+        return json.dumps(result, separators=(",", ":")).encode("utf-8")
 
 
 def encode_error(err: SQSError) -> tuple[int, dict[str, str], bytes]:

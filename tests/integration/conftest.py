@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.nodes import KV_REDIS_DB, NodeSet, local_node_env
+from tests.integration.nodes import KV_REDIS_DB, NodeSet, in_cluster_of, local_node_env
 from tests.launcher import KV_BACKENDS, NodeProcess
 
 #: Every node of a test beats this often (seconds): a takeover or a grant shows within moments.
@@ -55,6 +55,14 @@ def nodes(request, transactional_db, tmp_path) -> NodeSet:
 def node(nodes) -> NodeProcess:
     """One node process, as :func:`nodes` starts them."""
     return nodes.start()
+
+
+@pytest.fixture
+def cluster_member(node) -> Iterator[NodeProcess]:
+    """``node``, with this process a member of its cluster for the test (:func:`in_cluster_of`):
+    a key revoked or a user changed here is announced to the node as an admin's would be."""
+    with in_cluster_of(node):
+        yield node
 
 
 @pytest.fixture(scope="module")

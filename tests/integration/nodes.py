@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
@@ -15,6 +17,7 @@ import requests
 from django.conf import settings
 from django.db import connection
 
+from queues.kv import reset_store
 from tests.launcher import NodeProcess, kv_url, node_env, wait_until
 
 #: The Redis database of the tests' key-value store (the ``redis_client`` fixture flushes it).
@@ -159,3 +162,29 @@ def drain(c: Client, path: str, *, batch: int = 100, timeout: float = 60) -> lis
         r = c.post(f"{path}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]})
         assert r.status_code == 200, r.text
     return out
+
+
+@contextmanager
+def in_cluster_of(node: NodeProcess) -> Iterator[None]:
+    """This process a member of ``node``'s cluster meanwhile, as an admin process of it is: its
+    key-value store the node's (``KV_URL``, under ``KV_PREFIX``), where a change of SQS
+    credentials is announced to every process (``sqs.keys``). The test process's own store is
+    another database."""
+    from queues import kv
+
+    url = node.env["KV_URL"]
+    if url.startswith("redis://"):
+        import redis
+
+        from queues.kv.redis import RedisStore
+
+        # (a Redis store of the settings is the "kv" cache's connection, made once)
+        inner: kv.KeyValueStore = RedisStore(redis.Redis.from_url(url))
+    else:
+        inner = kv.open_store(url)
+    reset_store()
+    kv._store = inner.within(node.env.get("KV_PREFIX", settings.KV_PREFIX))
+    try:
+        yield
+    finally:
+        reset_store()

@@ -428,7 +428,7 @@ def _signed_at(when: datetime):
     return real, Fixed
 
 
-def test_signatures_refused(node):
+def test_signatures_refused(node, cluster_member):
     user = _user()
     key = AccessKey.issue(user)
     good = _client(node, key)

@@ -164,7 +164,7 @@ def test_a_call_without_a_known_key_is_refused_with_its_body_unread(node):
         assert status == 403 and b"<Code>InvalidClientTokenId</Code>" in body, (path, body)
 
 
-def test_a_key_revoked_or_its_user_made_inactive_is_refused_from_the_next_call(node):
+def test_a_key_revoked_or_its_user_made_inactive_is_refused_from_the_next_call(node, cluster_member):
     # given a user's two keys, each of which has just sent a message (its key, its user and the
     # queue looked up by the node already)
     owner = User.objects.create(username=_name("holder"), is_superuser=True)
@@ -192,6 +192,52 @@ def test_a_key_revoked_or_its_user_made_inactive_is_refused_from_the_next_call(n
     third = _client(node, AccessKey.issue(owner))
     bodies = [m["Body"] for m in third.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])]
     assert "after" not in bodies
+
+
+def _admin(node, username: str, password: str) -> requests.Session:
+    """A session logged in to ``node``'s admin."""
+    session = requests.Session()
+    page = session.get(f"{node.url}/admin/login/", timeout=10)
+    r = session.post(
+        f"{node.url}/admin/login/?next=/admin/",
+        data={"csrfmiddlewaretoken": _csrf(page.text), "username": username, "password": password, "next": "/admin/"},
+        timeout=10,
+    )
+    assert r.status_code == 200 and "/admin/login/" not in r.url, r.text[:300]
+    return session
+
+
+def _csrf(html: str) -> str:
+    found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html)
+    assert found is not None, html[:300]
+    return found[1]
+
+
+def test_a_key_revoked_on_one_node_is_refused_by_another_from_the_next_call(nodes):
+    # given two nodes of one cluster, both of which have served calls with a key (each of them
+    # holds the key, its user and the queue)
+    a, b = nodes.start(), nodes.start()
+    password = uuid.uuid4().hex
+    owner = User.objects.create_user(_name("holder"), password=password, is_staff=True, is_superuser=True)
+    key = AccessKey.issue(owner)
+    on_a, on_b = _client(a, key), _client(b, key)
+    url = on_a.create_queue(QueueName=_name())["QueueUrl"]
+    for client in (on_a, on_b):
+        client.send_message_batch(QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "before"}])
+    # when its holder revokes it in node a's admin
+    admin = _admin(a, owner.username, password)
+    listing = admin.get(f"{a.url}/admin/sqs/accesskey/", timeout=10)
+    r = admin.post(
+        f"{a.url}/admin/sqs/accesskey/",
+        data={"csrfmiddlewaretoken": _csrf(listing.text), "action": "revoke", "_selected_action": [key.pk]},
+        timeout=10,
+    )
+    assert r.status_code == 200 and not AccessKey.objects.get(pk=key.pk).active
+    # then node b refuses the very next call with it, and so does node a
+    for client in (on_b, on_a):
+        with pytest.raises(ClientError) as exc:
+            client.send_message_batch(QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "after"}])
+        assert _code(exc) == "InvalidClientTokenId"
 
 
 def test_a_known_key_s_body_is_bounded_by_its_length_before_it_is_read(node):
