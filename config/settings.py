@@ -210,6 +210,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # API call latency (the fast path times its own calls).
     "queues.metrics.ApiTimingMiddleware",
+    # An outage met by a page or a form of the console: 503 with Retry-After, not 500.
+    "queues.api.errors.OutageMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"

@@ -6,6 +6,7 @@ Domain errors map to statuses here, so views raise and never build error respons
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -13,6 +14,7 @@ from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
+from django.http.response import HttpResponseBase
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -143,6 +145,27 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     detail = response.data.get("detail", response.data) if isinstance(response.data, dict) else response.data
     response.data = {"error": code, "detail": detail}
     return response
+
+
+class OutageMiddleware:
+    """An outage met outside the API's views (the console's pages and forms: a store or the
+    database not answering) is answered 503 with Retry-After, as the API answers it, not 500.
+    The API's views answer their own errors first (``exception_handler``)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exc: Exception) -> JsonResponse | None:
+        if not isinstance(exc, (Unavailable, *STORE_OUTAGES)):
+            return None
+        answer = domain_error(exc)
+        if answer is None:
+            return None
+        status_code, payload, headers = answer
+        return JsonResponse(payload, status=status_code, headers=headers)
 
 
 def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:

@@ -14,6 +14,7 @@ from django.test import Client
 
 from queues import service
 from queues.access import Caller
+from queues.errors import Unavailable
 from queues.models import AuditEntry
 from sqs import service as sqs_service
 from sqs.models import AccessKey
@@ -146,3 +147,26 @@ def test_only_its_holder_or_a_superuser_revokes_a_key(owner):
     assert not key.active
     entry = AuditEntry.objects.get(action="revoke_key", target=f"user:{owner.username}")
     assert (entry.actor, entry.detail) == (owner.username, {"access_key_id": key.access_key_id})
+
+
+class _StoreDown:
+    def get(self, *args):
+        raise Unavailable("the key-value store is not answering")
+
+    put = get
+
+
+def test_a_user_deleted_in_the_console_while_the_store_is_down_gets_503_and_stays(client, owner, monkeypatch):
+    # given an operator in the console, and a user, while the key-value store is down
+    from sqs import keys
+
+    admin_user = User.objects.create(username=f"admin-{uuid.uuid4().hex[:6]}", is_staff=True, is_superuser=True)
+    client.force_login(admin_user)
+    monkeypatch.setattr(keys, "get_store", _StoreDown)
+    # when the operator deletes the user (no process could be told to stop trusting its keys)
+    r = client.post(f"/admin/auth/user/{owner.pk}/delete/", {"post": "yes"})
+    # then the page answers 503 with Retry-After, not 500, and the user stays
+    assert r.status_code == 503, r.content
+    assert r.headers["Retry-After"] == "1"
+    assert r.json()["error"] == "unavailable"
+    assert User.objects.filter(pk=owner.pk).exists()
