@@ -122,39 +122,44 @@ def still(django_db_setup, django_db_blocker) -> Iterator[Still]:
 
     from queues.api.auth import CachedTokenAuthentication
     from queues.cluster.node import NodeRuntime
-    from queues.engine.keys import incarnation
     from queues.kv import reset_store
 
     with django_db_blocker.unblock():
         outer = transaction.atomic()
         outer.__enter__()
-        reset_store()
-        CachedTokenAuthentication.forget()
-        rt = NodeRuntime("test-node", background=False).start()
-        service.set_runtime(rt)
+        rt = None
         try:
+            reset_store()
+            CachedTokenAuthentication.forget()
+            rt = NodeRuntime("test-node", background=False).start()
+            service.set_runtime(rt)
             builder = token_client("drf", User.objects.create(username=f"u-{uuid.uuid4().hex[:8]}"))
             world = build_world(builder)
             built = snapshot(world.q, world.other)
         except BaseException:
-            _end_still(rt, outer, incarnation, reset_store)
+            _end_still(rt, outer)
             raise
     yield Still(world, builder.token)
     with django_db_blocker.unblock():
         try:
             left = snapshot(world.q, world.other)
         finally:
-            _end_still(rt, outer, incarnation, reset_store)
+            _end_still(rt, outer)
     assert left == built
 
 
-def _end_still(rt, outer, incarnation, reset_store) -> None:
+def _end_still(rt, outer) -> None:
+    """Remove the class's keys, stop its runtime and roll its transaction back."""
     from django.db import transaction
 
+    from queues.engine.keys import incarnation
+    from queues.kv import reset_store
+
     try:
-        for pk, name in Queue.objects.values_list("pk", "name"):
-            rt.store.within(incarnation(pk)).delete_prefix(name)
-        rt.stop(release=True)
+        if rt is not None:
+            for pk, name in Queue.objects.values_list("pk", "name"):
+                rt.store.within(incarnation(pk)).delete_prefix(name)
+            rt.stop(release=True)
     finally:
         service.set_runtime(None)
         reset_store()
