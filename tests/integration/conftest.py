@@ -66,21 +66,27 @@ def cluster_member(node) -> Iterator[NodeProcess]:
 
 
 @pytest.fixture(scope="module")
-def module_node(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[NodeProcess]:
+def module_node(request, django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[NodeProcess]:
     """One node process for a whole module whose tests call it over HTTP with rows of their own
     committed (:func:`committed`), since the node reads them; all of it
     removed at the module's end, as a transactional test's teardown does. A node start and stop
-    a test cost more than most such tests' calls."""
+    a test cost more than most such tests' calls. The module's ``@pytest.mark.node(env=...)``
+    sets its settings (a test's own marker is for :func:`nodes`: this node is the module's)."""
     import redis
     from django.core.management import call_command
 
+    marker = request.node.get_closest_marker("node")  # the module's (request.node: the module)
+    options = dict(marker.kwargs) if marker else {}
+    env = {"NODE_HEARTBEAT": HEARTBEAT, **options.pop("env", {})}
+    if options or (marker and marker.args):
+        raise TypeError(f"module_node takes @pytest.mark.node(env=) only, not {marker}")
     if not os.environ.get("MQ_TEST_REDIS_URL"):
         pytest.skip("MQ_TEST_REDIS_URL is not set (make test sets it)")
     kv = redis.Redis.from_url(os.environ["MQ_TEST_REDIS_URL"] + f"/{KV_REDIS_DB}")
     kv.flushdb()
     with django_db_blocker.unblock():
         tmp = tmp_path_factory.mktemp("module-node")
-        started = NodeSet(local_node_env(tmp, NODE_HEARTBEAT=HEARTBEAT), tmp)
+        started = NodeSet(local_node_env(tmp, **env), tmp)
         try:
             yield started.start()
         finally:

@@ -5,12 +5,17 @@ stale receipt) and compares a full snapshot of it before and after: queue rows a
 partition rows, the stats, each partition manager's memory (in-flight entries with receipts and
 deadlines, the dequeue order, live positions) and every key the key-value store holds for the
 queues. A 5xx is a failure (the test client re-raises server errors).
+
+The calls that must be refused share one world per class (:class:`TestRefused`); the controls
+that change it and the random inputs, which may, build their own.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -22,7 +27,7 @@ from queues.access import SYSTEM
 from queues.engine.keys import block_key
 from queues.models import Partition, Queue
 from queues.service import MessageDraft
-from tests.integration.wsgi_client import make_client
+from tests.integration.wsgi_client import make_client, token_client
 
 #: Every case through DRF's test client (straight to Django) and through the node's WSGI
 #: application, whose fast path serves the message calls (with a token and a JSON body) and
@@ -33,11 +38,6 @@ API = "/api/v1/queues"
 ABSENT = object()  # no request body at all
 
 
-@pytest.fixture(autouse=True)
-def _purge_kv(purge_kv):
-    """Every test here empties the key-value store afterwards (see conftest.purge_kv)."""
-
-
 # --- the world and its snapshot ---------------------------------------------------------------
 @dataclass
 class World:
@@ -46,23 +46,31 @@ class World:
     ids: dict = field(default_factory=dict)  # "@name" -> value used in request bodies
 
 
-@pytest.fixture
-def world(api, make_queue, unique_name) -> World:
-    q = make_queue(name=unique_name("bad"), partitions=2, block_size=8, max_message_size=64)
-    other = make_queue(name=unique_name("other"), partitions=1)
+#: The world's leases and deliveries outlast a class of tests (nothing renews them there).
+LEASE_PERIOD, IN_FLIGHT = 3600, 43200
+
+
+def build_world(api) -> World:
+    def create(prefix: str, **fields) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        r = api.post(API, {"name": name, "lease_period": LEASE_PERIOD, **fields}, format="json")
+        assert r.status_code == 201, r.content
+        return name
 
     def post(name, action, body):
         r = api.post(f"{API}/{name}/{action}", body, format="json")
         assert r.status_code in (200, 201), r.content
         return r.json()
 
+    q = create("bad", partitions=2, block_size=8, max_message_size=64)
+    other = create("other", partitions=1)
     post(q, "enqueue", {"messages": [{"body": f"m{i}"} for i in range(6)]})
     post(q, "enqueue", {"messages": [{"body": f"n{i}"} for i in range(6)]})
-    a, b, c = post(q, "dequeue", {"max": 3, "visibility_timeout": 600})["messages"]
+    a, b, c = post(q, "dequeue", {"max": 3, "visibility_timeout": IN_FLIGHT})["messages"]
     # c: delivered twice, so its first receipt is stale
     post(q, "visibility", {"id": c["id"], "receipt": c["receipt"], "visibility_timeout": 0})
     for _ in range(4):  # partitions take turns: the redelivery comes within two calls
-        (c2,) = post(q, "dequeue", {"max": 1, "visibility_timeout": 600})["messages"]
+        (c2,) = post(q, "dequeue", {"max": 1, "visibility_timeout": IN_FLIGHT})["messages"]
         if c2["id"] == c["id"]:
             break
     assert c2["id"] == c["id"] and c2["receive_count"] == 2
@@ -86,6 +94,77 @@ def world(api, make_queue, unique_name) -> World:
             "@missing": f"{q}/0/00000000-0000000000000000/0",
         },
     )
+
+
+@pytest.fixture
+def world(api, purge_kv) -> World:
+    """A world of the test's own, for the tests that change it (or may); the key-value store
+    emptied afterwards (see conftest.purge_kv), as the database rolls back."""
+    return build_world(api)
+
+
+@dataclass
+class Still:
+    world: World
+    token: str
+
+
+@pytest.fixture(scope="class")
+def still(django_db_setup, django_db_blocker) -> Iterator[Still]:
+    """One world for a class of tests that only send what must be refused, built once (a world
+    costs more than most of those calls): in a transaction around the class's tests, each of
+    which runs in a savepoint of it (pytest-django's ``django_db``), on a node runtime of its
+    own, all rolled back, stopped and its keys removed at the class's end. Each test compares
+    its snapshots before and after its call; the class's end compares the world with the one
+    built, so a change that slipped past a test's rollback shows too."""
+    from django.contrib.auth.models import User
+    from django.db import transaction
+
+    from queues.api.auth import CachedTokenAuthentication
+    from queues.cluster.node import NodeRuntime
+    from queues.kv import reset_store
+
+    with django_db_blocker.unblock():
+        outer = transaction.atomic()
+        outer.__enter__()
+        rt = None
+        try:
+            reset_store()
+            CachedTokenAuthentication.forget()
+            rt = NodeRuntime("test-node", background=False).start()
+            service.set_runtime(rt)
+            builder = token_client("drf", User.objects.create(username=f"u-{uuid.uuid4().hex[:8]}"))
+            world = build_world(builder)
+            built = snapshot(world.q, world.other)
+        except BaseException:
+            _end_still(rt, outer)
+            raise
+    yield Still(world, builder.token)
+    with django_db_blocker.unblock():
+        try:
+            left = snapshot(world.q, world.other)
+        finally:
+            _end_still(rt, outer)
+    assert left == built
+
+
+def _end_still(rt, outer) -> None:
+    """Remove the class's keys, stop its runtime and roll its transaction back."""
+    from django.db import transaction
+
+    from queues.engine.keys import incarnation
+    from queues.kv import reset_store
+
+    try:
+        if rt is not None:
+            for pk, name in Queue.objects.values_list("pk", "name"):
+                rt.store.within(incarnation(pk)).delete_prefix(name)
+            rt.stop(release=True)
+    finally:
+        service.set_runtime(None)
+        reset_store()
+        transaction.set_rollback(True)
+        outer.__exit__(None, None, None)
 
 
 def _all_positions(queue: str) -> list[str]:
@@ -592,20 +671,147 @@ def assert_error(r, status: int, code: str | None = None) -> dict:
     return data
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_is_refused_and_changes_nothing(case: Case, api, world):
-    # given
-    before = snapshot(world.q, world.other)
-    client = client_for(case, api)
-    path = case.path.replace("{q}", world.q).replace("{other}", world.other)
-    body = case.body if isinstance(case.body, bytes) or case.body is ABSENT else _fill(case.body, world)
+class TestRefused:
+    """The calls that must be refused and change nothing, against one world for the class
+    (:func:`still`): each test still compares the whole snapshot before and after its call."""
 
-    # when
-    r = send(client, case.method, path, body, case.content_type)
+    @pytest.fixture
+    def api(self, request, still):
+        """A client of the class's world, of the test's transport, with the world's token."""
+        client = make_client(request.param)
+        client.credentials(HTTP_AUTHORIZATION=f"Token {still.token}")
+        client.token = still.token
+        return client
 
-    # then
-    assert_error(r, case.status, case.code)
-    assert snapshot(world.q, world.other) == before
+    @pytest.fixture
+    def world(self, still) -> World:
+        return still.world
+
+    @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+    def test_bad_input_is_refused_and_changes_nothing(self, case: Case, api, world):
+        # given
+        before = snapshot(world.q, world.other)
+        client = client_for(case, api)
+        path = case.path.replace("{q}", world.q).replace("{other}", world.other)
+        body = case.body if isinstance(case.body, bytes) or case.body is ABSENT else _fill(case.body, world)
+
+        # when
+        r = send(client, case.method, path, body, case.content_type)
+
+        # then
+        assert_error(r, case.status, case.code)
+        assert snapshot(world.q, world.other) == before
+
+    def test_request_over_the_upload_limit_is_413(self, api, world, settings):
+        # given
+        settings.API_MAX_REQUEST_BYTES = 1000
+        before = snapshot(world.q, world.other)
+
+        # when
+        r = send(api, "POST", f"{API}/{world.q}/enqueue", {"messages": [{"body": "x" * 20}] * 60})
+
+        # then
+        assert_error(r, 413, "payload_too_large")
+        assert snapshot(world.q, world.other) == before
+
+    def test_a_request_over_the_queues_own_limit_is_413_before_parsing(self, api, world):
+        """Issue 14: the limit was 64 MiB for every queue and the body was parsed first (about 24
+        times its size in memory). world.q takes bodies of 64 bytes: a batch of 1,000 of them with
+        their envelopes is about 1.1 MB, so a 2 MB request is refused by its Content-Length alone:
+        the body here is not even JSON, and is not read."""
+        # given
+        before = snapshot(world.q, world.other)
+
+        # when
+        r = send_raw(api, f"{API}/{world.q}/enqueue", b"not json at all", CONTENT_LENGTH=str(2 * 1024 * 1024))
+
+        # then
+        data = assert_error(r, 413, "payload_too_large")
+        assert "limit" in data["detail"]
+        assert snapshot(world.q, world.other) == before
+
+    def test_a_valid_batch_over_the_queues_own_limit_is_413(self, api, world):
+        # given a request that is valid JSON, under the node's limit, over the queue's
+        before = snapshot(world.q, world.other)
+        body = {"messages": [{"body": "x" * 60, "attributes": {"a": "y" * 1000}}] * 1200}
+
+        # when
+        r = send(api, "POST", f"{API}/{world.q}/enqueue", body)
+
+        # then
+        assert_error(r, 413, "payload_too_large")
+        assert snapshot(world.q, world.other) == before
+
+    @pytest.mark.parametrize("action, size", [("dequeue", 100_000), ("visibility", 100_000), ("ack", 600_000)])
+    def test_a_call_naming_no_messages_has_a_small_limit(self, api, world, action, size):
+        # given
+        before = snapshot(world.q, world.other)
+
+        # when
+        r = send_raw(api, f"{API}/{world.q}/{action}", b"{}", CONTENT_LENGTH=str(size))
+
+        # then
+        assert_error(r, 413, "payload_too_large")
+        assert snapshot(world.q, world.other) == before
+
+    def test_the_limit_is_checked_after_the_callers_right(self, api, world):
+        """A queue the caller cannot see answers 404 whatever the length: its limits are not told."""
+        # when
+        r = send_raw(api, f"{API}/no-such-queue-here/enqueue", b"{}", CONTENT_LENGTH=str(2 * 1024 * 1024))
+
+        # then
+        assert_error(r, 404, "queue_not_found")
+
+    @pytest.mark.parametrize("action", ["enqueue", "dequeue", "ack", "visibility"])
+    @pytest.mark.parametrize(
+        "query, extra, status, code",
+        [
+            ("", {"HTTP_ACCEPT": "text/csv"}, 406, "not_acceptable"),
+            ("", {"HTTP_ACCEPT": "text/plain, application/xml"}, 406, "not_acceptable"),
+            ("?format=xml", {}, 404, "not_found"),
+        ],
+        ids=["accept-csv", "accept-no-json", "format-xml"],
+    )
+    def test_content_negotiation_refuses_and_changes_nothing(self, api, world, action, query, extra, status, code):
+        """DRF negotiates the answer's format before the view runs; the fast path must not skip that."""
+        # given
+        before = snapshot(world.q, world.other)
+        body = _fill(GOOD[POSTS[action]], world)
+
+        # when
+        r = api.generic(
+            "POST",
+            f"{API}/{world.q}/{action}{query}",
+            json.dumps(body).encode(),
+            content_type="application/json",
+            **extra,
+        )
+
+        # then
+        assert_error(r, status, code)
+        assert snapshot(world.q, world.other) == before
+
+    @pytest.mark.parametrize("length", ["abc", "-3", ""])
+    def test_odd_content_length_is_answered_as_drf_answers(self, api, world, length):
+        """The WSGI server should refuse these; if one gets through, both transports agree."""
+        # given
+        raw = json.dumps({"body": "x"}).encode()
+        reference = make_client("drf")
+        reference.credentials(HTTP_AUTHORIZATION=f"Token {api.token}")
+        before = snapshot(world.q, world.other)
+
+        # when
+        answers = [
+            client.generic(
+                "POST", f"{API}/{world.q}/enqueue", raw, content_type="application/json", CONTENT_LENGTH=length
+            )
+            for client in (reference, api)
+        ]
+
+        # then
+        drf, got = (assert_error(r, 400) for r in answers)
+        assert got["error"] == drf["error"]
+        assert snapshot(world.q, world.other) == before
 
 
 def test_case_ids_are_unique():
@@ -655,120 +861,8 @@ def test_the_snapshot_sees_each_kind_of_change(api, world, method, path, body):
     assert (snapshot(world.q, world.other) if method != "DELETE" else snapshot(world.q)) != before
 
 
-def test_request_over_the_upload_limit_is_413(api, world, settings):
-    # given
-    settings.API_MAX_REQUEST_BYTES = 1000
-    before = snapshot(world.q, world.other)
-
-    # when
-    r = send(api, "POST", f"{API}/{world.q}/enqueue", {"messages": [{"body": "x" * 20}] * 60})
-
-    # then
-    assert_error(r, 413, "payload_too_large")
-    assert snapshot(world.q, world.other) == before
-
-
-def test_a_request_over_the_queues_own_limit_is_413_before_parsing(api, world):
-    """Issue 14: the limit was 64 MiB for every queue and the body was parsed first (about 24
-    times its size in memory). world.q takes bodies of 64 bytes: a batch of 1,000 of them with
-    their envelopes is about 1.1 MB, so a 2 MB request is refused by its Content-Length alone:
-    the body here is not even JSON, and is not read."""
-    # given
-    before = snapshot(world.q, world.other)
-
-    # when
-    r = send_raw(api, f"{API}/{world.q}/enqueue", b"not json at all", CONTENT_LENGTH=str(2 * 1024 * 1024))
-
-    # then
-    data = assert_error(r, 413, "payload_too_large")
-    assert "limit" in data["detail"]
-    assert snapshot(world.q, world.other) == before
-
-
-def test_a_valid_batch_over_the_queues_own_limit_is_413(api, world):
-    # given a request that is valid JSON, under the node's limit, over the queue's
-    before = snapshot(world.q, world.other)
-    body = {"messages": [{"body": "x" * 60, "attributes": {"a": "y" * 1000}}] * 1200}
-
-    # when
-    r = send(api, "POST", f"{API}/{world.q}/enqueue", body)
-
-    # then
-    assert_error(r, 413, "payload_too_large")
-    assert snapshot(world.q, world.other) == before
-
-
-@pytest.mark.parametrize("action, size", [("dequeue", 100_000), ("visibility", 100_000), ("ack", 600_000)])
-def test_a_call_naming_no_messages_has_a_small_limit(api, world, action, size):
-    # given
-    before = snapshot(world.q, world.other)
-
-    # when
-    r = send_raw(api, f"{API}/{world.q}/{action}", b"{}", CONTENT_LENGTH=str(size))
-
-    # then
-    assert_error(r, 413, "payload_too_large")
-    assert snapshot(world.q, world.other) == before
-
-
-def test_the_limit_is_checked_after_the_callers_right(api, world):
-    """A queue the caller cannot see answers 404 whatever the length: its limits are not told."""
-    # when
-    r = send_raw(api, f"{API}/no-such-queue-here/enqueue", b"{}", CONTENT_LENGTH=str(2 * 1024 * 1024))
-
-    # then
-    assert_error(r, 404, "queue_not_found")
-
-
 def send_raw(client, path: str, raw: bytes, **extra):
     return client.generic("POST", path, raw, content_type="application/json", **extra)
-
-
-@pytest.mark.parametrize("action", ["enqueue", "dequeue", "ack", "visibility"])
-@pytest.mark.parametrize(
-    "query, extra, status, code",
-    [
-        ("", {"HTTP_ACCEPT": "text/csv"}, 406, "not_acceptable"),
-        ("", {"HTTP_ACCEPT": "text/plain, application/xml"}, 406, "not_acceptable"),
-        ("?format=xml", {}, 404, "not_found"),
-    ],
-    ids=["accept-csv", "accept-no-json", "format-xml"],
-)
-def test_content_negotiation_refuses_and_changes_nothing(api, world, action, query, extra, status, code):
-    """DRF negotiates the answer's format before the view runs; the fast path must not skip that."""
-    # given
-    before = snapshot(world.q, world.other)
-    body = _fill(GOOD[POSTS[action]], world)
-
-    # when
-    r = api.generic(
-        "POST", f"{API}/{world.q}/{action}{query}", json.dumps(body).encode(), content_type="application/json", **extra
-    )
-
-    # then
-    assert_error(r, status, code)
-    assert snapshot(world.q, world.other) == before
-
-
-@pytest.mark.parametrize("length", ["abc", "-3", ""])
-def test_odd_content_length_is_answered_as_drf_answers(api, world, length):
-    """The WSGI server should refuse these; if one gets through, both transports agree."""
-    # given
-    raw = json.dumps({"body": "x"}).encode()
-    reference = make_client("drf")
-    reference.credentials(HTTP_AUTHORIZATION=f"Token {api.token}")
-    before = snapshot(world.q, world.other)
-
-    # when
-    answers = [
-        client.generic("POST", f"{API}/{world.q}/enqueue", raw, content_type="application/json", CONTENT_LENGTH=length)
-        for client in (reference, api)
-    ]
-
-    # then
-    drf, got = (assert_error(r, 400) for r in answers)
-    assert got["error"] == drf["error"]
-    assert snapshot(world.q, world.other) == before
 
 
 def test_body_at_exactly_max_message_size_is_accepted(api, world):

@@ -26,13 +26,20 @@ from botocore.exceptions import ClientError
 from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 
-from queues.models import Grant, Partition, Queue
+from queues.models import Grant, Queue
 from sqs.ids import sqs_message_id
 from sqs.models import AccessKey
 from tests.integration.nodes import Client
-from tests.launcher import free_port, wait_until
+from tests.launcher import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+#: One node for the module's tests (:func:`module_node`): the rows it must read are committed
+#: (:func:`committed`); each test reads the database in a transaction rolled back after it.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+
+
+@pytest.fixture
+def node(module_node):
+    return module_node
 
 
 def _user(name: str = "sqs") -> User:
@@ -51,8 +58,8 @@ def _client(node, key: AccessKey | None = None, *, secret: str | None = None, ke
 
 
 @pytest.fixture
-def sqs(node):
-    key = AccessKey.issue(_user())
+def sqs(node, committed):
+    key = committed(lambda: AccessKey.issue(_user()))
     return _client(node, key)
 
 
@@ -428,9 +435,9 @@ def _signed_at(when: datetime):
     return real, Fixed
 
 
-def test_signatures_refused(node, cluster_member):
-    user = _user()
-    key = AccessKey.issue(user)
+def test_signatures_refused(node, committed, cluster_member):
+    user = committed(_user)
+    key = committed(lambda: AccessKey.issue(user))
     good = _client(node, key)
     url = good.create_queue(QueueName=_name())["QueueUrl"]
 
@@ -463,24 +470,28 @@ def test_signatures_refused(node, cluster_member):
     # nothing of the refused calls was stored
     assert "Messages" not in good.receive_message(QueueUrl=url)
     wait_until(lambda: AccessKey.objects.get(pk=key.pk).last_used_at is not None, 10, "last use recorded")
-    key.revoke()
+    committed(key.revoke)
     with pytest.raises(ClientError) as exc:
         good.list_queues()
     assert _code(exc) == "InvalidClientTokenId"
     user.is_active = False
-    user.save()
+    committed(user.save)
     with pytest.raises(ClientError) as exc:
-        _client(node, AccessKey.issue(user)).list_queues()
+        _client(node, committed(lambda: AccessKey.issue(user))).list_queues()
     assert _code(exc) == "InvalidClientTokenId"
 
 
-def test_the_rest_api_permissions_apply(node):
-    owner, producer, stranger = _user("owner"), _user("producer"), _user("stranger")
-    owner_sqs = _client(node, AccessKey.issue(owner))
+def test_the_rest_api_permissions_apply(node, committed):
+    owner, producer, stranger = committed(lambda: (_user("owner"), _user("producer"), _user("stranger")))
+    owner_sqs = _client(node, committed(lambda: AccessKey.issue(owner)))
     url = owner_sqs.create_queue(QueueName=_name("perm"))["QueueUrl"]
-    Grant.objects.create(user=producer, queue=Queue.objects.get(name=url.rsplit("/", 1)[1]), action="produce")
-    producer_sqs = _client(node, AccessKey.issue(producer))
-    stranger_sqs = _client(node, AccessKey.issue(stranger))
+    committed(
+        lambda: Grant.objects.create(
+            user=producer, queue=Queue.objects.get(name=url.rsplit("/", 1)[1]), action="produce"
+        )
+    )
+    producer_sqs = _client(node, committed(lambda: AccessKey.issue(producer)))
+    stranger_sqs = _client(node, committed(lambda: AccessKey.issue(stranger)))
 
     def can_send():
         try:
@@ -509,10 +520,10 @@ def test_the_rest_api_permissions_apply(node):
 
 
 # --- the same queues through both APIs ----------------------------------------------------------
-def test_messages_cross_between_boto3_and_the_rest_api(node):
-    user = _user()
-    sqs = _client(node, AccessKey.issue(user))
-    rest = Client(node.url, Token.objects.create(user=user).key)
+def test_messages_cross_between_boto3_and_the_rest_api(node, committed):
+    user = committed(_user)
+    sqs = _client(node, committed(lambda: AccessKey.issue(user)))
+    rest = Client(node.url, committed(lambda: Token.objects.create(user=user)).key)
     name = _name("both")
     url = sqs.create_queue(QueueName=name)["QueueUrl"]
 
@@ -548,9 +559,9 @@ def test_messages_cross_between_boto3_and_the_rest_api(node):
     assert [(x["body"], x["group"]) for x in r.json()["messages"]] == [("f", "g")]
 
 
-def test_the_endpoint_answers_at_the_root_too(node):
+def test_the_endpoint_answers_at_the_root_too(node, committed):
     # kombu's SQS transport (so Celery) takes a host and port only and posts to /
-    key = AccessKey.issue(_user())
+    key = committed(lambda: AccessKey.issue(_user()))
     at_root = boto3.client(
         "sqs",
         endpoint_url=node.url,
@@ -566,37 +577,3 @@ def test_the_endpoint_answers_at_the_root_too(node):
     # and GET / is the node's map (config/root.py), which names the SQS endpoint
     page = requests.get(f"{node.url}/", timeout=10)
     assert page.status_code == 200 and page.json()["sqs"] == "/sqs"
-
-
-# --- outage -------------------------------------------------------------------------------------
-def test_a_store_outage_is_service_unavailable_never_500(nodes):
-    # given a node whose key-value store is unreachable (nothing listens on its Redis port)
-    node = nodes.start(KV_URL=f"redis://127.0.0.1:{free_port()}/5")
-    key = AccessKey.issue(_user())
-    raw = boto3.client(
-        "sqs",
-        endpoint_url=f"{node.url}/sqs",
-        region_name="eu-west-1",
-        aws_access_key_id=key.access_key_id,
-        aws_secret_access_key=key.secret,
-        config=Config(retries={"max_attempts": 1}),
-    )
-    # a queue its rows describe (the node cannot create one: a new partition reads the store)
-    name = _name()
-    q = Queue.objects.create(name=name, partitions=1, created_by=key.user)
-    Partition.objects.create(queue=q, index=0)
-    url = f"{node.url}/sqs/000000000000/{name}"
-    # when a queue is created or a message sent, then the answer is 503 with Retry-After
-    for call in (
-        lambda: raw.create_queue(QueueName=_name()),
-        lambda: raw.send_message(QueueUrl=url, MessageBody="x"),
-        lambda: raw.send_message_batch(QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "x"}]),
-    ):
-        with pytest.raises(ClientError) as exc:
-            call()
-        meta = exc.value.response["ResponseMetadata"]
-        assert meta["HTTPStatusCode"] == 503, exc.value.response
-        assert _code(exc) == "ServiceUnavailable"
-        assert meta["HTTPHeaders"]["retry-after"]
-    # a receive finds no partition served: an empty answer, as the REST API's dequeue
-    assert "Messages" not in raw.receive_message(QueueUrl=url)

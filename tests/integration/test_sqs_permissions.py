@@ -42,11 +42,13 @@ from botocore.exceptions import ClientError
 from queues.models import AuditEntry, Grant, Queue
 from sqs import actions as sqs_actions
 from sqs.models import AccessKey, QueueSettings
-from tests.integration.nodes import KV_REDIS_DB, NodeSet, local_node_env
 
 #: The module's rows are committed by its fixtures (the node reads them) and removed at its end;
 #: each test only reads the database (the node writes), in a transaction rolled back after it.
-pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+#: The node's housekeeping passes once a second: the module makes about 400 queues, and a pass
+#: over their partitions every 0.3 s would keep their rows' locks taken nearly all the time, so
+#: that on a loaded machine calls would wait on them past the node's database deadline.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db, pytest.mark.node(env={"NODE_HEARTBEAT": "1.0"})]
 
 REGION = "eu-west-1"
 ACCOUNT = "000000000000"
@@ -323,31 +325,10 @@ def _outcome(call: Callable[[], dict]) -> tuple[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def env(django_db_setup, django_db_blocker, tmp_path_factory):
-    """A node for the module, its data committed (the node reads it), and all of it removed at
-    the end, as a transactional test's teardown does."""
-    import os
-
-    import redis
-    from django.core.management import call_command
-
-    if not os.environ.get("MQ_TEST_REDIS_URL"):
-        pytest.skip("MQ_TEST_REDIS_URL is not set (make test sets it)")
-    kv = redis.Redis.from_url(os.environ["MQ_TEST_REDIS_URL"] + f"/{KV_REDIS_DB}")
-    kv.flushdb()
-    with django_db_blocker.unblock():
-        tmp = tmp_path_factory.mktemp("sqs-matrix")
-        # A one-second pass: the module makes about 400 queues, and a pass over their partitions
-        # every 0.3 s keeps their rows' locks taken nearly all the time, and a loaded machine's
-        # calls then met lock waits past the node's database deadline.
-        nodes = NodeSet(local_node_env(tmp, NODE_HEARTBEAT="1.0"), tmp)
-        try:
-            yield Env(nodes.start())
-        finally:
-            nodes.stop()
-            call_command("flush", interactive=False, verbosity=0)
-            kv.flushdb()
-            kv.close()
+def env(module_node) -> Env:
+    """The module's node (its data committed, since the node reads it, and all of it removed at
+    the end: :func:`module_node`) and the owner of every world."""
+    return Env(module_node)
 
 
 @dataclass

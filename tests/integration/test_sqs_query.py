@@ -19,14 +19,21 @@ from django.contrib.auth.models import User
 
 from sqs.models import AccessKey
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+#: One node for the module's tests (:func:`module_node`): the key it must read is committed
+#: (:func:`committed`); each test reads the database in a transaction rolled back after it.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
 NS = {"s": "http://queue.amazonaws.com/doc/2012-11-05/"}
 
 
 @pytest.fixture
-def key():
-    return AccessKey.issue(User.objects.create(username=f"query-{uuid.uuid4().hex[:8]}"))
+def node(module_node):
+    return module_node
+
+
+@pytest.fixture
+def key(committed):
+    return committed(lambda: AccessKey.issue(User.objects.create(username=f"query-{uuid.uuid4().hex[:8]}")))
 
 
 def _post(node, key: AccessKey, params: dict, *, secret: str | None = None) -> tuple[int, ET.Element]:

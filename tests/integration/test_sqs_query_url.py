@@ -22,15 +22,22 @@ from django.contrib.auth.models import User
 from queues.models import Queue
 from sqs.models import AccessKey
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+#: One node for the module's tests (:func:`module_node`): the key it must read is committed
+#: (:func:`committed`); each test reads the database in a transaction rolled back after it.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
 NS = {"s": "http://queue.amazonaws.com/doc/2012-11-05/"}
 REGION = "eu-west-1"
 
 
 @pytest.fixture
-def key():
-    return AccessKey.issue(User.objects.create(username=f"qurl-{uuid.uuid4().hex[:8]}"))
+def node(module_node):
+    return module_node
+
+
+@pytest.fixture
+def key(committed):
+    return committed(lambda: AccessKey.issue(User.objects.create(username=f"qurl-{uuid.uuid4().hex[:8]}")))
 
 
 def _call(method: str, url: str, key: AccessKey, params: dict) -> requests.Response:

@@ -26,17 +26,18 @@ from botocore.config import Config
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 from django.contrib.auth.models import User
-from rest_framework.authtoken.models import Token
 
 from queues.access import Caller
 from queues.models import Grant, Queue
 from sqs import service as sqs_service
 from sqs.models import AccessKey
-from tests.integration.nodes import Client
 
+#: One node for the module's tests (:func:`module_node`), with these settings: the rows it must
+#: read are committed (:func:`committed`); each test reads the database in a transaction rolled
+#: back after it.
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.django_db(transaction=True),
+    pytest.mark.django_db,
     pytest.mark.node(env={"LONG_POLL_MAX_PER_USER": "1"}),
 ]
 
@@ -45,8 +46,18 @@ REGION = "eu-west-1"
 JSON = "application/x-amz-json-1.0"
 
 
+@pytest.fixture
+def node(module_node):
+    return module_node
+
+
 def _user(name: str = "sec") -> User:
     return User.objects.create(username=f"{name}-{uuid.uuid4().hex[:8]}")
+
+
+def _key(committed, name: str = "sec") -> AccessKey:
+    """A key of a new user, committed (the node reads it)."""
+    return committed(lambda: AccessKey.issue(_user(name)))
 
 
 def _client(node, key: AccessKey, **config):
@@ -112,13 +123,17 @@ def _headers_only(node, path: str, headers: dict[str, str], length: int) -> tupl
         conn.close()
 
 
-def test_a_call_without_a_known_key_is_refused_with_its_body_unread(node):
-    revoked = AccessKey.issue(_user())
-    revoked.revoke()
-    inactive_user = _user()
-    inactive = AccessKey.issue(inactive_user)
-    inactive_user.is_active = False
-    inactive_user.save()
+def test_a_call_without_a_known_key_is_refused_with_its_body_unread(node, committed):
+    def keys() -> tuple[AccessKey, AccessKey]:
+        revoked = AccessKey.issue(_user())
+        revoked.revoke()
+        inactive_user = _user()
+        inactive = AccessKey.issue(inactive_user)
+        inactive_user.is_active = False
+        inactive_user.save()
+        return revoked, inactive
+
+    revoked, inactive = committed(keys)
     date = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
     def header_auth(key_id: str) -> dict[str, str]:
@@ -164,84 +179,38 @@ def test_a_call_without_a_known_key_is_refused_with_its_body_unread(node):
         assert status == 403 and b"<Code>InvalidClientTokenId</Code>" in body, (path, body)
 
 
-def test_a_key_revoked_or_its_user_made_inactive_is_refused_from_the_next_call(node, cluster_member):
+def test_a_key_revoked_or_its_user_made_inactive_is_refused_from_the_next_call(node, committed, cluster_member):
     # given a user's two keys, each of which has just sent a message (its key, its user and the
     # queue looked up by the node already)
-    owner = User.objects.create(username=_name("holder"), is_superuser=True)
-    first, second = AccessKey.issue(owner), AccessKey.issue(owner)
+    owner = committed(lambda: User.objects.create(username=_name("holder"), is_superuser=True))
+    first, second = committed(lambda: (AccessKey.issue(owner), AccessKey.issue(owner)))
     sqs = _client(node, first)
     url = sqs.create_queue(QueueName=_name())["QueueUrl"]
     other = _client(node, second)
     for client in (sqs, other):
         client.send_message_batch(QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "before"}])
     # when the first is revoked through the service, the very next call with it is refused
-    assert sqs_service.revoke_access_key(first, caller=Caller.of(owner))
+    assert committed(lambda: sqs_service.revoke_access_key(first, caller=Caller.of(owner)))
     with pytest.raises(ClientError) as exc:
         sqs.send_message_batch(QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "after"}])
     assert _code(exc) == "InvalidClientTokenId"
     # while the second still works, until its user is made inactive
     other.receive_message(QueueUrl=url, MaxNumberOfMessages=10)
     owner.is_active = False
-    owner.save(update_fields=["is_active"])
+    committed(lambda: owner.save(update_fields=["is_active"]))
     with pytest.raises(ClientError) as exc:
         other.receive_message(QueueUrl=url, MaxNumberOfMessages=10)
     assert _code(exc) == "InvalidClientTokenId"
     # and nothing was sent after the revocation
     owner.is_active = True
-    owner.save(update_fields=["is_active"])
-    third = _client(node, AccessKey.issue(owner))
+    committed(lambda: owner.save(update_fields=["is_active"]))
+    third = _client(node, committed(lambda: AccessKey.issue(owner)))
     bodies = [m["Body"] for m in third.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])]
     assert "after" not in bodies
 
 
-def _admin(node, username: str, password: str) -> requests.Session:
-    """A session logged in to ``node``'s admin."""
-    session = requests.Session()
-    page = session.get(f"{node.url}/admin/login/", timeout=10)
-    r = session.post(
-        f"{node.url}/admin/login/?next=/admin/",
-        data={"csrfmiddlewaretoken": _csrf(page.text), "username": username, "password": password, "next": "/admin/"},
-        timeout=10,
-    )
-    assert r.status_code == 200 and "/admin/login/" not in r.url, r.text[:300]
-    return session
-
-
-def _csrf(html: str) -> str:
-    found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html)
-    assert found is not None, html[:300]
-    return found[1]
-
-
-def test_a_key_revoked_on_one_node_is_refused_by_another_from_the_next_call(nodes):
-    # given two nodes of one cluster, both of which have served calls with a key (each of them
-    # holds the key, its user and the queue)
-    a, b = nodes.start(), nodes.start()
-    password = uuid.uuid4().hex
-    owner = User.objects.create_user(_name("holder"), password=password, is_staff=True, is_superuser=True)
-    key = AccessKey.issue(owner)
-    on_a, on_b = _client(a, key), _client(b, key)
-    url = on_a.create_queue(QueueName=_name())["QueueUrl"]
-    for client in (on_a, on_b):
-        client.send_message_batch(QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "before"}])
-    # when its holder revokes it in node a's admin
-    admin = _admin(a, owner.username, password)
-    listing = admin.get(f"{a.url}/admin/sqs/accesskey/", timeout=10)
-    r = admin.post(
-        f"{a.url}/admin/sqs/accesskey/",
-        data={"csrfmiddlewaretoken": _csrf(listing.text), "action": "revoke", "_selected_action": [key.pk]},
-        timeout=10,
-    )
-    assert r.status_code == 200 and not AccessKey.objects.get(pk=key.pk).active
-    # then node b refuses the very next call with it, and so does node a
-    for client in (on_b, on_a):
-        with pytest.raises(ClientError) as exc:
-            client.send_message_batch(QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "after"}])
-        assert _code(exc) == "InvalidClientTokenId"
-
-
-def test_a_known_key_s_body_is_bounded_by_its_length_before_it_is_read(node):
-    key = AccessKey.issue(_user())
+def test_a_known_key_s_body_is_bounded_by_its_length_before_it_is_read(node, committed):
+    key = _key(committed)
     date = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     headers = {
         "Authorization": f"AWS4-HMAC-SHA256 Credential={key.access_key_id}/{date[:8]}/{REGION}/sqs/aws4_request, "
@@ -265,8 +234,8 @@ def test_a_known_key_s_body_is_bounded_by_its_length_before_it_is_read(node):
 
 
 # --- throttling ---------------------------------------------------------------------------------
-def test_a_long_poll_past_the_per_user_cap_is_throttled_not_a_500(node):
-    key = AccessKey.issue(_user())
+def test_a_long_poll_past_the_per_user_cap_is_throttled_not_a_500(node, committed):
+    key = _key(committed)
     sqs = _client(node, key)
     url = sqs.create_queue(QueueName=_name())["QueueUrl"]
     got: list[dict] = []
@@ -316,35 +285,9 @@ def _code_of(exc: ClientError) -> str:
     return exc.response["Error"]["Code"]
 
 
-@pytest.mark.node(env={"API_THROTTLE_USER": "6/m"})  # and not the module's long-poll bound
-def test_the_per_user_rate_applies_to_sqs_calls_as_to_rest(nodes):
-    node = nodes.start()
-    user, other = _user(), _user()
-    sqs = _client(node, AccessKey.issue(user))
-    # when one user calls more than its rate (6 a minute: 14 calls span at most two windows)
-    answers = []
-    for _ in range(14):
-        try:
-            sqs.list_queues()
-            answers.append("ok")
-        except ClientError as exc:
-            answers.append(_code_of(exc))
-            refused, window = exc.response, int(time.time() // 60)
-    # then the calls past it are refused with SQS's throttling error, 400 with Retry-After
-    assert answers[0] == "ok" and set(answers) == {"ok", "RequestThrottled"}, answers
-    assert refused["ResponseMetadata"]["HTTPStatusCode"] == 400
-    assert int(refused["ResponseMetadata"]["HTTPHeaders"]["retry-after"]) >= 1
-    # counted with the REST API's calls: the same user's token is refused in the same window
-    status = Client(node.url, Token.objects.create(user=user).key).get("queues").status_code
-    if int(time.time() // 60) == window:
-        assert status == 429
-    # and another user is not
-    assert "ResponseMetadata" in _client(node, AccessKey.issue(other)).list_queues()
-
-
 # --- what a signature covers --------------------------------------------------------------------
-def test_a_presigned_url_vouches_for_no_body(node):
-    key = AccessKey.issue(_user())
+def test_a_presigned_url_vouches_for_no_body(node, committed):
+    key = _key(committed)
     sqs = _client(node, key)
     name = _name()
     url = sqs.create_queue(QueueName=name)["QueueUrl"]
@@ -379,8 +322,8 @@ def test_a_presigned_url_vouches_for_no_body(node):
     assert "Messages" not in sqs.receive_message(QueueUrl=url)
 
 
-def test_body_parameters_never_override_query_parameters(node):
-    key = AccessKey.issue(_user())
+def test_body_parameters_never_override_query_parameters(node, committed):
+    key = _key(committed)
     sqs = _client(node, key)
     name = _name()
     url = sqs.create_queue(QueueName=name)["QueueUrl"]
@@ -399,8 +342,8 @@ def test_body_parameters_never_override_query_parameters(node):
     assert r.status_code == 200 and b"QueueArn" in r.content, r.text
 
 
-def test_the_json_protocol_s_target_must_be_signed(node):
-    key = AccessKey.issue(_user())
+def test_the_json_protocol_s_target_must_be_signed(node, committed):
+    key = _key(committed)
     sqs = _client(node, key)
     name = _name()
     url = sqs.create_queue(QueueName=name)["QueueUrl"]
@@ -420,8 +363,8 @@ def test_the_json_protocol_s_target_must_be_signed(node):
     assert not _exists(name)
 
 
-def test_a_presigned_url_lives_at_most_seven_days(node):
-    key = AccessKey.issue(_user())
+def test_a_presigned_url_lives_at_most_seven_days(node, committed):
+    key = _key(committed)
     params = {"Action": "ListQueues"}
     r = requests.get(_presigned(key, f"{node.url}/sqs", params, expires=7 * 24 * 3600), timeout=30)
     assert r.status_code == 200, r.text
@@ -431,8 +374,8 @@ def test_a_presigned_url_lives_at_most_seven_days(node):
 
 
 # --- bodies -------------------------------------------------------------------------------------
-def test_a_deeply_nested_json_body_is_a_400(node):
-    key = AccessKey.issue(_user())
+def test_a_deeply_nested_json_body_is_a_400(node, committed):
+    key = _key(committed)
     for depth in (100_000, 20):
         body = '{"QueueNamePrefix": ' + "[" * depth + "]" * depth + "}"
         headers = _signed(
@@ -446,23 +389,28 @@ def test_a_deeply_nested_json_body_is_a_400(node):
 
 
 # --- SenderId -----------------------------------------------------------------------------------
-def test_sender_id_is_an_opaque_id_of_the_user_never_its_key(node):
-    producer, consumer = _user("producer"), _user("consumer")
-    first, second = AccessKey.issue(producer), AccessKey.issue(producer)
-    other = AccessKey.issue(consumer)
+def test_sender_id_is_an_opaque_id_of_the_user_never_its_key(node, committed):
+    producer, consumer = committed(lambda: (_user("producer"), _user("consumer")))
+    first, second = committed(lambda: (AccessKey.issue(producer), AccessKey.issue(producer)))
+    other = committed(lambda: AccessKey.issue(consumer))
     name = _name()
     url = _client(node, first).create_queue(QueueName=name)["QueueUrl"]
-    Grant.objects.create(user=consumer, queue=Queue.objects.get(name=name), action="produce")
-    Grant.objects.create(user=consumer, queue=Queue.objects.get(name=name), action="consume")
+
+    def grants() -> None:
+        Grant.objects.create(user=consumer, queue=Queue.objects.get(name=name), action="produce")
+        Grant.objects.create(user=consumer, queue=Queue.objects.get(name=name), action="consume")
+
+    committed(grants)
 
     def send(key: AccessKey, body: str) -> None:
         deadline = time.monotonic() + 20
+        sqs = _client(node, key)
         while True:
             try:
-                _client(node, key).send_message(QueueUrl=url, MessageBody=body)
+                sqs.send_message(QueueUrl=url, MessageBody=body)
                 return
-            except ClientError as exc:  # the node reads grants again within a few seconds
-                if _code_of(exc) != "QueueDoesNotExist" or time.monotonic() > deadline:
+            except sqs.exceptions.QueueDoesNotExist:  # the node reads grants again within a few seconds
+                if time.monotonic() > deadline:
                     raise
 
     send(first, "a")
