@@ -139,10 +139,6 @@ def cancel(handle: str) -> int:
 
 
 # --- running a task -------------------------------------------------------------------------------
-class _Cancelled(Exception):
-    pass
-
-
 class _Runner:
     """One task's rounds, on its own thread: each round moves at most ``rate`` messages (when
     given) and is followed by the rest of its second, the status read every ``_POLL`` seconds."""
@@ -153,45 +149,50 @@ class _Runner:
 
     def run(self) -> None:
         try:
-            self._rounds()
-        except _Cancelled:
-            _end(self.task_id, self.moved, MoveTask.CANCELLED)
+            ended = self._rounds()
         except SQSError as exc:
             _end(self.task_id, self.moved, MoveTask.FAILED, f"{exc.code}: {exc.message}")
         except Exception as exc:  # the task records why it failed; the node goes on
             log.exception("message move task %s failed", self.task_id)
             _end(self.task_id, self.moved, MoveTask.FAILED, f"{type(exc).__name__}: {exc}")
         else:
-            _end(self.task_id, self.moved, MoveTask.COMPLETED)
+            _end(self.task_id, self.moved, ended)
         finally:
             connection.close()
 
-    def _check(self) -> None:
-        if _status(self.task_id) != MoveTask.RUNNING:
-            raise _Cancelled
+    def _running(self) -> bool:
+        """Whether the task is still to run (False: it was cancelled)."""
+        return _status(self.task_id) == MoveTask.RUNNING
 
-    def _pace(self, started: float, n: int) -> None:
-        """Wait out the round's share of the rate, reading the status meanwhile."""
+    def _pace(self, started: float, n: int) -> bool:
+        """Wait out the round's share of the rate, reading the status meanwhile; False when
+        the task was cancelled."""
         if self.rate is None:
-            return
+            return True
         until = started + n / self.rate
         while (left := until - time.monotonic()) > 0:
             time.sleep(min(_POLL, left))
-            self._check()
+            if not self._running():
+                return False
+        return True
 
-    def _rounds(self) -> None:
+    def _rounds(self) -> str:
+        """Move round after round; the status the task ends in (completed or cancelled)."""
         batch = min(self.rate or _ROUND, _ROUND)
         # at most as many rounds as the source held messages when it started (a FIFO queue
         # gives one a group a round), so messages that keep coming do not keep it running
         for _ in range(self.to_move + 2):
-            self._check()
+            if not self._running():
+                return MoveTask.CANCELLED
             started = time.monotonic()
             n = self._round(batch)
             if n == 0:
-                return
+                break
             self.moved += n
             _progress(self.task_id, self.moved)
-            self._pace(started, n)
+            if not self._pace(started, n):
+                return MoveTask.CANCELLED
+        return MoveTask.COMPLETED
 
     def _round(self, batch: int) -> int:
         with service_errors():

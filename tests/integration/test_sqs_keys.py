@@ -156,7 +156,7 @@ class _StoreDown:
     put = get
 
 
-def test_a_user_deleted_in_the_console_while_the_store_is_down_gets_503_and_stays(client, owner, monkeypatch):
+def test_a_user_deleted_in_the_console_while_the_store_is_down_gets_503_and_stays(client, owner, monkeypatch, runtime):
     # given an operator in the console, and a user, while the key-value store is down
     from sqs import keys
 
