@@ -117,18 +117,25 @@ def _ran(out: Path) -> Counter:
     return done
 
 
-def test_a_celery_worker_runs_every_task_once_over_sqs(node, access_key, tmp_path, monkeypatch):
-    queue = f"celery-{uuid.uuid4().hex[:8]}"
-    out = tmp_path / "ran"
-    out.mkdir()
-    env = {
+def _worker_env(node, access_key, queue: str, out, **extra: str) -> dict[str, str]:
+    """The environment of the Celery app of tests/integration/sqs_celery_app.py (its broker
+    the node's SQS endpoint, its queue, the folder its tasks write to)."""
+    return {
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "MQ_SQS_BROKER_URL": _broker_url(node, access_key),
         "MQ_SQS_QUEUE": queue,
         "MQ_SQS_OUT": str(out),
         "MQ_SQS_VISIBILITY": str(VISIBILITY),
+        **extra,
     }
+
+
+def test_a_celery_worker_runs_every_task_once_over_sqs(node, access_key, tmp_path, monkeypatch):
+    queue = f"celery-{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "ran"
+    out.mkdir()
+    env = _worker_env(node, access_key, queue, out)
     # Celery's CELERY_BROKER_URL wins over the app's broker_url: the suite's (Redis) must go
     env.pop("CELERY_BROKER_URL", None)
     monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
@@ -177,15 +184,7 @@ def test_a_celery_task_over_sqs_continues_its_senders_trace_in_the_worker(node, 
     out = tmp_path / "ran"
     out.mkdir()
     traces = tmp_path / "worker-spans.jsonl"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "MQ_SQS_BROKER_URL": _broker_url(node, access_key),
-        "MQ_SQS_QUEUE": queue,
-        "MQ_SQS_OUT": str(out),
-        "MQ_SQS_VISIBILITY": str(VISIBILITY),
-        "MQ_SQS_TRACES": str(traces),
-    }
+    env = _worker_env(node, access_key, queue, out, MQ_SQS_TRACES=str(traces))
     env.pop("CELERY_BROKER_URL", None)
     monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
     from tests.integration.sqs_celery_app import app, record
