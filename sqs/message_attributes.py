@@ -69,6 +69,12 @@ def md5_of_body(body: str) -> str:
     return hashlib.md5(body.encode("utf-8"), usedforsecurity=False).hexdigest()
 
 
+def valid_text(text: str) -> bool:
+    """Whether ``text`` has none of :data:`INVALID_CHARS` (printable ASCII, most texts, is
+    told without the pattern)."""
+    return (text.isascii() and text.isprintable()) or not INVALID_CHARS.search(text)
+
+
 def checked_message_attributes(value: Any, where: str = "") -> dict[str, tuple[str, str | bytes]]:
     """MessageAttributes checked: name -> (data type, text or bytes)."""
     if value is None:
@@ -119,12 +125,20 @@ def checked_message_attributes(value: Any, where: str = "") -> dict[str, tuple[s
 
 
 def stored_attributes(
-    attrs: dict[str, tuple[str, str | bytes]], meta: dict[str, Any], *, queue: str, body: str
+    attrs: dict[str, tuple[str, str | bytes]],
+    meta: dict[str, Any],
+    *,
+    queue: str,
+    body: str,
+    body_hash: str | None = None,
 ) -> dict[str, Any] | None:
     """As the service stores them: name -> text (binary as base64), the rest under ``META``
-    (a string: ``meta.encode``) for a message of ``queue`` with ``body``."""
+    (a string: ``meta.encode``) for a message of ``queue`` with ``body`` (``body_hash``: its
+    SHA-256, hex, when the caller has it)."""
     if not attrs and not meta:
         return None
+    if not attrs:  # (most messages: the sender's metadata only)
+        return {META: sqs_meta.encode({}, meta, queue=queue, body=body, body_hash=body_hash)}
     out: dict[str, Any] = {}
     types = {}
     for name, (data_type, value) in attrs.items():
@@ -134,7 +148,7 @@ def stored_attributes(
     if types:
         meta = {**meta, "types": types}
     if meta:
-        out[META] = sqs_meta.encode(out, meta, queue=queue, body=body)
+        out[META] = sqs_meta.encode(out, meta, queue=queue, body=body, body_hash=body_hash)
     return out
 
 

@@ -74,26 +74,53 @@ def _canonical(value: Any) -> bytes:
     return _text(value).encode("utf-8", "surrogatepass")
 
 
-def _seal(queue: str, body: str, attributes: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
+@lru_cache(maxsize=256)
+def _sender_only(sender: str) -> bytes:
+    """``_canonical({"sender": sender})``: the metadata of most messages, made once a sender."""
+    return _canonical({"sender": sender})
+
+
+def _seal(
+    queue: str, body: str, attributes: Mapping[str, Any], meta: Mapping[str, Any], body_hash: str | None = None
+) -> str:
+    """``body_hash``: the body's SHA-256 (hex) when the caller has it already."""
+    if body_hash is None:
+        body_hash = hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest()
+    others = {k: v for k, v in attributes.items() if k != KEY}
+    rest = {k: v for k, v in meta.items() if k != _SEAL}
+    sender = rest.get("sender")
     message = b"\n".join(
         (
             queue.encode(),
-            hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest().encode(),
-            _canonical({k: v for k, v in attributes.items() if k != KEY}),
-            _canonical({k: v for k, v in meta.items() if k != _SEAL}),
+            body_hash.encode(),
+            _canonical(others) if others else b"{}",
+            _sender_only(sender) if len(rest) == 1 and isinstance(sender, str) else _canonical(rest),
         )
     )
     return hmac.digest(_key(settings.CLUSTER_SECRET), message, "sha256").hex()[:32]
 
 
-def encode(attributes: Mapping[str, Any], meta: Mapping[str, Any], *, queue: str, body: str) -> str:
+def encode(
+    attributes: Mapping[str, Any], meta: Mapping[str, Any], *, queue: str, body: str, body_hash: str | None = None
+) -> str:
     """The text of :data:`KEY` for a message of ``queue`` with ``body`` and ``attributes`` (the
-    stored ones, without :data:`KEY`); a ``sender`` in ``meta`` is sealed."""
+    stored ones, without :data:`KEY`); a ``sender`` in ``meta`` is sealed. ``body_hash``: the
+    body's SHA-256 (hex), when the caller has it already."""
     out = dict(meta)
     out.pop(_SEAL, None)
-    if out.get("sender"):
-        out[_SEAL] = _seal(queue, body, attributes, out)
+    sender = out.get("sender")
+    if sender:
+        seal = _seal(queue, body, attributes, out, body_hash)
+        if len(out) == 1 and isinstance(sender, str):
+            # ``_text({"seal": seal, "sender": sender})`` (keys sorted; the seal is hex digits)
+            return f'{{"seal":"{seal}","sender":{_json_string(sender)}}}'
+        out[_SEAL] = seal
     return _text(out)
+
+
+@lru_cache(maxsize=256)
+def _json_string(text: str) -> str:
+    return _text(text)
 
 
 def decode(attributes: Mapping[str, Any] | None, *, body: str, queues: Iterable[str]) -> dict[str, Any]:

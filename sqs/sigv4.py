@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from urllib.parse import parse_qsl, quote
@@ -91,6 +91,8 @@ def _encode(text: str) -> str:
 
 def canonical_query(query: str, *, without: str = "") -> str:
     """Each name and value percent-encoded as SigV4 says (RFC 3986 unreserved kept), sorted."""
+    if not query:
+        return ""  # (a POST's: most calls)
     pairs = [(_encode(k), _encode(v)) for k, v in parse_qsl(query, keep_blank_values=True) if k != without]
     return "&".join(f"{k}={v}" for k, v in sorted(pairs))
 
@@ -149,7 +151,7 @@ def claim(query_string: str, headers: Mapping[str, str]) -> Claim:
     """What a request's signature says of itself (Authorization header, else a presigned query
     string), read without its body and not verified. Raises SignatureError
     (MissingAuthenticationToken, IncompleteSignature, AuthorizationQueryParametersError)."""
-    query = dict(parse_qsl(query_string, keep_blank_values=True))
+    query = dict(parse_qsl(query_string, keep_blank_values=True)) if query_string else {}
     auth = headers.get("authorization", "")
     if auth:
         algorithm, _, rest = auth.partition(" ")
@@ -258,7 +260,7 @@ def verify(
         canonical = canonical_request(req, signed_headers, payload_hash, without=found.without)
         expected = hmac.new(key, string_to_sign(amz_date, cred, canonical).encode("utf-8"), hashlib.sha256).hexdigest()
         if hmac.compare_digest(expected, found.signature):
-            return replace(cred, signed_headers=frozenset(signed_headers))
+            return Credential(cred.access_key_id, cred.date, cred.region, cred.service, frozenset(signed_headers))
     raise SignatureError(
         "SignatureDoesNotMatch",
         "The request signature we calculated does not match the signature you provided. "

@@ -30,6 +30,7 @@ from mq_client.tracing import traceparent_of_xray
 from queues import service, tracing
 from queues.api import throttles
 from queues.api.auth import caller_of_id
+from queues.api.fastpath import DirectAnswer
 from sqs import actions, query, sigv4, wire
 from sqs.context import Context
 from sqs.errors import SQSError
@@ -176,17 +177,29 @@ def _sender_id(user_id: str, secret: str) -> str:
     return "AIDA" + base64.b32encode(digest).decode("ascii")[:17]
 
 
-def _respond(answer: tuple[int, dict[str, str], bytes], request_id: str) -> HttpResponse:
+def _respond(answer: tuple[int, dict[str, str], bytes], request_id: str) -> DirectAnswer:
+    """The answer as the fast path takes it: (status, headers in order, body); its headers are
+    the protocol's (Content-Type first) and the request's ID."""
+    status, headers, body = answer
+    return status, [*headers.items(), ("x-amzn-RequestId", request_id)], body
+
+
+def _http(answer: DirectAnswer) -> HttpResponse:
+    """The answer as Django's response (the same status, headers and body)."""
     status, headers, body = answer
     response = HttpResponse(body, status=status)
-    for k, v in headers.items():
+    for k, v in headers:
         response[k] = v
-    response["x-amzn-RequestId"] = request_id
     return response
 
 
 @csrf_exempt
 def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
+    """One SQS call (:func:`serve`) through Django."""
+    return _http(serve(request, rest))
+
+
+def serve(request: HttpRequest, rest: str = "") -> DirectAnswer:
     """One SQS call. Its key is looked up before the body is read (unknown: refused unread),
     the body read to ``MAX_REQUEST_BYTES``, the signature checked, the user's rate counted."""
     request_id = str(uuid.uuid4())
@@ -257,10 +270,11 @@ def _attach_trace(headers: dict[str, str]) -> object | None:
     return tracing.attach(parent, headers.get("tracestate"))
 
 
-def direct_endpoint(request: HttpRequest, rest: str) -> HttpResponse:
+def direct_endpoint(request: HttpRequest, rest: str) -> DirectAnswer:
     """:func:`endpoint` as the fast path calls it, without Django's middleware (``POST /sqs/...``):
-    the view reads no session, cookie or CSRF token, and finds its caller itself."""
-    return endpoint(request, rest)
+    the view reads no session, cookie or CSRF token, and finds its caller itself; its answer
+    is handed back as it is, with no Django response made of it."""
+    return serve(request, rest)
 
 
 #: The query protocol's answers, as SQS sends them.
@@ -269,7 +283,7 @@ XML = "text/xml"
 UNKNOWN_OPERATION = b"<UnknownOperationException/>"
 
 
-def _error(err: SQSError, json_protocol: bool, request_id: str) -> HttpResponse:
+def _error(err: SQSError, json_protocol: bool, request_id: str) -> DirectAnswer:
     if json_protocol:
         return _respond(wire.encode_error(err), request_id)
     headers = {"Content-Type": XML}

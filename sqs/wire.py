@@ -41,7 +41,8 @@ def decode(headers: Mapping[str, str], body: bytes) -> tuple[str, dict[str, Any]
         raise SQSError("MalformedQueryString", f"the body is not JSON: {exc}") from None
     except RecursionError:
         params = _TOO_DEEP  # nested past the parser's own bound: far past ours
-    if params is _TOO_DEEP or _too_deep(params):
+    # (a body with no more brackets than MAX_DEPTH nests no deeper: most calls need no walk)
+    if params is _TOO_DEEP or (body.count(b"{") + body.count(b"[") > MAX_DEPTH and _too_deep(params)):
         raise SQSError("MalformedQueryString", f"the body nests objects and arrays more than {MAX_DEPTH} deep")
     if not isinstance(params, dict):
         raise SQSError("MalformedQueryString", "the body must be a JSON object")

@@ -154,8 +154,10 @@ def security_headers(secure: bool) -> tuple[tuple[str, str], ...]:
 #: token, message or login: they find their caller in the request themselves, before its body)
 #: and answer every error in their own protocol; the fast path hands them a POST to their path
 #: or under it as Django's request, with the rest of the path after ``path/`` ("" for ``path``
-#: itself): the SQS endpoint.
-DirectView = Callable[[HttpRequest, str], HttpResponse]
+#: itself): the SQS endpoint. Its answer is Django's response, or the answer as it is
+#: (:data:`DirectAnswer`), which spares making a response of it.
+DirectAnswer = tuple[int, list[tuple[str, str]], bytes]
+DirectView = Callable[[HttpRequest, str], HttpResponse | DirectAnswer]
 _DIRECT: list[tuple[str, DirectView]] = []
 
 
@@ -307,11 +309,16 @@ class FastPath:
             response = HttpResponse(b"internal error; see the node's log", status=500, content_type="text/plain")
         finally:
             close_old_connections()
-        body = response.content
-        headers = [(k, v) for k, v in response.items() if k.lower() != "content-length"]
+        if isinstance(response, tuple):
+            status, given, body = response
+            status_line = f"{status} {_REASONS.get(status, 'Unknown Status Code')}"  # (Django's phrases)
+        else:
+            given, body = list(response.items()), response.content
+            status_line = f"{response.status_code} {response.reason_phrase}"
+        headers = [(k, v) for k, v in given if k.lower() != "content-length"]
         have = {k.lower() for k, _ in headers}
         start_response(
-            f"{response.status_code} {response.reason_phrase}",
+            status_line,
             [
                 *headers,
                 ("Content-Length", str(len(body))),

@@ -19,6 +19,7 @@ from queues.models import LIMITS
 from sqs import actions, attributes
 from sqs.context import Context
 from sqs.errors import SQSError
+from sqs.message_attributes import INVALID_CHARS, valid_text
 
 CTX = Context(caller=SYSTEM, base_url="http://node/sqs", account="000000000000", region="eu-west-1")
 MESSAGE_ID = "q/0/0123abcd-0123456789abcdef/7"
@@ -69,3 +70,11 @@ def test_the_queue_attributes_are_bounded_as_the_queue_fields():
         assert bounds[field] == LIMITS[field]
     # SQS's smallest maximum message size is its own, its largest the service's
     assert bounds["max_message_size"] == (attributes.MIN_MESSAGE_SIZE, LIMITS["max_message_size"][1])
+
+
+def test_valid_text_is_the_pattern_s_answer():
+    # printable ASCII is told without the pattern; everything else by it
+    points = [*range(0x80), 0xA0, 0xD7FF, 0xD800, 0xDFFF, 0xE000, 0xFFFD, 0xFFFE, 0xFFFF, 0x10000, 0x10FFFF]
+    for p in points:
+        for text in (chr(p), f"ab{chr(p)}cd"):
+            assert valid_text(text) == (INVALID_CHARS.search(text) is None), hex(p)

@@ -4,6 +4,7 @@ from the nested form stored before, and its sender read only when sealed for the
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -125,3 +126,17 @@ def test_only_a_node_forwards_attributes_past_the_rest_limits():
     assert draft.attributes == sqs_sized
     with pytest.raises(BadRequest):
         enqueue_request({"body": "b", "attributes": {"x": [1]}}, CFG, 0.0, trusted=True)
+
+
+def test_a_seal_made_with_the_body_hash_at_hand_is_the_one_made_from_the_body():
+    body = "hello"
+    digest = hashlib.sha256(body.encode()).hexdigest()
+    for attrs, given in (({}, {"sender": "AIDEXAMPLE"}), ({"kind": "x"}, dict(META))):
+        plain = meta.encode(attrs, given, queue="orders", body=body)
+        assert meta.encode(attrs, given, queue="orders", body=body, body_hash=digest) == plain
+        # the canonical text: keys sorted, no spaces
+        assert plain == json.dumps(json.loads(plain), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        assert meta.decode({**attrs, meta.KEY: plain}, body=body, queues=("orders",))["sender"] == given["sender"]
+    # a sender-only message stores the metadata alone, sealed as any other
+    stored = stored_attributes({}, {"sender": "AIDEXAMPLE"}, queue="orders", body=body, body_hash=digest)
+    assert stored == {meta.KEY: meta.encode({}, {"sender": "AIDEXAMPLE"}, queue="orders", body=body)}

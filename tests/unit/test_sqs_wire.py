@@ -34,3 +34,9 @@ def test_a_body_that_is_no_object_is_refused():
         with pytest.raises(SQSError) as exc:
             wire.decode(HEADERS, body)
         assert exc.value.status == 400
+
+
+def test_brackets_inside_strings_do_not_pass_for_nesting():
+    # more brackets than the bound, all in text: walked, and taken
+    body = json.dumps({"Entries": [{"Id": "a", "MessageBody": "[{" * 40}]}).encode()
+    assert wire.decode(HEADERS, body)[1]["Entries"][0]["MessageBody"] == "[{" * 40
