@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.db import (
     DEFAULT_DB_ALIAS,
+    DatabaseError,
     InterfaceError,
     OperationalError,
     close_old_connections,
@@ -361,11 +362,14 @@ class NodeRuntime:
         if self.is_serving():
             self._claim_partitions()
         self._publish_stats()
-        self._record_rates()
         if self.board is not None:
             for queue in list(self._queue_managers):
                 self.hint(queue, force=True)  # (what came due by the clock, a delayed message's turn)
         self.last_pass = monotonic()
+        try:
+            self._record_rates()
+        except DatabaseError as exc:  # the console's history only: the pass itself is done
+            log.warning("rate history not written: %s", exc)
 
     def is_serving(self) -> bool:
         """Whether this process answers calls (:attr:`serving`; True when not watched)."""
