@@ -164,6 +164,19 @@ class _Runner:
         """Whether the task is still to run (False: it was cancelled)."""
         return _status(self.task_id) == MoveTask.RUNNING
 
+    def _check_rights(self) -> None:
+        """The task's user may still take what each round takes (read now: a user made
+        inactive, or a grant revoked, since the start stops the task, which then fails)."""
+        with service_errors():
+            if self.dest is None:
+                allowed = service.allowed_now(self.q.name, "manage", caller=self.ctx.caller)
+            else:
+                allowed = service.allowed_now(self.q.name, "consume", caller=self.ctx.caller) and (
+                    service.allowed_now(self.dest.name, "produce", caller=self.ctx.caller)
+                )
+        if not allowed:
+            raise SQSError("AccessDenied", "The task's user may no longer move these messages.")
+
     def _pace(self, started: float, n: int) -> bool:
         """Wait out the round's share of the rate, reading the status meanwhile; False when
         the task was cancelled."""
@@ -184,6 +197,7 @@ class _Runner:
         for _ in range(self.to_move + 2):
             if not self._running():
                 return MoveTask.CANCELLED
+            self._check_rights()
             started = time.monotonic()
             n = self._round(batch)
             if n == 0:

@@ -75,7 +75,7 @@ from queues.service.overview import Overview, cluster_overview
 from queues.service.peers import Peers, get_peers, set_peers
 from queues.service.reads import only_permitted, permitted_queues
 from queues.service.runtime import get_runtime, set_runtime
-from queues.service.targets import authorize, begin_call, checked_name, end_call, queue_config, resolve
+from queues.service.targets import allowed_now, authorize, begin_call, checked_name, end_call, queue_config, resolve
 from queues.service.types import (
     AckResult,
     ExpireResult,
@@ -123,6 +123,7 @@ __all__ = [
     "TooManyWaits",
     "Unavailable",
     "ack",
+    "allowed_now",
     "authorize",
     "begin_call",
     "block_messages",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contextvars import ContextVar, Token
 
-from queues.access import Caller, require
+from queues.access import Caller, granted_now, require
 from queues.engine.config import QueueConfig
 from queues.models import QUEUE_NAME_RE
 from queues.service.errors import InvalidRequest, QueueNotFound, SubscriptionNotFound
@@ -43,6 +43,14 @@ def resolve(target: str, *, reading: bool = True) -> tuple[QueueConfig, str]:
             "is_a_topic",
         )
     return cfg, sub
+
+
+def allowed_now(name: str, action: str, *, caller: Caller) -> bool:
+    """Whether ``caller`` may take ``action`` on queue ``name`` by the rows read now (the user
+    still active, its grants now), not by the rules cached for a while: for work that goes on
+    long after its call was checked (a message move task). Raises QueueNotFound."""
+    cfg = queue_config(name)
+    return action in granted_now(caller, cfg.id, cfg.name, cfg.created_by)
 
 
 def authorize(target: str, action: str, *, caller: Caller, reading: bool = False) -> tuple[QueueConfig, str]:

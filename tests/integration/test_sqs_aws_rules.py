@@ -473,3 +473,23 @@ def test_a_cancel_from_another_process_stops_the_move(module_node, key, committe
     assert task["Status"] == "CANCELLED"
     done = task["ApproximateNumberOfMessagesMoved"]
     assert (_depth(api, dest), _depth(api, source)) == (done, 8 - done) and done < 8
+
+
+def test_a_move_task_whose_user_is_made_inactive_stops_and_fails(module_node, committed):
+    """The task runs on after its start was checked: each round reads its user's rights again."""
+    from sqs.models import MoveTask
+
+    user = committed(lambda: User.objects.create(username=_name("mover")))
+    api = Api(module_node, committed(lambda: AccessKey.issue(user)), "json")
+    *_, handle = _slow_move(api, 8)
+    # when the task's user is made inactive while it moves one message a second
+    committed(lambda: User.objects.filter(pk=user.pk).update(is_active=False))
+    # then the task ends, failed, before it moved them all
+    wait_until(
+        lambda: MoveTask.objects.filter(handle=handle).exclude(status=MoveTask.RUNNING).exists(),
+        30,
+        "the move task to end",
+    )
+    task = MoveTask.objects.get(handle=handle)
+    assert task.status == MoveTask.FAILED and "AccessDenied" in task.failure_reason
+    assert task.moved < 8
