@@ -343,8 +343,8 @@ def cancel_message_move_task(params: dict[str, Any], ctx: Context) -> dict[str, 
     if task is None:
         raise SQSError("ResourceNotFoundException", "No task of that TaskHandle is running.")
     q = _queue_of_arn({"SourceArn": task["sourceArn"]}, "SourceArn", ctx, required=True)
-    running = move_tasks.running(q)
-    if running is None or running.handle != handle:
+    running = move_tasks.running(q, handle)
+    if running is None:
         raise SQSError("ResourceNotFoundException", "No task of that TaskHandle is running.")
     with service_errors():
         require(ctx.caller, "consume" if running.destination_arn else "manage", q.pk, q.name, q.created_by_id)

@@ -26,10 +26,11 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from queues import service
+from queues.models import Queue
 from sqs.context import Context, service_errors
 from sqs.errors import SQSError
 from sqs.models import MoveTask
@@ -121,9 +122,13 @@ def recent(q: Any, limit: int) -> list[dict[str, Any]]:
     return [entry(t) for t in MoveTask.objects.filter(queue_id=q.pk).order_by("-started_ms", "-pk")[:limit]]
 
 
-def running(q: Any) -> MoveTask | None:
-    """The task of source queue ``q`` that is running or being cancelled, if any."""
-    for task in MoveTask.objects.filter(queue_id=q.pk, status__in=_ACTIVE):
+def running(q: Any, handle: str | None = None) -> MoveTask | None:
+    """The task of source queue ``q`` (of ``handle``, when given) that is running or being
+    cancelled, if any."""
+    tasks = MoveTask.objects.filter(queue_id=q.pk, status__in=_ACTIVE)
+    if handle is not None:
+        tasks = tasks.filter(handle=handle)
+    for task in tasks:
         if not _stale(task):
             return task
     return None
@@ -247,15 +252,23 @@ def start(
     with service_errors():
         to_move = int(service.queue_stats(q.name, caller=ctx.caller)["depth"])
     handle = task_handle(source_arn)
-    task = MoveTask.objects.create(
-        handle=handle,
-        queue_id=q.pk,
-        source_arn=source_arn,
-        destination_arn=destination_arn or "",
-        to_move=to_move,
-        rate=rate,
-        started_ms=int(time.time() * 1000),
-    )
+    with transaction.atomic():
+        # One task a source at a time: two starts at once queue on the source's row, and the
+        # second finds the first's task.
+        list(Queue.objects.select_for_update().filter(pk=q.pk).values_list("pk", flat=True))
+        if running(q) is not None:
+            raise SQSError(
+                "UnsupportedOperation", "A message move task of this source queue is running: one at a time."
+            )
+        task = MoveTask.objects.create(
+            handle=handle,
+            queue_id=q.pk,
+            source_arn=source_arn,
+            destination_arn=destination_arn or "",
+            to_move=to_move,
+            rate=rate,
+            started_ms=int(time.time() * 1000),
+        )
     old = MoveTask.objects.filter(queue_id=q.pk).order_by("-started_ms", "-pk").values_list("pk", flat=True)
     MoveTask.objects.filter(pk__in=list(old[MoveTask.KEEP :])).exclude(status__in=_ACTIVE).delete()
     runner = _Runner(task.pk, q, ctx, dest, rate, to_move)
