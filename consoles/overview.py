@@ -37,7 +37,14 @@ def _after(raw: str | None) -> float | None:
         value = float(raw or "")
     except ValueError:
         return None
-    return value if math.isfinite(value) else None
+    if not math.isfinite(value):
+        return None
+    # (a time outside what a datetime holds asks for nothing newer, or everything kept)
+    return min(max(value, 0.0), MAX_EPOCH)
+
+
+#: The latest ``history_after`` taken (the year 9000): past it, a datetime cannot hold it.
+MAX_EPOCH = 221_845_392_000.0
 
 
 def overview_json(request: HttpRequest) -> JsonResponse:

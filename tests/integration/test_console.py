@@ -360,6 +360,11 @@ def test_the_overview_opens_with_the_last_hour_of_each_queues_rates(
     assert [p[0] for p in shown["history"]] == steps
     later = admin_client.get(reverse("admin:overview_json"), {"history_after": steps[1]}).json()
     assert [p[0] for q in later["queues"] if q["name"] == name for p in q["history"]] == steps[2:]
+    # and a time no datetime holds asks for nothing newer, or for all there is
+    for after, points in (("1e300", []), ("-1e300", steps)):
+        r = admin_client.get(reverse("admin:overview_json"), {"history_after": after})
+        assert r.status_code == 200, r.content
+        assert [p[0] for q in r.json()["queues"] if q["name"] == name for p in q["history"]] == points
 
 
 def test_a_pass_whose_rate_history_cannot_be_written_still_ends(runtime, make_queue, monkeypatch):
