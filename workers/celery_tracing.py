@@ -102,7 +102,8 @@ def _failed(task_id: str | None = None, exception: BaseException | None = None, 
 
 
 def _finished(task_id: str | None = None, state: str | None = None, **kwargs: Any) -> None:
-    if not ON or task_id is None:
+    # (whatever ON is now: a span begun while it was on is ended, its context detached)
+    if task_id is None:
         return
     found = _running.pop(task_id, None)
     if found is None:
