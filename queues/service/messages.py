@@ -814,25 +814,29 @@ def ack(
         return tracing.ack_span(ack, target, items, caller=caller, hops=hops, unexpired=unexpired, _in_span=True)
     cfg, sub = authorize(target, "consume", caller=caller, reading=True)
     rt = get_runtime()
-    give_up = monotonic() + _owner_wait()
+    give_up: float | None = None  # (set at the first miss: nearly every ack finds its owners)
     while True:
         local, remote, unowned = _ack_route(cfg, items, hops)
-        try:
-            if unowned is not None:
-                raise _unserved(cfg, f"partition {cfg.name}/{unowned} has no live owner now; retry")
-            if check_only or remote:
-                if local:
-                    _check_local(cfg.name, local, sub, unexpired)
-                if check_only:
-                    return AckResult(0, 0)
-                for address, batch in remote.items():
-                    get_peers().check_ack(address, target, batch, hops, caller, unexpired=unexpired)
-            break
-        except (PeerUnreachable, NotServedHere):
-            # No owner now, or one that did not answer a check (which removes nothing): look
-            # again for where the partitions are, as an enqueue waits for its partition's owner.
-            if hops >= MAX_HOPS or monotonic() >= give_up or cfg.name not in rt.queues:
-                raise
+        missed: PeerUnreachable | None = None
+        if unowned is None:
+            try:
+                if check_only or remote:
+                    if local:
+                        _check_local(cfg.name, local, sub, unexpired)
+                    if check_only:
+                        return AckResult(0, 0)
+                    for address, batch in remote.items():
+                        get_peers().check_ack(address, target, batch, hops, caller, unexpired=unexpired)
+                break
+            except PeerUnreachable as exc:  # a check removes nothing: it may be made elsewhere
+                missed = exc
+        # No owner now, or one that did not answer: look again for where the partitions are,
+        # as an enqueue waits for its partition's owner.
+        give_up = give_up or monotonic() + _owner_wait()
+        if hops >= MAX_HOPS or monotonic() >= give_up or cfg.name not in rt.queues:
+            if missed is not None:
+                raise missed
+            raise _unserved(cfg, f"partition {cfg.name}/{unowned} has no live owner now; retry")
         time.sleep(OWNER_LOOK)
         rt.router.forget(cfg.id)
     acked = not_found = 0
