@@ -40,7 +40,6 @@ from typing import Any
 
 from mq_client.tracing import TRACEPARENT, xray_of_traceparent
 from queues import service
-from queues.access import require
 from queues.models import LIMITS
 from sqs import ids, move_tasks, permissions
 from sqs import service as sqs_service
@@ -313,15 +312,6 @@ def start_message_move_task(params: dict[str, Any], ctx: Context) -> dict[str, A
         raise invalid("The source queue and the destination queue must be of the same type (FIFO or standard).")
     if dest is not None and dest.pk == q.pk:
         raise invalid("The destination queue must not be the source queue.")
-    # the rights the task needs, checked before it starts
-    with service_errors():
-        if dest is None:
-            require(ctx.caller, "manage", q.pk, q.name, q.created_by_id)
-        else:
-            require(ctx.caller, "consume", q.pk, q.name, q.created_by_id)
-            require(ctx.caller, "produce", dest.pk, dest.name, dest.created_by_id)
-    if move_tasks.running(q) is not None:
-        raise SQSError("UnsupportedOperation", "A message move task of this source queue is running: one at a time.")
     source, destination = params["SourceArn"], params.get("DestinationArn")
     return {"TaskHandle": move_tasks.start(q, source, ctx, dest, destination, rate)}
 
@@ -343,12 +333,7 @@ def cancel_message_move_task(params: dict[str, Any], ctx: Context) -> dict[str, 
     if task is None:
         raise SQSError("ResourceNotFoundException", "No task of that TaskHandle is running.")
     q = _queue_of_arn({"SourceArn": task["sourceArn"]}, "SourceArn", ctx, required=True)
-    running = move_tasks.running(q, handle)
-    if running is None:
-        raise SQSError("ResourceNotFoundException", "No task of that TaskHandle is running.")
-    with service_errors():
-        require(ctx.caller, "consume" if running.destination_arn else "manage", q.pk, q.name, q.created_by_id)
-    return {"ApproximateNumberOfMessagesMoved": move_tasks.cancel(handle)}
+    return {"ApproximateNumberOfMessagesMoved": move_tasks.cancel(q, handle, ctx)}
 
 
 # --- messages -----------------------------------------------------------------------------------

@@ -6,11 +6,13 @@ once the task has ended or after ``ANSWER_WITHIN`` seconds, whichever is first (
 rate answers at once), so a small redrive has ended when it is answered.
 
 A task is a row (``models.MoveTask``): whichever process of the node a ListMessageMoveTasks or
-a CancelMessageMoveTask lands on reads or changes that row. A cancel turns ``RUNNING`` into
+a CancelMessageMoveTask lands on reads or changes that row. :func:`start` and :func:`cancel`
+check the caller's rights themselves and record ``move_start`` and ``move_cancel`` in the
+audit trail; a task that ends records ``move_end`` with what it moved, as its user. A cancel turns ``RUNNING`` into
 ``CANCELLING``; the running thread reads the status between rounds (and every ``_POLL``
 seconds while it waits for its rate), stops, and writes ``CANCELLED``: what it moved stays
 moved. A running task whose process has written nothing for ``STALE`` seconds (the process
-ended) is listed ``FAILED``. Its handle is SQS's: the base64 of a JSON object with its
+ended) is ``FAILED``: its row is marked so when it is next read. Its handle is SQS's: the base64 of a JSON object with its
 ``taskId`` and ``sourceArn``.
 """
 
@@ -30,6 +32,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from queues import service
+from queues.access import audit, require
 from queues.models import Queue
 from sqs.context import Context, service_errors
 from sqs.errors import SQSError
@@ -49,6 +52,8 @@ ANSWER_WITHIN = 5.0
 STALE = 120.0
 #: a task's FailureReason when its process ended while it ran.
 LOST = "The process running the task stopped before it ended."
+#: a task's FailureReason when it stopped on an error of ours (the node's log has the error).
+BROKEN = "The task stopped on an internal error; the node's log names it."
 #: MaxNumberOfMessagesPerSecond's range (SQS's).
 MAX_RATE = 500
 
@@ -81,23 +86,35 @@ def _progress(task_id: int, moved: int) -> None:
     MoveTask.objects.filter(pk=task_id).update(moved=moved, beat_at=timezone.now())
 
 
-def _end(task_id: int, moved: int, status: str, reason: str = "") -> None:
-    """``status`` (COMPLETED or FAILED) if the task still runs; CANCELLED if it was cancelled."""
+def _end(task_id: int, moved: int, status: str, reason: str = "") -> str:
+    """``status`` (COMPLETED or FAILED) if the task still runs; CANCELLED if it was cancelled:
+    the status written."""
     now = timezone.now()
     fields: dict[str, Any] = {"moved": moved, "beat_at": now, "failure_reason": reason[:300]}
-    if not MoveTask.objects.filter(pk=task_id, status=MoveTask.RUNNING).update(status=status, **fields):
-        MoveTask.objects.filter(pk=task_id, status=MoveTask.CANCELLING).update(status=MoveTask.CANCELLED, **fields)
+    if MoveTask.objects.filter(pk=task_id, status=MoveTask.RUNNING).update(status=status, **fields):
+        return status
+    MoveTask.objects.filter(pk=task_id, status=MoveTask.CANCELLING).update(status=MoveTask.CANCELLED, **fields)
+    return MoveTask.CANCELLED
 
 
 def _stale(task: MoveTask) -> bool:
-    return task.status in _ACTIVE and timezone.now() - task.beat_at > timedelta(seconds=STALE)
+    """Whether ``task`` is listed as running but its process wrote nothing for ``STALE``
+    seconds; if so, its row is marked FAILED (``LOST``) now, and ``task`` with it."""
+    if task.status not in _ACTIVE or timezone.now() - task.beat_at <= timedelta(seconds=STALE):
+        return False
+    MoveTask.objects.filter(pk=task.pk, status__in=_ACTIVE, beat_at=task.beat_at).update(
+        status=MoveTask.FAILED, failure_reason=LOST
+    )
+    task.status, task.failure_reason = MoveTask.FAILED, LOST
+    return True
 
 
 def entry(task: MoveTask) -> dict[str, Any]:
     """ListMessageMoveTasks' entry of ``task``: its TaskHandle only while it runs, its
     FailureReason only when it failed, DestinationArn and MaxNumberOfMessagesPerSecond only
     when it was started with them (SQS's)."""
-    status, reason = (MoveTask.FAILED, LOST) if _stale(task) else (task.status, task.failure_reason)
+    _stale(task)
+    status, reason = task.status, task.failure_reason
     out: dict[str, Any] = {
         "Status": status,
         "SourceArn": task.source_arn,
@@ -134,13 +151,32 @@ def running(q: Any, handle: str | None = None) -> MoveTask | None:
     return None
 
 
-def cancel(handle: str) -> int:
-    """Cancel the running task of ``handle``: its ApproximateNumberOfMessagesMoved so far.
-    ResourceNotFoundException if no task of that handle is running."""
-    if not MoveTask.objects.filter(handle=handle, status=MoveTask.RUNNING).update(status=MoveTask.CANCELLING):
+def _require_rights(q: Any, dest: Any, ctx: Context) -> None:
+    """The rights a task of source ``q`` needs: ``manage`` on it for a redrive, ``consume`` on
+    it and ``produce`` on the destination for a move to a DestinationArn."""
+    with service_errors():
+        if dest is None:
+            require(ctx.caller, "manage", q.pk, q.name, q.created_by_id)
+        else:
+            require(ctx.caller, "consume", q.pk, q.name, q.created_by_id)
+            require(ctx.caller, "produce", dest.pk, dest.name, dest.created_by_id)
+
+
+def cancel(q: Any, handle: str, ctx: Context) -> int:
+    """Cancel the running task of ``handle`` (of source queue ``q``) as ``ctx.caller``, who
+    needs the rights that starting it needs: its ApproximateNumberOfMessagesMoved so far.
+    ResourceNotFoundException if no task of that handle is running. Recorded as ``move_cancel``."""
+    task = running(q, handle)
+    if task is None:
         raise SQSError("ResourceNotFoundException", "No task of that TaskHandle is running.")
-    moved = MoveTask.objects.filter(handle=handle).values_list("moved", flat=True).first()
-    return int(moved or 0)
+    with service_errors():
+        require(ctx.caller, "consume" if task.destination_arn else "manage", q.pk, q.name, q.created_by_id)
+    with transaction.atomic():
+        if not MoveTask.objects.filter(pk=task.pk, status=MoveTask.RUNNING).update(status=MoveTask.CANCELLING):
+            raise SQSError("ResourceNotFoundException", "No task of that TaskHandle is running.")
+        moved = int(MoveTask.objects.filter(pk=task.pk).values_list("moved", flat=True).first() or 0)
+        audit.record(ctx.caller, "move_cancel", q.name, task=task.pk, moved=moved)
+    return moved
 
 
 # --- running a task -------------------------------------------------------------------------------
@@ -154,14 +190,18 @@ class _Runner:
 
     def run(self) -> None:
         try:
-            ended = self._rounds()
-        except SQSError as exc:
-            _end(self.task_id, self.moved, MoveTask.FAILED, f"{exc.code}: {exc.message}")
-        except Exception as exc:  # the task records why it failed; the node goes on
-            log.exception("message move task %s failed", self.task_id)
-            _end(self.task_id, self.moved, MoveTask.FAILED, f"{type(exc).__name__}: {exc}")
-        else:
-            _end(self.task_id, self.moved, ended)
+            try:
+                ended = self._rounds()
+            except SQSError as exc:
+                ended = _end(self.task_id, self.moved, MoveTask.FAILED, f"{exc.code}: {exc.message}")
+            except Exception:  # the log has the error; the task's row says only that it failed
+                log.exception("message move task %s failed", self.task_id)
+                ended = _end(self.task_id, self.moved, MoveTask.FAILED, BROKEN)
+            else:
+                ended = _end(self.task_id, self.moved, ended)
+            audit.record(self.ctx.caller, "move_end", self.q.name, task=self.task_id, status=ended, moved=self.moved)
+        except Exception:  # the rows' store is gone: the task is listed FAILED once STALE passes
+            log.exception("message move task %s could not record its end", self.task_id)
         finally:
             connection.close()
 
@@ -248,7 +288,10 @@ def start(
 ) -> str:
     """Start a task moving the dead letters of queue ``q`` (named by ``source_arn``) back to
     where they came from, or every message of it to queue ``dest`` (named by
-    ``destination_arn``), as ``ctx.caller``: its handle. Raises SQSError."""
+    ``destination_arn``), as ``ctx.caller``, who needs ``manage`` on ``q`` for a redrive, or
+    ``consume`` on it and ``produce`` on ``dest``: its handle. Recorded as ``move_start``.
+    Raises SQSError."""
+    _require_rights(q, dest, ctx)
     with service_errors():
         to_move = int(service.queue_stats(q.name, caller=ctx.caller)["depth"])
     handle = task_handle(source_arn)
@@ -268,6 +311,15 @@ def start(
             to_move=to_move,
             rate=rate,
             started_ms=int(time.time() * 1000),
+        )
+        audit.record(
+            ctx.caller,
+            "move_start",
+            q.name,
+            task=task.pk,
+            destination=destination_arn or None,
+            rate=rate,
+            to_move=to_move,
         )
     old = MoveTask.objects.filter(queue_id=q.pk).order_by("-started_ms", "-pk").values_list("pk", flat=True)
     MoveTask.objects.filter(pk__in=list(old[MoveTask.KEEP :])).exclude(status__in=_ACTIVE).delete()

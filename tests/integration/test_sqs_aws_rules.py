@@ -421,6 +421,14 @@ def test_a_cancelled_move_task_stops_and_keeps_what_it_moved(api):
     assert (_depth(api, dest), _depth(api, source)) == (done, 8 - done)
     # a cancelled task is not running: not cancelled again
     assert _refused(api, "CancelMessageMoveTask", TaskHandle=handle).code == NO_TASK
+    # the audit trail has the task's start, its cancel and its end, by the key's user
+    from queues.models import AuditEntry
+
+    trail = list(AuditEntry.objects.filter(target=source.rsplit("/", 1)[1]).order_by("at", "pk"))
+    moves = [(e.actor, e.action) for e in trail if e.action.startswith("move_")]
+    user = api.key.user.get_username()
+    assert moves == [(user, "move_start"), (user, "move_cancel"), (user, "move_end")]
+    assert trail[-1].detail["status"] == "CANCELLED" and trail[-1].detail["moved"] == done
 
 
 def test_only_a_running_task_is_cancelled(api):
@@ -455,6 +463,69 @@ def test_list_message_move_tasks_answers_the_most_recent_up_to_max_results(api):
     assert stamps == sorted(stamps, reverse=True)
     for bad in (0, 11):
         assert _refused(api, "ListMessageMoveTasks", SourceArn=arn, MaxResults=bad).code == "InvalidParameterValue"
+
+
+def test_a_task_whose_process_stopped_is_failed_in_its_row_when_listed(api, committed):
+    """A RUNNING row whose process stopped writing (a node killed mid-task) is listed FAILED
+    and its row says so from then on: no other process finds it running."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from queues.models import Queue
+    from sqs import move_tasks
+    from sqs.models import MoveTask
+
+    source = api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
+    arn = _arn(api, source)
+    q = Queue.objects.get(name=source.rsplit("/", 1)[1])
+    old = timezone.now() - timedelta(seconds=move_tasks.STALE + 5)
+    task = committed(
+        lambda: MoveTask.objects.create(
+            handle=move_tasks.task_handle(arn), queue_id=q.pk, source_arn=arn, started_ms=1, beat_at=old
+        )
+    )
+    (listed,) = _tasks(api, arn)
+    assert (listed["Status"], listed["FailureReason"]) == ("FAILED", move_tasks.LOST)
+    assert "TaskHandle" not in listed
+    row = MoveTask.objects.get(pk=task.pk)
+    assert (row.status, row.failure_reason) == (MoveTask.FAILED, move_tasks.LOST)
+    # a new task of the source may start: none is running
+    api("StartMessageMoveTask", SourceArn=arn)
+    assert _tasks(api, arn)[0]["Status"] == "COMPLETED"
+
+
+def test_a_task_stopped_by_an_error_of_ours_names_no_internals(module_node, committed, caplog):
+    """The error goes to the log; the row's FailureReason says only that it was internal. (The
+    task runs on a thread of its own, with its own connection, as in a node.)"""
+    import threading
+
+    from queues.access import SYSTEM
+    from queues.models import Queue
+    from sqs import move_tasks
+    from sqs.context import Context
+    from sqs.models import MoveTask
+
+    q = committed(lambda: Queue.objects.create(name=_name("broken")))
+    task = committed(
+        lambda: MoveTask.objects.create(handle=_name("h"), queue_id=q.pk, source_arn="arn:aws:sqs:x:1:q", started_ms=1)
+    )
+
+    class Exploding:
+        pk, created_by_id = q.pk, None
+
+        @property
+        def name(self) -> str:
+            raise RuntimeError("SELECT secret FROM somewhere")
+
+    ctx = Context(caller=SYSTEM, base_url="http://n/sqs", account="000000000000", region="eu-west-1")
+    with caplog.at_level("ERROR"):
+        thread = threading.Thread(target=move_tasks._Runner(task.pk, Exploding(), ctx, None, None, 1).run)
+        thread.start()
+        thread.join(30)
+    row = MoveTask.objects.get(pk=task.pk)
+    assert (row.status, row.failure_reason) == (MoveTask.FAILED, move_tasks.BROKEN)
+    assert "secret" not in row.failure_reason and "SELECT secret" in caplog.text
 
 
 def test_a_cancel_from_another_process_stops_the_move(module_node, key, committed):
