@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import unquote_to_bytes
 from xml.sax.saxutils import escape
 
 from queues.errors import ServiceError
 from sqs.query_shapes import ERROR_CODES, OPERATIONS, SHAPES, XML_NAMESPACE
 
-__all__ = ["NOT_AT_A_QUEUE_URL", "QueryError", "decode", "encode", "encode_error", "query_error_code"]
+__all__ = ["NOT_AT_A_QUEUE_URL", "QueryError", "decode", "encode", "encode_error", "parse_form", "query_error_code"]
 
 _INDEX = re.compile(r"[1-9][0-9]{0,5}")
 
@@ -72,6 +74,39 @@ def query_error_code(code: str) -> str:
 
 
 # -- decode -------------------------------------------------------------------------------------
+
+
+def _unquote(raw: bytes, encoding: str) -> str:
+    """``raw`` (one key or value of a form) with ``+`` as a space and its percent-escapes
+    decoded, as ``urllib.parse.unquote_plus`` reads it. The escapes are decoded in C, as
+    ``\\xNN`` escapes (``codecs.escape_decode``; the backslashes of the text doubled first):
+    urllib decodes them one by one in Python, slow on a large non-ASCII text (figures in
+    ``docs/explanation/performance.md``). A ``%`` not followed by two hex digits stays, as urllib leaves it."""
+    raw = raw.replace(b"+", b" ")
+    if b"%" in raw:
+        try:
+            raw = codecs.escape_decode(raw.replace(b"\\", b"\\\\").replace(b"%", b"\\x"))[0]
+        except ValueError:  # an escape that is not one: urllib's reading, escape by escape
+            raw = unquote_to_bytes(raw)
+    return raw.decode(encoding, "replace")
+
+
+def parse_form(body: bytes, encoding: str = "utf-8", max_fields: int | None = None) -> dict[str, str]:
+    """An ``application/x-www-form-urlencoded`` body's fields, one value a key (the last), as
+    Django's ``QueryDict(...).dict()`` reads it: pairs split at ``&``, blank values kept, a
+    pair with no ``=`` a key with an empty value. QueryError (400) past ``max_fields``."""
+    out: dict[str, str] = {}
+    if not body:
+        return out
+    pairs = body.split(b"&")
+    if max_fields is not None and len(pairs) > max_fields:
+        raise QueryError("MalformedQueryString", f"the form has {len(pairs)} fields, over the limit of {max_fields}")
+    for pair in pairs:
+        if not pair:
+            continue
+        key, _, value = pair.partition(b"=")
+        out[_unquote(key, encoding)] = _unquote(value, encoding)
+    return out
 
 
 def _single_values(form: Mapping[str, Any]) -> dict[str, str]:

@@ -15,6 +15,7 @@ A store or database outage is ServiceUnavailable (503, Retry-After), never a 500
 from __future__ import annotations
 
 import base64
+import codecs
 import logging
 import uuid
 from functools import lru_cache
@@ -138,16 +139,33 @@ def _region(cred: sigv4.Credential) -> str:
     return region
 
 
-def _form(request: HttpRequest) -> dict[str, str]:
-    """The query protocol's parameters: the query string's and the body's, neither overriding
-    the other (a parameter in both is refused)."""
-    both = request.GET.keys() & request.POST.keys()
+def _form(request: HttpRequest, body: bytes) -> dict[str, str]:
+    """The query protocol's parameters: the query string's and the body's (a form, when its
+    Content-Type says so: ``query.parse_form``), neither overriding the other (a parameter in
+    both is refused)."""
+    content_type, _, options = (request.META.get("CONTENT_TYPE") or "").partition(";")
+    posted: dict[str, str] = {}
+    if content_type.strip().lower() == "application/x-www-form-urlencoded":
+        posted = query.parse_form(body, _charset(options), settings.DATA_UPLOAD_MAX_NUMBER_FIELDS)
+    both = request.GET.keys() & posted.keys()
     if both:
         raise SQSError(
             "InvalidParameterValue",
             f"the parameter {sorted(both)[0]} is both in the query string and in the body: send it once",
         )
-    return {**request.GET.dict(), **request.POST.dict()}
+    return {**request.GET.dict(), **posted}
+
+
+def _charset(options: str) -> str:
+    """The ``charset`` of a Content-Type's options if Python knows it, else UTF-8 (SQS's)."""
+    for option in options.split(";"):
+        name, _, value = option.partition("=")
+        if name.strip().lower() == "charset":
+            try:
+                return codecs.lookup(value.strip().strip('"')).name
+            except LookupError:
+                break
+    return "utf-8"
 
 
 def _throttle(key: ActiveKey) -> None:
@@ -225,7 +243,7 @@ def serve(request: HttpRequest, rest: str = "") -> DirectAnswer:
             path = rest.strip("/")
             queue_url = f"{request.scheme}://{request.get_host()}/sqs/{path}" if path else None
             try:
-                action, params = query.decode(_form(request), queue_url)
+                action, params = query.decode(_form(request, body), queue_url)
             except query.QueryError as exc:
                 raise SQSError(exc.code, exc.message, exc.status, exc.sender_fault) from None
         try:

@@ -15,6 +15,7 @@ import requests
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+from django.conf import settings
 from django.contrib.auth.models import User
 
 from sqs.models import AccessKey
@@ -158,3 +159,19 @@ def test_query_protocol_errors_in_its_own_codes_and_shape(node, key):
     # a wrong secret is refused before anything is looked at
     status, tree = _post(node, key, {"Action": "ListQueues"}, secret="wrong" * 8)
     assert status == 403 and _text(tree, "s:Error/s:Code") == "SignatureDoesNotMatch"
+
+
+def test_a_form_of_too_many_fields_is_refused_and_a_large_non_ascii_body_is_read_whole(node, key):
+    # past Django's field limit (DATA_UPLOAD_MAX_NUMBER_FIELDS): 400, not a server error
+    many = {"Action": "ListQueues", **{f"Junk.{i}": "x" for i in range(settings.DATA_UPLOAD_MAX_NUMBER_FIELDS)}}
+    status, tree = _post(node, key, many)
+    assert status == 400 and _text(tree, "s:Error/s:Code") == "MalformedQueryString"
+    # a body of non-ASCII text near the size limit comes back whole
+    status, tree = _post(node, key, {"Action": "CreateQueue", "QueueName": f"big-{uuid.uuid4().hex[:6]}"})
+    url = _text(tree, "s:CreateQueueResult/s:QueueUrl")
+    assert status == 200 and url
+    text = "é中 a+b%&=" * 40_000
+    status, tree = _post(node, key, {"Action": "SendMessage", "QueueUrl": url, "MessageBody": text})
+    assert status == 200, ET.tostring(tree)
+    status, tree = _post(node, key, {"Action": "ReceiveMessage", "QueueUrl": url})
+    assert status == 200 and _text(tree, "s:ReceiveMessageResult/s:Message/s:Body") == text

@@ -304,7 +304,9 @@ def test_a_queue_that_does_not_exist_is_worded_as_sqs_words_it_in_this_protocol(
 
 # SQS bodies and attribute values are XML characters (#x9 | #xA | #xD | #x20-#xD7FF | ...).
 TEXT = st.text(
-    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")) | st.sampled_from("\t\n\r"), max_size=12
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc"), exclude_characters="\ufffe\uffff")
+    | st.sampled_from("\t\n\r"),
+    max_size=12,
 )
 
 
@@ -453,3 +455,57 @@ def test_a_receiver_fault_says_so():
     body = query.encode_error("InternalFailure", "store down", False, "req-5")
     assert b"<Type>Receiver</Type><Code>InternalFailure</Code><Message>store down</Message><Detail/>" in body
     assert parse_query("SendMessage", body, status=500)["Error"]["Type"] == "Receiver"
+
+
+# --- the form parser ------------------------------------------------------------------------------
+_FORM_TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(_FORM_TEXT, _FORM_TEXT), max_size=8))
+def test_a_form_is_read_as_django_reads_it(pairs):
+    """Any form botocore (or a browser) encodes reads as Django's QueryDict reads it."""
+    from urllib.parse import urlencode
+
+    from django.http import QueryDict
+
+    body = urlencode(pairs).encode("ascii")
+    assert query.parse_form(body) == QueryDict(body).dict()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"a",
+        b"a=",
+        b"=b",
+        b"&&a=1&&",
+        b"a=1&a=2",
+        b"a=%zz&b=%4&c=%",
+        b"a=%41%42c%43+d%2B",
+        b"k%C3%A9y=%E4%B8%AD%E6%96%87",
+        b"bad=%FF%FE",
+        b"a=b=c",
+        b"a=\\x41%41\\%5C&b=\\n%5Cn",
+        b"a=%C3%A9%ZZ%C3%A9",
+    ],
+)
+def test_the_form_parser_keeps_djangos_reading_at_the_edges(body):
+    from django.http import QueryDict
+
+    assert query.parse_form(body) == QueryDict(body).dict()
+
+
+def test_a_form_over_the_field_limit_is_refused():
+    assert query.parse_form(b"a=1&b=2", max_fields=2) == {"a": "1", "b": "2"}
+    with pytest.raises(query.QueryError) as exc:
+        query.parse_form(b"a=1&b=2&c=3", max_fields=2)
+    assert (exc.value.code, exc.value.status) == ("MalformedQueryString", 400)
+
+
+def test_a_non_ascii_body_of_a_megabyte_reads_back_whole():
+    from urllib.parse import quote_plus
+
+    text = "é中 a+b%" * 40_000
+    assert query.parse_form(b"MessageBody=" + quote_plus(text).encode()) == {"MessageBody": text}
