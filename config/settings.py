@@ -397,8 +397,16 @@ DASHBOARDS_HISTORY_DAYS = envint("DASHBOARDS_HISTORY_DAYS", 30, minimum=1)
 #: RATE_HISTORY_SECONDS. 0: no history.
 RATE_HISTORY_STEP = envfloat("RATE_HISTORY_STEP", 60.0)
 RATE_HISTORY_SECONDS = envint("RATE_HISTORY_SECONDS", 3600, minimum=60)
-if RATE_HISTORY_STEP < 0:
-    raise ImproperlyConfigured(f"RATE_HISTORY_STEP={RATE_HISTORY_STEP}: use seconds >= 0")
+#: The most points a queue's history holds (RATE_HISTORY_SECONDS / RATE_HISTORY_STEP): the
+#: overview sends them all, and each is a row a partition.
+RATE_HISTORY_MAX_POINTS = 1440
+if RATE_HISTORY_STEP != 0 and not RATE_HISTORY_STEP >= 1:
+    raise ImproperlyConfigured(f"RATE_HISTORY_STEP={RATE_HISTORY_STEP}: use 0 (no history) or seconds >= 1")
+if RATE_HISTORY_STEP and RATE_HISTORY_SECONDS / RATE_HISTORY_STEP > RATE_HISTORY_MAX_POINTS:
+    raise ImproperlyConfigured(
+        f"RATE_HISTORY_SECONDS / RATE_HISTORY_STEP = {RATE_HISTORY_SECONDS / RATE_HISTORY_STEP:g} points: "
+        f"at most {RATE_HISTORY_MAX_POINTS} (a longer step, or a shorter history)"
+    )
 #: The address other nodes and clients reach this node at (set by `runnode`).
 NODE_ADDRESS = env("NODE_ADDRESS", "")
 #: Seconds between node heartbeats / housekeeping passes.

@@ -54,6 +54,9 @@ _PROD = {"MQ_ENV": "production", "SECRET_KEY": "s" * 50, "CLUSTER_SECRET": "c" *
         ({"DEBUG": "maybe"}, "DEBUG"),
         ({"KV_MIN_REPLICAS": "-1"}, "KV_MIN_REPLICAS"),
         ({"CLUSTER_CLOCK_SKEW": "0"}, "CLUSTER_CLOCK_SKEW"),
+        ({"RATE_HISTORY_STEP": "0.001"}, "RATE_HISTORY_STEP"),
+        ({"RATE_HISTORY_STEP": "nan"}, "RATE_HISTORY_STEP"),
+        ({"RATE_HISTORY_STEP": "1", "RATE_HISTORY_SECONDS": "3600"}, "1440"),
     ],
 )
 def test_refuses_to_start(env, complaint, tmp_path):
