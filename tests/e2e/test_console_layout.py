@@ -15,6 +15,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -74,8 +75,22 @@ FILLED: dict[str, tuple[dict[str, str], str]] = {
 
 
 def _left(browser, form) -> None:
-    """Wait for the page the form's save leads to (the form gone stale), not the form still shown."""
-    WebDriverWait(browser, 15, poll_frequency=0.05).until(EC.staleness_of(form))
+    """Wait for the page the form's save leads to (the form gone stale), not the form still shown.
+    Chromium, asked about the element while the page changes, may answer that the node "does
+    not belong to the document" rather than that it is stale: it is gone all the same."""
+
+    def gone(_) -> bool:
+        try:
+            form.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as exc:
+            if "does not belong to the document" not in str(exc):
+                raise
+            return True
+        return False
+
+    WebDriverWait(browser, 15, poll_frequency=0.05).until(gone)
 
 
 def _fill(form, values: dict[str, str]) -> None:
