@@ -16,6 +16,7 @@ from django.conf import settings
 
 from config.wsgi import application  # the app granian serves
 from queues import service
+from queues.access import changes as access_changes
 from queues.cluster import peerauth
 from queues.cluster.balance import Balancer
 from queues.cluster.node import NodeRuntime
@@ -44,6 +45,8 @@ if os.environ.get("NODE_SIBLINGS_DIR"):
     # and long polls (queues.cluster.siblings).
     runtime.board = Board(os.environ["NODE_SIBLINGS_DIR"], runtime.notify)
     mp_util.Finalize(runtime.board, runtime.board.close, exitpriority=5)
+    # and the access changes each makes, so that none trusts what a sibling revoked
+    access_changes.attach(runtime.board.count_changes, runtime.board.siblings_changes)
 runtime.start()
 _watchdog.start()
 print(f"node {runtime.node_id} serving on http://{runtime.address}/ (pid {os.getpid()})", flush=True)

@@ -20,7 +20,8 @@ so names do not leak; one that may read it but lacks the action gets ``Forbidden
 the action it lacks.
 
 Grants are read once per :data:`TTL` seconds per process (the fast path checks every call), and
-at once after a grant changes in this process; another process sees a change within ``TTL``.
+at once after an access change in this process or a sibling of its node (``changes``); another
+node sees a change within ``TTL``.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import models
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import m2m_changed, post_delete, post_save
 
+from queues.access import changes
 from queues.errors import QueueNotFound, Refused
 from queues.models import Grant
 
@@ -132,16 +134,20 @@ class _Rules:
         self._lock = threading.Lock()
         self._rules: list[_Rule] = []
         self._read_at = -float("inf")
+        self._generation = -1
 
     def current(self) -> list[_Rule]:
-        if time.monotonic() - self._read_at < TTL:
+        # the generation before the rows: a change that commits meanwhile moves it, and the
+        # next call reads them again
+        generation = changes.generation()
+        if generation == self._generation and time.monotonic() - self._read_at < TTL:
             return self._rules
         rules = [
             _Rule(g.user_id, g.group_id, g.queue_id, pattern_regex(g.pattern) if g.pattern else None, g.action)
             for g in Grant.objects.all().only("user_id", "group_id", "queue_id", "pattern", "action")
         ]
         with self._lock:
-            self._rules, self._read_at = rules, time.monotonic()
+            self._rules, self._read_at, self._generation = rules, time.monotonic(), generation
         return rules
 
     def forget(self, **_: Any) -> None:
@@ -250,7 +256,26 @@ def visible(caller: Caller, queues: Iterable[Any], action: str = "read") -> list
     return out
 
 
+def _user_saved(update_fields: Any = None, **kwargs: Any) -> None:
+    """A user's save is an access change (active, superuser), but a login's ``last_login``."""
+    if update_fields is not None and set(update_fields) <= {"last_login"}:
+        return
+    changes.changed()
+
+
 def connect_signals() -> None:
-    """Forget the cached grants when one changes in this process (``QueuesConfig.ready``)."""
+    """Forget the cached grants when one changes in this process, and count every change to
+    grants, users and their groups as an access change (``changes``: the sibling processes read
+    theirs again) (``QueuesConfig.ready``)."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+
+    user = get_user_model()
     post_save.connect(RULES.forget, sender=Grant, dispatch_uid="queues.access.grants")
     post_delete.connect(RULES.forget, sender=Grant, dispatch_uid="queues.access.grants")
+    for signal in (post_save, post_delete):
+        signal.connect(changes.changed, sender=Grant, dispatch_uid="queues.access.changes.grant")
+        signal.connect(changes.changed, sender=Group, dispatch_uid="queues.access.changes.group")
+    post_save.connect(_user_saved, sender=user, dispatch_uid="queues.access.changes.user")
+    post_delete.connect(changes.changed, sender=user, dispatch_uid="queues.access.changes.user")
+    m2m_changed.connect(changes.changed, sender=user.groups.through, dispatch_uid="queues.access.changes.groups")

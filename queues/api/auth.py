@@ -3,8 +3,10 @@ the :class:`~queues.access.Caller` a request acts as.
 
 DRF's ``TokenAuthentication`` reads the token and its user from the database on every call;
 at a few hundred calls a second that is most of a request's cost. A key is trusted from the
-cache for ``TTL`` seconds, so a deleted token stops working within that time; so are a user's
-groups (its ``Caller``).
+cache for ``TTL`` seconds, or until an access change (a token deleted, a user or its groups
+changed, a grant) made in this process or a sibling of its node (``queues.access.changes``):
+so a deleted token stops working at once on its node and within ``TTL`` on the others; so do a
+user's groups (its ``Caller``).
 
 A node forwards a call signed with the cluster secret (``queues.cluster.peerauth``: an HMAC over the
 request, its hop count, its user and a timestamp) naming in ``X-MQ-On-Behalf-Of`` the user's
@@ -29,7 +31,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 from rest_framework.request import Request
 
-from queues.access import ANONYMOUS, SYSTEM, Caller
+from queues.access import ANONYMOUS, SYSTEM, Caller, changes
 from queues.cluster import peerauth
 from queues.cluster.router import hops_of
 from queues.glue.drf import django_request
@@ -41,19 +43,24 @@ TTL = 5.0
 
 
 class CachedTokenAuthentication(TokenAuthentication):
-    _cache: dict[str, tuple[float, tuple[Any, Any]]] = {}
+    """DRF's token check, its answer kept for ``TTL`` seconds while no access change was made in
+    this process or a sibling of its node (``queues.access.changes``)."""
+
+    #: token -> (until (monotonic), the access generation it was read at, (user, token)).
+    _cache: dict[str, tuple[float, int, tuple[Any, Any]]] = {}
     _lock = threading.Lock()
 
     def authenticate_credentials(self, key: str) -> tuple[Any, Any]:
         now = time.monotonic()
+        generation = changes.generation()
         hit = self._cache.get(key)
-        if hit is not None and hit[0] > now:
-            return hit[1]
+        if hit is not None and hit[0] > now and hit[1] == generation:
+            return hit[2]
         result = super().authenticate_credentials(key)
         with self._lock:
             if len(self._cache) > 10_000:
                 self._cache.clear()
-            self._cache[key] = (now + TTL, result)
+            self._cache[key] = (now + TTL, generation, result)
         return result
 
     @classmethod
@@ -64,31 +71,35 @@ class CachedTokenAuthentication(TokenAuthentication):
 
 
 def _token_deleted(**_: Any) -> None:
-    """A token deleted (revoked, or its user deleted) is trusted no more in this process once
-    the deletion commits; the other nodes' caches forget it within ``TTL``."""
+    """A token deleted (revoked, or its user deleted) is trusted no more in this process and its
+    siblings once the deletion commits (an access change); the other nodes' caches forget it
+    within ``TTL``."""
     transaction.on_commit(CachedTokenAuthentication.forget)
+    changes.changed()
 
 
 post_delete.connect(_token_deleted, sender=Token, dispatch_uid="queues.api.auth.token_deleted")
 
 
 class _Callers:
-    """user id -> Caller (its groups read once), trusted for ``TTL`` seconds."""
+    """user id -> Caller (its groups read once), trusted for ``TTL`` seconds while no access
+    change was made in this process or a sibling (``queues.access.changes``)."""
 
-    _cache: dict[int, tuple[float, Caller]] = {}
+    _cache: dict[int, tuple[float, int, Caller]] = {}
     _lock = threading.Lock()
 
     @classmethod
     def get(cls, user_id: int, load: Callable[[], Caller]) -> Caller:
         now = time.monotonic()
+        generation = changes.generation()
         hit = cls._cache.get(user_id)
-        if hit is not None and hit[0] > now:
-            return hit[1]
+        if hit is not None and hit[0] > now and hit[1] == generation:
+            return hit[2]
         caller = load()
         with cls._lock:
             if len(cls._cache) > 10_000:
                 cls._cache.clear()
-            cls._cache[user_id] = (now + TTL, caller)
+            cls._cache[user_id] = (now + TTL, generation, caller)
         return caller
 
     @classmethod

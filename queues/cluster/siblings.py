@@ -13,7 +13,10 @@ not see a message a sibling just stored. So each process keeps a *board*: a smal
   ``CLOCK_MONOTONIC`` is one clock for every process of a machine);
 - ``waiters``: the long polls of this process waiting for the target.
 
-and a wake-up socket (a Unix datagram socket beside the board): a process that makes messages
+and, after the slots, how many changes to access (grants, tokens, users: ``queues.access.changes``)
+this process has made, which each sibling adds to its own: a cache of those rows is read again
+once the sum moves, so a grant revoked or a token deleted through one process is in force in all
+of them from the next call on. Beside the board, a wake-up socket (a Unix datagram socket): a process that makes messages
 deliverable sends a byte to each sibling whose slot shows waiters, and the sibling's wake thread
 wakes its long polls (:meth:`~queues.cluster.node.NodeRuntime.notify`).
 
@@ -45,8 +48,11 @@ log = logging.getLogger(__name__)
 SLOTS = 1 << 16
 #: A slot: target tag (crc32; 0: never written), waiters, oldest (wall s), due (monotonic s).
 SLOT = struct.Struct("=IIdd")
+#: After the slots: the access changes this process made (see the module's docstring).
+CHANGES = struct.Struct("=Q")
+CHANGES_AT = SLOTS * SLOT.size
 #: Bytes of a board file (sparse: only the slots written take pages).
-SIZE = SLOTS * SLOT.size
+SIZE = CHANGES_AT + CHANGES.size
 #: How often the list of siblings is read again from the folder (seconds).
 RESCAN = 1.0
 BOARD_SUFFIX = ".board"
@@ -129,7 +135,16 @@ class Board:
             tag, waiters, oldest, due = SLOT.unpack_from(self._mine, offset)
             SLOT.pack_into(self._mine, offset, tag, max(0, waiters + delta), oldest, due)
 
+    def count_changes(self, made: int) -> None:
+        """Say that this process has made ``made`` access changes so far."""
+        CHANGES.pack_into(self._mine, CHANGES_AT, made)
+
     # --- the siblings' ------------------------------------------------------------------------
+    def siblings_changes(self) -> int:
+        """The access changes the live siblings have made, summed (a sibling that ends takes
+        its own away: the sum only needs to move when something changed)."""
+        return sum(CHANGES.unpack_from(s.board, CHANGES_AT)[0] for s in self.siblings())
+
     def holders(self, target: str, now_mono: float | None = None) -> list[tuple[float, str]]:
         """``(oldest, address)`` of each sibling that may hold a deliverable message of
         ``target``, the longest waiting first (``oldest``: wall time; a slot of another target,

@@ -80,8 +80,9 @@ def issue_token(user: Any, *, caller: Caller) -> Token:
 
 def revoke_token(user: Any, *, caller: Caller) -> bool:
     """Delete ``user``'s REST API token (:func:`check_revoker`): whether there was one. Recorded
-    as ``revoke_token``. This process stops trusting it at once, the other nodes within their
-    token cache's lifetime (``queues.api.auth.TTL``: the cache forgets a deleted token). Raises CredentialForbidden."""
+    as ``revoke_token``. This node's processes stop trusting it at once (an access change:
+    ``queues.access.changes``), the other nodes within their token cache's lifetime
+    (``queues.api.auth.TTL``). Raises CredentialForbidden."""
     check_revoker(caller, user, "revoke an API token")
     with transaction.atomic():
         token = Token.objects.select_for_update().filter(user=user).first()

@@ -351,3 +351,55 @@ def test_no_message_waits_a_second_when_the_consumers_sit_on_the_other_process(n
         f"(p50 {statistics.median(values) * 1e3:.1f} ms, p99 {values[int(len(values) * 0.99)] * 1e3:.0f} ms, "
         f"max {values[-1] * 1e3:.0f} ms; producer on process {producer_pid}, consumers on {consumer_pid})"
     )
+
+
+# --- access changes ---------------------------------------------------------------------------
+def test_a_grant_taken_back_through_one_process_is_in_force_in_its_sibling_at_once(nodes, unique_name):
+    """Each process caches grants and tokens for a few seconds; a change made through one is an
+    access change its sibling reads on its board, so the sibling reads them again at the next
+    call instead of answering from what it kept."""
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+    from django.contrib.auth.models import User
+    from rest_framework.authtoken.models import Token
+
+    from sqs.models import AccessKey
+
+    node = nodes.start()
+    owner = User.objects.create(username=unique_name("owner"))
+    owner_token, key = Token.objects.create(user=owner).key, AccessKey.issue(owner)
+    reader = User.objects.create(username=unique_name("reader"))
+    reader_token = Token.objects.create(user=reader).key
+    name = unique_name("granted")
+    ok(call(node, owner_token, "POST", "queues", {"name": name, "partitions": 1}), 201)
+    # the owner's calls on one process, the reader's on the other
+    owners_conn, owners_pid = connection_on(node, None)
+    readers_conn, _ = connection_on(node, None, avoid=owners_pid)
+
+    def sqs(action: str, **params: Any) -> dict:
+        body = json.dumps(params).encode()
+        req = AWSRequest(
+            "POST",
+            f"{node.url}/sqs/",
+            data=body,
+            headers={"Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": f"AmazonSQS.{action}"},
+        )
+        SigV4Auth(Credentials(key.access_key_id, key.secret), "sqs", "eu-west-1").add_auth(req)
+        owners_conn.request("POST", "/sqs/", body=body, headers=dict(req.headers))
+        r = owners_conn.getresponse()
+        raw = r.read()
+        assert r.status == 200, (action, r.status, raw)
+        return json.loads(raw) if raw else {}
+
+    url = sqs("GetQueueUrl", QueueName=name)["QueueUrl"]
+    sqs("AddPermission", QueueUrl=url, Label="reads", AWSAccountIds=[reader.username], Actions=["GetQueueAttributes"])
+    # given: the reader's process has read the grant (and the token) and keeps them
+    for _ in range(3):
+        ok(call(node, reader_token, "GET", f"queues/{name}/stats", conn=readers_conn))
+    # when: the owner takes the grant back through the other process
+    sqs("RemovePermission", QueueUrl=url, Label="reads")
+    # then: the reader's next call is refused (the queue is not even shown), not answered
+    ok(call(node, reader_token, "GET", f"queues/{name}/stats", conn=readers_conn), 404)
+    owners_conn.close()
+    readers_conn.close()

@@ -89,3 +89,32 @@ def test_a_long_poll_is_woken_when_a_sibling_gets_a_message_for_it(pair):
         assert not woken[101].wait(0.3)
     b.publish("orders", time.time(), None)  # the wait ended: the count went back to 0
     assert not woken[101].wait(0.3)
+
+
+def test_a_siblings_access_changes_are_seen_at_once(pair):
+    boards, _ = pair
+    assert boards[101].siblings_changes() == 0 == boards[102].siblings_changes()
+    boards[102].count_changes(3)
+    assert boards[101].siblings_changes() == 3
+    assert boards[102].siblings_changes() == 0  # its own count is not its siblings'
+
+
+def test_an_access_change_moves_the_generation_once_it_commits(monkeypatch):
+    """``changes.changed`` counts on commit and writes the count where the siblings read it."""
+    from queues.access import changes
+
+    written = []
+    siblings = {"count": 0}
+    monkeypatch.setattr(changes, "_made", 0)
+    monkeypatch.setattr(changes, "_publish", None)
+    monkeypatch.setattr(changes, "_siblings", None)
+    changes.attach(written.append, lambda: siblings["count"])
+    assert written == [0] and changes.generation() == 0
+    pending = []
+    monkeypatch.setattr(changes.transaction, "on_commit", pending.append)
+    changes.changed()
+    assert changes.generation() == 0  # not before the commit
+    pending.pop()()
+    assert changes.generation() == 1 and written == [0, 1]
+    siblings["count"] = 5  # a sibling's change
+    assert changes.generation() == 6
