@@ -400,7 +400,7 @@ RATE_HISTORY_SECONDS = envint("RATE_HISTORY_SECONDS", 3600, minimum=60)
 #: The most points a queue's history holds (RATE_HISTORY_SECONDS / RATE_HISTORY_STEP): the
 #: overview sends them all, and each is a row a partition.
 RATE_HISTORY_MAX_POINTS = 1440
-if RATE_HISTORY_STEP != 0 and not RATE_HISTORY_STEP >= 1:
+if RATE_HISTORY_STEP != 0 and not 1 <= RATE_HISTORY_STEP < float("inf"):
     raise ImproperlyConfigured(f"RATE_HISTORY_STEP={RATE_HISTORY_STEP}: use 0 (no history) or seconds >= 1")
 if RATE_HISTORY_STEP and RATE_HISTORY_SECONDS / RATE_HISTORY_STEP > RATE_HISTORY_MAX_POINTS:
     raise ImproperlyConfigured(

@@ -52,6 +52,8 @@ ANSWER_WITHIN = 5.0
 STALE = 120.0
 #: a task's FailureReason when its process ended while it ran.
 LOST = "The process running the task stopped before it ended."
+#: a task's FailureReason when a store it needed did not answer (the node's log names the error).
+UNAVAILABLE = "ServiceUnavailable: a store the task needed did not answer; the node's log names the error."
 #: a task's FailureReason when it stopped on an error of ours (the node's log has the error).
 BROKEN = "The task stopped on an internal error; the node's log names it."
 #: MaxNumberOfMessagesPerSecond's range (SQS's).
@@ -93,8 +95,10 @@ def _end(task_id: int, moved: int, status: str, reason: str = "") -> str:
     fields: dict[str, Any] = {"moved": moved, "beat_at": now, "failure_reason": reason[:300]}
     if MoveTask.objects.filter(pk=task_id, status=MoveTask.RUNNING).update(status=status, **fields):
         return status
-    MoveTask.objects.filter(pk=task_id, status=MoveTask.CANCELLING).update(status=MoveTask.CANCELLED, **fields)
-    return MoveTask.CANCELLED
+    if MoveTask.objects.filter(pk=task_id, status=MoveTask.CANCELLING).update(status=MoveTask.CANCELLED, **fields):
+        return MoveTask.CANCELLED
+    # neither: another process found it silent too long and marked it FAILED meanwhile
+    return _status(task_id) or MoveTask.FAILED
 
 
 def _stale(task: MoveTask) -> bool:
@@ -102,9 +106,15 @@ def _stale(task: MoveTask) -> bool:
     seconds; if so, its row is marked FAILED (``LOST``) now, and ``task`` with it."""
     if task.status not in _ACTIVE or timezone.now() - task.beat_at <= timedelta(seconds=STALE):
         return False
-    MoveTask.objects.filter(pk=task.pk, status__in=_ACTIVE, beat_at=task.beat_at).update(
+    if not MoveTask.objects.filter(pk=task.pk, status__in=_ACTIVE, beat_at=task.beat_at).update(
         status=MoveTask.FAILED, failure_reason=LOST
-    )
+    ):
+        try:
+            task.refresh_from_db()  # its process wrote meanwhile (or it ended): as the row says now
+        except MoveTask.DoesNotExist:  # its queue deleted meanwhile
+            task.status = MoveTask.FAILED
+            return False
+        return _stale(task)
     task.status, task.failure_reason = MoveTask.FAILED, LOST
     return True
 
@@ -193,7 +203,12 @@ class _Runner:
             try:
                 ended = self._rounds()
             except SQSError as exc:
-                ended = _end(self.task_id, self.moved, MoveTask.FAILED, f"{exc.code}: {exc.message}")
+                if exc.code == "ServiceUnavailable":  # its message names the store's error
+                    log.warning("message move task %s stopped: %s", self.task_id, exc.message)
+                    reason = UNAVAILABLE
+                else:
+                    reason = f"{exc.code}: {exc.message}"
+                ended = _end(self.task_id, self.moved, MoveTask.FAILED, reason)
             except Exception:  # the log has the error; the task's row says only that it failed
                 log.exception("message move task %s failed", self.task_id)
                 ended = _end(self.task_id, self.moved, MoveTask.FAILED, BROKEN)

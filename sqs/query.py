@@ -93,14 +93,17 @@ def _unquote(raw: bytes, encoding: str) -> str:
 
 def parse_form(body: bytes, encoding: str = "utf-8", max_fields: int | None = None) -> dict[str, str]:
     """An ``application/x-www-form-urlencoded`` body's fields, one value a key (the last), as
-    Django's ``QueryDict(...).dict()`` reads it: pairs split at ``&``, blank values kept, a
-    pair with no ``=`` a key with an empty value. QueryError (400) past ``max_fields``."""
+    Django's ``QueryDict(...).dict()`` reads a form of ASCII (every client's): pairs split at
+    ``&``, blank values kept, a pair with no ``=`` a key with an empty value. Bytes that are
+    not ``encoding`` read as U+FFFD each (Django reads the whole body again as Latin-1).
+    QueryError (400) past ``max_fields``, counted before the body is split."""
     out: dict[str, str] = {}
     if not body:
         return out
+    fields = body.count(b"&") + 1
+    if max_fields is not None and fields > max_fields:
+        raise QueryError("MalformedQueryString", f"the form has {fields} fields, over the limit of {max_fields}")
     pairs = body.split(b"&")
-    if max_fields is not None and len(pairs) > max_fields:
-        raise QueryError("MalformedQueryString", f"the form has {len(pairs)} fields, over the limit of {max_fields}")
     for pair in pairs:
         if not pair:
             continue

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import codecs
+import contextlib
 import logging
 import uuid
 from functools import lru_cache
@@ -157,15 +158,22 @@ def _form(request: HttpRequest, body: bytes) -> dict[str, str]:
 
 
 def _charset(options: str) -> str:
-    """The ``charset`` of a Content-Type's options if Python knows it, else UTF-8 (SQS's)."""
+    """The ``charset`` of a Content-Type's options if it is a text encoding that writes ASCII
+    as ASCII (a form is split at ``&`` and ``=`` before it is decoded), else UTF-8 (SQS's)."""
     for option in options.split(";"):
         name, _, value = option.partition("=")
         if name.strip().lower() == "charset":
-            try:
-                return codecs.lookup(value.strip().strip('"')).name
-            except LookupError:
-                break
+            with contextlib.suppress(Exception):  # no codec, or one that is not a text encoding
+                codec = codecs.lookup(value.strip().strip('"'))
+                if codec.encode(_ASCII)[0] == _ASCII.encode() and codec.decode(_ASCII.encode())[0] == _ASCII:
+                    codec.decode(b"\xff\xfe", "replace")  # and reads any byte (idna refuses to)
+                    return codec.name
+            break
     return "utf-8"
+
+
+#: what a form's charset must read and write as ASCII does.
+_ASCII = "&=%+.-_~ azAZ09"
 
 
 def _throttle(key: ActiveKey) -> None:

@@ -100,6 +100,9 @@ class Board:
         self._outbox.setblocking(False)
         self._on_wake = on_wake
         self._siblings: list[_Sibling] = []
+        #: the access changes of the siblings that have ended (so the sum never goes back), and
+        #: the live siblings they were counted against, swapped together by a rescan.
+        self._ended_changes: tuple[int, list[_Sibling]] = (0, [])
         self._scanned_at = float("-inf")
         self._closed = False
         self._thread = threading.Thread(target=self._wake_loop, name="sibling-wake", daemon=True)
@@ -141,9 +144,11 @@ class Board:
 
     # --- the siblings' ------------------------------------------------------------------------
     def siblings_changes(self) -> int:
-        """The access changes the live siblings have made, summed (a sibling that ends takes
-        its own away: the sum only needs to move when something changed)."""
-        return sum(CHANGES.unpack_from(s.board, CHANGES_AT)[0] for s in self.siblings())
+        """The access changes the siblings have made, summed: those that ended too, so that the
+        sum only grows (a cache kept under one sum is never trusted again)."""
+        self.siblings()
+        ended, live = self._ended_changes
+        return ended + sum(int(CHANGES.unpack_from(s.board, CHANGES_AT)[0]) for s in live)
 
     def holders(self, target: str, now_mono: float | None = None) -> list[tuple[float, str]]:
         """``(oldest, address)`` of each sibling that may hold a deliverable message of
@@ -216,10 +221,13 @@ class Board:
                 continue  # gone, or not started yet: seen at a later look
             if address:
                 found.append(_Sibling(pid, address, board, str(self.folder / f"{pid}{WAKE_SUFFIX}")))
+        ended = self._ended_changes[0]
         for gone in known.values():
-            with contextlib.suppress(BufferError):
-                gone.board.close()
+            # its count stays in the sum; its map is closed when no reader holds the old list
+            with contextlib.suppress(ValueError):
+                ended += CHANGES.unpack_from(gone.board, CHANGES_AT)[0]
         self._siblings = found
+        self._ended_changes = (ended, found)
         return found
 
     # --- wake-ups -----------------------------------------------------------------------------

@@ -56,6 +56,7 @@ _PROD = {"MQ_ENV": "production", "SECRET_KEY": "s" * 50, "CLUSTER_SECRET": "c" *
         ({"CLUSTER_CLOCK_SKEW": "0"}, "CLUSTER_CLOCK_SKEW"),
         ({"RATE_HISTORY_STEP": "0.001"}, "RATE_HISTORY_STEP"),
         ({"RATE_HISTORY_STEP": "nan"}, "RATE_HISTORY_STEP"),
+        ({"RATE_HISTORY_STEP": "inf"}, "RATE_HISTORY_STEP"),
         ({"RATE_HISTORY_STEP": "1", "RATE_HISTORY_SECONDS": "3600"}, "1440"),
     ],
 )

@@ -118,3 +118,15 @@ def test_an_access_change_moves_the_generation_once_it_commits(monkeypatch):
     assert changes.generation() == 1 and written == [0, 1]
     siblings["count"] = 5  # a sibling's change
     assert changes.generation() == 6
+
+
+def test_a_sibling_that_ends_keeps_its_changes_in_the_sum(pair, tmp_path):
+    """The sum never goes back: a cache kept under an earlier sum is never trusted again."""
+    boards, _ = pair
+    boards[102].count_changes(4)
+    assert boards[101].siblings_changes() == 4
+    boards[102].close()
+    (tmp_path / "102").unlink()
+    boards[101]._scanned_at = float("-inf")  # look at the folder again now
+    assert boards[101].siblings() == []
+    assert boards[101].siblings_changes() == 4

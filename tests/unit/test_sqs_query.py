@@ -509,3 +509,26 @@ def test_a_non_ascii_body_of_a_megabyte_reads_back_whole():
 
     text = "é中 a+b%" * 40_000
     assert query.parse_form(b"MessageBody=" + quote_plus(text).encode()) == {"MessageBody": text}
+
+
+@pytest.mark.parametrize(
+    "options, charset",
+    [
+        ("", "utf-8"),
+        ("; charset=utf-8", "utf-8"),
+        ('; Charset="ISO-8859-1"', "iso8859-1"),
+        ("; charset=no-such-thing", "utf-8"),
+        # codecs that are no text encoding, or do not write ASCII as ASCII: a form is split at
+        # & and = before it is decoded, so these read as UTF-8 (not a server error)
+        ("; charset=rot13", "utf-8"),
+        ("; charset=base64", "utf-8"),
+        ("; charset=utf-16", "utf-8"),
+        ("; charset=cp037", "utf-8"),
+        ("; charset=idna", "utf-8"),
+    ],
+)
+def test_a_forms_charset_is_taken_only_when_it_reads_ascii_as_ascii(options, charset):
+    from sqs.views import _charset
+
+    assert _charset(options) == charset
+    assert query.parse_form(b"a=%C3%A9&b=x", _charset(options))["b"] == "x"
