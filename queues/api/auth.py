@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
-from django.db import transaction
 from django.db.models.signals import post_delete
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication, TokenAuthentication
@@ -70,15 +69,9 @@ class CachedTokenAuthentication(TokenAuthentication):
         _Callers.forget()
 
 
-def _token_deleted(**_: Any) -> None:
-    """A token deleted (revoked, or its user deleted) is trusted no more in this process and its
-    siblings once the deletion commits (an access change); the other nodes' caches forget it
-    within ``TTL``."""
-    transaction.on_commit(CachedTokenAuthentication.forget)
-    changes.changed()
-
-
-post_delete.connect(_token_deleted, sender=Token, dispatch_uid="queues.api.auth.token_deleted")
+# A token deleted (revoked, or its user deleted) is an access change: trusted no more in this
+# process and its siblings once the deletion commits, on the other nodes within ``TTL``.
+post_delete.connect(changes.changed, sender=Token, dispatch_uid="queues.api.auth.token_deleted")
 
 
 class _Callers:

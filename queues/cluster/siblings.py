@@ -99,10 +99,9 @@ class Board:
         self._outbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._outbox.setblocking(False)
         self._on_wake = on_wake
-        self._siblings: list[_Sibling] = []
-        #: the access changes of the siblings that have ended (so the sum never goes back), and
-        #: the live siblings they were counted against, swapped together by a rescan.
-        self._ended_changes: tuple[int, list[_Sibling]] = (0, [])
+        #: the access changes of the siblings that have ended (so their sum never goes back),
+        #: and the live siblings, swapped together by a rescan.
+        self._view: tuple[int, list[_Sibling]] = (0, [])
         self._scanned_at = float("-inf")
         self._closed = False
         self._thread = threading.Thread(target=self._wake_loop, name="sibling-wake", daemon=True)
@@ -147,7 +146,7 @@ class Board:
         """The access changes the siblings have made, summed: those that ended too, so that the
         sum only grows (a cache kept under one sum is never trusted again)."""
         self.siblings()
-        ended, live = self._ended_changes
+        ended, live = self._view
         return ended + sum(int(CHANGES.unpack_from(s.board, CHANGES_AT)[0]) for s in live)
 
     def holders(self, target: str, now_mono: float | None = None) -> list[tuple[float, str]]:
@@ -197,9 +196,10 @@ class Board:
         """The live siblings (read from the folder at most every :data:`RESCAN` seconds)."""
         now = time.monotonic()
         if now - self._scanned_at < RESCAN:
-            return self._siblings
+            return self._view[1]
         self._scanned_at = now
-        known = {s.pid: s for s in self._siblings}
+        ended, old = self._view
+        known = {s.pid: s for s in old}
         found: list[_Sibling] = []
         try:
             names = os.listdir(self.folder)
@@ -221,13 +221,11 @@ class Board:
                 continue  # gone, or not started yet: seen at a later look
             if address:
                 found.append(_Sibling(pid, address, board, str(self.folder / f"{pid}{WAKE_SUFFIX}")))
-        ended = self._ended_changes[0]
         for gone in known.values():
             # its count stays in the sum; its map is closed when no reader holds the old list
             with contextlib.suppress(ValueError):
                 ended += CHANGES.unpack_from(gone.board, CHANGES_AT)[0]
-        self._siblings = found
-        self._ended_changes = (ended, found)
+        self._view = (ended, found)
         return found
 
     # --- wake-ups -----------------------------------------------------------------------------

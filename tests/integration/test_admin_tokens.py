@@ -118,3 +118,22 @@ def test_a_token_is_revoked_by_its_holder_or_a_superuser_only():
     entry = AuditEntry.objects.get(action="revoke_token")
     assert (entry.actor, entry.target) == (root.username, f"user:{app.username}")
     assert token.key not in str(entry.detail)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_token_revoked_in_the_console_is_refused_at_once_though_it_was_kept():
+    """The process keeps a token it checked for a few seconds; a revocation it commits is an
+    access change, so the very next call reads the token again and is refused."""
+    from rest_framework.test import APIClient
+
+    app = _user("app")
+    token = Token.objects.create(user=app)
+    root = _user("root", is_staff=True, is_superuser=True)
+    su = Client()
+    su.force_login(root)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    assert api.get("/api/v1/queues").status_code == 200  # checked, and kept
+    su.post(f"/admin/authtoken/tokenproxy/{app.pk}/delete/", {"post": "yes"})
+    assert not Token.objects.filter(pk=token.pk).exists()
+    assert api.get("/api/v1/queues").status_code == 401
