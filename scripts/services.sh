@@ -15,7 +15,10 @@
 #      (63900-63905 by default; a worktree with its own MQ_REDIS_PORT gets its own cluster),
 #      MQ_SERVICES_TIMEOUT (seconds to wait for readiness, default 30), MQ_PG_FSYNC (on; the
 #      test suite sets off: a commit still reaches the operating system before it returns, so a
-#      killed server or client loses nothing, but no test waits on a disk flush or a checkpoint's).
+#      killed server or client loses nothing, but no test waits on a disk flush or a checkpoint's),
+#      MQ_REDIS_FSYNC (Redis's appendfsync: always; the test suite sets no: every write Redis
+#      answers is still written to its append-only file first, so a killed redis-server loses
+#      nothing, but no call waits on the disk: on a busy disk one fsync took past REDIS_TIMEOUT).
 # Every server listens on 127.0.0.1 only; `start` starts the cluster too, `stop` stops it. PostgreSQL runs as the `postgres` user when we are root.
 set -euo pipefail
 
@@ -250,7 +253,7 @@ pidfile $dir/redis.pid
 logfile $dir/redis.log
 dir $dir
 appendonly yes
-appendfsync always
+appendfsync ${MQ_REDIS_FSYNC:-always}
 aof-load-truncated yes
 $extra
 EOF
@@ -428,7 +431,8 @@ redis_cluster() {
 # ---------------------------------------------------------------- outages (tests/integration/test_store_outages.py)
 
 # An abrupt restart: the process dies without SHUTDOWN, so what comes back is what the
-# append-only file held (appendfsync always: every acknowledged write).
+# append-only file held: every acknowledged write (Redis writes it to the file before it
+# answers; appendfsync decides only when the file reaches the disk).
 redis_restart() {
     local pid i
     pid="$(redis_pid "$rdir")"

@@ -5,8 +5,8 @@ Redis key-value store while ``scripts/services.sh`` does to the stores what an o
 failing host) does:
 
 - Redis **restart**: SIGKILL, then started again from its append-only file (the test Redis
-  runs ``appendonly yes`` with ``appendfsync always``, as ``services.sh`` writes it: every
-  write Redis answered is in the file before the answer);
+  runs ``appendonly yes``, as ``services.sh`` writes it: every write Redis answered is in the
+  file before the answer, whatever ``appendfsync`` says of flushing it to the disk);
 - PostgreSQL **restart**: ``pg_ctl restart -m fast`` (every connection is cut);
 - either **unreachable** for 10 s: every server process SIGSTOPped, then SIGCONTed (the
   connections hang rather than being refused, the harder case for a client).
