@@ -8,11 +8,12 @@ rate answers at once), so a small redrive has ended when it is answered.
 A task is a row (``models.MoveTask``): whichever process of the node a ListMessageMoveTasks or
 a CancelMessageMoveTask lands on reads or changes that row. :func:`start` and :func:`cancel`
 check the caller's rights themselves and record ``move_start`` and ``move_cancel`` in the
-audit trail; a task that ends records ``move_end`` with what it moved, as its user. A cancel turns ``RUNNING`` into
-``CANCELLING``; the running thread reads the status between rounds (and every ``_POLL``
-seconds while it waits for its rate), stops, and writes ``CANCELLED``: what it moved stays
-moved. A running task whose process has written nothing for ``STALE`` seconds (the process
-ended) is ``FAILED``: its row is marked so when it is next read. Its handle is SQS's: the base64 of a JSON object with its
+audit trail; a task that ends records ``move_end`` with what it moved, as its user. A cancel
+turns ``RUNNING`` into ``CANCELLING``; the running thread reads the status between rounds (and
+every ``_POLL`` seconds while it waits for its rate), stops, and writes ``CANCELLED``: what it
+moved stays moved. A running task whose process has written nothing for ``STALE`` seconds (the
+process ended) is ``FAILED``: the next read of its row marks it so and records its
+``move_end`` as ``system``. Its handle is SQS's: the base64 of a JSON object with its
 ``taskId`` and ``sourceArn``.
 """
 
@@ -32,7 +33,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from queues import service
-from queues.access import audit, require
+from queues.access import SYSTEM, audit, require
 from queues.models import Queue
 from sqs.context import Context, service_errors
 from sqs.errors import SQSError
@@ -88,17 +89,16 @@ def _progress(task_id: int, moved: int) -> None:
     MoveTask.objects.filter(pk=task_id).update(moved=moved, beat_at=timezone.now())
 
 
-def _end(task_id: int, moved: int, status: str, reason: str = "") -> str:
+def _end(task_id: int, moved: int, status: str, reason: str = "") -> str | None:
     """``status`` (COMPLETED or FAILED) if the task still runs; CANCELLED if it was cancelled:
-    the status written."""
+    the status written, or None if a read found the task silent too long and ended it first."""
     now = timezone.now()
     fields: dict[str, Any] = {"moved": moved, "beat_at": now, "failure_reason": reason[:300]}
     if MoveTask.objects.filter(pk=task_id, status=MoveTask.RUNNING).update(status=status, **fields):
         return status
     if MoveTask.objects.filter(pk=task_id, status=MoveTask.CANCELLING).update(status=MoveTask.CANCELLED, **fields):
         return MoveTask.CANCELLED
-    # neither: another process found it silent too long and marked it FAILED meanwhile
-    return _status(task_id) or MoveTask.FAILED
+    return None  # neither: a read found it silent too long, marked it FAILED and recorded its end
 
 
 def _stale(task: MoveTask) -> bool:
@@ -116,6 +116,10 @@ def _stale(task: MoveTask) -> bool:
             return False
         return _stale(task)
     task.status, task.failure_reason = MoveTask.FAILED, LOST
+    # the process that would have recorded its end is gone: the node records it, once (the
+    # read whose update marked the row)
+    name = Queue.objects.filter(pk=task.queue_id).values_list("name", flat=True).first()
+    audit.record(SYSTEM, "move_end", name or task.source_arn, task=task.pk, status=task.status, moved=task.moved)
     return True
 
 
@@ -201,7 +205,7 @@ class _Runner:
     def run(self) -> None:
         try:
             try:
-                ended = self._rounds()
+                rounds_end = self._rounds()
             except SQSError as exc:
                 if exc.code == "ServiceUnavailable":  # its message names the store's error
                     log.warning("message move task %s stopped: %s", self.task_id, exc.message)
@@ -213,8 +217,11 @@ class _Runner:
                 log.exception("message move task %s failed", self.task_id)
                 ended = _end(self.task_id, self.moved, MoveTask.FAILED, BROKEN)
             else:
-                ended = _end(self.task_id, self.moved, ended)
-            audit.record(self.ctx.caller, "move_end", self.q.name, task=self.task_id, status=ended, moved=self.moved)
+                ended = _end(self.task_id, self.moved, rounds_end)
+            if ended is not None:
+                audit.record(
+                    self.ctx.caller, "move_end", self.q.name, task=self.task_id, status=ended, moved=self.moved
+                )
         except Exception:  # the rows' store is gone: the task is listed FAILED once STALE passes
             log.exception("message move task %s could not record its end", self.task_id)
         finally:

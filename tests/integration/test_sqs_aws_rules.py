@@ -472,7 +472,7 @@ def test_a_task_whose_process_stopped_is_failed_in_its_row_when_listed(api, comm
 
     from django.utils import timezone
 
-    from queues.models import Queue
+    from queues.models import AuditEntry, Queue
     from sqs import move_tasks
     from sqs.models import MoveTask
 
@@ -490,6 +490,10 @@ def test_a_task_whose_process_stopped_is_failed_in_its_row_when_listed(api, comm
     assert "TaskHandle" not in listed
     row = MoveTask.objects.get(pk=task.pk)
     assert (row.status, row.failure_reason) == (MoveTask.FAILED, move_tasks.LOST)
+    # its end is in the audit trail once, by the node (its process is gone), however often listed
+    _tasks(api, arn)
+    ends = AuditEntry.objects.filter(action="move_end", detail__task=task.pk)
+    assert [(e.actor, e.target, e.detail["status"]) for e in ends] == [("system", q.name, "FAILED")]
     # a new task of the source may start: none is running
     api("StartMessageMoveTask", SourceArn=arn)
     assert _tasks(api, arn)[0]["Status"] == "COMPLETED"
