@@ -6,6 +6,7 @@ Domain errors map to statuses here, so views raise and never build error respons
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -150,7 +151,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 class OutageMiddleware:
     """An outage met outside the API's views (the console's pages and forms: a store or the
     database not answering) is answered 503 with Retry-After, as the API answers it, not 500.
-    The API's views answer their own errors first (``exception_handler``)."""
+    The API's views answer their own errors first (``exception_handler``); an outage met in
+    another middleware (a session saved as the response leaves) reaches :func:`json_500`."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
         self.get_response = get_response
@@ -159,13 +161,18 @@ class OutageMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exc: Exception) -> JsonResponse | None:
-        if not isinstance(exc, (Unavailable, *STORE_OUTAGES)):
-            return None
-        answer = domain_error(exc)
-        if answer is None:
-            return None
-        status_code, payload, headers = answer
-        return JsonResponse(payload, status=status_code, headers=headers)
+        return outage_response(exc)
+
+
+def outage_response(exc: BaseException | None) -> JsonResponse | None:
+    """503 with Retry-After if ``exc`` is an outage (ours or a store's), else None."""
+    if not isinstance(exc, (Unavailable, *STORE_OUTAGES)):
+        return None
+    answer = domain_error(exc)
+    if answer is None:
+        return None
+    status_code, payload, headers = answer
+    return JsonResponse(payload, status=status_code, headers=headers)
 
 
 def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
@@ -173,4 +180,10 @@ def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonRe
 
 
 def json_500(request: HttpRequest) -> JsonResponse:
+    """Django's answer to an exception no view or middleware answered; it runs while that
+    exception is handled, so an outage met where no :class:`OutageMiddleware` sees it (another
+    middleware's) is still 503 with Retry-After."""
+    outage = outage_response(sys.exc_info()[1])
+    if outage is not None:
+        return outage
     return JsonResponse({"error": "server_error", "detail": "internal error; see the node's log"}, status=500)
