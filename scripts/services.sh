@@ -16,9 +16,11 @@
 #      MQ_SERVICES_TIMEOUT (seconds to wait for readiness, default 30), MQ_PG_FSYNC (on; the
 #      test suite sets off: a commit still reaches the operating system before it returns, so a
 #      killed server or client loses nothing, but no test waits on a disk flush or a checkpoint's),
-#      MQ_REDIS_FSYNC (Redis's appendfsync: always; the test suite sets no: every write Redis
-#      answers is still written to its append-only file first, so a killed redis-server loses
-#      nothing, but no call waits on the disk: on a busy disk one fsync took past REDIS_TIMEOUT).
+#      MQ_REDIS_FSYNC (Redis's appendfsync: always or no; always by default; the test suite
+#      sets no: Redis still writes each change to its append-only file in the same turn of its
+#      event loop as it answers (with always, strictly before), so a killed redis-server loses
+#      none (but for that turn's microseconds), yet no call waits on the disk; everysec is not
+#      taken: it holds writes back, answered, while a flush is slow).
 # Every server listens on 127.0.0.1 only; `start` starts the cluster too, `stop` stops it. PostgreSQL runs as the `postgres` user when we are root.
 set -euo pipefail
 
@@ -36,6 +38,10 @@ rdir="$svc/redis"
 
 log() { echo "services: $*" >&2; }
 die() { echo "services: ERROR: $*" >&2; exit 1; }
+case "${MQ_REDIS_FSYNC:-always}" in
+    always|no) ;;
+    *) die "MQ_REDIS_FSYNC must be always or no, not '$MQ_REDIS_FSYNC'" ;;
+esac
 
 # ---------------------------------------------------------------- packages
 
@@ -431,8 +437,7 @@ redis_cluster() {
 # ---------------------------------------------------------------- outages (tests/integration/test_store_outages.py)
 
 # An abrupt restart: the process dies without SHUTDOWN, so what comes back is what the
-# append-only file held: every acknowledged write (Redis writes it to the file before it
-# answers; appendfsync decides only when the file reaches the disk).
+# append-only file held: every acknowledged write (see MQ_REDIS_FSYNC above).
 redis_restart() {
     local pid i
     pid="$(redis_pid "$rdir")"

@@ -14,9 +14,9 @@ export MQ_DATA_DIR="$data"
 # No test crashes the operating system, so none needs PostgreSQL's flushes to disk; on a busy
 # machine one of them (a checkpoint's) held commits past a node's database deadline.
 export MQ_PG_FSYNC="${MQ_PG_FSYNC:-off}"
-# Redis likewise: each write is in its append-only file before Redis answers (a killed
-# redis-server loses nothing), but no call waits for the file to reach the disk: on a disk
-# busy with another test's writes, such a wait can pass REDIS_TIMEOUT.
+# Redis likewise (MQ_REDIS_FSYNC in services.sh): each write reaches its append-only file as
+# Redis answers it, so a killed redis-server loses none, but no call waits for the disk: on a
+# disk busy with another test's writes, such a wait passed REDIS_TIMEOUT.
 export MQ_REDIS_FSYNC="${MQ_REDIS_FSYNC:-no}"
 rc=0
 "$here/with-services.sh" python -m pytest --durations=25 "$@" || rc=$?

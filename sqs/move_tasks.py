@@ -103,24 +103,27 @@ def _end(task_id: int, moved: int, status: str, reason: str = "") -> str | None:
 
 def _stale(task: MoveTask) -> bool:
     """Whether ``task`` is listed as running but its process wrote nothing for ``STALE``
-    seconds; if so, its row is marked FAILED (``LOST``) now, and ``task`` with it."""
+    seconds; if so, its row is marked FAILED (``LOST``) now, its ``move_end`` recorded as
+    ``system``, and ``task`` marked with it."""
     if task.status not in _ACTIVE or timezone.now() - task.beat_at <= timedelta(seconds=STALE):
         return False
-    if not MoveTask.objects.filter(pk=task.pk, status__in=_ACTIVE, beat_at=task.beat_at).update(
-        status=MoveTask.FAILED, failure_reason=LOST
-    ):
-        try:
-            task.refresh_from_db()  # its process wrote meanwhile (or it ended): as the row says now
-        except MoveTask.DoesNotExist:  # its queue deleted meanwhile
-            task.status = MoveTask.FAILED
-            return False
-        return _stale(task)
-    task.status, task.failure_reason = MoveTask.FAILED, LOST
-    # the process that would have recorded its end is gone: the node records it, once (the
-    # read whose update marked the row)
-    name = Queue.objects.filter(pk=task.queue_id).values_list("name", flat=True).first()
-    audit.record(SYSTEM, "move_end", name or task.source_arn, task=task.pk, status=task.status, moved=task.moved)
-    return True
+    with transaction.atomic():  # the row marked and its end recorded, or neither
+        if MoveTask.objects.filter(pk=task.pk, status__in=_ACTIVE, beat_at=task.beat_at).update(
+            status=MoveTask.FAILED, failure_reason=LOST
+        ):
+            # the process that would have recorded its end is gone: the read that marked the
+            # row records it, as the node
+            name = Queue.objects.filter(pk=task.queue_id).values_list("name", flat=True).first()
+            detail = {"task": task.pk, "status": MoveTask.FAILED, "moved": task.moved}
+            audit.record(SYSTEM, "move_end", name or task.source_arn, **detail)
+            task.status, task.failure_reason = MoveTask.FAILED, LOST
+            return True
+    try:
+        task.refresh_from_db()  # its process wrote meanwhile (or it ended): as the row says now
+    except MoveTask.DoesNotExist:  # its queue deleted meanwhile
+        task.status = MoveTask.FAILED
+        return False
+    return _stale(task)
 
 
 def entry(task: MoveTask) -> dict[str, Any]:

@@ -2,12 +2,14 @@
 answered as the views answer one: 503 with Retry-After, never 500.
 
 The outage is real: the middleware below calls a Redis, or opens a database connection, on a
-loopback port where nothing listens, as a store that went away mid-request does.
+loopback port bound and not listening (refused for certain), as a store that went away
+mid-request does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -16,20 +18,20 @@ from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from django.test import Client
 
-from tests.launcher import free_port
-
 pytestmark = pytest.mark.django_db
 
 _reach: Callable[[], None] | None = None
+#: a loopback port bound by the test and not listening: a connection to it is refused.
+_port = 0
 
 
 def _redis_gone() -> None:
-    redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=1).ping()
+    redis.Redis(host="127.0.0.1", port=_port, socket_connect_timeout=1, socket_timeout=1).ping()
 
 
 def _database_gone() -> None:
     db = connections["default"]
-    gone = type(db)({**db.settings_dict, "HOST": "127.0.0.1", "PORT": str(free_port())}, alias="gone")
+    gone = type(db)({**db.settings_dict, "HOST": "127.0.0.1", "PORT": str(_port)}, alias="gone")
     try:
         gone.ensure_connection()
     finally:
@@ -51,9 +53,12 @@ class StoreOnTheWayOut:
 
 
 @pytest.fixture
-def client_past_a_broken_middleware(settings):
+def client_past_a_broken_middleware(settings, monkeypatch) -> Iterator[Client]:
     settings.MIDDLEWARE = [f"{__name__}.StoreOnTheWayOut", *settings.MIDDLEWARE]
-    return Client(raise_request_exception=False)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        monkeypatch.setattr(f"{__name__}._port", closed.getsockname()[1])
+        yield Client(raise_request_exception=False)
 
 
 @pytest.mark.parametrize("store", [_redis_gone, _database_gone], ids=["redis", "database"])

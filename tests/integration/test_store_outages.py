@@ -6,7 +6,7 @@ failing host) does:
 
 - Redis **restart**: SIGKILL, then started again from its append-only file (the test Redis
   runs ``appendonly yes``, as ``services.sh`` writes it: every write Redis answered is in the
-  file before the answer, whatever ``appendfsync`` says of flushing it to the disk);
+  file, written as it answered, whether or not ``appendfsync`` flushed it to the disk);
 - PostgreSQL **restart**: ``pg_ctl restart -m fast`` (every connection is cut);
 - either **unreachable** for 10 s: every server process SIGSTOPped, then SIGCONTed (the
   connections hang rather than being refused, the harder case for a client).

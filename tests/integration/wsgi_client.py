@@ -10,8 +10,9 @@ its database transaction. It has the part of ``APIClient``'s interface the API s
 "django" when Django's handler answered (it sends ``request_started``), else "fastpath".
 
 Like Django's test client it keeps the request signals from closing the database connection
-(which would end the test's transaction), and it re-raises the exception behind a 500, from
-Django (``got_request_exception``) or from the fast path (its ``log.exception``).
+(which would end the test's transaction), and it re-raises the exception no view answered
+(behind a 500, or an outage's 503 from ``handler500``), from Django (``got_request_exception``)
+or from the fast path (its ``log.exception``).
 """
 
 from __future__ import annotations
