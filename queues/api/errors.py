@@ -185,5 +185,7 @@ def json_500(request: HttpRequest) -> JsonResponse:
     middleware's) is still 503 with Retry-After."""
     outage = outage_response(sys.exc_info()[1])
     if outage is not None:
+        # logged already, as one warning (domain_error): not again by Django with its traceback
+        outage._has_been_logged = True  # type: ignore[attr-defined]
         return outage
     return JsonResponse({"error": "server_error", "detail": "internal error; see the node's log"}, status=500)

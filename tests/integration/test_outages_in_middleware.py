@@ -8,6 +8,7 @@ mid-request does.
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Callable, Iterator
 
@@ -62,19 +63,24 @@ def client_past_a_broken_middleware(settings, monkeypatch) -> Iterator[Client]:
 
 
 @pytest.mark.parametrize("store", [_redis_gone, _database_gone], ids=["redis", "database"])
-def test_an_outage_in_a_middleware_is_503_with_retry_after(client_past_a_broken_middleware, store, monkeypatch):
+def test_an_outage_in_a_middleware_is_503_with_retry_after(client_past_a_broken_middleware, store, monkeypatch, caplog):
     # given a middleware that meets a store not answering after the view answered
     monkeypatch.setattr(f"{__name__}._reach", store)
     # when a page of the console and a path of no page are asked for
     for path in ("/admin/login/", "/no-such-page/"):
+        caplog.clear()
         r = client_past_a_broken_middleware.get(path)
         # then each is answered 503 with Retry-After, as an outage met in a view
         assert r.status_code == 503, (path, r.status_code, r.content[:200])
         assert r["Retry-After"] == "1"
         assert r.json()["error"] == "unavailable"
+        # and logged once, as a warning naming the store's error, not as an error with a traceback
+        outages = [rec for rec in caplog.records if rec.getMessage().startswith("store unavailable")]
+        assert [rec.levelname for rec in outages] == ["WARNING"]
+        assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
 
 
-def test_another_error_in_a_middleware_is_still_500(client_past_a_broken_middleware, monkeypatch):
+def test_another_error_in_a_middleware_is_still_500(client_past_a_broken_middleware, monkeypatch, caplog):
     # given a middleware failing on a bug of its own, not an outage
     def broken() -> None:
         raise ZeroDivisionError("a bug")
@@ -86,3 +92,6 @@ def test_another_error_in_a_middleware_is_still_500(client_past_a_broken_middlew
     assert r.status_code == 500
     assert r.json() == {"error": "server_error", "detail": "internal error; see the node's log"}
     assert "Retry-After" not in r
+    # and the node's log has the error with its traceback
+    (logged,) = [rec for rec in caplog.records if rec.name == "django.request"]
+    assert logged.levelno == logging.ERROR and logged.exc_info and logged.exc_info[0] is ZeroDivisionError
