@@ -231,12 +231,11 @@ def _owner_wait() -> float:
 OWNER_WAIT_MAX = 5.0
 
 
-def _owner(cfg: QueueConfig, index: int) -> str | None:
-    """The address of the owner of partition ``index``, None when it is this node; waits
-    :func:`_owner_wait` for one when it has none, then raises NotServedHere (503: retry) or
-    QueueNotFound (it was deleted)."""
+def _owner(cfg: QueueConfig, index: int, give_up: float) -> str | None:
+    """The address of the owner of partition ``index``, None when it is this node; waits for
+    one until ``give_up`` (monotonic) when it has none, then raises NotServedHere (503: retry)
+    or QueueNotFound (it was deleted)."""
     rt = get_runtime()
-    give_up = monotonic() + _owner_wait()
     while True:
         if (cfg.name, index) in rt.managers:
             return None
@@ -257,12 +256,13 @@ OWNER_LOOK = 0.05
 
 def _at_owner(cfg: QueueConfig, index: int, local: Callable[[], T], remote: Callable[[str], T]) -> T:
     """``remote(address)`` at the owner of partition ``index``, or ``local()`` when that is
-    this node. An owner that refuses the connection is looked up again until
-    :func:`_owner_wait` runs out: it died, and its row names it until its lease passes to a
-    live node, while the call never reached it (safe to make again, whatever it is)."""
+    this node. An owner that refuses the connection is looked up again: it died, and its row
+    names it until its lease passes to a live node, while the call never reached it (safe to
+    make again, whatever it is). The lookups and the waits for an owner share one
+    :func:`_owner_wait`, so a call answers 503 within it (past the calls' own timeouts)."""
     give_up = monotonic() + _owner_wait()
     while True:
-        address = _owner(cfg, index)
+        address = _owner(cfg, index, give_up)
         if address is None:
             return local()
         try:

@@ -14,6 +14,7 @@ successor stands.
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
@@ -105,3 +106,33 @@ def test_a_refused_connection_is_told_apart_from_a_call_that_may_have_run(runtim
     with pytest.raises(PeerUnreachable) as refused:
         get_peers().expire(closed_port(), "q")
     assert refused.value.refused
+
+
+def test_a_call_whose_owner_is_gone_answers_503_within_one_owner_wait(api, runtime, monkeypatch, make_queue):
+    """The waits for an owner and the lookups after a refusal share one budget: a call that
+    waited most of it for an owner, was refused by the one it found, and then finds none, is
+    answered 503 when the budget ends, not after a second whole wait."""
+    from queues.service import messages
+
+    # given a partition with no owner for 80% of a wait, then a dead one, then none at all
+    name = make_queue(partitions=1)
+    monkeypatch.setattr(runtime, "managers", Hidden(runtime.managers, (name, 0)))
+    wait = messages._owner_wait()
+    dead = closed_port()
+    named: list[str | None] = []
+    start = time.monotonic()
+
+    def owner_of(queue_id: int, queue: str, index: int) -> str | None:
+        due = time.monotonic() - start >= 0.8 * wait
+        named.append(dead if due and dead not in named else None)
+        return named[-1]
+
+    monkeypatch.setattr(runtime.router, "owner_of", owner_of)
+    # when a client enqueues to it
+    r = api.post(f"{API}/{name}/enqueue", {"body": "x", "group": "g"}, format="json")
+    took = time.monotonic() - start
+    # then it was sent to the dead owner, and answered 503 (retry) within the one wait
+    assert dead in named
+    assert r.status_code == 503, r.content
+    assert r["Retry-After"]
+    assert took < 1.5 * wait, f"answered after {took:.2f} s; one wait is {wait:.2f} s"
