@@ -91,14 +91,15 @@ def _progress(task_id: int, moved: int) -> None:
 
 def _end(task_id: int, moved: int, status: str, reason: str = "") -> str | None:
     """``status`` (COMPLETED or FAILED) if the task still runs; CANCELLED if it was cancelled:
-    the status written, or None if a read found the task silent too long and ended it first."""
+    the status written, or None if a read found the task silent too long and ended it first
+    (or its queue was deleted, and the row with it)."""
     now = timezone.now()
     fields: dict[str, Any] = {"moved": moved, "beat_at": now, "failure_reason": reason[:300]}
     if MoveTask.objects.filter(pk=task_id, status=MoveTask.RUNNING).update(status=status, **fields):
         return status
     if MoveTask.objects.filter(pk=task_id, status=MoveTask.CANCELLING).update(status=MoveTask.CANCELLED, **fields):
         return MoveTask.CANCELLED
-    return None  # neither: a read found it silent too long, marked it FAILED and recorded its end
+    return None  # neither: a read ended it (and recorded its end), or its queue is gone
 
 
 def _stale(task: MoveTask) -> bool:
