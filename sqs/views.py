@@ -163,13 +163,20 @@ def _charset(options: str) -> str:
     for option in options.split(";"):
         name, _, value = option.partition("=")
         if name.strip().lower() == "charset":
-            with contextlib.suppress(Exception):  # no codec, or one that is not a text encoding
-                codec = codecs.lookup(value.strip().strip('"'))
-                if codec.encode(_ASCII)[0] == _ASCII.encode() and codec.decode(_ASCII.encode())[0] == _ASCII:
-                    codec.decode(b"\xff\xfe", "replace")  # and reads any byte (idna refuses to)
-                    return codec.name
-            break
+            return _text_codec(value.strip().strip('"')) or "utf-8"
     return "utf-8"
+
+
+@lru_cache(maxsize=64)
+def _text_codec(name: str) -> str | None:
+    """The codec ``name`` names, if it reads and writes ASCII as ASCII and reads any byte;
+    else None (asked on every form: botocore names ``utf-8`` in each)."""
+    with contextlib.suppress(Exception):  # no codec, or one that is not a text encoding
+        codec = codecs.lookup(name)
+        if codec.encode(_ASCII)[0] == _ASCII.encode() and codec.decode(_ASCII.encode())[0] == _ASCII:
+            codec.decode(b"\xff\xfe", "replace")  # and reads any byte (idna refuses to)
+            return codec.name
+    return None
 
 
 #: what a form's charset must read and write as ASCII does.
