@@ -558,6 +558,20 @@ API_ANONYMOUS_BODY_READERS = envint("API_ANONYMOUS_BODY_READERS", max(2, NODE_TH
 #: Request threads of a process that one known caller's bodies may hold at once on the fast
 #: path (a body read waits for the client, and granian cannot cut it short); past it 503, unread.
 API_BODY_READS_PER_CALLER = envint("API_BODY_READS_PER_CALLER", max(2, NODE_THREADS // 4), minimum=1)
+#: Bodies are read by the node's front (``queues.api.front``) on its event loop, never by a
+#: request thread. After this many seconds a body must keep up with the rate below (a slower
+#: one is cut: 408), so a client trickling its body holds a coroutine for seconds, not minutes.
+API_BODY_READ_GRACE = envfloat("API_BODY_READ_GRACE", 5.0)
+if not 0.1 <= API_BODY_READ_GRACE <= 600:
+    raise ImproperlyConfigured(f"API_BODY_READ_GRACE={API_BODY_READ_GRACE}: use seconds in [0.1, 600]")
+#: The slowest a body may arrive after the grace, bytes a second.
+API_BODY_MIN_BYTES_PER_SECOND = envint("API_BODY_MIN_BYTES_PER_SECOND", 64 * 1024, minimum=1)
+#: Bytes of bodies a process holds at once, read or being read, until each is answered (a
+#: body's Content-Length is reserved when its read starts); one caller (address and credential)
+#: may hold a quarter, one address half. Past it: 429 with Retry-After, unread.
+API_BODY_BYTES_IN_FLIGHT = envint(
+    "API_BODY_BYTES_IN_FLIGHT", max(4 * API_MAX_REQUEST_BYTES, 128 * 1024 * 1024), minimum=API_MAX_REQUEST_BYTES
+)
 
 LOGGING = {
     "version": 1,

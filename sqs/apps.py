@@ -9,14 +9,19 @@ class SqsConfig(AppConfig):
     def ready(self) -> None:
         from queues.api.bodies import register_known_caller, register_self_guarded
         from queues.api.fastpath import register_direct_view
+        from queues.api.front import register_pre_body_check, register_refusal_renderer
         from sqs import keys
-        from sqs.known import access_key_known, is_sqs_call
+        from sqs.known import access_key_known, is_sqs_call, pre_body, render_refusal
         from sqs.views import direct_endpoint
 
         # A caller with an access key sends its body whole (SendMessageBatch: up to 1 MiB).
         register_known_caller(access_key_known)
         # The SQS view refuses a key it does not know before it reads a body, in SQS's words.
         register_self_guarded(is_sqs_call)
+        # A signature that cannot be valid is refused before its body, and the front's own
+        # refusals of an SQS call are worded as SQS words them.
+        register_pre_body_check(pre_body)
+        register_refusal_renderer(render_refusal)
         # Its POSTs need none of Django's middleware: the fast path serves them without it.
         register_direct_view("/sqs", direct_endpoint)
         # A key or a user changed: every process reads its keys again from its next call on.

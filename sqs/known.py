@@ -9,6 +9,10 @@ import re
 from typing import Any
 from urllib.parse import parse_qs
 
+from queues.api.front import Refusal
+from sqs import sigv4, wire
+from sqs.errors import CODES, SQSError
+
 #: the access key ID of a SigV4 ``Authorization`` header (``Credential=AKID/date/region/...``)
 _HEADER_KEY = re.compile(r"AWS4-HMAC-SHA256\s.*?Credential=([^/,\s]+)/")
 
@@ -35,3 +39,49 @@ def access_key_known(environ: dict[str, Any]) -> bool:
     if not key_id or len(key_id) > 32:
         return False
     return AccessKey.objects.filter(access_key_id=key_id, revoked_at__isnull=True).exists()
+
+
+# --- the node's front (queues.api.front): before the body, and its refusals in SQS's words ------
+def _sqs_path(method: str, path: str) -> bool:
+    return path == "/sqs" or path.startswith("/sqs/") or (path == "/" and method == "POST")
+
+
+def _refusal(err: SQSError, headers: Any) -> Refusal:
+    from sqs.views import error_answer
+
+    status, out, body = error_answer(err, wire.is_json_request(headers))
+    return Refusal(status, out, body)
+
+
+def pre_body(method: str, path: str, query: str, headers: Any) -> Refusal | None:
+    """An SQS call whose signature cannot be valid, whatever its body (``sigv4.check_claim``),
+    refused before the body is read; None for any other request."""
+    if not _sqs_path(method, path):
+        return None
+    try:
+        sigv4.check_claim(sigv4.claim(query, headers), headers, True)
+    except sigv4.SignatureError as exc:
+        return _refusal(SQSError(exc.code, exc.message, exc.status), headers)
+    return None
+
+
+#: the front's refusals (HTTP status) as SQS's errors
+_FRONT_CODES = {
+    400: "MalformedQueryString",
+    408: "RequestTimeout",
+    413: "RequestEntityTooLarge",
+    429: "RequestThrottled",
+    503: "ServiceUnavailable",
+}
+
+
+def render_refusal(
+    path: str, headers: Any, status: int, error: str, detail: str, retry_after: float | None
+) -> Refusal | None:
+    """The front's refusal of an SQS call in SQS's protocol (RequestThrottled for a share taken:
+    what SDKs back off from and retry)."""
+    if not (path == "/sqs" or path.startswith("/sqs/") or path == "/"):
+        return None
+    code = _FRONT_CODES.get(status, "InternalFailure")
+    keep = status if code not in CODES else None
+    return _refusal(SQSError(code, detail, keep, retry_after=retry_after), headers)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -208,6 +209,53 @@ def claimed_credential(query: str, headers: Mapping[str, str]) -> Credential:
     return claim(query, headers).cred
 
 
+#: A signature as SigV4 writes it: the HMAC-SHA256, in lower-case hexadecimal.
+_SIGNATURE = re.compile(r"[0-9a-f]{64}")
+#: An ``x-amz-content-sha256`` as SigV4 writes it (or UNSIGNED-PAYLOAD).
+_PAYLOAD_HASH = re.compile(r"[0-9a-f]{64}")
+
+
+def check_claim(found: Claim, headers: Mapping[str, str], has_body: bool, now: datetime | None = None) -> None:
+    """What can be told of a signature before the body and the key's secret: its shape, its
+    date, what it must sign. A request that fails here cannot be signed validly, whatever its
+    body, so it is refused before its body is read. Raises SignatureError: IncompleteSignature
+    (malformed), SignatureDoesNotMatch (a signature not of SigV4's shape, a credential scope of
+    another day, Host or a sent X-Amz-Date left unsigned, a body under UNSIGNED-PAYLOAD or
+    under a malformed payload hash), RequestExpired (dated more than ``MAX_SKEW`` away, or a
+    presigned URL past its expiry).
+
+    The rules are AWS's (Signature Version 4 reference, "Create a signed AWS API request"): the
+    Host header and, when sent, X-Amz-Date must be among the signed headers.
+    """
+    now = now or datetime.now(UTC)
+    cred, signed_headers, amz_date, expires = found.cred, found.signed_headers, found.amz_date, found.expires
+    signed_at = _parse_date(amz_date)
+    if not _SIGNATURE.fullmatch(found.signature):
+        raise SignatureError("SignatureDoesNotMatch", "the signature must be 64 lower-case hexadecimal digits")
+    if cred.date != amz_date[:8]:
+        raise SignatureError("SignatureDoesNotMatch", "the credential scope's date is not the request's date")
+    if "host" not in signed_headers:
+        raise SignatureError("SignatureDoesNotMatch", "the Host header must be signed")
+    if expires is None and "x-amz-date" not in signed_headers:
+        raise SignatureError("SignatureDoesNotMatch", "the X-Amz-Date header must be signed")
+    skew = (now - signed_at).total_seconds()
+    if abs(skew) > MAX_SKEW and (expires is None or skew < 0):
+        raise SignatureError(
+            "RequestExpired",
+            f"Signature expired: {amz_date} is more than 15 minutes from the server's time "
+            f"{now.strftime('%Y%m%dT%H%M%SZ')}",
+            400,
+        )
+    if expires is not None and skew > expires:
+        raise SignatureError("RequestExpired", f"the presigned request expired {skew - expires:.0f} s ago", 400)
+    declared = headers.get("x-amz-content-sha256")
+    if declared and declared != UNSIGNED_PAYLOAD and not _PAYLOAD_HASH.fullmatch(declared):
+        raise SignatureError("SignatureDoesNotMatch", "x-amz-content-sha256 is not a SHA-256 in hexadecimal")
+    if has_body and declared == UNSIGNED_PAYLOAD:
+        # A signature over UNSIGNED-PAYLOAD vouches for no body.
+        raise SignatureError("SignatureDoesNotMatch", "UNSIGNED-PAYLOAD is accepted only for a request without a body")
+
+
 def verify(
     req: Request, secret_of: Callable[[str], str | None], now: datetime | None = None, *, claimed: Claim | None = None
 ) -> Credential:
@@ -223,22 +271,8 @@ def verify(
     """
     now = now or datetime.now(UTC)
     found = claimed or claim(req.query, req.headers)
-    cred, signed_headers, amz_date, expires = found.cred, found.signed_headers, found.amz_date, found.expires
-    signed_at = _parse_date(amz_date)
-    if cred.date != amz_date[:8]:
-        raise SignatureError("SignatureDoesNotMatch", "the credential scope's date is not the request's date")
-    if "host" not in signed_headers:
-        raise SignatureError("SignatureDoesNotMatch", "the Host header must be signed")
-    skew = (now - signed_at).total_seconds()
-    if abs(skew) > MAX_SKEW and (expires is None or skew < 0):
-        raise SignatureError(
-            "RequestExpired",
-            f"Signature expired: {amz_date} is more than 15 minutes from the server's time "
-            f"{now.strftime('%Y%m%dT%H%M%SZ')}",
-            400,
-        )
-    if expires is not None and skew > expires:
-        raise SignatureError("RequestExpired", f"the presigned request expired {skew - expires:.0f} s ago", 400)
+    cred, signed_headers, amz_date = found.cred, found.signed_headers, found.amz_date
+    check_claim(found, req.headers, bool(req.body), now)
     secret = secret_of(cred.access_key_id)
     if secret is None:
         raise SignatureError("InvalidClientTokenId", "The security token included in the request is invalid.")
@@ -247,15 +281,8 @@ def verify(
     declared = req.headers.get("x-amz-content-sha256")
     if declared and declared != UNSIGNED_PAYLOAD and declared != body_hash:
         raise SignatureError("SignatureDoesNotMatch", "x-amz-content-sha256 is not the payload's SHA-256")
-    if req.body:
-        # A signature over UNSIGNED-PAYLOAD vouches for no body: with one, only its hash will do.
-        if declared == UNSIGNED_PAYLOAD:
-            raise SignatureError(
-                "SignatureDoesNotMatch", "UNSIGNED-PAYLOAD is accepted only for a request without a body"
-            )
-        hashes = [body_hash]
-    else:
-        hashes = [declared] if declared else [body_hash, UNSIGNED_PAYLOAD]
+    # (a body under UNSIGNED-PAYLOAD is refused by check_claim): with one, only its hash will do.
+    hashes = [body_hash] if req.body else [declared] if declared else [body_hash, UNSIGNED_PAYLOAD]
     for payload_hash in hashes:
         canonical = canonical_request(req, signed_headers, payload_hash, without=found.without)
         expected = hmac.new(key, string_to_sign(amz_date, cred, canonical).encode("utf-8"), hashlib.sha256).hexdigest()
@@ -267,7 +294,7 @@ def verify(
         "Check your AWS Secret Access Key and signing method."
         + (
             " A request with a body must sign its payload (UNSIGNED-PAYLOAD is not accepted for one)."
-            if req.body and expires is not None
+            if req.body and found.expires is not None
             else ""
         ),
     )

@@ -316,6 +316,11 @@ XML = "text/xml"
 UNKNOWN_OPERATION = b"<UnknownOperationException/>"
 
 
+def error_answer(err: SQSError, json_protocol: bool) -> DirectAnswer:
+    """``err`` as the endpoint answers it, with a request ID of its own."""
+    return _error(err, json_protocol, str(uuid.uuid4()))
+
+
 def _error(err: SQSError, json_protocol: bool, request_id: str) -> DirectAnswer:
     if json_protocol:
         return _respond(wire.encode_error(err), request_id)

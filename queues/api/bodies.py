@@ -227,6 +227,55 @@ def _refuse(
     return [body]
 
 
+#: Why a body is refused before it is read: (status line, error, detail, extra headers).
+Refused = tuple[str, str, str, list[tuple[str, str]]]
+
+
+def before_body(environ: dict[str, Any]) -> tuple[bool, Refused | None]:
+    """What a request with a body is, by its headers alone (``environ`` without the body):
+    whether its caller is known (or its view finds its caller itself), and whether it is refused
+    before the body is read: credentials that fail (401), a body to the REST API without
+    credentials (401), an anonymous body without a length (411) or over
+    ``API_ANONYMOUS_MAX_REQUEST_BYTES`` (413). May ask the database or the cache (a token, a
+    session): call it from a request thread."""
+    # A self-guarded view first: it finds its caller itself, so asking who calls costs it
+    # a lookup for nothing.
+    if any(guarded(environ) for guarded in _SELF_GUARDED) or known_caller(environ):
+        return True, None
+    return False, _anonymous_refusal(environ)
+
+
+def _anonymous_refusal(environ: dict[str, Any]) -> Refused | None:
+    refused = _failed_credentials(environ)
+    if refused is not None:
+        return "401 Unauthorized", "authentication_failed", refused, [("WWW-Authenticate", "Token")]
+    if environ.get("PATH_INFO", "").startswith("/api/"):
+        # every call of the API that takes a body needs credentials: answered as DRF would
+        return (
+            "401 Unauthorized",
+            "not_authenticated",
+            "Authentication credentials were not provided.",
+            [("WWW-Authenticate", "Token")],
+        )
+    length = environ.get("CONTENT_LENGTH") or ""
+    if "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower() or not (length.isascii() and length.isdigit()):
+        return (
+            "411 Length Required",
+            "length_required",
+            "a request without credentials must state its body's Content-Length",
+            [],
+        )
+    size, limit = int(length), settings.API_ANONYMOUS_MAX_REQUEST_BYTES
+    if size > limit:
+        return (
+            "413 Request Entity Too Large",
+            "payload_too_large",
+            f"request body of {size} bytes is over the limit of {limit} bytes for a caller not authenticated",
+            [],
+        )
+    return None
+
+
 class BodyGate:
     """WSGI middleware: see the module docstring."""
 
@@ -238,42 +287,14 @@ class BodyGate:
         chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
         if (not length or length == "0") and not chunked:
             return self.app(environ, start_response)
-        # A self-guarded view first: it finds its caller itself, so asking who calls costs it
-        # a lookup for nothing.
-        if any(guarded(environ) for guarded in _SELF_GUARDED) or known_caller(environ):
+        known, refused = before_body(environ)
+        if known:
             return self.app(environ, start_response)
-        refused = _failed_credentials(environ)
         if refused is not None:
-            return _refuse(
-                start_response, "401 Unauthorized", "authentication_failed", refused, [("WWW-Authenticate", "Token")]
-            )
-        if environ.get("PATH_INFO", "").startswith("/api/"):
-            # every call of the API that takes a body needs credentials: answered as DRF would
-            return _refuse(
-                start_response,
-                "401 Unauthorized",
-                "not_authenticated",
-                "Authentication credentials were not provided.",
-                [("WWW-Authenticate", "Token")],
-            )
-        limit = settings.API_ANONYMOUS_MAX_REQUEST_BYTES
-        if chunked or not (length.isascii() and length.isdigit()):
-            return _refuse(
-                start_response,
-                "411 Length Required",
-                "length_required",
-                "a request without credentials must state its body's Content-Length",
-            )
-        size = int(length)
-        if size > limit:
-            return _refuse(
-                start_response,
-                "413 Request Entity Too Large",
-                "payload_too_large",
-                f"request body of {size} bytes is over the limit of {limit} bytes for a caller not authenticated",
-            )
+            status, error, detail, extra = refused
+            return _refuse(start_response, status, error, detail, extra)
         try:
-            body = readers().read(environ["wsgi.input"], size)
+            body = readers().read(environ["wsgi.input"], int(length))
         except ReadersBusy as exc:
             return _refuse(
                 start_response, "503 Service Unavailable", "unavailable", f"{exc}; retry", [("Retry-After", "1")]

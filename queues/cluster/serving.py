@@ -5,35 +5,31 @@ Each process is a full member of the cluster: a :class:`~queues.cluster.node.Nod
 processes share is the node's public port: granian starts ``N`` workers that each bind it with
 ``SO_REUSEPORT``, so the kernel spreads a client's connections over them and a client that
 knows only that address gets the whole machine. What each has alone is a private port: a
-second granian listener in the same worker, bound on the node's host to a port the kernel
-picks, which is the address the process registers (``Node.address``). Calls that must reach
-the owner of a partition (forwarded calls of the siblings and of other nodes, the SDK's calls
-straight to an owner) go there, so reaching a sibling costs one loopback call into granian,
-signed like any peer call, and never more hops than between two machines.
+second listener of the same worker, served by granian's embedded server on the worker's event
+loop (``queues.api.front``), bound on the node's host to a port the kernel picks, which is the
+address the process registers (``Node.address``). Calls that must reach the owner of a
+partition (forwarded calls of the siblings and of other nodes, the SDK's calls straight to an
+owner) go there, so reaching a sibling costs one loopback call into granian, signed like any
+peer call, and never more hops than between two machines.
 
-Each worker may run on a CPU of its own (:func:`cpu_plan`, :func:`spawn_pinned`): granian's
-threads and the request threads of one process then hand calls and the GIL to each other
-without waking another CPU.
+Each worker may run on a CPU of its own (:func:`cpu_plan`; the worker takes it in
+:func:`load_app`, before granian starts its threads): granian's threads and the request
+threads of one process then hand calls and the GIL to each other without waking another CPU.
 
-Granian has no API for a second listener: :mod:`queues.glue.granian` serves it, through
-granian's private names (what to check on a granian upgrade is listed there).
+Everything here uses granian's public interface (``Granian.serve``'s target loader, the RSGI
+protocol, ``granian.server.embed``) and the operating system's (``SO_REUSEPORT``,
+``sched_setaffinity``).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import socket
 import sys
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
-
-from queues.glue import granian as granian_glue
-
-# granian's spawn targets, as runnode names them: its own (the public port only), and one that
-# serves the process's private port too.
-WSGI_SPAWN_TARGET = granian_glue.WSGI_SPAWN_TARGET
-spawn_wsgi_worker = granian_glue.spawn_wsgi_worker
 
 
 def private_host(host: str, advertise: str) -> tuple[str, str]:
@@ -45,19 +41,68 @@ def private_host(host: str, advertise: str) -> tuple[str, str]:
     return host, adv_host
 
 
-def load_app(target: str, host: str, adv_host: str, backlog: int) -> Any:
-    """granian's callback loader in a worker: bind this process's private port first, so the
-    node runtime (started by importing ``config.node``) registers that address."""
+#: The socket that holds this worker's private port for it (bound, not listening: granian's
+#: embedded server binds the same port beside it, ``SO_REUSEPORT``), kept for the process's life.
+_PORT_HELD: socket.socket | None = None
+
+
+def hold_private_port(host: str) -> int:
+    """A port of ``host`` for this process's private listener, held so that no other program
+    takes it before granian binds it."""
+    global _PORT_HELD
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
-    sock.listen(backlog)
-    sock.set_inheritable(True)
-    granian_glue.serve_also(sock, backlog)
-    port = sock.getsockname()[1]
-    os.environ["NODE_ADDRESS"] = f"[{adv_host}]:{port}" if ":" in adv_host else f"{adv_host}:{port}"
-    return granian_glue.load_target(target)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host.strip("[]"), 0))
+    _PORT_HELD = sock
+    return int(sock.getsockname()[1])
+
+
+def claim_slot(folder: str) -> int:
+    """This worker's number among the runnode's workers (0, 1, ...): the first free slot file
+    in ``folder`` (made with ``O_EXCL``, so two workers never take one)."""
+    slot = 0
+    while True:
+        try:
+            os.close(os.open(os.path.join(folder, f"worker-{slot}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return slot
+        except FileExistsError:
+            slot += 1
+
+
+def _resolve(name: str) -> Any:
+    module, _, attribute = name.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def load_app(
+    target: str,
+    front: str,
+    threads: int,
+    private: tuple[str, str] | None,
+    cpus: list[int] | None,
+    slots: str,
+) -> Any:
+    """granian's target loader in a worker (``Granian.serve(target_loader=...)``): take this
+    worker's CPU (``cpus``, by its slot in ``slots``), hold its private port when the node has
+    several processes (``private``: bind host and advertised host) so that the node runtime
+    (started by importing ``target``'s module) registers that address, and return the front
+    (``front``, ``module:attribute`` of a class such as ``queues.api.front.Front``) that serves
+    the WSGI application ``target`` (``module:attribute``) on ``threads`` request threads."""
+    slot = claim_slot(slots)
+    if cpus:
+        cpu = cpus[slot % len(cpus)]
+        try:
+            pin_this_process(cpu)
+        except OSError as exc:
+            print(f"runnode: worker {slot + 1} stays unpinned: CPU {cpu}: {exc}", file=sys.stderr, flush=True)
+    listen: tuple[str, int] | None = None
+    if private is not None:
+        bind_host, adv_host = private
+        port = hold_private_port(bind_host)
+        listen = (bind_host.strip("[]"), port)
+        os.environ["NODE_ADDRESS"] = f"[{adv_host}]:{port}" if ":" in adv_host else f"{adv_host}:{port}"
+    return _resolve(front)(_resolve(target), threads=threads, private=listen)
 
 
 # --- one CPU a worker process ---------------------------------------------------------------
@@ -120,15 +165,3 @@ def pin_this_process(cpu: int) -> None:
             os.sched_setaffinity(int(tid), {cpu})
         except ProcessLookupError:
             pass  # a thread that ended meanwhile
-
-
-def spawn_pinned(inner: Callable[..., None], cpus: list[int], worker_id: int, *args: Any, **kwargs: Any) -> None:
-    """granian's spawn target for a worker on its CPU of ``cpus`` (:func:`cpu_plan`), before
-    anything else runs in it: ``inner`` is the target it would have had (granian numbers
-    workers from 1). A CPU refused (a container's rules) leaves the worker where it is."""
-    cpu = cpus[(worker_id - 1) % len(cpus)]
-    try:
-        pin_this_process(cpu)
-    except OSError as exc:  # (granian's logging starts in ``inner``)
-        print(f"runnode: worker {worker_id} stays unpinned: CPU {cpu}: {exc}", file=sys.stderr, flush=True)
-    inner(worker_id, *args, **kwargs)

@@ -19,50 +19,6 @@ def parameter_names(fn) -> list[str]:
     return list(inspect.signature(fn).parameters)
 
 
-# --- granian ----------------------------------------------------------------------------------
-def test_granian_wsgi_spawn_target_takes_the_arguments_ours_takes():
-    from queues.glue import granian as glue
-
-    # granian calls the target it is given with its own target's arguments
-    theirs = parameter_names(inspect.unwrap(glue.WSGI_SPAWN_TARGET))
-    ours = parameter_names(inspect.unwrap(glue.spawn_wsgi_worker))
-    assert ours == theirs
-    # and both are wrapped by the decorator that loads the callback in the worker
-    wrapper = list(inspect.signature(glue.spawn_wsgi_worker, follow_wrapped=False).parameters)
-    assert wrapper == list(inspect.signature(glue.WSGI_SPAWN_TARGET, follow_wrapped=False).parameters)
-    assert wrapper[:3] == ["worker_id", "process_name", "callback_loader"]
-
-
-def test_granian_worker_pieces_have_the_shape_the_target_uses():
-    from granian.constants import RuntimeModes
-
-    from queues.glue import granian as glue
-
-    assert parameter_names(glue.WSGIWorker)[:3] == ["worker_id", "sock", "ipc"]
-    # 12 arguments, the 8 of ssl_ctx, then metrics: passed by position
-    assert len(parameter_names(glue.WSGIWorker)) == 21
-    assert parameter_names(glue.WSGIWorker)[-1] == "metrics"
-    for mode in (RuntimeModes.mt, RuntimeModes.st):  # (granian resolves "auto" before it spawns)
-        for uds in (False, True):
-            assert hasattr(glue.WSGIWorker, glue.WORKERS_METHODS[mode][uds])
-    assert parameter_names(glue._new_cbscheduler) == ["loop", "cb", "impl_asyncio"]
-    assert parameter_names(glue._callback_wrapper)[:3] == ["callback", "scope_opts", "access_log_fmt"]
-    assert parameter_names(glue._load_target)[0] == "target"
-    assert parameter_names(glue.set_sync_signals) == []
-    signal = glue.WorkerSignal()
-    signal.set()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(1)
-        assert glue.SocketHolder(sock.fileno(), False, 16).is_uds() is False
-
-
-def test_granian_loads_a_target_by_its_name():
-    from queues.glue import granian as glue
-
-    assert glue.load_target("queues.glue.granian:serve_also") is glue.serve_also
-
-
 # --- redis-py ---------------------------------------------------------------------------------
 def test_redis_pools_that_read_with_hiredis_are_recognised():
     import redis

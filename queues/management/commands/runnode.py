@@ -39,6 +39,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+#: What serves the node's WSGI application in each worker (read there: see queues.api.front).
+FRONT = "queues.api.front:Front"
 #: the folders this runnode made before it restarted itself (removed when it stops).
 _OWN_DIRS = "MQ_RUNNODE_OWN_DIRS"
 
@@ -140,14 +142,17 @@ class Command(BaseCommand):
             os.environ[_OWN_DIRS] = os.pathsep.join(own_dirs)
             os.execv(sys.executable, [sys.executable, *sys.argv])  # noqa: S606 - itself again, same arguments
         connections.close_all()  # the workers are forked: each must open its own
+        # Each worker takes a slot here (its CPU of the plan): removed when runnode stops.
+        own_dirs.append(tempfile.mkdtemp(prefix="mq-slots-"))
         server = Granian(
             "config.node:application",
             address=host,
             port=port,
-            interface=Interfaces.WSGI,
+            # The front (queues.api.front) reads bodies on the event loop and runs the WSGI
+            # application on ``threads`` request threads of its own.
+            interface=Interfaces.RSGI,
             workers=processes,
-            blocking_threads=threads,
-            backpressure=threads * 4,
+            websockets=False,
             backlog=2048,
             log_access=False,
             workers_kill_timeout=15,
@@ -157,20 +162,16 @@ class Command(BaseCommand):
         )
         if not isinstance(server, MPServer):
             cpus = None  # (workers as threads, a free-threaded build: one CPU for all would not do)
+        private = None
+        if processes == 1:
+            os.environ["NODE_ADDRESS"] = advertise or f"{host}:{port}"
+        else:
+            private = serving.private_host(host, advertise)
+        loader = functools.partial(
+            serving.load_app, "config.node:application", FRONT, threads, private, cpus, own_dirs[-1]
+        )
         try:
-            if processes == 1:
-                os.environ["NODE_ADDRESS"] = advertise or f"{host}:{port}"
-                target = (
-                    None if cpus is None else functools.partial(serving.spawn_pinned, serving.WSGI_SPAWN_TARGET, cpus)
-                )
-                server.serve(spawn_target=target)  # (None: granian's own)
-            else:
-                bind_host, adv_host = serving.private_host(host, advertise)
-                loader = functools.partial(serving.load_app, "config.node:application", bind_host, adv_host, 2048)
-                spawn = serving.spawn_wsgi_worker
-                if cpus is not None:
-                    spawn = functools.partial(serving.spawn_pinned, serving.spawn_wsgi_worker, cpus)
-                server.serve(spawn_target=spawn, target_loader=loader, wrap_loader=False)
+            server.serve(target_loader=loader, wrap_loader=False)
         finally:
             for folder in own_dirs:
                 shutil.rmtree(folder, ignore_errors=True)
