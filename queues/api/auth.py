@@ -33,7 +33,6 @@ from rest_framework.request import Request
 from queues.access import ANONYMOUS, SYSTEM, Caller, changes
 from queues.cluster import peerauth
 from queues.cluster.router import hops_of
-from queues.glue.drf import django_request
 
 if TYPE_CHECKING:
     from drf_spectacular.openapi import AutoSchema
@@ -221,8 +220,9 @@ class ClusterAuthentication(BaseAuthentication):
         if found is None:
             return None
         peer, call = found
-        # The signature holds: now the body (read once; DRF parses it from Django's copy afterwards).
-        check_peer_body(call, django_request(request).body)
+        # The signature holds: now the body (read once; DRF parses it from Django's copy
+        # afterwards). DRF's Request gives the HttpRequest's own attributes, ``body`` among them.
+        check_peer_body(call, request.body)
         return peer, None
 
     def authenticate_header(self, request: Request) -> str:

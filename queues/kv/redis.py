@@ -26,9 +26,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 import redis as redis_lib
+from hiredis import pack_command
 from redis.exceptions import RedisClusterException
 
-from queues.glue.redis import is_connected, reads_with_hiredis, round_trip
 from queues.kv.base import Fence, Fenced, KeyValueStore, KVError, ReplicationError, split_key
 
 if TYPE_CHECKING:
@@ -144,9 +144,38 @@ def _chunked(by_bucket: dict[str, Args], width: int) -> list[tuple[str, int, Arg
     return groups
 
 
+def plain_connections(pool: redis_lib.ConnectionPool) -> bool:
+    """Whether ``pool`` makes plain connections (not Sentinel's, not a blocking pool with its
+    own rules): the connections :func:`round_trip` uses one per thread."""
+    return type(pool) is redis_lib.ConnectionPool and issubclass(pool.connection_class, redis_lib.Connection)
+
+
+def round_trip(conn: redis_lib.Connection, commands: list[Command]) -> list[Any]:
+    """Send ``commands`` on ``conn`` in one write and read one answer each, through redis-py's
+    public connection calls (``send_packed_command``, ``read_response``): an error answer is an
+    exception among the answers (``ResponseError``), the rest still read, so the connection
+    stays in step. A ``BusyLoadingError`` (a Redis reading its data back: nothing was run) is
+    every answer from it on, the connection closed by redis-py. A socket error or a closed
+    connection raises ``ConnectionError``, a timeout ``TimeoutError``; redis-py disconnects
+    ``conn`` on either.
+    """
+    packed = pack_command(commands[0]) if len(commands) == 1 else b"".join(map(pack_command, commands))
+    conn.send_packed_command([packed], check_health=False)  # type: ignore[no-untyped-call]  # unannotated
+    answers: list[Any] = []
+    for _ in commands:
+        try:
+            answers.append(conn.read_response())
+        except redis_lib.ResponseError as exc:
+            answers.append(exc)
+        except redis_lib.BusyLoadingError as exc:
+            answers += [exc] * (len(commands) - len(answers))
+            break
+    return answers
+
+
 def _on_connection(conns: ThreadConnections, commands: list[Command]) -> list[Any]:
     """``commands`` in one round trip on this thread's connection of ``conns``; their answers,
-    an error answer as an exception among them (see :func:`queues.glue.redis.round_trip`).
+    an error answer as an exception among them (see :func:`round_trip`).
 
     A connection error on a connection that had been used before is taken for a server
     gone since (restarted, or the idle connection cut) and the commands are sent once
@@ -158,7 +187,7 @@ def _on_connection(conns: ThreadConnections, commands: list[Command]) -> list[An
     calls off.
     """
     conn = conns.get()
-    fresh = not is_connected(conn)
+    fresh = not conn.is_connected
     if fresh:
         conn.connect()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
     try:
@@ -195,9 +224,9 @@ class RedisStore(KeyValueStore):
         self._delete = client.register_script(_DELETE)
         self._cas = client.register_script(_CAS)
         pool = client.connection_pool
-        # With plain connections that read with hiredis, the message path's calls go on one
-        # connection per thread (:func:`queues.glue.redis.round_trip` uses its hiredis reader).
-        if reads_with_hiredis(pool):
+        # With plain connections, the message path's calls go on one connection per thread
+        # (:func:`round_trip`).
+        if plain_connections(pool):
             self._conns = ThreadConnections(pool)
             self._direct = True
 

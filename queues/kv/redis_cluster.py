@@ -289,7 +289,7 @@ class RedisClusterStore(RedisStore):
 
     def _through_client(self, command: Command) -> Any:
         """One command through the cluster client; an error answer returned, not raised (as
-        :func:`~queues.glue.redis.round_trip` gives them)."""
+        :func:`~queues.kv.redis.round_trip` gives them)."""
         try:
             return self.client.execute_command(*command)  # type: ignore[no-untyped-call]  # unannotated
         except redis_lib.ResponseError as exc:

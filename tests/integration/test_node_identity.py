@@ -306,3 +306,17 @@ def test_a_nodes_healthz_hides_its_identity(nodes):
     r = requests.get(f"{node.url}/api/v1/healthz", timeout=10)
     assert r.status_code == 200 and r.json() == {"status": "ok"}
     assert node_info(node.url)["address"] == node.url.removeprefix("http://")
+
+
+@pytest.mark.django_db
+def test_healthz_tells_a_staff_console_session_about_the_node(runtime):
+    from django.contrib.auth.models import User
+    from django.test import Client as DjangoClient
+
+    # given a console session (no token): a staff user's, then an ordinary user's
+    for is_staff, detailed in ((True, True), (False, False)):
+        client = DjangoClient()
+        client.force_login(User.objects.create(username=f"c-{uuid.uuid4().hex[:6]}", is_staff=is_staff))
+        r = client.get("/api/v1/healthz")
+        assert r.status_code == 200
+        assert ("node" in r.json()) is detailed, r.content

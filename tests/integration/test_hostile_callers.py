@@ -1,0 +1,223 @@
+"""Callers holding something cheap, on real nodes: a token with no grants, an access key ID
+with a made-up signature, large bodies, a connection reused after an unread body.
+
+Each case replays what a hostile client did to a node whose request threads read bodies: the
+node's front (``queues.api.front``) reads them on its event loop, bounded by the sender's
+shares (address and credential together), so while the attack runs every other user's calls
+are answered well within the client's 5 s timeout, ``readyz`` answers, and no lease moves.
+The attacks come from 127.0.0.2 (``tests.hostile``), the users from 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+import requests
+from botocore.config import Config
+from django.contrib.auth.models import User
+from rest_framework.authtoken.models import Token
+
+from queues.models import Partition
+from sqs.models import AccessKey
+from tests import hostile
+from tests.integration.nodes import Client, NodeSet, local_node_env
+from tests.launcher import NodeProcess, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
+
+#: The client's timeout in the finding; the users' worst call must stay well inside it.
+CLIENT_TIMEOUT = 5.0
+
+
+def _user_token(name: str, *, grants: bool) -> str:
+    user = User.objects.create(username=f"{name}-{uuid.uuid4().hex[:8]}", is_staff=grants, is_superuser=grants)
+    return Token.objects.create(user=user).key
+
+
+def _leases(queue: str) -> dict[int, tuple[str | None, int]]:
+    return {p.index: (p.owner_id, p.epoch) for p in Partition.objects.filter(queue__name=queue)}
+
+
+def _served(queue: str, nodes: int) -> None:
+    wait_until(
+        lambda: (
+            all(owner for owner, _ in _leases(queue).values()) and len({o for o, _ in _leases(queue).values()}) == nodes
+        ),
+        30,
+        f"{queue} served by {nodes} node(s)",
+    )
+
+
+def _users(node: NodeProcess, token: str, queue: str) -> hostile.Users:
+    """Another user's enqueue, dequeue and ack, and readyz, against ``node``."""
+    client = Client(node.url, token)
+
+    def cycle() -> int:
+        r = client.post(f"queues/{queue}/enqueue", {"messages": [{"body": "u"}]}, timeout=CLIENT_TIMEOUT)
+        if r.status_code != 201:
+            return r.status_code
+        r = client.post(f"queues/{queue}/dequeue", {"max": 10}, timeout=CLIENT_TIMEOUT)
+        got = r.json()["messages"] if r.status_code == 200 else []
+        if got:
+            acks = {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]}
+            r = client.post(f"queues/{queue}/ack", acks, timeout=CLIENT_TIMEOUT)
+        return r.status_code
+
+    def ready() -> int:
+        return requests.get(f"{node.url}/api/v1/readyz", timeout=CLIENT_TIMEOUT).status_code
+
+    return hostile.Users({"cycle": cycle, "readyz": ready})
+
+
+def _sqs_key_id(user_token: str) -> str:
+    """An active access key of the token's user (its ID: what a stranger may know)."""
+    user = Token.objects.get(key=user_token).user
+    key = AccessKey.issue(user)
+    return key.access_key_id
+
+
+def _check(users: hostile.Users, before: dict, queue: str) -> None:
+    assert not users.failures, users.failures[:5]
+    assert users.worst < CLIENT_TIMEOUT / 5, users.summary()
+    assert _leases(queue) == before, "a lease moved while the node was under attack"
+
+
+@pytest.fixture
+def attack_env(tmp_path: Path, redis_client) -> dict[str, str]:
+    return local_node_env(tmp_path, NODE_HEARTBEAT="0.3", NODE_STUCK_AFTER="2")
+
+
+def test_one_node_stays_up_under_every_cheap_attack(attack_env, tmp_path):
+    nodes = NodeSet(attack_env, tmp_path)
+    try:
+        node = nodes.start(processes=1)
+        admin = _user_token("owner", grants=True)
+        queue = f"hq-{uuid.uuid4().hex[:8]}"
+        r = Client(node.url, admin).post("queues", {"name": queue, "partitions": 2})
+        assert r.status_code == 201, r.text
+        _served(queue, 1)
+        nogrant = _user_token("nogrant", grants=False)
+        key_id = _sqs_key_id(admin)
+        before = _leases(queue)
+
+        # a token with no grants trickles 100 bodies to the REST API's create
+        with _users(node, admin, queue) as users:
+            answered = hostile.dribble(
+                node.port,
+                "/api/v1/queues",
+                {"Authorization": f"Token {nogrant}", "Content-Type": "application/json"},
+                seconds=8,
+            )
+        # each was cut for its rate (408) or refused past its share (429), none left waiting
+        assert set(answered) <= {408, 429}, answered
+        assert answered[429] and answered[408], answered
+        _check(users, before, queue)
+
+        # an access key's ID with a made-up, well-formed signature trickles 100 SQS calls
+        with _users(node, admin, queue) as users:
+            answered = hostile.dribble(node.port, "/sqs/", hostile.sqs_dribble_headers(key_id), seconds=8)
+        assert set(answered) <= {400, 408}, answered  # RequestThrottled (400), cut (408)
+        _check(users, before, queue)
+        # ... and the key's owner, calling from its own address, is served throughout
+        sqs = boto3.client(
+            "sqs",
+            endpoint_url=f"{node.url}/sqs",
+            region_name="us-east-1",
+            aws_access_key_id=key_id,
+            aws_secret_access_key=AccessKey.objects.get(access_key_id=key_id).secret,
+            config=Config(retries={"max_attempts": 1}),
+        )
+        stop = threading.Event()
+        owner_calls: list[float] = []
+
+        def owner() -> None:
+            url = sqs.create_queue(QueueName=f"own-{uuid.uuid4().hex[:6]}")["QueueUrl"]
+            while not stop.is_set():
+                started = time.monotonic()
+                sqs.send_message(QueueUrl=url, MessageBody="mine")
+                owner_calls.append(time.monotonic() - started)
+
+        thread = threading.Thread(target=owner)
+        thread.start()
+        try:
+            hostile.dribble(node.port, "/sqs/", hostile.sqs_dribble_headers(key_id), seconds=7)
+        finally:
+            stop.set()
+            thread.join(timeout=10)
+        assert owner_calls and max(owner_calls) < 1.0, owner_calls
+
+        # a signature that cannot be valid is refused before its body (no byte of it sent)
+        bad = {**hostile.sqs_dribble_headers(key_id), "Authorization": f"AWS4-HMAC-SHA256 Credential={key_id}/x"}
+        assert hostile.dribble(node.port, "/sqs/", bad, connections=1, seconds=3) == {400: 1}
+        bad = hostile.sqs_dribble_headers(key_id)
+        bad["Authorization"] = bad["Authorization"].replace("0" * 64, "00")
+        assert hostile.dribble(node.port, "/sqs/", bad, connections=1, seconds=3) == {403: 1}
+
+        # large bodies with a token that has no grants: refused, and the memory comes back
+        (pid,) = node.member_pids()
+        rss_before = _rss(pid)
+        with _users(node, admin, queue) as users:
+            answered = hostile.large_bodies(
+                node.port,
+                "/api/v1/queues",
+                {"Authorization": f"Token {nogrant}", "Content-Type": "application/json"},
+                at_once=24,
+                rounds=2,
+            )
+        assert set(answered) <= {400, 429}, answered
+        _check(users, before, queue)
+        wait_until(lambda: _rss(pid) - rss_before < 64 * hostile.MiB, 10, "the node's RSS back within 64 MiB")
+
+        # a connection reused after a body left unread: the next request is never lost
+        kept = hostile.keep_alive_after_unread(node.port, admin, rounds=40)
+        assert kept == {"answered": 40, "dropped": 0}, kept
+    finally:
+        nodes.stop()
+
+
+def test_two_nodes_keep_their_leases_while_one_is_attacked(attack_env, tmp_path):
+    nodes = NodeSet(attack_env, tmp_path)
+    try:
+        a = nodes.start(processes=1)
+        b = nodes.start(processes=1)
+        admin = _user_token("owner", grants=True)
+        queue = f"hq-{uuid.uuid4().hex[:8]}"
+        r = Client(a.url, admin).post("queues", {"name": queue, "partitions": 4})
+        assert r.status_code == 201, r.text
+        _served(queue, 2)
+        nogrant = _user_token("nogrant", grants=False)
+        key_id = _sqs_key_id(admin)
+        before = _leases(queue)
+        with _users(a, admin, queue) as on_a, _users(b, admin, queue) as on_b:
+            threads = [
+                threading.Thread(
+                    target=hostile.dribble,
+                    args=(a.port, "/api/v1/queues", {"Authorization": f"Token {nogrant}"}),
+                    kwargs={"seconds": 8},
+                ),
+                threading.Thread(
+                    target=hostile.dribble,
+                    args=(a.port, "/sqs/", hostile.sqs_dribble_headers(key_id)),
+                    kwargs={"seconds": 8},
+                ),
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        _check(on_a, before, queue)
+        _check(on_b, before, queue)
+    finally:
+        nodes.stop()
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
