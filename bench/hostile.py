@@ -1,4 +1,6 @@
-"""A node's peak memory under a hostile producer and hostile consumers (issue 14's figure).
+"""A node under hostile callers: its memory under a hostile producer and consumers, and other
+users' latency while callers holding something cheap (a token with no grants, an access key ID)
+trickle bodies or send large ones.
 
 Starts one real node (``common.BenchNode``: migrate, a token, ``manage.py runnode`` through
 ``tests.launcher.NodeProcess``) and drives it, each phase bounded in count and time, only
@@ -10,7 +12,15 @@ against 127.0.0.1:
    threads at once, up to the request limit;
 3. oversized claims: requests whose Content-Length is far past the limit (refused unread);
 4. many consumers: heartbeats under many consumer IDs, each listing the most held IDs;
-5. many long polls: far more concurrent ``wait`` dequeues than the cap.
+5. many long polls: far more concurrent ``wait`` dequeues than the cap;
+6. a token with no grants trickling 100 bodies to ``POST /api/v1/queues`` (a byte every 2 s);
+7. an access key's ID with a made-up, well-formed signature trickling 100 SQS calls;
+8. a token with no grants sending 48 bodies of 8 MiB at once, 3 rounds;
+9. a connection reused after an answer that left its body unread (405, 401, 413, 415).
+
+Phases 6-9 come from 127.0.0.2 (``tests.hostile``) while another user (127.0.0.1) runs
+enqueue-dequeue-ack cycles and ``readyz`` with a 5 s timeout; each prints that user's worst
+latency and failures, and phase 8 the node's RSS before, at its peak and 10 s after.
 
 It prints what each phase was answered (status counts) and the node worker's peak RSS
 (``VmHWM`` of ``/proc/<pid>/status``) against the stated bound: the RSS after start, plus the
@@ -40,6 +50,7 @@ if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
 from bench.common import REPO, BenchNode, log
+from tests import hostile
 
 MiB = 1024 * 1024
 
@@ -149,6 +160,10 @@ def main(argv=None) -> int:
     p.add_argument("--poll-wait", type=float, default=5, help="phase 5: each long poll's wait (seconds)")
     p.add_argument("--cache-bytes", type=int, default=64 * MiB, help="the node's NODE_BODY_CACHE_BYTES")
     p.add_argument("--request-bytes", type=int, default=8 * MiB, help="the node's API_MAX_REQUEST_BYTES")
+    p.add_argument("--dribblers", type=int, default=100, help="phases 6-7: connections trickling bodies")
+    p.add_argument("--big-at-once", type=int, default=48, help="phase 8: 8 MiB bodies sent at once")
+    p.add_argument("--big-rounds", type=int, default=3, help="phase 8: rounds of them")
+    p.add_argument("--settle", type=float, default=10, help="phase 8: seconds before the RSS after")
     args = p.parse_args(argv)
     if not args.database_url:
         p.error("--database-url (or DATABASE_URL / MQ_TEST_PG_URL) is required")
@@ -227,6 +242,7 @@ def drive(node: BenchNode, args) -> int:
     log(f"phase 5: {time.monotonic() - t0:.1f}s")
 
     rss, peak = node_memory(pid)
+    cheap = cheap_callers(node, name, args)
     parse = args.producers * 24 * args.request_bytes
     bound = base_rss + args.cache_bytes + parse
     print(f"\nnode: {node.url} (code: {args.repo})")
@@ -240,7 +256,103 @@ def drive(node: BenchNode, args) -> int:
         f"{args.cache_bytes / MiB:.0f} + {args.producers} requests x 24 x {args.request_bytes / MiB:.0f} MiB parsed"
     )
     print(f"peak / bound              {peak / bound:8.2f}")
+    print("\ncallers holding something cheap (from 127.0.0.2), another user's calls beside them:")
+    for line in cheap:
+        print(f"  {line}")
     return 0
+
+
+def _current_rss(pid: int) -> int:
+    return node_memory(pid)[0]
+
+
+def cheap_callers(node: BenchNode, queue: str, args: argparse.Namespace) -> list[str]:
+    """Phases 6-9; a line each of what they were answered and what the other user saw."""
+    out = node.manage(
+        "shell",
+        "-c",
+        "from django.contrib.auth import get_user_model\n"
+        "from rest_framework.authtoken.models import Token\n"
+        "import uuid\n"
+        "u = get_user_model().objects.create(username='nogrant-' + uuid.uuid4().hex[:6])\n"
+        "print('NOGRANT=' + Token.objects.create(user=u).key)\n",
+    )
+    nogrant = out.rsplit("NOGRANT=", 1)[1].split()[0]
+    key_id, _ = node.sqs_key("hostile bench")
+    api = Api(node.port, node.token, timeout=5)
+
+    def cycle() -> int:
+        status, data = api.post(f"queues/{queue}/enqueue", {"messages": [{"body": "u"}]})
+        if status != 201:
+            return status if isinstance(status, int) else 599
+        status, data = api.post(f"queues/{queue}/dequeue", {"max": 10})
+        got = json.loads(data)["messages"] if status == 200 else []
+        if got:
+            status, _ = api.post(
+                f"queues/{queue}/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]}
+            )
+        return status if isinstance(status, int) else 599
+
+    def ready() -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=5)
+        try:
+            conn.request("GET", "/api/v1/readyz")
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    lines = []
+    token_headers = {"Authorization": f"Token {nogrant}", "Content-Type": "application/json"}
+    attacks = [
+        (
+            f"6 no-grant token, {args.dribblers} trickled bodies",
+            lambda: hostile.dribble(node.port, "/api/v1/queues", token_headers, connections=args.dribblers),
+        ),
+        (
+            f"7 key ID + made-up signature, {args.dribblers} trickled SQS calls",
+            lambda: hostile.dribble(
+                node.port, "/sqs/", hostile.sqs_dribble_headers(key_id), connections=args.dribblers
+            ),
+        ),
+    ]
+    for label, attack in attacks:
+        with hostile.Users({"cycle": cycle, "readyz": ready}) as users:
+            answered = attack()
+        lines.append(f"{label}: answered {_counts(answered)}; user: {users.summary()}; failures {len(users.failures)}")
+    pid = node.pid
+    assert pid is not None
+    before = _current_rss(pid)
+    peak = before
+    with hostile.Users({"cycle": cycle, "readyz": ready}) as users:
+        done = threading.Event()
+
+        def watch() -> None:
+            nonlocal peak
+            while not done.wait(0.05):
+                peak = max(peak, _current_rss(pid))
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        answered = hostile.large_bodies(
+            node.port, "/api/v1/queues", token_headers, at_once=args.big_at_once, rounds=args.big_rounds
+        )
+        done.set()
+        watcher.join()
+    time.sleep(args.settle)
+    after = _current_rss(pid)
+    lines.append(
+        f"8 no-grant token, {args.big_rounds} x {args.big_at_once} bodies of 8 MiB: answered {_counts(answered)}; "
+        f"RSS before {before / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB, {args.settle:g} s after {after / MiB:.0f} MiB "
+        f"(+{(after - before) / MiB:.0f}); "
+        f"user: {users.summary()}; failures {len(users.failures)}"
+    )
+    kept = hostile.keep_alive_after_unread(node.port, node.token, rounds=args.dribblers)
+    lines.append(f"9 a request after a body left unread, {args.dribblers} connections: {kept}")
+    return lines
+
+
+def _counts(counts: collections.Counter) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=str))
 
 
 if __name__ == "__main__":

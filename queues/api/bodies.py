@@ -1,12 +1,11 @@
 """Request bodies before Django: no body of a caller not yet known is read whole or waited for.
 
-granian (2.8) hands a WSGI app a request as soon as its headers are in, and ``wsgi.input.read``
-waits, in the request thread, for the body as the client sends it. Nothing bounds that wait:
-the read cannot be interrupted, and a read moved to a thread of our own would stall the
-server's whole runtime (granian's ``block_on`` from a foreign thread takes the runtime's
-core). Whatever reads a body lets its sender decide how long a request thread waits,
-and how much memory the read takes. So nothing reads a body before its caller is known, and
-the bodies of callers not known are few and small.
+Under ``runnode`` the node's front (``queues.api.front``) has read every body on its event loop,
+within its sender's share, before this WSGI layer runs; it asks :func:`before_body` (in a
+request thread) about a body that does not come at once, or is large, and refuses there what
+this refuses, unread. The same checks stand here, for the WSGI application served by any WSGI
+server, where ``wsgi.input.read`` waits in the request thread for the body as the client sends
+it.
 
 :class:`BodyGate` sits in front of Django (behind the fast path, which reads a body itself only
 after it has authenticated the caller: ``queues.api.fastpath``). A request with a body is
@@ -14,15 +13,13 @@ passed on untouched when its headers name a caller this node knows (:func:`known
 valid API token, a node's signature checked over its headers, a logged-in console session,
 or what an app registers, such as the SQS access keys); the view reads the body then, up to
 its own limits. A request whose token or node signature fails is answered 401 at once, unread,
-and so is any body to the REST API (``/api/``) from a caller without credentials. Any other body (an anonymous caller's: the console's login form, an SQS call with an unknown
-key) is refused by its ``Content-Length`` when over ``API_ANONYMOUS_MAX_REQUEST_BYTES`` (413,
-unread), and otherwise read here, by at most ``API_ANONYMOUS_BODY_READERS`` request threads of
-the process at once; with those taken (clients trickling their bodies), another is answered 503
-at once, unread, and the other request threads stay free for known callers. The view gets the
-body from memory. A known caller's bodies read on the fast path count against it
-(:class:`CallerReads`): one caller holds at most ``API_BODY_READS_PER_CALLER`` request threads
-with bodies on their way. A process whose request threads all wait anyway stops holding its
-partitions (``queues.cluster.watchdog``).
+and so is any body to the REST API (``/api/``) from a caller without credentials. Any other
+body (an anonymous caller's: the console's login form) is refused by its ``Content-Length``
+when over ``API_ANONYMOUS_MAX_REQUEST_BYTES`` (413, unread), and otherwise read here, by at
+most ``API_ANONYMOUS_BODY_READERS`` request threads of the process at once; with those taken,
+another is answered 503 at once, unread. A known caller's bodies read on the fast path count
+against it (:class:`CallerReads`): one caller holds at most ``API_BODY_READS_PER_CALLER``
+request threads with bodies on their way. Every such answer says ``Connection: close``.
 """
 
 from __future__ import annotations

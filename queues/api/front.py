@@ -438,7 +438,7 @@ class Front:
             return
         try:
             try:
-                body = await self._read(scope, proto, headers, declared)
+                body, learnt = await self._read(scope, proto, headers, declared)
             finally:
                 self.shares.read(address, credential)
         except (SlowBody, BodyTooLarge, CallerRefused) as refused:
@@ -449,7 +449,7 @@ class Front:
             self._release(address, credential, size)
             return  # the client is gone: nobody to answer
         try:
-            await self._respond(scope, proto, headers, body, len(body))
+            await self._respond(scope, proto, headers, body, len(body), learnt)
         finally:
             self._release(address, credential, size)
 
@@ -472,13 +472,15 @@ class Front:
             trim_malloc()
 
     # -- the body --
-    async def _read(self, scope: Any, proto: Any, headers: Any, declared: int | None) -> bytes:
+    async def _read(self, scope: Any, proto: Any, headers: Any, declared: int | None) -> tuple[bytes, dict[str, Any]]:
         """The body, read while it keeps to the rate; if it does not come at once, whether its
         caller is refused on the headers (``bodies.before_body``, in a request thread) is asked
         meanwhile, and a refused caller's body is left unread. Raises SlowBody, BodyTooLarge,
-        BodyIncomplete, CallerRefused."""
+        BodyIncomplete, CallerRefused. With the body, what the caller's check learnt (see
+        :meth:`_check_caller`; empty when none was made)."""
         loop = asyncio.get_running_loop()
         start = loop.time()
+        learnt: dict[str, Any] = {}
         if declared is not None and declared <= SMALL_BODY:
             # One read: a small body comes whole with its headers, nearly always.
             reading = asyncio.ensure_future(proto())
@@ -486,15 +488,14 @@ class Front:
                 async with asyncio.timeout(AT_ONCE):
                     body: bytes = await asyncio.shield(reading)
             except TimeoutError:
-                body = await self._read_while_checked(
-                    scope, headers, reading, start + self.grace + declared / self.rate
-                )
+                due = start + self.grace + declared / self.rate
+                body, learnt = await self._read_while_checked(scope, headers, reading, due)
             if len(body) != declared:
                 raise BodyIncomplete(f"{len(body)} of {declared} bytes came")
-            return body
+            return body, learnt
         # A large or chunked body: its caller first (one request thread's turn, against the time
         # such a body takes to come).
-        await self._check_caller(scope, headers)
+        learnt = await self._check_caller(scope, headers)
         chunks: list[bytes] = []
         received = 0
         try:
@@ -510,25 +511,34 @@ class Front:
             raise SlowBody(f"the body came slower than {self.rate} bytes a second") from None
         if declared is not None and received != declared:
             raise BodyIncomplete(f"{received} of {declared} bytes came")
-        return b"".join(chunks)
+        return b"".join(chunks), learnt
 
-    async def _read_while_checked(self, scope: Any, headers: Any, reading: asyncio.Future[Any], due: float) -> bytes:
+    async def _read_while_checked(
+        self, scope: Any, headers: Any, reading: asyncio.Future[Any], due: float
+    ) -> tuple[bytes, dict[str, Any]]:
         checking = asyncio.ensure_future(self._check_caller(scope, headers))
         try:
             async with asyncio.timeout_at(due):
                 done, _ = await asyncio.wait({reading, checking}, return_when=asyncio.FIRST_COMPLETED)
                 if checking in done:
-                    checking.result()  # (raises CallerRefused)
-                body: bytes = await reading
-                return body
+                    learnt: dict[str, Any] = checking.result()  # (raises CallerRefused)
+                    body: bytes = await reading
+                    return body, learnt
+                body = await reading
+                # the check has begun (it may have taken a node's nonce): its answer is wanted
+                return body, await checking
         except TimeoutError:
             raise SlowBody(f"the body came slower than {self.rate} bytes a second") from None
         finally:
             reading.cancel()
+            checking.cancel()
 
-    async def _check_caller(self, scope: Any, headers: Any) -> None:
-        """Raise CallerRefused when the request's headers alone refuse it (``bodies``)."""
+    async def _check_caller(self, scope: Any, headers: Any) -> dict[str, Any]:
+        """Raise CallerRefused when the request's headers alone refuse it (``bodies``); else
+        what the check learnt and left in its environ (a node's signature checked: the replay
+        guard takes a second check for a replay), for the application's environ."""
         environ = self._environ(scope, headers, b"", 0)
+        before = set(environ)
         for name in ("content-length", "transfer-encoding"):
             value = headers.get(name)
             if value is not None:
@@ -539,6 +549,7 @@ class Front:
         _, refused = await asyncio.get_running_loop().run_in_executor(self.pool, bodies.before_body, environ)
         if refused is not None:
             raise CallerRefused(*refused)
+        return {k: v for k, v in environ.items() if k not in before}
 
     # -- answers --
     def _refuse(self, scope: Any, proto: Any, headers: Any, refused: ServiceError, reason: str) -> None:
@@ -557,11 +568,15 @@ class Front:
             orjson.dumps(refused.body()),
         )
 
-    async def _respond(self, scope: Any, proto: Any, headers: Any, body: bytes, size: int) -> None:
+    async def _respond(
+        self, scope: Any, proto: Any, headers: Any, body: bytes, size: int, learnt: dict[str, Any] | None = None
+    ) -> None:
         if self.running >= self.max_waiting:
             self._refuse(scope, proto, headers, ThreadsBusy("every request thread is busy; retry"), "busy")
             return
         environ = self._environ(scope, headers, body, size)
+        if learnt:
+            environ.update(learnt)
         assert self.loop is not None and self.pool is not None
         self.running += 1
         try:

@@ -108,6 +108,12 @@ def _hostile(out: str) -> None:
         _figure(r"peak / bound\s+([\d.]+)", out)[0],
     )
     assert 0 < start <= peak and ratio > 0, out
+    # the cheap callers: trickles cut or refused, big bodies refused, every next request answered
+    assert re.search(r"6 no-grant token, 4 trickled bodies: answered (408|429)", out), out[-3000:]
+    assert re.search(r"7 key ID \+ made-up signature, 4 trickled SQS calls: answered (400|408)", out), out[-3000:]
+    assert re.search(r"8 no-grant token, 1 x 2 bodies of 8 MiB: answered (400|429)", out), out[-3000:]
+    assert "9 a request after a body left unread, 4 connections: {'answered': 4, 'dropped': 0}" in out, out[-3000:]
+    assert "failures 0" in out and "failures 1" not in out, out[-3000:]
 
 
 def _latency(out: str) -> None:
@@ -148,6 +154,7 @@ SMOKE: dict[str, tuple[str, int | None, Callable[[str], None]]] = {
     "hostile": (
         (
             "--producers 1 --attribute-batches 1 --body-batches 1 --consumers 2 --long-polls 2 --poll-wait 1 "
+            "--dribblers 4 --big-at-once 2 --big-rounds 1 --settle 0.5 "
             "--kv-redis-db {db} --database-url {database} --redis-url {redis}"
         ),
         7,
