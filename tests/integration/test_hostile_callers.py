@@ -117,6 +117,10 @@ def test_one_node_stays_up_under_every_cheap_attack(attack_env, tmp_path):
         assert set(answered) <= {408, 429}, answered
         assert answered[429] and answered[408], answered
         _check(users, before, queue)
+        # and each refusal is counted by its reason
+        scrape = requests.get(f"{node.url}/metrics", timeout=10).text
+        assert _refusals(scrape, "slow_body") >= answered[408], scrape[-2000:]
+        assert _refusals(scrape, "over_share") >= answered[429], scrape[-2000:]
 
         # an access key's ID with a made-up, well-formed signature trickles 100 SQS calls
         with _users(node, admin, queue) as users:
@@ -212,8 +216,30 @@ def test_two_nodes_keep_their_leases_while_one_is_attacked(attack_env, tmp_path)
                 t.join()
         _check(on_a, before, queue)
         _check(on_b, before, queue)
+        # large bodies with that token, and connections reused after unread bodies, on A
+        with _users(a, admin, queue) as on_a, _users(b, admin, queue) as on_b:
+            answered = hostile.large_bodies(
+                a.port,
+                "/api/v1/queues",
+                {"Authorization": f"Token {nogrant}", "Content-Type": "application/json"},
+                at_once=24,
+                rounds=1,
+            )
+            kept = hostile.keep_alive_after_unread(a.port, admin, rounds=20)
+        assert set(answered) <= {400, 429}, answered
+        assert kept == {"answered": 20, "dropped": 0}, kept
+        _check(on_a, before, queue)
+        _check(on_b, before, queue)
     finally:
         nodes.stop()
+
+
+def _refusals(scrape: str, reason: str) -> float:
+    """``mq_front_refusals_total{reason=...}`` in a scrape of ``/metrics`` (0 when absent)."""
+    for line in scrape.splitlines():
+        if line.startswith(f'mq_front_refusals_total{{reason="{reason}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def _rss(pid: int) -> int:
