@@ -84,6 +84,20 @@ def dribble(
         return collections.Counter(pool.map(one, range(connections)))
 
 
+def abandon(port: int, path: str, headers: dict[str, str], *, connections: int = 40) -> None:
+    """``connections`` clients that each declare 1000 bytes, send 10 and hang up."""
+    for _ in range(connections):
+        with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(ATTACKER, 0)) as sock:
+            sock.sendall(_request_head(path, headers, 1000) + b"{" * 10)
+
+
+def send_as_attacker(port: int, path: str, headers: dict[str, str], body: bytes) -> int | None:
+    """One whole request from :data:`ATTACKER`; its status."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(ATTACKER, 0)) as sock:
+        sock.sendall(_request_head(path, headers, len(body)) + body)
+        return _status_of(sock)
+
+
 def large_bodies(
     port: int, path: str, headers: dict[str, str], *, at_once: int = 48, rounds: int = 3, size: int = 8 * MiB
 ) -> collections.Counter[int | None]:

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from django.conf import settings
+from granian.rsgi import ProtocolClosed  # type: ignore[attr-defined]  # (public, re-exported without __all__)
 from prometheus_client import Counter
 
 from queues.api import bodies
@@ -377,6 +378,7 @@ class Front:
         self._trim_due = False
         self.pool: ThreadPoolExecutor | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        #: the embedded server of the private port (held for the process's life)
         self._servers: list[Any] = []
         self._multiprocess = settings.NODE_PROCESSES > 1
 
@@ -406,6 +408,12 @@ class Front:
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
         if scope.proto != "http":
             return
+        try:
+            await self._serve(scope, proto)
+        except ProtocolClosed:
+            pass  # the client hung up (mid-body, or before its answer): nobody to answer
+
+    async def _serve(self, scope: Any, proto: Any) -> None:
         headers = scope.headers
         length = headers.get("content-length")
         chunked = "chunked" in (headers.get("transfer-encoding") or "").lower()
@@ -441,16 +449,13 @@ class Front:
                 body, learnt = await self._read(scope, proto, headers, declared)
             finally:
                 self.shares.read(address, credential)
+            await self._respond(scope, proto, headers, body, len(body), learnt)
         except (SlowBody, BodyTooLarge, CallerRefused) as refused:
             self._refuse(scope, proto, headers, refused, _REASONS[type(refused)])
-            self._release(address, credential, size)
-            return
         except BodyIncomplete:
-            self._release(address, credential, size)
-            return  # the client is gone: nobody to answer
-        try:
-            await self._respond(scope, proto, headers, body, len(body), learnt)
+            pass  # the client is gone: nobody to answer
         finally:
+            # (whatever ended the request: a client gone mid-body, a cancellation)
             self._release(address, credential, size)
 
     def _release(self, address: str, credential: str, size: int) -> None:

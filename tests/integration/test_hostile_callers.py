@@ -177,6 +177,20 @@ def test_one_node_stays_up_under_every_cheap_attack(attack_env, tmp_path):
         _check(users, before, queue)
         wait_until(lambda: _rss(pid) - rss_before < 64 * hostile.MiB, 10, "the node's RSS back within 64 MiB")
 
+        # clients that hang up mid-body leave nothing held: the same caller is read again
+        grantless = {"Authorization": f"Token {nogrant}", "Content-Type": "application/json"}
+        hostile.abandon(node.port, "/api/v1/queues", grantless, connections=40)
+        # (within a second, well before the grace would have cut their reads)
+        statuses = []
+        wait_until(
+            lambda: (
+                statuses.append(hostile.send_as_attacker(node.port, "/api/v1/queues", grantless, b'{"name": "!"}'))
+                or statuses[-1] == 400
+            ),  # (its name refused: its body was read, not its share refused)
+            1.5,
+            f"the caller's share back after its clients hung up (answered {statuses[-3:]})",
+        )
+
         # a connection reused after a body left unread: the next request is never lost
         kept = hostile.keep_alive_after_unread(node.port, admin, rounds=40)
         assert kept == {"answered": 40, "dropped": 0}, kept
