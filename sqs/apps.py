@@ -7,17 +7,19 @@ class SqsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from queues.api.bodies import register_known_caller, register_self_guarded
+        from queues.api.bodies import register_known_caller, register_self_guard_refusal, register_self_guarded
         from queues.api.fastpath import register_direct_view
         from queues.api.front import register_pre_body_check, register_refusal_renderer
         from sqs import keys
-        from sqs.known import access_key_known, is_sqs_call, pre_body, render_refusal
+        from sqs.known import access_key_known, is_sqs_call, pre_body, render_refusal, unknown_key
         from sqs.views import direct_endpoint
 
         # A caller with an access key sends its body whole (SendMessageBatch: up to 1 MiB).
         register_known_caller(access_key_known)
         # The SQS view refuses a key it does not know before it reads a body, in SQS's words.
         register_self_guarded(is_sqs_call)
+        # ... and, where a front reads the body before the view runs, is asked the same first.
+        register_self_guard_refusal(unknown_key)
         # A signature that cannot be valid is refused before its body, and the front's own
         # refusals of an SQS call are worded as SQS words them.
         register_pre_body_check(pre_body)

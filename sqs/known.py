@@ -12,6 +12,7 @@ from urllib.parse import parse_qs
 from queues.api.front import Refusal
 from sqs import sigv4, wire
 from sqs.errors import CODES, SQSError
+from sqs.keys import active_key
 
 #: the access key ID of a SigV4 ``Authorization`` header (``Credential=AKID/date/region/...``)
 _HEADER_KEY = re.compile(r"AWS4-HMAC-SHA256\s.*?Credential=([^/,\s]+)/")
@@ -24,21 +25,25 @@ def is_sqs_call(environ: dict[str, Any]) -> bool:
     return path.startswith("/sqs/") or (path == "/" and environ.get("REQUEST_METHOD") == "POST")
 
 
-def access_key_known(environ: dict[str, Any]) -> bool:
-    """True when the request is signed (header or presigned URL) with an active access key."""
-    from sqs.models import AccessKey
-
+def _key_id(environ: dict[str, Any]) -> str | None:
+    """The access key ID the request's signature names (header or presigned URL), if any."""
     match = _HEADER_KEY.match(environ.get("HTTP_AUTHORIZATION", ""))
     if match is not None:
         key_id = match[1]
     else:
         query = environ.get("QUERY_STRING", "")
         if "X-Amz-Credential" not in query:
-            return False
+            return None
         key_id = parse_qs(query).get("X-Amz-Credential", [""])[0].partition("/")[0]
-    if not key_id or len(key_id) > 32:
-        return False
-    return AccessKey.objects.filter(access_key_id=key_id, revoked_at__isnull=True).exists()
+    return key_id if key_id and len(key_id) <= 32 else None
+
+
+def access_key_known(environ: dict[str, Any]) -> bool:
+    """True when the request is signed (header or presigned URL) with an active access key."""
+    from sqs.models import AccessKey
+
+    key_id = _key_id(environ)
+    return key_id is not None and AccessKey.objects.filter(access_key_id=key_id, revoked_at__isnull=True).exists()
 
 
 # --- the node's front (queues.api.front): before the body, and its refusals in SQS's words ------
@@ -54,15 +59,36 @@ def _refusal(err: SQSError, headers: Any) -> Refusal:
 
 
 def pre_body(method: str, path: str, query: str, headers: Any) -> Refusal | None:
-    """An SQS call whose signature cannot be valid, whatever its body (``sigv4.check_claim``),
-    refused before the body is read; None for any other request."""
+    """An SQS call refused before its body is read, whatever the body: a body longer than the
+    endpoint takes (``sqs.views.MAX_REQUEST_BYTES``: 413 RequestEntityTooLarge), a signature
+    that cannot be valid (``sigv4.check_claim``). None for any other request."""
     if not _sqs_path(method, path):
         return None
+    from sqs.views import MAX_REQUEST_BYTES
+
+    length = headers.get("content-length") or "0"
+    if length.isascii() and length.isdigit() and int(length) > MAX_REQUEST_BYTES:
+        message = f"the request body of {length} bytes is over the limit of {MAX_REQUEST_BYTES} bytes"
+        return _refusal(SQSError("RequestEntityTooLarge", message, 413), headers)
     try:
         sigv4.check_claim(sigv4.claim(query, headers), headers, True)
     except sigv4.SignatureError as exc:
         return _refusal(SQSError(exc.code, exc.message, exc.status), headers)
     return None
+
+
+def unknown_key(environ: dict[str, Any]) -> tuple[str, str, str, list[tuple[str, str]]] | None:
+    """An SQS call whose access key is unknown, revoked or of an inactive user, refused by its
+    headers (``queues.api.bodies.before_body``: a request thread, the database may be asked)
+    before its body is read, as the view refuses it; None for any other request."""
+    if not is_sqs_call(environ):
+        return None
+    key_id = _key_id(environ)
+    if key_id is not None and active_key(key_id) is not None:
+        return None
+    if key_id is None and not environ.get("HTTP_AUTHORIZATION") and "X-Amz-" not in environ.get("QUERY_STRING", ""):
+        return None  # unsigned: the view answers MissingAuthenticationToken (or a GET's 404)
+    return "403 Forbidden", "InvalidClientTokenId", "The security token included in the request is invalid.", []
 
 
 #: the front's refusals (HTTP status) as SQS's errors
@@ -82,6 +108,6 @@ def render_refusal(
     what SDKs back off from and retry)."""
     if not (path == "/sqs" or path.startswith("/sqs/") or path == "/"):
         return None
-    code = _FRONT_CODES.get(status, "InternalFailure")
+    code = error if error in CODES else _FRONT_CODES.get(status, "InternalFailure")
     keep = status if code not in CODES else None
     return _refusal(SQSError(code, detail, keep, retry_after=retry_after), headers)

@@ -66,6 +66,21 @@ def register_self_guarded(check: Callable[[dict[str, Any]], bool]) -> None:
         _SELF_GUARDED.append(check)
 
 
+#: Why a body is refused before it is read: (status line, error, detail, extra headers).
+Refused = tuple[str, str, str, list[tuple[str, str]]]
+
+#: ``environ -> Refused | None``: a self-guarded view's own refusal of a caller by the headers
+#: (an unknown access key), for a front that reads the body before the view runs
+#: (``queues.api.front``); it may ask the database.
+_SELF_GUARD_REFUSALS: list[Callable[[dict[str, Any]], Refused | None]] = []
+
+
+def register_self_guard_refusal(check: Callable[[dict[str, Any]], Refused | None]) -> None:
+    """Add a self-guarded view's refusal of a caller by its headers (see :func:`before_body`)."""
+    if check not in _SELF_GUARD_REFUSALS:
+        _SELF_GUARD_REFUSALS.append(check)
+
+
 def _token_known(environ: dict[str, Any]) -> bool:
     from rest_framework.exceptions import AuthenticationFailed
 
@@ -224,10 +239,6 @@ def _refuse(
     return [body]
 
 
-#: Why a body is refused before it is read: (status line, error, detail, extra headers).
-Refused = tuple[str, str, str, list[tuple[str, str]]]
-
-
 def before_body(environ: dict[str, Any]) -> tuple[bool, Refused | None]:
     """What a request with a body is, by its headers alone (``environ`` without the body):
     whether its caller is known (or its view finds its caller itself), and whether it is refused
@@ -235,9 +246,15 @@ def before_body(environ: dict[str, Any]) -> tuple[bool, Refused | None]:
     credentials (401), an anonymous body without a length (411) or over
     ``API_ANONYMOUS_MAX_REQUEST_BYTES`` (413). May ask the database or the cache (a token, a
     session): call it from a request thread."""
-    # A self-guarded view first: it finds its caller itself, so asking who calls costs it
-    # a lookup for nothing.
-    if any(guarded(environ) for guarded in _SELF_GUARDED) or known_caller(environ):
+    # A self-guarded view first: it finds its caller itself (its own refusal, when it has
+    # registered one, is given here), so asking who calls costs it a lookup for nothing.
+    if any(guarded(environ) for guarded in _SELF_GUARDED):
+        for refusal in _SELF_GUARD_REFUSALS:
+            refused = refusal(environ)
+            if refused is not None:
+                return False, refused
+        return True, None
+    if known_caller(environ):
         return True, None
     return False, _anonymous_refusal(environ)
 
