@@ -47,7 +47,7 @@ from mq_client.types import MessageItem, message_json
 from queues import service
 from queues.access import Forbidden
 from queues.api import throttles, validation
-from queues.errors import ServiceError
+from queues.errors import Refused, ServiceError
 from workers.models import OutboxMessage
 
 log = logging.getLogger(__name__)
@@ -63,9 +63,12 @@ CLAIM_FOR = 120.0
 GIVEN_UP_CLAIM = datetime(9999, 1, 1, tzinfo=UTC)
 
 
-class WriterRefused(Exception):
+class WriterRefused(Refused):
     """A row may not be sent as its writer (none recorded, deleted, deactivated, or without
-    ``produce`` on the queue): the relay gives it up with this reason."""
+    ``produce`` on the queue): the relay gives it up with this reason (403)."""
+
+    code = "writer_refused"
+    status = 403
 
 
 _default_client: Client | None = None
