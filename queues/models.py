@@ -538,7 +538,8 @@ class AuditEntry(models.Model):
     #: the user's name as it was then (the user may be deleted later).
     actor = models.CharField(max_length=150)
     #: create, change, delete, purge, redrive, replay, release, grant, revoke, subscribe, unsubscribe,
-    #: issue_key, revoke_key, move_start, move_cancel, move_end.
+    #: issue_key, revoke_key, move_start, move_cancel, move_end, relayed (an enqueue a relay sent
+    #: for its writer: ``queues.service.on_behalf``).
     action = models.CharField(max_length=16, db_index=True)
     target = models.CharField(max_length=200, db_index=True, help_text="queue, topic or topic/subscription")
     detail = models.JSONField(default=dict, blank=True)

@@ -99,7 +99,8 @@ class OutboxMessage(models.Model):
 
     Written in the caller's transaction (:mod:`workers.outbox`), so they exist exactly when
     that transaction committed; sent after the commit and deleted, or, when the process died
-    in between, sent by a relay (``mq_tasks_worker``) once they are ``relay_after`` seconds old.
+    in between, sent by a relay (``mq_tasks_worker``) once they are ``relay_after`` seconds old,
+    as their writer, or given up with the reason.
     """
 
     #: also each message's ``dedup_id`` when it has none: a second send within the queue's
@@ -115,6 +116,15 @@ class OutboxMessage(models.Model):
     #: until when a sender (the writer, or a relay) has claimed the row to send it; no other
     #: sender takes it before then (:func:`workers.outbox.send_row`)
     claimed_until = models.DateTimeField(null=True, blank=True)
+    #: the id of the user whose client wrote the row (its token's user): a relay sends the row
+    #: as this user, with its rights checked then, never with its own. No token is kept. Empty:
+    #: a row written before writers were recorded, which a relay gives up.
+    writer_id = models.BigIntegerField(null=True, blank=True, help_text="the user a relay sends it as")
+    #: when a relay gave the row up, and why: its writer deleted or deactivated, or without
+    #: ``produce`` on the queue then. A given-up row is never sent; it stays for the operator.
+    given_up_at = models.DateTimeField(null=True, blank=True)
+    # db_default: a process of an earlier version, which does not know the column, still inserts rows
+    given_up_reason = models.TextField(blank=True, db_default="")
 
     class Meta:
         ordering = ["created_at"]

@@ -12,7 +12,8 @@ A node forwards a call signed with the cluster secret (``queues.cluster.peerauth
 request, its hop count, its user and a timestamp) naming in ``X-MQ-On-Behalf-Of`` the user's
 id, or ``system`` for the service's own work: the receiving node acts as that user and checks
 its rights again. Without the header a node may make only the node-only calls (refresh, the
-``close_only`` purge, expire).
+``close_only`` purge, expire). The outbox relay, a process of the cluster that holds its secret
+and no user's token, sends a row's enqueue so for the row's writer (``queues.service.on_behalf``).
 """
 
 from __future__ import annotations

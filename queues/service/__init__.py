@@ -11,7 +11,8 @@ whole cluster as one caller may see it), ``messages`` (enqueue, dequeue,
 ack, visibility, the dead-letter move), ``operations`` (purge, redrive, expire, release), ``blocks`` (a tree block's messages, read at
 its owner),
 ``grants`` (grant, revoke: who may do what, recorded in the audit trail), ``credentials``
-(API tokens, and who may issue or revoke a credential for whom),
+(API tokens, and who may issue or revoke a credential for whom), ``on_behalf`` (calls a
+process that is not a node makes for a user: the outbox relay's),
 ``peers`` (calls to other nodes, a protocol the API implements), ``runtime`` (this process's
 node).
 """
@@ -21,7 +22,14 @@ from queues.engine.isotime import iso
 from queues.engine.partition import BLOCK_LISTING_MAX, BlockListing
 from queues.kv import KVError
 from queues.service.blocks import block_messages
-from queues.service.credentials import CredentialForbidden, check_issuer, check_revoker, issue_token, revoke_token
+from queues.service.credentials import (
+    CredentialForbidden,
+    check_issuer,
+    check_revoker,
+    issue_token,
+    revoke_token,
+    token_holder,
+)
 from queues.service.descriptions import (
     check_subscription_update,
     create_queue,
@@ -46,6 +54,7 @@ from queues.service.errors import (
     Conflict,
     Fault,
     InvalidRequest,
+    NoActiveUser,
     NotFound,
     NotServedHere,
     PartitionUnavailable,
@@ -62,6 +71,7 @@ from queues.service.errors import (
 from queues.service.grants import check_grant, grant, revoke
 from queues.service.limits import MAX_BATCH, MAX_WAIT
 from queues.service.messages import ack, change_visibility, check_drafts, dequeue, enqueue, publish
+from queues.service.on_behalf import acting_user, enqueue_through_node, producer_config
 from queues.service.operations import (
     close_purged,
     expire,
@@ -102,6 +112,7 @@ __all__ = [
     "KVError",
     "MessageDraft",
     "MessageId",
+    "NoActiveUser",
     "NotFound",
     "NotServedHere",
     "Overview",
@@ -123,6 +134,7 @@ __all__ = [
     "TooManyWaits",
     "Unavailable",
     "ack",
+    "acting_user",
     "allowed_now",
     "authorize",
     "begin_call",
@@ -144,6 +156,7 @@ __all__ = [
     "dequeue",
     "end_call",
     "enqueue",
+    "enqueue_through_node",
     "expire",
     "expire_everywhere",
     "forget_expired_dedup",
@@ -160,6 +173,7 @@ __all__ = [
     "parse_message_id",
     "partition_owners",
     "permitted_queues",
+    "producer_config",
     "publish",
     "purge",
     "queue_config",
@@ -175,6 +189,7 @@ __all__ = [
     "set_peers",
     "set_runtime",
     "subscription_stats",
+    "token_holder",
     "update_queue",
     "update_subscription",
 ]

@@ -92,3 +92,10 @@ def revoke_token(user: Any, *, caller: Caller) -> bool:
         Token.objects.filter(pk=token.pk).delete()
         audit.record(caller, "revoke_token", user_label(user), prefix=prefix)
     return True
+
+
+def token_holder(key: str) -> int | None:
+    """The id of the user the REST API token ``key`` acts as; None: no token has that key (one
+    of another service, or revoked). Whether the user is active is not looked at here."""
+    user_id: int | None = Token.objects.filter(key=key).values_list("user_id", flat=True).first()
+    return user_id

@@ -23,6 +23,7 @@ __all__ = [
     "Conflict",
     "Fault",
     "InvalidRequest",
+    "NoActiveUser",
     "NotFound",
     "NotServedHere",
     "PartitionUnavailable",
@@ -51,6 +52,14 @@ class InvalidRequest(Refused):
         super().__init__(detail)
         self.code = code
         self.status = 404 if code in NOT_FOUND_CODES else 400
+
+
+class NoActiveUser(Refused):
+    """The user a call is made for, by a process that holds no credential of it (the outbox
+    relay), was deleted or deactivated (403)."""
+
+    code = "no_active_user"
+    status = 403
 
 
 class Conflict(Refused):

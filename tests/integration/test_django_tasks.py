@@ -13,19 +13,29 @@ import signal
 import subprocess
 import sys
 import threading
+import uuid
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import connection, transaction
+from django.utils import timezone
+from rest_framework.authtoken.models import Token
 
 from mq_client import Client as SDK
 from mq_client.errors import ApiError
+from queues import service
+from queues.access import SYSTEM
+from queues.errors import QueueNotFound
+from queues.models import AuditEntry, Node, Partition, Queue
+from queues.service import PeerUnreachable, RemoteError
 from tests.integration.nodes import Client, database_url
 from tests.integration.tasks_for_tests import email_users, fails
 from tests.launcher import ROOT, wait_until
 from workers.models import AttemptLog, OutboxMessage, TaskRecord
-from workers.outbox import enqueue_on_commit, relay, send_row
+from workers.outbox import GIVEN_UP_CLAIM, WriterRefused, enqueue_on_commit, relay, send_row
 from workers.tasks_backend import TaskRunner, load_task
 
 try:
@@ -72,6 +82,8 @@ def app_env(tmp_path, node, token) -> dict[str, str]:
         "MQ_DATA_DIR": str(tmp_path / "app-data"),
         "QUEUE_API_URL": node.url,
         "QUEUE_API_TOKEN": token,
+        # the nodes': a relay has them store a row with a call signed for its writer
+        "CLUSTER_SECRET": settings.CLUSTER_SECRET,
         "TASKS_QUEUES": "default,plain",
         "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
         "EMAIL_FILE_PATH": str(tmp_path / "mail"),
@@ -261,15 +273,26 @@ def test_enqueue_on_commit_sends_nothing_on_a_rollback_and_loses_nothing_to_a_ki
     assert not OutboxMessage.objects.exists()
 
 
-class _Recorder:
-    """A stand-in for the SDK's client that keeps what it is asked to enqueue."""
+def _token_of_new_user() -> str:
+    """The API token of a new user: the writer an outbox row records."""
+    return Token.objects.create(user=User.objects.create(username=f"w-{uuid.uuid4().hex[:8]}")).key
 
-    def __init__(self):
+
+class _Recorder:
+    """A stand-in for the SDK's client that keeps what it is asked to enqueue, with the token of
+    a new user (the writer of the outbox rows it writes); called with a row, it is a relay's
+    ``send`` that keeps what it is asked to send."""
+
+    def __init__(self, token: str | None = None):
         self.calls: list[tuple[str, list[dict]]] = []
+        self.token = token or _token_of_new_user()
 
     def enqueue_batch(self, queue, items):
         self.calls.append((queue, list(items)))
         return [f"{queue}/0/00000000-0000000000000000/{i}" for i in range(len(items))]
+
+    def __call__(self, row):
+        return self.enqueue_batch(row.queue, row.messages)
 
 
 @pytest.mark.django_db  # in a transaction rolled back at the end: no node sees it
@@ -369,12 +392,18 @@ def _forget_celery_messages(broker_url: str, ids: list[str]) -> None:
 
 
 class _Refusing(_Recorder):
-    """A stand-in client that refuses every message of queue ``gone``, as for a deleted queue."""
+    """A stand-in client that refuses every message of queue ``gone``, as for a deleted queue
+    (as a relay's ``send``, as the service refuses it)."""
 
     def enqueue_batch(self, queue, items):
         if queue == "gone":
             raise ApiError(404, "queue_not_found", "no queue 'gone'")
         return super().enqueue_batch(queue, items)
+
+    def __call__(self, row):
+        if row.queue == "gone":
+            raise QueueNotFound("gone")
+        return super().__call__(row)
 
 
 @pytest.mark.django_db
@@ -390,8 +419,8 @@ def test_rows_the_service_refuses_do_not_hold_up_the_outbox():
     )
     client = _Refusing()
     # when relays that take two rows each run twice
-    relay(client, older_than=0, limit=2)
-    relay(client, older_than=0, limit=2)
+    relay(older_than=0, limit=2, send=client)
+    relay(older_than=0, limit=2, send=client)
     # then the row behind the refused ones was sent, and the refused ones are kept with their errors
     assert client.calls == [("plain", [{"body": "y"}])]
     assert sorted(OutboxMessage.objects.values_list("pk", "failures")) == [("gone-0", 1), ("gone-1", 1), ("gone-2", 1)]
@@ -413,7 +442,7 @@ class _ProbingSender(_Recorder):
         key = self.key_of()
         self.seen["in_atomic_block"] = mine.in_atomic_block
         self.seen["transaction_status"] = mine.connection.info.transaction_status
-        other = _Recorder()
+        other = _Recorder(token="not-a-writer")
 
         def elsewhere() -> None:
             try:
@@ -422,7 +451,7 @@ class _ProbingSender(_Recorder):
                     OutboxMessage.objects.select_for_update(nowait=True).get(pk=key)
                     OutboxMessage.objects.filter(pk=key).update(last_error="touched while sending")
                 self.seen["second_sender_sent"] = send_row(other, key)
-                self.seen["relayed"] = relay(other, older_than=0)
+                self.seen["relayed"] = relay(older_than=0, send=other)
             except BaseException as exc:  # noqa: BLE001 - asserted in the test's thread
                 self.seen["error"] = exc
             finally:
@@ -469,7 +498,7 @@ def test_a_failed_send_gives_its_claim_up_for_the_relay():
     assert (row.claimed_until, row.failures) == (None, 1)
     OutboxMessage.objects.filter(pk="refused").update(queue="plain")
     client = _Recorder()
-    assert relay(client, older_than=0) == 1
+    assert relay(older_than=0, send=client) == 1
     assert client.calls == [("plain", [{"body": "x"}])]
 
 
@@ -485,7 +514,7 @@ def test_a_relayed_outbox_row_continues_its_writers_trace():
         key = enqueue_on_commit("plain", [{"body": "x", "attributes": {"k": "v"}}], client=_Dead(), outbox=True)
     # when a relay sends the row, outside any span
     client = _Recorder()
-    assert relay(client, older_than=0) == 1
+    assert relay(older_than=0, send=client) == 1
     # then the message carries the writer's span as its trace context, beside its own attributes
     ((_, items),) = client.calls
     ctx = span.get_span_context()
@@ -495,7 +524,182 @@ def test_a_relayed_outbox_row_continues_its_writers_trace():
 
 
 class _Dead(_Recorder):
-    """A writer that dies after its commit, before its send reaches the service."""
+    """A writer that dies after its commit, before its send reaches the service (``token``: its
+    API token; by default a new user's)."""
 
     def enqueue_batch(self, queue, items):
         raise ConnectionError("the writer died")
+
+
+@pytest.mark.django_db
+def test_a_row_refused_as_its_writer_is_given_up_kept_and_never_sent_again():
+    # given two rows left after their commit, the older one refused as its writer
+    old = datetime.now(UTC) - timedelta(minutes=5)
+    for i, key in enumerate(("refused", "sent")):
+        OutboxMessage.objects.create(
+            id=key, queue="plain", messages=[{"body": key}], created_at=old + timedelta(seconds=i), writer_id=1
+        )
+    recorder = _Recorder(token="unused")
+
+    def send(row):
+        if row.pk == "refused":
+            raise WriterRefused("'w' may not produce 'plain'")
+        return recorder(row)
+
+    # when a relay runs
+    assert relay(older_than=0, send=send) == 1
+
+    # then the refused row is given up with its reason, and the one behind it was sent
+    row = OutboxMessage.objects.get(pk="refused")
+    assert row.given_up_reason == "'w' may not produce 'plain'" and row.given_up_at is not None
+    assert (row.failures, row.claimed_until) == (0, GIVEN_UP_CLAIM)
+    assert recorder.calls == [("plain", [{"body": "sent"}])]
+    # and no relay, nor a sender of an earlier version's kind (by the claim alone), takes it again
+    assert relay(older_than=0, send=recorder) == 0
+    assert send_row(recorder, "refused") is False
+    assert recorder.calls == [("plain", [{"body": "sent"}])]
+
+
+class _Peers:
+    """A stand-in for the nodes: answers each enqueue with the next of ``answers`` (an
+    exception to raise, or None: stored), and keeps what it was asked."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.asked: list[tuple] = []
+
+    def enqueue(self, address, queue, drafts, hops, caller):
+        self.asked.append((address, queue, [(d.body, d.dedup_id) for d in drafts], hops, caller.user_id))
+        answer = self.answers.pop(0)
+        if answer is not None:
+            raise answer
+        return [f"{queue}/0/00000000-0000000000000000/{i}" for i in range(len(drafts))]
+
+
+@pytest.fixture
+def peers():
+    """``install(peers)``: the service's transport to the nodes for the test."""
+    previous = service.get_peers()
+    yield service.set_peers
+    service.set_peers(previous)
+
+
+@pytest.mark.django_db
+def test_the_relay_asks_a_live_node_for_the_writer_and_its_own_check_alone_gives_a_row_up(peers):
+    # given a queue with a partition owned by a live node, another live node and a silent one
+    now = timezone.now()
+    owner, _, silent = (
+        Node.objects.create(
+            id=f"n{i}", address=f"10.0.0.{i}:8000", started_at=now, heartbeat_at=now - timedelta(seconds=age)
+        )
+        for i, age in ((1, 0), (2, 1), (3, 600))
+    )
+    orders = Queue.objects.create(name="orders", partitions=2)
+    Partition.objects.create(queue=orders, index=0, owner=owner)
+    Partition.objects.create(queue=orders, index=1, owner=silent)
+    # and a writer who may produce to it, with three rows left after their commit
+    writer = User.objects.create(username="writer")
+    service.grant(caller=SYSTEM, action="produce", user=writer, queue=orders)
+    old = now - timedelta(minutes=5)
+    for i, key in enumerate(("stored", "refused", "later")):
+        OutboxMessage.objects.create(
+            id=key,
+            queue="orders",
+            messages=[{"body": key, "dedup_id": key}],
+            created_at=old + timedelta(seconds=i),
+            writer_id=writer.pk,
+        )
+
+    # when a relay runs while the owner refuses the first row's connection (the other node
+    # stores it), then refuses the second row for the writer (its caches behind the rows),
+    # then is down for the third
+    nodes = _Peers(
+        PeerUnreachable("refused", refused=True),
+        None,
+        RemoteError(403, {"error": "permission_denied", "detail": "writer may not produce 'orders'"}),
+        RemoteError(503, {"error": "unavailable", "detail": "no owner"}),
+    )
+    peers(nodes)
+    assert relay(older_than=0) == 1
+
+    # then each call was made for the writer (its user id), to the live owner first, never to the silent node
+    assert nodes.asked == [
+        ("10.0.0.1:8000", "orders", [("stored", "stored")], 0, writer.pk),
+        ("10.0.0.2:8000", "orders", [("stored", "stored")], 0, writer.pk),
+        ("10.0.0.1:8000", "orders", [("refused", "refused")], 0, writer.pk),
+        ("10.0.0.1:8000", "orders", [("later", "later")], 0, writer.pk),
+    ]
+    # ...the stored row is gone, recorded in the audit trail as the writer's...
+    assert not OutboxMessage.objects.filter(pk="stored").exists()
+    [entry] = AuditEntry.objects.filter(action="relayed")
+    assert (entry.actor, entry.target, entry.detail) == ("writer", "orders", {"messages": 1, "outbox": "stored"})
+    # ...and the node's refusal gave nothing up: both rows are kept for the next relay
+    kept = {r.pk: r for r in OutboxMessage.objects.all()}
+    assert {k: (r.given_up_at, r.claimed_until, r.failures) for k, r in kept.items()} == {
+        "refused": (None, None, 1),
+        "later": (None, None, 1),
+    }
+    assert "writer may not produce 'orders'" in kept["refused"].last_error
+
+    # when the writer's grant is revoked and the next relay runs
+    service.revoke(caller=SYSTEM, action="produce", user=writer, queue=orders)
+    peers(nodes := _Peers(None))
+    assert relay(older_than=0) == 0
+
+    # then its own check gave both rows up with the reason, and no node was asked
+    assert nodes.asked == []
+    reasons = dict(OutboxMessage.objects.values_list("pk", "given_up_reason"))
+    assert reasons == dict.fromkeys(
+        ("refused", "later"), "writer may not produce 'orders': it needs the 'produce' permission on it"
+    )
+
+
+def test_the_worker_relays_each_row_as_its_writer_and_gives_up_those_it_may_not_send(node_api, tasks_worker):
+    # given the queues "default" (the worker's) and "orders", made by the worker's user: its
+    # token may produce to both
+    _create_queue(node_api, name="default")
+    _create_queue(node_api, name="orders")
+    orders = Queue.objects.get(name="orders")
+    # and writers: one who may produce to "orders", one who may not, and three who may until the relay runs
+    names = ("producer", "stranger", "deleted", "deactivated", "revoked")
+    users = {name: User.objects.create(username=f"{name}-{uuid.uuid4().hex[:6]}") for name in names}
+    for name in ("producer", "deleted", "deactivated", "revoked"):
+        service.grant(caller=SYSTEM, action="produce", user=users[name], queue=orders)
+
+    # when each enqueues on commit with its own token and dies before its send reaches the
+    # service, and a row of an earlier version (no writer recorded) is left too
+    keys = {}
+    for name, user in users.items():
+        writer = _Dead(token=Token.objects.create(user=user).key)
+        with transaction.atomic():
+            keys[name] = enqueue_on_commit("orders", [f"from {name}"], client=writer, outbox=True)
+    OutboxMessage.objects.create(
+        id="no-writer", queue="orders", messages=[{"body": "unknown"}], created_at=timezone.now()
+    )
+    assert {OutboxMessage.objects.get(pk=keys[name]).writer_id for name in names} == {u.pk for u in users.values()}
+    # and, before the relay runs, a writer is deleted, one deactivated and one loses its grant
+    deleted_id = users["deleted"].pk
+    users["deleted"].delete()
+    users["deactivated"].is_active = False
+    users["deactivated"].save()
+    service.revoke(caller=SYSTEM, action="produce", user=users["revoked"], queue=orders)
+    # and a worker relays what is left
+    tasks_worker("--relay-every", "0.2", OUTBOX_RELAY_AFTER="0.5")
+    wait_until(lambda: not OutboxMessage.objects.filter(given_up_at=None).exists(), 30, "the relay")
+
+    # then the producer's message is in the queue, sent as the producer: the audit trail names it
+    assert _bodies(node_api, "orders") == ["from producer"]
+    [entry] = AuditEntry.objects.filter(action="relayed", target="orders")
+    assert (entry.actor, entry.detail) == (users["producer"].username, {"messages": 1, "outbox": keys["producer"]})
+    # and every other row is given up with its reason, never sent with the worker's own rights
+    reasons = dict(OutboxMessage.objects.values_list("pk", "given_up_reason"))
+    assert set(reasons) == {keys[name] for name in names if name != "producer"} | {"no-writer"}
+    assert f"{users['stranger'].username} may not produce 'orders'" in reasons[keys["stranger"]]
+    assert reasons[keys["deleted"]] == f"user {deleted_id} no longer exists"
+    assert (
+        reasons[keys["deactivated"]]
+        == f"user {users['deactivated'].username!r} (id {users['deactivated'].pk}) is deactivated"
+    )
+    assert f"{users['revoked'].username} may not produce 'orders'" in reasons[keys["revoked"]]
+    assert reasons["no-writer"].startswith("no writer recorded")
+    assert _depth(node_api, "orders") == 0

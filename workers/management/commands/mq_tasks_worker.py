@@ -7,8 +7,8 @@ It consumes the queues of a ``TASKS`` backend of :class:`workers.tasks_backend.Q
 Celery step uses (:mod:`workers.pipeline`): ``-c`` slots, each pre-fetching its next message
 while it runs one, heartbeats that keep held messages hidden, one attempt-log record per
 attempt, a backoff before a failed task runs again and the queue's dead-letter rule after
-``max_receives``. Beside them it relays the outbox rows their writers left unsent
-(:func:`workers.outbox.relay`). SIGTERM or SIGINT: the tasks under way finish, the messages not
+``max_receives``. Beside them it relays the outbox rows their writers left unsent, each as
+its writer (:func:`workers.outbox.relay`), never with the worker's token. SIGTERM or SIGINT: the tasks under way finish, the messages not
 started are given back, the last attempt records are sent.
 """
 
@@ -93,7 +93,7 @@ class Command(BaseCommand):
         relay_every = options["relay_every"]
         while not stop.wait(relay_every if relay_every > 0 else 3600):
             try:
-                outbox.relay(client, using=backend.database, older_than=backend.relay_after)
+                outbox.relay(using=backend.database, older_than=backend.relay_after)
             except Exception as exc:  # noqa: BLE001 - the next relay tries again
                 self.stderr.write(f"outbox relay: {exc}")
         pipeline.stop()
