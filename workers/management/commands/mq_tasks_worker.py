@@ -7,9 +7,11 @@ It consumes the queues of a ``TASKS`` backend of :class:`workers.tasks_backend.Q
 Celery step uses (:mod:`workers.pipeline`): ``-c`` slots, each pre-fetching its next message
 while it runs one, heartbeats that keep held messages hidden, one attempt-log record per
 attempt, a backoff before a failed task runs again and the queue's dead-letter rule after
-``max_receives``. Beside them it relays the outbox rows their writers left unsent
-(:func:`workers.outbox.relay`). SIGTERM or SIGINT: the tasks under way finish, the messages not
-started are given back, the last attempt records are sent.
+``max_receives``. It runs the tasks registered for the queue a message came from, which it
+learns by importing the backend's task modules (``OPTIONS["modules"]``) at start, and refuses to
+start when none of its queues has one. Beside them it relays the outbox rows their writers left
+unsent (:func:`workers.outbox.relay`). SIGTERM or SIGINT: the tasks under way finish, the
+messages not started are given back, the last attempt records are sent.
 """
 
 from __future__ import annotations
@@ -61,6 +63,18 @@ class Command(BaseCommand):
         unknown = sorted(set(queues) - backend.queues)
         if unknown:
             raise CommandError(f"not queues of TASKS[{options['backend']!r}]: {', '.join(unknown)}")
+        try:
+            registered = backend.load_tasks()
+        except ImportError as exc:
+            raise CommandError(f"TASKS[{options['backend']!r}]['OPTIONS']['modules']: {exc}") from exc
+        runnable = {
+            name: sorted(set(q) & set(queues)) for name, q in sorted(registered.items()) if set(q) & set(queues)
+        }
+        if not runnable:
+            raise CommandError(
+                f"no task is registered for {', '.join(queues)}: list the modules that declare the tasks "
+                f"(@task) in TASKS[{options['backend']!r}]['OPTIONS']['modules'] (this project: TASKS_MODULES)"
+            )
         client = backend.client
         timeouts = []
         for name in queues:
@@ -88,6 +102,8 @@ class Command(BaseCommand):
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
+        for name, on in runnable.items():
+            self.stdout.write(f"task {name} from {', '.join(on)}")
         self.stdout.write(f"consuming {queues} with {pipeline.concurrency} slots as {worker_id}", ending="\n")
         self.stdout.flush()
         relay_every = options["relay_every"]
