@@ -13,9 +13,10 @@ backport on Django 5.2).
   does): its rules (visibility timeout, ``max_receives``, dead-letter queue) are the operator's.
 - The enqueue is one message on that queue, sent through the SDK like any client's, on commit
   of the caller's transaction (:mod:`workers.outbox`: an outbox row on PostgreSQL).
-  ``run_after`` is the message's ``not_before``; ``priority`` is kept in the result and the
-  message's attributes but orders nothing (the service has no priorities: give urgent tasks a
-  queue of their own).
+  ``run_after`` is the message's ``not_before``; a task due further ahead than the service's
+  delay limit is held in the database and its message sent by a worker's relay once it is due
+  within ``send_ahead`` seconds. ``priority`` is kept in the result and the message's attributes
+  but orders nothing (the service has no priorities: give urgent tasks a queue of their own).
 - The result (:class:`~workers.models.TaskRecord`) is written with the enqueue and updated by
   the worker; :meth:`QueueTaskBackend.get_result` reads it from any process of the application,
   with the attempts from the service's attempt log. A task that cannot be found or started ends
@@ -35,15 +36,17 @@ import os
 import traceback
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
-from mq_client import Client
+from mq_client import ApiError, Client
+from queues.models import LIMITS
 from workers.models import AttemptLog, TaskRecord
-from workers.outbox import enqueue_on_commit
+from workers.outbox import enqueue_on_commit, outbox_used
 from workers.task_registry import (
     TaskMessageInvalid,
     TaskNotRegistered,
@@ -73,6 +76,18 @@ T = TypeVar("T")
 
 #: The message attribute that names the task (the console shows attributes with each message).
 TASK_ATTRIBUTE = "task"
+#: The furthest ahead, in seconds, a message's ``not_before`` may be (the service's delay limit).
+MAX_DELAY = LIMITS["delay"][1]
+#: Seconds before its ``run_after`` a held task's message is sent, by default: the delay limit
+#: less a minute, so that a producer's clock ahead of the node's by up to a minute, or a relay
+#: that sends a little late, still gives the node a ``not_before`` within its limit.
+SEND_AHEAD = MAX_DELAY - 60.0
+#: Seconds a relay's claim on a held task lasts while it sends its message: longer than a send
+#: with all the client's retries (about a minute), shorter than a queue's dedup window (300 s by
+#: default), so that a task whose relay died mid-send is sent again, and stored once.
+RELEASE_CLAIM = 120.0
+#: Seconds a held task the service refused (its queue missing...) waits before the next try.
+RELEASE_RETRY = 30.0
 
 
 class QueueTask(Task[P, T]):
@@ -113,7 +128,8 @@ class QueueTaskBackend(BaseTaskBackend):
     :mod:`workers.task_registry`), ``url`` and ``token`` of the service (default ``QUEUE_API_URL``
     and ``QUEUE_API_TOKEN``), ``database`` (the alias whose transaction an enqueue joins and
     where results live; ``"default"``), ``outbox`` (None: on PostgreSQL; True or False to force
-    it), ``relay_after`` (seconds before the worker's relay sends an outbox row; 10)."""
+    it), ``relay_after`` (seconds before the worker's relay sends an outbox row; 10),
+    ``send_ahead`` (seconds before its ``run_after`` a held task's message is sent; 840)."""
 
     task_class = QueueTask
     supports_defer = True
@@ -132,6 +148,11 @@ class QueueTaskBackend(BaseTaskBackend):
         self.database: str = self.options.get("database", "default")
         self.outbox: bool | None = self.options.get("outbox")
         self.relay_after: float = float(self.options.get("relay_after", 10.0))
+        self.send_ahead: float = float(self.options.get("send_ahead", SEND_AHEAD))
+        if not 0 < self.send_ahead <= MAX_DELAY:
+            raise ImproperlyConfigured(
+                f"TASKS[{alias!r}]['OPTIONS']['send_ahead'] is more than 0 and at most {MAX_DELAY} seconds"
+            )
         self._client: Any = None
         self._loaded = False
 
@@ -191,26 +212,37 @@ class QueueTaskBackend(BaseTaskBackend):
 
     # --- enqueue ------------------------------------------------------------------------------
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        """Write the task's result and send its message on commit. Raises before anything is
-        written for a task no worker would run (InvalidTaskError) or arguments that are not JSON."""
+        """Write the task's result and send its message on commit, or hold it (``run_after``
+        beyond ``send_ahead``). Raises before anything is written for a task no worker would
+        run (InvalidTaskError) or arguments that are not JSON; an enqueue that raises leaves no
+        result behind."""
         self.validate_task(task)
         self._check_registered(task)
         now = timezone.now()
         args, kwargs = _json(list(args)), _json(dict(kwargs))
-        record = TaskRecord.objects.using(self.database).create(
-            id=uuid.uuid4().hex,
-            task_path=task.module_path,
-            backend=self.alias,
-            queue=task.queue_name,
-            priority=task.priority,
-            run_after=task.run_after,
-            args=args,
-            kwargs=kwargs,
-            status=TaskResultStatus.READY,
-            enqueued_at=now,
-        )
-        message = self._message(record)
-        enqueue_on_commit(task.queue_name, [message], client=self.client, using=self.database, outbox=self.outbox)
+        held_until = None
+        if task.run_after is not None and task.run_after > now + timedelta(seconds=self.send_ahead):
+            # Further ahead than the service may delay a message: held here, sent by a relay
+            # once it is due within send_ahead (release_held).
+            held_until = task.run_after - timedelta(seconds=self.send_ahead)
+        # Whether the caller's transaction is open: then the send is its commit's, after this returns.
+        deferred = connections[self.database].in_atomic_block
+        with transaction.atomic(using=self.database):
+            record = TaskRecord.objects.using(self.database).create(
+                id=uuid.uuid4().hex,
+                task_path=task.module_path,
+                backend=self.alias,
+                queue=task.queue_name,
+                priority=task.priority,
+                run_after=task.run_after,
+                held_until=held_until,
+                args=args,
+                kwargs=kwargs,
+                status=TaskResultStatus.READY,
+                enqueued_at=now,
+            )
+            if held_until is None:
+                self._send_on_commit(record, deferred=deferred)
         result = self._result(record, task)
         task_enqueued.send(type(self), task_result=result)
         return result
@@ -233,6 +265,76 @@ class QueueTaskBackend(BaseTaskBackend):
         if record.run_after is not None:
             message["not_before"] = record.run_after.isoformat()
         return message
+
+    def _send_on_commit(self, record: TaskRecord, *, deferred: bool) -> None:
+        message = self._message(record)
+        if outbox_used(self.database, self.outbox):
+            enqueue_on_commit(record.queue, [message], client=self.client, using=self.database, outbox=True)
+            return
+
+        def send() -> None:
+            try:
+                self.client.enqueue_batch(record.queue, [message])
+            except Exception as exc:
+                if deferred:
+                    # The caller's enqueue() returned a result and its transaction committed:
+                    # the result says why the task will not run.
+                    self._record_failure(record.id, exc)
+                else:  # enqueue() raises: it leaves no result behind
+                    TaskRecord.objects.using(self.database).filter(pk=record.id).delete()
+                raise
+
+        transaction.on_commit(send, using=self.database)
+
+    def _record_failure(self, record_id: str, exc: BaseException) -> None:
+        record = TaskRecord.objects.using(self.database).filter(pk=record_id).first()
+        if record is None:
+            return
+        record.status = TaskResultStatus.FAILED
+        record.errors = [*record.errors, _error(exc)]
+        record.finished_at = timezone.now()
+        record.save(using=self.database)
+        task_finished.send(type(self), task_result=self._result(record, self._task_of(record)))
+
+    # --- held tasks ---------------------------------------------------------------------------
+    def release_held(self, *, limit: int = 100) -> int:
+        """Send the messages of this backend's held tasks that are due within ``send_ahead``,
+        the earliest first; how many were sent. Each is claimed for :data:`RELEASE_CLAIM`
+        seconds by one committed ``UPDATE`` (of two relays, one has it), sent with no
+        transaction open, then marked sent. A send the service refuses keeps the task held
+        and is tried again after :data:`RELEASE_RETRY` seconds; no node answering ends the pass."""
+        rows = TaskRecord.objects.using(self.database)
+        now = timezone.now()
+        due = list(
+            rows.filter(backend=self.alias, held_until__lte=now)
+            .order_by("held_until")
+            .values_list("pk", "held_until")[:limit]
+        )
+        sent = 0
+        for pk, held_until in due:
+            claim = now + timedelta(seconds=RELEASE_CLAIM)
+            if not rows.filter(pk=pk, held_until=held_until).update(held_until=claim):
+                continue  # another relay has it
+            record = rows.filter(pk=pk).first()
+            if record is None:
+                continue
+            try:
+                self.client.enqueue_batch(record.queue, [self._message(record)])
+            except ApiError as exc:
+                rows.filter(pk=pk, held_until=claim).update(held_until=now + timedelta(seconds=RELEASE_RETRY))
+                if exc.status in (0, 429) or exc.status >= 500:
+                    log.warning("held task %s: no node took it now, the next relay tries again: %s", pk, exc)
+                    break
+                log.error("held task %s: the service refused its message, tried again later: %s", pk, exc)
+                continue
+            except DatabaseError as exc:
+                log.warning("held tasks: %s", exc)
+                break
+            rows.filter(pk=pk, held_until=claim).update(held_until=None)
+            sent += 1
+        if sent:
+            log.info("sent %d held task(s) now due within %.0f s", sent, self.send_ahead)
+        return sent
 
     # --- results ------------------------------------------------------------------------------
     def get_result(self, result_id: str) -> TaskResult:

@@ -30,7 +30,7 @@ from tests.launcher import ROOT, wait_until
 from workers.models import AttemptLog, OutboxMessage, TaskRecord
 from workers.outbox import enqueue_on_commit, relay, send_row
 from workers.task_registry import TaskMessageInvalid, TaskNotRegistered, allow_queues
-from workers.tasks_backend import TaskRunner
+from workers.tasks_backend import SEND_AHEAD, TaskRunner
 
 try:
     from django.tasks import TaskResultStatus
@@ -341,6 +341,70 @@ def test_a_worker_runs_only_the_tasks_registered_for_the_queue_and_the_rest_ends
     assert worker.wait(timeout=30) == 0
 
 
+def test_run_after_at_any_time_ahead_is_held_and_sent_when_due_and_a_failed_enqueue_leaves_nothing(
+    node_api, tasks, tasks_worker
+):
+    # --- an enqueue that raised leaves no result; one whose commit raised ends FAILED ---------------
+    # given no queue "default" yet, and enqueues sent without the outbox (transaction.on_commit)
+    tasks(outbox=False)
+    # when an enqueue outside a transaction is refused by the node
+    with pytest.raises(ApiError) as refused:
+        email_users.enqueue(["a@example.com"], "refused", "m")
+    # then it raised the node's error and left nothing behind
+    assert refused.value.code == "queue_not_found"
+    assert not TaskRecord.objects.exists()
+    # when an enqueue inside a transaction is refused at the commit
+    with pytest.raises(ApiError), transaction.atomic():
+        at_commit = email_users.enqueue(["a@example.com"], "refused at the commit", "m")
+    # then the committed result says why the task will not run
+    result = email_users.get_result(at_commit.id)
+    assert result.status == TaskResultStatus.FAILED and result.is_finished
+    assert [e.exception_class_path for e in result.errors] == ["mq_client.errors.NotFound"]
+
+    # --- an hour ahead: no error, held in the database, nothing sent --------------------------------
+    _create_queue(node_api, name="default")
+    in_an_hour = datetime.now(UTC) + timedelta(hours=1)
+    later = []
+    for outbox in (True, False):
+        tasks(outbox=outbox)
+        later.append(email_users.using(run_after=in_an_hour).enqueue(["a@example.com"], "in an hour", "m"))
+        with transaction.atomic():
+            later.append(email_users.using(run_after=in_an_hour).enqueue(["a@example.com"], "in an hour", "m"))
+    for result in later:
+        assert email_users.get_result(result.id).status == TaskResultStatus.READY
+        assert TaskRecord.objects.get(pk=result.id).held_until == in_an_hour - timedelta(seconds=SEND_AHEAD)
+    assert _depth(node_api, "default") == 0 and not OutboxMessage.objects.exists()
+
+    # --- held until due, then sent by whichever worker runs, across a restart ------------------------
+    # given a worker, and a backend that sends a held task's message 2 s before its run_after
+    first = tasks_worker("--relay-every", "0.2")
+    tasks(send_ahead=2)
+    run_after = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=7)
+    # when a task due in about 7 s is enqueued
+    soon = email_users.using(run_after=run_after).enqueue(["a@example.com"], "when due", "m")
+    # then it is held, its message not sent
+    held_until = TaskRecord.objects.get(pk=soon.id).held_until
+    assert held_until == run_after - timedelta(seconds=2)
+    assert _depth(node_api, "default") == 0
+    # when that worker dies before it is due and another starts
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    tasks_worker("--relay-every", "0.2")
+    # then the new worker sent its message once due and it ran at its run_after, not before
+    wait_until(lambda: email_users.get_result(soon.id).is_finished, 30, "the held task")
+    result = email_users.get_result(soon.id)
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert result.started_at >= run_after
+    record = TaskRecord.objects.get(pk=soon.id)
+    assert record.held_until is None
+    wait_until(lambda: AttemptLog.objects.filter(message_id=record.message_id).exists(), 10, "the attempt record")
+    sent_at = AttemptLog.objects.get(message_id=record.message_id).enqueued_at
+    assert sent_at >= held_until - timedelta(seconds=0.5), (sent_at, held_until)
+    # ...and the tasks due in an hour are still held, nothing of them sent
+    assert all(TaskRecord.objects.get(pk=r.id).held_until is not None for r in later)
+    assert _depth(node_api, "default") == 0
+
+
 def test_the_worker_refuses_to_start_without_registered_tasks_or_with_a_missing_module(settings):
     from django.core.management import CommandError, call_command
 
@@ -397,6 +461,7 @@ def test_a_task_is_one_message_with_its_arguments_and_run_after_and_runs_once(
     assert item["attributes"] == {"task": "tests.integration.tasks_for_tests.email_users", "priority": 5}
     stored = email_users.get_result(result.id)
     assert (stored.status, stored.task.priority, stored.task.run_after) == (TaskResultStatus.READY, 5, run_after)
+    assert TaskRecord.objects.get(pk=result.id).held_until is None
 
     # when a worker runs its message twice (a second delivery)
     message = SimpleNamespace(id="default/0/00000000-0000000000000000/0", body=item["body"], enqueued_at=None)
@@ -693,3 +758,53 @@ def test_a_task_message_is_looked_up_never_imported_and_what_cannot_run_ends_fai
         assert len(finished) == 2
     finally:
         task_finished.disconnect(on_finished)
+
+
+class _RefusingAll(_Recorder):
+    def __init__(self, error: ApiError):
+        super().__init__()
+        self.error = error
+
+    def enqueue_batch(self, queue, items):
+        raise self.error
+
+
+@pytest.mark.django_db
+def test_a_held_task_is_sent_once_when_due_and_a_refused_one_stays_held(settings):
+    # given held tasks: one due now, one due later, one another relay has claimed
+    settings.TASKS = {
+        "default": {
+            "BACKEND": BACKEND,
+            "QUEUES": ["default"],
+            "OPTIONS": {"token": "t", "modules": MODULES, "send_ahead": 60},
+        }
+    }
+    backend = email_users.get_backend()
+    now = datetime.now(UTC)
+    due = email_users.using(run_after=now + timedelta(minutes=5)).enqueue(["a@example.com"], "due", "m")
+    later = email_users.using(run_after=now + timedelta(hours=2)).enqueue(["a@example.com"], "later", "m")
+    claimed = email_users.using(run_after=now + timedelta(minutes=6)).enqueue(["a@example.com"], "claimed", "m")
+    TaskRecord.objects.filter(pk=due.id).update(held_until=now - timedelta(seconds=1))
+    TaskRecord.objects.filter(pk=claimed.id).update(held_until=now + timedelta(seconds=100))
+    assert not OutboxMessage.objects.exists()
+
+    # when the service refuses the due one's message
+    backend._client = _RefusingAll(ApiError(404, "queue_not_found", "no queue 'default'"))
+    assert backend.release_held() == 0
+    # then it stays held, tried again later
+    retry_at = TaskRecord.objects.get(pk=due.id).held_until
+    assert retry_at > now + timedelta(seconds=20)
+
+    # when it is due again and a relay sends it, twice
+    TaskRecord.objects.filter(pk=due.id).update(held_until=now - timedelta(seconds=1))
+    backend._client = recorder = _Recorder()
+    assert backend.release_held() == 1
+    assert backend.release_held() == 0
+    # then its message went once, as an enqueue within the delay limit sends it; the others wait
+    [(queue, [item])] = recorder.calls
+    assert queue == "default" and item["dedup_id"] == due.id
+    assert item["not_before"] == (now + timedelta(minutes=5)).isoformat()
+    assert json.loads(item["body"])["id"] == due.id
+    assert TaskRecord.objects.get(pk=due.id).held_until is None
+    assert TaskRecord.objects.get(pk=later.id).held_until == now + timedelta(hours=2) - timedelta(seconds=60)
+    assert TaskRecord.objects.get(pk=claimed.id).held_until == now + timedelta(seconds=100)

@@ -10,8 +10,10 @@ attempt, a backoff before a failed task runs again and the queue's dead-letter r
 ``max_receives``. It runs the tasks registered for the queue a message came from, which it
 learns by importing the backend's task modules (``OPTIONS["modules"]``) at start, and refuses to
 start when none of its queues has one. Beside them it relays the outbox rows their writers left
-unsent (:func:`workers.outbox.relay`). SIGTERM or SIGINT: the tasks under way finish, the
-messages not started are given back, the last attempt records are sent.
+unsent (:func:`workers.outbox.relay`) and sends the messages of held tasks once they are due
+within the service's delay limit (:meth:`~workers.tasks_backend.QueueTaskBackend.release_held`).
+SIGTERM or SIGINT: the tasks under way finish, the messages not started are given back, the
+last attempt records are sent.
 """
 
 from __future__ import annotations
@@ -47,7 +49,10 @@ class Command(BaseCommand):
             help="seconds before a failed task runs again, doubled per attempt, at most 300 (default 1)",
         )
         parser.add_argument(
-            "--relay-every", type=float, default=2.0, help="seconds between two outbox relays (default 2; 0: none)"
+            "--relay-every",
+            type=float,
+            default=2.0,
+            help="seconds between two relays of the outbox and of held tasks (default 2; 0: none)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -112,5 +117,9 @@ class Command(BaseCommand):
                 outbox.relay(client, using=backend.database, older_than=backend.relay_after)
             except Exception as exc:  # noqa: BLE001 - the next relay tries again
                 self.stderr.write(f"outbox relay: {exc}")
+            try:
+                backend.release_held()
+            except Exception as exc:  # noqa: BLE001 - the next relay tries again
+                self.stderr.write(f"held tasks: {exc}")
         pipeline.stop()
         self.stdout.write(f"stopped after {pipeline.processed} tasks")
