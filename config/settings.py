@@ -356,15 +356,19 @@ WORKER_MAX_HELD = envint("WORKER_MAX_HELD", 1000, minimum=1)
 
 # --- Django's tasks framework ------------------------------------------------------------
 # ``@task`` functions of this project run on the service's queues (docs/how-to/django-tasks.md):
-# TASKS_QUEUES names the queues tasks may use (they must exist); the service is reached at
-# QUEUE_API_URL with QUEUE_API_TOKEN, as the workers do.
+# TASKS_QUEUES names the queues tasks may use (they must exist), TASKS_MODULES the modules that
+# declare them (a worker runs only the tasks declared there, and imports nothing a message names);
+# the service is reached at QUEUE_API_URL with QUEUE_API_TOKEN, as the workers do.
 #: Seconds an enqueue's outbox row waits for its writer before a relay sends it (workers/outbox.py).
 OUTBOX_RELAY_AFTER = envfloat("OUTBOX_RELAY_AFTER", 10.0)
 TASKS = {
     "default": {
         "BACKEND": "workers.tasks_backend.QueueTaskBackend",
         "QUEUES": [q.strip() for q in env("TASKS_QUEUES", "default").split(",") if q.strip()],
-        "OPTIONS": {"relay_after": OUTBOX_RELAY_AFTER},
+        "OPTIONS": {
+            "modules": [m.strip() for m in env("TASKS_MODULES", "").split(",") if m.strip()],
+            "relay_after": OUTBOX_RELAY_AFTER,
+        },
     }
 }
 #: Mail from tasks and the console (Django's backends; the file one writes into EMAIL_FILE_PATH).

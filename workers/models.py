@@ -146,6 +146,10 @@ class TaskRecord(models.Model):
     queue = models.CharField(max_length=80)
     priority = models.IntegerField(default=0)
     run_after = models.DateTimeField(null=True, blank=True)
+    #: a task due further ahead than the service may delay a message waits here, its message not
+    #: yet sent: a worker's relay sends it from this time on (``QueueTaskBackend.release_held``);
+    #: None once sent, or when it never waited
+    held_until = models.DateTimeField(null=True, blank=True, db_index=True)
     args = models.JSONField(default=list)
     kwargs = models.JSONField(default=dict)
     status = models.CharField(max_length=16, db_index=True)

@@ -1,19 +1,26 @@
 """Django's tasks framework on this service's queues: a ``django.tasks`` backend and its runner.
 
 ``TASKS = {"default": {"BACKEND": "workers.tasks_backend.QueueTaskBackend", "QUEUES": [...],
-"OPTIONS": {...}}}`` (Django 6's ``django.tasks``, or the ``django-tasks`` backport on Django 5.2).
+"OPTIONS": {"modules": [...], ...}}}`` (Django 6's ``django.tasks``, or the ``django-tasks``
+backport on Django 5.2).
 
+- A task runs only if the application registered it (:mod:`workers.task_registry`): declared
+  with ``@task`` in one of the backend's ``modules`` (or a module under one), for the queue its
+  message came from. A message names a registered task; the worker never imports what a message
+  names, and a message naming anything else fails its attempt.
 - A task's ``queue_name`` is the name of one of the service's queues; the queue must exist
   (``mq_tasks_worker`` refuses to start without it, and a relay keeps the messages until it
   does): its rules (visibility timeout, ``max_receives``, dead-letter queue) are the operator's.
 - The enqueue is one message on that queue, sent through the SDK like any client's, on commit
   of the caller's transaction (:mod:`workers.outbox`: an outbox row on PostgreSQL).
-  ``run_after`` is the message's ``not_before``; ``priority`` is kept in the result and the
-  message's attributes but orders nothing (the service has no priorities: give urgent tasks a
-  queue of their own).
+  ``run_after`` is the message's ``not_before``; a task due further ahead than the service's
+  delay limit is held in the database and its message sent by a worker's relay once it is due
+  within ``send_ahead`` seconds. ``priority`` is kept in the result and the message's attributes
+  but orders nothing (the service has no priorities: give urgent tasks a queue of their own).
 - The result (:class:`~workers.models.TaskRecord`) is written with the enqueue and updated by
   the worker; :meth:`QueueTaskBackend.get_result` reads it from any process of the application,
-  with the attempts from the service's attempt log.
+  with the attempts from the service's attempt log. A task that cannot be found or started ends
+  ``FAILED`` with its error, as one that raises does.
 - ``manage.py mq_tasks_worker`` runs them with the queue-client pipeline (:mod:`workers.pipeline`):
   a task that raises is a failed attempt, tried again after a backoff until the queue's
   ``max_receives`` sends it to the dead-letter queue.
@@ -21,39 +28,78 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import logging
 import os
 import traceback
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from datetime import timedelta
+from typing import Any, ParamSpec, TypeVar
 
-from django.db import connections
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
-from mq_client import Client
+from mq_client import ApiError, Client
+from queues.models import LIMITS
 from workers.models import AttemptLog, TaskRecord
-from workers.outbox import enqueue_on_commit
+from workers.outbox import enqueue_on_commit, outbox_used
+from workers.task_registry import (
+    TaskMessageInvalid,
+    TaskNotRegistered,
+    declare,
+    in_modules,
+    registered,
+    registered_tasks,
+)
 
 try:  # Django 6.0 and later
     from django.tasks import TaskContext, TaskResult, TaskResultStatus
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import Task, TaskError
-    from django.tasks.exceptions import TaskResultDoesNotExist
+    from django.tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
 except ImportError:  # Django 5.2 with the django-tasks backport
     from django_tasks import TaskContext, TaskResult, TaskResultStatus
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import Task, TaskError
-    from django_tasks.exceptions import TaskResultDoesNotExist
+    from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
     from django_tasks.signals import task_enqueued, task_finished, task_started
 
 log = logging.getLogger(__name__)
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
 #: The message attribute that names the task (the console shows attributes with each message).
 TASK_ATTRIBUTE = "task"
+#: The furthest ahead, in seconds, a message's ``not_before`` may be (the service's delay limit).
+MAX_DELAY = LIMITS["delay"][1]
+#: Seconds before its ``run_after`` a held task's message is sent, by default: the delay limit
+#: less a minute, so that a producer's clock ahead of the node's by up to a minute, or a relay
+#: that sends a little late, still gives the node a ``not_before`` within its limit.
+SEND_AHEAD = MAX_DELAY - 60.0
+#: Seconds a relay's claim on a held task lasts while it sends its message: longer than a send
+#: with all the client's retries (about a minute), shorter than a queue's dedup window (300 s by
+#: default), so that a task whose relay died mid-send is sent again, and stored once.
+RELEASE_CLAIM = 120.0
+#: Seconds a held task the service refused (its queue missing...) waits before the next try.
+RELEASE_RETRY = 30.0
+
+
+class QueueTask(Task[P, T]):
+    """The backend's ``task_class``: a ``Task`` that, when ``@task`` makes it, declares itself in
+    the registry (:func:`workers.task_registry.declare`); the copies ``using()`` makes declare
+    nothing."""
+
+    __slots__ = ()
+
+    def __post_init__(self) -> None:
+        Task.__post_init__(self)  # the backend's validation (a slots dataclass: no bare super())
+        declare(self)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,12 +118,20 @@ def _module_path(obj: Any) -> str:
     return f"{obj.__module__}.{obj.__qualname__}"
 
 
-class QueueTaskBackend(BaseTaskBackend):
-    """``OPTIONS``: ``url`` and ``token`` of the service (default ``QUEUE_API_URL`` and
-    ``QUEUE_API_TOKEN``), ``database`` (the alias whose transaction an enqueue joins and where
-    results live; ``"default"``), ``outbox`` (None: on PostgreSQL; True or False to force it),
-    ``relay_after`` (seconds before the worker's relay sends an outbox row; 10)."""
+def _error(exc: BaseException) -> dict[str, str]:
+    """``exc`` as the record keeps it (a ``TaskError``'s fields)."""
+    return {"exception_class_path": _module_path(type(exc)), "traceback": "".join(traceback.format_exception(exc))}
 
+
+class QueueTaskBackend(BaseTaskBackend):
+    """``OPTIONS``: ``modules`` (the modules that declare the tasks: see
+    :mod:`workers.task_registry`), ``url`` and ``token`` of the service (default ``QUEUE_API_URL``
+    and ``QUEUE_API_TOKEN``), ``database`` (the alias whose transaction an enqueue joins and
+    where results live; ``"default"``), ``outbox`` (None: on PostgreSQL; True or False to force
+    it), ``relay_after`` (seconds before the worker's relay sends an outbox row; 10),
+    ``send_ahead`` (seconds before its ``run_after`` a held task's message is sent; 840)."""
+
+    task_class = QueueTask
     supports_defer = True
     supports_get_result = True
     #: accepted and recorded; the service delivers in its own order (see the module's docstring)
@@ -87,10 +141,20 @@ class QueueTaskBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict) -> None:
         super().__init__(alias, params)
+        modules = self.options.get("modules", ())
+        if isinstance(modules, str) or not all(isinstance(m, str) and m for m in modules):
+            raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS']['modules'] is a list of module names")
+        self.modules: tuple[str, ...] = tuple(modules)
         self.database: str = self.options.get("database", "default")
         self.outbox: bool | None = self.options.get("outbox")
         self.relay_after: float = float(self.options.get("relay_after", 10.0))
+        self.send_ahead: float = float(self.options.get("send_ahead", SEND_AHEAD))
+        if not 0 < self.send_ahead <= MAX_DELAY:
+            raise ImproperlyConfigured(
+                f"TASKS[{alias!r}]['OPTIONS']['send_ahead'] is more than 0 and at most {MAX_DELAY} seconds"
+            )
         self._client: Any = None
+        self._loaded = False
 
     @property
     def client(self) -> Any:
@@ -104,42 +168,187 @@ class QueueTaskBackend(BaseTaskBackend):
             self._client = Client.from_env({**os.environ, **env})
         return self._client
 
+    # --- the registry ---------------------------------------------------------------------------
+    def load_tasks(self) -> dict[str, set[str]]:
+        """Import the backend's ``modules`` (once; ImportError if one is missing) and answer the
+        tasks registered for it, each with its queues."""
+        if not self._loaded:
+            for name in self.modules:
+                importlib.import_module(name)
+            self._loaded = True
+        return registered_tasks(backend=self.alias, modules=self.modules)
+
+    def registered_task(self, name: str, queue: str) -> Task:
+        """The task ``name`` if it is registered to run from ``queue``; TaskNotRegistered if not.
+        A lookup in the registry: nothing named here is imported."""
+        self.load_tasks()
+        found = registered(name, backend=self.alias, modules=self.modules)
+        if found is None:
+            raise TaskNotRegistered(
+                f"no task {name!r} is registered for TASKS[{self.alias!r}] in this process "
+                f"(its modules: {', '.join(self.modules) or 'none'})"
+            )
+        if queue not in found.queues:
+            raise TaskNotRegistered(
+                f"task {name!r} runs from queue(s) {', '.join(sorted(found.queues))}, not from {queue!r}"
+            )
+        return found.task
+
+    def _check_registered(self, task: Task) -> None:
+        """InvalidTaskError unless a worker configured as this process would run ``task``."""
+        if not in_modules(task.func.__module__, self.modules):
+            raise InvalidTaskError(
+                f"{task.module_path} is not in the task modules of TASKS[{self.alias!r}] "
+                f"(OPTIONS['modules']: {', '.join(self.modules) or 'none'}): no worker would run it"
+            )
+        found = registered(task.module_path, backend=self.alias, modules=self.modules)
+        if found is None or found.task.func is not task.func:
+            raise InvalidTaskError(f"{task.module_path} is not a task declared with @task for TASKS[{self.alias!r}]")
+        if task.queue_name not in found.queues:
+            raise InvalidTaskError(
+                f"{task.module_path} runs from queue(s) {', '.join(sorted(found.queues))}, not from "
+                f"{task.queue_name!r}: workers.task_registry.allow_queues() adds queues"
+            )
+
     # --- enqueue ------------------------------------------------------------------------------
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Write the task's result and send its message on commit, or hold it (``run_after``
+        beyond ``send_ahead``). Raises before anything is written for a task no worker would
+        run (InvalidTaskError) or arguments that are not JSON; an enqueue that raises leaves no
+        result behind."""
         self.validate_task(task)
+        self._check_registered(task)
         now = timezone.now()
         args, kwargs = _json(list(args)), _json(dict(kwargs))
-        record = TaskRecord.objects.using(self.database).create(
-            id=uuid.uuid4().hex,
-            task_path=task.module_path,
-            backend=self.alias,
-            queue=task.queue_name,
-            priority=task.priority,
-            run_after=task.run_after,
-            args=args,
-            kwargs=kwargs,
-            status=TaskResultStatus.READY,
-            enqueued_at=now,
-        )
-        body = {"id": record.id, "task": record.task_path, "backend": self.alias, "args": args, "kwargs": kwargs}
-        message: dict[str, Any] = {
-            "body": json.dumps(body, separators=(",", ":")),
-            "dedup_id": record.id,
-            "attributes": {TASK_ATTRIBUTE: record.task_path, "priority": task.priority},
-        }
-        if task.run_after is not None:
-            message["not_before"] = task.run_after.isoformat()
-        enqueue_on_commit(task.queue_name, [message], client=self.client, using=self.database, outbox=self.outbox)
+        held_until = None
+        if task.run_after is not None and task.run_after > now + timedelta(seconds=self.send_ahead):
+            # Further ahead than the service may delay a message: held here, sent by a relay
+            # once it is due within send_ahead (release_held).
+            held_until = task.run_after - timedelta(seconds=self.send_ahead)
+        # Whether the caller's transaction is open: then the send is its commit's, after this returns.
+        deferred = connections[self.database].in_atomic_block
+        with transaction.atomic(using=self.database):
+            record = TaskRecord.objects.using(self.database).create(
+                id=uuid.uuid4().hex,
+                task_path=task.module_path,
+                backend=self.alias,
+                queue=task.queue_name,
+                priority=task.priority,
+                run_after=task.run_after,
+                held_until=held_until,
+                args=args,
+                kwargs=kwargs,
+                status=TaskResultStatus.READY,
+                enqueued_at=now,
+            )
+            if held_until is None:
+                self._send_on_commit(record, deferred=deferred)
         result = self._result(record, task)
         task_enqueued.send(type(self), task_result=result)
         return result
+
+    def _message(self, record: TaskRecord) -> dict[str, Any]:
+        """The message of ``record``'s task: deduplicated by the result's ID, so that a second
+        send (a relay's, after a lost answer) is stored once."""
+        body = {
+            "id": record.id,
+            "task": record.task_path,
+            "backend": record.backend,
+            "args": record.args,
+            "kwargs": record.kwargs,
+        }
+        message: dict[str, Any] = {
+            "body": json.dumps(body, separators=(",", ":")),
+            "dedup_id": record.id,
+            "attributes": {TASK_ATTRIBUTE: record.task_path, "priority": record.priority},
+        }
+        if record.run_after is not None:
+            message["not_before"] = record.run_after.isoformat()
+        return message
+
+    def _send_on_commit(self, record: TaskRecord, *, deferred: bool) -> None:
+        message = self._message(record)
+        if outbox_used(self.database, self.outbox):
+            enqueue_on_commit(record.queue, [message], client=self.client, using=self.database, outbox=True)
+            return
+
+        def send() -> None:
+            try:
+                self.client.enqueue_batch(record.queue, [message])
+            except Exception as exc:
+                if deferred:
+                    # The caller's enqueue() returned a result and its transaction committed:
+                    # the result says why the task will not run.
+                    self._record_failure(record.id, exc)
+                else:  # enqueue() raises: it leaves no result behind
+                    TaskRecord.objects.using(self.database).filter(pk=record.id).delete()
+                raise
+
+        transaction.on_commit(send, using=self.database)
+
+    def _record_failure(self, record_id: str, exc: BaseException) -> None:
+        record = TaskRecord.objects.using(self.database).filter(pk=record_id).first()
+        if record is None:
+            return
+        record.status = TaskResultStatus.FAILED
+        record.errors = [*record.errors, _error(exc)]
+        record.finished_at = timezone.now()
+        record.save(using=self.database)
+        task_finished.send(type(self), task_result=self._result(record, self._task_of(record)))
+
+    # --- held tasks ---------------------------------------------------------------------------
+    def release_held(self, *, limit: int = 100) -> int:
+        """Send the messages of this backend's held tasks that are due within ``send_ahead``,
+        the earliest first; how many were sent. Each is claimed for :data:`RELEASE_CLAIM`
+        seconds by one committed ``UPDATE`` (of two relays, one has it), sent with no
+        transaction open, then marked sent. A send the service refuses keeps the task held
+        and is tried again after :data:`RELEASE_RETRY` seconds; no node answering ends the pass."""
+        rows = TaskRecord.objects.using(self.database)
+        now = timezone.now()
+        due = list(
+            rows.filter(backend=self.alias, held_until__lte=now)
+            .order_by("held_until")
+            .values_list("pk", "held_until")[:limit]
+        )
+        sent = 0
+        for pk, held_until in due:
+            claim = now + timedelta(seconds=RELEASE_CLAIM)
+            if not rows.filter(pk=pk, held_until=held_until).update(held_until=claim):
+                continue  # another relay has it
+            record = rows.filter(pk=pk).first()
+            if record is None:
+                continue
+            try:
+                self.client.enqueue_batch(record.queue, [self._message(record)])
+            except ApiError as exc:
+                rows.filter(pk=pk, held_until=claim).update(held_until=now + timedelta(seconds=RELEASE_RETRY))
+                if exc.status in (0, 429) or exc.status >= 500:
+                    log.warning("held task %s: no node took it now, the next relay tries again: %s", pk, exc)
+                    break
+                log.error("held task %s: the service refused its message, tried again later: %s", pk, exc)
+                continue
+            except DatabaseError as exc:
+                log.warning("held tasks: %s", exc)
+                break
+            rows.filter(pk=pk, held_until=claim).update(held_until=None)
+            sent += 1
+        if sent:
+            log.info("sent %d held task(s) now due within %.0f s", sent, self.send_ahead)
+        return sent
 
     # --- results ------------------------------------------------------------------------------
     def get_result(self, result_id: str) -> TaskResult:
         record = TaskRecord.objects.using(self.database).filter(pk=result_id).first()
         if record is None:
             raise TaskResultDoesNotExist(result_id)
-        return self._result(record, load_task(record.task_path), with_log=True)
+        return self._result(record, self._task_of(record), with_log=True)
+
+    def _task_of(self, record: TaskRecord) -> Task:
+        """The registered task ``record`` names, or a stand-in for one this process does not have
+        (its name kept); the record's name is never imported."""
+        self.load_tasks()
+        found = registered(record.task_path, backend=self.alias, modules=self.modules)
+        return found.task if found is not None else _stand_in(record)
 
     def _result(self, record: TaskRecord, task: Task, *, with_log: bool = False) -> QueueTaskResult:
         attempts: list[AttemptLog] = []
@@ -154,7 +363,7 @@ class QueueTaskBackend(BaseTaskBackend):
         # worker reports when it ends.
         worker_ids = [a.worker_id or "" for a in attempts] + list(record.worker_ids[len(attempts) :])
         if task.queue_name != record.queue or task.priority != record.priority or task.run_after != record.run_after:
-            task = task.using(queue_name=record.queue, priority=record.priority, run_after=record.run_after)
+            task = _unchecked(task, queue_name=record.queue, priority=record.priority, run_after=record.run_after)
         result = QueueTaskResult(
             task=task,
             id=record.id,
@@ -175,6 +384,35 @@ class QueueTaskBackend(BaseTaskBackend):
         )
         object.__setattr__(result, "_return_value", record.return_value)
         return result
+
+
+def _unchecked(task: Task, **changes: Any) -> Task:
+    """A copy of ``task`` with ``changes``, made without the framework's validation and without
+    declaring anything: a result shows its task as it was enqueued, even where the settings have
+    changed since (a queue no longer in ``QUEUES``)."""
+    copy = object.__new__(type(task))
+    for f in dataclasses.fields(task):
+        object.__setattr__(copy, f.name, changes.get(f.name, getattr(task, f.name)))
+    return copy
+
+
+def _stand_in(record: TaskRecord) -> Task:
+    """The task of a result whose task this process has not registered: a ``Task`` whose function
+    has the record's name (so ``result.task.module_path`` is the task's) and raises
+    TaskNotRegistered if called."""
+    path = record.task_path
+    module, _, name = path.rpartition(".")
+
+    def not_registered(*args: Any, **kwargs: Any) -> Any:
+        raise TaskNotRegistered(f"no task {path!r} is registered in this process")
+
+    not_registered.__module__ = module
+    not_registered.__name__ = not_registered.__qualname__ = name
+    task = object.__new__(Task)
+    values = {"func": not_registered, "backend": record.backend}
+    for f in dataclasses.fields(Task):
+        object.__setattr__(task, f.name, values.get(f.name, f.default))
+    return _unchecked(task, queue_name=record.queue, priority=record.priority, run_after=record.run_after)
 
 
 def _one_per_attempt(records: Any) -> list[AttemptLog]:
@@ -212,22 +450,47 @@ def _drop_stale_connections() -> None:
             conn.close_if_unusable_or_obsolete()
 
 
-def load_task(path: str) -> Task:
-    """The ``@task`` at ``path``; ValueError for anything else: a message names what runs, and
-    only functions declared as tasks may run that way."""
+@dataclass(frozen=True, slots=True)
+class TaskMessage:
+    """What a task message's body says."""
+
+    #: the result's ID
+    id: str
+    #: the task's registered name
+    task: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+
+def parse_task_message(body: str) -> TaskMessage:
+    """The body of a task message; TaskMessageInvalid for anything else."""
     try:
-        found = import_string(path)
-    except ImportError as exc:
-        raise ValueError(f"no task {path!r}: {exc}") from exc
-    if not isinstance(found, Task):
-        raise ValueError(f"{path!r} is not a task (declare it with @task)")
-    return found
+        data = json.loads(body)
+    except ValueError:
+        raise TaskMessageInvalid("the message's body is not JSON: not a task message") from None
+    if not isinstance(data, dict):
+        raise TaskMessageInvalid("the message's body is not a JSON object: not a task message")
+    result_id, name = data.get("id"), data.get("task")
+    args, kwargs = data.get("args", []), data.get("kwargs", {})
+    id_field = TaskRecord._meta.get_field("id")
+    name_field = TaskRecord._meta.get_field("task_path")
+    if not isinstance(result_id, str) or not result_id or len(result_id) > (id_field.max_length or 0):
+        raise TaskMessageInvalid(f"the message's 'id' is not a result ID: {str(result_id)[:100]!r}")
+    if not isinstance(name, str) or not name or len(name) > (name_field.max_length or 0):
+        raise TaskMessageInvalid(f"the message's 'task' is not a task name: {str(name)[:100]!r}")
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise TaskMessageInvalid("the message's 'args' is not a list or its 'kwargs' not an object")
+    return TaskMessage(id=result_id, task=name, args=args, kwargs=kwargs)
 
 
 class TaskRunner:
     """The processing function the worker's pipeline calls for a task message: runs the task and
     records the attempt in its result. Raising makes the attempt a failed one (the pipeline
-    logs it with its traceback and makes the message visible again after a backoff)."""
+    logs it with its traceback and makes the message visible again after a backoff).
+
+    The task is the registered one the message names, for the queue the message came from
+    (:meth:`QueueTaskBackend.registered_task`); a message naming anything else fails its
+    attempt, and its result ends ``FAILED`` with the error, as a task that raises does."""
 
     def __init__(self, backend: QueueTaskBackend, worker_id: str):
         self.backend = backend
@@ -241,31 +504,52 @@ class TaskRunner:
             _drop_stale_connections()
 
     def _run(self, message: Any) -> None:
-        body = json.loads(message.body)
+        queue = message.id.split("/", 1)[0]
+        try:
+            body = parse_task_message(message.body)
+        except TaskMessageInvalid as exc:
+            log.warning("message %s on task queue %s: %s", message.id, queue, exc)
+            raise
         db = self.backend.database
-        record = TaskRecord.objects.using(db).filter(pk=body["id"]).first()
+        record = TaskRecord.objects.using(db).filter(pk=body.id).first()
+        if record is not None and (
+            record.task_path != body.task or record.queue != queue or record.backend != self.backend.alias
+        ):
+            # Not the message of that result: running it would run that result's task from a
+            # queue it was not sent to, and failing it would change another task's result.
+            exc = TaskMessageInvalid(
+                f"the message names task {body.task!r} on queue {queue!r}, but result {record.id} is task "
+                f"{record.task_path!r} on queue {record.queue!r} of TASKS[{record.backend!r}]: not run"
+            )
+            log.warning("message %s: %s", message.id, exc)
+            raise exc
         if record is None:  # enqueued where its record is not visible: keep one here
             record = TaskRecord.objects.using(db).create(
-                id=body["id"],
-                task_path=body["task"],
-                backend=body.get("backend", self.backend.alias),
-                queue=message.id.split("/", 1)[0],
-                args=body.get("args", []),
-                kwargs=body.get("kwargs", {}),
+                id=body.id,
+                task_path=body.task,
+                backend=self.backend.alias,
+                queue=queue,
+                args=body.args,
+                kwargs=body.kwargs,
                 status=TaskResultStatus.READY,
                 enqueued_at=getattr(message, "enqueued_at", None),
             )
         if record.status == TaskResultStatus.SUCCESSFUL:
             log.info("task %s already succeeded: a second delivery of its message is not run again", record.id)
             return
-        task = load_task(record.task_path)
         now = timezone.now()
-        record.status = TaskResultStatus.RUNNING
-        record.started_at = record.started_at or now
         record.last_attempted_at = now
         record.finished_at = None
         record.worker_ids = [*record.worker_ids, self.worker_id]
         record.message_id = message.id
+        try:
+            task = self.backend.registered_task(record.task_path, queue)
+        except TaskNotRegistered as exc:
+            log.warning("message %s: %s; the attempt fails", message.id, exc)
+            self._failed(record, _stand_in(record), exc)
+            raise
+        record.status = TaskResultStatus.RUNNING
+        record.started_at = record.started_at or now
         record.save(using=db)
         result = self.backend._result(record, task)
         task_started.send(type(self.backend), task_result=result)
@@ -276,20 +560,17 @@ class TaskRunner:
                 value = task.call(*record.args, **record.kwargs)
             value = _json(value)
         except BaseException as exc:
-            record.status = TaskResultStatus.FAILED
-            record.errors = [
-                *record.errors,
-                {
-                    "exception_class_path": _module_path(type(exc)),
-                    "traceback": "".join(traceback.format_exception(exc)),
-                },
-            ]
-            record.finished_at = timezone.now()
-            record.save(using=db)
-            task_finished.send(type(self.backend), task_result=self.backend._result(record, task))
+            self._failed(record, task, exc)
             raise
         record.status = TaskResultStatus.SUCCESSFUL
         record.return_value = value
         record.finished_at = timezone.now()
         record.save(using=db)
+        task_finished.send(type(self.backend), task_result=self.backend._result(record, task))
+
+    def _failed(self, record: TaskRecord, task: Task, exc: BaseException) -> None:
+        record.status = TaskResultStatus.FAILED
+        record.errors = [*record.errors, _error(exc)]
+        record.finished_at = timezone.now()
+        record.save(using=self.backend.database)
         task_finished.send(type(self.backend), task_result=self.backend._result(record, task))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,21 +34,29 @@ from queues.models import AuditEntry, Node, Partition, Queue
 from queues.service import PeerUnreachable, RemoteError
 from tests.integration.nodes import Client, database_url
 from tests.integration.tasks_for_tests import email_users, fails
+from tests.integration.tasks_not_in_the_worker import left_behind
 from tests.launcher import ROOT, wait_until
 from workers.models import AttemptLog, OutboxMessage, TaskRecord
 from workers.outbox import GIVEN_UP_CLAIM, WriterRefused, enqueue_on_commit, relay, send_row
-from workers.tasks_backend import TaskRunner, load_task
+from workers.task_registry import TaskMessageInvalid, TaskNotRegistered, allow_queues
+from workers.tasks_backend import SEND_AHEAD, TaskRunner
 
 try:
     from django.tasks import TaskResultStatus
     from django.tasks.exceptions import InvalidTaskError
+    from django.tasks.signals import task_finished
 except ImportError:
     from django_tasks import TaskResultStatus
     from django_tasks.exceptions import InvalidTaskError
+    from django_tasks.signals import task_finished
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 BACKEND = "workers.tasks_backend.QueueTaskBackend"
+#: The task modules of this process: ``tasks_not_in_the_worker`` is not the worker's.
+MODULES = ["tests.integration.tasks_for_tests", "tests.integration.tasks_not_in_the_worker"]
+#: The task modules of the worker: ``tasks_on_plain`` declares a task of the queue ``plain``.
+WORKER_MODULES = "tests.integration.tasks_for_tests,tests.integration.tasks_on_plain"
 
 
 @pytest.fixture
@@ -65,7 +74,7 @@ def tasks(settings, node, token):
             "default": {
                 "BACKEND": BACKEND,
                 "QUEUES": ["default", "plain"],
-                "OPTIONS": {"url": node.url, "token": token, **options},
+                "OPTIONS": {"url": node.url, "token": token, "modules": MODULES, **options},
             }
         }
 
@@ -85,6 +94,7 @@ def app_env(tmp_path, node, token) -> dict[str, str]:
         # the nodes': a relay has them store a row with a call signed for its writer
         "CLUSTER_SECRET": settings.CLUSTER_SECRET,
         "TASKS_QUEUES": "default,plain",
+        "TASKS_MODULES": WORKER_MODULES,
         "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
         "EMAIL_FILE_PATH": str(tmp_path / "mail"),
         "PYTHONPATH": str(ROOT),
@@ -278,6 +288,157 @@ def _token_of_new_user() -> str:
     return Token.objects.create(user=User.objects.create(username=f"w-{uuid.uuid4().hex[:8]}")).key
 
 
+def _send_task(sdk: SDK, queue: str, name: str, *args) -> str:
+    """A task message sent by a producer of ``queue``, naming ``name``, in the body's format of
+    every version (earlier ones named the module to import there); the result's ID."""
+    result_id = uuid.uuid4().hex
+    body = {"id": result_id, "task": name, "backend": "default", "args": list(args), "kwargs": {}}
+    sdk.enqueue(queue, json.dumps(body), dedup_id=result_id)
+    return result_id
+
+
+def test_a_worker_runs_only_the_tasks_registered_for_the_queue_and_the_rest_ends_failed(
+    node_api, tasks, tasks_worker, tmp_path
+):
+    # given the queue "default" (two receives, then its dead-letter queue) and a worker of it, whose
+    # task modules register mail_from_plain for the queue "plain" and not this process's left_behind
+    _create_queue(node_api, name="default-dead")
+    _create_queue(node_api, name="default", visibility_timeout=10, max_receives=2, dead_letter_queue="default-dead")
+    imported = tmp_path / "imported"
+    worker = tasks_worker("--retry-backoff", "0.2", MQ_TEST_IMPORTED=str(imported))
+    sdk = SDK(node_api.base, node_api.session.headers["Authorization"].split()[1])
+    backend = email_users.get_backend()
+
+    # when a producer of "default" sends a message naming a module, and one naming a task of "plain"
+    by_module = _send_task(sdk, "default", "tests.integration.imported_by_name.run")
+    from_plain = _send_task(sdk, "default", "tests.integration.tasks_on_plain.mail_from_plain", "sent through default")
+    # ...and this process enqueues a task whose module the worker does not have
+    left = left_behind.enqueue(7)
+
+    # then each fails its two attempts and lands in the dead-letter queue
+    wait_until(lambda: _depth(node_api, "default-dead") == 3, 60, "three dead letters")
+    assert _depth(node_api, "default") == 0
+    # ...nothing a message named was imported or run, in the worker or here
+    assert not imported.exists(), imported.read_text()
+    assert not any("sent from plain" in p.read_text() for p in (tmp_path / "mail").glob("*"))
+    assert "tests.integration.imported_by_name" not in sys.modules
+    # ...and each result ended FAILED with its error, read from this process
+    expected = {
+        by_module: ("tests.integration.imported_by_name.run", "no task 'tests.integration.imported_by_name.run'"),
+        from_plain: (
+            "tests.integration.tasks_on_plain.mail_from_plain",
+            "runs from queue(s) plain, not from 'default'",
+        ),
+        left.id: ("tests.integration.tasks_not_in_the_worker.left_behind", "is registered for TASKS['default']"),
+    }
+    for result_id, (name, why) in expected.items():
+        wait_until(
+            lambda result_id=result_id: (
+                [a["outcome"] for a in backend.get_result(result_id).attempt_log] == ["failed", "failed"]
+            ),
+            10,
+            f"two failed attempts of {name} in the log",
+        )
+        result = backend.get_result(result_id)
+        assert (result.status, result.is_finished, result.attempts) == (TaskResultStatus.FAILED, True, 2)
+        assert result.task.module_path == name
+        assert [e.exception_class for e in result.errors] == [TaskNotRegistered, TaskNotRegistered]
+        assert all(why in e.traceback for e in result.errors), result.errors[0].traceback
+        assert all(why in a["error"] for a in result.attempt_log)
+        assert result.started_at is None  # never started
+    assert left_behind.get_result(left.id).status == TaskResultStatus.FAILED
+    assert "tests.integration.imported_by_name" not in sys.modules
+
+    # when a registered task of the queue is enqueued, the same worker still runs it
+    ok = email_users.enqueue(["a@example.com"], "registered", "m")
+    wait_until(lambda: email_users.get_result(ok.id).is_finished, 30, "the registered task")
+    assert email_users.get_result(ok.id).status == TaskResultStatus.SUCCESSFUL
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+
+
+def test_run_after_at_any_time_ahead_is_held_and_sent_when_due_and_a_failed_enqueue_leaves_nothing(
+    node_api, tasks, tasks_worker
+):
+    # --- an enqueue that raised leaves no result; one whose commit raised ends FAILED ---------------
+    # given no queue "default" yet, and enqueues sent without the outbox (transaction.on_commit)
+    tasks(outbox=False)
+    # when an enqueue outside a transaction is refused by the node
+    with pytest.raises(ApiError) as refused:
+        email_users.enqueue(["a@example.com"], "refused", "m")
+    # then it raised the node's error and left nothing behind
+    assert refused.value.code == "queue_not_found"
+    assert not TaskRecord.objects.exists()
+    # when an enqueue inside a transaction is refused at the commit
+    with pytest.raises(ApiError), transaction.atomic():
+        at_commit = email_users.enqueue(["a@example.com"], "refused at the commit", "m")
+    # then the committed result says why the task will not run
+    result = email_users.get_result(at_commit.id)
+    assert result.status == TaskResultStatus.FAILED and result.is_finished
+    assert [e.exception_class_path for e in result.errors] == ["mq_client.errors.NotFound"]
+
+    # --- an hour ahead: no error, held in the database, nothing sent --------------------------------
+    _create_queue(node_api, name="default")
+    in_an_hour = datetime.now(UTC) + timedelta(hours=1)
+    later = []
+    for outbox in (True, False):
+        tasks(outbox=outbox)
+        later.append(email_users.using(run_after=in_an_hour).enqueue(["a@example.com"], "in an hour", "m"))
+        with transaction.atomic():
+            later.append(email_users.using(run_after=in_an_hour).enqueue(["a@example.com"], "in an hour", "m"))
+    for result in later:
+        assert email_users.get_result(result.id).status == TaskResultStatus.READY
+        assert TaskRecord.objects.get(pk=result.id).held_until == in_an_hour - timedelta(seconds=SEND_AHEAD)
+    assert _depth(node_api, "default") == 0 and not OutboxMessage.objects.exists()
+
+    # --- held until due, then sent by whichever worker runs, across a restart ------------------------
+    # given a worker, and a backend that sends a held task's message 2 s before its run_after
+    first = tasks_worker("--relay-every", "0.2")
+    tasks(send_ahead=2)
+    run_after = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=7)
+    # when a task due in about 7 s is enqueued
+    soon = email_users.using(run_after=run_after).enqueue(["a@example.com"], "when due", "m")
+    # then it is held, its message not sent
+    held_until = TaskRecord.objects.get(pk=soon.id).held_until
+    assert held_until == run_after - timedelta(seconds=2)
+    assert _depth(node_api, "default") == 0
+    # when that worker dies before it is due and another starts
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    tasks_worker("--relay-every", "0.2")
+    # then the new worker sent its message once due and it ran at its run_after, not before
+    wait_until(lambda: email_users.get_result(soon.id).is_finished, 30, "the held task")
+    result = email_users.get_result(soon.id)
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert result.started_at >= run_after
+    record = TaskRecord.objects.get(pk=soon.id)
+    assert record.held_until is None
+    wait_until(lambda: AttemptLog.objects.filter(message_id=record.message_id).exists(), 10, "the attempt record")
+    sent_at = AttemptLog.objects.get(message_id=record.message_id).enqueued_at
+    assert sent_at >= held_until - timedelta(seconds=0.5), (sent_at, held_until)
+    # ...and the tasks due in an hour are still held, nothing of them sent
+    assert all(TaskRecord.objects.get(pk=r.id).held_until is not None for r in later)
+    assert _depth(node_api, "default") == 0
+
+
+def test_the_worker_refuses_to_start_without_registered_tasks_or_with_a_missing_module(settings):
+    from django.core.management import CommandError, call_command
+
+    # given a backend whose task modules declare nothing, then one naming a module that is not there
+    for modules, refusal in (
+        (["tests.launcher"], "no task is registered for default"),
+        (["tests.integration.no_such_tasks"], "No module named 'tests.integration.no_such_tasks'"),
+    ):
+        settings.TASKS = {"default": {"BACKEND": BACKEND, "QUEUES": ["default"], "OPTIONS": {"modules": modules}}}
+        # then the worker says so and does not start
+        with pytest.raises(CommandError, match=re.escape(refusal)):
+            call_command("mq_tasks_worker", "--queue", "default")
+
+
+class _Recorder:
+    """A stand-in for the SDK's client that keeps what it is asked to enqueue."""
+
+
 class _Recorder:
     """A stand-in for the SDK's client that keeps what it is asked to enqueue, with the token of
     a new user (the writer of the outbox rows it writes); called with a row, it is a relay's
@@ -300,12 +461,14 @@ def test_a_task_is_one_message_with_its_arguments_and_run_after_and_runs_once(
     settings, mailoutbox, django_capture_on_commit_callbacks
 ):
     # given the backend with a recording client
-    settings.TASKS = {"default": {"BACKEND": BACKEND, "QUEUES": ["default"], "OPTIONS": {"token": "t"}}}
+    settings.TASKS = {
+        "default": {"BACKEND": BACKEND, "QUEUES": ["default"], "OPTIONS": {"token": "t", "modules": MODULES}}
+    }
     backend = email_users.get_backend()
     backend._client = recorder = _Recorder()
-    run_after = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    run_after = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=5)
 
-    # when a task is enqueued with a priority and run_after
+    # when a task is enqueued with a priority and run_after (within the service's delay limit)
     with django_capture_on_commit_callbacks(execute=True):
         result = email_users.using(priority=5, run_after=run_after).enqueue(("a@example.com",), "s", message="m")
 
@@ -324,6 +487,7 @@ def test_a_task_is_one_message_with_its_arguments_and_run_after_and_runs_once(
     assert item["attributes"] == {"task": "tests.integration.tasks_for_tests.email_users", "priority": 5}
     stored = email_users.get_result(result.id)
     assert (stored.status, stored.task.priority, stored.task.run_after) == (TaskResultStatus.READY, 5, run_after)
+    assert TaskRecord.objects.get(pk=result.id).held_until is None
 
     # when a worker runs its message twice (a second delivery)
     message = SimpleNamespace(id="default/0/00000000-0000000000000000/0", body=item["body"], enqueued_at=None)
@@ -337,12 +501,46 @@ def test_a_task_is_one_message_with_its_arguments_and_run_after_and_runs_once(
 
 
 @pytest.mark.django_db
-def test_a_task_names_one_of_the_backends_queues_and_a_message_names_a_task(settings):
-    settings.TASKS = {"default": {"BACKEND": BACKEND, "QUEUES": ["default"], "OPTIONS": {"token": "t"}}}
+def test_a_task_is_enqueued_only_where_a_worker_would_run_it(settings):
+    # given a backend whose task modules are this test's, with the queues "default" and "other"
+    both = {"BACKEND": BACKEND, "QUEUES": ["default", "other"], "OPTIONS": {"token": "t", "modules": MODULES}}
+    settings.TASKS = {"default": both}
+    email_users.get_backend()._client = recorder = _Recorder()
+
+    # then a queue outside QUEUES is refused as Django refuses it...
     with pytest.raises(InvalidTaskError, match="not valid"):
         email_users.using(queue_name="elsewhere")
-    with pytest.raises(ValueError, match="is not a task"):
-        load_task("tests.integration.tasks_for_tests.send_email")
+    # ...a queue of the backend the task was not declared for is refused at the enqueue...
+    with pytest.raises(InvalidTaskError, match=r"runs from queue\(s\) default, not from 'other'"):
+        email_users.using(queue_name="other").enqueue(["a@example.com"], "s", "m")
+    # ...and so is a task outside the task modules (no worker would run it), and nothing is written
+    settings.TASKS = {"default": {**both, "OPTIONS": {"token": "t"}}}
+    email_users.get_backend()._client = recorder
+    with pytest.raises(InvalidTaskError, match="not in the task modules"):
+        email_users.enqueue(["a@example.com"], "s", "m")
+    assert not TaskRecord.objects.exists() and recorder.calls == []
+
+    # when the task's module lets it run from another queue too
+    settings.TASKS = {"default": both}
+    backend = email_users.get_backend()
+    backend._client = _Recorder()
+    try:
+        allow_queues(email_users, "other")
+        # then it is enqueued there, and a worker of that queue finds it
+        email_users.using(queue_name="other").enqueue(["a@example.com"], "s", "m")
+        assert backend.registered_task(email_users.module_path, "other").func is email_users.func
+    finally:
+        _registered_queues(email_users).discard("other")
+    # ...while the copies using() makes declare nothing: the task runs from its own queue only
+    assert backend.load_tasks()[email_users.module_path] == {"default"}
+    with pytest.raises(TaskNotRegistered, match="not from 'other'"):
+        backend.registered_task(email_users.module_path, "other")
+
+
+def _registered_queues(task) -> set[str]:
+    from workers import task_registry
+
+    return task_registry._declared[task.module_path].queues
 
 
 @pytest.mark.django_db
@@ -703,3 +901,116 @@ def test_the_worker_relays_each_row_as_its_writer_and_gives_up_those_it_may_not_
     assert f"{users['revoked'].username} may not produce 'orders'" in reasons[keys["revoked"]]
     assert reasons["no-writer"].startswith("no writer recorded")
     assert _depth(node_api, "orders") == 0
+
+
+def test_a_task_message_is_looked_up_never_imported_and_what_cannot_run_ends_failed(settings):
+    # given the backend of this process, and the task_finished signals it sends
+    settings.TASKS = {
+        "default": {"BACKEND": BACKEND, "QUEUES": ["default"], "OPTIONS": {"token": "t", "modules": MODULES}}
+    }
+    backend = email_users.get_backend()
+    runner = TaskRunner(backend, "worker-1")
+    finished: list = []
+
+    def on_finished(sender, task_result, **kwargs):
+        finished.append(task_result)
+
+    task_finished.connect(on_finished)
+
+    def message(body, queue="default"):
+        return SimpleNamespace(id=f"{queue}/0/00000000-0000000000000000/0", body=body, enqueued_at=None)
+
+    def body(result_id, name, *args):
+        return json.dumps({"id": result_id, "task": name, "backend": "default", "args": list(args), "kwargs": {}})
+
+    try:
+        # when a message names a module's function that no task module declared
+        with pytest.raises(TaskNotRegistered, match=re.escape("no task 'tests.integration.imported_by_name.run'")):
+            runner(message(body("by-name", "tests.integration.imported_by_name.run")), None)
+        # then nothing was imported, and its result ended FAILED with the error, its attempt counted
+        assert "tests.integration.imported_by_name" not in sys.modules
+        result = backend.get_result("by-name")
+        assert (result.status, result.started_at, result.worker_ids) == (TaskResultStatus.FAILED, None, ["worker-1"])
+        assert result.finished_at is not None
+        assert result.task.module_path == "tests.integration.imported_by_name.run"
+        assert [e.exception_class for e in result.errors] == [TaskNotRegistered]
+        assert [(r.id, r.status) for r in finished] == [("by-name", TaskResultStatus.FAILED)]
+        assert "tests.integration.imported_by_name" not in sys.modules
+
+        # when a registered task's message comes from a queue it is not registered for
+        with pytest.raises(TaskNotRegistered, match="not from 'plain'"):
+            runner(message(body("from-plain", email_users.module_path, ["a@example.com"], "s", "m"), "plain"), None)
+        # then it did not run, and its result says why
+        assert backend.get_result("from-plain").status == TaskResultStatus.FAILED
+
+        # when a message's body is no task message, or names another task's result
+        for not_a_task in (
+            "not json",
+            "[1]",
+            json.dumps({"id": "", "task": "x"}),
+            json.dumps({"id": "x" * 65, "task": "x"}),
+        ):
+            with pytest.raises(TaskMessageInvalid):
+                runner(message(not_a_task), None)
+        kept = email_users.enqueue(["a@example.com"], "s", "m")
+        with pytest.raises(TaskMessageInvalid, match="not run"):
+            runner(message(body(kept.id, fails.module_path, "boom")), None)
+        with pytest.raises(TaskMessageInvalid, match="not run"):
+            runner(message(body(kept.id, email_users.module_path), "plain"), None)
+        # then no result was written for them, and the other task's result is untouched
+        assert sorted(TaskRecord.objects.values_list("pk", flat=True)) == sorted(["by-name", "from-plain", kept.id])
+        untouched = email_users.get_result(kept.id)
+        assert (untouched.status, untouched.worker_ids, untouched.errors) == (TaskResultStatus.READY, [], [])
+        assert len(finished) == 2
+    finally:
+        task_finished.disconnect(on_finished)
+
+
+class _RefusingAll(_Recorder):
+    def __init__(self, error: ApiError):
+        super().__init__()
+        self.error = error
+
+    def enqueue_batch(self, queue, items):
+        raise self.error
+
+
+@pytest.mark.django_db
+def test_a_held_task_is_sent_once_when_due_and_a_refused_one_stays_held(settings):
+    # given held tasks: one due now, one due later, one another relay has claimed
+    settings.TASKS = {
+        "default": {
+            "BACKEND": BACKEND,
+            "QUEUES": ["default"],
+            "OPTIONS": {"token": "t", "modules": MODULES, "send_ahead": 60},
+        }
+    }
+    backend = email_users.get_backend()
+    now = datetime.now(UTC)
+    due = email_users.using(run_after=now + timedelta(minutes=5)).enqueue(["a@example.com"], "due", "m")
+    later = email_users.using(run_after=now + timedelta(hours=2)).enqueue(["a@example.com"], "later", "m")
+    claimed = email_users.using(run_after=now + timedelta(minutes=6)).enqueue(["a@example.com"], "claimed", "m")
+    TaskRecord.objects.filter(pk=due.id).update(held_until=now - timedelta(seconds=1))
+    TaskRecord.objects.filter(pk=claimed.id).update(held_until=now + timedelta(seconds=100))
+    assert not OutboxMessage.objects.exists()
+
+    # when the service refuses the due one's message
+    backend._client = _RefusingAll(ApiError(404, "queue_not_found", "no queue 'default'"))
+    assert backend.release_held() == 0
+    # then it stays held, tried again later
+    retry_at = TaskRecord.objects.get(pk=due.id).held_until
+    assert retry_at > now + timedelta(seconds=20)
+
+    # when it is due again and a relay sends it, twice
+    TaskRecord.objects.filter(pk=due.id).update(held_until=now - timedelta(seconds=1))
+    backend._client = recorder = _Recorder()
+    assert backend.release_held() == 1
+    assert backend.release_held() == 0
+    # then its message went once, as an enqueue within the delay limit sends it; the others wait
+    [(queue, [item])] = recorder.calls
+    assert queue == "default" and item["dedup_id"] == due.id
+    assert item["not_before"] == (now + timedelta(minutes=5)).isoformat()
+    assert json.loads(item["body"])["id"] == due.id
+    assert TaskRecord.objects.get(pk=due.id).held_until is None
+    assert TaskRecord.objects.get(pk=later.id).held_until == now + timedelta(hours=2) - timedelta(seconds=60)
+    assert TaskRecord.objects.get(pk=claimed.id).held_until == now + timedelta(seconds=100)

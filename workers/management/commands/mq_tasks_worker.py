@@ -7,9 +7,13 @@ It consumes the queues of a ``TASKS`` backend of :class:`workers.tasks_backend.Q
 Celery step uses (:mod:`workers.pipeline`): ``-c`` slots, each pre-fetching its next message
 while it runs one, heartbeats that keep held messages hidden, one attempt-log record per
 attempt, a backoff before a failed task runs again and the queue's dead-letter rule after
-``max_receives``. Beside them it relays the outbox rows their writers left unsent, each as
-its writer (:func:`workers.outbox.relay`), never with the worker's token. SIGTERM or SIGINT: the tasks under way finish, the messages not
-started are given back, the last attempt records are sent.
+``max_receives``. It runs the tasks registered for the queue a message came from, which it
+learns by importing the backend's task modules (``OPTIONS["modules"]``) at start, and refuses to
+start when none of its queues has one. Beside them it relays the outbox rows their writers left
+unsent, each as its writer (:func:`workers.outbox.relay`), never with the worker's token, and
+sends the messages of held tasks once they are due within the service's delay limit
+(:meth:`~workers.tasks_backend.QueueTaskBackend.release_held`). SIGTERM or SIGINT: the tasks
+under way finish, the messages not started are given back, the last attempt records are sent.
 """
 
 from __future__ import annotations
@@ -45,7 +49,10 @@ class Command(BaseCommand):
             help="seconds before a failed task runs again, doubled per attempt, at most 300 (default 1)",
         )
         parser.add_argument(
-            "--relay-every", type=float, default=2.0, help="seconds between two outbox relays (default 2; 0: none)"
+            "--relay-every",
+            type=float,
+            default=2.0,
+            help="seconds between two relays of the outbox and of held tasks (default 2; 0: none)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -61,6 +68,18 @@ class Command(BaseCommand):
         unknown = sorted(set(queues) - backend.queues)
         if unknown:
             raise CommandError(f"not queues of TASKS[{options['backend']!r}]: {', '.join(unknown)}")
+        try:
+            registered = backend.load_tasks()
+        except ImportError as exc:
+            raise CommandError(f"TASKS[{options['backend']!r}]['OPTIONS']['modules']: {exc}") from exc
+        runnable = {
+            name: sorted(set(q) & set(queues)) for name, q in sorted(registered.items()) if set(q) & set(queues)
+        }
+        if not runnable:
+            raise CommandError(
+                f"no task is registered for {', '.join(queues)}: list the modules that declare the tasks "
+                f"(@task) in TASKS[{options['backend']!r}]['OPTIONS']['modules'] (this project: TASKS_MODULES)"
+            )
         client = backend.client
         timeouts = []
         for name in queues:
@@ -88,6 +107,8 @@ class Command(BaseCommand):
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
+        for name, on in runnable.items():
+            self.stdout.write(f"task {name} from {', '.join(on)}")
         self.stdout.write(f"consuming {queues} with {pipeline.concurrency} slots as {worker_id}", ending="\n")
         self.stdout.flush()
         relay_every = options["relay_every"]
@@ -96,5 +117,9 @@ class Command(BaseCommand):
                 outbox.relay(using=backend.database, older_than=backend.relay_after)
             except Exception as exc:  # noqa: BLE001 - the next relay tries again
                 self.stderr.write(f"outbox relay: {exc}")
+            try:
+                backend.release_held()
+            except Exception as exc:  # noqa: BLE001 - the next relay tries again
+                self.stderr.write(f"held tasks: {exc}")
         pipeline.stop()
         self.stdout.write(f"stopped after {pipeline.processed} tasks")
