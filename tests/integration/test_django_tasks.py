@@ -906,7 +906,12 @@ def test_the_worker_relays_each_row_as_its_writer_and_gives_up_those_it_may_not_
 def test_a_task_message_is_looked_up_never_imported_and_what_cannot_run_ends_failed(settings):
     # given the backend of this process, and the task_finished signals it sends
     settings.TASKS = {
-        "default": {"BACKEND": BACKEND, "QUEUES": ["default"], "OPTIONS": {"token": "t", "modules": MODULES}}
+        "default": {
+            "BACKEND": BACKEND,
+            "QUEUES": ["default"],
+            # (a user's token: on PostgreSQL an enqueue's outbox row records its writer)
+            "OPTIONS": {"token": _token_of_new_user(), "modules": MODULES},
+        }
     }
     backend = email_users.get_backend()
     runner = TaskRunner(backend, "worker-1")
