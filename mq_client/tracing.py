@@ -74,7 +74,7 @@ _TRACESTATE_MEMBER = re.compile(
 #: one field of an X-Ray trace header, ``Key=value``; its value printable ASCII but ``;``, ``=``
 #: and spaces (a ``Lineage`` has ``:`` and ``|``).
 _XRAY_FIELD = re.compile(r"([A-Za-z][A-Za-z0-9_-]{0,63})=([\x21-\x3a\x3c\x3e-\x7e]+)")
-_XRAY_ROOT = re.compile(r"1-([0-9a-fA-F]{8})-([0-9a-fA-F]{24})")
+_XRAY_ROOT = re.compile(r"1-[0-9a-fA-F]{8}-[0-9a-fA-F]{24}")
 _XRAY_PARENT = re.compile(r"[0-9a-fA-F]{16}")
 _XRAY_SAMPLED = frozenset({"0", "1", "?"})
 
@@ -157,12 +157,11 @@ def valid_traceparent(value: str) -> bool:
 
 
 def checked_tracestate(value: str) -> str | None:
-    """``value`` as a W3C ``tracestate`` keeps it: its list members (``key=value``, the spaces
-    around them and empty ones left out), at most :data:`MAX_TRACESTATE` characters; None
-    when it is not one (a member out of the grammar, a key twice, over
-    :data:`MAX_TRACESTATE_MEMBERS` members), to be dropped whole. A longer one is cut as W3C
-    says: its members over 128 characters go first, then members from its end.
-    ``""`` when it has no member."""
+    """What is kept of the W3C ``tracestate`` ``value``: its list members (``key=value``, the
+    spaces around them and empty ones left out), at most :data:`MAX_TRACESTATE` characters of
+    them, cut as W3C says (members over 128 characters go first, then members from the end);
+    ``""`` when it has none. None when it is no ``tracestate`` (a member out of the grammar, a
+    key twice, over :data:`MAX_TRACESTATE_MEMBERS` members), to be dropped whole."""
     if len(value) > _MAX_TRACESTATE_READ:
         return None
     members = []
