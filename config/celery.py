@@ -1,8 +1,13 @@
 """The Celery app: settings under the CELERY_ namespace, tasks autodiscovered."""
 
+import logging
 import os
 
 from celery import Celery
+from celery.signals import after_setup_logger, after_setup_task_logger
+from celery.utils.log import get_multiprocessing_logger
+
+from config.logs import escape_handlers
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -15,3 +20,12 @@ app.autodiscover_tasks()
 from workers.celery_step import QueueConsumers  # noqa: E402 - imported once DJANGO_SETTINGS_MODULE is set
 
 app.steps["worker"].add(QueueConsumers)
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def _escaped_logs(logger: logging.Logger, **kwargs: object) -> None:
+    """The worker's own handlers (Celery replaces Django's on the root logger) escape control
+    characters too, as the nodes' do: a task's headers come from whoever sent it."""
+    escape_handlers(logger)
+    escape_handlers(get_multiprocessing_logger())

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mq_client.tracing import TRACEPARENT, xray_of_traceparent
+from mq_client.tracing import MAX_XRAY_HEADER, TRACEPARENT, valid_xray, xray_of_traceparent
 from queues import service
 from queues.models import LIMITS
 from sqs import ids, move_tasks, permissions
@@ -347,6 +347,10 @@ class _Draft:
     size: int
 
 
+_BAD_TRACE_HEADER = (
+    "Value for parameter AWSTraceHeader is invalid. Reason: it must be a String holding an X-Ray trace header "
+    f"(Root=1-<8 hex>-<24 hex>;Parent=<16 hex>;Sampled=<0|1|?>) of at most {MAX_XRAY_HEADER} characters."
+)
 _NO_DEDUP = (
     "The queue should either have ContentBasedDeduplication enabled or MessageDeduplicationId provided explicitly"
 )
@@ -374,6 +378,12 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
     system = checked_message_attributes(given) if given is not None else {}
     if system and set(system) - {"AWSTraceHeader"}:
         raise invalid("Only AWSTraceHeader is a message system attribute one may send")
+    if system:
+        # SQS: a String holding an X-Ray trace header. Not counted in the message's size, so
+        # bounded here (the value is not echoed: it may be long).
+        data_type, header = system["AWSTraceHeader"]
+        if data_type != "String" or not isinstance(header, str) or not valid_xray(header):
+            raise invalid(_BAD_TRACE_HEADER)
     raw = body.encode("utf-8")  # (no surrogate: valid_text)
     size = len(raw) + attributes_size(attrs) if attrs else len(raw)
     if size > q.max_message_size:
@@ -415,8 +425,9 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
         meta["sender"] = ctx.sender_id
         if body_hash is None:
             body_hash = hashlib.sha256(raw).hexdigest()  # (the sender's seal covers the body)
-    # X-Ray: the request's header is the trace of every message it sends; the message system
-    # attribute, when given, overrides it.
+    # X-Ray: the request's header is the trace of every message it sends (one that is not an
+    # X-Ray header was dropped as the call came in); the message system attribute, when given,
+    # overrides it.
     if "AWSTraceHeader" in system:
         meta["trace"] = system["AWSTraceHeader"][1]
     elif ctx.trace_header:

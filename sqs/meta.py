@@ -6,7 +6,7 @@ base64), so the REST API reads them too. The rest lives under the one attribute 
 
 - ``types``: name -> data type of each attribute whose type is not plain ``String``;
 - ``dedup``: a FIFO message's deduplication ID as the producer gave it (or the body's hash);
-- ``trace``: its ``AWSTraceHeader``;
+- ``trace``: its ``AWSTraceHeader`` (read only when it is an X-Ray trace header);
 - ``sender``: its ``SenderId``, and ``seal`` (below).
 
 A string, not a nested object, because every node checks a message it is handed as a REST
@@ -44,6 +44,8 @@ from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
+
+from mq_client.tracing import valid_xray
 
 #: the key of a message's ``attributes`` that holds the metadata.
 KEY = "sqs:meta"
@@ -156,6 +158,10 @@ def _checked(raw: Mapping[str, Any]) -> dict[str, Any]:
         value = raw.get(name)
         if isinstance(value, str) and value:
             out[name] = value
+    if "trace" in out and not valid_xray(out["trace"]):
+        # (an X-Ray header is what SQS answers as AWSTraceHeader: anything else, stored by an
+        # earlier version or written by a REST producer, is ignored)
+        del out["trace"]
     types = raw.get("types")
     if isinstance(types, dict):
         kept = {

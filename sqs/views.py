@@ -28,7 +28,7 @@ from django.utils.crypto import salted_hmac
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 
-from mq_client.tracing import traceparent_of_xray
+from mq_client.tracing import traceparent_of_xray, valid_traceparent, valid_xray
 from queues import service, tracing
 from queues.api import throttles
 from queues.api.auth import caller_of_id
@@ -271,7 +271,7 @@ def serve(request: HttpRequest, rest: str = "") -> DirectAnswer:
             account=settings.SQS_ACCOUNT_ID,
             region=region,
             sender_id=sender_id(key.user_id),
-            trace_header=headers.get("x-amzn-trace-id", ""),
+            trace_header=_xray_header(headers),
         )
         key.touch()
         call = service.begin_call()
@@ -296,10 +296,20 @@ def serve(request: HttpRequest, rest: str = "") -> DirectAnswer:
     return _respond((200, {"Content-Type": XML}, query.encode(action, result, request_id)), request_id)
 
 
+def _xray_header(headers: dict[str, str]) -> str:
+    """The request's ``X-Amzn-Trace-Id``, ``""`` when it is none or not an X-Ray trace header.
+    A transport header, and not signed (SDKs leave it out of the signature, as a proxy may add
+    or change it): one that is not X-Ray's is dropped, never copied into the call's messages."""
+    header = headers.get("x-amzn-trace-id", "")
+    return header if header and valid_xray(header) else ""
+
+
 def _attach_trace(headers: dict[str, str]) -> object | None:
     """The caller's trace context, current for the call: its ``traceparent``, else its X-Ray
     header (``X-Amzn-Trace-Id``, the one SQS clients send)."""
-    parent = headers.get("traceparent") or traceparent_of_xray(headers.get("x-amzn-trace-id", ""))
+    parent = headers.get("traceparent", "")
+    if not valid_traceparent(parent):
+        parent = traceparent_of_xray(headers.get("x-amzn-trace-id", "")) or ""
     return tracing.attach(parent, headers.get("tracestate"))
 
 

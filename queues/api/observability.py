@@ -4,7 +4,10 @@
 ``METRICS_TOKEN`` (a secret of its own, never a user's API token), or without any token from
 an address in ``METRICS_ALLOW`` (networks; loopback by default); anything else, a wrong token
 included, is refused with 403. The address is the connection's (``REMOTE_ADDR``): a proxy's
-``X-Forwarded-For`` is not believed.
+``X-Forwarded-For`` is not believed. And a request that a proxy forwarded (one with
+``Forwarded``, ``X-Forwarded-For`` or ``X-Real-IP``) needs the token whatever its address: a
+proxy on an allowed network (the node's own host, most often) would otherwise hand the figures,
+every queue's name among them, to anyone who reaches the proxy.
 
 With ``PROMETHEUS_MULTIPROC_DIR`` set, the counters and histograms of every process of the
 runnode are added up from that folder (``prometheus_client``'s multiprocess mode). The figures
@@ -136,12 +139,19 @@ def _figures() -> bytes:
     return merge_figures(texts)
 
 
+#: the headers a proxy adds to what it forwards (as the WSGI environ names them).
+_PROXIED = ("HTTP_FORWARDED", "HTTP_X_FORWARDED_FOR", "HTTP_X_REAL_IP")
+
+
 def metrics_allowed(request: HttpRequest) -> bool:
-    """The bearer token of ``METRICS_TOKEN``, or no token and an address in ``METRICS_ALLOW``."""
+    """The bearer token of ``METRICS_TOKEN``, or no token and an address in ``METRICS_ALLOW``
+    on a request that no proxy forwarded."""
     scheme, _, value = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
     if scheme or value:
         token = settings.METRICS_TOKEN
         return bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), token)
+    if any(h in request.META for h in _PROXIED):
+        return False
     try:
         address = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
     except ValueError:
@@ -175,7 +185,10 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         return HttpResponse(generate_latest(_NODE), content_type=CONTENT_TYPE_LATEST)
     if not metrics_allowed(request):
         return JsonResponse(
-            {"error": "permission_denied", "detail": "/metrics needs METRICS_TOKEN or an address in METRICS_ALLOW"},
+            {
+                "error": "permission_denied",
+                "detail": "/metrics needs METRICS_TOKEN, or an address in METRICS_ALLOW and no proxy between",
+            },
             status=403,
         )
     return HttpResponse(_events() + _figures(), content_type=CONTENT_TYPE_LATEST)

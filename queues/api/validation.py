@@ -12,6 +12,7 @@ from collections.abc import Set as AbstractSet
 from datetime import datetime
 from typing import Any, Literal, TypeVar, overload
 
+from mq_client.tracing import MAX_TRACESTATE, TRACEPARENT, TRACESTATE, checked_tracestate, valid_traceparent
 from queues.api.errors import BadRequest
 from queues.engine.ids import MessageId, parse_message_id
 from queues.models import LIMITS
@@ -155,7 +156,29 @@ def _attributes(item: JSONObject, where: str, trusted: bool = False) -> dict[str
             continue
         elif not isinstance(v, (bool, int, float)) or (isinstance(v, float) and not math.isfinite(v)):
             raise BadRequest(f"{where}: attribute {key!r} must be a string, number or boolean", "invalid_attributes")
+    if not trusted and (TRACEPARENT in value or TRACESTATE in value):
+        _trace_context(value, where)
     return value
+
+
+def _trace_context(attributes: dict[str, Any], where: str) -> None:
+    """A message's own trace context (``traceparent``, ``tracestate``) in W3C's form: the node
+    and every consumer read it as such, so one that is not is refused rather than stored."""
+    parent = attributes.get(TRACEPARENT)
+    if parent is not None and not (isinstance(parent, str) and valid_traceparent(parent)):
+        raise BadRequest(
+            f"{where}: attribute 'traceparent' must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)",
+            "invalid_attributes",
+        )
+    state = attributes.get(TRACESTATE)
+    if state is not None and not (
+        isinstance(state, str) and len(state) <= MAX_TRACESTATE and checked_tracestate(state) is not None
+    ):
+        raise BadRequest(
+            f"{where}: attribute 'tracestate' must be a W3C tracestate (key=value list members, at most "
+            f"32) of at most {MAX_TRACESTATE} characters",
+            "invalid_attributes",
+        )
 
 
 def _estimates(item: JSONObject, where: str) -> dict[str, float] | None:

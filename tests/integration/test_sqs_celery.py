@@ -220,3 +220,47 @@ def test_a_celery_task_over_sqs_continues_its_senders_trace_in_the_worker(node, 
     assert (span["name"], span["kind"], span["status"]) == (f"process {queue}", "CONSUMER", "UNSET")
     assert span["attributes"]["celery.task.name"] == "sqs_tasks.record"
     assert span["attributes"]["messaging.operation.type"] == "process"
+
+
+#: a task's trace context whose tracestate holds a line feed, a forged log record and ANSI escapes
+FORGED_LINE = "2025-01-01 00:00:00 ERROR celery.worker forged by a task's sender"  # (no comma: it ends a member)
+FORGED_CONTEXT = {
+    "traceparent": "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01",
+    "tracestate": f"rojo=1\n{FORGED_LINE}\x1b[2J\x1b[31m",
+}
+
+
+def test_a_task_whose_tracestate_forges_a_log_line_runs_in_its_trace_and_the_worker_logs_none_of_it(
+    node, access_key, tmp_path, monkeypatch
+):
+    queue = f"forged-{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "ran"
+    out.mkdir()
+    traces = tmp_path / "worker-spans.jsonl"
+    env = _worker_env(node, access_key, queue, out, MQ_SQS_TRACES=str(traces))
+    env.pop("CELERY_BROKER_URL", None)
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+    from tests.integration.sqs_celery_app import app, record
+
+    app.conf.broker_url = env["MQ_SQS_BROKER_URL"]
+    app.conf.task_default_queue = queue
+    app.conf.broker_transport_options = _transport_options()
+    # given a task sent over sqs:// whose headers carry a traceparent and a tracestate that
+    # holds a line feed, a forged log record and ANSI escapes (anyone who may send to the
+    # queue may write a task's headers)
+    record.apply_async((9,), headers=FORGED_CONTEXT)
+    # when a Celery worker whose SDK writes its spans as JSON lines runs it
+    proc = _worker(tmp_path, env)
+    try:
+        wait_until(lambda: traces.exists() and '"process ' in traces.read_text(), 60, "the worker's span")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    # then it ran, in the trace its traceparent names (the tracestate dropped)
+    assert _ran(out) == Counter({9: 1})
+    (span,) = [json.loads(line) for line in traces.read_text().splitlines()]
+    assert (span["trace_id"], span["parent_id"]) == ("5759e988bd862e3fe1be46a994272793", "53995c3f42cd8ad8")
+    # and the worker's log has none of the tracestate raw: no forged record, no escape sequence
+    log = (tmp_path / "celery.log").read_text(errors="replace")
+    assert "sqs_tasks.record" in log  # (the worker logged its task)
+    assert [line for line in log.splitlines() if line.startswith(FORGED_LINE) or "\x1b" in line] == []

@@ -120,7 +120,9 @@ def _entry(group: str, k: int, poisoned: set[str]) -> dict:
         "MessageGroupId": group,
         "MessageDeduplicationId": f"{group}-{k}",
         "MessageAttributes": _attributes(i),
-        "MessageSystemAttributes": {"AWSTraceHeader": {"DataType": "String", "StringValue": f"Root=1-{i:08x}"}},
+        "MessageSystemAttributes": {
+            "AWSTraceHeader": {"DataType": "String", "StringValue": f"Root=1-{i:08x}-bd862e3fe1be46a994272793"}
+        },
     }
 
 

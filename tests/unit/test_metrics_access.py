@@ -4,6 +4,8 @@ address in ``METRICS_ALLOW``; and the collector's figures from partition manager
 from __future__ import annotations
 
 import ipaddress
+import re
+from pathlib import Path
 
 import pytest
 from django.test import RequestFactory, override_settings
@@ -45,6 +47,18 @@ def test_metrics_access(addr, auth, token, allowed):
         assert metrics_allowed(request(addr, auth)) is allowed
 
 
+@pytest.mark.parametrize(
+    "header", [{"HTTP_X_FORWARDED_FOR": "203.0.113.9"}, {"HTTP_FORWARDED": "for=203.0.113.9"}, {"HTTP_X_REAL_IP": "x"}]
+)
+def test_a_request_a_proxy_forwarded_needs_the_token_whatever_its_address(header):
+    # a proxy on the node's own host connects from loopback: its clients are not the host
+    with override_settings(METRICS_TOKEN="t", METRICS_ALLOW=LOOPBACK):
+        assert not metrics_allowed(RequestFactory().get("/metrics", REMOTE_ADDR="127.0.0.1", **header))
+        assert metrics_allowed(
+            RequestFactory().get("/metrics", REMOTE_ADDR="127.0.0.1", HTTP_AUTHORIZATION="Bearer t", **header)
+        )
+
+
 def test_an_empty_allow_list_needs_the_token():
     with override_settings(METRICS_TOKEN="t", METRICS_ALLOW=[]):
         assert not metrics_allowed(request("127.0.0.1"))
@@ -55,3 +69,13 @@ def test_the_collector_reports_nothing_without_a_runtime():
     registry = CollectorRegistry()
     registry.register(NodeCollector(lambda: None))
     assert list(text_string_to_metric_families(generate_latest(registry).decode())) == []
+
+
+def test_the_docs_proxy_example_keeps_metrics_private():
+    # the nginx example users copy: /metrics answered 404 at the proxy, and X-Forwarded-For set
+    # so that a proxy configured otherwise still gets 403 from the node without the token
+    page = (Path(__file__).resolve().parents[2] / "docs" / "how-to" / "behind-a-proxy.md").read_text()
+    (example,) = re.findall(r"```nginx\n(.*?)```", page, re.S)
+    assert re.search(r"location \^~ /metrics \{[^}]*\breturn 404;\s*\}", example), example
+    proxied = example[example.index("location / {") :]
+    assert "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;" in proxied

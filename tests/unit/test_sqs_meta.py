@@ -22,7 +22,8 @@ ATTRS = {
     "blob": ("Binary", b"\x00\xff"),
     "j": ("String.json", "{}"),
 }
-META = {"sender": "AIDEXAMPLE", "dedup": "d-1", "trace": "Root=1-abc"}
+TRACE = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
+META = {"sender": "AIDEXAMPLE", "dedup": "d-1", "trace": TRACE}
 
 
 def _stored(queue: str = "orders", body: str = "hello") -> dict:
@@ -90,11 +91,11 @@ def test_the_nested_form_stored_before_is_read_as_it_was():
     old = {
         "kind": "order",
         "blob": "AP8=",
-        meta.KEY: {"sender": "AIDOLD", "dedup": "d-0", "types": {"blob": "Binary"}, "trace": "t"},
+        meta.KEY: {"sender": "AIDOLD", "dedup": "d-0", "types": {"blob": "Binary"}, "trace": TRACE},
     }
     attrs, got = read_attributes(old, body="anything", queues=("anywhere",))
     assert attrs == {"kind": ("String", "order"), "blob": ("Binary", b"\x00\xff")}
-    assert got == {"sender": "AIDOLD", "dedup": "d-0", "types": {"blob": "Binary"}, "trace": "t"}
+    assert got == {"sender": "AIDOLD", "dedup": "d-0", "types": {"blob": "Binary"}, "trace": TRACE}
 
 
 @pytest.mark.parametrize(
