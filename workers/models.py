@@ -150,6 +150,11 @@ class TaskRecord(models.Model):
     #: yet sent: a worker's relay sends it from this time on (``QueueTaskBackend.release_held``);
     #: None once sent, or when it never waited
     held_until = models.DateTimeField(null=True, blank=True, db_index=True)
+    #: a held task's writer: the user of the enqueuing client's API token (no token is stored),
+    #: whom the relay sends its message as; None for a task sent with its enqueue
+    writer_id = models.BigIntegerField(
+        null=True, blank=True, help_text="the user a relay sends the held task's message as"
+    )
     args = models.JSONField(default=list)
     kwargs = models.JSONField(default=dict)
     status = models.CharField(max_length=16, db_index=True)

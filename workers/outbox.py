@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -92,16 +92,20 @@ def outbox_used(using: str = "default", outbox: bool | None = None) -> bool:
 
 def writer_of(client: Any) -> int:
     """The id of the user ``client`` sends as: its API token's (``client.token``), read from
-    the service's database. ValueError: a client without a token, or with one this service
-    does not know (revoked, or another service's): the outbox could not relay its rows."""
+    the service's database. The writer of what a relay sends later: an outbox row, a held task
+    (``workers.tasks_backend``). ValueError: a client without a token, or with one this service
+    does not know (revoked, or another service's): no relay could send as its user."""
     token = getattr(client, "token", None)
     if not isinstance(token, str) or not token:
-        raise ValueError("enqueue_on_commit through the outbox needs a client with an API token (its writer)")
+        raise ValueError(
+            "an enqueue that a relay sends later (through the outbox, or a held task) needs a client "
+            "with an API token: its user is the writer the relay sends as"
+        )
     user_id = service.token_holder(token)
     if user_id is None:
         raise ValueError(
             "the client's API token is not one of this service's (revoked, or another service's): "
-            "the outbox's relay sends as the token's user, looked up in this project's database"
+            "a relay sends as the token's user, looked up in this project's database"
         )
     return user_id
 
@@ -189,36 +193,44 @@ def send_row(client: Any, key: str, *, using: str = "default") -> bool:
     return True
 
 
-def send_as_writer(row: OutboxMessage) -> list[str]:
-    """Send ``row``'s messages as its writer, through the service layer, from a process that
-    holds none of the writer's credentials (``queues.service.on_behalf``): the writer and its
-    grants read now, the writer's call rate counted, the messages checked as the REST API
-    checks a client's, and a node asked to store them with a call signed for the writer, where
-    the writer's rights are checked again. The messages' IDs.
+def send_as(
+    writer_id: int | None, queue: str, messages: list[dict[str, Any]], *, detail: Mapping[str, Any]
+) -> list[str]:
+    """Send ``messages`` to ``queue`` as user ``writer_id``, through the service layer, from a
+    process that holds none of the writer's credentials (``queues.service.on_behalf``): the
+    writer and its grants read now, the writer's call rate counted, the messages checked as the
+    REST API checks a client's, and a node asked to store them with a call signed for the
+    writer, where the writer's rights are checked again. Recorded in the audit trail as
+    ``relayed`` by the writer, with ``detail``. The messages' IDs. What the outbox's relay and
+    the tasks backend's held tasks (``QueueTaskBackend.release_held``) are sent with.
 
     Raises WriterRefused (no writer recorded, the writer deleted or deactivated, or without
     ``produce`` on the queue), and what the service raises: QueueNotFound (no such queue), a
     400 (a message the queue's rules refuse), RemoteError (a node's answer), 429 (the writer's
     call rate), Unavailable (no node now)."""
-    if row.writer_id is None:
-        raise WriterRefused(
-            "no writer recorded (written by an earlier version): a relay sends a row only as its writer"
-        )
+    if writer_id is None:
+        raise WriterRefused("no writer recorded (written by an earlier version): a relay sends only as the writer")
     try:
-        writer = service.acting_user(row.writer_id)
-        cfg = service.producer_config(row.queue, caller=writer)
+        writer = service.acting_user(writer_id)
+        cfg = service.producer_config(queue, caller=writer)
     except (service.NoActiveUser, Forbidden) as exc:
         raise WriterRefused(str(exc)) from exc
     assert writer.user_id is not None
     throttles.check_user(writer.user_id)
-    drafts, _ = validation.enqueue_request({"messages": row.messages}, cfg, time.time())
+    drafts, _ = validation.enqueue_request({"messages": messages}, cfg, time.time())
     # A node's refusal (401, 403) gives nothing up: its caches may be a few seconds behind the
     # rows read here, either way, and a 401 may be this process's cluster secret, not the
-    # writer. The row is kept, and the next relay's check, read from the rows, decides.
-    return service.enqueue_through_node(cfg, drafts, caller=writer, detail={"outbox": row.pk})
+    # writer. The caller keeps what it sends, and its next try's check, read from the rows, decides.
+    return service.enqueue_through_node(cfg, drafts, caller=writer, detail=detail)
 
 
-def _status(exc: BaseException) -> int | None:
+def send_as_writer(row: OutboxMessage) -> list[str]:
+    """Send ``row``'s messages as its writer (:func:`send_as`), the row's key in the audit
+    trail's entry as ``outbox``. Raises what :func:`send_as` raises."""
+    return send_as(row.writer_id, row.queue, row.messages, detail={"outbox": row.pk})
+
+
+def status_of(exc: BaseException) -> int | None:
     """The HTTP status ``exc`` stands for, None for an error that is not an answer."""
     if isinstance(exc, ServiceError):
         return exc.status
@@ -277,7 +289,7 @@ def relay(
             break
         except Exception as exc:
             _failed(rows, key, until, exc)
-            status = _status(exc)
+            status = status_of(exc)
             if status is None:
                 raise
             if status == 429 or status >= 500:  # no node now, or too many calls: later

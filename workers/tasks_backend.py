@@ -14,8 +14,10 @@ backport on Django 5.2).
 - The enqueue is one message on that queue, sent through the SDK like any client's, on commit
   of the caller's transaction (:mod:`workers.outbox`: an outbox row on PostgreSQL).
   ``run_after`` is the message's ``not_before``; a task due further ahead than the service's
-  delay limit is held in the database and its message sent by a worker's relay once it is due
-  within ``send_ahead`` seconds. ``priority`` is kept in the result and the message's attributes
+  delay limit is held in the database, with its writer (the user of the enqueuing client's
+  token), and its message sent by a worker's relay once it is due within ``send_ahead``
+  seconds, as that writer, its grants read then; a writer who may no longer send it ends it
+  ``FAILED``. ``priority`` is kept in the result and the message's attributes
   but orders nothing (the service has no priorities: give urgent tasks a queue of their own).
 - The result (:class:`~workers.models.TaskRecord`) is written with the enqueue and updated by
   the worker; :meth:`QueueTaskBackend.get_result` reads it from any process of the application,
@@ -36,17 +38,17 @@ import os
 import traceback
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
-from mq_client import ApiError, Client
+from mq_client import Client
 from queues.models import LIMITS
 from workers.models import AttemptLog, TaskRecord
-from workers.outbox import enqueue_on_commit, outbox_used
+from workers.outbox import WriterRefused, enqueue_on_commit, outbox_used, send_as, status_of, writer_of
 from workers.task_registry import (
     TaskMessageInvalid,
     TaskNotRegistered,
@@ -213,18 +215,22 @@ class QueueTaskBackend(BaseTaskBackend):
     # --- enqueue ------------------------------------------------------------------------------
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Write the task's result and send its message on commit, or hold it (``run_after``
-        beyond ``send_ahead``). Raises before anything is written for a task no worker would
-        run (InvalidTaskError) or arguments that are not JSON; an enqueue that raises leaves no
-        result behind."""
+        beyond ``send_ahead``) with its writer, the user of the client's token. Raises before
+        anything is written for a task no worker would run (InvalidTaskError), arguments that
+        are not JSON, or, for a task held or sent through the outbox, a client whose token this
+        service does not know (ValueError, :func:`workers.outbox.writer_of`); an enqueue that
+        raises leaves no result behind."""
         self.validate_task(task)
         self._check_registered(task)
         now = timezone.now()
         args, kwargs = _json(list(args)), _json(dict(kwargs))
-        held_until = None
+        held_until = writer = None
         if task.run_after is not None and task.run_after > now + timedelta(seconds=self.send_ahead):
             # Further ahead than the service may delay a message: held here, sent by a relay
-            # once it is due within send_ahead (release_held).
+            # once it is due within send_ahead (release_held), as the user of this client's
+            # token, read now (ValueError, before anything is written, for a token unknown here).
             held_until = task.run_after - timedelta(seconds=self.send_ahead)
+            writer = writer_of(self.client)
         # Whether the caller's transaction is open: then the send is its commit's, after this returns.
         deferred = connections[self.database].in_atomic_block
         with transaction.atomic(using=self.database):
@@ -236,6 +242,7 @@ class QueueTaskBackend(BaseTaskBackend):
                 priority=task.priority,
                 run_after=task.run_after,
                 held_until=held_until,
+                writer_id=writer,
                 args=args,
                 kwargs=kwargs,
                 status=TaskResultStatus.READY,
@@ -286,23 +293,39 @@ class QueueTaskBackend(BaseTaskBackend):
 
         transaction.on_commit(send, using=self.database)
 
-    def _record_failure(self, record_id: str, exc: BaseException) -> None:
-        record = TaskRecord.objects.using(self.database).filter(pk=record_id).first()
-        if record is None:
-            return
-        record.status = TaskResultStatus.FAILED
-        record.errors = [*record.errors, _error(exc)]
-        record.finished_at = timezone.now()
-        record.save(using=self.database)
+    def _record_failure(self, record_id: str, exc: BaseException, *, held_under: datetime | None = None) -> None:
+        """End task ``record_id`` ``FAILED`` with ``exc``, as the framework reports a failure
+        (an error in ``errors``, ``finished_at``, ``task_finished``). ``held_under``: a held
+        task's, only while the relay's claim (this ``held_until``) is on it, and held no
+        longer; a relay whose claim ran out and passed to another changes nothing."""
+        with transaction.atomic(using=self.database):
+            found = TaskRecord.objects.using(self.database).select_for_update().filter(pk=record_id)
+            if held_under is not None:
+                found = found.filter(held_until=held_under)
+            record = found.first()
+            if record is None:
+                return
+            record.held_until = None
+            record.status = TaskResultStatus.FAILED
+            record.errors = [*record.errors, _error(exc)]
+            record.finished_at = timezone.now()
+            record.save(using=self.database)
         task_finished.send(type(self), task_result=self._result(record, self._task_of(record)))
 
     # --- held tasks ---------------------------------------------------------------------------
     def release_held(self, *, limit: int = 100) -> int:
         """Send the messages of this backend's held tasks that are due within ``send_ahead``,
-        the earliest first; how many were sent. Each is claimed for :data:`RELEASE_CLAIM`
-        seconds by one committed ``UPDATE`` (of two relays, one has it), sent with no
-        transaction open, then marked sent. A send the service refuses keeps the task held
-        and is tried again after :data:`RELEASE_RETRY` seconds; no node answering ends the pass."""
+        the earliest first, each as its writer (:func:`workers.outbox.send_as`: the writer and
+        its grants read now, a node call signed for the writer, never this backend's token);
+        how many were sent. Each is claimed for :data:`RELEASE_CLAIM` seconds by one committed
+        ``UPDATE`` (of two relays, one has it), sent with no transaction open, then marked sent.
+
+        A task that may not be sent as its writer (deleted, deactivated, or without ``produce``
+        on the queue now: WriterRefused) is not sent: its result ends ``FAILED`` with the reason
+        and it is held no longer. A send the service refuses otherwise (its queue missing, a
+        node's 401 or 403, whose caches may be behind the rows read here) keeps the task held,
+        tried again after :data:`RELEASE_RETRY` seconds; no node answering, or the writer over
+        its call rate, ends the pass."""
         rows = TaskRecord.objects.using(self.database)
         now = timezone.now()
         due = list(
@@ -313,23 +336,30 @@ class QueueTaskBackend(BaseTaskBackend):
         sent = 0
         for pk, held_until in due:
             claim = now + timedelta(seconds=RELEASE_CLAIM)
-            if not rows.filter(pk=pk, held_until=held_until).update(held_until=claim):
-                continue  # another relay has it
-            record = rows.filter(pk=pk).first()
-            if record is None:
-                continue
             try:
-                self.client.enqueue_batch(record.queue, [self._message(record)])
-            except ApiError as exc:
-                rows.filter(pk=pk, held_until=claim).update(held_until=now + timedelta(seconds=RELEASE_RETRY))
-                if exc.status in (0, 429) or exc.status >= 500:
-                    log.warning("held task %s: no node took it now, the next relay tries again: %s", pk, exc)
-                    break
-                log.error("held task %s: the service refused its message, tried again later: %s", pk, exc)
+                if not rows.filter(pk=pk, held_until=held_until).update(held_until=claim):
+                    continue  # another relay has it
+                record = rows.filter(pk=pk).first()
+                if record is None:
+                    continue
+                send_as(record.writer_id, record.queue, [self._message(record)], detail={"task": record.id})
+            except WriterRefused as exc:
+                self._record_failure(pk, exc, held_under=claim)
+                log.error("held task %s to %s not sent, ended FAILED: %s", pk, record.queue, exc)
                 continue
             except DatabaseError as exc:
                 log.warning("held tasks: %s", exc)
                 break
+            except Exception as exc:
+                rows.filter(pk=pk, held_until=claim).update(held_until=now + timedelta(seconds=RELEASE_RETRY))
+                status = status_of(exc)
+                if status is None:
+                    raise
+                if status == 429 or status >= 500:
+                    log.warning("held task %s: no node took it now, the next relay tries again: %s", pk, exc)
+                    break
+                log.error("held task %s: the service refused its message, tried again later: %s", pk, exc)
+                continue
             rows.filter(pk=pk, held_until=claim).update(held_until=None)
             sent += 1
         if sent:

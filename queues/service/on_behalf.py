@@ -1,5 +1,6 @@
-"""Calls made for a user by a process that is not a node: the workers app's outbox relay
-sends what a user enqueued in a transaction whose own process could not send it.
+"""Calls made for a user by a process that is not a node: the workers app's relays send what
+a user enqueued and its own process did not send (an enqueue left after its transaction's
+commit, a task held until it is due).
 
 Such a process holds no credential of the user (none is stored for it) and runs no node
 runtime (it must not start one). It acts for the user as a node forwarding a call does: it

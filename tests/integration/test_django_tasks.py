@@ -7,6 +7,7 @@ the test process enqueues, a worker process runs the tasks, and both read the re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -971,51 +972,192 @@ def test_a_task_message_is_looked_up_never_imported_and_what_cannot_run_ends_fai
         task_finished.disconnect(on_finished)
 
 
-class _RefusingAll(_Recorder):
-    def __init__(self, error: ApiError):
-        super().__init__()
-        self.error = error
-
-    def enqueue_batch(self, queue, items):
-        raise self.error
-
-
-@pytest.mark.django_db
-def test_a_held_task_is_sent_once_when_due_and_a_refused_one_stays_held(settings):
-    # given held tasks: one due now, one due later, one another relay has claimed
+def _configure(settings, token: str, **options) -> None:
+    """This process's TASKS, with no node: the backend's client has ``token``."""
     settings.TASKS = {
         "default": {
             "BACKEND": BACKEND,
             "QUEUES": ["default"],
-            "OPTIONS": {"token": "t", "modules": MODULES, "send_ahead": 60},
+            "OPTIONS": {"token": token, "modules": MODULES, **options},
         }
     }
+
+
+def _live_queue(name: str) -> Queue:
+    """Queue ``name``, its one partition owned by a live node (10.0.0.1:8000) that no process
+    runs: a relay's calls go to the ``peers`` stand-in."""
+    now = timezone.now()
+    node = Node.objects.create(id="n1", address="10.0.0.1:8000", started_at=now, heartbeat_at=now)
+    queue = Queue.objects.create(name=name, partitions=1)
+    Partition.objects.create(queue=queue, index=0, owner=node)
+    return queue
+
+
+@pytest.mark.django_db
+def test_a_held_task_is_sent_once_as_its_writer_when_due_and_a_refused_one_stays_held(settings, peers):
+    # given the queue "default", a writer who may produce to it, and a backend with the writer's token
+    default = _live_queue("default")
+    writer = User.objects.create(username="writer")
+    service.grant(caller=SYSTEM, action="produce", user=writer, queue=default)
+    _configure(settings, Token.objects.create(user=writer).key, send_ahead=60)
     backend = email_users.get_backend()
+    # and held tasks: one due now, one due later, one another relay has claimed
     now = datetime.now(UTC)
     due = email_users.using(run_after=now + timedelta(minutes=5)).enqueue(["a@example.com"], "due", "m")
     later = email_users.using(run_after=now + timedelta(hours=2)).enqueue(["a@example.com"], "later", "m")
     claimed = email_users.using(run_after=now + timedelta(minutes=6)).enqueue(["a@example.com"], "claimed", "m")
     TaskRecord.objects.filter(pk=due.id).update(held_until=now - timedelta(seconds=1))
     TaskRecord.objects.filter(pk=claimed.id).update(held_until=now + timedelta(seconds=100))
+    assert set(TaskRecord.objects.values_list("writer_id", flat=True)) == {writer.pk}
     assert not OutboxMessage.objects.exists()
+    # and a client of the backend that would send anything with its own token
+    backend._client = own = _Recorder()
 
-    # when the service refuses the due one's message
-    backend._client = _RefusingAll(ApiError(404, "queue_not_found", "no queue 'default'"))
-    assert backend.release_held() == 0
-    # then it stays held, tried again later
-    retry_at = TaskRecord.objects.get(pk=due.id).held_until
-    assert retry_at > now + timedelta(seconds=20)
+    # when the node refuses the due one for its writer (its caches behind the rows), then is down
+    for refusal in (
+        RemoteError(403, {"error": "permission_denied", "detail": "writer may not produce 'default'"}),
+        RemoteError(503, {"error": "unavailable", "detail": "no owner"}),
+    ):
+        peers(nodes := _Peers(refusal))
+        assert backend.release_held() == 0
+        # then it stays held, tried again later, and its result is untouched
+        assert len(nodes.asked) == 1
+        assert TaskRecord.objects.get(pk=due.id).held_until > now + timedelta(seconds=20)
+        assert email_users.get_result(due.id).status == TaskResultStatus.READY
+        TaskRecord.objects.filter(pk=due.id).update(held_until=now - timedelta(seconds=1))
 
-    # when it is due again and a relay sends it, twice
-    TaskRecord.objects.filter(pk=due.id).update(held_until=now - timedelta(seconds=1))
-    backend._client = recorder = _Recorder()
+    # when a relay sends it, twice
+    peers(nodes := _Peers(None))
     assert backend.release_held() == 1
     assert backend.release_held() == 0
-    # then its message went once, as an enqueue within the delay limit sends it; the others wait
-    [(queue, [item])] = recorder.calls
-    assert queue == "default" and item["dedup_id"] == due.id
-    assert item["not_before"] == (now + timedelta(minutes=5)).isoformat()
-    assert json.loads(item["body"])["id"] == due.id
+    # then its message went once, for its writer, as an enqueue within the delay limit sends it
+    [(address, queue, [(body, dedup_id)], hops, user_id)] = nodes.asked
+    assert (address, queue, dedup_id, hops, user_id) == ("10.0.0.1:8000", "default", due.id, 0, writer.pk)
+    assert json.loads(body)["id"] == due.id
     assert TaskRecord.objects.get(pk=due.id).held_until is None
+    # ...recorded in the audit trail as the writer's, never with the backend's own client
+    [entry] = AuditEntry.objects.filter(action="relayed")
+    assert (entry.actor, entry.target, entry.detail) == ("writer", "default", {"messages": 1, "task": due.id})
+    assert own.calls == []
+    # ...and the others wait
     assert TaskRecord.objects.get(pk=later.id).held_until == now + timedelta(hours=2) - timedelta(seconds=60)
     assert TaskRecord.objects.get(pk=claimed.id).held_until == now + timedelta(seconds=100)
+
+
+@pytest.mark.django_db
+def test_a_held_task_whose_writer_may_no_longer_send_it_ends_failed_and_is_never_sent(settings, peers):
+    # given the queue "default", and held tasks of writers who may produce to it when they enqueue
+    default = _live_queue("default")
+    users = {name: User.objects.create(username=name) for name in ("revoked", "deactivated", "deleted")}
+    held = {}
+    for name, user in users.items():
+        service.grant(caller=SYSTEM, action="produce", user=user, queue=default)
+        _configure(settings, Token.objects.create(user=user).key, send_ahead=60)
+        held[name] = email_users.using(run_after=datetime.now(UTC) + timedelta(hours=1)).enqueue(["a@x"], name, "m")
+    # and, before they are due, one writer loses its grant, one is deactivated, one deleted
+    service.revoke(caller=SYSTEM, action="produce", user=users["revoked"], queue=default)
+    users["deactivated"].is_active = False
+    users["deactivated"].save()
+    deleted_id = users["deleted"].pk
+    users["deleted"].delete()
+    TaskRecord.objects.update(held_until=datetime.now(UTC) - timedelta(seconds=1))
+    # and a releasing backend whose own token (a superuser's) could send them all
+    releasing = User.objects.create_superuser(username="worker")
+    _configure(settings, Token.objects.create(user=releasing).key, send_ahead=60)
+    backend = email_users.get_backend()
+    backend._client = own = _Recorder()
+    service.producer_config("default", caller=service.acting_user(releasing.pk))  # it may produce
+    finished: list = []
+
+    def on_finished(sender, task_result, **kwargs):
+        finished.append(task_result)
+
+    task_finished.connect(on_finished)
+    try:
+        # when a relay runs
+        peers(nodes := _Peers())
+        assert backend.release_held() == 0
+    finally:
+        task_finished.disconnect(on_finished)
+
+    # then no node was asked, nothing was sent with the backend's token, nothing recorded as relayed
+    assert nodes.asked == [] and own.calls == []
+    assert not AuditEntry.objects.filter(action="relayed").exists()
+    # ...and each result ended FAILED with the reason, as the framework reports a failure, held no longer
+    reasons = {
+        "revoked": "revoked may not produce 'default': it needs the 'produce' permission on it",
+        "deactivated": f"user 'deactivated' (id {users['deactivated'].pk}) is deactivated",
+        "deleted": f"user {deleted_id} no longer exists",
+    }
+    for name, reason in reasons.items():
+        result = email_users.get_result(held[name].id)
+        assert (result.status, result.is_finished, result.started_at) == (TaskResultStatus.FAILED, True, None)
+        [error] = result.errors
+        assert error.exception_class_path == "workers.outbox.WriterRefused"
+        assert f"WriterRefused: {reason}" in error.traceback, error.traceback
+        assert TaskRecord.objects.get(pk=held[name].id).held_until is None
+    assert sorted((r.id, r.status) for r in finished) == sorted((r.id, TaskResultStatus.FAILED) for r in held.values())
+    # ...and no later relay takes them again
+    assert backend.release_held() == 0 and nodes.asked == []
+
+
+@pytest.mark.django_db
+def test_an_enqueue_sent_later_needs_a_token_this_service_knows_and_else_writes_nothing(settings):
+    # given a backend whose token this service does not know (revoked, or another service's)
+    in_an_hour = datetime.now(UTC) + timedelta(hours=1)
+    # when tasks are enqueued that a relay would send later: held (with and without the outbox,
+    # as on SQLite), or through the outbox; inside a transaction and outside one
+    for outbox, run_after in ((False, in_an_hour), (True, in_an_hour), (True, None)):
+        _configure(settings, "unknown", outbox=outbox)
+        for atomic in (False, True):
+            with (
+                pytest.raises(ValueError, match="not one of this service's"),
+                transaction.atomic() if atomic else contextlib.nullcontext(),
+            ):
+                email_users.using(run_after=run_after).enqueue(["a@example.com"], "s", "m")
+    # then each raised before anything was written: no result, no outbox row
+    assert not TaskRecord.objects.exists() and not OutboxMessage.objects.exists()
+
+
+def test_the_worker_sends_each_held_task_as_its_writer_and_fails_those_it_may_not_send(
+    node_api, tasks, tasks_worker, token
+):
+    # given the queue "default", made by the worker's user: its token may produce to it
+    _create_queue(node_api, name="default")
+    default = Queue.objects.get(name="default")
+    worker_user = Token.objects.get(key=token).user
+    service.producer_config("default", caller=service.acting_user(worker_user.pk))
+    # and writers who may produce to it when they enqueue a task held until it is due
+    users = {name: User.objects.create(username=f"{name}-{uuid.uuid4().hex[:6]}") for name in ("ok", "revoked", "off")}
+    held = {}
+    run_after = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=4)
+    for name, user in users.items():
+        service.grant(caller=SYSTEM, action="produce", user=user, queue=default)
+        tasks(token=Token.objects.create(user=user).key, send_ahead=2)
+        held[name] = email_users.using(run_after=run_after).enqueue(["a@example.com"], f"from {name}", "m")
+    assert _depth(node_api, "default") == 0
+    # and, before a worker sends them, one loses its grant and one is deactivated
+    service.revoke(caller=SYSTEM, action="produce", user=users["revoked"], queue=default)
+    users["off"].is_active = False
+    users["off"].save()
+
+    # when a worker runs
+    tasks_worker("--relay-every", "0.2")
+
+    # then the task of the writer who may produce ran, sent as its writer: the audit trail names it
+    wait_until(lambda: all(email_users.get_result(r.id).is_finished for r in held.values()), 30, "the held tasks")
+    assert email_users.get_result(held["ok"].id).status == TaskResultStatus.SUCCESSFUL
+    [entry] = AuditEntry.objects.filter(action="relayed", target="default")
+    assert (entry.actor, entry.detail) == (users["ok"].username, {"messages": 1, "task": held["ok"].id})
+    # ...and the others ended FAILED with the reason, never sent with the worker's own token
+    for name, reason in (
+        ("revoked", f"{users['revoked'].username} may not produce 'default'"),
+        ("off", f"user {users['off'].username!r} (id {users['off'].pk}) is deactivated"),
+    ):
+        result = email_users.get_result(held[name].id)
+        assert (result.status, result.worker_ids, result.started_at) == (TaskResultStatus.FAILED, [], None)
+        assert [e.exception_class_path for e in result.errors] == ["workers.outbox.WriterRefused"]
+        assert reason in result.errors[0].traceback
+        assert TaskRecord.objects.get(pk=held[name].id).held_until is None
+    assert _depth(node_api, "default") == 0
+    assert AuditEntry.objects.filter(action="relayed").count() == 1

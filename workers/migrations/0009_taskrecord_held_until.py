@@ -1,3 +1,6 @@
+"""Tasks due beyond the service's delay limit are held in the database until a relay sends
+them, as their writer (the user of the enqueuing client's token; no token is stored)."""
+
 from django.db import migrations, models
 
 
@@ -11,5 +14,12 @@ class Migration(migrations.Migration):
             model_name="taskrecord",
             name="held_until",
             field=models.DateTimeField(blank=True, db_index=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="taskrecord",
+            name="writer_id",
+            field=models.BigIntegerField(
+                blank=True, help_text="the user a relay sends the held task's message as", null=True
+            ),
         ),
     ]

@@ -11,8 +11,8 @@ attempt, a backoff before a failed task runs again and the queue's dead-letter r
 learns by importing the backend's task modules (``OPTIONS["modules"]``) at start, and refuses to
 start when none of its queues has one. Beside them it relays the outbox rows their writers left
 unsent, each as its writer (:func:`workers.outbox.relay`), never with the worker's token, and
-sends the messages of held tasks once they are due within the service's delay limit
-(:meth:`~workers.tasks_backend.QueueTaskBackend.release_held`). SIGTERM or SIGINT: the tasks
+sends the messages of held tasks once they are due within the service's delay limit, each as
+its writer too (:meth:`~workers.tasks_backend.QueueTaskBackend.release_held`). SIGTERM or SIGINT: the tasks
 under way finish, the messages not started are given back, the last attempt records are sent.
 """
 
