@@ -81,6 +81,17 @@ def _sqs_key_id(user_token: str) -> str:
     return key.access_key_id
 
 
+def _targets(node: NodeProcess, *, partitions: int, nodes: int) -> tuple[str, str, str, str, dict]:
+    """A superuser's token, its queue of ``partitions`` served by ``nodes`` node(s), a token
+    with no grants, an access key ID of the superuser, and the queue's leases now."""
+    admin = _user_token("owner", grants=True)
+    queue = f"hq-{uuid.uuid4().hex[:8]}"
+    r = Client(node.url, admin).post("queues", {"name": queue, "partitions": partitions})
+    assert r.status_code == 201, r.text
+    _served(queue, nodes)
+    return admin, queue, _user_token("nogrant", grants=False), _sqs_key_id(admin), _leases(queue)
+
+
 def _check(users: hostile.Users, before: dict, queue: str) -> None:
     assert not users.failures, users.failures[:5]
     assert users.worst < CLIENT_TIMEOUT / 5, users.summary()
@@ -96,14 +107,7 @@ def test_one_node_stays_up_under_every_cheap_attack(attack_env, tmp_path):
     nodes = NodeSet(attack_env, tmp_path)
     try:
         node = nodes.start(processes=1)
-        admin = _user_token("owner", grants=True)
-        queue = f"hq-{uuid.uuid4().hex[:8]}"
-        r = Client(node.url, admin).post("queues", {"name": queue, "partitions": 2})
-        assert r.status_code == 201, r.text
-        _served(queue, 1)
-        nogrant = _user_token("nogrant", grants=False)
-        key_id = _sqs_key_id(admin)
-        before = _leases(queue)
+        admin, queue, nogrant, key_id, before = _targets(node, partitions=2, nodes=1)
 
         # a token with no grants trickles 100 bodies to the REST API's create
         with _users(node, admin, queue) as users:
@@ -203,14 +207,7 @@ def test_two_nodes_keep_their_leases_while_one_is_attacked(attack_env, tmp_path)
     try:
         a = nodes.start(processes=1)
         b = nodes.start(processes=1)
-        admin = _user_token("owner", grants=True)
-        queue = f"hq-{uuid.uuid4().hex[:8]}"
-        r = Client(a.url, admin).post("queues", {"name": queue, "partitions": 4})
-        assert r.status_code == 201, r.text
-        _served(queue, 2)
-        nogrant = _user_token("nogrant", grants=False)
-        key_id = _sqs_key_id(admin)
-        before = _leases(queue)
+        admin, queue, nogrant, key_id, before = _targets(a, partitions=4, nodes=2)
         with _users(a, admin, queue) as on_a, _users(b, admin, queue) as on_b:
             threads = [
                 threading.Thread(
