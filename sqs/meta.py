@@ -45,6 +45,8 @@ from typing import Any
 
 from django.conf import settings
 
+from sqs import wire
+
 #: the key of a message's ``attributes`` that holds the metadata.
 KEY = "sqs:meta"
 #: the data types an attribute may have (``Number.float``, ``String.json``: custom suffixes).
@@ -134,7 +136,7 @@ def decode(attributes: Mapping[str, Any] | None, *, body: str, queues: Iterable[
     if not isinstance(raw, str):
         return {}
     try:
-        parsed = json.loads(raw)
+        parsed = wire.loads(raw)  # (bounded: a REST client may name an attribute so)
     except ValueError:
         return {}
     if not isinstance(parsed, dict):

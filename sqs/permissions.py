@@ -32,6 +32,7 @@ from django.db import transaction
 from queues import service
 from queues.access import require
 from sqs import service as sqs_service
+from sqs import wire
 from sqs.attributes import settings_of
 from sqs.context import Context, invalid, missing, queue_arn, queue_param, service_errors, text_param
 from sqs.models import AccessKey
@@ -96,7 +97,7 @@ def _policy(q: Any) -> dict[str, Any]:
     """The queue's Policy as a JSON object (an empty one if it has none or it is not one)."""
     text = (settings_of(q).opaque or {}).get("Policy") or ""
     try:
-        policy = json.loads(text) if text else {}
+        policy = wire.loads(text) if text else {}  # (bounded: the Policy is the caller's text)
     except ValueError:
         policy = {}
     if not isinstance(policy, dict) or not isinstance(policy.get("Statement", []), list):
