@@ -86,10 +86,10 @@ from sqs.message_attributes import (
     md5_of_body,
     read_attributes,
     stored_attributes,
-    valid_text,
     wanted_attribute,
 )
 from sqs.models import QueueSettings
+from sqs.query import valid_text
 
 _SQS_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 _ENTRY_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")

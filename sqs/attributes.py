@@ -23,6 +23,7 @@ from sqs import wire
 from sqs.context import Context, integer_of, invalid, queue_arn, service_errors, service_name, shown
 from sqs.errors import SQSError
 from sqs.models import QueueSettings
+from sqs.query import valid_text
 
 # --- SQS's own limits (the service's are its LIMITS) --------------------------------------------
 #: entries of a batch call (SendMessageBatch, DeleteMessageBatch, ChangeMessageVisibilityBatch).
@@ -197,6 +198,11 @@ def checked_attributes(
         return {}, {}
     if not isinstance(attrs, dict) or not all(isinstance(v, str) for v in attrs.values()):
         raise invalid("Attributes must map names to strings")
+    for name, value in attrs.items():
+        if not valid_text(value):  # (kept and answered: in XML too)
+            raise SQSError(
+                "InvalidAttributeValue", f"Invalid characters found in the value of the parameter {shown(name)}."
+            )
     fields: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     opaque: dict[str, str] = {}
@@ -300,4 +306,6 @@ def checked_tags(value: Any, name: str = "Tags") -> dict[str, str]:
         raise invalid(
             f"at most {MAX_TAGS} tags, keys of 1 to {MAX_TAG_KEY} characters, values of at most {MAX_TAG_VALUE}"
         )
+    if not all(valid_text(k) and valid_text(v) for k, v in value.items()):  # (kept and answered: in XML too)
+        raise invalid(f"Invalid characters found in {name}: a key or a value has a character XML cannot carry.")
     return value
