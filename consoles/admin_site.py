@@ -18,7 +18,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import ValidationError
-from django.db import models
+from django.db import connections, models
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.http.response import HttpResponseBase
@@ -35,13 +35,16 @@ class ConsoleSite(admin.AdminSite):
     site_url = None  # no "view site" link: the node serves an API, nothing at "/"
 
     def register(self, model_or_iterable, admin_class=None, **options):
-        """Register as Django's site does, with two checks Django's model admins lack (each
-        answered 500): every JSON field of their forms is the console's bounded one
-        (:class:`consoles.forms.JSONField`: an integer of 4,301 digits, a value nested
-        thousands deep), and an action's selection must be primary keys (:func:`_checked_selection`)."""
+        """Register as Django's site does, with the checks Django's model admins lack (each
+        answered 500): every JSON field and every choice of several rows in their forms is the
+        console's (:mod:`consoles.forms`: an integer of 4,301 digits, a value nested thousands
+        deep; a key past 64 bits), and an action's selection must be primary keys
+        (:func:`_checked_selection`)."""
         super().register(model_or_iterable, admin_class, **options)
         for model_admin in self._registry.values():
-            model_admin.formfield_overrides.setdefault(models.JSONField, {}).setdefault("form_class", forms.JSONField)
+            overrides = model_admin.formfield_overrides
+            overrides.setdefault(models.JSONField, {}).setdefault("form_class", forms.JSONField)
+            overrides.setdefault(models.ManyToManyField, {}).setdefault("form_class", forms.ModelMultipleChoiceField)
             if "response_action" not in vars(model_admin):
                 model_admin.response_action = _checked_selection(model_admin)
 
@@ -114,7 +117,8 @@ def _checked_selection(model_admin: admin.ModelAdmin) -> Any:
     """``model_admin.response_action`` that answers 400 to an action on a selection that is not
     the model's primary keys: Django filters the changelist by it as it is posted
     (``pk__in``), and a value its primary key cannot take (``abc`` for an integer; a NUL,
-    which PostgreSQL refuses in text) raised there (a 500; the NUL's, an outage's 503)."""
+    which PostgreSQL refuses in text; past 64 bits, which SQLite's integers cannot hold)
+    raised there (a 500; the NUL's, an outage's 503)."""
     respond = model_admin.response_action
     pk = model_admin.model._meta.pk
     assert pk is not None
@@ -125,6 +129,8 @@ def _checked_selection(model_admin: admin.ModelAdmin) -> Any:
                 if "\x00" in value:
                     raise ValidationError("a NUL character")
                 pk.get_prep_value(pk.to_python(value))
+                if not forms.within_range(pk, value, connections[queryset.db]):
+                    raise ValidationError("past the key's column")
             except (ValidationError, ValueError, TypeError):
                 return HttpResponseBadRequest(
                     f"An action's selection is of {model_admin.model._meta.verbose_name_plural}: "

@@ -390,13 +390,13 @@ def test_a_json_field_posted_with_what_json_loads_or_postgresql_refuses_is_a_for
 @pytest.mark.parametrize("role", ROLES)
 def test_an_action_on_a_selection_that_is_no_primary_key_is_a_400(consoles, role):
     # Django filters by the selection as posted (pk__in): "abc", "", a float, 5,000 digits
-    # raised ValueError (500), a NUL PostgreSQL's DataError (503)
+    # raised ValueError (500), a NUL PostgreSQL's DataError (503), 2**64 SQLite's OverflowError
     console = consoles[role]
     console.login()
     for model in console.admins:
         if not model.actions:
             continue
-        for selected in ("abc", "", "-6.2e+16", "9" * 5_000, "\x00", "[[[]]]"):
+        for selected in ("abc", "", "-6.2e+16", "9" * 5_000, "\x00", "[[[]]]", str(2**64)):
             r = console.post(
                 model.changelist, [("action", model.actions[0]), ("index", "0"), ("_selected_action", selected)]
             )
@@ -423,3 +423,14 @@ def test_a_nul_anywhere_in_a_console_request_is_a_400(consoles, role):
     ):
         assert console.get(path, params).status_code == 400, (path, params)
     assert console.post("/admin/sqs/queuesettings/add/", {"tags": "{}", "opaque": '"\x00"'}).status_code == 400
+
+
+@pytest.mark.parametrize("key", [str(2**63), str(2**64), "9" * 5_000, "abc"])
+def test_a_choice_of_rows_past_the_key_s_range_is_a_form_error(consoles, key):
+    # a group's permissions (a choice of several rows) are looked up with pk__in: on SQLite,
+    # the embedded default, a key past 64 bits raised OverflowError (500)
+    console = consoles["superuser"]
+    console.login()
+    group = next(m for m in console.admins if m.label == "auth/group")
+    r = console.post(f"{group.changelist}{group.ids[0]}/change/", {"name": "fz-group", "permissions": key})
+    assert r.status_code == 200 and "errornote" in r.content.decode(), r.content[:300]
