@@ -568,4 +568,6 @@ def test_what_xml_cannot_carry_is_replaced_in_an_answer():
     parsed = parse_query("SendMessage", body, status=400)
     assert parsed["Error"]["Message"] == "Value \ufffd\ufffd\ufffd is invalid"
     result = {"Tags": {"k\x01": "v\x7f\x0b"}}
-    assert parse_query("ListQueueTags", query.encode("ListQueueTags", result, "r-2"))["Tags"] == {"k\ufffd": "v\x7f\ufffd"}
+    assert parse_query("ListQueueTags", query.encode("ListQueueTags", result, "r-2"))["Tags"] == {
+        "k\ufffd": "v\x7f\ufffd"
+    }
