@@ -17,6 +17,8 @@ from typing import Any
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList as DjangoChangeList
 from django.core.exceptions import ValidationError
 from django.db import connections, models
 from django.db.models import QuerySet
@@ -38,8 +40,9 @@ class ConsoleSite(admin.AdminSite):
         """Register as Django's site does, with the checks Django's model admins lack (each
         answered 500): every JSON field and every choice of several rows in their forms is the
         console's (:mod:`consoles.forms`: an integer of 4,301 digits, a value nested thousands
-        deep; a key past 64 bits), and an action's selection must be primary keys
-        (:func:`_checked_selection`)."""
+        deep; a key past 64 bits), an action's selection must be primary keys
+        (:func:`_checked_selection`), and a date hierarchy's date one a datetime holds
+        (:class:`ChangeList`)."""
         super().register(model_or_iterable, admin_class, **options)
         for model_admin in self._registry.values():
             overrides = model_admin.formfield_overrides
@@ -47,6 +50,8 @@ class ConsoleSite(admin.AdminSite):
             overrides.setdefault(models.ManyToManyField, {}).setdefault("form_class", forms.ModelMultipleChoiceField)
             if "response_action" not in vars(model_admin):
                 model_admin.response_action = _checked_selection(model_admin)
+            if type(model_admin).get_changelist is admin.ModelAdmin.get_changelist:
+                model_admin.get_changelist = _changelist
 
     def admin_view(self, view, cacheable=False):
         """Django's admin view, which first refuses (400) a request with a NUL character in its
@@ -100,6 +105,26 @@ class ConsoleSite(admin.AdminSite):
     def dashboards(self, request):
         """The dashboards page (:func:`consoles.views.dashboards`), in this site's frame."""
         return views.dashboards(request, self)
+
+
+class ChangeList(DjangoChangeList):
+    """Django's changelist, which takes a date hierarchy's year, month and day that make no
+    date (``2147483648``; December 31st of 9999, whose next day is none) as any parameter it
+    cannot use (``?e=1``): Django caught the ValueError of a day that is not, not the
+    OverflowError of a number past C's int, nor the errors of the day after."""
+
+    def get_filters(self, request: HttpRequest) -> Any:
+        try:
+            return super().get_filters(request)
+        except (OverflowError, ValueError) as exc:
+            prefix = f"{self.date_hierarchy}__"
+            if not self.date_hierarchy or not any(key.startswith(prefix) for key in request.GET):
+                raise
+            raise IncorrectLookupParameters(exc) from exc
+
+
+def _changelist(request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+    return ChangeList
 
 
 def _has_nul(request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
