@@ -22,6 +22,7 @@ from django.contrib.admin.views.main import ChangeList as DjangoChangeList
 from django.core.exceptions import ValidationError
 from django.db import connections, models
 from django.db.models import QuerySet
+from django.db.models.base import ModelBase
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.http.response import HttpResponseBase
 from django.urls import path
@@ -43,13 +44,14 @@ class ConsoleSite(admin.AdminSite):
         deep; a key past 64 bits), an action's selection must be primary keys
         (:func:`_checked_selection`), and a date hierarchy's date one a datetime holds
         (:class:`ChangeList`)."""
-        super().register(model_or_iterable, admin_class, **options)
-        for model_admin in self._registry.values():
+        registered = [model_or_iterable] if isinstance(model_or_iterable, ModelBase) else list(model_or_iterable)
+        super().register(registered, admin_class, **options)
+        for model in registered:
+            model_admin = self._registry[model]
             overrides = model_admin.formfield_overrides
             overrides.setdefault(models.JSONField, {}).setdefault("form_class", forms.JSONField)
             overrides.setdefault(models.ManyToManyField, {}).setdefault("form_class", forms.ModelMultipleChoiceField)
-            if "response_action" not in vars(model_admin):
-                model_admin.response_action = _checked_selection(model_admin)
+            model_admin.response_action = _checked_selection(model_admin)
             if type(model_admin).get_changelist is admin.ModelAdmin.get_changelist:
                 model_admin.get_changelist = _changelist
 
