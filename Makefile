@@ -4,6 +4,7 @@
 #   make test [ARGS="-k foo"]     pytest with real PostgreSQL + Redis (started, then always stopped)
 #   make test ARGS='-m "not cluster"'   the same without the tests that start node processes
 #   make test-unit [ARGS=...]     tests/unit on the embedded defaults, no services, not the slow ones
+#   make fuzz [ARGS=...]          the entrances' fuzz tests, longer, on SQLite (ARGS="--examples 2000"; --help)
 #   make lint                     ruff check, ruff format --check, mypy, lint-imports, mkdocs build --strict (what CI runs first)
 #   make fmt                      ruff format, then ruff check --fix
 #   make bench                    bench/throughput.py with PostgreSQL + Redis
@@ -17,7 +18,7 @@ DOCS_PORT ?= 8001
 ARGS ?=
 export PORT
 
-.PHONY: help venv run demo test test-unit lint fmt bench docs services-start services-stop services-status services-env
+.PHONY: help venv run demo test test-unit fuzz lint fmt bench docs services-start services-stop services-status services-env
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -36,6 +37,9 @@ test:
 
 test-unit:
 	@scripts/test-unit.sh $(ARGS)
+
+fuzz:
+	@scripts/fuzz.sh $(ARGS)
 
 lint:
 	@scripts/lint.sh

@@ -86,10 +86,10 @@ from sqs.message_attributes import (
     md5_of_body,
     read_attributes,
     stored_attributes,
-    valid_text,
     wanted_attribute,
 )
 from sqs.models import QueueSettings
+from sqs.query import valid_text
 
 _SQS_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 _ENTRY_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
@@ -268,6 +268,8 @@ def untag_queue(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     keys = params.get("TagKeys")
     if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
         raise missing("TagKeys")
+    if not all(valid_text(k) for k in keys):  # (none is a key: a NUL would reach the audit's JSON)
+        raise invalid("Invalid characters found in TagKeys.")
     with service_errors():
         sqs_service.update_queue_settings(q, caller=ctx.caller, remove_tags=keys)
     return {}

@@ -19,9 +19,11 @@ from django.db.models.signals import post_delete, post_save
 
 from queues import service
 from queues.models import LIMITS
-from sqs.context import Context, invalid, queue_arn, service_errors, service_name
+from sqs import wire
+from sqs.context import Context, integer_of, invalid, queue_arn, service_errors, service_name, shown
 from sqs.errors import SQSError
 from sqs.models import QueueSettings
+from sqs.query import valid_text
 
 # --- SQS's own limits (the service's are its LIMITS) --------------------------------------------
 #: entries of a batch call (SendMessageBatch, DeleteMessageBatch, ChangeMessageVisibilityBatch).
@@ -146,21 +148,26 @@ post_delete.connect(_settings_changed, sender=QueueSettings, dispatch_uid="sqs.a
 
 def _bad_redrive(value: str, reason: str) -> SQSError:
     """SQS answers a RedrivePolicy it cannot take with InvalidParameterValue."""
-    return invalid(f"Value {value} for parameter RedrivePolicy is invalid. Reason: {reason}")
+    return invalid(f"Value {shown(value, 1024)} for parameter RedrivePolicy is invalid. Reason: {reason}")
 
 
 def _redrive_policy(value: str, ctx: Context, queue: str | None) -> tuple[Any, int]:
     """(dead-letter queue row, maxReceiveCount) of a RedrivePolicy of queue ``queue`` (the
     service's name; None: not created yet)."""
     try:
-        policy = json.loads(value)
+        # (bounded: a policy nested thousands deep would recurse past the stack)
+        policy = wire.loads(value)
         arn = policy["deadLetterTargetArn"]
-        count = int(policy["maxReceiveCount"])
+        given = policy["maxReceiveCount"]
     except (ValueError, KeyError, TypeError):
         raise _bad_redrive(value, "Redrive policy must be JSON with deadLetterTargetArn and maxReceiveCount.") from None
     low, high = LIMITS["max_receives"]
-    if not isinstance(arn, str) or not low <= count <= high:
-        raise _bad_redrive(value, f"Invalid value for maxReceiveCount: {count}, valid values are from {low} to {high}.")
+    # (a whole number in JSON's float form, 5.0, is one too; infinity and NaN are none)
+    count = int(given) if isinstance(given, float) and given.is_integer() else integer_of(given)
+    if not isinstance(arn, str) or count is None or not low <= count <= high:
+        raise _bad_redrive(
+            value, f"Invalid value for maxReceiveCount: {shown(given)}, valid values are from {low} to {high}."
+        )
     target = service_name(arn.rsplit(":", 1)[-1])
     if target == queue:
         raise _bad_redrive(value, "A queue cannot be its own dead-letter queue.")
@@ -173,9 +180,10 @@ def _redrive_policy(value: str, ctx: Context, queue: str | None) -> tuple[Any, i
 
 
 def _attribute_integer(name: str, value: str, low: int, high: int) -> int:
-    if not value.strip().isdigit() or not low <= int(value) <= high:
+    number = integer_of(value)
+    if number is None or not low <= number <= high:
         raise SQSError("InvalidAttributeValue", f"Invalid value for the parameter {name}: {low} to {high}.")
-    return int(value)
+    return number
 
 
 def checked_attributes(
@@ -190,6 +198,11 @@ def checked_attributes(
         return {}, {}
     if not isinstance(attrs, dict) or not all(isinstance(v, str) for v in attrs.values()):
         raise invalid("Attributes must map names to strings")
+    for name, value in attrs.items():
+        if not valid_text(value):  # (kept and answered: in XML too)
+            raise SQSError(
+                "InvalidAttributeValue", f"Invalid characters found in the value of the parameter {shown(name)}."
+            )
     fields: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     opaque: dict[str, str] = {}
@@ -269,7 +282,7 @@ def same_attributes(given: dict[str, str], current: dict[str, str]) -> bool:
         have = current.get(name)
         if name == "RedrivePolicy":
             try:
-                a, b = json.loads(value), json.loads(have or "{}")
+                a, b = wire.loads(value), wire.loads(have or "{}")
             except ValueError:
                 return False
             if a.get("deadLetterTargetArn", "").rsplit(":", 1)[-1] != b.get("deadLetterTargetArn", "").rsplit(":", 1)[
@@ -293,4 +306,6 @@ def checked_tags(value: Any, name: str = "Tags") -> dict[str, str]:
         raise invalid(
             f"at most {MAX_TAGS} tags, keys of 1 to {MAX_TAG_KEY} characters, values of at most {MAX_TAG_VALUE}"
         )
+    if not all(valid_text(k) and valid_text(v) for k, v in value.items()):  # (kept and answered: in XML too)
+        raise invalid(f"Invalid characters found in {name}: a key or a value has a character XML cannot carry.")
     return value

@@ -9,6 +9,7 @@ last part counts (any host).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -146,15 +147,50 @@ def text_param(params: dict[str, Any], name: str, *, required: bool = False) -> 
     return value
 
 
+#: the most digits an integer parameter is read with (leading zeros aside): more are past every
+#: range (the widest, a long's, has 19), and past 4,300 Python refuses to convert them.
+_MAX_DIGITS = 32
+_DIGITS = re.compile(r"-?[0-9]+")
+
+
+def integer_of(value: Any) -> int | None:
+    """``value`` as an integer parameter, else None: an ``int`` (not a bool), or text of ASCII
+    digits with an optional ``-`` and spaces around (other digits, such as ``²`` or ``٣``, are
+    not SQS's). Text of more than ``_MAX_DIGITS`` digits is None (past every range) and never
+    converted."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if _DIGITS.fullmatch(text) and len(text.lstrip("-").lstrip("0")) <= _MAX_DIGITS:
+            return int(text)
+    return None
+
+
+def shown(value: Any, limit: int = 64) -> str:
+    """``value`` as an error message quotes it: at most ``limit`` characters (a caller's value
+    may be a megabyte of text, or an integer of thousands of digits)."""
+    try:
+        text = str(value)
+    except ValueError:  # an int past Python's digit limit for conversion to text
+        text = f"an integer of {value.bit_length()} bits"
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
 def integer_param(params: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    """Parameter ``name``, an integer from ``low`` to ``high`` (:func:`integer_of`), or None if
+    it is not given. Raises InvalidParameterValue."""
     value = params.get(name)
     if value is None:
         return None
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise invalid(f"Value {value} for parameter {name} is invalid. Reason: must be between {low} and {high}.")
-    return value
+    number = integer_of(value)
+    if number is None or not low <= number <= high:
+        raise invalid(
+            f"Value {shown(value)} for parameter {name} is invalid. Reason: must be between {low} and {high}."
+        )
+    return number
 
 
 def queue_param(params: dict[str, Any], ctx: Context) -> Any:

@@ -19,6 +19,7 @@ from sqs import meta as sqs_meta
 from sqs.attributes import MAX_MESSAGE_ATTRIBUTES
 from sqs.context import invalid
 from sqs.errors import SQSError
+from sqs.query import INVALID_CHARS
 
 #: the key of a message's ``attributes`` that keeps what SQS knows beyond name -> text.
 META = sqs_meta.KEY
@@ -34,8 +35,6 @@ SYSTEM_ATTRIBUTES = {
     "AWSTraceHeader",
     "DeadLetterQueueSourceArn",
 }
-#: characters SQS refuses in a body or an attribute's text.
-INVALID_CHARS = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 #: a message attribute's name: SQS takes alphanumeric characters (Unicode letters and digits
 #: too, not ASCII only), ``_``, ``-`` and ``.``, up to 256.
@@ -67,12 +66,6 @@ def md5_of_attributes(attrs: dict[str, tuple[str, str | bytes]]) -> str:
 
 def md5_of_body(body: str) -> str:
     return hashlib.md5(body.encode("utf-8"), usedforsecurity=False).hexdigest()
-
-
-def valid_text(text: str) -> bool:
-    """Whether ``text`` has none of :data:`INVALID_CHARS` (printable ASCII, most texts, is
-    told without the pattern)."""
-    return (text.isascii() and text.isprintable()) or not INVALID_CHARS.search(text)
 
 
 def checked_message_attributes(value: Any, where: str = "") -> dict[str, tuple[str, str | bytes]]:

@@ -46,6 +46,7 @@ from typing import Any
 from django.conf import settings
 
 from mq_client.tracing import valid_xray
+from sqs import wire
 
 #: the key of a message's ``attributes`` that holds the metadata.
 KEY = "sqs:meta"
@@ -136,7 +137,7 @@ def decode(attributes: Mapping[str, Any] | None, *, body: str, queues: Iterable[
     if not isinstance(raw, str):
         return {}
     try:
-        parsed = json.loads(raw)
+        parsed = wire.loads(raw)  # (bounded: a REST client may name an attribute so)
     except ValueError:
         return {}
     if not isinstance(parsed, dict):

@@ -35,6 +35,7 @@ from django.utils import timezone
 from queues import service
 from queues.access import SYSTEM, audit, require
 from queues.models import Queue
+from sqs import wire
 from sqs.context import Context, service_errors
 from sqs.errors import SQSError
 from sqs.models import MoveTask
@@ -72,7 +73,7 @@ def task_handle(source_arn: str) -> str:
 def parse_task_handle(handle: str) -> dict[str, str] | None:
     """The ``taskId`` and ``sourceArn`` of a task handle, or None if it is not one."""
     try:
-        task = json.loads(base64.b64decode(handle.encode(), validate=True))
+        task = wire.loads(base64.b64decode(handle.encode(), validate=True))  # (bounded: any caller's text)
     except (binascii.Error, ValueError, UnicodeDecodeError):
         return None
     if not isinstance(task, dict) or not all(isinstance(task.get(k), str) for k in ("taskId", "sourceArn")):

@@ -32,9 +32,11 @@ from django.db import transaction
 from queues import service
 from queues.access import require
 from sqs import service as sqs_service
+from sqs import wire
 from sqs.attributes import settings_of
-from sqs.context import Context, invalid, missing, queue_arn, queue_param, service_errors, text_param
+from sqs.context import Context, invalid, missing, queue_arn, queue_param, service_errors, shown, text_param
 from sqs.models import AccessKey
+from sqs.query import valid_text
 
 _LABEL = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 _PRINCIPAL = re.compile(r"^arn:aws:iam::[^:]*:user/(?P<name>.+)$")
@@ -77,8 +79,15 @@ def _names(params: dict[str, Any], key: str) -> list[str]:
     return value
 
 
+#: the longest AWSAccountIds entry: a user name (Django's are at most 150 characters) or a key ID.
+_MAX_ENTRY = 150
+
+
 def _user(entry: str) -> Any:
     """The user an ``AWSAccountIds`` entry names (user name, or an active access key ID of theirs)."""
+    if not valid_text(entry) or len(entry) > _MAX_ENTRY:
+        # (a NUL reaches no query: PostgreSQL refuses it in text, an error that is no outage)
+        raise invalid(f"Value {shown(entry)} for parameter AWSAccountIds is invalid. Reason: not a user name.")
     users = get_user_model()
     user = users.objects.filter(username=entry, is_active=True).first()
     if user is None:
@@ -96,7 +105,7 @@ def _policy(q: Any) -> dict[str, Any]:
     """The queue's Policy as a JSON object (an empty one if it has none or it is not one)."""
     text = (settings_of(q).opaque or {}).get("Policy") or ""
     try:
-        policy = json.loads(text) if text else {}
+        policy = wire.loads(text) if text else {}  # (bounded: the Policy is the caller's text)
     except ValueError:
         policy = {}
     if not isinstance(policy, dict) or not isinstance(policy.get("Statement", []), list):

@@ -20,7 +20,6 @@ Wire rules, as botocore's query serializer and parser apply them:
 from __future__ import annotations
 
 import base64
-import binascii
 import codecs
 import re
 from collections.abc import Iterable, Mapping
@@ -31,9 +30,25 @@ from xml.sax.saxutils import escape
 from queues.errors import ServiceError
 from sqs.query_shapes import ERROR_CODES, OPERATIONS, SHAPES, XML_NAMESPACE
 
-__all__ = ["NOT_AT_A_QUEUE_URL", "QueryError", "decode", "encode", "encode_error", "parse_form", "query_error_code"]
+__all__ = [
+    "INVALID_CHARS",
+    "NOT_AT_A_QUEUE_URL",
+    "QueryError",
+    "decode",
+    "encode",
+    "encode_error",
+    "parse_form",
+    "query_error_code",
+    "valid_text",
+]
 
 _INDEX = re.compile(r"[1-9][0-9]{0,5}")
+#: characters XML 1.0 cannot carry, which SQS refuses in what it keeps and answers with (a
+#: body, an attribute's or a tag's text): the query protocol's answers are XML.
+INVALID_CHARS = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_INTEGER = re.compile(r"-?[0-9]+")
+#: the most characters of an integer's text (a long has 19 digits; leading zeros are taken).
+_MAX_DIGITS = 64
 
 #: The actions SQS refuses (``InvalidAction``) at a queue's URL: they act on no queue. Every
 #: other action is served there, ``GetQueueUrl`` included (of any queue, as SQS answers it).
@@ -71,6 +86,12 @@ def query_error_code(code: str) -> str:
     ``InvalidParameterValue``) and codes already in query form pass through."""
     query_code: str = ERROR_CODES.get(code, code)  # (the generated table's values are text)
     return query_code
+
+
+def valid_text(text: str) -> bool:
+    """Whether ``text`` has none of :data:`INVALID_CHARS` (printable ASCII, most texts, is
+    told without the pattern)."""
+    return (text.isascii() and text.isprintable()) or not INVALID_CHARS.search(text)
 
 
 # -- decode -------------------------------------------------------------------------------------
@@ -125,15 +146,28 @@ def _single_values(form: Mapping[str, Any]) -> dict[str, str]:
     return flat
 
 
+#: The most parts (``.``-separated) of a key whose prefixes are indexed, and the longest key
+#: indexed. SQS's deepest key has 7 parts and about 80 characters
+#: (``SendMessageBatchRequestEntry.10.MessageAttribute.10.Value.StringListValue.1``); a deeper
+#: or longer one names nothing an action reads, and indexing every prefix of a key costs its
+#: parts times its length: a key of 20,000 dots took 2 s, the 4 MiB a body may hold hours.
+MAX_KEY_PARTS = 16
+MAX_KEY_LENGTH = 1024
+
+
 class _Form:
-    """The flat form with, per prefix, the indices numbered under it (``Attribute`` -> {1, 2})."""
+    """The flat form with, per prefix, the indices numbered under it (``Attribute`` -> {1, 2}).
+    Cost: O(keys x ``MAX_KEY_PARTS``) prefixes, each at most a key long."""
 
     def __init__(self, flat: dict[str, str]) -> None:
         self.flat = flat
         self.indices: dict[str, set[int]] = {}
         self.prefixes: set[str] = set()
         for key in flat:
-            parts = key.split(".")
+            if len(key) > MAX_KEY_LENGTH:
+                continue  # (still read as it is: no shape's key is as long)
+            # (the last part holds the rest of a deeper key: no index, its prefixes not kept)
+            parts = key.split(".", MAX_KEY_PARTS)
             for end in range(1, len(parts)):
                 prefix = ".".join(parts[:end])
                 self.prefixes.add(prefix)
@@ -144,24 +178,29 @@ class _Form:
         return key in self.flat or key in self.prefixes
 
 
+def _shown(text: str, limit: int = 64) -> str:
+    """A caller's text as an error quotes it: at most ``limit`` characters."""
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
 def _scalar(kind: str, key: str, text: str) -> Any:
     if kind == "string":
         return text
     if kind in ("integer", "long"):
-        try:
-            return int(text)
-        except ValueError:
-            raise QueryError(
-                "InvalidParameterValue", f"Value {text!r} for parameter {key} is not an integer."
-            ) from None
+        # ASCII digits only (int() also reads "1_000" and other scripts' digits), and few
+        # enough: more are past any range, and int() refuses text of more than 4,300
+        digits = text.strip()
+        if _INTEGER.fullmatch(digits) and len(digits) <= _MAX_DIGITS:
+            return int(digits)
+        raise QueryError("InvalidParameterValue", f"Value {_shown(text)!r} for parameter {key} is not an integer.")
     if kind == "boolean":
         if text.lower() in ("true", "false"):
             return text.lower() == "true"
-        raise QueryError("InvalidParameterValue", f"Value {text!r} for parameter {key} is not a boolean.")
+        raise QueryError("InvalidParameterValue", f"Value {_shown(text)!r} for parameter {key} is not a boolean.")
     if kind == "blob":
         try:
             return base64.b64encode(base64.b64decode(text, validate=True)).decode("ascii")
-        except binascii.Error:
+        except ValueError:  # binascii.Error, or a character that is not ASCII
             raise QueryError("InvalidParameterValue", f"Value for parameter {key} is not valid base64.") from None
     raise QueryError("InvalidParameterValue", f"Parameter {key} has a type this service does not read ({kind}).")
 
@@ -244,6 +283,11 @@ def decode(form: Mapping[str, Any], queue_url: str | None = None) -> tuple[str, 
 
 def _text(value: str) -> str:
     # A carriage return would come back as a line feed from any XML parser: SQS escapes it.
+    # A character XML cannot carry (a control character, a lone surrogate), which SQS refuses
+    # in what it keeps but an error may quote or another entrance may have stored, is U+FFFD:
+    # the answer stays XML that any client reads.
+    if not valid_text(value):
+        value = INVALID_CHARS.sub("\ufffd", value)
     return escape(value).replace("\r", "&#xD;")
 
 

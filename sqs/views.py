@@ -34,7 +34,7 @@ from queues.api import throttles
 from queues.api.auth import caller_of_id
 from queues.api.fastpath import DirectAnswer
 from sqs import actions, query, sigv4, wire
-from sqs.context import Context
+from sqs.context import Context, shown
 from sqs.errors import SQSError
 from sqs.keys import ActiveKey, active_key
 
@@ -94,11 +94,15 @@ def _body(request: HttpRequest) -> bytes:
     """The body, refused (413) by its Content-Length before it is read when over the limit."""
     length = request.META.get("CONTENT_LENGTH") or "0"
     if not (length.isascii() and length.isdigit()):
-        raise SQSError("MalformedQueryString", f"Content-Length must be a number of bytes, got {length!r}")
+        raise SQSError("MalformedQueryString", f"Content-Length must be a number of bytes, got {shown(length)!r}")
     limit = min(MAX_REQUEST_BYTES, settings.API_MAX_REQUEST_BYTES)
-    if int(length) > limit:
+    # (a length of more digits than the limit's is over it, never converted: int() refuses
+    # text of more than 4,300 digits)
+    if len(length.lstrip("0")) > len(str(limit)) or int(length) > limit:
         raise SQSError(
-            "RequestEntityTooLarge", f"the request body of {length} bytes is over the limit of {limit} bytes", 413
+            "RequestEntityTooLarge",
+            f"the request body of {shown(length)} bytes is over the limit of {limit} bytes",
+            413,
         )
     return request.body
 

@@ -18,7 +18,8 @@ CONTENT_TYPE = "application/x-amz-json-1.0"
 TARGET_PREFIX = "AmazonSQS."
 #: The deepest nesting of objects and arrays a request may have. SQS's deepest input is 6 levels
 #: (SendMessageBatch: entries, an entry, its attributes, one attribute, its list of values);
-#: anything past this is refused (400) before an action or a recursive walk sees it.
+#: anything past this is refused (400) before an action or a recursive walk sees it. The JSON
+#: texts inside parameters (a RedrivePolicy, a Policy) are bounded alike (:func:`loads`).
 MAX_DEPTH = 16
 
 
@@ -36,29 +37,67 @@ def decode(headers: Mapping[str, str], body: bytes) -> tuple[str, dict[str, Any]
     if not body.strip():
         return action, {}
     try:
-        params = _loads(body)
+        params = loads(body, huge_integers=True)
+    except TooDeep:
+        raise SQSError(
+            "MalformedQueryString", f"the body nests objects and arrays more than {MAX_DEPTH} deep"
+        ) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise SQSError("MalformedQueryString", f"the body is not JSON: {exc}") from None
-    except RecursionError:
-        params = _TOO_DEEP  # nested past the parser's own bound: far past ours
-    # (a body with no more brackets than MAX_DEPTH nests no deeper: most calls need no walk)
-    if params is _TOO_DEEP or (body.count(b"{") + body.count(b"[") > MAX_DEPTH and _too_deep(params)):
-        raise SQSError("MalformedQueryString", f"the body nests objects and arrays more than {MAX_DEPTH} deep")
     if not isinstance(params, dict):
         raise SQSError("MalformedQueryString", "the body must be a JSON object")
     return action, params
 
 
-_TOO_DEEP = object()
+class TooDeep(ValueError):
+    """JSON text that nests objects and arrays past :data:`MAX_DEPTH`."""
 
 
-def _loads(body: bytes) -> Any:
-    """``json.loads``'s answer, parsed by orjson where it can: a body it refuses (an integer past
-    64 bits, NaN, its own nesting bound) is parsed again by ``json``, which decides."""
+class HugeInteger:
+    """An integer of a request's body past the digits Python converts (``sys.int_info``'s
+    ``default_max_str_digits``, 4,300): past any parameter's range, refused by the action as
+    an invalid value of that parameter (it is no ``int``, no ``str``). Shown shortened."""
+
+    __slots__ = ("literal",)
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+    def __str__(self) -> str:
+        return f"{self.literal[:16]}...({len(self.literal.lstrip('-'))} digits)"
+
+    __repr__ = __str__
+
+
+def _integer(literal: str) -> int | HugeInteger:
     try:
-        return orjson.loads(body)
+        return int(literal)
+    except ValueError:  # past the digit limit (the literal is digits: the parser matched it)
+        return HugeInteger(literal)
+
+
+def loads(text: bytes | str, *, huge_integers: bool = False) -> Any:
+    """JSON text as ``json.loads`` reads it, nested at most :data:`MAX_DEPTH` deep (else
+    :class:`TooDeep`, a ValueError). What every JSON text of a caller is read with: a request's
+    body, and the JSON inside its parameters (a RedrivePolicy, a Policy, a TaskHandle), where
+    an unbounded parse would recurse past Python's stack (RecursionError). An integer past
+    Python's digit limit is a :class:`HugeInteger` with ``huge_integers``, else a ValueError.
+
+    orjson parses where it can; a text it refuses (NaN, an integer past a double, a lone
+    surrogate, its own nesting bound) is parsed again by ``json``, which decides. Cost: one
+    parse, and a walk of the value only when the text has more brackets than the bound."""
+    try:
+        value = orjson.loads(text)
     except orjson.JSONDecodeError:
-        return json.loads(body)
+        try:
+            value = json.loads(text, parse_int=_integer if huge_integers else None)
+        except RecursionError:
+            raise TooDeep(f"nested past {MAX_DEPTH}") from None
+    # (a text with no more brackets than MAX_DEPTH nests no deeper: most texts need no walk)
+    brackets = text.count(b"{") + text.count(b"[") if isinstance(text, bytes) else text.count("{") + text.count("[")
+    if brackets > MAX_DEPTH and _too_deep(value):
+        raise TooDeep(f"nested past {MAX_DEPTH}")
+    return value
 
 
 def _too_deep(value: Any) -> bool:

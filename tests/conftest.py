@@ -69,6 +69,17 @@ def pytest_runtest_setup(item):
     launcher.start_check = refuse
 
 
+def pytest_terminal_summary(terminalreporter):
+    """The fuzzing's cases per entrance, when fuzz tests ran (tests/fuzzing.py)."""
+    from tests import fuzzing
+
+    lines = fuzzing.TALLY.lines()
+    if lines:
+        terminalreporter.section("fuzzing: cases per entrance")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 def pytest_report_header(config):
     from django.conf import settings
 

@@ -19,7 +19,7 @@ from queues.models import LIMITS
 from sqs import actions, attributes
 from sqs.context import Context
 from sqs.errors import SQSError
-from sqs.message_attributes import INVALID_CHARS, valid_text
+from sqs.query import INVALID_CHARS, valid_text
 
 CTX = Context(caller=SYSTEM, base_url="http://node/sqs", account="000000000000", region="eu-west-1")
 MESSAGE_ID = "q/0/0123abcd-0123456789abcdef/7"

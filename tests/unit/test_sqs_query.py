@@ -532,3 +532,42 @@ def test_a_forms_charset_is_taken_only_when_it_reads_ascii_as_ascii(options, cha
 
     assert _charset(options) == charset
     assert query.parse_form(b"a=%C3%A9&b=x", _charset(options))["b"] == "x"
+
+
+# -- hostile forms ------------------------------------------------------------------------------
+@pytest.mark.timeout(20)
+def test_a_key_of_millions_of_parts_is_read_in_linear_time():
+    # every prefix of every key was indexed: a key of 20,000 dots took 2 s, of 2,000,000 hours
+    for key in ("SendMessageBatchRequestEntry." + "1." * 2_000_000 + "Id", "x" * 4_000_000, "." * 2_000_000):
+        assert query.decode({"Action": "SendMessageBatch", "QueueUrl": "q", key: "a"}) == (
+            "SendMessageBatch",
+            {"QueueUrl": "q"},
+        )
+
+
+@pytest.mark.parametrize("text", ["9" * 4_301, "²", "٣", "1_000", "1.0", ""])
+def test_an_integer_that_is_not_ascii_digits_is_invalid(text):
+    with pytest.raises(query.QueryError) as raised:
+        query.decode({"Action": "ReceiveMessage", "QueueUrl": "q", "MaxNumberOfMessages": text})
+    assert raised.value.code == "InvalidParameterValue" and len(raised.value.message) < 200
+
+
+@pytest.mark.parametrize("text", ["é", "\ud800", "AA=A", "*"])
+def test_a_blob_that_is_not_base64_is_invalid(text):
+    # a character that is not ASCII raised ValueError, not binascii.Error: a 500
+    form = {"Action": "SendMessage", "QueueUrl": "q", "MessageBody": "m"}
+    form |= {"MessageAttribute.1.Name": "a", "MessageAttribute.1.Value.DataType": "Binary"}
+    with pytest.raises(query.QueryError) as raised:
+        query.decode({**form, "MessageAttribute.1.Value.BinaryValue": text})
+    assert raised.value.code == "InvalidParameterValue"
+
+
+def test_what_xml_cannot_carry_is_replaced_in_an_answer():
+    # a control character an error quotes, or one another entrance stored, made the answer no XML
+    body = query.encode_error("InvalidParameterValue", "Value \x00\x1b\ud800 is invalid", True, "r-1")
+    parsed = parse_query("SendMessage", body, status=400)
+    assert parsed["Error"]["Message"] == "Value \ufffd\ufffd\ufffd is invalid"
+    result = {"Tags": {"k\x01": "v\x7f\x0b"}}
+    assert parse_query("ListQueueTags", query.encode("ListQueueTags", result, "r-2"))["Tags"] == {
+        "k\ufffd": "v\x7f\ufffd"
+    }
