@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from queues.errors import ServiceError
+from queues.errors import Refused
 from sqs.errors import SQSError
 
 CONTENT_TYPE = "application/x-amz-json-1.0"
@@ -50,11 +50,11 @@ def decode(headers: Mapping[str, str], body: bytes) -> tuple[str, dict[str, Any]
     return action, params
 
 
-class TooDeep(ServiceError, ValueError):
-    """JSON text that nests objects and arrays past :data:`MAX_DEPTH` (a ValueError, as any
-    JSON text that cannot be read; answered as the bad input it is)."""
+class TooDeep(Refused, ValueError):
+    """JSON text that nests objects and arrays past :data:`MAX_DEPTH` (a ValueError too: what
+    the readers of a parameter's JSON text catch for text that is not JSON)."""
 
-    code, status = "too_deep", 400
+    code = "too_deep"
 
 
 class HugeInteger:
