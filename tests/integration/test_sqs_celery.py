@@ -180,18 +180,7 @@ def test_a_celery_task_over_sqs_continues_its_senders_trace_in_the_worker(node, 
 
     from workers import celery_tracing
 
-    queue = f"traced-{uuid.uuid4().hex[:8]}"
-    out = tmp_path / "ran"
-    out.mkdir()
-    traces = tmp_path / "worker-spans.jsonl"
-    env = _worker_env(node, access_key, queue, out, MQ_SQS_TRACES=str(traces))
-    env.pop("CELERY_BROKER_URL", None)
-    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
-    from tests.integration.sqs_celery_app import app, record
-
-    app.conf.broker_url = env["MQ_SQS_BROKER_URL"]
-    app.conf.task_default_queue = queue
-    app.conf.broker_transport_options = _transport_options()
+    queue, out, traces, env, record = _traced_worker_setup(node, access_key, tmp_path, monkeypatch, "traced")
     # given a producer whose OpenTelemetry SDK keeps its spans in memory, and a Celery worker
     # whose SDK writes its spans as JSON lines
     memory = InMemorySpanExporter()
@@ -222,18 +211,11 @@ def test_a_celery_task_over_sqs_continues_its_senders_trace_in_the_worker(node, 
     assert span["attributes"]["messaging.operation.type"] == "process"
 
 
-#: a task's trace context whose tracestate holds a line feed, a forged log record and ANSI escapes
-FORGED_LINE = "2025-01-01 00:00:00 ERROR celery.worker forged by a task's sender"  # (no comma: it ends a member)
-FORGED_CONTEXT = {
-    "traceparent": "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01",
-    "tracestate": f"rojo=1\n{FORGED_LINE}\x1b[2J\x1b[31m",
-}
-
-
-def test_a_task_whose_tracestate_forges_a_log_line_runs_in_its_trace_and_the_worker_logs_none_of_it(
-    node, access_key, tmp_path, monkeypatch
-):
-    queue = f"forged-{uuid.uuid4().hex[:8]}"
+def _traced_worker_setup(node, access_key, tmp_path, monkeypatch, prefix: str):
+    """A queue of its own, the folder its tasks record runs in, the file the worker writes its
+    spans to, the worker's environment, and this process's Celery app sending over sqs:// to
+    that queue (its ``record`` task)."""
+    queue = f"{prefix}-{uuid.uuid4().hex[:8]}"
     out = tmp_path / "ran"
     out.mkdir()
     traces = tmp_path / "worker-spans.jsonl"
@@ -245,6 +227,21 @@ def test_a_task_whose_tracestate_forges_a_log_line_runs_in_its_trace_and_the_wor
     app.conf.broker_url = env["MQ_SQS_BROKER_URL"]
     app.conf.task_default_queue = queue
     app.conf.broker_transport_options = _transport_options()
+    return queue, out, traces, env, record
+
+
+#: a task's trace context whose tracestate holds a line feed, a forged log record and ANSI escapes
+FORGED_LINE = "2025-01-01 00:00:00 ERROR celery.worker forged by a task's sender"  # (no comma: it ends a member)
+FORGED_CONTEXT = {
+    "traceparent": "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01",
+    "tracestate": f"rojo=1\n{FORGED_LINE}\x1b[2J\x1b[31m",
+}
+
+
+def test_a_task_whose_tracestate_forges_a_log_line_runs_in_its_trace_and_the_worker_logs_none_of_it(
+    node, access_key, tmp_path, monkeypatch
+):
+    _, out, traces, env, record = _traced_worker_setup(node, access_key, tmp_path, monkeypatch, "forged")
     # given a task sent over sqs:// whose headers carry a traceparent and a tracestate that
     # holds a line feed, a forged log record and ANSI escapes (anyone who may send to the
     # queue may write a task's headers)
