@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
@@ -108,6 +108,8 @@ class Delivery:
     token: str
     id: str | None
     dequeue: Operation
+    #: where in the dequeue's answer
+    position: int
 
     @property
     def at(self) -> int:
@@ -141,9 +143,11 @@ class Faults:
         return [(start, stop) for start, stop, kind, t in self.windows if kind in kinds and t == target]
 
 
-def check(history: History, overlap_slack_ns: int = 0) -> Result:
+def check(history: History, overlap_slack_ns: int = 0, group_batch: Collection[str] = ()) -> Result:
     """Check the whole history. ``overlap_slack_ns``: overlaps of two owners no longer than this
-    are not reported (the run sets it to how late it may stamp a node's record; 0: none)."""
+    are not reported (the run sets it to how late it may stamp a node's record; 0: none).
+    ``group_batch``: the streams (queues, ``topic/subscription``) whose queue has ``group_batch``
+    on, where one dequeue may deliver a group's next messages together."""
     result = Result()
     operations = history.operations()
     faults = Faults(history.faults, history.end)
@@ -154,7 +158,7 @@ def check(history: History, overlap_slack_ns: int = 0) -> Result:
 
     deliveries = _deliveries(operations)
     result.deliveries = len(deliveries)
-    _check_messages(operations, deliveries, faults, result)
+    _check_messages(operations, deliveries, faults, group_batch, result)
     _check_http(operations, result)
     _check_owners(history.nodes, faults, history.end, overlap_slack_ns, result)
     _check_epochs(operations, history.nodes, result)
@@ -168,15 +172,21 @@ def _deliveries(operations: list[Operation]) -> list[Delivery]:
             continue
         if op.queue is None:
             raise HistoryError(f"a dequeue with no queue: {op!r}")
-        for message in op.value:
+        for position, message in enumerate(op.value):
             if not isinstance(message, dict) or not isinstance(message.get("value"), str):
                 raise HistoryError(f"a delivery must be an object with a string value: {message!r}")
-            found.append(Delivery(op.queue, message["value"], message.get("id"), op))
+            found.append(Delivery(op.queue, message["value"], message.get("id"), op, position))
     found.sort(key=lambda d: d.at)
     return found
 
 
-def _check_messages(operations: list[Operation], deliveries: list[Delivery], faults: Faults, result: Result) -> None:
+def _check_messages(
+    operations: list[Operation],
+    deliveries: list[Delivery],
+    faults: Faults,
+    group_batch: Collection[str],
+    result: Result,
+) -> None:
     enqueues = [op for op in operations if op.f == "enqueue"]
     # what each token's enqueues promise: (stream, token) confirmed, or possibly there
     confirmed: dict[tuple[str, str], Operation] = {}
@@ -243,42 +253,54 @@ def _check_messages(operations: list[Operation], deliveries: list[Delivery], fau
     result.duplicates = dict(sorted(duplicates.items()))
     result.after_ack = dict(sorted(after_ack.items()))
 
-    _check_groups(confirmed, deliveries, ack_sent, result)
+    _check_groups(confirmed, deliveries, ack_sent, group_batch, result)
 
 
 def _check_groups(
     confirmed: dict[tuple[str, str], Operation],
     deliveries: list[Delivery],
     ack_sent: dict[tuple[str, str], int],
+    group_batch: Collection[str],
     result: Result,
 ) -> None:
     """A message B of a group is delivered by a dequeue answered at ``t``. Every message A of the
     group whose enqueue was answered before B's was sent (or that is earlier in B's batch) must
     have been acknowledged before ``t``: an ack sent at or after ``t`` cannot have taken effect
-    before, and one never sent never did. O((messages + deliveries) log messages)."""
-    # per (stream, group): the confirmed messages by their enqueue's answer, and the running
-    # latest "ack sent" over that order (with whose it is)
+    before, and one never sent never did. On a ``group_batch`` stream, an A delivered before B
+    in the same answer is in order too. O((messages + deliveries) log messages) when batches are
+    delivered in order."""
+    # per (stream, group): the confirmed messages in the order of their enqueue's answer, when
+    # each one's first ack was sent, and the running latest of those (with whose it is)
     members: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
     for (stream, token), op in confirmed.items():
         if op.group is not None:
             assert op.completed is not None
             members[stream, op.group].append((op.completed, token))
-    prefix: dict[tuple[str, str], tuple[list[int], list[tuple[float, str]]]] = {}
-    for key, entries in members.items():
+    orders: dict[tuple[str, str], _GroupOrder] = {}
+    for (stream, group), entries in members.items():
         entries.sort()
-        stream = key[0]
-        latest = list(accumulate(((ack_sent.get((stream, t), NEVER), t) for _, t in entries), max))
-        prefix[key] = ([answered for answered, _ in entries], latest)
+        acks = [(ack_sent.get((stream, t), NEVER), t) for _, t in entries]
+        orders[stream, group] = _GroupOrder(
+            answered=[answered for answered, _ in entries],
+            tokens=[t for _, t in entries],
+            acks=acks,
+            latest=list(accumulate(acks, max)),
+        )
 
     for d in deliveries:
         b = confirmed.get((d.stream, d.token))
         if b is None or b.group is None:
             continue
-        answered, latest = prefix[d.stream, b.group]
-        before = bisect_left(answered, b.invoked)  # answered strictly before B was sent
-        candidates = [latest[before - 1]] if before else []
-        tokens = b.tokens
-        candidates += [(ack_sent.get((d.stream, a), NEVER), a) for a in tokens[: tokens.index(d.token)]]
+        order = orders[d.stream, b.group]
+        before = bisect_left(order.answered, b.invoked)  # answered strictly before B was sent
+        same_answer = {m["value"] for m in d.dequeue.value[: d.position]} if d.stream in group_batch else set()
+        # the predecessors delivered with B are the last ones before it, in a correct run: the
+        # prefix up to the first of them by its running latest, the rest one by one
+        first = min((order.position[t] for t in same_answer if order.position.get(t, before) < before), default=before)
+        candidates = [order.latest[first - 1]] if first else []
+        candidates += [order.acks[n] for n in range(first, before) if order.tokens[n] not in same_answer]
+        in_batch = b.tokens[: b.tokens.index(d.token)]
+        candidates += [(ack_sent.get((d.stream, a), NEVER), a) for a in in_batch if a not in same_answer]
         if not candidates:
             continue
         acked, a = max(candidates)
@@ -294,6 +316,20 @@ def _check_groups(
                     "its_ack_sent": None if acked == NEVER else acked,
                 },
             )
+
+
+@dataclass
+class _GroupOrder:
+    """One group's confirmed messages on one stream, in order (see ``_check_groups``)."""
+
+    answered: list[int]
+    tokens: list[str]
+    acks: list[tuple[float, str]]
+    latest: list[tuple[float, str]]
+    position: dict[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.position = {t: n for n, t in enumerate(self.tokens)}
 
 
 def _check_http(operations: list[Operation], result: Result) -> None:

@@ -212,6 +212,45 @@ def test_an_ack_that_may_have_taken_effect_frees_the_next_message_of_the_group()
     assert only(check(run.history()), "group_order")[0]["delivered"] == "b"
 
 
+@pytest.mark.parametrize(
+    ("answers", "reported"),
+    [
+        ([("a", "b"), ("c",)], []),  # the group's next ones together, in order
+        ([("a",), ("b", "c")], ["b", "c"]),  # b and c while a is in flight
+        ([("b", "a")], ["b"]),  # out of order within one answer
+        ([("a", "c")], ["c"]),  # b skipped
+    ],
+)
+def test_with_group_batch_one_answer_may_hold_a_groups_next_messages_in_order(answers, reported):
+    run = Run()
+    run.enqueue("a", group="g")
+    run.enqueue("b", group="g")
+    run.enqueue("c", group="g")
+    for answer in answers:
+        run.dequeue(*answer)
+        if answer == ("a", "b"):
+            run.ack("a", "b")
+    run.ack("a", "b", "c")
+    result = check(run.history(), group_batch={"q"})
+    assert [e["delivered"] for e in result.examples["group_order"]] == reported
+    # without group_batch, two of a group in one answer are two in flight
+    assert not check(run.history()).valid
+
+
+def test_with_group_batch_a_message_whose_visibility_ran_out_comes_back_before_the_rest():
+    run = Run()
+    run.enqueue("a", group="g")
+    run.enqueue("b", group="g")
+    run.enqueue("c", group="g")
+    run.dequeue("a", "b")
+    run.ack("b")  # a's visibility runs out: a again, then c once a is acked
+    run.dequeue("a")
+    run.ack("a")
+    run.dequeue("c")
+    run.ack("c")
+    assert check(run.history(), group_batch={"q"}).valid
+
+
 def test_two_nodes_serving_one_partition_at_once_are_reported():
     run = Run()
     run.node("n1", "serve", epoch=1)
@@ -327,12 +366,14 @@ def test_the_examples_stop_at_three_the_counts_do_not():
 
 
 @st.composite
-def clean_runs(draw: st.DrawFn) -> tuple[Run, dict[str, int]]:
+def clean_runs(draw: st.DrawFn) -> tuple[Run, dict[str, Any]]:
     """A correct queue, simulated: enqueues (some unknown: applied or not; some refused), then
-    consumers that take any deliverable message (a group's next only once the one before is
-    acknowledged), and ack it, lose the ack's answer, or let its visibility run out; faults start
-    and stop in between. Returns the run and what it did (duplicates, recovered)."""
+    consumers that take any deliverable message (a group's next only once the ones before are
+    acknowledged; with ``group_batch``, with the group's next ones after it in the same answer),
+    and ack each, lose the ack's answer, or let its visibility run out; faults start and stop in
+    between. Returns the run and what it did (duplicates, recovered, whether it batched)."""
     run = Run()
+    batch = draw(st.booleans())
     groups = st.sampled_from([None, "g1", "g2"])
     stored: list[tuple[str, str | None]] = []  # the queue's messages, in enqueue order
     recovered_candidates: set[str] = set()
@@ -356,30 +397,37 @@ def clean_runs(draw: st.DrawFn) -> tuple[Run, dict[str, int]]:
     steps = 0
     while len(acked) < len(stored):
         deliverable = [
-            token
+            n
             for n, (token, group) in enumerate(stored)
             if token not in acked and (group is None or all(t in acked for t, g in stored[:n] if g == group))
         ]
-        token = draw(st.sampled_from(deliverable))
+        n = draw(st.sampled_from(deliverable))
+        token, group = stored[n]
+        answer = [token]
+        if batch and group is not None:
+            after = [t for t, g in stored[n + 1 :] if g == group and t not in acked]
+            answer += after[: draw(st.integers(0, 2))]
         if draw(st.booleans()):
             run.fault("kill", "stop" if faulted else "start", "n1")
             faulted = not faulted
-        run.dequeue(token)
-        delivered[token] = delivered.get(token, 0) + 1
+        run.dequeue(*answer)
         steps += 1
-        choices = ["ack", "ack", "ack-unknown-applied", "ack-unknown-lost", "timeout"]
-        then = draw(st.sampled_from(choices if steps < 30 else ["ack"]))
-        if then == "ack":
-            run.ack(token)
-            acked.add(token)
-        elif then.startswith("ack-unknown"):
-            run.ack(token, type="info")
-            if then.endswith("applied"):
+        for token in answer:
+            delivered[token] = delivered.get(token, 0) + 1
+            choices = ["ack", "ack", "ack-unknown-applied", "ack-unknown-lost", "timeout"]
+            then = draw(st.sampled_from(choices if steps < 30 else ["ack"]))
+            if then == "ack":
+                run.ack(token)
                 acked.add(token)
+            elif then.startswith("ack-unknown"):
+                run.ack(token, type="info")
+                if then.endswith("applied"):
+                    acked.add(token)
     did = {
         "duplicates": sum(n - 1 for n in delivered.values()),
         "recovered": len(recovered_candidates),
         "deliveries": sum(delivered.values()),
+        "group_batch": ["q"] if batch else [],
     }
     return run, did
 
@@ -388,7 +436,7 @@ def clean_runs(draw: st.DrawFn) -> tuple[Run, dict[str, int]]:
 @given(clean_runs())
 def test_any_history_of_a_correct_queue_is_valid(clean):
     run, did = clean
-    result = check(run.history())
+    result = check(run.history(), group_batch=did["group_batch"])
     assert result.valid, result.to_json()
     assert sum(result.duplicates.values()) == did["duplicates"]
     assert result.enqueues["recovered"] == did["recovered"]
@@ -407,7 +455,7 @@ def _drop_deliveries(run: Run, token: str) -> None:
 )
 def test_one_anomaly_put_into_a_correct_history_is_caught(clean, anomaly, data):
     # given
-    run, _ = clean
+    run, did = clean
     confirmed = [o.value for o in run.history().operations() if o.f == "enqueue" and o.type == "ok"]
     if anomaly == "lost":
         if not confirmed:
@@ -422,7 +470,7 @@ def test_one_anomaly_put_into_a_correct_history_is_caught(clean, anomaly, data):
         status = 500 if anomaly == "server_error" else 503
         run.records[n] = replace(run.records[n], status=status, retry_after=None)
     # when
-    result = check(run.history())
+    result = check(run.history(), group_batch=did["group_batch"])
     # then
     assert not result.valid
     assert result.anomalies[anomaly] >= 1
