@@ -7,7 +7,8 @@ What must never happen, each counted with its first examples (``ANOMALIES``):
 - ``unexpected``: a delivery of a message nobody enqueued, or whose enqueue certainly failed;
 - ``group_order``: within a message group, a message delivered while an earlier one of the group
   was not yet acknowledged (earlier: its enqueue was answered before the later one's was sent;
-  in a batch, earlier in the batch);
+  in a batch, earlier in the batch); on a queue with ``group_batch``, an earlier one delivered
+  before it in the same answer is in order;
 - ``overlapping_owners``: two nodes serving one partition at overlapping times (a killed node
   serves nothing from its kill on, a paused one nothing while paused);
 - ``stale_epoch``: an operation answered ``ok`` by an owner whose epoch had been superseded (a
