@@ -35,7 +35,7 @@ class Run:
         self.records.append(Op(process=process, type="invoke", f=f, time=self.tick(), **known))
 
     def finish(self, process: Any, f: str, type: str = "ok", **learnt: Any) -> None:
-        self.records.append(Op(process=process, type=type, f=f, time=self.tick(), **learnt))  # type: ignore[arg-type]
+        self.records.append(Op(process=process, type=type, f=f, time=self.tick(), **learnt))
 
     def call(self, process: Any, f: str, type: str = "ok", invoke: dict | None = None, **learnt: Any) -> None:
         self.start(process, f, **(invoke or {}))
@@ -58,10 +58,10 @@ class Run:
         self.call("consumer", "ack", type, {"queue": queue, "ids": [f"{queue}/{t}" for t in tokens]})
 
     def node(self, node: str, event: str, partition: str = "q/0", epoch: int = 1) -> None:
-        self.records.append(NodeEvent(node=node, event=event, partition=partition, epoch=epoch, time=self.tick()))  # type: ignore[arg-type]
+        self.records.append(NodeEvent(node=node, event=event, partition=partition, epoch=epoch, time=self.tick()))
 
     def fault(self, kind: str, event: str, target: str | None = None) -> None:
-        self.records.append(FaultEvent(fault=kind, event=event, time=self.tick(), target=target))  # type: ignore[arg-type]
+        self.records.append(FaultEvent(fault=kind, event=event, time=self.tick(), target=target))
 
     def history(self) -> History:
         return History.of(self.records)

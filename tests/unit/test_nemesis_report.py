@@ -27,7 +27,7 @@ def _call(process: str, f: str, invoked: int, completed: int, type: str = "ok", 
     value = f"m{invoked}" if f == "enqueue" else None
     return [
         Op(process=process, type="invoke", f=f, time=invoked, queue="q", value=value),
-        Op(process=process, type=type, f=f, time=completed, **learnt),  # type: ignore[arg-type]
+        Op(process=process, type=type, f=f, time=completed, **learnt),
     ]
 
 
