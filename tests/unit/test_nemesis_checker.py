@@ -449,10 +449,48 @@ def _drop_deliveries(run: Run, token: str) -> None:
             run.records[n] = replace(record, value=[m for m in record.value if m["value"] != token])
 
 
-@settings(max_examples=150, deadline=None)
-@given(
-    clean_runs(), st.sampled_from(["lost", "unexpected", "server_error", "unavailable_without_retry_after"]), st.data()
-)
+def _deliver_early(run: Run) -> None:
+    """Deliver a group's second confirmed message right after its enqueue was answered, before
+    the first one was even delivered (the simulation delivers only once every enqueue is done)."""
+    by_group: dict[str, list[str]] = {}
+    for o in run.history().operations():
+        if o.f == "enqueue" and o.type == "ok" and o.group is not None:
+            by_group.setdefault(o.group, []).append(o.value)
+    later = next((tokens[1] for tokens in by_group.values() if len(tokens) > 1), None)
+    if later is None:
+        run.enqueue("x", group="late")
+        run.enqueue("y", group="late")
+        run.dequeue("y")
+        return
+    n, answered = next(
+        (n, r)
+        for n, r in enumerate(run.records)
+        if isinstance(r, Op) and r.type == "ok" and r.f == "enqueue" and r.ids == [f"q/{later}"]
+    )
+    run.records[n + 1 : n + 1] = [
+        Op(process="intruder", type="invoke", f="dequeue", time=answered.time + 1, queue="q"),
+        Op(
+            process="intruder",
+            type="ok",
+            f="dequeue",
+            time=answered.time + 2,
+            value=[{"id": f"q/{later}", "value": later}],
+        ),
+    ]
+
+
+INJECTED = [
+    "lost",
+    "unexpected",
+    "group_order",
+    "overlapping_owners",
+    "server_error",
+    "unavailable_without_retry_after",
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(clean_runs(), st.sampled_from(INJECTED), st.data())
 def test_one_anomaly_put_into_a_correct_history_is_caught(clean, anomaly, data):
     # given
     run, did = clean
@@ -464,6 +502,12 @@ def test_one_anomaly_put_into_a_correct_history_is_caught(clean, anomaly, data):
             _drop_deliveries(run, data.draw(st.sampled_from(confirmed)))
     elif anomaly == "unexpected":
         run.dequeue("nobody-sent-this")
+    elif anomaly == "group_order":
+        _deliver_early(run)
+    elif anomaly == "overlapping_owners":
+        run.node("n1", "serve", epoch=1)
+        run.node("n2", "serve", epoch=2)
+        run.node("n1", "unserve", epoch=1)
     else:
         ops = [n for n, r in enumerate(run.records) if isinstance(r, Op) and r.type != "invoke"]
         n = data.draw(st.sampled_from(ops))
