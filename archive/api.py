@@ -16,11 +16,11 @@ from rest_framework.views import APIView
 from archive.models import ArchivedMessage
 from archive.replay import MAX_REPLAY, PartialReplay, readable, replay, require_source, select
 from queues import service
-from queues.api import validation
-from queues.api.auth import request_caller, request_hops
-from queues.api.errors import BadRequest
 from queues.engine.ids import parse_message_id
 from queues.engine.isotime import isoformat
+from queues.http import validation
+from queues.http.auth import request_caller, request_hops
+from queues.http.errors import BadRequest
 from queues.models import QUEUE_NAME_RE
 
 MAX_PAGE = 1000

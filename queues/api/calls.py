@@ -16,7 +16,7 @@ from django.conf import settings
 
 from queues import service
 from queues.access import Caller
-from queues.api import validation
+from queues.http import validation
 from queues.models import LIMITS
 from queues.service.types import Delivery, QueueConfig
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from queues.api import validation
 from queues.engine.ids import _MESSAGE_ID
+from queues.http import validation
 from queues.models import LIMITS, QUEUE_NAME
 from queues.service.limits import MAX_BATCH, MAX_WAIT
 

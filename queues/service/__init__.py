@@ -3,7 +3,7 @@
 Every entrance calls these and only these: the REST API's views and its WSGI fast path
 (``queues.api``), the admin, Celery tasks, the archive's replay and the workers app. Each
 function takes checked Python values and returns typed results (``types``); it raises the
-exceptions in ``errors``, which the API maps to statuses in one place (``queues.api.errors``).
+exceptions in ``errors``, which the API maps to statuses in one place (``queues.http.errors``).
 Its docstring states what it locks and what it raises.
 
 Modules: ``descriptions`` (queues, topics, subscriptions, their figures), ``overview`` (the

@@ -82,7 +82,7 @@ def revoke_token(user: Any, *, caller: Caller) -> bool:
     """Delete ``user``'s REST API token (:func:`check_revoker`): whether there was one. Recorded
     as ``revoke_token``. This node's processes stop trusting it at once (an access change:
     ``queues.access.changes``), the other nodes within their token cache's lifetime
-    (``queues.api.auth.TTL``). Raises CredentialForbidden."""
+    (``queues.http.auth.TTL``). Raises CredentialForbidden."""
     check_revoker(caller, user, "revoke an API token")
     with transaction.atomic():
         token = Token.objects.select_for_update().filter(user=user).first()
