@@ -20,8 +20,8 @@ from django.utils import timezone
 
 from queues import service
 from queues.access import Caller
-from queues.engine.ids import parse_message_id
 from queues.models import Partition, Queue
+from queues.public import parse_message_id
 from workers import metrics
 from workers.models import AttemptLog, Consumer, HeldMessage
 

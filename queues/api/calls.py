@@ -17,7 +17,7 @@ from django.conf import settings
 from queues import service
 from queues.access import Caller
 from queues.http import validation
-from queues.models import LIMITS
+from queues.public import LIMITS
 from queues.service.types import Delivery, QueueConfig
 
 Answer = tuple[int, dict[str, Any]]

@@ -13,14 +13,13 @@ from rest_framework import serializers
 
 from queues.http.serializers import StrictSerializer
 from queues.models import (
-    LIMITS,
-    QUEUE_NAME_RE,
     QUEUE_SETTINGS,
     Queue,
     dead_letter_pairing_error,
     own_dead_letter_error,
     partitions_shrink_error,
 )
+from queues.public import LIMITS, QUEUE_NAME_RE
 from queues.service.limits import MAX_BATCH, MAX_WAIT
 
 NAME_RULE = "letters, digits, '_' and '-', at most 80"
