@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from queues.engine.ids import StoredMessage
+    from queues.public import StoredMessage
 
 
 def lookup(message_ids: Iterable[str]) -> dict[str, StoredMessage]:

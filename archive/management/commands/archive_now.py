@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from archive import archiver
-from queues.models import Queue
+from queues import service
 
 
 class Command(BaseCommand):
@@ -18,7 +18,7 @@ class Command(BaseCommand):
         parser.add_argument("--queue", help="only this queue")
 
     def handle(self, *args: str, queue: str | None = None, **options: Any) -> None:
-        if queue is not None and not Queue.objects.filter(name=queue).exists():
+        if queue is not None and queue not in service.current_queue_ids([queue]):
             raise CommandError(f"no queue named {queue!r}")
         report = archiver.run(queue)
         self.stdout.write(json.dumps(report or {}, sort_keys=True))
