@@ -165,7 +165,7 @@ def runtime(db, kv_reset):
     """A node runtime in this process, without its housekeeping thread (the test ticks it)."""
     from queues import service
     from queues.api.auth import CachedTokenAuthentication
-    from queues.api.errors import BadRequest  # noqa: F401  (import the API's error mapping)
+    from queues.api.errors import exception_handler  # noqa: F401  (import the API's error mapping)
     from queues.cluster.node import NodeRuntime
 
     CachedTokenAuthentication.forget()

@@ -52,8 +52,9 @@ from rest_framework import exceptions
 from queues import metrics, service, tracing
 from queues.api import bodies, calls, throttles
 from queues.api.auth import CachedTokenAuthentication, caller_of, check_peer_body, peer_of, request_caller
-from queues.api.errors import PayloadTooLarge, api_error, domain_error
+from queues.api.errors import error_answer
 from queues.cluster import peerauth
+from queues.errors import PayloadTooLarge
 
 if TYPE_CHECKING:
     from wsgiref.types import InputStream, StartResponse, WSGIApplication
@@ -258,10 +259,8 @@ class FastPath:
                         f"{settings.API_BODY_READS_PER_CALLER} of this user's request bodies are being read already"
                     )
             status, payload = calls.CALLS[call](name, self._parse(raw), hops, trusted=peer, caller=caller)
-        except bodies.ReadersBusy as exc:
-            status, payload, headers = 503, {"error": "unavailable", "detail": f"{exc}; retry"}, {"Retry-After": "1"}
         except Exception as exc:
-            mapped = domain_error(exc) or api_error(exc)
+            mapped = error_answer(exc)
             if mapped is None:
                 log.exception("fast path: %s %s", call, name)
                 mapped = (500, {"error": "server_error", "detail": "internal error; see the node's log"}, {})
