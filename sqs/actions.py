@@ -145,10 +145,11 @@ def create_queue(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         return found
     if fifo:
         fields.setdefault("dedup_window", DEDUP_INTERVAL)
+    # A FIFO queue's receive takes as many of a group as it has room for, as SQS's.
+    fields["strict"] = fields["group_batch"] = fifo
     with service_errors():
         try:
-            # A FIFO queue's receive takes as many of a group as it has room for, as SQS's.
-            q = service.create_queue(caller=ctx.caller, name=target, strict=fifo, group_batch=fifo, **fields)
+            q = service.create_queue(caller=ctx.caller, name=target, **fields)
         except service.Conflict as exc:
             if exc.code != "already_exists":
                 raise
