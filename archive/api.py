@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from archive.models import ArchivedMessage
-from archive.replay import MAX_REPLAY, PartialReplay, readable, replay, require_source, select
+from archive.replay import MAX_REPLAY, readable, replay, require_source, select
 from queues import service
 from queues.api import validation
 from queues.api.auth import request_caller, request_hops
@@ -187,23 +187,9 @@ class ReplayView(APIView):
         service.authorize(into, "manage", caller=caller)  # before anything is selected
         require_source(caller, source)
         rows = select(source, caller=caller, ids=ids, since=since, until=until, limit=limit)
-        try:
-            # A node's signed hop count only: a client's X-MQ-Hops would skip forwarding and
-            # the cooling period.
-            answer = replay(rows, into, caller=caller, hops=request_hops(request.user))
-        except PartialReplay as exc:
-            return Response(
-                {
-                    "error": "unavailable",
-                    "detail": exc.detail,
-                    "queue": source,
-                    "into": into,
-                    "replayed": exc.replayed,
-                    "ids": exc.ids,
-                },
-                status=503,
-                headers={"Retry-After": "1"},
-            )
+        # A node's signed hop count only: a client's X-MQ-Hops would skip forwarding and the
+        # cooling period. A store failing part-way: PartialReplay, 503 with what was replayed.
+        answer = replay(rows, into, caller=caller, hops=request_hops(request.user))
         return Response(
             {"queue": source, "into": into, "selected": len(rows), "replayed": answer.replayed, "ids": answer.ids}
         )

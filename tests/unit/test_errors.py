@@ -143,9 +143,16 @@ ANSWERS = [
     (InvalidAttempt("not an ID"), 400, {"error": "invalid", "detail": "not an ID"}, {}),
     (TooManyConsumers("busy"), 429, {"error": "throttled", "detail": "busy"}, {"Retry-After": "60"}),
     (
-        PartialReplay(KVError("down"), 2, ["a", "b"]),
+        PartialReplay(KVError("down"), 2, ["a", "b"], queue="q", into="r"),
         503,
-        {"error": "unavailable", "detail": "stopped part-way, retry the rest: down"},
+        {
+            "error": "unavailable",
+            "detail": "stopped part-way, retry the rest: down",
+            "queue": "q",
+            "into": "r",
+            "replayed": 2,
+            "ids": ["a", "b"],
+        },
         {"Retry-After": "1"},
     ),
 ]
