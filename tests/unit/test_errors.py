@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import io
 import pkgutil
 import sys
 
+import orjson
 import pytest
 
 from archive.replay import PartialReplay
 from queues import service
 from queues.access import Caller, Forbidden
+from queues.api import bodies
 from queues.api.bodies import ReadersBusy
 from queues.api.errors import domain_error
 from queues.cluster.leases import LeaseLost
@@ -223,3 +226,27 @@ def test_sqs_errors_pass_through_the_sqs_mapping_and_faults_are_bugs():
     assert (signature.query_code, signature.status, signature.sender_fault) == ("SignatureDoesNotMatch", 403, True)
     assert sqs_error(CorruptTree("head block b1 is missing")) is None
     assert sqs_error(ValueError("a bug")) is None
+
+
+def test_the_body_gate_answers_busy_readers_as_the_error_says(settings):
+    # given the one reader of anonymous bodies busy
+    settings.API_ANONYMOUS_BODY_READERS = 1
+    readers = bodies.readers()
+    assert readers._free.acquire(blocking=False)
+    got: dict = {}
+
+    def start_response(status, headers):
+        got.update(status=status, headers=dict(headers))
+
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/admin/login/", "CONTENT_LENGTH": "5"}
+    try:
+        # when an anonymous body comes
+        answer = bodies.BodyGate(lambda *_: pytest.fail("the body was read"))(
+            {**environ, "wsgi.input": io.BytesIO(b"hello")}, start_response
+        )
+    finally:
+        readers._free.release()
+    # then it is refused unread, with the answer ReadersBusy carries (that of the views)
+    assert got["status"] == "503 Service Unavailable" and got["headers"]["Retry-After"] == "1"
+    detail = "1 bodies of callers not authenticated are being read already; retry"
+    assert orjson.loads(b"".join(answer)) == {"error": "unavailable", "detail": detail}
