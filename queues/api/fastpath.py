@@ -55,6 +55,7 @@ from queues.api.auth import CachedTokenAuthentication, caller_of, check_peer_bod
 from queues.api.errors import error_answer
 from queues.cluster import peerauth
 from queues.errors import PayloadTooLarge
+from queues.service.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from wsgiref.types import InputStream, StartResponse, WSGIApplication
@@ -350,4 +351,4 @@ class FastPath:
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            raise exceptions.ParseError(f"malformed JSON: {exc}") from None
+            raise InvalidRequest(f"malformed JSON: {exc}", "malformed_json") from None
