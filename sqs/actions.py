@@ -98,8 +98,10 @@ _ENTRY_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 def _save_settings(q: Any, extra: dict[str, Any], ctx: Context, tags: dict[str, str] | None = None) -> None:
     if not extra and not tags:
         return
+    if tags:
+        extra = {**extra, "tags": tags}
     with service_errors():
-        sqs_service.update_queue_settings(q, caller=ctx.caller, **extra, **({"tags": tags} if tags else {}))
+        sqs_service.update_queue_settings(q, caller=ctx.caller, **extra)
 
 
 # --- queue actions ------------------------------------------------------------------------------

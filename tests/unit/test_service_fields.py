@@ -6,6 +6,7 @@ from __future__ import annotations
 from queues import service
 from queues.models import QUEUE_SETTINGS, Queue, Subscription
 from queues.service.descriptions import SUBSCRIPTION_SETTINGS
+from sqs.models import QueueSettings
 
 
 def _keys(typed: type) -> set[str]:
@@ -33,3 +34,10 @@ def test_every_field_is_a_model_field():
     assert _keys(service.NewQueueFields) <= queue
     sub = {f.name for f in Subscription._meta.concrete_fields}
     assert _keys(service.NewSubscriptionFields) <= sub
+
+
+def test_a_queues_sqs_fields_are_its_sqs_settings():
+    from sqs.service import SETTINGS, SQSSettingsFields
+
+    assert _keys(SQSSettingsFields) == set(SETTINGS)
+    assert {f.name for f in QueueSettings._meta.concrete_fields} >= set(SETTINGS)
