@@ -16,11 +16,9 @@ from rest_framework.views import APIView
 from archive.models import ArchivedMessage
 from archive.replay import MAX_REPLAY, readable, replay, require_source, select
 from queues import service
-from queues.api import validation
-from queues.api.auth import request_caller, request_hops
-from queues.engine.ids import parse_message_id
-from queues.engine.isotime import isoformat
-from queues.models import QUEUE_NAME_RE
+from queues.http import validation
+from queues.http.auth import request_caller, request_hops
+from queues.public import QUEUE_NAME_RE, isoformat, parse_message_id
 from queues.service import InvalidRequest
 
 MAX_PAGE = 1000

@@ -17,7 +17,7 @@ from django.db import transaction
 
 from queues import service
 from queues.access import Caller, audit, require
-from queues.models import Queue
+from queues.public import QueueRow
 from sqs.attributes import MAX_RECEIVE_WAIT, MAX_TAG_KEY, MAX_TAG_VALUE, MAX_TAGS, OPAQUE
 from sqs.models import AccessKey, QueueSettings
 
@@ -83,7 +83,7 @@ def revoke_access_key(key: AccessKey, *, caller: Caller) -> bool:
 
 # --- a queue's SQS settings ---------------------------------------------------------------------
 def update_queue_settings(
-    q: Queue,
+    q: QueueRow,
     *,
     caller: Caller,
     replace: Iterable[str] = (),
@@ -123,7 +123,7 @@ def update_queue_settings(
     return s
 
 
-def check_queue_settings(q: Queue, *, caller: Caller, **fields: Unpack[SQSSettingsFields]) -> None:
+def check_queue_settings(q: QueueRow, *, caller: Caller, **fields: Unpack[SQSSettingsFields]) -> None:
     """Raise what :func:`update_queue_settings` would refuse, changing nothing (a form's check)."""
     require(caller, "manage", q.pk, q.name, q.created_by_id)
     unknown = sorted(set(fields) - set(SETTINGS))

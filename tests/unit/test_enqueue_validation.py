@@ -1,4 +1,4 @@
-"""An enqueue's bodies as ``queues.api.validation`` checks them: a body must be Unicode text
+"""An enqueue's bodies as ``queues.http.validation`` checks them: a body must be Unicode text
 (JSON parsers in front of it may let a lone surrogate through: Python's ``json`` does), and a
 batch's errors name the message."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from queues.api.validation import enqueue_request
+from queues.http.validation import enqueue_request
 from queues.service import InvalidRequest
 from queues.service.types import QueueConfig
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from queues.api.validation import enqueue_request
+from queues.http.validation import enqueue_request
 from queues.service import InvalidRequest
 from queues.service.types import QueueConfig
 from sqs import meta

@@ -10,7 +10,7 @@ import pytest
 from opentelemetry.trace import get_current_span
 
 from mq_client import tracing
-from queues.api.validation import enqueue_request
+from queues.http.validation import enqueue_request
 from queues.service import InvalidRequest
 from queues.service.types import QueueConfig
 
