@@ -164,9 +164,9 @@ def kv_reset():
 def runtime(db, kv_reset):
     """A node runtime in this process, without its housekeeping thread (the test ticks it)."""
     from queues import service
-    from queues.api.auth import CachedTokenAuthentication
-    from queues.api.errors import BadRequest  # noqa: F401  (import the API's error mapping)
     from queues.cluster.node import NodeRuntime
+    from queues.http.auth import CachedTokenAuthentication
+    from queues.http.errors import BadRequest  # noqa: F401  (import the API's error mapping)
 
     CachedTokenAuthentication.forget()
     rt = NodeRuntime("test-node", background=False).start()

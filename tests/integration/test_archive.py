@@ -53,8 +53,8 @@ def runtime(backend, request, tmp_path, kv_reset):
     """The node runtime of this process (the shared ``api`` calls it) on the ``backend`` under
     test, what it wrote there removed afterwards."""
     request.getfixturevalue("db")  # honours django_db(transaction=True) on the test
-    from queues.api.auth import CachedTokenAuthentication
     from queues.cluster.node import NodeRuntime
+    from queues.http.auth import CachedTokenAuthentication
 
     CachedTokenAuthentication.forget()
     store = _store(backend, request, tmp_path)

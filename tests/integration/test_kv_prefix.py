@@ -46,7 +46,7 @@ def ops(kv_redis, api, user, purge_kv) -> APIClient:
     """A staff client, on the store ``kv_redis`` names (set before the runtime opens it)."""
     user.is_staff = user.is_superuser = True
     user.save()
-    from queues.api.auth import CachedTokenAuthentication
+    from queues.http.auth import CachedTokenAuthentication
 
     CachedTokenAuthentication.forget()
     return api

@@ -34,7 +34,7 @@ def ops(api, user, purge_kv) -> APIClient:
     """The API client of a superuser: it may purge, redrive, change and delete any queue."""
     user.is_staff = user.is_superuser = True
     user.save()
-    from queues.api.auth import CachedTokenAuthentication
+    from queues.http.auth import CachedTokenAuthentication
 
     CachedTokenAuthentication.forget()
     return api
