@@ -166,7 +166,7 @@ def runtime(db, kv_reset):
     from queues import service
     from queues.cluster.node import NodeRuntime
     from queues.http.auth import CachedTokenAuthentication
-    from queues.http.errors import BadRequest  # noqa: F401  (import the API's error mapping)
+    from queues.http.errors import exception_handler  # noqa: F401  (import the API's error mapping)
 
     CachedTokenAuthentication.forget()
     rt = NodeRuntime("test-node", background=False).start()
