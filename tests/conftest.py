@@ -43,7 +43,7 @@ def pytest_configure(config):
 
 
 #: The fixtures that start node processes: a test that uses one is a ``cluster`` test.
-NODE_FIXTURES = frozenset({"node", "nodes", "module_node"})
+NODE_FIXTURES = frozenset({"node", "node_factory", "module_node"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
@@ -148,6 +148,41 @@ def redis_cluster_client():
     yield client
     client.flushall()
     client.close()
+
+
+@pytest.fixture
+def node_factory(request, transactional_db, tmp_path):
+    """``node_factory(**env)``: start a node process for this test and return it
+    (tests.integration.nodes.NodeFactory: its keywords, ``processes=``, ``backend=``, ...); every
+    one it started is stopped at the test's end, before the database is flushed.
+
+    The nodes run on the test database (so the test is transactional: a node sees committed
+    rows only), their data and logs under ``tmp_path``; ``@pytest.mark.node(...)`` on the test,
+    its class or its module sets them up (tests.integration.nodes.node_options):
+
+    - ``env={"NAME": "value"}``: settings of every node (on top of ``NODE_HEARTBEAT=0.3``);
+    - ``backend="redis"``: their key-value store (``tests.launcher.KV_BACKENDS``, Redis db 5
+      emptied before and after the test by default; or ``"this-process"``: this process's);
+    - ``processes=N``: ``runnode --processes`` of each (1 by default);
+    - ``shared=True``: the ``node`` of the module's tests is one node for them all (below)."""
+    from tests.integration.nodes import NodeFactory
+
+    factory = NodeFactory(request, tmp_path)
+    request.node.started_nodes = factory.nodes  # for a teardown that keeps their logs (tests/e2e)
+    yield factory
+    factory.stop()
+
+
+@pytest.fixture
+def node(request):
+    """One node process, as :func:`node_factory` starts them; in a module marked
+    ``@pytest.mark.node(shared=True)``, the module's node (``module_node``,
+    tests/integration/conftest.py), shared by its tests, which commit their rows themselves."""
+    from tests.integration.nodes import node_options
+
+    if node_options(request.node).get("shared"):
+        return request.getfixturevalue("module_node")
+    return request.getfixturevalue("node_factory")()
 
 
 @pytest.fixture

@@ -22,8 +22,7 @@ from archive.models import ArchivedMessage, ArchiverLock
 from queues import service
 from queues.engine import archive_journal
 from queues.engine.keys import incarnation
-from tests.integration.nodes import Client, local_node_env, node_info, wait_until
-from tests.launcher import NodeProcess
+from tests.integration.nodes import Client, node_info, wait_until
 
 BACKENDS = ["file", "redis", "postgres"]
 
@@ -499,21 +498,19 @@ def test_the_schema_documents_a_400_for_the_archive_calls():
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.cluster
-def test_a_replay_through_a_cooling_node_goes_elsewhere_whatever_hops_the_client_claims(tmp_path, token):
+def test_a_replay_through_a_cooling_node_goes_elsewhere_whatever_hops_the_client_claims(node_factory, token):
     import requests
 
     from queues.models import Queue
-    from tests.integration.nodes import NodeSet
 
     def partitions(c: Client, name: str) -> list[dict]:
         r = c.get(f"queues/{name}/partitions")
         assert r.status_code == 200, r.text
         return r.json()["partitions"]
 
-    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="0.3"), tmp_path)
     try:
         # given two nodes, one of which cools as soon as it has a message in flight
-        hot, cold = nodes.start(NODE_COOLING_IN_FLIGHT="0"), nodes.start()
+        hot, cold = node_factory(NODE_COOLING_IN_FLIGHT="0"), node_factory()
         ch = Client(hot.url, token)
         src, dst = f"src-{uuid.uuid4().hex[:8]}", f"dst-{uuid.uuid4().hex[:8]}"
         assert ch.post("queues", {"name": src, "partitions": 1}).status_code == 201
@@ -553,7 +550,7 @@ def test_a_replay_through_a_cooling_node_goes_elsewhere_whatever_hops_the_client
         assert r.status_code == 200 and r.json()["replayed"] == 6, r.text
         assert {int(mid.split("/")[1]) for mid in r.json()["ids"]} == {cold_partition}, r.json()["ids"]
     finally:
-        nodes.stop()
+        node_factory.stop()
 
 
 # --- one archiver per queue -----------------------------------------------------------------------
@@ -612,10 +609,8 @@ def test_two_archivers_at_once_one_works_no_duplicates(api, runtime, queue, monk
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("kind", BACKENDS)
 @pytest.mark.cluster
-def test_every_confirmed_message_of_a_killed_node_is_archived(kind, tmp_path, token, request):
-    if kind == "redis":
-        request.getfixturevalue("redis_client")  # flushes db 5
-    node = NodeProcess(local_node_env(tmp_path, kind), tmp_path).start()
+def test_every_confirmed_message_of_a_killed_node_is_archived(kind, node_factory, token, request, tmp_path):
+    node = node_factory(backend=kind)
     name = f"archcrash-{uuid.uuid4().hex[:6]}"
     confirmed: set[str] = set()
     lock = threading.Lock()

@@ -27,13 +27,8 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.cluster,
     pytest.mark.django_db,
-    pytest.mark.node(env={"METRICS_TOKEN": METRICS_TOKEN}),  # METRICS_ALLOW: loopback, the default
+    pytest.mark.node(shared=True, env={"METRICS_TOKEN": METRICS_TOKEN}),  # METRICS_ALLOW: loopback, the default
 ]
-
-
-@pytest.fixture
-def node(module_node):
-    return module_node
 
 
 def _user(committed, prefix: str) -> tuple[dict[str, str], AccessKey]:

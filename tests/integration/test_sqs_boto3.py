@@ -34,12 +34,7 @@ from tests.launcher import wait_until
 
 #: One node for the module's tests (:func:`module_node`): the rows it must read are committed
 #: (:func:`committed`); each test reads the database in a transaction rolled back after it.
-pytestmark = [pytest.mark.slow, pytest.mark.django_db]
-
-
-@pytest.fixture
-def node(module_node):
-    return module_node
+pytestmark = [pytest.mark.slow, pytest.mark.django_db, pytest.mark.node(shared=True)]
 
 
 def _user(name: str = "sqs") -> User:

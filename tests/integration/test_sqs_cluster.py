@@ -31,9 +31,9 @@ PARTITIONS = 4
 
 
 @pytest.fixture
-def two_nodes(nodes):
+def two_nodes(node_factory):
     """Two nodes of one process each (so a node is one owner)."""
-    return nodes.start(processes=1), nodes.start(processes=1)
+    return node_factory(processes=1), node_factory(processes=1)
 
 
 class Both:

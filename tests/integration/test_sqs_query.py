@@ -22,14 +22,9 @@ from sqs.models import AccessKey
 
 #: One node for the module's tests (:func:`module_node`): the key it must read is committed
 #: (:func:`committed`); each test reads the database in a transaction rolled back after it.
-pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db, pytest.mark.node(shared=True)]
 
 NS = {"s": "http://queue.amazonaws.com/doc/2012-11-05/"}
-
-
-@pytest.fixture
-def node(module_node):
-    return module_node
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.cluster,
     pytest.mark.django_db,
-    pytest.mark.node(env={"TRACES_EXPORT": "jsonl"}),
+    pytest.mark.node(shared=True, env={"TRACES_EXPORT": "jsonl"}),
 ]
 
 TRACE_ID = "5759e988bd862e3fe1be46a994272793"
@@ -45,11 +45,6 @@ FORGED_LINE = "2025-01-01 00:00:00 ERROR queues.api forged by a caller"  # (a co
 FORGED = f"rojo=00f067aa0ba902b7\n{FORGED_LINE}"
 #: a tracestate with ANSI escapes (clear the screen, red)
 ANSI = "rojo=1\x1b[2J\x1b[31m"
-
-
-@pytest.fixture
-def node(module_node):
-    return module_node
 
 
 @pytest.fixture(scope="module")
