@@ -196,17 +196,32 @@ def kv_reset():
 
 
 @pytest.fixture
-def runtime(db, kv_reset):
-    """A node runtime in this process, without its housekeeping thread (the test ticks it)."""
+def runtime(request, db, kv_reset, tmp_path):
+    """A node runtime in this process, without its housekeeping thread (the test ticks it), on
+    the configured key-value store; parametrized indirectly (``runtime`` given "file", "redis"
+    or "postgres"), on that backend as a node opens it (tests.integration.nodes.backend_store),
+    what it wrote there removed afterwards."""
     from queues import service
     from queues.api.auth import CachedTokenAuthentication
     from queues.api.errors import BadRequest  # noqa: F401  (import the API's error mapping)
     from queues.cluster.node import NodeRuntime
 
+    backend = getattr(request, "param", None)
+    store = None
+    if backend is not None:
+        from tests.integration.nodes import backend_store
+
+        store = backend_store(backend, request, tmp_path)
     CachedTokenAuthentication.forget()
-    rt = NodeRuntime("test-node", background=False).start()
+    rt = NodeRuntime("test-node", store=store, background=False).start()
     service.set_runtime(rt)
     yield rt
+    if store is not None:
+        from queues.engine.keys import incarnation
+        from queues.models import Queue
+
+        for pk, name in Queue.objects.values_list("pk", "name"):
+            store.within(incarnation(pk)).delete_prefix(name)
     rt.stop(release=True)
     service.set_runtime(None)
 
@@ -246,6 +261,44 @@ def pytest_generate_tests(metafunc):
         from tests.integration.wsgi_client import TRANSPORTS
 
         metafunc.parametrize("api", TRANSPORTS, indirect=True)
+
+
+@pytest.fixture
+def superuser_api(api, user, purge_kv):
+    """``api`` as a superuser's: it may purge, redrive, change and delete any queue."""
+    from queues.api.auth import CachedTokenAuthentication
+
+    user.is_staff = user.is_superuser = True
+    user.save()
+    CachedTokenAuthentication.forget()
+    return api
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for the whole run (its start costs seconds)."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from consoles.spark.job import spark_session
+
+    return spark_session()
+
+
+@pytest.fixture
+def exporter():
+    """Spans of a TracerProvider of the SDK's (``exporter.provider``), finished ones in memory
+    (``get_finished_spans``); ``exporter.tracer``: the client SDK's tracer on it."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from mq_client import tracing
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    memory.provider = provider
+    memory.tracer = tracing.tracer(provider)
+    return memory
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ cluster"`` leaves them out.
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -54,6 +55,49 @@ def module_node(request, django_db_setup, django_db_blocker, tmp_path_factory) -
             call_command("flush", interactive=False, verbosity=0)
             kv.flushdb()
             kv.close()
+
+
+@pytest.fixture(scope="module")
+def key(committed):
+    """An SQS access key (``sqs.models.AccessKey``) of a user of its own, committed (a node reads
+    it), for the module's tests: each names its queues apart from the others'."""
+    from django.contrib.auth.models import User
+
+    from sqs.models import AccessKey
+
+    return committed(lambda: AccessKey.issue(User.objects.create(username=f"sqs-{uuid.uuid4().hex[:8]}")))
+
+
+@pytest.fixture
+def sqs(node, key):
+    """boto3's SQS client of ``node`` with :func:`key` (its retries: botocore's standard mode)."""
+    from tests.integration.test_sqs_boto3 import _client
+
+    return _client(node, key)
+
+
+@pytest.fixture
+def node_api(node, token):
+    """A client of the node process with ``token`` (not of this process's runtime, as ``api`` is)."""
+    from tests.integration.nodes import Client
+
+    return Client(node.url, token)
+
+
+@pytest.fixture
+def two_nodes(node_factory) -> tuple[NodeProcess, NodeProcess]:
+    """Two nodes, as the test's marker sets them up (of one process each by default: a node is
+    then one owner)."""
+    return node_factory(), node_factory()
+
+
+@pytest.fixture(params=["json", "query"])
+def sqs_api(request, module_node, key):
+    """An SQS client of the module's node with :func:`key`, on each protocol in turn: AWS JSON
+    1.0 (boto3) and the query protocol (tests/integration/test_sqs_aws_rules.py's ``Api``)."""
+    from tests.integration.test_sqs_aws_rules import Api
+
+    return Api(module_node, key, request.param)
 
 
 @pytest.fixture(scope="module")

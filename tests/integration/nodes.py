@@ -61,6 +61,25 @@ def local_node_env(tmp_path: Path, backend: str = "redis", *, data: str = "data"
     return node_env(database_url=database_url(), data_dir=tmp_path / data, kv=kv, **extra)
 
 
+def backend_store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """A key-value store of this process on ``backend`` ("file": under ``tmp_path / "kv"``,
+    "redis": db 5, emptied around the test, "postgres": the test database), under the service's
+    key prefix as a node opens it: it reads what the test's nodes wrote there."""
+    if backend == "file":
+        from queues.kv.filesystem import FileStore
+
+        return FileStore(tmp_path / "kv").within(settings.KV_PREFIX)
+    if backend == "redis":
+        from queues.kv.redis import RedisStore
+
+        return RedisStore(request.getfixturevalue("redis_client")).within(settings.KV_PREFIX)
+    if backend == "postgres":
+        from queues.kv.sql import SQLStore
+
+        return SQLStore().within(settings.KV_PREFIX)
+    raise ValueError(f"no store of this process on {backend!r}: file, redis or postgres")
+
+
 def peer_request(
     method: str,
     url: str,

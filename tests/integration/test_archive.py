@@ -19,53 +19,20 @@ from rest_framework.test import APIClient
 import archive
 from archive import archiver
 from archive.models import ArchivedMessage, ArchiverLock
-from queues import service
 from queues.engine import archive_journal
 from queues.engine.keys import incarnation
-from tests.integration.nodes import Client, node_info, wait_until
+from tests.integration.nodes import Client, backend_store, node_info, wait_until
 
 BACKENDS = ["file", "redis", "postgres"]
 
 
-def _store(backend, request, tmp_path):
-    """The backend under the service's key prefix, as a node opens it (it reads what nodes wrote)."""
-    if backend == "file":
-        from queues.kv.filesystem import FileStore
-
-        return FileStore(tmp_path / "kv").within(settings.KV_PREFIX)
-    if backend == "redis":
-        from queues.kv.redis import RedisStore
-
-        return RedisStore(request.getfixturevalue("redis_client")).within(settings.KV_PREFIX)
-    from queues.kv.sql import SQLStore
-
-    return SQLStore().within(settings.KV_PREFIX)
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    return request.param
-
-
-@pytest.fixture
-def runtime(backend, request, tmp_path, kv_reset):
-    """The node runtime of this process (the shared ``api`` calls it) on the ``backend`` under
-    test, what it wrote there removed afterwards."""
-    request.getfixturevalue("db")  # honours django_db(transaction=True) on the test
-    from queues.api.auth import CachedTokenAuthentication
-    from queues.cluster.node import NodeRuntime
-
-    CachedTokenAuthentication.forget()
-    store = _store(backend, request, tmp_path)
-    node = NodeRuntime("test-node", store=store, background=False).start()
-    service.set_runtime(node)
-    yield node
-    from queues.models import Queue
-
-    for pk, name in Queue.objects.values_list("pk", "name"):
-        store.within(incarnation(pk)).delete_prefix(name)
-    node.stop(release=True)
-    service.set_runtime(None)
+def pytest_generate_tests(metafunc):
+    """Each in-process test on each backend: the shared ``runtime`` parametrized (a test that
+    names its backends itself keeps them)."""
+    if "runtime" in metafunc.fixturenames and not any(
+        "runtime" in m.args[0] for m in metafunc.definition.iter_markers("parametrize")
+    ):
+        metafunc.parametrize("runtime", BACKENDS, indirect=True)
 
 
 @pytest.fixture
@@ -374,7 +341,7 @@ def test_a_name_used_again_does_not_hand_over_the_old_queues_history(api, runtim
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("backend", ["postgres"])
+@pytest.mark.parametrize("runtime", ["postgres"], indirect=True)
 def test_the_migration_ties_each_row_to_the_queue_of_its_name_since_it_was_created(api, runtime, queue):
     import importlib
     from datetime import timedelta
@@ -429,7 +396,7 @@ TIMES = [
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("backend", ["postgres"])  # the database is what refused such times
+@pytest.mark.parametrize("runtime", ["postgres"], indirect=True)  # the database is what refused such times
 def test_any_since_or_until_is_a_200_or_a_400(api, runtime, queue):
     # given three archived messages
     src, dst = queue(archive="all"), queue()
@@ -457,7 +424,7 @@ def test_any_since_or_until_is_a_200_or_a_400(api, runtime, queue):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("backend", ["file"])
+@pytest.mark.parametrize("runtime", ["file"], indirect=True)
 def test_an_empty_or_odd_limit_is_a_400(api, queue):
     # schemathesis: `limit=` (given, empty) was read as the default; the schema says integer
     src = queue(archive="all")
@@ -644,7 +611,7 @@ def test_every_confirmed_message_of_a_killed_node_is_archived(kind, node_factory
     finally:
         node.stop()
     # then the archiver (no node needed) finds every confirmed message in the journal
-    store = _store(kind, request, tmp_path) if kind != "redis" else _redis_store()
+    store = backend_store(kind, request, tmp_path) if kind != "redis" else _redis_store()
     archiver.run(name, store=store)
     archived = set(ArchivedMessage.objects.filter(queue=name).values_list("message_id", flat=True))
     assert len(confirmed) >= 2000

@@ -28,12 +28,7 @@ API = "/api/v1/queues"
 
 def in_process(fn):
     """A test in this process, on the configured database and store; the store emptied after."""
-    return pytest.mark.django_db(pytest.mark.usefixtures("_purge_kv")(fn))
-
-
-@pytest.fixture
-def _purge_kv(purge_kv):
-    """See conftest.purge_kv."""
+    return pytest.mark.django_db(pytest.mark.usefixtures("purge_kv")(fn))
 
 
 def post(api, name, action, payload):

@@ -53,11 +53,6 @@ def ops_token(transactional_db) -> str:
     return Token.objects.create(user=user).key
 
 
-@pytest.fixture
-def two_nodes(node_factory):
-    return [node_factory(), node_factory()]
-
-
 class Ledger:
     """What every thread saw, under one lock."""
 

@@ -52,12 +52,6 @@ def _client(node, key: AccessKey | None = None, *, secret: str | None = None, ke
     )
 
 
-@pytest.fixture
-def sqs(node, committed):
-    key = committed(lambda: AccessKey.issue(_user()))
-    return _client(node, key)
-
-
 def _code(exc: pytest.ExceptionInfo) -> str:
     return exc.value.response["Error"]["Code"]
 

@@ -45,16 +45,6 @@ def _new_key() -> AccessKey:
     return AccessKey.issue(User.objects.create(username=f"ident-{uuid.uuid4().hex[:8]}"))
 
 
-@pytest.fixture(scope="module")
-def key(committed) -> AccessKey:
-    return committed(_new_key)
-
-
-@pytest.fixture
-def sqs(node, key):
-    return _client(node, key)
-
-
 def _query(node, key, action: str, **params: str) -> ET.Element:
     status, tree = _post(node, key, {"Action": action, **params})
     assert status == 200, ET.tostring(tree)

@@ -16,7 +16,6 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from django.conf import settings
-from django.contrib.auth.models import User
 
 from sqs.models import AccessKey
 
@@ -25,11 +24,6 @@ from sqs.models import AccessKey
 pytestmark = [pytest.mark.slow, pytest.mark.django_db, pytest.mark.node(shared=True)]
 
 NS = {"s": "http://queue.amazonaws.com/doc/2012-11-05/"}
-
-
-@pytest.fixture
-def key(committed):
-    return committed(lambda: AccessKey.issue(User.objects.create(username=f"query-{uuid.uuid4().hex[:8]}")))
 
 
 def _post(node, key: AccessKey, params: dict, *, secret: str | None = None) -> tuple[int, ET.Element]:

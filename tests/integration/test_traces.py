@@ -9,9 +9,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from mq_client import Client
 from queues import tracing
@@ -22,16 +19,6 @@ from workers.pipeline import Pipeline
 #: a producer's context, as a client sends it (trace ID, span ID, sampled)
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
-
-
-@pytest.fixture
-def exporter():
-    """Spans of a TracerProvider of the SDK's, finished ones in memory (``get_finished_spans``)."""
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    memory.provider = provider
-    return memory
 
 
 @pytest.fixture
