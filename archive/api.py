@@ -16,12 +16,10 @@ from rest_framework.views import APIView
 from archive.models import ArchivedMessage
 from archive.replay import MAX_REPLAY, PartialReplay, readable, replay, require_source, select
 from queues import service
-from queues.api import validation
-from queues.api.auth import request_caller, request_hops
-from queues.api.errors import BadRequest
-from queues.engine.ids import parse_message_id
-from queues.engine.isotime import isoformat
-from queues.models import QUEUE_NAME_RE
+from queues.http import validation
+from queues.http.auth import request_caller, request_hops
+from queues.http.errors import BadRequest
+from queues.public import QUEUE_NAME_RE, isoformat, parse_message_id
 
 MAX_PAGE = 1000
 TIMES = "ISO 8601, a time without zone is UTC, or epoch seconds; a time not in years 1 to 9999 once in UTC: 400"

@@ -9,6 +9,6 @@ class ArchiveConfig(AppConfig):
     def ready(self) -> None:
         # The core never imports this app: it takes the archive table as its topics' archive.
         from archive.archiver import lookup, store_records
-        from queues.cluster.hooks import install_archive
+        from queues.service.journal import install_archive
 
         install_archive(store_records, lookup)

@@ -1,11 +1,10 @@
-"""The archiver: copies each queue's journal (``queues.engine.archive_journal``) to the archive table.
+"""The archiver: copies each queue's journal (``queues.service.journal``) to the archive table.
 
 For each queue, under the queue's :class:`~archive.models.ArchiverLock`, for each partition:
-scan the journal bucket, read a batch of entries and markers, insert the rows (a message
-already archived is left as it is; a marker sets ``acked_at``), commit, and only then delete
-exactly the journal names read (unfenced: the archiver holds no partition lease, and a name
-deleted after its row committed can only be a copy). So an entry is never lost; at worst it
-is copied twice, which the unique ``message_id`` absorbs.
+read a batch of the journal's entries and markers (``service.journal.read_journal``), insert
+the rows (a message already archived is left as it is; a marker sets ``acked_at``), commit,
+and only then drop exactly the journal names read (``drop_journal``). So an entry is never
+lost; at worst it is copied twice, which the unique ``message_id`` absorbs.
 """
 
 from __future__ import annotations
@@ -23,11 +22,9 @@ from django.utils import timezone
 
 from archive.models import ArchivedMessage, ArchiverLock
 from queues import service
-from queues.engine import archive_journal, keys
-from queues.engine.ids import StoredMessage, parse_message_id
 from queues.errors import Unavailable
-from queues.kv import KeyValueStore, get_store
-from queues.models import Queue
+from queues.public import StoredMessage, parse_message_id
+from queues.service.journal import JournalQueue, drop_journal, journal_holds, journal_queues, read_journal
 
 log = logging.getLogger(__name__)
 
@@ -171,59 +168,37 @@ def lookup(message_ids: Iterable[str]) -> dict[str, StoredMessage]:
 
 # --- one partition ----------------------------------------------------------------------------
 def archive_partition(
-    store: KeyValueStore,
+    store: service.KeyValueStore | None,
     queue: str,
     partition: int,
     *,
+    incarnation: int,
     holder: str | None = None,
-    incarnation: int | None = None,
     batch: int = BATCH,
     max_rounds: int = MAX_ROUNDS,
 ) -> dict[str, int]:
-    """Copy one partition's journal to the table, its rows tied to the queue row
-    ``incarnation`` (``store`` is that incarnation's view); counts of rows inserted, acks
-    marked, journal names removed. Renews the queue's lock between rounds when ``holder`` is
-    given."""
-    bucket = archive_journal.bucket(queue, partition)
+    """Copy one partition's journal of the queue row ``incarnation`` to the table, its rows
+    tied to that row (``store``: the store to read, default this process's); counts of rows
+    inserted, acks marked, journal names removed. Renews the queue's lock between rounds when
+    ``holder`` is given."""
     counts = {"archived": 0, "acked": 0, "removed": 0}
     for _ in range(max_rounds):
         if holder is not None:
             renew(queue, holder)
-        names = store.scan(bucket)
-        if not names:
+        found = read_journal(queue, partition, incarnation=incarnation, batch=batch, store=store)
+        if found is None:
             break
-        entries: dict[str, str] = {}  # message id -> journal name
-        markers: dict[str, str] = {}
-        junk: list[str] = []
-        for name in names:
-            parsed = archive_journal.parse_name(queue, partition, name)
-            if parsed is None:
-                junk.append(name)
-            elif parsed[0] == archive_journal.ENTRY:
-                entries[parsed[1]] = name
-            else:
-                markers[parsed[1]] = name
-        chosen = sorted(entries)[:batch]
-        chosen_set = set(chosen)
-        # A marker goes with its entry; one whose entry is not journaled (archived earlier, or
-        # never: the mode changed) goes alone. One whose entry waits for a later round waits too.
-        marks = [mid for mid in sorted(markers) if mid in chosen_set or mid not in entries][:batch]
-        keys = [f"{bucket}/{entries[mid]}" for mid in chosen] + [f"{bucket}/{markers[mid]}" for mid in marks]
-        values = store.get_many(keys) if keys else []
         rows, acked_at = [], {}
-        for mid, raw in zip(chosen, values[: len(chosen)]):
-            if raw is None:
-                continue  # removed since the scan (another archiver, a purge)
+        for mid, raw in found.entries:
             try:
                 rows.append(row_for(mid, raw, incarnation))
             except Exception:  # noqa: BLE001 - never archivable: logged and dropped
                 log.error("archive: unreadable journal entry for %s dropped", mid)
-        for mid, raw in zip(marks, values[len(chosen) :]):
-            if raw is not None:
-                try:
-                    acked_at[mid] = _ts(float(raw))
-                except ValueError:
-                    log.error("archive: unreadable ack marker for %s dropped", mid)
+        for mid, raw in found.acks:
+            try:
+                acked_at[mid] = _ts(float(raw))
+            except ValueError:
+                log.error("archive: unreadable ack marker for %s dropped", mid)
         with transaction.atomic():
             counts["archived"] += _insert(rows)
             if acked_at:
@@ -233,25 +208,23 @@ def archive_partition(
                 ArchivedMessage.objects.bulk_update(marked, ["acked_at"], batch_size=500)
                 counts["acked"] += len(marked)
         # Committed: now the journal names read may go (and nothing else: new ones stay).
-        done = [entries[mid] for mid in chosen] + [markers[mid] for mid in marks] + junk
-        if done:
-            store.delete_many([f"{bucket}/{n}" for n in done])
-            counts["removed"] += len(done)
-        if len(done) >= len(names):
+        drop_journal(queue, partition, found.names, incarnation=incarnation, store=store)
+        counts["removed"] += len(found.names)
+        if not found.more:
             break
     return counts
 
 
 # --- queues -----------------------------------------------------------------------------------
-def archive_queue(store: KeyValueStore, q: Queue, holder: str, **kw) -> dict:
+def archive_queue(store: service.KeyValueStore | None, q: JournalQueue, holder: str, **kw) -> dict:
     """Every partition of ``q`` under its lock; ``{"busy": True}`` if another archiver has it.
-    ``store``: the view of ``q``'s incarnation (``store.within(keys.incarnation(q.pk))``)."""
+    ``store``: the store to read (default: this process's)."""
     if not claim(q.name, holder):
         return {"busy": True}
     total = {"archived": 0, "acked": 0, "removed": 0}
     try:
         for p in range(q.partitions):
-            for k, v in archive_partition(store, q.name, p, holder=holder, incarnation=q.pk, **kw).items():
+            for k, v in archive_partition(store, q.name, p, holder=holder, incarnation=q.incarnation, **kw).items():
                 total[k] += v
     except LockLost as exc:
         log.warning("archive: %s", exc)
@@ -262,25 +235,20 @@ def archive_queue(store: KeyValueStore, q: Queue, holder: str, **kw) -> dict:
 
 
 def run(
-    queue: str | None = None, *, store: KeyValueStore | None = None, holder: str | None = None, **kw
+    queue: str | None = None, *, store: service.KeyValueStore | None = None, holder: str | None = None, **kw
 ) -> dict[str, dict]:
     """One archiver pass over every queue (or one): counts per queue that had work or was busy.
 
     Queues with archiving off are visited too, but only if their journal holds something (the
     mode was switched off with entries left): a scan per partition, no lock otherwise.
     """
-    store = store or get_store()
     holder = holder or new_holder()
-    queues = Queue.objects.order_by("name")
-    if queue is not None:
-        queues = queues.filter(name=queue)
     report: dict[str, dict] = {}
-    for q in queues:
-        qstore = store.within(keys.incarnation(q.pk))  # this incarnation's journal
-        if q.archive == "none" and not any(qstore.scan(archive_journal.bucket(q.name, p)) for p in range(q.partitions)):
+    for q in journal_queues(queue):
+        if q.archive == "none" and not journal_holds(q, store=store):
             continue
         try:
-            counts = archive_queue(qstore, q, holder, **kw)
+            counts = archive_queue(store, q, holder, **kw)
         except Exception:
             log.exception("archiving %s", q.name)
             counts = {"error": True}

@@ -17,9 +17,9 @@ from django.utils import timezone
 from archive.archiver import message_of
 from archive.models import ArchivedMessage
 from queues import service
-from queues.access import Caller, audit, require
-from queues.models import Queue
-from queues.service import MessageDraft, QueueNotFound, Unavailable
+from queues.access import Caller, audit
+from queues.service import MessageDraft, Unavailable
+from queues.service.rows import require_on_incarnations, require_on_queue
 
 MAX_REPLAY = 10_000
 
@@ -81,27 +81,14 @@ class PartialReplay(Unavailable):
 def require_source(caller: Caller, source: str) -> None:
     """``read`` on the queue named ``source`` now (gone: only an unrestricted caller reads
     what is archived under the name). Raises QueueNotFound."""
-    q = Queue.objects.filter(name=source).only("pk", "name", "created_by_id").first()
-    if q is None:
-        if not caller.unrestricted:
-            raise QueueNotFound(source)
-    else:
-        require(caller, "read", q.pk, q.name, q.created_by_id)
+    require_on_queue(caller, "read", source)
 
 
 def require_rows(caller: Caller, rows: list[ArchivedMessage]) -> None:
     """``read`` on the queue row each of ``rows`` came from (its incarnation, not a queue
     created since under its name; a deleted one: only an unrestricted caller). Raises
     QueueNotFound."""
-    if caller.unrestricted or not rows:
-        return
-    wanted = {r.incarnation for r in rows if r.incarnation is not None}
-    found = {q.pk: q for q in Queue.objects.filter(pk__in=wanted).only("pk", "name", "created_by_id")}
-    for incarnation, name in sorted({(r.incarnation or 0, r.queue) for r in rows}):
-        q = found.get(incarnation)
-        if q is None:
-            raise QueueNotFound(name)
-        require(caller, "read", q.pk, q.name, q.created_by_id)
+    require_on_incarnations(caller, "read", [(r.incarnation, r.queue) for r in rows])
 
 
 def replay(rows: list[ArchivedMessage], into: str, *, caller: Caller, hops: int = 0) -> ReplayResult:

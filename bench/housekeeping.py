@@ -44,8 +44,8 @@ def main() -> None:
     inprocess.setup(args.kv)
 
     from queues import service
-    from queues.api.auth import SYSTEM
     from queues.cluster.node import NodeRuntime
+    from queues.http.auth import SYSTEM
     from queues.models import Queue
     from queues.service import descriptions
 

@@ -211,7 +211,7 @@ MIDDLEWARE = [
     # API call latency (the fast path times its own calls).
     "queues.metrics.ApiTimingMiddleware",
     # An outage met by a page or a form of the console: 503 with Retry-After, not 500.
-    "queues.api.errors.OutageMiddleware",
+    "queues.http.errors.OutageMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -490,21 +490,21 @@ TRACES_FILE = env("TRACES_FILE", str(DATA_DIR / "traces.jsonl"))
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first: DRF answers 401 with the first class's WWW-Authenticate header.
-        "queues.api.auth.CachedTokenAuthentication",
-        "queues.api.auth.ClusterAuthentication",
+        "queues.http.auth.CachedTokenAuthentication",
+        "queues.http.auth.ClusterAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["queues.api.parsers.FastJSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["queues.http.parsers.FastJSONParser"],
     "DEFAULT_RENDERER_CLASSES": [
-        "queues.api.renderers.FastJSONRenderer",
+        "queues.http.renderers.FastJSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
-    "EXCEPTION_HANDLER": "queues.api.errors.exception_handler",
+    "EXCEPTION_HANDLER": "queues.http.errors.exception_handler",
     # Calls per user and per anonymous address (queues/api/throttles.py; the fast path too).
     # Off in the embedded mode unless set; production defaults: a guard against a runaway or
     # hostile client, far above what one application's calls need (a batch is one call).
-    "DEFAULT_THROTTLE_CLASSES": ["queues.api.throttles.UserRate", "queues.api.throttles.AnonRate"],
+    "DEFAULT_THROTTLE_CLASSES": ["queues.http.throttles.UserRate", "queues.http.throttles.AnonRate"],
     "DEFAULT_THROTTLE_RATES": {
         "user": env("API_THROTTLE_USER", "1000/s" if _production else "") or None,
         "anon": env("API_THROTTLE_ANON", "60/m" if _production else "") or None,
@@ -553,7 +553,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 API_MAX_REQUEST_BYTES = envint("API_MAX_REQUEST_BYTES", 8 * 1024 * 1024, minimum=64 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_REQUEST_BYTES
 #: A body from a caller whose headers name no one this node knows (no valid token, signature
-#: or session: ``queues.api.bodies``) is refused over this many bytes, unread (413): enough for
+#: or session: ``queues.http.bodies``) is refused over this many bytes, unread (413): enough for
 #: the console's login form and an SQS error; every other body comes from a known caller.
 API_ANONYMOUS_MAX_REQUEST_BYTES = envint("API_ANONYMOUS_MAX_REQUEST_BYTES", 8 * 1024, minimum=1024)
 #: ... read by at most this many request threads of a process at once (more: 503, unread), so
@@ -562,7 +562,7 @@ API_ANONYMOUS_BODY_READERS = envint("API_ANONYMOUS_BODY_READERS", max(2, NODE_TH
 #: Request threads of a process that one known caller's bodies may hold at once on the fast
 #: path (a body read waits for the client, and granian cannot cut it short); past it 503, unread.
 API_BODY_READS_PER_CALLER = envint("API_BODY_READS_PER_CALLER", max(2, NODE_THREADS // 4), minimum=1)
-#: Bodies are read by the node's front (``queues.api.front``) on its event loop, never by a
+#: Bodies are read by the node's front (``queues.http.front``) on its event loop, never by a
 #: request thread. After this many seconds a body must keep up with the rate below (a slower
 #: one is cut: 408), so a client trickling its body holds a coroutine for seconds, not minutes.
 API_BODY_READ_GRACE = envfloat("API_BODY_READ_GRACE", 5.0)

@@ -39,5 +39,5 @@ urlpatterns = [
     path("favicon.ico", favicon, name="favicon"),
 ]
 
-handler404 = "queues.api.errors.json_404"
-handler500 = "queues.api.errors.json_500"
+handler404 = "queues.http.errors.json_404"
+handler500 = "queues.http.errors.json_500"

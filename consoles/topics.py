@@ -17,13 +17,12 @@ from django.urls import reverse
 
 from queues import service
 from queues.access import Caller
-from queues.models import Queue
 
 
 def topic(request: HttpRequest, name: str, site: admin.AdminSite) -> HttpResponse:
     caller = Caller.of(request.user)
     try:
-        t = service.get_queue(name, Queue.Kind.TOPIC, caller=caller)
+        t = service.get_queue(name, "topic", caller=caller)
         stats = service.queue_stats(t.name, caller=caller)
     except service.QueueNotFound:
         raise Http404(f"no topic {name!r} you may read") from None

@@ -13,32 +13,8 @@ from django.conf import settings
 from django.core.validators import BaseValidator, MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
-from queues.engine.tree import MAX_BLOCK_SIZE
+from queues.public import LIMITS, QUEUE_NAME_RE
 
-#: A queue's, topic's or subscription's name, unanchored (to build other patterns from).
-QUEUE_NAME = r"[A-Za-z0-9][A-Za-z0-9_-]{0,79}"
-#: The whole of a name. ``\A``/``\Z``, never ``^``/``$``: ``$`` also matches before a trailing
-#: newline, and RegexValidator searches (``"orders\n"`` would pass). The OpenAPI schema's
-#: patterns say ``^``/``$``, which ECMA regexes read as whole-string anchors.
-QUEUE_NAME_RE = re.compile(rf"\A{QUEUE_NAME}\Z")
-
-#: Limits on a queue's settings, shared by the model, the API and the docs.
-LIMITS = {
-    "partitions": (1, 256),
-    "block_size": (1, MAX_BLOCK_SIZE),
-    # Two seconds at the least: a lease is renewed from half its period and acted on until
-    # LEASE_SAFETY (80 %) of it, and the 300 ms a 1 s lease leaves for a renewal's round trip
-    # to the database was missed now and then by a lone, healthy owner (its calls answered
-    # 503 "lease expired on this node").
-    "lease_period": (2, 3600),
-    "visibility_timeout": (0, 12 * 3600),
-    "max_message_size": (1, 1024 * 1024),
-    "retention": (60, 14 * 24 * 3600),
-    "max_receives": (1, 1000),
-    "dedup_window": (0, 24 * 3600),
-    "delay": (0, 15 * 60),
-    "estimate": (0, 24 * 3600),
-}
 DEFAULTS = {
     "partitions": 4,
     "block_size": 256,

@@ -40,7 +40,7 @@ from typing import Any
 
 from mq_client.tracing import MAX_XRAY_HEADER, TRACEPARENT, valid_xray, xray_of_traceparent
 from queues import service
-from queues.models import LIMITS
+from queues.public import LIMITS
 from sqs import ids, move_tasks, permissions
 from sqs import service as sqs_service
 from sqs.attributes import (

@@ -7,9 +7,9 @@ class SqsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from queues.api.bodies import register_known_caller, register_self_guard_refusal, register_self_guarded
-        from queues.api.fastpath import register_direct_view
-        from queues.api.front import register_pre_body_check, register_refusal_renderer
+        from queues.http.bodies import register_known_caller, register_self_guard_refusal, register_self_guarded
+        from queues.http.direct import register_direct_view
+        from queues.http.front import register_pre_body_check, register_refusal_renderer
         from sqs import keys
         from sqs.known import access_key_known, is_sqs_call, pre_body, render_refusal, unknown_key
         from sqs.views import direct_endpoint

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
 from queues import service
-from queues.models import LIMITS
+from queues.public import LIMITS
 from sqs import wire
 from sqs.context import Context, integer_of, invalid, queue_arn, service_errors, service_name, shown
 from sqs.errors import SQSError

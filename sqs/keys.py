@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -32,15 +31,14 @@ from django.db import connection, transaction
 from django.db.models.signals import post_delete, post_save, pre_delete, pre_save
 from django.utils import timezone
 
+from queues import service
 from queues.errors import Unavailable
-from queues.kv import get_store
 from sqs.models import ACCESS_KEY_ID_MAX, LAST_USED_RESOLUTION, AccessKey
 
 log = logging.getLogger(__name__)
 
-#: The store's key of the credentials stamp (bucket ``sqs``, beside no queue's keys: those
-#: lie under a queue's incarnation, ``<id>:``).
-STAMP = "sqs/credentials"
+#: The kind of the credentials stamp (``service.credentials_stamp``) of the SQS API's keys.
+STAMP = "sqs"
 #: The longest a key read is trusted under an unchanged stamp (seconds): the bound on a change
 #: that wrote no stamp (a queryset's ``update()``, SQL by hand).
 MAX_AGE = 10.0
@@ -93,7 +91,7 @@ def active_key(access_key_id: str) -> ActiveKey | None:
     # The stamp before the rows: a change that commits after this read writes a newer stamp,
     # so what is kept under this one is read again by the next call.
     try:
-        stamp = get_store().get(STAMP)
+        stamp = service.credentials_stamp(STAMP)
     except Unavailable:
         # The store out of reach: the rows, read now and not kept (a call that needs no store,
         # a receive from no partition served here, is answered as before).
@@ -147,7 +145,7 @@ _USER_FIELDS_UNUSED = frozenset({"last_login"})
 def announce_change() -> None:
     """Write a new credentials stamp: every process reads its keys again at its next call.
     Raises ``Unavailable`` (the store)."""
-    get_store().put(STAMP, uuid.uuid4().bytes)
+    service.announce_credentials_change(STAMP)
 
 
 def _announce_committed() -> None:

@@ -1,5 +1,5 @@
 """Whether a request's headers name an SQS access key this node knows, for the body gate
-(``queues.api.bodies``): such a request's body goes to the SQS view whole, where SigV4 checks
+(``queues.http.bodies``): such a request's body goes to the SQS view whole, where SigV4 checks
 it. Any other caller's SQS call goes to the view unread (``is_sqs_call``), which refuses it
 before its body, in SQS's words."""
 
@@ -9,7 +9,7 @@ import re
 from typing import Any
 from urllib.parse import parse_qs
 
-from queues.api.front import Refusal
+from queues.http.front import Refusal
 from sqs import sigv4, wire
 from sqs.errors import CODES, SQSError
 from sqs.keys import active_key
@@ -46,7 +46,7 @@ def access_key_known(environ: dict[str, Any]) -> bool:
     return key_id is not None and AccessKey.objects.filter(access_key_id=key_id, revoked_at__isnull=True).exists()
 
 
-# --- the node's front (queues.api.front): before the body, and its refusals in SQS's words ------
+# --- the node's front (queues.http.front): before the body, and its refusals in SQS's words ------
 def _sqs_path(method: str, path: str) -> bool:
     return path == "/sqs" or path.startswith("/sqs/") or (path == "/" and method == "POST")
 
@@ -79,7 +79,7 @@ def pre_body(method: str, path: str, query: str, headers: Any) -> Refusal | None
 
 def unknown_key(environ: dict[str, Any]) -> tuple[str, str, str, list[tuple[str, str]]] | None:
     """An SQS call whose access key is unknown, revoked or of an inactive user, refused by its
-    headers (``queues.api.bodies.before_body``: a request thread, the database may be asked)
+    headers (``queues.http.bodies.before_body``: a request thread, the database may be asked)
     before its body is read, as the view refuses it; None for any other request."""
     if not is_sqs_call(environ):
         return None

@@ -34,7 +34,7 @@ from django.utils import timezone
 
 from queues import service
 from queues.access import SYSTEM, audit, require
-from queues.models import Queue
+from queues.service.rows import queue_name, start_queue_job
 from sqs import wire
 from sqs.context import Context, service_errors
 from sqs.errors import SQSError
@@ -115,7 +115,7 @@ def _stale(task: MoveTask) -> bool:
         ):
             # the process that would have recorded its end is gone: the read that marked the
             # row records it, as the node
-            name = Queue.objects.filter(pk=task.queue_id).values_list("name", flat=True).first()
+            name = queue_name(task.queue_id)
             detail = {"task": task.pk, "status": MoveTask.FAILED, "moved": task.moved}
             audit.record(SYSTEM, "move_end", name or task.source_arn, **detail)
             task.status, task.failure_reason = MoveTask.FAILED, LOST
@@ -322,10 +322,10 @@ def start(
     with service_errors():
         to_move = int(service.queue_stats(q.name, caller=ctx.caller)["depth"])
     handle = task_handle(source_arn)
-    with transaction.atomic():
-        # One task a source at a time: two starts at once queue on the source's row, and the
-        # second finds the first's task.
-        list(Queue.objects.select_for_update().filter(pk=q.pk).values_list("pk", flat=True))
+
+    def make() -> tuple[MoveTask, dict[str, Any]]:
+        # One task a source at a time: the service holds the source's row, so two starts at
+        # once queue on it, and the second finds the first's task.
         if running(q) is not None:
             raise SQSError(
                 "UnsupportedOperation", "A message move task of this source queue is running: one at a time."
@@ -339,15 +339,9 @@ def start(
             rate=rate,
             started_ms=int(time.time() * 1000),
         )
-        audit.record(
-            ctx.caller,
-            "move_start",
-            q.name,
-            task=task.pk,
-            destination=destination_arn or None,
-            rate=rate,
-            to_move=to_move,
-        )
+        return task, {"task": task.pk, "destination": destination_arn or None, "rate": rate, "to_move": to_move}
+
+    task = start_queue_job(q, caller=ctx.caller, action="move_start", start=make)
     old = MoveTask.objects.filter(queue_id=q.pk).order_by("-started_ms", "-pk").values_list("pk", flat=True)
     MoveTask.objects.filter(pk__in=list(old[MoveTask.KEEP :])).exclude(status__in=_ACTIVE).delete()
     runner = _Runner(task.pk, q, ctx, dest, rate, to_move)

@@ -17,7 +17,7 @@ from django.db import transaction
 
 from queues import service
 from queues.access import Caller, audit, require
-from queues.models import Queue
+from queues.public import QueueRow
 from sqs.attributes import MAX_RECEIVE_WAIT, MAX_TAG_KEY, MAX_TAG_VALUE, MAX_TAGS, OPAQUE
 from sqs.models import AccessKey, QueueSettings
 
@@ -68,7 +68,7 @@ def revoke_access_key(key: AccessKey, *, caller: Caller) -> bool:
 
 # --- a queue's SQS settings ---------------------------------------------------------------------
 def update_queue_settings(
-    q: Queue, *, caller: Caller, replace: Iterable[str] = (), remove_tags: Iterable[str] = (), **fields: Any
+    q: QueueRow, *, caller: Caller, replace: Iterable[str] = (), remove_tags: Iterable[str] = (), **fields: Any
 ) -> QueueSettings:
     """Change the SQS settings of queue ``q`` (:data:`SETTINGS`), under its row's lock:
     ``manage`` on the queue, as SetQueueAttributes. ``opaque`` and ``tags`` are merged into what
@@ -99,7 +99,7 @@ def update_queue_settings(
     return s
 
 
-def check_queue_settings(q: Queue, *, caller: Caller, **fields: Any) -> None:
+def check_queue_settings(q: QueueRow, *, caller: Caller, **fields: Any) -> None:
     """Raise what :func:`update_queue_settings` would refuse, changing nothing (a form's check)."""
     require(caller, "manage", q.pk, q.name, q.created_by_id)
     unknown = sorted(set(fields) - set(SETTINGS))

@@ -30,9 +30,9 @@ from rest_framework import exceptions
 
 from mq_client.tracing import traceparent_of_xray, valid_traceparent, valid_xray
 from queues import service, tracing
-from queues.api import throttles
-from queues.api.auth import caller_of_id
-from queues.api.fastpath import DirectAnswer
+from queues.http import throttles
+from queues.http.auth import caller_of_id
+from queues.http.direct import DirectAnswer
 from sqs import actions, query, sigv4, wire
 from sqs.context import Context, shown
 from sqs.errors import SQSError

@@ -202,9 +202,9 @@ def runtime(request, db, kv_reset, tmp_path):
     or "postgres"), on that backend as a node opens it (tests.integration.nodes.backend_store),
     what it wrote there removed afterwards."""
     from queues import service
-    from queues.api.auth import CachedTokenAuthentication
-    from queues.api.errors import BadRequest  # noqa: F401  (import the API's error mapping)
     from queues.cluster.node import NodeRuntime
+    from queues.http.auth import CachedTokenAuthentication
+    from queues.http.errors import BadRequest  # noqa: F401  (import the API's error mapping)
 
     backend = getattr(request, "param", None)
     store = None
@@ -266,7 +266,7 @@ def pytest_generate_tests(metafunc):
 @pytest.fixture
 def superuser_api(api, user, purge_kv):
     """``api`` as a superuser's: it may purge, redrive, change and delete any queue."""
-    from queues.api.auth import CachedTokenAuthentication
+    from queues.http.auth import CachedTokenAuthentication
 
     user.is_staff = user.is_superuser = True
     user.save()

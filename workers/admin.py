@@ -8,7 +8,7 @@ from django.utils.html import format_html
 from queues import service
 from queues.admin.common import _age
 from queues.admin.reads import ByGrant, request_caller
-from queues.models import Partition
+from queues.service.rows import partition_row_id
 from workers.models import AttemptLog, Consumer
 
 
@@ -121,7 +121,7 @@ class AttemptLogAdmin(ByGrant, admin.ModelAdmin):
     def partition_link(self, obj):
         # The partition of the queue row the record was written for, not of a queue created
         # since under the name.
-        p = Partition.objects.filter(queue_id=obj.incarnation, index=obj.partition).values_list("pk", flat=True).first()
+        p = partition_row_id(obj.incarnation, obj.partition) if obj.incarnation is not None else None
         if p is None:
             return f"{obj.queue}/{obj.partition}"
         return format_html(

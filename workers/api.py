@@ -12,10 +12,10 @@ from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from queues.api.auth import request_caller
-from queues.api.errors import BadRequest
-from queues.api.serializers import StrictSerializer
-from queues.engine.ids import parse_message_id
+from queues.http.auth import request_caller
+from queues.http.errors import BadRequest
+from queues.http.serializers import StrictSerializer
+from queues.public import parse_message_id
 from workers import services
 from workers.models import AttemptLog
 from workers.services import MAX_RECORDS

@@ -46,8 +46,8 @@ from mq_client import Client, tracing
 from mq_client.types import MessageItem, message_json
 from queues import service
 from queues.access import Forbidden
-from queues.api import throttles, validation
 from queues.errors import Refused, ServiceError
+from queues.http import throttles, validation
 from workers.models import OutboxMessage
 
 log = logging.getLogger(__name__)

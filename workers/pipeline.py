@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from mq_client import tracing
-from queues.engine.isotime import isoformat
+from queues.public import isoformat
 from workers.handlers import Handler
 
 log = logging.getLogger(__name__)

@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING, Literal
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
 from django.utils import timezone
 
 from queues import service
 from queues.access import Caller
-from queues.engine.ids import parse_message_id
-from queues.models import Partition, Queue
+from queues.public import parse_message_id
+from queues.service.rows import queue_fields, served_partitions, total_depth
 from workers import metrics
 from workers.models import AttemptLog, Consumer, HeldMessage
 
@@ -437,9 +436,7 @@ def extend_in_flight(in_flight: Sequence[InFlight], *, caller: Caller) -> tuple[
             lost.append(h.id)
             continue
         if mid.queue not in queues:
-            queues[mid.queue] = (
-                Queue.objects.filter(name=mid.queue).values_list("visibility_timeout", "partitions").first()
-            )
+            queues[mid.queue] = queue_fields(mid.queue, "visibility_timeout", "partitions")
         found = queues[mid.queue]
         if found is None or mid.partition >= found[1]:
             lost.append(h.id)
@@ -465,7 +462,7 @@ def _decide(
         return "continue", 0
     # A subscription ("topic/name") counts its topic's depth: an upper bound of its own.
     names = {q.partition("/")[0] for q in queues}
-    depth = Partition.objects.filter(queue__name__in=names).aggregate(d=Sum("depth"))["d"] or 0
+    depth = total_depth(names)
     if depth:
         return "continue", 0
     others = Consumer.objects.filter(last_heartbeat__gte=now - CONSUMER_ALIVE).exclude(pk=consumer)
@@ -484,9 +481,5 @@ def _assign(consumer: str, queues: Sequence[str], now: datetime) -> list[Take]:
         | {consumer}
     )
     rank, n = live.index(consumer), len(live)
-    rows = (
-        Partition.objects.filter(queue__name__in=queues, depth__gt=0, owner__isnull=False)
-        .select_related("queue", "owner")
-        .order_by("queue__name", "index")
-    )
-    return [Take(p.queue.name, p.index, p.owner.address, p.depth) for k, p in enumerate(rows) if k % n == rank]
+    rows = served_partitions(queues)
+    return [Take(p.queue, p.index, p.owner, p.depth) for k, p in enumerate(rows) if k % n == rank]

@@ -46,7 +46,7 @@ from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
 from mq_client import Client
-from queues.models import LIMITS
+from queues.public import LIMITS
 from workers.models import AttemptLog, TaskRecord
 from workers.outbox import WriterRefused, enqueue_on_commit, outbox_used, send_as, status_of, writer_of
 from workers.task_registry import (

@@ -376,7 +376,7 @@ def write(record: DashboardRun, results: Results, options: Options) -> None:
     move the queues' default estimates to the learned values; then forget old history."""
     from queues import service
     from queues.access import SYSTEM
-    from queues.models import Queue
+    from queues.service.rows import queue_fields
     from workers.models import Consumer
 
     bucket = options.bucket_seconds
@@ -442,7 +442,8 @@ def write(record: DashboardRun, results: Results, options: Options) -> None:
                 # row lock as any change of the queue's settings.
                 previous = service.learn_estimate(r["queue"], r["stage"], estimate, caller=SYSTEM)
             else:
-                previous = Queue.objects.filter(name=r["queue"]).values_list(column, flat=True).first()
+                found = queue_fields(r["queue"], column)
+                previous = None if found is None else found[0]
             applied = previous is not None and options.apply_estimates
             fits.append(
                 EstimateFit(

@@ -1,7 +1,7 @@
 """Access changes that every process of a node sees from the next call on.
 
 The rows a call's access is decided by (grants, API tokens, users and their groups) are cached
-in each process for a few seconds (``grants.TTL``, ``queues.api.auth.TTL``). A change made in a
+in each process for a few seconds (``grants.TTL``, ``queues.http.auth.TTL``). A change made in a
 process is counted here once it commits (:func:`changed`); a runnode's process also writes the
 count on its board (``queues.cluster.siblings``), where its siblings read it. A cache keeps what
 it read under the :func:`generation` it read it at, and reads again once that moves: a grant

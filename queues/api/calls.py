@@ -16,8 +16,8 @@ from django.conf import settings
 
 from queues import service
 from queues.access import Caller
-from queues.api import validation
-from queues.models import LIMITS
+from queues.http import validation
+from queues.public import LIMITS
 from queues.service.types import Delivery, QueueConfig
 
 Answer = tuple[int, dict[str, Any]]

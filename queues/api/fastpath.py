@@ -11,7 +11,7 @@ may make none of these calls), mapping errors with the same functions as the DRF
 handler. A client's ``X-MQ-Hops`` is ignored (hop 0), as in DRF.
 
 An app may also register a view that needs none of Django's middleware
-(:func:`register_direct_view`: the SQS endpoint, which finds its caller itself and answers in
+(``queues.http.direct.register_direct_view``: the SQS endpoint, which finds its caller itself and answers in
 its own protocol): a POST under its prefix is handed to it as Django's request, the Host and
 HTTPS checked as Django checks them, Django's security headers added to its answer.
 
@@ -33,7 +33,7 @@ import io
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -43,17 +43,19 @@ from django.core.handlers.wsgi import WSGIRequest
 from django.core.signals import setting_changed
 from django.db import close_old_connections
 from django.dispatch import receiver
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.http.request import split_domain_port, validate_host
 from django.middleware.clickjacking import XFrameOptionsMiddleware
 from django.middleware.security import SecurityMiddleware
 from rest_framework import exceptions
 
 from queues import metrics, service, tracing
-from queues.api import bodies, calls, throttles
-from queues.api.auth import CachedTokenAuthentication, caller_of, check_peer_body, peer_of, request_caller
-from queues.api.errors import PayloadTooLarge, api_error, domain_error
+from queues.api import calls
 from queues.cluster import peerauth
+from queues.http import bodies, throttles
+from queues.http.auth import CachedTokenAuthentication, caller_of, check_peer_body, peer_of, request_caller
+from queues.http.direct import DirectView, direct_view
+from queues.http.errors import PayloadTooLarge, api_error, domain_error
 
 if TYPE_CHECKING:
     from wsgiref.types import InputStream, StartResponse, WSGIApplication
@@ -150,33 +152,6 @@ def security_headers(secure: bool) -> tuple[tuple[str, str], ...]:
     return found
 
 
-#: ``(path, view)``: views that use nothing of Django's middleware (no session, cookie, CSRF
-#: token, message or login: they find their caller in the request themselves, before its body)
-#: and answer every error in their own protocol; the fast path hands them a POST to their path
-#: or under it as Django's request, with the rest of the path after ``path/`` ("" for ``path``
-#: itself): the SQS endpoint. Its answer is Django's response, or the answer as it is
-#: (:data:`DirectAnswer`), which spares making a response of it.
-DirectAnswer = tuple[int, list[tuple[str, str]], bytes]
-DirectView = Callable[[HttpRequest, str], HttpResponse | DirectAnswer]
-_DIRECT: list[tuple[str, DirectView]] = []
-
-
-def register_direct_view(path: str, view: DirectView) -> None:
-    """Serve POSTs to ``path`` (``/name``, no ``/`` at its end) and under it with ``view``
-    (see :data:`_DIRECT`)."""
-    if not path.startswith("/") or path.endswith("/"):
-        raise ValueError(f"a direct view's path starts with '/' and does not end with one: {path!r}")
-    if (path, view) not in _DIRECT:
-        _DIRECT.append((path, view))
-
-
-def _direct_view(path: str) -> tuple[str, DirectView] | None:
-    for prefix, view in _DIRECT:
-        if path == prefix or path.startswith(prefix + "/"):
-            return prefix, view
-    return None
-
-
 class FastPath:
     def __init__(self, app: WSGIApplication) -> None:
         self.app = app
@@ -188,7 +163,7 @@ class FastPath:
         path = environ.get("PATH_INFO", "")
         match = _PATH.fullmatch(path)
         if match is None:
-            direct = _direct_view(path) if _DIRECT else None
+            direct = direct_view(path)
             if direct is not None:
                 return self._direct(*direct, environ, start_response)
             return self.app(environ, start_response)
@@ -293,7 +268,7 @@ class FastPath:
     def _direct(
         self, prefix: str, view: DirectView, environ: dict[str, Any], start_response: StartResponse
     ) -> Iterable[bytes]:
-        """A direct view's call (:data:`_DIRECT`): Django's request, none of its middleware; the
+        """A direct view's call (``queues.http.direct``): Django's request, none of its middleware; the
         checks those would make that matter to such a view (the Host, HTTPS) made here, and
         their headers added to its answer."""
         if not _host_allowed(environ):

@@ -23,10 +23,10 @@ import pycurl
 
 from queues import metrics, tracing
 from queues.access import Caller
-from queues.api.auth import on_behalf_value
 from queues.cluster import peerauth
 from queues.cluster.router import MAX_HOPS
 from queues.engine.ids import MessageId, StoredMessage
+from queues.http.auth import on_behalf_value
 from queues.service import (
     AckResult,
     BlockListing,

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from queues.api import validation
 from queues.engine.ids import _MESSAGE_ID
-from queues.models import LIMITS, QUEUE_NAME
+from queues.http import validation
+from queues.public import LIMITS, QUEUE_NAME
 from queues.service.limits import MAX_BATCH, MAX_WAIT
 
 #: A name, whole (ECMA "$" is the end of the string; the service matches with "\\Z").

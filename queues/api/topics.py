@@ -27,10 +27,10 @@ from queues.api.serializers import (
     ErrorDoc,
     PartitionsOnlyGrow,
     QueueSerializer,
-    StrictSerializer,
     VisibilityDoc,
 )
 from queues.api.views import ERRORS, CallView, IsClusterPeerOrStaff, _hops, caller
+from queues.http.serializers import StrictSerializer
 from queues.models import TOPIC_SETTINGS, Queue, Subscription, dead_letter_pairing_error
 
 

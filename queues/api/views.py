@@ -16,7 +16,6 @@ from rest_framework.views import APIView
 from queues import service, tracing
 from queues.access import Caller
 from queues.api import calls
-from queues.api.auth import CachedTokenAuthentication, ClusterAuthentication, ClusterPeer, request_caller, request_hops
 from queues.api.serializers import (
     AckDoc,
     AckResultDoc,
@@ -29,6 +28,7 @@ from queues.api.serializers import (
     QueueUpdateSerializer,
     VisibilityDoc,
 )
+from queues.http.auth import CachedTokenAuthentication, ClusterAuthentication, ClusterPeer, request_caller, request_hops
 from queues.models import Queue
 
 ERRORS = {

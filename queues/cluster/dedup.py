@@ -79,7 +79,7 @@ class RedisDedup(DedupStore):
         self.redis.delete(self._key(queue, dedup_id))
 
     def forget(self, queue: str) -> None:
-        # Queue names have no ":" nor glob characters (models.QUEUE_NAME_RE): the pattern is
+        # Queue names have no ":" nor glob characters (public.QUEUE_NAME_RE): the pattern is
         # this queue's keys only.
         batch: list[bytes] = []
         for key in self.redis.scan_iter(match=self._key(queue, "*"), count=1000):

@@ -6,7 +6,7 @@ processes share is the node's public port: granian starts ``N`` workers that eac
 ``SO_REUSEPORT``, so the kernel spreads a client's connections over them and a client that
 knows only that address gets the whole machine. What each has alone is a private port: a
 second listener of the same worker, served by granian's embedded server on the worker's event
-loop (``queues.api.front``), bound on the node's host to a port the kernel picks, which is the
+loop (``queues.http.front``), bound on the node's host to a port the kernel picks, which is the
 address the process registers (``Node.address``). Calls that must reach the owner of a
 partition (forwarded calls of the siblings and of other nodes, the SDK's calls straight to an
 owner) go there, so reaching a sibling costs one loopback call into granian, signed like any
@@ -87,7 +87,7 @@ def load_app(
     worker's CPU (``cpus``, by its slot in ``slots``), hold its private port when the node has
     several processes (``private``: bind host and advertised host) so that the node runtime
     (started by importing ``target``'s module) registers that address, and return the front
-    (``front``, ``module:attribute`` of a class such as ``queues.api.front.Front``) that serves
+    (``front``, ``module:attribute`` of a class such as ``queues.http.front.Front``) that serves
     the WSGI application ``target`` (``module:attribute``) on ``threads`` request threads."""
     slot = claim_slot(slots)
     if cpus:

@@ -3,7 +3,7 @@
 Every entrance calls these and only these: the REST API's views and its WSGI fast path
 (``queues.api``), the admin, Celery tasks, the archive's replay and the workers app. Each
 function takes checked Python values and returns typed results (``types``); it raises the
-exceptions in ``errors``, which the API maps to statuses in one place (``queues.api.errors``).
+exceptions in ``errors``, which the API maps to statuses in one place (``queues.http.errors``).
 Its docstring states what it locks and what it raises.
 
 Modules: ``descriptions`` (queues, topics, subscriptions, their figures), ``overview`` (the
@@ -14,18 +14,21 @@ its owner),
 (API tokens, and who may issue or revoke a credential for whom), ``on_behalf`` (calls a
 process that is not a node makes for a user: the outbox relay's),
 ``peers`` (calls to other nodes, a protocol the API implements), ``runtime`` (this process's
-node).
+node), ``journal`` (the archive journal's drain, for the archive app), ``rows`` (what the
+apps read of queue and partition rows, and the lock a queue's job starts under).
 """
 
 from queues.engine.ids import MessageId, parse_message_id
 from queues.engine.isotime import iso
 from queues.engine.partition import BLOCK_LISTING_MAX, BlockListing
-from queues.kv import KVError
+from queues.kv import KeyValueStore, KVError
 from queues.service.blocks import block_messages
 from queues.service.credentials import (
     CredentialForbidden,
+    announce_credentials_change,
     check_issuer,
     check_revoker,
+    credentials_stamp,
     issue_token,
     revoke_token,
     token_holder,
@@ -110,6 +113,7 @@ __all__ = [
     "Fault",
     "InvalidRequest",
     "KVError",
+    "KeyValueStore",
     "MessageDraft",
     "MessageId",
     "NoActiveUser",
@@ -136,6 +140,7 @@ __all__ = [
     "ack",
     "acting_user",
     "allowed_now",
+    "announce_credentials_change",
     "authorize",
     "begin_call",
     "block_messages",
@@ -150,6 +155,7 @@ __all__ = [
     "cluster_overview",
     "create_queue",
     "create_subscription",
+    "credentials_stamp",
     "current_queue_ids",
     "delete_queue",
     "delete_subscription",

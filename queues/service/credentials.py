@@ -1,5 +1,6 @@
 """Credentials: the REST API's tokens here, the SQS API's access keys in ``sqs.service``; both
-on the rules of :func:`check_issuer` and :func:`check_revoker`.
+on the rules of :func:`check_issuer` and :func:`check_revoker`; and the stamp that tells every
+process a credential changed (:func:`credentials_stamp`, :func:`announce_credentials_change`).
 
 A credential acts with every right of the user it is made for, so who may make one for whom is
 narrow: a user for themselves; a superuser for another user, but never for another superuser
@@ -15,12 +16,14 @@ trail, on the target ``user:<name>``.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from rest_framework.authtoken.models import Token
 
 from queues.access import Caller, Forbidden, audit
+from queues.kv import get_store
 from queues.service.errors import Conflict
 
 #: how many leading characters of a token the console shows (never the whole key).
@@ -82,7 +85,7 @@ def revoke_token(user: Any, *, caller: Caller) -> bool:
     """Delete ``user``'s REST API token (:func:`check_revoker`): whether there was one. Recorded
     as ``revoke_token``. This node's processes stop trusting it at once (an access change:
     ``queues.access.changes``), the other nodes within their token cache's lifetime
-    (``queues.api.auth.TTL``). Raises CredentialForbidden."""
+    (``queues.http.auth.TTL``). Raises CredentialForbidden."""
     check_revoker(caller, user, "revoke an API token")
     with transaction.atomic():
         token = Token.objects.select_for_update().filter(user=user).first()
@@ -99,3 +102,30 @@ def token_holder(key: str) -> int | None:
     of another service, or revoked). Whether the user is active is not looked at here."""
     user_id: int | None = Token.objects.filter(key=key).values_list("user_id", flat=True).first()
     return user_id
+
+
+# --- the credentials stamp ------------------------------------------------------------------------
+# A process may keep the credentials it read (the SQS API's access keys) while the stamp it read
+# them under is unchanged: a change writes a new one, and every process of the cluster, which
+# shares the key-value store, reads its credentials again from its next call on.
+
+
+def _stamp_key(kind: str) -> str:
+    # (bucket ``<kind>``, beside no queue's keys: those lie under a queue's incarnation, ``<id>:``)
+    return f"{kind}/credentials"
+
+
+def credentials_stamp(kind: str) -> bytes | None:
+    """The current stamp of the credentials of ``kind`` (``"sqs"``: the SQS API's access
+    keys), read from the key-value store (one read); None if none was ever written. No lock,
+    no permission: a process's own bookkeeping. Raises Unavailable (the store)."""
+    return get_store().get(_stamp_key(kind))
+
+
+def announce_credentials_change(kind: str) -> None:
+    """Write a new stamp of the credentials of ``kind``: every process reads those it keeps
+    again at its next call. Call it before a change is written (a store out of reach then fails
+    the change rather than leave other processes trusting the old rows) and again once it
+    commits. No lock, no permission: the change's own function checked it. Raises Unavailable
+    (the store)."""
+    get_store().put(_stamp_key(kind), uuid.uuid4().bytes)

@@ -21,7 +21,8 @@ from queues.access import Caller, Forbidden, audit, require, visible
 from queues.cluster.dedup import get_dedup
 from queues.engine import keys
 from queues.engine.partition import wait_out_trust
-from queues.models import LIMITS, Partition, Queue, Subscription, partitions_shrink_error
+from queues.models import Partition, Queue, Subscription, partitions_shrink_error
+from queues.public import LIMITS
 from queues.service.errors import Conflict, InvalidRequest, QueueNotFound, SubscriptionNotFound
 from queues.service.peers import get_peers
 from queues.service.reads import permitted_queues

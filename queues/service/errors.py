@@ -1,6 +1,6 @@
 """The exceptions the service layer raises, all in the one tree of ``queues.errors``: each
 carries its answer (``code``, ``status``, ``detail``). The API answers them in one place
-(``queues.api.errors``); other entrances (admin, SQS, tasks, the archive) map by the base."""
+(``queues.http.errors``); other entrances (admin, SQS, tasks, the archive) map by the base."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Bounds of the message calls, for every entrance: the service enforces them, the API's
 checks and its OpenAPI schema say them, the archive's replay batches by them. (A queue's
-settings have theirs in ``queues.models.LIMITS``.)"""
+settings have theirs in ``queues.public.LIMITS``.)"""
 
 from __future__ import annotations
 

@@ -21,7 +21,8 @@ from queues.engine.config import QueueConfig
 from queues.engine.ids import StoredMessage
 from queues.engine.partition import Delivery, PartitionManager, wait_out_trust
 from queues.engine.ports import Lease
-from queues.models import LIMITS, QUEUE_NAME, Partition, Queue
+from queues.models import Partition, Queue
+from queues.public import LIMITS, QUEUE_NAME
 from queues.service.errors import Conflict, InvalidRequest, PartitionUnavailable, QueueNotFound, RemoteError
 from queues.service.messages import _ack_local, _message_id, enqueue
 from queues.service.peers import get_peers

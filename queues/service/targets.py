@@ -7,7 +7,7 @@ from contextvars import ContextVar, Token
 
 from queues.access import Caller, granted_now, require
 from queues.engine.config import QueueConfig
-from queues.models import QUEUE_NAME_RE
+from queues.public import QUEUE_NAME_RE
 from queues.service.errors import InvalidRequest, QueueNotFound, SubscriptionNotFound
 from queues.service.runtime import get_runtime
 

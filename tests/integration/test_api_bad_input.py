@@ -120,8 +120,8 @@ def still(django_db_setup, django_db_blocker) -> Iterator[Still]:
     from django.contrib.auth.models import User
     from django.db import transaction
 
-    from queues.api.auth import CachedTokenAuthentication
     from queues.cluster.node import NodeRuntime
+    from queues.http.auth import CachedTokenAuthentication
     from queues.kv import reset_store
 
     with django_db_blocker.unblock():

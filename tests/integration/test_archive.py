@@ -36,7 +36,7 @@ def pytest_generate_tests(metafunc):
 
 
 @pytest.fixture
-def queue(api, unique_name):
+def make_archived_queue(api, unique_name):
     def make(**fields) -> str:
         fields.setdefault("name", unique_name("arch"))
         fields.setdefault("partitions", 2)
@@ -98,9 +98,9 @@ def journal_size(store, name, partitions=2) -> int:
 
 # --- modes --------------------------------------------------------------------------------------
 @pytest.mark.django_db
-def test_mode_all_archives_every_message_and_marks_acks(api, runtime, queue):
+def test_mode_all_archives_every_message_and_marks_acks(api, runtime, make_archived_queue):
     # given a queue archiving every message, and 60 enqueued through the API
-    name = queue(archive="all")
+    name = make_archived_queue(archive="all")
     bodies = [f"body-{i}" for i in range(60)]
     ids = enqueue(api, name, [{"body": b, "group": f"g{i % 3}", "attributes": {"i": i}} for i, b in enumerate(bodies)])
     # when the archiver runs
@@ -129,9 +129,9 @@ def test_mode_all_archives_every_message_and_marks_acks(api, runtime, queue):
 
 
 @pytest.mark.django_db
-def test_mode_acked_archives_only_acknowledged_messages(api, runtime, queue):
+def test_mode_acked_archives_only_acknowledged_messages(api, runtime, make_archived_queue):
     # given a queue archiving acknowledged messages, 30 enqueued and 12 of them acknowledged
-    name = queue(archive="acked")
+    name = make_archived_queue(archive="acked")
     enqueue(api, name, [{"body": f"m{i}"} for i in range(30)])
     assert journal_size(runtime.store, name) == 0
     got = drain(api, name, ack=False)
@@ -146,9 +146,9 @@ def test_mode_acked_archives_only_acknowledged_messages(api, runtime, queue):
 
 
 @pytest.mark.django_db
-def test_retention_is_not_an_ack(api, runtime, queue):
+def test_retention_is_not_an_ack(api, runtime, make_archived_queue):
     # given an "acked" queue whose messages are removed by the retention rule
-    name = queue(archive="acked")
+    name = make_archived_queue(archive="acked")
     enqueue(api, name, [{"body": f"m{i}"} for i in range(5)])
     expired = sum(m.expire(time.time() + 3600) for m in runtime.local_managers(name))
     assert expired == 5
@@ -158,8 +158,8 @@ def test_retention_is_not_an_ack(api, runtime, queue):
 
 
 @pytest.mark.django_db
-def test_archive_mode_can_be_changed_through_the_api(api, queue):
-    name = queue()
+def test_archive_mode_can_be_changed_through_the_api(api, make_archived_queue):
+    name = make_archived_queue()
     r = api.patch(f"/api/v1/queues/{name}", {"archive": "acked"}, format="json")
     assert r.status_code == 200 and r.json()["archive"] == "acked"
     r = api.patch(f"/api/v1/queues/{name}", {"archive": "sometimes"}, format="json")
@@ -169,8 +169,8 @@ def test_archive_mode_can_be_changed_through_the_api(api, queue):
 
 # --- lookup and listing ---------------------------------------------------------------------------
 @pytest.mark.django_db
-def test_lookup_gives_back_the_stored_records(api, runtime, queue):
-    name = queue(archive="all")
+def test_lookup_gives_back_the_stored_records(api, runtime, make_archived_queue):
+    name = make_archived_queue(archive="all")
     ids = enqueue(
         api,
         name,
@@ -192,8 +192,8 @@ def test_lookup_gives_back_the_stored_records(api, runtime, queue):
 
 
 @pytest.mark.django_db
-def test_listing_pages_through_the_archive(api, runtime, queue):
-    name = queue(archive="all")
+def test_listing_pages_through_the_archive(api, runtime, make_archived_queue):
+    name = make_archived_queue(archive="all")
     ids = enqueue(api, name, [{"body": f"m{i}"} for i in range(25)])
     archiver.run(name, store=runtime.store)
     seen, after = [], None
@@ -215,9 +215,9 @@ def test_listing_pages_through_the_archive(api, runtime, queue):
 
 # --- replay ---------------------------------------------------------------------------------------
 @pytest.mark.django_db
-def test_replay_round_trip_into_another_queue(api, runtime, queue):
+def test_replay_round_trip_into_another_queue(api, runtime, make_archived_queue):
     # given archived messages of a source queue, in groups, with attributes
-    src, dst = queue(archive="all"), queue()
+    src, dst = make_archived_queue(archive="all"), make_archived_queue()
     sent = [{"body": f"b{i}", "group": f"g{i % 4}", "attributes": {"i": i}, "size": i + 1} for i in range(40)]
     ids = enqueue(api, src, sent)
     drain(api, src)  # consumed and acknowledged at the source
@@ -244,9 +244,9 @@ def test_replay_round_trip_into_another_queue(api, runtime, queue):
 
 
 @pytest.mark.django_db
-def test_bad_replay_input_is_a_4xx_and_enqueues_nothing(api, runtime, queue):
-    src, dst = queue(archive="all"), queue()
-    strict = queue(strict=True)
+def test_bad_replay_input_is_a_4xx_and_enqueues_nothing(api, runtime, make_archived_queue):
+    src, dst = make_archived_queue(archive="all"), make_archived_queue()
+    strict = make_archived_queue(strict=True)
     ids = enqueue(api, src, [{"body": f"m{i}"} for i in range(5)])
     archiver.run(src, store=runtime.store)
     cases = [
@@ -342,7 +342,7 @@ def test_a_name_used_again_does_not_hand_over_the_old_queues_history(api, runtim
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("runtime", ["postgres"], indirect=True)
-def test_the_migration_ties_each_row_to_the_queue_of_its_name_since_it_was_created(api, runtime, queue):
+def test_the_migration_ties_each_row_to_the_queue_of_its_name_since_it_was_created(api, runtime, make_archived_queue):
     import importlib
     from datetime import timedelta
 
@@ -352,7 +352,7 @@ def test_the_migration_ties_each_row_to_the_queue_of_its_name_since_it_was_creat
 
     # given rows kept by name only: of the queue now of the name, of an earlier queue of that
     # name (enqueued before the current one was created), and of a queue gone
-    name = queue(archive="all")
+    name = make_archived_queue(archive="all")
     enqueue(api, name, [{"body": "now"}])
     archiver.run(name, store=runtime.store)
     q = Queue.objects.get(name=name)
@@ -397,9 +397,9 @@ TIMES = [
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("runtime", ["postgres"], indirect=True)  # the database is what refused such times
-def test_any_since_or_until_is_a_200_or_a_400(api, runtime, queue):
+def test_any_since_or_until_is_a_200_or_a_400(api, runtime, make_archived_queue):
     # given three archived messages
-    src, dst = queue(archive="all"), queue()
+    src, dst = make_archived_queue(archive="all"), make_archived_queue()
     enqueue(api, src, [{"body": f"m{i}"} for i in range(3)])
     archiver.run(src, store=runtime.store)
     replayed = 0
@@ -425,9 +425,9 @@ def test_any_since_or_until_is_a_200_or_a_400(api, runtime, queue):
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("runtime", ["file"], indirect=True)
-def test_an_empty_or_odd_limit_is_a_400(api, queue):
+def test_an_empty_or_odd_limit_is_a_400(api, make_archived_queue):
     # schemathesis: `limit=` (given, empty) was read as the default; the schema says integer
-    src = queue(archive="all")
+    src = make_archived_queue(archive="all")
     for limit in ("", "x", "0", "1.5"):
         r = api.get("/api/v1/archive", {"queue": src, "limit": limit})
         assert r.status_code == 400, (limit, r.content)
@@ -522,8 +522,8 @@ def test_a_replay_through_a_cooling_node_goes_elsewhere_whatever_hops_the_client
 
 # --- one archiver per queue -----------------------------------------------------------------------
 @pytest.mark.django_db
-def test_a_held_lock_keeps_a_second_archiver_out(api, runtime, queue):
-    name = queue(archive="all")
+def test_a_held_lock_keeps_a_second_archiver_out(api, runtime, make_archived_queue):
+    name = make_archived_queue(archive="all")
     enqueue(api, name, [{"body": f"m{i}"} for i in range(10)])
     assert archiver.claim(name, "other")
     assert archiver.run(name, store=runtime.store) == {name: {"busy": True}}
@@ -537,9 +537,9 @@ def test_a_held_lock_keeps_a_second_archiver_out(api, runtime, queue):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_archivers_at_once_one_works_no_duplicates(api, runtime, queue, monkeypatch):
+def test_two_archivers_at_once_one_works_no_duplicates(api, runtime, make_archived_queue, monkeypatch):
     # given 3,000 journaled messages in one partition
-    name = queue(archive="all", partitions=1)
+    name = make_archived_queue(archive="all", partitions=1)
     ids = []
     for k in range(3):
         ids += enqueue(api, name, [{"body": f"{k}-{i}"} for i in range(1000)])
@@ -628,10 +628,10 @@ def _redis_store():
 
 
 @pytest.mark.django_db
-def test_admin_lists_and_replays_archived_messages(api, runtime, queue, client):
+def test_admin_lists_and_replays_archived_messages(api, runtime, make_archived_queue, client):
     from django.contrib.auth.models import User
 
-    name = queue(archive="all")
+    name = make_archived_queue(archive="all")
     enqueue(api, name, [{"body": f"m{i}"} for i in range(3)])
     drain(api, name)
     archiver.run(name, store=runtime.store)

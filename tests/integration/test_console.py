@@ -18,7 +18,7 @@ from queues.models import Partition, Queue
 def staff_api(api, user):
     user.is_staff = True
     user.save()
-    from queues.api.auth import CachedTokenAuthentication
+    from queues.http.auth import CachedTokenAuthentication
 
     CachedTokenAuthentication.forget()
     return api

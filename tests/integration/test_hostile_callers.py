@@ -2,7 +2,7 @@
 with a made-up signature, large bodies, a connection reused after an unread body.
 
 Each case replays what a hostile client did to a node whose request threads read bodies: the
-node's front (``queues.api.front``) reads them on its event loop, bounded by the sender's
+node's front (``queues.http.front``) reads them on its event loop, bounded by the sender's
 shares (address and credential together), so while the attack runs every other user's calls
 are answered well within the client's 5 s timeout, ``readyz`` answers, and no lease moves.
 The attacks come from 127.0.0.2 (``tests.hostile``), the users from 127.0.0.1.

@@ -160,11 +160,11 @@ def test_a_user_deleted_in_the_console_while_the_store_is_down_gets_503_and_stay
     client, key_owner, monkeypatch, runtime
 ):
     # given an operator in the console, and a user, while the key-value store is down
-    from sqs import keys
+    from queues.service import credentials
 
     admin_user = User.objects.create(username=f"admin-{uuid.uuid4().hex[:6]}", is_staff=True, is_superuser=True)
     client.force_login(admin_user)
-    monkeypatch.setattr(keys, "get_store", _StoreDown)
+    monkeypatch.setattr(credentials, "get_store", _StoreDown)
     # when the operator deletes the user (no process could be told to stop trusting its keys)
     r = client.post(f"/admin/auth/user/{key_owner.pk}/delete/", {"post": "yes"})
     # then the page answers 503 with Retry-After, not 500, and the user stays

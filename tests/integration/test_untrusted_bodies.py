@@ -2,7 +2,7 @@
 
 - A call that only claims to be a node's (a forged ``X-MQ-Cluster-Signature``) is refused on
   its headers, before a byte of its body is read or waited for; an anonymous body past a few
-  KB is refused by its ``Content-Length``, unread (``queues.api.bodies``); smaller ones are
+  KB is refused by its ``Content-Length``, unread (``queues.http.bodies``); smaller ones are
   read at most ``API_ANONYMOUS_BODY_READERS`` at once by the node's front, the next is 429.
 - 192 anonymous 8 MiB bodies leave the node's memory where it was.
 - 100 clients trickling bodies (a byte every 2 s) to ``/sqs/`` and to the fast path with a

@@ -1,4 +1,4 @@
-"""An enqueue's bodies as ``queues.api.validation`` checks them: a body must be Unicode text
+"""An enqueue's bodies as ``queues.http.validation`` checks them: a body must be Unicode text
 (JSON parsers in front of it may let a lone surrogate through: Python's ``json`` does), and a
 batch's errors name the message."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from queues.api.errors import BadRequest
-from queues.api.validation import enqueue_request
+from queues.http.errors import BadRequest
+from queues.http.validation import enqueue_request
 from queues.service.types import QueueConfig
 
 CFG = QueueConfig(1, "q", 4, 256, 10, 30, 262_144, 86_400)

@@ -15,12 +15,12 @@ from rest_framework.exceptions import APIException
 from archive.replay import PartialReplay
 from queues import service
 from queues.access import Caller, Forbidden
-from queues.api.bodies import ReadersBusy
-from queues.api.errors import domain_error
 from queues.cluster.leases import LeaseLost
 from queues.cluster.peerauth import PeerAuthBusy, PeerAuthFailed
 from queues.engine.tree import CorruptTree
 from queues.errors import Refused, ServiceError, Unavailable
+from queues.http.bodies import ReadersBusy
+from queues.http.errors import domain_error
 from queues.kv import KVError
 from sqs.context import sqs_error
 from sqs.errors import SQSError

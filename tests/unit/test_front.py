@@ -1,4 +1,4 @@
-"""The node's front (``queues.api.front``) in its pure parts: whose body a request is, the shares
+"""The node's front (``queues.http.front``) in its pure parts: whose body a request is, the shares
 of bodies on their way and held, the WSGI environ it builds, and the SQS checks made before a
 body (``sqs.sigv4.check_claim``). The front serving real connections is tested on real nodes
 (``tests/integration/test_hostile_callers.py``, ``test_untrusted_bodies.py``)."""
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from queues.api import front
+from queues.http import front
 from sqs import known, sigv4
 from tests.unit.test_sqs_sigv4 import KEY, _signed
 

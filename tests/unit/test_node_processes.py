@@ -7,7 +7,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from queues.access import Caller
-from queues.api.throttles import UserRate
+from queues.http.throttles import UserRate
 from queues.service.messages import TooManyWaits, WaitSlots
 
 

@@ -169,7 +169,7 @@ def test_production_has_secure_cookies_hsts_and_throttles(tmp_path):
     assert got["SECURE_HSTS_SECONDS"] >= 365 * 24 * 3600 and got["SECURE_HSTS_INCLUDE_SUBDOMAINS"] is True
     assert got["SECURE_PROXY_SSL_HEADER"] == ["HTTP_X_FORWARDED_PROTO", "https"]
     assert got["SECURE_SSL_REDIRECT"] is False  # nodes forward to each other over plain HTTP
-    assert got["throttles"] == ["queues.api.throttles.UserRate", "queues.api.throttles.AnonRate"]
+    assert got["throttles"] == ["queues.http.throttles.UserRate", "queues.http.throttles.AnonRate"]
     assert got["rates"]["user"] and got["rates"]["anon"]
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from queues import service
 from queues.access import SYSTEM
-from queues.models import LIMITS
+from queues.public import LIMITS
 from sqs import actions, attributes
 from sqs.context import Context
 from sqs.errors import SQSError

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from queues.api.errors import BadRequest
-from queues.api.validation import enqueue_request
+from queues.http.errors import BadRequest
+from queues.http.validation import enqueue_request
 from queues.service.types import QueueConfig
 from sqs import meta
 from sqs.message_attributes import read_attributes, stored_attributes

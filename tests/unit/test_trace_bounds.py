@@ -10,8 +10,8 @@ import pytest
 from opentelemetry.trace import get_current_span
 
 from mq_client import tracing
-from queues.api.errors import BadRequest
-from queues.api.validation import enqueue_request
+from queues.http.errors import BadRequest
+from queues.http.validation import enqueue_request
 from queues.service.types import QueueConfig
 
 TRACE_ID = "5759e988bd862e3fe1be46a994272793"

@@ -91,7 +91,7 @@ def test_each_attempt_is_a_process_span_in_the_messages_trace(exporter):
 
 
 def test_trace_context_is_added_only_where_it_fits():
-    from queues.api.validation import MAX_ATTRIBUTES
+    from queues.http.validation import MAX_ATTRIBUTES
 
     carried = {"traceparent": TRACEPARENT}
     assert tracing.MAX_ATTRIBUTES == MAX_ATTRIBUTES  # the API's limit: tracing never gets a call refused

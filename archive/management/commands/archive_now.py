@@ -7,7 +7,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from archive import archiver
-from queues.models import Queue
+from queues import service
 
 
 class Command(BaseCommand):
@@ -17,7 +17,7 @@ class Command(BaseCommand):
         parser.add_argument("--queue", help="only this queue")
 
     def handle(self, *args, queue=None, **options):
-        if queue is not None and not Queue.objects.filter(name=queue).exists():
+        if queue is not None and queue not in service.current_queue_ids([queue]):
             raise CommandError(f"no queue named {queue!r}")
         report = archiver.run(queue)
         self.stdout.write(json.dumps(report or {}, sort_keys=True))

@@ -39,8 +39,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-#: What serves the node's WSGI application in each worker (read there: see queues.api.front).
-FRONT = "queues.api.front:Front"
+#: What serves the node's WSGI application in each worker (read there: see queues.http.front).
+FRONT = "queues.http.front:Front"
 #: the folders this runnode made before it restarted itself (removed when it stops).
 _OWN_DIRS = "MQ_RUNNODE_OWN_DIRS"
 
@@ -148,7 +148,7 @@ class Command(BaseCommand):
             "config.node:application",
             address=host,
             port=port,
-            # The front (queues.api.front) reads bodies on the event loop and runs the WSGI
+            # The front (queues.http.front) reads bodies on the event loop and runs the WSGI
             # application on ``threads`` request threads of its own.
             interface=Interfaces.RSGI,
             workers=processes,

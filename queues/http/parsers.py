@@ -23,7 +23,7 @@ class FastJSONParser(BaseParser):
         # Imported here, not at the top: errors imports rest_framework.views, whose APIView
         # class body loads this module through DEFAULT_PARSER_CLASSES (an import cycle when
         # errors is imported first).
-        from queues.api.errors import PayloadTooLarge
+        from queues.http.errors import PayloadTooLarge
 
         if request is not None and view is not None and hasattr(view, "body_limit"):
             limit = view.body_limit(request)  # a message call: the queue's own limits

@@ -1,6 +1,6 @@
 """Request bodies before Django: no body of a caller not yet known is read whole or waited for.
 
-Under ``runnode`` the node's front (``queues.api.front``) has read every body on its event loop,
+Under ``runnode`` the node's front (``queues.http.front``) has read every body on its event loop,
 within its sender's share, before this WSGI layer runs; it asks :func:`before_body` (in a
 request thread) about a body that does not come at once, or is large, and refuses there what
 this refuses, unread. The same checks stand here, for the WSGI application served by any WSGI
@@ -71,7 +71,7 @@ Refused = tuple[str, str, str, list[tuple[str, str]]]
 
 #: ``environ -> Refused | None``: a self-guarded view's own refusal of a caller by the headers
 #: (an unknown access key), for a front that reads the body before the view runs
-#: (``queues.api.front``); it may ask the database.
+#: (``queues.http.front``); it may ask the database.
 _SELF_GUARD_REFUSALS: list[Callable[[dict[str, Any]], Refused | None]] = []
 
 
@@ -84,7 +84,7 @@ def register_self_guard_refusal(check: Callable[[dict[str, Any]], Refused | None
 def _token_known(environ: dict[str, Any]) -> bool:
     from rest_framework.exceptions import AuthenticationFailed
 
-    from queues.api.auth import CachedTokenAuthentication
+    from queues.http.auth import CachedTokenAuthentication
 
     scheme, _, key = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
     key = key.strip()

@@ -71,7 +71,7 @@ class CachedTokenAuthentication(TokenAuthentication):
 
 # A token deleted (revoked, or its user deleted) is an access change: trusted no more in this
 # process and its siblings once the deletion commits, on the other nodes within ``TTL``.
-post_delete.connect(changes.changed, sender=Token, dispatch_uid="queues.api.auth.token_deleted")
+post_delete.connect(changes.changed, sender=Token, dispatch_uid="queues.http.auth.token_deleted")
 
 
 class _Callers:

@@ -22,7 +22,7 @@ client's body, and what a client may hold while it sends one is bounded here:
   (wrong shape, a payload left unsigned, a date outside the window) with 403 before the body.
   A body that does not come at once (within ``AT_ONCE``), and every body over ``SMALL_BODY``
   bytes, waits meanwhile for the request's caller to be looked up in a request thread
-  (``queues.api.bodies.before_body``): a token or a node's signature that fails, a body to the
+  (``queues.http.bodies.before_body``): a token or a node's signature that fails, a body to the
   REST API without credentials and an anonymous body over its limit are refused then, unread.
 
 Every refusal made before the body is read whole says ``Connection: close``, so no next request
@@ -63,8 +63,8 @@ from django.conf import settings
 from granian.rsgi import ProtocolClosed  # type: ignore[attr-defined]  # (public, re-exported without __all__)
 from prometheus_client import Counter
 
-from queues.api import bodies
 from queues.errors import ServiceError
+from queues.http import bodies
 
 if TYPE_CHECKING:
     from wsgiref.types import WSGIApplication
@@ -261,7 +261,7 @@ class ThreadsBusy(ServiceError):
 
 
 class CallerRefused(ServiceError):
-    """The request's headers alone refuse it (``queues.api.bodies.before_body``): a token or a
+    """The request's headers alone refuse it (``queues.http.bodies.before_body``): a token or a
     node's signature that fails, a body to the REST API without credentials, an anonymous body
     over its limit."""
 

@@ -13,9 +13,9 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar, overload
 
 from mq_client.tracing import MAX_TRACESTATE, TRACEPARENT, TRACESTATE, checked_tracestate, valid_traceparent
-from queues.api.errors import BadRequest
 from queues.engine.ids import MessageId, parse_message_id
-from queues.models import LIMITS
+from queues.http.errors import BadRequest
+from queues.public import LIMITS
 from queues.service.limits import MAX_BATCH, MAX_WAIT
 from queues.service.types import MessageDraft, QueueConfig
 
