@@ -14,12 +14,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from archive.models import ArchivedMessage
-from archive.replay import MAX_REPLAY, PartialReplay, readable, replay, require_source, select
+from archive.replay import MAX_REPLAY, readable, replay, require_source, select
 from queues import service
 from queues.http import validation
 from queues.http.auth import request_caller, request_hops
-from queues.http.errors import BadRequest
 from queues.public import QUEUE_NAME_RE, isoformat, parse_message_id
+from queues.service import InvalidRequest
 
 MAX_PAGE = 1000
 TIMES = "ISO 8601, a time without zone is UTC, or epoch seconds; a time not in years 1 to 9999 once in UTC: 400"
@@ -35,19 +35,19 @@ def _time(value, name: str) -> datetime | None:
         try:
             return datetime.fromtimestamp(value, tz=UTC)
         except (OverflowError, OSError, ValueError):
-            raise BadRequest(f"{name} is out of range", "invalid_time") from None
+            raise InvalidRequest(f"{name} is out of range", "invalid_time") from None
     if isinstance(value, str):
         text = value.strip()
         try:
             return datetime.fromtimestamp(float(text), tz=UTC)
         except (OverflowError, OSError):
-            raise BadRequest(f"{name} is out of range", "invalid_time") from None
+            raise InvalidRequest(f"{name} is out of range", "invalid_time") from None
         except ValueError:
             pass
         try:
             parsed = datetime.fromisoformat(text)  # "Z" included (3.11+)
         except ValueError:
-            raise BadRequest(
+            raise InvalidRequest(
                 f"{name} must be an ISO 8601 time or epoch seconds, got {value!r}", "invalid_time"
             ) from None
         if parsed.tzinfo is None:
@@ -55,24 +55,26 @@ def _time(value, name: str) -> datetime | None:
         try:
             return parsed.astimezone(UTC)
         except (OverflowError, ValueError):
-            raise BadRequest(f"{name} is out of range", "invalid_time") from None
-    raise BadRequest(f"{name} must be an ISO 8601 time or epoch seconds", "invalid_time")
+            raise InvalidRequest(f"{name} is out of range", "invalid_time") from None
+    raise InvalidRequest(f"{name} must be an ISO 8601 time or epoch seconds", "invalid_time")
 
 
 def _queue_name(value, name: str, *, required: bool) -> str | None:
     if value is None or value == "":
         if required:
-            raise BadRequest(f"{name} is required", f"missing_{name}")
+            raise InvalidRequest(f"{name} is required", f"missing_{name}")
         return None
     if not isinstance(value, str) or not QUEUE_NAME_RE.fullmatch(value):
-        raise BadRequest(f"{name} must be a queue name (letters, digits, '_' and '-', at most 80)", f"invalid_{name}")
+        raise InvalidRequest(
+            f"{name} must be a queue name (letters, digits, '_' and '-', at most 80)", f"invalid_{name}"
+        )
     return value
 
 
 def _range(since, until):
     since, until = _time(since, "since"), _time(until, "until")
     if since is not None and until is not None and since > until:
-        raise BadRequest("since is after until", "invalid_time")
+        raise InvalidRequest("since is after until", "invalid_time")
     return since, until
 
 
@@ -116,7 +118,7 @@ class ArchiveListView(APIView):
         after = self._int(params.get("after"), "after", 0, 2**63 - 1, 0)
         acked = params.get("acked")
         if acked not in (None, "true", "false", "1", "0"):  # (given empty: no boolean)
-            raise BadRequest("acked must be true or false", "invalid_acked")
+            raise InvalidRequest("acked must be true or false", "invalid_acked")
         rows = ArchivedMessage.objects.filter(pk__gt=after)
         # Only what came from queue rows the caller may read: not an earlier incarnation of a
         # name, nor a deleted queue's history (that is for superusers).
@@ -143,9 +145,9 @@ class ArchiveListView(APIView):
         try:
             number = int(value)
         except ValueError:
-            raise BadRequest(f"{name} must be a whole number", "invalid_number") from None
+            raise InvalidRequest(f"{name} must be a whole number", "invalid_number") from None
         if not low <= number <= high:
-            raise BadRequest(f"{name} must be between {low} and {high}, got {number}", "out_of_range")
+            raise InvalidRequest(f"{name} must be between {low} and {high}, got {number}", "out_of_range")
         return number
 
 
@@ -169,37 +171,23 @@ class ReplayView(APIView):
         ids = data.get("ids")
         if ids is not None:
             if data.get("since") is not None or data.get("until") is not None:
-                raise BadRequest("give ids or since/until, not both", "invalid_selection")
+                raise InvalidRequest("give ids or since/until, not both", "invalid_selection")
             if not isinstance(ids, list) or not ids:
-                raise BadRequest("ids must be a non-empty list of message IDs", "invalid_ids")
+                raise InvalidRequest("ids must be a non-empty list of message IDs", "invalid_ids")
             if len(ids) > MAX_REPLAY:
-                raise BadRequest(f"at most {MAX_REPLAY} ids per call, got {len(ids)}", "batch_too_large")
+                raise InvalidRequest(f"at most {MAX_REPLAY} ids per call, got {len(ids)}", "batch_too_large")
             for i, mid in enumerate(ids):
                 parsed = parse_message_id(mid)
                 if parsed is None or parsed.queue != source:
-                    raise BadRequest(f"ids[{i}]: not a message ID of queue {source!r}", "invalid_id")
+                    raise InvalidRequest(f"ids[{i}]: not a message ID of queue {source!r}", "invalid_id")
         since, until = _range(data.get("since"), data.get("until"))
         caller = request_caller(request.user)
         service.authorize(into, "manage", caller=caller)  # before anything is selected
         require_source(caller, source)
         rows = select(source, caller=caller, ids=ids, since=since, until=until, limit=limit)
-        try:
-            # A node's signed hop count only: a client's X-MQ-Hops would skip forwarding and
-            # the cooling period.
-            answer = replay(rows, into, caller=caller, hops=request_hops(request.user))
-        except PartialReplay as exc:
-            return Response(
-                {
-                    "error": "unavailable",
-                    "detail": exc.detail,
-                    "queue": source,
-                    "into": into,
-                    "replayed": exc.replayed,
-                    "ids": exc.ids,
-                },
-                status=503,
-                headers={"Retry-After": "1"},
-            )
+        # A node's signed hop count only: a client's X-MQ-Hops would skip forwarding and the
+        # cooling period. A store failing part-way: PartialReplay, 503 with what was replayed.
+        answer = replay(rows, into, caller=caller, hops=request_hops(request.user))
         return Response(
             {"queue": source, "into": into, "selected": len(rows), "replayed": answer.replayed, "ids": answer.ids}
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db.models import F, QuerySet
 from django.utils import timezone
@@ -69,13 +70,20 @@ class PartialReplay(Unavailable):
     """A batch failed after earlier ones were enqueued (those are counted and marked): 503,
     retry the rest."""
 
-    def __init__(self, cause: Exception, replayed: int, ids: list[str]):
+    def __init__(self, cause: Exception, replayed: int, ids: list[str], *, queue: str = "", into: str = ""):
         super().__init__(str(cause))
         self.cause, self.replayed, self.ids = cause, replayed, ids
+        #: the queue the rows came from ("" when several) and the one they were replayed into.
+        self.queue, self.into = queue, into
 
     @property
     def detail(self) -> str:
         return f"stopped part-way, retry the rest: {self}"
+
+    def body(self) -> dict[str, Any]:
+        """The answer says what was replayed before the failure, so that a client retries the rest."""
+        named = {"queue": self.queue, "into": self.into} if self.into else {}
+        return {**super().body(), **named, "replayed": self.replayed, "ids": self.ids}
 
 
 def require_source(caller: Caller, source: str) -> None:
@@ -117,8 +125,10 @@ def replay(rows: list[ArchivedMessage], into: str, *, caller: Caller, hops: int 
             answer = service.enqueue(into, chunk, caller=caller, hops=hops)
         except Unavailable as exc:
             if ids:
-                audit.record(caller, "replay", into, sources=sorted({r.queue for r in rows}), replayed=len(ids))
-                raise PartialReplay(exc, len(ids), ids) from exc
+                sources = sorted({r.queue for r in rows})
+                audit.record(caller, "replay", into, sources=sources, replayed=len(ids))
+                queue = sources[0] if len(sources) == 1 else ""
+                raise PartialReplay(exc, len(ids), ids, queue=queue, into=into) from exc
             raise
         ids.extend(answer)
         ArchivedMessage.objects.filter(pk__in=[r.pk for r in batch_rows]).update(

@@ -63,6 +63,14 @@ class NotFound(Refused):
     status = 404
 
 
+class PayloadTooLarge(Refused):
+    """A request body over the call's limit (413): refused by its length before it is read, or
+    as soon as the bytes read pass the limit."""
+
+    code = "payload_too_large"
+    status = 413
+
+
 class Unavailable(ServiceError):
     """An outage: the call cannot be served now and may be retried (503 with Retry-After)."""
 

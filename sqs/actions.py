@@ -98,8 +98,10 @@ _ENTRY_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 def _save_settings(q: Any, extra: dict[str, Any], ctx: Context, tags: dict[str, str] | None = None) -> None:
     if not extra and not tags:
         return
+    if tags:
+        extra = {**extra, "tags": tags}
     with service_errors():
-        sqs_service.update_queue_settings(q, caller=ctx.caller, **extra, **({"tags": tags} if tags else {}))
+        sqs_service.update_queue_settings(q, caller=ctx.caller, **extra)
 
 
 # --- queue actions ------------------------------------------------------------------------------
@@ -145,10 +147,11 @@ def create_queue(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         return found
     if fifo:
         fields.setdefault("dedup_window", DEDUP_INTERVAL)
+    # A FIFO queue's receive takes as many of a group as it has room for, as SQS's.
+    fields["strict"] = fields["group_batch"] = fifo
     with service_errors():
         try:
-            # A FIFO queue's receive takes as many of a group as it has room for, as SQS's.
-            q = service.create_queue(caller=ctx.caller, name=target, strict=fifo, group_batch=fifo, **fields)
+            q = service.create_queue(caller=ctx.caller, name=target, **fields)
         except service.Conflict as exc:
             if exc.code != "already_exists":
                 raise

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any
+from typing import Any, Literal
 
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
@@ -51,7 +51,8 @@ MAX_TAG_KEY = 128
 MAX_TAG_VALUE = 256
 
 #: SQS attribute -> (queue field, lowest, highest): integer attributes stored on the queue row.
-QUEUE_FIELDS = {
+#: SQS's attribute -> (the queue's setting, its least and greatest value).
+QUEUE_FIELDS: dict[str, tuple[Literal["visibility_timeout", "retention", "delay", "max_message_size"], int, int]] = {
     "VisibilityTimeout": ("visibility_timeout", *LIMITS["visibility_timeout"]),
     "MessageRetentionPeriod": ("retention", *LIMITS["retention"]),
     "DelaySeconds": ("delay", *LIMITS["delay"]),
@@ -188,7 +189,7 @@ def _attribute_integer(name: str, value: str, low: int, high: int) -> int:
 
 def checked_attributes(
     attrs: Any, ctx: Context, *, fifo: bool, queue: str | None = None
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[service.QueueFields, dict[str, Any]]:
     """(queue fields, QueueSettings fields) of CreateQueue's or SetQueueAttributes' attributes
     for queue ``queue`` (the service's name). An attribute of FIFO queues on a standard queue
     is unknown there (InvalidAttributeName); ``FifoQueue=true`` on a name without ``.fifo``
@@ -203,7 +204,7 @@ def checked_attributes(
             raise SQSError(
                 "InvalidAttributeValue", f"Invalid characters found in the value of the parameter {shown(name)}."
             )
-    fields: dict[str, Any] = {}
+    fields: service.QueueFields = {}
     extra: dict[str, Any] = {}
     opaque: dict[str, str] = {}
     for name, value in attrs.items():

@@ -95,9 +95,9 @@ def _by_status(exc: service.ServiceError) -> SQSError:
 
 
 #: The service errors whose SQS answer is not the one of their status, by class (the nearest
-#: class in an error's MRO counts). None: not the service's to map (answered as it is).
+#: class in an error's MRO counts). None: a bug of this node's, answered InternalFailure.
 _AWS_ERRORS: dict[type[service.ServiceError], Callable[[Any], SQSError | None]] = {
-    SQSError: lambda exc: None,
+    SQSError: lambda exc: exc,  # SQS's own (a signature's, the query codec's too)
     service.Fault: lambda exc: None,
     # 404 for the path's resource in the REST API; a parameter's value here.
     service.InvalidRequest: lambda exc: invalid(exc.detail),
@@ -111,28 +111,32 @@ _AWS_ERRORS: dict[type[service.ServiceError], Callable[[Any], SQSError | None]] 
 }
 
 
-def sqs_error(exc: service.ServiceError) -> SQSError | None:
-    """``exc`` in SQS's terms; None where it is to be raised as it is."""
-    for cls in type(exc).__mro__:
-        if cls in _AWS_ERRORS:
-            return _AWS_ERRORS[cls](exc)
-    return _by_status(exc)
+def sqs_error(exc: BaseException) -> SQSError | None:
+    """``exc`` in SQS's terms: the one place an exception becomes an SQS error (the actions'
+    :func:`service_errors` and the endpoint's answer both ask here). None for a bug (a
+    :class:`~queues.errors.Fault`, or no error of the service's): answered InternalFailure."""
+    if isinstance(exc, service.ServiceError):
+        for cls in type(exc).__mro__:
+            if cls in _AWS_ERRORS:
+                return _AWS_ERRORS[cls](exc)
+        return _by_status(exc)
+    if isinstance(exc, ValidationError):  # a model's full_clean
+        return SQSError("InvalidAttributeValue", "; ".join(exc.messages))
+    if isinstance(exc, DatabaseError):
+        return SQSError("ServiceUnavailable", f"unavailable now, retry: {exc}", retry_after=1)
+    return None
 
 
 @contextmanager
 def service_errors() -> Iterator[None]:
-    """The service's exceptions as SQS's errors (the one place they are mapped)."""
+    """The service's exceptions raised as SQS's errors (:func:`sqs_error`); a bug as it is."""
     try:
         yield
-    except service.ServiceError as exc:
+    except Exception as exc:
         mapped = sqs_error(exc)
-        if mapped is None:
+        if mapped is None or mapped is exc:
             raise
         raise mapped from None
-    except ValidationError as exc:
-        raise SQSError("InvalidAttributeValue", "; ".join(exc.messages)) from None
-    except DatabaseError as exc:
-        raise SQSError("ServiceUnavailable", f"unavailable now, retry: {exc}", retry_after=1) from None
 
 
 # --- parameters ---------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def pre_body(method: str, path: str, query: str, headers: Any) -> Refusal | None
     try:
         sigv4.check_claim(sigv4.claim(query, headers), headers, True)
     except sigv4.SignatureError as exc:
-        return _refusal(SQSError(exc.code, exc.message, exc.status), headers)
+        return _refusal(exc, headers)
     return None
 
 

@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import unquote_to_bytes
 from xml.sax.saxutils import escape
 
-from queues.errors import ServiceError
+from sqs.errors import SQSError
 from sqs.query_shapes import ERROR_CODES, OPERATIONS, SHAPES, XML_NAMESPACE
 
 __all__ = [
@@ -63,21 +63,13 @@ _QUERY_MESSAGES = {
 }
 
 
-class QueryError(ServiceError):
-    """A query request this codec cannot read: the SQS error to answer with. Its fields are
-    those of the SQS app's ``SQSError(code, message, status, sender_fault)``."""
+class QueryError(SQSError):
+    """A query request this codec cannot read: the SQS error to answer with (400, the
+    sender's fault, unless said). ``code`` is the JSON protocol's (``encode_error`` gives the
+    query protocol's)."""
 
     def __init__(self, code: str, message: str, status: int = 400, sender_fault: bool = True) -> None:
-        super().__init__(message)
-        #: The JSON protocol's error code (``encode_error`` gives the query protocol's).
-        self.code = code
-        self.message = message
-        self.status = status
-        self.sender_fault = sender_fault
-
-    @property
-    def detail(self) -> str:
-        return self.message
+        super().__init__(code, message, status, sender_fault)
 
 
 def query_error_code(code: str) -> str:

@@ -11,7 +11,7 @@ recorded in the audit trail, whichever entrance calls it (the SQS API, the conso
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from django.db import transaction
 
@@ -24,6 +24,21 @@ from sqs.models import AccessKey, QueueSettings
 #: the settings :func:`update_queue_settings` changes (a queue's other SQS attributes are the
 #: queue's own fields: ``service.update_queue``).
 SETTINGS = ("receive_wait", "content_based_dedup", "tags", "opaque")
+
+
+class SQSSettingsFields(TypedDict, total=False):
+    """A queue's SQS settings (:data:`SETTINGS`) as :func:`update_queue_settings` takes them; a
+    setting left out keeps its value."""
+
+    #: ReceiveMessageWaitTimeSeconds: seconds a ReceiveMessage that names none waits (0 to 20).
+    receive_wait: int
+    #: ContentBasedDeduplication (FIFO queues only): the body's SHA-256 is the dedup ID.
+    content_based_dedup: bool
+    #: TagQueue's tags (at most 50), merged into the queue's unless ``replace`` names them.
+    tags: dict[str, str]
+    #: attributes kept as given (``sqs.attributes.OPAQUE``), merged likewise; one given as
+    #: ``""`` is removed.
+    opaque: dict[str, str]
 
 
 # --- access keys --------------------------------------------------------------------------------
@@ -68,7 +83,12 @@ def revoke_access_key(key: AccessKey, *, caller: Caller) -> bool:
 
 # --- a queue's SQS settings ---------------------------------------------------------------------
 def update_queue_settings(
-    q: QueueRow, *, caller: Caller, replace: Iterable[str] = (), remove_tags: Iterable[str] = (), **fields: Any
+    q: QueueRow,
+    *,
+    caller: Caller,
+    replace: Iterable[str] = (),
+    remove_tags: Iterable[str] = (),
+    **fields: Unpack[SQSSettingsFields],
 ) -> QueueSettings:
     """Change the SQS settings of queue ``q`` (:data:`SETTINGS`), under its row's lock:
     ``manage`` on the queue, as SetQueueAttributes. ``opaque`` and ``tags`` are merged into what
@@ -81,25 +101,29 @@ def update_queue_settings(
     replace, remove_tags = set(replace), set(remove_tags)
     with transaction.atomic():
         s, _ = QueueSettings.objects.select_for_update().get_or_create(queue_id=q.pk)
-        for k, v in fields.items():
-            if k in ("opaque", "tags") and k not in replace:
-                v = {**(getattr(s, k) or {}), **v}
-            if k == "opaque":  # an attribute set to "" is removed (SQS: ``Policy`` "" clears it)
-                v = {name: value for name, value in v.items() if value != ""}
-            setattr(s, k, v)
+        if "receive_wait" in fields:
+            s.receive_wait = fields["receive_wait"]
+        if "content_based_dedup" in fields:
+            s.content_based_dedup = fields["content_based_dedup"]
+        if "tags" in fields:
+            s.tags = fields["tags"] if "tags" in replace else {**(s.tags or {}), **fields["tags"]}
+        if "opaque" in fields:
+            opaque = fields["opaque"] if "opaque" in replace else {**(s.opaque or {}), **fields["opaque"]}
+            # an attribute set to "" is removed (SQS: ``Policy`` "" clears it)
+            s.opaque = {name: value for name, value in opaque.items() if value != ""}
         if remove_tags:
             s.tags = {k: v for k, v in (s.tags or {}).items() if k not in remove_tags}
         if len(s.tags or {}) > MAX_TAGS:
             raise service.InvalidRequest(f"a queue has at most {MAX_TAGS} tags", "too_many_tags")
         s.save()
-        detail = dict(fields)
+        detail: dict[str, Any] = dict(fields)
         if remove_tags:
             detail["removed_tags"] = sorted(remove_tags)
         audit.record(caller, "change", q.name, sqs=detail)
     return s
 
 
-def check_queue_settings(q: QueueRow, *, caller: Caller, **fields: Any) -> None:
+def check_queue_settings(q: QueueRow, *, caller: Caller, **fields: Unpack[SQSSettingsFields]) -> None:
     """Raise what :func:`update_queue_settings` would refuse, changing nothing (a form's check)."""
     require(caller, "manage", q.pk, q.name, q.created_by_id)
     unknown = sorted(set(fields) - set(SETTINGS))

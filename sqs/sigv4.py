@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from urllib.parse import parse_qsl, quote
 
-from queues.errors import ServiceError
+from sqs.errors import SQSError
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 #: SQS refuses a signature dated more than 15 minutes from its clock.
@@ -34,18 +34,11 @@ MAX_EXPIRES = 7 * 24 * 3600
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 
 
-class SignatureError(ServiceError):
-    """Why a request's signature is refused: ``code`` is SQS's error code."""
+class SignatureError(SQSError):
+    """Why a request's signature is refused: ``code`` is SQS's error code (403 unless said)."""
 
     def __init__(self, code: str, message: str, status: int = 403):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.status = status
-
-    @property
-    def detail(self) -> str:
-        return self.message
+        super().__init__(code, message, status)
 
 
 @dataclass(frozen=True)

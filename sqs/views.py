@@ -22,7 +22,6 @@ import uuid
 from functools import lru_cache
 
 from django.conf import settings
-from django.db import DatabaseError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.utils.crypto import salted_hmac
 from django.views.decorators.csrf import csrf_exempt
@@ -34,7 +33,7 @@ from queues.http import throttles
 from queues.http.auth import caller_of_id
 from queues.http.direct import DirectAnswer
 from sqs import actions, query, sigv4, wire
-from sqs.context import Context, shown
+from sqs.context import Context, shown, sqs_error
 from sqs.errors import SQSError
 from sqs.keys import ActiveKey, active_key
 
@@ -71,19 +70,12 @@ _NAMES: dict[str, str] = {"CONTENT_TYPE": "content-type", "CONTENT_LENGTH": "con
 _MAX_NAMES = 4096
 
 
-def _signature_error(exc: sigv4.SignatureError) -> SQSError:
-    return SQSError(exc.code, exc.message, exc.status)
-
-
 def _key_of(request: HttpRequest, headers: dict[str, str]) -> tuple[ActiveKey, sigv4.Claim]:
     """The active key of an active user that the request names (its Authorization header, else
     a presigned query string), found before a byte of the body is read: a call that names none,
     or a key unknown, revoked or of an inactive user, is refused with its body unread. With
     what the signature claims, which ``_authenticate`` checks."""
-    try:
-        claimed = sigv4.claim(request.META.get("QUERY_STRING", ""), headers)
-    except sigv4.SignatureError as exc:
-        raise _signature_error(exc) from None
+    claimed = sigv4.claim(request.META.get("QUERY_STRING", ""), headers)  # (a SignatureError: an SQSError)
     key = active_key(claimed.cred.access_key_id)
     if key is None:
         raise SQSError("InvalidClientTokenId", "The security token included in the request is invalid.")
@@ -119,10 +111,8 @@ def _authenticate(
         headers,
         body,
     )
-    try:
-        cred = sigv4.verify(req, lambda key_id: key.secret if key_id == key.access_key_id else None, claimed=claimed)
-    except sigv4.SignatureError as exc:
-        raise _signature_error(exc) from None
+    # (a SignatureError: an SQSError)
+    cred = sigv4.verify(req, lambda key_id: key.secret if key_id == key.access_key_id else None, claimed=claimed)
     if "x-amz-target" in headers and "x-amz-target" not in cred.signed_headers:
         # The target is the action: unsigned, it could turn a signed call into any other.
         raise SQSError("IncompleteSignature", "the signature must cover the X-Amz-Target header", 400)
@@ -261,10 +251,7 @@ def serve(request: HttpRequest, rest: str = "") -> DirectAnswer:
             # form names wins, as in SQS).
             path = rest.strip("/")
             queue_url = f"{request.scheme}://{request.get_host()}/sqs/{path}" if path else None
-            try:
-                action, params = query.decode(_form(request, body), queue_url)
-            except query.QueryError as exc:
-                raise SQSError(exc.code, exc.message, exc.status, exc.sender_fault) from None
+            action, params = query.decode(_form(request, body), queue_url)  # (a QueryError: an SQSError)
         try:
             caller = caller_of_id(key.user_id)
         except exceptions.AuthenticationFailed:  # its user deleted or made inactive just now
@@ -286,15 +273,12 @@ def serve(request: HttpRequest, rest: str = "") -> DirectAnswer:
         finally:
             tracing.detach(trace_token)
             service.end_call(call)
-    except SQSError as err:
+    except Exception as exc:
+        err = sqs_error(exc)
+        if err is None:
+            log.exception("SQS call failed")
+            err = SQSError("InternalFailure", "The request processing has failed.")
         return _error(err, json_protocol, request_id)
-    except (service.Unavailable, DatabaseError) as exc:
-        return _error(
-            SQSError("ServiceUnavailable", f"unavailable now, retry: {exc}", retry_after=1), json_protocol, request_id
-        )
-    except Exception:
-        log.exception("SQS call failed")
-        return _error(SQSError("InternalFailure", "The request processing has failed."), json_protocol, request_id)
     if json_protocol:
         return _respond(wire.encode(result), request_id)
     return _respond((200, {"Content-Type": XML}, query.encode(action, result, request_id)), request_id)

@@ -204,7 +204,7 @@ def runtime(request, db, kv_reset, tmp_path):
     from queues import service
     from queues.cluster.node import NodeRuntime
     from queues.http.auth import CachedTokenAuthentication
-    from queues.http.errors import BadRequest  # noqa: F401  (import the API's error mapping)
+    from queues.http.errors import exception_handler  # noqa: F401  (import the API's error mapping)
 
     backend = getattr(request, "param", None)
     store = None

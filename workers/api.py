@@ -8,14 +8,14 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
-from rest_framework import exceptions, serializers, status
+from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from queues.http.auth import request_caller
-from queues.http.errors import BadRequest
 from queues.http.serializers import StrictSerializer
 from queues.public import parse_message_id
+from queues.service import InvalidRequest
 from workers import services
 from workers.models import AttemptLog
 from workers.services import MAX_RECORDS
@@ -83,7 +83,7 @@ class LogsView(APIView):
         try:
             stored = services.record_attempts(reports, caller=request_caller(request.user))
         except services.InvalidAttempt as exc:
-            raise BadRequest(f"records: {exc}") from None
+            raise InvalidRequest(f"records: {exc}") from None
         return Response({"stored": stored}, status=status.HTTP_201_CREATED)
 
     @extend_schema(
@@ -101,28 +101,25 @@ class LogsView(APIView):
         params = request.query_params
         unknown = set(params) - {"queue", "message", "worker", "outcome", "limit"}
         if unknown:
-            raise BadRequest(f"unknown filter(s): {', '.join(sorted(unknown))}", "unknown_field")
+            raise InvalidRequest(f"unknown filter(s): {', '.join(sorted(unknown))}", "unknown_field")
         for name in ("queue", "message", "worker"):
             if "\x00" in params.get(name, ""):  # no text column holds one (PostgreSQL refuses it)
-                raise BadRequest(f"{name} must not contain a NUL character", "invalid_text")
+                raise InvalidRequest(f"{name} must not contain a NUL character", "invalid_text")
         outcome = params.get("outcome")
         if outcome is not None and outcome not in AttemptLog.Outcome.values:  # "" too: no such outcome
-            raise BadRequest(f"outcome must be one of {', '.join(AttemptLog.Outcome.values)}", "invalid_outcome")
+            raise InvalidRequest(f"outcome must be one of {', '.join(AttemptLog.Outcome.values)}", "invalid_outcome")
         try:
             limit = int(params.get("limit", 100))
         except ValueError:
-            raise BadRequest("limit must be a whole number", "invalid_number") from None
-        try:
-            rows = services.list_attempts(
-                caller=request_caller(request.user),
-                queue=params.get("queue"),
-                message_id=params.get("message"),
-                worker=params.get("worker"),
-                outcome=params.get("outcome"),
-                limit=limit,
-            )
-        except services.LimitOutOfRange as exc:
-            raise BadRequest(str(exc), "out_of_range") from None
+            raise InvalidRequest("limit must be a whole number", "invalid_number") from None
+        rows = services.list_attempts(  # (a limit out of range: LimitOutOfRange, 400 out_of_range)
+            caller=request_caller(request.user),
+            queue=params.get("queue"),
+            message_id=params.get("message"),
+            worker=params.get("worker"),
+            outcome=params.get("outcome"),
+            limit=limit,
+        )
         return Response({"records": AttemptOut(rows, many=True).data})
 
 
@@ -185,10 +182,7 @@ class HeartbeatView(APIView):
             capacity=data.get("capacity", 1),
             in_flight=tuple(services.InFlight(h["id"], h["receipt"], h.get("queue")) for h in data.get("held", [])),
         )
-        try:
-            instructions = services.heartbeat(beat, caller=request_caller(request.user))
-        except services.TooManyHeld as exc:
-            raise BadRequest(str(exc), "too_many_held") from None
-        except services.TooManyConsumers as exc:
-            raise exceptions.Throttled(wait=60, detail=str(exc)) from None
+        # TooManyHeld (400 too_many_held) and TooManyConsumers (429 throttled, Retry-After 60)
+        # are answered as they are
+        instructions = services.heartbeat(beat, caller=request_caller(request.user))
         return Response(asdict(instructions))

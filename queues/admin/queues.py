@@ -73,6 +73,10 @@ class PartitionInline(_PartitionInline):
 
 _MARK = {True: "\u2713", False: "\u2013"}
 
+#: What a new queue is created with from its page: its name, kind and settings (its creator is
+#: the user who saves it, its figures start at zero).
+_NEW_QUEUE_FIELDS = service.NewQueueFields.__required_keys__ | service.NewQueueFields.__optional_keys__
+
 #: Settings a topic's page leaves out: each subscription has its own dead-letter queue and
 #: receive limit, and workers' estimates are learned for queues.
 TOPIC_HIDES = frozenset(
@@ -252,11 +256,7 @@ class QueueAdmin(ByGrant, _QueueAdmin):
         if not change:
             obj.pk = service.create_queue(
                 caller=Caller.of(request.user),
-                **{
-                    f.name: getattr(obj, f.name)
-                    for f in Queue._meta.concrete_fields
-                    if f.name not in ("id", "created_at", "updated_at")
-                },
+                **{f.name: getattr(obj, f.name) for f in Queue._meta.concrete_fields if f.name in _NEW_QUEUE_FIELDS},
             ).pk
             return
         try:

@@ -52,10 +52,12 @@ from rest_framework import exceptions
 from queues import metrics, service, tracing
 from queues.api import calls
 from queues.cluster import peerauth
+from queues.errors import PayloadTooLarge
 from queues.http import bodies, throttles
 from queues.http.auth import CachedTokenAuthentication, caller_of, check_peer_body, peer_of, request_caller
 from queues.http.direct import DirectView, direct_view
-from queues.http.errors import PayloadTooLarge, api_error, domain_error
+from queues.http.errors import error_answer
+from queues.service.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from wsgiref.types import InputStream, StartResponse, WSGIApplication
@@ -233,10 +235,8 @@ class FastPath:
                         f"{settings.API_BODY_READS_PER_CALLER} of this user's request bodies are being read already"
                     )
             status, payload = calls.CALLS[call](name, self._parse(raw), hops, trusted=peer, caller=caller)
-        except bodies.ReadersBusy as exc:
-            status, payload, headers = 503, {"error": "unavailable", "detail": f"{exc}; retry"}, {"Retry-After": "1"}
         except Exception as exc:
-            mapped = domain_error(exc) or api_error(exc)
+            mapped = error_answer(exc)
             if mapped is None:
                 log.exception("fast path: %s %s", call, name)
                 mapped = (500, {"error": "server_error", "detail": "internal error; see the node's log"}, {})
@@ -326,4 +326,4 @@ class FastPath:
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            raise exceptions.ParseError(f"malformed JSON: {exc}") from None
+            raise InvalidRequest(f"malformed JSON: {exc}", "malformed_json") from None

@@ -28,6 +28,7 @@ import io
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -309,10 +310,9 @@ class BodyGate:
             return _refuse(start_response, status, error, detail, extra)
         try:
             body = readers().read(environ["wsgi.input"], int(length))
-        except ReadersBusy as exc:
-            return _refuse(
-                start_response, "503 Service Unavailable", "unavailable", f"{exc}; retry", [("Retry-After", "1")]
-            )
+        except ReadersBusy as exc:  # answered as it says, before Django (the views' answer: errors.py)
+            status = f"{exc.status} {HTTPStatus(exc.status).phrase}"
+            return _refuse(start_response, status, exc.code, exc.detail, list(exc.headers().items()))
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
         return self.app(environ, start_response)

@@ -1,6 +1,8 @@
 """Every API error is JSON: ``{"error": <code>, "detail": <what is wrong>}``.
 
-Domain errors map to statuses here, so views raise and never build error responses.
+The one place an exception becomes an HTTP answer (:func:`error_answer`): the service's errors
+carry theirs (``queues.errors``), the stores' and Django's and DRF's map here. Views, the fast
+path and the checks they call raise and never build error responses.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
@@ -16,18 +18,15 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from django.http.response import HttpResponseBase
-from rest_framework import exceptions, status
+from rest_framework import exceptions
 from rest_framework.response import Response
-from rest_framework.views import exception_handler as drf_exception_handler
+from rest_framework.views import set_rollback
 
 from queues import service
 from queues.errors import Fault, ServiceError, Unavailable
 from queues.service.errors import NOT_FOUND_CODES
 
-__all__ = ["NOT_FOUND_CODES", "STORE_OUTAGES", "BadRequest", "PayloadTooLarge", "api_error", "domain_error"]
-
-if TYPE_CHECKING:
-    from rest_framework.exceptions import _APIExceptionInput
+__all__ = ["NOT_FOUND_CODES", "STORE_OUTAGES", "api_error", "domain_error", "error_answer", "exception_handler"]
 
 
 def _record_failure() -> None:
@@ -40,25 +39,9 @@ def _record_failure() -> None:
 log = logging.getLogger(__name__)
 
 
-class PayloadTooLarge(exceptions.APIException):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_code = "payload_too_large"
-    default_detail = "request body too large"
-
-
-class BadRequest(exceptions.APIException):
-    """400 with a code of our own, so clients can tell errors apart without parsing text."""
-
-    status_code = status.HTTP_400_BAD_REQUEST
-    default_code = "invalid"
-
-    def __init__(self, detail: _APIExceptionInput, code: str = "invalid") -> None:
-        super().__init__(detail, code)
-        self.error_code = code
-
-
-_DRF_CODES = {
-    PayloadTooLarge: "payload_too_large",
+#: DRF's exceptions (raised by DRF itself: its parsers, authentication, permissions, throttles
+#: and routing) -> the answer's ``error``. The service's own errors carry theirs.
+_DRF_CODES: dict[type[exceptions.APIException], str] = {
     exceptions.ParseError: "malformed_json",
     exceptions.NotAuthenticated: "not_authenticated",
     exceptions.AuthenticationFailed: "authentication_failed",
@@ -109,15 +92,16 @@ def domain_error(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str
 
 
 def api_error(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]] | None:
-    """The same for DRF's exceptions (400, 401, 404, 405, 413 ...), else None."""
+    """The same for DRF's exceptions (401, 404, 405, 415, 429 ...), else None."""
+    if isinstance(exc, Http404):  # as DRF's handler does (e.g. ?format=xml), so the code is not "error"
+        exc = exceptions.NotFound(*exc.args)
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied(*exc.args)
     if not isinstance(exc, exceptions.APIException):
         return None
-    if isinstance(exc, BadRequest):
-        code = exc.error_code
-    else:
-        code = next((c for t, c in _DRF_CODES.items() if isinstance(exc, t)), "error")
+    code = next((c for t, c in _DRF_CODES.items() if isinstance(exc, t)), "error")
     detail = exc.detail
-    if isinstance(detail, dict) and set(detail) == {"detail"}:
+    if isinstance(detail, dict) and "detail" in detail:
         detail = detail["detail"]
     headers: dict[str, str] = {}
     # Throttled.wait is set in its __init__; the stubs leave it out
@@ -126,26 +110,27 @@ def api_error(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]] 
     return exc.status_code, {"error": code, "detail": detail}, headers
 
 
+def error_answer(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]] | None:
+    """``(status, payload, headers)`` of the API's answer to ``exc``, the one place an exception
+    becomes an HTTP answer (the views' handler and the fast path both answer with it); None for
+    a bug (answered 500 by the caller, logged)."""
+    return domain_error(exc) or api_error(exc)
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    mapped = domain_error(exc)
-    if mapped is not None:
-        status_code, payload, headers = mapped
-        return Response(payload, status=status_code, headers=headers)
-    # As DRF's handler does, so the code is not the generic "error" (e.g. ?format=xml: Http404).
-    if isinstance(exc, Http404):
-        exc = exceptions.NotFound(*exc.args)
-    elif isinstance(exc, PermissionDenied):
-        exc = exceptions.PermissionDenied(*exc.args)
-    response = drf_exception_handler(exc, context)
-    if response is None:
-        return None
-    if isinstance(exc, BadRequest):
-        code = exc.error_code
-    else:
-        code = next((c for t, c in _DRF_CODES.items() if isinstance(exc, t)), "error")
-    detail = response.data.get("detail", response.data) if isinstance(response.data, dict) else response.data
-    response.data = {"error": code, "detail": detail}
-    return response
+    """DRF's ``EXCEPTION_HANDLER``: :func:`error_answer` as a response; for DRF's own exceptions
+    what DRF's handler adds too (an ``auth_header``'s WWW-Authenticate, the rollback)."""
+    answer = domain_error(exc)
+    if answer is None:
+        answer = api_error(exc)
+        if answer is None:
+            return None
+        auth_header = getattr(exc, "auth_header", None)
+        if auth_header:
+            answer[2]["WWW-Authenticate"] = auth_header
+        set_rollback()
+    status_code, payload, headers = answer
+    return Response(payload, status=status_code, headers=headers)
 
 
 class OutageMiddleware:

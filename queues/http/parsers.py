@@ -10,6 +10,8 @@ from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
 
+from queues.errors import PayloadTooLarge
+
 
 class FastJSONParser(BaseParser):
     media_type = "application/json"
@@ -20,11 +22,6 @@ class FastJSONParser(BaseParser):
         context = parser_context or {}
         request, view = context.get("request"), context.get("view")
         limit = settings.API_MAX_REQUEST_BYTES
-        # Imported here, not at the top: errors imports rest_framework.views, whose APIView
-        # class body loads this module through DEFAULT_PARSER_CLASSES (an import cycle when
-        # errors is imported first).
-        from queues.http.errors import PayloadTooLarge
-
         if request is not None and view is not None and hasattr(view, "body_limit"):
             limit = view.body_limit(request)  # a message call: the queue's own limits
         length = int(request.META.get("CONTENT_LENGTH") or 0) if request is not None else 0

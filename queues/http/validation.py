@@ -2,7 +2,7 @@
 
 A DRF serializer costs tens of microseconds per item; a batch of 1,000 messages would spend
 most of its time there. These functions check the same things in plain Python and raise
-:class:`BadRequest` with a precise message. Everything is checked before anything is stored.
+:class:`InvalidRequest` with a precise message. Everything is checked before anything is stored.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any, Literal, TypeVar, overload
 
 from mq_client.tracing import MAX_TRACESTATE, TRACEPARENT, TRACESTATE, checked_tracestate, valid_traceparent
 from queues.engine.ids import MessageId, parse_message_id
-from queues.http.errors import BadRequest
 from queues.public import LIMITS
+from queues.service.errors import InvalidRequest
 from queues.service.limits import MAX_BATCH, MAX_WAIT
 from queues.service.types import MessageDraft, QueueConfig
 
@@ -27,23 +27,23 @@ _Default = TypeVar("_Default", bound=float | None)
 
 def object_of(data: Any, what: str = "request body") -> JSONObject:
     if not isinstance(data, dict):
-        raise BadRequest(f"the {what} must be a JSON object")
+        raise InvalidRequest(f"the {what} must be a JSON object")
     return data
 
 
 def no_extra(data: JSONObject, allowed: AbstractSet[str], where: str) -> None:
     extra = set(data) - allowed
     if extra:
-        raise BadRequest(f"unknown field(s) in {where}: {', '.join(sorted(extra))}", "unknown_field")
+        raise InvalidRequest(f"unknown field(s) in {where}: {', '.join(sorted(extra))}", "unknown_field")
 
 
 def _batch(data: JSONObject, key: str, code: str) -> list[Any]:
     """``data[key]`` as a list of 1 to ``MAX_BATCH`` items."""
     items = data[key]
     if not isinstance(items, list) or not items:
-        raise BadRequest(f"{key} must be a non-empty list", code)
+        raise InvalidRequest(f"{key} must be a non-empty list", code)
     if len(items) > MAX_BATCH:
-        raise BadRequest(f"at most {MAX_BATCH} {key} per call, got {len(items)}", "batch_too_large")
+        raise InvalidRequest(f"at most {MAX_BATCH} {key} per call, got {len(items)}", "batch_too_large")
     return items
 
 
@@ -62,29 +62,29 @@ def number(
         return default
     value = data[name]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadRequest(f"{name} must be a number", "invalid_number")
+        raise InvalidRequest(f"{name} must be a number", "invalid_number")
     if integer and not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
-        raise BadRequest(f"{name} must be a whole number", "invalid_number")
+        raise InvalidRequest(f"{name} must be a whole number", "invalid_number")
     if isinstance(value, float) and not math.isfinite(value):
-        raise BadRequest(f"{name} must be finite", "invalid_number")
+        raise InvalidRequest(f"{name} must be finite", "invalid_number")
     if not low <= value <= high:
-        raise BadRequest(f"{name} must be between {low} and {high}, got {value}", "out_of_range")
+        raise InvalidRequest(f"{name} must be between {low} and {high}, got {value}", "out_of_range")
     return int(value) if integer else value
 
 
 def _body(item: JSONObject, cfg: QueueConfig, where: str) -> str:
     if "body" not in item:
-        raise BadRequest(f"{where}: body is required", "missing_body")
+        raise InvalidRequest(f"{where}: body is required", "missing_body")
     body = item["body"]
     if not isinstance(body, str):
-        raise BadRequest(f"{where}: body must be a string (encode other data as JSON text)", "invalid_body")
+        raise InvalidRequest(f"{where}: body must be a string (encode other data as JSON text)", "invalid_body")
     if not body:
-        raise BadRequest(f"{where}: body is empty", "empty_body")
+        raise InvalidRequest(f"{where}: body is empty", "empty_body")
     # Cheap bound first: a str of n code points is at most 4n bytes of UTF-8.
     if len(body) * 4 > cfg.max_message_size:
         size = len(body.encode("utf-8", "surrogatepass"))
         if size > cfg.max_message_size:
-            raise BadRequest(
+            raise InvalidRequest(
                 f"{where}: body is {size} bytes, over the queue's max_message_size of {cfg.max_message_size}",
                 "body_too_large",
             )
@@ -93,7 +93,7 @@ def _body(item: JSONObject, cfg: QueueConfig, where: str) -> str:
     try:
         body.encode("utf-8")
     except UnicodeEncodeError:
-        raise BadRequest(f"{where}: body is not valid Unicode (lone surrogate)", "invalid_body") from None
+        raise InvalidRequest(f"{where}: body is not valid Unicode (lone surrogate)", "invalid_body") from None
     return body
 
 
@@ -106,13 +106,13 @@ def _short_text(item: JSONObject, name: str, where: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not 1 <= len(value) <= 128 or "\x00" in value:
-        raise BadRequest(f"{where}: {name} must be a string of 1 to 128 characters", f"invalid_{name}")
+        raise InvalidRequest(f"{where}: {name} must be a string of 1 to 128 characters", f"invalid_{name}")
     return value
 
 
 def _not_before(item: JSONObject, cfg: QueueConfig, now: float, where: str) -> float | None:
     if "delay" in item and "not_before" in item:  # even with one null: the schema says "not both"
-        raise BadRequest(f"{where}: give delay or not_before, not both", "invalid_delay")
+        raise InvalidRequest(f"{where}: give delay or not_before, not both", "invalid_delay")
     horizon = LIMITS["delay"][1]
     if item.get("not_before") is not None:
         value = item["not_before"]
@@ -120,9 +120,11 @@ def _not_before(item: JSONObject, cfg: QueueConfig, now: float, where: str) -> f
             try:
                 value = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
             except ValueError:
-                raise BadRequest(f"{where}: not_before must be epoch seconds or ISO 8601", "invalid_delay") from None
+                raise InvalidRequest(
+                    f"{where}: not_before must be epoch seconds or ISO 8601", "invalid_delay"
+                ) from None
         value = number({"not_before": value}, "not_before", 0, now + horizon, None)
-        assert value is not None  # it was given: a number, or BadRequest
+        assert value is not None  # it was given: a number, or InvalidRequest
         return value if value > now else None
     delay = number(item, "delay", 0, horizon, cfg.delay)
     return now + delay if delay else None
@@ -142,20 +144,22 @@ def _attributes(item: JSONObject, where: str, trusted: bool = False) -> dict[str
     if value is None:
         return None
     if not isinstance(value, dict) or len(value) > MAX_ATTRIBUTES:
-        raise BadRequest(
+        raise InvalidRequest(
             f"{where}: attributes must be an object of at most {MAX_ATTRIBUTES} entries", "invalid_attributes"
         )
     longest = NODE_ATTRIBUTE_NAME if trusted else 64
     for key, v in value.items():
         if not 1 <= len(key) <= longest or "\x00" in key:
-            raise BadRequest(f"{where}: attribute names are 1 to {longest} characters", "invalid_attributes")
+            raise InvalidRequest(f"{where}: attribute names are 1 to {longest} characters", "invalid_attributes")
         if isinstance(v, str):
             if (len(v) > 1024 and not trusted) or "\x00" in v:
-                raise BadRequest(f"{where}: attribute {key!r} is over 1,024 characters", "invalid_attributes")
+                raise InvalidRequest(f"{where}: attribute {key!r} is over 1,024 characters", "invalid_attributes")
         elif trusted and isinstance(v, dict):
             continue
         elif not isinstance(v, (bool, int, float)) or (isinstance(v, float) and not math.isfinite(v)):
-            raise BadRequest(f"{where}: attribute {key!r} must be a string, number or boolean", "invalid_attributes")
+            raise InvalidRequest(
+                f"{where}: attribute {key!r} must be a string, number or boolean", "invalid_attributes"
+            )
     if not trusted and (TRACEPARENT in value or TRACESTATE in value):
         _trace_context(value, where)
     return value
@@ -166,7 +170,7 @@ def _trace_context(attributes: dict[str, Any], where: str) -> None:
     and every consumer read it as such, so one that is not is refused rather than stored."""
     parent = attributes.get(TRACEPARENT)
     if parent is not None and not (isinstance(parent, str) and valid_traceparent(parent)):
-        raise BadRequest(
+        raise InvalidRequest(
             f"{where}: attribute 'traceparent' must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)",
             "invalid_attributes",
         )
@@ -174,7 +178,7 @@ def _trace_context(attributes: dict[str, Any], where: str) -> None:
     if state is not None and not (
         isinstance(state, str) and len(state) <= MAX_TRACESTATE and checked_tracestate(state) is not None
     ):
-        raise BadRequest(
+        raise InvalidRequest(
             f"{where}: attribute 'tracestate' must be a W3C tracestate (key=value list members, at most "
             f"32) of at most {MAX_TRACESTATE} characters",
             "invalid_attributes",
@@ -186,7 +190,7 @@ def _estimates(item: JSONObject, where: str) -> dict[str, float] | None:
     if value is None:
         return None
     if not isinstance(value, dict) or not value or set(value) - {"preprocess", "process"}:
-        raise BadRequest(
+        raise InvalidRequest(
             f"{where}: estimates is an object with preprocess and/or process (seconds)", "invalid_estimates"
         )
     # null is "not given" (the schema's nullable): the queue's estimate, as for a key left out,
@@ -212,7 +216,7 @@ def _message(item: JSONObject, cfg: QueueConfig, now: float, where: str, trusted
         return draft
     draft.group = _short_text(item, "group", where)
     if cfg.strict and draft.group is None:
-        raise BadRequest(f"{where}: queue {cfg.name!r} is strict: every message needs a group", "missing_group")
+        raise InvalidRequest(f"{where}: queue {cfg.name!r} is strict: every message needs a group", "missing_group")
     draft.dedup_id = _short_text(item, "dedup_id", where)
     draft.not_before = _not_before(item, cfg, now, where)
     draft.attributes = _attributes(item, where, trusted)
@@ -235,7 +239,7 @@ def enqueue_request(data: Any, cfg: QueueConfig, now: float, trusted: bool = Fal
         drafts = []
         for i, item in enumerate(items):
             if not isinstance(item, dict):
-                raise BadRequest(f"messages[{i}] must be an object with a body", "invalid_messages")
+                raise InvalidRequest(f"messages[{i}] must be an object with a body", "invalid_messages")
             drafts.append(_message(item, cfg, now, _WHERE[i], trusted))
         return drafts, True
     return [_message(data, cfg, now, "message", trusted)], False
@@ -253,11 +257,15 @@ def dequeue_request(data: Any) -> tuple[int, float | None, float]:
 def message_id(value: Any, cfg: QueueConfig, where: str) -> MessageId:
     mid = parse_message_id(value)
     if mid is None:
-        raise BadRequest(f"{where}: {value!r} is not a message ID (<queue>/<partition>/<block>/<index>)", "invalid_id")
+        raise InvalidRequest(
+            f"{where}: {value!r} is not a message ID (<queue>/<partition>/<block>/<index>)", "invalid_id"
+        )
     if mid.queue != cfg.name:
-        raise BadRequest(f"{where}: message {value} belongs to queue {mid.queue!r}, not {cfg.name!r}", "wrong_queue")
+        raise InvalidRequest(
+            f"{where}: message {value} belongs to queue {mid.queue!r}, not {cfg.name!r}", "wrong_queue"
+        )
     if mid.partition >= cfg.partitions:
-        raise BadRequest(f"{where}: queue {cfg.name!r} has no partition {mid.partition}", "invalid_id")
+        raise InvalidRequest(f"{where}: queue {cfg.name!r} has no partition {mid.partition}", "invalid_id")
     return mid
 
 
@@ -267,18 +275,20 @@ RECEIPT_MAX = 64
 
 def _receipt(value: Any, where: str) -> str:
     if not isinstance(value, str) or not 1 <= len(value) <= RECEIPT_MAX:
-        raise BadRequest(f"{where}: receipt must be the string returned by dequeue", "invalid_receipt")
+        raise InvalidRequest(f"{where}: receipt must be the string returned by dequeue", "invalid_receipt")
     return value
 
 
 def ack_request(data: Any, cfg: QueueConfig) -> list[tuple[MessageId, str | None]]:
     data = object_of(data)
     if cfg.strict and "ids" in data:
-        raise BadRequest(
+        raise InvalidRequest(
             f"queue {cfg.name!r} is strict: acknowledge with messages [{{id, receipt}}]", "receipt_required"
         )
     if ("ids" in data) == ("messages" in data):
-        raise BadRequest("give either ids (a list of message IDs) or messages (a list of {id, receipt})", "invalid_ack")
+        raise InvalidRequest(
+            "give either ids (a list of message IDs) or messages (a list of {id, receipt})", "invalid_ack"
+        )
     if "ids" in data:
         no_extra(data, {"ids"}, "the request")
         ids = _batch(data, "ids", "invalid_ack")
@@ -301,7 +311,7 @@ def ack_request(data: Any, cfg: QueueConfig) -> list[tuple[MessageId, str | None
             ):
                 out.append((mid, receipt))
                 continue
-        out.append(_ack_item(item, cfg, f"messages[{i}]"))  # raises BadRequest, saying why
+        out.append(_ack_item(item, cfg, f"messages[{i}]"))  # raises InvalidRequest, saying why
     return out
 
 
@@ -311,11 +321,11 @@ _ACK_FIELDS = frozenset({"id", "receipt"})
 def _ack_item(item: Any, cfg: QueueConfig, where: str) -> tuple[MessageId, str | None]:
     """One item of an ack's ``messages``, checked with the errors it earns."""
     if not isinstance(item, dict):
-        raise BadRequest(f"{where} must be an object with id and receipt", "invalid_ack")
+        raise InvalidRequest(f"{where} must be an object with id and receipt", "invalid_ack")
     no_extra(item, _ACK_FIELDS, where)
     receipt = _receipt(item["receipt"], where) if item.get("receipt") is not None else None
     if receipt is None and cfg.strict:
-        raise BadRequest(f"{where}: queue {cfg.name!r} is strict: a receipt is required", "receipt_required")
+        raise InvalidRequest(f"{where}: queue {cfg.name!r} is strict: a receipt is required", "receipt_required")
     return message_id(item.get("id"), cfg, where), receipt
 
 
@@ -325,7 +335,7 @@ def visibility_request(data: Any, cfg: QueueConfig) -> tuple[MessageId, str | No
     mid = message_id(data.get("id"), cfg, "id")
     receipt = _receipt(data["receipt"], "receipt") if data.get("receipt") is not None else None
     if data.get("visibility_timeout") is None:
-        raise BadRequest("visibility_timeout is required (seconds from now; 0 makes it visible)", "missing_field")
+        raise InvalidRequest("visibility_timeout is required (seconds from now; 0 makes it visible)", "missing_field")
     visibility_timeout = number(data, "visibility_timeout", *LIMITS["visibility_timeout"], None)
     assert visibility_timeout is not None  # required above
     return mid, receipt, visibility_timeout

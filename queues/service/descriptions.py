@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Any
+from typing import Any, Unpack
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
@@ -29,9 +29,13 @@ from queues.service.reads import permitted_queues
 from queues.service.runtime import current_runtime, get_runtime
 from queues.service.targets import authorize, checked_name
 from queues.service.types import (
+    NewQueueFields,
+    NewSubscriptionFields,
     PartitionOwner,
     PartitionStats,
+    QueueFields,
     QueueStats,
+    SubscriptionFields,
     SubscriptionPartitionStats,
     SubscriptionStats,
 )
@@ -90,19 +94,20 @@ def current_queue_ids(names: Iterable[str]) -> dict[str, int]:
     return dict(Queue.objects.filter(name__in=wanted).values_list("name", "pk"))
 
 
-def create_queue(*, caller: Caller, **fields: Any) -> Queue:
+def create_queue(*, caller: Caller, **fields: Unpack[NewQueueFields]) -> Queue:
     """A new queue (or topic, ``kind="topic"``) and its partition rows, in one transaction;
-    this node claims its share of the partitions at once. Any authenticated caller may create
-    one; it is recorded as the creator (``created_by``), who may manage it. Raises
+    this node claims its share of the partitions at once (``fields``: its name, kind and
+    settings, :class:`~queues.service.types.NewQueueFields`). Any authenticated caller may
+    create one; it is recorded as the creator (``created_by_id`` unless given), who may manage
+    it. Raises
     ``access.Forbidden`` (an anonymous caller), django's ValidationError, Conflict
     (``already_exists``: the name is taken, also by a concurrent create; ``concurrent_change``: e.g. its
     dead-letter queue was deleted meanwhile)."""
     if caller.user_id is None and not caller.system:
         raise Forbidden(caller, "create", str(fields.get("name", "")))
-    if fields.get("created_by") is None and fields.get("created_by_id") is None:
-        fields.pop("created_by", None)
+    if fields.get("created_by_id") is None:
         fields["created_by_id"] = caller.user_id
-    _require_dead_letter_queue(caller, fields)
+    _require_dead_letter_queue(caller, fields.get("dead_letter_queue"))
     name = fields.get("name")
     try:
         with transaction.atomic():
@@ -137,15 +142,16 @@ def _first_epoch(q: Queue, index: int) -> int:
     return get_runtime().store.within(keys.incarnation(q.pk)).read_fence(keys.fence_key(q.name, index))
 
 
-def update_queue(q: Queue, *, caller: Caller, **fields: Any) -> Queue:
-    """Change settings under the row's lock (``manage``); partitions may only grow (existing
+def update_queue(q: Queue, *, caller: Caller, **fields: Unpack[QueueFields]) -> Queue:
+    """Change the settings ``fields`` names (:class:`~queues.service.types.QueueFields`) under
+    the row's lock (``manage``); partitions may only grow (existing
     ones hold messages): new partition rows are created in the same transaction. Raises
     QueueNotFound (also when deleted meanwhile) / ``access.Forbidden``, InvalidRequest
     (``partitions_shrink``), Conflict (``partitions_changed``: grown meanwhile past the number
     asked for; ``concurrent_change``: e.g. the dead-letter queue it names was deleted
     meanwhile), django's ValidationError."""
     _require(caller, "manage", q)
-    _require_dead_letter_queue(caller, fields)
+    _require_dead_letter_queue(caller, fields.get("dead_letter_queue"))
     seen = q.partitions  # what the caller saw
     try:
         with transaction.atomic():
@@ -216,15 +222,14 @@ def learn_estimate(name: str, stage: str, estimate: float, *, caller: Caller) ->
     return previous
 
 
-def _require_dead_letter_queue(caller: Caller, fields: dict[str, Any]) -> None:
+def _require_dead_letter_queue(caller: Caller, dlq: Queue | None) -> None:
     """Dead letters are moved by the service itself: naming a dead-letter queue needs
     ``produce`` on it, or a manager of one queue could fill another it may not write to."""
-    dlq = fields.get("dead_letter_queue")
     if isinstance(dlq, Queue):
         _require(caller, "produce", dlq)
 
 
-def _json_fields(fields: dict[str, Any]) -> dict[str, Any]:
+def _json_fields(fields: Mapping[str, object]) -> dict[str, Any]:
     """Changed settings as the audit trail keeps them (a related queue by its name)."""
     return {k: (v if v is None or isinstance(v, (bool, int, float, str)) else str(v)) for k, v in fields.items()}
 
@@ -319,14 +324,14 @@ def get_subscription(topic: str, name: str, *, caller: Caller) -> Subscription:
     return sub
 
 
-def create_subscription(topic: Queue, *, caller: Caller, **fields: Any) -> Subscription:
+def create_subscription(topic: Queue, *, caller: Caller, **fields: Unpack[NewSubscriptionFields]) -> Subscription:
     """A new reader of ``topic`` (``manage`` on it). ``start="newest"``: it gets what is
     published from now on; ``"oldest"``: also every message the topic still holds. The owners
     reopen the topic's partitions with the new reader (here at once, elsewhere when told, or at
     their next heartbeat if they cannot be reached). Raises QueueNotFound (also when the topic
     was deleted meanwhile) / ``access.Forbidden``, Conflict (``subscription_exists``)."""
     _require(caller, "manage", topic)
-    _require_dead_letter_queue(caller, fields)
+    _require_dead_letter_queue(caller, fields.get("dead_letter_queue"))
     with transaction.atomic():
         # The topic's row locked: a concurrent create of the same name waits and then finds
         # this one, a concurrent delete of the topic waits or went first.
@@ -363,7 +368,7 @@ def delete_subscription(sub: Subscription, *, caller: Caller) -> None:
 SUBSCRIPTION_SETTINGS = ("visibility_timeout", "dead_letter_queue", "max_receives")
 
 
-def update_subscription(sub: Subscription, *, caller: Caller, **fields: Any) -> Subscription:
+def update_subscription(sub: Subscription, *, caller: Caller, **fields: Unpack[SubscriptionFields]) -> Subscription:
     """Change a subscription's settings (:data:`SUBSCRIPTION_SETTINGS`) under its row's lock:
     ``manage`` on its topic, and ``produce`` on a dead-letter queue it is pointed to (the
     service moves the dead letters there, so naming one is writing to it). Recorded as
@@ -390,7 +395,7 @@ def update_subscription(sub: Subscription, *, caller: Caller, **fields: Any) -> 
     return locked
 
 
-def check_subscription_update(sub: Subscription, *, caller: Caller, **fields: Any) -> None:
+def check_subscription_update(sub: Subscription, *, caller: Caller, **fields: Unpack[SubscriptionFields]) -> None:
     """Raise what :func:`update_subscription` refuses before it changes anything (a form's
     check): the caller's rights, a setting that cannot change."""
     target = f"{sub.topic.name}/{sub.name}"
@@ -401,7 +406,7 @@ def check_subscription_update(sub: Subscription, *, caller: Caller, **fields: An
             f"{target}: {', '.join(fixed)} cannot be changed (only {', '.join(SUBSCRIPTION_SETTINGS)})",
             "read_only_setting",
         )
-    _require_dead_letter_queue(caller, fields)
+    _require_dead_letter_queue(caller, fields.get("dead_letter_queue"))
 
 
 def reload(name: str, *, caller: Caller) -> None:

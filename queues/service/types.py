@@ -7,27 +7,107 @@ from its own input and shapes its own output from them; nothing here knows about
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, NotRequired, Required, TypedDict
 
 # A queue's description and a delivered message, as the engine makes them: every entrance reads
 # them from here, not from the runtime.
 from queues.engine.config import QueueConfig
 from queues.engine.partition import Delivery
 
+if TYPE_CHECKING:
+    from queues.models import Queue
+
 __all__ = [
     "AckResult",
     "Delivery",
     "ExpireResult",
     "MessageDraft",
+    "NewQueueFields",
+    "NewSubscriptionFields",
     "PartitionOwner",
     "PartitionStats",
     "QueueConfig",
+    "QueueFields",
     "QueueStats",
     "RedriveResult",
     "ReleaseResult",
+    "SubscriptionFields",
     "SubscriptionPartitionStats",
     "SubscriptionStats",
 ]
+
+
+class QueueFields(TypedDict, total=False):
+    """The settings of a queue (or topic) its manager sets: what ``update_queue`` changes, and
+    with :class:`NewQueueFields` what ``create_queue`` takes. A setting left out keeps its value
+    (a new queue's: the model's default). Each is bounded by ``queues.models.LIMITS``, checked
+    by the model's ``full_clean`` (django's ValidationError)."""
+
+    #: how many partitions the messages are spread over; it may grow, never shrink.
+    partitions: int
+    #: positions per append-tree block (a busy partition's blocks grow past it).
+    block_size: int
+    #: seconds a partition's lease lasts (owned rows take a new one at their next renewal).
+    lease_period: int
+    #: seconds a delivered message stays hidden before it is delivered again.
+    visibility_timeout: int
+    #: the most bytes of a message's body (UTF-8).
+    max_message_size: int
+    #: seconds a message is kept unacknowledged.
+    retention: int
+    #: every message needs a group, and acks need receipts.
+    strict: bool
+    #: a dequeue takes as many of a group's next messages as it has room for (SQS FIFO's rule).
+    group_batch: bool
+    #: where a message goes after ``max_receives`` deliveries (the caller needs ``produce`` on
+    #: it); None: nowhere.
+    dead_letter_queue: Queue | None
+    #: deliveries before a message is dead-lettered; None: never.
+    max_receives: int | None
+    #: seconds a ``dedup_id`` is remembered.
+    dedup_window: int
+    #: seconds every message waits before its first delivery.
+    delay: int
+    #: default seconds of pre-processing per message (for messages that bring no estimate).
+    preprocess_estimate: float
+    #: default seconds of processing per message.
+    process_estimate: float
+    #: what the archiver copies (``Queue.Archive``: ``none``, ``all``, ``acked``).
+    archive: str
+
+
+class NewQueueFields(QueueFields, total=False):
+    """A new queue's (or topic's) name and kind, with its settings (``create_queue``)."""
+
+    #: letters, digits, ``_`` and ``-``, at most 80; no other queue or topic has it.
+    name: Required[str]
+    #: ``Queue.Kind``: ``queue`` (the default) or ``topic``.
+    kind: str
+    #: the user recorded as its creator, who may manage it; default: the caller's.
+    created_by_id: int | None
+
+
+class SubscriptionFields(TypedDict, total=False):
+    """The settings of a subscription its topic's manager may change (``update_subscription``;
+    the names in ``descriptions.SUBSCRIPTION_SETTINGS``). A setting left out keeps its value."""
+
+    #: seconds a delivered message stays hidden; None: the topic's.
+    visibility_timeout: int | None
+    #: where a message goes after ``max_receives`` deliveries to this reader (a queue, not a
+    #: topic; the caller needs ``produce`` on it); None: nowhere.
+    dead_letter_queue: Queue | None
+    #: deliveries to this reader before a message is dead-lettered; None: never.
+    max_receives: int | None
+
+
+class NewSubscriptionFields(SubscriptionFields, total=False):
+    """A new subscription's name and start, with its settings (``create_subscription``)."""
+
+    #: letters, digits, ``_`` and ``-``, at most 80; unique among the topic's subscriptions.
+    name: Required[str]
+    #: ``Subscription.Start``: ``newest`` (the default: what is published from now on) or
+    #: ``oldest`` (every message the topic still holds too).
+    start: str
 
 
 @dataclass(slots=True)

@@ -278,6 +278,33 @@ def test_bad_replay_input_is_a_4xx_and_enqueues_nothing(api, runtime, make_archi
     assert stranger.get(f"/api/v1/archive?queue={src}", HTTP_AUTHORIZATION="Token wrong").status_code == 401
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("backend", ["file"])  # the failure is the service's answer, whatever the store
+def test_a_replay_stopped_part_way_answers_503_with_what_was_replayed(api, runtime, queue, monkeypatch):
+    # given five archived messages, replayed in batches of two, the second of which fails
+    src, dst = queue(archive="all"), queue()
+    enqueue(api, src, [{"body": f"m{i}"} for i in range(5)])
+    archiver.run(src, store=runtime.store)
+    monkeypatch.setattr(service, "MAX_BATCH", 2)
+    real, calls = service.enqueue, []
+
+    def enqueue_twice(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise service.PartitionUnavailable(f"{dst}/0: the store does not answer")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(service, "enqueue", enqueue_twice)
+    # when they are replayed
+    r = api.post("/api/v1/archive/replay", {"queue": src, "into": dst}, format="json")
+    # then the answer is a 503 to retry, naming the two that were replayed
+    assert r.status_code == 503 and r["Retry-After"] == "1", r.content
+    body = r.json()
+    assert body["error"] == "unavailable" and body["detail"].startswith("stopped part-way, retry the rest: ")
+    assert (body["queue"], body["into"], body["replayed"]) == (src, dst, 2)
+    assert len(body["ids"]) == 2 and sorted(m["id"] for m in drain(api, dst)) == sorted(body["ids"])
+
+
 def _client_of(user) -> APIClient:
     from rest_framework.authtoken.models import Token
 

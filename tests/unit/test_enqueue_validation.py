@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from queues.http.errors import BadRequest
 from queues.http.validation import enqueue_request
+from queues.service import InvalidRequest
 from queues.service.types import QueueConfig
 
 CFG = QueueConfig(1, "q", 4, 256, 10, 30, 262_144, 86_400)
@@ -21,7 +21,7 @@ def test_text_bodies_are_taken_as_they_are(body):
 
 @pytest.mark.parametrize("body", ["\ud800", "a\udfff", "ascii then \ud83d"])
 def test_a_lone_surrogate_is_no_text(body):
-    with pytest.raises(BadRequest) as err:
+    with pytest.raises(InvalidRequest) as err:
         enqueue_request({"messages": [{"body": "fine"}, {"body": body}]}, CFG, 0.0)
-    assert err.value.error_code == "invalid_body"
+    assert err.value.code == "invalid_body"
     assert "messages[1]" in str(err.value.detail)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import io
 import pkgutil
 import sys
 
+import orjson
 import pytest
-from rest_framework.exceptions import APIException
 
 from archive.replay import PartialReplay
 from queues import service
@@ -18,12 +19,14 @@ from queues.access import Caller, Forbidden
 from queues.cluster.leases import LeaseLost
 from queues.cluster.peerauth import PeerAuthBusy, PeerAuthFailed
 from queues.engine.tree import CorruptTree
-from queues.errors import Refused, ServiceError, Unavailable
+from queues.errors import PayloadTooLarge, Refused, ServiceError, Unavailable
+from queues.http import bodies
 from queues.http.bodies import ReadersBusy
 from queues.http.errors import domain_error
 from queues.kv import KVError
 from sqs.context import sqs_error
 from sqs.errors import SQSError
+from sqs.sigv4 import SignatureError
 from workers.services import InvalidAttempt, LimitOutOfRange, TooManyConsumers, TooManyHeld
 
 #: The packages of the service (``config`` composes them and defines no errors; importing its
@@ -52,12 +55,7 @@ def test_every_exception_the_service_defines_derives_from_the_base_with_a_code_a
     names = {c.__name__ for c in classes}
     # the discovery sees the modules where errors are defined, not only queues.errors
     assert {"Forbidden", "KVError", "LeaseLost", "RemoteError", "SQSError", "PartialReplay"} <= names
-    outside = [
-        f"{c.__module__}.{c.__qualname__}"
-        for c in classes
-        # DRF's own exceptions (the API's BadRequest, PayloadTooLarge) answer by DRF's tree
-        if not issubclass(c, ServiceError | APIException)
-    ]
+    outside = [f"{c.__module__}.{c.__qualname__}" for c in classes if not issubclass(c, ServiceError)]
     assert outside == []
     for cls in classes:
         if issubclass(cls, ServiceError):
@@ -98,6 +96,12 @@ ANSWERS = [
     (service.InvalidRequest("a topic", "is_a_topic"), 404, {"error": "is_a_topic", "detail": "a topic"}, {}),
     (service.InvalidRequest("past", "no_such_partition"), 404, {"error": "no_such_partition", "detail": "past"}, {}),
     (service.InvalidRequest("plain"), 400, {"error": "invalid", "detail": "plain"}, {}),
+    (
+        PayloadTooLarge("request body is over this call's limit of 10 bytes"),
+        413,
+        {"error": "payload_too_large", "detail": "request body is over this call's limit of 10 bytes"},
+        {},
+    ),
     (service.Conflict("taken", "already_exists"), 409, {"error": "already_exists", "detail": "taken"}, {}),
     (
         service.ReceiptMismatch("q/0/b/1", "not in flight"),
@@ -142,9 +146,16 @@ ANSWERS = [
     (InvalidAttempt("not an ID"), 400, {"error": "invalid", "detail": "not an ID"}, {}),
     (TooManyConsumers("busy"), 429, {"error": "throttled", "detail": "busy"}, {"Retry-After": "60"}),
     (
-        PartialReplay(KVError("down"), 2, ["a", "b"]),
+        PartialReplay(KVError("down"), 2, ["a", "b"], queue="q", into="r"),
         503,
-        {"error": "unavailable", "detail": "stopped part-way, retry the rest: down"},
+        {
+            "error": "unavailable",
+            "detail": "stopped part-way, retry the rest: down",
+            "queue": "q",
+            "into": "r",
+            "replayed": 2,
+            "ids": ["a", "b"],
+        },
         {"Retry-After": "1"},
     ),
 ]
@@ -207,6 +218,35 @@ def test_the_sqs_api_answers_each_error_by_its_class(exc, code, message, status,
     assert (err.code, err.message, err.status, err.retry_after) == (code, message, status, retry_after)
 
 
-def test_sqs_errors_and_faults_pass_through_the_sqs_mapping():
-    assert sqs_error(SQSError("MissingParameter", "needs QueueUrl")) is None
+def test_sqs_errors_pass_through_the_sqs_mapping_and_faults_are_bugs():
+    own = SQSError("MissingParameter", "needs QueueUrl")
+    assert sqs_error(own) is own
+    signature = SignatureError("SignatureDoesNotMatch", "no match")
+    assert sqs_error(signature) is signature
+    assert (signature.query_code, signature.status, signature.sender_fault) == ("SignatureDoesNotMatch", 403, True)
     assert sqs_error(CorruptTree("head block b1 is missing")) is None
+    assert sqs_error(ValueError("a bug")) is None
+
+
+def test_the_body_gate_answers_busy_readers_as_the_error_says(settings):
+    # given the one reader of anonymous bodies busy
+    settings.API_ANONYMOUS_BODY_READERS = 1
+    readers = bodies.readers()
+    assert readers._free.acquire(blocking=False)
+    got: dict = {}
+
+    def start_response(status, headers):
+        got.update(status=status, headers=dict(headers))
+
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/admin/login/", "CONTENT_LENGTH": "5"}
+    try:
+        # when an anonymous body comes
+        answer = bodies.BodyGate(lambda *_: pytest.fail("the body was read"))(
+            {**environ, "wsgi.input": io.BytesIO(b"hello")}, start_response
+        )
+    finally:
+        readers._free.release()
+    # then it is refused unread, with the answer ReadersBusy carries (that of the views)
+    assert got["status"] == "503 Service Unavailable" and got["headers"]["Retry-After"] == "1"
+    detail = "1 bodies of callers not authenticated are being read already; retry"
+    assert orjson.loads(b"".join(answer)) == {"error": "unavailable", "detail": detail}

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from queues.http.errors import BadRequest
 from queues.http.validation import enqueue_request
+from queues.service import InvalidRequest
 from queues.service.types import QueueConfig
 from sqs import meta
 from sqs.message_attributes import read_attributes, stored_attributes
@@ -120,12 +120,12 @@ def test_a_malformed_metadata_attribute_is_ignored(value):
 
 def test_only_a_node_forwards_attributes_past_the_rest_limits():
     sqs_sized = {"a" * 200: "v" * 5000, meta.KEY: {"types": {}}}
-    with pytest.raises(BadRequest) as err:
+    with pytest.raises(InvalidRequest) as err:
         enqueue_request({"body": "b", "attributes": sqs_sized}, CFG, 0.0)
-    assert err.value.error_code == "invalid_attributes"
+    assert err.value.code == "invalid_attributes"
     (draft,), _ = enqueue_request({"body": "b", "attributes": sqs_sized}, CFG, 0.0, trusted=True)
     assert draft.attributes == sqs_sized
-    with pytest.raises(BadRequest):
+    with pytest.raises(InvalidRequest):
         enqueue_request({"body": "b", "attributes": {"x": [1]}}, CFG, 0.0, trusted=True)
 
 

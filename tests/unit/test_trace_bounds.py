@@ -10,8 +10,8 @@ import pytest
 from opentelemetry.trace import get_current_span
 
 from mq_client import tracing
-from queues.http.errors import BadRequest
 from queues.http.validation import enqueue_request
+from queues.service import InvalidRequest
 from queues.service.types import QueueConfig
 
 TRACE_ID = "5759e988bd862e3fe1be46a994272793"
@@ -150,9 +150,9 @@ def test_injected_context_never_carries_a_tracestate_over_w3cs_limit():
     ],
 )
 def test_a_rest_message_with_trace_context_not_w3cs_is_refused(attributes):
-    with pytest.raises(BadRequest) as refused:
+    with pytest.raises(InvalidRequest) as refused:
         enqueue_request({"body": "b", "attributes": attributes}, CFG, 0.0)
-    assert refused.value.error_code == "invalid_attributes"
+    assert refused.value.code == "invalid_attributes"
     assert "\n" not in str(refused.value.detail)
 
 
