@@ -19,6 +19,7 @@ from rest_framework.test import APIClient
 import archive
 from archive import archiver
 from archive.models import ArchivedMessage, ArchiverLock
+from queues import service
 from queues.engine import archive_journal
 from queues.engine.keys import incarnation
 from tests.integration.nodes import Client, backend_store, node_info, wait_until
@@ -279,10 +280,10 @@ def test_bad_replay_input_is_a_4xx_and_enqueues_nothing(api, runtime, make_archi
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("backend", ["file"])  # the failure is the service's answer, whatever the store
-def test_a_replay_stopped_part_way_answers_503_with_what_was_replayed(api, runtime, queue, monkeypatch):
+@pytest.mark.parametrize("runtime", ["file"], indirect=True)  # the failure is the service's answer, whatever the store
+def test_a_replay_stopped_part_way_answers_503_with_what_was_replayed(api, runtime, make_archived_queue, monkeypatch):
     # given five archived messages, replayed in batches of two, the second of which fails
-    src, dst = queue(archive="all"), queue()
+    src, dst = make_archived_queue(archive="all"), make_archived_queue()
     enqueue(api, src, [{"body": f"m{i}"} for i in range(5)])
     archiver.run(src, store=runtime.store)
     monkeypatch.setattr(service, "MAX_BATCH", 2)
