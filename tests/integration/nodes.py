@@ -150,6 +150,9 @@ class NodeSet:
         return node.start()
 
     def stop(self) -> None:
+        """Every node asked to stop at once, then each waited for."""
+        for node in self.nodes:
+            node.ask_to_stop()
         for node in self.nodes:
             node.stop()
 
@@ -182,10 +185,11 @@ class NodeFactory:
     starts a node process for the test and returns it, set up by the test's ``node`` marker
     (:func:`node_options`) with ``env`` on top; every node it made is stopped at the test's end.
 
-    Keywords: ``processes`` (``runnode --processes``), ``backend`` (its key-value store, the
-    marker's by default), ``data`` (its data folder under the test's ``tmp_path``: nodes of one
-    test share ``data`` unless told otherwise), ``port``, ``timeout`` (of the start) and
-    ``start=False`` (made, to be started by the test: a node that takes over from another)."""
+    ``processes`` (``runnode --processes``; the one positional argument), and as keywords
+    ``backend`` (its key-value store, the marker's by default), ``data`` (its data folder under
+    the test's ``tmp_path``: nodes of one test share ``data`` unless told otherwise), ``port``,
+    ``timeout`` (of the start) and ``start=False`` (made, to be started by the test: a node that
+    takes over from another)."""
 
     def __init__(self, request: pytest.FixtureRequest, tmp_path: Path):
         self.request, self.tmp_path = request, tmp_path
@@ -196,8 +200,8 @@ class NodeFactory:
 
     def __call__(
         self,
-        *,
         processes: int | None = None,
+        *,
         backend: str | None = None,
         data: str = "data",
         port: int | None = None,
@@ -225,6 +229,9 @@ class NodeFactory:
             self.request.getfixturevalue(fixture)
 
     def stop(self) -> None:
+        """Every node asked to stop at once, then each waited for."""
+        for node in self.nodes:
+            node.ask_to_stop()
         for node in self.nodes:
             node.stop()
 
