@@ -322,7 +322,11 @@ if KV_URL.startswith(("redis://", "rediss://", "unix://")):
 # --- Celery -------------------------------------------------------------------------------
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", "filesystem://")
 CELERY_BROKER_TRANSPORT_OPTIONS = {}
+CELERY_BROKER_TRANSPORT = None
 if CELERY_BROKER_URL.startswith("filesystem://"):
+    # kombu's filesystem transport with its files written whole (config/broker.py): kombu's own
+    # lets a worker read a message file its producer has created but not yet written.
+    CELERY_BROKER_TRANSPORT = "config.broker:Transport"
     _broker_dir = DATA_DIR / "broker"
     # kombu's filesystem transport does not create its folders.
     for _sub in ("out", "processed", "control"):
