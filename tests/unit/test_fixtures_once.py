@@ -44,8 +44,8 @@ def test_every_fixture_name_is_defined_once():
 
 def test_the_scan_sees_a_fixture_defined_twice(tmp_path):
     (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_a.py").write_text("import pytest\n\n@pytest.fixture\ndef node():\n    pass\n")
+    (tmp_path / "tests" / "test_a.py").write_text("import pytest\n\n@pytest.fixture\ndef sample():\n    pass\n")
     (tmp_path / "tests" / "test_b.py").write_text(
-        "import pytest\n\n@pytest.fixture(scope='module', name='node')\ndef other():\n    pass\n"
+        "import pytest\n\n@pytest.fixture(scope='module', name='sample')\ndef another():\n    pass\n"
     )
-    assert fixtures_defined(tmp_path / "tests") == {"node": ["tests/test_a.py:4", "tests/test_b.py:4"]}
+    assert fixtures_defined(tmp_path / "tests") == {"sample": ["tests/test_a.py:4", "tests/test_b.py:4"]}
