@@ -101,7 +101,7 @@ def sqs_api(request, module_node, key):
 
 
 @pytest.fixture(scope="module")
-def committed(django_db_blocker):
+def committed(django_db_setup, django_db_blocker):
     """``committed(lambda: ...)``: run an ORM call on a connection of its own, committed at once,
     so that a node process reads its rows even while a test's transaction is open; the module's
     node removes them at its end (:func:`module_node`)."""
