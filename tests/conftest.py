@@ -43,7 +43,7 @@ def pytest_configure(config):
 
 
 #: The fixtures that start node processes: a test that uses one is a ``cluster`` test.
-NODE_FIXTURES = frozenset({"node", "nodes", "module_node"})
+NODE_FIXTURES = frozenset({"node", "node_factory", "module_node"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
@@ -151,6 +151,41 @@ def redis_cluster_client():
 
 
 @pytest.fixture
+def node_factory(request, transactional_db, tmp_path):
+    """``node_factory(**env)``: start a node process for this test and return it
+    (tests.integration.nodes.NodeFactory: its keywords, ``processes=``, ``backend=``, ...); every
+    one it started is stopped at the test's end, before the database is flushed.
+
+    The nodes run on the test database (so the test is transactional: a node sees committed
+    rows only), their data and logs under ``tmp_path``; ``@pytest.mark.node(...)`` on the test,
+    its class or its module sets them up (tests.integration.nodes.node_options):
+
+    - ``env={"NAME": "value"}``: settings of every node (on top of ``NODE_HEARTBEAT=0.3``);
+    - ``backend="redis"``: their key-value store (``tests.launcher.KV_BACKENDS``, Redis db 5
+      emptied before and after the test by default; or ``"this-process"``: this process's);
+    - ``processes=N``: ``runnode --processes`` of each (1 by default);
+    - ``shared=True``: the ``node`` of the module's tests is one node for them all (below)."""
+    from tests.integration.nodes import NodeFactory
+
+    factory = NodeFactory(request, tmp_path)
+    request.node.started_nodes = factory.nodes  # for a teardown that keeps their logs (tests/e2e)
+    yield factory
+    factory.stop()
+
+
+@pytest.fixture
+def node(request):
+    """One node process, as :func:`node_factory` starts them; in a module marked
+    ``@pytest.mark.node(shared=True)``, the module's node (``module_node``,
+    tests/integration/conftest.py), shared by its tests, which commit their rows themselves."""
+    from tests.integration.nodes import node_options
+
+    if node_options(request.node).get("shared"):
+        return request.getfixturevalue("module_node")
+    return request.getfixturevalue("node_factory")()
+
+
+@pytest.fixture
 def kv_reset():
     """Forget the process's key-value store before and after (tests switch backends)."""
     from queues.kv import reset_store
@@ -161,17 +196,32 @@ def kv_reset():
 
 
 @pytest.fixture
-def runtime(db, kv_reset):
-    """A node runtime in this process, without its housekeeping thread (the test ticks it)."""
+def runtime(request, db, kv_reset, tmp_path):
+    """A node runtime in this process, without its housekeeping thread (the test ticks it), on
+    the configured key-value store; parametrized indirectly (``runtime`` given "file", "redis"
+    or "postgres"), on that backend as a node opens it (tests.integration.nodes.backend_store),
+    what it wrote there removed afterwards."""
     from queues import service
     from queues.cluster.node import NodeRuntime
     from queues.http.auth import CachedTokenAuthentication
     from queues.http.errors import exception_handler  # noqa: F401  (import the API's error mapping)
 
+    backend = getattr(request, "param", None)
+    store = None
+    if backend is not None:
+        from tests.integration.nodes import backend_store
+
+        store = backend_store(backend, request, tmp_path)
     CachedTokenAuthentication.forget()
-    rt = NodeRuntime("test-node", background=False).start()
+    rt = NodeRuntime("test-node", store=store, background=False).start()
     service.set_runtime(rt)
     yield rt
+    if store is not None:
+        from queues.engine.keys import incarnation
+        from queues.models import Queue
+
+        for pk, name in Queue.objects.values_list("pk", "name"):
+            store.within(incarnation(pk)).delete_prefix(name)
     rt.stop(release=True)
     service.set_runtime(None)
 
@@ -211,6 +261,44 @@ def pytest_generate_tests(metafunc):
         from tests.integration.wsgi_client import TRANSPORTS
 
         metafunc.parametrize("api", TRANSPORTS, indirect=True)
+
+
+@pytest.fixture
+def superuser_api(api, user, purge_kv):
+    """``api`` as a superuser's: it may purge, redrive, change and delete any queue."""
+    from queues.http.auth import CachedTokenAuthentication
+
+    user.is_staff = user.is_superuser = True
+    user.save()
+    CachedTokenAuthentication.forget()
+    return api
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for the whole run (its start costs seconds)."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from consoles.spark.job import spark_session
+
+    return spark_session()
+
+
+@pytest.fixture
+def exporter():
+    """Spans of a TracerProvider of the SDK's (``exporter.provider``), finished ones in memory
+    (``get_finished_spans``); ``exporter.tracer``: the client SDK's tracer on it."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from mq_client import tracing
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    memory.provider = provider
+    memory.tracer = tracing.tracer(provider)
+    return memory
 
 
 @pytest.fixture

@@ -156,11 +156,13 @@ class NodeProcess:
         self.python, self.cwd = python, cwd
         self.log_path = Path(log_dir) / f"node-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._asked_to_stop = False
 
     def start(self, timeout: float = 30) -> NodeProcess:
         """Start the node and wait until ``/api/v1/healthz`` answers 200."""
         if start_check is not None:
             start_check()
+        self._asked_to_stop = False
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [
@@ -225,13 +227,21 @@ class NodeProcess:
         assert self.proc is not None
         self.proc.wait(timeout=10)
 
+    def ask_to_stop(self) -> None:
+        """SIGTERM, once (a paused node is woken first): the node releases its leases and exits;
+        :meth:`stop` waits for it. Several nodes asked at once stop in the time of one."""
+        if self.proc is None or self.proc.poll() is not None or self._asked_to_stop:
+            return
+        self._asked_to_stop = True
+        self.signal(signal.SIGCONT)  # a paused node cannot handle SIGTERM
+        self.proc.terminate()
+
     def stop(self, timeout: float = 20) -> None:
         """Graceful stop (SIGTERM: leases released); SIGKILL to what is left after ``timeout``."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
-            self.signal(signal.SIGCONT)  # a paused node cannot handle SIGTERM
-            self.proc.terminate()
+            self.ask_to_stop()
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:

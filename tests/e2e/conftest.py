@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.nodes import database_url
-from tests.launcher import ROOT, NodeProcess, node_env
+from tests.integration.nodes import THIS_PROCESS
+from tests.launcher import ROOT
 
 CHROMIUM = os.environ.get("MQ_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("MQ_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -107,6 +107,16 @@ class Screenshots:
         return path
 
 
+def pytest_collection_modifyitems(items):
+    """The node of a browser test (``node``, tests/conftest.py) shares this process's key-value
+    store, so the test reads what the node wrote, and runs with ``DEBUG=0``; its own
+    ``@pytest.mark.node(env=...)`` adds settings."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.node(backend=THIS_PROCESS, env={"DEBUG": "0"}))
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     report = yield
@@ -130,34 +140,10 @@ def browser(_driver, request):
             (shots.folder / "failed-here.html").write_text(_driver.page_source)
         except Exception as exc:  # noqa: BLE001 - the browser itself may be what broke
             print(f"could not save the page the test failed on: {exc}")
-
-
-@pytest.fixture
-def node(transactional_db, tmp_path, request):
-    """A node process on the test database and this process's key-value store, so the test
-    can read what the node wrote (``@pytest.mark.node(env={"NAME": "value"})`` adds settings).
-    Stopped before the database is flushed; its log is kept beside the screenshots of a test
-    that failed."""
-    from django.conf import settings
-
-    marker = request.node.get_closest_marker("node")
-    env = node_env(
-        database_url=database_url(),
-        data_dir=tmp_path / "data",
-        kv=settings.KV_URL,
-        NODE_HEARTBEAT="0.3",
-        DEBUG="0",
-        CLUSTER_SECRET=settings.CLUSTER_SECRET,  # what this process forwards to it is signed with its own
-        **(marker.kwargs.get("env", {}) if marker else {}),
-    )
-    n = NodeProcess(env, tmp_path).start()
-    yield n
-    n.stop()
-    report = getattr(request.node, "report_call", None)
-    if report is not None and report.failed:  # keep the node's log beside the screenshots
-        folder = artifacts_dir() / "screenshots" / re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
-        folder.mkdir(parents=True, exist_ok=True)
-        shutil.copy(n.log_path, folder / "node.log")
+        shots.folder.mkdir(parents=True, exist_ok=True)
+        for node in getattr(request.node, "started_nodes", ()):  # (node_factory's, stopped by now)
+            if node.log_path.exists():
+                shutil.copy(node.log_path, shots.folder / node.log_path.name)
 
 
 @pytest.fixture

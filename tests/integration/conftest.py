@@ -2,59 +2,22 @@
 
 Two kinds of test live here. In-process tests call the node runtime of the test process
 (``runtime``, ``api``, ``make_queue``: tests/conftest.py). Cluster tests start node processes
-(``manage.py runnode``) with :func:`nodes` or :func:`node` and call them over HTTP; they are
-marked ``cluster`` (by themselves when they use these fixtures), and ``-m "not cluster"``
-leaves them out.
-
-``@pytest.mark.node(...)`` on a test or a module sets up its nodes:
-
-- ``env={"NAME": "value"}``: settings of every node (on top of ``NODE_HEARTBEAT=0.3``);
-- ``backend="redis"``: their key-value store (``tests.launcher.KV_BACKENDS``; Redis db 5, emptied
-  before and after the test, by default);
-- ``processes=N``: ``runnode --processes`` of each (1 by default).
+(``manage.py runnode``) with ``node_factory`` or ``node`` (tests/conftest.py, set up by
+``@pytest.mark.node(...)``) or share the module's (:func:`module_node`) and call them over HTTP;
+they are marked ``cluster`` (by themselves when they use these fixtures), and ``-m "not
+cluster"`` leaves them out.
 """
 
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.nodes import KV_REDIS_DB, NodeSet, in_cluster_of, local_node_env
-from tests.launcher import KV_BACKENDS, NodeProcess
-
-#: Every node of a test beats this often (seconds): a takeover or a grant shows within moments.
-HEARTBEAT = "0.3"
-
-
-@pytest.fixture
-def nodes(request, transactional_db, tmp_path) -> NodeSet:
-    """Node processes started on demand (``nodes.start(processes=None, **env)``), all stopped at
-    the end: on the test database (so the test is transactional: a node sees only committed
-    rows), their data and logs under ``tmp_path``, set up by the test's ``node`` marker."""
-    marker = request.node.get_closest_marker("node")
-    options = dict(marker.kwargs) if marker else {}
-    backend = options.pop("backend", "redis")
-    processes = options.pop("processes", None)
-    env = {"NODE_HEARTBEAT": HEARTBEAT, **options.pop("env", {})}
-    if options or (marker and marker.args):
-        raise TypeError(f"@pytest.mark.node takes env=, backend= and processes= only, not {marker}")
-    if backend not in KV_BACKENDS:
-        raise ValueError(f"@pytest.mark.node(backend={backend!r}): one of {', '.join(KV_BACKENDS)}")
-    if backend == "redis":
-        request.getfixturevalue("redis_client")  # db 5 emptied around the test; skipped without Redis
-    elif backend == "redis-cluster":
-        request.getfixturevalue("redis_cluster_client")
-    started = NodeSet(local_node_env(tmp_path, backend, **env), tmp_path, processes=processes)
-    yield started
-    started.stop()
-
-
-@pytest.fixture
-def node(nodes) -> NodeProcess:
-    """One node process, as :func:`nodes` starts them."""
-    return nodes.start()
+from tests.integration.nodes import KV_REDIS_DB, NodeSet, in_cluster_of, local_node_env, node_options
+from tests.launcher import NodeProcess
 
 
 @pytest.fixture
@@ -75,18 +38,16 @@ def module_node(request, django_db_setup, django_db_blocker, tmp_path_factory) -
     import redis
     from django.core.management import call_command
 
-    marker = request.node.get_closest_marker("node")  # the module's (request.node: the module)
-    options = dict(marker.kwargs) if marker else {}
-    env = {"NODE_HEARTBEAT": HEARTBEAT, **options.pop("env", {})}
-    if options or (marker and marker.args):
-        raise TypeError(f"module_node takes @pytest.mark.node(env=) only, not {marker}")
+    options = node_options(request.node)  # the module's (request.node: the module)
+    if set(options) - {"env", "shared"}:
+        raise TypeError(f"module_node takes @pytest.mark.node(env=, shared=) only, not {options}")
     if not os.environ.get("MQ_TEST_REDIS_URL"):
         pytest.skip("MQ_TEST_REDIS_URL is not set (make test sets it)")
     kv = redis.Redis.from_url(os.environ["MQ_TEST_REDIS_URL"] + f"/{KV_REDIS_DB}")
     kv.flushdb()
     with django_db_blocker.unblock():
         tmp = tmp_path_factory.mktemp("module-node")
-        started = NodeSet(local_node_env(tmp, **env), tmp)
+        started = NodeSet(local_node_env(tmp, **options["env"]), tmp)
         try:
             yield started.start()
         finally:
@@ -97,7 +58,50 @@ def module_node(request, django_db_setup, django_db_blocker, tmp_path_factory) -
 
 
 @pytest.fixture(scope="module")
-def committed(django_db_blocker):
+def key(committed):
+    """An SQS access key (``sqs.models.AccessKey``) of a user of its own, committed (a node reads
+    it), for the module's tests: each names its queues apart from the others'."""
+    from django.contrib.auth.models import User
+
+    from sqs.models import AccessKey
+
+    return committed(lambda: AccessKey.issue(User.objects.create(username=f"sqs-{uuid.uuid4().hex[:8]}")))
+
+
+@pytest.fixture
+def sqs(node, key):
+    """boto3's SQS client of ``node`` with :func:`key` (its retries: botocore's standard mode)."""
+    from tests.integration.test_sqs_boto3 import _client
+
+    return _client(node, key)
+
+
+@pytest.fixture
+def node_api(node, token):
+    """A client of the node process with ``token`` (not of this process's runtime, as ``api`` is)."""
+    from tests.integration.nodes import Client
+
+    return Client(node.url, token)
+
+
+@pytest.fixture
+def two_nodes(node_factory) -> tuple[NodeProcess, NodeProcess]:
+    """Two nodes, as the test's marker sets them up (of one process each by default: a node is
+    then one owner)."""
+    return node_factory(), node_factory()
+
+
+@pytest.fixture(params=["json", "query"])
+def sqs_api(request, module_node, key):
+    """An SQS client of the module's node with :func:`key`, on each protocol in turn: AWS JSON
+    1.0 (boto3) and the query protocol (tests/integration/test_sqs_aws_rules.py's ``Api``)."""
+    from tests.integration.test_sqs_aws_rules import Api
+
+    return Api(module_node, key, request.param)
+
+
+@pytest.fixture(scope="module")
+def committed(django_db_setup, django_db_blocker):
     """``committed(lambda: ...)``: run an ORM call on a connection of its own, committed at once,
     so that a node process reads its rows even while a test's transaction is open; the module's
     node removes them at its end (:func:`module_node`)."""

@@ -11,17 +11,29 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import orjson
+import pytest
 import requests
 from django.conf import settings
 from django.db import connection
 
 from queues.kv import reset_store
-from tests.launcher import NodeProcess, kv_url, node_env, wait_until
+from tests.launcher import KV_BACKENDS, NodeProcess, kv_url, node_env, wait_until
 
 #: The Redis database of the tests' key-value store (the ``redis_client`` fixture flushes it).
 KV_REDIS_DB = 5
+
+#: Every node of a test beats this often (seconds): a takeover or a grant shows within moments.
+HEARTBEAT = "0.3"
+
+#: The backend of a node that shares this process's key-value store (``settings.KV_URL``), so
+#: that the test reads what the node wrote.
+THIS_PROCESS = "this-process"
+
+#: What ``@pytest.mark.node(...)`` takes (:func:`node_options`).
+NODE_OPTIONS = frozenset({"env", "backend", "processes", "shared"})
 
 
 def database_url() -> str:
@@ -47,6 +59,25 @@ def local_node_env(tmp_path: Path, backend: str = "redis", *, data: str = "data"
     )
     extra.setdefault("CLUSTER_SECRET", settings.CLUSTER_SECRET)
     return node_env(database_url=database_url(), data_dir=tmp_path / data, kv=kv, **extra)
+
+
+def backend_store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """A key-value store of this process on ``backend`` ("file": under ``tmp_path / "kv"``,
+    "redis": db 5, emptied around the test, "postgres": the test database), under the service's
+    key prefix as a node opens it: it reads what the test's nodes wrote there."""
+    if backend == "file":
+        from queues.kv.filesystem import FileStore
+
+        return FileStore(tmp_path / "kv").within(settings.KV_PREFIX)
+    if backend == "redis":
+        from queues.kv.redis import RedisStore
+
+        return RedisStore(request.getfixturevalue("redis_client")).within(settings.KV_PREFIX)
+    if backend == "postgres":
+        from queues.kv.sql import SQLStore
+
+        return SQLStore().within(settings.KV_PREFIX)
+    raise ValueError(f"no store of this process on {backend!r}: file, redis or postgres")
 
 
 def peer_request(
@@ -119,6 +150,88 @@ class NodeSet:
         return node.start()
 
     def stop(self) -> None:
+        """Every node asked to stop at once, then each waited for."""
+        for node in self.nodes:
+            node.ask_to_stop()
+        for node in self.nodes:
+            node.stop()
+
+
+def node_options(item: pytest.Item | pytest.Module) -> dict[str, Any]:
+    """The ``@pytest.mark.node(...)`` of a test (or a module), its markers merged nearest first:
+    the test's, its class's, its module's, then those a conftest adds. ``env`` dicts are merged
+    (the nearest's value of a variable wins), every other option is the nearest's. ``env``
+    always, ``NODE_HEARTBEAT`` in it."""
+    env: dict[str, str] = {}
+    options: dict[str, Any] = {}
+    for marker in item.iter_markers("node"):
+        if marker.args or set(marker.kwargs) - NODE_OPTIONS:
+            raise TypeError(
+                f"@pytest.mark.node takes {', '.join(sorted(NODE_OPTIONS))} (as keywords) only, not {marker}"
+            )
+        for name, value in marker.kwargs.items():
+            if name == "env":
+                env = {**value, **env}
+            else:
+                options.setdefault(name, value)
+    backend = options.get("backend", "redis")
+    if backend not in (*KV_BACKENDS, THIS_PROCESS):
+        raise ValueError(f"@pytest.mark.node(backend={backend!r}): one of {', '.join(KV_BACKENDS)}, {THIS_PROCESS}")
+    return {**options, "env": {"NODE_HEARTBEAT": HEARTBEAT, **env}}
+
+
+class NodeFactory:
+    """What the ``node_factory`` fixture returns (tests/conftest.py): ``node_factory(**env)``
+    starts a node process for the test and returns it, set up by the test's ``node`` marker
+    (:func:`node_options`) with ``env`` on top; every node it made is stopped at the test's end.
+
+    ``processes`` (``runnode --processes``; the one positional argument), and as keywords
+    ``backend`` (its key-value store, the marker's by default), ``data`` (its data folder under
+    the test's ``tmp_path``: nodes of one test share ``data`` unless told otherwise), ``port``,
+    ``timeout`` (of the start) and ``start=False`` (made, to be started by the test: a node that
+    takes over from another)."""
+
+    def __init__(self, request: pytest.FixtureRequest, tmp_path: Path):
+        self.request, self.tmp_path = request, tmp_path
+        self.options = node_options(request.node)
+        self.nodes: list[NodeProcess] = []
+        self._flushed: set[str] = set()
+        self._empty_once(self.options.get("backend", "redis"))
+
+    def __call__(
+        self,
+        processes: int | None = None,
+        *,
+        backend: str | None = None,
+        data: str = "data",
+        port: int | None = None,
+        timeout: float = 30,
+        start: bool = True,
+        **env: str,
+    ) -> NodeProcess:
+        backend = backend or self.options.get("backend", "redis")
+        self._empty_once(backend)
+        if backend == THIS_PROCESS:
+            env = {"KV_URL": settings.KV_URL, **env}
+        node_env_ = local_node_env(
+            self.tmp_path, "file" if backend == THIS_PROCESS else backend, data=data, **{**self.options["env"], **env}
+        )
+        node = NodeProcess(node_env_, self.tmp_path, port, processes=processes or self.options.get("processes"))
+        self.nodes.append(node)
+        return node.start(timeout=timeout) if start else node
+
+    def _empty_once(self, backend: str) -> None:
+        """The test's Redis db (or Redis Cluster) emptied before its first node and after the
+        test (their fixtures; the test is skipped where the store is not there)."""
+        fixture = {"redis": "redis_client", "redis-cluster": "redis_cluster_client"}.get(backend)
+        if fixture and fixture not in self._flushed:
+            self._flushed.add(fixture)
+            self.request.getfixturevalue(fixture)
+
+    def stop(self) -> None:
+        """Every node asked to stop at once, then each waited for."""
+        for node in self.nodes:
+            node.ask_to_stop()
         for node in self.nodes:
             node.stop()
 

@@ -17,7 +17,9 @@ from pathlib import Path
 from celery import Celery
 from celery.signals import worker_process_init
 
-app = Celery("sqs_tasks")
+# not the current app: a test importing this module must leave the project's tasks on the
+# project's app (and its broker)
+app = Celery("sqs_tasks", set_as_current=False)
 app.conf.update(
     broker_url=os.environ.get("MQ_SQS_BROKER_URL", "sqs://"),
     broker_transport_options={

@@ -22,14 +22,9 @@ from tests.integration.wsgi_client import make_client
 
 #: Every test through DRF's test client (straight to Django) and through the node's WSGI
 #: application, whose fast path serves the message calls.
-pytestmark = [pytest.mark.django_db, pytest.mark.transports]
+pytestmark = [pytest.mark.django_db, pytest.mark.transports, pytest.mark.usefixtures("purge_kv")]
 
 API = "/api/v1/queues"
-
-
-@pytest.fixture(autouse=True)
-def _purge_kv(purge_kv):
-    """Every test here empties the key-value store afterwards (see conftest.purge_kv)."""
 
 
 def url(name: str, action: str = "") -> str:

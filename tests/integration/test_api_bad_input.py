@@ -27,7 +27,7 @@ from queues.access import SYSTEM
 from queues.engine.keys import block_key
 from queues.models import Partition, Queue
 from queues.service import MessageDraft
-from tests.integration.wsgi_client import make_client, token_client
+from tests.integration.wsgi_client import TRANSPORTS, make_client, token_client
 
 #: Every case through DRF's test client (straight to Django) and through the node's WSGI
 #: application, whose fast path serves the message calls (with a token and a JSON body) and
@@ -671,12 +671,13 @@ def assert_error(r, status: int, code: str | None = None) -> dict:
     return data
 
 
+@pytest.mark.parametrize("still_api", TRANSPORTS, indirect=True)
 class TestRefused:
     """The calls that must be refused and change nothing, against one world for the class
     (:func:`still`): each test still compares the whole snapshot before and after its call."""
 
     @pytest.fixture
-    def api(self, request, still):
+    def still_api(self, request, still):
         """A client of the class's world, of the test's transport, with the world's token."""
         client = make_client(request.param)
         client.credentials(HTTP_AUTHORIZATION=f"Token {still.token}")
@@ -684,80 +685,82 @@ class TestRefused:
         return client
 
     @pytest.fixture
-    def world(self, still) -> World:
+    def still_world(self, still) -> World:
         return still.world
 
     @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-    def test_bad_input_is_refused_and_changes_nothing(self, case: Case, api, world):
+    def test_bad_input_is_refused_and_changes_nothing(self, case: Case, still_api, still_world):
         # given
-        before = snapshot(world.q, world.other)
-        client = client_for(case, api)
-        path = case.path.replace("{q}", world.q).replace("{other}", world.other)
-        body = case.body if isinstance(case.body, bytes) or case.body is ABSENT else _fill(case.body, world)
+        before = snapshot(still_world.q, still_world.other)
+        client = client_for(case, still_api)
+        path = case.path.replace("{q}", still_world.q).replace("{other}", still_world.other)
+        body = case.body if isinstance(case.body, bytes) or case.body is ABSENT else _fill(case.body, still_world)
 
         # when
         r = send(client, case.method, path, body, case.content_type)
 
         # then
         assert_error(r, case.status, case.code)
-        assert snapshot(world.q, world.other) == before
+        assert snapshot(still_world.q, still_world.other) == before
 
-    def test_request_over_the_upload_limit_is_413(self, api, world, settings):
+    def test_request_over_the_upload_limit_is_413(self, still_api, still_world, settings):
         # given
         settings.API_MAX_REQUEST_BYTES = 1000
-        before = snapshot(world.q, world.other)
+        before = snapshot(still_world.q, still_world.other)
 
         # when
-        r = send(api, "POST", f"{API}/{world.q}/enqueue", {"messages": [{"body": "x" * 20}] * 60})
+        r = send(still_api, "POST", f"{API}/{still_world.q}/enqueue", {"messages": [{"body": "x" * 20}] * 60})
 
         # then
         assert_error(r, 413, "payload_too_large")
-        assert snapshot(world.q, world.other) == before
+        assert snapshot(still_world.q, still_world.other) == before
 
-    def test_a_request_over_the_queues_own_limit_is_413_before_parsing(self, api, world):
+    def test_a_request_over_the_queues_own_limit_is_413_before_parsing(self, still_api, still_world):
         """Issue 14: the limit was 64 MiB for every queue and the body was parsed first (about 24
-        times its size in memory). world.q takes bodies of 64 bytes: a batch of 1,000 of them with
+        times its size in memory). still_world.q takes bodies of 64 bytes: a batch of 1,000 of them with
         their envelopes is about 1.1 MB, so a 2 MB request is refused by its Content-Length alone:
         the body here is not even JSON, and is not read."""
         # given
-        before = snapshot(world.q, world.other)
+        before = snapshot(still_world.q, still_world.other)
 
         # when
-        r = send_raw(api, f"{API}/{world.q}/enqueue", b"not json at all", CONTENT_LENGTH=str(2 * 1024 * 1024))
+        r = send_raw(
+            still_api, f"{API}/{still_world.q}/enqueue", b"not json at all", CONTENT_LENGTH=str(2 * 1024 * 1024)
+        )
 
         # then
         data = assert_error(r, 413, "payload_too_large")
         assert "limit" in data["detail"]
-        assert snapshot(world.q, world.other) == before
+        assert snapshot(still_world.q, still_world.other) == before
 
-    def test_a_valid_batch_over_the_queues_own_limit_is_413(self, api, world):
+    def test_a_valid_batch_over_the_queues_own_limit_is_413(self, still_api, still_world):
         # given a request that is valid JSON, under the node's limit, over the queue's
-        before = snapshot(world.q, world.other)
+        before = snapshot(still_world.q, still_world.other)
         body = {"messages": [{"body": "x" * 60, "attributes": {"a": "y" * 1000}}] * 1200}
 
         # when
-        r = send(api, "POST", f"{API}/{world.q}/enqueue", body)
+        r = send(still_api, "POST", f"{API}/{still_world.q}/enqueue", body)
 
         # then
         assert_error(r, 413, "payload_too_large")
-        assert snapshot(world.q, world.other) == before
+        assert snapshot(still_world.q, still_world.other) == before
 
     @pytest.mark.parametrize("action, size", [("dequeue", 100_000), ("visibility", 100_000), ("ack", 600_000)])
-    def test_a_call_naming_no_messages_has_a_small_limit(self, api, world, action, size):
+    def test_a_call_naming_no_messages_has_a_small_limit(self, still_api, still_world, action, size):
         # given
-        before = snapshot(world.q, world.other)
+        before = snapshot(still_world.q, still_world.other)
 
         # when
-        r = send_raw(api, f"{API}/{world.q}/{action}", b"{}", CONTENT_LENGTH=str(size))
+        r = send_raw(still_api, f"{API}/{still_world.q}/{action}", b"{}", CONTENT_LENGTH=str(size))
 
         # then
         assert_error(r, 413, "payload_too_large")
-        assert snapshot(world.q, world.other) == before
+        assert snapshot(still_world.q, still_world.other) == before
 
-    def test_the_limit_is_checked_after_the_callers_right(self, api, world):
+    def test_the_limit_is_checked_after_the_callers_right(self, still_api, still_world):
         """A queue the caller cannot see answers 404 whatever the length: its limits are not told."""
         # when
-        r = send_raw(api, f"{API}/no-such-queue-here/enqueue", b"{}", CONTENT_LENGTH=str(2 * 1024 * 1024))
+        r = send_raw(still_api, f"{API}/no-such-queue-here/enqueue", b"{}", CONTENT_LENGTH=str(2 * 1024 * 1024))
 
         # then
         assert_error(r, 404, "queue_not_found")
@@ -772,16 +775,18 @@ class TestRefused:
         ],
         ids=["accept-csv", "accept-no-json", "format-xml"],
     )
-    def test_content_negotiation_refuses_and_changes_nothing(self, api, world, action, query, extra, status, code):
+    def test_content_negotiation_refuses_and_changes_nothing(
+        self, still_api, still_world, action, query, extra, status, code
+    ):
         """DRF negotiates the answer's format before the view runs; the fast path must not skip that."""
         # given
-        before = snapshot(world.q, world.other)
-        body = _fill(GOOD[POSTS[action]], world)
+        before = snapshot(still_world.q, still_world.other)
+        body = _fill(GOOD[POSTS[action]], still_world)
 
         # when
-        r = api.generic(
+        r = still_api.generic(
             "POST",
-            f"{API}/{world.q}/{action}{query}",
+            f"{API}/{still_world.q}/{action}{query}",
             json.dumps(body).encode(),
             content_type="application/json",
             **extra,
@@ -789,29 +794,29 @@ class TestRefused:
 
         # then
         assert_error(r, status, code)
-        assert snapshot(world.q, world.other) == before
+        assert snapshot(still_world.q, still_world.other) == before
 
     @pytest.mark.parametrize("length", ["abc", "-3", ""])
-    def test_odd_content_length_is_answered_as_drf_answers(self, api, world, length):
+    def test_odd_content_length_is_answered_as_drf_answers(self, still_api, still_world, length):
         """The WSGI server should refuse these; if one gets through, both transports agree."""
         # given
         raw = json.dumps({"body": "x"}).encode()
         reference = make_client("drf")
-        reference.credentials(HTTP_AUTHORIZATION=f"Token {api.token}")
-        before = snapshot(world.q, world.other)
+        reference.credentials(HTTP_AUTHORIZATION=f"Token {still_api.token}")
+        before = snapshot(still_world.q, still_world.other)
 
         # when
         answers = [
             client.generic(
-                "POST", f"{API}/{world.q}/enqueue", raw, content_type="application/json", CONTENT_LENGTH=length
+                "POST", f"{API}/{still_world.q}/enqueue", raw, content_type="application/json", CONTENT_LENGTH=length
             )
-            for client in (reference, api)
+            for client in (reference, still_api)
         ]
 
         # then
         drf, got = (assert_error(r, 400) for r in answers)
         assert got["error"] == drf["error"]
-        assert snapshot(world.q, world.other) == before
+        assert snapshot(still_world.q, still_world.other) == before
 
 
 def test_case_ids_are_unique():

@@ -22,55 +22,22 @@ from archive.models import ArchivedMessage, ArchiverLock
 from queues import service
 from queues.engine import archive_journal
 from queues.engine.keys import incarnation
-from tests.integration.nodes import Client, local_node_env, node_info, wait_until
-from tests.launcher import NodeProcess
+from tests.integration.nodes import Client, backend_store, node_info, wait_until
 
 BACKENDS = ["file", "redis", "postgres"]
 
 
-def _store(backend, request, tmp_path):
-    """The backend under the service's key prefix, as a node opens it (it reads what nodes wrote)."""
-    if backend == "file":
-        from queues.kv.filesystem import FileStore
-
-        return FileStore(tmp_path / "kv").within(settings.KV_PREFIX)
-    if backend == "redis":
-        from queues.kv.redis import RedisStore
-
-        return RedisStore(request.getfixturevalue("redis_client")).within(settings.KV_PREFIX)
-    from queues.kv.sql import SQLStore
-
-    return SQLStore().within(settings.KV_PREFIX)
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    return request.param
+def pytest_generate_tests(metafunc):
+    """Each in-process test on each backend: the shared ``runtime`` parametrized (a test that
+    names its backends itself keeps them)."""
+    if "runtime" in metafunc.fixturenames and not any(
+        "runtime" in m.args[0] for m in metafunc.definition.iter_markers("parametrize")
+    ):
+        metafunc.parametrize("runtime", BACKENDS, indirect=True)
 
 
 @pytest.fixture
-def runtime(backend, request, tmp_path, kv_reset):
-    """The node runtime of this process (the shared ``api`` calls it) on the ``backend`` under
-    test, what it wrote there removed afterwards."""
-    request.getfixturevalue("db")  # honours django_db(transaction=True) on the test
-    from queues.cluster.node import NodeRuntime
-    from queues.http.auth import CachedTokenAuthentication
-
-    CachedTokenAuthentication.forget()
-    store = _store(backend, request, tmp_path)
-    node = NodeRuntime("test-node", store=store, background=False).start()
-    service.set_runtime(node)
-    yield node
-    from queues.models import Queue
-
-    for pk, name in Queue.objects.values_list("pk", "name"):
-        store.within(incarnation(pk)).delete_prefix(name)
-    node.stop(release=True)
-    service.set_runtime(None)
-
-
-@pytest.fixture
-def queue(api, unique_name):
+def make_archived_queue(api, unique_name):
     def make(**fields) -> str:
         fields.setdefault("name", unique_name("arch"))
         fields.setdefault("partitions", 2)
@@ -132,9 +99,9 @@ def journal_size(store, name, partitions=2) -> int:
 
 # --- modes --------------------------------------------------------------------------------------
 @pytest.mark.django_db
-def test_mode_all_archives_every_message_and_marks_acks(api, runtime, queue):
+def test_mode_all_archives_every_message_and_marks_acks(api, runtime, make_archived_queue):
     # given a queue archiving every message, and 60 enqueued through the API
-    name = queue(archive="all")
+    name = make_archived_queue(archive="all")
     bodies = [f"body-{i}" for i in range(60)]
     ids = enqueue(api, name, [{"body": b, "group": f"g{i % 3}", "attributes": {"i": i}} for i, b in enumerate(bodies)])
     # when the archiver runs
@@ -163,9 +130,9 @@ def test_mode_all_archives_every_message_and_marks_acks(api, runtime, queue):
 
 
 @pytest.mark.django_db
-def test_mode_acked_archives_only_acknowledged_messages(api, runtime, queue):
+def test_mode_acked_archives_only_acknowledged_messages(api, runtime, make_archived_queue):
     # given a queue archiving acknowledged messages, 30 enqueued and 12 of them acknowledged
-    name = queue(archive="acked")
+    name = make_archived_queue(archive="acked")
     enqueue(api, name, [{"body": f"m{i}"} for i in range(30)])
     assert journal_size(runtime.store, name) == 0
     got = drain(api, name, ack=False)
@@ -180,9 +147,9 @@ def test_mode_acked_archives_only_acknowledged_messages(api, runtime, queue):
 
 
 @pytest.mark.django_db
-def test_retention_is_not_an_ack(api, runtime, queue):
+def test_retention_is_not_an_ack(api, runtime, make_archived_queue):
     # given an "acked" queue whose messages are removed by the retention rule
-    name = queue(archive="acked")
+    name = make_archived_queue(archive="acked")
     enqueue(api, name, [{"body": f"m{i}"} for i in range(5)])
     expired = sum(m.expire(time.time() + 3600) for m in runtime.local_managers(name))
     assert expired == 5
@@ -192,8 +159,8 @@ def test_retention_is_not_an_ack(api, runtime, queue):
 
 
 @pytest.mark.django_db
-def test_archive_mode_can_be_changed_through_the_api(api, queue):
-    name = queue()
+def test_archive_mode_can_be_changed_through_the_api(api, make_archived_queue):
+    name = make_archived_queue()
     r = api.patch(f"/api/v1/queues/{name}", {"archive": "acked"}, format="json")
     assert r.status_code == 200 and r.json()["archive"] == "acked"
     r = api.patch(f"/api/v1/queues/{name}", {"archive": "sometimes"}, format="json")
@@ -203,8 +170,8 @@ def test_archive_mode_can_be_changed_through_the_api(api, queue):
 
 # --- lookup and listing ---------------------------------------------------------------------------
 @pytest.mark.django_db
-def test_lookup_gives_back_the_stored_records(api, runtime, queue):
-    name = queue(archive="all")
+def test_lookup_gives_back_the_stored_records(api, runtime, make_archived_queue):
+    name = make_archived_queue(archive="all")
     ids = enqueue(
         api,
         name,
@@ -226,8 +193,8 @@ def test_lookup_gives_back_the_stored_records(api, runtime, queue):
 
 
 @pytest.mark.django_db
-def test_listing_pages_through_the_archive(api, runtime, queue):
-    name = queue(archive="all")
+def test_listing_pages_through_the_archive(api, runtime, make_archived_queue):
+    name = make_archived_queue(archive="all")
     ids = enqueue(api, name, [{"body": f"m{i}"} for i in range(25)])
     archiver.run(name, store=runtime.store)
     seen, after = [], None
@@ -249,9 +216,9 @@ def test_listing_pages_through_the_archive(api, runtime, queue):
 
 # --- replay ---------------------------------------------------------------------------------------
 @pytest.mark.django_db
-def test_replay_round_trip_into_another_queue(api, runtime, queue):
+def test_replay_round_trip_into_another_queue(api, runtime, make_archived_queue):
     # given archived messages of a source queue, in groups, with attributes
-    src, dst = queue(archive="all"), queue()
+    src, dst = make_archived_queue(archive="all"), make_archived_queue()
     sent = [{"body": f"b{i}", "group": f"g{i % 4}", "attributes": {"i": i}, "size": i + 1} for i in range(40)]
     ids = enqueue(api, src, sent)
     drain(api, src)  # consumed and acknowledged at the source
@@ -278,9 +245,9 @@ def test_replay_round_trip_into_another_queue(api, runtime, queue):
 
 
 @pytest.mark.django_db
-def test_bad_replay_input_is_a_4xx_and_enqueues_nothing(api, runtime, queue):
-    src, dst = queue(archive="all"), queue()
-    strict = queue(strict=True)
+def test_bad_replay_input_is_a_4xx_and_enqueues_nothing(api, runtime, make_archived_queue):
+    src, dst = make_archived_queue(archive="all"), make_archived_queue()
+    strict = make_archived_queue(strict=True)
     ids = enqueue(api, src, [{"body": f"m{i}"} for i in range(5)])
     archiver.run(src, store=runtime.store)
     cases = [
@@ -313,10 +280,10 @@ def test_bad_replay_input_is_a_4xx_and_enqueues_nothing(api, runtime, queue):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("backend", ["file"])  # the failure is the service's answer, whatever the store
-def test_a_replay_stopped_part_way_answers_503_with_what_was_replayed(api, runtime, queue, monkeypatch):
+@pytest.mark.parametrize("runtime", ["file"], indirect=True)  # the failure is the service's answer, whatever the store
+def test_a_replay_stopped_part_way_answers_503_with_what_was_replayed(api, runtime, make_archived_queue, monkeypatch):
     # given five archived messages, replayed in batches of two, the second of which fails
-    src, dst = queue(archive="all"), queue()
+    src, dst = make_archived_queue(archive="all"), make_archived_queue()
     enqueue(api, src, [{"body": f"m{i}"} for i in range(5)])
     archiver.run(src, store=runtime.store)
     monkeypatch.setattr(service, "MAX_BATCH", 2)
@@ -402,8 +369,8 @@ def test_a_name_used_again_does_not_hand_over_the_old_queues_history(api, runtim
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("backend", ["postgres"])
-def test_the_migration_ties_each_row_to_the_queue_of_its_name_since_it_was_created(api, runtime, queue):
+@pytest.mark.parametrize("runtime", ["postgres"], indirect=True)
+def test_the_migration_ties_each_row_to_the_queue_of_its_name_since_it_was_created(api, runtime, make_archived_queue):
     import importlib
     from datetime import timedelta
 
@@ -413,7 +380,7 @@ def test_the_migration_ties_each_row_to_the_queue_of_its_name_since_it_was_creat
 
     # given rows kept by name only: of the queue now of the name, of an earlier queue of that
     # name (enqueued before the current one was created), and of a queue gone
-    name = queue(archive="all")
+    name = make_archived_queue(archive="all")
     enqueue(api, name, [{"body": "now"}])
     archiver.run(name, store=runtime.store)
     q = Queue.objects.get(name=name)
@@ -457,10 +424,10 @@ TIMES = [
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("backend", ["postgres"])  # the database is what refused such times
-def test_any_since_or_until_is_a_200_or_a_400(api, runtime, queue):
+@pytest.mark.parametrize("runtime", ["postgres"], indirect=True)  # the database is what refused such times
+def test_any_since_or_until_is_a_200_or_a_400(api, runtime, make_archived_queue):
     # given three archived messages
-    src, dst = queue(archive="all"), queue()
+    src, dst = make_archived_queue(archive="all"), make_archived_queue()
     enqueue(api, src, [{"body": f"m{i}"} for i in range(3)])
     archiver.run(src, store=runtime.store)
     replayed = 0
@@ -485,10 +452,10 @@ def test_any_since_or_until_is_a_200_or_a_400(api, runtime, queue):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("backend", ["file"])
-def test_an_empty_or_odd_limit_is_a_400(api, queue):
+@pytest.mark.parametrize("runtime", ["file"], indirect=True)
+def test_an_empty_or_odd_limit_is_a_400(api, make_archived_queue):
     # schemathesis: `limit=` (given, empty) was read as the default; the schema says integer
-    src = queue(archive="all")
+    src = make_archived_queue(archive="all")
     for limit in ("", "x", "0", "1.5"):
         r = api.get("/api/v1/archive", {"queue": src, "limit": limit})
         assert r.status_code == 400, (limit, r.content)
@@ -526,21 +493,19 @@ def test_the_schema_documents_a_400_for_the_archive_calls():
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.cluster
-def test_a_replay_through_a_cooling_node_goes_elsewhere_whatever_hops_the_client_claims(tmp_path, token):
+def test_a_replay_through_a_cooling_node_goes_elsewhere_whatever_hops_the_client_claims(node_factory, token):
     import requests
 
     from queues.models import Queue
-    from tests.integration.nodes import NodeSet
 
     def partitions(c: Client, name: str) -> list[dict]:
         r = c.get(f"queues/{name}/partitions")
         assert r.status_code == 200, r.text
         return r.json()["partitions"]
 
-    nodes = NodeSet(local_node_env(tmp_path, NODE_HEARTBEAT="0.3"), tmp_path)
     try:
         # given two nodes, one of which cools as soon as it has a message in flight
-        hot, cold = nodes.start(NODE_COOLING_IN_FLIGHT="0"), nodes.start()
+        hot, cold = node_factory(NODE_COOLING_IN_FLIGHT="0"), node_factory()
         ch = Client(hot.url, token)
         src, dst = f"src-{uuid.uuid4().hex[:8]}", f"dst-{uuid.uuid4().hex[:8]}"
         assert ch.post("queues", {"name": src, "partitions": 1}).status_code == 201
@@ -580,13 +545,13 @@ def test_a_replay_through_a_cooling_node_goes_elsewhere_whatever_hops_the_client
         assert r.status_code == 200 and r.json()["replayed"] == 6, r.text
         assert {int(mid.split("/")[1]) for mid in r.json()["ids"]} == {cold_partition}, r.json()["ids"]
     finally:
-        nodes.stop()
+        node_factory.stop()
 
 
 # --- one archiver per queue -----------------------------------------------------------------------
 @pytest.mark.django_db
-def test_a_held_lock_keeps_a_second_archiver_out(api, runtime, queue):
-    name = queue(archive="all")
+def test_a_held_lock_keeps_a_second_archiver_out(api, runtime, make_archived_queue):
+    name = make_archived_queue(archive="all")
     enqueue(api, name, [{"body": f"m{i}"} for i in range(10)])
     assert archiver.claim(name, "other")
     assert archiver.run(name, store=runtime.store) == {name: {"busy": True}}
@@ -600,9 +565,9 @@ def test_a_held_lock_keeps_a_second_archiver_out(api, runtime, queue):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_archivers_at_once_one_works_no_duplicates(api, runtime, queue, monkeypatch):
+def test_two_archivers_at_once_one_works_no_duplicates(api, runtime, make_archived_queue, monkeypatch):
     # given 3,000 journaled messages in one partition
-    name = queue(archive="all", partitions=1)
+    name = make_archived_queue(archive="all", partitions=1)
     ids = []
     for k in range(3):
         ids += enqueue(api, name, [{"body": f"{k}-{i}"} for i in range(1000)])
@@ -639,10 +604,8 @@ def test_two_archivers_at_once_one_works_no_duplicates(api, runtime, queue, monk
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("kind", BACKENDS)
 @pytest.mark.cluster
-def test_every_confirmed_message_of_a_killed_node_is_archived(kind, tmp_path, token, request):
-    if kind == "redis":
-        request.getfixturevalue("redis_client")  # flushes db 5
-    node = NodeProcess(local_node_env(tmp_path, kind), tmp_path).start()
+def test_every_confirmed_message_of_a_killed_node_is_archived(kind, node_factory, token, request, tmp_path):
+    node = node_factory(backend=kind)
     name = f"archcrash-{uuid.uuid4().hex[:6]}"
     confirmed: set[str] = set()
     lock = threading.Lock()
@@ -676,7 +639,7 @@ def test_every_confirmed_message_of_a_killed_node_is_archived(kind, tmp_path, to
     finally:
         node.stop()
     # then the archiver (no node needed) finds every confirmed message in the journal
-    store = _store(kind, request, tmp_path) if kind != "redis" else _redis_store()
+    store = backend_store(kind, request, tmp_path) if kind != "redis" else _redis_store()
     archiver.run(name, store=store)
     archived = set(ArchivedMessage.objects.filter(queue=name).values_list("message_id", flat=True))
     assert len(confirmed) >= 2000
@@ -693,10 +656,10 @@ def _redis_store():
 
 
 @pytest.mark.django_db
-def test_admin_lists_and_replays_archived_messages(api, runtime, queue, client):
+def test_admin_lists_and_replays_archived_messages(api, runtime, make_archived_queue, client):
     from django.contrib.auth.models import User
 
-    name = queue(archive="all")
+    name = make_archived_queue(archive="all")
     enqueue(api, name, [{"body": f"m{i}"} for i in range(3)])
     drain(api, name)
     archiver.run(name, store=runtime.store)

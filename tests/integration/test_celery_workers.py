@@ -135,12 +135,6 @@ def celery_worker(tmp_path, node, token, handler_out):
         w.stop()
 
 
-@pytest.fixture
-def node_api(node, token):
-    """A client of the node process (not of this process's runtime, as ``api`` is)."""
-    return Client(node.url, token)
-
-
 def _create_queue(node_api: Client, **fields) -> None:
     r = node_api.post("queues", fields)
     assert r.status_code == 201, r.text

@@ -218,10 +218,10 @@ def _make_queue(node: NodeProcess, token: str, partitions: int) -> str:
     return name
 
 
-def test_sigkill_one_of_three_nodes_mid_load(nodes, token):
+def test_sigkill_one_of_three_nodes_mid_load(node_factory, token):
     # given three nodes sharing six partitions, two each
     # (each node of PROCESSES processes, one partition per process)
-    started = [nodes.start(PROCESSES), nodes.start(PROCESSES), nodes.start(PROCESSES)]
+    started = [node_factory(PROCESSES), node_factory(PROCESSES), node_factory(PROCESSES)]
     name = _make_queue(started[0], token, 6)
     c0 = Client(started[0].url, token)
     _wait(lambda: len(_owners(c0, name)) == 3 * PROCESSES, 20, "every process an owner")
@@ -285,9 +285,9 @@ def test_sigkill_one_of_three_nodes_mid_load(nodes, token):
     assert figures["confirmed"] >= 4000
 
 
-def test_sigstop_past_the_lease_then_sigcont(nodes, token):
+def test_sigstop_past_the_lease_then_sigcont(node_factory, token):
     # given three nodes under load
-    started = [nodes.start(PROCESSES), nodes.start(PROCESSES), nodes.start(PROCESSES)]
+    started = [node_factory(PROCESSES), node_factory(PROCESSES), node_factory(PROCESSES)]
     name = _make_queue(started[0], token, 6)
     c0 = Client(started[0].url, token)
     _wait(lambda: len(_owners(c0, name)) == 3 * PROCESSES, 20, "every process an owner")
@@ -308,7 +308,7 @@ def test_sigstop_past_the_lease_then_sigcont(nodes, token):
     # then no tree is corrupted: a fresh node takes every partition and finds nothing left
     for node in started:
         node.stop()
-    fresh = nodes.start()
+    fresh = node_factory()
     fc = Client(fresh.url, token)
     _wait(lambda: _all_served(fc, name), 20, "a fresh node to open every partition")
     r = fc.post(f"queues/{name}/dequeue", {"max": 100, "wait": 0.5})
@@ -319,17 +319,17 @@ def test_sigstop_past_the_lease_then_sigcont(nodes, token):
     assert stats["depth"] == 1 and all(p["live"] for p in stats["partitions"])
 
 
-def test_a_fourth_node_joins_under_load(nodes, token):
+def test_a_fourth_node_joins_under_load(node_factory, token):
     # given three nodes holding eight partitions under load
     # (each node of PROCESSES processes)
-    started = [nodes.start(PROCESSES), nodes.start(PROCESSES), nodes.start(PROCESSES)]
+    started = [node_factory(PROCESSES), node_factory(PROCESSES), node_factory(PROCESSES)]
     name = _make_queue(started[0], token, 8)
     c0 = Client(started[0].url, token)
     _wait(lambda: _all_served(c0, name), 20, "every partition served")
     load = Load(started, token, name).start()
     _wait(lambda: len(load.confirmed) >= 1000, 60, "1,000 confirmed enqueues")
     # when a fourth node starts
-    newcomer = nodes.start(PROCESSES)
+    newcomer = node_factory(PROCESSES)
     newcomer_ids = member_ids(newcomer)
     load.add_node(newcomer)
     # then it ends up owning its share (two: one per process) without anyone restarting
@@ -350,9 +350,9 @@ def test_a_fourth_node_joins_under_load(nodes, token):
     assert all(owners.count(o) == 2 for o in set(owners))
 
 
-def test_forwarding_is_authenticated_and_bounded(nodes, token):
+def test_forwarding_is_authenticated_and_bounded(node_factory, token):
     # given two nodes, the queue's partitions on both
-    a, b = nodes.start(), nodes.start()
+    a, b = node_factory(), node_factory()
     name = _make_queue(a, token, 2)
     ca, cb = Client(a.url, token), Client(b.url, token)
     _wait(lambda: len({p["owner"] for p in _partitions(ca, name)} - {None}) == 2, 20, "two owners")
@@ -398,10 +398,10 @@ def test_forwarding_is_authenticated_and_bounded(nodes, token):
     assert spent.status_code == 503 and spent.json()["error"] == "unavailable"
 
 
-def test_a_cooling_node_sends_enqueues_elsewhere_and_still_serves_dequeues(nodes, token):
+def test_a_cooling_node_sends_enqueues_elsewhere_and_still_serves_dequeues(node_factory, token):
     # given two nodes, one of which cools once it has more than five messages in flight
-    hot = nodes.start(NODE_COOLING_IN_FLIGHT="5")
-    cold = nodes.start()
+    hot = node_factory(NODE_COOLING_IN_FLIGHT="5")
+    cold = node_factory()
     name = _make_queue(hot, token, 2)
     ch, cc = Client(hot.url, token), Client(cold.url, token)
     _wait(lambda: len({p["owner"] for p in _partitions(ch, name)} - {None}) == 2, 20, "two owners")
@@ -475,13 +475,13 @@ def test_cluster_command_starts_and_stops_k_nodes(tmp_path, token):
     assert not Node.objects.filter(address__in=[u.removeprefix("http://") for u in urls], stopped_at=None).exists()
 
 
-def test_dead_letters_move_to_a_queue_owned_by_another_node(nodes, token):
+def test_dead_letters_move_to_a_queue_owned_by_another_node(node_factory, token):
     # given a dead-letter queue served by node B and a source queue served by node A
-    b = nodes.start()
+    b = node_factory()
     cb = Client(b.url, token)
     dlq = f"dlq-{uuid.uuid4().hex[:6]}"
     assert cb.post("queues", {"name": dlq, "partitions": 1}).status_code == 201
-    a = nodes.start()
+    a = node_factory()
     ca = Client(a.url, token)
     source = f"src-{uuid.uuid4().hex[:6]}"
     assert (

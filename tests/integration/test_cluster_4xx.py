@@ -44,9 +44,9 @@ def group_in(index: int) -> str:
     return next(g for g in (f"g{i}" for i in count()) if group_partition(g, 2) == index)
 
 
-def test_a_batch_ack_with_one_bad_receipt_at_another_node_acks_nothing(nodes, token):
+def test_a_batch_ack_with_one_bad_receipt_at_another_node_acks_nothing(node_factory, token):
     # given a queue split over nodes A and B, one message in flight on each
-    a, b = nodes.start(), nodes.start()
+    a, b = node_factory(), node_factory()
     name, at_a, at_b = split_queue(a, b, token, lease_period=30)
     ca, cb = Client(a.url, token), Client(b.url, token)
     r = ca.post(
@@ -70,11 +70,11 @@ def test_a_batch_ack_with_one_bad_receipt_at_another_node_acks_nothing(nodes, to
     assert r.status_code == 200 and r.json() == {"acked": 1, "not_found": 0}, r.text
 
 
-def test_a_batch_enqueue_whose_forwarded_share_is_refused_stores_nothing(nodes, token):
+def test_a_batch_enqueue_whose_forwarded_share_is_refused_stores_nothing(node_factory, token):
     # given a queue split over nodes A and B, where A's description of it is behind: A refreshes
     # it every 10 s, and B has just made its messages smaller (max_message_size 100)
-    b = nodes.start()
-    a = nodes.start(NODE_HEARTBEAT="10")
+    b = node_factory()
+    a = node_factory(NODE_HEARTBEAT="10")
     name, at_a, at_b = split_queue(a, b, token, lease_period=60)
     ca, cb = Client(a.url, token), Client(b.url, token)
     r = cb.session.patch(f"{b.url}/api/v1/queues/{name}", json={"max_message_size": 100}, timeout=30)
@@ -91,13 +91,13 @@ def test_a_batch_enqueue_whose_forwarded_share_is_refused_stores_nothing(nodes, 
     assert cb.post(f"queues/{name}/dequeue", {"max": 10}).json()["messages"] == []
 
 
-def test_redrive_moves_dead_letters_that_another_node_serves(nodes, token):
+def test_redrive_moves_dead_letters_that_another_node_serves(node_factory, token):
     # given a dead-letter queue served by node B holding a dead letter of a queue served by A
-    b = nodes.start()
+    b = node_factory()
     cb = Client(b.url, token)
     dlq = f"dlq-{uuid.uuid4().hex[:6]}"
     assert cb.post("queues", {"name": dlq, "partitions": 1}).status_code == 201
-    a = nodes.start()
+    a = node_factory()
     ca = Client(a.url, token)
     source = f"src-{uuid.uuid4().hex[:6]}"
     r = ca.post("queues", {"name": source, "partitions": 1, "dead_letter_queue": dlq, "max_receives": 1})
@@ -117,10 +117,10 @@ def test_redrive_moves_dead_letters_that_another_node_serves(nodes, token):
     assert cb.get(f"queues/{dlq}/stats").json()["depth"] == 0
 
 
-def test_a_call_forwarded_to_a_node_that_just_died_answers_503(nodes, token):
+def test_a_call_forwarded_to_a_node_that_just_died_answers_503(node_factory, token):
     # given a queue split over nodes A and B with a long lease, a message in flight on B's
     # partition, and B killed: its lease still names it the owner for a while
-    a, b = nodes.start(), nodes.start()
+    a, b = node_factory(), node_factory()
     name, _, at_b = split_queue(a, b, token, lease_period=60)
     ca, cb = Client(a.url, token), Client(b.url, token)
     r = ca.post(f"queues/{name}/enqueue", {"body": "b", "group": group_in(at_b)})

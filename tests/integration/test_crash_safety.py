@@ -15,7 +15,7 @@ import time
 import pytest
 from django.conf import settings
 
-from tests.integration.nodes import Client, local_node_env, member_addresses
+from tests.integration.nodes import Client, member_addresses
 from tests.launcher import NodeProcess, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -29,14 +29,10 @@ PROCESSES = 2
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["file", "redis", "redis-cluster", "postgres"])
-def test_sigkill_loses_no_confirmed_message(backend, tmp_path, token, request):
-    if backend == "redis":
-        request.getfixturevalue("redis_client")  # flushes db 5
-    if backend == "redis-cluster":
-        request.getfixturevalue("redis_cluster_client")  # skips the test without a cluster
-    env = local_node_env(tmp_path, backend)
-    first = NodeProcess(env, tmp_path, processes=PROCESSES).start()
-    second = NodeProcess(env, tmp_path, processes=PROCESSES)
+def test_sigkill_loses_no_confirmed_message(backend, node_factory, token, request):
+    # (the factory empties the Redis db or skips the test without a Redis Cluster)
+    first = node_factory(backend=backend, processes=PROCESSES)
+    second = node_factory(backend=backend, processes=PROCESSES, start=False)
     try:
         _run(first, second, token, backend)
         if backend == "redis-cluster":

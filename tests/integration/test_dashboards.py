@@ -8,7 +8,6 @@ The job reads only committed rows (JDBC has its own connection), so these tests 
 from __future__ import annotations
 
 import io
-import os
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -35,14 +34,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 BASE, PER_UNIT = 0.004, 0.001
 PRE_PER_UNIT = 0.0002
 MESSAGES = 60
-
-
-@pytest.fixture(scope="session")
-def spark():
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from consoles.spark.job import spark_session
-
-    return spark_session()
 
 
 def _handler(queue: str, failed_once: set[str]) -> Handler:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.test_guarantees import _purge_kv, ack, dequeue, enqueue, in_process, post, stats  # noqa: F401 - fixture
+from tests.integration.test_guarantees import ack, dequeue, enqueue, in_process, post, stats
 from tests.launcher import wait_until
 
 TOPICS = "/api/v1/topics"

@@ -61,11 +61,6 @@ WORKER_MODULES = "tests.integration.tasks_for_tests,tests.integration.tasks_on_p
 
 
 @pytest.fixture
-def node_api(node, token) -> Client:
-    return Client(node.url, token)
-
-
-@pytest.fixture
 def tasks(settings, node, token):
     """This process's TASKS: the node's queues ``default`` and ``plain``; ``tasks(outbox=...)``
     sets it again with other options."""

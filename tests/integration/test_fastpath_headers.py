@@ -18,7 +18,6 @@ from django.core.handlers.wsgi import WSGIRequest
 from django.test import override_settings
 
 from queues.api import fastpath
-from tests.integration.nodes import NodeSet, local_node_env
 from tests.integration.wsgi_client import make_client
 
 #: Headers each path makes for itself, not security headers.
@@ -26,15 +25,8 @@ OWN = {"date", "server", "content-length", "content-type", "vary", "allow"}
 PROXY = ("HTTP_X_FORWARDED_PROTO", "https")
 
 
-@pytest.fixture
-def node(tmp_path, redis_client):
-    env = local_node_env(tmp_path, SECURE_HSTS_SECONDS="3600", SECURE_PROXY_SSL_HEADER="X-Forwarded-Proto: https")
-    started = NodeSet(env, tmp_path)
-    yield started.start()
-    started.stop()
-
-
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.node(env={"SECURE_HSTS_SECONDS": "3600", "SECURE_PROXY_SSL_HEADER": "X-Forwarded-Proto: https"})
 def test_fast_path_answers_carry_the_security_headers_of_django_answers(node, token, unique_name):
     # given
     session = requests.Session()

@@ -174,7 +174,7 @@ def check(protocol: str, action: str, r: WsgiResponse, sent: Any = None, *, coun
         assert root.tag == f"{{{NS}}}{action}Response", where
 
 
-# --- the world ----------------------------------------------------------------------------------
+# --- the world --------------------------------------------------------------------------------------
 def _arn(name: str) -> str:
     return f"arn:aws:sqs:{REGION}:{django_settings.SQS_ACCOUNT_ID}:{name}"
 
@@ -266,7 +266,7 @@ class World:
 
 
 @pytest.fixture
-def world(runtime, user, monkeypatch) -> World:
+def sqs_world(runtime, user, monkeypatch) -> World:
     """A world of the test's own, on the test's node runtime, owned by ``user``."""
     # Every receive answers at once (the wait, checked first, is not what is fuzzed), and a
     # move task is recorded but not run (its thread would work beside the test's transaction).
@@ -283,7 +283,7 @@ _TEXT = st.text(max_size=12)
 _NAME = st.from_regex(r"fz-[a-z0-9]{1,8}(\.fifo)?", fullmatch=True)
 
 
-def _members(world: World) -> dict[str, st.SearchStrategy[Any]]:
+def _members(sqs_world: World) -> dict[str, st.SearchStrategy[Any]]:
     """Values that pass a parameter's first check, by member name (any shape's)."""
     policy = {
         "Version": "2012-10-17",
@@ -295,7 +295,7 @@ def _members(world: World) -> dict[str, st.SearchStrategy[Any]]:
         "DelaySeconds": st.integers(0, 900).map(str),
         "MaximumMessageSize": st.integers(1_024, 262_144).map(str),
         "ReceiveMessageWaitTimeSeconds": st.integers(0, 20).map(str),
-        "RedrivePolicy": st.sampled_from(world.arns).map(
+        "RedrivePolicy": st.sampled_from(sqs_world.arns).map(
             lambda a: json.dumps({"deadLetterTargetArn": a, "maxReceiveCount": 5})
         )
         | st.just(""),
@@ -321,10 +321,10 @@ def _members(world: World) -> dict[str, st.SearchStrategy[Any]]:
     )
     system_attribute_names = ["All", "SenderId", "SentTimestamp", "ApproximateReceiveCount", "MessageGroupId", "Nope"]
     return {
-        "QueueUrl": st.sampled_from(world.urls[:-1]) | st.sampled_from(world.urls),  # (mostly one that exists)
-        "QueueName": st.sampled_from(world.names) | _NAME,
+        "QueueUrl": st.sampled_from(sqs_world.urls[:-1]) | st.sampled_from(sqs_world.urls),  # (mostly one that exists)
+        "QueueName": st.sampled_from(sqs_world.names) | _NAME,
         "QueueNamePrefix": st.sampled_from(["", "fz", "fz-std", "nope"]),
-        "ReceiptHandle": st.sampled_from(world.receipts) | st.just("bm90IGEgcmVjZWlwdA=="),
+        "ReceiptHandle": st.sampled_from(sqs_world.receipts) | st.just("bm90IGEgcmVjZWlwdA=="),
         "MessageBody": st.text(min_size=1, max_size=40),
         "Attributes": queue_attributes,
         "AttributeNames": st.lists(st.sampled_from(["All", *attribute_values, *system_attribute_names]), max_size=3),
@@ -346,12 +346,14 @@ def _members(world: World) -> dict[str, st.SearchStrategy[Any]]:
         "Id": st.sampled_from(["e1", "e2", "e3", "bad id"]),
         "MaxResults": st.integers(1, 1_000),
         "NextToken": st.sampled_from(["", base64.urlsafe_b64encode(b"fz").decode(), "!!"]),
-        "SourceArn": st.sampled_from(world.arns),
-        "DestinationArn": st.sampled_from(world.arns),
+        "SourceArn": st.sampled_from(sqs_world.arns),
+        "DestinationArn": st.sampled_from(sqs_world.arns),
         "MaxNumberOfMessagesPerSecond": st.integers(1, 500),
-        "TaskHandle": st.sampled_from(world.handles),
+        "TaskHandle": st.sampled_from(sqs_world.handles),
         "Label": st.from_regex(r"[A-Za-z0-9_-]{1,12}", fullmatch=True),
-        "AWSAccountIds": st.lists(st.sampled_from([*world.users, "000000000000", "nobody"]), min_size=1, max_size=2),
+        "AWSAccountIds": st.lists(
+            st.sampled_from([*sqs_world.users, "000000000000", "nobody"]), min_size=1, max_size=2
+        ),
         "Actions": st.lists(
             st.sampled_from(["SendMessage", "ReceiveMessage", "*", "DeleteMessage", "Nope"]), min_size=1, max_size=2
         ),
@@ -383,11 +385,11 @@ def _of_shape(shape_name: str, members: dict[str, st.SearchStrategy[Any]], depth
     }.get(kind, _TEXT)
 
 
-def params_of(world: World, action: str) -> st.SearchStrategy[dict[str, Any]]:
+def params_of(sqs_world: World, action: str) -> st.SearchStrategy[dict[str, Any]]:
     """Parameters of ``action`` that pass its first checks, mostly (its input shape's members,
     the batch actions' entries by the same rules)."""
     request = OPERATIONS[action][0]
-    return _of_shape(request, _members(world)) if request else st.just({})
+    return _of_shape(request, _members(sqs_world)) if request else st.just({})
 
 
 def _places(action: str, params: dict[str, Any]) -> list[fuzzing.Path]:
@@ -399,11 +401,11 @@ def _places(action: str, params: dict[str, Any]) -> list[fuzzing.Path]:
 
 
 @st.composite
-def calls(draw: st.DrawFn, world: World, kind: str | None, actions: list[str] = ACTIONS) -> tuple[str, Any]:
+def calls(draw: st.DrawFn, sqs_world: World, kind: str | None, actions: list[str] = ACTIONS) -> tuple[str, Any]:
     """(action, params): good parameters with one to three hostile values of ``kind`` (None:
     any kind, or none at all now and then)."""
     action = draw(st.sampled_from(actions))
-    params: Any = draw(params_of(world, action))
+    params: Any = draw(params_of(sqs_world, action))
     for member in draw(st.sets(st.sampled_from(sorted(params)), max_size=1) if params else st.just(set())):
         del params[member]
     count = draw(st.integers(0 if kind is None else 1, 3))
@@ -413,32 +415,32 @@ def calls(draw: st.DrawFn, world: World, kind: str | None, actions: list[str] = 
     return action, params
 
 
-def _run(world: World, protocol: str, action: str, params: Any, as_stranger: bool, get: bool) -> None:
-    caller = world.stranger if as_stranger else world.owner
+def _run(sqs_world: World, protocol: str, action: str, params: Any, as_stranger: bool, get: bool) -> None:
+    caller = sqs_world.stranger if as_stranger else sqs_world.owner
     r = caller.call(protocol, action, params, get=get)
     check(protocol, action, r, params)
     if action == "DeleteQueue" and r.status_code == 200:
-        world.restore()  # a world queue may be gone
+        sqs_world.restore()  # a world queue may be gone
 
 
 # --- the fuzzing --------------------------------------------------------------------------------
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_any_call_of_any_action_is_answered_never_with_a_5xx(world, protocol):
+def test_any_call_of_any_action_is_answered_never_with_a_5xx(sqs_world, protocol):
     @fuzz_settings(examples=250)
-    @given(call=calls(world, None), as_stranger=st.sampled_from([False] * 9 + [True]), get=st.booleans())
+    @given(call=calls(sqs_world, None), as_stranger=st.sampled_from([False] * 9 + [True]), get=st.booleans())
     def fuzz(call, as_stranger, get):
-        _run(world, protocol, *call, as_stranger and call[0] != "CreateQueue", get)
+        _run(sqs_world, protocol, *call, as_stranger and call[0] != "CreateQueue", get)
 
     fuzz()
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_hostile_values_of_each_kind_are_refused_never_with_a_5xx(world, protocol, kind):
+def test_hostile_values_of_each_kind_are_refused_never_with_a_5xx(sqs_world, protocol, kind):
     @fuzz_settings(examples=40)
-    @given(call=calls(world, kind), get=st.booleans())
+    @given(call=calls(sqs_world, kind), get=st.booleans())
     def fuzz(call, get):
-        _run(world, protocol, *call, False, get)
+        _run(sqs_world, protocol, *call, False, get)
 
     fuzz()
 
@@ -467,17 +469,17 @@ def _error_code(protocol: str, r: WsgiResponse) -> str:
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_an_integer_parameter_of_4301_digits_is_an_invalid_value_not_a_500(world, protocol):
+def test_an_integer_parameter_of_4301_digits_is_an_invalid_value_not_a_500(sqs_world, protocol):
     # Python refuses to read text of more than 4,300 digits as an int (ValueError): the JSON
     # protocol's integer parameters, given as text, answered 500 (MaxNumberOfMessages, and the
     # integers of 6 other actions); a JSON literal of as many digits was "not JSON".
     places = _integer_places()
     assert len(places) >= 10, places  # ReceiveMessage's 3, the batches' entries, MaxResults...
     for action, place in places:
-        params = world_params(world, action)
+        params = world_params(sqs_world, action)
         literals = [Raw("9" * 4_301), "9" * 4_301, "-" + "1" * 5_000, "²"] if protocol == "json" else ["9" * 4_301, "²"]
         for value in literals:
-            r = world.call(protocol, action, replaced(params, place, value))
+            r = sqs_world.call(protocol, action, replaced(params, place, value))
             if len(place) == 1 or protocol == "query":  # (a form's integers are read before any action)
                 assert (r.status_code, _error_code(protocol, r)) == (400, "InvalidParameterValue"), (action, r.content)
             else:  # a batch's entry fails alone, as SQS fails it
@@ -485,10 +487,10 @@ def test_an_integer_parameter_of_4301_digits_is_an_invalid_value_not_a_500(world
                 assert b"InvalidParameterValue" in r.content, (action, r.content)
 
 
-def world_params(world: World, action: str) -> dict[str, Any]:
+def world_params(sqs_world: World, action: str) -> dict[str, Any]:
     """Parameters of ``action`` that it takes, on the world's standard queue."""
-    url, arn = world.urls[2], _arn(world.names[2])
-    receipt = world.receipts[4]
+    url, arn = sqs_world.urls[2], _arn(sqs_world.names[2])
+    receipt = sqs_world.receipts[4]
     entry = {"Id": "e1", "MessageBody": "m", "ReceiptHandle": receipt, "VisibilityTimeout": 5}
     return {
         "ReceiveMessage": {"QueueUrl": url},
@@ -497,61 +499,66 @@ def world_params(world: World, action: str) -> dict[str, Any]:
         "ChangeMessageVisibility": {"QueueUrl": url, "ReceiptHandle": receipt, "VisibilityTimeout": 5},
         "ChangeMessageVisibilityBatch": {"QueueUrl": url, "Entries": [entry]},
         "ListQueues": {},
-        "ListDeadLetterSourceQueues": {"QueueUrl": world.urls[0]},
-        "StartMessageMoveTask": {"SourceArn": _arn(world.names[0])},
+        "ListDeadLetterSourceQueues": {"QueueUrl": sqs_world.urls[0]},
+        "StartMessageMoveTask": {"SourceArn": _arn(sqs_world.names[0])},
         "ListMessageMoveTasks": {"SourceArn": arn},
     }.get(action, {"QueueUrl": url})
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_a_redrive_policy_nested_5000_deep_is_an_invalid_value_not_a_500(world, protocol):
+def test_a_redrive_policy_nested_5000_deep_is_an_invalid_value_not_a_500(sqs_world, protocol):
     # json.loads recursed past the stack (RecursionError) on the policy's text
     for deep in (fuzzing.deep_text(5_000), fuzzing.deep_text(5_000, "{"), fuzzing.deep_text(17)):
         for action, params in (
             ("CreateQueue", {"QueueName": f"fz-deep-{uuid.uuid4().hex[:6]}", "Attributes": {"RedrivePolicy": deep}}),
-            ("SetQueueAttributes", {"QueueUrl": world.urls[2], "Attributes": {"RedrivePolicy": deep}}),
+            ("SetQueueAttributes", {"QueueUrl": sqs_world.urls[2], "Attributes": {"RedrivePolicy": deep}}),
         ):
-            r = world.call(protocol, action, params)
+            r = sqs_world.call(protocol, action, params)
             assert (r.status_code, _error_code(protocol, r)) == (400, "InvalidParameterValue"), r.content
     # maxReceiveCount: infinity (int() raised OverflowError), and a number of 4,301 digits as text
     for count in ("1e999", '"' + "9" * 4_301 + '"', "[]"):
-        policy = f'{{"deadLetterTargetArn": "{_arn(world.names[0])}", "maxReceiveCount": {count}}}'
-        r = world.call(
-            protocol, "SetQueueAttributes", {"QueueUrl": world.urls[2], "Attributes": {"RedrivePolicy": policy}}
+        policy = f'{{"deadLetterTargetArn": "{_arn(sqs_world.names[0])}", "maxReceiveCount": {count}}}'
+        r = sqs_world.call(
+            protocol, "SetQueueAttributes", {"QueueUrl": sqs_world.urls[2], "Attributes": {"RedrivePolicy": policy}}
         )
         assert (r.status_code, _error_code(protocol, r)) == (400, "InvalidParameterValue"), r.content
 
 
-def test_json_nested_deep_in_a_policy_or_a_task_handle_is_no_500(world):
+def test_json_nested_deep_in_a_policy_or_a_task_handle_is_no_500(sqs_world):
     deep = fuzzing.deep_text(5_000)
     # a Policy is kept as given; AddPermission reads it to add a statement
-    r = world.call("json", "SetQueueAttributes", {"QueueUrl": world.urls[2], "Attributes": {"Policy": deep}})
+    r = sqs_world.call("json", "SetQueueAttributes", {"QueueUrl": sqs_world.urls[2], "Attributes": {"Policy": deep}})
     assert r.status_code == 200, r.content
-    params = {"QueueUrl": world.urls[2], "Label": "l1", "AWSAccountIds": [world.users[1]], "Actions": ["SendMessage"]}
-    assert world.call("json", "AddPermission", params).status_code == 200
-    assert world.call("json", "RemovePermission", {"QueueUrl": world.urls[2], "Label": "l1"}).status_code == 200
+    params = {
+        "QueueUrl": sqs_world.urls[2],
+        "Label": "l1",
+        "AWSAccountIds": [sqs_world.users[1]],
+        "Actions": ["SendMessage"],
+    }
+    assert sqs_world.call("json", "AddPermission", params).status_code == 200
+    assert sqs_world.call("json", "RemovePermission", {"QueueUrl": sqs_world.urls[2], "Label": "l1"}).status_code == 200
     # a TaskHandle is base64 of JSON
     handle = base64.b64encode(deep.encode()).decode()
-    r = world.call("json", "CancelMessageMoveTask", {"TaskHandle": handle})
+    r = sqs_world.call("json", "CancelMessageMoveTask", {"TaskHandle": handle})
     assert (r.status_code, _error_code("json", r)) == (404, "ResourceNotFoundException"), r.content
 
 
-def test_a_content_length_of_thousands_of_digits_is_too_large_not_a_500(world):
-    r = world.owner.client.generic(
+def test_a_content_length_of_thousands_of_digits_is_too_large_not_a_500(sqs_world):
+    r = sqs_world.owner.client.generic(
         "POST",
         "/sqs/",
         b"",
         FORM_TYPE,
         CONTENT_LENGTH="9" * 5_000,
-        HTTP_AUTHORIZATION=_authorization(world),
+        HTTP_AUTHORIZATION=_authorization(sqs_world),
         HTTP_X_AMZ_DATE="20260101T000000Z",
     )
     check("query", "-", r)
     assert r.status_code == 413, r.content
 
 
-def _authorization(world: World) -> str:
-    key = world.owner.key
+def _authorization(sqs_world: World) -> str:
+    key = sqs_world.owner.key
     return (
         f"AWS4-HMAC-SHA256 Credential={key.access_key_id}/20260101/{REGION}/sqs/aws4_request, "
         f"SignedHeaders=host;x-amz-date, Signature={'0' * 64}"
@@ -559,29 +566,29 @@ def _authorization(world: World) -> str:
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_a_binary_value_that_is_not_ascii_is_invalid_not_a_500(world, protocol):
+def test_a_binary_value_that_is_not_ascii_is_invalid_not_a_500(sqs_world, protocol):
     # the query codec's base64 read raised ValueError (not binascii.Error) for text not ASCII
     for value in ("é", "\ud800", "AAAA\x00"):
         attrs = {"a": {"DataType": "Binary", "BinaryValue": value}}
-        r = world.call(
-            protocol, "SendMessage", {"QueueUrl": world.urls[2], "MessageBody": "m", "MessageAttributes": attrs}
+        r = sqs_world.call(
+            protocol, "SendMessage", {"QueueUrl": sqs_world.urls[2], "MessageBody": "m", "MessageAttributes": attrs}
         )
         assert (r.status_code, _error_code(protocol, r)) == (400, "InvalidParameterValue"), r.content
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_an_account_id_with_a_nul_is_invalid_not_an_outage(world, protocol):
+def test_an_account_id_with_a_nul_is_invalid_not_an_outage(sqs_world, protocol):
     # PostgreSQL refuses a NUL in text: the user lookup's error was answered as an outage (503)
     for entry in ("\x00\x00", "a\x00b", "x" * 5_000):
-        params = {"QueueUrl": world.urls[2], "Label": "l1", "AWSAccountIds": [entry], "Actions": ["SendMessage"]}
-        r = world.call(protocol, "AddPermission", params)
+        params = {"QueueUrl": sqs_world.urls[2], "Label": "l1", "AWSAccountIds": [entry], "Actions": ["SendMessage"]}
+        r = sqs_world.call(protocol, "AddPermission", params)
         assert (r.status_code, _error_code(protocol, r)) == (400, "InvalidParameterValue"), r.content
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_a_tag_key_with_a_nul_is_invalid_not_an_outage(world, protocol):
+def test_a_tag_key_with_a_nul_is_invalid_not_an_outage(sqs_world, protocol):
     # PostgreSQL's JSON refuses \u0000: UntagQueue's audit entry (its removed keys) answered 503
-    r = world.call(protocol, "UntagQueue", {"QueueUrl": world.urls[2], "TagKeys": ["\x00"]})
+    r = sqs_world.call(protocol, "UntagQueue", {"QueueUrl": sqs_world.urls[2], "TagKeys": ["\x00"]})
     assert (r.status_code, _error_code(protocol, r)) == (400, "InvalidParameterValue"), r.content
-    r = world.call(protocol, "TagQueue", {"QueueUrl": world.urls[2], "Tags": {"k\x00": "v", "k": "\x1b"}})
+    r = sqs_world.call(protocol, "TagQueue", {"QueueUrl": sqs_world.urls[2], "Tags": {"k\x00": "v", "k": "\x1b"}})
     assert (r.status_code, _error_code(protocol, r)) == (400, "InvalidParameterValue"), r.content

@@ -28,12 +28,7 @@ API = "/api/v1/queues"
 
 def in_process(fn):
     """A test in this process, on the configured database and store; the store emptied after."""
-    return pytest.mark.django_db(pytest.mark.usefixtures("_purge_kv")(fn))
-
-
-@pytest.fixture
-def _purge_kv(purge_kv):
-    """See conftest.purge_kv."""
+    return pytest.mark.django_db(pytest.mark.usefixtures("purge_kv")(fn))
 
 
 def post(api, name, action, payload):
@@ -426,9 +421,9 @@ DEDUP_REDIS = pytest.mark.node(env={"REDIS_URL": os.environ.get("MQ_TEST_REDIS_U
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @DEDUP_REDIS
-def test_dedup_across_nodes(nodes, token):
+def test_dedup_across_nodes(node_factory, token):
     # given two nodes sharing the database and Redis
-    a, b = nodes.start(), nodes.start()
+    a, b = node_factory(), node_factory()
     ca, cb = Client(a.url, token), Client(b.url, token)
     name = f"dedup-{uuid.uuid4().hex[:8]}"
     r = ca.post("queues", {"name": name, "partitions": 2, "lease_period": 2})
@@ -503,10 +498,10 @@ def replica(redis_client):
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @DEDUP_REDIS
-def test_min_replicas_refuses_unreplicated_enqueues_and_never_delivers_them(nodes, token, replica):
+def test_min_replicas_refuses_unreplicated_enqueues_and_never_delivers_them(node_factory, token, replica):
     start_replica, stop_replica = replica
     # given a node that needs one Redis replica to confirm every write, and a running replica
-    first = nodes.start(KV_MIN_REPLICAS="1")
+    first = node_factory(KV_MIN_REPLICAS="1")
     c = Client(first.url, token)
     name = f"repl-{uuid.uuid4().hex[:8]}"
     r = c.post("queues", {"name": name, "partitions": 1, "block_size": 4, "lease_period": 2})
@@ -543,7 +538,7 @@ def test_min_replicas_refuses_unreplicated_enqueues_and_never_delivers_them(node
         time.sleep(0.1)
     # when a node without KV_MIN_REPLICAS takes the partition over and drains it
     first.stop()
-    second = Client(nodes.start().url, token)
+    second = Client(node_factory().url, token)
     wait_served([second], name)
     delivered = drain([second], name, idle=1.5)
     # then every confirmed message comes back and no refused one ever does

@@ -25,10 +25,15 @@ from rest_framework.authtoken.models import Token
 from queues.models import Partition
 from sqs.models import AccessKey
 from tests import hostile
-from tests.integration.nodes import Client, NodeSet, local_node_env
+from tests.integration.nodes import Client
 from tests.launcher import NodeProcess, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.cluster,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.node(env={"NODE_STUCK_AFTER": "2"}),
+]
 
 #: The client's timeout in the finding; the users' worst call must stay well inside it.
 CLIENT_TIMEOUT = 5.0
@@ -98,15 +103,9 @@ def _check(users: hostile.Users, before: dict, queue: str) -> None:
     assert _leases(queue) == before, "a lease moved while the node was under attack"
 
 
-@pytest.fixture
-def attack_env(tmp_path: Path, redis_client) -> dict[str, str]:
-    return local_node_env(tmp_path, NODE_HEARTBEAT="0.3", NODE_STUCK_AFTER="2")
-
-
-def test_one_node_stays_up_under_every_cheap_attack(attack_env, tmp_path):
-    nodes = NodeSet(attack_env, tmp_path)
+def test_one_node_stays_up_under_every_cheap_attack(node_factory):
     try:
-        node = nodes.start(processes=1)
+        node = node_factory(processes=1)
         admin, queue, nogrant, key_id, before = _targets(node, partitions=2, nodes=1)
 
         # a token with no grants trickles 100 bodies to the REST API's create
@@ -199,14 +198,13 @@ def test_one_node_stays_up_under_every_cheap_attack(attack_env, tmp_path):
         kept = hostile.keep_alive_after_unread(node.port, admin, rounds=40)
         assert kept == {"answered": 40, "dropped": 0}, kept
     finally:
-        nodes.stop()
+        node_factory.stop()
 
 
-def test_two_nodes_keep_their_leases_while_one_is_attacked(attack_env, tmp_path):
-    nodes = NodeSet(attack_env, tmp_path)
+def test_two_nodes_keep_their_leases_while_one_is_attacked(node_factory):
     try:
-        a = nodes.start(processes=1)
-        b = nodes.start(processes=1)
+        a = node_factory(processes=1)
+        b = node_factory(processes=1)
         admin, queue, nogrant, key_id, before = _targets(a, partitions=4, nodes=2)
         with _users(a, admin, queue) as on_a, _users(b, admin, queue) as on_b:
             threads = [
@@ -242,7 +240,7 @@ def test_two_nodes_keep_their_leases_while_one_is_attacked(attack_env, tmp_path)
         _check(on_a, before, queue)
         _check(on_b, before, queue)
     finally:
-        nodes.stop()
+        node_factory.stop()
 
 
 def _refusals(scrape: str, reason: str) -> float:

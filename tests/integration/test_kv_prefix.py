@@ -13,7 +13,6 @@ import os
 import pytest
 import redis
 from django.conf import settings
-from rest_framework.test import APIClient
 
 from queues.kv import KeyValueStore
 from queues.kv.memory import MemoryStore
@@ -41,18 +40,9 @@ def kv_redis(request, settings, kv_reset):
     client.close()
 
 
-@pytest.fixture
-def ops(kv_redis, api, user, purge_kv) -> APIClient:
-    """A staff client, on the store ``kv_redis`` names (set before the runtime opens it)."""
-    user.is_staff = user.is_superuser = True
-    user.save()
-    from queues.http.auth import CachedTokenAuthentication
-
-    CachedTokenAuthentication.forget()
-    return api
-
-
-def test_a_queue_named_like_celerys_broker_list_leaves_the_brokers_keys_alone(ops, kv_redis):
+def test_a_queue_named_like_celerys_broker_list_leaves_the_brokers_keys_alone(
+    kv_redis, superuser_api
+):  # (the store kv_redis names: set before the runtime opens it)
     # given Celery's broker keys in the same Redis database: its queue list and keys below it
     kv_redis.delete("celery", "celery/x", "celery/0/_blocks")
     kv_redis.rpush("celery", b'{"task": "broker message"}')
@@ -61,13 +51,15 @@ def test_a_queue_named_like_celerys_broker_list_leaves_the_brokers_keys_alone(op
     before = {k.decode() for k in kv_redis.scan_iter(match="*celery*")}  # (earlier runs' leftovers too)
     try:
         # when a queue named celery is created, used, purged, used again and deleted
-        assert ops.post(API, {"name": "celery", "partitions": 2}, format="json").status_code == 201
-        r = ops.post(f"{API}/celery/enqueue", {"messages": [{"body": f"m{i}"} for i in range(5)]}, format="json")
+        assert superuser_api.post(API, {"name": "celery", "partitions": 2}, format="json").status_code == 201
+        r = superuser_api.post(
+            f"{API}/celery/enqueue", {"messages": [{"body": f"m{i}"} for i in range(5)]}, format="json"
+        )
         assert r.status_code == 201, r.content
         ours = [k.decode() for k in kv_redis.scan_iter(match="*celery*")]
-        assert ops.post(f"{API}/celery/purge", {}, format="json").status_code == 200
-        assert ops.post(f"{API}/celery/enqueue", {"body": "again"}, format="json").status_code == 201
-        assert ops.delete(f"{API}/celery").status_code == 204
+        assert superuser_api.post(f"{API}/celery/purge", {}, format="json").status_code == 200
+        assert superuser_api.post(f"{API}/celery/enqueue", {"body": "again"}, format="json").status_code == 201
+        assert superuser_api.delete(f"{API}/celery").status_code == 204
         # then the broker's keys are all there, untouched, and every key the queue wrote was
         # under the prefix
         assert kv_redis.lrange("celery", 0, -1) == [b'{"task": "broker message"}']

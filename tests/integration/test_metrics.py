@@ -46,9 +46,9 @@ def total(samples, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
 
 
-def test_metrics_equal_the_stats_after_a_known_workload(nodes, token, unique_name):
+def test_metrics_equal_the_stats_after_a_known_workload(node_factory, token, unique_name):
     # given: a queue whose messages go to a dead-letter queue after one delivery
-    node = nodes.start()
+    node = node_factory()
     c = Client(node.url, token)
     q, dlq = unique_name("m"), unique_name("m-dlq")
     assert c.post("queues", {"name": dlq, "partitions": 1}).status_code == 201
@@ -103,8 +103,8 @@ def test_metrics_equal_the_stats_after_a_known_workload(nodes, token, unique_nam
     wait_until(lambda: value(scrape(node.url), "mq_lease_renewals_total", queue=q, partition="0") >= 1, 60, "a renewal")
 
 
-def test_worker_attempts_are_counted_as_they_are_stored(nodes, token, unique_name):
-    node = nodes.start()
+def test_worker_attempts_are_counted_as_they_are_stored(node_factory, token, unique_name):
+    node = node_factory()
     c = Client(node.url, token)
     q = unique_name("m")
     assert c.post("queues", {"name": q, "partitions": 1}).status_code == 201
@@ -129,9 +129,9 @@ def test_worker_attempts_are_counted_as_they_are_stored(nodes, token, unique_nam
     assert value(m, "mq_worker_process_seconds_sum", queue=q) == 10
 
 
-def test_metrics_need_the_token_or_an_allowed_network(nodes):
+def test_metrics_need_the_token_or_an_allowed_network(node_factory):
     # 192.0.2.0/24 is TEST-NET-1: allowed on paper, never reached; the test calls from loopback
-    node = nodes.start(METRICS_TOKEN="s3cret-metrics", METRICS_ALLOW="192.0.2.0/24")
+    node = node_factory(METRICS_TOKEN="s3cret-metrics", METRICS_ALLOW="192.0.2.0/24")
     url = f"{node.url}/metrics"
     assert requests.get(url, timeout=10).status_code == 403
     assert requests.get(url, headers={"Authorization": "Bearer wrong"}, timeout=10).status_code == 403
@@ -139,18 +139,18 @@ def test_metrics_need_the_token_or_an_allowed_network(nodes):
     r = requests.get(url, headers={"Authorization": "Bearer s3cret-metrics"}, timeout=10)
     assert r.status_code == 200 and "mq_node_cooling" in r.text
     # the default: loopback may scrape, with no token configured a bearer is refused
-    plain = nodes.start()
+    plain = node_factory()
     assert requests.get(f"{plain.url}/metrics", timeout=10).status_code == 200
     assert requests.get(f"{plain.url}/metrics", headers={"Authorization": "Bearer x"}, timeout=10).status_code == 403
 
 
-def test_readyz_is_200_on_a_healthy_node_and_503_when_the_store_is_unreachable(nodes):
-    node = nodes.start()
+def test_readyz_is_200_on_a_healthy_node_and_503_when_the_store_is_unreachable(node_factory):
+    node = node_factory()
     wait_until(lambda: requests.get(f"{node.url}/api/v1/readyz", timeout=10).status_code == 200, 30, "ready")
     assert requests.get(f"{node.url}/api/v1/readyz", timeout=10).json() == {"status": "ready"}
 
     # a store on a port nobody listens on: alive (healthz), not ready
-    nobody = nodes.start(KV_URL=f"redis://127.0.0.1:{free_port()}/5")
+    nobody = node_factory(KV_URL=f"redis://127.0.0.1:{free_port()}/5")
     r = requests.get(f"{nobody.url}/api/v1/readyz", timeout=10)
     assert r.status_code == 503, r.text
     assert r.headers["Retry-After"] == "5"
@@ -162,11 +162,11 @@ def test_readyz_is_200_on_a_healthy_node_and_503_when_the_store_is_unreachable(n
     assert value(m, "mq_store_call_seconds_count", backend="redis", operation="get_many") >= 1
 
 
-def test_metrics_in_multiprocess_mode(nodes, token, unique_name, tmp_path):
+def test_metrics_in_multiprocess_mode(node_factory, token, unique_name, tmp_path):
     # given: a node whose prometheus-client keeps its values in files (several processes' mode)
     folder = tmp_path / "prometheus"
     folder.mkdir()
-    node = nodes.start(PROMETHEUS_MULTIPROC_DIR=str(folder))
+    node = node_factory(PROMETHEUS_MULTIPROC_DIR=str(folder))
     c = Client(node.url, token)
     q = unique_name("m")
     assert c.post("queues", {"name": q, "partitions": 1}).status_code == 201
@@ -180,8 +180,8 @@ def test_metrics_in_multiprocess_mode(nodes, token, unique_name, tmp_path):
     assert any(folder.glob("*.db"))
 
 
-def test_topic_figures_equal_the_subscription_stats(nodes, token, unique_name):
-    node = nodes.start()
+def test_topic_figures_equal_the_subscription_stats(node_factory, token, unique_name):
+    node = node_factory()
     c = Client(node.url, token)
     t = unique_name("t")
     assert c.post("topics", {"name": t, "partitions": 2}).status_code == 201
@@ -205,9 +205,9 @@ def test_topic_figures_equal_the_subscription_stats(nodes, token, unique_name):
     assert value(m, "mq_api_call_seconds_count", operation="subscription-dequeue", status="200") == 1
 
 
-def test_one_scrape_is_the_whole_node_of_several_processes(nodes, token, unique_name):
+def test_one_scrape_is_the_whole_node_of_several_processes(node_factory, token, unique_name):
     # given: a node of two processes, each holding one of the queue's two partitions
-    node = nodes.start(processes=2)
+    node = node_factory(processes=2)
     c = Client(node.url, token)
     q = unique_name("mp")
     assert c.post("queues", {"name": q, "partitions": 2}).status_code == 201

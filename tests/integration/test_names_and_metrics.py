@@ -27,13 +27,8 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.cluster,
     pytest.mark.django_db,
-    pytest.mark.node(env={"METRICS_TOKEN": METRICS_TOKEN}),  # METRICS_ALLOW: loopback, the default
+    pytest.mark.node(shared=True, env={"METRICS_TOKEN": METRICS_TOKEN}),  # METRICS_ALLOW: loopback, the default
 ]
-
-
-@pytest.fixture
-def node(module_node):
-    return module_node
 
 
 def _user(committed, prefix: str) -> tuple[dict[str, str], AccessKey]:
@@ -48,7 +43,7 @@ def _user(committed, prefix: str) -> tuple[dict[str, str], AccessKey]:
 
 
 @pytest.fixture(scope="module")
-def owner(committed):
+def queue_owner(committed):
     return _user(committed, "owner")
 
 
@@ -63,10 +58,10 @@ def _sqs_code(call) -> str:
     return exc.value.response["Error"]["Code"]
 
 
-def test_a_queue_without_a_grant_does_not_exist_but_its_name_is_taken(node, owner, stranger):
+def test_a_queue_without_a_grant_does_not_exist_but_its_name_is_taken(node, queue_owner, stranger):
     # given a queue of the owner's, and a name nobody holds
     name, free = f"names-{uuid.uuid4().hex[:8]}", f"names-{uuid.uuid4().hex[:8]}"
-    r = requests.post(f"{node.url}/api/v1/queues", json={"name": name}, headers=owner[0], timeout=30)
+    r = requests.post(f"{node.url}/api/v1/queues", json={"name": name}, headers=queue_owner[0], timeout=30)
     assert r.status_code == 201, r.text
     theirs, key = stranger
     # when a user with no grant on it reads it, then tries to create it
@@ -88,17 +83,17 @@ def test_a_queue_without_a_grant_does_not_exist_but_its_name_is_taken(node, owne
     assert _sqs_code(lambda: sqs.create_queue(QueueName=name)) == "QueueAlreadyExists"
     assert sqs.list_queues().get("QueueUrls", []) == []
     # the owner's queue is as it was
-    mine = requests.get(f"{node.url}/api/v1/queues/{name}", headers=owner[0], timeout=30)
+    mine = requests.get(f"{node.url}/api/v1/queues/{name}", headers=queue_owner[0], timeout=30)
     assert mine.status_code == 200 and mine.json()["name"] == name
 
 
 @pytest.mark.parametrize(
     "proxied", [{"X-Forwarded-For": "203.0.113.9"}, {"Forwarded": "for=203.0.113.9"}, {"X-Real-IP": "203.0.113.9"}]
 )
-def test_metrics_a_proxy_forwarded_need_the_token_from_an_allowed_address(node, owner, proxied):
+def test_metrics_a_proxy_forwarded_need_the_token_from_an_allowed_address(node, queue_owner, proxied):
     # given a queue, whose name /metrics shows
     name = f"metrics-{uuid.uuid4().hex[:8]}"
-    r = requests.post(f"{node.url}/api/v1/queues", json={"name": name}, headers=owner[0], timeout=30)
+    r = requests.post(f"{node.url}/api/v1/queues", json={"name": name}, headers=queue_owner[0], timeout=30)
     assert r.status_code == 201, r.text
     url = f"{node.url}/metrics"
     # when the node's own host scrapes without a token, it is let in

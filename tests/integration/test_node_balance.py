@@ -118,8 +118,8 @@ def _until_even(clients: Clients, timeout: float = 40) -> list[list[int]]:
     raise AssertionError(f"the four connections never settled 2:2; splits seen: {seen}")
 
 
-def test_four_clients_end_up_two_on_each_process_and_stay_there(nodes):
-    node = nodes.start(processes=2)
+def test_four_clients_end_up_two_on_each_process_and_stay_there(node_factory):
+    node = node_factory(processes=2)
     # Twice over, new connections each time: the kernel's first spread is uneven more often
     # than not (5 in 8), so a node that did not even it out would fail here 6 times in 7.
     for _ in range(2):

@@ -216,11 +216,11 @@ def _partitions(c: Client, name: str) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_client_sent_hop_count_is_ignored(nodes, token):
+def test_a_client_sent_hop_count_is_ignored(node_factory, token):
     from tests.launcher import wait_until
 
     # given two nodes, a partition on each, and a message held by a consumer
-    a, b = nodes.start(), nodes.start()
+    a, b = node_factory(), node_factory()
     name = f"hops-{uuid.uuid4().hex[:8]}"
     ca = Client(a.url, token)
     assert ca.post("queues", {"name": name, "partitions": 2}).status_code == 201
@@ -252,10 +252,10 @@ def test_a_client_sent_hop_count_is_ignored(nodes, token):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_node_answers_only_loopback_host_names_by_default(nodes, token):
+def test_a_node_answers_only_loopback_host_names_by_default(node_factory, token):
     # given a node on the embedded defaults (no ALLOWED_HOSTS)
     assert "ALLOWED_HOSTS" not in os.environ, "the test checks the embedded default"
-    node = nodes.start()
+    node = node_factory()
     name = f"host-{uuid.uuid4().hex[:8]}"
     c = Client(node.url, token)
     assert c.post("queues", {"name": name, "partitions": 1}).status_code == 201
@@ -301,8 +301,8 @@ def test_healthz_tells_anonymous_callers_nothing_about_the_node(transport, runti
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_nodes_healthz_hides_its_identity(nodes):
-    node = nodes.start()
+def test_a_nodes_healthz_hides_its_identity(node_factory):
+    node = node_factory()
     r = requests.get(f"{node.url}/api/v1/healthz", timeout=10)
     assert r.status_code == 200 and r.json() == {"status": "ok"}
     assert node_info(node.url)["address"] == node.url.removeprefix("http://")

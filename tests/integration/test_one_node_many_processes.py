@@ -166,9 +166,9 @@ def connection_on(
 
 
 # --- a new queue ------------------------------------------------------------------------------
-def test_every_partition_of_a_new_queue_takes_enqueues_right_after_the_create(nodes, token, unique_name):
+def test_every_partition_of_a_new_queue_takes_enqueues_right_after_the_create(node_factory, token, unique_name):
     # given: a node of two processes, both registered as cluster members
-    node = nodes.start()
+    node = node_factory()
     assert len(member_ids(node)) == 2
     groups = [gs[0] for gs in groups_per_partition(PARTITIONS, 1)]
     refused: list[tuple[str, str, int, Any]] = []
@@ -192,12 +192,12 @@ def test_every_partition_of_a_new_queue_takes_enqueues_right_after_the_create(no
 # --- a message made visible again -------------------------------------------------------------
 @pytest.mark.parametrize("strict", [False, True], ids=["plain", "strict"])
 def test_a_message_made_visible_again_is_in_the_next_dequeue_whichever_process_answers(
-    nodes, token, unique_name, strict
+    node_factory, token, unique_name, strict
 ):
     # given: a 4-partition queue served by both processes, 20 deliverable messages over them
     # (plain: each on a new connection, stored by the process that takes it; strict: one group
     # each, five hashed to each partition)
-    node = nodes.start()
+    node = node_factory()
     members = member_ids(node)
     q = unique_name("vis")
     ok(call(node, token, "POST", "queues", {"name": q, "partitions": PARTITIONS, "strict": strict}), 201)
@@ -258,10 +258,10 @@ SECONDS = 6.0
 MAX_AGE = 1.0  # seconds: the issue's bound, a meaning check and no timing benchmark
 
 
-def test_no_message_waits_a_second_when_the_consumers_sit_on_the_other_process(nodes, token, unique_name):
+def test_no_message_waits_a_second_when_the_consumers_sit_on_the_other_process(node_factory, token, unique_name):
     # given: a 4-partition queue served by both processes; the producer's kept-alive connection
     # on one process, both consumers' on the other (a 2:1 spread, which the node leaves as is)
-    node = nodes.start()
+    node = node_factory()
     members = member_ids(node)
     q = unique_name("age")
     ok(call(node, token, "POST", "queues", {"name": q, "partitions": PARTITIONS}), 201)
@@ -354,7 +354,7 @@ def test_no_message_waits_a_second_when_the_consumers_sit_on_the_other_process(n
 
 
 # --- access changes ---------------------------------------------------------------------------
-def test_a_grant_taken_back_through_one_process_is_in_force_in_its_sibling_at_once(nodes, unique_name):
+def test_a_grant_taken_back_through_one_process_is_in_force_in_its_sibling_at_once(node_factory, unique_name):
     """Each process caches grants and tokens for a few seconds; a change made through one is an
     access change its sibling reads on its board, so the sibling reads them again at the next
     call instead of answering from what it kept."""
@@ -366,7 +366,7 @@ def test_a_grant_taken_back_through_one_process_is_in_force_in_its_sibling_at_on
 
     from sqs.models import AccessKey
 
-    node = nodes.start()
+    node = node_factory()
     owner = User.objects.create(username=unique_name("owner"))
     owner_token, key = Token.objects.create(user=owner).key, AccessKey.issue(owner)
     reader = User.objects.create(username=unique_name("reader"))

@@ -373,7 +373,7 @@ def test_only_a_consumer_of_a_queue_writes_its_attempt_log(runtime, purge_kv):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_forwarded_call_acts_for_its_user_at_the_owner(nodes):
+def test_a_forwarded_call_acts_for_its_user_at_the_owner(node_factory):
     from django.contrib.auth.models import User
     from rest_framework.authtoken.models import Token
 
@@ -386,8 +386,8 @@ def test_a_forwarded_call_acts_for_its_user_at_the_owner(nodes):
     owner = User.objects.create(username=f"owner-{uuid.uuid4().hex[:6]}")
     producer = User.objects.create(username=f"producer-{uuid.uuid4().hex[:6]}")
     consumer = User.objects.create(username=f"consumer-{uuid.uuid4().hex[:6]}")
-    a = nodes.start()
-    b = nodes.start()
+    a = node_factory()
+    b = node_factory()
     name = f"fwd-{uuid.uuid4().hex[:6]}"
     oc = Client(a.url, token_of(owner))
     assert oc.post("queues", {"name": name, "partitions": 4}).status_code == 201

@@ -97,7 +97,7 @@ class MakeRun:
 
 
 @pytest.fixture
-def make_run(tmp_path):
+def start_make_run(tmp_path):
     """Start ``make run`` (``start(name)``) in ``tmp_path/name``; every one is stopped at the end."""
     runs: list[MakeRun] = []
 
@@ -113,9 +113,9 @@ def make_run(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.cluster
-def test_make_run_prints_an_ordinary_users_token_that_can_enqueue_and_dequeue(make_run):
+def test_make_run_prints_an_ordinary_users_token_that_can_enqueue_and_dequeue(start_make_run):
     # given `make run` on the embedded defaults, in a data folder of its own
-    run = make_run("first")
+    run = start_make_run("first")
     run.wait_started()
     base = run.base
     # when an application takes the API token from the banner
@@ -152,10 +152,10 @@ def test_make_run_prints_an_ordinary_users_token_that_can_enqueue_and_dequeue(ma
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.cluster
-def test_make_run_starts_from_an_empty_data_folder_every_time(make_run):
+def test_make_run_starts_from_an_empty_data_folder_every_time(start_make_run):
     # given two more starts of `make run`, one after the other, each from a data folder that is not there
     for start in ("second", "third"):
-        run = make_run(start)
+        run = start_make_run(start)
         # when its node answers and its worker has run beat's first tasks
         run.wait_started()
         # then neither died on the way, and Ctrl-C stops both and the script exits 0

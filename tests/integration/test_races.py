@@ -15,7 +15,6 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 import pytest
-from rest_framework.test import APIClient
 
 from queues import service
 from queues.access import SYSTEM
@@ -27,17 +26,6 @@ from queues.models import Partition, Queue
 pytestmark = pytest.mark.django_db
 
 API = "/api/v1/queues"
-
-
-@pytest.fixture
-def ops(api, user, purge_kv) -> APIClient:
-    """The API client of a superuser: it may purge, redrive, change and delete any queue."""
-    user.is_staff = user.is_superuser = True
-    user.save()
-    from queues.http.auth import CachedTokenAuthentication
-
-    CachedTokenAuthentication.forget()
-    return api
 
 
 @contextlib.contextmanager
@@ -122,53 +110,53 @@ def delete(name: str) -> None:
 
 
 # --- purge --------------------------------------------------------------------------------------
-def test_purge_racing_delete_answers_404(ops, make_queue):
+def test_purge_racing_delete_answers_404(superuser_api, make_queue):
     # given a queue with messages in two partitions
     name = make_queue(partitions=2)
-    enqueue(ops, name, 10)
+    enqueue(superuser_api, name, 10)
     # when the queue is deleted after the purge listed its partitions (the known 500:
     # Partition.DoesNotExist from queues/cluster/purge.py)
     with before_once(service.operations, "purge_partition", lambda: delete(name)) as done:
-        r = ops.post(f"{API}/{name}/purge", {}, format="json")
+        r = superuser_api.post(f"{API}/{name}/purge", {}, format="json")
     # then
     assert done
     assert_error(r, 404, "queue_not_found")
     assert not Queue.objects.filter(name=name).exists()
 
 
-def test_purge_racing_partition_growth_keeps_serving_the_new_partitions(ops, make_queue, runtime):
+def test_purge_racing_partition_growth_keeps_serving_the_new_partitions(superuser_api, make_queue, runtime):
     # given a queue of 2 partitions with messages, all served here
     name = make_queue(partitions=2)
-    enqueue(ops, name, 10, prefix="old")
+    enqueue(superuser_api, name, 10, prefix="old")
 
     def grow():
-        r = ops.patch(f"{API}/{name}", {"partitions": 4}, format="json")
+        r = superuser_api.patch(f"{API}/{name}", {"partitions": 4}, format="json")
         assert r.status_code == 200, r.content
 
     # when the queue grows to 4 partitions while the purge runs
     with before_once(service.operations, "purge_partition", grow) as done:
-        r = ops.post(f"{API}/{name}/purge", {}, format="json")
+        r = superuser_api.post(f"{API}/{name}/purge", {}, format="json")
     # then the purge succeeds and every partition is served again at once (the purged ones
     # reclaimed, the new ones kept), so enqueues need no housekeeping pass
     assert done
     assert r.status_code == 200, r.content
     assert r.json()["purged"] == 10
     assert sorted(m.index for m in runtime.local_managers(name)) == [0, 1, 2, 3]
-    enqueue(ops, name, 20, prefix="new")
-    assert sorted(drain(ops, name)) == sorted(f"new{i}" for i in range(20))
+    enqueue(superuser_api, name, 20, prefix="new")
+    assert sorted(drain(superuser_api, name)) == sorted(f"new{i}" for i in range(20))
 
 
-def test_purge_racing_enqueue_removes_what_came_before(ops, make_queue, runtime):
+def test_purge_racing_enqueue_removes_what_came_before(superuser_api, make_queue, runtime):
     # given a queue with messages
     name = make_queue(partitions=1)
-    enqueue(ops, name, 5, prefix="before")
+    enqueue(superuser_api, name, 5, prefix="before")
     # when an enqueue lands while the purge is emptying the partition (after its epoch moved)
     with after_once(
         service.operations,
         "purge_partition",
-        lambda: ops.post(f"{API}/{name}/enqueue", {"body": "during"}, format="json"),
+        lambda: superuser_api.post(f"{API}/{name}/enqueue", {"body": "during"}, format="json"),
     ) as during:
-        r = ops.post(f"{API}/{name}/purge", {}, format="json")
+        r = superuser_api.post(f"{API}/{name}/purge", {}, format="json")
     # then the purge succeeds, the enqueue during it was refused with 503 + Retry-After or
     # stored, and what is enqueued after it is all delivered
     assert r.status_code == 200, r.content
@@ -176,23 +164,23 @@ def test_purge_racing_enqueue_removes_what_came_before(ops, make_queue, runtime)
     assert answer.status_code in (201, 503), answer.content
     if answer.status_code == 503:
         assert answer["Retry-After"]
-    enqueue(ops, name, 5, prefix="after")
-    got = drain(ops, name)
+    enqueue(superuser_api, name, 5, prefix="after")
+    got = drain(superuser_api, name)
     assert not [b for b in got if b.startswith("before")]
     assert sorted(b for b in got if b.startswith("after")) == [f"after{i}" for i in range(5)]
 
 
-def test_dequeue_racing_purge_then_serves_only_what_came_after(ops, make_queue):
+def test_dequeue_racing_purge_then_serves_only_what_came_after(superuser_api, make_queue):
     # given a queue with messages
     name = make_queue(partitions=1)
-    enqueue(ops, name, 5)
+    enqueue(superuser_api, name, 5)
 
     def purge():
-        assert ops.post(f"{API}/{name}/purge", {}, format="json").status_code == 200
+        assert superuser_api.post(f"{API}/{name}/purge", {}, format="json").status_code == 200
 
     # when the purge runs between the dequeue taking messages and reading their bodies
     with before_once(PartitionManager, "load_bodies", purge) as done:
-        r = ops.post(f"{API}/{name}/dequeue", {"max": 5}, format="json")
+        r = superuser_api.post(f"{API}/{name}/dequeue", {"max": 5}, format="json")
     # then the dequeue answers (what it took before the purge finished, from the node's body
     # cache: it is ordered before the purge), their acks are refused as not in flight, and
     # the queue serves on with nothing of before
@@ -200,77 +188,79 @@ def test_dequeue_racing_purge_then_serves_only_what_came_after(ops, make_queue):
     assert r.status_code == 200, r.content
     got = r.json()["messages"]
     if got:
-        assert_error(ack(ops, name, got), 409, "receipt_mismatch")
-    enqueue(ops, name, 3, prefix="after")
-    assert sorted(drain(ops, name)) == ["after0", "after1", "after2"]
+        assert_error(ack(superuser_api, name, got), 409, "receipt_mismatch")
+    enqueue(superuser_api, name, 3, prefix="after")
+    assert sorted(drain(superuser_api, name)) == ["after0", "after1", "after2"]
 
 
 # --- delete -------------------------------------------------------------------------------------
-def test_delete_racing_delete_and_recreate_leaves_the_new_queue_alone(ops, make_queue, runtime):
+def test_delete_racing_delete_and_recreate_leaves_the_new_queue_alone(superuser_api, make_queue, runtime):
     # given a queue
     name = make_queue(partitions=2)
-    enqueue(ops, name, 3, prefix="old")
+    enqueue(superuser_api, name, 3, prefix="old")
 
     def delete_and_recreate():
         delete(name)
         make_queue(name=name, partitions=2)
-        return enqueue(ops, name, 4, prefix="new")
+        return enqueue(superuser_api, name, 4, prefix="new")
 
     # when another client deletes it and creates it again between this DELETE's read of the
     # row and its delete
     with after_once(service, "get_queue", delete_and_recreate) as done:
-        r = ops.delete(f"{API}/{name}")
+        r = superuser_api.delete(f"{API}/{name}")
     # then this DELETE answers 404 and the new queue keeps its managers and its messages
     assert done
     assert_error(r, 404, "queue_not_found")
     assert sorted(m.index for m in runtime.local_managers(name)) == [0, 1]
-    assert sorted(drain(ops, name)) == [f"new{i}" for i in range(4)]
+    assert sorted(drain(superuser_api, name)) == [f"new{i}" for i in range(4)]
 
 
-def test_dequeue_racing_delete_answers_without_the_deleted_messages(ops, make_queue):
+def test_dequeue_racing_delete_answers_without_the_deleted_messages(superuser_api, make_queue):
     # given a queue with messages
     name = make_queue(partitions=1)
-    enqueue(ops, name, 5)
+    enqueue(superuser_api, name, 5)
     # when it is deleted between the dequeue taking messages and reading their bodies
     with before_once(PartitionManager, "load_bodies", lambda: delete(name)) as done:
-        r = ops.post(f"{API}/{name}/dequeue", {"max": 5}, format="json")
+        r = superuser_api.post(f"{API}/{name}/dequeue", {"max": 5}, format="json")
     # then the dequeue answers (what it took is ordered before the delete), and from then on
     # the queue does not exist
     assert done
     assert r.status_code == 200, r.content
     assert_error(
-        ack(ops, name, r.json()["messages"] or [{"id": f"{name}/0/x/0", "receipt": "r"}]), 404, "queue_not_found"
+        ack(superuser_api, name, r.json()["messages"] or [{"id": f"{name}/0/x/0", "receipt": "r"}]),
+        404,
+        "queue_not_found",
     )
-    assert_error(ops.post(f"{API}/{name}/dequeue", {}, format="json"), 404, "queue_not_found")
+    assert_error(superuser_api.post(f"{API}/{name}/dequeue", {}, format="json"), 404, "queue_not_found")
 
 
-def test_a_description_read_while_the_queue_is_deleted_is_not_kept(ops, make_queue, runtime):
+def test_a_description_read_while_the_queue_is_deleted_is_not_kept(superuser_api, make_queue, runtime):
     # given a queue this node does not hold a description of (as after a restart)
     name = make_queue(partitions=1)
     runtime.queues.pop(name)
     # when it is deleted after rt.queue(name) read its row but before it kept the description
     with after_once(catalog, "config_from_row", lambda: delete(name)) as done:
-        r = ops.post(f"{API}/{name}/enqueue", {"body": "x"}, format="json")
+        r = superuser_api.post(f"{API}/{name}/enqueue", {"body": "x"}, format="json")
     # then the enqueue answers 404 and the deleted queue is not served from memory
     assert done
     assert_error(r, 404, "queue_not_found")
     assert name not in runtime.queues
-    assert_error(ops.post(f"{API}/{name}/enqueue", {"body": "x"}, format="json"), 404, "queue_not_found")
+    assert_error(superuser_api.post(f"{API}/{name}/enqueue", {"body": "x"}, format="json"), 404, "queue_not_found")
 
 
-def test_calls_on_a_stale_description_of_a_deleted_queue_answer_404(ops, make_queue, runtime):
+def test_calls_on_a_stale_description_of_a_deleted_queue_answer_404(superuser_api, make_queue, runtime):
     # given a queue with a message in flight, deleted while another node (here: this one's
     # memory, put back) still held its description
     name = make_queue(partitions=2)
-    enqueue(ops, name, 2)
-    got = ops.post(f"{API}/{name}/dequeue", {"max": 1}, format="json").json()["messages"]
+    enqueue(superuser_api, name, 2)
+    got = superuser_api.post(f"{API}/{name}/dequeue", {"max": 1}, format="json").json()["messages"]
     stale = runtime.queues[name]
     delete(name)
     runtime.queues[name] = stale
     # when a client enqueues or acks through that description
-    enqueued = ops.post(f"{API}/{name}/enqueue", {"body": "late", "group": "g"}, format="json")
-    ungrouped = ops.post(f"{API}/{name}/enqueue", {"body": "late"}, format="json")
-    acked = ack(ops, name, got)
+    enqueued = superuser_api.post(f"{API}/{name}/enqueue", {"body": "late", "group": "g"}, format="json")
+    ungrouped = superuser_api.post(f"{API}/{name}/enqueue", {"body": "late"}, format="json")
+    acked = ack(superuser_api, name, got)
     # then the queue does not exist (404), rather than "retry" (503) for ever
     assert_error(enqueued, 404, "queue_not_found")
     assert_error(ungrouped, 404, "queue_not_found")
@@ -278,7 +268,7 @@ def test_calls_on_a_stale_description_of_a_deleted_queue_answer_404(ops, make_qu
 
 
 def test_another_node_drops_its_managers_of_a_deleted_and_recreated_queue_at_its_next_pass(
-    ops, make_queue, runtime, settings
+    superuser_api, make_queue, runtime, settings
 ):
     # given a second node holding partitions of a queue
     other = NodeRuntime("other-node", background=False).start()
@@ -297,34 +287,34 @@ def test_another_node_drops_its_managers_of_a_deleted_and_recreated_queue_at_its
         assert all(m.lease.partition_id in current for m in other.local_managers(name))
         runtime.tick()
         other.tick()
-        enqueue(ops, name, 10, prefix="new")
-        assert len(drain(ops, name)) == 10
+        enqueue(superuser_api, name, 10, prefix="new")
+        assert len(drain(superuser_api, name)) == 10
     finally:
         other.stop(release=True)
 
 
 # --- partition growth ---------------------------------------------------------------------------
-def test_growth_racing_delete_answers_404(ops, make_queue):
+def test_growth_racing_delete_answers_404(superuser_api, make_queue):
     # given
     name = make_queue(partitions=2)
     # when the queue is deleted between the PATCH's read of it and its change
     with after_once(service, "get_queue", lambda: delete(name)) as done:
-        r = ops.patch(f"{API}/{name}", {"partitions": 4}, format="json")
+        r = superuser_api.patch(f"{API}/{name}", {"partitions": 4}, format="json")
     # then
     assert done
     assert_error(r, 404, "queue_not_found")
 
 
-def test_growth_racing_growth_answers_409(ops, make_queue):
+def test_growth_racing_growth_answers_409(superuser_api, make_queue):
     # given a queue of 2 partitions
     name = make_queue(partitions=2)
 
     def grow_to_6():
-        assert ops.patch(f"{API}/{name}", {"partitions": 6}, format="json").status_code == 200
+        assert superuser_api.patch(f"{API}/{name}", {"partitions": 6}, format="json").status_code == 200
 
     # when another PATCH grows it to 6 between this PATCH's read (2) and its change (to 4)
     with after_once(service, "get_queue", grow_to_6) as done:
-        r = ops.patch(f"{API}/{name}", {"partitions": 4}, format="json")
+        r = superuser_api.patch(f"{API}/{name}", {"partitions": 4}, format="json")
     # then this one is told the queue changed meanwhile, and nothing shrank
     assert done
     assert_error(r, 409, "partitions_changed")
@@ -332,10 +322,10 @@ def test_growth_racing_growth_answers_409(ops, make_queue):
     assert Partition.objects.filter(queue__name=name).count() == 6
 
 
-def test_growth_while_dequeuing_loses_nothing(ops, make_queue, runtime):
+def test_growth_while_dequeuing_loses_nothing(superuser_api, make_queue, runtime):
     # given a queue of 2 partitions with grouped messages
     name = make_queue(partitions=2)
-    r = ops.post(
+    r = superuser_api.post(
         f"{API}/{name}/enqueue",
         {"messages": [{"body": f"a{i}", "group": f"g{i % 5}"} for i in range(20)]},
         format="json",
@@ -343,30 +333,30 @@ def test_growth_while_dequeuing_loses_nothing(ops, make_queue, runtime):
     assert r.status_code == 201, r.content
 
     def grow():
-        assert ops.patch(f"{API}/{name}", {"partitions": 5}, format="json").status_code == 200
+        assert superuser_api.patch(f"{API}/{name}", {"partitions": 5}, format="json").status_code == 200
 
     # when the queue grows while a dequeue is reading bodies
     with before_once(PartitionManager, "load_bodies", grow) as done:
-        first = ops.post(f"{API}/{name}/dequeue", {"max": 3}, format="json")
+        first = superuser_api.post(f"{API}/{name}/dequeue", {"max": 3}, format="json")
     # then that dequeue answers, and every message (old and new) is delivered
     assert done
     assert first.status_code == 200, first.content
     got = first.json()["messages"]
-    assert ack(ops, name, got).status_code == 200
-    r = ops.post(
+    assert ack(superuser_api, name, got).status_code == 200
+    r = superuser_api.post(
         f"{API}/{name}/enqueue",
         {"messages": [{"body": f"b{i}", "group": f"g{i % 7}"} for i in range(20)]},
         format="json",
     )
     assert r.status_code == 201, r.content
-    rest = drain(ops, name)
+    rest = drain(superuser_api, name)
     assert sorted([m["body"] for m in got] + rest) == sorted(
         [f"a{i}" for i in range(20)] + [f"b{i}" for i in range(20)]
     )
 
 
 # --- create -------------------------------------------------------------------------------------
-def test_create_racing_create_answers_409(ops, unique_name):
+def test_create_racing_create_answers_409(superuser_api, unique_name):
     # given
     name = unique_name()
     from queues.api.serializers import QueueSerializer
@@ -375,7 +365,7 @@ def test_create_racing_create_answers_409(ops, unique_name):
     with after_once(
         QueueSerializer, "is_valid", lambda: service.create_queue(name=name, partitions=1, caller=SYSTEM)
     ) as done:
-        r = ops.post(API, {"name": name, "partitions": 2}, format="json")
+        r = superuser_api.post(API, {"name": name, "partitions": 2}, format="json")
     # then
     assert done
     assert_error(r, 409, "already_exists")
@@ -383,49 +373,57 @@ def test_create_racing_create_answers_409(ops, unique_name):
 
 
 # --- redrive ------------------------------------------------------------------------------------
-def _dead_letters(ops, make_queue, n: int) -> tuple[str, str]:
+def _dead_letters(superuser_api, make_queue, n: int) -> tuple[str, str]:
     dlq = make_queue(partitions=1)
     source = make_queue(partitions=1, dead_letter_queue=dlq, max_receives=1)
-    enqueue(ops, source, n)
+    enqueue(superuser_api, source, n)
     assert (
-        len(ops.post(f"{API}/{source}/dequeue", {"max": n, "visibility_timeout": 0}, format="json").json()["messages"])
+        len(
+            superuser_api.post(f"{API}/{source}/dequeue", {"max": n, "visibility_timeout": 0}, format="json").json()[
+                "messages"
+            ]
+        )
         == n
     )
-    ops.post(f"{API}/{source}/dequeue", {"max": n}, format="json")  # past max_receives: moved
+    superuser_api.post(f"{API}/{source}/dequeue", {"max": n}, format="json")  # past max_receives: moved
     assert (
-        len(ops.post(f"{API}/{dlq}/dequeue", {"max": n, "visibility_timeout": 0}, format="json").json()["messages"])
+        len(
+            superuser_api.post(f"{API}/{dlq}/dequeue", {"max": n, "visibility_timeout": 0}, format="json").json()[
+                "messages"
+            ]
+        )
         == n
     )
     return dlq, source
 
 
-def test_redrive_racing_purge_of_the_dead_letter_queue(ops, make_queue, runtime):
+def test_redrive_racing_purge_of_the_dead_letter_queue(superuser_api, make_queue, runtime):
     # given a dead-letter queue holding 4 messages of its source
-    dlq, source = _dead_letters(ops, make_queue, 4)
+    dlq, source = _dead_letters(superuser_api, make_queue, 4)
 
     def purge():
-        assert ops.post(f"{API}/{dlq}/purge", {}, format="json").status_code == 200
+        assert superuser_api.post(f"{API}/{dlq}/purge", {}, format="json").status_code == 200
 
     # when the dead-letter queue is purged while the redrive moves them
     with before_once(service.operations, "enqueue", purge) as done:
-        r = ops.post(f"{API}/{dlq}/redrive", {"max": 10}, format="json")
+        r = superuser_api.post(f"{API}/{dlq}/redrive", {"max": 10}, format="json")
     # then the redrive answers: what it moved is in the source, nothing is left in the DLQ
     assert done
     assert r.status_code in (200, 503), r.content
     if r.status_code == 200:
         assert r.json()["moved"] == 4
-        assert sorted(drain(ops, source)) == [f"m{i}" for i in range(4)]
+        assert sorted(drain(superuser_api, source)) == [f"m{i}" for i in range(4)]
     else:
         assert r["Retry-After"]
-    assert drain(ops, dlq) == []
+    assert drain(superuser_api, dlq) == []
 
 
-def test_redrive_racing_delete_of_the_source_answers_404(ops, make_queue, runtime):
+def test_redrive_racing_delete_of_the_source_answers_404(superuser_api, make_queue, runtime):
     # given a dead-letter queue holding 3 messages of its source
-    dlq, source = _dead_letters(ops, make_queue, 3)
+    dlq, source = _dead_letters(superuser_api, make_queue, 3)
     # when the source is deleted while the redrive moves them back
     with before_once(service.operations, "enqueue", lambda: delete(source)) as done:
-        r = ops.post(f"{API}/{dlq}/redrive", {"max": 10}, format="json")
+        r = superuser_api.post(f"{API}/{dlq}/redrive", {"max": 10}, format="json")
     # then the redrive says which queue is missing, and the dead letters stay in the DLQ
     assert done
     assert_error(r, 404, "queue_not_found")
@@ -434,17 +432,17 @@ def test_redrive_racing_delete_of_the_source_answers_404(ops, make_queue, runtim
     assert figures["depth"] + figures["in_flight"] == 3
 
 
-def test_redrive_racing_delete_of_the_dead_letter_queue(ops, make_queue, runtime):
+def test_redrive_racing_delete_of_the_dead_letter_queue(superuser_api, make_queue, runtime):
     # given a dead-letter queue holding 3 messages of its source
-    dlq, source = _dead_letters(ops, make_queue, 3)
+    dlq, source = _dead_letters(superuser_api, make_queue, 3)
     # when the dead-letter queue itself is deleted while the redrive moves its messages
     with before_once(service.operations, "enqueue", lambda: delete(dlq)) as done:
-        r = ops.post(f"{API}/{dlq}/redrive", {"max": 10}, format="json")
+        r = superuser_api.post(f"{API}/{dlq}/redrive", {"max": 10}, format="json")
     # then the redrive answers (what it moved is in the source) or says the queue is gone
     assert done
     assert r.status_code in (200, 404, 503), r.content
     if r.status_code == 200:
-        assert sorted(drain(ops, source)) == [f"m{i}" for i in range(3)]
+        assert sorted(drain(superuser_api, source)) == [f"m{i}" for i in range(3)]
     elif r.status_code == 404:
         assert r.json()["error"] == "queue_not_found"
     else:
@@ -452,34 +450,34 @@ def test_redrive_racing_delete_of_the_dead_letter_queue(ops, make_queue, runtime
 
 
 # --- subscriptions ------------------------------------------------------------------------------
-def _topic(ops, unique_name) -> str:
+def _topic(superuser_api, unique_name) -> str:
     name = unique_name("t")
-    r = ops.post("/api/v1/topics", {"name": name, "partitions": 1}, format="json")
+    r = superuser_api.post("/api/v1/topics", {"name": name, "partitions": 1}, format="json")
     assert r.status_code == 201, r.content
     return name
 
 
-def test_subscription_racing_delete_of_its_topic_answers_404(ops, unique_name):
+def test_subscription_racing_delete_of_its_topic_answers_404(superuser_api, unique_name):
     # given a topic
-    topic = _topic(ops, unique_name)
+    topic = _topic(superuser_api, unique_name)
     # when the topic is deleted between the request's read of it and the subscription's insert
     with after_once(service, "get_queue", lambda: delete_topic(topic)) as done:
-        r = ops.post(f"/api/v1/topics/{topic}/subscriptions", {"name": "s"}, format="json")
+        r = superuser_api.post(f"/api/v1/topics/{topic}/subscriptions", {"name": "s"}, format="json")
     # then
     assert done
     assert_error(r, 404, "queue_not_found")
 
 
-def test_subscription_racing_the_same_subscription_answers_409(ops, unique_name):
+def test_subscription_racing_the_same_subscription_answers_409(superuser_api, unique_name):
     # given a topic
-    topic = _topic(ops, unique_name)
+    topic = _topic(superuser_api, unique_name)
 
     def same():
         service.create_subscription(service.get_queue(topic, Queue.Kind.TOPIC, caller=SYSTEM), name="s", caller=SYSTEM)
 
     # when another client creates the same subscription meanwhile
     with after_once(service, "get_queue", same) as done:
-        r = ops.post(f"/api/v1/topics/{topic}/subscriptions", {"name": "s"}, format="json")
+        r = superuser_api.post(f"/api/v1/topics/{topic}/subscriptions", {"name": "s"}, format="json")
     # then
     assert done
     assert_error(r, 409, "subscription_exists")
@@ -489,20 +487,20 @@ def delete_topic(name: str) -> None:
     service.delete_queue(service.get_queue(name, Queue.Kind.TOPIC, caller=SYSTEM), caller=SYSTEM)
 
 
-def test_a_retried_dedup_id_after_delete_and_recreate_is_a_new_message(ops, make_queue):
+def test_a_retried_dedup_id_after_delete_and_recreate_is_a_new_message(superuser_api, make_queue):
     # given a message enqueued with a dedup_id
     name = make_queue(partitions=1)
-    [old_id] = enqueue(ops, name, 1, prefix="old", dedup_id="order-7")
+    [old_id] = enqueue(superuser_api, name, 1, prefix="old", dedup_id="order-7")
     # when the queue is deleted, created again under the name, and the producer retries
     delete(name)
     make_queue(name=name, partitions=1)
-    [new_id] = enqueue(ops, name, 1, prefix="new", dedup_id="order-7")
+    [new_id] = enqueue(superuser_api, name, 1, prefix="new", dedup_id="order-7")
     # then the retry is a new message of the new queue, not the ID of one that went with the old
     assert new_id != old_id
-    assert drain(ops, name) == ["new0"]
+    assert drain(superuser_api, name) == ["new0"]
 
 
-def test_a_refresh_racing_a_change_keeps_the_newer_description(ops, make_queue, runtime, monkeypatch):
+def test_a_refresh_racing_a_change_keeps_the_newer_description(superuser_api, make_queue, runtime, monkeypatch):
     # given a queue of 2 partitions described on this node
     name = make_queue(partitions=2)
     assert runtime.queue(name).partitions == 2
@@ -514,7 +512,7 @@ def test_a_refresh_racing_a_change_keeps_the_newer_description(ops, make_queue, 
         # the housekeeping pass reads the rows (2 partitions) ... then the queue grows here
         # before the pass stores what it read
         read = {n: cfg for n, cfg in configs().items() if n == name}
-        r = ops.patch(f"{API}/{name}", {"partitions": 3}, format="json")
+        r = superuser_api.patch(f"{API}/{name}", {"partitions": 3}, format="json")
         assert r.status_code == 200, r.content
         return read
 
@@ -525,7 +523,9 @@ def test_a_refresh_racing_a_change_keeps_the_newer_description(ops, make_queue, 
     # (with those, an ID of partition 2 was refused as "no partition 2" until the next pass)
     assert runtime.queue(name).partitions == 3
     fake = f"{name}/2/00000001-0000000000000000/0"
-    r = ops.post(f"{API}/{name}/visibility", {"id": fake, "receipt": "x" * 16, "visibility_timeout": 5}, format="json")
+    r = superuser_api.post(
+        f"{API}/{name}/visibility", {"id": fake, "receipt": "x" * 16, "visibility_timeout": 5}, format="json"
+    )
     assert r.status_code != 400, r.content
     # and the next pass, which reads after the change, agrees
     runtime.refresh_queues()
@@ -584,7 +584,7 @@ def test_a_stale_owners_write_racing_delete_and_recreate_never_lands_in_the_new_
 
 @pytest.mark.parametrize("removal", ["purge", "delete"])
 def test_a_node_not_told_of_a_purge_or_delete_delivers_nothing_it_removed(
-    ops, make_queue, runtime, monkeypatch, removal
+    superuser_api, make_queue, runtime, monkeypatch, removal
 ):
     """The node holding a partition is not told of a purge or delete: the call to it fails;
     or a purge under way has cleared the partition's owner, so a delete racing it names no
@@ -615,7 +615,7 @@ def test_a_node_not_told_of_a_purge_or_delete_delivers_nothing_it_removed(
         # when the queue is purged, or deleted and created again, through this node, which
         # cannot tell the other one
         if removal == "purge":
-            r = ops.post(f"{API}/{name}/purge", {}, format="json")
+            r = superuser_api.post(f"{API}/{name}/purge", {}, format="json")
             assert r.status_code == 200, r.content
         else:
             delete(name)
@@ -635,7 +635,7 @@ def test_a_node_not_told_of_a_purge_or_delete_delivers_nothing_it_removed(
         other.stop(release=False)
 
 
-def test_a_partition_whose_keys_hold_a_fence_already_is_served(ops, make_queue, runtime):
+def test_a_partition_whose_keys_hold_a_fence_already_is_served(superuser_api, make_queue, runtime):
     """A row id is unique in one database, but a database created again (a restore, a test
     database) beside a store that kept its keys hands the ids out again, and a deleted queue
     leaves its fences one past its last epoch: a new partition's first epoch starts past the
@@ -649,10 +649,10 @@ def test_a_partition_whose_keys_hold_a_fence_already_is_served(ops, make_queue, 
     pk = Queue.objects.get(name=name).pk
     assert runtime.store.within(keys.incarnation(pk)).advance_fence(keys.fence_key(name, 1), 5)
     # when the queue grows to two partitions
-    r = ops.patch(f"{API}/{name}", {"partitions": 2}, format="json")
+    r = superuser_api.patch(f"{API}/{name}", {"partitions": 2}, format="json")
     assert r.status_code == 200, r.content
     runtime.tick()
     # then this node serves both, and a message of the new partition is delivered
     assert {m.index for m in runtime.local_managers(name)} == {0, 1}
     runtime.manager(name, 1).enqueue([StoredMessage("p1", 0.0)])
-    assert drain(ops, name) == ["p1"]
+    assert drain(superuser_api, name) == ["p1"]

@@ -53,11 +53,6 @@ def ops_token(transactional_db) -> str:
     return Token.objects.create(user=user).key
 
 
-@pytest.fixture
-def two_nodes(nodes):
-    return [nodes.start(), nodes.start()]
-
-
 class Ledger:
     """What every thread saw, under one lock."""
 
@@ -380,7 +375,7 @@ def test_operators_actions_against_live_traffic_on_two_nodes(two_nodes, ops_toke
 
 
 @pytest.mark.node(env={"NODE_HEARTBEAT": "30"})
-def test_enqueues_through_a_node_that_still_holds_a_deleted_queues_manager_are_delivered(nodes, ops_token):
+def test_enqueues_through_a_node_that_still_holds_a_deleted_queues_manager_are_delivered(node_factory, ops_token):
     """A node that missed the delete (it was not told: unreachable) still holds the old
     queue's partition manager when the queue is created again under the name; producers keep
     sending to it. Every enqueue it answers with 201 must be delivered from the new queue, and
@@ -388,7 +383,7 @@ def test_enqueues_through_a_node_that_still_holds_a_deleted_queues_manager_are_d
     from queues.models import Node, Partition
 
     # given two nodes that tick rarely (the stale one keeps its manager until its next pass)
-    a, b = nodes.start(), nodes.start()
+    a, b = node_factory(), node_factory()
     ca, cb = Client(a.url, ops_token), Client(b.url, ops_token)
     name = f"again-{uuid.uuid4().hex[:6]}"
     # a queue created through b, whose only partition b holds

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("redis_cluster_client")
 
 
 @pytest.fixture
-def store():
+def cluster_store():
     from queues.kv.redis_cluster import RedisClusterStore, cluster_client
     from tests.conftest import REDIS_CLUSTER_URL
 
@@ -25,22 +25,22 @@ def store():
 
 
 @pytest.fixture
-def client_calls(store, monkeypatch) -> list[tuple]:
+def client_calls(cluster_store, monkeypatch) -> list[tuple]:
     """The commands that went through the cluster client.
 
     The scripts are loaded on every primary first: a primary without them (a cluster just
     started, or a test that flushed its scripts) answers NOSCRIPT, and the script is then
     loaded and run through the client, once, which is not what these tests look at."""
-    for script in (store._put, store._delete, store._cas):
-        store.client.script_load(script.script)
+    for script in (cluster_store._put, cluster_store._delete, cluster_store._cas):
+        cluster_store.client.script_load(script.script)
     calls: list[tuple] = []
-    real = store.client.execute_command
+    real = cluster_store.client.execute_command
 
     def counting(*args, **kwargs):
         calls.append(args)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(store.client, "execute_command", counting)
+    monkeypatch.setattr(cluster_store.client, "execute_command", counting)
     return calls
 
 
@@ -49,95 +49,97 @@ def _partitions(n: int) -> list[str]:
     return [f"{q}/{i}" for i in range(n)]
 
 
-def test_the_message_path_goes_straight_to_the_primaries(store, client_calls):
+def test_the_message_path_goes_straight_to_the_primaries(cluster_store, client_calls):
     parts = _partitions(6)  # six partitions: their slots lie on more than one primary
-    slots = {p: store.client.keyslot(store.redis_key(p)) for p in parts}
-    primaries = {store.client.nodes_manager.slots_cache[s][0].name for s in slots.values()}
+    slots = {p: cluster_store.client.keyslot(cluster_store.redis_key(p)) for p in parts}
+    primaries = {cluster_store.client.nodes_manager.slots_cache[s][0].name for s in slots.values()}
     assert len(primaries) > 1
     for p in parts:
         fence = Fence(f"{p}/_fence", 1)
-        assert store.compare_and_set(fence.key, None, b"1")
-        store.put_many([(f"{p}/blk/{i}", f"{p}:{i}".encode()) for i in range(3)], fence=fence)
+        assert cluster_store.compare_and_set(fence.key, None, b"1")
+        cluster_store.put_many([(f"{p}/blk/{i}", f"{p}:{i}".encode()) for i in range(3)], fence=fence)
     keys = [f"{p}/blk/{i}" for p in parts for i in range(3)]
-    assert store.get_many(keys) == [k.replace("/blk/", ":").encode() for k in keys]  # one read over every primary
-    assert sum(store.delete_many([f"{p}/blk/0"], fence=Fence(f"{p}/_fence", 1)) for p in parts) == 6
-    assert store.get_many([f"{p}/blk/0" for p in parts]) == [None] * 6
+    assert cluster_store.get_many(keys) == [
+        k.replace("/blk/", ":").encode() for k in keys
+    ]  # one read over every primary
+    assert sum(cluster_store.delete_many([f"{p}/blk/0"], fence=Fence(f"{p}/_fence", 1)) for p in parts) == 6
+    assert cluster_store.get_many([f"{p}/blk/0" for p in parts]) == [None] * 6
     assert client_calls == []  # not one command through the client
 
 
-def _a_partition_and_its_primary(store):
+def _a_partition_and_its_primary(cluster_store):
     """A new partition with its fence raised: ``(partition, fence, its slot, the primary that
     has it, another primary)``."""
     (p,) = _partitions(1)
     fence = Fence(f"{p}/_fence", 1)
-    assert store.compare_and_set(fence.key, None, b"1")
-    slot = store.client.keyslot(store.redis_key(p))
-    right = store.client.nodes_manager.slots_cache[slot][0]
-    wrong = next(n for n in store.client.get_primaries() if n.name != right.name)
+    assert cluster_store.compare_and_set(fence.key, None, b"1")
+    slot = cluster_store.client.keyslot(cluster_store.redis_key(p))
+    right = cluster_store.client.nodes_manager.slots_cache[slot][0]
+    wrong = next(n for n in cluster_store.client.get_primaries() if n.name != right.name)
     return p, fence, slot, right, wrong
 
 
-def test_a_slot_that_moved_is_followed_through_the_client(store, client_calls):
-    p, fence, slot, right, wrong = _a_partition_and_its_primary(store)
-    cache = store.client.nodes_manager.slots_cache
+def test_a_slot_that_moved_is_followed_through_the_client(cluster_store, client_calls):
+    p, fence, slot, right, wrong = _a_partition_and_its_primary(cluster_store)
+    cache = cluster_store.client.nodes_manager.slots_cache
     cache[slot] = [wrong]  # our map says another primary: it answers MOVED
-    store.put_many([(f"{p}/blk/0", b"a")], fence=fence)
+    cluster_store.put_many([(f"{p}/blk/0", b"a")], fence=fence)
     assert [c[0] for c in client_calls] == ["EVALSHA"]  # the put went again, through the client
     assert cache[slot][0].name == right.name  # which learnt where the slot is
     client_calls.clear()
-    assert store.get_many([f"{p}/blk/0"]) == [b"a"]
+    assert cluster_store.get_many([f"{p}/blk/0"]) == [b"a"]
     assert client_calls == []  # and the next calls go straight there again
 
 
-def test_a_primary_without_the_scripts_gets_them_through_the_client(store, client_calls):
+def test_a_primary_without_the_scripts_gets_them_through_the_client(cluster_store, client_calls):
     (p,) = _partitions(1)
     fence = Fence(f"{p}/_fence", 1)
-    assert store.compare_and_set(fence.key, None, b"1")
-    slot = store.client.keyslot(store.redis_key(p))
-    primary = store.client.nodes_manager.slots_cache[slot][0]
-    store.client.get_redis_connection(primary).script_flush()  # as a primary restarted empty
+    assert cluster_store.compare_and_set(fence.key, None, b"1")
+    slot = cluster_store.client.keyslot(cluster_store.redis_key(p))
+    primary = cluster_store.client.nodes_manager.slots_cache[slot][0]
+    cluster_store.client.get_redis_connection(primary).script_flush()  # as a primary restarted empty
     client_calls.clear()
-    store.put_many([(f"{p}/blk/0", b"a")], fence=fence)
+    cluster_store.put_many([(f"{p}/blk/0", b"a")], fence=fence)
     # NOSCRIPT on the direct path: the script is run through the client, which loads it first
     assert [c[0] for c in client_calls] == ["EVALSHA", "SCRIPT LOAD", "EVALSHA"]
     client_calls.clear()
-    store.put_many([(f"{p}/blk/1", b"b")], fence=fence)
-    assert store.get_many([f"{p}/blk/0", f"{p}/blk/1"]) == [b"a", b"b"]
+    cluster_store.put_many([(f"{p}/blk/1", b"b")], fence=fence)
+    assert cluster_store.get_many([f"{p}/blk/0", f"{p}/blk/1"]) == [b"a", b"b"]
     assert client_calls == []  # loaded again: straight to the primary
 
 
-def test_a_fence_is_kept_on_the_direct_path(store):
+def test_a_fence_is_kept_on_the_direct_path(cluster_store):
     from queues.kv.base import Fenced
 
     (p,) = _partitions(1)
-    assert store.compare_and_set(f"{p}/_fence", None, b"2")
+    assert cluster_store.compare_and_set(f"{p}/_fence", None, b"2")
     with pytest.raises(Fenced):
-        store.put_many([(f"{p}/blk/0", b"a")], fence=Fence(f"{p}/_fence", 1))
-    assert store.get_many([f"{p}/blk/0"]) == [None]
+        cluster_store.put_many([(f"{p}/blk/0", b"a")], fence=Fence(f"{p}/_fence", 1))
+    assert cluster_store.get_many([f"{p}/blk/0"]) == [None]
 
 
-def test_a_cut_connection_is_made_again(store, client_calls):
+def test_a_cut_connection_is_made_again(cluster_store, client_calls):
     from queues.kv.redis import _on_connection
 
     (p,) = _partitions(1)
-    store.put_many([(f"{p}/blk/0", b"a")])
-    slot = store.client.keyslot(store.redis_key(p))
-    node = store.client.nodes_manager.slots_cache[slot][0]
-    (ours,) = _on_connection(store._connections(node), [("CLIENT", "ID")])
+    cluster_store.put_many([(f"{p}/blk/0", b"a")])
+    slot = cluster_store.client.keyslot(cluster_store.redis_key(p))
+    node = cluster_store.client.nodes_manager.slots_cache[slot][0]
+    (ours,) = _on_connection(cluster_store._connections(node), [("CLIENT", "ID")])
     node.redis_connection.execute_command("CLIENT", "KILL", "ID", ours)  # as a restart or an idle cut would
-    assert store.get_many([f"{p}/blk/0"]) == [b"a"]  # on a new connection, no error
-    (again,) = _on_connection(store._connections(node), [("CLIENT", "ID")])
+    assert cluster_store.get_many([f"{p}/blk/0"]) == [b"a"]  # on a new connection, no error
+    (again,) = _on_connection(cluster_store._connections(node), [("CLIENT", "ID")])
     assert again != ours
     assert client_calls == []
 
 
-def test_a_primary_that_timed_out_is_reached_through_the_client_for_a_while(store, client_calls, monkeypatch):
+def test_a_primary_that_timed_out_is_reached_through_the_client_for_a_while(cluster_store, client_calls, monkeypatch):
     import redis
 
     from queues.kv import redis_cluster
 
     (p,) = _partitions(1)
-    store.put_many([(f"{p}/blk/0", b"a")])
+    cluster_store.put_many([(f"{p}/blk/0", b"a")])
     real = redis_cluster._on_connection
 
     def times_out(conns, commands):
@@ -145,17 +147,17 @@ def test_a_primary_that_timed_out_is_reached_through_the_client_for_a_while(stor
 
     monkeypatch.setattr(redis_cluster, "_on_connection", times_out)
     with pytest.raises(redis.TimeoutError):  # (the store's _call holds calls off after it)
-        store._send([("HMGET", store.redis_key(f"{p}/blk"), "0")])
+        cluster_store._send([("HMGET", cluster_store.redis_key(f"{p}/blk"), "0")])
     monkeypatch.setattr(redis_cluster, "_on_connection", real)
-    assert store.get_many([f"{p}/blk/0"]) == [b"a"]
+    assert cluster_store.get_many([f"{p}/blk/0"]) == [b"a"]
     assert [c[0] for c in client_calls] == ["HMGET"]  # through the client, which finds the slot map anew
-    store._via_client.clear()  # (its 30 s over)
+    cluster_store._via_client.clear()  # (its 30 s over)
     client_calls.clear()
-    assert store.get_many([f"{p}/blk/0"]) == [b"a"]
+    assert cluster_store.get_many([f"{p}/blk/0"]) == [b"a"]
     assert client_calls == []  # and straight to it again once that time is over
 
 
-def test_connections_to_a_node_no_longer_a_primary_are_let_go_when_the_map_changes(store, client_calls):
+def test_connections_to_a_node_no_longer_a_primary_are_let_go_when_the_map_changes(cluster_store, client_calls):
     """A node that lived through failovers must not keep a connection per request thread to
     every primary it ever had: at the next change of the slot map they are dropped, and their
     sockets close."""
@@ -163,24 +165,26 @@ def test_connections_to_a_node_no_longer_a_primary_are_let_go_when_the_map_chang
 
     from queues.kv.redis import ThreadConnections, _on_connection
 
-    p, fence, slot, right, wrong = _a_partition_and_its_primary(store)
+    p, fence, slot, right, wrong = _a_partition_and_its_primary(cluster_store)
     # a primary of old, since failed over: a name no slot names now, connected to a real server
     # (so that the test can see its connection close there)
     gone = ThreadConnections(right.redis_connection.connection_pool)
     (gone_id,) = _on_connection(gone, [("CLIENT", "ID")])
     assert gone_id in _client_ids(right)
-    store._nodes["127.0.0.1:1"] = gone
-    store._via_client["127.0.0.1:2"] = 0.0  # a hold-down long over
+    cluster_store._nodes["127.0.0.1:1"] = gone
+    cluster_store._via_client["127.0.0.1:2"] = 0.0  # a hold-down long over
     del gone
-    store.client.nodes_manager.slots_cache[slot] = [wrong]  # a slot moved: MOVED, the client learns the map anew
-    store.put_many([(f"{p}/blk/0", b"a")], fence=fence)
+    cluster_store.client.nodes_manager.slots_cache[slot] = [
+        wrong
+    ]  # a slot moved: MOVED, the client learns the map anew
+    cluster_store.put_many([(f"{p}/blk/0", b"a")], fence=fence)
     assert [c[0] for c in client_calls] == ["EVALSHA"]
-    assert "127.0.0.1:1" not in store._nodes and "127.0.0.1:2" not in store._via_client
-    assert wrong.name in store._nodes, "a node still a primary keeps its connections"
+    assert "127.0.0.1:1" not in cluster_store._nodes and "127.0.0.1:2" not in cluster_store._via_client
+    assert wrong.name in cluster_store._nodes, "a node still a primary keeps its connections"
     gc.collect()
     assert gone_id not in _client_ids(right), "its connection was closed"
     client_calls.clear()
-    assert store.get_many([f"{p}/blk/0"]) == [b"a"]
+    assert cluster_store.get_many([f"{p}/blk/0"]) == [b"a"]
     assert client_calls == []  # and the message path goes straight to the primaries again
 
 

@@ -14,7 +14,7 @@ from queues.kv.redis import RedisStore
 
 
 @pytest.fixture
-def store(redis_client) -> RedisStore:
+def redis_store(redis_client) -> RedisStore:
     s = RedisStore(redis_client)
     assert s._conns is not None  # a plain pool: the message path has its own connections
     return s
@@ -24,24 +24,24 @@ def _client_ids(redis_client) -> set[int]:
     return {int(c["id"]) for c in redis_client.client_list()}
 
 
-def test_a_thread_keeps_one_connection_and_the_client_pool_lends_none(store, redis_client):
+def test_a_thread_keeps_one_connection_and_the_client_pool_lends_none(redis_store, redis_client):
     pool = redis_client.connection_pool
     lent = len(pool._in_use_connections) + len(pool._available_connections)
     before = _client_ids(redis_client)
     for i in range(20):
-        store.put_many([(f"q/0/blk/1/{i}", b"v")])
-        assert store.get_many([f"q/0/blk/1/{i}"]) == [b"v"]
-    store.delete_many([f"q/0/blk/1/{i}" for i in range(20)])
+        redis_store.put_many([(f"q/0/blk/1/{i}", b"v")])
+        assert redis_store.get_many([f"q/0/blk/1/{i}"]) == [b"v"]
+    redis_store.delete_many([f"q/0/blk/1/{i}" for i in range(20)])
     assert len(pool._in_use_connections) + len(pool._available_connections) == lent
-    assert _client_ids(redis_client) - before == {_last_id(store)}  # one new connection, this thread's
+    assert _client_ids(redis_client) - before == {_last_id(redis_store)}  # one new connection, this thread's
 
 
-def test_each_thread_has_its_own_connection(store, redis_client):
+def test_each_thread_has_its_own_connection(redis_store, redis_client):
     ids: list[int] = []
 
     def work(t: int) -> None:
-        store.put_many([(f"q/{t}/blk/1/0", b"v")])
-        ids.append(_last_id(store))
+        redis_store.put_many([(f"q/{t}/blk/1/0", b"v")])
+        ids.append(_last_id(redis_store))
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(3)]
     for t in threads:
@@ -49,19 +49,19 @@ def test_each_thread_has_its_own_connection(store, redis_client):
     for t in threads:
         t.join()
     assert len(set(ids)) == 3
-    assert store.get_many([f"q/{t}/blk/1/0" for t in range(3)]) == [b"v"] * 3
+    assert redis_store.get_many([f"q/{t}/blk/1/0" for t in range(3)]) == [b"v"] * 3
 
 
-def test_a_connection_the_server_closed_is_replaced_without_an_error(store, redis_client):
-    store.put_many([("q/0/blk/1/0", b"a")])
-    first = _last_id(store)
+def test_a_connection_the_server_closed_is_replaced_without_an_error(redis_store, redis_client):
+    redis_store.put_many([("q/0/blk/1/0", b"a")])
+    first = _last_id(redis_store)
     redis_client.client_kill_filter(_id=first)  # as a Redis restart or an idle timeout would
-    store.put_many([("q/0/blk/1/1", b"b")])  # a script call: sent again on a fresh connection
-    second = _last_id(store)
+    redis_store.put_many([("q/0/blk/1/1", b"b")])  # a script call: sent again on a fresh connection
+    second = _last_id(redis_store)
     assert second != first
     redis_client.client_kill_filter(_id=second)
-    assert store.get_many(["q/0/blk/1/0", "q/0/blk/1/1"]) == [b"a", b"b"]  # a read: the same
-    assert _last_id(store) not in (first, second)
+    assert redis_store.get_many(["q/0/blk/1/0", "q/0/blk/1/1"]) == [b"a", b"b"]  # a read: the same
+    assert _last_id(redis_store) not in (first, second)
 
 
 def test_a_store_that_cannot_connect_answers_kv_error(redis_client):
@@ -73,63 +73,63 @@ def test_a_store_that_cannot_connect_answers_kv_error(redis_client):
         RedisStore(dead).put_many([("q/0/blk/1/0", b"a")])
 
 
-def _last_id(store) -> int:
+def _last_id(redis_store) -> int:
     """The Redis client ID of this thread's connection of the store's message path."""
-    conn = store._conns.get()
+    conn = redis_store._conns.get()
     conn.send_command("CLIENT", "ID")
     return conn.read_response()
 
 
-def test_a_fence_refuses_and_the_connection_stays_in_step(store, redis_client):
-    store.compare_and_set("q/0/_fence", None, b"3")
+def test_a_fence_refuses_and_the_connection_stays_in_step(redis_store, redis_client):
+    redis_store.compare_and_set("q/0/_fence", None, b"3")
     with pytest.raises(Fenced):
-        store.put_many([("q/0/blk/1/0", b"x")], fence=Fence("q/0/_fence", 2))
-    store.put_many([("q/0/blk/1/0", b"y")], fence=Fence("q/0/_fence", 3))
-    assert store.get_many(["q/0/blk/1/0"]) == [b"y"]
+        redis_store.put_many([("q/0/blk/1/0", b"x")], fence=Fence("q/0/_fence", 2))
+    redis_store.put_many([("q/0/blk/1/0", b"y")], fence=Fence("q/0/_fence", 3))
+    assert redis_store.get_many(["q/0/blk/1/0"]) == [b"y"]
 
 
-def test_an_error_answer_in_a_batch_of_reads_is_a_kv_error_and_the_next_call_reads_right(store, redis_client):
+def test_an_error_answer_in_a_batch_of_reads_is_a_kv_error_and_the_next_call_reads_right(redis_store, redis_client):
     redis_client.set("q/0/blk/9", "not a hash")
     with pytest.raises(KVError):
-        store.get_many(["q/0/blk/1/0", "q/0/blk/9/0", "q/0/blk/2/0"])
-    store.put_many([("q/0/blk/1/0", b"z")])
-    assert store.get_many(["q/0/blk/1/0", "q/0/blk/2/0"]) == [b"z", None]
+        redis_store.get_many(["q/0/blk/1/0", "q/0/blk/9/0", "q/0/blk/2/0"])
+    redis_store.put_many([("q/0/blk/1/0", b"z")])
+    assert redis_store.get_many(["q/0/blk/1/0", "q/0/blk/2/0"]) == [b"z", None]
 
 
-def test_a_script_the_server_lost_is_loaded_again(store, redis_client):
-    store.put_many([("q/0/blk/1/0", b"a")])
+def test_a_script_the_server_lost_is_loaded_again(redis_store, redis_client):
+    redis_store.put_many([("q/0/blk/1/0", b"a")])
     redis_client.script_flush()
-    store.put_many([("q/0/blk/1/1", b"b")])
-    assert store.delete_many(["q/0/blk/1/0", "q/0/blk/1/1"]) == 2
+    redis_store.put_many([("q/0/blk/1/1", b"b")])
+    assert redis_store.delete_many(["q/0/blk/1/0", "q/0/blk/1/1"]) == 2
 
 
-def test_a_forked_child_uses_a_connection_of_its_own(store, redis_client):
-    store.put_many([("q/0/blk/1/0", b"parent")])
-    parent_id = _last_id(store)
+def test_a_forked_child_uses_a_connection_of_its_own(redis_store, redis_client):
+    redis_store.put_many([("q/0/blk/1/0", b"parent")])
+    parent_id = _last_id(redis_store)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its store calls must not share the parent's socket
         try:
-            store.put_many([("q/0/blk/1/1", b"child")])
-            os.write(write, str(_last_id(store)).encode())
+            redis_store.put_many([("q/0/blk/1/1", b"child")])
+            os.write(write, str(_last_id(redis_store)).encode())
         finally:
             os._exit(0)
     os.close(write)
     child_id = int(os.read(read, 64) or b"0")
     os.waitpid(pid, 0)
     assert child_id and child_id != parent_id
-    assert _last_id(store) == parent_id  # the parent's connection is untouched
-    assert store.get_many(["q/0/blk/1/0", "q/0/blk/1/1"]) == [b"parent", b"child"]
+    assert _last_id(redis_store) == parent_id  # the parent's connection is untouched
+    assert redis_store.get_many(["q/0/blk/1/0", "q/0/blk/1/1"]) == [b"parent", b"child"]
 
 
 def test_a_store_that_goes_closes_its_connections(redis_client):
     import gc
 
-    store = RedisStore(redis_client)
-    store.put_many([("q/0/blk/1/0", b"a")])
-    mine = _last_id(store)
+    redis_store = RedisStore(redis_client)
+    redis_store.put_many([("q/0/blk/1/0", b"a")])
+    mine = _last_id(redis_store)
     assert mine in _client_ids(redis_client)
-    del store
+    del redis_store
     gc.collect()
     assert mine not in _client_ids(redis_client)
 
@@ -182,14 +182,14 @@ def test_a_redis_still_loading_its_data_is_a_kv_error_not_a_success():
 
     server = _LoadingRedis()
     try:
-        store = RedisStore(redis.Redis(host="127.0.0.1", port=server.port, db=1, socket_timeout=5))
-        assert store._conns is not None
+        redis_store = RedisStore(redis.Redis(host="127.0.0.1", port=server.port, db=1, socket_timeout=5))
+        assert redis_store._conns is not None
         with pytest.raises(KVError):
-            store.put_many([("q/0/blk/1/0", b"a")])
+            redis_store.put_many([("q/0/blk/1/0", b"a")])
         with pytest.raises(KVError):
-            store.delete_many(["q/0/blk/1/0"])
+            redis_store.delete_many(["q/0/blk/1/0"])
         with pytest.raises(KVError):
-            store.get_many(["q/0/blk/1/0", "q/0/blk/2/0"])
+            redis_store.get_many(["q/0/blk/1/0", "q/0/blk/2/0"])
         assert b"EVALSHA" in server.commands and b"HMGET" in server.commands  # the message path was taken
     finally:
         server.close()

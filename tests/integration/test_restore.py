@@ -23,7 +23,7 @@ from django.db.models import F
 
 from queues.engine.ids import group_partition
 from queues.models import Partition, Queue
-from tests.integration.nodes import Client, NodeSet, drain, local_node_env, node_info
+from tests.integration.nodes import Client, drain, node_info
 from tests.launcher import NodeProcess, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -98,14 +98,16 @@ def store_fixture(backend: str, request: pytest.FixtureRequest) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["redis", "postgres"])
-def test_a_fence_39_epochs_ahead_of_a_restored_row_is_passed_in_one_claim(backend, tmp_path, token, request):
+def test_a_fence_39_epochs_ahead_of_a_restored_row_is_passed_in_one_claim(
+    backend, tmp_path, token, request, node_factory
+):
     store_fixture(backend, request)
-    nodes = NodeSet(local_node_env(tmp_path, backend), tmp_path)
+    nodes = node_factory
     name = f"fenced-{backend}"
     try:
         # given a queue with the default lease of 10 s, a message in each partition, and a
         # backup of its rows taken while they were free
-        first = nodes.start()
+        first = nodes(backend=backend)
         c = Client(first.url, token)
         r = c.post("queues", {"name": name, "partitions": PARTITIONS, "block_size": 4, "lease_period": 10})
         assert r.status_code == 201, r.text
@@ -115,7 +117,7 @@ def test_a_fence_39_epochs_ahead_of_a_restored_row_is_passed_in_one_claim(backen
         # ...after which 39 owners came and went (the store's fences and the rows moved on) and
         # one more, which enqueued into blocks the backup does not know
         Partition.objects.filter(queue__name=name).update(epoch=F("epoch") + 39)
-        second = nodes.start()
+        second = nodes(backend=backend)
         c = Client(second.url, token)
         middle, _ = serve_every_partition(c, name, 30)
         middle += enqueue(c, name, 10, "m")
@@ -125,7 +127,7 @@ def test_a_fence_39_epochs_ahead_of_a_restored_row_is_passed_in_one_claim(backen
         for row in backup:
             Partition.objects.filter(pk=row["id"]).update(**{k: v for k, v in row.items() if k != "id"})
         assert max(epoch for epoch, _ in rows(name).values()) <= fence - 39
-        third = nodes.start()
+        third = nodes(backend=backend)
         c = Client(third.url, token)
         # then each partition serves within a claim pass, under the epoch just past its fence
         after, took = serve_every_partition(c, name, 30)
@@ -179,16 +181,16 @@ def rebuild_partitions(name: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("backend", "how"), [("redis", "pg_dump"), ("postgres", "pg_dump"), ("redis", "rebuilt")])
-def test_restore_drill_delivers_every_acknowledged_message(backend, how, tmp_path, token, request):
+def test_restore_drill_delivers_every_acknowledged_message(backend, how, tmp_path, token, request, node_factory):
     store_fixture(backend, request)
     if connection.vendor != "postgresql":
         pytest.skip("the drill dumps PostgreSQL")
-    nodes = NodeSet(local_node_env(tmp_path, backend), tmp_path)
+    nodes = node_factory
     name = f"drill-{backend}-{how}"
     dump = tmp_path / "partitions.sql"
     try:
         # given a queue with small blocks on a node, and messages in it
-        first = nodes.start()
+        first = nodes(backend=backend)
         c = Client(first.url, token)
         r = c.post("queues", {"name": name, "partitions": PARTITIONS, "block_size": 4, "lease_period": 3})
         assert r.status_code == 201, r.text
@@ -199,7 +201,7 @@ def test_restore_drill_delivers_every_acknowledged_message(backend, how, tmp_pat
         acknowledged += enqueue(c, name, 80, "b")
         # ...the node dies and another takes its partitions over and enqueues too...
         first.kill()
-        second = nodes.start()
+        second = nodes(backend=backend)
         c = Client(second.url, token)
         take_over(second, name, 60)
         took_over, _ = serve_every_partition(c, name, 30)
@@ -210,7 +212,7 @@ def test_restore_drill_delivers_every_acknowledged_message(backend, how, tmp_pat
             restore_partitions(dump)
         else:
             rebuild_partitions(name)
-        third = nodes.start()
+        third = nodes(backend=backend)
         c = Client(third.url, token)
         waited = take_over(third, name, 60)  # a lease period when the dump names an owner
         probes, took = serve_every_partition(c, name, 30)

@@ -7,18 +7,18 @@ import uuid
 
 import pytest
 
-from tests.integration.nodes import Client, local_node_env
-from tests.launcher import NodeProcess
+from tests.integration.nodes import Client
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
-def test_retention_task_removes_old_messages_and_counts_them(tmp_path, token, redis_client):
+@pytest.mark.node(env={"NODE_HEARTBEAT": "0.2"})
+def test_retention_task_removes_old_messages_and_counts_them(node_factory, token):
     from queues.access import SYSTEM
     from queues.models import Queue
     from queues.service import expire_everywhere
 
-    node = NodeProcess(local_node_env(tmp_path, NODE_HEARTBEAT="0.2"), tmp_path).start()
+    node = node_factory()
     try:
         # given a queue with old and new messages, on a node
         c = Client(node.url, token)

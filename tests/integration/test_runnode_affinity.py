@@ -12,11 +12,10 @@ starting then, a process of one thread."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
-from tests.integration.nodes import local_node_env
+from tests.integration.nodes import NodeFactory
 from tests.launcher import NodeFailed, NodeProcess, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
@@ -64,17 +63,16 @@ def _pinned_cpu(pid: int) -> int:
     return next(iter(threads[0]))
 
 
-def _node(tmp_path: Path, processes: int, affinity: str) -> NodeProcess:
-    env = local_node_env(tmp_path, NODE_CPU_AFFINITY=affinity)
-    return NodeProcess(env, tmp_path, processes=processes).start(timeout=90)
+def _node(node_factory: NodeFactory, processes: int, affinity: str) -> NodeProcess:
+    return node_factory(processes=processes, timeout=90, NODE_CPU_AFFINITY=affinity)
 
 
 @pytest.mark.parametrize("processes", sorted({1, len(ALLOWED)}))
-def test_auto_runs_each_worker_and_all_its_threads_on_a_cpu_of_its_own(tmp_path, processes):
+def test_auto_runs_each_worker_and_all_its_threads_on_a_cpu_of_its_own(node_factory, processes):
     # a process for each CPU (the default --processes), and fewer: one
     if processes > 8:
         pytest.skip("a worker for each of this machine's CPUs is too many for a test")
-    node = _node(tmp_path, processes, "auto")
+    node = _node(node_factory, processes, "auto")
     try:
         cpus = [_pinned_cpu(pid) for pid in _serving_workers(node)]
         assert len(set(cpus)) == processes and set(cpus) <= ALLOWED  # one worker a CPU
@@ -82,8 +80,8 @@ def test_auto_runs_each_worker_and_all_its_threads_on_a_cpu_of_its_own(tmp_path,
         node.stop()
 
 
-def test_off_is_left_where_the_kernel_puts_it(tmp_path):
-    node = _node(tmp_path, 1, "off")
+def test_off_is_left_where_the_kernel_puts_it(node_factory):
+    node = _node(node_factory, 1, "off")
     try:
         [worker] = _serving_workers(node)
         threads = _threads_cpus(worker)
@@ -92,12 +90,12 @@ def test_off_is_left_where_the_kernel_puts_it(tmp_path):
         node.stop()
 
 
-def test_a_list_of_cpus_is_followed_and_a_cpu_outside_the_allowed_ones_is_refused(tmp_path):
+def test_a_list_of_cpus_is_followed_and_a_cpu_outside_the_allowed_ones_is_refused(node_factory):
     listed = sorted(ALLOWED)[:2]
-    node = _node(tmp_path, len(listed), ",".join(map(str, listed)))
+    node = _node(node_factory, len(listed), ",".join(map(str, listed)))
     try:
         assert sorted(_pinned_cpu(pid) for pid in _serving_workers(node)) == listed
     finally:
         node.stop()
     with pytest.raises(NodeFailed, match="--cpu-affinity: CPU 4096 is not among"):
-        _node(tmp_path, 1, "4096")
+        _node(node_factory, 1, "4096")

@@ -30,9 +30,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.nodes import local_node_env
-from tests.launcher import NodeProcess
-
 HERE = Path(__file__).resolve().parent
 #: the suite's seed: it found the empty `outcome=` that /logs accepted (fixed since).
 FIXED_SEED = 1770479938
@@ -56,11 +53,11 @@ def superuser_token(transactional_db):
 @pytest.mark.slow
 @pytest.mark.timeout(420 + MAX_TIME)
 @pytest.mark.cluster
-def test_schemathesis_finds_nothing(tmp_path, superuser_token, redis_client):
+def test_schemathesis_finds_nothing(tmp_path, superuser_token, node_factory):
     chosen = os.environ.get("MQ_SCHEMA_SEED", "")
     seed = random.randrange(2**31) if chosen == "random" else int(chosen or FIXED_SEED)
     print(f"schemathesis seed: {seed} (replay: MQ_SCHEMA_SEED={seed})")
-    node = NodeProcess(local_node_env(tmp_path), tmp_path).start()
+    node = node_factory()
     try:
         t0 = time.monotonic()
         proc = subprocess.run(

@@ -94,8 +94,8 @@ def _drain(client: Client, queue: str, expected: int) -> list[Message]:
     return got
 
 
-def test_every_call_round_trips_with_typed_results(nodes, token):
-    node = nodes.start()
+def test_every_call_round_trips_with_typed_results(node_factory, token):
+    node = node_factory()
     mq = Client(node.url, token)
     # queues: create, read, list, change
     dlq = mq.create_queue(_name("dlq"), partitions=1)
@@ -181,8 +181,8 @@ def test_every_call_round_trips_with_typed_results(nodes, token):
     assert name not in {x.name for x in mq.list_queues()}
 
 
-def test_enqueue_many_splits_2500_messages_into_three_calls(nodes, token):
-    node = nodes.start()
+def test_enqueue_many_splits_2500_messages_into_three_calls(node_factory, token):
+    node = node_factory()
     mq = Client(node.url, token)
     name = mq.create_queue(_name(), partitions=2).name
     _wait(lambda: _served(mq, name), 20, "the node to serve every partition")
@@ -205,8 +205,8 @@ def test_enqueue_many_splits_2500_messages_into_three_calls(nodes, token):
         mq.enqueue_batch(name, ["x"] * 1001)
 
 
-def test_errors_are_typed_and_4xx_are_not_retried(nodes, token):
-    node = nodes.start()
+def test_errors_are_typed_and_4xx_are_not_retried(node_factory, token):
+    node = node_factory()
     mq = Client(node.url, token, retries=3)
     name = mq.create_queue(_name(), partitions=1, max_message_size=16).name
     _wait(lambda: _served(mq, name), 20, "the node to serve the partition")
@@ -244,8 +244,8 @@ def test_errors_are_typed_and_4xx_are_not_retried(nodes, token):
     assert exc.value.status == 401
 
 
-def test_dead_and_unavailable_nodes_are_skipped(nodes, token, unavailable_node):
-    node = nodes.start()
+def test_dead_and_unavailable_nodes_are_skipped(node_factory, token, unavailable_node):
+    node = node_factory()
     closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     # a dead node first in the list: the call goes on to the next node at once
     mq = Client(f"{closed},{node.url}", token, retries=2, backoff=0.05)
@@ -281,8 +281,8 @@ def test_dead_and_unavailable_nodes_are_skipped(nodes, token, unavailable_node):
     assert isinstance(exc.value, sdk.Unavailable) and exc.value.status == 0
 
 
-def test_acks_and_visibility_go_straight_to_the_owner(nodes, token):
-    a, b = nodes.start(), nodes.start()
+def test_acks_and_visibility_go_straight_to_the_owner(node_factory, token):
+    a, b = node_factory(), node_factory()
     admin = Client([a.url, b.url], token)
     name = admin.create_queue(_name(), partitions=2, lease_period=2).name
     _wait(lambda: _served(admin, name, owners=2), 20, "one partition on each node")
@@ -339,9 +339,9 @@ def _attempts(mid: str) -> list[tuple[int, str, str | None]]:
     return [(a.attempt, a.outcome, a.worker_id) for a in AttemptLog.objects.filter(message_id=mid).order_by("attempt")]
 
 
-def test_a_message_given_back_is_logged_given_back_and_one_timed_out_abandoned(nodes, token):
+def test_a_message_given_back_is_logged_given_back_and_one_timed_out_abandoned(node_factory, token):
     """Needs the core to send ``queues.signals`` (the workers app keeps the log from them)."""
-    node = nodes.start()
+    node = node_factory()
     mq = Client(node.url, token)
     name = mq.create_queue(_name(), partitions=1).name
     _wait(lambda: _served(mq, name), 20, "the node to serve the queue")
@@ -363,10 +363,10 @@ def test_a_message_given_back_is_logged_given_back_and_one_timed_out_abandoned(n
     assert _attempts(mid) == [(1, "given_back", consumer), (2, "abandoned", consumer)]
 
 
-def test_heartbeats_extend_held_messages_at_their_owner(nodes, token):
+def test_heartbeats_extend_held_messages_at_their_owner(node_factory, token):
     """A heartbeat to one node extends a message held from the other's partition (the core's
     ``change_visibility`` forwards to the owner)."""
-    a, b = nodes.start(), nodes.start()
+    a, b = node_factory(), node_factory()
     admin = Client([a.url, b.url], token)
     name = admin.create_queue(_name(), partitions=2, visibility_timeout=2, lease_period=2).name
     _wait(lambda: _served(admin, name, owners=2), 20, "one partition on each node")

@@ -32,38 +32,38 @@ def _terminate(pid: int) -> None:
 
 
 @pytest.fixture
-def store() -> SQLStore:
+def sql_store() -> SQLStore:
     if connection.vendor != "postgresql":
         pytest.skip("the PostgreSQL store")
     return SQLStore()
 
 
-def test_every_statement_survives_a_connection_the_server_closed(store):
+def test_every_statement_survives_a_connection_the_server_closed(sql_store):
     fence = Fence("q/0/_fence", 1)
-    store.compare_and_set(fence.key, None, b"1")
-    store.put_many([("q/0/blk/0", b"a")], fence=fence)
+    sql_store.compare_and_set(fence.key, None, b"1")
+    sql_store.put_many([("q/0/blk/0", b"a")], fence=fence)
     for step in ("put", "read", "delete"):
         pid = connection.connection.info.backend_pid
         _terminate(pid)
         if step == "put":
-            store.put_many([("q/0/blk/1", b"b")], fence=fence)
+            sql_store.put_many([("q/0/blk/1", b"b")], fence=fence)
         elif step == "read":
-            assert store.get_many(["q/0/blk/0", "q/0/blk/1"]) == [b"a", b"b"]
+            assert sql_store.get_many(["q/0/blk/0", "q/0/blk/1"]) == [b"a", b"b"]
         else:
-            assert store.delete_many(["q/0/blk/0", "q/0/blk/1"], fence=fence) == 2
+            assert sql_store.delete_many(["q/0/blk/0", "q/0/blk/1"], fence=fence) == 2
         assert connection.connection.info.backend_pid != pid  # on a new connection, no error
-    assert store.get_many(["q/0/blk/0", "q/0/blk/1"]) == [None, None]
+    assert sql_store.get_many(["q/0/blk/0", "q/0/blk/1"]) == [None, None]
 
 
-def test_a_statement_is_not_run_again_inside_a_transaction(store):
+def test_a_statement_is_not_run_again_inside_a_transaction(sql_store):
     from django.db import transaction
 
-    store.put_many([("q/0/blk/0", b"a")])
+    sql_store.put_many([("q/0/blk/0", b"a")])
     with pytest.raises(KVError), transaction.atomic():
         _terminate(connection.connection.info.backend_pid)
-        store.get_many(["q/0/blk/0"])  # its transaction is gone with the connection: an error
+        sql_store.get_many(["q/0/blk/0"])  # its transaction is gone with the connection: an error
     connection.close()
-    assert store.get_many(["q/0/blk/0"]) == [b"a"]
+    assert sql_store.get_many(["q/0/blk/0"]) == [b"a"]
 
 
 def _count_checks(monkeypatch) -> list[int]:
@@ -80,7 +80,7 @@ def _query(sql: str = "SELECT 1") -> None:
         cursor.fetchall()
 
 
-def test_a_connection_that_answered_a_moment_ago_is_not_checked_first(store, monkeypatch):
+def test_a_connection_that_answered_a_moment_ago_is_not_checked_first(sql_store, monkeypatch):
     from config.postgresql import base
 
     monkeypatch.setattr(base, "HEALTH_CHECK_IDLE", 60.0)  # "a moment", however slow the machine
@@ -95,7 +95,7 @@ def test_a_connection_that_answered_a_moment_ago_is_not_checked_first(store, mon
     assert checks == [1]  # idle past it: checked, as CONN_HEALTH_CHECKS does
 
 
-def test_a_connection_cut_right_after_it_answered_is_checked_and_replaced(store, monkeypatch):
+def test_a_connection_cut_right_after_it_answered_is_checked_and_replaced(sql_store, monkeypatch):
     # (a database restart: every kept connection is told "terminating connection", then closed)
     from config.postgresql import base
 
@@ -110,7 +110,7 @@ def test_a_connection_cut_right_after_it_answered_is_checked_and_replaced(store,
     assert connection.connection.info.backend_pid != pid
 
 
-def test_a_connection_cut_during_a_request_fails_once_then_is_replaced(store, monkeypatch):
+def test_a_connection_cut_during_a_request_fails_once_then_is_replaced(sql_store, monkeypatch):
     from django.db import OperationalError
 
     from config.postgresql import base
@@ -152,26 +152,26 @@ def _prepared() -> list[str]:
         return sorted(row[0] for row in cursor.fetchall())
 
 
-def test_the_stores_statements_are_prepared_once_and_djangos_never(store):
+def test_the_stores_statements_are_prepared_once_and_djangos_never(sql_store):
     """Planning the store's statements cost PostgreSQL more CPU than running them, so they are
     prepared per connection (``DB_PREPARED_STATEMENTS``); Django's own queries, bound on the
     client, are not (what Django's default protects: a pooler in front of the database)."""
     from queues.models import Queue
 
     fence = Fence("q/0/_fence", 1)
-    store.compare_and_set(fence.key, None, b"1")
+    sql_store.compare_and_set(fence.key, None, b"1")
     for i in range(3):
-        store.put_many([(f"q/0/blk/{i}", b"a")], fence=fence)
-        store.delete_many([f"q/0/blk/{i}"], fence=fence)
-        store.get_many([f"q/0/blk/{i}"])
+        sql_store.put_many([(f"q/0/blk/{i}", b"a")], fence=fence)
+        sql_store.delete_many([f"q/0/blk/{i}"], fence=fence)
+        sql_store.get_many([f"q/0/blk/{i}"])
         assert Queue.objects.filter(name=f"nothing-{i}").count() == 0  # an ORM query, run again and again
     # Batches after single messages: still the generic plan (PostgreSQL's own choice had kept
     # planning each run once single messages came first).
     for i in range(3, 10):
         keys = [f"q/0/blk/{i}-{k}" for k in range(100)]
-        store.put_many([(key, b"b") for key in keys], fence=fence)
-        assert store.get_many(keys) == [b"b"] * 100
-        assert store.delete_many(keys, fence=fence) == 100
+        sql_store.put_many([(key, b"b") for key in keys], fence=fence)
+        assert sql_store.get_many(keys) == [b"b"] * 100
+        assert sql_store.delete_many(keys, fence=fence) == 100
     prepared = _prepared()
     assert len(prepared) == 3  # the put, the delete, the read: once each
     assert all("queues_kv_entry" in statement for statement in prepared)
@@ -180,6 +180,6 @@ def test_the_stores_statements_are_prepared_once_and_djangos_never(store):
         assert cursor.fetchone() == (30, 0)  # 10 runs of each, never planned again
     # A new connection (the old one cut) prepares them again, and they work there.
     _terminate(connection.connection.info.backend_pid)
-    store.put_many([("q/0/blk/9", b"z")], fence=fence)
-    assert store.get_many(["q/0/blk/9"]) == [b"z"]
+    sql_store.put_many([("q/0/blk/9", b"z")], fence=fence)
+    assert sql_store.get_many(["q/0/blk/9"]) == [b"z"]
     assert len(_prepared()) == 2

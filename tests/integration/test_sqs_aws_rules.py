@@ -63,7 +63,7 @@ class Refused(Exception):
 
 
 class Api:
-    """One SQS client, ``protocol`` "json" or "query": ``api("SendMessage", QueueUrl=...)``
+    """One SQS client, ``protocol`` "json" or "query": ``sqs_api("SendMessage", QueueUrl=...)``
     answers the result as botocore parses it, or raises :class:`Refused` with the error code
     (the query protocol's, which boto3 reads from the JSON protocol's header too)."""
 
@@ -109,70 +109,62 @@ class Api:
         return create_parser("query").parse(response, op.output_shape)
 
 
-@pytest.fixture(scope="module")
-def key(committed) -> AccessKey:
-    return committed(lambda: AccessKey.issue(User.objects.create(username=f"rules-{uuid.uuid4().hex[:8]}")))
-
-
-@pytest.fixture(params=["json", "query"])
-def api(request, module_node, key) -> Api:
-    return Api(module_node, key, request.param)
-
-
 def _name(prefix: str = "r") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def _refused(api: Api, action: str, **params: Any) -> Refused:
+def _refused(sqs_api: Api, action: str, **params: Any) -> Refused:
     with pytest.raises(Refused) as exc:
-        api(action, **params)
+        sqs_api(action, **params)
     assert 400 <= exc.value.status < 500
     return exc.value
 
 
-def _receive(api: Api, url: str, wait: int = 1, **kw: Any) -> list[dict[str, Any]]:
-    return api("ReceiveMessage", QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=wait, **kw).get("Messages", [])
+def _receive(sqs_api: Api, url: str, wait: int = 1, **kw: Any) -> list[dict[str, Any]]:
+    return sqs_api("ReceiveMessage", QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=wait, **kw).get(
+        "Messages", []
+    )
 
 
-def _depth(api: Api, url: str) -> int:
-    attrs = api("GetQueueAttributes", QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
+def _depth(sqs_api: Api, url: str) -> int:
+    attrs = sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
     return int(attrs["Attributes"]["ApproximateNumberOfMessages"])
 
 
-def _fifo(api: Api, **attrs: str) -> str:
-    return api("CreateQueue", QueueName=_name("f") + ".fifo", Attributes={"FifoQueue": "true", **attrs})["QueueUrl"]
+def _fifo(sqs_api: Api, **attrs: str) -> str:
+    return sqs_api("CreateQueue", QueueName=_name("f") + ".fifo", Attributes={"FifoQueue": "true", **attrs})["QueueUrl"]
 
 
 # --- SendMessageBatch: what refuses the whole batch --------------------------------------------
-def test_a_fifo_batch_without_a_group_or_a_dedup_id_is_refused_whole(api):
-    url = _fifo(api)
+def test_a_fifo_batch_without_a_group_or_a_dedup_id_is_refused_whole(sqs_api):
+    url = _fifo(sqs_api)
     good = {"Id": "good", "MessageBody": "a", "MessageGroupId": "g", "MessageDeduplicationId": "d1"}
-    e = _refused(api, "SendMessageBatch", QueueUrl=url, Entries=[good, {"Id": "nogroup", "MessageBody": "b"}])
+    e = _refused(sqs_api, "SendMessageBatch", QueueUrl=url, Entries=[good, {"Id": "nogroup", "MessageBody": "b"}])
     assert e.code == "MissingParameter"
     no_dedup = {"Id": "nodedup", "MessageBody": "c", "MessageGroupId": "g"}
-    e = _refused(api, "SendMessageBatch", QueueUrl=url, Entries=[good, no_dedup])
+    e = _refused(sqs_api, "SendMessageBatch", QueueUrl=url, Entries=[good, no_dedup])
     assert e.code == "InvalidParameterValue"
-    assert _depth(api, url) == 0  # the good entry was not stored either
+    assert _depth(sqs_api, url) == 0  # the good entry was not stored either
     # with content-based deduplication the ID may be left out
-    url = _fifo(api, ContentBasedDeduplication="true")
-    out = api("SendMessageBatch", QueueUrl=url, Entries=[no_dedup])
+    url = _fifo(sqs_api, ContentBasedDeduplication="true")
+    out = sqs_api("SendMessageBatch", QueueUrl=url, Entries=[no_dedup])
     assert [s["Id"] for s in out["Successful"]] == ["nodedup"]
 
 
-def test_a_batch_over_1_mib_with_its_attributes_is_batch_request_too_long(api):
-    url = api("CreateQueue", QueueName=_name())["QueueUrl"]
+def test_a_batch_over_1_mib_with_its_attributes_is_batch_request_too_long(sqs_api):
+    url = sqs_api("CreateQueue", QueueName=_name())["QueueUrl"]
     # five messages of 200 KiB bodies (1,000 KiB: under 1 MiB) and 20 KiB attributes each
     attr = {"pad": {"DataType": "String", "StringValue": "a" * 20 * 1024}}
     entries = [{"Id": f"m{i}", "MessageBody": "b" * 200 * 1024, "MessageAttributes": attr} for i in range(5)]
-    e = _refused(api, "SendMessageBatch", QueueUrl=url, Entries=entries)
+    e = _refused(sqs_api, "SendMessageBatch", QueueUrl=url, Entries=entries)
     assert e.code == "AWS.SimpleQueueService.BatchRequestTooLong"
-    assert _depth(api, url) == 0
-    out = api("SendMessageBatch", QueueUrl=url, Entries=entries[:4])  # 880 KiB in all: taken
+    assert _depth(sqs_api, url) == 0
+    out = sqs_api("SendMessageBatch", QueueUrl=url, Entries=entries[:4])  # 880 KiB in all: taken
     assert len(out["Successful"]) == 4
 
 
 # --- CreateQueue, SetQueueAttributes ------------------------------------------------------------
-def test_fifo_attributes_are_unknown_on_a_standard_queue(api):
+def test_fifo_attributes_are_unknown_on_a_standard_queue(sqs_api):
     name = _name("std")
     for attrs, code in (
         ({"ContentBasedDeduplication": "false"}, "InvalidAttributeName"),
@@ -180,53 +172,55 @@ def test_fifo_attributes_are_unknown_on_a_standard_queue(api):
         ({"FifoThroughputLimit": "perQueue"}, "InvalidAttributeName"),
         ({"FifoQueue": "true"}, "InvalidParameterValue"),  # a FIFO queue's name ends in .fifo
     ):
-        assert _refused(api, "CreateQueue", QueueName=name, Attributes=attrs).code == code, attrs
+        assert _refused(sqs_api, "CreateQueue", QueueName=name, Attributes=attrs).code == code, attrs
     # a .fifo name is a FIFO queue's only with FifoQueue=true
     for attrs in ({}, {"FifoQueue": "false"}):
-        assert _refused(api, "CreateQueue", QueueName=name + ".fifo", Attributes=attrs).code == "InvalidParameterValue"
-    assert "QueueUrls" not in api("ListQueues", QueueNamePrefix=name)
-    url = api("CreateQueue", QueueName=name)["QueueUrl"]
+        assert (
+            _refused(sqs_api, "CreateQueue", QueueName=name + ".fifo", Attributes=attrs).code == "InvalidParameterValue"
+        )
+    assert "QueueUrls" not in sqs_api("ListQueues", QueueNamePrefix=name)
+    url = sqs_api("CreateQueue", QueueName=name)["QueueUrl"]
     for attrs in ({"ContentBasedDeduplication": "true"}, {"DeduplicationScope": "messageGroup"}):
-        assert _refused(api, "SetQueueAttributes", QueueUrl=url, Attributes=attrs).code == "InvalidAttributeName"
-    got = api("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        assert _refused(sqs_api, "SetQueueAttributes", QueueUrl=url, Attributes=attrs).code == "InvalidAttributeName"
+    got = sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])["Attributes"]
     assert not {"ContentBasedDeduplication", "DeduplicationScope", "FifoQueue"} & set(got)
     # on a FIFO queue they are known, with SQS's values only
-    fifo = _fifo(api, DeduplicationScope="messageGroup", FifoThroughputLimit="perMessageGroupId")
-    e = _refused(api, "SetQueueAttributes", QueueUrl=fifo, Attributes={"DeduplicationScope": "everywhere"})
+    fifo = _fifo(sqs_api, DeduplicationScope="messageGroup", FifoThroughputLimit="perMessageGroupId")
+    e = _refused(sqs_api, "SetQueueAttributes", QueueUrl=fifo, Attributes={"DeduplicationScope": "everywhere"})
     assert e.code == "InvalidAttributeValue"
-    got = api("GetQueueAttributes", QueueUrl=fifo, AttributeNames=["All"])["Attributes"]
+    got = sqs_api("GetQueueAttributes", QueueUrl=fifo, AttributeNames=["All"])["Attributes"]
     assert got["DeduplicationScope"] == "messageGroup" and got["FifoThroughputLimit"] == "perMessageGroupId"
 
 
-def test_an_empty_policy_removes_it(api):
-    url = api("CreateQueue", QueueName=_name())["QueueUrl"]
+def test_an_empty_policy_removes_it(sqs_api):
+    url = sqs_api("CreateQueue", QueueName=_name())["QueueUrl"]
     policy = '{"Version":"2012-10-17","Statement":[]}'
-    api("SetQueueAttributes", QueueUrl=url, Attributes={"Policy": policy})
-    assert api("GetQueueAttributes", QueueUrl=url, AttributeNames=["Policy"])["Attributes"] == {"Policy": policy}
-    api("SetQueueAttributes", QueueUrl=url, Attributes={"Policy": ""})
-    assert "Policy" not in api("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    sqs_api("SetQueueAttributes", QueueUrl=url, Attributes={"Policy": policy})
+    assert sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=["Policy"])["Attributes"] == {"Policy": policy}
+    sqs_api("SetQueueAttributes", QueueUrl=url, Attributes={"Policy": ""})
+    assert "Policy" not in sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])["Attributes"]
 
 
-def test_redrive_policy_refusals_are_invalid_parameter_value(api):
-    url = api("CreateQueue", QueueName=_name())["QueueUrl"]
-    arn = api("GetQueueAttributes", QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    dlq = api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
-    dlq_arn = api("GetQueueAttributes", QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+def test_redrive_policy_refusals_are_invalid_parameter_value(sqs_api):
+    url = sqs_api("CreateQueue", QueueName=_name())["QueueUrl"]
+    arn = sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    dlq = sqs_api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
+    dlq_arn = sqs_api("GetQueueAttributes", QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     for policy in (
         f'{{"deadLetterTargetArn":"{arn}","maxReceiveCount":3}}',  # itself
         f'{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":0}}',
         f'{{"deadLetterTargetArn":"{arn[:-8]}nothere1","maxReceiveCount":3}}',
         "not json",
     ):
-        e = _refused(api, "SetQueueAttributes", QueueUrl=url, Attributes={"RedrivePolicy": policy})
+        e = _refused(sqs_api, "SetQueueAttributes", QueueUrl=url, Attributes={"RedrivePolicy": policy})
         assert e.code == "InvalidParameterValue", policy
-    assert "RedrivePolicy" not in api("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert "RedrivePolicy" not in sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])["Attributes"]
     # a queue created naming itself does not exist yet: refused alike, and not created
     name = _name()
     policy = f'{{"deadLetterTargetArn":"{arn.rsplit(":", 1)[0]}:{name}","maxReceiveCount":3}}'
-    e = _refused(api, "CreateQueue", QueueName=name, Attributes={"RedrivePolicy": policy})
+    e = _refused(sqs_api, "CreateQueue", QueueName=name, Attributes={"RedrivePolicy": policy})
     assert e.code == "InvalidParameterValue"
-    assert "QueueUrls" not in api("ListQueues", QueueNamePrefix=name)
+    assert "QueueUrls" not in sqs_api("ListQueues", QueueNamePrefix=name)
 
 
 # CreateQueue's MaximumMessageSize: "from 1,024 bytes (1 KiB) up to 1,048,576 bytes (1 MiB). Default:
@@ -235,122 +229,125 @@ def test_redrive_policy_refusals_are_invalid_parameter_value(api):
 MIB = 1024 * 1024
 
 
-def test_maximum_message_size_defaults_to_1_mib_and_a_1_mib_message_is_taken(api):
-    url = api("CreateQueue", QueueName=_name())["QueueUrl"]
-    got = api("GetQueueAttributes", QueueUrl=url, AttributeNames=["MaximumMessageSize"])["Attributes"]
+def test_maximum_message_size_defaults_to_1_mib_and_a_1_mib_message_is_taken(sqs_api):
+    url = sqs_api("CreateQueue", QueueName=_name())["QueueUrl"]
+    got = sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=["MaximumMessageSize"])["Attributes"]
     assert got == {"MaximumMessageSize": str(MIB)}
     # 1 MiB counted with the message attributes, through the node's request limits: over JSON
     # as 2-byte characters, which boto3 escapes to 6 bytes each (3 MiB of request); over the
     # query protocol as ASCII (the node's form parsing takes seconds over 3 MiB of %XX)
     attrs = {"a": {"DataType": "String", "StringValue": "v"}}  # 1 + 6 + 1 bytes
-    body = "é" * ((MIB - 8) // 2) if api.protocol == "json" else "a" * (MIB - 8)
-    api("SendMessage", QueueUrl=url, MessageBody=body, MessageAttributes=attrs)
-    e = _refused(api, "SendMessage", QueueUrl=url, MessageBody=body + "x", MessageAttributes=attrs)
+    body = "é" * ((MIB - 8) // 2) if sqs_api.protocol == "json" else "a" * (MIB - 8)
+    sqs_api("SendMessage", QueueUrl=url, MessageBody=body, MessageAttributes=attrs)
+    e = _refused(sqs_api, "SendMessage", QueueUrl=url, MessageBody=body + "x", MessageAttributes=attrs)
     assert e.code == "InvalidParameterValue"
-    (m,) = _receive(api, url, 5, MessageAttributeNames=["All"])
+    (m,) = _receive(sqs_api, url, 5, MessageAttributeNames=["All"])
     assert m["Body"] == body and m["MessageAttributes"]["a"]["StringValue"] == "v"
 
 
-def test_a_queue_whose_dead_letter_queue_is_smaller_takes_its_size(api):
-    small = api("CreateQueue", QueueName=_name("dlq"), Attributes={"MaximumMessageSize": str(256 * 1024)})["QueueUrl"]
-    policy = json.dumps({"deadLetterTargetArn": _arn(api, small), "maxReceiveCount": "3"})
-    url = api("CreateQueue", QueueName=_name(), Attributes={"RedrivePolicy": policy})["QueueUrl"]
-    got = api("GetQueueAttributes", QueueUrl=url, AttributeNames=["MaximumMessageSize"])["Attributes"]
+def test_a_queue_whose_dead_letter_queue_is_smaller_takes_its_size(sqs_api):
+    small = sqs_api("CreateQueue", QueueName=_name("dlq"), Attributes={"MaximumMessageSize": str(256 * 1024)})[
+        "QueueUrl"
+    ]
+    policy = json.dumps({"deadLetterTargetArn": _arn(sqs_api, small), "maxReceiveCount": "3"})
+    url = sqs_api("CreateQueue", QueueName=_name(), Attributes={"RedrivePolicy": policy})["QueueUrl"]
+    got = sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=["MaximumMessageSize"])["Attributes"]
     assert got == {"MaximumMessageSize": str(256 * 1024)}
     # named, a size over the dead-letter queue's is refused
     e = _refused(
-        api, "CreateQueue", QueueName=_name(), Attributes={"RedrivePolicy": policy, "MaximumMessageSize": str(MIB)}
+        sqs_api, "CreateQueue", QueueName=_name(), Attributes={"RedrivePolicy": policy, "MaximumMessageSize": str(MIB)}
     )
     assert e.code == "InvalidAttributeValue"
-    e = _refused(api, "SetQueueAttributes", QueueUrl=url, Attributes={"MaximumMessageSize": str(MIB)})
+    e = _refused(sqs_api, "SetQueueAttributes", QueueUrl=url, Attributes={"MaximumMessageSize": str(MIB)})
     assert e.code == "InvalidAttributeValue"
 
 
 # --- messages -----------------------------------------------------------------------------------
-def test_message_attribute_names_take_unicode_letters_and_digits(api):
-    url = api("CreateQueue", QueueName=_name())["QueueUrl"]
+def test_message_attribute_names_take_unicode_letters_and_digits(sqs_api):
+    url = sqs_api("CreateQueue", QueueName=_name())["QueueUrl"]
     attrs = {
         "größe": {"DataType": "Number", "StringValue": "3"},
         "数量.単位_x-1": {"DataType": "String", "StringValue": "個"},
     }
-    sent = api("SendMessage", QueueUrl=url, MessageBody="x", MessageAttributes=attrs)
-    (m,) = _receive(api, url, 5, MessageAttributeNames=["All"])
+    sent = sqs_api("SendMessage", QueueUrl=url, MessageBody="x", MessageAttributes=attrs)
+    (m,) = _receive(sqs_api, url, 5, MessageAttributeNames=["All"])
     assert m["MessageAttributes"] == attrs
     assert m["MD5OfMessageAttributes"] == sent["MD5OfMessageAttributes"]
     # what the name may not hold is still refused, and nothing is stored
     for bad in ("with space", "a/b", "AWS.x", ".start", "a..b"):
         attrs = {bad: {"DataType": "String", "StringValue": "v"}}
-        e = _refused(api, "SendMessage", QueueUrl=url, MessageBody="y", MessageAttributes=attrs)
+        e = _refused(sqs_api, "SendMessage", QueueUrl=url, MessageBody="y", MessageAttributes=attrs)
         assert e.code == "InvalidParameterValue", bad
-    assert _depth(api, url) == 0
+    assert _depth(sqs_api, url) == 0
 
 
-def test_a_message_delay_of_zero_overrides_the_queues(api):
-    url = api("CreateQueue", QueueName=_name(), Attributes={"DelaySeconds": "60"})["QueueUrl"]
-    api("SendMessage", QueueUrl=url, MessageBody="queue's delay")
-    api("SendMessage", QueueUrl=url, MessageBody="now", DelaySeconds=0)
-    api("SendMessageBatch", QueueUrl=url, Entries=[{"Id": "b", "MessageBody": "batch now", "DelaySeconds": 0}])
+def test_a_message_delay_of_zero_overrides_the_queues(sqs_api):
+    url = sqs_api("CreateQueue", QueueName=_name(), Attributes={"DelaySeconds": "60"})["QueueUrl"]
+    sqs_api("SendMessage", QueueUrl=url, MessageBody="queue's delay")
+    sqs_api("SendMessage", QueueUrl=url, MessageBody="now", DelaySeconds=0)
+    sqs_api("SendMessageBatch", QueueUrl=url, Entries=[{"Id": "b", "MessageBody": "batch now", "DelaySeconds": 0}])
     got: list[dict[str, Any]] = []
     for _ in range(5):
-        got += _receive(api, url, 1)
+        got += _receive(sqs_api, url, 1)
         if len(got) >= 2:
             break
     assert sorted(m["Body"] for m in got) == ["batch now", "now"]
 
 
-def test_change_visibility_takes_an_earlier_receipt_of_a_standard_queue(api):
-    url = api("CreateQueue", QueueName=_name())["QueueUrl"]
-    api("SendMessage", QueueUrl=url, MessageBody="x")
-    (first,) = _receive(api, url, 5)
-    api("ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=0)
-    (second,) = _receive(api, url, 5)
+def test_change_visibility_takes_an_earlier_receipt_of_a_standard_queue(sqs_api):
+    url = sqs_api("CreateQueue", QueueName=_name())["QueueUrl"]
+    sqs_api("SendMessage", QueueUrl=url, MessageBody="x")
+    (first,) = _receive(sqs_api, url, 5)
+    sqs_api("ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=0)
+    (second,) = _receive(sqs_api, url, 5)
     assert second["MessageId"] == first["MessageId"]
     # the first delivery's receipt still changes the message in flight
-    api("ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=0)
-    (third,) = _receive(api, url, 5, AttributeNames=["ApproximateReceiveCount"])
+    sqs_api("ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=0)
+    (third,) = _receive(sqs_api, url, 5, AttributeNames=["ApproximateReceiveCount"])
     assert third["Attributes"]["ApproximateReceiveCount"] == "3"
-    api("DeleteMessage", QueueUrl=url, ReceiptHandle=third["ReceiptHandle"])
+    sqs_api("DeleteMessage", QueueUrl=url, ReceiptHandle=third["ReceiptHandle"])
     # a message deleted is not available for a visibility change
     e = _refused(
-        api, "ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=third["ReceiptHandle"], VisibilityTimeout=5
+        sqs_api, "ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=third["ReceiptHandle"], VisibilityTimeout=5
     )
     assert e.code == "InvalidParameterValue"
 
 
-def test_a_fifo_receipt_expires_with_its_visibility_timeout(api):
-    url = _fifo(api, ContentBasedDeduplication="true")
-    api("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g")
-    (m,) = _receive(api, url, 5, VisibilityTimeout=1)
+def test_a_fifo_receipt_expires_with_its_visibility_timeout(sqs_api):
+    url = _fifo(sqs_api, ContentBasedDeduplication="true")
+    sqs_api("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g")
+    (m,) = _receive(sqs_api, url, 5, VisibilityTimeout=1)
     time.sleep(1.5)
     # its timeout ran out: the receipt deletes nothing, though nobody received the message since
     assert (
-        _refused(api, "DeleteMessage", QueueUrl=url, ReceiptHandle=m["ReceiptHandle"]).code == "InvalidParameterValue"
+        _refused(sqs_api, "DeleteMessage", QueueUrl=url, ReceiptHandle=m["ReceiptHandle"]).code
+        == "InvalidParameterValue"
     )
     # delivered again, with a new receipt; the old one stays refused
-    (again,) = _receive(api, url, 5)
+    (again,) = _receive(sqs_api, url, 5)
     assert again["MessageId"] == m["MessageId"]
     for action, extra in (("DeleteMessage", {}), ("ChangeMessageVisibility", {"VisibilityTimeout": 5})):
-        e = _refused(api, action, QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], **extra)
+        e = _refused(sqs_api, action, QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], **extra)
         assert e.code == "InvalidParameterValue", action
-    batch = api("DeleteMessageBatch", QueueUrl=url, Entries=[{"Id": "a", "ReceiptHandle": m["ReceiptHandle"]}])
+    batch = sqs_api("DeleteMessageBatch", QueueUrl=url, Entries=[{"Id": "a", "ReceiptHandle": m["ReceiptHandle"]}])
     assert [(f["Id"], f["Code"]) for f in batch["Failed"]] == [("a", "InvalidParameterValue")]
     # nothing deleted: the new receipt deletes it (twice, within its timeout)
-    assert _depth(api, url) == 0 and _receive(api, url, 0) == []
-    api("DeleteMessage", QueueUrl=url, ReceiptHandle=again["ReceiptHandle"])
-    api("DeleteMessage", QueueUrl=url, ReceiptHandle=again["ReceiptHandle"])
-    assert _depth(api, url) == 0
+    assert _depth(sqs_api, url) == 0 and _receive(sqs_api, url, 0) == []
+    sqs_api("DeleteMessage", QueueUrl=url, ReceiptHandle=again["ReceiptHandle"])
+    sqs_api("DeleteMessage", QueueUrl=url, ReceiptHandle=again["ReceiptHandle"])
+    assert _depth(sqs_api, url) == 0
 
 
-def test_purge_forgets_the_fifo_dedup_ids(api):
-    url = _fifo(api)
-    first = api("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g", MessageDeduplicationId="d")
-    repeat = api("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g", MessageDeduplicationId="d")
-    assert repeat["MessageId"] == first["MessageId"] and _depth(api, url) == 1
-    api("PurgeQueue", QueueUrl=url)
-    assert _depth(api, url) == 0
-    again = api("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g", MessageDeduplicationId="d")
+def test_purge_forgets_the_fifo_dedup_ids(sqs_api):
+    url = _fifo(sqs_api)
+    first = sqs_api("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g", MessageDeduplicationId="d")
+    repeat = sqs_api("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g", MessageDeduplicationId="d")
+    assert repeat["MessageId"] == first["MessageId"] and _depth(sqs_api, url) == 1
+    sqs_api("PurgeQueue", QueueUrl=url)
+    assert _depth(sqs_api, url) == 0
+    again = sqs_api("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g", MessageDeduplicationId="d")
     assert again["MessageId"] != first["MessageId"]
-    (m,) = _receive(api, url, 5)
+    (m,) = _receive(sqs_api, url, 5)
     assert m["MessageId"] == again["MessageId"]
 
 
@@ -367,105 +364,107 @@ def test_purge_forgets_the_fifo_dedup_ids(api):
 NO_TASK = "ResourceNotFoundException"
 
 
-def _arn(api: Api, url: str) -> str:
-    arn: str = api("GetQueueAttributes", QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+def _arn(sqs_api: Api, url: str) -> str:
+    arn: str = sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     return arn
 
 
-def _tasks(api: Api, arn: str, **kw: Any) -> list[dict[str, Any]]:
-    return api("ListMessageMoveTasks", SourceArn=arn, **kw).get("Results", [])
+def _tasks(sqs_api: Api, arn: str, **kw: Any) -> list[dict[str, Any]]:
+    return sqs_api("ListMessageMoveTasks", SourceArn=arn, **kw).get("Results", [])
 
 
-def _slow_move(api: Api, messages: int) -> tuple[str, str, str, str]:
+def _slow_move(sqs_api: Api, messages: int) -> tuple[str, str, str, str]:
     """A task moving ``messages`` messages of a new queue to another, one a second: source and
     destination URL, source ARN, the task's handle."""
-    source = api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
-    dest = api("CreateQueue", QueueName=_name("dest"))["QueueUrl"]
+    source = sqs_api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
+    dest = sqs_api("CreateQueue", QueueName=_name("dest"))["QueueUrl"]
     entries = [{"Id": f"m{i}", "MessageBody": f"m{i}"} for i in range(messages)]
-    api("SendMessageBatch", QueueUrl=source, Entries=entries)
-    arn = _arn(api, source)
-    handle = api("StartMessageMoveTask", SourceArn=arn, DestinationArn=_arn(api, dest), MaxNumberOfMessagesPerSecond=1)
+    sqs_api("SendMessageBatch", QueueUrl=source, Entries=entries)
+    arn = _arn(sqs_api, source)
+    handle = sqs_api(
+        "StartMessageMoveTask", SourceArn=arn, DestinationArn=_arn(sqs_api, dest), MaxNumberOfMessagesPerSecond=1
+    )
     return source, dest, arn, handle["TaskHandle"]
 
 
-def _ended(api: Api, arn: str) -> dict[str, Any]:
+def _ended(sqs_api: Api, arn: str) -> dict[str, Any]:
     """The source's newest task once it is no longer RUNNING or CANCELLING (CANCELLING at most
     until the task's next look at its status)."""
     seen: list[dict[str, Any]] = []
 
     def ended() -> bool:
-        seen[:] = _tasks(api, arn)
+        seen[:] = _tasks(sqs_api, arn)
         return seen[0]["Status"] not in ("RUNNING", "CANCELLING")
 
     wait_until(ended, 30, "the move task to end")
     return seen[0]
 
 
-def test_a_cancelled_move_task_stops_and_keeps_what_it_moved(api):
-    source, dest, arn, handle = _slow_move(api, 8)
-    (task,) = _tasks(api, arn)
+def test_a_cancelled_move_task_stops_and_keeps_what_it_moved(sqs_api):
+    source, dest, arn, handle = _slow_move(sqs_api, 8)
+    (task,) = _tasks(sqs_api, arn)
     assert (task["Status"], task["TaskHandle"]) == ("RUNNING", handle)
     assert (task["ApproximateNumberOfMessagesToMove"], task["MaxNumberOfMessagesPerSecond"]) == (8, 1)
     # one task of a source at a time
-    e = _refused(api, "StartMessageMoveTask", SourceArn=arn, DestinationArn=_arn(api, dest))
+    e = _refused(sqs_api, "StartMessageMoveTask", SourceArn=arn, DestinationArn=_arn(sqs_api, dest))
     assert e.code == "AWS.SimpleQueueService.UnsupportedOperation"
-    moved = api("CancelMessageMoveTask", TaskHandle=handle)["ApproximateNumberOfMessagesMoved"]
+    moved = sqs_api("CancelMessageMoveTask", TaskHandle=handle)["ApproximateNumberOfMessagesMoved"]
     assert 0 <= moved < 8
-    status = _tasks(api, arn)[0]["Status"]
+    status = _tasks(sqs_api, arn)[0]["Status"]
     assert status in ("CANCELLING", "CANCELLED")
-    task = _ended(api, arn)
+    task = _ended(sqs_api, arn)
     assert task["Status"] == "CANCELLED" and "TaskHandle" not in task
     done = task["ApproximateNumberOfMessagesMoved"]
     assert moved <= done < 8
     # what was moved stays moved, the rest stays in the source
-    assert (_depth(api, dest), _depth(api, source)) == (done, 8 - done)
+    assert (_depth(sqs_api, dest), _depth(sqs_api, source)) == (done, 8 - done)
     # a cancelled task is not running: not cancelled again
-    assert _refused(api, "CancelMessageMoveTask", TaskHandle=handle).code == NO_TASK
+    assert _refused(sqs_api, "CancelMessageMoveTask", TaskHandle=handle).code == NO_TASK
     # the audit trail has the task's start, its cancel and its end, by the key's user
     from queues.models import AuditEntry
 
     trail = list(AuditEntry.objects.filter(target=source.rsplit("/", 1)[1]).order_by("at", "pk"))
     moves = [(e.actor, e.action) for e in trail if e.action.startswith("move_")]
-    user = api.key.user.get_username()
+    user = sqs_api.key.user.get_username()
     assert moves == [(user, "move_start"), (user, "move_cancel"), (user, "move_end")]
     assert trail[-1].detail["status"] == "CANCELLED" and trail[-1].detail["moved"] == done
 
 
-def test_only_a_running_task_is_cancelled(api):
-    source = api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
-    dest = api("CreateQueue", QueueName=_name("dest"))["QueueUrl"]
-    api("SendMessage", QueueUrl=source, MessageBody="m")
-    arn = _arn(api, source)
+def test_only_a_running_task_is_cancelled(sqs_api):
+    source = sqs_api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
+    dest = sqs_api("CreateQueue", QueueName=_name("dest"))["QueueUrl"]
+    sqs_api("SendMessage", QueueUrl=source, MessageBody="m")
+    arn = _arn(sqs_api, source)
     # with no rate, a small task has ended when StartMessageMoveTask answers
-    handle = api("StartMessageMoveTask", SourceArn=arn, DestinationArn=_arn(api, dest))["TaskHandle"]
-    (task,) = _tasks(api, arn)
+    handle = sqs_api("StartMessageMoveTask", SourceArn=arn, DestinationArn=_arn(sqs_api, dest))["TaskHandle"]
+    (task,) = _tasks(sqs_api, arn)
     assert (task["Status"], task["ApproximateNumberOfMessagesMoved"]) == ("COMPLETED", 1)
     assert "TaskHandle" not in task
-    assert _refused(api, "CancelMessageMoveTask", TaskHandle=handle).code == NO_TASK
+    assert _refused(sqs_api, "CancelMessageMoveTask", TaskHandle=handle).code == NO_TASK
     # a handle of no task, and one that is no handle
     other = base64.b64encode(json.dumps({"taskId": str(uuid.uuid4()), "sourceArn": arn}).encode()).decode()
     for bad in (other, "bm90LWEtdGFzaw==", "?"):
-        assert _refused(api, "CancelMessageMoveTask", TaskHandle=bad).code == NO_TASK
-    e = _refused(api, "StartMessageMoveTask", SourceArn=arn, MaxNumberOfMessagesPerSecond=501)
+        assert _refused(sqs_api, "CancelMessageMoveTask", TaskHandle=bad).code == NO_TASK
+    e = _refused(sqs_api, "StartMessageMoveTask", SourceArn=arn, MaxNumberOfMessagesPerSecond=501)
     assert e.code == "InvalidParameterValue"
 
 
-def test_list_message_move_tasks_answers_the_most_recent_up_to_max_results(api):
-    source = api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
-    arn = _arn(api, source)
+def test_list_message_move_tasks_answers_the_most_recent_up_to_max_results(sqs_api):
+    source = sqs_api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
+    arn = _arn(sqs_api, source)
     for _ in range(11):  # an empty dead-letter queue: each task ends at once
-        api("StartMessageMoveTask", SourceArn=arn)
-    (newest,) = _tasks(api, arn)
-    ten = _tasks(api, arn, MaxResults=10)
+        sqs_api("StartMessageMoveTask", SourceArn=arn)
+    (newest,) = _tasks(sqs_api, arn)
+    ten = _tasks(sqs_api, arn, MaxResults=10)
     assert len(ten) == 10 and ten[0] == newest
     assert all(t["Status"] == "COMPLETED" for t in ten)
     stamps = [t["StartedTimestamp"] for t in ten]
     assert stamps == sorted(stamps, reverse=True)
     for bad in (0, 11):
-        assert _refused(api, "ListMessageMoveTasks", SourceArn=arn, MaxResults=bad).code == "InvalidParameterValue"
+        assert _refused(sqs_api, "ListMessageMoveTasks", SourceArn=arn, MaxResults=bad).code == "InvalidParameterValue"
 
 
-def test_a_task_whose_process_stopped_is_failed_in_its_row_when_listed(api, committed):
+def test_a_task_whose_process_stopped_is_failed_in_its_row_when_listed(sqs_api, committed):
     """A RUNNING row whose process stopped writing (a node killed mid-task) is listed FAILED
     and its row says so from then on: no other process finds it running."""
     from datetime import timedelta
@@ -476,8 +475,8 @@ def test_a_task_whose_process_stopped_is_failed_in_its_row_when_listed(api, comm
     from sqs import move_tasks
     from sqs.models import MoveTask
 
-    source = api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
-    arn = _arn(api, source)
+    source = sqs_api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
+    arn = _arn(sqs_api, source)
     q = Queue.objects.get(name=source.rsplit("/", 1)[1])
     old = timezone.now() - timedelta(seconds=move_tasks.STALE + 5)
     task = committed(
@@ -485,18 +484,18 @@ def test_a_task_whose_process_stopped_is_failed_in_its_row_when_listed(api, comm
             handle=move_tasks.task_handle(arn), queue_id=q.pk, source_arn=arn, started_ms=1, beat_at=old
         )
     )
-    (listed,) = _tasks(api, arn)
+    (listed,) = _tasks(sqs_api, arn)
     assert (listed["Status"], listed["FailureReason"]) == ("FAILED", move_tasks.LOST)
     assert "TaskHandle" not in listed
     row = MoveTask.objects.get(pk=task.pk)
     assert (row.status, row.failure_reason) == (MoveTask.FAILED, move_tasks.LOST)
     # its end is in the audit trail once, by the node (its process is gone), however often listed
-    _tasks(api, arn)
+    _tasks(sqs_api, arn)
     ends = AuditEntry.objects.filter(action="move_end", detail__task=task.pk)
     assert [(e.actor, e.target, e.detail["status"]) for e in ends] == [("system", q.name, "FAILED")]
     # a new task of the source may start: none is running
-    api("StartMessageMoveTask", SourceArn=arn)
-    assert _tasks(api, arn)[0]["Status"] == "COMPLETED"
+    sqs_api("StartMessageMoveTask", SourceArn=arn)
+    assert _tasks(sqs_api, arn)[0]["Status"] == "COMPLETED"
 
 
 def test_a_task_stopped_by_an_error_of_ours_names_no_internals(module_node, committed, caplog):
@@ -539,15 +538,15 @@ def test_a_cancel_from_another_process_stops_the_move(module_node, key, committe
     from sqs import actions
     from sqs.context import Context
 
-    api = Api(module_node, key, "json")
-    source, dest, arn, handle = _slow_move(api, 8)
+    sqs_api = Api(module_node, key, "json")
+    source, dest, arn, handle = _slow_move(sqs_api, 8)
     ctx = Context(caller=SYSTEM, base_url=f"{module_node.url}/sqs", account="000000000000", region="eu-west-1")
     out = committed(lambda: actions.run("CancelMessageMoveTask", {"TaskHandle": handle}, ctx))
     assert 0 <= out["ApproximateNumberOfMessagesMoved"] < 8
-    task = _ended(api, arn)
+    task = _ended(sqs_api, arn)
     assert task["Status"] == "CANCELLED"
     done = task["ApproximateNumberOfMessagesMoved"]
-    assert (_depth(api, dest), _depth(api, source)) == (done, 8 - done) and done < 8
+    assert (_depth(sqs_api, dest), _depth(sqs_api, source)) == (done, 8 - done) and done < 8
 
 
 def test_a_move_task_whose_user_is_made_inactive_stops_and_fails(module_node, committed):
@@ -555,8 +554,8 @@ def test_a_move_task_whose_user_is_made_inactive_stops_and_fails(module_node, co
     from sqs.models import MoveTask
 
     user = committed(lambda: User.objects.create(username=_name("mover")))
-    api = Api(module_node, committed(lambda: AccessKey.issue(user)), "json")
-    *_, handle = _slow_move(api, 8)
+    sqs_api = Api(module_node, committed(lambda: AccessKey.issue(user)), "json")
+    *_, handle = _slow_move(sqs_api, 8)
     # when the task's user is made inactive while it moves one message a second
     committed(lambda: User.objects.filter(pk=user.pk).update(is_active=False))
     # then the task ends, failed, before it moved them all

@@ -34,12 +34,7 @@ from tests.launcher import wait_until
 
 #: One node for the module's tests (:func:`module_node`): the rows it must read are committed
 #: (:func:`committed`); each test reads the database in a transaction rolled back after it.
-pytestmark = [pytest.mark.slow, pytest.mark.django_db]
-
-
-@pytest.fixture
-def node(module_node):
-    return module_node
+pytestmark = [pytest.mark.slow, pytest.mark.django_db, pytest.mark.node(shared=True)]
 
 
 def _user(name: str = "sqs") -> User:
@@ -55,12 +50,6 @@ def _client(node, key: AccessKey | None = None, *, secret: str | None = None, ke
         aws_secret_access_key=secret or key.secret,
         config=Config(retries={"max_attempts": 3, "mode": "standard"}, read_timeout=60),
     )
-
-
-@pytest.fixture
-def sqs(node, committed):
-    key = committed(lambda: AccessKey.issue(_user()))
-    return _client(node, key)
 
 
 def _code(exc: pytest.ExceptionInfo) -> str:

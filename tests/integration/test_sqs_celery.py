@@ -25,17 +25,12 @@ from kombu import Connection
 from tests.launcher import ROOT, NodeProcess, wait_until
 
 # One node for the module (its tests call it over HTTP only); the access key is committed apart.
-pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db, pytest.mark.node(shared=True)]
 
 CELERY = str(Path(sys.executable).with_name("celery"))
 TASKS = 500
 LONG_SLEEP = 8  # seconds: longer than the queue's visibility timeout below
 VISIBILITY = 4
-
-
-@pytest.fixture
-def node(module_node):
-    return module_node
 
 
 @pytest.fixture(scope="module")

@@ -30,12 +30,6 @@ GROUPS = 20
 PARTITIONS = 4
 
 
-@pytest.fixture
-def two_nodes(nodes):
-    """Two nodes of one process each (so a node is one owner)."""
-    return nodes.start(processes=1), nodes.start(processes=1)
-
-
 class Both:
     """One user's clients of both nodes: boto3 (SQS) and REST, and which node is which."""
 

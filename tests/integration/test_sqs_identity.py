@@ -36,28 +36,13 @@ from tests.integration.test_sqs_query import NS, _post, _text
 from tests.launcher import wait_until
 
 # One node for the module (its tests only call it); rows it must read are committed apart.
-pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.django_db]
+pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.django_db, pytest.mark.node(shared=True)]
 
 _ENTRY_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
 
 
 def _new_key() -> AccessKey:
     return AccessKey.issue(User.objects.create(username=f"ident-{uuid.uuid4().hex[:8]}"))
-
-
-@pytest.fixture
-def node(module_node):
-    return module_node
-
-
-@pytest.fixture(scope="module")
-def key(committed) -> AccessKey:
-    return committed(_new_key)
-
-
-@pytest.fixture
-def sqs(node, key):
-    return _client(node, key)
 
 
 def _query(node, key, action: str, **params: str) -> ET.Element:
@@ -287,9 +272,9 @@ def test_queue_urls_and_arns_name_the_region_json(node, key):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_node_serves_its_own_region_only(nodes):
+def test_a_node_serves_its_own_region_only(node_factory):
     # (a node of its own, set to one region)
-    node, key = nodes.start(SQS_REGION="eu-central-1"), _new_key()
+    node, key = node_factory(SQS_REGION="eu-central-1"), _new_key()
 
     def client(region: str):
         return boto3.client(

@@ -23,18 +23,18 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def owner():
+def key_owner():
     return User.objects.create(username=f"k-{uuid.uuid4().hex[:8]}")
 
 
-def test_admin_creates_lists_and_revokes_keys(client, owner):
+def test_admin_creates_lists_and_revokes_keys(client, key_owner):
     # given an operator in the admin
     admin_user = User.objects.create(username=f"admin-{uuid.uuid4().hex[:6]}", is_staff=True, is_superuser=True)
     client.force_login(admin_user)
     # when they add a key for a user
-    r = client.post("/admin/sqs/accesskey/add/", {"user": owner.pk, "description": "ci"}, follow=True)
+    r = client.post("/admin/sqs/accesskey/add/", {"user": key_owner.pk, "description": "ci"}, follow=True)
     assert r.status_code == 200
-    (key,) = AccessKey.objects.filter(user=owner)
+    (key,) = AccessKey.objects.filter(user=key_owner)
     # then the secret is shown once, and the key is listed with its last use
     shown = [str(m) for m in r.context["messages"]]
     assert any(key.access_key_id in m and key.secret in m for m in shown), shown
@@ -49,24 +49,24 @@ def test_admin_creates_lists_and_revokes_keys(client, owner):
     assert not key.active
 
 
-def test_command_creates_lists_and_revokes(owner):
+def test_command_creates_lists_and_revokes(key_owner):
     out = StringIO()
-    call_command("sqs_keys", "create", owner.username, "--description", "app", stdout=out)
+    call_command("sqs_keys", "create", key_owner.username, "--description", "app", stdout=out)
     key_id = re.search(r"aws_access_key_id = (\S+)", out.getvalue())[1]
     secret = re.search(r"aws_secret_access_key = (\S+)", out.getvalue())[1]
     key = AccessKey.objects.get(access_key_id=key_id)
-    assert key.secret == secret and key.user == owner and key.active
-    second = AccessKey.issue(owner)
+    assert key.secret == secret and key.user == key_owner and key.active
+    second = AccessKey.issue(key_owner)
 
     out = StringIO()
-    call_command("sqs_keys", "list", owner.username, stdout=out)
+    call_command("sqs_keys", "list", key_owner.username, stdout=out)
     assert key_id in out.getvalue() and "used never" in out.getvalue() and "active" in out.getvalue()
 
     call_command("sqs_keys", "revoke", key_id, stdout=StringIO())
     key.refresh_from_db()
     second.refresh_from_db()
     assert not key.active and second.active
-    call_command("sqs_keys", "revoke", owner.username, stdout=StringIO())  # every key of the user
+    call_command("sqs_keys", "revoke", key_owner.username, stdout=StringIO())  # every key of the user
     second.refresh_from_db()
     assert not second.active
     with pytest.raises(CommandError):
@@ -82,12 +82,12 @@ def _staff(*codenames: str) -> tuple[User, Client]:
     return user, client
 
 
-def test_a_staff_user_who_may_add_keys_issues_them_for_themselves_only(owner):
+def test_a_staff_user_who_may_add_keys_issues_them_for_themselves_only(key_owner):
     # given a superuser, and a staff user whose one permission is to add access keys
     root = User.objects.create(username=f"root-{uuid.uuid4().hex[:6]}", is_staff=True, is_superuser=True)
     staff, client = _staff("add_accesskey")
     # when they issue a key for the superuser, or for another user
-    for target in (root, owner):
+    for target in (root, key_owner):
         r = client.post("/admin/sqs/accesskey/add/", {"user": target.pk, "description": "mine now"}, follow=True)
         # then none is made, and no secret is shown
         assert not AccessKey.objects.filter(user=target).exists(), target
@@ -122,9 +122,9 @@ def test_nobody_but_a_superuser_issues_a_key_for_a_superuser():
         sqs_service.issue_access_key(root, caller=Caller.of(other))
 
 
-def test_only_its_holder_or_a_superuser_revokes_a_key(owner):
+def test_only_its_holder_or_a_superuser_revokes_a_key(key_owner):
     # given another user's key, and a staff user who may view and change keys
-    key = AccessKey.issue(owner)
+    key = AccessKey.issue(key_owner)
     staff, client = _staff("view_accesskey", "change_accesskey")
     # when they post the revoke action on it in the console
     r = client.post("/admin/sqs/accesskey/", {"action": "revoke", "_selected_action": [key.pk]}, follow=True)
@@ -142,11 +142,11 @@ def test_only_its_holder_or_a_superuser_revokes_a_key(owner):
     own.refresh_from_db()
     assert not own.active
     # and its holder revokes it
-    sqs_service.revoke_access_key(key, caller=Caller.of(owner))
+    sqs_service.revoke_access_key(key, caller=Caller.of(key_owner))
     key.refresh_from_db()
     assert not key.active
-    entry = AuditEntry.objects.get(action="revoke_key", target=f"user:{owner.username}")
-    assert (entry.actor, entry.detail) == (owner.username, {"access_key_id": key.access_key_id})
+    entry = AuditEntry.objects.get(action="revoke_key", target=f"user:{key_owner.username}")
+    assert (entry.actor, entry.detail) == (key_owner.username, {"access_key_id": key.access_key_id})
 
 
 class _StoreDown:
@@ -156,7 +156,9 @@ class _StoreDown:
     put = get
 
 
-def test_a_user_deleted_in_the_console_while_the_store_is_down_gets_503_and_stays(client, owner, monkeypatch, runtime):
+def test_a_user_deleted_in_the_console_while_the_store_is_down_gets_503_and_stays(
+    client, key_owner, monkeypatch, runtime
+):
     # given an operator in the console, and a user, while the key-value store is down
     from queues.service import credentials
 
@@ -164,9 +166,9 @@ def test_a_user_deleted_in_the_console_while_the_store_is_down_gets_503_and_stay
     client.force_login(admin_user)
     monkeypatch.setattr(credentials, "get_store", _StoreDown)
     # when the operator deletes the user (no process could be told to stop trusting its keys)
-    r = client.post(f"/admin/auth/user/{owner.pk}/delete/", {"post": "yes"})
+    r = client.post(f"/admin/auth/user/{key_owner.pk}/delete/", {"post": "yes"})
     # then the page answers 503 with Retry-After, not 500, and the user stays
     assert r.status_code == 503, r.content
     assert r.headers["Retry-After"] == "1"
     assert r.json()["error"] == "unavailable"
-    assert User.objects.filter(pk=owner.pk).exists()
+    assert User.objects.filter(pk=key_owner.pk).exists()

@@ -50,8 +50,8 @@ def _code(exc: ClientError) -> str:
 
 
 @pytest.mark.node(env={"API_THROTTLE_USER": "6/m"})
-def test_the_per_user_rate_applies_to_sqs_calls_as_to_rest(nodes):
-    node = nodes.start()
+def test_the_per_user_rate_applies_to_sqs_calls_as_to_rest(node_factory):
+    node = node_factory()
     user, other = _user(), _user()
     sqs = _client(node, AccessKey.issue(user))
     # when one user calls more than its rate (6 a minute: 14 calls span at most two windows)
@@ -75,9 +75,9 @@ def test_the_per_user_rate_applies_to_sqs_calls_as_to_rest(nodes):
     assert "ResponseMetadata" in _client(node, AccessKey.issue(other)).list_queues()
 
 
-def test_a_store_outage_is_service_unavailable_never_500(nodes):
+def test_a_store_outage_is_service_unavailable_never_500(node_factory):
     # given a node whose key-value store is unreachable (nothing listens on its Redis port)
-    node = nodes.start(KV_URL=f"redis://127.0.0.1:{free_port()}/5")
+    node = node_factory(KV_URL=f"redis://127.0.0.1:{free_port()}/5")
     key = AccessKey.issue(_user())
     raw = _client(node, key)
     # a queue its rows describe (the node cannot create one: a new partition reads the store)
@@ -120,10 +120,10 @@ def _csrf(html: str) -> str:
     return found[1]
 
 
-def test_a_key_revoked_on_one_node_is_refused_by_another_from_the_next_call(nodes):
+def test_a_key_revoked_on_one_node_is_refused_by_another_from_the_next_call(node_factory):
     # given two nodes of one cluster, both of which have served calls with a key (each of them
     # holds the key, its user and the queue)
-    a, b = nodes.start(), nodes.start()
+    a, b = node_factory(), node_factory()
     password = uuid.uuid4().hex
     owner = User.objects.create_user(_name(), password=password, is_staff=True, is_superuser=True)
     key = AccessKey.issue(owner)

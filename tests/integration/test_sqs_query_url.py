@@ -17,27 +17,16 @@ import requests
 from botocore.auth import SigV4Auth, SigV4QueryAuth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
-from django.contrib.auth.models import User
 
 from queues.models import Queue
 from sqs.models import AccessKey
 
 #: One node for the module's tests (:func:`module_node`): the key it must read is committed
 #: (:func:`committed`); each test reads the database in a transaction rolled back after it.
-pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db, pytest.mark.node(shared=True)]
 
 NS = {"s": "http://queue.amazonaws.com/doc/2012-11-05/"}
 REGION = "eu-west-1"
-
-
-@pytest.fixture
-def node(module_node):
-    return module_node
-
-
-@pytest.fixture
-def key(committed):
-    return committed(lambda: AccessKey.issue(User.objects.create(username=f"qurl-{uuid.uuid4().hex[:8]}")))
 
 
 def _call(method: str, url: str, key: AccessKey, params: dict) -> requests.Response:

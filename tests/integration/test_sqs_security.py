@@ -38,17 +38,12 @@ from sqs.models import AccessKey
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db,
-    pytest.mark.node(env={"LONG_POLL_MAX_PER_USER": "1"}),
+    pytest.mark.node(shared=True, env={"LONG_POLL_MAX_PER_USER": "1"}),
 ]
 
 NS = {"s": "http://queue.amazonaws.com/doc/2012-11-05/"}
 REGION = "eu-west-1"
 JSON = "application/x-amz-json-1.0"
-
-
-@pytest.fixture
-def node(module_node):
-    return module_node
 
 
 def _user(name: str = "sec") -> User:

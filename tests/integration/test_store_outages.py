@@ -20,6 +20,7 @@ prints its 503s, its longest call and the time to resume.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import threading
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 import pytest
 from django.db import connection
 
-from tests.integration.nodes import Client, NodeSet, local_node_env
+from tests.integration.nodes import Client
 from tests.integration.test_cluster import Load, _make_queue, _partitions
 from tests.launcher import ROOT, NodeProcess, wait_until
 
@@ -134,13 +135,11 @@ def _serves(nodes: list[NodeProcess], token: str, name: str, partitions: int) ->
 
 
 @pytest.fixture
-def cluster(tmp_path, redis_client):
-    # Deadlines on the stores well inside the load's 10 s call timeout: a call that meets an
-    # unreachable database waits at most DB_CALL_TIMEOUT + DB_CONNECT_TIMEOUT.
-    env = local_node_env(tmp_path, NODE_HEARTBEAT="0.3", DB_CALL_TIMEOUT="3", DB_CONNECT_TIMEOUT="2", REDIS_TIMEOUT="1")
-    nodes = NodeSet(env, tmp_path)
-    yield nodes.start
-    nodes.stop()
+def cluster(node_factory):
+    """Nodes with deadlines on the stores well inside the load's 10 s call timeout: a call that
+    meets an unreachable database waits at most DB_CALL_TIMEOUT + DB_CONNECT_TIMEOUT."""
+    yield functools.partial(node_factory, DB_CALL_TIMEOUT="3", DB_CONNECT_TIMEOUT="2", REDIS_TIMEOUT="1")
+    node_factory.stop()
     connection.close()  # the test's own connection may predate a PostgreSQL restart
 
 

@@ -20,8 +20,8 @@ from archive.models import ArchivedMessage
 from queues.engine.ids import StoredMessage
 from queues.engine.keys import incarnation
 from queues.models import Queue
-from tests.integration.nodes import Client, drain, local_node_env
-from tests.launcher import NodeProcess, wait_until
+from tests.integration.nodes import Client, drain
+from tests.launcher import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -39,7 +39,7 @@ def in_group_order(messages: list[dict]) -> bool:
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_slow_subscription_reads_from_the_archive_after_a_takeover_and_replay_round_trips(
-    tmp_path, token, redis_client
+    node_factory, token, redis_client
 ):
     from rest_framework.authtoken.models import Token
 
@@ -49,9 +49,8 @@ def test_a_slow_subscription_reads_from_the_archive_after_a_takeover_and_replay_
     from queues.kv.redis import RedisStore
 
     store = RedisStore(redis_client).within(settings.KV_PREFIX)  # as the nodes open it
-    env = local_node_env(tmp_path)
-    first = NodeProcess(env, tmp_path).start()
-    second = NodeProcess(env, tmp_path)
+    first = node_factory()
+    second = node_factory(start=False)
     topic, copy = f"news-{uuid.uuid4().hex[:6]}", f"copy-{uuid.uuid4().hex[:6]}"
 
     def topic_store():

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from tests.integration.nodes import Client, drain, local_node_env
-from tests.launcher import NodeProcess, wait_until
+from tests.integration.nodes import Client, drain
+from tests.launcher import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -23,10 +23,9 @@ BATCH = 50
 
 
 @pytest.mark.slow
-def test_sigkill_on_a_topic_loses_nothing_for_any_subscription(tmp_path, token, redis_client):
-    env = local_node_env(tmp_path)
-    first = NodeProcess(env, tmp_path).start()
-    second = NodeProcess(env, tmp_path)
+def test_sigkill_on_a_topic_loses_nothing_for_any_subscription(node_factory, token):
+    first = node_factory()
+    second = node_factory(start=False)
     try:
         c = Client(first.url, token)
         assert (

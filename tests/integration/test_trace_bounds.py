@@ -14,16 +14,13 @@ lines) on PostgreSQL + Redis:
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 
 import pytest
 import requests
 from botocore.exceptions import ClientError
-from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 
-from sqs.models import AccessKey
 from tests.integration.test_sqs_boto3 import _client, _name, _receive_all
 from tests.launcher import wait_until
 
@@ -32,7 +29,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.cluster,
     pytest.mark.django_db,
-    pytest.mark.node(env={"TRACES_EXPORT": "jsonl"}),
+    pytest.mark.node(shared=True, env={"TRACES_EXPORT": "jsonl"}),
 ]
 
 TRACE_ID = "5759e988bd862e3fe1be46a994272793"
@@ -47,26 +44,11 @@ FORGED = f"rojo=00f067aa0ba902b7\n{FORGED_LINE}"
 ANSI = "rojo=1\x1b[2J\x1b[31m"
 
 
-@pytest.fixture
-def node(module_node):
-    return module_node
-
-
 @pytest.fixture(scope="module")
-def key(committed) -> AccessKey:
-    return committed(lambda: AccessKey.issue(User.objects.create(username=f"trace-{uuid.uuid4().hex[:8]}")))
-
-
-@pytest.fixture(scope="module")
-def rest(committed, key) -> dict[str, str]:
+def rest_headers(committed, key) -> dict[str, str]:
     """The REST API's headers for the access key's user."""
     token = committed(lambda: Token.objects.create(user=key.user))
     return {"Authorization": f"Token {token.key}"}
-
-
-@pytest.fixture
-def sqs(node, key):
-    return _client(node, key)
 
 
 def _with_header(sqs, name: str, value: str):
@@ -95,14 +77,16 @@ def _span(node, name: str) -> dict:
     return next(s for s in _spans(node) if s["name"] == name)
 
 
-def _stored(node, rest, url: str, expected: int) -> list[dict]:
+def _stored(node, rest_headers, url: str, expected: int) -> list[dict]:
     """The stored messages of the SQS queue at ``url``, read over the REST API (what SQS keeps
     of each is its attribute ``sqs:meta``)."""
     name = url.rsplit("/", 1)[1]
     got: list[dict] = []
 
     def more() -> bool:
-        r = requests.post(f"{node.url}/api/v1/queues/{name}/dequeue", json={"max": 10}, headers=rest, timeout=30)
+        r = requests.post(
+            f"{node.url}/api/v1/queues/{name}/dequeue", json={"max": 10}, headers=rest_headers, timeout=30
+        )
         assert r.status_code == 200, r.text
         got.extend(r.json()["messages"])
         return len(got) >= expected
@@ -188,7 +172,7 @@ def test_an_aws_trace_header_of_xrays_form_is_kept_outside_the_messages_size(sqs
         "Root=1-5759e988-bd862e3fe1be46a994272793;Root=1-5759e988-bd862e3fe1be46a994272794",
     ],
 )
-def test_an_x_amzn_trace_id_header_out_of_xrays_form_is_dropped(node, key, rest, header):
+def test_an_x_amzn_trace_id_header_out_of_xrays_form_is_dropped(node, key, rest_headers, header):
     # given a producer whose SDK sends an X-Amzn-Trace-Id header that is not X-Ray's
     sqs = _with_header(_client(node, key), "X-Amzn-Trace-Id", header)
     url = sqs.create_queue(QueueName=_name("trace"))["QueueUrl"]
@@ -196,12 +180,12 @@ def test_an_x_amzn_trace_id_header_out_of_xrays_form_is_dropped(node, key, rest,
     sent = sqs.send_message_batch(QueueUrl=url, Entries=[{"Id": f"m{i}", "MessageBody": f"m{i}"} for i in range(10)])
     # then the messages are stored, none with the header
     assert len(sent["Successful"]) == 10 and not sent.get("Failed")
-    stored = _stored(node, rest, url, 10)
+    stored = _stored(node, rest_headers, url, 10)
     assert len(stored) == 10
     assert [m for m in stored if "trace" in json.loads(m["attributes"]["sqs:meta"])] == []
 
 
-def test_an_x_amzn_trace_id_header_of_500_kb_on_a_batch_is_never_copied_into_its_messages(node, key, rest):
+def test_an_x_amzn_trace_id_header_of_500_kb_on_a_batch_is_never_copied_into_its_messages(node, key, rest_headers):
     # given a producer that sends a 500 KB X-Amzn-Trace-Id header (X-Ray's Root and Parent first)
     header = XRAY + ";Pad=" + "x" * 500_000
     url = _client(node, key).create_queue(QueueName=_name("trace"))["QueueUrl"]
@@ -216,60 +200,66 @@ def test_an_x_amzn_trace_id_header_of_500_kb_on_a_batch_is_never_copied_into_its
         assert 400 <= status < 500, exc.response
         sent = {"Successful": []}
     # then whatever it stored carries none of the header (and nothing of 5 MB is stored)
-    stored = _stored(node, rest, url, len(sent["Successful"])) if sent["Successful"] else []
+    stored = _stored(node, rest_headers, url, len(sent["Successful"])) if sent["Successful"] else []
     assert len(stored) == len(sent["Successful"])
     assert [m for m in stored if "trace" in json.loads(m["attributes"]["sqs:meta"])] == []
 
 
 # --- tracestate and the node's log --------------------------------------------------------------
 @pytest.mark.parametrize("state", [FORGED, ANSI])
-def test_a_rest_message_whose_tracestate_is_not_w3cs_is_refused_and_nothing_logged(node, rest, state):
+def test_a_rest_message_whose_tracestate_is_not_w3cs_is_refused_and_nothing_logged(node, rest_headers, state):
     # given a queue
     queue = _name("trace")
-    r = requests.post(f"{node.url}/api/v1/queues", json={"name": queue, "partitions": 1}, headers=rest, timeout=30)
+    r = requests.post(
+        f"{node.url}/api/v1/queues", json={"name": queue, "partitions": 1}, headers=rest_headers, timeout=30
+    )
     assert r.status_code == 201, r.text
     # when a message comes with a traceparent and a tracestate attribute that forges a log line
     message = {"body": "hi", "attributes": {"traceparent": PARENT, "tracestate": state}}
-    r = requests.post(f"{node.url}/api/v1/queues/{queue}/enqueue", json=message, headers=rest, timeout=30)
+    r = requests.post(f"{node.url}/api/v1/queues/{queue}/enqueue", json=message, headers=rest_headers, timeout=30)
     # then it is refused, nothing is stored, and the node's log has nothing of it raw
     assert r.status_code == 400, r.text
     assert r.json()["error"] == "invalid_attributes"
-    r = requests.post(f"{node.url}/api/v1/queues/{queue}/dequeue", json={"max": 10}, headers=rest, timeout=30)
+    r = requests.post(f"{node.url}/api/v1/queues/{queue}/dequeue", json={"max": 10}, headers=rest_headers, timeout=30)
     assert r.status_code == 200 and r.json()["messages"] == [], r.text
     assert _forged_in_log(node) == []
 
 
-def test_a_rest_tracestate_header_not_w3cs_is_dropped_and_nothing_logged(node, rest):
+def test_a_rest_tracestate_header_not_w3cs_is_dropped_and_nothing_logged(node, rest_headers):
     # given a queue
     queue = _name("trace")
-    r = requests.post(f"{node.url}/api/v1/queues", json={"name": queue, "partitions": 1}, headers=rest, timeout=30)
+    r = requests.post(
+        f"{node.url}/api/v1/queues", json={"name": queue, "partitions": 1}, headers=rest_headers, timeout=30
+    )
     assert r.status_code == 201, r.text
     # when a producer sends a traceparent header and a tracestate header that is not W3C's
     # (a header cannot hold a line feed: a member with spaces and capitals stands for it)
-    headers = {**rest, "traceparent": PARENT, "tracestate": "rojo=1,ERROR queues.api forged by a caller"}
+    headers = {**rest_headers, "traceparent": PARENT, "tracestate": "rojo=1,ERROR queues.api forged by a caller"}
     r = requests.post(f"{node.url}/api/v1/queues/{queue}/enqueue", json={"body": "hi"}, headers=headers, timeout=30)
     # then the message is stored in the producer's trace, without the tracestate
     assert r.status_code == 201, r.text
     enqueue = _span(node, f"enqueue {queue}")
     assert (enqueue["trace_id"], enqueue["parent_id"]) == (TRACE_ID, SPAN_ID)
-    r = requests.post(f"{node.url}/api/v1/queues/{queue}/dequeue", json={"max": 1}, headers=rest, timeout=30)
+    r = requests.post(f"{node.url}/api/v1/queues/{queue}/dequeue", json={"max": 1}, headers=rest_headers, timeout=30)
     (got,) = r.json()["messages"]
     assert got["attributes"] == {"traceparent": f"00-{TRACE_ID}-{enqueue['span_id']}-01"}
     # and nothing of it reached the node's log (OpenTelemetry had nothing to warn about)
     assert "forged by a caller" not in Path(node.log_path).read_text(errors="replace")
 
 
-def test_a_rest_header_with_ansi_escapes_is_refused_and_nothing_logged(node, rest):
+def test_a_rest_header_with_ansi_escapes_is_refused_and_nothing_logged(node, rest_headers):
     # given a queue
     queue = _name("trace")
-    r = requests.post(f"{node.url}/api/v1/queues", json={"name": queue, "partitions": 1}, headers=rest, timeout=30)
+    r = requests.post(
+        f"{node.url}/api/v1/queues", json={"name": queue, "partitions": 1}, headers=rest_headers, timeout=30
+    )
     assert r.status_code == 201, r.text
     # when a producer sends a tracestate header with ANSI escapes (no HTTP header text)
-    headers = {**rest, "traceparent": PARENT, "tracestate": ANSI}
+    headers = {**rest_headers, "traceparent": PARENT, "tracestate": ANSI}
     r = requests.post(f"{node.url}/api/v1/queues/{queue}/enqueue", json={"body": "hi"}, headers=headers, timeout=30)
     # then the node's front refuses the request, nothing is stored, nothing is logged raw
     assert r.status_code == 400, r.text
-    r = requests.post(f"{node.url}/api/v1/queues/{queue}/dequeue", json={"max": 1}, headers=rest, timeout=30)
+    r = requests.post(f"{node.url}/api/v1/queues/{queue}/dequeue", json={"max": 1}, headers=rest_headers, timeout=30)
     assert r.status_code == 200 and r.json()["messages"] == [], r.text
     assert _forged_in_log(node) == []
 

@@ -9,9 +9,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from mq_client import Client
 from queues import tracing
@@ -22,16 +19,6 @@ from workers.pipeline import Pipeline
 #: a producer's context, as a client sends it (trace ID, span ID, sampled)
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
-
-
-@pytest.fixture
-def exporter():
-    """Spans of a TracerProvider of the SDK's, finished ones in memory (``get_finished_spans``)."""
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    memory.provider = provider
-    return memory
 
 
 @pytest.fixture
@@ -117,15 +104,15 @@ def node_spans(path: Path) -> list[dict]:
 
 @pytest.mark.django_db(transaction=True)
 def test_producer_nodes_worker_and_its_handlers_enqueue_share_one_trace_across_a_forwarded_call(
-    nodes, token, tmp_path, exporter
+    node_factory, token, tmp_path, exporter
 ):
     # given node B, which owns the only partition of a queue, and node A, which does not; both
     # write their spans as JSON lines
-    b = nodes.start(TRACES_EXPORT="jsonl", TRACES_FILE=str(tmp_path / "b.jsonl"))
+    b = node_factory(TRACES_EXPORT="jsonl", TRACES_FILE=str(tmp_path / "b.jsonl"))
     for name in ("traced", "follow-ups"):
         Client(b.url, token).create_queue(name, partitions=1)
         wait_until(lambda n=name: all(p.owner for p in Client(b.url, token).partitions(n)), 20, f"B to own {name}")
-    a = nodes.start(TRACES_EXPORT="jsonl", TRACES_FILE=str(tmp_path / "a.jsonl"))
+    a = node_factory(TRACES_EXPORT="jsonl", TRACES_FILE=str(tmp_path / "a.jsonl"))
     # and a producer and a worker whose SDK client traces (in memory), both calling A only; the
     # worker's handler enqueues a follow-up message through the same client
     client = Client(a.url, token, owners_ttl=0, tracer_provider=exporter.provider)

@@ -27,7 +27,7 @@ import pytest
 import requests
 from rest_framework.authtoken.models import Token
 
-from tests.integration.nodes import NodeSet, local_node_env, member_ids
+from tests.integration.nodes import member_ids
 from tests.launcher import wait_until
 
 API = "/api/v1/queues"
@@ -84,8 +84,8 @@ def _owners(name: str) -> set[str | None]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_claimed_signature_and_an_anonymous_body_are_refused_before_the_body(nodes, token):
-    node = nodes.start()
+def test_a_claimed_signature_and_an_anonymous_body_are_refused_before_the_body(node_factory, token):
+    node = node_factory()
     name = _make_queue(node.url, token)
     json_type = {"Content-Type": "application/json"}
     cases = [
@@ -125,8 +125,8 @@ def test_a_claimed_signature_and_an_anonymous_body_are_refused_before_the_body(n
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_anonymous_8_mib_bodies_leave_the_nodes_memory_where_it_was(nodes, token):
-    node = nodes.start()
+def test_anonymous_8_mib_bodies_leave_the_nodes_memory_where_it_was(node_factory, token):
+    node = node_factory()
     name = _make_queue(node.url, token)
     (pid,) = node.member_pids()
     body = b"x" * (8 << 20)
@@ -171,8 +171,8 @@ def test_anonymous_8_mib_bodies_leave_the_nodes_memory_where_it_was(nodes, token
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_slow_bodies_do_not_take_the_node_out(nodes, token):
-    node = nodes.start()
+def test_slow_bodies_do_not_take_the_node_out(node_factory, token):
+    node = node_factory()
     name = _make_queue(node.url, token)
     wait_until(lambda: None not in _owners(name), 30, "the node to serve the queue")
     owners = _owners(name)
@@ -229,13 +229,13 @@ def test_slow_bodies_do_not_take_the_node_out(nodes, token):
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.cluster
-def test_one_callers_trickled_bodies_hold_a_few_request_threads_only(tmp_path, redis_client, token):
+@pytest.mark.node(env={"API_BODY_READS_PER_CALLER": "2"})
+def test_one_callers_trickled_bodies_hold_a_few_request_threads_only(node_factory, token):
     from django.contrib.auth.models import User
     from rest_framework.authtoken.models import Token
 
-    nodes = NodeSet(local_node_env(tmp_path, API_BODY_READS_PER_CALLER="2"), tmp_path)
     try:
-        node = nodes.start()
+        node = node_factory()
         name = _make_queue(node.url, token)
         other = Token.objects.create(user=User.objects.create(username=f"o-{uuid.uuid4().hex[:8]}")).key
         headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
@@ -273,13 +273,13 @@ def test_one_callers_trickled_bodies_hold_a_few_request_threads_only(tmp_path, r
             time.sleep(0.2)
         assert r.status_code == 201, r.text
     finally:
-        nodes.stop()
+        node_factory.stop()
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.node(env={"API_ANONYMOUS_BODY_READERS": "1"}, processes=1)
-def test_trickled_anonymous_bodies_hold_only_the_anonymous_readers(nodes, token):
-    node = nodes.start()
+def test_trickled_anonymous_bodies_hold_only_the_anonymous_readers(node_factory, token):
+    node = node_factory()
     name = _make_queue(node.url, token)
     form = {"Content-Type": "application/x-www-form-urlencoded"}
     # when an anonymous client sends a small body to the console's login, and none of its bytes
@@ -306,19 +306,16 @@ def test_trickled_anonymous_bodies_hold_only_the_anonymous_readers(nodes, token)
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.cluster
-def test_a_process_whose_request_threads_are_stuck_gives_up_its_leases(tmp_path, redis_client, token):
+@pytest.mark.node(env={"NODE_STUCK_AFTER": "2", "LONG_POLL_MAX_PER_NODE": "16", "LONG_POLL_MAX_PER_USER": "16"})
+def test_a_process_whose_request_threads_are_stuck_gives_up_its_leases(node_factory, token):
     # A's request threads: 4, all held by long polls on an empty queue (its bounds on them raised
     # past the threads: one user stands for many here). Bodies on their way hold none.
-    env = local_node_env(
-        tmp_path, NODE_STUCK_AFTER="2", NODE_HEARTBEAT="0.3", LONG_POLL_MAX_PER_NODE="16", LONG_POLL_MAX_PER_USER="16"
-    )
-    nodes = NodeSet(env, tmp_path)
     try:
-        a = nodes.start(NODE_THREADS="4")
+        a = node_factory(NODE_THREADS="4")
         (a_id,) = member_ids(a)
         name = _make_queue(a.url, token, lease_period=5)
         wait_until(lambda: _owners(name) == {a_id}, 30, "A to serve the queue")
-        b = nodes.start()
+        b = node_factory()
         (b_id,) = member_ids(b)
         time.sleep(2)
         assert _owners(name) == {a_id}, "B took the partition while A served"
@@ -366,23 +363,22 @@ def test_a_process_whose_request_threads_are_stuck_gives_up_its_leases(tmp_path,
 
         wait_until(heartbeats, 20, "A to heartbeat again once it answers calls (its polls over)")
     finally:
-        nodes.stop()
+        node_factory.stop()
 
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.cluster
-def test_a_process_with_idle_clients_past_its_connection_limit_keeps_its_leases(tmp_path, redis_client, token):
+@pytest.mark.node(env={"NODE_STUCK_AFTER": "2"})
+def test_a_process_with_idle_clients_past_its_connection_limit_keeps_its_leases(node_factory, token, tmp_path):
     # A: 2 request threads, so its server takes 8 connections at once (runnode's backpressure)
-    env = local_node_env(tmp_path, NODE_STUCK_AFTER="2", NODE_HEARTBEAT="0.3")
-    nodes = NodeSet(env, tmp_path)
     idle: list[socket.socket] = []
     try:
-        a = nodes.start(NODE_THREADS="2")
+        a = node_factory(NODE_THREADS="2")
         (a_id,) = member_ids(a)
         name = _make_queue(a.url, token, lease_period=5)
         wait_until(lambda: _owners(name) == {a_id}, 30, "A to serve the queue")
-        b = nodes.start()
+        b = node_factory()
         member_ids(b)
         # given 12 clients that made a call each and keep their connections open, idle (the
         # last ones wait to be accepted), every request thread free
@@ -400,15 +396,15 @@ def test_a_process_with_idle_clients_past_its_connection_limit_keeps_its_leases(
     finally:
         for sock in idle:
             sock.close()
-        nodes.stop()
+        node_factory.stop()
 
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_signed_call_captured_before_a_restart_is_refused_after_it(nodes):
+def test_a_signed_call_captured_before_a_restart_is_refused_after_it(node_factory):
     from queues.cluster import peerauth
 
-    node = nodes.start()
+    node = node_factory()
     path = "/api/v1/healthz"
     signed = peerauth.sign("GET", path, b"", 0, None, to=f"127.0.0.1:{node.port}")
     r = requests.get(f"{node.url}{path}", headers=signed, timeout=5)
@@ -431,10 +427,10 @@ def test_a_signed_call_captured_before_a_restart_is_refused_after_it(nodes):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_nodes_call_whose_body_comes_late_is_checked_once_and_served(nodes, token):
+def test_a_nodes_call_whose_body_comes_late_is_checked_once_and_served(node_factory, token):
     from queues.cluster import peerauth
 
-    node = nodes.start()
+    node = node_factory()
     name = _make_queue(node.url, token)
     user = str(Token.objects.get(key=token).user.pk)
     for size in (100, 200_000):  # (a small body read in one go; a large one chunk by chunk)

@@ -1,6 +1,6 @@
 """Names match whole: a queue's, topic's or subscription's name and a grant's pattern are
 checked against the whole string. ``$`` in a regex also matches before a trailing newline and
-Django's RegexValidator searches, so ``"orders\\n"`` passed a ``^...$`` pattern: the file store
+Django's RegexValidator searches, so ``"orders\\n"`` passed a ``^...$`` pattern: the file store_kind
 answered 500 for it, Redis and PostgreSQL created and listed it, and then answered every call on
 it, DELETE included, with 404. A pattern grant (``billing-*``) reached such a name too."""
 
@@ -21,7 +21,7 @@ BAD = ["{n}\n", "{n}\r\n", "\n{n}", "{n}\n\n"]
 
 
 @pytest.fixture(params=["file", "configured"])
-def store(request, settings, tmp_path):
+def store_kind(request, settings, tmp_path):
     """Each case on the file store (where the name once reached the disk: a 500) and on the
     store the suite runs with (Redis or PostgreSQL: created, then unreachable)."""
     if request.param == "file":
@@ -31,12 +31,7 @@ def store(request, settings, tmp_path):
     reset_store()
 
 
-@pytest.fixture
-def runtime(store, runtime):
-    """The shared runtime, started on the store ``store`` chose."""
-    return runtime
-
-
+@pytest.mark.usefixtures("store_kind")  # before the runtime: it opens the store
 @pytest.mark.parametrize("shape", BAD)
 def test_a_queue_or_topic_name_with_a_newline_is_400_and_creates_nothing(api, unique_name, shape):
     name = shape.format(n=unique_name("orders"))
@@ -50,6 +45,7 @@ def test_a_queue_or_topic_name_with_a_newline_is_400_and_creates_nothing(api, un
     assert name not in [q["name"] for q in api.get("/api/v1/queues").json()]
 
 
+@pytest.mark.usefixtures("store_kind")  # before the runtime: it opens the store
 @pytest.mark.parametrize("shape", BAD)
 def test_a_subscription_name_with_a_newline_is_400(api, unique_name, shape):
     topic = unique_name("news")
@@ -60,6 +56,7 @@ def test_a_subscription_name_with_a_newline_is_400(api, unique_name, shape):
     assert not Subscription.objects.filter(topic__name=topic).exists()
 
 
+@pytest.mark.usefixtures("store_kind")  # before the runtime: it opens the store
 def test_the_service_refuses_such_names_for_every_entrance(runtime, unique_name):
     # (the admin's forms, the SQS API and the management commands create through these)
     name = unique_name("orders") + "\n"

@@ -5,8 +5,6 @@ One SparkSession (local mode) serves the module: starting the JVM is the expensi
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
@@ -16,14 +14,6 @@ from consoles.spark import transforms as tf
 pytestmark = pytest.mark.slow
 
 T0 = 1_700_000_040.0  # a multiple of 60: the start of a minute bucket
-
-
-@pytest.fixture(scope="session")
-def spark():
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from consoles.spark.job import spark_session
-
-    return spark_session()
 
 
 def attempt(

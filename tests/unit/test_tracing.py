@@ -63,15 +63,6 @@ def test_a_client_without_an_sdk_makes_no_span_and_sends_no_header():
     assert client.tracer is None and client._transport.traced is False
 
 
-@pytest.fixture
-def exporter():
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    memory.tracer = tracing.tracer(provider)
-    return memory
-
-
 def test_each_attempt_is_a_process_span_in_the_messages_trace(exporter):
     # given a worker whose client traces, and two messages created in a known trace, one that fails
     client = FakeClient()
