@@ -6,8 +6,16 @@ The partition owners journal messages in the store (``queues.engine.archive_jour
 to :class:`archive.models.ArchivedMessage`, one active archiver per queue at a time.
 """
 
+from __future__ import annotations
 
-def lookup(message_ids):
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from queues.public import StoredMessage
+
+
+def lookup(message_ids: Iterable[str]) -> dict[str, StoredMessage]:
     """``{message id: StoredMessage}`` for the archived ones among ``message_ids``."""
     from archive.archiver import lookup as _lookup
 

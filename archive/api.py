@@ -8,8 +8,10 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Literal, overload
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -25,7 +27,7 @@ MAX_PAGE = 1000
 TIMES = "ISO 8601, a time without zone is UTC, or epoch seconds; a time not in years 1 to 9999 once in UTC: 400"
 
 
-def _time(value, name: str) -> datetime | None:
+def _time(value: object, name: str) -> datetime | None:
     """ISO 8601 (a naive time is UTC) or epoch seconds, as a UTC time. Anything else, and a
     time that is not one in years 1 to 9999 once in UTC (an offset of up to a day moves it
     past either end), is a 400: the database is given only UTC times it can hold."""
@@ -59,7 +61,11 @@ def _time(value, name: str) -> datetime | None:
     raise InvalidRequest(f"{name} must be an ISO 8601 time or epoch seconds", "invalid_time")
 
 
-def _queue_name(value, name: str, *, required: bool) -> str | None:
+@overload
+def _queue_name(value: object, name: str, *, required: Literal[True]) -> str: ...
+@overload
+def _queue_name(value: object, name: str, *, required: Literal[False]) -> str | None: ...
+def _queue_name(value: object, name: str, *, required: bool) -> str | None:
     if value is None or value == "":
         if required:
             raise InvalidRequest(f"{name} is required", f"missing_{name}")
@@ -71,14 +77,14 @@ def _queue_name(value, name: str, *, required: bool) -> str | None:
     return value
 
 
-def _range(since, until):
-    since, until = _time(since, "since"), _time(until, "until")
-    if since is not None and until is not None and since > until:
+def _range(since: object, until: object) -> tuple[datetime | None, datetime | None]:
+    start, end = _time(since, "since"), _time(until, "until")
+    if start is not None and end is not None and start > end:
         raise InvalidRequest("since is after until", "invalid_time")
-    return since, until
+    return start, end
 
 
-def row_json(r: ArchivedMessage) -> dict:
+def row_json(r: ArchivedMessage) -> dict[str, object]:
     return {
         "id": r.message_id,
         "queue": r.queue,
@@ -109,7 +115,7 @@ class ArchiveListView(APIView):
         ],
         responses={200: dict},
     )
-    def get(self, request):
+    def get(self, request: Request) -> Response:
         params = request.query_params
         validation.no_extra(dict(params), {"queue", "since", "until", "acked", "limit", "after", "format"}, "the query")
         queue = _queue_name(params.get("queue"), "queue", required=False)
@@ -139,7 +145,7 @@ class ArchiveListView(APIView):
         return Response({"messages": [row_json(r) for r in page], "next": str(page[-1].pk) if more else None})
 
     @staticmethod
-    def _int(value, name, low, high, default) -> int:
+    def _int(value: str | None, name: str, low: int, high: int, default: int) -> int:
         if value is None:
             return default  # (given empty, it is no whole number: the schema says integer)
         try:
@@ -162,7 +168,7 @@ class ReplayView(APIView):
         request=dict,
         responses={200: dict},
     )
-    def post(self, request):
+    def post(self, request: Request) -> Response:
         data = validation.object_of(request.data)
         validation.no_extra(data, {"queue", "into", "since", "until", "ids", "max"}, "the request")
         source = _queue_name(data.get("queue"), "queue", required=True)

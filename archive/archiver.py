@@ -15,6 +15,7 @@ import socket
 import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from typing import Any, TypedDict, overload
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q
@@ -34,6 +35,25 @@ BATCH = int(os.environ.get("ARCHIVE_BATCH", "1000"))
 MAX_ROUNDS = int(os.environ.get("ARCHIVE_MAX_ROUNDS", "100"))
 #: how long a claimed queue stays ours without renewal.
 LOCK_SECONDS = float(os.environ.get("ARCHIVE_LOCK_SECONDS", "60"))
+
+
+class PartitionCounts(TypedDict):
+    """What one pass over a partition's journal did."""
+
+    archived: int  # rows inserted
+    acked: int  # rows marked acknowledged
+    removed: int  # journal names deleted
+
+
+class QueueReport(TypedDict, total=False):
+    """What one pass did to a queue: its partitions' counts added up, or why it stopped."""
+
+    archived: int
+    acked: int
+    removed: int
+    busy: bool  # another archiver holds the queue: nothing done
+    lock_lost: bool  # another archiver took it meanwhile: the counts are what was done before
+    error: bool  # the pass failed (logged)
 
 
 class LockLost(Unavailable):
@@ -76,7 +96,13 @@ def _ts(seconds: float | None) -> datetime | None:
     return None if seconds is None else datetime.fromtimestamp(seconds, tz=UTC)
 
 
-def _clean(value):
+@overload
+def _clean(value: str) -> str: ...
+@overload
+def _clean(value: dict[str, Any] | None) -> dict[str, Any] | None: ...
+@overload
+def _clean(value: object) -> object: ...
+def _clean(value: object) -> object:
     """``value`` without NUL characters (PostgreSQL text and jsonb refuse them)."""
     if isinstance(value, str):
         return value.replace("\x00", "\ufffd")
@@ -91,6 +117,8 @@ def row_for(mid: str, raw: bytes, incarnation: int | None) -> ArchivedMessage:
     """The row of message ``mid`` (its stored bytes ``raw``) of the queue row ``incarnation``."""
     m = StoredMessage.from_bytes(raw)
     parsed = parse_message_id(mid)
+    if parsed is None:
+        raise ValueError(f"{mid!r} is no message ID")
     body, attributes, estimates, history = (
         _clean(m.body),
         _clean(m.attributes),
@@ -111,7 +139,7 @@ def row_for(mid: str, raw: bytes, incarnation: int | None) -> ArchivedMessage:
         history=history,
         sequence=m.sequence,
         not_before=_ts(m.not_before),
-        enqueued_at=_ts(m.enqueued_at),
+        enqueued_at=datetime.fromtimestamp(m.enqueued_at, tz=UTC),
         raw=None if exact else raw,
     )
 
@@ -133,13 +161,20 @@ def message_of(row: ArchivedMessage) -> StoredMessage:
     )
 
 
+def _queue_of(mid: str) -> str:
+    parsed = parse_message_id(mid)
+    if parsed is None:
+        raise ValueError(f"{mid!r} is no message ID")
+    return parsed.queue
+
+
 def store_records(items: Iterable[tuple[str, bytes]]) -> int:
     """Write ``(message id, StoredMessage bytes)`` to the table now, committed when this
     returns (called outside any transaction); rows already there are left as they are. For a
     topic's owner whose retention moves messages a subscription still holds out of the
     key-value store (the journal may not have reached the table yet). The rows belong to the
     queue now of their name (the topic being served). Returns how many rows are new."""
-    named = [(mid, parse_message_id(mid).queue, raw) for mid, raw in items]
+    named = [(mid, _queue_of(mid), raw) for mid, raw in items]
     current = service.current_queue_ids(queue for _, queue, _ in named)
     rows = [row_for(mid, raw, current.get(queue)) for mid, queue, raw in named]
     with transaction.atomic():
@@ -176,19 +211,20 @@ def archive_partition(
     holder: str | None = None,
     batch: int = BATCH,
     max_rounds: int = MAX_ROUNDS,
-) -> dict[str, int]:
+) -> PartitionCounts:
     """Copy one partition's journal of the queue row ``incarnation`` to the table, its rows
     tied to that row (``store``: the store to read, default this process's); counts of rows
     inserted, acks marked, journal names removed. Renews the queue's lock between rounds when
     ``holder`` is given."""
-    counts = {"archived": 0, "acked": 0, "removed": 0}
+    counts: PartitionCounts = {"archived": 0, "acked": 0, "removed": 0}
     for _ in range(max_rounds):
         if holder is not None:
             renew(queue, holder)
         found = read_journal(queue, partition, incarnation=incarnation, batch=batch, store=store)
         if found is None:
             break
-        rows, acked_at = [], {}
+        rows: list[ArchivedMessage] = []
+        acked_at: dict[str, datetime | None] = {}
         for mid, raw in found.entries:
             try:
                 rows.append(row_for(mid, raw, incarnation))
@@ -216,16 +252,18 @@ def archive_partition(
 
 
 # --- queues -----------------------------------------------------------------------------------
-def archive_queue(store: service.KeyValueStore | None, q: JournalQueue, holder: str, **kw) -> dict:
+def archive_queue(store: service.KeyValueStore | None, q: JournalQueue, holder: str, **kw: int) -> QueueReport:
     """Every partition of ``q`` under its lock; ``{"busy": True}`` if another archiver has it.
     ``store``: the store to read (default: this process's)."""
     if not claim(q.name, holder):
         return {"busy": True}
-    total = {"archived": 0, "acked": 0, "removed": 0}
+    total: QueueReport = {"archived": 0, "acked": 0, "removed": 0}
     try:
         for p in range(q.partitions):
-            for k, v in archive_partition(store, q.name, p, holder=holder, incarnation=q.incarnation, **kw).items():
-                total[k] += v
+            counts = archive_partition(store, q.name, p, holder=holder, incarnation=q.incarnation, **kw)
+            total["archived"] += counts["archived"]
+            total["acked"] += counts["acked"]
+            total["removed"] += counts["removed"]
     except LockLost as exc:
         log.warning("archive: %s", exc)
         return {**total, "lock_lost": True}
@@ -235,18 +273,19 @@ def archive_queue(store: service.KeyValueStore | None, q: JournalQueue, holder: 
 
 
 def run(
-    queue: str | None = None, *, store: service.KeyValueStore | None = None, holder: str | None = None, **kw
-) -> dict[str, dict]:
+    queue: str | None = None, *, store: service.KeyValueStore | None = None, holder: str | None = None, **kw: int
+) -> dict[str, QueueReport]:
     """One archiver pass over every queue (or one): counts per queue that had work or was busy.
 
     Queues with archiving off are visited too, but only if their journal holds something (the
     mode was switched off with entries left): a scan per partition, no lock otherwise.
     """
     holder = holder or new_holder()
-    report: dict[str, dict] = {}
+    report: dict[str, QueueReport] = {}
     for q in journal_queues(queue):
         if q.archive == "none" and not journal_holds(q, store=store):
             continue
+        counts: QueueReport
         try:
             counts = archive_queue(store, q, holder, **kw)
         except Exception:

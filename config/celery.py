@@ -22,10 +22,14 @@ from workers.celery_step import QueueConsumers  # noqa: E402 - imported once DJA
 app.steps["worker"].add(QueueConsumers)
 
 
-@after_setup_logger.connect
-@after_setup_task_logger.connect
 def _escaped_logs(logger: logging.Logger, **kwargs: object) -> None:
     """The worker's own handlers (Celery replaces Django's on the root logger) escape control
     characters too, as the nodes' do: a task's headers come from whoever sent it."""
     escape_handlers(logger)
     escape_handlers(get_multiprocessing_logger())
+
+
+# Connected by a call rather than as decorators: Celery has no type information, and a decorator
+# of unknown type would leave the receiver untyped.
+after_setup_logger.connect(_escaped_logs)
+after_setup_task_logger.connect(_escaped_logs)

@@ -295,7 +295,7 @@ KV_MIN_REPLICAS = envint("KV_MIN_REPLICAS", 0, minimum=0)
 REDIS_TIMEOUT = envfloat("REDIS_TIMEOUT", 2.0)
 REDIS_CONNECT_TIMEOUT = envfloat("REDIS_CONNECT_TIMEOUT", 2.0)
 REDIS_URL = env("REDIS_URL", "")
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+CACHES: dict[str, dict[str, object]] = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 if REDIS_URL:
     CACHES["default"] = {
         "BACKEND": "django_redis.cache.RedisCache",

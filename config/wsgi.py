@@ -1,4 +1,5 @@
 import os
+from wsgiref.types import WSGIApplication
 
 from django.core.wsgi import get_wsgi_application
 
@@ -10,4 +11,4 @@ from queues.http.bodies import BodyGate  # noqa: E402  (needs Django set up)
 
 #: The message calls take a fast path in front of Django; see queues/api/fastpath.py. Django
 #: gets a body of a caller not yet known only small and whole: see queues/api/bodies.py.
-application = FastPath(BodyGate(django_application))
+application: WSGIApplication = FastPath(BodyGate(django_application))

@@ -11,8 +11,9 @@ login and staff check, with the admin's look. Its index links to both, the overv
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from functools import wraps
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from django.conf import settings
 from django.contrib import admin
@@ -25,9 +26,12 @@ from django.db.models import QuerySet
 from django.db.models.base import ModelBase
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.http.response import HttpResponseBase
-from django.urls import path
+from django.urls import URLPattern, URLResolver, path
 
 from consoles import forms, login_guard, overview, topics, views
+
+_ModelT = TypeVar("_ModelT", bound=models.Model)
+_ViewType = TypeVar("_ViewType", bound=Callable[..., HttpResponseBase])
 
 
 class ConsoleSite(admin.AdminSite):
@@ -37,7 +41,12 @@ class ConsoleSite(admin.AdminSite):
     index_template = "consoles/admin_index.html"
     site_url = None  # no "view site" link: the node serves an API, nothing at "/"
 
-    def register(self, model_or_iterable, admin_class=None, **options):
+    def register(
+        self,
+        model_or_iterable: type[_ModelT] | Iterable[type[_ModelT]],
+        admin_class: type[admin.ModelAdmin[_ModelT]] | None = None,
+        **options: Any,
+    ) -> None:
         """Register as Django's site does, with the checks Django's model admins lack (each
         answered 500): every JSON field and every choice of several rows in their forms is the
         console's (:mod:`consoles.forms`: an integer of 4,301 digits, a value nested thousands
@@ -48,14 +57,16 @@ class ConsoleSite(admin.AdminSite):
         super().register(registered, admin_class, **options)
         for model in registered:
             model_admin = self._registry[model]
-            overrides = model_admin.formfield_overrides
+            # ModelAdmin.__init__ makes the class's mapping a dict of dicts of the instance's own.
+            overrides = cast("dict[type[models.Field[Any, Any]], dict[str, Any]]", model_admin.formfield_overrides)
             overrides.setdefault(models.JSONField, {}).setdefault("form_class", forms.JSONField)
             overrides.setdefault(models.ManyToManyField, {}).setdefault("form_class", forms.ModelMultipleChoiceField)
-            model_admin.response_action = _checked_selection(model_admin)
+            # Replaced on the instance: every registered admin gets them, whatever its class.
+            model_admin.response_action = _checked_selection(model_admin)  # type: ignore[method-assign]
             if type(model_admin).get_changelist is admin.ModelAdmin.get_changelist:
-                model_admin.get_changelist = _changelist
+                model_admin.get_changelist = _changelist  # type: ignore[method-assign]
 
-    def admin_view(self, view, cacheable=False):
+    def admin_view(self, view: _ViewType, cacheable: bool = False) -> _ViewType:
         """Django's admin view, which first refuses (400) a request with a NUL character in its
         path or in any name or value of its query or form (:func:`_has_nul`): PostgreSQL holds
         none in text, and a NUL reaching a query (an object's ID, a filter's value, the
@@ -63,7 +74,7 @@ class ConsoleSite(admin.AdminSite):
         inner = super().admin_view(view, cacheable)
 
         @wraps(inner)
-        def checked(request, *args, **kwargs):
+        def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if _has_nul(request, args, kwargs):
                 return HttpResponseBadRequest(
                     "A NUL character is no part of any page or form of the console.\n",
@@ -71,9 +82,9 @@ class ConsoleSite(admin.AdminSite):
                 )
             return inner(request, *args, **kwargs)
 
-        return checked
+        return cast(_ViewType, checked)  # the view's own signature, wrapped
 
-    def get_urls(self):
+    def get_urls(self) -> list[URLResolver | URLPattern]:
         return [
             path("overview/", self.admin_view(self.overview), name="overview"),
             path("overview.json", self.admin_view(overview.overview_json), name="overview_json"),
@@ -82,7 +93,7 @@ class ConsoleSite(admin.AdminSite):
             *super().get_urls(),
         ]
 
-    def login(self, request, extra_context=None):
+    def login(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         """The admin's login, refused (429) after too many failures (:mod:`consoles.login_guard`)."""
         if request.method == "POST" and login_guard.refused(request):
             return HttpResponse(
@@ -96,15 +107,15 @@ class ConsoleSite(admin.AdminSite):
             login_guard.failed(request)  # the form came back: wrong password, or not staff
         return response
 
-    def overview(self, request):
+    def overview(self, request: HttpRequest) -> HttpResponse:
         """The overview page (:mod:`consoles.overview`), in this site's frame."""
         return overview.overview(request, self)
 
-    def topic(self, request, name):
+    def topic(self, request: HttpRequest, name: str) -> HttpResponse:
         """A topic's page (:mod:`consoles.topics`), in this site's frame."""
         return topics.topic(request, name, self)
 
-    def dashboards(self, request):
+    def dashboards(self, request: HttpRequest) -> HttpResponse:
         """The dashboards page (:func:`consoles.views.dashboards`), in this site's frame."""
         return views.dashboards(request, self)
 
@@ -140,7 +151,9 @@ def _has_nul(request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any]
     return any("\x00" in text for text in texts)
 
 
-def _checked_selection(model_admin: admin.ModelAdmin) -> Any:
+def _checked_selection(
+    model_admin: admin.ModelAdmin[Any],
+) -> Callable[..., HttpResponse | None]:
     """``model_admin.response_action`` that answers 400 to an action on a selection that is not
     the model's primary keys: Django filters the changelist by it as it is posted
     (``pk__in``), and a value its primary key cannot take (``abc`` for an integer; a NUL,
@@ -150,7 +163,9 @@ def _checked_selection(model_admin: admin.ModelAdmin) -> Any:
     pk = model_admin.model._meta.pk
     assert pk is not None
 
-    def response_action(request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponseBase | None:
+    def response_action(
+        request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
+    ) -> HttpResponse | None:
         for value in request.POST.getlist(ACTION_CHECKBOX_NAME):
             try:
                 if "\x00" in value:
@@ -164,6 +179,6 @@ def _checked_selection(model_admin: admin.ModelAdmin) -> Any:
                     f"{value[:64]!r} is none of theirs.\n",
                     content_type="text/plain; charset=utf-8",
                 )
-        return respond(request, queryset)
+        return respond(request, queryset, *args, **kwargs)  # (Django 6 adds where the action was chosen)
 
     return response_action

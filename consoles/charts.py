@@ -37,7 +37,7 @@ def nice_ceiling(value: float) -> float:
     """The smallest of 1, 2, 2.5, 5 x 10^k that is >= ``value`` (axis tops people can read)."""
     if value <= 0 or not math.isfinite(value):
         return 1.0
-    power = 10 ** math.floor(math.log10(value))
+    power: float = 10 ** math.floor(math.log10(value))  # an int for k >= 0, as before
     for step in (1, 2, 2.5, 5, 10):
         if value <= step * power * (1 + 1e-9):
             return step * power
@@ -131,11 +131,11 @@ def line_chart(
     for i, s in enumerate(series):
         color = PALETTE[i % len(PALETTE)]
         runs: list[list[tuple[float, float]]] = [[]]
-        for x, y in sorted(s.points, key=lambda p: p[0]):
-            if y is None:
+        for x, known_y in sorted(s.points, key=lambda p: p[0]):
+            if known_y is None:
                 runs.append([])
             else:
-                runs[-1].append((x, y))
+                runs[-1].append((x, known_y))
         out.append(f'<g class="series" data-label="{escape(s.label)}">')
         for run in runs:
             if len(run) > 1:

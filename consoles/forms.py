@@ -16,13 +16,13 @@ column's range (:func:`within_range`) is refused as a key that is none.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.core.exceptions import ValidationError
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field
+from django.db.models import Field, Model
 from django.forms.fields import InvalidJSONInput
 
 #: The deepest nesting of objects and arrays a value may have (no field of the console's
@@ -99,19 +99,27 @@ def within_range(field: Field[Any, Any], value: Any, connection: BaseDatabaseWra
     return (low is None or number >= low) and (high is None or number <= high)
 
 
-class ModelMultipleChoiceField(forms.ModelMultipleChoiceField):
+if TYPE_CHECKING:
+    # django-stubs' field takes its model as a type argument; Django's cannot be subscripted.
+    _ModelMultipleChoiceField = forms.ModelMultipleChoiceField[Model]
+else:
+    _ModelMultipleChoiceField = forms.ModelMultipleChoiceField
+
+
+class ModelMultipleChoiceField(_ModelMultipleChoiceField):
     """``forms.ModelMultipleChoiceField`` that refuses a key past its column's range as one
     that is no key (``invalid_pk_value``) before any lookup."""
 
     def _check_values(self, value: Any) -> Any:
         key = self.to_field_name or "pk"
+        assert self.queryset is not None  # a model admin's many-to-many field always has its rows
         meta = self.queryset.model._meta
         field = meta.pk if key == "pk" else meta.get_field(key)
         connection = connections[self.queryset.db]
-        if field is not None and isinstance(value, list | tuple):
+        if isinstance(field, Field) and isinstance(value, list | tuple):  # (a key is a column: no relation)
             for pk in value:
                 if not within_range(field, pk, connection):
                     raise ValidationError(
                         self.error_messages["invalid_pk_value"], code="invalid_pk_value", params={"pk": pk}
                     )
-        return super()._check_values(value)
+        return super()._check_values(value)  # type: ignore[misc]  # Django's, private: not in its stubs

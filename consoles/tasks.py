@@ -11,7 +11,7 @@ from django.utils import timezone
 STALE_RUN = timedelta(hours=1)
 
 
-@shared_task(name="consoles.refresh_dashboards", ignore_result=True)
+@shared_task(name="consoles.refresh_dashboards", ignore_result=True)  # type: ignore[untyped-decorator]  # Celery has no types
 def refresh_dashboards() -> int | None:
     """Run the dashboards job unless another run is in progress; the run's ID, or None if skipped.
 

@@ -7,9 +7,11 @@ are SVG rendered on the server (:mod:`consoles.charts`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, TypedDict
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
@@ -17,9 +19,18 @@ from django.db.models import Max, Sum
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
+from django.utils.safestring import SafeString
 
 from consoles.charts import Series, format_value, line_chart
-from consoles.models import DashboardRun, EstimateFit, GroupStats, LatencyBucketStats, QueueBucketStats, WorkerStats
+from consoles.models import (
+    Bucket,
+    DashboardRun,
+    EstimateFit,
+    GroupStats,
+    LatencyBucketStats,
+    QueueBucketStats,
+    WorkerStats,
+)
 from queues import service
 from queues.access import Caller
 
@@ -44,6 +55,30 @@ ALL_QUEUES = "*"
 
 _FAVICON = Path(__file__).parent / "static" / "consoles" / "favicon.ico"
 
+#: A bucket's figures as the charts and the table read them: the job's row, or several of the
+#: job's rows summed into a range's bucket (:func:`regroup`, with the same attributes).
+FigureRow = QueueBucketStats | SimpleNamespace
+#: A bucket's end-to-end latency, likewise.
+LatencyRow = LatencyBucketStats | SimpleNamespace
+
+
+class OverviewRow(TypedDict):
+    """A queue's line of the page's overview: its totals over the job's window."""
+
+    queue: str
+    attempts: int
+    succeeded: int
+    failed: int
+    timed_out: int
+    retries: int
+    last: datetime
+    failure_rate: float | None
+    retry_rate: float | None
+    preprocess_estimate: float
+    process_estimate: float
+    failure_text: str
+    retry_text: str
+
 
 def favicon(request: HttpRequest) -> HttpResponse:
     """``/favicon.ico``, which browsers ask every origin for: the console's icon (the pages link
@@ -51,18 +86,18 @@ def favicon(request: HttpRequest) -> HttpResponse:
     return HttpResponse(_FAVICON.read_bytes(), content_type="image/x-icon", headers={"Cache-Control": "max-age=86400"})
 
 
-def _epoch(dt) -> float:
+def _epoch(dt: datetime) -> float:
     return dt.timestamp()
 
 
-def _percentile_series(rows, measure: str) -> list[Series]:
+def _percentile_series(rows: Sequence[FigureRow | LatencyRow], measure: str) -> list[Series]:
     return [
         Series(f"p{p}", [(_epoch(r.bucket_start), getattr(r, f"{measure}_p{p}")) for r in rows]) for p in (50, 95, 99)
     ]
 
 
-def _charts(rows, fits, latency) -> list:
-    by_stage: dict[str, list] = {"preprocess": [], "process": []}
+def _charts(rows: Sequence[FigureRow], fits: Sequence[EstimateFit], latency: Sequence[LatencyRow]) -> list[SafeString]:
+    by_stage: dict[str, list[tuple[float, float | None]]] = {"preprocess": [], "process": []}
     for f in fits:
         by_stage[f.stage].append((_epoch(f.created_at), f.estimate))
     return [
@@ -93,8 +128,10 @@ def _charts(rows, fits, latency) -> list:
     ]
 
 
-def _weighted(rows, field: str, weight: str) -> float | None:
-    known = [(getattr(r, field), getattr(r, weight)) for r in rows if getattr(r, field) is not None]
+def _weighted(rows: Sequence[Bucket], field: str, weight: str) -> float | None:
+    known: list[tuple[float, float]] = [
+        (getattr(r, field), getattr(r, weight)) for r in rows if getattr(r, field) is not None
+    ]
     total = sum(w for _, w in known)
     if not known:
         return None
@@ -103,16 +140,18 @@ def _weighted(rows, field: str, weight: str) -> float | None:
     return sum(v * w for v, w in known) / total
 
 
-def _highest(rows, field: str) -> float | None:
-    known = [getattr(r, field) for r in rows if getattr(r, field) is not None]
+def _highest(rows: Sequence[Bucket], field: str) -> float | None:
+    known: list[float] = [getattr(r, field) for r in rows if getattr(r, field) is not None]
     return max(known) if known else None
 
 
-def regroup(rows, seconds: int, counts: tuple[str, ...], weight: str, percentiles: tuple[str, ...]) -> list:
+def regroup(
+    rows: Sequence[Bucket], seconds: int, counts: tuple[str, ...], weight: str, percentiles: tuple[str, ...]
+) -> list[SimpleNamespace]:
     """The job's buckets (of one queue or of several) summed into buckets of ``seconds``: counts
     added up; a p50 is the mean of the buckets' p50 weighted by ``weight``, a p95 or p99 the
     highest of theirs (an upper bound: percentiles cannot be added up exactly)."""
-    groups: dict[float, list] = {}
+    groups: dict[float, list[Bucket]] = {}
     for r in rows:
         start = r.bucket_start.timestamp()
         groups.setdefault(start - start % seconds, []).append(r)
@@ -132,7 +171,9 @@ _FIGURE_COUNTS = ("attempts", "succeeded", "failed", "timed_out", "abandoned", "
 _FIGURE_PERCENTILES = tuple(f"{m}_p{p}" for m in ("wait", "preprocess", "process") for p in (50, 95, 99))
 
 
-def _bucket_rows(queues: list[str], job_bucket: int, since: datetime, seconds: int) -> tuple[list, list]:
+def _bucket_rows(
+    queues: list[str], job_bucket: int, since: datetime, seconds: int
+) -> tuple[Sequence[FigureRow], Sequence[LatencyRow]]:
     """The figures and latency rows of ``queues`` since ``since``, in buckets of ``seconds``
     (the job's own rows when that is its bucket and one queue is shown)."""
     # Every job bucket of the range, the newest kept if there are more (a week of 60 s buckets
@@ -152,16 +193,15 @@ def _bucket_rows(queues: list[str], job_bucket: int, since: datetime, seconds: i
     if seconds <= job_bucket and len(queues) == 1:
         return rows, latency
     seconds = max(seconds, job_bucket)
-    rows = regroup(rows, seconds, _FIGURE_COUNTS, "attempts", _FIGURE_PERCENTILES)
-    for r in rows:
+    summed = regroup(rows, seconds, _FIGURE_COUNTS, "attempts", _FIGURE_PERCENTILES)
+    for r in summed:
         r.throughput = r.succeeded / seconds
         r.failure_rate = (r.failed + r.timed_out) / r.attempts if r.attempts else 0.0
         r.retry_rate = r.retries / r.attempts if r.attempts else 0.0
-    latency = regroup(latency, seconds, ("acked",), "acked", ("latency_p50", "latency_p95", "latency_p99"))
-    return rows, latency
+    return summed, regroup(latency, seconds, ("acked",), "acked", ("latency_p50", "latency_p95", "latency_p99"))
 
 
-def dashboards(request, site: admin.AdminSite):
+def dashboards(request: HttpRequest, site: admin.AdminSite) -> TemplateResponse:
     """The page, for a user with ``consoles.view_dashboards``, with the figures of the queues it
     may read and that exist now (a queue deleted since, over the API or SQS, is not listed: its
     figures stay in the job's tables, under a name a new queue may take)."""
@@ -171,13 +211,15 @@ def dashboards(request, site: admin.AdminSite):
     last_run = DashboardRun.objects.first()
     last_ok = DashboardRun.objects.filter(status=DashboardRun.Status.SUCCEEDED).first()
     bucket = last_ok.bucket_seconds if last_ok else None
-    window_start = last_ok.window_start if last_ok else None
 
-    overview = []
+    estimates = {
+        q["name"]: q for q in service.permitted_queues(caller).values("name", "preprocess_estimate", "process_estimate")
+    }
+    overview: list[OverviewRow] = []
     if last_ok:
         totals = (
             service.only_permitted(QueueBucketStats.objects.all(), caller, name="queue")
-            .filter(bucket_seconds=bucket, bucket_start__gte=window_start)
+            .filter(bucket_seconds=last_ok.bucket_seconds, bucket_start__gte=last_ok.window_start)
             .values("queue")
             .annotate(
                 attempts=Sum("attempts"),
@@ -190,19 +232,22 @@ def dashboards(request, site: admin.AdminSite):
             .order_by("-attempts", "queue")
         )
         for t in totals:
-            t["failure_rate"] = (t["failed"] + t["timed_out"]) / t["attempts"] if t["attempts"] else None
-            t["retry_rate"] = t["retries"] / t["attempts"] if t["attempts"] else None
-            overview.append(t)
-    estimates = {
-        q["name"]: q for q in service.permitted_queues(caller).values("name", "preprocess_estimate", "process_estimate")
-    }
-    overview = [t for t in overview if t["queue"] in estimates]
-    for t in overview:
-        q = estimates[t["queue"]]
-        t["preprocess_estimate"] = q["preprocess_estimate"]
-        t["process_estimate"] = q["process_estimate"]
-        t["failure_text"] = format_value(t["failure_rate"], "%")
-        t["retry_text"] = format_value(t["retry_rate"], "%")
+            q = estimates.get(t["queue"])
+            if q is None:
+                continue
+            failure_rate = (t["failed"] + t["timed_out"]) / t["attempts"] if t["attempts"] else None
+            retry_rate = t["retries"] / t["attempts"] if t["attempts"] else None
+            overview.append(
+                {
+                    **t,
+                    "failure_rate": failure_rate,
+                    "retry_rate": retry_rate,
+                    "preprocess_estimate": q["preprocess_estimate"],
+                    "process_estimate": q["process_estimate"],
+                    "failure_text": format_value(failure_rate, "%"),
+                    "retry_text": format_value(retry_rate, "%"),
+                }
+            )
 
     names = sorted(estimates)
     selected = request.GET.get("queue") or (overview[0]["queue"] if overview else (names[0] if names else None))
@@ -211,7 +256,7 @@ def dashboards(request, site: admin.AdminSite):
         chosen = DEFAULT_RANGE
     range_label, range_seconds, range_bucket = RANGES[chosen]
     status = 200
-    context = {
+    context: dict[str, Any] = {
         **site.each_context(request),
         "title": "Dashboards",
         "last_run": last_run,
@@ -236,15 +281,15 @@ def dashboards(request, site: admin.AdminSite):
         context["selected"] = None
         status = 404
     elif selected is not None:
-        rows: list = []
-        latency: list = []
+        rows: Sequence[FigureRow] = []
+        latency: Sequence[LatencyRow] = []
         if last_ok:
             since = timezone.now() - timedelta(seconds=range_seconds)
-            rows, latency = _bucket_rows(shown, bucket, since, range_bucket)
+            rows, latency = _bucket_rows(shown, last_ok.bucket_seconds, since, range_bucket)
         fits = list(EstimateFit.objects.filter(queue__in=shown).order_by("created_at", "stage"))
         if selected == ALL_QUEUES:
             fits = []  # learned per queue: on each queue's page
-        latest_fit = {}
+        latest_fit: dict[str, EstimateFit] = {}
         for f in fits:
             latest_fit[f.stage] = f
         context.update(

@@ -2,7 +2,7 @@
 # `make lint`: every check, each reported; exits non-zero if any failed (all of them run).
 #   ruff check             the lint rules (pyproject.toml [tool.ruff.lint])
 #   ruff format --check    the formatting
-#   mypy                   strict types of queues and sqs (pyproject.toml [tool.mypy])
+#   mypy                   strict types of every package, migrations aside (pyproject.toml [tool.mypy])
 #   lint-imports           which package may import which ([tool.importlinter])
 #   mkdocs build --strict  the documentation site (mkdocs.yml): no broken link, no page outside the nav
 set -uo pipefail

@@ -6,9 +6,11 @@ The views parse (serializers), call :mod:`workers.services`, and shape the answe
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -21,7 +23,7 @@ from workers.models import AttemptLog
 from workers.services import MAX_RECORDS
 
 
-class AttemptIn(StrictSerializer):
+class AttemptIn(StrictSerializer[dict[str, Any]]):
     message_id = serializers.CharField(max_length=200)
     group = serializers.CharField(max_length=128, required=False, allow_blank=True, allow_null=True)
     worker = serializers.CharField(max_length=64, required=False, allow_null=True)
@@ -36,17 +38,18 @@ class AttemptIn(StrictSerializer):
     traceback = serializers.CharField(required=False, allow_blank=True, max_length=100_000)
     size = serializers.IntegerField(required=False, allow_null=True, min_value=0)
 
-    def validate_message_id(self, value):
+    def validate_message_id(self, value: str) -> str:
         if parse_message_id(value) is None:
             raise serializers.ValidationError("not a message ID (<queue>/<partition>/<block>/<index>)")
         return value
 
 
-class LogsIn(StrictSerializer):
-    records = AttemptIn(many=True, allow_empty=False, max_length=MAX_RECORDS)
+class LogsIn(StrictSerializer[dict[str, Any]]):
+    # (many=True: DRF makes a ListSerializer, which takes max_length; the stubs type the call as AttemptIn's)
+    records = AttemptIn(many=True, allow_empty=False, max_length=MAX_RECORDS)  # type: ignore[call-arg]
 
 
-class AttemptOut(serializers.ModelSerializer):
+class AttemptOut(serializers.ModelSerializer[AttemptLog]):
     class Meta:
         model = AttemptLog
         fields = [
@@ -76,7 +79,7 @@ class LogsView(APIView):
         responses={201: inline_serializer("Stored", {"stored": serializers.IntegerField()})},
         summary="Store attempt records (batches of up to 1,000)",
     )
-    def post(self, request):
+    def post(self, request: Request) -> Response:
         ser = LogsIn(data=request.data)
         ser.is_valid(raise_exception=True)
         reports = [services.AttemptReport(**r) for r in ser.validated_data["records"]]
@@ -97,7 +100,7 @@ class LogsView(APIView):
         responses={200: inline_serializer("AttemptPage", {"records": AttemptOut(many=True)})},
         summary="Attempt records, newest first: ?queue= &message= &worker= &outcome= &limit=",
     )
-    def get(self, request):
+    def get(self, request: Request) -> Response:
         params = request.query_params
         unknown = set(params) - {"queue", "message", "worker", "outcome", "limit"}
         if unknown:
@@ -123,14 +126,14 @@ class LogsView(APIView):
         return Response({"records": AttemptOut(rows, many=True).data})
 
 
-class HeldIn(StrictSerializer):
+class HeldIn(StrictSerializer[dict[str, Any]]):
     id = serializers.CharField(max_length=200)
     receipt = serializers.CharField(max_length=64)
     #: what it was dequeued from: the queue, or "topic/subscription" (default: the ID's queue)
     queue = serializers.CharField(max_length=161, required=False)
 
 
-class HeartbeatIn(StrictSerializer):
+class HeartbeatIn(StrictSerializer[dict[str, Any]]):
     consumer = serializers.CharField(max_length=64)
     name = serializers.CharField(max_length=200, required=False, allow_blank=True)
     hostname = serializers.CharField(max_length=200, required=False, allow_blank=True)
@@ -138,17 +141,17 @@ class HeartbeatIn(StrictSerializer):
     queues = serializers.ListField(child=serializers.CharField(max_length=161), max_length=100, required=False)
     load = serializers.FloatField(min_value=0, max_value=1, required=False)
     capacity = serializers.IntegerField(min_value=1, max_value=100_000, required=False)
-    held = HeldIn(many=True, required=False, max_length=MAX_RECORDS)
+    held = HeldIn(many=True, required=False, max_length=MAX_RECORDS)  # type: ignore[call-arg]  # (as records)
 
 
-class TakeOut(serializers.Serializer):
+class TakeOut(serializers.Serializer[dict[str, Any]]):
     queue = serializers.CharField()
     partition = serializers.IntegerField()
     node = serializers.CharField(help_text="the owner's address")
     depth = serializers.IntegerField()
 
 
-class InstructionsOut(serializers.Serializer):
+class InstructionsOut(serializers.Serializer[dict[str, Any]]):
     """``services.Instructions`` as the heartbeat answers it."""
 
     instruction = serializers.ChoiceField(choices=["continue", "take", "sleep"])
@@ -168,7 +171,7 @@ class HeartbeatView(APIView):
         responses={200: InstructionsOut},
         summary="A worker is alive: extend what it holds; continue, take these partitions, or sleep",
     )
-    def post(self, request):
+    def post(self, request: Request) -> Response:
         ser = HeartbeatIn(data=request.data)
         ser.is_valid(raise_exception=True)
         data = ser.validated_data

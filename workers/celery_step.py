@@ -12,20 +12,25 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps
+
+if TYPE_CHECKING:
+    from workers.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 
 
-class QueueConsumers(bootsteps.StartStopStep):
+class QueueConsumers(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery has no types
     requires = {"celery.worker.components:Pool"}
 
-    def __init__(self, worker, **kwargs):
+    # ``worker``: Celery's WorkController (no types).
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
-        self.pipeline = None
+        self.pipeline: Pipeline | None = None
 
-    def start(self, worker):
+    def start(self, worker: Any) -> None:
         from mq_client import Client
         from workers.handlers import configured_queues, discover
         from workers.pipeline import Pipeline, heartbeat_every
@@ -53,7 +58,7 @@ class QueueConsumers(bootsteps.StartStopStep):
         ).start()
         log.info("consuming %s with %s slots (heartbeat every %.1fs)", queues, self.pipeline.concurrency, beat)
 
-    def stop(self, worker):
+    def stop(self, worker: Any) -> None:
         if self.pipeline is not None:
             self.pipeline.stop()
             log.info("queue consumers stopped after %d messages", self.pipeline.processed)

@@ -32,7 +32,9 @@ class Handler:
 _registry: dict[str, Handler] = {}
 
 
-def handler(queue: str, *, preprocess: Preprocess | None = None, timeout: float | None = None):
+def handler(
+    queue: str, *, preprocess: Preprocess | None = None, timeout: float | None = None
+) -> Callable[[Process], Process]:
     """Register the decorated function as the processing function of ``queue``."""
     if not isinstance(queue, str) or not queue:
         raise ValueError("handler() needs a queue name")

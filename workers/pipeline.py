@@ -22,16 +22,21 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mq_client import tracing
 from queues.public import isoformat
 from workers.handlers import Handler
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, Tracer
+
+    from mq_client import Client
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +55,7 @@ def _iso_of(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _estimate(message, kind: str) -> float:
+def _estimate(message: object, kind: str) -> float:
     estimates = getattr(message, "estimates", None) or {}
     # a mapping (``{"preprocess": s, "process": s}``) or the SDK's ``Estimates`` (attributes)
     value = estimates.get(kind) if isinstance(estimates, Mapping) else getattr(estimates, kind, None)
@@ -67,7 +72,7 @@ def heartbeat_every(visibility_timeouts: list[float]) -> float:
 
 
 @contextmanager
-def _current(span):
+def _current(span: Span | None) -> Iterator[None]:
     """``span`` (None: nothing) current inside, ended after."""
     if span is None:
         yield
@@ -85,7 +90,8 @@ class Work:
     queue: str
     message: Any
     handler: Handler
-    prepared: Future = field(default_factory=Future)
+    #: what the handler's pre-processing gave (the application's own value)
+    prepared: Future[Any] = field(default_factory=Future)
     preprocess_started: float | None = None
     preprocess_ended: float | None = None
     #: set when the previous message finishes early: start pre-processing now.
@@ -97,7 +103,7 @@ class Work:
 class Pipeline:
     def __init__(
         self,
-        client,
+        client: Client,
         handlers: dict[str, Handler],
         queues: list[str] | None = None,
         *,
@@ -124,7 +130,7 @@ class Pipeline:
         self._stop = threading.Event()
         self._held: dict[str, Work] = {}
         self._held_lock = threading.Lock()
-        self._logs: list[dict] = []
+        self._logs: list[dict[str, Any]] = []  # attempt records, as the SDK's send_logs takes them
         self._logs_lock = threading.Lock()
         self._sleep_until = 0.0
         #: queue -> owner nodes of the partitions the service asked this worker to take.
@@ -137,7 +143,7 @@ class Pipeline:
         self.busy = 0
         #: the client's OpenTelemetry tracer (None: no spans): each attempt is a ``process``
         #: span, a child of the context the message was created in (its ``traceparent``)
-        self.tracer = getattr(client, "tracer", None)
+        self.tracer: Tracer | None = getattr(client, "tracer", None)
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> Pipeline:
@@ -208,7 +214,7 @@ class Pipeline:
     def _schedule_preprocess(self, work: Work, delay: float) -> None:
         """Start pre-processing ``work`` after ``delay`` seconds, on the pre-processing pool."""
 
-        def run():
+        def run() -> None:
             if delay > 0:
                 work.go.wait(delay)
             if self._stop.is_set():
@@ -244,12 +250,13 @@ class Pipeline:
             nxt = self._work_on(current)
             current = nxt
 
-    def _attempt_span(self, work: Work):
+    def _attempt_span(self, work: Work) -> Span:
         """The span of one attempt at ``work`` (OpenTelemetry's ``process`` operation), a child
         of the context its message was created in, started now; made current by
         :func:`_current` while its handler runs and its message is acked or given back."""
         from opentelemetry.trace import SpanKind
 
+        assert self.tracer is not None  # (asked for only when the client has one)
         message = work.message
         attributes = tracing.messaging_attributes(
             "process", "process", work.queue, message_id=getattr(message, "id", None)
@@ -283,7 +290,7 @@ class Pipeline:
             self._forget(work)
             return None
         nxt: Work | None = None
-        taken: Future | None = None
+        taken: Future[Work | None] | None = None
         #: set when ``work``'s processing ends: the next one's pre-processing need not wait longer.
         done = threading.Event()
         started = time.time()
@@ -315,7 +322,7 @@ class Pipeline:
                 self._schedule_preprocess(nxt, 0.0)
         return nxt
 
-    def _take_next(self, work: Work, started: float, done: threading.Event) -> Future:
+    def _take_next(self, work: Work, started: float, done: threading.Event) -> Future[Work | None]:
         """Take the next message beside ``work``'s processing, on another thread: the
         dequeue (a long poll when the queue is empty) must not delay the processing. Its
         pre-processing starts ``process(work) - preprocess(next)`` seconds after ``started``,
@@ -334,7 +341,7 @@ class Pipeline:
             # thread's dequeue then holds the GIL, delaying the processing by a millisecond or so.
             return self._takers.submit(run)
         except RuntimeError:  # shutting down
-            taken: Future = Future()
+            taken: Future[Work | None] = Future()
             taken.set_result(None)
             return taken
 
@@ -401,7 +408,8 @@ class Pipeline:
         try:
             self.client.send_logs(batch)
         except Exception as exc:  # noqa: BLE001 - keep them for the next flush
-            if 400 <= getattr(exc, "status", 0) < 500 and exc.status not in (408, 429):
+            status = getattr(exc, "status", 0)  # the SDK's errors' HTTP status
+            if 400 <= status < 500 and status not in (408, 429):
                 # refused for good (a queue deleted meanwhile, a right taken away): sending the
                 # same batch again would be refused again and hold every later record behind it
                 log.error("dropping %d log records the service refused: %s", len(batch), exc)
@@ -419,7 +427,7 @@ class Pipeline:
         while not self._stop.wait(self.heartbeat_every):
             self.heartbeat_once()
 
-    def heartbeat_once(self) -> dict | None:
+    def heartbeat_once(self) -> dict[str, Any] | None:
         with self._held_lock:
             held = list(self._held.values())
         payload = {

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from queues import service
 from queues.access import Caller
-from queues.public import parse_message_id
+from queues.public import MessageId, parse_message_id
 from queues.service.rows import queue_fields, served_partitions, total_depth
 from workers import metrics
 from workers.models import AttemptLog, Consumer, HeldMessage
@@ -184,6 +184,14 @@ def _consumers_of(message_ids: Sequence[str]) -> dict[str, str]:
     return dict(rows)
 
 
+def _parsed(message_id: str) -> MessageId:
+    """The parts of a message ID the core delivered (well formed: ValueError otherwise)."""
+    parsed = parse_message_id(message_id)
+    if parsed is None:
+        raise ValueError(f"{message_id!r} is no message ID")
+    return parsed
+
+
 def record_redeliveries(deliveries: Iterable[Delivery]) -> int:
     """Log the attempt before each redelivery as abandoned, unless it was reported already.
 
@@ -201,12 +209,12 @@ def record_redeliveries(deliveries: Iterable[Delivery]) -> int:
         return 0
     reported = set(AttemptLog.objects.filter(message_id__in=[d.id for d in again]).values_list("message_id", "attempt"))
     consumers = _consumers_of([d.id for d in again])
-    current = service.current_queue_ids({parse_message_id(d.id).queue for d in again})
+    current = service.current_queue_ids({_parsed(d.id).queue for d in again})
     rows = []
     for d in again:
         if (d.id, d.receive_count - 1) in reported:
             continue
-        mid = parse_message_id(d.id)
+        mid = _parsed(d.id)
         rows.append(
             AttemptLog(
                 message_id=d.id,
@@ -355,10 +363,9 @@ def heartbeat(beat: Heartbeat, *, caller: Caller, now: datetime | None = None) -
     # Depths and owners only of the queues the worker's user may read.
     readable = service.readable_names(caller)
     queues = tuple(q for q in beat.queues if readable is None or q.partition("/")[0] in readable)
-    instruction, sleep = _decide(beat.consumer, queues, bool(beat.in_flight), now)
-    take = _assign(beat.consumer, queues, now) if instruction == "continue" else []
-    if take:
-        instruction = "take"
+    decided, sleep = _decide(beat.consumer, queues, bool(beat.in_flight), now)
+    take = _assign(beat.consumer, queues, now) if decided == "continue" else []
+    instruction: Literal["continue", "take", "sleep"] = "take" if take else decided
     with transaction.atomic():
         consumer, _ = Consumer.objects.update_or_create(
             pk=beat.consumer,

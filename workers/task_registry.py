@@ -20,15 +20,21 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from queues.errors import NotFound, Refused
 
-try:  # Django 6.0 and later
-    from django.tasks.base import Task
-    from django.tasks.exceptions import InvalidTaskError, TaskException
-except ImportError:  # Django 5.2 with the django-tasks backport
+if TYPE_CHECKING:  # typed against what requirements.txt pins: Django 5.2 with the backport
     from django_tasks.base import Task
     from django_tasks.exceptions import InvalidTaskError, TaskException
+else:
+    try:  # Django 6.0 and later, which names the error InvalidTask
+        from django.tasks.base import Task
+        from django.tasks.exceptions import InvalidTask as InvalidTaskError
+        from django.tasks.exceptions import TaskException
+    except ImportError:  # Django 5.2 with the django-tasks backport
+        from django_tasks.base import Task
+        from django_tasks.exceptions import InvalidTaskError, TaskException
 
 
 class TaskNotRegistered(NotFound, TaskException):
@@ -48,7 +54,7 @@ class TaskMessageInvalid(Refused, TaskException):
 @dataclass
 class Declaration:
     #: the task as ``@task`` made it
-    task: Task
+    task: Task[..., Any]
     #: the queues its messages may come from: its ``queue_name`` and those :func:`allow_queues` added
     queues: set[str] = field(default_factory=set)
 
@@ -57,7 +63,7 @@ _declared: dict[str, Declaration] = {}
 _lock = threading.Lock()
 
 
-def declare(task: Task) -> None:
+def declare(task: Task[..., Any]) -> None:
     """Record ``task`` as declared, under its module path (called for every task the backend's
     ``task_class`` makes). A task of the same function is a copy made by ``using()`` and declares
     nothing; another function under the same path (its module imported again) replaces it."""
@@ -69,7 +75,7 @@ def declare(task: Task) -> None:
         _declared[path] = Declaration(task, {task.queue_name})
 
 
-def allow_queues(task: Task, *queues: str) -> None:
+def allow_queues(task: Task[..., Any], *queues: str) -> None:
     """Let ``task`` run from ``queues`` too, beside its ``queue_name``, so that
     ``task.using(queue_name=...)`` may send it there. Call it beside the declaration, in the
     task's module, so that every process that imports the module agrees::

@@ -39,7 +39,7 @@ import traceback
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, transaction
@@ -58,18 +58,26 @@ from workers.task_registry import (
     registered_tasks,
 )
 
-try:  # Django 6.0 and later
-    from django.tasks import TaskContext, TaskResult, TaskResultStatus
-    from django.tasks.backends.base import BaseTaskBackend
-    from django.tasks.base import Task, TaskError
-    from django.tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
-    from django.tasks.signals import task_enqueued, task_finished, task_started
-except ImportError:  # Django 5.2 with the django-tasks backport
+if TYPE_CHECKING:  # typed against what requirements.txt pins: Django 5.2 with the backport
     from django_tasks import TaskContext, TaskResult, TaskResultStatus
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import Task, TaskError
     from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
     from django_tasks.signals import task_enqueued, task_finished, task_started
+else:
+    try:  # Django 6.0 and later, which names the error InvalidTask
+        from django.tasks import TaskContext, TaskResult, TaskResultStatus
+        from django.tasks.backends.base import BaseTaskBackend
+        from django.tasks.base import Task, TaskError
+        from django.tasks.exceptions import InvalidTask as InvalidTaskError
+        from django.tasks.exceptions import TaskResultDoesNotExist
+        from django.tasks.signals import task_enqueued, task_finished, task_started
+    except ImportError:  # Django 5.2 with the django-tasks backport
+        from django_tasks import TaskContext, TaskResult, TaskResultStatus
+        from django_tasks.backends.base import BaseTaskBackend
+        from django_tasks.base import Task, TaskError
+        from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
+        from django_tasks.signals import task_enqueued, task_finished, task_started
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +112,14 @@ class QueueTask(Task[P, T]):
         declare(self)
 
 
+if TYPE_CHECKING:
+    _TaskResult = TaskResult[Any]
+else:
+    _TaskResult = TaskResult
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class QueueTaskResult(TaskResult):
+class QueueTaskResult(_TaskResult):
     #: the service's attempt log of the task's message, oldest first: one dict per attempt
     #: (``attempt``, ``outcome``, ``worker``, ``error``, ``started_at``, ``ended_at``)
     attempt_log: tuple[dict[str, Any], ...] = ()
@@ -141,7 +155,7 @@ class QueueTaskBackend(BaseTaskBackend):
     #: a coroutine task runs in the worker's slot thread (``async_to_sync``)
     supports_async_task = True
 
-    def __init__(self, alias: str, params: dict) -> None:
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         modules = self.options.get("modules", ())
         if isinstance(modules, str) or not all(isinstance(m, str) and m for m in modules):
@@ -180,7 +194,7 @@ class QueueTaskBackend(BaseTaskBackend):
             self._loaded = True
         return registered_tasks(backend=self.alias, modules=self.modules)
 
-    def registered_task(self, name: str, queue: str) -> Task:
+    def registered_task(self, name: str, queue: str) -> Task[..., Any]:
         """The task ``name`` if it is registered to run from ``queue``; TaskNotRegistered if not.
         A lookup in the registry: nothing named here is imported."""
         self.load_tasks()
@@ -196,7 +210,7 @@ class QueueTaskBackend(BaseTaskBackend):
             )
         return found.task
 
-    def _check_registered(self, task: Task) -> None:
+    def _check_registered(self, task: Task[..., Any]) -> None:
         """InvalidTaskError unless a worker configured as this process would run ``task``."""
         if not in_modules(task.func.__module__, self.modules):
             raise InvalidTaskError(
@@ -213,7 +227,7 @@ class QueueTaskBackend(BaseTaskBackend):
             )
 
     # --- enqueue ------------------------------------------------------------------------------
-    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+    def enqueue(self, task: Task[..., Any], args: Any, kwargs: Any) -> TaskResult[Any]:
         """Write the task's result and send its message on commit, or hold it (``run_after``
         beyond ``send_ahead``) with its writer, the user of the client's token. Raises before
         anything is written for a task no worker would run (InvalidTaskError), arguments that
@@ -344,6 +358,7 @@ class QueueTaskBackend(BaseTaskBackend):
                     continue
                 send_as(record.writer_id, record.queue, [self._message(record)], detail={"task": record.id})
             except WriterRefused as exc:
+                assert record is not None  # (send_as refused it)
                 self._record_failure(pk, exc, held_under=claim)
                 log.error("held task %s to %s not sent, ended FAILED: %s", pk, record.queue, exc)
                 continue
@@ -367,20 +382,20 @@ class QueueTaskBackend(BaseTaskBackend):
         return sent
 
     # --- results ------------------------------------------------------------------------------
-    def get_result(self, result_id: str) -> TaskResult:
+    def get_result(self, result_id: str) -> TaskResult[Any]:
         record = TaskRecord.objects.using(self.database).filter(pk=result_id).first()
         if record is None:
             raise TaskResultDoesNotExist(result_id)
         return self._result(record, self._task_of(record), with_log=True)
 
-    def _task_of(self, record: TaskRecord) -> Task:
+    def _task_of(self, record: TaskRecord) -> Task[..., Any]:
         """The registered task ``record`` names, or a stand-in for one this process does not have
         (its name kept); the record's name is never imported."""
         self.load_tasks()
         found = registered(record.task_path, backend=self.alias, modules=self.modules)
         return found.task if found is not None else _stand_in(record)
 
-    def _result(self, record: TaskRecord, task: Task, *, with_log: bool = False) -> QueueTaskResult:
+    def _result(self, record: TaskRecord, task: Task[..., Any], *, with_log: bool = False) -> QueueTaskResult:
         attempts: list[AttemptLog] = []
         if with_log and record.message_id:
             attempts = _one_per_attempt(
@@ -416,7 +431,7 @@ class QueueTaskBackend(BaseTaskBackend):
         return result
 
 
-def _unchecked(task: Task, **changes: Any) -> Task:
+def _unchecked(task: Task[..., Any], **changes: Any) -> Task[..., Any]:
     """A copy of ``task`` with ``changes``, made without the framework's validation and without
     declaring anything: a result shows its task as it was enqueued, even where the settings have
     changed since (a queue no longer in ``QUEUES``)."""
@@ -426,7 +441,7 @@ def _unchecked(task: Task, **changes: Any) -> Task:
     return copy
 
 
-def _stand_in(record: TaskRecord) -> Task:
+def _stand_in(record: TaskRecord) -> Task[..., Any]:
     """The task of a result whose task this process has not registered: a ``Task`` whose function
     has the record's name (so ``result.task.module_path`` is the task's) and raises
     TaskNotRegistered if called."""
@@ -547,12 +562,12 @@ class TaskRunner:
         ):
             # Not the message of that result: running it would run that result's task from a
             # queue it was not sent to, and failing it would change another task's result.
-            exc = TaskMessageInvalid(
+            invalid = TaskMessageInvalid(
                 f"the message names task {body.task!r} on queue {queue!r}, but result {record.id} is task "
                 f"{record.task_path!r} on queue {record.queue!r} of TASKS[{record.backend!r}]: not run"
             )
-            log.warning("message %s: %s", message.id, exc)
-            raise exc
+            log.warning("message %s: %s", message.id, invalid)
+            raise invalid
         if record is None:  # enqueued where its record is not visible: keep one here
             record = TaskRecord.objects.using(db).create(
                 id=body.id,
@@ -598,7 +613,7 @@ class TaskRunner:
         record.save(using=db)
         task_finished.send(type(self.backend), task_result=self.backend._result(record, task))
 
-    def _failed(self, record: TaskRecord, task: Task, exc: BaseException) -> None:
+    def _failed(self, record: TaskRecord, task: Task[..., Any], exc: BaseException) -> None:
         record.status = TaskResultStatus.FAILED
         record.errors = [*record.errors, _error(exc)]
         record.finished_at = timezone.now()

@@ -49,11 +49,15 @@ import math
 import select
 import threading
 import time
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from django.conf import settings
 from django.db.backends.postgresql import base
+
+if TYPE_CHECKING:
+    from psycopg.abc import RV, PQGen
 
 #: What psycopg's ``Connection.wait`` raises when its ``timeout`` passes (a private name).
 WaitTimeout: type[psycopg.OperationalError] = psycopg.errors._WaitTimeout
@@ -105,7 +109,7 @@ class DeadlineConnection(psycopg.Connection):
     answered_at = float("-inf")
 
     @classmethod
-    def connect(cls, *args: Any, **kwargs: Any) -> DeadlineConnection:  # type: ignore[override]
+    def connect(cls, *args: Any, **kwargs: Any) -> DeadlineConnection:
         probe = UNREACHABLE.admit()
         started = time.monotonic()
         try:
@@ -119,7 +123,7 @@ class DeadlineConnection(psycopg.Connection):
         UNREACHABLE.settle(probe, unreachable=False)
         return conn
 
-    def wait(self, gen, interval=0.1, timeout=None):  # type: ignore[no-untyped-def,override]
+    def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
         if timeout is not None:  # psycopg's own bounded waits (a cancellation)
             return super().wait(gen, interval=interval, timeout=timeout)
         deadline = settings.DB_CALL_TIMEOUT or None
@@ -138,7 +142,7 @@ class DeadlineConnection(psycopg.Connection):
         return result
 
 
-class _Psycopg:
+class _Psycopg(ModuleType):
     """The psycopg module as Django's backend uses it, except that connections are opened as
     :class:`DeadlineConnection`."""
 
@@ -149,7 +153,8 @@ class _Psycopg:
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
-    Database = _Psycopg()
+    Database = _Psycopg("psycopg")
+    health_check_done: bool  # Django's, set in its __init__
 
     def init_connection_state(self) -> None:
         """Django's, and: the statements prepared on this connection (only the key-value store's

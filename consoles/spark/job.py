@@ -26,10 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Max, Min
+from django.db.models import Field, Max, Min, Model, QuerySet
 from django.utils import timezone
 
 from consoles.models import (
@@ -41,6 +42,10 @@ from consoles.models import (
     WorkerStats,
 )
 from consoles.spark import transforms as tf
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Row, SparkSession
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +84,7 @@ class Options:
 
 
 # --- the session ---------------------------------------------------------------------------------
-def spark_session(master: str | None = None, shuffle_partitions: int | None = None):
+def spark_session(master: str | None = None, shuffle_partitions: int | None = None) -> SparkSession:
     """This process's SparkSession, created on first use (JVM start-up costs seconds).
 
     Local mode unless ``SPARK_MASTER`` (or ``master``) names a cluster; shuffles in
@@ -128,32 +133,36 @@ class Source:
     window: str
     columns: tuple[tuple[str, str], ...]
     times: frozenset[str]
-    schema: object
+    schema: StructType
 
-    def queryset(self, since: datetime, until: datetime | None):
-        rows = self._model().objects.filter(**{f"{self.window}__gte": since})
+    def queryset(self, since: datetime, until: datetime | None) -> QuerySet[Model]:
+        rows = self._model()._default_manager.filter(**{f"{self.window}__gte": since})
         return rows.filter(**{f"{self.window}__lt": until}) if until is not None else rows
 
     def attnames(self) -> list[str]:
         """The fields as Django reads them (a foreign key's ``<name>_id``)."""
-        meta = self._model()._meta
-        return [meta.get_field(name).attname for name, _ in self.columns]
+        return [self._field(name).attname for name, _ in self.columns]
 
-    def _model(self):
+    def _model(self) -> type[Model]:
         from django.apps import apps
 
         return apps.get_model(self.model)
 
+    def _field(self, name: str) -> Field[Any, Any]:
+        field = self._model()._meta.get_field(name)
+        assert isinstance(field, Field), f"{self.model}.{name} is a relation's other side, not a column"
+        return field
+
     def sql(self, since: datetime, until: datetime | None) -> str:
         """The JDBC query (a derived table): the columns, times as epoch seconds, the window."""
         meta = self._model()._meta
-        select = []
+        select: list[str] = []
         for name, alias in self.columns:
-            column = f'"{meta.get_field(name).column}"'
+            column = f'"{self._field(name).column}"'
             select.append(
                 f"EXTRACT(EPOCH FROM {column})::float8 AS {alias}" if name in self.times else f"{column} AS {alias}"
             )
-        window = f'"{meta.get_field(self.window).column}"'
+        window = f'"{self._field(self.window).column}"'
         where = [f"{window} >= to_timestamp({since.timestamp()!r})"]
         if until is not None:
             where.append(f"{window} < to_timestamp({until.timestamp()!r})")
@@ -206,7 +215,7 @@ def _epoch(dt: datetime | None) -> float | None:
     return dt.timestamp() if dt is not None else None
 
 
-def read(spark, source: Source, since: datetime, until: datetime | None = None):
+def read(spark: SparkSession, source: Source, since: datetime, until: datetime | None = None) -> tuple[DataFrame, str]:
     """The rows of ``source`` in ``[since, until)`` as a frame of its schema, and how they were
     read (``"jdbc"`` or ``"django"``)."""
     if connection.vendor == "postgresql" and Path(settings.SPARK_JDBC_JAR).is_file():
@@ -214,17 +223,17 @@ def read(spark, source: Source, since: datetime, until: datetime | None = None):
     return _read_django(spark, source, since, until), "django"
 
 
-def read_attempts(spark, since: datetime, until: datetime | None = None):
+def read_attempts(spark: SparkSession, since: datetime, until: datetime | None = None) -> tuple[DataFrame, str]:
     """The attempts recorded in ``[since, until)`` (:data:`transforms.ATTEMPT_SCHEMA`)."""
     return read(spark, ATTEMPTS, since, until)
 
 
-def read_archived(spark, since: datetime, until: datetime | None = None):
+def read_archived(spark: SparkSession, since: datetime, until: datetime | None = None) -> tuple[DataFrame, str]:
     """The archived messages acknowledged in ``[since, until)`` (:data:`transforms.ARCHIVE_SCHEMA`)."""
     return read(spark, ARCHIVED, since, until)
 
 
-def _read_jdbc(spark, source: Source, since: datetime, until: datetime | None):
+def _read_jdbc(spark: SparkSession, source: Source, since: datetime, until: datetime | None) -> DataFrame:
     from pyspark.sql import functions as F
 
     bounds = source.queryset(since, until).aggregate(low=Min("id"), high=Max("id"))
@@ -251,12 +260,13 @@ def _read_jdbc(spark, source: Source, since: datetime, until: datetime | None):
     return frame.select(*[F.col(f.name).cast(f.dataType) for f in source.schema])
 
 
-def _read_django(spark, source: Source, since: datetime, until: datetime | None):
+def _read_django(spark: SparkSession, source: Source, since: datetime, until: datetime | None) -> DataFrame:
     """Rows through Django, ``DJANGO_CHUNK`` at a time, each chunk its own frame, then one union:
     the Python rows of a chunk can go once Spark has them."""
     fields = source.attnames()
     is_time = [name in source.times for name, _ in source.columns]
-    frames, chunk = [], []
+    frames: list[DataFrame] = []
+    chunk: list[tuple[Any, ...]] = []  # a row of the source's columns, as its schema has them
     for r in source.queryset(since, until).order_by().values_list(*fields).iterator(chunk_size=5000):
         chunk.append(tuple(_epoch(v) if t else v for v, t in zip(r, is_time)))
         if len(chunk) >= DJANGO_CHUNK:
@@ -275,14 +285,14 @@ def _read_django(spark, source: Source, since: datetime, until: datetime | None)
 class Results:
     """The job's collected results (plain rows), between the Spark part and the write."""
 
-    buckets: list = field(default_factory=list)
-    workers: list = field(default_factory=list)
-    groups: list = field(default_factory=list)
-    fits: list = field(default_factory=list)
-    latency: list = field(default_factory=list)
+    buckets: list[Row] = field(default_factory=list)
+    workers: list[Row] = field(default_factory=list)
+    groups: list[Row] = field(default_factory=list)
+    fits: list[Row] = field(default_factory=list)
+    latency: list[Row] = field(default_factory=list)
 
 
-def compute(prepared, bucket_seconds: int, since: float, min_samples: int) -> Results:
+def compute(prepared: DataFrame, bucket_seconds: int, since: float, min_samples: int) -> Results:
     """Run the transforms on a prepared (and cached) frame and collect their small results."""
     samples = tf.regression_samples(prepared).cache()
     try:
@@ -297,7 +307,11 @@ def compute(prepared, bucket_seconds: int, since: float, min_samples: int) -> Re
 
 
 def run(
-    options: Options | None = None, *, trigger: str = "command", progress: Progress | None = None, spark=None
+    options: Options | None = None,
+    *,
+    trigger: str = "command",
+    progress: Progress | None = None,
+    spark: SparkSession | None = None,
 ) -> DashboardRun:
     """One refresh: read the window, compute, write. Returns the run record (also on failure,
     which is recorded and then raised)."""
@@ -309,7 +323,7 @@ def run(
     # attempt log still holds it).
     start = math.floor((now.timestamp() - options.window_seconds) / options.bucket_seconds) * options.bucket_seconds
     since = datetime.fromtimestamp(start, tz=UTC)
-    master = settings.SPARK_MASTER if spark is None else spark.sparkContext.master
+    master = settings.SPARK_MASTER if spark is None else spark.sparkContext.master or ""
     record = DashboardRun.objects.create(
         trigger=trigger, master=master, bucket_seconds=options.bucket_seconds, window_start=since
     )
@@ -363,11 +377,15 @@ def run(
 
 
 # --- writing -------------------------------------------------------------------------------------
+def _time(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, tz=UTC)
+
+
 def _ts(epoch: float | None) -> datetime | None:
-    return datetime.fromtimestamp(epoch, tz=UTC) if epoch is not None else None
+    return _time(epoch) if epoch is not None else None
 
 
-def _figures(row) -> dict:
+def _figures(row: Row) -> dict[str, float | None]:
     return {name: row[name] for name in tf.FIGURE_COLUMNS}
 
 
@@ -389,7 +407,7 @@ def write(record: DashboardRun, results: Results, options: Options) -> None:
                     run=record,
                     queue=r["queue"],
                     bucket_seconds=bucket,
-                    bucket_start=_ts(r["bucket_start"]),
+                    bucket_start=_time(r["bucket_start"]),
                     throughput=r["throughput"],
                     **_figures(r),
                 )
@@ -404,7 +422,7 @@ def write(record: DashboardRun, results: Results, options: Options) -> None:
                     run=record,
                     queue=r["queue"],
                     bucket_seconds=bucket,
-                    bucket_start=_ts(r["bucket_start"]),
+                    bucket_start=_time(r["bucket_start"]),
                     **{name: r[name] for name in tf.LATENCY_COLUMNS},
                 )
                 for r in results.latency
@@ -433,7 +451,7 @@ def write(record: DashboardRun, results: Results, options: Options) -> None:
             [GroupStats(run=record, queue=r["queue"], group=r["group"], **_figures(r)) for r in results.groups],
             batch_size=1000,
         )
-        fits = []
+        fits: list[EstimateFit] = []
         for r in results.fits:
             column = f"{r['stage']}_estimate"
             estimate = round(r["estimate"], 6)

@@ -21,10 +21,15 @@ per group), for bounded memory on large groups.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+
+if TYPE_CHECKING:  # imported by the fit itself, when it runs: pyspark.ml is slow to import
+    from pyspark.ml.feature import VectorAssembler as VectorAssemblerType
+    from pyspark.ml.regression import LinearRegression as LinearRegressionType
 
 #: One row per attempt; every ``*_at`` is epoch seconds (UTC), null when unknown.
 ATTEMPT_SCHEMA = T.StructType(
@@ -206,6 +211,8 @@ def regression_samples(prepared: DataFrame) -> DataFrame:
     return out
 
 
+#: A row of FIT_SCHEMA, as the fit computes it.
+FitRow = tuple[str, str, int, float, float, float | None, float, float, float]
 FIT_SCHEMA = T.StructType(
     [
         T.StructField("queue", T.StringType(), False),
@@ -261,13 +268,19 @@ def fit_size_regression(samples: DataFrame, min_samples: int = 20) -> DataFrame:
         .orderBy("queue", "stage")
         .collect()
     )
-    rows = []
+    rows: list[FitRow] = []
     for first in range(0, len(stats), GROUPS_PER_FIT):
         rows += _fit_groups(spark, samples, stats[first : first + GROUPS_PER_FIT], VectorAssembler, LinearRegression)
     return spark.createDataFrame(rows, FIT_SCHEMA)
 
 
-def _fit_groups(spark, samples: DataFrame, stats: list, VectorAssembler, LinearRegression) -> list[tuple]:
+def _fit_groups(
+    spark: SparkSession,
+    samples: DataFrame,
+    stats: list[Row],
+    VectorAssembler: type[VectorAssemblerType],
+    LinearRegression: type[LinearRegressionType],
+) -> list[FitRow]:
     """One least-squares fit for the (queue, stage) groups of ``stats``; their FIT_SCHEMA rows."""
     groups = spark.createDataFrame(
         [(s.queue, s.stage, k, float(s.median_size), float(s.size_std or 0.0)) for k, s in enumerate(stats)],
@@ -307,7 +320,8 @@ def _fit_groups(spark, samples: DataFrame, stats: list, VectorAssembler, LinearR
         .agg(F.sum((F.col("seconds") - F.col("prediction")) ** 2).alias("sse"))
         .collect()
     }
-    rows, column = [], 0
+    rows: list[FitRow] = []
+    column = 0
     for k, s in enumerate(stats):
         at_median = float(coefficients[column])
         column += 1

@@ -8,18 +8,18 @@ register = template.Library()
 
 
 @register.filter
-def secs(value):
+def secs(value: float | None) -> str:
     """``0.0123`` -> ``12.3 ms``; ``None`` -> ``-``."""
     return format_value(value, "s")
 
 
 @register.filter
-def pct(value):
+def pct(value: float | None) -> str:
     """``0.25`` -> ``25.0 %``."""
     return format_value(value, "%")
 
 
 @register.filter
-def num(value):
+def num(value: float | None) -> str:
     """Three significant digits, ``-`` for nothing."""
     return format_value(value)

@@ -33,14 +33,27 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from mq_client.transport import API_PREFIX
 
-QUEUES = {
+if TYPE_CHECKING:
+    from mq_client import Client
+
+
+class _QueueSettings(TypedDict, total=False):
+    """What the demo sets of a queue's settings (``Client.create_queue``'s keywords)."""
+
+    partitions: int
+    dead_letter_queue: str
+    max_receives: int
+    visibility_timeout: float
+
+
+QUEUES: dict[str, _QueueSettings] = {
     "demo-orders": {
         "partitions": 4,
         "dead_letter_queue": "demo-orders-dead",
@@ -148,7 +161,7 @@ class Dashboards:
 class Command(BaseCommand):
     help = "Fill a running node with demonstration queues, a topic and traffic, then compute the dashboards."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--url", default=os.environ.get("QUEUE_API_URL", "http://127.0.0.1:8000"))
         parser.add_argument("--token", default=os.environ.get("QUEUE_API_TOKEN", ""))
         parser.add_argument("--seconds", type=float, default=30.0, help="how long the traffic runs (default 30)")
@@ -287,16 +300,17 @@ class Command(BaseCommand):
     def _app_token(self) -> str:
         from rest_framework.authtoken.models import Token
 
-        key = Token.objects.filter(user__username="app").values_list("key", flat=True).first()
+        key: str | None = Token.objects.filter(user__username="app").values_list("key", flat=True).first()
         if not key:
             raise CommandError("no API token: pass --token, set QUEUE_API_TOKEN, or start the node with `make run`")
         return key
 
-    def _setup(self, client: Any, url: str, token: str) -> None:
+    def _setup(self, client: Client, url: str, token: str) -> None:
         """The demo's queues, topic and subscriptions; those that exist are kept as they are."""
         from mq_client import errors
 
-        for name, fields in [(DEAD, {"partitions": 1}), *QUEUES.items()]:
+        queues: list[tuple[str, _QueueSettings]] = [(DEAD, {"partitions": 1}), *QUEUES.items()]
+        for name, fields in queues:
             try:
                 client.create_queue(name, **fields)
             except errors.Conflict:

@@ -8,13 +8,15 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 
-def _positive(minimum: int = 1):
+def _positive(minimum: int = 1) -> Callable[[str], int]:
     """An argparse type: a whole number >= ``minimum``, else a usage error naming the option."""
 
     def parse(raw: str) -> int:
@@ -30,7 +32,7 @@ def _positive(minimum: int = 1):
 
 
 @contextlib.contextmanager
-def _stderr_to(path: str):
+def _stderr_to(path: str) -> Iterator[None]:
     """This process's standard error (file descriptor 2) appended to ``path`` meanwhile: the Spark
     process it starts writes its warnings there (native libraries it cannot load, its own log),
     not over the command's progress line. ``-``: left as it is."""
@@ -58,7 +60,7 @@ class Command(BaseCommand):
         "log with Spark (local mode, or the cluster named by SPARK_MASTER)."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--bucket",
             type=_positive(),
@@ -87,7 +89,9 @@ class Command(BaseCommand):
             "--no-apply", action="store_true", help="record the learned estimates without changing the queues' defaults"
         )
 
-    def handle(self, *args, bucket: int, window: int, min_samples: int, no_apply: bool, spark_log: str, **options):
+    def handle(
+        self, *args: str, bucket: int, window: int, min_samples: int, no_apply: bool, spark_log: str, **options: Any
+    ) -> None:
         from consoles.spark import job
 
         opts = job.Options(

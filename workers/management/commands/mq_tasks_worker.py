@@ -22,7 +22,7 @@ import signal
 import threading
 import uuid
 from argparse import ArgumentParser
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -56,10 +56,13 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
+        if TYPE_CHECKING:  # typed against what requirements.txt pins: Django 5.2 with the backport
             from django_tasks import task_backends
-        except ImportError:  # Django 6.0 and later
-            from django.tasks import task_backends  # type: ignore[no-redef]
+        else:
+            try:  # Django 6.0 and later: the backends the rest of the app uses (tasks_backend)
+                from django.tasks import task_backends
+            except ImportError:  # Django 5.2 with the django-tasks backport
+                from django_tasks import task_backends
 
         backend = task_backends[options["backend"]]
         if not isinstance(backend, QueueTaskBackend):
