@@ -2,6 +2,7 @@
 # Local PostgreSQL + Redis for integration tests and benchmarks.
 #
 #   scripts/services.sh start | stop | restart | status | env
+#   scripts/services.sh packages             # install the Debian packages the others need, if missing
 #   scripts/services.sh redis-replica start|stop|status PORT   # a replica of the main Redis
 #   scripts/services.sh redis-cluster start|stop|status        # the three-primary Redis Cluster
 #   scripts/services.sh redis-restart        # SIGKILL the Redis, start it again: only its AOF survives
@@ -563,6 +564,7 @@ EOF
 
 case "${1:-}" in
     start)   cmd_start ;;
+    packages) ensure_packages ;;
     stop)    cmd_stop ;;
     restart) cmd_stop; cmd_start ;;
     status)  cmd_status ;;

@@ -40,10 +40,14 @@ start_check: Callable[[], None] | None = None
 
 def free_ports(count: int = 1) -> int:
     """The first of ``count`` consecutive free ports, below the ephemeral range (32768+), so
-    that the client connections of earlier runs cannot be sitting on them."""
+    that the client connections of earlier runs cannot be sitting on them; within
+    ``MQ_TEST_NODE_PORTS`` (``LOW-HIGH``, HIGH excluded; 20000-32000 by default), which
+    ``make test`` gives each of its shards apart, so that no two shards pick one port between
+    this check and a node's bind."""
+    low, _, high = os.environ.get("MQ_TEST_NODE_PORTS", "20000-32000").partition("-")
     rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(20000, 32000 - count)
+        base = rng.randrange(int(low), int(high) - count)
         try:
             for port in range(base, base + count):
                 with socket.socket() as s:
