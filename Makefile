@@ -1,7 +1,7 @@
 # Developer entry points. Every target builds/reuses the venv (scripts/venv.sh) on its own.
 #   make run                      node on 127.0.0.1:$(PORT) + Celery worker, embedded defaults (Ctrl-C stops both)
 #   make demo [ARGS=...]          with `make run` up: demo queues, a topic and traffic, then the dashboards
-#   make test [ARGS="-k foo"]     pytest with real PostgreSQL + Redis (started, then always stopped)
+#   make test [ARGS="-k foo"]     pytest with real PostgreSQL + Redis (started, then always stopped); the whole suite in 2 shards
 #   make test ARGS='-m "not cluster"'   the same without the tests that start node processes
 #   make test-unit [ARGS=...]     tests/unit on the embedded defaults, no services, not the slow ones
 #   make fuzz [ARGS=...]          the entrances' fuzz tests, longer, on SQLite (ARGS="--examples 2000"; --help)
