@@ -3,7 +3,10 @@
 kombu's filesystem transport creates a message file and only then writes it, and a consumer
 that lists the folder in between takes the empty file and fails to parse it (a worker's
 ``JSONDecodeError``, which stops it). These tests run a producer process and a consumer side
-by side on one broker folder, with messages large enough that writing one takes a while.
+by side on one broker folder, with messages large enough that writing one takes a while, and
+binders side by side on new exchanges. That kombu's own transport fails there is shown by
+forcing the moment its race opens (a file created and not yet written), not by hoping a race
+hits it: on a quiet machine it may not, in a few rounds.
 """
 
 from __future__ import annotations
@@ -99,16 +102,17 @@ def test_a_consumer_beside_a_producer_gets_every_message_whole_and_in_order(tmp_
     assert os.listdir(tmp_path / "processed") == []
 
 
-@pytest.mark.slow
 def test_kombus_own_filesystem_transport_hands_out_half_written_messages(tmp_path):
-    # given the same race on kombu's own transport (the one this project replaces), up to 3 rounds
-    for round in range(3):
-        received, errors = _race(PLAIN, tmp_path / str(round), count=4 * _COUNT)
-        if errors:
-            break
-    # then the consumer fails to parse a message it took too early (what stopped `make run`'s worker)
-    assert errors, f"kombu's transport passed 3 rounds: {received}"
-    assert isinstance(errors[0], ValueError), errors
+    # given kombu's own transport (the one this project replaces) at the moment the race opens:
+    # a producer has created a message file and not yet written all of it (forced, not hoped for)
+    with _connection(PLAIN, tmp_path) as conn:
+        channel = conn.default_channel
+        (tmp_path / "out" / "1_a.q.msg").write_bytes(b'{"n": ')
+        # when a consumer polls, then it takes the file and fails to parse it (what stopped
+        # `make run`'s worker), and the message is gone from its queue
+        with pytest.raises(ValueError):
+            channel._get("q")
+        assert os.listdir(tmp_path / "out") == []
 
 
 def test_a_message_written_in_place_is_left_until_whole_and_a_broken_one_is_set_aside(tmp_path):
@@ -193,13 +197,15 @@ def test_processes_binding_queues_to_new_exchanges_at_once_keep_every_binding(tm
     assert not [name for name in os.listdir(tmp_path / "control") if name.startswith(".partial-")]
 
 
-@pytest.mark.slow
-def test_kombus_own_filesystem_transport_loses_bindings_made_at_once(tmp_path):
-    # given the same race on kombu's own transport, up to 3 rounds: each binder truncates a new
-    # table, then writes it
-    for round in range(3):
-        exits, short = _bind_race(PLAIN, tmp_path / str(round))
-        if exits != [0] * _BINDERS or short:
-            break
-    # then a binder failed to parse a table another had just created, or bindings were lost
-    assert exits != [0] * _BINDERS or short, "kombu's transport passed 3 rounds"
+def test_kombus_own_filesystem_transport_fails_a_bind_beside_another_on_a_new_exchange(tmp_path):
+    # given kombu's own transport at the moment its race opens: a binder has created a new
+    # exchange's table (opened "wb": empty) and not yet written it (forced, not hoped for)
+    with _connection(PLAIN, tmp_path) as conn:
+        channel = conn.default_channel
+        (tmp_path / "control" / "e0.exchange").write_bytes(b"")
+        # when a second binder binds its queue to it, or a publisher reads its table, then each
+        # fails to parse the table
+        with pytest.raises(ValueError):
+            channel._queue_bind("e0", "q1", "", "q1")
+        with pytest.raises(ValueError):
+            channel.get_table("e0")
