@@ -67,8 +67,14 @@ class StandIn:
             def log_message(self, *args):
                 pass
 
+        class Server(ThreadingHTTPServer):
+            # socketserver's listen backlog is 5: eight threads connecting at once could
+            # overflow it, and a dropped SYN is sent again only after a second, past the
+            # transport's 1 s connect timeout (a node's own server listens with a long backlog)
+            request_queue_size = 128
+
         lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.address = f"127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
