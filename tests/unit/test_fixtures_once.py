@@ -8,6 +8,8 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+from tests.source_trees import parse
+
 TESTS = Path(__file__).resolve().parents[1]
 
 
@@ -29,7 +31,7 @@ def fixtures_defined(root: Path) -> dict[str, list[str]]:
     """Each fixture name under ``root`` and where it is defined (``path:line``)."""
     found: dict[str, list[str]] = defaultdict(list)
     for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse(path)):
             if isinstance(node, ast.FunctionDef) and (name := _fixture_name(node)):
                 found[name].append(f"{path.relative_to(root.parent)}:{node.lineno}")
     return found

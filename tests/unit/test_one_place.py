@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.source_trees import parse
+
 ROOT = Path(__file__).resolve().parents[2]
 #: The server's own code. Not the SQS wire (SQS's own bounds) nor the client SDK (it imports
 #: nothing of the server).
@@ -18,7 +20,7 @@ def _modules():
         for path in sorted((ROOT / package).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             if "/migrations/" not in rel and rel not in SKIP:
-                yield rel, ast.parse(path.read_text(), rel)
+                yield rel, parse(path, rel)
 
 
 MODULES = dict(_modules())

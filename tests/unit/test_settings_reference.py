@@ -13,6 +13,8 @@ import ast
 import re
 from pathlib import Path
 
+from tests.source_trees import parse
+
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "reference" / "configuration.md"
 SETTINGS = REPO / "config" / "settings.py"
@@ -30,7 +32,7 @@ def _first_string(call: ast.Call) -> str | None:
 def settings_read() -> set[str]:
     """The environment variables settings.py reads."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(SETTINGS.read_text())):
+    for node in ast.walk(parse(SETTINGS)):
         if isinstance(node, ast.Call):
             name = _first_string(node)
             if name is None:
