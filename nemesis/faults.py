@@ -70,6 +70,8 @@ def schedule(
         length = _length(rng, kind, lease)
         if t + length > duration - 5.0:
             break
+        if kind == "upgrade" and busy.get("upgrade", 0.0) > t:
+            continue  # a rolling upgrade: one node at a time
         if KINDS[kind] == "node":
             free = [n for n in nodes if busy.get(n, 0.0) <= t]
             # at most all but one node down at once: the run checks safety, but a client with
@@ -84,6 +86,8 @@ def schedule(
         rate = rng.choice([rng.uniform(0.9, 0.97), rng.uniform(1.03, 1.1)]) if kind == "drift" else 1.0
         offset = rng.uniform(-300.0, 300.0) if kind == "drift" else 0.0
         busy[target] = t + length + 1.0
+        if kind == "upgrade":
+            busy["upgrade"] = busy[target]
         faults.append(Fault(round(t, 2), kind, target, round(length, 2), round(rate, 4), round(offset, 1)))
     return faults
 

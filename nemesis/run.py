@@ -42,6 +42,7 @@ from nemesis.clients import (
 )
 from nemesis.faults import DEFAULT_KINDS, KINDS, Fault, Nemesis, schedule
 from nemesis.history import NodeEvent, Recorder, read
+from nemesis.release import Release, prepare
 from nemesis.stores import Stores
 from tests.launcher import NodeProcess, free_ports
 
@@ -173,6 +174,7 @@ class Run:
         self.errors: list[str] = []
         self.stop = threading.Event()
         self.node_locks: dict[str, threading.Lock] = {}
+        self.release: Release | None = None
 
     # --- setup ------------------------------------------------------------------------------
     def start_stores(self) -> None:
@@ -216,17 +218,22 @@ class Run:
         ports = free_ports(self.opts.nodes)
         for i in range(self.opts.nodes):
             name = f"n{i + 1}"
-            self.nodes[name] = NodeProcess(
-                self.node_env(name),
-                self.dir,
-                ports + i,
-                heartbeat=0.3,
-                processes=self.opts.processes,
-                cwd=self.code,
-            )
+            self.nodes[name] = self.make_node(name, ports + i)
             self.node_locks[name] = threading.Lock()
             self.start_node(name)
         self.create_queues()
+
+    def make_node(self, name: str, port: int, release: Release | None = None) -> NodeProcess:
+        """Node ``name`` on ``port``, of this tree or of ``release``."""
+        return NodeProcess(
+            self.node_env(name),
+            self.dir,
+            port,
+            heartbeat=0.3,
+            processes=self.opts.processes,
+            python=release.python if release else sys.executable,
+            cwd=release.tree if release else self.code,
+        )
 
     def start_node(self, name: str) -> None:
         node = self.nodes[name]
@@ -294,6 +301,19 @@ class Run:
         def nothing(f: Fault) -> None:
             return None
 
+        def replace(f: Fault, release: Release | None) -> None:
+            with self.node_locks[f.target]:
+                node = self.nodes[f.target]
+                node.stop()
+                self.nodes[f.target] = self.make_node(f.target, node.port, release)
+                self.start_node(f.target)
+
+        def downgrade(f: Fault) -> None:
+            replace(f, self.release)
+
+        def upgrade(f: Fault) -> None:
+            replace(f, None)
+
         return {
             "kill": (kill, restart),
             "pause": (pause, resume),
@@ -301,6 +321,7 @@ class Run:
             "redis-pause": (lambda f: self.stores.pause("redis"), lambda f: self.stores.resume("redis")),
             "pg-restart": (lambda f: self.stores.restart_pg(), nothing),
             "pg-pause": (lambda f: self.stores.pause("pg"), lambda f: self.stores.resume("pg")),
+            "upgrade": (downgrade, upgrade),
         }
 
     # --- the run ----------------------------------------------------------------------------
@@ -314,6 +335,9 @@ class Run:
               f"kv {opts.kv}, directory {self.dir}", flush=True)  # fmt: skip
         print("nemesis: schedule\n" + "\n".join("  " + f.describe() for f in faults), flush=True)
         try:
+            if "upgrade" in opts.kinds:
+                self.release = prepare()
+                print(f"nemesis: the previous release is {self.release.commit[:12]} ({self.release.tree})", flush=True)
             self.start_stores()
             self.setup()
             ledger = Ledger()
