@@ -56,7 +56,7 @@ NETWORK = ipaddress.IPv4Network("10.213.0.0/16")
 #: A MAC address no interface has: a cut node's frames to a cut address go there and are lost.
 NOWHERE_MAC = "02:00:00:00:00:01"
 #: Serializes the choice of a subnet between runs on this machine.
-LOCK_PATH = Path("/tmp/mqn-netns.lock")
+LOCK_PATH = Path("/run/lock/mqn-netns.lock")
 
 #: At most this many nodes (their index is part of an interface name).
 MAX_NODES = 99
@@ -69,7 +69,11 @@ class NetworkError(RuntimeError):
 
 
 def _ip(*args: str, check: bool = True) -> str:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    ip = shutil.which("ip")
+    if ip is None:
+        raise NetworkError("no `ip` command (iproute2)")
+    # our own arguments: names and addresses this module made
+    done = subprocess.run([ip, *args], capture_output=True, text=True, timeout=30)  # noqa: S603
     if check and done.returncode != 0:
         raise NetworkError(f"ip {' '.join(args)}: {done.stderr.strip() or done.returncode}")
     return done.stdout

@@ -150,25 +150,29 @@ def test_a_reject_cut_refuses_at_once():
 
 
 def test_a_cut_from_the_peers_cuts_both_ways_and_leaves_the_stores():
-    with Network("tst3", ["a", "b", "c"]) as net, echo_server(net.store_host) as port:
-        with echo_server_in(net, "a") as a_port, echo_server_in(net, "b") as b_port:
-            assert round_trip(net, "b", net.node_host("a"), a_port) == "ok"
-            assert round_trip(net, "a", net.node_host("b"), b_port) == "ok"
-            # when
-            net.cut_from_peers("a")
-            # then: a and its peers cannot reach each other, in either direction
-            assert round_trip(net, "b", net.node_host("a"), a_port) == "timeout"
-            assert round_trip(net, "a", net.node_host("b"), b_port) == "timeout"
-            assert round_trip(net, "c", net.node_host("a"), a_port) == "timeout"
-            # the others still reach each other, everyone reaches the stores, the clients reach a
-            assert round_trip(net, "c", net.node_host("b"), b_port) == "ok"
-            assert round_trip(net, "a", net.store_host, port) == "ok"
-            assert round_trip_here(net.node_host("a"), a_port) == "ok"
-            # when
-            net.heal("a")
-            # then
-            assert round_trip(net, "b", net.node_host("a"), a_port) == "ok"
-            assert round_trip(net, "a", net.node_host("b"), b_port) == "ok"
+    with (
+        Network("tst3", ["a", "b", "c"]) as net,
+        echo_server(net.store_host) as port,
+        echo_server_in(net, "a") as a_port,
+        echo_server_in(net, "b") as b_port,
+    ):
+        assert round_trip(net, "b", net.node_host("a"), a_port) == "ok"
+        assert round_trip(net, "a", net.node_host("b"), b_port) == "ok"
+        # when
+        net.cut_from_peers("a")
+        # then: a and its peers cannot reach each other, in either direction
+        assert round_trip(net, "b", net.node_host("a"), a_port) == "timeout"
+        assert round_trip(net, "a", net.node_host("b"), b_port) == "timeout"
+        assert round_trip(net, "c", net.node_host("a"), a_port) == "timeout"
+        # the others still reach each other, everyone reaches the stores, the clients reach a
+        assert round_trip(net, "c", net.node_host("b"), b_port) == "ok"
+        assert round_trip(net, "a", net.store_host, port) == "ok"
+        assert round_trip_here(net.node_host("a"), a_port) == "ok"
+        # when
+        net.heal("a")
+        # then
+        assert round_trip(net, "b", net.node_host("a"), a_port) == "ok"
+        assert round_trip(net, "a", net.node_host("b"), b_port) == "ok"
 
 
 def test_close_removes_every_namespace_link_and_address():
@@ -193,13 +197,22 @@ def test_a_failure_halfway_through_making_it_removes_what_was_made():
     assert names_of("tst5") == ([], [])
 
 
+#: A run killed before it removes its network.
+LEAKY = """
+import time
+from nemesis.netns import Network
+Network("tst6", ["a", "b"]).__enter__()
+print("made", flush=True)
+time.sleep(60)
+"""
+
+
 def test_remove_leftovers_removes_a_killed_runs_network_and_not_a_live_one():
     leaky = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import sys, time; from nemesis.netns import Network\n"
-            "n = Network('tst6', ['a', 'b']).__enter__(); print('made', flush=True); time.sleep(60)",
+            LEAKY,
         ],
         stdout=subprocess.PIPE,
         text=True,
