@@ -27,7 +27,8 @@
 #      default), MQ_SERVICES_CLIENTS (with MQ_SERVICES_HOST: the addresses PostgreSQL accepts
 #      password logins from on it, a pg_hba.conf address; default samenet: the subnets of this
 #      machine's interfaces, those of the namespaces' bridge included). The Redis Cluster's
-#      nodes listen on it too, but announce 127.0.0.1 to their clients.
+#      nodes listen on it too and announce it to their clients (CLUSTER SLOTS) instead of
+#      127.0.0.1: a cluster made with it is reached on it, from the namespaces and from here.
 # Every server listens on 127.0.0.1 (and on MQ_SERVICES_HOST when set); `start` starts the cluster too, `stop` stops it. PostgreSQL runs as the `postgres` user when we are root.
 set -euo pipefail
 
@@ -402,8 +403,9 @@ redis_cluster_start() {
         redis_start_in "$(cluster_dir "$p")" "$p" "cluster-enabled yes
 cluster-config-file nodes.conf
 cluster-port $((p + 3))
-cluster-node-timeout 5000"
-        addrs+=("127.0.0.1:$p")
+cluster-node-timeout 5000${services_host:+
+cluster-announce-ip $services_host}"
+        addrs+=("${services_host:-127.0.0.1}:$p")
     done
     local state; state="$(cluster_state)"
     # A restart finds its nodes.conf and the cluster forms again by itself within moments.
