@@ -6,18 +6,24 @@ Needs root and iproute2; skipped, with the reason, where ``Network.available()``
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from nemesis.netns import Network, remove_leftovers
+from tests.launcher import ROOT, free_port, free_ports
 
+SERVICES = str(ROOT / "scripts" / "services.sh")
 AVAILABLE, WHY = Network.available()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=f"needs root and network namespaces: {WHY}")
 
@@ -231,3 +237,57 @@ def test_remove_leftovers_removes_a_killed_runs_network_and_not_a_live_one():
         assert names_of("tst7")[0] == ["mqntst7-0"]
         assert not [name for name in removed if name.startswith("mqntst7")]
     assert names_of("tst7") == ([], [])
+
+
+#: Inside a node's namespace: PostgreSQL, Redis and the Redis Cluster on the stores' address.
+STORES_CLIENT = """
+import sys
+import psycopg, redis
+from redis.cluster import RedisCluster
+
+host, pg, rd, cluster = sys.argv[1], *map(int, sys.argv[2:])
+try:
+    with psycopg.connect(f"postgresql://mq:mq@{host}:{pg}/mq", connect_timeout=2) as c:
+        print("pg", c.execute("select inet_server_addr()").fetchone()[0])
+except psycopg.OperationalError as e:
+    print("pg-failed", type(e).__name__)
+    sys.exit()
+print("redis", redis.Redis(host=host, port=rd, socket_timeout=2).ping())
+nodes = RedisCluster(host=host, port=cluster, socket_timeout=2)
+nodes.set("k", "v")
+print("cluster", sorted({n.host for n in nodes.get_nodes()}), nodes.get("k").decode())
+"""
+
+
+@pytest.mark.slow
+def test_the_stores_listen_on_the_store_address_for_the_namespaces():
+    # services.sh with MQ_SERVICES_HOST, in a folder of its own that the postgres user can reach
+    directory = Path(tempfile.mkdtemp(prefix="mqn-stores-", dir="/var/tmp"))
+    directory.chmod(0o755)
+    pg, rd, cluster = free_port(), free_port(), free_ports(6)
+    with Network("tst8", ["a"]) as net:
+        env = {
+            **os.environ,
+            "MQ_SERVICES_DIR": str(directory),
+            "MQ_PG_PORT": str(pg),
+            "MQ_REDIS_PORT": str(rd),
+            "MQ_REDIS_CLUSTER_PORT": str(cluster),
+            "MQ_SERVICES_HOST": net.store_host,
+        }
+        client = net.wrap("a", [sys.executable, "-c", STORES_CLIENT, net.store_host, str(pg), str(rd), str(cluster)])
+        try:
+            subprocess.run([SERVICES, "start"], env=env, check=True, capture_output=True, timeout=300)
+            # when
+            done = subprocess.run(client, capture_output=True, text=True, timeout=60)
+            # then: every store answers on the stores' address, the cluster names it to clients
+            assert done.stdout.split("\n")[:3] == [
+                f"pg {net.store_host}",
+                "redis True",
+                f"cluster ['{net.store_host}'] v",
+            ], done.stderr
+            net.cut_from_stores("a")
+            done = subprocess.run(client, capture_output=True, text=True, timeout=60)
+            assert done.stdout.strip() == "pg-failed ConnectionTimeout", done.stderr
+        finally:
+            subprocess.run([SERVICES, "stop"], env=env, capture_output=True, timeout=300)
+            shutil.rmtree(directory, ignore_errors=True)
