@@ -155,3 +155,49 @@ class ReceiptMismatch(Refused):
 
     def body(self) -> dict[str, Any]:
         return {**super().body(), "id": self.msg_id}
+
+
+class TooManyWaits(Refused):
+    """A long poll past the node's cap on concurrent waits (429 with Retry-After): nothing was
+    dequeued. Each waiting poll holds a request thread, so one user must not hold them all."""
+
+    code = "too_many_waits"
+    status = 429
+
+    def __init__(self, detail: str, retry_after: int = 1):
+        super().__init__(detail)
+        self.retry_after = retry_after
+
+
+class RemoteError(ServiceError):
+    """An answer from another node that the caller passes on unchanged (its status, its body;
+    Retry-After on a 503)."""
+
+    def __init__(self, status: int, payload: dict[str, Any]) -> None:
+        super().__init__(status, payload)
+        self.status = status
+        self.payload = payload
+        if isinstance(payload, dict) and isinstance(payload.get("error"), str):
+            self.code = payload["error"]
+        self.retry_after = 1 if status == 503 else None
+
+    @property
+    def detail(self) -> str:
+        return str((self.payload or {}).get("detail", self.payload))
+
+    def body(self) -> dict[str, Any]:
+        return self.payload
+
+
+class PeerUnreachable(PartitionUnavailable):
+    """Another node did not answer: refused, reset or timed out (a node that just died and
+    whose lease has not run out yet). 503 with Retry-After: by then its lease may have passed
+    to a live node.
+
+    ``refused``: the connection was refused, so the call never reached the node and may be
+    made again elsewhere, whatever it was (a reset or a timeout may come after the node ran it).
+    """
+
+    def __init__(self, detail: str, *, refused: bool = False):
+        super().__init__(detail)
+        self.refused = refused

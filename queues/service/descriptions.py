@@ -424,7 +424,7 @@ def _others_claim(q: Queue) -> None:
     """Have every other live node (this node's sibling processes first among them) claim its
     share of the queue's partitions now, so that the queue is served by all of them when the
     create returns. A node that does not answer within :data:`CLAIM_WAIT` claims at its next
-    pass; until then the calls for its share wait for an owner (``messages._owner``)."""
+    pass; until then the calls for its share wait for an owner (``cluster.routing.owner``)."""
     rt = get_runtime()
     try:
         addresses = sorted({n.address for n in rt.live_nodes() if n.pk != rt.node_id and n.address != rt.address})

@@ -14,6 +14,7 @@ from queues.errors import (
     Refused,
     ServiceError,
     SubscriptionNotFound,
+    TooManyWaits,
     Unavailable,
 )
 from queues.service.peers import PeerUnreachable, RemoteError
@@ -71,15 +72,3 @@ class Conflict(Refused):
     def __init__(self, detail: str, code: str):
         super().__init__(detail)
         self.code = code
-
-
-class TooManyWaits(Refused):
-    """A long poll past the node's cap on concurrent waits (429 with Retry-After): nothing was
-    dequeued. Each waiting poll holds a request thread, so one user must not hold them all."""
-
-    code = "too_many_waits"
-    status = 429
-
-    def __init__(self, detail: str, retry_after: int = 1):
-        super().__init__(detail)
-        self.retry_after = retry_after

@@ -1,9 +1,11 @@
 """The message operations: enqueue, dequeue, ack, change of visibility, and the dead-letter move.
 
 Each takes a *target* (a queue, or ``"topic/subscription"`` for the reading calls) and checked
-values, runs on this node's partition managers where it can, and asks the owner node through
-:mod:`.peers` where it cannot (``hops`` counts how often the call was forwarded already; past
-``router.MAX_HOPS`` it is answered where it is, so nothing loops).
+values, and reads: authorize, check, deduplicate, route, record. Where a call runs is the
+cluster's (:mod:`queues.cluster.routing`, :mod:`queues.cluster.long_polls`): this node's
+partition managers where it can, the owner node through :mod:`.peers` where it cannot
+(``hops`` counts how often the call was forwarded already; past ``router.MAX_HOPS`` it is
+answered where it is, so nothing loops). Dead-letter moves are :mod:`.dead_letters`'.
 
 Locking: a partition manager's lock guards its memory and is held across its store writes;
 callers here never hold one while calling another node. Several partitions are locked in
@@ -13,46 +15,41 @@ index order (:func:`ack`), so two calls never wait on each other in a cycle.
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import TypeVar
 
-from django.conf import settings
-
-from queues import metrics, tracing
-from queues.access import SYSTEM, Caller, granted_now
+from queues import tracing
+from queues.access import SYSTEM, Caller
+from queues.cluster import long_polls, routing
 from queues.cluster.dedup import get_dedup
+from queues.cluster.long_polls import WAITS, Poll, WaitSlots
 from queues.cluster.router import MAX_HOPS
-from queues.cluster.siblings import Board
 from queues.engine.config import QueueConfig
-from queues.engine.ids import MessageId, StoredMessage, group_partition, parse_message_id
-from queues.engine.isotime import iso
+from queues.engine.ids import MessageId, StoredMessage, group_partition
 from queues.engine.partition import Delivery, PartitionManager
 from queues.engine.ports import Lease
-from queues.models import Queue
-from queues.service.errors import (
-    InvalidRequest,
-    NotServedHere,
-    PartitionUnavailable,
-    PeerUnreachable,
-    QueueNotFound,
-    RemoteError,
-    TooManyWaits,
-)
+from queues.service.dead_letters import move_dead_letters
+from queues.service.errors import InvalidRequest, PartitionUnavailable, QueueNotFound, RemoteError, TooManyWaits
 from queues.service.limits import MAX_BATCH, MAX_WAIT
 from queues.service.peers import get_peers
 from queues.service.runtime import get_runtime
 from queues.service.targets import authorize, queue_config
 from queues.service.types import AckResult, MessageDraft
-from queues.signals import given_back, redelivered
+from queues.signals import given_back
+
+__all__ = [
+    "TooManyWaits",
+    "WaitSlots",
+    "ack",
+    "change_visibility",
+    "check_drafts",
+    "dequeue",
+    "enqueue",
+    "publish",
+]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-monotonic = time.monotonic
 
 
 # --- enqueue ----------------------------------------------------------------------------------
@@ -148,20 +145,7 @@ def _check_elsewhere(cfg: QueueConfig, drafts: Sequence[MessageDraft], hops: int
         shares.setdefault(group_partition(d.group, cfg.partitions) if d.group else None, []).append(d)
     if len(shares) < 2:
         return
-    rt = get_runtime()
-    remote: dict[str, list[MessageDraft]] = {}
-    for index, share in shares.items():
-        if index is None:
-            if not rt.cooling and any(m.enqueue_ready for m in rt.local_managers(cfg.name)):
-                continue
-            address = next(iter(rt.router.other_nodes(cfg.id, cfg.name)), None)
-        elif (cfg.name, index) in rt.managers:
-            continue
-        else:
-            address = rt.router.owner_of(cfg.id, cfg.name, index)
-        if address is not None:
-            remote.setdefault(address, []).extend(share)
-    for address, share in remote.items():
+    for address, share in routing.shares_elsewhere(get_runtime(), cfg, shares).items():
         try:
             get_peers().check_enqueue(address, cfg.name, _without_dedup(share), hops, caller)
         except RemoteError as exc:
@@ -204,74 +188,22 @@ def _enqueue_somewhere(
     rt = get_runtime()
     messages = [_stored(d, now) for d in drafts]
     if index is None:
-        return _local_or_forward(
+        return routing.local_or_forward(
+            rt,
             cfg,
             hops,
-            lambda even_if_cooling: _enqueue_any_local(cfg.name, messages, even_if_cooling=even_if_cooling),
+            lambda even_if_cooling: routing.enqueue_any_local(rt, cfg.name, messages, even_if_cooling=even_if_cooling),
             lambda address: get_peers().enqueue(address, cfg.name, _without_dedup(drafts), hops, caller),
         )
     if (cfg.name, index) in rt.managers or hops >= MAX_HOPS:
         return rt.manager(cfg.name, index).enqueue(messages)
-    return _at_owner(
+    return routing.at_owner(
+        rt,
         cfg,
         index,
         lambda: rt.manager(cfg.name, index).enqueue(messages),
         lambda address: get_peers().enqueue(address, cfg.name, _without_dedup(drafts), hops, caller),
     )
-
-
-def _owner_wait() -> float:
-    """Seconds a call waits for a partition that has no live owner to get one: a queue just
-    created whose other nodes claim at their next pass (a heartbeat), or a partition between
-    two owners."""
-    return min(OWNER_WAIT_MAX, 1.5 * get_runtime().heartbeat + 0.5)
-
-
-#: The most a call waits for a partition's owner (:func:`_owner_wait`).
-OWNER_WAIT_MAX = 5.0
-
-
-def _owner(cfg: QueueConfig, index: int, give_up: float) -> str | None:
-    """The address of the owner of partition ``index``, None when it is this node; waits for
-    one until ``give_up`` (monotonic) when it has none, then raises NotServedHere (503: retry)
-    or QueueNotFound (it was deleted)."""
-    rt = get_runtime()
-    while True:
-        if (cfg.name, index) in rt.managers:
-            return None
-        address = rt.router.owner_of(cfg.id, cfg.name, index)
-        if address is not None:
-            return address
-        if monotonic() >= give_up:
-            raise _unserved(cfg, f"partition {cfg.name}/{index} has no live owner now; retry")
-        if cfg.name not in rt.queues:
-            raise _unserved(cfg, f"queue {cfg.name!r} is not described on this node now; retry")
-        time.sleep(OWNER_LOOK)
-        rt.router.forget(cfg.id)
-
-
-#: Seconds between two looks for a partition's owner.
-OWNER_LOOK = 0.05
-
-
-def _at_owner(cfg: QueueConfig, index: int, local: Callable[[], T], remote: Callable[[str], T]) -> T:
-    """``remote(address)`` at the owner of partition ``index``, or ``local()`` when that is
-    this node. An owner that refuses the connection is looked up again: it died, and its row
-    names it until its lease passes to a live node, while the call never reached it (safe to
-    make again, whatever it is). The lookups and the waits for an owner share one
-    :func:`_owner_wait`, so a call answers 503 within it (past the calls' own timeouts)."""
-    give_up = monotonic() + _owner_wait()
-    while True:
-        address = _owner(cfg, index, give_up)
-        if address is None:
-            return local()
-        try:
-            return remote(address)
-        except PeerUnreachable as exc:
-            if not exc.refused or monotonic() >= give_up:
-                raise
-        time.sleep(OWNER_LOOK)
-        get_runtime().router.forget(cfg.id)
 
 
 def _without_dedup(drafts: list[MessageDraft]) -> list[MessageDraft]:
@@ -280,78 +212,6 @@ def _without_dedup(drafts: list[MessageDraft]) -> list[MessageDraft]:
         MessageDraft(d.body, d.group, None, d.not_before, d.attributes, d.size, d.estimates, d.history, d.subscription)
         for d in drafts
     ]
-
-
-def _enqueue_any_local(queue: str, messages: list[StoredMessage], *, even_if_cooling: bool = False) -> list[str]:
-    """Store the messages in one partition of this node, in order; each in turn until one takes them.
-
-    Raises NotServedHere when this node has no partition of the queue, or is cooling (over its
-    load or failure threshold) and ``even_if_cooling`` is false.
-    """
-    rt = get_runtime()
-    managers = [m for m in rt.local_managers(queue) if m.enqueue_ready]
-    if not managers:
-        raise NotServedHere(f"no partition of {queue!r} is served by this node now; retry")
-    if rt.cooling and not even_if_cooling:
-        raise NotServedHere(f"node {rt.address} is cooling: enqueues go to other nodes")
-    start = rt.rotation(len(managers))
-    last: PartitionUnavailable | None = None
-    for i in range(len(managers)):
-        m = managers[(start + i) % len(managers)]
-        try:
-            return m.enqueue(messages)
-        except PartitionUnavailable as exc:
-            last = exc
-    assert last is not None
-    raise last
-
-
-def _local_or_forward(
-    cfg: QueueConfig, hops: int, local: Callable[[bool], list[str]], remote: Callable[[str], list[str]]
-) -> list[str]:
-    """Run ``local``; if this node does not serve the call, pass it to a node that does; if
-    none can, a cooling node still serves rather than refuse."""
-    try:
-        return local(hops >= MAX_HOPS)
-    except NotServedHere:
-        if hops >= MAX_HOPS:
-            raise
-    rt = get_runtime()
-    last: Exception | None = None
-    give_up = monotonic() + _owner_wait()
-    while True:
-        for address in rt.router.other_nodes(cfg.id, cfg.name):
-            try:
-                return remote(address)
-            except RemoteError as exc:
-                if exc.status < 500:
-                    raise  # the owner refused it: so would the others
-                last = exc
-            except Exception as exc:  # noqa: BLE001 - unreachable or unavailable: try the next owner
-                last = exc
-        if rt.local_managers(cfg.name):
-            return local(True)
-        if last is not None or monotonic() >= give_up or cfg.name not in rt.queues:
-            raise _unserved(cfg, f"no node serves queue {cfg.name!r} now ({last or 'no owner'}); retry")
-        # No owner at all yet (a queue just created, its partitions not claimed yet): wait.
-        time.sleep(OWNER_LOOK)
-        rt.router.forget(cfg.id)
-
-
-def _unserved(cfg: QueueConfig, detail: str) -> Exception:
-    """Why no node serves the queue: it was deleted (this node's description of it is a moment
-    old: QueueNotFound), else no owner now (NotServedHere, 503: retry).
-
-    A queue of the name whose row is not the one described here was deleted and created again
-    without this node being told (it was unreachable): the old description and its managers
-    are dropped now, so that the client's retry is served by the new queue rather than answered
-    503 until this node's next pass."""
-    current = Queue.objects.filter(name=cfg.name).values_list("pk", flat=True).first()
-    if current is None:
-        return QueueNotFound(cfg.name)
-    if current != cfg.id:
-        get_runtime().queue_deleted(cfg.name, cfg.id)
-    return NotServedHere(detail)
 
 
 # --- dequeue ----------------------------------------------------------------------------------
@@ -373,7 +233,7 @@ def dequeue(
     to the dead-letter queue. ``consume``; other owners are asked for ``caller``, once: a
     forwarded dequeue (``hops`` >= 1) never forwards again. Raises QueueNotFound,
     ``access.Forbidden``, SubscriptionNotFound, InvalidRequest (``is_a_topic``), TooManyWaits
-    (``wait`` > 0 past the node's cap on concurrent long polls: :class:`WaitSlots`).
+    (``wait`` > 0 past the node's cap on concurrent long polls: ``cluster.long_polls.WaitSlots``).
     """
     if tracing.ON and not _in_span:  # its span (queues.tracing), then this again
         return tracing.dequeue_span(
@@ -388,71 +248,9 @@ def dequeue(
         )
     cfg, sub = authorize(target, "consume", caller=caller, reading=True)
     if wait > 0:
-        with _WAITS.slot(caller):
+        with WAITS.slot(caller):
             return _dequeue(target, cfg, sub, caller, max_messages, visibility_timeout, wait, hops)
     return _dequeue(target, cfg, sub, caller, max_messages, visibility_timeout, wait, hops)
-
-
-class WaitSlots:
-    """Concurrent long polls on this node, per user and in all: each holds a request thread
-    for up to ``MAX_WAIT`` seconds (granian's WSGI worker runs a request on one thread until
-    it returns), so a user past ``LONG_POLL_MAX_PER_USER`` or a node past
-    ``LONG_POLL_MAX_PER_NODE`` is answered 429 at once rather than starving acks and enqueues.
-
-    A runnode of several processes (``NODE_PROCESSES`` sibling nodes) counts in each: a process
-    takes at most ``ceil(LONG_POLL_MAX_PER_USER / NODE_PROCESSES)`` of a user's polls, so the
-    user holds at most about its cap over the runnode; ``LONG_POLL_MAX_PER_NODE`` bounds each process, as it
-    guards the process's own request threads (``NODE_THREADS`` are per process).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_user: dict[object, int] = {}
-        self.total = 0
-
-    def slot(self, caller: Caller) -> _Slot:
-        key = caller.user_id if caller.user_id is not None else caller.username
-        per_user = -(-settings.LONG_POLL_MAX_PER_USER // max(1, settings.NODE_PROCESSES))
-        per_node = settings.LONG_POLL_MAX_PER_NODE
-        with self._lock:
-            held = self._by_user.get(key, 0)
-            if held >= per_user:
-                raise TooManyWaits(
-                    f"{held} long polls of this user are waiting on this node already (at most {per_user}); "
-                    "retry, or poll with a shorter wait"
-                )
-            if self.total >= per_node:
-                raise TooManyWaits(f"{self.total} long polls are waiting on this node already (at most {per_node})")
-            self._by_user[key] = held + 1
-            self.total += 1
-        return _Slot(self, key)
-
-    def _release(self, key: object) -> None:
-        with self._lock:
-            self.total -= 1
-            left = self._by_user[key] - 1
-            if left:
-                self._by_user[key] = left
-            else:
-                del self._by_user[key]
-
-    def held(self, caller: Caller) -> int:
-        return self._by_user.get(caller.user_id if caller.user_id is not None else caller.username, 0)
-
-
-class _Slot:
-    def __init__(self, slots: WaitSlots, key: object):
-        self.slots, self.key = slots, key
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        self.slots._release(self.key)
-
-
-#: This process's long polls.
-_WAITS = WaitSlots()
 
 
 def _dequeue(
@@ -466,323 +264,36 @@ def _dequeue(
     hops: int,
 ) -> list[Delivery]:
     spec = cfg.subscription(sub) if sub else None
-    local_visibility_timeout = visibility_timeout
-    if local_visibility_timeout is None and spec is not None:
-        local_visibility_timeout = spec.visibility_timeout
-    if local_visibility_timeout is None:
-        local_visibility_timeout = cfg.visibility_timeout
-    rt = get_runtime()
-    # A forwarded dequeue (hops >= 1) answers from here only: forwarding again made every
-    # empty poll cost N(N-1) internal calls on N nodes, each with its own timeout.
-    board = rt.board if hops == 0 else None
-    asked: set[str] = set()
-    found = _dequeue_node(
-        target, cfg, sub, caller, max_messages, visibility_timeout, local_visibility_timeout, board, asked
+    visibility = visibility_timeout
+    if visibility is None and spec is not None:
+        visibility = spec.visibility_timeout
+    if visibility is None:
+        visibility = cfg.visibility_timeout
+    poll = Poll(
+        target,
+        cfg,
+        sub,
+        caller,
+        max_messages,
+        visibility,
+        lambda address, room: get_peers().dequeue(address, target, room, visibility_timeout, 0, caller),
+        lambda address: get_peers().dequeue(address, target, max_messages, visibility_timeout, hops, caller),
     )
-    if (spec.max_receives if spec is not None else cfg.max_receives) is not None:
-        _move_dead_letters(cfg, sub)
-    if found or hops >= 1:
-        if not found and wait:
-            found = _waited(target, cfg, sub, caller, max_messages, visibility_timeout, local_visibility_timeout, wait)
-        return found
-    for address in rt.router.other_nodes(cfg.id, cfg.name):
-        if address in asked:
-            continue
-        try:
-            got = get_peers().dequeue(address, target, max_messages, visibility_timeout, hops, caller)
-        except Exception:  # noqa: BLE001, S112 - that owner is unreachable or refused: try the next
-            continue
-        if got:
-            return got
-    if wait:
-        found = _waited(target, cfg, sub, caller, max_messages, visibility_timeout, local_visibility_timeout, wait)
-    return found
-
-
-#: Seconds by which a sibling process's oldest deliverable message must have waited longer than
-#: this process's for a dequeue to ask the sibling first. Within it, this process's own come
-#: first: under a backlog, the processes' oldest messages are always some time apart, and a
-#: call between processes for every dequeue would cost more than the order it buys. Past it,
-#: the node's oldest come first, so no message waits much longer than its node's newest.
-SIBLING_AHEAD = 0.5
-
-
-def _dequeue_node(
-    target: str,
-    cfg: QueueConfig,
-    sub: str,
-    caller: Caller,
-    max_messages: int,
-    visibility_timeout: float | None,
-    local_visibility_timeout: float,
-    board: Board | None,
-    asked: set[str],
-) -> list[Delivery]:
-    """One look, no wait: this process's partitions, and (``board``: a runnode of several
-    processes) the siblings that hold deliverable messages of ``target``, so that any process
-    answers with the node's oldest. A sibling whose oldest has waited longer than this
-    process's by :data:`SIBLING_AHEAD` is asked first; one that holds some is asked while the
-    dequeue has room. ``asked``: the siblings asked, filled in."""
-    holders = board.holders(target) if board is not None else []
-    if not holders:
-        found = _dequeue_local(cfg, sub, max_messages, local_visibility_timeout)
-        _announce(target, found)
-        return found
-    mine = _oldest_here(cfg.name, sub)
-    found = []
-    later: list[str] = []
-    for oldest, address in holders:
-        if mine is None or oldest < mine - SIBLING_AHEAD:
-            found.extend(_from_sibling(address, target, max_messages - len(found), visibility_timeout, caller, asked))
-            if len(found) >= max_messages:
-                return found
-        else:
-            later.append(address)
-    here = _dequeue_local(cfg, sub, max_messages - len(found), local_visibility_timeout)
-    _announce(target, here)
-    found.extend(here)
-    for address in later:
-        if len(found) >= max_messages:
-            break
-        found.extend(_from_sibling(address, target, max_messages - len(found), visibility_timeout, caller, asked))
-    return found
-
-
-def _oldest_here(queue: str, sub: str) -> float | None:
-    """The wall time this process's oldest deliverable message of the target has waited since."""
-    oldest: float | None = None
-    now, wall = monotonic(), time.time()
-    for m in get_runtime().local_managers(queue):
-        o, due = m.waiting_since(sub)
-        if due is not None and due <= now:
-            o = min(o if o is not None else wall, wall - (now - due))
-        if o is not None and (oldest is None or o < oldest):
-            oldest = o
-    return oldest
-
-
-def _from_sibling(
-    address: str, target: str, room: int, visibility_timeout: float | None, caller: Caller, asked: set[str]
-) -> list[Delivery]:
-    """A dequeue of up to ``room`` from a sibling process (which answers from its own memory)."""
-    asked.add(address)
-    if room <= 0:
-        return []
-    try:
-        return get_peers().dequeue(address, target, room, visibility_timeout, 0, caller)
-    except Exception as exc:  # noqa: BLE001 - gone or busy: its messages are its own consumers' then
-        log.info("dequeue of %s from sibling %s: %s", target, address, exc)
-        return []
-
-
-def _waited(
-    target: str,
-    cfg: QueueConfig,
-    sub: str,
-    caller: Caller,
-    max_messages: int,
-    visibility_timeout: float | None,
-    local_visibility_timeout: float,
-    wait: float,
-) -> list[Delivery]:
-    """Wait up to ``wait`` seconds for the first delivery: woken by an enqueue here, by a
-    sibling process that stored one (``board``), or by the next visibility deadline.
-
-    The caller's right is checked again at the end: it was checked when the call started, up
-    to ``MAX_WAIT`` seconds ago. A caller that lost ``consume`` meanwhile gets nothing of this
-    process's, and what the wait took is given back, deliverable at once to those who may
-    still read it, with the receive count it had (a sibling asked at the end checked the right
-    itself)."""
-    rt = get_runtime()
-    board = rt.board
-    give_up = monotonic() + min(wait, MAX_WAIT)
-    with board.waiting(target) if board is not None else nullcontext():
-        while True:
-            seq = rt.change_seq()
-            asked: set[str] = set()
-            found = _dequeue_node(
-                target, cfg, sub, caller, max_messages, visibility_timeout, local_visibility_timeout, board, asked
-            )
-            now = monotonic()
-            if found or now >= give_up:
-                break
-            timeout = give_up - now
-            for m in rt.local_managers(cfg.name):
-                nd = m.next_wakeup(sub)
-                if nd is not None:
-                    timeout = min(timeout, max(nd - now, 0.0) + 0.001)
-            if board is not None:
-                due = board.next_due(target)
-                if due is not None:
-                    timeout = min(timeout, max(due - now, 0.0) + 0.001)
-                timeout = min(timeout, BOARD_LOOK)
-                if asked:
-                    # A sibling's hint named messages it no longer had (another consumer took
-                    # them): wait for news after this look, not for the wake-up the hint sent.
-                    seq = rt.change_seq()
-                    timeout = min(timeout, SIBLING_RETRY)
-            rt.wait_for_change(seq, timeout)
-    local = [d for d in found if (cfg.name, _message_id(d.id).partition) in rt.managers]
-    if local and "consume" not in granted_now(caller, cfg.id, cfg.name, cfg.created_by):
-        by_partition: dict[int, list[Delivery]] = {}
-        for d in local:
-            by_partition.setdefault(_message_id(d.id).partition, []).append(d)
-        for index, deliveries in by_partition.items():
-            holder = rt.managers.get((cfg.name, index))
-            if holder is not None:  # (one closed meanwhile: its next owner delivers them again)
-                holder.give_back(deliveries, sub)
-        log.info(
-            "a long poll of %s on %s ended after its right was revoked: %d given back", caller, cfg.name, len(local)
-        )
-        return []
-    return found
-
-
-#: The longest a long poll of a runnode of several processes sleeps between two looks at its
-#: siblings' boards: a wake-up lost (a sibling that started meanwhile) costs at most this.
-BOARD_LOOK = 1.0
-#: After a look that asked a sibling and found nothing, the longest wait before the next one.
-SIBLING_RETRY = 0.01
-
-
-def _announce(target: str, deliveries: list[Delivery]) -> None:
-    again = [d for d in deliveries if d.receive_count > 1]
-    if again:
-        redelivered.send_robust(sender=None, target=target, deliveries=again)
-
-
-def _dequeue_local(cfg: QueueConfig, sub: str, max_messages: int, visibility_timeout: float) -> list[Delivery]:
-    """This process's partitions only, in turn, no wait."""
-    rt = get_runtime()
-    managers = rt.local_managers(cfg.name)
-    out: list[Delivery] = []
-    if not managers or max_messages <= 0:
-        return out
-    start = rt.rotation(len(managers))
-    for i in range(len(managers)):
-        m = managers[(start + i) % len(managers)]
-        try:
-            got = m.dequeue(max_messages - len(out), visibility_timeout, sub)
-            if got:  # what cannot be read now is given back, not left hidden
-                out.extend(m.load_bodies(got, sub))
-        except PartitionUnavailable:
-            continue
-        if len(out) >= max_messages:
-            break
-    if rt.board is not None:
-        rt.hint(cfg.name)  # the siblings see this process's new oldest (or that it has none)
-    return out
-
-
-def _move_dead_letters(cfg: QueueConfig, sub: str = "") -> None:
-    """Move the messages this node set aside (past max_receives) to the dead-letter queue,
-    each on its own.
-
-    Each is stored there first, then removed from the source: a crash in between leaves a
-    message in both queues (at least once), never in neither. One that cannot be moved (the
-    dead-letter queue or the owner of its partition there refuses it, or no owner can be reached)
-    is given back to the source, where the next dequeue sets it aside and tries again; it is
-    counted (``mq_dead_letter_moves_failed``) and logged, and the others move on. After a failure
-    that is not the message's own (a 5xx, an owner unreachable), the rest bound for the same
-    partition of the dead-letter queue are given back untried, as are the rest of a failed
-    one's group (kept in order): a dequeue never waits out one timeout per dead letter.
-    """
-    rt = get_runtime()
-    spec = cfg.subscription(sub) if sub else None
-    dead_letter_queue = spec.dead_letter_queue if spec is not None else cfg.dead_letter_queue
-    source = f"{cfg.name}/{sub}" if sub else cfg.name
-    for m in rt.local_managers(cfg.name):
-        dead = m.take_dead(sub)
-        if not dead:
-            continue
-        try:
-            if dead_letter_queue is None:
-                raise NotServedHere("the queue no longer names a dead-letter queue")
-            dlq = queue_config(dead_letter_queue)
-            found = m.load_bodies([Delivery(mid, "", count) for mid, count in dead])
-        except Exception as exc:  # noqa: BLE001 - none can move now: given back, tried again later
-            _not_moved(source, dead_letter_queue, [mid for mid, _ in dead], exc)
-            m.give_back_dead([mid for mid, _ in dead], sub)
-            continue
-        now = datetime.now(UTC).timestamp()
-        moved: list[str] = []
-        held: list[str] = []
-        unreachable: set[int | None] = set()  # the dead-letter queue's partitions that failed
-        failed_groups: set[str] = set()
-        for d in found:
-            msg = d.message
-            assert msg is not None
-            # In its group still: a strict dead-letter queue needs one, and its dead letters
-            # keep their order there (and when redriven).
-            index = group_partition(msg.group, dlq.partitions) if msg.group else None
-            if index in unreachable or (msg.group is not None and msg.group in failed_groups):
-                held.append(d.id)
-                continue
-            history = {
-                "source": source,
-                "id": d.id,
-                "receive_count": d.receive_count,
-                "group": msg.group,
-                "enqueued_at": iso(msg.enqueued_at),
-                "dead_lettered_at": iso(now),
-            }
-            draft = MessageDraft(
-                msg.body,
-                group=msg.group,
-                attributes=msg.attributes,
-                size=msg.size,
-                estimates=msg.estimates,
-                history=history,
-            )
-            try:
-                check_drafts(dlq, [draft])
-                # Through the routing of any enqueue: the partition may be on another node.
-                _enqueue_somewhere(dlq, index, [draft], now, 0, SYSTEM)
-            except Exception as exc:  # noqa: BLE001 - this one stays; the others move on
-                _not_moved(source, dead_letter_queue, [d.id], exc)
-                held.append(d.id)
-                if msg.group is not None:
-                    failed_groups.add(msg.group)
-                if not _refused(exc):
-                    unreachable.add(index)
-                continue
-            moved.append(d.id)
-        if held:
-            m.give_back_dead(held, sub)
-        if not moved:
-            continue
-        try:
-            m.remove_dead_lettered([_message_id(mid) for mid in moved], sub)  # not archived
-        except Exception:
-            # Copied already: given back, a later move copies them again (at least once).
-            log.exception("removing %d moved dead letters of %s", len(moved), source)
-            m.give_back_dead(moved, sub)
-            continue
-        with m.lock:
-            m.dead_lettered_total += len(moved)
-        metrics.DEAD_LETTERED.labels(cfg.name, sub).inc(len(moved))
-
-
-def _refused(exc: Exception) -> bool:
-    """Whether a dead letter's move failed for the message itself (the dead-letter queue's
-    rules, a 4xx of its owner), not for the way there."""
-    return isinstance(exc, InvalidRequest) or (isinstance(exc, RemoteError) and exc.status < 500)
-
-
-def _not_moved(source: str, dead_letter_queue: str | None, mids: list[str], exc: Exception) -> None:
-    """Count and log dead letters of ``source`` (a queue, or ``topic/subscription``) that stay."""
-    queue, _, sub = source.partition("/")
-    metrics.DEAD_LETTER_MOVES_FAILED.labels(queue, sub).inc(len(mids))
-    expected = isinstance(exc, (InvalidRequest, RemoteError, PartitionUnavailable, QueueNotFound))
-    log.warning(
-        "%s: %d dead letter(s) not moved to %s, kept to try again (%s): %s",
-        source,
-        len(mids),
-        dead_letter_queue,
-        ", ".join(mids[:5]) + (" ..." if len(mids) > 5 else ""),
-        exc if expected else repr(exc),
-        exc_info=None if expected else exc,
+    dead_letters = (spec.max_receives if spec is not None else cfg.max_receives) is not None
+    return long_polls.dequeue(
+        get_runtime(),
+        poll,
+        min(wait, MAX_WAIT),
+        hops,
+        (lambda: move_dead_letters(cfg, sub, _store_dead_letters)) if dead_letters else None,
     )
+
+
+def _store_dead_letters(dlq: QueueConfig, index: int | None, drafts: list[MessageDraft], now: float) -> None:
+    """Dead letters, checked by the dead-letter queue's rules and stored through the routing of
+    any enqueue, for the service itself."""
+    check_drafts(dlq, drafts)
+    _enqueue_somewhere(dlq, index, drafts, now, 0, SYSTEM)
 
 
 # --- ack and visibility -----------------------------------------------------------------------
@@ -813,32 +324,18 @@ def ack(
     if tracing.ON and not (_in_span or check_only):  # its span (queues.tracing), then this again
         return tracing.ack_span(ack, target, items, caller=caller, hops=hops, unexpired=unexpired, _in_span=True)
     cfg, sub = authorize(target, "consume", caller=caller, reading=True)
-    rt = get_runtime()
-    give_up: float | None = None  # (set at the first miss: nearly every ack finds its owners)
-    while True:
-        local, remote, unowned = _ack_route(cfg, items, hops)
-        missed: PeerUnreachable | None = None
-        if unowned is None:
-            try:
-                if check_only or remote:
-                    if local:
-                        _check_local(cfg.name, local, sub, unexpired)
-                    if check_only:
-                        return AckResult(0, 0)
-                    for address, batch in remote.items():
-                        get_peers().check_ack(address, target, batch, hops, caller, unexpired=unexpired)
-                break
-            except PeerUnreachable as exc:  # a check removes nothing: it may be made elsewhere
-                missed = exc
-        # No owner now, or one that did not answer: look again for where the partitions are,
-        # as an enqueue waits for its partition's owner.
-        give_up = give_up or monotonic() + _owner_wait()
-        if hops >= MAX_HOPS or monotonic() >= give_up or cfg.name not in rt.queues:
-            if missed is not None:
-                raise missed
-            raise _unserved(cfg, f"partition {cfg.name}/{unowned} has no live owner now; retry")
-        time.sleep(OWNER_LOOK)
-        rt.router.forget(cfg.id)
+
+    def check(local: list[tuple[MessageId, str | None]], remote: dict[str, list[tuple[MessageId, str | None]]]) -> None:
+        if check_only or remote:
+            if local:
+                _check_local(cfg.name, local, sub, unexpired)
+            if not check_only:
+                for address, batch in remote.items():
+                    get_peers().check_ack(address, target, batch, hops, caller, unexpired=unexpired)
+
+    local, remote = routing.routed_ack(get_runtime(), cfg, items, hops, check)
+    if check_only:
+        return AckResult(0, 0)
     acked = not_found = 0
     if local:
         result = _ack_local(cfg.name, local, sub, unexpired)
@@ -848,32 +345,6 @@ def ack(
         acked += result.acked
         not_found += result.not_found
     return AckResult(acked, not_found)
-
-
-def _ack_route(
-    cfg: QueueConfig, items: Sequence[tuple[MessageId, str | None]], hops: int
-) -> tuple[list[tuple[MessageId, str | None]], dict[str, list[tuple[MessageId, str | None]]], int | None]:
-    """The acks for this node's partitions, those for each other owner, and a partition that
-    has no live owner now (None: every partition has one)."""
-    rt = get_runtime()
-    local: list[tuple[MessageId, str | None]] = []
-    remote: dict[str, list[tuple[MessageId, str | None]]] = {}
-    for mid, receipt in items:
-        if (cfg.name, mid.partition) in rt.managers:
-            local.append((mid, receipt))
-            continue
-        address = rt.router.owner_of(cfg.id, cfg.name, mid.partition) if hops < MAX_HOPS else None
-        if address is None:
-            return local, remote, mid.partition
-        remote.setdefault(address, []).append((mid, receipt))
-    return local, remote, None
-
-
-def _message_id(text: str) -> MessageId:
-    """The parsed ID of a message this node stored (so well-formed)."""
-    mid = parse_message_id(text)
-    assert mid is not None, text
-    return mid
 
 
 def _managers_of(
@@ -966,7 +437,8 @@ def change_visibility(
     if (cfg.name, mid.partition) not in rt.managers and hops < MAX_HOPS:
         address = rt.router.owner_of(cfg.id, cfg.name, mid.partition)
         if address is not None:
-            _at_owner(
+            routing.at_owner(
+                rt,
                 cfg,
                 mid.partition,
                 lambda: _change_visibility_here(target, cfg, sub, mid, receipt, visibility_timeout),

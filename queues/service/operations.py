@@ -15,6 +15,7 @@ from django.db.models import F
 
 from queues.access import Caller, audit, require
 from queues.cluster.dedup import get_dedup
+from queues.cluster.long_polls import message_id as _message_id
 from queues.cluster.purge import purge_partition
 from queues.cluster.router import MAX_HOPS
 from queues.engine.config import QueueConfig
@@ -24,7 +25,7 @@ from queues.engine.ports import Lease
 from queues.models import Partition, Queue
 from queues.public import LIMITS, QUEUE_NAME
 from queues.service.errors import Conflict, InvalidRequest, PartitionUnavailable, QueueNotFound, RemoteError
-from queues.service.messages import _ack_local, _message_id, enqueue
+from queues.service.messages import _ack_local, enqueue
 from queues.service.peers import get_peers
 from queues.service.runtime import get_runtime
 from queues.service.targets import authorize

@@ -112,12 +112,12 @@ def test_a_call_whose_owner_is_gone_answers_503_within_one_owner_wait(api, runti
     """The waits for an owner and the lookups after a refusal share one budget: a call that
     waited most of it for an owner, was refused by the one it found, and then finds none, is
     answered 503 when the budget ends, not after a second whole wait."""
-    from queues.service import messages
+    from queues.cluster import routing
 
     # given a partition with no owner for 80% of a wait, then a dead one, then none at all
     name = make_queue(partitions=1)
     monkeypatch.setattr(runtime, "managers", Hidden(runtime.managers, (name, 0)))
-    wait = messages._owner_wait()
+    wait = routing.owner_wait(runtime)
     dead = closed_port()
     named: list[str | None] = []
     start = time.monotonic()

@@ -14,8 +14,8 @@ from django.db import connection
 
 from queues import service
 from queues.access import SYSTEM
+from queues.cluster import long_polls
 from queues.service import MessageDraft
-from queues.service import messages as service_messages
 from tests.launcher import wait_until
 
 pytestmark = pytest.mark.django_db
@@ -81,10 +81,10 @@ def test_an_ack_that_frees_a_group_wakes_a_long_poll(api, make_queue, batch):
     poll = threading.Thread(target=long_poll)
     poll.start()
     try:
-        wait_until(lambda: service_messages._WAITS.total == 1, 30, "the long poll waiting")
+        wait_until(lambda: long_polls.WAITS.total == 1, 30, "the long poll waiting")
 
         # when the messages in flight are acknowledged
-        service.ack(name, [(service_messages.parse_message_id(d.id), d.receipt) for d in out], caller=SYSTEM)
+        service.ack(name, [(service.parse_message_id(d.id), d.receipt) for d in out], caller=SYSTEM)
     finally:
         poll.join(timeout=30)
 

@@ -15,9 +15,9 @@ import pytest
 from django.db import connection
 
 from queues import service
-from queues.access import SYSTEM
+from queues.access import SYSTEM, Caller
+from queues.cluster import long_polls
 from queues.service import MessageDraft
-from queues.service import messages as service_messages
 from tests.launcher import wait_until
 
 pytestmark = pytest.mark.django_db
@@ -75,7 +75,7 @@ def test_long_polls_past_the_cap_are_429_with_retry_after(api, make_queue, setti
     settings.LONG_POLL_MAX_PER_USER = 2
     name = make_queue(partitions=1)
     (warm,) = service.enqueue(name, [MessageDraft("warm-up")], caller=SYSTEM)  # the head block exists
-    service.ack(name, [(service_messages.parse_message_id(warm), None)], caller=SYSTEM)
+    service.ack(name, [(service.parse_message_id(warm), None)], caller=SYSTEM)
     results: list[list] = []
 
     def long_poll():
@@ -88,7 +88,7 @@ def test_long_polls_past_the_cap_are_429_with_retry_after(api, make_queue, setti
     for t in waiters:
         t.start()
     try:
-        wait_until(lambda: service_messages._WAITS.total == 2, 30, "two long polls waiting")
+        wait_until(lambda: long_polls.WAITS.total == 2, 30, "two long polls waiting")
 
         # when a third long poll comes, and a poll that does not wait
         r = api.post(f"{API}/{name}/dequeue", {"wait": 5}, format="json")
@@ -105,7 +105,7 @@ def test_long_polls_past_the_cap_are_429_with_retry_after(api, make_queue, setti
             t.join(timeout=30)
     assert sorted(m.message.body for got in results for m in got) == ["a", "b"]
     # and the slots are given back: a long poll is served again
-    wait_until(lambda: service_messages._WAITS.total == 0, 10, "slots given back")
+    wait_until(lambda: long_polls.WAITS.total == 0, 10, "slots given back")
     assert api.post(f"{API}/{name}/dequeue", {"wait": 0.1}, format="json").status_code == 200
 
 
@@ -116,8 +116,8 @@ def test_one_user_cannot_take_every_wait(api, make_queue, settings):
     name = make_queue(partitions=1)
     from django.contrib.auth.models import User
 
-    caller = service_messages.Caller.of(User.objects.get(auth_token__key=api.token))
-    slot = service_messages._WAITS.slot(caller)
+    caller = Caller.of(User.objects.get(auth_token__key=api.token))
+    slot = long_polls.WAITS.slot(caller)
     try:
         # when it long polls once more
         r = api.post(f"{API}/{name}/dequeue", {"wait": 5}, format="json")
