@@ -2,14 +2,17 @@
 
 :func:`configure` runs once in every process when the app starts (``QueuesConfig.ready``): it
 installs the exporter ``settings.TRACES_EXPORT`` names, if any, then decides whether the process's
-global ``TracerProvider`` is a real one and keeps the answer in :data:`ON`. Every hook in the
-code paths is ``if tracing.ON:`` (a module attribute read), so with no SDK a call pays nothing
-more; with one, the helpers here make the spans.
+global ``TracerProvider`` is a real one and keeps the answer in :data:`ON`. While it is, the
+service's calls have their spans from a middleware (:class:`Spans`, in
+``queues.service.middleware.MIDDLEWARE``) and the partitions announce their store writes to
+:class:`StoreSpans` (``queues.engine.ports.ANNOUNCE``); neither the service nor the engine
+imports this module. With no SDK, neither is attached and a call pays nothing more; the HTTP
+entrances read :data:`ON` (a module attribute) before they look at a caller's header.
 
 Spans (their names are ``"<call> <queue>"``, as OpenTelemetry's messaging conventions name them;
 ``messaging.system`` is ``mq``):
 
-- ``enqueue``, ``dequeue``, ``ack``: SERVER spans of the service's calls (``queues.service``),
+- ``enqueue``, ``dequeue``, ``ack``: SERVER spans of the service's calls (``queues.service``, by :class:`Spans`),
   children of the caller's ``traceparent`` header (the fast path, the DRF views and the SQS API
   attach it), or of the message's own context when a one-message enqueue brings no header. An
   enqueue gives each message that has no ``traceparent`` attribute its span's context (a
@@ -17,7 +20,8 @@ Spans (their names are ``"<call> <queue>"``, as OpenTelemetry's messaging conven
   the context of each message it delivers.
 - ``forward <call> <target>``: a CLIENT span around a call forwarded to another node
   (``queues.api.peers``), whose ``traceparent`` header it carries: the owner's spans join the trace.
-- ``store <queue>``: an INTERNAL span around a partition's store write (``PartitionManager.enqueue``).
+- ``store <queue>``: an INTERNAL span around a partition's store write (``PartitionManager.enqueue``,
+  announced to :class:`StoreSpans`).
 
 The trace context in messages and the conventions' attributes are :mod:`mq_client.tracing`'s,
 shared with the SDK and the workers.
@@ -30,11 +34,16 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any, cast
 
 from mq_client import tracing as common
+from queues.engine.ids import MessageId
+from queues.engine.partition import Delivery
+from queues.engine.ports import ANNOUNCE
+from queues.service.middleware import MIDDLEWARE, Middleware
+from queues.service.types import AckResult, MessageDraft
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -47,8 +56,6 @@ ON = False
 _tracer: Tracer | None = None
 #: this node's address (``server.address`` of its spans).
 _node = ""
-
-_T = TypeVar("_T")
 
 #: ``messaging.operation.type`` of the calls a node makes or serves.
 OPERATION_TYPES = {
@@ -81,8 +88,12 @@ def use(provider: TracerProvider | None) -> bool:
     global ON, _tracer
     if provider is None and not common.enabled():
         ON, _tracer = False, None
+        MIDDLEWARE.remove(SPANS)
+        ANNOUNCE.to = None
     else:
         ON, _tracer = True, common.tracer(provider)
+        MIDDLEWARE.add(SPANS)
+        ANNOUNCE.to = STORE_SPANS
     return ON
 
 
@@ -212,65 +223,116 @@ def _span(name: str, kind_name: str, attributes: dict[str, Any], context: Contex
             raise
 
 
-def enqueue_span(
-    call: Callable[..., list[str]], queue: str, drafts: Sequence[_T], hops: int, **kwargs: Any
-) -> list[str]:
-    """``call(queue, drafts, hops=hops, **kwargs)`` (the service's enqueue) inside its span;
-    at the first node (``hops`` 0), each draft without a ``traceparent`` attribute is given the
-    span's context (``drafts`` are dataclasses with ``attributes``)."""
-    from opentelemetry import trace
+class Spans(Middleware):
+    """The service's calls as SERVER spans: a middleware (``queues.service.middleware``) that
+    :func:`use` attaches while spans are made. Each span is opened by a ``before_*`` hook and
+    closed by its ``after_*``, on the thread that runs the call (so the spans made inside it,
+    a store write's, a forwarded call's, are its children)."""
 
-    parent: Context | None = None
-    if len(drafts) == 1 and not trace.get_current_span().get_span_context().is_valid:
-        parent = common.context_of(getattr(drafts[0], "attributes", None))
-    with _span(f"enqueue {queue}", "SERVER", _attributes("enqueue", queue, len(drafts)), parent) as span:
+    def __init__(self) -> None:
+        self._open = threading.local()
+
+    def _push(self, cm: AbstractContextManager[Span]) -> Span:
+        span = cm.__enter__()
+        stack = getattr(self._open, "spans", None)
+        if stack is None:
+            stack = self._open.spans = []
+        stack.append((cm, span))
+        return span
+
+    def _top(self) -> Span:
+        """The span of the call whose ``after_*`` hook runs (the innermost open here)."""
+        span: Span = self._open.spans[-1][1]
+        return span
+
+    def _pop(self, exception: BaseException | None) -> None:
+        cm, _ = self._open.spans.pop()
+        if exception is None:
+            cm.__exit__(None, None, None)
+        else:
+            cm.__exit__(type(exception), exception, exception.__traceback__)
+
+    def before_enqueue(self, queue: str, drafts: Sequence[MessageDraft], hops: int) -> Sequence[MessageDraft]:
+        """The enqueue's span: a child of the caller's context, or of the message's own when a
+        one-message enqueue brings none. At the first node (``hops`` 0), each draft without a
+        ``traceparent`` attribute is given the span's context."""
+        from opentelemetry import trace
+
+        parent: Context | None = None
+        if len(drafts) == 1 and not trace.get_current_span().get_span_context().is_valid:
+            parent = common.context_of(drafts[0].attributes)
+        span = self._push(_span(f"enqueue {queue}", "SERVER", _attributes("enqueue", queue, len(drafts)), parent))
         span.set_attribute("mq.hops", hops)
-        if hops == 0:
-            drafts = _carrying_context(drafts)
-        ids = call(queue, drafts, hops=hops, **kwargs)
-        if len(ids) == 1:
-            span.set_attribute("messaging.message.id", ids[0])
-        return ids
+        return _carrying_context(drafts) if hops == 0 else drafts
+
+    def after_enqueue(
+        self,
+        queue: str,
+        drafts: Sequence[MessageDraft],
+        hops: int,
+        *,
+        result: list[str] | None = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        if result is not None and len(result) == 1:
+            self._top().set_attribute("messaging.message.id", result[0])
+        self._pop(exception)
+
+    def before_dequeue(self, target: str, hops: int) -> None:
+        self._push(_span(f"dequeue {target}", "SERVER", _attributes("dequeue", target)))
+
+    def after_dequeue(
+        self,
+        target: str,
+        hops: int,
+        *,
+        result: list[Delivery] | None = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        """The dequeue's span links to the contexts of the messages it delivers."""
+        if result is not None:
+            span = self._top()
+            span.set_attribute("messaging.batch.message_count", len(result))
+            contexts = [
+                common.context_of(d.message.attributes if d.message is not None else None)
+                for d in result[: common.MAX_LINKS]
+            ]
+            for link in common.links_of(contexts):
+                span.add_link(link.context)
+            if len(result) == 1:
+                span.set_attribute("messaging.message.id", str(result[0].id))
+        self._pop(exception)
+
+    def before_ack(self, target: str, items: Sequence[tuple[MessageId, str | None]], hops: int) -> None:
+        message_id = str(items[0][0]) if len(items) == 1 else None
+        self._push(_span(f"ack {target}", "SERVER", _attributes("ack", target, len(items), message_id)))
+
+    def after_ack(
+        self,
+        target: str,
+        items: Sequence[tuple[MessageId, str | None]],
+        hops: int,
+        *,
+        result: AckResult | None = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        self._pop(exception)
 
 
-def _carrying_context(drafts: Sequence[_T]) -> list[_T]:
+def _carrying_context(drafts: Sequence[MessageDraft]) -> list[MessageDraft]:
     carried: dict[str, str] = {}
     common.inject(carried)
     if not carried:
         return list(drafts)
     out = []
     for d in drafts:
-        attrs = getattr(d, "attributes", None)
+        attrs = d.attributes
         # A message that has its own context keeps it (with_context), and so does one that came
         # through the SQS API: its AWSTraceHeader (an attribute more would show in its SQS
         # message attributes).
         added = attrs if attrs and common.SQS_META in attrs else common.with_context(attrs, carried)
-        out.append(d if added is attrs else dataclasses.replace(d, attributes=added))  # type: ignore[type-var]
+        out.append(d if added is attrs else dataclasses.replace(d, attributes=cast("dict[str, Any] | None", added)))
     return out
-
-
-def dequeue_span(call: Callable[..., list[_T]], target: str, **kwargs: Any) -> list[_T]:
-    """``call(target, **kwargs)`` (the service's dequeue) inside its span, linked to the
-    contexts of the messages it delivers."""
-    with _span(f"dequeue {target}", "SERVER", _attributes("dequeue", target)) as span:
-        found = call(target, **kwargs)
-        span.set_attribute("messaging.batch.message_count", len(found))
-        contexts = []
-        for d in found[: common.MAX_LINKS]:
-            message = getattr(d, "message", None)
-            contexts.append(common.context_of(getattr(message, "attributes", None)))
-        for link in common.links_of(contexts):
-            span.add_link(link.context)
-        if len(found) == 1:
-            span.set_attribute("messaging.message.id", str(getattr(found[0], "id", "")))
-        return found
-
-
-def ack_span(call: Callable[..., _T], target: str, items: Sequence[Any], **kwargs: Any) -> _T:
-    """``call(target, items, **kwargs)`` (the service's ack) inside its span."""
-    message_id = str(items[0][0]) if len(items) == 1 else None
-    with _span(f"ack {target}", "SERVER", _attributes("ack", target, len(items), message_id)):
-        return call(target, items, **kwargs)
 
 
 @contextmanager
@@ -291,15 +353,20 @@ def inject(headers: dict[str, str]) -> None:
     common.inject(headers)
 
 
-def store_span(
-    call: Callable[[Sequence[Any]], list[str]], queue: str, index: int, messages: Sequence[Any]
-) -> list[str]:
-    """A partition's store write (``call(messages)``) inside its span."""
-    attrs = {
-        "messaging.system": common.SYSTEM,
-        "messaging.destination.name": queue,
-        "messaging.destination.partition.id": str(index),
-        "messaging.batch.message_count": len(messages),
-    }
-    with _span(f"store {queue}", "INTERNAL", attrs):
-        return call(messages)
+class StoreSpans:
+    """A partition's store write as an INTERNAL span (the engine's :class:`Announcer
+    <queues.engine.ports.Announcer>`, set while spans are made)."""
+
+    def storing(self, queue: str, index: int, count: int) -> AbstractContextManager[object]:
+        attrs = {
+            "messaging.system": common.SYSTEM,
+            "messaging.destination.name": queue,
+            "messaging.destination.partition.id": str(index),
+            "messaging.batch.message_count": count,
+        }
+        return _span(f"store {queue}", "INTERNAL", attrs)
+
+
+#: The middleware and the announcer :func:`use` attaches while spans are made.
+SPANS = Spans()
+STORE_SPANS = StoreSpans()

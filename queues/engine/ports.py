@@ -3,12 +3,13 @@
 The engine (``queues.engine.partition`` and the modules it is built from) holds a partition in the
 memory of its owner and writes the key-value store. What makes it the owner, and what it reports
 to, belong to the cluster runtime (``queues.cluster.node``, ``queues.cluster.leases``, ``queues.metrics``), which
-passes them in as these protocols: the engine imports nothing of the runtime, nor Django.
+passes them in as these protocols (and who hears of its work, :class:`Announcer`, is set from outside): the engine imports nothing of the runtime, nor Django.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -114,3 +115,27 @@ class NoCounters:
 
 
 NO_COUNTERS = NoCounters()
+
+
+class Announcer(Protocol):
+    """Who hears what a partition does (a node's tracing, ``queues.tracing``): each event is a
+    context around the work it names, entered before and left after it (an error inside
+    passes through it)."""
+
+    def storing(self, queue: str, index: int, count: int) -> AbstractContextManager[object]:
+        """A store write of ``count`` messages to partition ``index`` of ``queue``."""
+        ...
+
+
+class Announce:
+    """Where this process's partitions announce their work: ``to`` (None: nowhere, the default;
+    a partition then pays one attribute read a store write)."""
+
+    __slots__ = ("to",)
+
+    def __init__(self) -> None:
+        self.to: Announcer | None = None
+
+
+#: This process's (a node's tracing sets ``ANNOUNCE.to`` while it makes spans).
+ANNOUNCE = Announce()

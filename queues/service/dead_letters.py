@@ -7,13 +7,13 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from queues import metrics
 from queues.cluster.long_polls import message_id
 from queues.engine.config import QueueConfig
 from queues.engine.ids import group_partition
 from queues.engine.isotime import iso
 from queues.engine.partition import Delivery
 from queues.service.errors import InvalidRequest, NotServedHere, PartitionUnavailable, QueueNotFound, RemoteError
+from queues.service.middleware import MIDDLEWARE
 from queues.service.runtime import get_runtime
 from queues.service.targets import queue_config
 from queues.service.types import MessageDraft
@@ -111,7 +111,8 @@ def move_dead_letters(cfg: QueueConfig, sub: str, store: Store) -> None:
             continue
         with m.lock:
             m.dead_lettered_total += len(moved)
-        metrics.DEAD_LETTERED.labels(cfg.name, sub).inc(len(moved))
+        for hook in MIDDLEWARE.dead_letters:
+            hook.after_dead_letters(source, moved=len(moved))
 
 
 def _refused(exc: Exception) -> bool:
@@ -122,8 +123,8 @@ def _refused(exc: Exception) -> bool:
 
 def _not_moved(source: str, dead_letter_queue: str | None, mids: list[str], exc: Exception) -> None:
     """Count and log dead letters of ``source`` (a queue, or ``topic/subscription``) that stay."""
-    queue, _, sub = source.partition("/")
-    metrics.DEAD_LETTER_MOVES_FAILED.labels(queue, sub).inc(len(mids))
+    for hook in MIDDLEWARE.dead_letters:
+        hook.after_dead_letters(source, failed=len(mids))
     expected = isinstance(exc, (InvalidRequest, RemoteError, PartitionUnavailable, QueueNotFound))
     log.warning(
         "%s: %d dead letter(s) not moved to %s, kept to try again (%s): %s",

@@ -15,23 +15,21 @@ index order (:func:`ack`), so two calls never wait on each other in a cycle.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from queues import tracing
 from queues.access import SYSTEM, Caller
-from queues.cluster import long_polls, routing
+from queues.cluster import acks, long_polls, routing
 from queues.cluster.dedup import get_dedup
 from queues.cluster.long_polls import WAITS, Poll, WaitSlots
 from queues.cluster.router import MAX_HOPS
 from queues.engine.config import QueueConfig
 from queues.engine.ids import MessageId, StoredMessage, group_partition
-from queues.engine.partition import Delivery, PartitionManager
-from queues.engine.ports import Lease
+from queues.engine.partition import Delivery
 from queues.service.dead_letters import move_dead_letters
-from queues.service.errors import InvalidRequest, PartitionUnavailable, QueueNotFound, RemoteError, TooManyWaits
+from queues.service.errors import InvalidRequest, QueueNotFound, RemoteError, TooManyWaits
 from queues.service.limits import MAX_BATCH, MAX_WAIT
+from queues.service.middleware import MIDDLEWARE
 from queues.service.peers import get_peers
 from queues.service.runtime import get_runtime
 from queues.service.targets import authorize, queue_config
@@ -60,7 +58,6 @@ def enqueue(
     caller: Caller,
     hops: int = 0,
     check_only: bool = False,
-    _in_span: bool = False,
 ) -> list[str]:
     """Store ``drafts`` and return their IDs in the caller's order (``produce``; forwarded
     shares act for ``caller`` at their owners).
@@ -79,9 +76,27 @@ def enqueue(
     Raises QueueNotFound, ``access.Forbidden``, InvalidRequest (a message the queue's rules
     refuse: nothing stored), PartitionUnavailable / NotServedHere (503: retry), RemoteError (an
     owner's refusal).
+
+    The middleware that hook enqueues (:mod:`.middleware`) run around it, not around a check.
     """
-    if tracing.ON and not (_in_span or check_only):  # its span (queues.tracing), then this again
-        return tracing.enqueue_span(enqueue, queue, drafts, hops, caller=caller, _in_span=True)
+    hooks = MIDDLEWARE.enqueue
+    if not hooks or check_only:
+        return _enqueue(queue, drafts, caller, hops, check_only)
+    for m in hooks:
+        drafts = m.before_enqueue(queue, drafts, hops)
+    try:
+        ids = _enqueue(queue, drafts, caller, hops, False)
+    except BaseException as exc:
+        for m in reversed(hooks):
+            m.after_enqueue(queue, drafts, hops, exception=exc)
+        raise
+    for m in reversed(hooks):
+        m.after_enqueue(queue, drafts, hops, result=ids)
+    return ids
+
+
+def _enqueue(queue: str, drafts: Sequence[MessageDraft], caller: Caller, hops: int, check_only: bool) -> list[str]:
+    """:func:`enqueue`: authorize, check, deduplicate, route."""
     cfg, _ = authorize(queue, "produce", caller=caller)
     check_drafts(cfg, drafts)
     if check_only:
@@ -223,7 +238,6 @@ def dequeue(
     visibility_timeout: float | None = None,
     wait: float = 0.0,
     hops: int = 0,
-    _in_span: bool = False,
 ) -> list[Delivery]:
     """Up to ``max_messages`` deliveries, each hidden for ``visibility`` seconds (None: the
     queue's or subscription's default); here first, then from the other owners (deepest first),
@@ -235,25 +249,34 @@ def dequeue(
     ``access.Forbidden``, SubscriptionNotFound, InvalidRequest (``is_a_topic``), TooManyWaits
     (``wait`` > 0 past the node's cap on concurrent long polls: ``cluster.long_polls.WaitSlots``).
     """
-    if tracing.ON and not _in_span:  # its span (queues.tracing), then this again
-        return tracing.dequeue_span(
-            dequeue,
-            target,
-            caller=caller,
-            max_messages=max_messages,
-            visibility_timeout=visibility_timeout,
-            wait=wait,
-            hops=hops,
-            _in_span=True,
-        )
-    cfg, sub = authorize(target, "consume", caller=caller, reading=True)
-    if wait > 0:
-        with WAITS.slot(caller):
-            return _dequeue(target, cfg, sub, caller, max_messages, visibility_timeout, wait, hops)
-    return _dequeue(target, cfg, sub, caller, max_messages, visibility_timeout, wait, hops)
+    hooks = MIDDLEWARE.dequeue
+    if not hooks:
+        return _dequeue(target, caller, max_messages, visibility_timeout, wait, hops)
+    for m in hooks:
+        m.before_dequeue(target, hops)
+    try:
+        found = _dequeue(target, caller, max_messages, visibility_timeout, wait, hops)
+    except BaseException as exc:
+        for m in reversed(hooks):
+            m.after_dequeue(target, hops, exception=exc)
+        raise
+    for m in reversed(hooks):
+        m.after_dequeue(target, hops, result=found)
+    return found
 
 
 def _dequeue(
+    target: str, caller: Caller, max_messages: int, visibility_timeout: float | None, wait: float, hops: int
+) -> list[Delivery]:
+    """:func:`dequeue`: authorize, then look (and wait) within a long-poll slot."""
+    cfg, sub = authorize(target, "consume", caller=caller, reading=True)
+    if wait > 0:
+        with WAITS.slot(caller):
+            return _routed_dequeue(target, cfg, sub, caller, max_messages, visibility_timeout, wait, hops)
+    return _routed_dequeue(target, cfg, sub, caller, max_messages, visibility_timeout, wait, hops)
+
+
+def _routed_dequeue(
     target: str,
     cfg: QueueConfig,
     sub: str,
@@ -305,7 +328,6 @@ def ack(
     hops: int = 0,
     check_only: bool = False,
     unexpired: bool = False,
-    _in_span: bool = False,
 ) -> AckResult:
     """Acknowledge (remove) messages: this node's partitions here, the rest at their owners,
     one call per owner. With ``unexpired``, a receipt whose visibility timeout ran out is
@@ -321,105 +343,53 @@ def ack(
     QueueNotFound, ``access.Forbidden``, SubscriptionNotFound, ReceiptMismatch, NotServedHere
     (a partition with no live owner), RemoteError.
     """
-    if tracing.ON and not (_in_span or check_only):  # its span (queues.tracing), then this again
-        return tracing.ack_span(ack, target, items, caller=caller, hops=hops, unexpired=unexpired, _in_span=True)
+    hooks = MIDDLEWARE.ack
+    if not hooks or check_only:
+        return _ack(target, items, caller, hops, check_only, unexpired)
+    for m in hooks:
+        m.before_ack(target, items, hops)
+    try:
+        result = _ack(target, items, caller, hops, False, unexpired)
+    except BaseException as exc:
+        for m in reversed(hooks):
+            m.after_ack(target, items, hops, exception=exc)
+        raise
+    for m in reversed(hooks):
+        m.after_ack(target, items, hops, result=result)
+    return result
+
+
+def _ack(
+    target: str,
+    items: Sequence[tuple[MessageId, str | None]],
+    caller: Caller,
+    hops: int,
+    check_only: bool,
+    unexpired: bool,
+) -> AckResult:
+    """:func:`ack`: authorize, check every receipt, then apply here and at the other owners."""
     cfg, sub = authorize(target, "consume", caller=caller, reading=True)
+    rt = get_runtime()
 
     def check(local: list[tuple[MessageId, str | None]], remote: dict[str, list[tuple[MessageId, str | None]]]) -> None:
         if check_only or remote:
             if local:
-                _check_local(cfg.name, local, sub, unexpired)
+                acks.check_here(rt, cfg.name, local, sub, unexpired)
             if not check_only:
                 for address, batch in remote.items():
                     get_peers().check_ack(address, target, batch, hops, caller, unexpired=unexpired)
 
-    local, remote = routing.routed_ack(get_runtime(), cfg, items, hops, check)
+    local, remote = routing.routed_ack(rt, cfg, items, hops, check)
     if check_only:
         return AckResult(0, 0)
     acked = not_found = 0
     if local:
-        result = _ack_local(cfg.name, local, sub, unexpired)
-        acked, not_found = result.acked, result.not_found
+        acked, not_found = acks.ack_here(rt, cfg.name, local, sub, unexpired)
     for address, batch in remote.items():
         result = get_peers().ack(address, target, batch, hops, caller, unexpired=unexpired)
         acked += result.acked
         not_found += result.not_found
     return AckResult(acked, not_found)
-
-
-def _managers_of(
-    queue: str, items: list[tuple[MessageId, str | None]]
-) -> list[tuple[PartitionManager[Lease], list[tuple[MessageId, str | None]]]]:
-    rt = get_runtime()
-    by_partition: dict[int, list[tuple[MessageId, str | None]]] = {}
-    for mid, receipt in items:
-        by_partition.setdefault(mid.partition, []).append((mid, receipt))
-    return [(rt.manager(queue, p), by_partition[p]) for p in sorted(by_partition)]
-
-
-@contextmanager
-def _serving_locked(groups: list[tuple[PartitionManager[Lease], list[tuple[MessageId, str | None]]]]) -> Iterator[None]:
-    """Every manager of ``groups`` locked, in index order (so two batch calls never deadlock),
-    each checked to be serving still; released in reverse order, whatever happens."""
-    locked: list[PartitionManager[Lease]] = []
-    try:
-        for m, _ in groups:
-            m.lock.acquire()
-            locked.append(m)
-            m.check_serving()
-        yield
-    finally:
-        for m in reversed(locked):
-            m.lock.release()
-
-
-def _check_local(queue: str, items: Sequence[tuple[MessageId, str | None]], sub: str, unexpired: bool = False) -> None:
-    """Raise ReceiptMismatch if a receipt of this node's partitions is not current; removes
-    nothing. The partitions are locked as :func:`_ack_local` locks them."""
-    groups = _managers_of(queue, list(items))
-    with _serving_locked(groups):
-        for m, group in groups:
-            m.check_receipts(group, sub, unexpired=unexpired)
-
-
-def _ack_local(
-    queue: str, items: Sequence[tuple[MessageId, str | None]], sub: str = "", unexpired: bool = False
-) -> AckResult:
-    """Acknowledge on this node's partitions; all receipts are checked before anything is removed.
-
-    Receipts are checked with every involved partition locked (in index order), and the
-    messages pinned against redelivery; the deletes then run without the locks.
-    """
-    unique = list({str(mid): (mid, receipt) for mid, receipt in items}.values())
-    groups = _managers_of(queue, unique)
-    if len(groups) == 1:
-        m, group = groups[0]
-        removed = m.ack(group, sub=sub, unexpired=unexpired)
-        return AckResult(removed, len(unique) - removed)
-    with _serving_locked(groups):
-        for m, group in groups:
-            m.check_receipts(group, sub, unexpired=unexpired)
-        pins = [m.pin_for_ack([mid for mid, _ in group], sub) for m, group in groups]
-    acked = 0
-    failure: Exception | None = None
-    for (m, group), pinned in zip(groups, pins):
-        mids = [mid for mid, _ in group]
-        try:
-            removed = m.delete_acked(mids, sub=sub)
-        except PartitionUnavailable as exc:
-            failure = exc
-            with m.lock:
-                m.unpin(pinned, sub)
-            continue
-        acked += removed
-        try:
-            with m.lock:
-                m.settle_acked(mids, removed, sub)
-        except PartitionUnavailable as exc:
-            failure = exc  # deleted; the manager closed itself and its memory goes with it
-    if failure is not None:
-        raise failure
-    return AckResult(acked, len(unique) - acked)
 
 
 def change_visibility(
@@ -456,7 +426,7 @@ def _change_visibility_here(
     receipt: str | None,
     visibility_timeout: float,
 ) -> None:
-    ((m, _),) = _managers_of(cfg.name, [(mid, receipt)])
+    ((m, _),) = acks.managers_of(get_runtime(), cfg.name, [(mid, receipt)])
     with m.lock:
         m.check_serving()
         receive_count = m.change_visibility_locked(mid, receipt, visibility_timeout, sub)

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from django.db.models import F
 
 from queues.access import Caller, audit, require
+from queues.cluster.acks import ack_here
 from queues.cluster.dedup import get_dedup
 from queues.cluster.long_polls import message_id as _message_id
 from queues.cluster.purge import purge_partition
@@ -25,7 +26,7 @@ from queues.engine.ports import Lease
 from queues.models import Partition, Queue
 from queues.public import LIMITS, QUEUE_NAME
 from queues.service.errors import Conflict, InvalidRequest, PartitionUnavailable, QueueNotFound, RemoteError
-from queues.service.messages import _ack_local, enqueue
+from queues.service.messages import enqueue
 from queues.service.peers import get_peers
 from queues.service.runtime import get_runtime
 from queues.service.targets import authorize
@@ -205,7 +206,7 @@ def _move(source: str, pairs: list[tuple[PartitionManager[Lease], Delivery]], ca
     enqueue(topic, drafts, caller=caller)
     # Without receipts: moved is moved, whoever holds them now; one purged meanwhile counts as
     # not found rather than refusing the others.
-    _ack_local(pairs[0][0].queue, [(_message_id(d.id), None) for _, d in pairs])
+    ack_here(get_runtime(), pairs[0][0].queue, [(_message_id(d.id), None) for _, d in pairs])
 
 
 def _give_back(pairs: list[tuple[PartitionManager[Lease], Delivery]]) -> None:
