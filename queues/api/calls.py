@@ -3,7 +3,9 @@
 Each function takes the name in the URL, the parsed JSON body, the hop count, whether the
 request comes from a node, and the ``caller`` it acts as; it checks the caller's right first
 (``service.authorize``: a queue it may not see is not found, whatever the body), then the body
-(``validation``), calls the service (which checks again), and returns ``(status, payload)``. The rules live in ``queues.service``; the JSON lives here, so the two
+(``validation``), calls the service, and returns ``(status, payload)``. A message call checks
+the right once: ``checked`` (what :func:`checked_limit` found before the body was read, or this
+call's own check) is handed to the service, which then does not check again. The rules live in ``queues.service``; the JSON lives here, so the two
 entrances cannot drift apart in what they accept or answer.
 """
 
@@ -18,6 +20,7 @@ from queues import service
 from queues.access import Caller
 from queues.http import validation
 from queues.public import LIMITS
+from queues.service import Checked
 from queues.service.types import Delivery, QueueConfig
 
 Answer = tuple[int, dict[str, Any]]
@@ -65,43 +68,73 @@ def check_only(data: Any, trusted: bool) -> tuple[Any, bool]:
     return data, False
 
 
-def enqueue(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
+def _checked(checked: Checked | None, name: str, action: str, caller: Caller, reading: bool = False) -> Checked:
+    """``checked`` if it is the check of this call, else the check made now."""
+    if (
+        checked is not None
+        and checked.caller is caller
+        and checked.target == name
+        and checked.action == action
+        and checked.reading == reading
+    ):
+        return checked
+    return service.check(name, action, caller=caller, reading=reading)
+
+
+def enqueue(
+    name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller, checked: Checked | None = None
+) -> Answer:
     """``trusted``: the request comes from a node (it may carry a dead letter's history, or
     ask only to check)."""
-    cfg, _ = service.authorize(name, "produce", caller=caller)
+    checked = _checked(checked, name, "produce", caller)
+    cfg = checked.cfg
     data, checking = check_only(data, trusted)
     drafts, batch = validation.enqueue_request(data, cfg, datetime.now(UTC).timestamp(), trusted)
     if checking:
-        service.enqueue(cfg.name, drafts, caller=caller, hops=hops, check_only=True)
+        service.enqueue(name, drafts, caller=caller, hops=hops, check_only=True, checked=checked)
         return 200, {"checked": len(drafts)}
-    ids = service.enqueue(cfg.name, drafts, caller=caller, hops=hops)
+    ids = service.enqueue(name, drafts, caller=caller, hops=hops, checked=checked)
     return 201, ({"ids": ids} if batch else {"id": ids[0]})
 
 
-def publish(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
+def publish(
+    name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller, checked: Checked | None = None
+) -> Answer:
     cfg = service.queue_config(name)
     if cfg.kind != "topic":
         raise service.QueueNotFound(name)
-    service.authorize(name, "produce", caller=caller)
+    checked = _checked(checked, name, "produce", caller)
     drafts, batch = validation.enqueue_request(data, cfg, datetime.now(UTC).timestamp(), trusted)
-    ids = service.publish(cfg.name, drafts, caller=caller, hops=hops)
+    ids = service.publish(name, drafts, caller=caller, hops=hops, checked=checked)
     return 201, ({"ids": ids} if batch else {"id": ids[0]})
 
 
-def dequeue(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
-    cfg, _ = service.authorize(name, "consume", caller=caller, reading=True)
+def dequeue(
+    name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller, checked: Checked | None = None
+) -> Answer:
+    checked = _checked(checked, name, "consume", caller, reading=True)
+    cfg = checked.cfg
     max_messages, visibility_timeout, wait = validation.dequeue_request(data)
     found = service.dequeue(
-        name, caller=caller, max_messages=max_messages, visibility_timeout=visibility_timeout, wait=wait, hops=hops
+        name,
+        caller=caller,
+        max_messages=max_messages,
+        visibility_timeout=visibility_timeout,
+        wait=wait,
+        hops=hops,
+        checked=checked,
     )
     defaults = queue_estimates(cfg)
     return 200, {"messages": [delivery_json(d, cfg, defaults) for d in found]}
 
 
-def ack(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
+def ack(
+    name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller, checked: Checked | None = None
+) -> Answer:
     """``trusted``: the request comes from a node (it may ask only to check, or that receipts
     whose visibility timeout ran out be refused: ``"unexpired": true``)."""
-    cfg, _ = service.authorize(name, "consume", caller=caller, reading=True)
+    checked = _checked(checked, name, "consume", caller, reading=True)
+    cfg = checked.cfg
     data, checking = check_only(data, trusted)
     unexpired = False
     if trusted and isinstance(data, dict) and "unexpired" in data:
@@ -109,16 +142,18 @@ def ack(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: C
         unexpired = data.pop("unexpired") is True
     items = validation.ack_request(data, cfg)
     if checking:
-        service.ack(name, items, caller=caller, hops=hops, check_only=True, unexpired=unexpired)
+        service.ack(name, items, caller=caller, hops=hops, check_only=True, unexpired=unexpired, checked=checked)
         return 200, {"checked": len(items)}
-    result = service.ack(name, items, caller=caller, hops=hops, unexpired=unexpired)
+    result = service.ack(name, items, caller=caller, hops=hops, unexpired=unexpired, checked=checked)
     return 200, {"acked": result.acked, "not_found": result.not_found}
 
 
-def visibility(name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller) -> Answer:
-    cfg, _ = service.authorize(name, "consume", caller=caller, reading=True)
-    mid, receipt, visibility_timeout = validation.visibility_request(data, cfg)
-    service.change_visibility(name, mid, receipt, visibility_timeout, caller=caller, hops=hops)
+def visibility(
+    name: str, data: Any, hops: int = 0, trusted: bool = False, *, caller: Caller, checked: Checked | None = None
+) -> Answer:
+    checked = _checked(checked, name, "consume", caller, reading=True)
+    mid, receipt, visibility_timeout = validation.visibility_request(data, checked.cfg)
+    service.change_visibility(name, mid, receipt, visibility_timeout, caller=caller, hops=hops, checked=checked)
     return 200, {"id": str(mid), "visibility_timeout": visibility_timeout}
 
 
@@ -198,6 +233,11 @@ MESSAGE_CALLS = frozenset(_ACTIONS)
 
 
 def body_limit(call: str, name: str, *, caller: Caller | None) -> int:
+    """:func:`checked_limit`'s limit."""
+    return checked_limit(call, name, caller=caller)[0]
+
+
+def checked_limit(call: str, name: str, *, caller: Caller | None) -> tuple[int, Checked | None]:
     """The most bytes the request body of ``call`` on ``name`` may have, checked against its
     ``Content-Length`` before a byte is read: the queue's own limits, under the node's
     ``API_MAX_REQUEST_BYTES``. An enqueue may take a batch of ``MAX_BATCH`` messages of
@@ -205,21 +245,23 @@ def body_limit(call: str, name: str, *, caller: Caller | None) -> int:
     of ``max_message_size`` escaped at worst (:data:`SINGLE_ENVELOPE`), whichever is more.
 
     Checks the caller's right first (as every call does, before its body): raises
-    QueueNotFound, Forbidden, SubscriptionNotFound as the call itself would. ``caller`` may be
-    None for a call not in :data:`MESSAGE_CALLS` (its limit names no queue).
+    QueueNotFound, Forbidden, SubscriptionNotFound as the call itself would; the check, to be
+    handed to the call (its ``checked``), beside the limit. ``caller`` may be None for a call
+    not in :data:`MESSAGE_CALLS` (its limit names no queue; no check then).
     """
     cap = settings.API_MAX_REQUEST_BYTES
     action = _ACTIONS.get(call)
     if action is None or caller is None:
-        return min(cap, SMALL_BODY)
-    cfg, _ = service.authorize(name, action[0], caller=caller, reading=action[1])
+        return min(cap, SMALL_BODY), None
+    checked = service.check(name, action[0], caller=caller, reading=action[1])
     if call == "ack":
-        return min(cap, ACK_BODY)
+        return min(cap, ACK_BODY), checked
     if call in ("dequeue", "visibility"):
-        return min(cap, SMALL_BODY)
+        return min(cap, SMALL_BODY), checked
+    cfg = checked.cfg
     batch = service.MAX_BATCH * (cfg.max_message_size + MESSAGE_ENVELOPE) + SMALL_BODY
     single = 6 * cfg.max_message_size + SINGLE_ENVELOPE
-    return min(cap, max(batch, single))
+    return min(cap, max(batch, single)), checked
 
 
 #: The calls the fast path serves, by the last segment of their path.

@@ -49,7 +49,7 @@ from django.middleware.clickjacking import XFrameOptionsMiddleware
 from django.middleware.security import SecurityMiddleware
 from rest_framework import exceptions
 
-from queues import metrics, service, tracing
+from queues import metrics, tracing
 from queues.api import calls
 from queues.cluster import peerauth
 from queues.errors import PayloadTooLarge
@@ -199,7 +199,6 @@ class FastPath:
         name = raw_name.encode("latin-1").decode("utf-8", "replace")
         headers: dict[str, str] = {}
         started = time.perf_counter()
-        call_token = service.begin_call()
         trace_token = None
         try:
             trace_token = tracing.attach_meta(environ) if tracing.ON else None  # the caller's traceparent
@@ -212,7 +211,7 @@ class FastPath:
                 caller, hops = request_caller(node), node.hops
                 raw = self._read(environ, settings.API_MAX_REQUEST_BYTES)
                 check_peer_body(signed, raw)
-                limit = calls.body_limit(call, name, caller=caller)
+                limit, checked = calls.checked_limit(call, name, caller=caller)
                 if len(raw) > limit:
                     raise PayloadTooLarge(
                         f"request body of {len(raw)} bytes is over this call's limit of {limit} bytes"
@@ -221,8 +220,9 @@ class FastPath:
                 user, _ = self.auth.authenticate_credentials(key)
                 throttles.check_user(user.pk)
                 caller, hops = caller_of(user), 0  # a client's X-MQ-Hops is ignored
-                # The caller's right and the queue's limits before a byte of the body is read.
-                limit = calls.body_limit(call, name, caller=caller)
+                # The caller's right and the queue's limits before a byte of the body is read:
+                # the check is handed to the call, which makes no other.
+                limit, checked = calls.checked_limit(call, name, caller=caller)
                 if length == "0" and "HTTP_TRANSFER_ENCODING" not in environ:
                     raw = b""
                 elif bodies.CALLER_READS.acquire(user.pk):
@@ -234,7 +234,9 @@ class FastPath:
                     raise bodies.ReadersBusy(
                         f"{settings.API_BODY_READS_PER_CALLER} of this user's request bodies are being read already"
                     )
-            status, payload = calls.CALLS[call](name, self._parse(raw), hops, trusted=peer, caller=caller)
+            status, payload = calls.CALLS[call](
+                name, self._parse(raw), hops, trusted=peer, caller=caller, checked=checked
+            )
         except Exception as exc:
             mapped = error_answer(exc)
             if mapped is None:
@@ -248,7 +250,6 @@ class FastPath:
         finally:
             if trace_token is not None:
                 tracing.detach(trace_token)
-            service.end_call(call_token)
             close_old_connections()
         body = orjson.dumps(payload)
         # Labelled with the URL's name (urls.py), as Django's middleware does for the same call.

@@ -88,7 +88,17 @@ from queues.service.overview import Overview, cluster_overview
 from queues.service.peers import Peers, get_peers, set_peers
 from queues.service.reads import only_permitted, permitted_queues
 from queues.service.runtime import get_runtime, set_runtime
-from queues.service.targets import allowed_now, authorize, begin_call, checked_name, end_call, queue_config, resolve
+from queues.service.targets import (
+    Checked,
+    allowed_now,
+    authorize,
+    begin_call,
+    check,
+    checked_name,
+    end_call,
+    queue_config,
+    resolve,
+)
 from queues.service.types import (
     AckResult,
     ExpireResult,
@@ -111,6 +121,7 @@ __all__ = [
     "MAX_WAIT",
     "AckResult",
     "BlockListing",
+    "Checked",
     "Conflict",
     "CredentialForbidden",
     "ExpireResult",
@@ -153,6 +164,7 @@ __all__ = [
     "begin_call",
     "block_messages",
     "change_visibility",
+    "check",
     "check_drafts",
     "check_grant",
     "check_issuer",

@@ -32,7 +32,7 @@ from queues.service.limits import MAX_BATCH, MAX_WAIT
 from queues.service.middleware import MIDDLEWARE
 from queues.service.peers import get_peers
 from queues.service.runtime import get_runtime
-from queues.service.targets import authorize, queue_config
+from queues.service.targets import Checked, authorized, queue_config
 from queues.service.types import AckResult, MessageDraft
 from queues.signals import given_back
 
@@ -58,6 +58,7 @@ def enqueue(
     caller: Caller,
     hops: int = 0,
     check_only: bool = False,
+    checked: Checked | None = None,
 ) -> list[str]:
     """Store ``drafts`` and return their IDs in the caller's order (``produce``; forwarded
     shares act for ``caller`` at their owners).
@@ -78,14 +79,16 @@ def enqueue(
     owner's refusal).
 
     The middleware that hook enqueues (:mod:`.middleware`) run around it, not around a check.
+    ``checked``: the caller's right to produce on ``queue`` as an entrance checked it already
+    (:func:`.targets.check`), not checked again.
     """
     hooks = MIDDLEWARE.enqueue
     if not hooks or check_only:
-        return _enqueue(queue, drafts, caller, hops, check_only)
+        return _enqueue(queue, drafts, caller, hops, check_only, checked)
     for m in hooks:
         drafts = m.before_enqueue(queue, drafts, hops)
     try:
-        ids = _enqueue(queue, drafts, caller, hops, False)
+        ids = _enqueue(queue, drafts, caller, hops, False, checked)
     except BaseException as exc:
         for m in reversed(hooks):
             m.after_enqueue(queue, drafts, hops, exception=exc)
@@ -95,9 +98,11 @@ def enqueue(
     return ids
 
 
-def _enqueue(queue: str, drafts: Sequence[MessageDraft], caller: Caller, hops: int, check_only: bool) -> list[str]:
+def _enqueue(
+    queue: str, drafts: Sequence[MessageDraft], caller: Caller, hops: int, check_only: bool, checked: Checked | None
+) -> list[str]:
     """:func:`enqueue`: authorize, check, deduplicate, route."""
-    cfg, _ = authorize(queue, "produce", caller=caller)
+    cfg, _ = authorized(checked, queue, "produce", caller=caller)
     check_drafts(cfg, drafts)
     if check_only:
         return []
@@ -238,6 +243,7 @@ def dequeue(
     visibility_timeout: float | None = None,
     wait: float = 0.0,
     hops: int = 0,
+    checked: Checked | None = None,
 ) -> list[Delivery]:
     """Up to ``max_messages`` deliveries, each hidden for ``visibility`` seconds (None: the
     queue's or subscription's default); here first, then from the other owners (deepest first),
@@ -251,11 +257,11 @@ def dequeue(
     """
     hooks = MIDDLEWARE.dequeue
     if not hooks:
-        return _dequeue(target, caller, max_messages, visibility_timeout, wait, hops)
+        return _dequeue(target, caller, max_messages, visibility_timeout, wait, hops, checked)
     for m in hooks:
         m.before_dequeue(target, hops)
     try:
-        found = _dequeue(target, caller, max_messages, visibility_timeout, wait, hops)
+        found = _dequeue(target, caller, max_messages, visibility_timeout, wait, hops, checked)
     except BaseException as exc:
         for m in reversed(hooks):
             m.after_dequeue(target, hops, exception=exc)
@@ -266,10 +272,16 @@ def dequeue(
 
 
 def _dequeue(
-    target: str, caller: Caller, max_messages: int, visibility_timeout: float | None, wait: float, hops: int
+    target: str,
+    caller: Caller,
+    max_messages: int,
+    visibility_timeout: float | None,
+    wait: float,
+    hops: int,
+    checked: Checked | None,
 ) -> list[Delivery]:
     """:func:`dequeue`: authorize, then look (and wait) within a long-poll slot."""
-    cfg, sub = authorize(target, "consume", caller=caller, reading=True)
+    cfg, sub = authorized(checked, target, "consume", caller=caller, reading=True)
     if wait > 0:
         with WAITS.slot(caller):
             return _routed_dequeue(target, cfg, sub, caller, max_messages, visibility_timeout, wait, hops)
@@ -328,6 +340,7 @@ def ack(
     hops: int = 0,
     check_only: bool = False,
     unexpired: bool = False,
+    checked: Checked | None = None,
 ) -> AckResult:
     """Acknowledge (remove) messages: this node's partitions here, the rest at their owners,
     one call per owner. With ``unexpired``, a receipt whose visibility timeout ran out is
@@ -345,11 +358,11 @@ def ack(
     """
     hooks = MIDDLEWARE.ack
     if not hooks or check_only:
-        return _ack(target, items, caller, hops, check_only, unexpired)
+        return _ack(target, items, caller, hops, check_only, unexpired, checked)
     for m in hooks:
         m.before_ack(target, items, hops)
     try:
-        result = _ack(target, items, caller, hops, False, unexpired)
+        result = _ack(target, items, caller, hops, False, unexpired, checked)
     except BaseException as exc:
         for m in reversed(hooks):
             m.after_ack(target, items, hops, exception=exc)
@@ -366,9 +379,10 @@ def _ack(
     hops: int,
     check_only: bool,
     unexpired: bool,
+    checked: Checked | None,
 ) -> AckResult:
     """:func:`ack`: authorize, check every receipt, then apply here and at the other owners."""
-    cfg, sub = authorize(target, "consume", caller=caller, reading=True)
+    cfg, sub = authorized(checked, target, "consume", caller=caller, reading=True)
     rt = get_runtime()
 
     def check(local: list[tuple[MessageId, str | None]], remote: dict[str, list[tuple[MessageId, str | None]]]) -> None:
@@ -393,7 +407,14 @@ def _ack(
 
 
 def change_visibility(
-    target: str, mid: MessageId, receipt: str | None, visibility_timeout: float, *, caller: Caller, hops: int = 0
+    target: str,
+    mid: MessageId,
+    receipt: str | None,
+    visibility_timeout: float,
+    *,
+    caller: Caller,
+    hops: int = 0,
+    checked: Checked | None = None,
 ) -> None:
     """Hide a message in flight for ``visibility_timeout`` more seconds from now; 0 gives it back at once
     (announced as ``signals.given_back``). At the partition's owner, wherever that is.
@@ -402,7 +423,7 @@ def change_visibility(
     ReceiptMismatch (not in flight, or an earlier delivery's receipt), PartitionUnavailable,
     RemoteError.
     """
-    cfg, sub = authorize(target, "consume", caller=caller, reading=True)
+    cfg, sub = authorized(checked, target, "consume", caller=caller, reading=True)
     rt = get_runtime()
     if (cfg.name, mid.partition) not in rt.managers and hops < MAX_HOPS:
         address = rt.router.owner_of(cfg.id, cfg.name, mid.partition)
@@ -434,9 +455,11 @@ def _change_visibility_here(
         given_back.send_robust(sender=None, target=target, message_id=str(mid), receive_count=receive_count)
 
 
-def publish(topic: str, drafts: Sequence[MessageDraft], *, caller: Caller, hops: int = 0) -> list[str]:
+def publish(
+    topic: str, drafts: Sequence[MessageDraft], *, caller: Caller, hops: int = 0, checked: Checked | None = None
+) -> list[str]:
     """Enqueue to a topic (``produce``): stored once, read by every subscription. Raises
     QueueNotFound when ``topic`` is not a topic, and what :func:`enqueue` raises."""
     if queue_config(topic).kind != "topic":
         raise QueueNotFound(topic)
-    return enqueue(topic, drafts, caller=caller, hops=hops)
+    return enqueue(topic, drafts, caller=caller, hops=hops, checked=checked)

@@ -4,6 +4,7 @@ topic's subscription (``"news/mail"``, read through)."""
 from __future__ import annotations
 
 from contextvars import ContextVar, Token
+from dataclasses import dataclass
 
 from queues.access import Caller, granted_now, require
 from queues.engine.config import QueueConfig
@@ -76,6 +77,44 @@ def authorize(target: str, action: str, *, caller: Caller, reading: bool = False
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """What :func:`check` found: ``caller`` may take ``action`` on ``target``, whose queue or
+    topic is ``cfg`` and subscription ``sub`` ("" for none). An entrance that checked a call's
+    right before reading its body hands this on to the service's message call, which then does
+    not check again (:func:`authorized`): the call is authorized once."""
+
+    target: str
+    action: str
+    reading: bool
+    caller: Caller
+    cfg: QueueConfig
+    sub: str
+
+
+def check(target: str, action: str, *, caller: Caller, reading: bool = False) -> Checked:
+    """:func:`authorize`, its answer kept to be handed on. Raises what it raises."""
+    cfg, sub = authorize(target, action, caller=caller, reading=reading)
+    return Checked(target, action, reading, caller, cfg, sub)
+
+
+def authorized(
+    checked: Checked | None, target: str, action: str, *, caller: Caller, reading: bool = False
+) -> tuple[QueueConfig, str]:
+    """``(config, subscription)`` of ``target`` for ``caller`` and ``action``: ``checked``'s
+    when it answered that very question (the same target, action, ``reading`` and caller
+    object), else :func:`authorize`'s."""
+    if (
+        checked is not None
+        and checked.caller is caller
+        and checked.target == target
+        and checked.action == action
+        and checked.reading == reading
+    ):
+        return checked.cfg, checked.sub
+    return authorize(target, action, caller=caller, reading=reading)
+
+
 #: The answers :func:`authorize` gave within the request being served (see :func:`one_call`).
 _Answers = dict[tuple[str, str, bool], tuple[Caller, tuple[QueueConfig, str]]]
 _ONE_CALL: ContextVar[_Answers | None] = ContextVar("authorized_in_this_call", default=None)
@@ -84,11 +123,11 @@ _ONE_CALL: ContextVar[_Answers | None] = ContextVar("authorized_in_this_call", d
 def begin_call() -> Token[_Answers | None]:
     """From here until :func:`end_call`, :func:`authorize` answers a question it already
     answered (same target, action, ``reading`` and the same caller object) as it did, without
-    checking again: a fast-path message call asks three times (its body limit, its call, the
-    service function), and would pay the check each time. Only granted answers are kept (a
+    checking again: for an entrance whose request asks the same question more than once and
+    cannot hand the answer on (a message call hands on its :class:`Checked` instead). Only granted answers are kept (a
     refusal raises); the first check
     of the request is as fresh as ever (``access.TTL``), so a revoked grant stops working from
-    the next request on. Used by the fast path around one request, never across requests."""
+    the next request on. Around one request, never across requests."""
     return _ONE_CALL.set({})
 
 

@@ -74,6 +74,20 @@ def test_a_refusal_is_never_kept_and_a_revoked_grant_stops_the_next_request(chec
         targets.end_call(token)
 
 
+def test_a_check_handed_on_is_not_made_again(checks):
+    made, _ = checks
+    # given the check an entrance made before reading a call's body
+    checked = targets.check("orders", "produce", caller=ALICE)
+    # when the call hands it on for the same question, it answers without checking again
+    assert targets.authorized(checked, "orders", "produce", caller=ALICE) == (checked.cfg, "")
+    assert made == [(7, "produce")]
+    # and any other question is checked: another caller, another action
+    targets.authorized(checked, "orders", "produce", caller=BOB)
+    with pytest.raises(access.Forbidden):
+        targets.authorized(checked, "orders", "consume", caller=ALICE)
+    assert made == [(7, "produce"), (8, "produce"), (7, "consume")]
+
+
 def test_metric_children_are_the_labelled_ones():
     registry = CollectorRegistry()
     counter = Counter("mq_test_children", "test", ["queue"], registry=registry)
