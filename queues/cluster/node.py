@@ -36,7 +36,7 @@ from django.db import (
 from django.utils import timezone
 
 from queues import metrics
-from queues.cluster import catalog, leases
+from queues.cluster import catalog, leases, ownership
 from queues.cluster.hooks import ARCHIVE
 from queues.cluster.router import Router
 from queues.engine import keys
@@ -236,6 +236,9 @@ class NodeRuntime:
         #: what :meth:`hint` last published, by target.
         self._hinted: dict[str, tuple[float | None, float | None]] = {}
         self._hint_lock = threading.Lock()
+        #: where this process reports when it starts and stops serving each partition
+        #: (``OWNERSHIP_EVENTS``; None: off, as in production).
+        self.ownership = ownership.events_to(settings.OWNERSHIP_EVENTS, self.node_id, address)
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> NodeRuntime:
@@ -377,7 +380,13 @@ class NodeRuntime:
 
     def renew(self) -> None:
         """This node's heartbeat, and the renewal of the leases that are due; a process that
-        does not answer calls (:meth:`is_serving`) gives its leases up instead."""
+        does not answer calls (:meth:`is_serving`) gives its leases up instead.
+
+        With ownership events on, the leases that lapsed are reported first (before anything
+        here waits on the database): a process woken from a pause, or cut from the database,
+        reports that it stopped serving at its next look."""
+        if self.ownership is not None:
+            self.ownership.sweep()
         if not self.is_serving():
             self._give_up_leases()
             return  # no heartbeat either: the other nodes count it out of their fair share
@@ -429,6 +438,12 @@ class NodeRuntime:
         for _, m, _ in due:
             if m.lease.partition_id not in lost:
                 metrics.LEASE_RENEWALS.labels(m.queue, str(m.index)).inc()
+                if self.ownership is not None and not m.closed and not self.ownership.serving(m.lease):
+                    # Its lease had lapsed (reported) and is ours again under the same epoch:
+                    # served on. Reported just after the renewal rather than before it, which
+                    # may fail: under an unchanged epoch no other process can have served it
+                    # meanwhile, and a call answered in between names that same epoch.
+                    self.ownership.serve(m.lease)
 
     def _reopen_or_drop(self, key: tuple[str, int], m: PartitionManager[leases.Lease]) -> None:
         """A manager closed itself after a failure: hand the lease back rather than reopen
@@ -645,6 +660,7 @@ class NodeRuntime:
                 outages=leases.ROW_OUTAGES,
             ),
             on_change=functools.partial(self._messages_changed, cfg.name),
+            on_close=functools.partial(self._stopped_serving, lease),
             counters=metrics.MESSAGES,
             subscriptions=cfg.subscriptions,
             archive_sink=ARCHIVE.sink,
@@ -652,8 +668,13 @@ class NodeRuntime:
         )
         _apply_rules(m, cfg)
         key = (cfg.name, lease.index)
+        if self.ownership is not None:
+            self.ownership.serve(lease)  # before the fence: the first act as owner
+        epoch = lease.epoch
         try:
             m.open_head()
+            if self.ownership is not None and lease.epoch != epoch:
+                self.ownership.serve(lease)  # moved past a fence ahead of the row: a new epoch
             with self._lock:
                 self.managers[key] = m  # enqueues are served from here on
                 self._queue_managers.setdefault(cfg.name, {})[lease.index] = m
@@ -680,6 +701,11 @@ class NodeRuntime:
             return None, False
         self._messages_changed(cfg.name)
         return m, False
+
+    def _stopped_serving(self, lease: leases.Lease) -> None:
+        """A manager of this node was closed: it no longer acts as owner under ``lease``."""
+        if self.ownership is not None:
+            self.ownership.unserve(lease)
 
     def _rates_of(self, key: tuple[str, int], enqueued: int, acked: int) -> tuple[float, float]:
         """Enqueue and ack rates of a partition, averaged over about a minute (an EWMA of the

@@ -236,6 +236,7 @@ class PartitionManager(Generic[LeaseT]):
         cache: BodyCache,
         row: LeaseRow,
         on_change: Callable[[], None] = lambda: None,
+        on_close: Callable[[], None] = lambda: None,
         counters: Counters = NO_COUNTERS,
         subscriptions: Sequence[SubscriptionSpec] | None = None,
         archive_sink: Callable[[list[tuple[str, bytes]]], object] | None = None,
@@ -253,6 +254,10 @@ class PartitionManager(Generic[LeaseT]):
         #: the lease's row: the durable head pointer and epoch.
         self.row = row
         self.on_change = on_change
+        #: called once, when the manager is closed (:attr:`closed` set), after it stopped
+        #: serving: the node reports it (``queues.cluster.ownership``). Whoever closes it, the
+        #: node or the manager itself after a failure, closes it through :attr:`closed`.
+        self.on_close = on_close
         self.counters = counters
         self.fence = Fence(keys.fence_key(self.queue, self.index), lease.epoch)
         #: ``monotonic()`` before the store last confirmed ``fence`` (see :data:`FENCE_TRUST`);
@@ -284,7 +289,7 @@ class PartitionManager(Generic[LeaseT]):
         self.readers = list(self.cursors.values())
         self.enqueue_ready = False
         self.dequeue_ready = False
-        self.closed = False
+        self._closed = False
         self.enqueued_total = 0
         self.dead_lettered_total = 0
         self.expired_total = 0
@@ -470,6 +475,19 @@ class PartitionManager(Generic[LeaseT]):
                 c.ready.append(mid)
 
     # --- guards -------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Whether the manager stopped serving (it refuses every call from then on). Set by
+        the node (lease lost or given up, queue deleted or purged) or by the manager itself
+        after a failure; setting it calls :attr:`on_close` once."""
+        return self._closed
+
+    @closed.setter
+    def closed(self, value: bool) -> None:
+        was, self._closed = self._closed, value
+        if value and not was:
+            self.on_close()
+
     def check_serving(self) -> None:
         if self.closed:
             raise PartitionUnavailable(f"{self.queue}/{self.index} is closed on this node")
