@@ -273,7 +273,7 @@ class NodeRuntime:
             self._queue_managers.clear()
         for m in managers:
             with m.lock:
-                m.closed = True
+                m.close()
             if release:
                 try:
                     leases.release(m.lease, self.node_id)
@@ -433,7 +433,7 @@ class NodeRuntime:
                     log.warning("%s", exc)
                     metrics.LEASES_LOST.labels(m.queue, str(m.index)).inc()
                     with m.lock:
-                        m.closed = True
+                        m.close()
                     self._forget(key, m)
         for _, m, _ in due:
             if m.lease.partition_id not in lost:
@@ -588,7 +588,7 @@ class NodeRuntime:
         if not m.lock.acquire(timeout=lock_timeout):
             return
         try:
-            m.closed = True
+            m.close()
         finally:
             m.lock.release()
         with self._leases_lock:
@@ -635,7 +635,7 @@ class NodeRuntime:
             if now.get(m.lease.partition_id) != (m.lease.epoch, self.node_id):
                 log.info("%s/%s: epoch %s is over here (purged, deleted or taken over)", *key, m.lease.epoch)
                 with m.lock:
-                    m.closed = True
+                    m.close()
                 self._forget(key, m)
 
     def _open(self, cfg: QueueConfig, lease: leases.Lease) -> tuple[PartitionManager[leases.Lease] | None, bool]:
@@ -681,7 +681,7 @@ class NodeRuntime:
             m.open_oldest()
         except Exception as exc:
             with m.lock:
-                m.closed = True
+                m.close()
             self._forget(key, m)
             # The row names this node now: hand it back, else nobody (this node included) would
             # take it before its nonce had stood a lease period, and its calls would be answered
@@ -874,7 +874,7 @@ class NodeRuntime:
         for key, m in list(self.managers.items()):
             if key[0] == name:
                 with m.lock:
-                    m.closed = True
+                    m.close()
                 self._forget(key, m)
 
     def local_managers(self, queue: str) -> list[PartitionManager[leases.Lease]]:

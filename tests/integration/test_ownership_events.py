@@ -267,3 +267,74 @@ def test_off_by_default_no_header(node_factory, token):
     assert r.status_code == 201 and "X-MQ-Served-By" not in r.headers
     r = c.post(f"queues/{name}/dequeue", {"max": 10})
     assert r.status_code == 200 and r.json()["messages"] and "X-MQ-Served-By" not in r.headers
+
+
+def test_topic_and_sqs_answers_name_who_served(node_factory):
+    # given a node that names who served each call, and a user with a token and an SQS key
+    import boto3
+    from django.contrib.auth.models import User
+    from rest_framework.authtoken.models import Token
+
+    from sqs.models import AccessKey
+
+    node = node_factory(SERVED_BY_HEADER="1")
+    node_id = node_info(node.url)["node"]
+    user = User.objects.create(username=f"own-{uuid.uuid4().hex[:8]}")
+    c = Client(node.url, Token.objects.create(user=user).key)
+    key = AccessKey.issue(user)
+    topic = f"own-{uuid.uuid4().hex[:8]}"
+    assert c.post("topics", {"name": topic, "partitions": 1}).status_code == 201
+    assert c.post(f"topics/{topic}/subscriptions", {"name": "s"}).status_code == 201
+
+    def entry() -> str:
+        return f"{node_id}:{topic}/0:{_rows(topic)[f'{topic}/0'][1]}"
+
+    # when a message is published and read through the subscription
+    wait_until(lambda: c.post(f"topics/{topic}/publish", {"body": "x"}).status_code == 201, 30, "the topic served")
+    r = c.post(f"topics/{topic}/publish", {"body": "y"})
+    # then each answer names the topic's partition
+    assert r.status_code == 201 and _served_by(r) == [entry()], r.text
+    r = c.post(f"topics/{topic}/subscriptions/s/dequeue", {"max": 10})
+    got = r.json()["messages"]
+    assert r.status_code == 200 and len(got) == 2 and _served_by(r) == [entry()], r.text
+    r = c.post(
+        f"topics/{topic}/subscriptions/s/ack", {"messages": [{"id": m["id"], "receipt": m["receipt"]} for m in got]}
+    )
+    assert r.status_code == 200 and _served_by(r) == [entry()], r.text
+
+    # and an SQS queue's send, receive and delete say so too
+    sqs = boto3.client(
+        "sqs",
+        endpoint_url=f"{node.url}/sqs",
+        region_name="eu-west-1",
+        aws_access_key_id=key.access_key_id,
+        aws_secret_access_key=key.secret,
+    )
+    url = sqs.create_queue(QueueName=f"own-{uuid.uuid4().hex[:8]}")["QueueUrl"]
+    name = url.rsplit("/", 1)[1]
+    wait_until(lambda: _sqs_send(sqs, url), 30, "the SQS queue served")
+    sent = sqs.send_message(QueueUrl=url, MessageBody="z")
+    served = _served_by_sqs(sent)
+    assert len(served) == 1 and served[0].startswith(f"{node_id}:{name}/"), sent["ResponseMetadata"]
+    got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)
+    assert got["Messages"] and _served_by_sqs(got), got["ResponseMetadata"]
+    gone = sqs.delete_message(QueueUrl=url, ReceiptHandle=got["Messages"][0]["ReceiptHandle"])
+    assert _served_by_sqs(gone), gone["ResponseMetadata"]
+    # (what the header names is what the rows say)
+    rows = _rows(name)
+    for e in [*served, *_served_by_sqs(got), *_served_by_sqs(gone)]:
+        owner, partition, epoch = e.split(":")
+        assert rows[partition] == (owner, int(epoch)), (e, rows)
+
+
+def _sqs_send(sqs, url: str) -> bool:
+    try:
+        sqs.send_message(QueueUrl=url, MessageBody="warm")
+    except Exception:  # noqa: BLE001 - not served yet
+        return False
+    return True
+
+
+def _served_by_sqs(response: dict) -> list[str]:
+    value = response["ResponseMetadata"]["HTTPHeaders"].get("x-mq-served-by")
+    return [e.strip() for e in value.split(",")] if value else []

@@ -174,12 +174,12 @@ def _manager(ticks: Ticks, closes: list[str]) -> PartitionManager[Lease]:
     )
 
 
-def test_a_manager_calls_on_close_once_whoever_closes_it(ticks):
+def test_a_manager_calls_on_close_once(ticks):
     closes: list[str] = []
     m = _manager(ticks, closes)
     assert not m.closed
-    m.closed = True
-    m.closed = True
+    m.close()
+    m.close()
     assert m.closed and closes == ["closed"]
 
 
@@ -212,3 +212,54 @@ def test_the_header_of_a_peer_answer_is_read_back():
     assert [served_header.parse(v.decode()) for v in found] == [["n1:q/0:4", "n1:q/1:2"]]
     ((name, value),) = served_header.header_items(["n1:q/0:4", "n1:q/1:2"])
     assert (name, served_header.parse(value)) == ("X-MQ-Served-By", ["n1:q/0:4", "n1:q/1:2"])
+
+
+def _epochs(q: str) -> dict[str, int]:
+    from queues.models import Partition
+
+    return {f"{q}/{i}": e for i, e in Partition.objects.filter(queue__name=q).values_list("index", "epoch")}
+
+
+def test_the_node_reports_opens_closes_lapses_and_renewals(runtime, make_queue, purge_kv, observer):
+    # given a node that reports to the observer (what OWNERSHIP_EVENTS sets up at its start)
+    runtime.ownership = ownership.OwnershipEvents(observer.path, runtime.node_id, runtime.address)
+    q = make_queue(partitions=2)
+    runtime.tick()
+    # then it reported serving each partition, under the row's epoch
+    assert sorted((e["event"], e["partition"], e["epoch"]) for e in observer.received()) == sorted(
+        ("serve", p, epoch) for p, epoch in _epochs(q).items()
+    )
+
+    # when a manager closes itself (a failure that left memory and store apart)
+    first = runtime.manager(q, 0)
+    with first.lock:
+        first.close()
+    # then that is reported at once, and its reopening under a newer epoch at the next passes
+    assert [(e["event"], e["partition"], e["ago"]) for e in observer.received()] == [("unserve", f"{q}/0", 0.0)]
+    runtime.tick()  # (the renewal hands the lease back)
+    runtime.tick()  # (the claim takes it again)
+    (again,) = observer.received()
+    assert (again["event"], again["partition"], again["epoch"]) == ("serve", f"{q}/0", _epochs(q)[f"{q}/0"])
+    assert again["epoch"] > first.lease.epoch
+
+    # when the other's lease lapsed 3 s ago unnoticed (a pause), and is renewed under its epoch
+    second = runtime.manager(q, 1)
+    second.lease.valid_until = second.lease.clock.monotonic() - 3.0
+    second.lease.renewed_at -= second.lease.period
+    runtime.renew()
+    # then the node reported it stopped when it lapsed, then serving again under the same epoch
+    stop, serve = observer.received()
+    assert (stop["event"], stop["partition"], stop["epoch"]) == ("unserve", f"{q}/1", second.lease.epoch)
+    assert stop["ago"] == pytest.approx(3.0, abs=0.5)
+    assert (serve["event"], serve["partition"], serve["epoch"], serve["ago"]) == (
+        "serve",
+        f"{q}/1",
+        second.lease.epoch,
+        0.0,
+    )
+    assert runtime.manager(q, 1) is second
+
+    # when an operator releases a partition
+    assert runtime.release_partition(q, 1)
+    # then it is reported stopped, once
+    assert [(e["event"], e["partition"]) for e in observer.received()] == [("unserve", f"{q}/1")]
