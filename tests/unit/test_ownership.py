@@ -39,7 +39,7 @@ def ticks() -> Ticks:
 
 
 @pytest.fixture
-def observer():
+def datagrams():
     """A bound UNIX datagram socket (a short path: AF_UNIX allows about 100 bytes) and what
     arrives there."""
     folder = Path(tempfile.mkdtemp(prefix="own-", dir="/tmp"))
@@ -69,9 +69,9 @@ def _lease(ticks: Ticks, partition_id: int = 7, epoch: int = 3, index: int = 1) 
     )  # fmt: skip
 
 
-def test_serve_then_unserve_once_with_the_node_and_epoch(observer, ticks):
-    # given a node's events to the observer's socket
-    events = ownership.OwnershipEvents(observer.path, "node-1", "127.0.0.1:4000")
+def test_serve_then_unserve_once_with_the_node_and_epoch(datagrams, ticks):
+    # given a node's events to the datagrams's socket
+    events = ownership.OwnershipEvents(datagrams.path, "node-1", "127.0.0.1:4000")
     lease = _lease(ticks)
     # when it serves, then stops while its lease is valid, and is closed a second time
     events.serve(lease)
@@ -79,7 +79,7 @@ def test_serve_then_unserve_once_with_the_node_and_epoch(observer, ticks):
     events.unserve(lease)
     events.unserve(lease)
     # then one serve and one unserve arrive, the stop dated now (ago 0)
-    got = observer.received()
+    got = datagrams.received()
     common = {"node": "node-1", "address": "127.0.0.1:4000", "partition": "orders/1", "epoch": 3}
     assert [{k: e[k] for k in (*common, "event", "ago")} for e in got] == [
         {**common, "event": "serve", "ago": 0.0},
@@ -88,49 +88,49 @@ def test_serve_then_unserve_once_with_the_node_and_epoch(observer, ticks):
     assert all(isinstance(e["pid"], int) for e in got)
 
 
-def test_a_lapsed_lease_is_reported_by_the_sweep_dated_when_it_lapsed(observer, ticks):
-    events = ownership.OwnershipEvents(observer.path, "node-1", "127.0.0.1:4000")
+def test_a_lapsed_lease_is_reported_by_the_sweep_dated_when_it_lapsed(datagrams, ticks):
+    events = ownership.OwnershipEvents(datagrams.path, "node-1", "127.0.0.1:4000")
     lapsing, kept = _lease(ticks, partition_id=1), _lease(ticks, partition_id=2, index=2)
     kept.valid_until = ticks.now + 60
     events.serve(lapsing)
     events.serve(kept)
-    observer.received()
+    datagrams.received()
     # when the clock passes the first lease's end by 4.4 s (a pause) before a sweep
     ticks.now = lapsing.valid_until + 4.4
     events.sweep()
     events.sweep()
     # then only that one is reported, once, stopped 4.4 s ago
-    (got,) = observer.received()
+    (got,) = datagrams.received()
     assert got["event"] == "unserve" and got["partition"] == "orders/1"
     assert got["ago"] == pytest.approx(4.4)
     assert not events.serving(lapsing) and events.serving(kept)
     # and a close of its manager afterwards reports nothing more
     events.unserve(lapsing)
-    assert observer.received() == []
+    assert datagrams.received() == []
     # when the lease is renewed under the same epoch, serve is sent again
     lapsing.valid_until = ticks.now + 1.6
     events.serve(lapsing)
-    assert [e["event"] for e in observer.received()] == ["serve"]
+    assert [e["event"] for e in datagrams.received()] == ["serve"]
 
 
-def test_a_lost_lease_is_dated_now(observer, ticks):
+def test_a_lost_lease_is_dated_now(datagrams, ticks):
     # (leases.renew_many and leases.release set valid_until to 0: when it ended is unknown)
-    events = ownership.OwnershipEvents(observer.path, "node-1", "127.0.0.1:4000")
+    events = ownership.OwnershipEvents(datagrams.path, "node-1", "127.0.0.1:4000")
     lease = _lease(ticks)
     events.serve(lease)
     lease.valid_until = 0.0
     events.unserve(lease)
-    assert [(e["event"], e["ago"]) for e in observer.received()] == [("serve", 0.0), ("unserve", 0.0)]
+    assert [(e["event"], e["ago"]) for e in datagrams.received()] == [("serve", 0.0), ("unserve", 0.0)]
 
 
-def test_an_older_lease_of_the_partition_does_not_end_the_newer_one(observer, ticks):
-    events = ownership.OwnershipEvents(observer.path, "node-1", "127.0.0.1:4000")
+def test_an_older_lease_of_the_partition_does_not_end_the_newer_one(datagrams, ticks):
+    events = ownership.OwnershipEvents(datagrams.path, "node-1", "127.0.0.1:4000")
     old, new = _lease(ticks, epoch=3), _lease(ticks, epoch=4)
     events.serve(old)
     events.unserve(old)
     events.serve(new)
     events.unserve(old)  # (closed twice: the second time after the new claim)
-    assert [(e["event"], e["epoch"]) for e in observer.received()] == [("serve", 3), ("unserve", 3), ("serve", 4)]
+    assert [(e["event"], e["epoch"]) for e in datagrams.received()] == [("serve", 3), ("unserve", 3), ("serve", 4)]
     assert events.serving(new)
 
 
@@ -142,10 +142,10 @@ def test_no_observer_is_warned_about_once_and_the_node_goes_on(ticks, caplog, tm
     assert len([r for r in caplog.records if "no observer" in r.getMessage()]) == 1
 
 
-def test_an_observer_that_does_not_read_costs_a_send_timeout_then_a_warning(observer, ticks, monkeypatch, caplog):
+def test_an_observer_that_does_not_read_costs_a_send_timeout_then_a_warning(datagrams, ticks, monkeypatch, caplog):
     # given a node whose sends wait at most 50 ms, and an observer that reads nothing
     monkeypatch.setattr(ownership, "SEND_TIMEOUT", 0.05)
-    events = ownership.OwnershipEvents(observer.path, "node-1", "127.0.0.1:4000")
+    events = ownership.OwnershipEvents(datagrams.path, "node-1", "127.0.0.1:4000")
     lease = _lease(ticks)
     # when its socket's queue fills up
     with caplog.at_level(logging.WARNING, logger="queues.ownership"):
@@ -220,13 +220,13 @@ def _epochs(q: str) -> dict[str, int]:
     return {f"{q}/{i}": e for i, e in Partition.objects.filter(queue__name=q).values_list("index", "epoch")}
 
 
-def test_the_node_reports_opens_closes_lapses_and_renewals(runtime, make_queue, purge_kv, observer):
-    # given a node that reports to the observer (what OWNERSHIP_EVENTS sets up at its start)
-    runtime.ownership = ownership.OwnershipEvents(observer.path, runtime.node_id, runtime.address)
+def test_the_node_reports_opens_closes_lapses_and_renewals(runtime, make_queue, purge_kv, datagrams):
+    # given a node that reports to the datagrams (what OWNERSHIP_EVENTS sets up at its start)
+    runtime.ownership = ownership.OwnershipEvents(datagrams.path, runtime.node_id, runtime.address)
     q = make_queue(partitions=2)
     runtime.tick()
     # then it reported serving each partition, under the row's epoch
-    assert sorted((e["event"], e["partition"], e["epoch"]) for e in observer.received()) == sorted(
+    assert sorted((e["event"], e["partition"], e["epoch"]) for e in datagrams.received()) == sorted(
         ("serve", p, epoch) for p, epoch in _epochs(q).items()
     )
 
@@ -235,10 +235,10 @@ def test_the_node_reports_opens_closes_lapses_and_renewals(runtime, make_queue, 
     with first.lock:
         first.close()
     # then that is reported at once, and its reopening under a newer epoch at the next passes
-    assert [(e["event"], e["partition"], e["ago"]) for e in observer.received()] == [("unserve", f"{q}/0", 0.0)]
+    assert [(e["event"], e["partition"], e["ago"]) for e in datagrams.received()] == [("unserve", f"{q}/0", 0.0)]
     runtime.tick()  # (the renewal hands the lease back)
     runtime.tick()  # (the claim takes it again)
-    (again,) = observer.received()
+    (again,) = datagrams.received()
     assert (again["event"], again["partition"], again["epoch"]) == ("serve", f"{q}/0", _epochs(q)[f"{q}/0"])
     assert again["epoch"] > first.lease.epoch
 
@@ -248,7 +248,7 @@ def test_the_node_reports_opens_closes_lapses_and_renewals(runtime, make_queue, 
     second.lease.renewed_at -= second.lease.period
     runtime.renew()
     # then the node reported it stopped when it lapsed, then serving again under the same epoch
-    stop, serve = observer.received()
+    stop, serve = datagrams.received()
     assert (stop["event"], stop["partition"], stop["epoch"]) == ("unserve", f"{q}/1", second.lease.epoch)
     assert stop["ago"] == pytest.approx(3.0, abs=0.5)
     assert (serve["event"], serve["partition"], serve["epoch"], serve["ago"]) == (
@@ -262,4 +262,4 @@ def test_the_node_reports_opens_closes_lapses_and_renewals(runtime, make_queue, 
     # when an operator releases a partition
     assert runtime.release_partition(q, 1)
     # then it is reported stopped, once
-    assert [(e["event"], e["partition"]) for e in observer.received()] == [("unserve", f"{q}/1")]
+    assert [(e["event"], e["partition"]) for e in datagrams.received()] == [("unserve", f"{q}/1")]
