@@ -8,17 +8,20 @@
 #   make lint                     ruff check, ruff format --check, mypy, lint-imports, mkdocs build --strict (what CI runs first)
 #   make fmt                      ruff format, then ruff check --fix
 #   make bench                    bench/throughput.py with PostgreSQL + Redis
+#   make chaos [MINUTES=5] [SEED=n] [ARGS=...]  a nemesis run: 3 nodes, faults from SEED, then the checker (ARGS="--help")
 #   make docs                     the documentation site: mkdocs serve on http://127.0.0.1:8001/ (DOCS_PORT=N: another port)
 #   make services-start | services-stop | services-status
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 PORT ?= 8000
+MINUTES ?= 5
+SEED ?=
 DOCS_PORT ?= 8001
 ARGS ?=
 export PORT
 
-.PHONY: help venv run demo test test-unit fuzz lint fmt bench docs services-start services-stop services-status services-env
+.PHONY: help venv run demo test test-unit fuzz lint fmt bench chaos docs services-start services-stop services-status services-env
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -47,6 +50,9 @@ lint:
 fmt:
 	@scripts/in-venv.sh ruff format .
 	@scripts/in-venv.sh ruff check --fix .
+
+chaos:
+	@scripts/in-venv.sh python -m nemesis.run --minutes $(MINUTES) $(if $(SEED),--seed $(SEED)) $(ARGS)
 
 bench:
 	@scripts/with-services.sh python bench/throughput.py $(ARGS)

@@ -141,7 +141,13 @@ class Faults:
 
     def of(self, kinds: frozenset[str], target: str) -> list[tuple[int, int]]:
         """The windows of the faults of these kinds on ``target``, by start."""
-        return [(start, stop) for start, stop, kind, t in self.windows if kind in kinds and t == target]
+        return [(start, stop) for start, stop, kind, t in self.windows if kind in kinds and hits(t, target)]
+
+
+def hits(target: str | None, node: str) -> bool:
+    """Whether a fault on ``target`` is one on ``node``: the same name, or ``node`` is one
+    process of it (``<target>/<process>``, as a run names the processes of a node)."""
+    return target is not None and (node == target or node.startswith(target + "/"))
 
 
 def check(history: History, overlap_slack_ns: int = 0, group_batch: Collection[str] = ()) -> Result:
@@ -355,9 +361,9 @@ def _serving(nodes: list[NodeEvent], faults: Faults, end: int) -> dict[str, list
     stretches: list[tuple[int, int, str, str, int]] = []  # start, stop, node, partition, epoch
     for time, _, item in timeline:
         if isinstance(item, str):
-            for key in [k for k in open_ if k[0] == item]:
+            for key in [k for k in open_ if hits(item, k[0])]:
                 start, epoch = open_.pop(key)
-                stretches.append((start, time, item, key[1], epoch))
+                stretches.append((start, time, key[0], key[1], epoch))
             continue
         key = (item.node, item.partition)
         if key in open_:
@@ -409,20 +415,25 @@ def _check_epochs(operations: list[Operation], nodes: list[NodeEvent], result: R
         events.sort()
         newest[partition] = ([t for t, _ in events], list(accumulate((epoch for _, epoch in events), max)))
     for op in operations:
-        if op.type != "ok" or op.partition is None or op.epoch is None or op.partition not in newest:
+        if op.type != "ok":
             continue
-        times, epochs = newest[op.partition]
-        before = bisect_left(times, op.invoked)  # served strictly before the call was sent
-        if before and epochs[before - 1] > op.epoch:
-            result.report(
-                "stale_epoch",
-                {
-                    "process": op.process,
-                    "f": op.f,
-                    "node": op.node,
-                    "partition": op.partition,
-                    "epoch": op.epoch,
-                    "superseded_by": epochs[before - 1],
-                    "sent": op.invoked,
-                },
-            )
+        by: list[tuple[str | None, str, int | None]] = [(op.node, op.partition, op.epoch)] if op.partition else []
+        by += [(str(node), str(partition), int(epoch)) for node, partition, epoch in op.served or ()]
+        for node, partition, epoch in by:
+            if partition not in newest or epoch is None:
+                continue
+            times, epochs = newest[partition]
+            before = bisect_left(times, op.invoked)  # served strictly before the call was sent
+            if before and epochs[before - 1] > epoch:
+                result.report(
+                    "stale_epoch",
+                    {
+                        "process": op.process,
+                        "f": op.f,
+                        "node": node,
+                        "partition": partition,
+                        "epoch": epoch,
+                        "superseded_by": epochs[before - 1],
+                        "sent": op.invoked,
+                    },
+                )

@@ -30,7 +30,8 @@ completion unless it repeats them):
 - ``fanout``: the subscriptions (as ``topic/subscription``) an enqueue to a topic must reach;
 - ``status`` and ``retry_after``: the HTTP answer, where there was one;
 - ``node``, ``partition``, ``epoch``: who answered the call, as the owner of which partition, under
-  which epoch (the ownership check compares them with the nodes' records);
+  which epoch (the ownership check compares them with the nodes' records); ``served``: the same
+  for a call that acted through several partitions, a list of ``[node, partition, epoch]``;
 - ``error``: a short text for a failure or an unknown outcome.
 """
 
@@ -78,6 +79,7 @@ class Op:
     partition: str | None = None
     epoch: int | None = None
     error: str | None = None
+    served: list[list[Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +205,8 @@ class Operation:
     partition: str | None = None
     epoch: int | None = None
     error: str | None = None
+    #: every ``[node, partition, epoch]`` that acted for the call (``X-MQ-Served-By``)
+    served: list[list[Any]] | None = None
 
     @property
     def tokens(self) -> list[str]:
@@ -228,7 +232,7 @@ def _pair(i: Op, c: Op | None) -> Operation:
     if c is None:
         return Operation(
             i.process, i.f, "info", i.time, None, i.queue, i.group, i.value, i.ids, i.fanout,
-            i.status, i.retry_after, i.node, i.partition, i.epoch, i.error,
+            i.status, i.retry_after, i.node, i.partition, i.epoch, i.error, i.served,
         )  # fmt: skip
     return Operation(
         i.process,
@@ -247,6 +251,7 @@ def _pair(i: Op, c: Op | None) -> Operation:
         i.partition if c.partition is None else c.partition,
         i.epoch if c.epoch is None else c.epoch,
         i.error if c.error is None else c.error,
+        i.served if c.served is None else c.served,
     )
 
 

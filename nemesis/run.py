@@ -1,0 +1,466 @@
+"""A nemesis run: nodes on stores of the run's own, clients over REST, the SDK and SQS, faults from
+a seed, then the checker over the whole history and the report beside it.
+
+``python -m nemesis.run --minutes 5 --seed 7`` (``make chaos MINUTES=5 SEED=7``); ``--help`` for
+the rest. A run's directory holds ``history.jsonl``, ``summary.json``, ``picture.png``, the
+nodes' logs and the stores' files (removed after a valid run unless ``--keep``). What is
+checked, and how to read the picture: docs/explanation/nemesis.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import requests
+
+from nemesis import report
+from nemesis.checker import Result, check
+from nemesis.clients import (
+    Client,
+    Context,
+    Ledger,
+    RestConsumer,
+    RestProducer,
+    SdkConsumer,
+    SdkProducer,
+    SqsClient,
+)
+from nemesis.faults import DEFAULT_KINDS, KINDS, Fault, Nemesis, schedule
+from nemesis.history import NodeEvent, Recorder, read
+from nemesis.release import Release, prepare
+from nemesis.stores import Stores
+from tests.launcher import NodeProcess, free_ports
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The queues' lease period (seconds): short, so that takeovers happen often.
+LEASE_PERIOD = 3
+#: The consumers' visibility timeout (seconds): a message whose ack was lost comes back soon.
+VISIBILITY = 4
+
+
+@dataclass
+class Options:
+    seed: int
+    duration: float
+    nodes: int = 3
+    processes: int = 1
+    kv: str = "redis"
+    kinds: Sequence[str] = DEFAULT_KINDS
+    out: Path = ROOT / "nemesis-runs"
+    #: seconds the consumers have, after the faults, to drain every confirmed message
+    drain: float = 90.0
+    keep: bool = False
+    #: the tree the nodes run from (None: this one); a test gives a patched copy
+    code: Path | None = None
+    #: overlaps of two owners up to this long are not reported (the run's stamping delay)
+    overlap_slack_ms: float = 20.0
+
+
+@dataclass
+class Outcome:
+    result: Result
+    directory: Path
+    summary: Path
+    picture: Path
+    schedule: list[Fault]
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def valid(self) -> bool:
+        return self.result.valid and not self.errors
+
+
+# ------------------------------------------------------------------------------ ownership events
+
+
+class Owners(threading.Thread):
+    """Receives the nodes' ``serve``/``unserve`` datagrams (``OWNERSHIP_EVENTS``) and writes
+    them to the history, stamped on receipt minus the ``ago`` the node reports, the process
+    named ``<node>/<pid>`` (the node found by the process's group, which is the node's)."""
+
+    def __init__(self, path: Path, recorder: Recorder, groups: dict[int, str]) -> None:
+        super().__init__(name="owners", daemon=True)
+        self.path, self.recorder, self.groups = path, recorder, groups
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self.closed = threading.Event()
+        self.names: dict[int, str] = {}
+        self.count = 0
+
+    def process_name(self, pid: int) -> str:
+        if pid not in self.names:
+            try:
+                group = os.getpgid(pid)
+            except ProcessLookupError:
+                group = -1
+            self.names[pid] = f"{self.groups.get(group, '?')}/{pid}"
+        return self.names[pid]
+
+    def run(self) -> None:
+        while not self.closed.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            now = self.recorder.clock()
+            try:
+                e = orjson.loads(data)
+                self.recorder.write(
+                    NodeEvent(
+                        node=self.process_name(int(e["pid"])),
+                        event=e["event"],
+                        partition=str(e["partition"]),
+                        epoch=int(e["epoch"]),
+                        time=now - int(float(e.get("ago") or 0) * 1e9),
+                    )
+                )
+                self.count += 1
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                print(f"nemesis: a node's event was not understood ({exc}): {data[:200]!r}", file=sys.stderr)
+
+    def close(self) -> None:
+        self.closed.set()
+        self.join(timeout=5)
+        self.sock.close()
+
+
+# --------------------------------------------------------------------------------------- the run
+
+
+def _manage(env: dict[str, str], code: Path, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=code, env=env, capture_output=True, text=True, timeout=300
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"manage.py {' '.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
+class Run:
+    """One run, from the stores' start to the report (:meth:`go`)."""
+
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.dir = opts.out / f"{stamp}-seed{opts.seed}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.code = opts.code or ROOT
+        self.nodes: dict[str, NodeProcess] = {}
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.node_locks: dict[str, threading.Lock] = {}
+        self.release: Release | None = None
+
+    # --- setup ------------------------------------------------------------------------------
+    def start_stores(self) -> None:
+        base = free_ports(8)  # PostgreSQL, Redis, the cluster's three primaries and their bus
+        self.stores = Stores(self.dir / "services", pg_port=base, redis_port=base + 1, cluster_port=base + 2)
+        self.stores.start()
+
+    def node_env(self, name: str) -> dict[str, str]:
+        urls = self.stores.address()
+        kv = {"redis": urls["kv-redis"], "redis-cluster": urls["kv-redis-cluster"], "postgres": "postgres"}
+        data = self.dir / "data" / name
+        data.mkdir(parents=True, exist_ok=True)
+        return {
+            "DATABASE_URL": urls["database"],
+            "KV_URL": kv[self.opts.kv],
+            "MQ_DATA_DIR": str(data),
+            "CLUSTER_SECRET": self.cluster_secret,
+            "SECRET_KEY": self.secret_key,
+            "OWNERSHIP_EVENTS": str(self.owners_path),
+            "SERVED_BY_HEADER": "1",
+            "NODE_HEARTBEAT": "0.3",
+            "NODE_CPU_AFFINITY": "off",
+            "LOG_LEVEL": "INFO",
+        }
+
+    def setup(self) -> None:
+        self.cluster_secret = secrets.token_hex(24)
+        self.secret_key = secrets.token_hex(24)
+        self.owners_path = self.dir / "owners.sock"
+        self.recorder = Recorder(self.dir / "history.jsonl")
+        self.groups: dict[int, str] = {}
+        self.owners = Owners(self.owners_path, self.recorder, self.groups)
+        self.owners.start()
+        env = {**os.environ, **self.node_env("setup")}
+        _manage(env, self.code, "migrate", "--noinput")
+        out = _manage(env, self.code, "quickstart", "--app-user", "nemesis")
+        self.token = next(line.split()[1] for line in out.splitlines() if line.startswith("MQ_APP_TOKEN "))
+        out = _manage(env, self.code, "sqs_keys", "create", "nemesis")
+        keys = dict(line.split(" = ", 1) for line in out.splitlines() if " = " in line)
+        self.access_key = (keys["aws_access_key_id"].strip(), keys["aws_secret_access_key"].strip())
+        ports = free_ports(self.opts.nodes)
+        for i in range(self.opts.nodes):
+            name = f"n{i + 1}"
+            self.nodes[name] = self.make_node(name, ports + i)
+            self.node_locks[name] = threading.Lock()
+            self.start_node(name)
+        self.create_queues()
+
+    def make_node(self, name: str, port: int, release: Release | None = None) -> NodeProcess:
+        """Node ``name`` on ``port``, of this tree or of ``release``."""
+        return NodeProcess(
+            self.node_env(name),
+            self.dir,
+            port,
+            heartbeat=0.3,
+            processes=self.opts.processes,
+            python=release.python if release else sys.executable,
+            cwd=release.tree if release else self.code,
+        )
+
+    def start_node(self, name: str) -> None:
+        node = self.nodes[name]
+        node.start(timeout=60)
+        assert node.pid is not None
+        self.groups[node.pid] = name
+
+    def create_queues(self) -> None:
+        http = requests.Session()
+        http.headers["Authorization"] = f"Token {self.token}"
+        url = self.nodes["n1"].url + "/api/v1"
+        common = {"lease_period": LEASE_PERIOD, "visibility_timeout": VISIBILITY}
+        for body, path in (
+            ({"name": "plain", "partitions": 6, **common}, "queues"),
+            ({"name": "strict", "partitions": 4, "strict": True, **common}, "queues"),
+            ({"name": "events", "partitions": 3, "lease_period": LEASE_PERIOD}, "topics"),
+            ({"name": "a", "start": "oldest", "visibility_timeout": VISIBILITY}, "topics/events/subscriptions"),
+            ({"name": "b", "start": "oldest", "visibility_timeout": VISIBILITY}, "topics/events/subscriptions"),
+        ):
+            answer = http.post(f"{url}/{path}", json=body, timeout=30)
+            if answer.status_code != 201:
+                raise RuntimeError(f"POST {path} {body}: {answer.status_code} {answer.text[:500]}")
+
+    def clients(self, ctx: Context) -> list[Client]:
+        seed = self.opts.seed
+        strict_groups = [[f"g{k}-{j}" for j in range(4)] for k in range(3)]
+        topic = ["events/a", "events/b"]
+        return [
+            RestProducer(ctx, "rp-plain", "plain", 0, seed + 1),
+            SdkProducer(ctx, "sp-plain", "plain", 1, seed + 2),
+            SqsClient(ctx, "qp-plain", "plain", 2, seed + 3, produce=True),
+            RestProducer(ctx, "rp-strict-0", "strict", 0, seed + 4, groups=strict_groups[0]),
+            RestProducer(ctx, "rp-strict-1", "strict", 1, seed + 5, groups=strict_groups[1]),
+            SdkProducer(ctx, "sp-strict", "strict", 2, seed + 6, groups=strict_groups[2]),
+            RestProducer(ctx, "rp-events", "events", 1, seed + 7, fanout=topic),
+            RestConsumer(ctx, "rc-plain-0", "plain", 0, seed + 11),
+            RestConsumer(ctx, "rc-plain-1", "plain", 1, seed + 12),
+            SdkConsumer(ctx, "sc-plain", "plain", 2, seed + 13),
+            SqsClient(ctx, "qc-plain", "plain", 0, seed + 14, produce=False),
+            RestConsumer(ctx, "rc-strict-0", "strict", 1, seed + 15),
+            RestConsumer(ctx, "rc-strict-1", "strict", 2, seed + 16),
+            SdkConsumer(ctx, "sc-strict", "strict", 0, seed + 17),
+            RestConsumer(ctx, "rc-events-a", "events/a", 2, seed + 18),
+            RestConsumer(ctx, "rc-events-b", "events/b", 0, seed + 19),
+        ]
+
+    # --- faults -----------------------------------------------------------------------------
+    def actions(self) -> dict[str, tuple[Any, Any]]:
+        def kill(f: Fault) -> None:
+            with self.node_locks[f.target]:
+                self.nodes[f.target].kill()
+
+        def restart(f: Fault) -> None:
+            with self.node_locks[f.target]:
+                node = self.nodes[f.target]
+                if node.proc is None or node.proc.poll() is not None:
+                    self.start_node(f.target)
+
+        def pause(f: Fault) -> None:
+            self.nodes[f.target].signal(signal.SIGSTOP)
+
+        def resume(f: Fault) -> None:
+            self.nodes[f.target].signal(signal.SIGCONT)
+
+        def nothing(f: Fault) -> None:
+            return None
+
+        def replace(f: Fault, release: Release | None) -> None:
+            with self.node_locks[f.target]:
+                node = self.nodes[f.target]
+                node.stop()
+                self.nodes[f.target] = self.make_node(f.target, node.port, release)
+                self.start_node(f.target)
+
+        def downgrade(f: Fault) -> None:
+            replace(f, self.release)
+
+        def upgrade(f: Fault) -> None:
+            replace(f, None)
+
+        return {
+            "kill": (kill, restart),
+            "pause": (pause, resume),
+            "redis-kill": (lambda f: self.stores.restart_redis(), nothing),
+            "redis-pause": (lambda f: self.stores.pause("redis"), lambda f: self.stores.resume("redis")),
+            "pg-restart": (lambda f: self.stores.restart_pg(), nothing),
+            "pg-pause": (lambda f: self.stores.pause("pg"), lambda f: self.stores.resume("pg")),
+            "upgrade": (downgrade, upgrade),
+        }
+
+    # --- the run ----------------------------------------------------------------------------
+    def go(self) -> Outcome:
+        opts = self.opts
+        faults = schedule(opts.seed, opts.duration, opts.kinds, [f"n{i + 1}" for i in range(opts.nodes)], LEASE_PERIOD)
+        missing = sorted({f.kind for f in faults} - set(self.actions()))
+        if missing:
+            raise SystemExit(f"nemesis: this run cannot do {', '.join(missing)} yet")
+        print(f"nemesis: seed {opts.seed}, {opts.duration:.0f} s, {opts.nodes} nodes of {opts.processes} process(es), "
+              f"kv {opts.kv}, directory {self.dir}", flush=True)  # fmt: skip
+        print("nemesis: schedule\n" + "\n".join("  " + f.describe() for f in faults), flush=True)
+        try:
+            if "upgrade" in opts.kinds:
+                self.release = prepare()
+                print(f"nemesis: the previous release is {self.release.commit[:12]} ({self.release.tree})", flush=True)
+            self.start_stores()
+            self.setup()
+            ledger = Ledger()
+            ctx = Context(self.recorder, [n.url for n in self.nodes.values()], self.token, self.access_key, ledger,
+                          VISIBILITY)  # fmt: skip
+            clients = self.clients(ctx)
+            for c in clients:
+                c.start()
+            nemesis = Nemesis(faults, self.actions(), self._record_fault, self.stop)
+            started = time.monotonic()
+            nemesis.start()
+            while time.monotonic() - started < opts.duration and nemesis.is_alive():
+                time.sleep(0.5)
+            self.stop.set()  # faults still on end now
+            nemesis.join()
+            self.errors += nemesis.errors
+            for name in self.nodes:  # every node up again
+                with self.node_locks[name]:
+                    node = self.nodes[name]
+                    node.signal(signal.SIGCONT)
+                    if node.proc is None or node.proc.poll() is not None:
+                        self.start_node(name)
+            ctx.stop_producing.set()
+            drained = self._drain(ledger)
+            ctx.stop.set()
+            for c in clients:
+                c.join(timeout=30)
+                self.errors += [f"{c.process}: {e}" for e in c.errors]
+            if not drained:
+                print(f"nemesis: {ledger.missing()} confirmed messages still undelivered after the drain",
+                      flush=True)  # fmt: skip
+            for node in self.nodes.values():
+                node.ask_to_stop()
+            for node in self.nodes.values():
+                node.stop()
+            time.sleep(0.5)  # the last unserve datagrams
+            self.owners.close()
+            self.recorder.close()
+            return self._check(faults, ledger)
+        finally:
+            self._teardown()
+
+    def _record_fault(self, kind: str, event: str, target: str) -> None:
+        self.recorder.fault(kind, event, target)  # type: ignore[arg-type]
+
+    def _drain(self, ledger: Ledger) -> bool:
+        deadline = time.monotonic() + self.opts.drain
+        while time.monotonic() < deadline:
+            if ledger.missing() == 0:
+                return True
+            time.sleep(0.5)
+        return ledger.missing() == 0
+
+    def _check(self, faults: list[Fault], ledger: Ledger) -> Outcome:
+        history = read(self.dir / "history.jsonl")
+        result = check(history, overlap_slack_ns=int(self.opts.overlap_slack_ms * 1e6), group_batch=())
+        summary, picture = report.write(
+            history,
+            result,
+            self.dir,
+            seed=self.opts.seed,
+            commit=_commit(),
+            nodes=self.opts.nodes,
+            processes=self.opts.processes,
+            kv=self.opts.kv,
+            kinds=list(self.opts.kinds),
+            schedule=[f.__dict__ for f in faults],
+            clients=ledger.totals(),
+            ownership_events=self.owners.count,
+            run_errors=self.errors,
+        )
+        return Outcome(result, self.dir, summary, picture, faults, self.errors)
+
+    def _teardown(self) -> None:
+        self.stop.set()
+        for node in self.nodes.values():
+            try:
+                node.stop(timeout=10)
+            except Exception as exc:
+                print(f"nemesis: stopping {node.url}: {exc}", file=sys.stderr)
+        if hasattr(self, "stores"):
+            try:
+                self.stores.stop()
+            except Exception as exc:
+                print(f"nemesis: stopping the stores: {exc}", file=sys.stderr)
+        if hasattr(self, "owners") and not self.owners.closed.is_set():
+            self.owners.close()
+
+
+def run(opts: Options) -> Outcome:
+    outcome = Run(opts).go()
+    if outcome.valid and not opts.keep:
+        for part in ("services", "data"):
+            shutil.rmtree(outcome.directory / part, ignore_errors=True)
+    return outcome
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nemesis.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=5.0, help="how long the faults go on (default 5)")
+    parser.add_argument("--seed", type=int, default=None, help="the schedule's seed (default: a random one, printed)")
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--processes", type=int, default=1, help="processes of each node (runnode --processes)")
+    parser.add_argument("--kv", choices=("redis", "redis-cluster", "postgres"), default="redis")
+    parser.add_argument(
+        "--faults",
+        default=",".join(DEFAULT_KINDS),
+        help=f"comma-separated kinds (default {','.join(DEFAULT_KINDS)}; known: {','.join(KINDS)}; 'none')",
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "nemesis-runs", help="where the run's directory goes")
+    parser.add_argument("--keep", action="store_true", help="keep the stores' and nodes' files of a valid run")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else secrets.randbelow(10**6)
+    kinds = [] if args.faults == "none" else [k.strip() for k in args.faults.split(",") if k.strip()]
+    opts = Options(seed, args.minutes * 60, args.nodes, args.processes, args.kv, kinds, args.out, keep=args.keep)
+    outcome = run(opts)
+    print(json.dumps(outcome.result.to_json(), indent=2))
+    for error in outcome.errors:
+        print(f"nemesis: run error: {error}")
+    print(f"nemesis: {'VALID' if outcome.valid else 'INVALID'}; seed {seed}; "
+          f"summary {outcome.summary}; picture {outcome.picture}")  # fmt: skip
+    return 0 if outcome.valid else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
