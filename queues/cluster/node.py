@@ -435,15 +435,16 @@ class NodeRuntime:
                     with m.lock:
                         m.close()
                     self._forget(key, m)
+                elif self.ownership is not None and not m.closed:
+                    # Renewed (or not reached before an error): the reports know its new end,
+                    # and a lease that had lapsed (reported) and is ours again under the same
+                    # epoch is reported served again. After the renewal rather than before it,
+                    # which may fail: under an unchanged epoch no other process can have served
+                    # it meanwhile, and a call answered in between names that same epoch.
+                    self.ownership.renewed(m.lease)
         for _, m, _ in due:
             if m.lease.partition_id not in lost:
                 metrics.LEASE_RENEWALS.labels(m.queue, str(m.index)).inc()
-                if self.ownership is not None and not m.closed and not self.ownership.serving(m.lease):
-                    # Its lease had lapsed (reported) and is ours again under the same epoch:
-                    # served on. Reported just after the renewal rather than before it, which
-                    # may fail: under an unchanged epoch no other process can have served it
-                    # meanwhile, and a call answered in between names that same epoch.
-                    self.ownership.serve(m.lease)
 
     def _reopen_or_drop(self, key: tuple[str, int], m: PartitionManager[leases.Lease]) -> None:
         """A manager closed itself after a failure: hand the lease back rather than reopen

@@ -34,6 +34,7 @@ import logging
 import os
 import socket
 import threading
+from dataclasses import dataclass
 
 import orjson
 
@@ -43,6 +44,18 @@ log = logging.getLogger("queues.ownership")
 
 #: Seconds a datagram's send may wait for room in the observer's socket.
 SEND_TIMEOUT = 1.0
+
+
+@dataclass
+class _Served:
+    """A lease announced as served."""
+
+    lease: Lease
+    #: the epoch announced.
+    epoch: int
+    #: the latest ``lease.valid_until`` noted (at the announcement, renewals, sweeps): when it
+    #: ends, should it be given up or found lost (``valid_until`` 0 then) unnoticed.
+    until: float
 
 
 class OwnershipEvents:
@@ -62,21 +75,32 @@ class OwnershipEvents:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.settimeout(SEND_TIMEOUT)
         self._lock = threading.Lock()
-        #: partition id -> (the lease announced as served, the epoch announced).
-        self._serving: dict[int, tuple[Lease, int]] = {}
+        #: partition id -> what was announced served there.
+        self._serving: dict[int, _Served] = {}
         self._missing = False  # the observer was found gone (warned once)
 
     def serve(self, lease: Lease) -> None:
         """The process starts (or goes on, under a new epoch or after a lapse) acting as the
         owner of ``lease``'s partition: call before it acts."""
         with self._lock:
-            self._serving[lease.partition_id] = (lease, lease.epoch)
+            self._serving[lease.partition_id] = _Served(lease, lease.epoch, lease.valid_until)
         self._send("serve", lease, lease.epoch, 0.0)
 
     def serving(self, lease: Lease) -> bool:
         """Whether ``lease`` is announced as served (and not reported stopped since)."""
         entry = self._serving.get(lease.partition_id)
-        return entry is not None and entry[0] is lease
+        return entry is not None and entry.lease is lease
+
+    def renewed(self, lease: Lease) -> None:
+        """``lease`` was renewed (by the caller, just now): its new end is noted, and if it had
+        lapsed (reported stopped) and is valid again, it is served again (:meth:`serve`)."""
+        with self._lock:
+            entry = self._serving.get(lease.partition_id)
+            if entry is not None and entry.lease is lease:
+                entry.until = max(entry.until, lease.valid_until)
+                return
+        if lease.valid():
+            self.serve(lease)
 
     def unserve(self, lease: Lease) -> None:
         """The process stopped acting as the owner of ``lease``'s partition (call after it
@@ -85,24 +109,31 @@ class OwnershipEvents:
         now = lease.clock.monotonic()
         with self._lock:
             entry = self._serving.get(lease.partition_id)
-            if entry is None or entry[0] is not lease:
+            if entry is None or entry.lease is not lease:
                 return
             del self._serving[lease.partition_id]
-        # A lease given up or found lost has valid_until 0 (leases.release, renew_many), which
-        # says nothing of when it stopped: then, as for a manager closed while its lease was
-        # valid, the stop is dated now. That is conservative: the process stopped acting at the
-        # latest when it is reported, so the stretch reported covers the real one.
-        until = lease.valid_until
-        ago = now - min(now, until) if until > 0 else 0.0
-        self._send("unserve", lease, entry[1], ago)
+        # A lease given up or found lost has valid_until 0 (leases.release, renew_many): its end
+        # is then the last one noted here (at the open, each renewal and each sweep, which runs
+        # before every renewal): a process paused after a sweep and woken to find its lease
+        # lost stopped when that lease ran out, during the pause. A manager closed while its
+        # lease was valid stopped now (ago 0). That is conservative: the process may have
+        # stopped acting a moment earlier, never later, so the stretch reported covers the
+        # real one.
+        until = lease.valid_until if lease.valid_until > 0 else entry.until
+        self._send("unserve", lease, entry.epoch, now - min(now, until))
 
     def sweep(self) -> None:
         """Report the leases announced as served that have lapsed (``not lease.valid()``): the
         process stopped acting as their owner at their ``valid_until`` (``check_serving``
         refuses every call from then on), even if its managers are still open and may renew
         them (then :meth:`serve` is sent again)."""
+        lapsed = []
         with self._lock:
-            lapsed = [lease for lease, _ in self._serving.values() if not lease.valid()]
+            for entry in self._serving.values():
+                if entry.lease.valid():
+                    entry.until = max(entry.until, entry.lease.valid_until)
+                else:
+                    lapsed.append(entry.lease)
         for lease in lapsed:
             self.unserve(lease)
 

@@ -196,8 +196,8 @@ def test_nodes_report_serving_and_answers_name_who_served(node_factory, token, o
 
     # when b is paused past its lease
     before = {p: rows[p][1] for p in owned_by_b}
-    b.signal(signal.SIGSTOP)
     paused_at = time.monotonic()
+    b.signal(signal.SIGSTOP)
 
     def taken_over() -> list[Event]:
         found = []
@@ -211,8 +211,8 @@ def test_nodes_report_serving_and_answers_name_who_served(node_factory, token, o
     wait_until(taken_over, 30, "a's serve of b's partitions under newer epochs")
     claims = {e.partition: e for e in taken_over()}
     time.sleep(0.5)
+    woken_at = time.monotonic()  # (before: b may report before this thread runs again)
     b.signal(signal.SIGCONT)
-    woken_at = time.monotonic()
 
     # then once woken, b reports each of them stopped, dated when its lease lapsed: during the
     # pause, before a's claim
@@ -230,7 +230,7 @@ def test_nodes_report_serving_and_answers_name_who_served(node_factory, token, o
         claim = claims[stop.partition]
         assert stop.ago > 0, stop
         assert stop.at >= woken_at, (stop, woken_at)  # (nothing was sent while it was paused)
-        assert paused_at <= stop.stopped_at < claim.at + SLACK, (stop, claim)
+        assert paused_at - LEASE <= stop.stopped_at < claim.at + SLACK, (stop, claim)  # (this pause's)
         print(
             f"[ownership] {stop.partition}: paused {woken_at - paused_at:.2f}s; b stopped {stop.ago:.2f}s before "
             f"its report, {claim.at - stop.stopped_at:.3f}s before a's claim (epoch {before[stop.partition]} -> {claim.epoch})"

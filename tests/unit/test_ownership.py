@@ -123,6 +123,24 @@ def test_a_lost_lease_is_dated_now(datagrams, ticks):
     assert [(e["event"], e["ago"]) for e in datagrams.received()] == [("serve", 0.0), ("unserve", 0.0)]
 
 
+def test_a_lease_found_lost_after_a_pause_is_dated_when_it_ran_out(datagrams, ticks):
+    # given a lease looked at by a sweep, then a pause past its end before the renewal that
+    # finds it lost (leases.renew_many sets valid_until to 0)
+    events = ownership.OwnershipEvents(datagrams.path, "node-1", "127.0.0.1:4000")
+    lease = _lease(ticks)
+    events.serve(lease)
+    ticks.now += 1.0
+    lease.valid_until = ticks.now + 1.6  # (renewed)
+    events.renewed(lease)
+    events.sweep()
+    end = lease.valid_until
+    ticks.now = end + 2.5
+    lease.valid_until = 0.0
+    events.unserve(lease)
+    # then its stop is dated when it ran out, not when the loss was found
+    assert [(e["event"], e["ago"]) for e in datagrams.received()] == [("serve", 0.0), ("unserve", 2.5)]
+
+
 def test_an_older_lease_of_the_partition_does_not_end_the_newer_one(datagrams, ticks):
     events = ownership.OwnershipEvents(datagrams.path, "node-1", "127.0.0.1:4000")
     old, new = _lease(ticks, epoch=3), _lease(ticks, epoch=4)
