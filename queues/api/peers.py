@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import io
+import logging
 import select
 import threading
 from collections import OrderedDict
@@ -40,6 +41,8 @@ from queues.service import (
     served,
 )
 from queues.service.types import Delivery
+
+log = logging.getLogger(__name__)
 
 #: In a node's enqueue or ack call: check it, change nothing (``calls.check_only``).
 CHECK_ONLY = "check_only"
@@ -278,6 +281,12 @@ class HttpPeers:
                 status, body = self.post(address, path, payload, hops, caller)
         else:
             status, body = self.post(address, path, payload, hops, caller)
+        if status == 401:
+            # The peer refused this node's signature (a cluster secret that differs, a clock off
+            # by more than the window): the caller's credentials are not in question and nothing
+            # ran there, so the caller is told to retry, as when a node is unreachable.
+            log.warning("node %s refused this node's signed call: %s", address, body.get("detail", body))
+            raise PeerUnreachable(f"node {address} refused this node's call; retry", refused=True)
         if status != ok:
             raise RemoteError(status, body)
         return body

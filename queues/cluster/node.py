@@ -36,7 +36,7 @@ from django.db import (
 from django.utils import timezone
 
 from queues import metrics
-from queues.cluster import catalog, leases, ownership
+from queues.cluster import catalog, clock, leases, ownership
 from queues.cluster.hooks import ARCHIVE
 from queues.cluster.router import Router
 from queues.engine import keys
@@ -242,7 +242,8 @@ class NodeRuntime:
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> NodeRuntime:
-        now = timezone.now()
+        clock.measure()
+        now = clock.now()
         Node.objects.create(
             id=self.node_id,
             address=self.address,
@@ -394,7 +395,8 @@ class NodeRuntime:
             self._gave_up = False
             log.warning("node %s answers calls again: claiming partitions again", self.address)
         with self._leases_lock:
-            Node.objects.filter(pk=self.node_id).update(heartbeat_at=timezone.now(), cooling=self.cooling)
+            clock.measure()
+            Node.objects.filter(pk=self.node_id).update(heartbeat_at=clock.now(), cooling=self.cooling)
             self._renew_leases()
 
     def _give_up_leases(self) -> None:
@@ -497,7 +499,7 @@ class NodeRuntime:
 
     def live_nodes(self) -> list[Node]:
         """Nodes that heartbeat, this one included: the divisor of the fair share."""
-        cutoff = timezone.now() - timedelta(seconds=max(2.0, 3 * self.heartbeat))
+        cutoff = clock.now() - timedelta(seconds=max(2.0, 3 * self.heartbeat))
         nodes = list(Node.objects.filter(stopped_at=None, heartbeat_at__gte=cutoff))
         if not any(n.pk == self.node_id for n in nodes):
             nodes.append(Node(pk=self.node_id, address=self.address))

@@ -1031,7 +1031,7 @@ class PartitionManager(Generic[LeaseT]):
                 raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
             for mid, raw in zip(missing, raws):
                 if raw is not None:
-                    out[mid] = StoredMessage.from_bytes(raw)
+                    out[mid] = StoredMessage.from_bytes(raw, mid)
         return out
 
     def ack(self, items: Sequence[tuple[MessageId, str | None]], sub: str = "", *, unexpired: bool = False) -> int:

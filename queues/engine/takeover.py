@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from queues.engine import keys
 from queues.engine.blocks import BlockState
 from queues.engine.cursor import Cursor
+from queues.engine.format import read_count
 from queues.engine.ids import StoredMessage
 from queues.engine.tree import AppendTree, Block, BlockReader, newest_head, parse_head_record
 from queues.errors import LeaseLost
@@ -62,8 +63,9 @@ class Takeover:
 
     def read_block(self, block_id: str) -> Block | None:
         m = self.m
-        raw = m.store.get(keys.block_key(m.queue, m.index, block_id))
-        return Block.from_bytes(raw) if raw is not None else None
+        key = keys.block_key(m.queue, m.index, block_id)
+        raw = m.store.get(key)
+        return Block.from_bytes(raw, key) if raw is not None else None
 
     def open_head(self) -> None:
         """Fence out earlier owners and load the head: enqueues may start. O(log N) reads."""
@@ -77,7 +79,8 @@ class Takeover:
             # blocks under the fence; the row may be behind it (a database restored from a
             # backup, or rebuilt from the queue descriptions): the newer wins (newest_head).
             row_head = m.row.read_head()
-            record = parse_head_record(m.store.get(keys.head_key(m.queue, m.index)))
+            head_key = keys.head_key(m.queue, m.index)
+            record = parse_head_record(m.store.get(head_key), head_key)
             read = _memo(self.read_block)
             head_id = newest_head(row_head, record, read)
             if head_id != row_head:
@@ -149,7 +152,7 @@ class Takeover:
         for name, raw in zip(names, m.store.get_many([f"{bucket}/{n}" for n in names])):
             pos = keys.parse_position(name)
             if raw is not None and pos is not None:
-                c.receives[keys.message_key(m.queue, m.index, *pos)] = int(raw)
+                c.receives[keys.message_key(m.queue, m.index, *pos)] = read_count(raw, f"{bucket}/{name}")
         if not c.shared:
             for name in m.store.scan(keys.acks_bucket(m.queue, m.index, c.name)):
                 pos = keys.parse_position(name)
@@ -195,7 +198,7 @@ class Takeover:
             for i, mid, raw in zip(live, ids, records):
                 if raw is None:
                     continue  # acknowledged between the scan and the read
-                message = StoredMessage.from_bytes(raw)
+                message = StoredMessage.from_bytes(raw, mid)
                 state.live.add(i)
                 if message.archived:
                     state.archived.add(i)
