@@ -363,8 +363,11 @@ class Run:
         return {
             "kill": (kill, restart),
             "pause": (pause, resume),
-            "redis-kill": (lambda f: self.stores.restart_redis(), nothing),
-            "redis-pause": (lambda f: self.stores.pause("redis"), lambda f: self.stores.resume("redis")),
+            "redis-kill": (lambda f: self.stores.restart_redis(self.redis_primary(f)), nothing),
+            "redis-pause": (
+                lambda f: self.stores.pause("redis", self.redis_primary(f)),
+                lambda f: self.stores.resume("redis", self.redis_primary(f)),
+            ),
             "pg-restart": (lambda f: self.stores.restart_pg(), nothing),
             "pg-pause": (lambda f: self.stores.pause("pg"), lambda f: self.stores.resume("pg")),
             "upgrade": (downgrade, replace),
@@ -372,6 +375,13 @@ class Run:
             "partition-stores": (cut("stores"), heal),
             "partition-peers": (cut("peers"), heal),
         }
+
+    def redis_primary(self, f: Fault) -> int | None:
+        """The Redis a Redis fault hits: on the Redis Cluster, one of its three primaries
+        (chosen by the fault's time, so by the seed), else the one Redis."""
+        if self.opts.kv != "redis-cluster":
+            return None
+        return self.stores.cluster_port + int(f.at * 100) % 3
 
     # --- the run ----------------------------------------------------------------------------
     def go(self) -> Outcome:
