@@ -44,7 +44,7 @@ from nemesis.clocks import Drift
 from nemesis.clocks import available as clock_tools
 from nemesis.faults import DEFAULT_KINDS, KINDS, Fault, Nemesis, schedule
 from nemesis.history import NodeEvent, Recorder, read
-from nemesis.netns import Network
+from nemesis.netns import Network, remove_leftovers
 from nemesis.release import Release, prepare
 from nemesis.stores import Stores
 from tests.launcher import NodeProcess, free_ports
@@ -197,6 +197,9 @@ class Run:
         ok, why = Network.available()
         if not ok:
             raise SystemExit(f"nemesis: the partition faults need network namespaces: {why}")
+        gone = remove_leftovers()  # of runs killed before they could remove their own
+        if gone:
+            print(f"nemesis: removed what killed runs left: {', '.join(gone)}", flush=True)
         self.network = Network(secrets.token_hex(3), self.names).__enter__()
 
     def start_stores(self) -> None:
@@ -523,6 +526,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--netns", action="store_true", help="nodes in network namespaces (the partition faults imply it)"
     )
     args = parser.parse_args(argv)
+    # SIGTERM as Ctrl-C: the run stops its nodes and stores and removes its namespaces
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seed = args.seed if args.seed is not None else secrets.randbelow(10**6)
     kinds = [] if args.faults == "none" else [k.strip() for k in args.faults.split(",") if k.strip()]
     opts = Options(
