@@ -44,7 +44,7 @@ from nemesis.clocks import Drift
 from nemesis.clocks import available as clock_tools
 from nemesis.faults import DEFAULT_KINDS, KINDS, Fault, Nemesis, schedule
 from nemesis.history import NodeEvent, Recorder, read
-from nemesis.netns import Network
+from nemesis.netns import Network, remove_leftovers
 from nemesis.release import Release, prepare
 from nemesis.stores import Stores
 from tests.launcher import NodeProcess, free_ports
@@ -100,9 +100,9 @@ class Owners(threading.Thread):
     them to the history, stamped on receipt minus the ``ago`` the node reports, the process
     named ``<node>/<pid>`` (the node found by the process's group, which is the node's)."""
 
-    def __init__(self, path: Path, recorder: Recorder, groups: dict[int, str]) -> None:
+    def __init__(self, path: Path, recorder: Recorder, groups: dict[int, str], ports: dict[int, str]) -> None:
         super().__init__(name="owners", daemon=True)
-        self.path, self.recorder, self.groups = path, recorder, groups
+        self.path, self.recorder, self.groups, self.ports = path, recorder, groups, ports
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.sock.bind(str(path))
@@ -111,13 +111,19 @@ class Owners(threading.Thread):
         self.names: dict[int, str] = {}
         self.count = 0
 
-    def process_name(self, pid: int) -> str:
-        if pid not in self.names:
-            try:
-                group = os.getpgid(pid)
-            except ProcessLookupError:
-                group = -1
-            self.names[pid] = f"{self.groups.get(group, '?')}/{pid}"
+    def process_name(self, pid: int, address: str) -> str:
+        """``<node>/<pid>``: the node by the process's group (a node started a moment ago may
+        report before the run has noted its group), else by the port it serves."""
+        if pid in self.names:
+            return self.names[pid]
+        try:
+            node = self.groups.get(os.getpgid(pid))
+        except ProcessLookupError:
+            node = None
+        node = node or self.ports.get(int(address.rpartition(":")[2] or 0))
+        if node is None:
+            return f"?/{pid}"  # not kept: the next datagram may know better
+        self.names[pid] = f"{node}/{pid}"
         return self.names[pid]
 
     def run(self) -> None:
@@ -133,7 +139,7 @@ class Owners(threading.Thread):
                 e = orjson.loads(data)
                 self.recorder.write(
                     NodeEvent(
-                        node=self.process_name(int(e["pid"])),
+                        node=self.process_name(int(e["pid"]), str(e.get("address", ""))),
                         event=e["event"],
                         partition=str(e["partition"]),
                         epoch=int(e["epoch"]),
@@ -179,10 +185,11 @@ class Run:
         self.nodes: dict[str, NodeProcess] = {}
         self.errors: list[str] = []
         self.stop = threading.Event()
-        self.node_locks: dict[str, threading.Lock] = {}
+        self.names = [f"n{i + 1}" for i in range(opts.nodes)]
+        #: held while a node or a store is hit, healed or restarted (the nemesis's locks)
+        self.node_locks: dict[str, threading.RLock] = {t: threading.RLock() for t in [*self.names, "redis", "pg"]}
         self.release: Release | None = None
         self.network: Network | None = None
-        self.names = [f"n{i + 1}" for i in range(opts.nodes)]
 
     # --- setup ------------------------------------------------------------------------------
     def start_network(self) -> None:
@@ -190,6 +197,9 @@ class Run:
         ok, why = Network.available()
         if not ok:
             raise SystemExit(f"nemesis: the partition faults need network namespaces: {why}")
+        gone = remove_leftovers()  # of runs killed before they could remove their own
+        if gone:
+            print(f"nemesis: removed what killed runs left: {', '.join(gone)}", flush=True)
         self.network = Network(secrets.token_hex(3), self.names).__enter__()
 
     def start_stores(self) -> None:
@@ -222,7 +232,8 @@ class Run:
         self.owners_path = self.dir / "owners.sock"
         self.recorder = Recorder(self.dir / "history.jsonl")
         self.groups: dict[int, str] = {}
-        self.owners = Owners(self.owners_path, self.recorder, self.groups)
+        self.ports: dict[int, str] = {}
+        self.owners = Owners(self.owners_path, self.recorder, self.groups, self.ports)
         self.owners.start()
         env = {**os.environ, **self.node_env("setup")}
         _manage(env, self.code, "migrate", "--noinput")
@@ -233,8 +244,8 @@ class Run:
         self.access_key = (keys["aws_access_key_id"].strip(), keys["aws_secret_access_key"].strip())
         ports = free_ports(self.opts.nodes)
         for i, name in enumerate(self.names):
+            self.ports[ports + i] = name
             self.nodes[name] = self.make_node(name, ports + i)
-            self.node_locks[name] = threading.Lock()
             self.start_node(name)
         self.create_queues()
 
@@ -355,8 +366,11 @@ class Run:
         return {
             "kill": (kill, restart),
             "pause": (pause, resume),
-            "redis-kill": (lambda f: self.stores.restart_redis(), nothing),
-            "redis-pause": (lambda f: self.stores.pause("redis"), lambda f: self.stores.resume("redis")),
+            "redis-kill": (lambda f: self.stores.restart_redis(self.redis_primary(f)), nothing),
+            "redis-pause": (
+                lambda f: self.stores.pause("redis", self.redis_primary(f)),
+                lambda f: self.stores.resume("redis", self.redis_primary(f)),
+            ),
             "pg-restart": (lambda f: self.stores.restart_pg(), nothing),
             "pg-pause": (lambda f: self.stores.pause("pg"), lambda f: self.stores.resume("pg")),
             "upgrade": (downgrade, replace),
@@ -364,6 +378,13 @@ class Run:
             "partition-stores": (cut("stores"), heal),
             "partition-peers": (cut("peers"), heal),
         }
+
+    def redis_primary(self, f: Fault) -> int | None:
+        """The Redis a Redis fault hits: on the Redis Cluster, one of its three primaries
+        (chosen by the fault's time, so by the seed), else the one Redis."""
+        if self.opts.kv != "redis-cluster":
+            return None
+        return self.stores.cluster_port + int(f.at * 100) % 3
 
     # --- the run ----------------------------------------------------------------------------
     def go(self) -> Outcome:
@@ -393,7 +414,7 @@ class Run:
             clients = self.clients(ctx)
             for c in clients:
                 c.start()
-            nemesis = Nemesis(faults, self.actions(), self._record_fault, self.stop)
+            nemesis = Nemesis(faults, self.actions(), self._record_fault, self.stop, self.node_locks)
             started = time.monotonic()
             nemesis.start()
             while time.monotonic() - started < opts.duration and nemesis.is_alive():
@@ -408,6 +429,9 @@ class Run:
                     if node.proc is None or node.proc.poll() is not None:
                         self.start_node(name)
             ctx.stop_producing.set()
+            for c in clients:  # their last calls answered (and confirmed) before the drain counts
+                if c.produces:
+                    c.join(timeout=30)
             drained = self._drain(ledger)
             ctx.stop.set()
             for c in clients:
@@ -502,6 +526,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--netns", action="store_true", help="nodes in network namespaces (the partition faults imply it)"
     )
     args = parser.parse_args(argv)
+    # SIGTERM as Ctrl-C: the run stops its nodes and stores and removes its namespaces
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seed = args.seed if args.seed is not None else secrets.randbelow(10**6)
     kinds = [] if args.faults == "none" else [k.strip() for k in args.faults.split(",") if k.strip()]
     opts = Options(

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from queues.cluster import served
 from queues.engine.ids import MessageId
 from queues.engine.partition import PartitionManager
 from queues.engine.ports import Lease
@@ -66,6 +67,8 @@ def ack_here(
     """
     unique = list({str(mid): (mid, receipt) for mid, receipt in items}.values())
     groups = managers_of(rt, queue, unique)
+    for m, _ in groups:
+        served.record(m)
     if len(groups) == 1:
         m, group = groups[0]
         removed = m.ack(group, sub=sub, unexpired=unexpired)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 
 from queues.access import Caller, granted_now
+from queues.cluster import served
 from queues.cluster.siblings import Board
 from queues.engine.config import QueueConfig
 from queues.engine.ids import MessageId, parse_message_id
@@ -286,6 +287,7 @@ def dequeue_here(rt: NodeRuntime, cfg: QueueConfig, sub: str, max_messages: int,
             got = m.dequeue(max_messages - len(out), visibility, sub)
             if got:  # what cannot be read now is given back, not left hidden
                 out.extend(m.load_bodies(got, sub))
+                served.record(m)
         except PartitionUnavailable:
             continue
         if len(out) >= max_messages:

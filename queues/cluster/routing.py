@@ -18,9 +18,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
+from queues.cluster import served
 from queues.cluster.router import MAX_HOPS
 from queues.engine.config import QueueConfig
 from queues.engine.ids import MessageId, StoredMessage
+from queues.engine.partition import PartitionManager
+from queues.engine.ports import Lease
 from queues.errors import NotServedHere, PartitionUnavailable, PeerUnreachable, QueueNotFound, RemoteError
 from queues.models import Queue
 
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
     from queues.cluster.node import NodeRuntime
 
 log = logging.getLogger(__name__)
+Manager = PartitionManager[Lease]
 T = TypeVar("T")
 D = TypeVar("D")
 
@@ -94,6 +98,13 @@ def to_partition(
     return at_owner(rt, cfg, index, local, remote)
 
 
+def enqueue_here(m: Manager, messages: list[StoredMessage]) -> list[str]:
+    """Store ``messages`` in this node's partition ``m``; their IDs (who served it recorded)."""
+    ids = m.enqueue(messages)
+    served.record(m)
+    return ids
+
+
 def enqueue_any_local(
     rt: NodeRuntime, queue: str, messages: list[StoredMessage], *, even_if_cooling: bool = False
 ) -> list[str]:
@@ -112,7 +123,7 @@ def enqueue_any_local(
     for i in range(len(managers)):
         m = managers[(start + i) % len(managers)]
         try:
-            return m.enqueue(messages)
+            return enqueue_here(m, messages)
         except PartitionUnavailable as exc:
             last = exc
     assert last is not None

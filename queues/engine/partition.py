@@ -235,6 +235,7 @@ class PartitionManager(Generic[LeaseT]):
         cache: BodyCache,
         row: LeaseRow,
         on_change: Callable[[], None] = lambda: None,
+        on_close: Callable[[], None] = lambda: None,
         counters: Counters = NO_COUNTERS,
         subscriptions: Sequence[SubscriptionSpec] | None = None,
         archive_sink: Callable[[list[tuple[str, bytes]]], object] | None = None,
@@ -252,6 +253,10 @@ class PartitionManager(Generic[LeaseT]):
         #: the lease's row: the durable head pointer and epoch.
         self.row = row
         self.on_change = on_change
+        #: called once, when the manager is closed (:meth:`close`), after it stopped serving:
+        #: the node reports it (``queues.cluster.ownership``). Whoever closes it, the node or the
+        #: manager itself after a failure, closes it through :meth:`close`.
+        self.on_close = on_close
         self.counters = counters
         self.fence = Fence(keys.fence_key(self.queue, self.index), lease.epoch)
         #: ``monotonic()`` before the store last confirmed ``fence`` (see :data:`FENCE_TRUST`);
@@ -283,6 +288,7 @@ class PartitionManager(Generic[LeaseT]):
         self.readers = list(self.cursors.values())
         self.enqueue_ready = False
         self.dequeue_ready = False
+        #: stopped serving (:meth:`close`): a plain attribute, read on every call.
         self.closed = False
         self.enqueued_total = 0
         self.dead_lettered_total = 0
@@ -469,6 +475,14 @@ class PartitionManager(Generic[LeaseT]):
                 c.ready.append(mid)
 
     # --- guards -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop serving: every call is refused from now on (:attr:`closed`). By the node (lease
+        lost or given up, queue deleted or purged) or by the manager itself after a failure;
+        the first close calls :attr:`on_close`. Called with the lock held (the node takes it too)."""
+        if not self.closed:
+            self.closed = True
+            self.on_close()
+
     def check_serving(self) -> None:
         if self.closed:
             raise PartitionUnavailable(f"{self.queue}/{self.index} is closed on this node")
@@ -499,7 +513,7 @@ class PartitionManager(Generic[LeaseT]):
 
     def lost(self, exc: Exception) -> PartitionUnavailable:
         log.warning("%s/%s: giving up ownership: %s", self.queue, self.index, exc)
-        self.closed = True
+        self.close()
         return PartitionUnavailable(f"{self.queue}/{self.index} changed owner; retry")
 
     # --- enqueue: Writer ----------------------------------------------------------------------
@@ -879,7 +893,7 @@ class PartitionManager(Generic[LeaseT]):
             except Fenced as exc:
                 raise self.lost(exc) from exc
             except KVError as exc:
-                self.closed = True  # memory and store may disagree now: reopen from the store
+                self.close()  # memory and store may disagree now: reopen from the store
                 raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
             for m in held:
                 c.live.get(m.block, set()).discard(m.index)

@@ -172,7 +172,7 @@ class Takeover:
         try:
             return self._scan_once()
         except Exception:
-            self.m.closed = True
+            self.m.close()
             raise
 
     def _scan_once(self) -> bool:

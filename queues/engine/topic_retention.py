@@ -58,6 +58,10 @@ class TopicPartition(Protocol):
         """Raise PartitionUnavailable unless the manager serves (open, lease valid). Lock held."""
         ...
 
+    def close(self) -> None:
+        """Stop serving (every call refused from now on). Lock held."""
+        ...
+
     def stored(self, mid: str) -> bool:
         """``mid`` is still stored. Lock held."""
         ...
@@ -178,6 +182,6 @@ def bodies_from_archive(m: TopicPartition, stubs: list[Delivery]) -> None:
             try:
                 m.remove_everywhere([mid for mid in lost if m.stored(mid)])
             except KVError as exc:
-                m.closed = True  # reopened from the store, which still has the stubs
+                m.close()  # reopened from the store, which still has the stubs
                 raise PartitionUnavailable(f"{m.queue}/{m.index}: store delete failed: {exc}") from exc
             m.archive_missing_total += len(lost)

@@ -109,7 +109,7 @@ class Writer:
                     # Anything else: the tree in memory may be ahead of the store, and a later
                     # block must never point at one that was not stored. Close; the node
                     # reopens from the store.
-                    m.closed = True
+                    m.close()
                     raise
                 self._adopt_blocks(new_blocks)
             self.head_writable, self.next_index = True, next_index

@@ -26,6 +26,7 @@ from queues.cluster.router import MAX_HOPS
 from queues.engine.config import QueueConfig
 from queues.engine.ids import MessageId, StoredMessage, group_partition
 from queues.engine.partition import Delivery
+from queues.service import served
 from queues.service.dead_letters import move_dead_letters
 from queues.service.errors import InvalidRequest, QueueNotFound, RemoteError, TooManyWaits
 from queues.service.limits import MAX_BATCH, MAX_WAIT
@@ -216,12 +217,12 @@ def _enqueue_somewhere(
             lambda address: get_peers().enqueue(address, cfg.name, _without_dedup(drafts), hops, caller),
         )
     if (cfg.name, index) in rt.managers or hops >= MAX_HOPS:
-        return rt.manager(cfg.name, index).enqueue(messages)
+        return routing.enqueue_here(rt.manager(cfg.name, index), messages)
     return routing.at_owner(
         rt,
         cfg,
         index,
-        lambda: rt.manager(cfg.name, index).enqueue(messages),
+        lambda: routing.enqueue_here(rt.manager(cfg.name, index), messages),
         lambda address: get_peers().enqueue(address, cfg.name, _without_dedup(drafts), hops, caller),
     )
 
@@ -451,6 +452,7 @@ def _change_visibility_here(
     with m.lock:
         m.check_serving()
         receive_count = m.change_visibility_locked(mid, receipt, visibility_timeout, sub)
+    served.record(m)
     if visibility_timeout == 0:
         given_back.send_robust(sender=None, target=target, message_id=str(mid), receive_count=receive_count)
 
