@@ -38,12 +38,11 @@ from __future__ import annotations
 
 import heapq
 import logging
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, NotRequired, TypedDict, TypeVar
+from typing import Any, NotRequired, TypedDict
 
 from sortedcontainers import SortedList
 
@@ -51,26 +50,22 @@ from queues import tracing
 from queues.engine import archive_journal, keys, topic_retention
 from queues.engine.blocks import BlockState
 from queues.engine.body_cache import BodyCache
-from queues.engine.cursor import Cursor, SubscriptionSpec
+from queues.engine.cursor import Cursor, Delivery, SubscriptionSpec
 from queues.engine.ids import MessageId, StoredMessage, new_receipt, parse_message_id
 from queues.engine.keys import block_and_index
-from queues.engine.ports import NO_COUNTERS, Counters, Lease, LeaseRow
+from queues.engine.ports import NO_COUNTERS, Counters, LeaseRow
 from queues.engine.redelivery import RedeliveryIndex
 from queues.engine.retention import Retention
+from queues.engine.state import FENCE_TRUST, LeaseT, PartitionState, wait_out_trust
 from queues.engine.takeover import Takeover
-from queues.engine.tree import BLOCK_SEAL_S, AppendTree, Block
+from queues.engine.tree import BLOCK_SEAL_S, Block
 from queues.engine.writer import Writer
 from queues.errors import NotServedHere, PartitionUnavailable, ReceiptMismatch
-from queues.kv.base import Fence, Fenced, KeyValueStore, KVError
+from queues.kv.base import Fenced, KeyValueStore, KVError
 
 log = logging.getLogger(__name__)
 
 monotonic = time.monotonic
-
-
-#: the lease a manager is built for: the node's (``queues.cluster.leases.Lease``), which the node reads
-#: back from its managers.
-LeaseT = TypeVar("LeaseT", bound=Lease, covariant=True)
 
 
 def _monotonic() -> float:
@@ -79,29 +74,9 @@ def _monotonic() -> float:
     return monotonic()
 
 
-#: Seconds a manager delivers on the word of the store's last confirmation that its epoch is
-#: still the partition's (its fence read, or a fenced write that went through): past that, a
-#: dequeue reads the fence first. Fences alone stop only writes, and a first delivery writes
-#: nothing (the ID from memory, the body from the node's cache), so a manager that was not told
-#: of a purge or a delete (its owner field already cleared by a purge, the call to it failed,
-#: it was still opening) went on delivering what they removed until its next pass. A purge or
-#: delete moves the fences, then answers no sooner than this after (:func:`wait_out_trust`):
-#: a dequeue made after the answer finds the confirmation too old, reads the moved fence and
-#: delivers nothing of the old epoch (or incarnation), on whichever node it lands.
-FENCE_TRUST = 0.2
-
-
-def wait_out_trust(fenced_at: float) -> None:
-    """Return once :data:`FENCE_TRUST` has passed since ``fenced_at`` (``time.monotonic()``
-    taken after a purge or delete moved fences): from then on no manager of an older epoch
-    delivers without reading its fence first."""
-    left = fenced_at + FENCE_TRUST - time.monotonic()
-    if left > 0:
-        time.sleep(left)
-
-
 __all__ = [
     "BLOCK_SEAL_S",
+    "FENCE_TRUST",
     "BlockState",
     "BodyCache",
     "Delivery",
@@ -111,18 +86,8 @@ __all__ = [
     "PartitionUnavailable",
     "ReceiptMismatch",
     "SubscriptionSpec",
+    "wait_out_trust",
 ]
-
-
-@dataclass(slots=True)
-class Delivery:
-    id: str
-    receipt: str
-    receive_count: int
-    #: filled in after the lock is released (bodies are immutable).
-    message: StoredMessage | None = None
-    #: the body came from the archive table (retention moved it out of the store).
-    from_archive: bool = False
 
 
 @dataclass
@@ -193,7 +158,7 @@ class BlockListing(TypedDict):
     unscanned: NotRequired[bool]
 
 
-class PartitionManager(Generic[LeaseT]):
+class PartitionManager(PartitionState[LeaseT]):
     """One leased partition of a queue or topic, served from the memory of its owner node.
 
     Holds the partition's append tree and the state of each of its blocks (:class:`BlockState`:
@@ -241,89 +206,25 @@ class PartitionManager(Generic[LeaseT]):
         archive_sink: Callable[[list[tuple[str, bytes]]], object] | None = None,
         archive_source: Callable[[list[str]], dict[str, StoredMessage]] | None = None,
     ):
-        self.lease = lease
-        self.queue = lease.queue
-        self.index = lease.index
-        self.block_size = block_size
-        #: a busy partition's blocks grow up to this many times ``block_size`` (tree.next_block_size).
-        self.block_growth = block_growth
-        self.store = store
-        self.node_id = node_id
-        self.cache = cache
-        #: the lease's row: the durable head pointer and epoch.
-        self.row = row
-        self.on_change = on_change
-        self.counters = counters
-        self.fence = Fence(keys.fence_key(self.queue, self.index), lease.epoch)
-        #: ``monotonic()`` before the store last confirmed ``fence`` (see :data:`FENCE_TRUST`);
-        #: never, before the open raised it.
-        self.fence_confirmed_at = float("-inf")
-        self.lock = threading.Lock()
-        self.tree = AppendTree(block_size)
-        #: live blocks whose positions are known, by id; their ``live`` sets are the positions
-        #: still stored (held by at least one cursor, or by none yet on a topic).
-        self.blocks: dict[str, BlockState] = {}
-        # The same blocks in allocation order: first those scanned (found in the store at open,
-        # every one older than any this manager allocates), then this manager's own.
-        self.scanned_order: deque[BlockState] = deque()
-        self.local_order: deque[BlockState] = deque()
-        #: the blocks found at open and not scanned yet, oldest first (None: all scanned).
-        self.unscanned: Iterator[Block] | None = None
-        #: a topic's subscriptions (fixed for the manager's life: a change reopens it).
-        self.subscriptions: tuple[SubscriptionSpec, ...] | None = (
-            tuple(subscriptions) if subscriptions is not None else None
+        super().__init__(
+            lease,
+            block_size=block_size,
+            block_growth=block_growth,
+            store=store,
+            node_id=node_id,
+            cache=cache,
+            row=row,
+            on_change=on_change,
+            counters=counters,
+            subscriptions=subscriptions,
+            archive_sink=archive_sink,
+            archive_source=archive_source,
         )
-        if self.subscriptions is None:
-            self.cursors = {"": Cursor("", shared=True)}
-        else:
-            self.cursors = {
-                s.name: Cursor(s.name, shared=False, starts_at=s.starts_at, max_receives=s.max_receives)
-                for s in self.subscriptions
-            }
-        #: every cursor, in one list.
-        self.readers = list(self.cursors.values())
-        self.enqueue_ready = False
-        self.dequeue_ready = False
-        self.closed = False
-        self.enqueued_total = 0
-        self.dead_lettered_total = 0
-        self.expired_total = 0
-        #: seconds and block reads of the last open, for the failover figures.
-        self.opened_in: dict[str, float] = {}
-        self.seq_counter = 0
-        #: the queue's archive mode ("none", "all", "acked"): which journal entries we write.
-        self.archive = "none"
-        #: writes ``(message id, record)`` pairs to the archive table, returning once they are
-        #: committed (``archive.archiver.store_records``); None: retention cannot keep stubs.
-        self.archive_sink = archive_sink
-        #: ``{message id: record}`` of those archived (``archive.archiver.lookup``).
-        self.archive_source = archive_source
-        #: messages retention moved to the archive, kept as stubs for slow subscriptions
-        #: (``queues.engine.topic_retention``).
-        self.archived_total = 0
-        #: stubs whose archive row was gone, so never delivered
-        #: (see ``topic_retention.bodies_from_archive``).
-        self.archive_missing_total = 0
-        self.wall = time.time
         self.takeover = Takeover(self, _monotonic)
         self.writer = Writer(self, _monotonic)
         self.retention = Retention(self)
 
     # --- the queue's cursor, for callers that know no subscriptions ---------------------------
-    @property
-    def is_topic(self) -> bool:
-        return self.subscriptions is not None
-
-    def cursor(self, sub: str = "") -> Cursor:
-        c = self.cursors.get(sub)
-        if c is None:
-            if not self.is_topic:
-                raise NotServedHere(f"{self.queue} is a queue, it has no subscription {sub!r}")
-            raise PartitionUnavailable(
-                f"{self.queue}/{self.index}: subscription {sub!r} is not loaded on this node yet; retry"
-            )
-        return c
-
     @property
     def redelivery(self) -> RedeliveryIndex:
         return self.cursor().redelivery
@@ -357,30 +258,6 @@ class PartitionManager(Generic[LeaseT]):
     def group_batch(self, value: bool) -> None:
         for c in self.readers:
             c.group_batch = value
-
-    @property
-    def acked_total(self) -> int:
-        return sum(c.acked_total for c in self.readers)
-
-    @property
-    def redelivered_total(self) -> int:
-        return sum(c.redelivered_total for c in self.readers)
-
-    @property
-    def next_index(self) -> int:
-        """The head block's next free index: with the head, the enqueue ID (see :attr:`writer`)."""
-        return self.writer.next_index
-
-    def in_flight_count(self, now: float) -> int:
-        """Messages in flight at ``now``, every cursor's."""
-        return sum(c.redelivery.in_flight_count(now) for c in self.readers)
-
-    # --- keys of a cursor's own records -------------------------------------------------------
-    def _receives_key(self, c: Cursor, mid: MessageId) -> str:
-        return keys.receives_key(self.queue, self.index, mid, c.name)
-
-    def _ack_key(self, c: Cursor, mid: MessageId) -> str:
-        return keys.ack_key(self.queue, self.index, c.name, mid)
 
     # --- opening: Takeover ---------------------------------------------------------------------
     def open(self) -> None:
@@ -440,7 +317,7 @@ class PartitionManager(Generic[LeaseT]):
             c.groups.pop(group, None)
             return False
         (_ordinal, _), head = pending[0]
-        if head in c.not_due or self._waits_for_scan(head):
+        if head in c.not_due or self.waits_for_scan(head):
             return False
         c.group_busy[group] = head
         if front:
@@ -448,12 +325,6 @@ class PartitionManager(Generic[LeaseT]):
         else:
             c.unblocked.append(head)
         return True
-
-    def _waits_for_scan(self, mid: str) -> bool:
-        """``mid`` is in a block of this manager's while blocks found at open are unscanned:
-        an older message of its group may be in one of them. Lock held."""
-        state = self.blocks.get(mid.rsplit("/", 2)[1])
-        return self.unscanned is not None and state is not None and not state.scanned
 
     def _unblock_due(self, c: Cursor) -> None:
         """Messages whose delay (not_before) has passed become deliverable. Lock held."""
@@ -466,20 +337,8 @@ class PartitionManager(Generic[LeaseT]):
             group = c.group_of.get(mid)
             if group is not None:
                 self.unblock_group(c, group)
-            elif self._is_live(c, mid):
+            elif self.is_live(c, mid):
                 c.ready.append(mid)
-
-    # --- guards -------------------------------------------------------------------------------
-    def check_serving(self) -> None:
-        if self.closed:
-            raise PartitionUnavailable(f"{self.queue}/{self.index} is closed on this node")
-        if not self.lease.valid():
-            raise PartitionUnavailable(f"{self.queue}/{self.index}: lease expired on this node")
-
-    def confirmed(self, started: float) -> None:
-        """The store confirmed the fence by a read or fenced write begun at ``started``."""
-        if started > self.fence_confirmed_at:
-            self.fence_confirmed_at = started
 
     def _check_fence(self) -> None:
         """Before delivering: unless the store confirmed the epoch within :data:`FENCE_TRUST`,
@@ -497,11 +356,6 @@ class PartitionManager(Generic[LeaseT]):
             with self.lock:
                 raise self.lost(Fenced(f"fence at {current}, epoch {self.fence.epoch} here"))
         self.confirmed(started)
-
-    def lost(self, exc: Exception) -> PartitionUnavailable:
-        log.warning("%s/%s: giving up ownership: %s", self.queue, self.index, exc)
-        self.closed = True
-        return PartitionUnavailable(f"{self.queue}/{self.index} changed owner; retry")
 
     # --- enqueue: Writer ----------------------------------------------------------------------
     def enqueue(self, messages: Sequence[StoredMessage]) -> list[str]:
@@ -559,7 +413,7 @@ class PartitionManager(Generic[LeaseT]):
                         mid = c.ready.popleft()
                     else:
                         break
-                    if self._is_live(c, mid) and mid not in c.redelivery and mid not in c.not_due:
+                    if self.is_live(c, mid) and mid not in c.redelivery and mid not in c.not_due:
                         delivery = self._deliver_first(c, mid, deadline)
                         if delivery is not None:
                             out.append(delivery)
@@ -583,7 +437,7 @@ class PartitionManager(Generic[LeaseT]):
         """Deliver again a message whose visibility ran out (into ``out``), set it aside for the
         dead-letter queue, or, in a batch of its group, give it back to its group (True). Lock
         held."""
-        if not self._is_live(c, mid):
+        if not self.is_live(c, mid):
             c.redelivery.remove(mid)
             return False
         entry = c.redelivery.get(mid)
@@ -627,7 +481,7 @@ class PartitionManager(Generic[LeaseT]):
         group = c.group_of.get(head)
         if group is None or c.group_busy.get(group) != head:
             return []
-        if not self._is_live(c, head) or head in c.redelivery or head in c.not_due:
+        if not self.is_live(c, head) or head in c.redelivery or head in c.not_due:
             return []
         del c.group_busy[group]
         pending = c.groups[group]
@@ -638,9 +492,9 @@ class PartitionManager(Generic[LeaseT]):
         for _, mid in pending.islice(start):
             if len(out) >= room:
                 break
-            if mid in c.redelivery or mid in c.not_due or (mid != head and self._waits_for_scan(mid)):
+            if mid in c.redelivery or mid in c.not_due or (mid != head and self.waits_for_scan(mid)):
                 break
-            if not self._is_live(c, mid):
+            if not self.is_live(c, mid):
                 continue
             batch.add(mid)
             delivery = self._deliver_first(c, mid, deadline)
@@ -656,7 +510,7 @@ class PartitionManager(Generic[LeaseT]):
         for mid, count in counts:
             parsed = parse_message_id(mid)
             if parsed is not None:
-                items.append((self._receives_key(c, parsed), str(count).encode()))
+                items.append((self.receives_key(c, parsed), str(count).encode()))
         try:
             self.store.put_many(items, fence=self.fence)
         except KVError as exc:
@@ -689,10 +543,6 @@ class PartitionManager(Generic[LeaseT]):
         receipt = new_receipt()
         c.redelivery.add(mid, deadline, receipt, count)
         return Delivery(mid, receipt, count)
-
-    def _is_live(self, c: Cursor, mid: str) -> bool:
-        block_id, idx = block_and_index(mid)
-        return c.holds(self.blocks, block_id, idx)
 
     def load_bodies(self, deliveries: list[Delivery], sub: str | None = None) -> list[Delivery]:
         """Attach the stored messages (cache, else one batched read; a stub's from the archive);
@@ -754,7 +604,7 @@ class PartitionManager(Generic[LeaseT]):
                     c.receives[d.id] = d.receive_count - 1
                 else:
                     c.receives.pop(d.id, None)
-                if not self._is_live(c, d.id):
+                if not self.is_live(c, d.id):
                     continue
                 group = c.group_of.get(d.id)
                 if group is not None:
@@ -834,7 +684,7 @@ class PartitionManager(Generic[LeaseT]):
         c = self.cursor(sub)
         if not c.shared:
             return self._delete_by_subscription(c, items, journal)
-        counts = [self._receives_key(c, m) for m in items if str(m) in c.receives]
+        counts = [self.receives_key(c, m) for m in items if str(m) in c.receives]
         try:
             if journal and self.archive != "none":
                 entries = archive_journal.on_ack(
@@ -868,10 +718,10 @@ class PartitionManager(Generic[LeaseT]):
                     )
                     self.store.put_many(entries, fence=self.fence)
                 if shared:
-                    self.store.put_many([(self._ack_key(c, m), b"1") for m in shared], fence=self.fence)
+                    self.store.put_many([(self.ack_key(c, m), b"1") for m in shared], fence=self.fence)
                 if last:
                     self._delete_stored([str(m) for m in last])
-                counts = [self._receives_key(c, m) for m in held if str(m) in c.receives]
+                counts = [self.receives_key(c, m) for m in held if str(m) in c.receives]
                 if counts:
                     self.store.delete_many(counts, fence=self.fence)
             except Fenced as exc:
@@ -892,24 +742,9 @@ class PartitionManager(Generic[LeaseT]):
                 parsed = parse_message_id(mid)
                 if parsed is not None:
                     for o in self.readers:
-                        keys.append(self._ack_key(o, parsed))
-                        keys.append(self._receives_key(o, parsed))
+                        keys.append(self.ack_key(o, parsed))
+                        keys.append(self.receives_key(o, parsed))
         self.store.delete_many(keys, fence=self.fence)
-
-    def drop_stored(self, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> None:
-        """Memory of messages no longer stored (block live sets, cache). Lock held. ``where``:
-        each one's ``(block id, index)``, when the caller has them already."""
-        self.cache.discard_many(mids)
-        for block_id, idx in where if where is not None else map(block_and_index, mids):
-            state = self.blocks.get(block_id)
-            if state is not None:
-                state.live.discard(idx)
-                state.archived.discard(idx)
-
-    def stored(self, mid: str) -> bool:
-        block_id, idx = block_and_index(mid)
-        state = self.blocks.get(block_id)
-        return state is not None and idx in state.live
 
     def remove_everywhere(self, mids: Sequence[str]) -> None:
         """Delete messages that no cursor needs, and forget them everywhere. Lock held."""
@@ -981,16 +816,6 @@ class PartitionManager(Generic[LeaseT]):
         """Delete fully acknowledged blocks from the front of the allocation order. Lock held."""
         self.retention.prune()
 
-    def held(self, mid: str) -> bool:
-        """Some cursor still holds ``mid``. Lock held."""
-        return any(self._is_live(c, mid) for c in self.readers)
-
-    def is_stub(self, mid: str) -> bool:
-        """``mid``'s stored record is a stub: its body is in the archive only. Lock held."""
-        block_id, idx = block_and_index(mid)
-        state = self.blocks.get(block_id)
-        return state is not None and idx in state.archived
-
     def mark_stubs(self, mids: Sequence[str]) -> None:
         """``mids``' stored records were replaced by stubs (their bodies are in the archive
         only): no longer kept in the cache. Lock held."""
@@ -998,27 +823,6 @@ class PartitionManager(Generic[LeaseT]):
             block_id, idx = block_and_index(mid)
             self.blocks[block_id].archived.add(idx)
             self.cache.discard(mid)
-
-    def records(self, mids: Sequence[str]) -> dict[str, StoredMessage]:
-        """The stored records of ``mids`` (cache, else one batched read; stubs too); gone ones
-        left out."""
-        out: dict[str, StoredMessage] = {}
-        missing = []
-        for mid in mids:
-            cached = self.cache.get(mid)
-            if cached is not None:
-                out[mid] = cached
-            else:
-                missing.append(mid)
-        if missing:
-            try:
-                raws = self.store.get_many(missing)
-            except KVError as exc:
-                raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
-            for mid, raw in zip(missing, raws):
-                if raw is not None:
-                    out[mid] = StoredMessage.from_bytes(raw)
-        return out
 
     def ack(self, items: Sequence[tuple[MessageId, str | None]], sub: str = "", *, unexpired: bool = False) -> int:
         """Check receipts (``unexpired``: :meth:`check_receipts`), delete, settle: a whole ack
@@ -1055,7 +859,7 @@ class PartitionManager(Generic[LeaseT]):
         c = self.cursor(sub)
         key = str(mid)
         entry = c.redelivery.get(key)
-        if entry is None or not self._is_live(c, key):
+        if entry is None or not self.is_live(c, key):
             raise ReceiptMismatch(key, "not in flight (never delivered, or already acknowledged)")
         if receipt is not None and entry.receipt != receipt:
             raise ReceiptMismatch(key, "the receipt is from an earlier delivery")
@@ -1138,7 +942,7 @@ class PartitionManager(Generic[LeaseT]):
                 return None
             block = state.block
             head = self.tree.head
-            used = self.writer.next_index if head is not None and head.id == block_id else block.size
+            used = self.next_index if head is not None and head.id == block_id else block.size
             now, wall = monotonic(), self.wall()
             messages: list[BlockMessage] = []
             dead = {c.name: {mid for mid, _ in c.dead} for c in self.readers if c.dead}

@@ -25,7 +25,7 @@ from queues.errors import PartitionUnavailable
 from queues.kv.base import Fence, Fenced, KeyValueStore, KVError
 
 if TYPE_CHECKING:
-    from queues.engine.partition import Delivery
+    from queues.engine.cursor import Delivery
     from queues.engine.ports import Counters
 
 log = logging.getLogger(__name__)

@@ -38,8 +38,6 @@ class Writer:
     def __init__(self, manager: PartitionManager[Lease], clock: Callable[[], float]):
         self.m = manager
         self.clock = clock
-        #: the next free index of the head block.
-        self.next_index = 0
         #: new messages may go into the head block. Not at first: the head found at open was
         #: an earlier owner's, which may have used any of its positions and can write no more
         #: (fenced), so this owner's messages go into a fresh block.
@@ -64,7 +62,7 @@ class Writer:
             positions: list[tuple[Block, int]] = []
             checkpoint = m.tree.checkpoint()
             head = m.tree.head
-            next_index = self.next_index
+            next_index = m.next_index
             writable = self.head_writable
             now = self.clock()
             since = self.head_since
@@ -112,7 +110,7 @@ class Writer:
                     m.closed = True
                     raise
                 self._adopt_blocks(new_blocks)
-            self.head_writable, self.next_index = True, next_index
+            self.head_writable, m.next_index = True, next_index
             if new_blocks:
                 self.head_since = now
             states = [m.blocks[b.id] for b, _ in positions]
