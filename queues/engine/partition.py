@@ -36,15 +36,12 @@ row, the counters) comes in as the protocols of ``queues.engine.ports``.
 
 from __future__ import annotations
 
-import heapq
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict
-
-from sortedcontainers import SortedList
 
 from queues import tracing
 from queues.engine import archive_journal, keys, topic_retention
@@ -53,6 +50,7 @@ from queues.engine.body_cache import BodyCache
 from queues.engine.cursor import Cursor, Delivery, SubscriptionSpec
 from queues.engine.ids import MessageId, StoredMessage, new_receipt, parse_message_id
 from queues.engine.keys import block_and_index
+from queues.engine.ordering import Ordering
 from queues.engine.ports import NO_COUNTERS, Counters, LeaseRow
 from queues.engine.redelivery import RedeliveryIndex
 from queues.engine.retention import Retention
@@ -220,6 +218,7 @@ class PartitionManager(PartitionState[LeaseT]):
             archive_sink=archive_sink,
             archive_source=archive_source,
         )
+        self.ordering = Ordering(self)
         self.takeover = Takeover(self, _monotonic)
         self.writer = Writer(self, _monotonic)
         self.retention = Retention(self)
@@ -273,72 +272,20 @@ class PartitionManager(PartitionState[LeaseT]):
         """Reach the oldest live block and the saved receive counts: dequeues may start."""
         self.takeover.open_oldest()
 
-    # --- routing ------------------------------------------------------------------------------
+    # --- delivery order: Ordering -------------------------------------------------------------
     def route_new(self, mid: str, block: Block, i: int, message: StoredMessage, *, scanned: bool) -> bool:
-        """Give a stored message to every cursor that should read it. Lock held. True if any took it."""
-        taken = False
-        for c in self.readers:
-            if not c.shared:
-                if mid in c.acked or (c.starts_at is not None and message.enqueued_at < c.starts_at):
-                    continue
-                if message.subscription is not None and message.subscription != c.name:
-                    continue  # a redriven dead letter: only its subscription reads it again
-                c.live.setdefault(block.id, set()).add(i)
-            self._route(c, mid, (block.ordinal, i), message, scanned=scanned)
-            taken = True
-        return taken
-
-    def _route(self, c: Cursor, mid: str, pos: tuple[int, int], message: StoredMessage, *, scanned: bool) -> None:
-        """Put a stored, undelivered message where its turn will come in ``c``. Lock held."""
-        if message.not_before is not None and message.not_before > self.wall():
-            heapq.heappush(c.delayed, (message.not_before, mid))
-            c.not_due.add(mid)
-        if message.group is not None:
-            c.group_of[mid] = message.group
-            c.groups.setdefault(message.group, SortedList()).add((pos, mid))
-            self.unblock_group(c, message.group)
-            return
-        if mid in c.not_due:
-            return
-        (c.scanned_ready if scanned else c.ready).append(mid)
+        """Give a stored message to every cursor that should read it (see :class:`Ordering
+        <queues.engine.ordering.Ordering>`). Lock held. True if any took it."""
+        return self.ordering.route_new(mid, block, i, message, scanned=scanned)
 
     def unblock_group(self, c: Cursor, group: str, *, front: bool = False) -> bool:
-        """Let the group's head be delivered if the group has nothing out. Lock held. True if
-        it did (``front``: ahead of the other groups' heads whose turn came).
+        """Let the group's head be delivered if the group has nothing out. Lock held."""
+        return self.ordering.unblock_group(c, group, front=front)
 
-        The head is the group's oldest live message. A message this manager enqueued waits
-        while blocks found at open are still unscanned: one of them may hold an older message
-        of the same group.
-        """
-        if group in c.group_busy or group in c.group_out:
-            return False
-        pending = c.groups.get(group)
-        if not pending:
-            c.groups.pop(group, None)
-            return False
-        (_ordinal, _), head = pending[0]
-        if head in c.not_due or self.waits_for_scan(head):
-            return False
-        c.group_busy[group] = head
-        if front:
-            c.unblocked.appendleft(head)
-        else:
-            c.unblocked.append(head)
-        return True
-
-    def _unblock_due(self, c: Cursor) -> None:
-        """Messages whose delay (not_before) has passed become deliverable. Lock held."""
-        now = self.wall()
-        while c.delayed and c.delayed[0][0] <= now:
-            _, mid = heapq.heappop(c.delayed)
-            if mid not in c.not_due:
-                continue
-            c.not_due.discard(mid)
-            group = c.group_of.get(mid)
-            if group is not None:
-                self.unblock_group(c, group)
-            elif self.is_live(c, mid):
-                c.ready.append(mid)
+    def forget(self, c: Cursor, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> bool:
+        """Drop removed messages from a cursor. Lock held. True if a group's next message
+        became deliverable."""
+        return self.ordering.forget(c, mids, where)
 
     def _check_fence(self) -> None:
         """Before delivering: unless the store confirmed the epoch within :data:`FENCE_TRUST`,
@@ -391,7 +338,7 @@ class PartitionManager(PartitionState[LeaseT]):
                     if mid not in seen:
                         seen.add(mid)
                         returned = self._redeliver(c, mid, deadline, out, counts) or returned
-            self._unblock_due(c)
+            self.ordering.unblock_due(c)
             scans = 0
             try:
                 while len(out) < max_messages:
@@ -458,7 +405,7 @@ class PartitionManager(PartitionState[LeaseT]):
             batch.discard(mid)
             if not batch:
                 del c.group_out[group]
-                self.unblock_group(c, group, front=True)
+                self.ordering.unblock_group(c, group, front=True)
             return True
         receipt = new_receipt()
         count = entry.receive_count + 1
@@ -582,7 +529,7 @@ class PartitionManager(PartitionState[LeaseT]):
             # gone, a purge): forget it rather than keep it in flight for ever.
             with self.lock:
                 for c in self.readers:
-                    self.forget(c, vanished)
+                    self.ordering.forget(c, vanished)
                 self.drop_stored(vanished)
         return [d for d in deliveries if d.message is not None]
 
@@ -620,7 +567,7 @@ class PartitionManager(PartitionState[LeaseT]):
                 state = self.blocks.get(block_and_index(d.id)[0])
                 (c.scanned_ready if state is not None and state.scanned else c.ready).appendleft(d.id)
             for group in freed:
-                self.unblock_group(c, group, front=True)
+                self.ordering.unblock_group(c, group, front=True)
         self.on_change()
 
     # --- ack and visibility -------------------------------------------------------------------
@@ -753,7 +700,7 @@ class PartitionManager(PartitionState[LeaseT]):
         except Fenced as exc:
             raise self.lost(exc) from exc
         for c in self.readers:
-            self.forget(c, mids)
+            self.ordering.forget(c, mids)
         self.drop_stored(mids)
 
     def settle_acked(self, items: Sequence[MessageId], removed: int, sub: str = "", *, ack: bool = True) -> None:
@@ -762,7 +709,7 @@ class PartitionManager(PartitionState[LeaseT]):
         c = self.cursor(sub)
         mids = [str(m) for m in items]
         where = [(m.block, m.index) for m in items]  # parsed already: not again per use
-        woke = self.forget(c, mids, where)
+        woke = self.ordering.forget(c, mids, where)
         if c.shared:
             self.drop_stored(mids, where)
         c.acked_total += removed
@@ -771,40 +718,6 @@ class PartitionManager(PartitionState[LeaseT]):
         self.prune()
         if woke:
             self.on_change()  # a group's next message may go: wake the long polls
-
-    def forget(self, c: Cursor, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> bool:
-        """Drop acknowledged (or dead-lettered, or expired) messages from a cursor. Lock held.
-        ``where``: each one's ``(block id, index)``, when the caller has them already. True if
-        a group's next message became deliverable."""
-        freed: set[str] = set()
-        c.redelivery.remove_many(mids)
-        for key, (block_id, idx) in zip(mids, where if where is not None else map(block_and_index, mids)):
-            c.receives.pop(key, None)
-            c.not_due.discard(key)
-            if not c.shared:
-                live = c.live.get(block_id)
-                if live is not None:
-                    live.discard(idx)
-                    if not live:
-                        del c.live[block_id]
-            group = c.group_of.pop(key, None)
-            if group is not None:
-                pending = c.groups.get(group)
-                state = self.blocks.get(block_id)
-                if pending is not None and state is not None:
-                    pending.discard(((state.block.ordinal, idx), key))
-                if c.group_busy.get(group) == key:
-                    del c.group_busy[group]
-                batch = c.group_out.get(group)
-                if batch is not None:
-                    batch.discard(key)
-                    if not batch:
-                        del c.group_out[group]
-                freed.add(group)
-        woke = False
-        for group in freed:
-            woke = self.unblock_group(c, group) or woke
-        return woke
 
     # --- retention: Retention -----------------------------------------------------------------
     def expire(self, cutoff: float) -> int:

@@ -1,16 +1,28 @@
-"""What the partition engine needs from the runtime that hosts it.
+"""The partition engine's ports: what it needs from the runtime that hosts it, and what each of
+its collaborators may touch of a partition's state.
 
 The engine (``queues.engine.partition`` and the modules it is built from) holds a partition in the
 memory of its owner and writes the key-value store. What makes it the owner, and what it reports
 to, belong to the cluster runtime (``queues.cluster.node``, ``queues.cluster.leases``, ``queues.metrics``), which
-passes them in as these protocols: the engine imports nothing of the runtime, nor Django.
+passes them in as the first protocols here: the engine imports nothing of the runtime, nor Django.
+
+Inside the engine, the partition's state (``queues.engine.state``) is one object, and each
+collaborator (the writer, the takeover, delivery, acks, retention, the figures) sees it only as
+the protocol below named for it, and its fellow collaborators only as the one or two methods it
+calls of them. The manager (``queues.engine.partition``) wires them together; no collaborator
+imports another.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
+
+from queues.engine.blocks import BlockState
+from queues.engine.cursor import Cursor
+from queues.engine.ids import StoredMessage
+from queues.engine.tree import Block
 
 
 class Lease(Protocol):
@@ -114,3 +126,32 @@ class NoCounters:
 
 
 NO_COUNTERS = NoCounters()
+
+
+# --- the partition's state, as each collaborator sees it ------------------------------------
+# ``queues.engine.state.PartitionState`` holds one leased partition's memory; each collaborator
+# of ``queues.engine.partition.PartitionManager`` is given it as one of the protocols below,
+# which name all it may touch (read-only ones as properties). Methods that say "Lock held"
+# expect the state's ``lock`` held.
+
+
+class OrderingState(Protocol):
+    """What :class:`~queues.engine.ordering.Ordering` touches: the cursors and the blocks."""
+
+    @property
+    def readers(self) -> list[Cursor]: ...
+    @property
+    def blocks(self) -> dict[str, BlockState]: ...
+    @property
+    def wall(self) -> Callable[[], float]: ...
+    def is_live(self, c: Cursor, mid: str) -> bool: ...
+    def waits_for_scan(self, mid: str) -> bool: ...
+
+
+class Routes(Protocol):
+    """Where a message's turn comes in each cursor (:class:`~queues.engine.ordering.Ordering`)."""
+
+    def route_new(self, mid: str, block: Block, i: int, message: StoredMessage, *, scanned: bool) -> bool: ...
+    def unblock_group(self, c: Cursor, group: str, *, front: bool = False) -> bool: ...
+    def unblock_due(self, c: Cursor) -> None: ...
+    def forget(self, c: Cursor, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> bool: ...
