@@ -48,13 +48,14 @@ from queues.engine import archive_journal, keys, topic_retention
 from queues.engine.blocks import BlockState
 from queues.engine.body_cache import BodyCache
 from queues.engine.cursor import Cursor, Delivery, SubscriptionSpec
-from queues.engine.ids import MessageId, StoredMessage, new_receipt, parse_message_id
+from queues.engine.delivery import FENCE_TRUST, Deliverer, wait_out_trust
+from queues.engine.ids import MessageId, StoredMessage, parse_message_id
 from queues.engine.keys import block_and_index
 from queues.engine.ordering import Ordering
 from queues.engine.ports import NO_COUNTERS, Counters, LeaseRow
 from queues.engine.redelivery import RedeliveryIndex
 from queues.engine.retention import Retention
-from queues.engine.state import FENCE_TRUST, LeaseT, PartitionState, wait_out_trust
+from queues.engine.state import LeaseT, PartitionState
 from queues.engine.takeover import Takeover
 from queues.engine.tree import BLOCK_SEAL_S, Block
 from queues.engine.writer import Writer
@@ -221,6 +222,7 @@ class PartitionManager(PartitionState[LeaseT]):
         self.ordering = Ordering(self)
         self.takeover = Takeover(self, _monotonic)
         self.writer = Writer(self, _monotonic)
+        self.delivery = Deliverer(self, self.ordering, self.takeover, self, _monotonic)
         self.retention = Retention(self)
 
     # --- the queue's cursor, for callers that know no subscriptions ---------------------------
@@ -287,22 +289,37 @@ class PartitionManager(PartitionState[LeaseT]):
         became deliverable."""
         return self.ordering.forget(c, mids, where)
 
-    def _check_fence(self) -> None:
-        """Before delivering: unless the store confirmed the epoch within :data:`FENCE_TRUST`,
-        read the fence; moved on (a purge, a delete, a takeover), the manager closes and
-        delivers nothing. One read per partition per FENCE_TRUST at most, none while enqueues
-        (fenced writes) keep confirming it."""
-        started = monotonic()
-        if started - self.fence_confirmed_at <= FENCE_TRUST or self.closed:
-            return  # (closed: refused by check_serving, no read)
-        try:
-            current = self.store.read_fence(self.fence.key)
-        except KVError as exc:
-            raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
-        if current != self.fence.epoch:
-            with self.lock:
-                raise self.lost(Fenced(f"fence at {current}, epoch {self.fence.epoch} here"))
-        self.confirmed(started)
+    # --- delivery: Deliverer -------------------------------------------------------------------
+    def dequeue(self, max_messages: int, visibility: float, sub: str = "") -> list[Delivery]:
+        """Up to ``max_messages`` deliveries to ``sub`` (a queue: ""): expired ones first, then
+        group heads whose turn came, then the oldest undelivered. Messages past
+        ``max_receives`` are set aside for the dead-letter queue instead (see :meth:`take_dead`
+        and :meth:`Deliverer.dequeue <queues.engine.delivery.Deliverer.dequeue>`)."""
+        return self.delivery.dequeue(max_messages, visibility, sub)
+
+    def take_dead(self, sub: str = "") -> list[tuple[str, int]]:
+        """Messages set aside for the dead-letter queue (they stay pinned until acked)."""
+        return self.delivery.take_dead(sub)
+
+    def give_back_dead(self, mids: Sequence[str], sub: str = "") -> None:
+        """Give back messages set aside by :meth:`take_dead` whose move failed: their
+        visibility runs out now, and the next dequeue sets them aside again."""
+        self.delivery.give_back_dead(mids, sub)
+
+    def load_bodies(self, deliveries: list[Delivery], sub: str | None = None) -> list[Delivery]:
+        """Attach the stored messages (cache, else one batched read; a stub's from the archive);
+        drop vanished ones. ``sub`` given, those whose body cannot be read now are given back
+        (see :meth:`Deliverer.load_bodies <queues.engine.delivery.Deliverer.load_bodies>`)."""
+        return self.delivery.load_bodies(deliveries, sub)
+
+    def give_back(self, deliveries: Sequence[Delivery], sub: str = "") -> None:
+        """Undo deliveries that never reached the client: each is deliverable again at once, in
+        its place, with the receive count it had."""
+        self.delivery.give_back(deliveries, sub)
+
+    def bodies_from_archive(self, stubs: list[Delivery]) -> None:
+        """Replace stubs by their archived records (``queues.engine.topic_retention``)."""
+        topic_retention.bodies_from_archive(self, stubs)
 
     # --- enqueue: Writer ----------------------------------------------------------------------
     def enqueue(self, messages: Sequence[StoredMessage]) -> list[str]:
@@ -313,263 +330,6 @@ class PartitionManager(PartitionState[LeaseT]):
         return self.writer.enqueue(messages)
 
     # --- dequeue ------------------------------------------------------------------------------
-    def dequeue(self, max_messages: int, visibility: float, sub: str = "") -> list[Delivery]:
-        """Up to ``max_messages`` deliveries to ``sub`` (a queue: ""): expired ones first, then
-        group heads whose turn came, then the oldest undelivered. Messages past
-        ``max_receives`` are set aside for the dead-letter queue instead (see :meth:`take_dead`)."""
-        out: list[Delivery] = []
-        counts: list[tuple[str, int]] = []
-        self._check_fence()
-        with self.lock:
-            self.check_serving()
-            c = self.cursor(sub)
-            if not self.dequeue_ready:
-                return out
-            now = monotonic()
-            deadline = now + visibility
-            # A batch's message whose visibility ran out goes back to its group, not into
-            # ``out``: then another pass lists more, skipping those seen (one delivered again
-            # with a visibility of 0 is listed again).
-            seen: set[str] = set()
-            returned = True
-            while returned and len(out) < max_messages:
-                returned = False
-                for mid in c.redelivery.expired(now, max_messages - len(out) + len(seen)):
-                    if mid not in seen:
-                        seen.add(mid)
-                        returned = self._redeliver(c, mid, deadline, out, counts) or returned
-            self.ordering.unblock_due(c)
-            scans = 0
-            try:
-                while len(out) < max_messages:
-                    if c.unblocked:
-                        mid = c.unblocked.popleft()
-                        if c.group_batch:
-                            for batched in self._deliver_batch(c, mid, deadline, max_messages - len(out)):
-                                out.append(batched)
-                                if batched.receive_count > 1:
-                                    counts.append((batched.id, batched.receive_count))
-                            continue
-                    elif c.scanned_ready:
-                        mid = c.scanned_ready.popleft()
-                    elif self.unscanned is not None and scans < 8:
-                        scans += 1
-                        self.takeover.scan()
-                        continue
-                    elif c.ready:
-                        mid = c.ready.popleft()
-                    else:
-                        break
-                    if self.is_live(c, mid) and mid not in c.redelivery and mid not in c.not_due:
-                        delivery = self._deliver_first(c, mid, deadline)
-                        if delivery is not None:
-                            out.append(delivery)
-                            if delivery.receive_count > 1:
-                                counts.append((mid, delivery.receive_count))
-            except KVError as exc:
-                # The manager is closed (see _scan): what it took is handed out by
-                # the next owner, not here.
-                raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
-            for mid, count in counts:
-                c.receives[mid] = count
-        if counts:
-            self._save_receives(c, counts)
-        if out:
-            self.counters.delivered(self.queue, sub, len(out))
-        return out
-
-    def _redeliver(
-        self, c: Cursor, mid: str, deadline: float, out: list[Delivery], counts: list[tuple[str, int]]
-    ) -> bool:
-        """Deliver again a message whose visibility ran out (into ``out``), set it aside for the
-        dead-letter queue, or, in a batch of its group, give it back to its group (True). Lock
-        held."""
-        if not self.is_live(c, mid):
-            c.redelivery.remove(mid)
-            return False
-        entry = c.redelivery.get(mid)
-        assert entry is not None  # expired() lists only entries of the index
-        if c.max_receives is not None and entry.receive_count >= c.max_receives:
-            c.redelivery.change_deadline(mid, float("inf"))  # pinned until moved
-            c.dead.append((mid, entry.receive_count))
-            return False
-        group = c.group_of.get(mid)
-        batch = c.group_out.get(group) if group is not None else None
-        if group is not None and batch is not None and mid in batch:
-            # Back in its place in the group, with the deliveries it had: the group's turn
-            # comes again once the batch's others are settled too, and it goes in order.
-            c.redelivery.remove(mid)
-            c.receives[mid] = entry.receive_count
-            c.redelivered_total += 1
-            self.counters.redelivered(self.queue, c.name)
-            batch.discard(mid)
-            if not batch:
-                del c.group_out[group]
-                self.ordering.unblock_group(c, group, front=True)
-            return True
-        receipt = new_receipt()
-        count = entry.receive_count + 1
-        c.redelivery.add(mid, deadline, receipt, count)
-        c.redelivered_total += 1
-        self.counters.redelivered(self.queue, c.name)
-        counts.append((mid, count))
-        out.append(Delivery(mid, receipt, count))
-        return False
-
-    def _deliver_batch(self, c: Cursor, head: str, deadline: float, room: int) -> list[Delivery]:
-        """The group's head whose turn came, then the group's next messages in order, up to
-        ``room``: one batch, which holds the group until each of them is settled (see
-        :attr:`Cursor.group_batch <queues.engine.cursor.Cursor.group_batch>`). Lock held.
-
-        It stops at a message that cannot go yet (delayed, in flight, or possibly preceded by
-        one in a block not scanned yet), and after one past ``max_receives``, which is set aside
-        for the dead-letter queue instead and holds the group like the others until it is
-        moved."""
-        group = c.group_of.get(head)
-        if group is None or c.group_busy.get(group) != head:
-            return []
-        if not self.is_live(c, head) or head in c.redelivery or head in c.not_due:
-            return []
-        del c.group_busy[group]
-        pending = c.groups[group]
-        block_id, idx = block_and_index(head)
-        start = pending.bisect_left(((self.blocks[block_id].block.ordinal, idx), head))
-        batch = c.group_out.setdefault(group, set())
-        out: list[Delivery] = []
-        for _, mid in pending.islice(start):
-            if len(out) >= room:
-                break
-            if mid in c.redelivery or mid in c.not_due or (mid != head and self.waits_for_scan(mid)):
-                break
-            if not self.is_live(c, mid):
-                continue
-            batch.add(mid)
-            delivery = self._deliver_first(c, mid, deadline)
-            if delivery is None:
-                break  # set aside: the next ones wait until it is moved, as after a head
-            out.append(delivery)
-        return out
-
-    def _save_receives(self, c: Cursor, counts: list[tuple[str, int]]) -> None:
-        """Persist receive counts of redeliveries. A count lost here makes it at most the
-        deliveries in flight at a crash too low; first deliveries are never written."""
-        items = []
-        for mid, count in counts:
-            parsed = parse_message_id(mid)
-            if parsed is not None:
-                items.append((self.receives_key(c, parsed), str(count).encode()))
-        try:
-            self.store.put_many(items, fence=self.fence)
-        except KVError as exc:
-            log.warning("%s/%s: receive counts not saved: %s", self.queue, self.index, exc)
-
-    def take_dead(self, sub: str = "") -> list[tuple[str, int]]:
-        """Messages set aside for the dead-letter queue (they stay pinned until acked)."""
-        with self.lock:
-            c = self.cursor(sub)
-            dead, c.dead = c.dead, []
-        return dead
-
-    def give_back_dead(self, mids: Sequence[str], sub: str = "") -> None:
-        """Give back messages set aside by :meth:`take_dead` whose move failed: their
-        visibility runs out now, and the next dequeue sets them aside again."""
-        with self.lock:
-            c = self.cursor(sub)
-            now = monotonic()
-            for mid in mids:
-                if mid in c.redelivery:
-                    c.redelivery.change_deadline(mid, now)
-
-    def _deliver_first(self, c: Cursor, mid: str, deadline: float) -> Delivery | None:
-        """First delivery by this owner; the count goes on from one saved before a takeover."""
-        count = c.receives.get(mid, 0) + 1
-        if c.max_receives is not None and count > c.max_receives:
-            c.redelivery.add(mid, float("inf"), new_receipt(), count - 1)
-            c.dead.append((mid, count - 1))
-            return None
-        receipt = new_receipt()
-        c.redelivery.add(mid, deadline, receipt, count)
-        return Delivery(mid, receipt, count)
-
-    def load_bodies(self, deliveries: list[Delivery], sub: str | None = None) -> list[Delivery]:
-        """Attach the stored messages (cache, else one batched read; a stub's from the archive);
-        drop vanished ones.
-
-        ``sub``: the cursor the deliveries were made for (a queue's is ""). Given, deliveries
-        whose body cannot be read now are given back to it (:meth:`give_back`) rather than left
-        hidden until their visibility runs out: a store failure gives back all of them and
-        raises, an archive failure only the stubs, and the others are delivered. Without it
-        (moving dead letters), any failure raises.
-        """
-        try:
-            records = self.records([d.id for d in deliveries])
-        except PartitionUnavailable:
-            if sub is not None:
-                self.give_back(deliveries, sub)
-            raise
-        vanished, stubs = [], []
-        for d in deliveries:
-            d.message = records.get(d.id)
-            if d.message is None:
-                vanished.append(d.id)
-            elif d.message.archived:
-                stubs.append(d)
-        if stubs:
-            try:
-                topic_retention.bodies_from_archive(self, stubs)
-            except PartitionUnavailable as exc:
-                if sub is None:
-                    raise
-                log.warning("%s", exc)
-                for d in stubs:
-                    d.message = None
-                self.give_back(stubs, sub)
-        if vanished:
-            # Removed behind our back (acknowledged at a previous owner before our scan saw it
-            # gone, a purge): forget it rather than keep it in flight for ever.
-            with self.lock:
-                for c in self.readers:
-                    self.ordering.forget(c, vanished)
-                self.drop_stored(vanished)
-        return [d for d in deliveries if d.message is not None]
-
-    def give_back(self, deliveries: Sequence[Delivery], sub: str = "") -> None:
-        """Undo deliveries that never reached the client: each is deliverable again at once, in
-        its place, with the receive count it had (so a failure of ours never brings a message
-        closer to the dead-letter queue). One acknowledged or redelivered since is left alone."""
-        with self.lock:
-            c = self.cursors.get(sub)
-            if c is None:
-                return
-            freed: list[str] = []
-            for d in reversed(deliveries):  # each goes to the front: keep their order
-                entry = c.redelivery.get(d.id)
-                if entry is None or entry.receipt != d.receipt:
-                    continue
-                c.redelivery.remove(d.id)
-                if d.receive_count > 1:
-                    c.receives[d.id] = d.receive_count - 1
-                else:
-                    c.receives.pop(d.id, None)
-                if not self.is_live(c, d.id):
-                    continue
-                group = c.group_of.get(d.id)
-                if group is not None:
-                    batch = c.group_out.get(group)
-                    if batch is not None and d.id in batch:  # back in its place in the group
-                        batch.discard(d.id)
-                        if not batch:
-                            del c.group_out[group]
-                            freed.append(group)
-                    elif c.group_busy.get(group) == d.id:  # still the group's turn
-                        c.unblocked.appendleft(d.id)
-                    continue
-                state = self.blocks.get(block_and_index(d.id)[0])
-                (c.scanned_ready if state is not None and state.scanned else c.ready).appendleft(d.id)
-            for group in freed:
-                self.ordering.unblock_group(c, group, front=True)
-        self.on_change()
-
     # --- ack and visibility -------------------------------------------------------------------
     def check_receipts(
         self, items: Sequence[tuple[MessageId, str | None]], sub: str = "", *, unexpired: bool = False

@@ -43,26 +43,6 @@ log = logging.getLogger(__name__)
 #: back from its managers.
 LeaseT = TypeVar("LeaseT", bound=Lease, covariant=True)
 
-#: Seconds a manager delivers on the word of the store's last confirmation that its epoch is
-#: still the partition's (its fence read, or a fenced write that went through): past that, a
-#: dequeue reads the fence first. Fences alone stop only writes, and a first delivery writes
-#: nothing (the ID from memory, the body from the node's cache), so a manager that was not told
-#: of a purge or a delete (its owner field already cleared by a purge, the call to it failed,
-#: it was still opening) went on delivering what they removed until its next pass. A purge or
-#: delete moves the fences, then answers no sooner than this after (:func:`wait_out_trust`):
-#: a dequeue made after the answer finds the confirmation too old, reads the moved fence and
-#: delivers nothing of the old epoch (or incarnation), on whichever node it lands.
-FENCE_TRUST = 0.2
-
-
-def wait_out_trust(fenced_at: float) -> None:
-    """Return once :data:`FENCE_TRUST` has passed since ``fenced_at`` (``time.monotonic()``
-    taken after a purge or delete moved fences): from then on no manager of an older epoch
-    delivers without reading its fence first."""
-    left = fenced_at + FENCE_TRUST - time.monotonic()
-    if left > 0:
-        time.sleep(left)
-
 
 class PartitionState(Generic[LeaseT]):
     """The memory of one leased partition (see the module's text). Built for a lease just
