@@ -44,12 +44,13 @@ from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict
 
 from queues import tracing
-from queues.engine import archive_journal, keys, topic_retention
+from queues.engine import keys, topic_retention
+from queues.engine.acks import Acks
 from queues.engine.blocks import BlockState
 from queues.engine.body_cache import BodyCache
 from queues.engine.cursor import Cursor, Delivery, SubscriptionSpec
 from queues.engine.delivery import FENCE_TRUST, Deliverer, wait_out_trust
-from queues.engine.ids import MessageId, StoredMessage, parse_message_id
+from queues.engine.ids import MessageId, StoredMessage
 from queues.engine.keys import block_and_index
 from queues.engine.ordering import Ordering
 from queues.engine.ports import NO_COUNTERS, Counters, LeaseRow
@@ -60,7 +61,7 @@ from queues.engine.takeover import Takeover
 from queues.engine.tree import BLOCK_SEAL_S, Block
 from queues.engine.writer import Writer
 from queues.errors import NotServedHere, PartitionUnavailable, ReceiptMismatch
-from queues.kv.base import Fenced, KeyValueStore, KVError
+from queues.kv.base import KeyValueStore
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +221,7 @@ class PartitionManager(PartitionState[LeaseT]):
             archive_source=archive_source,
         )
         self.ordering = Ordering(self)
+        self.acks = Acks(self, self.ordering, self, _monotonic)
         self.takeover = Takeover(self, _monotonic)
         self.writer = Writer(self, _monotonic)
         self.delivery = Deliverer(self, self.ordering, self.takeover, self, _monotonic)
@@ -331,153 +333,53 @@ class PartitionManager(PartitionState[LeaseT]):
 
     # --- dequeue ------------------------------------------------------------------------------
     # --- ack and visibility -------------------------------------------------------------------
+    # --- acks and removals: Acks --------------------------------------------------------------
+    def ack(self, items: Sequence[tuple[MessageId, str | None]], sub: str = "", *, unexpired: bool = False) -> int:
+        """Check receipts (``unexpired``: :meth:`check_receipts`), delete, settle: a whole ack
+        on this partition alone (journaled for the archive). Returns how many were still held."""
+        return self.acks.ack(items, sub, unexpired=unexpired)
+
+    def remove_dead_lettered(self, items: Sequence[MessageId], sub: str = "") -> int:
+        """Remove messages that were moved to the dead-letter queue: like an ack without
+        receipts, but not journaled (a dead letter is not acknowledged, so not archived)."""
+        return self.acks.remove_dead_lettered(items, sub)
+
     def check_receipts(
         self, items: Sequence[tuple[MessageId, str | None]], sub: str = "", *, unexpired: bool = False
     ) -> None:
-        """Raise :class:`ReceiptMismatch` for the first item whose receipt is not current. With
-        ``unexpired``, a receipt whose visibility timeout ran out is not current either, though
-        nobody received the message since. Lock held."""
-        c = self.cursor(sub)
-        now = monotonic()
-        for mid, receipt in items:
-            if receipt is None:
-                continue
-            entry = c.redelivery.get(str(mid))
-            if entry is None:
-                raise ReceiptMismatch(str(mid), "not in flight (never delivered, or already acknowledged)")
-            if entry.receipt != receipt:
-                raise ReceiptMismatch(str(mid), "the receipt is from an earlier delivery")
-            if unexpired and entry.deadline <= now:
-                raise ReceiptMismatch(str(mid), "the receipt expired: its visibility timeout ran out")
+        """Raise :class:`ReceiptMismatch` for the first item whose receipt is not current
+        (``unexpired``: nor one whose visibility timeout ran out). Lock held."""
+        self.acks.check_receipts(items, sub, unexpired=unexpired)
 
     def pin_for_ack(self, items: Sequence[MessageId], sub: str = "") -> dict[str, float]:
-        """Hold the in-flight ones back from redelivery while their delete runs. Lock held.
-
-        Returns their deadlines, for :meth:`unpin` if the delete fails.
-        """
-        redelivery = self.cursor(sub).redelivery
-        pinned = {}
-        for mid in items:
-            key = str(mid)
-            if key not in pinned:
-                deadline = redelivery.pin(key)
-                if deadline is not None:
-                    pinned[key] = deadline
-        return pinned
+        """Hold the in-flight ones back from redelivery while their delete runs; their
+        deadlines, for :meth:`unpin`. Lock held."""
+        return self.acks.pin_for_ack(items, sub)
 
     def unpin(self, pinned: dict[str, float], sub: str = "") -> None:
         """Give back the deadlines taken by :meth:`pin_for_ack`. Lock held."""
-        c = self.cursor(sub)
-        for key, deadline in pinned.items():
-            if key in c.redelivery:
-                c.redelivery.change_deadline(key, deadline)
+        self.acks.unpin(pinned, sub)
 
     def delete_acked(self, items: Sequence[MessageId], sub: str = "") -> int:
-        """The store half of an ack: journaled for the archive (if the queue archives), then
-        deleted. Returns how many were still held (a queue: stored). See :meth:`_delete`."""
-        return self.delete(items, journal=True, sub=sub)
+        """The store half of an ack (journaled); how many were still held. Lock not held."""
+        return self.acks.delete_acked(items, sub)
 
     def delete(self, items: Sequence[MessageId], *, journal: bool, sub: str = "") -> int:
-        """Delete messages ``sub`` holds. ``journal``: it is an ack, which the archive journal
-        records; removals that are no ack (retention, a move to the dead-letter queue) are not
-        archived.
+        """Delete messages ``sub`` holds (see :meth:`Acks.delete <queues.engine.acks.Acks.delete>`)."""
+        return self.acks.delete(items, journal=journal, sub=sub)
 
-        A queue's runs without the lock. A subscription's decides, under the lock, whether
-        another subscription still holds each message: then only its marker is written, else
-        the message goes (with the others' markers). The lock is held across those writes, so
-        two subscriptions acking one message cannot both leave it to the other; a failure
-        closes the manager, which the node reopens from the store.
-        """
-        c = self.cursor(sub)
-        if not c.shared:
-            return self._delete_by_subscription(c, items, journal)
-        counts = [self.receives_key(c, m) for m in items if str(m) in c.receives]
-        try:
-            if journal and self.archive != "none":
-                entries = archive_journal.on_ack(
-                    self.store, self.cache, self.queue, self.index, self.archive, items, self.wall()
-                )
-                self.store.put_many(entries, fence=self.fence)
-            # Fenced like every write: a stale owner's delete would leave the new owner holding a
-            # live message that is gone (in flight for ever, its group blocked).
-            removed = self.store.delete_many([str(m) for m in items], fence=self.fence)
-            if counts:
-                self.store.delete_many(counts, fence=self.fence)
-            return removed
-        except Fenced as exc:
-            raise self.lost(exc) from exc
-        except KVError as exc:
-            raise PartitionUnavailable(f"{self.queue}/{self.index}: store delete failed: {exc}") from exc
-
-    def _delete_by_subscription(self, c: Cursor, items: Sequence[MessageId], journal: bool) -> int:
-        with self.lock:
-            self.check_serving()
-            held = [m for m in items if c.holds(self.blocks, m.block, m.index)]
-            last: list[MessageId] = []
-            shared: list[MessageId] = []
-            for m in held:
-                others = any(o is not c and o.holds(self.blocks, m.block, m.index) for o in self.readers)
-                (shared if others else last).append(m)
-            try:
-                if journal and last and self.archive != "none":
-                    entries = archive_journal.on_ack(
-                        self.store, self.cache, self.queue, self.index, self.archive, last, self.wall()
-                    )
-                    self.store.put_many(entries, fence=self.fence)
-                if shared:
-                    self.store.put_many([(self.ack_key(c, m), b"1") for m in shared], fence=self.fence)
-                if last:
-                    self._delete_stored([str(m) for m in last])
-                counts = [self.receives_key(c, m) for m in held if str(m) in c.receives]
-                if counts:
-                    self.store.delete_many(counts, fence=self.fence)
-            except Fenced as exc:
-                raise self.lost(exc) from exc
-            except KVError as exc:
-                self.closed = True  # memory and store may disagree now: reopen from the store
-                raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
-            for m in held:
-                c.live.get(m.block, set()).discard(m.index)
-            self.drop_stored([str(m) for m in last])
-            return len(held)
-
-    def _delete_stored(self, mids: Sequence[str]) -> None:
-        """Delete messages from the store with every subscription's marker and count. Lock held."""
-        keys = list(mids)
-        if self.is_topic:
-            for mid in mids:
-                parsed = parse_message_id(mid)
-                if parsed is not None:
-                    for o in self.readers:
-                        keys.append(self.ack_key(o, parsed))
-                        keys.append(self.receives_key(o, parsed))
-        self.store.delete_many(keys, fence=self.fence)
+    def settle_acked(self, items: Sequence[MessageId], removed: int, sub: str = "", *, ack: bool = True) -> None:
+        """The memory half of an ack, after the delete. Lock held."""
+        self.acks.settle_acked(items, removed, sub, ack=ack)
 
     def remove_everywhere(self, mids: Sequence[str]) -> None:
         """Delete messages that no cursor needs, and forget them everywhere. Lock held."""
-        try:
-            self._delete_stored(mids)
-        except Fenced as exc:
-            raise self.lost(exc) from exc
-        for c in self.readers:
-            self.ordering.forget(c, mids)
-        self.drop_stored(mids)
+        self.acks.remove_everywhere(mids)
 
-    def settle_acked(self, items: Sequence[MessageId], removed: int, sub: str = "", *, ack: bool = True) -> None:
-        """The memory half of an ack, after the delete. Lock held. ``ack=False``: a removal
-        that is no ack (a move to the dead-letter queue), left out of ``mq_messages_acked``."""
-        c = self.cursor(sub)
-        mids = [str(m) for m in items]
-        where = [(m.block, m.index) for m in items]  # parsed already: not again per use
-        woke = self.ordering.forget(c, mids, where)
-        if c.shared:
-            self.drop_stored(mids, where)
-        c.acked_total += removed
-        if ack:
-            self.counters.acked(self.queue, sub, removed)
-        self.prune()
-        if woke:
-            self.on_change()  # a group's next message may go: wake the long polls
+    def change_visibility_locked(self, mid: MessageId, receipt: str | None, timeout: float, sub: str = "") -> int:
+        """Move the message's visibility deadline to ``timeout`` seconds from now (0: deliverable
+        at once); returns its receive count. Lock held."""
+        return self.acks.change_visibility_locked(mid, receipt, timeout, sub)
 
     # --- retention: Retention -----------------------------------------------------------------
     def expire(self, cutoff: float) -> int:
@@ -488,60 +390,6 @@ class PartitionManager(PartitionState[LeaseT]):
     def prune(self) -> None:
         """Delete fully acknowledged blocks from the front of the allocation order. Lock held."""
         self.retention.prune()
-
-    def mark_stubs(self, mids: Sequence[str]) -> None:
-        """``mids``' stored records were replaced by stubs (their bodies are in the archive
-        only): no longer kept in the cache. Lock held."""
-        for mid in mids:
-            block_id, idx = block_and_index(mid)
-            self.blocks[block_id].archived.add(idx)
-            self.cache.discard(mid)
-
-    def ack(self, items: Sequence[tuple[MessageId, str | None]], sub: str = "", *, unexpired: bool = False) -> int:
-        """Check receipts (``unexpired``: :meth:`check_receipts`), delete, settle: a whole ack
-        on this partition alone (journaled for the archive: :meth:`delete_acked`). Returns how
-        many were still held."""
-        return self._ack(items, journal=True, sub=sub, unexpired=unexpired)
-
-    def remove_dead_lettered(self, items: Sequence[MessageId], sub: str = "") -> int:
-        """Remove messages that were moved to the dead-letter queue: like an ack without
-        receipts, but not journaled (a dead letter is not acknowledged, so not archived)."""
-        return self._ack([(m, None) for m in items], journal=False, sub=sub)
-
-    def _ack(
-        self, items: Sequence[tuple[MessageId, str | None]], *, journal: bool, sub: str, unexpired: bool = False
-    ) -> int:
-        mids = [mid for mid, _ in items]
-        with self.lock:
-            self.check_serving()
-            self.check_receipts(items, sub, unexpired=unexpired)
-            pinned = self.pin_for_ack(mids, sub)
-        try:
-            removed = self.delete(mids, journal=journal, sub=sub)
-        except PartitionUnavailable:
-            with self.lock:
-                self.unpin(pinned, sub)
-            raise
-        with self.lock:
-            self.settle_acked(mids, removed, sub, ack=journal)
-        return removed
-
-    def change_visibility_locked(self, mid: MessageId, receipt: str | None, timeout: float, sub: str = "") -> int:
-        """Move the message's visibility deadline to ``timeout`` seconds from now (0: deliverable
-        at once); returns its receive count. Called with ``lock`` held."""
-        c = self.cursor(sub)
-        key = str(mid)
-        entry = c.redelivery.get(key)
-        if entry is None or not self.is_live(c, key):
-            raise ReceiptMismatch(key, "not in flight (never delivered, or already acknowledged)")
-        if receipt is not None and entry.receipt != receipt:
-            raise ReceiptMismatch(key, "the receipt is from an earlier delivery")
-        if entry.deadline == float("inf"):
-            raise ReceiptMismatch(key, "it is being acknowledged or dead-lettered")
-        c.redelivery.change_deadline(key, monotonic() + timeout)
-        if timeout == 0:
-            self.on_change()
-        return c.receives.get(key, 1)
 
     # --- figures ------------------------------------------------------------------------------
     def stats(self) -> PartitionStats:

@@ -222,6 +222,14 @@ class PartitionState(Generic[LeaseT]):
                 state.live.discard(idx)
                 state.archived.discard(idx)
 
+    def mark_stubs(self, mids: Sequence[str]) -> None:
+        """``mids``' stored records were replaced by stubs (their bodies are in the archive
+        only): no longer kept in the cache. Lock held."""
+        for mid in mids:
+            block_id, idx = block_and_index(mid)
+            self.blocks[block_id].archived.add(idx)
+            self.cache.discard(mid)
+
     def records(self, mids: Sequence[str]) -> dict[str, StoredMessage]:
         """The stored records of ``mids`` (cache, else one batched read; stubs too); gone ones
         left out. Raises PartitionUnavailable when the store cannot be read."""
