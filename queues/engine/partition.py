@@ -42,7 +42,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from queues import tracing
-from queues.engine import topic_retention
 from queues.engine.acks import Acks
 from queues.engine.blocks import BlockState
 from queues.engine.body_cache import BodyCache
@@ -60,9 +59,10 @@ from queues.engine.ids import MessageId, StoredMessage
 from queues.engine.ordering import Ordering
 from queues.engine.ports import NO_COUNTERS, Counters, LeaseRow
 from queues.engine.redelivery import RedeliveryIndex
-from queues.engine.retention import Retention
+from queues.engine.retention import Pruner, Retention
 from queues.engine.state import LeaseT, PartitionState
 from queues.engine.takeover import Takeover
+from queues.engine.topic_retention import TopicRetention
 from queues.engine.tree import BLOCK_SEAL_S, Block
 from queues.engine.writer import Writer
 from queues.errors import NotServedHere, PartitionUnavailable, ReceiptMismatch
@@ -161,13 +161,17 @@ class PartitionManager(PartitionState[LeaseT]):
             archive_sink=archive_sink,
             archive_source=archive_source,
         )
+        # The collaborators, each given the state as the protocol it may touch
+        # (``queues.engine.ports``) and the others it calls; none imports another.
         self.ordering = Ordering(self)
-        self.acks = Acks(self, self.ordering, self, _monotonic)
-        self.takeover = Takeover(self, _monotonic)
+        self.pruner = Pruner(self)
+        self.acks = Acks(self, self.ordering, self.pruner, _monotonic)
+        self.topic_retention = TopicRetention(self, self.acks, self.pruner)
+        self.retention = Retention(self, self.acks, self.ordering, self.pruner, self.topic_retention)
+        self.takeover = Takeover(self, self.ordering, self.pruner, self.acks, _monotonic)
+        self.writer = Writer(self, self.ordering, _monotonic)
+        self.delivery = Deliverer(self, self.ordering, self.takeover, self.topic_retention, _monotonic)
         self.figures = Figures(self, _monotonic)
-        self.writer = Writer(self, _monotonic)
-        self.delivery = Deliverer(self, self.ordering, self.takeover, self, _monotonic)
-        self.retention = Retention(self)
 
     # --- the queue's cursor, for callers that know no subscriptions ---------------------------
     @property
@@ -261,10 +265,6 @@ class PartitionManager(PartitionState[LeaseT]):
         its place, with the receive count it had."""
         self.delivery.give_back(deliveries, sub)
 
-    def bodies_from_archive(self, stubs: list[Delivery]) -> None:
-        """Replace stubs by their archived records (``queues.engine.topic_retention``)."""
-        topic_retention.bodies_from_archive(self, stubs)
-
     # --- enqueue: Writer ----------------------------------------------------------------------
     def enqueue(self, messages: Sequence[StoredMessage]) -> list[str]:
         """Store ``messages`` in order; their IDs once stored. All or nothing for the caller
@@ -273,8 +273,6 @@ class PartitionManager(PartitionState[LeaseT]):
             return tracing.store_span(self.writer.enqueue, self.queue, self.index, messages)
         return self.writer.enqueue(messages)
 
-    # --- dequeue ------------------------------------------------------------------------------
-    # --- ack and visibility -------------------------------------------------------------------
     # --- acks and removals: Acks --------------------------------------------------------------
     def ack(self, items: Sequence[tuple[MessageId, str | None]], sub: str = "", *, unexpired: bool = False) -> int:
         """Check receipts (``unexpired``: :meth:`check_receipts`), delete, settle: a whole ack
@@ -331,7 +329,7 @@ class PartitionManager(PartitionState[LeaseT]):
 
     def prune(self) -> None:
         """Delete fully acknowledged blocks from the front of the allocation order. Lock held."""
-        self.retention.prune()
+        self.pruner.prune()
 
     # --- figures: Figures ------------------------------------------------------------------------
     def stats(self) -> PartitionStats:

@@ -1,10 +1,11 @@
 """The partition engine's ports: what it needs from the runtime that hosts it, and what each of
 its collaborators may touch of a partition's state.
 
-The engine (``queues.engine.partition`` and the modules it is built from) holds a partition in the
-memory of its owner and writes the key-value store. What makes it the owner, and what it reports
-to, belong to the cluster runtime (``queues.cluster.node``, ``queues.cluster.leases``, ``queues.metrics``), which
-passes them in as the first protocols here: the engine imports nothing of the runtime, nor Django.
+What makes a node the owner of a partition, and what the partition reports to (the lease, the
+lease's row, the counters), belong to the cluster runtime, which passes them in as the protocols
+of ``queues.engine.host``, re-exported here (:class:`Lease`, :class:`LeaseRow`,
+:class:`Counters`, :class:`BoundRow`, :data:`NO_COUNTERS`): the engine imports nothing of the
+runtime, nor Django.
 
 Inside the engine, the partition's state (``queues.engine.state``) is one object, and each
 collaborator (the writer, the takeover, delivery, acks, retention, the figures) sees it only as
@@ -18,184 +19,180 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Protocol
+
+__all__ = [
+    "NO_COUNTERS",
+    "AcksState",
+    "BoundRow",
+    "Counters",
+    "DeliveryState",
+    "ExpiresTopic",
+    "FiguresState",
+    "Lease",
+    "LeaseRow",
+    "NoCounters",
+    "OrderingState",
+    "PrunerState",
+    "Prunes",
+    "ReadsArchive",
+    "Removes",
+    "RetentionState",
+    "Routes",
+    "Scans",
+    "TakeoverState",
+    "TopicRetentionState",
+    "WriterState",
+]
 
 from queues.engine.blocks import BlockState
 from queues.engine.body_cache import BodyCache
 from queues.engine.cursor import Cursor, Delivery
+from queues.engine.host import NO_COUNTERS, BoundRow, Counters, Lease, LeaseRow, NoCounters
 from queues.engine.ids import MessageId, StoredMessage
 from queues.engine.keys import Positioned
 from queues.engine.tree import AppendTree, Block
 from queues.errors import PartitionUnavailable
 from queues.kv.base import Fence, KeyValueStore
 
-
-class Lease(Protocol):
-    """The owner's lease on one partition (``queues.cluster.leases.Lease`` in a node)."""
-
-    queue: str
-    index: int
-    #: the epoch every store write is fenced with; moved on by :meth:`LeaseRow.move_epoch`.
-    epoch: int
-
-    def valid(self) -> bool:
-        """The owner may still act on the lease (its period, by the owner's clock, not over)."""
-        ...
-
-
-class LeaseRow(Protocol):
-    """The partition's row, as the owner under one lease changes it.
-
-    Each change is made only while the row still holds the lease's epoch; else it raises
-    :class:`~queues.errors.LeaseLost` and changes nothing.
-    """
-
-    @property
-    def outages(self) -> tuple[type[Exception], ...]:
-        """What the calls raise when the row's database is down or did not answer: an outage,
-        after which the partition serves on once the database is back (not a lost lease)."""
-        ...
-
-    def read_head(self) -> str | None:
-        """The partition's head pointer as the row holds it now (None: no block yet)."""
-        ...
-
-    def set_head(self, head_block: str) -> None:
-        """Point the partition at its newest block."""
-        ...
-
-    def move_epoch(self, epoch: int) -> None:
-        """Move the row, and the lease, on to ``epoch``."""
-        ...
-
-
-L = TypeVar("L")
-
-
-@dataclass(frozen=True)
-class BoundRow(Generic[L]):
-    """A :class:`LeaseRow` made of functions that take the lease and the owner's node ID
-    (``queues.cluster.leases.read_head``, ``set_head`` and ``move_epoch`` in a node), bound to one
-    lease and node."""
-
-    lease: L
-    node_id: str
-    read: Callable[[L], str | None]
-    write_head: Callable[[L, str, str], None]
-    write_epoch: Callable[[L, str, int], None]
-    outages: tuple[type[Exception], ...] = ()
-
-    def read_head(self) -> str | None:
-        return self.read(self.lease)
-
-    def set_head(self, head_block: str) -> None:
-        self.write_head(self.lease, self.node_id, head_block)
-
-    def move_epoch(self, epoch: int) -> None:
-        self.write_epoch(self.lease, self.node_id, epoch)
-
-
-class Counters(Protocol):
-    """Counts of the messages a partition stores, delivers and removes: the process's
-    Prometheus counters in a node (``queues.metrics.MESSAGES``). ``sub``: the subscription
-    (a queue's is "")."""
-
-    def enqueued(self, queue: str, n: int) -> None: ...
-
-    def delivered(self, queue: str, sub: str, n: int) -> None: ...
-
-    def redelivered(self, queue: str, sub: str) -> None: ...
-
-    def acked(self, queue: str, sub: str, n: int) -> None: ...
-
-    def expired(self, queue: str, n: int) -> None: ...
-
-
-class NoCounters:
-    """:class:`Counters` that count nothing (a manager outside a node: tests, benchmarks)."""
-
-    def enqueued(self, queue: str, n: int) -> None:
-        pass
-
-    def delivered(self, queue: str, sub: str, n: int) -> None:
-        pass
-
-    def redelivered(self, queue: str, sub: str) -> None:
-        pass
-
-    def acked(self, queue: str, sub: str, n: int) -> None:
-        pass
-
-    def expired(self, queue: str, n: int) -> None:
-        pass
-
-
-NO_COUNTERS = NoCounters()
-
-
 # --- the partition's state, as each collaborator sees it ------------------------------------
 # ``queues.engine.state.PartitionState`` holds one leased partition's memory; each collaborator
-# of ``queues.engine.partition.PartitionManager`` is given it as one of the protocols below,
-# which name all it may touch (read-only ones as properties). Methods that say "Lock held"
-# expect the state's ``lock`` held.
+# of ``queues.engine.partition.PartitionManager`` is given it as the protocol named for it below,
+# which lists all it may touch: a property it only reads, a plain attribute it also sets.
+# Methods that say "Lock held" (``queues.engine.state``) expect the state's ``lock`` held.
 
 
-class OrderingState(Protocol):
-    """What :class:`~queues.engine.ordering.Ordering` touches: the cursors and the blocks."""
+class Named(Protocol):
+    """The partition's queue and index (keys, message IDs, errors): every collaborator's."""
+
+    @property
+    def queue(self) -> str: ...
+    @property
+    def index(self) -> int: ...
+
+
+class Locked(Named, Protocol):
+    """The lock, and the check every call makes under it (PartitionUnavailable: closed, or
+    the lease ran out)."""
+
+    @property
+    def lock(self) -> threading.Lock: ...
+    def check_serving(self) -> None: ...
+
+
+class Writes(Named, Protocol):
+    """The store, written under the fence of the lease's epoch; a write refused by the fence
+    means another owner: ``lost`` closes the partition and gives the error to raise."""
+
+    @property
+    def store(self) -> KeyValueStore: ...
+    @property
+    def fence(self) -> Fence: ...
+    def lost(self, exc: Exception) -> PartitionUnavailable: ...
+
+
+class Holding(Protocol):
+    """The cursors (every reader's), and the live blocks whose positions they hold, by id."""
 
     @property
     def readers(self) -> list[Cursor]: ...
     @property
     def blocks(self) -> dict[str, BlockState]: ...
+
+
+class Announces(Protocol):
+    """The counters the node publishes, and the call that wakes its long polls."""
+
+    @property
+    def counters(self) -> Counters: ...
+    @property
+    def on_change(self) -> Callable[[], None]: ...
+
+
+class OrderingState(Holding, Protocol):
+    """What :class:`~queues.engine.ordering.Ordering` touches: the cursors and the blocks."""
+
     @property
     def wall(self) -> Callable[[], float]: ...
     def is_live(self, c: Cursor, mid: str) -> bool: ...
     def waits_for_scan(self, mid: str) -> bool: ...
 
 
-class Routes(Protocol):
-    """Where a message's turn comes in each cursor (:class:`~queues.engine.ordering.Ordering`)."""
-
-    def route_new(self, mid: str, block: Block, i: int, message: StoredMessage, *, scanned: bool) -> bool: ...
-    def unblock_group(self, c: Cursor, group: str, *, front: bool = False) -> bool: ...
-    def unblock_due(self, c: Cursor) -> None: ...
-    def forget(self, c: Cursor, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> bool: ...
-
-
-class DeliveryState(Protocol):
-    """What :class:`~queues.engine.delivery.Deliverer` touches."""
+class WriterState(Locked, Writes, Announces, Protocol):
+    """What :class:`~queues.engine.writer.Writer` touches."""
 
     @property
-    def queue(self) -> str: ...
+    def lease(self) -> Lease: ...
     @property
-    def index(self) -> int: ...
+    def row(self) -> LeaseRow: ...
+    @property
+    def enqueue_ready(self) -> bool: ...
+    @property
+    def cache(self) -> BodyCache: ...
+    @property
+    def archive(self) -> str: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def block_growth(self) -> int: ...
+    @property
+    def tree(self) -> AppendTree: ...
+    @property
+    def blocks(self) -> dict[str, BlockState]: ...
+    @property
+    def local_order(self) -> deque[BlockState]: ...
+
+    closed: bool
+    next_index: int
+    seq_counter: int
+    enqueued_total: int
+
+    def confirmed(self, started: float) -> None: ...
+
+
+class TakeoverState(Named, Holding, Protocol):
+    """What :class:`~queues.engine.takeover.Takeover` touches: it fills an empty state."""
+
+    @property
+    def lease(self) -> Lease: ...
+    @property
+    def row(self) -> LeaseRow: ...
     @property
     def lock(self) -> threading.Lock: ...
     @property
-    def closed(self) -> bool: ...
-    @property
     def store(self) -> KeyValueStore: ...
     @property
-    def fence(self) -> Fence: ...
+    def cache(self) -> BodyCache: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def scanned_order(self) -> deque[BlockState]: ...
+
+    closed: bool
+    enqueue_ready: bool
+    dequeue_ready: bool
+    fence: Fence
+    tree: AppendTree
+    unscanned: Iterator[Block] | None
+    seq_counter: int
+    opened_in: dict[str, float]
+
+    def confirmed(self, started: float) -> None: ...
+
+
+class DeliveryState(Locked, Writes, Holding, Announces, Protocol):
+    """What :class:`~queues.engine.delivery.Deliverer` touches."""
+
+    @property
+    def closed(self) -> bool: ...
     @property
     def fence_confirmed_at(self) -> float: ...
-    @property
-    def counters(self) -> Counters: ...
-    @property
-    def on_change(self) -> Callable[[], None]: ...
     @property
     def dequeue_ready(self) -> bool: ...
     @property
     def unscanned(self) -> Iterator[Block] | None: ...
     @property
     def cursors(self) -> dict[str, Cursor]: ...
-    @property
-    def readers(self) -> list[Cursor]: ...
-    @property
-    def blocks(self) -> dict[str, BlockState]: ...
-    def check_serving(self) -> None: ...
-    def lost(self, exc: Exception) -> PartitionUnavailable: ...
     def confirmed(self, started: float) -> None: ...
     def cursor(self, sub: str = "") -> Cursor: ...
     def is_live(self, c: Cursor, mid: str) -> bool: ...
@@ -205,34 +202,9 @@ class DeliveryState(Protocol):
     def drop_stored(self, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> None: ...
 
 
-class Scans(Protocol):
-    """Reads the next block found at open (:class:`~queues.engine.takeover.Takeover`)."""
-
-    def scan(self) -> bool: ...
-
-
-class ReadsArchive(Protocol):
-    """Reads stubs' bodies back from the archive (:class:`~queues.engine.topic_retention.TopicRetention`)."""
-
-    def bodies_from_archive(self, stubs: list[Delivery]) -> None: ...
-
-
-class AcksState(Protocol):
+class AcksState(Locked, Writes, Holding, Announces, Protocol):
     """What :class:`~queues.engine.acks.Acks` touches."""
 
-    @property
-    def queue(self) -> str: ...
-    @property
-    def index(self) -> int: ...
-    @property
-    def lock(self) -> threading.Lock: ...
-
-    closed: bool
-
-    @property
-    def store(self) -> KeyValueStore: ...
-    @property
-    def fence(self) -> Fence: ...
     @property
     def cache(self) -> BodyCache: ...
     @property
@@ -240,17 +212,10 @@ class AcksState(Protocol):
     @property
     def wall(self) -> Callable[[], float]: ...
     @property
-    def counters(self) -> Counters: ...
-    @property
-    def on_change(self) -> Callable[[], None]: ...
-    @property
-    def readers(self) -> list[Cursor]: ...
-    @property
-    def blocks(self) -> dict[str, BlockState]: ...
-    @property
     def is_topic(self) -> bool: ...
-    def check_serving(self) -> None: ...
-    def lost(self, exc: Exception) -> PartitionUnavailable: ...
+
+    closed: bool
+
     def cursor(self, sub: str = "") -> Cursor: ...
     def is_live(self, c: Cursor, mid: str) -> bool: ...
     def receives_key(self, c: Cursor, mid: Positioned) -> str: ...
@@ -258,26 +223,67 @@ class AcksState(Protocol):
     def drop_stored(self, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> None: ...
 
 
-class Prunes(Protocol):
-    """Deletes the emptied blocks at the front of the allocation order (:class:`~queues.engine.retention.Pruner`)."""
+class PrunerState(Writes, Protocol):
+    """What :class:`~queues.engine.retention.Pruner` touches."""
 
-    def prune(self) -> None: ...
+    @property
+    def tree(self) -> AppendTree: ...
+    @property
+    def blocks(self) -> dict[str, BlockState]: ...
+    @property
+    def scanned_order(self) -> deque[BlockState]: ...
+    @property
+    def local_order(self) -> deque[BlockState]: ...
+    @property
+    def unscanned(self) -> Iterator[Block] | None: ...
 
 
-class Removes(Protocol):
-    """Removes messages from the store and from memory (:class:`~queues.engine.acks.Acks`)."""
+class RetentionState(Locked, Protocol):
+    """What :class:`~queues.engine.retention.Retention` touches."""
 
-    def delete(self, items: Sequence[MessageId], *, journal: bool, sub: str = "") -> int: ...
-    def remove_everywhere(self, mids: Sequence[str]) -> None: ...
+    @property
+    def is_topic(self) -> bool: ...
+    @property
+    def scanned_order(self) -> deque[BlockState]: ...
+    @property
+    def local_order(self) -> deque[BlockState]: ...
+    @property
+    def readers(self) -> list[Cursor]: ...
+    @property
+    def counters(self) -> Counters: ...
+
+    expired_total: int
+
+    def drop_stored(self, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> None: ...
 
 
-class FiguresState(Protocol):
+class TopicRetentionState(Locked, Writes, Protocol):
+    """What :class:`~queues.engine.topic_retention.TopicRetention` touches."""
+
+    @property
+    def counters(self) -> Counters: ...
+    @property
+    def archive(self) -> str: ...
+    @property
+    def archive_sink(self) -> Callable[[list[tuple[str, bytes]]], object] | None: ...
+    @property
+    def archive_source(self) -> Callable[[list[str]], dict[str, StoredMessage]] | None: ...
+
+    closed: bool
+    expired_total: int
+    archived_total: int
+    archive_missing_total: int
+
+    def stored(self, mid: str) -> bool: ...
+    def held(self, mid: str) -> bool: ...
+    def is_stub(self, mid: str) -> bool: ...
+    def records(self, mids: Sequence[str]) -> dict[str, StoredMessage]: ...
+    def mark_stubs(self, mids: Sequence[str]) -> None: ...
+
+
+class FiguresState(Named, Holding, Protocol):
     """What :class:`~queues.engine.figures.Figures` reads (it changes nothing)."""
 
-    @property
-    def queue(self) -> str: ...
-    @property
-    def index(self) -> int: ...
     @property
     def lease(self) -> Lease: ...
     @property
@@ -291,8 +297,6 @@ class FiguresState(Protocol):
     @property
     def next_index(self) -> int: ...
     @property
-    def blocks(self) -> dict[str, BlockState]: ...
-    @property
     def scanned_order(self) -> deque[BlockState]: ...
     @property
     def local_order(self) -> deque[BlockState]: ...
@@ -300,8 +304,6 @@ class FiguresState(Protocol):
     def unscanned(self) -> Iterator[Block] | None: ...
     @property
     def cursors(self) -> dict[str, Cursor]: ...
-    @property
-    def readers(self) -> list[Cursor]: ...
     @property
     def is_topic(self) -> bool: ...
     @property
@@ -317,3 +319,46 @@ class FiguresState(Protocol):
     @property
     def redelivered_total(self) -> int: ...
     def in_flight_count(self, now: float) -> int: ...
+
+
+# --- one collaborator, as another calls it ----------------------------------------------------
+
+
+class Routes(Protocol):
+    """Where a message's turn comes in each cursor (:class:`~queues.engine.ordering.Ordering`). Lock held."""
+
+    def route_new(self, mid: str, block: Block, i: int, message: StoredMessage, *, scanned: bool) -> bool: ...
+    def unblock_group(self, c: Cursor, group: str, *, front: bool = False) -> bool: ...
+    def unblock_due(self, c: Cursor) -> None: ...
+    def forget(self, c: Cursor, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> bool: ...
+
+
+class Scans(Protocol):
+    """Reads the next block found at open (:class:`~queues.engine.takeover.Takeover`). Lock held."""
+
+    def scan(self) -> bool: ...
+
+
+class Prunes(Protocol):
+    """Deletes the emptied blocks at the front (:class:`~queues.engine.retention.Pruner`). Lock held."""
+
+    def prune(self) -> None: ...
+
+
+class Removes(Protocol):
+    """Removes messages from the store and memory (:class:`~queues.engine.acks.Acks`)."""
+
+    def delete(self, items: Sequence[MessageId], *, journal: bool, sub: str = "") -> int: ...
+    def remove_everywhere(self, mids: Sequence[str]) -> None: ...
+
+
+class ExpiresTopic(Protocol):
+    """Retention on a topic's messages (:class:`~queues.engine.topic_retention.TopicRetention`)."""
+
+    def expire(self, doomed: list[str]) -> int: ...
+
+
+class ReadsArchive(Protocol):
+    """Reads stubs' bodies back from the archive (:class:`~queues.engine.topic_retention.TopicRetention`)."""
+
+    def bodies_from_archive(self, stubs: list[Delivery]) -> None: ...

@@ -30,9 +30,9 @@ from queues.engine import keys
 from queues.engine.blocks import BlockState
 from queues.engine.body_cache import BodyCache
 from queues.engine.cursor import Cursor, SubscriptionSpec
+from queues.engine.host import NO_COUNTERS, Counters, Lease, LeaseRow
 from queues.engine.ids import StoredMessage
 from queues.engine.keys import Positioned, block_and_index
-from queues.engine.ports import NO_COUNTERS, Counters, Lease, LeaseRow
 from queues.engine.tree import AppendTree, Block
 from queues.errors import NotServedHere, PartitionUnavailable
 from queues.kv.base import Fence, KeyValueStore, KVError
