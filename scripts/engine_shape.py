@@ -120,16 +120,26 @@ def _state_base(node: ast.expr) -> bool:
     )
 
 
+def _used(node: ast.AST) -> set[str]:
+    """Attribute names used on the partition's state anywhere under ``node``."""
+    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute) and _state_base(n.value)}
+
+
 def state_attributes() -> dict[str, set[str]]:
-    """``{module: attribute names it uses on the partition's state}``, modules using none left out."""
-    out = {}
+    """``{collaborator: attribute names it uses on the partition's state}``. A collaborator is
+    a class whose methods name the state ``self.p`` or ``self.m`` (``module.Class``), or a
+    module's functions that take it as their first argument, ``p`` or ``m`` (``module``)."""
+    out: dict[str, set[str]] = {}
     for name, path in modules().items():
+        short = name.removeprefix(PACKAGE + ".")
         tree = ast.parse(path.read_text(), str(path))
-        used = {
-            node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and _state_base(node.value)
-        }
-        if used:
-            out[name] = used
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                used = _used(node)
+                if used:
+                    out[f"{short}.{node.name}"] = used
+            elif isinstance(node, ast.FunctionDef) and node.args.args and node.args.args[0].arg in STATE_NAMES:
+                out.setdefault(short, set()).update(_used(node))
     return out
 
 
@@ -143,12 +153,13 @@ def main() -> int:
     for component in found:
         print("  " + " <-> ".join(c.removeprefix(PACKAGE + ".") for c in component))
     print()
-    print(f"{'module':<22} {'lines':>5} {'state attrs':>11}  attributes")
-    touched = state_attributes()
+    print(f"{'module':<22} {'lines':>5}")
     for name in sorted(sizes):
-        attrs = touched.get(name, set())
-        short = name.removeprefix(PACKAGE + ".") or "__init__"
-        print(f"{short:<22} {sizes[name]:>5} {len(attrs):>11}  {' '.join(sorted(attrs))}")
+        print(f"{name.removeprefix(PACKAGE + '.') or '__init__':<22} {sizes[name]:>5}")
+    print()
+    print(f"{'collaborator':<32} {'state attributes':>16}  names")
+    for who, attrs in sorted(state_attributes().items()):
+        print(f"{who:<32} {len(attrs):>16}  {' '.join(sorted(attrs))}")
     return 0
 
 
