@@ -24,14 +24,19 @@ Locking: one lock per partition guards its memory and is held across its store w
 message becomes deliverable only after it is stored. Callers that lock several partitions
 take them in index order.
 
-The manager composes three collaborators, each working on its memory under its lock:
-``queues.engine.takeover`` (opening after a takeover, and scanning the blocks found),
-``queues.engine.writer`` (block allocation and appends) and ``queues.engine.retention`` (expiry and pruning;
-a topic's through ``queues.engine.topic_retention``). It keeps delivery, acks and figures itself.
-Built from: ``queues.engine.cursor`` (a reader's delivery state), ``queues.engine.body_cache`` (the node's
-recent bodies), ``queues.engine.keys`` (where everything is stored) and ``queues.errors`` (what it
-raises, re-exported here). What it needs of the node that hosts it (the lease, the lease's
-row, the counters) comes in as the protocols of ``queues.engine.ports``.
+How it is built: the manager is the partition's state (``queues.engine.state.PartitionState``:
+its memory and the checks every part shares) with its collaborators attached, one module each,
+each seeing the state only as its protocol in ``queues.engine.ports``:
+``queues.engine.writer`` (enqueue: block allocation and appends), ``queues.engine.takeover``
+(opening after a takeover, scanning the blocks found), ``queues.engine.ordering`` (where each
+message's turn comes in each cursor), ``queues.engine.delivery`` (dequeue, redelivery, dead
+letters set aside, bodies, give-backs), ``queues.engine.acks`` (receipts, deletes, settling,
+visibility), ``queues.engine.retention`` (expiry and pruning; a topic's through
+``queues.engine.topic_retention``) and ``queues.engine.figures`` (stats, block listings, wait
+hints). This module wires them and keeps the public methods, each a delegation; it is the only
+engine module that imports them all, and none of them imports it. What the manager needs of the
+node that hosts it (the lease, the lease's row, the counters) comes in as the protocols of
+``queues.engine.host``; what it raises is in ``queues.errors`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -55,9 +60,9 @@ from queues.engine.figures import (
     Figures,
     PartitionStats,
 )
+from queues.engine.host import NO_COUNTERS, Counters, LeaseRow
 from queues.engine.ids import MessageId, StoredMessage
 from queues.engine.ordering import Ordering
-from queues.engine.ports import NO_COUNTERS, Counters, LeaseRow
 from queues.engine.redelivery import RedeliveryIndex
 from queues.engine.retention import Pruner, Retention
 from queues.engine.state import LeaseT, PartitionState
@@ -102,11 +107,12 @@ __all__ = [
 class PartitionManager(PartitionState[LeaseT]):
     """One leased partition of a queue or topic, served from the memory of its owner node.
 
-    Holds the partition's append tree and the state of each of its blocks (:class:`BlockState`:
-    the positions still stored, stubs among them), its :class:`~queues.engine.writer.Writer` (the
-    enqueue ID: head block, next index), and one :class:`~queues.engine.cursor.Cursor` per reader:
-    ``""`` for a queue, one per subscription for a topic. It writes the partition's keys (``queues.engine.keys``) with the fence of its lease's
-    epoch, and bodies go through the node's :class:`~queues.engine.body_cache.BodyCache`.
+    It is its state (:class:`~queues.engine.state.PartitionState`: the append tree, the state of
+    each live block, the enqueue position, one :class:`~queues.engine.cursor.Cursor` per reader,
+    ``""`` for a queue and one per subscription for a topic, the fence, the lock, the counters),
+    whose attributes callers read directly, plus the collaborators that change it (see the
+    module's text). It writes the partition's keys (``queues.engine.keys``) with the fence of its
+    lease's epoch, and bodies go through the node's :class:`~queues.engine.body_cache.BodyCache`.
 
     Lock: ``lock`` guards all of that memory and is held across the store writes that decide
     what a reader sees (new blocks and the head pointer, a subscription's ack, retention's
@@ -118,10 +124,9 @@ class PartitionManager(PartitionState[LeaseT]):
     managers and publishes their :meth:`stats`; the service layer (``queues.service``) and the
     API call enqueue, dequeue, ack, visibility, expire and dead-letter moves on them.
 
-    Collaborators: :attr:`takeover` opens and scans, :attr:`writer` appends and
-    :attr:`retention` expires and prunes; they use the methods below marked "Lock held" that
-    have no leading underscore, and the memory's attributes (``tree``, ``blocks``,
-    ``scanned_order``, ``local_order``, ``unscanned``, ``readers``).
+    Collaborators: :attr:`writer`, :attr:`takeover`, :attr:`ordering`, :attr:`delivery`,
+    :attr:`acks`, :attr:`pruner`, :attr:`retention`, :attr:`topic_retention` and :attr:`figures`;
+    the methods below delegate to them, so callers need not know which does what.
 
     Life: built for a lease just claimed; :meth:`open_head` raises the fence and loads the head
     (enqueues may start); :meth:`open_oldest` loads the saved receive counts and scans the oldest
