@@ -87,7 +87,7 @@ class Acks:
 
     def delete_acked(self, items: Sequence[MessageId], sub: str = "") -> int:
         """The store half of an ack: journaled for the archive (if the queue archives), then
-        deleted. Returns how many were still held (a queue: stored). See :meth:`_delete`."""
+        deleted. Returns how many were still held (a queue: stored). See :meth:`delete`."""
         return self.delete(items, journal=True, sub=sub)
 
     def delete(self, items: Sequence[MessageId], *, journal: bool, sub: str = "") -> int:

@@ -137,7 +137,7 @@ class Deliverer:
                             if delivery.receive_count > 1:
                                 counts.append((mid, delivery.receive_count))
             except KVError as exc:
-                # The manager is closed (see _scan): what it took is handed out by
+                # The manager is closed (see Takeover.scan): what it took is handed out by
                 # the next owner, not here.
                 raise PartitionUnavailable(f"{p.queue}/{p.index}: store read failed: {exc}") from exc
             for mid, count in counts:

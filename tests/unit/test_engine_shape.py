@@ -53,3 +53,17 @@ def test_no_engine_module_is_over_400_lines():
     # then each is small enough to read whole
     too_big = {name: n for name, n in sizes.items() if n > MAX_LINES}
     assert not too_big, f"engine modules over {MAX_LINES} lines: {too_big}"
+
+
+#: The partition manager's collaborators (``queues.engine.partition`` wires them).
+COLLABORATORS = ("acks", "delivery", "figures", "ordering", "retention", "takeover", "topic_retention", "writer")
+
+
+def test_collaborators_import_neither_the_manager_nor_each_other():
+    # given the engine's import graph
+    graph = shape.import_graph()
+    names = {f"queues.engine.{c}" for c in COLLABORATORS}
+    for name in sorted(names):
+        # then a collaborator reaches the state and its fellows only through queues.engine.ports
+        reached = graph[name] & (names | {"queues.engine.partition", "queues.engine.state"})
+        assert not reached, f"{name} imports {sorted(reached)}"
