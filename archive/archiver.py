@@ -23,9 +23,9 @@ from django.utils import timezone
 
 from archive.models import ArchivedMessage, ArchiverLock
 from queues import service
-from queues.errors import Unavailable
-from queues.public import StoredMessage, parse_message_id
-from queues.service.journal import JournalQueue, drop_journal, journal_holds, journal_queues, read_journal
+from queues.errors import Fault, StoredFormatTooNew, Unavailable
+from queues.public import StoredMessage, parse_message_id, read_ack_time
+from queues.service.journal import JournalBatch, JournalQueue, drop_journal, journal_holds, journal_queues, read_journal
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def _clean(value: object) -> object:
 
 def row_for(mid: str, raw: bytes, incarnation: int | None) -> ArchivedMessage:
     """The row of message ``mid`` (its stored bytes ``raw``) of the queue row ``incarnation``."""
-    m = StoredMessage.from_bytes(raw)
+    m = StoredMessage.from_bytes(raw, mid)
     parsed = parse_message_id(mid)
     if parsed is None:
         raise ValueError(f"{mid!r} is no message ID")
@@ -147,7 +147,7 @@ def row_for(mid: str, raw: bytes, incarnation: int | None) -> ArchivedMessage:
 def message_of(row: ArchivedMessage) -> StoredMessage:
     """The stored record of an archived row (exact: from ``raw`` when the columns are not)."""
     if row.raw is not None:
-        return StoredMessage.from_bytes(bytes(row.raw))
+        return StoredMessage.from_bytes(bytes(row.raw), row.message_id)
     return StoredMessage(
         row.body,
         row.enqueued_at.timestamp(),
@@ -202,6 +202,26 @@ def lookup(message_ids: Iterable[str]) -> dict[str, StoredMessage]:
 
 
 # --- one partition ----------------------------------------------------------------------------
+def _read_batch(found: JournalBatch, incarnation: int) -> tuple[list[ArchivedMessage], dict[str, datetime | None]]:
+    """The rows and ack times of a journal batch; what is unreadable is logged and dropped,
+    except a record of a newer stored format: ``StoredFormatTooNew``, nothing dropped."""
+    rows: list[ArchivedMessage] = []
+    acked_at: dict[str, datetime | None] = {}
+    for mid, raw in found.entries:
+        try:
+            rows.append(row_for(mid, raw, incarnation))
+        except StoredFormatTooNew:
+            raise
+        except Exception:  # noqa: BLE001 - never archivable: logged and dropped
+            log.error("archive: unreadable journal entry for %s dropped", mid)
+    for mid, raw in found.acks:
+        try:
+            acked_at[mid] = _ts(read_ack_time(raw, mid))
+        except (Fault, ValueError):  # (ValueError: a time out of datetime's range)
+            log.error("archive: unreadable ack marker for %s dropped", mid)
+    return rows, acked_at
+
+
 def archive_partition(
     store: service.KeyValueStore | None,
     queue: str,
@@ -223,18 +243,12 @@ def archive_partition(
         found = read_journal(queue, partition, incarnation=incarnation, batch=batch, store=store)
         if found is None:
             break
-        rows: list[ArchivedMessage] = []
-        acked_at: dict[str, datetime | None] = {}
-        for mid, raw in found.entries:
-            try:
-                rows.append(row_for(mid, raw, incarnation))
-            except Exception:  # noqa: BLE001 - never archivable: logged and dropped
-                log.error("archive: unreadable journal entry for %s dropped", mid)
-        for mid, raw in found.acks:
-            try:
-                acked_at[mid] = _ts(float(raw))
-            except ValueError:
-                log.error("archive: unreadable ack marker for %s dropped", mid)
+        try:
+            rows, acked_at = _read_batch(found, incarnation)
+        except StoredFormatTooNew:
+            # A record of a newer release (logged with its key): the batch stays in the
+            # journal, whole, for an archiver that reads it; the other partitions go on.
+            break
         with transaction.atomic():
             counts["archived"] += _insert(rows)
             if acked_at:

@@ -426,6 +426,14 @@ NODE_HEARTBEAT = envfloat("NODE_HEARTBEAT", 1.0)
 NODE_STUCK_AFTER = envfloat("NODE_STUCK_AFTER", 5.0)
 if not 0.5 <= NODE_STUCK_AFTER <= 600:
     raise ImproperlyConfigured(f"NODE_STUCK_AFTER={NODE_STUCK_AFTER}: use seconds in [0.5, 600]")
+#: For a test run that checks ownership from outside (the nemesis run): the path of a UNIX
+#: datagram socket to which each node process sends a JSON datagram when it starts and when it
+#: stops serving a partition (``queues.cluster.ownership``). "" (the default): nothing is sent.
+OWNERSHIP_EVENTS = env("OWNERSHIP_EVENTS", "")
+#: For the same runs: every answer to a message call says which partition managers served it
+#: (``X-MQ-Served-By``: node, partition and epoch of each). Cluster-wide: a node that forwards a
+#: call passes on the owner's list. Off by default.
+SERVED_BY_HEADER = envbool("SERVED_BY_HEADER", False)
 #: Bytes of message bodies a node keeps in memory after enqueue, to deliver without a read.
 NODE_BODY_CACHE_BYTES = envint("NODE_BODY_CACHE_BYTES", 64 * 1024 * 1024, minimum=0)
 #: A busy partition's append-tree blocks grow up to this many times its queue's `block_size` (at

@@ -96,6 +96,8 @@ class Client(threading.Thread):
     """One process of the history: a loop of calls until the run stops it."""
 
     protocol = "rest"
+    #: whether it enqueues (it stops when the faults are over) or consumes (it drains)
+    produces = False
 
     def __init__(self, ctx: Context, process: str, stream: str, home: int, seed: int) -> None:
         super().__init__(name=f"nemesis-{process}", daemon=True)
@@ -160,6 +162,8 @@ def _http_outcome(status: int, f: str) -> str:
 
 class RestProducer(Client):
     """Enqueues (or publishes, on a topic) batches of 1 to ``batch`` tokens over REST."""
+
+    produces = True
 
     def __init__(
         self,
@@ -313,6 +317,7 @@ class SdkProducer(Client):
     """Enqueues one token at a time with the SDK (which sends a grouped message to its owner)."""
 
     protocol = "sdk"
+    produces = True
 
     def __init__(
         self, ctx: Context, process: str, stream: str, home: int, seed: int, *, groups: Sequence[str] = ()
@@ -413,7 +418,7 @@ class SqsClient(Client):
 
     def __init__(self, ctx: Context, process: str, stream: str, home: int, seed: int, *, produce: bool) -> None:
         super().__init__(ctx, process, stream, home, seed)
-        self.produce = produce
+        self.produce = self.produces = produce
         self._clients: dict[str, Any] = {}
 
     def client(self) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 #: Every kind of fault, and what it targets: a node (``node``) or a store.
@@ -121,9 +121,14 @@ class Nemesis(threading.Thread):
         actions: dict[str, tuple[Action, Action]],
         record: Callable[[str, str, str], None],
         stop: threading.Event,
+        locks: Mapping[str, threading.RLock] | None = None,
     ) -> None:
         super().__init__(name="nemesis", daemon=True)
         self.faults, self.actions, self.record, self.stop = list(faults), actions, record, stop
+        #: one lock per target, held while a fault is applied or healed on it (the run holds it
+        #: too while it restarts a node): a fault's window starts when the target is really
+        #: hit, not while it waits for another fault's healing to finish
+        self.locks = locks or {}
         self.threads: list[threading.Thread] = []
         self.errors: list[str] = []
         self.done: list[Fault] = []
@@ -141,19 +146,22 @@ class Nemesis(threading.Thread):
 
     def _one(self, fault: Fault) -> None:
         apply, heal = self.actions[fault.kind]
+        lock = self.locks.get(fault.target) or threading.RLock()
         # the window is written around the fault: it starts before the signal or the cut, and
         # stops once the target is whole again
-        self.record(fault.kind, "start", fault.target)
         try:
-            apply(fault)
+            with lock:
+                self.record(fault.kind, "start", fault.target)
+                apply(fault)
             self.stop.wait(fault.duration)
         except Exception as exc:
             self.errors.append(f"{fault.describe()}: applying: {type(exc).__name__}: {exc}")
         finally:
-            try:
-                heal(fault)
-            except Exception as exc:
-                self.errors.append(f"{fault.describe()}: healing: {type(exc).__name__}: {exc}")
-            finally:
-                self.record(fault.kind, "stop", fault.target)
-                self.done.append(fault)
+            with lock:
+                try:
+                    heal(fault)
+                except Exception as exc:
+                    self.errors.append(f"{fault.describe()}: healing: {type(exc).__name__}: {exc}")
+                finally:
+                    self.record(fault.kind, "stop", fault.target)
+                    self.done.append(fault)

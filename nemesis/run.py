@@ -40,8 +40,11 @@ from nemesis.clients import (
     SdkProducer,
     SqsClient,
 )
+from nemesis.clocks import Drift
+from nemesis.clocks import available as clock_tools
 from nemesis.faults import DEFAULT_KINDS, KINDS, Fault, Nemesis, schedule
 from nemesis.history import NodeEvent, Recorder, read
+from nemesis.netns import Network
 from nemesis.release import Release, prepare
 from nemesis.stores import Stores
 from tests.launcher import NodeProcess, free_ports
@@ -70,6 +73,9 @@ class Options:
     code: Path | None = None
     #: overlaps of two owners up to this long are not reported (the run's stamping delay)
     overlap_slack_ms: float = 20.0
+    #: run each node in a network namespace of its own (needed by the partition faults, which
+    #: turn it on; root only)
+    netns: bool = False
 
 
 @dataclass
@@ -94,9 +100,9 @@ class Owners(threading.Thread):
     them to the history, stamped on receipt minus the ``ago`` the node reports, the process
     named ``<node>/<pid>`` (the node found by the process's group, which is the node's)."""
 
-    def __init__(self, path: Path, recorder: Recorder, groups: dict[int, str]) -> None:
+    def __init__(self, path: Path, recorder: Recorder, groups: dict[int, str], ports: dict[int, str]) -> None:
         super().__init__(name="owners", daemon=True)
-        self.path, self.recorder, self.groups = path, recorder, groups
+        self.path, self.recorder, self.groups, self.ports = path, recorder, groups, ports
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.sock.bind(str(path))
@@ -105,13 +111,19 @@ class Owners(threading.Thread):
         self.names: dict[int, str] = {}
         self.count = 0
 
-    def process_name(self, pid: int) -> str:
-        if pid not in self.names:
-            try:
-                group = os.getpgid(pid)
-            except ProcessLookupError:
-                group = -1
-            self.names[pid] = f"{self.groups.get(group, '?')}/{pid}"
+    def process_name(self, pid: int, address: str) -> str:
+        """``<node>/<pid>``: the node by the process's group (a node started a moment ago may
+        report before the run has noted its group), else by the port it serves."""
+        if pid in self.names:
+            return self.names[pid]
+        try:
+            node = self.groups.get(os.getpgid(pid))
+        except ProcessLookupError:
+            node = None
+        node = node or self.ports.get(int(address.rpartition(":")[2] or 0))
+        if node is None:
+            return f"?/{pid}"  # not kept: the next datagram may know better
+        self.names[pid] = f"{node}/{pid}"
         return self.names[pid]
 
     def run(self) -> None:
@@ -127,7 +139,7 @@ class Owners(threading.Thread):
                 e = orjson.loads(data)
                 self.recorder.write(
                     NodeEvent(
-                        node=self.process_name(int(e["pid"])),
+                        node=self.process_name(int(e["pid"]), str(e.get("address", ""))),
                         event=e["event"],
                         partition=str(e["partition"]),
                         epoch=int(e["epoch"]),
@@ -173,17 +185,28 @@ class Run:
         self.nodes: dict[str, NodeProcess] = {}
         self.errors: list[str] = []
         self.stop = threading.Event()
-        self.node_locks: dict[str, threading.Lock] = {}
+        self.names = [f"n{i + 1}" for i in range(opts.nodes)]
+        #: held while a node or a store is hit, healed or restarted (the nemesis's locks)
+        self.node_locks: dict[str, threading.RLock] = {t: threading.RLock() for t in [*self.names, "redis", "pg"]}
         self.release: Release | None = None
+        self.network: Network | None = None
 
     # --- setup ------------------------------------------------------------------------------
+    def start_network(self) -> None:
+        """A network namespace per node, the stores reachable from each (the partition faults)."""
+        ok, why = Network.available()
+        if not ok:
+            raise SystemExit(f"nemesis: the partition faults need network namespaces: {why}")
+        self.network = Network(secrets.token_hex(3), self.names).__enter__()
+
     def start_stores(self) -> None:
         base = free_ports(8)  # PostgreSQL, Redis, the cluster's three primaries and their bus
-        self.stores = Stores(self.dir / "services", pg_port=base, redis_port=base + 1, cluster_port=base + 2)
+        host = self.network.store_host if self.network else None
+        self.stores = Stores(self.dir / "services", pg_port=base, redis_port=base + 1, cluster_port=base + 2, host=host)
         self.stores.start()
 
     def node_env(self, name: str) -> dict[str, str]:
-        urls = self.stores.address()
+        urls = self.stores.address(self.network.store_host if self.network else "127.0.0.1")
         kv = {"redis": urls["kv-redis"], "redis-cluster": urls["kv-redis-cluster"], "postgres": "postgres"}
         data = self.dir / "data" / name
         data.mkdir(parents=True, exist_ok=True)
@@ -206,7 +229,8 @@ class Run:
         self.owners_path = self.dir / "owners.sock"
         self.recorder = Recorder(self.dir / "history.jsonl")
         self.groups: dict[int, str] = {}
-        self.owners = Owners(self.owners_path, self.recorder, self.groups)
+        self.ports: dict[int, str] = {}
+        self.owners = Owners(self.owners_path, self.recorder, self.groups, self.ports)
         self.owners.start()
         env = {**os.environ, **self.node_env("setup")}
         _manage(env, self.code, "migrate", "--noinput")
@@ -216,23 +240,34 @@ class Run:
         keys = dict(line.split(" = ", 1) for line in out.splitlines() if " = " in line)
         self.access_key = (keys["aws_access_key_id"].strip(), keys["aws_secret_access_key"].strip())
         ports = free_ports(self.opts.nodes)
-        for i in range(self.opts.nodes):
-            name = f"n{i + 1}"
+        for i, name in enumerate(self.names):
+            self.ports[ports + i] = name
             self.nodes[name] = self.make_node(name, ports + i)
-            self.node_locks[name] = threading.Lock()
             self.start_node(name)
         self.create_queues()
 
-    def make_node(self, name: str, port: int, release: Release | None = None) -> NodeProcess:
-        """Node ``name`` on ``port``, of this tree or of ``release``."""
+    def make_node(
+        self, name: str, port: int, release: Release | None = None, drift: Drift | None = None
+    ) -> NodeProcess:
+        """Node ``name`` on ``port``, of this tree or of ``release``, its clocks drifting or not;
+        in its network namespace when the run has them."""
+        env = self.node_env(name)
+        host = "127.0.0.1"
+        if self.network:
+            host = self.network.node_host(name)
+            env["NODE_ADDRESS"] = f"{host}:{port}"
+        if drift:
+            env.update(drift.env())
         return NodeProcess(
-            self.node_env(name),
+            env,
             self.dir,
             port,
             heartbeat=0.3,
             processes=self.opts.processes,
             python=release.python if release else sys.executable,
             cwd=release.tree if release else self.code,
+            host=host,
+            prefix=self.network.wrap(name, []) if self.network else (),
         )
 
     def start_node(self, name: str) -> None:
@@ -301,18 +336,29 @@ class Run:
         def nothing(f: Fault) -> None:
             return None
 
-        def replace(f: Fault, release: Release | None) -> None:
+        def replace(f: Fault, release: Release | None = None, drift: Drift | None = None) -> None:
             with self.node_locks[f.target]:
                 node = self.nodes[f.target]
                 node.stop()
-                self.nodes[f.target] = self.make_node(f.target, node.port, release)
+                self.nodes[f.target] = self.make_node(f.target, node.port, release, drift)
                 self.start_node(f.target)
 
         def downgrade(f: Fault) -> None:
-            replace(f, self.release)
+            replace(f, release=self.release)
 
-        def upgrade(f: Fault) -> None:
-            replace(f, None)
+        def drift(f: Fault) -> None:
+            replace(f, drift=Drift(f.rate, f.offset))
+
+        def cut(way: str) -> Any:
+            def apply(f: Fault) -> None:
+                assert self.network is not None
+                (self.network.cut_from_stores if way == "stores" else self.network.cut_from_peers)(f.target)
+
+            return apply
+
+        def heal(f: Fault) -> None:
+            assert self.network is not None
+            self.network.heal(f.target)
 
         return {
             "kill": (kill, restart),
@@ -321,13 +367,16 @@ class Run:
             "redis-pause": (lambda f: self.stores.pause("redis"), lambda f: self.stores.resume("redis")),
             "pg-restart": (lambda f: self.stores.restart_pg(), nothing),
             "pg-pause": (lambda f: self.stores.pause("pg"), lambda f: self.stores.resume("pg")),
-            "upgrade": (downgrade, upgrade),
+            "upgrade": (downgrade, replace),
+            "drift": (drift, replace),
+            "partition-stores": (cut("stores"), heal),
+            "partition-peers": (cut("peers"), heal),
         }
 
     # --- the run ----------------------------------------------------------------------------
     def go(self) -> Outcome:
         opts = self.opts
-        faults = schedule(opts.seed, opts.duration, opts.kinds, [f"n{i + 1}" for i in range(opts.nodes)], LEASE_PERIOD)
+        faults = schedule(opts.seed, opts.duration, opts.kinds, self.names, LEASE_PERIOD)
         missing = sorted({f.kind for f in faults} - set(self.actions()))
         if missing:
             raise SystemExit(f"nemesis: this run cannot do {', '.join(missing)} yet")
@@ -338,6 +387,12 @@ class Run:
             if "upgrade" in opts.kinds:
                 self.release = prepare()
                 print(f"nemesis: the previous release is {self.release.commit[:12]} ({self.release.tree})", flush=True)
+            if self.opts.netns or {"partition-stores", "partition-peers"} & set(opts.kinds):
+                self.start_network()
+            if "drift" in opts.kinds:
+                ok, why = clock_tools()
+                if not ok:
+                    raise SystemExit(f"nemesis: the drift fault needs libfaketime: {why}")
             self.start_stores()
             self.setup()
             ledger = Ledger()
@@ -346,7 +401,7 @@ class Run:
             clients = self.clients(ctx)
             for c in clients:
                 c.start()
-            nemesis = Nemesis(faults, self.actions(), self._record_fault, self.stop)
+            nemesis = Nemesis(faults, self.actions(), self._record_fault, self.stop, self.node_locks)
             started = time.monotonic()
             nemesis.start()
             while time.monotonic() - started < opts.duration and nemesis.is_alive():
@@ -361,6 +416,9 @@ class Run:
                     if node.proc is None or node.proc.poll() is not None:
                         self.start_node(name)
             ctx.stop_producing.set()
+            for c in clients:  # their last calls answered (and confirmed) before the drain counts
+                if c.produces:
+                    c.join(timeout=30)
             drained = self._drain(ledger)
             ctx.stop.set()
             for c in clients:
@@ -425,6 +483,8 @@ class Run:
                 print(f"nemesis: stopping the stores: {exc}", file=sys.stderr)
         if hasattr(self, "owners") and not self.owners.closed.is_set():
             self.owners.close()
+        if self.network is not None:  # after the stores: they listen on its address
+            self.network.close()
 
 
 def run(opts: Options) -> Outcome:
@@ -449,10 +509,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "nemesis-runs", help="where the run's directory goes")
     parser.add_argument("--keep", action="store_true", help="keep the stores' and nodes' files of a valid run")
+    parser.add_argument(
+        "--netns", action="store_true", help="nodes in network namespaces (the partition faults imply it)"
+    )
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else secrets.randbelow(10**6)
     kinds = [] if args.faults == "none" else [k.strip() for k in args.faults.split(",") if k.strip()]
-    opts = Options(seed, args.minutes * 60, args.nodes, args.processes, args.kv, kinds, args.out, keep=args.keep)
+    opts = Options(
+        seed, args.minutes * 60, args.nodes, args.processes, args.kv, kinds, args.out, keep=args.keep, netns=args.netns
+    )
     outcome = run(opts)
     print(json.dumps(outcome.result.to_json(), indent=2))
     for error in outcome.errors:

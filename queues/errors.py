@@ -120,6 +120,23 @@ class NotServedHere(PartitionUnavailable):
     node_failure = False
 
 
+class StoredFormatTooNew(PartitionUnavailable):
+    """A record in the key-value store is in a format version newer than this node reads: a
+    node of a newer release wrote it (``queues.engine.format``). Refused, never misread: the
+    partition is not opened here, or the call is answered 503, and the record stays as it is
+    for a node of the newer release. ``key``, ``kind``, ``version``: the record's; ``reads``:
+    the newest version this node reads."""
+
+    def __init__(self, key: str, kind: str, version: int, reads: int):
+        super().__init__(
+            f"{key}: {kind} record in stored format version {version}, newer than this node reads ({reads})"
+        )
+        self.key = key
+        self.kind = kind
+        self.version = version
+        self.reads = reads
+
+
 class LeaseLost(Unavailable):
     """This node is no longer the owner (renewal failed, or the epoch moved on). Raised by the
     leases (``queues.cluster.leases``, where callers find it too) and by a partition's open."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, TypeAlias
 
+from queues.engine.format import read_ack_time
 from queues.engine.ids import MessageId, StoredMessage, parse_message_id
 from queues.engine.isotime import iso, isoformat
 from queues.engine.tree import MAX_BLOCK_SIZE
@@ -61,4 +62,5 @@ __all__ = [
     "iso",
     "isoformat",
     "parse_message_id",
+    "read_ack_time",
 ]

@@ -21,8 +21,15 @@
 #      sets no: Redis still writes each change to its append-only file in the same turn of its
 #      event loop as it answers (with always, strictly before), so a killed redis-server loses
 #      none (but for that turn's microseconds), yet no call waits on the disk; everysec is not
-#      taken: it holds writes back, answered, while a flush is slow).
-# Every server listens on 127.0.0.1 only; `start` starts the cluster too, `stop` stops it. PostgreSQL runs as the `postgres` user when we are root.
+#      taken: it holds writes back, answered, while a flush is slow),
+#      MQ_SERVICES_HOST (an address of this machine that PostgreSQL and Redis listen on besides
+#      127.0.0.1, e.g. the stores' address of a nemesis run's network namespaces; unset by
+#      default), MQ_SERVICES_CLIENTS (with MQ_SERVICES_HOST: the addresses PostgreSQL accepts
+#      password logins from on it, a pg_hba.conf address; default samenet: the subnets of this
+#      machine's interfaces, those of the namespaces' bridge included). The Redis Cluster's
+#      nodes listen on it too and announce it to their clients (CLUSTER SLOTS) instead of
+#      127.0.0.1: a cluster made with it is reached on it, from the namespaces and from here.
+# Every server listens on 127.0.0.1 (and on MQ_SERVICES_HOST when set); `start` starts the cluster too, `stop` stops it. PostgreSQL runs as the `postgres` user when we are root.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,6 +38,9 @@ pg_port="${MQ_PG_PORT:-54329}"
 redis_port="${MQ_REDIS_PORT:-63799}"
 cluster_port="${MQ_REDIS_CLUSTER_PORT:-$((redis_port + 101))}"
 timeout="${MQ_SERVICES_TIMEOUT:-30}"
+services_host="${MQ_SERVICES_HOST:-}"
+services_clients="${MQ_SERVICES_CLIENTS:-samenet}"
+listen="127.0.0.1${services_host:+,$services_host}"   # PostgreSQL's listen_addresses
 
 pgdata="$svc/pg"
 pgrun="$svc/pg-run"
@@ -50,7 +60,9 @@ pkg_installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "instal
 
 ensure_packages() {
     local missing=() p
-    for p in postgresql redis-server chromium chromium-driver libpostgresql-jdbc-java; do
+    # faketime: the nemesis run's clock drift (libfaketime); gcc and libc6-dev build its timed-wait
+    # companion library (nemesis/faketime_waits.c)
+    for p in postgresql redis-server chromium chromium-driver libpostgresql-jdbc-java faketime gcc libc6-dev; do
         pkg_installed "$p" || missing+=("$p")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
@@ -156,7 +168,7 @@ pg_init() {
     # Regenerated on every start so port/socket changes take effect.
     cat >"$pgdata/mq.conf" <<EOF
 # written by scripts/services.sh
-listen_addresses = '127.0.0.1'
+listen_addresses = '$listen'
 port = $pg_port
 unix_socket_directories = '$pgrun'
 fsync = ${MQ_PG_FSYNC:-on}
@@ -165,6 +177,13 @@ full_page_writes = on
 max_connections = 200
 EOF
     chown "$pg_user" "$pgdata/mq.conf"
+    # Password logins on MQ_SERVICES_HOST, as on 127.0.0.1 (initdb's line): a block of its own,
+    # written again on every start (PostgreSQL 15's pg_hba.conf has no include).
+    sed -i '/^# mq-services-host begin/,/^# mq-services-host end/d' "$pgdata/pg_hba.conf"
+    if [ -n "$services_host" ]; then
+        printf '# mq-services-host begin (scripts/services.sh)\nhost all all %s scram-sha-256\n# mq-services-host end\n' \
+            "$services_clients" >>"$pgdata/pg_hba.conf"
+    fi
     touch "$pglog"; chown "$pg_user" "$pglog"
 }
 
@@ -193,7 +212,7 @@ pg_start() {
         [ -d "$pgdata" ] && pg_clear_stale
         pg_init
         logpos=$(($(wc -l <"$pglog") + 1))   # show only this run's log on failure
-        log "starting postgres on 127.0.0.1:$pg_port (data $pgdata)"
+        log "starting postgres on $listen:$pg_port (data $pgdata)"
         if ! as_pg "$PGBIN/pg_ctl" -D "$pgdata" -l "$pglog" -w -t "$timeout" start >/dev/null 2>&1 8>&-; then
             tail -n +"$logpos" "$pglog" | tail -n 20 >&2 || true
             die "postgres failed to start (log: $pglog)"
@@ -251,7 +270,7 @@ redis_start_in() {
         rm -f "$dir/redis.pid"          # stale pidfile from a killed run
         cat >"$dir/redis.conf" <<EOF
 # written by scripts/services.sh
-bind 127.0.0.1
+bind 127.0.0.1${services_host:+ $services_host}
 port $port
 protected-mode no
 daemonize yes
@@ -264,7 +283,7 @@ appendfsync ${MQ_REDIS_FSYNC:-always}
 aof-load-truncated yes
 $extra
 EOF
-        log "starting redis on 127.0.0.1:$port (dir $dir)"
+        log "starting redis on 127.0.0.1${services_host:+ and $services_host}:$port (dir $dir)"
         redis-server "$dir/redis.conf" 8>&- || { redis_log_tail "$dir" "$logpos"; die "redis-server :$port failed to start"; }
     fi
     local t0=$SECONDS
@@ -384,8 +403,9 @@ redis_cluster_start() {
         redis_start_in "$(cluster_dir "$p")" "$p" "cluster-enabled yes
 cluster-config-file nodes.conf
 cluster-port $((p + 3))
-cluster-node-timeout 5000"
-        addrs+=("127.0.0.1:$p")
+cluster-node-timeout 5000${services_host:+
+cluster-announce-ip $services_host}"
+        addrs+=("${services_host:-127.0.0.1}:$p")
     done
     local state; state="$(cluster_state)"
     # A restart finds its nodes.conf and the cluster forms again by itself within moments.

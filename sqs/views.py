@@ -29,9 +29,10 @@ from rest_framework import exceptions
 
 from mq_client.tracing import traceparent_of_xray, valid_traceparent, valid_xray
 from queues import service, tracing
-from queues.http import throttles
+from queues.http import served_header, throttles
 from queues.http.auth import caller_of_id
 from queues.http.direct import DirectAnswer
+from queues.service import served
 from sqs import actions, query, sigv4, wire
 from sqs.context import Context, shown, sqs_error
 from sqs.errors import SQSError
@@ -228,7 +229,19 @@ def endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
 
 def serve(request: HttpRequest, rest: str = "") -> DirectAnswer:
     """One SQS call. Its key is looked up before the body is read (unknown: refused unread),
-    the body read to ``MAX_REQUEST_BYTES``, the signature checked, the user's rate counted."""
+    the body read to ``MAX_REQUEST_BYTES``, the signature checked, the user's rate counted.
+    With ``SERVED_BY_HEADER``, the answer names the partition managers that served it."""
+    token = served.begin()
+    if token is None:
+        return _serve(request, rest)
+    try:
+        status, headers, body = _serve(request, rest)
+    finally:
+        served_by = served.end(token)
+    return status, [*headers, *served_header.header_items(served_by)], body
+
+
+def _serve(request: HttpRequest, rest: str) -> DirectAnswer:
     request_id = str(uuid.uuid4())
     headers = _headers(request)
     json_protocol = wire.is_json_request(headers)

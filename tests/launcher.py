@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -126,7 +126,8 @@ class NodeProcess:
 
     ``env`` is added to this process's environment; ``heartbeat`` (seconds) is the default
     ``NODE_HEARTBEAT`` when ``env`` does not set one (None: the node's own default);
-    ``processes`` is ``runnode --processes`` (default :attr:`default_processes`: 1, so a test
+    ``host``: the address it binds (a network namespace's, with ``prefix`` the command that
+    runs it there: ``ip netns exec NS``); ``processes`` is ``runnode --processes`` (default :attr:`default_processes`: 1, so a test
     that means several says so); ``NODE_CPU_AFFINITY`` is :attr:`default_cpu_affinity` when
     neither ``env`` nor this process's environment sets it. Killing the node kills every process
     of it (its group).
@@ -148,10 +149,13 @@ class NodeProcess:
         python: str = sys.executable,
         cwd: Path | str = ROOT,
         processes: int | None = None,
+        host: str = "127.0.0.1",
+        prefix: Sequence[str] = (),
     ):
         self.port = port or free_port()
         self.processes = processes or self.default_processes
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.host, self.prefix = host, list(prefix)
+        self.url = f"http://{host}:{self.port}"
         self.env = {**os.environ, **env}
         if heartbeat is not None:
             self.env.setdefault("NODE_HEARTBEAT", str(heartbeat))
@@ -170,11 +174,12 @@ class NodeProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [
+                    *self.prefix,
                     self.python,
                     "manage.py",
                     "runnode",
                     "--host",
-                    "127.0.0.1",
+                    self.host,
                     "--port",
                     str(self.port),
                     "--processes",
@@ -196,7 +201,7 @@ class NodeProcess:
         raise NodeFailed(f"node on {self.port} did not answer within {timeout}s; {self.log_path}:\n{self.log_tail()}")
 
     def healthy(self) -> bool:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1)
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=1)
         try:
             conn.request("GET", "/api/v1/healthz")
             return conn.getresponse().status == 200

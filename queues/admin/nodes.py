@@ -8,11 +8,11 @@ from django.contrib import admin
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from queues.admin.common import _age, _NodeAdmin
+from queues.cluster import clock
 from queues.models import Node
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ class NodeAdmin(_NodeAdmin):
 
     @admin.display(boolean=True, description="alive")
     def alive(self, obj: Node) -> bool:
-        return obj.stopped_at is None and (timezone.now() - obj.heartbeat_at).total_seconds() < 5
+        return obj.stopped_at is None and (clock.now() - obj.heartbeat_at).total_seconds() < 5
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -48,8 +48,9 @@ def collect(
         return [], []
 
     def read(block_id: str) -> Block | None:
-        raw = store.get(block_key(queue, index, block_id))
-        return Block.from_bytes(raw) if raw is not None else None
+        key = block_key(queue, index, block_id)
+        raw = store.get(key)
+        return Block.from_bytes(raw, key) if raw is not None else None
 
     tree = AppendTree.load(head_id, read, 1)
     present: dict[str, Block] = {}

@@ -53,10 +53,11 @@ from queues import metrics, service, tracing
 from queues.api import calls
 from queues.cluster import peerauth
 from queues.errors import PayloadTooLarge
-from queues.http import bodies, throttles
+from queues.http import bodies, served_header, throttles
 from queues.http.auth import CachedTokenAuthentication, caller_of, check_peer_body, peer_of, request_caller
 from queues.http.direct import DirectView, direct_view
 from queues.http.errors import error_answer
+from queues.service import served
 from queues.service.errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -200,6 +201,7 @@ class FastPath:
         headers: dict[str, str] = {}
         started = time.perf_counter()
         call_token = service.begin_call()
+        served_token = served.begin()
         trace_token = None
         try:
             trace_token = tracing.attach_meta(environ) if tracing.ON else None  # the caller's traceparent
@@ -249,6 +251,7 @@ class FastPath:
             if trace_token is not None:
                 tracing.detach(trace_token)
             service.end_call(call_token)
+            served_by = served.end(served_token)
             close_old_connections()
         body = orjson.dumps(payload)
         # Labelled with the URL's name (urls.py), as Django's middleware does for the same call.
@@ -260,6 +263,7 @@ class FastPath:
                 ("Content-Type", "application/json"),
                 ("Content-Length", str(len(body))),
                 *headers.items(),
+                *served_header.header_items(served_by),
                 *security_headers(secure),
             ],
         )

@@ -10,7 +10,9 @@ they are by whoever called).
 
 from __future__ import annotations
 
+import functools
 import io
+import logging
 import select
 import threading
 from collections import OrderedDict
@@ -26,6 +28,7 @@ from queues.access import Caller
 from queues.cluster import peerauth
 from queues.cluster.router import MAX_HOPS
 from queues.engine.ids import MessageId, StoredMessage
+from queues.http import served_header
 from queues.http.auth import on_behalf_value
 from queues.service import (
     AckResult,
@@ -35,8 +38,11 @@ from queues.service import (
     PeerUnreachable,
     RedriveResult,
     RemoteError,
+    served,
 )
 from queues.service.types import Delivery
+
+log = logging.getLogger(__name__)
 
 #: In a node's enqueue or ack call: check it, change nothing (``calls.check_only``).
 CHECK_ONLY = "check_only"
@@ -143,10 +149,17 @@ class CurlHandles:
 
 def curl_post(handles: CurlHandles, url: str, data: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
     """POST ``data`` to ``url`` with ``headers``; the status and the body. pycurl.error when the
-    peer refused, reset or did not answer in time."""
+    peer refused, reset or did not answer in time.
+
+    When the call in progress here records who served it (``queues.service.served``), the
+    peer's ``X-MQ-Served-By`` is added to that record (the peer has ``SERVED_BY_HEADER`` too:
+    it is a cluster-wide setting). Only then are the answer's headers looked at."""
     chunks: list[bytes] = []
     c = handles.take()
+    served_by: list[bytes] | None = [] if served.active() else None
     try:
+        if served_by is not None:
+            c.setopt(pycurl.HEADERFUNCTION, functools.partial(_served_by_line, served_by))
         # A kept-alive connection the peer has closed since (it is readable: its end, or bytes
         # it had no business sending) is not used: libcurl looks at one only once it has been
         # idle a second, and a request sent on it would fail, never to be sent again (see
@@ -165,8 +178,22 @@ def curl_post(handles: CurlHandles, url: str, data: bytes, headers: dict[str, st
         # drop this call's body and answer: the handle waits in the pool for the next call
         c.setopt(pycurl.READFUNCTION, _no_body)
         c.setopt(pycurl.WRITEFUNCTION, _discard)
+        if served_by is not None:
+            c.unsetopt(pycurl.HEADERFUNCTION)
         handles.give_back(c)
+    if served_by:
+        served.extend(e for line in served_by for e in served_header.parse(line.decode("latin-1")))
     return status, b"".join(chunks)
+
+
+_SERVED_BY = served_header.HEADER.lower().encode("ascii") + b":"
+
+
+def _served_by_line(found: list[bytes], line: bytes) -> None:
+    """libcurl's header callback (one line of the answer's head): keep the value of an
+    ``X-MQ-Served-By``."""
+    if line[: len(_SERVED_BY)].lower() == _SERVED_BY:
+        found.append(line[len(_SERVED_BY) :].strip())
 
 
 def _readable(fd: int) -> bool:
@@ -254,6 +281,12 @@ class HttpPeers:
                 status, body = self.post(address, path, payload, hops, caller)
         else:
             status, body = self.post(address, path, payload, hops, caller)
+        if status == 401:
+            # The peer refused this node's signature (a cluster secret that differs, a clock off
+            # by more than the window): the caller's credentials are not in question and nothing
+            # ran there, so the caller is told to retry, as when a node is unreachable.
+            log.warning("node %s refused this node's signed call: %s", address, body.get("detail", body))
+            raise PeerUnreachable(f"node {address} refused this node's call; retry", refused=True)
         if status != ok:
             raise RemoteError(status, body)
         return body

@@ -28,8 +28,10 @@ from queues.api.serializers import (
     QueueUpdateSerializer,
     VisibilityDoc,
 )
+from queues.http import served_header
 from queues.http.auth import CachedTokenAuthentication, ClusterAuthentication, ClusterPeer, request_caller, request_hops
 from queues.models import Queue
+from queues.service import served
 
 ERRORS = {
     400: OpenApiResponse(ErrorDoc, description="bad input; nothing was changed"),
@@ -131,6 +133,8 @@ class CallView(APIView):
     """A POST that runs one of ``calls`` on the queue (or ``topic/subscription``) in the URL."""
 
     call: Callable[..., calls.Answer]
+    #: who served the call (``queues.service.served``), for its answer's header, error or not.
+    served_by: tuple[str, ...] = ()
 
     def target(self, **kwargs: str) -> str:
         return kwargs["name"]
@@ -148,6 +152,7 @@ class CallView(APIView):
 
     def post(self, request: Request, **kwargs: str) -> Response:
         trace_token = tracing.attach_meta(request.META) if tracing.ON else None  # the caller's traceparent
+        served_token = served.begin()
         try:
             status_code, payload = type(self).call(
                 self.target(**kwargs),
@@ -158,7 +163,13 @@ class CallView(APIView):
             )
         finally:
             tracing.detach(trace_token)
+            self.served_by = tuple(served.end(served_token))
         return Response(payload, status=status_code)
+
+    def finalize_response(self, request: Request, response: Response, *args: object, **kwargs: object) -> Response:
+        for name, value in served_header.header_items(self.served_by):
+            response[name] = value
+        return super().finalize_response(request, response, *args, **kwargs)
 
 
 @extend_schema_view(

@@ -36,7 +36,7 @@ from django.db import (
 from django.utils import timezone
 
 from queues import metrics
-from queues.cluster import catalog, leases
+from queues.cluster import catalog, clock, leases, ownership
 from queues.cluster.hooks import ARCHIVE
 from queues.cluster.router import Router
 from queues.engine import keys
@@ -236,10 +236,14 @@ class NodeRuntime:
         #: what :meth:`hint` last published, by target.
         self._hinted: dict[str, tuple[float | None, float | None]] = {}
         self._hint_lock = threading.Lock()
+        #: where this process reports when it starts and stops serving each partition
+        #: (``OWNERSHIP_EVENTS``; None: off, as in production).
+        self.ownership = ownership.events_to(settings.OWNERSHIP_EVENTS, self.node_id, address)
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> NodeRuntime:
-        now = timezone.now()
+        clock.measure()
+        now = clock.now()
         Node.objects.create(
             id=self.node_id,
             address=self.address,
@@ -270,7 +274,7 @@ class NodeRuntime:
             self._queue_managers.clear()
         for m in managers:
             with m.lock:
-                m.closed = True
+                m.close()
             if release:
                 try:
                     leases.release(m.lease, self.node_id)
@@ -377,7 +381,13 @@ class NodeRuntime:
 
     def renew(self) -> None:
         """This node's heartbeat, and the renewal of the leases that are due; a process that
-        does not answer calls (:meth:`is_serving`) gives its leases up instead."""
+        does not answer calls (:meth:`is_serving`) gives its leases up instead.
+
+        With ownership events on, the leases that lapsed are reported first (before anything
+        here waits on the database): a process woken from a pause, or cut from the database,
+        reports that it stopped serving at its next look."""
+        if self.ownership is not None:
+            self.ownership.sweep()
         if not self.is_serving():
             self._give_up_leases()
             return  # no heartbeat either: the other nodes count it out of their fair share
@@ -385,7 +395,8 @@ class NodeRuntime:
             self._gave_up = False
             log.warning("node %s answers calls again: claiming partitions again", self.address)
         with self._leases_lock:
-            Node.objects.filter(pk=self.node_id).update(heartbeat_at=timezone.now(), cooling=self.cooling)
+            clock.measure()
+            Node.objects.filter(pk=self.node_id).update(heartbeat_at=clock.now(), cooling=self.cooling)
             self._renew_leases()
 
     def _give_up_leases(self) -> None:
@@ -424,8 +435,15 @@ class NodeRuntime:
                     log.warning("%s", exc)
                     metrics.LEASES_LOST.labels(m.queue, str(m.index)).inc()
                     with m.lock:
-                        m.closed = True
+                        m.close()
                     self._forget(key, m)
+                elif self.ownership is not None and not m.closed:
+                    # Renewed (or not reached before an error): the reports know its new end,
+                    # and a lease that had lapsed (reported) and is ours again under the same
+                    # epoch is reported served again. After the renewal rather than before it,
+                    # which may fail: under an unchanged epoch no other process can have served
+                    # it meanwhile, and a call answered in between names that same epoch.
+                    self.ownership.renewed(m.lease)
         for _, m, _ in due:
             if m.lease.partition_id not in lost:
                 metrics.LEASE_RENEWALS.labels(m.queue, str(m.index)).inc()
@@ -481,7 +499,7 @@ class NodeRuntime:
 
     def live_nodes(self) -> list[Node]:
         """Nodes that heartbeat, this one included: the divisor of the fair share."""
-        cutoff = timezone.now() - timedelta(seconds=max(2.0, 3 * self.heartbeat))
+        cutoff = clock.now() - timedelta(seconds=max(2.0, 3 * self.heartbeat))
         nodes = list(Node.objects.filter(stopped_at=None, heartbeat_at__gte=cutoff))
         if not any(n.pk == self.node_id for n in nodes):
             nodes.append(Node(pk=self.node_id, address=self.address))
@@ -573,7 +591,7 @@ class NodeRuntime:
         if not m.lock.acquire(timeout=lock_timeout):
             return
         try:
-            m.closed = True
+            m.close()
         finally:
             m.lock.release()
         with self._leases_lock:
@@ -620,7 +638,7 @@ class NodeRuntime:
             if now.get(m.lease.partition_id) != (m.lease.epoch, self.node_id):
                 log.info("%s/%s: epoch %s is over here (purged, deleted or taken over)", *key, m.lease.epoch)
                 with m.lock:
-                    m.closed = True
+                    m.close()
                 self._forget(key, m)
 
     def _open(self, cfg: QueueConfig, lease: leases.Lease) -> tuple[PartitionManager[leases.Lease] | None, bool]:
@@ -645,6 +663,7 @@ class NodeRuntime:
                 outages=leases.ROW_OUTAGES,
             ),
             on_change=functools.partial(self._messages_changed, cfg.name),
+            on_close=functools.partial(self._stopped_serving, lease),
             counters=metrics.MESSAGES,
             subscriptions=cfg.subscriptions,
             archive_sink=ARCHIVE.sink,
@@ -652,15 +671,20 @@ class NodeRuntime:
         )
         _apply_rules(m, cfg)
         key = (cfg.name, lease.index)
+        if self.ownership is not None:
+            self.ownership.serve(lease)  # before the fence: the first act as owner
+        epoch = lease.epoch
         try:
             m.open_head()
+            if self.ownership is not None and lease.epoch != epoch:
+                self.ownership.serve(lease)  # moved past a fence ahead of the row: a new epoch
             with self._lock:
                 self.managers[key] = m  # enqueues are served from here on
                 self._queue_managers.setdefault(cfg.name, {})[lease.index] = m
             m.open_oldest()
         except Exception as exc:
             with m.lock:
-                m.closed = True
+                m.close()
             self._forget(key, m)
             # The row names this node now: hand it back, else nobody (this node included) would
             # take it before its nonce had stood a lease period, and its calls would be answered
@@ -680,6 +704,11 @@ class NodeRuntime:
             return None, False
         self._messages_changed(cfg.name)
         return m, False
+
+    def _stopped_serving(self, lease: leases.Lease) -> None:
+        """A manager of this node was closed: it no longer acts as owner under ``lease``."""
+        if self.ownership is not None:
+            self.ownership.unserve(lease)
 
     def _rates_of(self, key: tuple[str, int], enqueued: int, acked: int) -> tuple[float, float]:
         """Enqueue and ack rates of a partition, averaged over about a minute (an EWMA of the
@@ -848,7 +877,7 @@ class NodeRuntime:
         for key, m in list(self.managers.items()):
             if key[0] == name:
                 with m.lock:
-                    m.closed = True
+                    m.close()
                 self._forget(key, m)
 
     def local_managers(self, queue: str) -> list[PartitionManager[leases.Lease]]:

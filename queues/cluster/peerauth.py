@@ -20,7 +20,7 @@ share the public port: ``queues.cluster.serving``) or of another, is refused the
 it may reach remembers it.
 The receiver (:func:`verify`) refuses a bad signature, a timestamp more than
 ``settings.CLUSTER_CLOCK_SKEW`` (30 s) off its clock, and a signature it has already accepted
-(a replay), and one whose timestamp is earlier than this process's start (:data:`NOT_BEFORE`):
+(a replay), and one whose timestamp is earlier than this process's start (:data:`STARTED`, on the cluster's clock):
 a restarted process has forgotten what it accepted before, so a call captured before the
 restart is refused, not replayed. Accepted signatures are remembered by this process (:class:`SeenSignatures`) until
 their timestamp has left the window, after which the timestamp check refuses a replay anyway;
@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
+from queues.cluster import clock
 from queues.errors import Refused, Unavailable
 
 #: beside a forwarded call: the HMAC (hex) over the request; see the module docstring.
@@ -73,12 +74,12 @@ SEEN_MAX = 100_000
 _SCHEME = b"MQ-HMAC-SHA256-v2"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
-#: Signatures made before this (Unix seconds: when this module was loaded, before the process
-#: serves or registers its address) are refused: the replay guard (:data:`SEEN`) lives in this
+#: Signatures made before this (Unix seconds on this node's wall clock, read on the cluster's
+#: clock: when this module was loaded, before the process serves or registers its address) are refused: the replay guard (:data:`SEEN`) lives in this
 #: process's memory, so it cannot know what an earlier process at this address accepted. A
 #: peer's clock behind this one by more than the time between this process's start and its
 #: first call would see that first call refused (401), as a clock off by more than the window.
-NOT_BEFORE = time.time()
+STARTED = time.time()
 
 #: where :func:`verify_headers` leaves its answer in the request's environ (checked once).
 VERIFIED_KEY = "mq.peer_call"
@@ -147,7 +148,7 @@ def sign(
     """The headers that authenticate ``method path`` (``path`` with its query string, as sent)
     with ``body`` to the node process at ``to`` (its ``Node.address``): hop count, user,
     timestamp, nonce, recipient and signature."""
-    timestamp = f"{time.time() if now is None else now:.3f}"
+    timestamp = f"{clock.time_s() if now is None else now:.3f}"
     nonce = nonce or secrets.token_hex(12)
     content = hashlib.sha256(body).hexdigest()
     headers = {
@@ -225,7 +226,7 @@ def verify_headers(environ: Mapping[str, str], method: str, path: str, *, now: f
         raise PeerAuthFailed("bad cluster signature")
     if ADDRESS is not None and to != ADDRESS:
         raise PeerAuthFailed(f"cluster signature is for {to!r}, not this node process ({ADDRESS})")
-    now = time.time() if now is None else now
+    now = clock.time_s() if now is None else now
     skew = settings.CLUSTER_CLOCK_SKEW
     try:
         signed_at = float(timestamp)
@@ -233,7 +234,7 @@ def verify_headers(environ: Mapping[str, str], method: str, path: str, *, now: f
         signed_at = math.nan
     if not abs(now - signed_at) <= skew:  # NaN too
         raise PeerAuthFailed(f"cluster signature timestamp {timestamp!r} is more than {skew:g} s off this node's clock")
-    if signed_at < NOT_BEFORE:
+    if signed_at < STARTED + clock.offset():
         raise PeerAuthFailed(f"cluster signature timestamp {timestamp!r} is from before this node process started")
     if not SEEN.add(expected, time.monotonic(), 2 * skew):
         raise PeerAuthFailed("replayed cluster signature")

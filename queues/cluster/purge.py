@@ -63,8 +63,9 @@ def purge_partition(partition_id: int, store: KeyValueStore) -> int | None:
         block_size = p.queue.block_size
 
         def read(block_id: str) -> Block | None:
-            raw = store.get(block_key(queue, index, block_id))
-            return Block.from_bytes(raw) if raw is not None else None
+            key = block_key(queue, index, block_id)
+            raw = store.get(key)
+            return Block.from_bytes(raw, key) if raw is not None else None
 
         Partition.objects.filter(pk=partition_id).update(
             epoch=epoch,
@@ -88,7 +89,7 @@ def purge_partition(partition_id: int, store: KeyValueStore) -> int | None:
         # after the fence, so no owner moves it since; then the store's head record is emptied
         # as the row's pointer was, so the next owner starts an empty tree.
         record_key = head_key(queue, index)
-        old_head = newest_head(p.head_block or None, parse_head_record(store.get(record_key)), read)
+        old_head = newest_head(p.head_block or None, parse_head_record(store.get(record_key), record_key), read)
         try:
             store.put(record_key, head_record(epoch, None), fence=Fence(fence_key(queue, index), epoch))
         except Fenced:

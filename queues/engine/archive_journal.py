@@ -78,7 +78,7 @@ def on_ack(
         for m, raw in zip(missing, store.get_many([str(m) for m in missing])):
             if raw is None:
                 continue  # gone already: acknowledged before, nothing to archive
-            if StoredMessage.from_bytes(raw).archived:
+            if StoredMessage.from_bytes(raw, str(m)).archived:
                 stubs.append(m)  # retention archived it already: the ack time is what is new
             else:
                 found.append((m, raw))

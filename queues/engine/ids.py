@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from queues.engine.format import refuse
 from queues.engine.keys import message_key
 
 _MESSAGE_ID = re.compile(
@@ -165,8 +166,13 @@ class StoredMessage(NamedTuple):
         return orjson.dumps(data)
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> StoredMessage:
+    def from_bytes(cls, raw: bytes, key: str = "") -> StoredMessage:
+        """The record stored under ``key`` (its message ID: for the error only). Raises
+        ``StoredFormatTooNew`` for a record of a later format version (``queues.engine.format``:
+        version 1, the only one, holds no ``"v"``; one look-up)."""
         d = orjson.loads(raw)
+        if "v" in d:
+            refuse(key, "message", d)
         return cls(
             d["b"],
             d["t"],

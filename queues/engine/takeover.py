@@ -17,6 +17,7 @@ from collections.abc import Callable
 from queues.engine import keys
 from queues.engine.blocks import BlockState
 from queues.engine.cursor import Cursor
+from queues.engine.format import read_count
 from queues.engine.ids import StoredMessage
 from queues.engine.ports import Prunes, Removes, Routes, TakeoverState
 from queues.engine.tree import AppendTree, Block, BlockReader, newest_head, parse_head_record
@@ -64,8 +65,9 @@ class Takeover:
 
     def read_block(self, block_id: str) -> Block | None:
         p = self.p
-        raw = p.store.get(keys.block_key(p.queue, p.index, block_id))
-        return Block.from_bytes(raw) if raw is not None else None
+        key = keys.block_key(p.queue, p.index, block_id)
+        raw = p.store.get(key)
+        return Block.from_bytes(raw, key) if raw is not None else None
 
     def open_head(self) -> None:
         """Fence out earlier owners and load the head: enqueues may start. O(log N) reads."""
@@ -79,7 +81,8 @@ class Takeover:
             # blocks under the fence; the row may be behind it (a database restored from a
             # backup, or rebuilt from the queue descriptions): the newer wins (newest_head).
             row_head = p.row.read_head()
-            record = parse_head_record(p.store.get(keys.head_key(p.queue, p.index)))
+            head_key = keys.head_key(p.queue, p.index)
+            record = parse_head_record(p.store.get(head_key), head_key)
             read = _memo(self.read_block)
             head_id = newest_head(row_head, record, read)
             if head_id != row_head:
@@ -151,7 +154,7 @@ class Takeover:
         for name, raw in zip(names, p.store.get_many([f"{bucket}/{n}" for n in names])):
             pos = keys.parse_position(name)
             if raw is not None and pos is not None:
-                c.receives[keys.message_key(p.queue, p.index, *pos)] = int(raw)
+                c.receives[keys.message_key(p.queue, p.index, *pos)] = read_count(raw, f"{bucket}/{name}")
         if not c.shared:
             for name in p.store.scan(keys.acks_bucket(p.queue, p.index, c.name)):
                 pos = keys.parse_position(name)
@@ -171,7 +174,7 @@ class Takeover:
         try:
             return self._scan_once()
         except Exception:
-            self.p.closed = True
+            self.p.close()
             raise
 
     def _scan_once(self) -> bool:
@@ -198,7 +201,7 @@ class Takeover:
             for i, mid, raw in zip(live, ids, records):
                 if raw is None:
                     continue  # acknowledged between the scan and the read
-                message = StoredMessage.from_bytes(raw)
+                message = StoredMessage.from_bytes(raw, mid)
                 state.live.add(i)
                 if message.archived:
                     state.archived.add(i)

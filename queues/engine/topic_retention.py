@@ -134,6 +134,6 @@ class TopicRetention:
                 try:
                     self.remover.remove_everywhere([mid for mid in lost if p.stored(mid)])
                 except KVError as exc:
-                    p.closed = True  # reopened from the store, which still has the stubs
+                    p.close()  # reopened from the store, which still has the stubs
                     raise PartitionUnavailable(f"{p.queue}/{p.index}: store delete failed: {exc}") from exc
                 p.archive_missing_total += len(lost)

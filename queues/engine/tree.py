@@ -36,6 +36,7 @@ from typing import Any
 
 import orjson
 
+from queues.engine.format import refuse
 from queues.errors import Fault
 
 BlockReader = Callable[[str], "Block | None"]
@@ -108,8 +109,13 @@ class Block:
         )
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> Block:
-        return cls(*orjson.loads(raw))
+    def from_bytes(cls, raw: bytes, key: str = "") -> Block:
+        """The record stored under ``key`` (for the error only). Raises ``StoredFormatTooNew``
+        for a record of a later format version (``queues.engine.format``: version 1 is a list)."""
+        record = orjson.loads(raw)
+        if type(record) is not list:
+            refuse(key, "block", record)
+        return cls(*record)
 
     @property
     def is_leaf(self) -> bool:
@@ -318,12 +324,17 @@ def head_record(epoch: int, head_id: str | None) -> bytes:
     return orjson.dumps([epoch, head_id])
 
 
-def parse_head_record(raw: bytes | None) -> tuple[int, str | None] | None:
-    """``(epoch, head id)`` of a stored head record; None when the store has none (no block
-    allocated in the partition since the record was introduced)."""
+def parse_head_record(raw: bytes | None, key: str = "") -> tuple[int, str | None] | None:
+    """``(epoch, head id)`` of a stored head record (under ``key``: for the error only); None
+    when the store has none (no block allocated in the partition since the record was
+    introduced). Raises ``StoredFormatTooNew`` for a record of a later format version
+    (``queues.engine.format``: version 1 is a list)."""
     if raw is None:
         return None
-    epoch, head_id = orjson.loads(raw)
+    record = orjson.loads(raw)
+    if type(record) is not list:
+        refuse(key, "head", record)
+    epoch, head_id = record
     return int(epoch), head_id or None
 
 

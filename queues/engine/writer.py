@@ -106,7 +106,7 @@ class Writer:
                     # Anything else: the tree in memory may be ahead of the store, and a later
                     # block must never point at one that was not stored. Close; the node
                     # reopens from the store.
-                    p.closed = True
+                    p.close()
                     raise
                 self._adopt_blocks(new_blocks)
             self.head_writable, p.next_index = True, next_index

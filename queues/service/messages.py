@@ -33,6 +33,7 @@ from queues.engine.isotime import iso
 from queues.engine.partition import Delivery, PartitionManager
 from queues.engine.ports import Lease
 from queues.models import Queue
+from queues.service import served
 from queues.service.errors import (
     InvalidRequest,
     NotServedHere,
@@ -211,13 +212,20 @@ def _enqueue_somewhere(
             lambda address: get_peers().enqueue(address, cfg.name, _without_dedup(drafts), hops, caller),
         )
     if (cfg.name, index) in rt.managers or hops >= MAX_HOPS:
-        return rt.manager(cfg.name, index).enqueue(messages)
+        return _enqueue_here(rt.manager(cfg.name, index), messages)
     return _at_owner(
         cfg,
         index,
-        lambda: rt.manager(cfg.name, index).enqueue(messages),
+        lambda: _enqueue_here(rt.manager(cfg.name, index), messages),
         lambda address: get_peers().enqueue(address, cfg.name, _without_dedup(drafts), hops, caller),
     )
+
+
+def _enqueue_here(m: PartitionManager[Lease], messages: list[StoredMessage]) -> list[str]:
+    """Store ``messages`` in this node's partition ``m``; their IDs."""
+    ids = m.enqueue(messages)
+    served.record(m)
+    return ids
 
 
 def _owner_wait() -> float:
@@ -299,7 +307,7 @@ def _enqueue_any_local(queue: str, messages: list[StoredMessage], *, even_if_coo
     for i in range(len(managers)):
         m = managers[(start + i) % len(managers)]
         try:
-            return m.enqueue(messages)
+            return _enqueue_here(m, messages)
         except PartitionUnavailable as exc:
             last = exc
     assert last is not None
@@ -665,6 +673,7 @@ def _dequeue_local(cfg: QueueConfig, sub: str, max_messages: int, visibility_tim
             got = m.dequeue(max_messages - len(out), visibility_timeout, sub)
             if got:  # what cannot be read now is given back, not left hidden
                 out.extend(m.load_bodies(got, sub))
+                served.record(m)
         except PartitionUnavailable:
             continue
         if len(out) >= max_messages:
@@ -921,6 +930,8 @@ def _ack_local(
     """
     unique = list({str(mid): (mid, receipt) for mid, receipt in items}.values())
     groups = _managers_of(queue, unique)
+    for m, _ in groups:
+        served.record(m)
     if len(groups) == 1:
         m, group = groups[0]
         removed = m.ack(group, sub=sub, unexpired=unexpired)
@@ -988,6 +999,7 @@ def _change_visibility_here(
     with m.lock:
         m.check_serving()
         receive_count = m.change_visibility_locked(mid, receipt, visibility_timeout, sub)
+    served.record(m)
     if visibility_timeout == 0:
         given_back.send_robust(sender=None, target=target, message_id=str(mid), receive_count=receive_count)
 

@@ -18,10 +18,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.utils import timezone
 
 from queues.access import Caller, Forbidden, audit, granted_now
-from queues.cluster import catalog
+from queues.cluster import catalog, clock
 from queues.engine.config import QueueConfig
 from queues.engine.ids import group_partition
 from queues.models import Node, Partition
@@ -90,7 +89,7 @@ def enqueue_through_node(
 
 def _nodes_for(cfg: QueueConfig, drafts: Sequence[MessageDraft]) -> list[str]:
     """The addresses of the live nodes to ask, best first (see :func:`enqueue_through_node`)."""
-    live = Node.objects.filter(stopped_at=None, heartbeat_at__gte=alive_cutoff(timezone.now()))
+    live = Node.objects.filter(stopped_at=None, heartbeat_at__gte=alive_cutoff(clock.now()))
     owners = dict(
         Partition.objects.filter(queue_id=cfg.id, owner__in=live)
         .values_list("index", "owner__address")

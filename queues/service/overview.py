@@ -20,9 +20,9 @@ from typing import TypedDict
 
 from django.conf import settings
 from django.db.models import Count, F, Sum
-from django.utils import timezone
 
 from queues.access import Caller
+from queues.cluster import clock
 from queues.models import Node, Partition, Queue, RateSample
 from queues.service.reads import permitted_queues
 
@@ -107,8 +107,9 @@ def cluster_overview(
     """The overview for ``caller``: its queues (``read``; of those, the ones whose row IDs are in
     ``only`` when given), and the nodes when ``with_nodes`` (the console shows them to a user
     who may view nodes). Each queue's rate history holds the last ``RATE_HISTORY_SECONDS``, or
-    only its points after ``history_after`` (epoch seconds: a page that has the earlier ones)."""
-    now = timezone.now()
+    only its points after ``history_after`` (epoch seconds: a page that has the earlier ones).
+    Heartbeats are read on the cluster's clock (``queues.cluster.clock``)."""
+    now = clock.now()
     cutoff = alive_cutoff(now)
     readable = permitted_queues(caller)
     if only is not None:

@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 
+import orjson
 import pytest
 from django.conf import settings
 from rest_framework.test import APIClient
@@ -21,6 +22,7 @@ from archive import archiver
 from archive.models import ArchivedMessage, ArchiverLock
 from queues import service
 from queues.engine import archive_journal
+from queues.engine import format as stored_format
 from queues.engine.keys import incarnation
 from tests.integration.nodes import Client, backend_store, node_info, wait_until
 
@@ -166,6 +168,34 @@ def test_archive_mode_can_be_changed_through_the_api(api, make_archived_queue):
     r = api.patch(f"/api/v1/queues/{name}", {"archive": "sometimes"}, format="json")
     assert r.status_code == 400 and r.json()["error"] == "invalid"
     assert api.get(f"/api/v1/queues/{name}").json()["archive"] == "acked"
+
+
+@pytest.mark.django_db
+def test_a_journal_entry_of_a_later_stored_format_is_kept_not_dropped(api, runtime, make_archived_queue, caplog):
+    from queues.models import Queue
+
+    # given a queue archiving every message, 6 in its 2 partitions, and one journal entry as a
+    # node of a newer release would store it (queues.engine.format)
+    name = make_archived_queue(archive="all")
+    ids = enqueue(api, name, [{"body": f"m{i}"} for i in range(6)])
+    view = runtime.store.within(incarnation(Queue.objects.get(name=name).pk))
+    target = ids[0]
+    index = int(target.split("/")[1])
+    [(entry, _)] = archive_journal.entries(name, index, [(target, b"")])
+    later = stored_format.envelope(2, orjson.loads(view.get(entry)))
+    view.put(entry, later)
+    journaled = len(view.scan(archive_journal.bucket(name, index)))
+    # when the archiver runs
+    with caplog.at_level("ERROR"):
+        archiver.run(name, store=runtime.store)
+    # then that partition's journal is left whole for an archiver that reads it (nothing
+    # dropped as unreadable), the refusal logged with the key and the version; the other
+    # partition is archived
+    assert view.get(entry) == later
+    assert len(view.scan(archive_journal.bucket(name, index))) == journaled
+    assert any(target in r.getMessage() and "version 2" in r.getMessage() for r in caplog.records)
+    archived = set(ArchivedMessage.objects.filter(queue=name).values_list("message_id", flat=True))
+    assert archived == {m for m in ids if int(m.split("/")[1]) != index}
 
 
 # --- lookup and listing ---------------------------------------------------------------------------

@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from nemesis import clocks
+from nemesis.faults import DEFAULT_KINDS
+from nemesis.history import read
+from nemesis.netns import Network
 from nemesis.run import ROOT, Options, run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -28,9 +32,14 @@ def _seed() -> int:
     return seed
 
 
+#: The suite's run: the default faults, and clock drift where libfaketime is installed (the
+#: project's scripts install it: scripts/services.sh packages).
+KINDS = (*DEFAULT_KINDS, "drift") if clocks.available()[0] else DEFAULT_KINDS
+
+
 def test_a_seeded_run_of_mixed_faults_keeps_every_guarantee():
     seed = _seed()
-    outcome = run(Options(seed, duration=100, out=OUT))
+    outcome = run(Options(seed, duration=100, kinds=KINDS, out=OUT))
     anomalies = {name: n for name, n in outcome.result.anomalies.items() if n}
     assert outcome.valid, (
         f"seed {seed}: {anomalies or outcome.errors}; history, summary.json and picture.png in {outcome.directory}"
@@ -81,3 +90,22 @@ def test_a_build_without_fencing_is_caught(tmp_path):
     assert sum(caught.values()) > 0, (
         f"seed {seed}: a build without fencing passed the checker ({outcome.result.anomalies}); {outcome.directory}"
     )
+
+
+#: Runs that found a fault in the service, kept as they were: (seed, seconds, faults). Seed 5
+#: found a node with its wall clock minutes off refused by its peers (tests/integration/test_cluster_clock.py).
+FOUND = [(5, 60, ("drift", "partition-stores", "partition-peers", "kill"))]
+
+
+@pytest.mark.parametrize(("seed", "seconds", "kinds"), FOUND, ids=[f"seed{seed}" for seed, _, _ in FOUND])
+def test_a_run_that_found_a_fault_passes_since(seed, seconds, kinds):
+    if not clocks.available()[0]:
+        pytest.skip(f"libfaketime: {clocks.available()[1]}")
+    if not Network.available()[0]:
+        pytest.skip(f"network namespaces: {Network.available()[1]}")
+    outcome = run(Options(seed, duration=seconds, kinds=kinds, out=OUT))
+    anomalies = {name: n for name, n in outcome.result.anomalies.items() if n}
+    assert outcome.valid, f"seed {seed}: {anomalies or outcome.errors}; {outcome.directory}"
+    # and no client was refused for what the nodes did among themselves
+    refused = [op for op in read(outcome.directory / "history.jsonl").ops if op.status in (401, 403)]
+    assert not refused, refused[:3]

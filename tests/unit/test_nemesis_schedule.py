@@ -24,7 +24,7 @@ def test_faults_fit_the_run_and_never_share_a_target(seed):
     held: dict[str, float] = {}
     upgrade_until = 0.0
     for f in faults:  # in order of start
-        assert 5 <= f.at and f.at + f.duration <= 295
+        assert f.at >= 5 and f.at + f.duration <= 295
         assert held.get(f.target, 0.0) <= f.at, f"{f.describe()} while its target is still under a fault"
         held[f.target] = f.at + f.duration
         if f.kind in ("pause", "partition-stores", "partition-peers"):

@@ -111,9 +111,22 @@ def test_a_call_signed_before_this_process_started_is_refused(monkeypatch):
     # The replay guard is this process's memory: what was signed before it started may have
     # been accepted by the process before it, at the same address.
     now = time.time()
-    monkeypatch.setattr(peerauth, "NOT_BEFORE", now)
+    monkeypatch.setattr(peerauth, "STARTED", now)
     old = peerauth.sign("POST", "/p", b"", 0, None, now=now - 3.8)
     with pytest.raises(peerauth.PeerAuthFailed, match="before this node process started"):
         peerauth.verify(_environ(old, "/p"), "POST", "/p", b"", now=now)
     fresh = peerauth.sign("POST", "/p", b"", 0, None, now=now + 0.5)
     assert peerauth.verify(_environ(fresh, "/p"), "POST", "/p", b"", now=now + 1) is not None
+
+
+def test_a_peer_that_refuses_this_node_s_signature_is_a_503_to_the_caller(monkeypatch):
+    # The caller's own credentials were accepted here; a peer refusing this node's signature
+    # (another cluster secret, a clock outside the window) is the cluster's trouble: retry.
+    from queues.api.peers import HttpPeers
+    from queues.service import PeerUnreachable
+
+    peers = HttpPeers()
+    monkeypatch.setattr(peers, "post", lambda *a, **k: (401, {"error": "authentication_failed", "detail": "..."}))
+    with pytest.raises(PeerUnreachable, match="refused this node's call") as caught:
+        peers.call("10.0.0.1:1", "q", "enqueue", {}, 0, None, ok=201)
+    assert caught.value.refused and caught.value.retry_after
