@@ -145,7 +145,7 @@ class Acks:
             except Fenced as exc:
                 raise p.lost(exc) from exc
             except KVError as exc:
-                p.closed = True  # memory and store may disagree now: reopen from the store
+                p.close()  # memory and store may disagree now: reopen from the store
                 raise PartitionUnavailable(f"{p.queue}/{p.index}: store write failed: {exc}") from exc
             for mid in held:
                 c.live.get(mid.block, set()).discard(mid.index)

@@ -59,6 +59,7 @@ class PartitionState(Generic[LeaseT]):
         cache: BodyCache,
         row: LeaseRow,
         on_change: Callable[[], None] = lambda: None,
+        on_close: Callable[[], None] = lambda: None,
         counters: Counters = NO_COUNTERS,
         subscriptions: Sequence[SubscriptionSpec] | None = None,
         archive_sink: Callable[[list[tuple[str, bytes]]], object] | None = None,
@@ -77,6 +78,10 @@ class PartitionState(Generic[LeaseT]):
         self.row = row
         #: called when messages may have become deliverable (wakes the long polls).
         self.on_change = on_change
+        #: called once, when the partition is closed (:meth:`close`), after it stopped serving:
+        #: the node reports it (``queues.cluster.ownership``). Whoever closes it, the node or a
+        #: collaborator after a failure, closes it through :meth:`close`.
+        self.on_close = on_close
         self.counters = counters
         self.fence = Fence(keys.fence_key(self.queue, self.index), lease.epoch)
         #: ``monotonic()`` before the store last confirmed ``fence`` (see :data:`FENCE_TRUST`);
@@ -110,8 +115,9 @@ class PartitionState(Generic[LeaseT]):
         self.readers = list(self.cursors.values())
         self.enqueue_ready = False
         self.dequeue_ready = False
-        #: set by the node (lease lost or given up, queue deleted or purged) or after a store
-        #: failure that left memory and store apart; a closed partition is never reopened.
+        #: stopped serving (:meth:`close`): a plain attribute, read on every call. Closed by the
+        #: node (lease lost or given up, queue deleted or purged) or after a store failure that
+        #: left memory and store apart; a closed partition is never reopened.
         self.closed = False
         self.enqueued_total = 0
         self.dead_lettered_total = 0
@@ -166,6 +172,14 @@ class PartitionState(Generic[LeaseT]):
         return sum(c.redelivery.in_flight_count(now) for c in self.readers)
 
     # --- guards -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop serving: every call is refused from now on (:attr:`closed`). By the node (lease
+        lost or given up, queue deleted or purged) or by a collaborator after a failure; the
+        first close calls :attr:`on_close`. Called with the lock held (the node takes it too)."""
+        if not self.closed:
+            self.closed = True
+            self.on_close()
+
     def check_serving(self) -> None:
         """Raise PartitionUnavailable unless the partition serves: open, and its lease valid."""
         if self.closed:
@@ -181,7 +195,7 @@ class PartitionState(Generic[LeaseT]):
     def lost(self, exc: Exception) -> PartitionUnavailable:
         """Close after a fenced write or a moved fence (another owner now); the error to raise."""
         log.warning("%s/%s: giving up ownership: %s", self.queue, self.index, exc)
-        self.closed = True
+        self.close()
         return PartitionUnavailable(f"{self.queue}/{self.index} changed owner; retry")
 
     # --- what is stored and held --------------------------------------------------------------
@@ -248,7 +262,7 @@ class PartitionState(Generic[LeaseT]):
                 raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
             for mid, raw in zip(missing, raws):
                 if raw is not None:
-                    out[mid] = StoredMessage.from_bytes(raw)
+                    out[mid] = StoredMessage.from_bytes(raw, mid)
         return out
 
     # --- keys of a cursor's own records -------------------------------------------------------
