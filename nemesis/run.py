@@ -44,7 +44,7 @@ from nemesis.clocks import Drift
 from nemesis.clocks import available as clock_tools
 from nemesis.faults import DEFAULT_KINDS, KINDS, Fault, Nemesis, schedule
 from nemesis.history import NodeEvent, Recorder, read
-from nemesis.netns import Network
+from nemesis.netns import Network, remove_leftovers
 from nemesis.release import Release, prepare
 from nemesis.stores import Stores
 from tests.launcher import NodeProcess, free_ports
@@ -197,6 +197,9 @@ class Run:
         ok, why = Network.available()
         if not ok:
             raise SystemExit(f"nemesis: the partition faults need network namespaces: {why}")
+        gone = remove_leftovers()  # of runs killed before they could remove their own
+        if gone:
+            print(f"nemesis: removed what killed runs left: {', '.join(gone)}", flush=True)
         self.network = Network(secrets.token_hex(3), self.names).__enter__()
 
     def start_stores(self) -> None:
@@ -363,8 +366,11 @@ class Run:
         return {
             "kill": (kill, restart),
             "pause": (pause, resume),
-            "redis-kill": (lambda f: self.stores.restart_redis(), nothing),
-            "redis-pause": (lambda f: self.stores.pause("redis"), lambda f: self.stores.resume("redis")),
+            "redis-kill": (lambda f: self.stores.restart_redis(self.redis_primary(f)), nothing),
+            "redis-pause": (
+                lambda f: self.stores.pause("redis", self.redis_primary(f)),
+                lambda f: self.stores.resume("redis", self.redis_primary(f)),
+            ),
             "pg-restart": (lambda f: self.stores.restart_pg(), nothing),
             "pg-pause": (lambda f: self.stores.pause("pg"), lambda f: self.stores.resume("pg")),
             "upgrade": (downgrade, replace),
@@ -372,6 +378,13 @@ class Run:
             "partition-stores": (cut("stores"), heal),
             "partition-peers": (cut("peers"), heal),
         }
+
+    def redis_primary(self, f: Fault) -> int | None:
+        """The Redis a Redis fault hits: on the Redis Cluster, one of its three primaries
+        (chosen by the fault's time, so by the seed), else the one Redis."""
+        if self.opts.kv != "redis-cluster":
+            return None
+        return self.stores.cluster_port + int(f.at * 100) % 3
 
     # --- the run ----------------------------------------------------------------------------
     def go(self) -> Outcome:
@@ -513,6 +526,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--netns", action="store_true", help="nodes in network namespaces (the partition faults imply it)"
     )
     args = parser.parse_args(argv)
+    # SIGTERM as Ctrl-C: the run stops its nodes and stores and removes its namespaces
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seed = args.seed if args.seed is not None else secrets.randbelow(10**6)
     kinds = [] if args.faults == "none" else [k.strip() for k in args.faults.split(",") if k.strip()]
     opts = Options(

@@ -75,8 +75,8 @@ class Stores:
         return self
 
     def stop(self) -> None:
-        for kind in ("redis", "pg"):
-            self._cont(kind)  # a paused server cannot stop
+        for kind, port in [("redis", None), ("pg", None), *(("redis", self.cluster_port + i) for i in range(3))]:
+            self._cont(kind, port)  # a paused server cannot stop
         self._services("stop")
 
     def address(self, host: str = "127.0.0.1") -> dict[str, str]:
@@ -91,33 +91,38 @@ class Stores:
 
     # ------------------------------------------------------------------------------- faults
 
-    def restart_redis(self) -> None:
-        """SIGKILL the Redis server, start it again: it comes back with what its AOF holds."""
+    def restart_redis(self, cluster_port: int | None = None) -> None:
+        """SIGKILL the Redis server (or the Redis Cluster's primary on ``cluster_port``), start
+        it again: it comes back with what its AOF holds."""
         with self._lock:
-            self._services("redis-restart")
+            if cluster_port is None:
+                self._services("redis-restart")
+            else:
+                self._services("redis-cluster-restart", str(cluster_port))
 
     def restart_pg(self) -> None:
         """``pg_ctl restart -m fast``: every connection is cut."""
         with self._lock:
             self._services("pg-restart")
 
-    def pause(self, kind: str) -> None:
-        """SIGSTOP the server (``redis`` or ``pg``, every process of it): calls to it hang."""
-        for pid in self._pids(kind):
+    def pause(self, kind: str, cluster_port: int | None = None) -> None:
+        """SIGSTOP the server (``redis``, or the Redis Cluster's primary on ``cluster_port``, or
+        ``pg``, every process of it): calls to it hang."""
+        for pid in self._pids(kind, cluster_port):
             _signal(pid, signal.SIGSTOP)
 
-    def resume(self, kind: str) -> None:
-        self._cont(kind)
+    def resume(self, kind: str, cluster_port: int | None = None) -> None:
+        self._cont(kind, cluster_port)
 
-    def _cont(self, kind: str) -> None:
-        for pid in self._pids(kind):
+    def _cont(self, kind: str, cluster_port: int | None = None) -> None:
+        for pid in self._pids(kind, cluster_port):
             _signal(pid, signal.SIGCONT)
 
-    def _pids(self, kind: str) -> list[int]:
+    def _pids(self, kind: str, cluster_port: int | None = None) -> list[int]:
         if kind == "redis":
-            pid_file = self.directory / "redis" / "redis.pid"
+            folder = "redis" if cluster_port is None else f"redis-cluster-{cluster_port}"
             try:
-                return [int(pid_file.read_text().split()[0])]
+                return [int((self.directory / folder / "redis.pid").read_text().split()[0])]
             except (OSError, ValueError, IndexError):
                 return []
         if kind == "pg":

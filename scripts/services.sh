@@ -6,6 +6,7 @@
 #   scripts/services.sh redis-replica start|stop|status PORT   # a replica of the main Redis
 #   scripts/services.sh redis-cluster start|stop|status        # the three-primary Redis Cluster
 #   scripts/services.sh redis-restart        # SIGKILL the Redis, start it again: only its AOF survives
+#   scripts/services.sh redis-cluster-restart PORT   # the same for one primary of the Redis Cluster
 #   scripts/services.sh pg-restart           # pg_ctl restart -m fast (every connection is cut)
 #   scripts/services.sh pause redis|pg SECS  # SIGSTOP the server for SECS, then SIGCONT: it is
 #                                            # unreachable (connections hang, nothing is refused)
@@ -397,14 +398,32 @@ cluster_wait_ok() {  # $1: seconds
     return 1
 }
 
+cluster_node_start() {  # $1: the primary's port
+    redis_start_in "$(cluster_dir "$1")" "$1" "cluster-enabled yes
+cluster-config-file nodes.conf
+cluster-port $(($1 + 3))
+cluster-node-timeout 5000${services_host:+
+cluster-announce-ip $services_host}"
+}
+
+# SIGKILL one primary of the cluster and start it again: its slots come back with its AOF.
+redis_cluster_restart_node() {
+    local port="${1:-}" pid i
+    [[ " $(cluster_ports) " == *" $port "* ]] || die "usage: $0 redis-cluster-restart PORT (one of $(cluster_ports))"
+    pid="$(redis_pid "$(cluster_dir "$port")")"
+    [ -n "$pid" ] || die "redis cluster node :$port is not running"
+    log "killing redis cluster node :$port (pid $pid) and starting it again from its AOF"
+    kill -KILL "$pid"
+    for i in $(seq 1 100); do [ -d "/proc/$pid" ] || break; sleep 0.05; done
+    [ -d "/proc/$pid" ] && die "redis cluster node :$port (pid $pid) survived SIGKILL"
+    cluster_node_start "$port"
+    cluster_wait_ok "$timeout" || die "redis cluster not ok ${timeout}s after :$port came back"
+}
+
 redis_cluster_start() {
     local p addrs=()
     for p in $(cluster_ports); do
-        redis_start_in "$(cluster_dir "$p")" "$p" "cluster-enabled yes
-cluster-config-file nodes.conf
-cluster-port $((p + 3))
-cluster-node-timeout 5000${services_host:+
-cluster-announce-ip $services_host}"
+        cluster_node_start "$p"
         addrs+=("${services_host:-127.0.0.1}:$p")
     done
     local state; state="$(cluster_state)"
@@ -592,7 +611,8 @@ case "${1:-}" in
     redis-replica) shift; redis_replica "$@" ;;
     redis-cluster) shift; redis_cluster "$@" ;;
     redis-restart) with_lock; redis_restart ;;
+    redis-cluster-restart) with_lock; redis_cluster_restart_node "${2:-}" ;;
     pg-restart) with_lock; pg_restart ;;
     pause) pause_server "${2:-}" "${3:-}" ;;
-    *) echo "usage: $0 start|stop|restart|status|env | redis-replica start|stop|status PORT | redis-cluster start|stop|status | redis-restart | pg-restart | pause redis|pg SECONDS" >&2; exit 2 ;;
+    *) echo "usage: $0 start|stop|restart|status|env | redis-replica start|stop|status PORT | redis-cluster start|stop|status | redis-restart | redis-cluster-restart PORT | pg-restart | pause redis|pg SECONDS" >&2; exit 2 ;;
 esac
