@@ -508,6 +508,12 @@ def run(opts: Options) -> Outcome:
     return outcome
 
 
+def _terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("nemesis: terminated; stopping the nodes and the stores", file=sys.stderr, flush=True)
+    sys.exit(143)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nemesis.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=5.0, help="how long the faults go on (default 5)")
@@ -526,8 +532,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--netns", action="store_true", help="nodes in network namespaces (the partition faults imply it)"
     )
     args = parser.parse_args(argv)
-    # SIGTERM as Ctrl-C: the run stops its nodes and stores and removes its namespaces
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # SIGTERM as Ctrl-C: the run stops its nodes and stores and removes its namespaces; once
+    # (``timeout`` and a process group's kill send it twice: the second must not cut the
+    # clean-up short)
+    signal.signal(signal.SIGTERM, _terminated)
     seed = args.seed if args.seed is not None else secrets.randbelow(10**6)
     kinds = [] if args.faults == "none" else [k.strip() for k in args.faults.split(",") if k.strip()]
     opts = Options(
