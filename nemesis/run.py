@@ -47,12 +47,14 @@ from nemesis.history import NodeEvent, Recorder, read
 from nemesis.netns import Network, remove_leftovers
 from nemesis.release import Release, prepare
 from nemesis.stores import Stores
-from tests.launcher import NodeProcess, free_ports
+from tests.launcher import NodeFailed, NodeProcess, free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 
 #: The queues' lease period (seconds): short, so that takeovers happen often.
 LEASE_PERIOD = 3
+#: Starts of a node (after a kill, an upgrade, a drift) before the run gives up on it.
+START_TRIES = 5
 #: The consumers' visibility timeout (seconds): a message whose ack was lost comes back soon.
 VISIBILITY = 4
 
@@ -274,8 +276,19 @@ class Run:
         )
 
     def start_node(self, name: str) -> None:
+        """Start node ``name``; one that exits while starting (its database or store was
+        down: a fault) is started again, as its supervisor would, up to :data:`START_TRIES`."""
         node = self.nodes[name]
-        node.start(timeout=60)
+        for attempt in range(1, START_TRIES + 1):
+            try:
+                node.start(timeout=60)
+                break
+            except NodeFailed as exc:
+                if attempt == START_TRIES:
+                    raise
+                print(f"nemesis: {name} did not start (try {attempt}): {str(exc).splitlines()[0]}", flush=True)
+                node.stop(timeout=5)
+                time.sleep(1.0)
         assert node.pid is not None
         self.groups[node.pid] = name
 
