@@ -47,12 +47,14 @@ from nemesis.history import NodeEvent, Recorder, read
 from nemesis.netns import Network, remove_leftovers
 from nemesis.release import Release, prepare
 from nemesis.stores import Stores
-from tests.launcher import NodeProcess, free_ports
+from tests.launcher import NodeFailed, NodeProcess, free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 
 #: The queues' lease period (seconds): short, so that takeovers happen often.
 LEASE_PERIOD = 3
+#: Starts of a node (after a kill, an upgrade, a drift) before the run gives up on it.
+START_TRIES = 5
 #: The consumers' visibility timeout (seconds): a message whose ack was lost comes back soon.
 VISIBILITY = 4
 
@@ -274,8 +276,19 @@ class Run:
         )
 
     def start_node(self, name: str) -> None:
+        """Start node ``name``; one that exits while starting (its database or store was
+        down: a fault) is started again, as its supervisor would, up to :data:`START_TRIES`."""
         node = self.nodes[name]
-        node.start(timeout=60)
+        for attempt in range(1, START_TRIES + 1):
+            try:
+                node.start(timeout=60)
+                break
+            except NodeFailed as exc:
+                if attempt == START_TRIES:
+                    raise
+                print(f"nemesis: {name} did not start (try {attempt}): {str(exc).splitlines()[0]}", flush=True)
+                node.stop(timeout=5)
+                time.sleep(1.0)
         assert node.pid is not None
         self.groups[node.pid] = name
 
@@ -508,6 +521,12 @@ def run(opts: Options) -> Outcome:
     return outcome
 
 
+def _terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("nemesis: terminated; stopping the nodes and the stores", file=sys.stderr, flush=True)
+    sys.exit(143)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nemesis.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=5.0, help="how long the faults go on (default 5)")
@@ -526,8 +545,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--netns", action="store_true", help="nodes in network namespaces (the partition faults imply it)"
     )
     args = parser.parse_args(argv)
-    # SIGTERM as Ctrl-C: the run stops its nodes and stores and removes its namespaces
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # SIGTERM as Ctrl-C: the run stops its nodes and stores and removes its namespaces; once
+    # (``timeout`` and a process group's kill send it twice: the second must not cut the
+    # clean-up short)
+    signal.signal(signal.SIGTERM, _terminated)
     seed = args.seed if args.seed is not None else secrets.randbelow(10**6)
     kinds = [] if args.faults == "none" else [k.strip() for k in args.faults.split(",") if k.strip()]
     opts = Options(

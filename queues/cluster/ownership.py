@@ -14,9 +14,10 @@ times). Then the node runtime (``queues.cluster.node``) sends one JSON datagram 
   epoch and the partition is served on.
 - ``unserve``: sent once per stretch of serving, when the process stops acting as owner: its
   manager closed for whatever reason, or its lease lapsed (found by :meth:`OwnershipEvents.sweep`
-  at each renewal look). ``ago`` is how long before the datagram, by the node's own monotonic
+  every :data:`SWEEP_EVERY` and at each renewal look). ``ago`` is how long before the datagram, by the node's own monotonic
   clock, it really stopped: a lease that lapsed stopped at its ``valid_until`` however late that
-  was noticed (a process woken from SIGSTOP, or cut from the database); a manager closed while
+  was noticed (a process woken from SIGSTOP; a thread of its own looks every
+  :data:`SWEEP_EVERY`, whatever the database does); a manager closed while
   its lease was valid stopped when it was closed (0).
 
 The observer stamps each datagram with its own clock on receipt and subtracts ``ago``: a node's
@@ -44,6 +45,8 @@ log = logging.getLogger("queues.ownership")
 
 #: Seconds a datagram's send may wait for room in the observer's socket.
 SEND_TIMEOUT = 1.0
+#: Seconds between two looks for leases that lapsed (:meth:`OwnershipEvents.sweep`).
+SWEEP_EVERY = 0.05
 
 
 @dataclass
@@ -78,6 +81,12 @@ class OwnershipEvents:
         #: partition id -> what was announced served there.
         self._serving: dict[int, _Served] = {}
         self._missing = False  # the observer was found gone (warned once)
+        # A lapse is found by a thread of its own, which makes no database call: the node's
+        # housekeeping and lease threads can each wait out a database's timeout (a node cut
+        # from it, a restart), and a process stopped meanwhile (SIGKILL after a stop that
+        # hung) would never report a stop it made at its lease's end.
+        self._closed = threading.Event()
+        threading.Thread(target=self._sweep_often, name="ownership-sweep", daemon=True).start()
 
     def serve(self, lease: Lease) -> None:
         """The process starts (or goes on, under a new epoch or after a lapse) acting as the
@@ -137,7 +146,15 @@ class OwnershipEvents:
         for lease in lapsed:
             self.unserve(lease)
 
+    def _sweep_often(self) -> None:
+        while not self._closed.wait(SWEEP_EVERY):
+            try:
+                self.sweep()
+            except Exception:  # the events serve a test, never the service
+                log.exception("ownership events: sweep failed")
+
     def close(self) -> None:
+        self._closed.set()
         self._sock.close()
 
     def _send(self, event: str, lease: Lease, epoch: int, ago: float) -> None:

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedList
 
+from queues.engine.blocks import BlockState
+from queues.engine.ids import StoredMessage
 from queues.engine.redelivery import RedeliveryIndex
-
-if TYPE_CHECKING:
-    from queues.engine.partition import BlockState
 
 
 @dataclass(frozen=True)
@@ -35,6 +33,20 @@ class SubscriptionSpec:
     #: these, the owner ignores them.
     visibility_timeout: int | None = None
     dead_letter_queue: str | None = None
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One message handed to a cursor's reader: its ID, the receipt an ack must show, and the
+    deliveries so far (this one included)."""
+
+    id: str
+    receipt: str
+    receive_count: int
+    #: filled in after the lock is released (bodies are immutable).
+    message: StoredMessage | None = None
+    #: the body came from the archive table (retention moved it out of the store).
+    from_archive: bool = False
 
 
 class Cursor:

@@ -27,10 +27,18 @@ incarnation of the queue (:func:`incarnation`), which itself lies under the serv
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from queues.engine.ids import MessageId
+
+class Positioned(Protocol):
+    """What the keys need of a parsed message ID (``queues.engine.ids.MessageId``): its block
+    and index. Declared here so that the keys import nothing of the IDs, which build on them."""
+
+    @property
+    def block(self) -> str: ...
+
+    @property
+    def index(self) -> int: ...
 
 
 def incarnation(queue_id: int) -> str:
@@ -80,7 +88,7 @@ def head_key(queue: str, partition: int) -> str:
     return f"{queue}/{partition}/_head"
 
 
-def position(mid: MessageId) -> str:
+def position(mid: Positioned) -> str:
     """A message's name in the ``_receives``, ``_acks`` and ``_archive`` buckets: ``<block id>.<index>``."""
     return f"{mid.block}.{mid.index}"
 
@@ -99,7 +107,7 @@ def receives_bucket(queue: str, partition: int, subscription: str = "") -> str:
     return f"{bucket}/{subscription}" if subscription else bucket
 
 
-def receives_key(queue: str, partition: int, mid: MessageId, subscription: str = "") -> str:
+def receives_key(queue: str, partition: int, mid: Positioned, subscription: str = "") -> str:
     """Where a redelivered message's receive count is kept (survives a takeover)."""
     return f"{receives_bucket(queue, partition, subscription)}/{position(mid)}"
 
@@ -109,7 +117,7 @@ def acks_bucket(queue: str, partition: int, subscription: str) -> str:
     return f"{queue}/{partition}/_acks/{subscription}"
 
 
-def ack_key(queue: str, partition: int, subscription: str, mid: MessageId) -> str:
+def ack_key(queue: str, partition: int, subscription: str, mid: Positioned) -> str:
     return f"{acks_bucket(queue, partition, subscription)}/{position(mid)}"
 
 

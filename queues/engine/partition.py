@@ -24,52 +24,57 @@ Locking: one lock per partition guards its memory and is held across its store w
 message becomes deliverable only after it is stored. Callers that lock several partitions
 take them in index order.
 
-The manager composes three collaborators, each working on its memory under its lock:
-``queues.engine.takeover`` (opening after a takeover, and scanning the blocks found),
-``queues.engine.writer`` (block allocation and appends) and ``queues.engine.retention`` (expiry and pruning;
-a topic's through ``queues.engine.topic_retention``). It keeps delivery, acks and figures itself.
-Built from: ``queues.engine.cursor`` (a reader's delivery state), ``queues.engine.body_cache`` (the node's
-recent bodies), ``queues.engine.keys`` (where everything is stored) and ``queues.errors`` (what it
-raises, re-exported here). What it needs of the node that hosts it (the lease, the lease's
-row, the counters) comes in as the protocols of ``queues.engine.ports``.
+How it is built: the manager is the partition's state (``queues.engine.state.PartitionState``:
+its memory and the checks every part shares) with its collaborators attached, one module each,
+each seeing the state only as its protocol in ``queues.engine.ports``:
+``queues.engine.writer`` (enqueue: block allocation and appends), ``queues.engine.takeover``
+(opening after a takeover, scanning the blocks found), ``queues.engine.ordering`` (where each
+message's turn comes in each cursor), ``queues.engine.delivery`` (dequeue, redelivery, dead
+letters set aside, bodies, give-backs), ``queues.engine.acks`` (receipts, deletes, settling,
+visibility), ``queues.engine.retention`` (expiry and pruning; a topic's through
+``queues.engine.topic_retention``) and ``queues.engine.figures`` (stats, block listings, wait
+hints). This module wires them and keeps the public methods, each a delegation; it is the only
+engine module that imports them all, and none of them imports it. What the manager needs of the
+node that hosts it (the lease, the lease's row, the counters) comes in as the protocols of
+``queues.engine.host``; what it raises is in ``queues.errors`` (re-exported here).
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, NotRequired, TypedDict, TypeVar
+from collections.abc import Callable, Sequence
 
-from sortedcontainers import SortedList
-
-from queues.engine import archive_journal, keys, topic_retention
+from queues.engine.acks import Acks
 from queues.engine.blocks import BlockState
 from queues.engine.body_cache import BodyCache
-from queues.engine.cursor import Cursor, SubscriptionSpec
-from queues.engine.ids import MessageId, StoredMessage, new_receipt, parse_message_id
-from queues.engine.keys import block_and_index
-from queues.engine.ports import ANNOUNCE, NO_COUNTERS, Counters, Lease, LeaseRow
+from queues.engine.cursor import Cursor, Delivery, SubscriptionSpec
+from queues.engine.delivery import FENCE_TRUST, Deliverer, wait_out_trust
+from queues.engine.figures import (
+    BLOCK_LISTING_MAX,
+    MESSAGE_STATES,
+    BlockListing,
+    BlockMessage,
+    Figures,
+    PartitionStats,
+)
+from queues.engine.host import ANNOUNCE, NO_COUNTERS, Counters, LeaseRow
+from queues.engine.ids import MessageId, StoredMessage
+from queues.engine.ordering import Ordering
 from queues.engine.redelivery import RedeliveryIndex
-from queues.engine.retention import Retention
+from queues.engine.retention import Pruner, Retention
+from queues.engine.state import LeaseT, PartitionState
 from queues.engine.takeover import Takeover
-from queues.engine.tree import BLOCK_SEAL_S, AppendTree, Block
+from queues.engine.topic_retention import TopicRetention
+from queues.engine.tree import BLOCK_SEAL_S, Block
 from queues.engine.writer import Writer
 from queues.errors import NotServedHere, PartitionUnavailable, ReceiptMismatch
-from queues.kv.base import Fence, Fenced, KeyValueStore, KVError
+from queues.kv.base import KeyValueStore
 
 log = logging.getLogger(__name__)
 
 monotonic = time.monotonic
-
-
-#: the lease a manager is built for: the node's (``queues.cluster.leases.Lease``), which the node reads
-#: back from its managers.
-LeaseT = TypeVar("LeaseT", bound=Lease, covariant=True)
 
 
 def _monotonic() -> float:
@@ -78,29 +83,13 @@ def _monotonic() -> float:
     return monotonic()
 
 
-#: Seconds a manager delivers on the word of the store's last confirmation that its epoch is
-#: still the partition's (its fence read, or a fenced write that went through): past that, a
-#: dequeue reads the fence first. Fences alone stop only writes, and a first delivery writes
-#: nothing (the ID from memory, the body from the node's cache), so a manager that was not told
-#: of a purge or a delete (its owner field already cleared by a purge, the call to it failed,
-#: it was still opening) went on delivering what they removed until its next pass. A purge or
-#: delete moves the fences, then answers no sooner than this after (:func:`wait_out_trust`):
-#: a dequeue made after the answer finds the confirmation too old, reads the moved fence and
-#: delivers nothing of the old epoch (or incarnation), on whichever node it lands.
-FENCE_TRUST = 0.2
-
-
-def wait_out_trust(fenced_at: float) -> None:
-    """Return once :data:`FENCE_TRUST` has passed since ``fenced_at`` (``time.monotonic()``
-    taken after a purge or delete moved fences): from then on no manager of an older epoch
-    delivers without reading its fence first."""
-    left = fenced_at + FENCE_TRUST - time.monotonic()
-    if left > 0:
-        time.sleep(left)
-
-
 __all__ = [
+    "BLOCK_LISTING_MAX",
     "BLOCK_SEAL_S",
+    "FENCE_TRUST",
+    "MESSAGE_STATES",
+    "BlockListing",
+    "BlockMessage",
     "BlockState",
     "BodyCache",
     "Delivery",
@@ -110,96 +99,19 @@ __all__ = [
     "PartitionUnavailable",
     "ReceiptMismatch",
     "SubscriptionSpec",
+    "wait_out_trust",
 ]
 
 
-@dataclass(slots=True)
-class Delivery:
-    id: str
-    receipt: str
-    receive_count: int
-    #: filled in after the lock is released (bodies are immutable).
-    message: StoredMessage | None = None
-    #: the body came from the archive table (retention moved it out of the store).
-    from_archive: bool = False
-
-
-@dataclass
-class PartitionStats:
-    queue: str
-    index: int
-    epoch: int
-    head_block: str
-    enqueue_id: str
-    dequeue_id: str
-    visible: int
-    in_flight: int
-    #: stored, but their delay (not_before) has not passed.
-    delayed: int
-    depth_exact: bool
-    live_blocks: int
-    tree_height: int
-    oldest_enqueued_at: float | None
-    enqueued_total: int
-    acked_total: int
-    redelivered_total: int
-    opened_in: dict[str, float]
-    #: a topic's figures per subscription (``{name: {...}}``): held (not acked yet, in flight
-    #: included), in_flight, archived (held, only in the archive), acked, redelivered,
-    #: dequeue_id and oldest_enqueued_at (epoch seconds, of the oldest held; None: none held).
-    cursors: dict[str, dict[str, Any]]
-
-
-#: A message's states in :meth:`PartitionManager.block_messages`, for each reader: ``ready`` (to
-#: be delivered: its turn, its group's or its visibility's came), ``in_flight`` (delivered, not
-#: acknowledged, hidden until its visibility timeout), ``delayed`` (its delay has not passed),
-#: ``dead_letter`` (received too often: on its way to the dead-letter queue), ``gone`` (not held
-#: by the reader: acknowledged, expired, moved, or a position never written).
-MESSAGE_STATES = ("ready", "in_flight", "delayed", "dead_letter", "gone")
-#: The most positions one block listing names (a block holds up to ``tree.MAX_BLOCK_SIZE``).
-BLOCK_LISTING_MAX = 1000
-
-
-class BlockMessage(TypedDict):
-    id: str
-    index: int
-    #: reader (``""``: a queue's) -> one of :data:`MESSAGE_STATES`
-    states: dict[str, str]
-    #: reader -> deliveries so far (readers that delivered it)
-    receive_counts: NotRequired[dict[str, int]]
-    #: reader -> seconds until an in-flight message is visible again
-    visible_in: NotRequired[dict[str, float]]
-    #: its stored record is a stub: its body is in the archive (a topic's retention)
-    archived: NotRequired[bool]
-
-
-class BlockListing(TypedDict):
-    block: str
-    ordinal: int
-    height: int
-    size: int
-    #: positions written so far (the head block's next index; ``size`` for the others)
-    used: int
-    #: positions some reader still holds
-    live: int
-    created_age: float
-    head: bool
-    messages: list[BlockMessage]
-    #: positions written beyond those listed
-    more: int
-    #: the owner holds no such live block, and has blocks found at its open still to read:
-    #: it may be one of them (``queues.service.blocks``)
-    unscanned: NotRequired[bool]
-
-
-class PartitionManager(Generic[LeaseT]):
+class PartitionManager(PartitionState[LeaseT]):
     """One leased partition of a queue or topic, served from the memory of its owner node.
 
-    Holds the partition's append tree and the state of each of its blocks (:class:`BlockState`:
-    the positions still stored, stubs among them), its :class:`~queues.engine.writer.Writer` (the
-    enqueue ID: head block, next index), and one :class:`~queues.engine.cursor.Cursor` per reader:
-    ``""`` for a queue, one per subscription for a topic. It writes the partition's keys (``queues.engine.keys``) with the fence of its lease's
-    epoch, and bodies go through the node's :class:`~queues.engine.body_cache.BodyCache`.
+    It is its state (:class:`~queues.engine.state.PartitionState`: the append tree, the state of
+    each live block, the enqueue position, one :class:`~queues.engine.cursor.Cursor` per reader,
+    ``""`` for a queue and one per subscription for a topic, the fence, the lock, the counters),
+    whose attributes callers read directly, plus the collaborators that change it (see the
+    module's text). It writes the partition's keys (``queues.engine.keys``) with the fence of its
+    lease's epoch, and bodies go through the node's :class:`~queues.engine.body_cache.BodyCache`.
 
     Lock: ``lock`` guards all of that memory and is held across the store writes that decide
     what a reader sees (new blocks and the head pointer, a subscription's ack, retention's
@@ -211,10 +123,9 @@ class PartitionManager(Generic[LeaseT]):
     managers and publishes their :meth:`stats`; the service layer (``queues.service``) and the
     API call enqueue, dequeue, ack, visibility, expire and dead-letter moves on them.
 
-    Collaborators: :attr:`takeover` opens and scans, :attr:`writer` appends and
-    :attr:`retention` expires and prunes; they use the methods below marked "Lock held" that
-    have no leading underscore, and the memory's attributes (``tree``, ``blocks``,
-    ``scanned_order``, ``local_order``, ``unscanned``, ``readers``).
+    Collaborators: :attr:`writer`, :attr:`takeover`, :attr:`ordering`, :attr:`delivery`,
+    :attr:`acks`, :attr:`pruner`, :attr:`retention`, :attr:`topic_retention` and :attr:`figures`;
+    the methods below delegate to them, so callers need not know which does what.
 
     Life: built for a lease just claimed; :meth:`open_head` raises the fence and loads the head
     (enqueues may start); :meth:`open_oldest` loads the saved receive counts and scans the oldest
@@ -241,94 +152,34 @@ class PartitionManager(Generic[LeaseT]):
         archive_sink: Callable[[list[tuple[str, bytes]]], object] | None = None,
         archive_source: Callable[[list[str]], dict[str, StoredMessage]] | None = None,
     ):
-        self.lease = lease
-        self.queue = lease.queue
-        self.index = lease.index
-        self.block_size = block_size
-        #: a busy partition's blocks grow up to this many times ``block_size`` (tree.next_block_size).
-        self.block_growth = block_growth
-        self.store = store
-        self.node_id = node_id
-        self.cache = cache
-        #: the lease's row: the durable head pointer and epoch.
-        self.row = row
-        self.on_change = on_change
-        #: called once, when the manager is closed (:meth:`close`), after it stopped serving:
-        #: the node reports it (``queues.cluster.ownership``). Whoever closes it, the node or the
-        #: manager itself after a failure, closes it through :meth:`close`.
-        self.on_close = on_close
-        self.counters = counters
-        self.fence = Fence(keys.fence_key(self.queue, self.index), lease.epoch)
-        #: ``monotonic()`` before the store last confirmed ``fence`` (see :data:`FENCE_TRUST`);
-        #: never, before the open raised it.
-        self.fence_confirmed_at = float("-inf")
-        self.lock = threading.Lock()
-        self.tree = AppendTree(block_size)
-        #: live blocks whose positions are known, by id; their ``live`` sets are the positions
-        #: still stored (held by at least one cursor, or by none yet on a topic).
-        self.blocks: dict[str, BlockState] = {}
-        # The same blocks in allocation order: first those scanned (found in the store at open,
-        # every one older than any this manager allocates), then this manager's own.
-        self.scanned_order: deque[BlockState] = deque()
-        self.local_order: deque[BlockState] = deque()
-        #: the blocks found at open and not scanned yet, oldest first (None: all scanned).
-        self.unscanned: Iterator[Block] | None = None
-        #: a topic's subscriptions (fixed for the manager's life: a change reopens it).
-        self.subscriptions: tuple[SubscriptionSpec, ...] | None = (
-            tuple(subscriptions) if subscriptions is not None else None
+        super().__init__(
+            lease,
+            block_size=block_size,
+            block_growth=block_growth,
+            store=store,
+            node_id=node_id,
+            cache=cache,
+            row=row,
+            on_change=on_change,
+            on_close=on_close,
+            counters=counters,
+            subscriptions=subscriptions,
+            archive_sink=archive_sink,
+            archive_source=archive_source,
         )
-        if self.subscriptions is None:
-            self.cursors = {"": Cursor("", shared=True)}
-        else:
-            self.cursors = {
-                s.name: Cursor(s.name, shared=False, starts_at=s.starts_at, max_receives=s.max_receives)
-                for s in self.subscriptions
-            }
-        #: every cursor, in one list.
-        self.readers = list(self.cursors.values())
-        self.enqueue_ready = False
-        self.dequeue_ready = False
-        #: stopped serving (:meth:`close`): a plain attribute, read on every call.
-        self.closed = False
-        self.enqueued_total = 0
-        self.dead_lettered_total = 0
-        self.expired_total = 0
-        #: seconds and block reads of the last open, for the failover figures.
-        self.opened_in: dict[str, float] = {}
-        self.seq_counter = 0
-        #: the queue's archive mode ("none", "all", "acked"): which journal entries we write.
-        self.archive = "none"
-        #: writes ``(message id, record)`` pairs to the archive table, returning once they are
-        #: committed (``archive.archiver.store_records``); None: retention cannot keep stubs.
-        self.archive_sink = archive_sink
-        #: ``{message id: record}`` of those archived (``archive.archiver.lookup``).
-        self.archive_source = archive_source
-        #: messages retention moved to the archive, kept as stubs for slow subscriptions
-        #: (``queues.engine.topic_retention``).
-        self.archived_total = 0
-        #: stubs whose archive row was gone, so never delivered
-        #: (see ``topic_retention.bodies_from_archive``).
-        self.archive_missing_total = 0
-        self.wall = time.time
-        self.takeover = Takeover(self, _monotonic)
-        self.writer = Writer(self, _monotonic)
-        self.retention = Retention(self)
+        # The collaborators, each given the state as the protocol it may touch
+        # (``queues.engine.ports``) and the others it calls; none imports another.
+        self.ordering = Ordering(self)
+        self.pruner = Pruner(self)
+        self.acks = Acks(self, self.ordering, self.pruner, _monotonic)
+        self.topic_retention = TopicRetention(self, self.acks, self.pruner)
+        self.retention = Retention(self, self.acks, self.ordering, self.pruner, self.topic_retention)
+        self.takeover = Takeover(self, self.ordering, self.pruner, self.acks, _monotonic)
+        self.writer = Writer(self, self.ordering, _monotonic)
+        self.delivery = Deliverer(self, self.ordering, self.takeover, self.topic_retention, _monotonic)
+        self.figures = Figures(self, _monotonic)
 
     # --- the queue's cursor, for callers that know no subscriptions ---------------------------
-    @property
-    def is_topic(self) -> bool:
-        return self.subscriptions is not None
-
-    def cursor(self, sub: str = "") -> Cursor:
-        c = self.cursors.get(sub)
-        if c is None:
-            if not self.is_topic:
-                raise NotServedHere(f"{self.queue} is a queue, it has no subscription {sub!r}")
-            raise PartitionUnavailable(
-                f"{self.queue}/{self.index}: subscription {sub!r} is not loaded on this node yet; retry"
-            )
-        return c
-
     @property
     def redelivery(self) -> RedeliveryIndex:
         return self.cursor().redelivery
@@ -363,30 +214,6 @@ class PartitionManager(Generic[LeaseT]):
         for c in self.readers:
             c.group_batch = value
 
-    @property
-    def acked_total(self) -> int:
-        return sum(c.acked_total for c in self.readers)
-
-    @property
-    def redelivered_total(self) -> int:
-        return sum(c.redelivered_total for c in self.readers)
-
-    @property
-    def next_index(self) -> int:
-        """The head block's next free index: with the head, the enqueue ID (see :attr:`writer`)."""
-        return self.writer.next_index
-
-    def in_flight_count(self, now: float) -> int:
-        """Messages in flight at ``now``, every cursor's."""
-        return sum(c.redelivery.in_flight_count(now) for c in self.readers)
-
-    # --- keys of a cursor's own records -------------------------------------------------------
-    def _receives_key(self, c: Cursor, mid: MessageId) -> str:
-        return keys.receives_key(self.queue, self.index, mid, c.name)
-
-    def _ack_key(self, c: Cursor, mid: MessageId) -> str:
-        return keys.ack_key(self.queue, self.index, c.name, mid)
-
     # --- opening: Takeover ---------------------------------------------------------------------
     def open(self) -> None:
         """Both phases of a takeover, for callers that need not serve in between."""
@@ -401,120 +228,48 @@ class PartitionManager(Generic[LeaseT]):
         """Reach the oldest live block and the saved receive counts: dequeues may start."""
         self.takeover.open_oldest()
 
-    # --- routing ------------------------------------------------------------------------------
+    # --- delivery order: Ordering -------------------------------------------------------------
     def route_new(self, mid: str, block: Block, i: int, message: StoredMessage, *, scanned: bool) -> bool:
-        """Give a stored message to every cursor that should read it. Lock held. True if any took it."""
-        taken = False
-        for c in self.readers:
-            if not c.shared:
-                if mid in c.acked or (c.starts_at is not None and message.enqueued_at < c.starts_at):
-                    continue
-                if message.subscription is not None and message.subscription != c.name:
-                    continue  # a redriven dead letter: only its subscription reads it again
-                c.live.setdefault(block.id, set()).add(i)
-            self._route(c, mid, (block.ordinal, i), message, scanned=scanned)
-            taken = True
-        return taken
-
-    def _route(self, c: Cursor, mid: str, pos: tuple[int, int], message: StoredMessage, *, scanned: bool) -> None:
-        """Put a stored, undelivered message where its turn will come in ``c``. Lock held."""
-        if message.not_before is not None and message.not_before > self.wall():
-            heapq.heappush(c.delayed, (message.not_before, mid))
-            c.not_due.add(mid)
-        if message.group is not None:
-            c.group_of[mid] = message.group
-            c.groups.setdefault(message.group, SortedList()).add((pos, mid))
-            self.unblock_group(c, message.group)
-            return
-        if mid in c.not_due:
-            return
-        (c.scanned_ready if scanned else c.ready).append(mid)
+        """Give a stored message to every cursor that should read it (see :class:`Ordering
+        <queues.engine.ordering.Ordering>`). Lock held. True if any took it."""
+        return self.ordering.route_new(mid, block, i, message, scanned=scanned)
 
     def unblock_group(self, c: Cursor, group: str, *, front: bool = False) -> bool:
-        """Let the group's head be delivered if the group has nothing out. Lock held. True if
-        it did (``front``: ahead of the other groups' heads whose turn came).
+        """Let the group's head be delivered if the group has nothing out. Lock held."""
+        return self.ordering.unblock_group(c, group, front=front)
 
-        The head is the group's oldest live message. A message this manager enqueued waits
-        while blocks found at open are still unscanned: one of them may hold an older message
-        of the same group.
-        """
-        if group in c.group_busy or group in c.group_out:
-            return False
-        pending = c.groups.get(group)
-        if not pending:
-            c.groups.pop(group, None)
-            return False
-        (_ordinal, _), head = pending[0]
-        if head in c.not_due or self._waits_for_scan(head):
-            return False
-        c.group_busy[group] = head
-        if front:
-            c.unblocked.appendleft(head)
-        else:
-            c.unblocked.append(head)
-        return True
+    def forget(self, c: Cursor, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> bool:
+        """Drop removed messages from a cursor. Lock held. True if a group's next message
+        became deliverable."""
+        return self.ordering.forget(c, mids, where)
 
-    def _waits_for_scan(self, mid: str) -> bool:
-        """``mid`` is in a block of this manager's while blocks found at open are unscanned:
-        an older message of its group may be in one of them. Lock held."""
-        state = self.blocks.get(mid.rsplit("/", 2)[1])
-        return self.unscanned is not None and state is not None and not state.scanned
+    # --- delivery: Deliverer -------------------------------------------------------------------
+    def dequeue(self, max_messages: int, visibility: float, sub: str = "") -> list[Delivery]:
+        """Up to ``max_messages`` deliveries to ``sub`` (a queue: ""): expired ones first, then
+        group heads whose turn came, then the oldest undelivered. Messages past
+        ``max_receives`` are set aside for the dead-letter queue instead (see :meth:`take_dead`
+        and :meth:`Deliverer.dequeue <queues.engine.delivery.Deliverer.dequeue>`)."""
+        return self.delivery.dequeue(max_messages, visibility, sub)
 
-    def _unblock_due(self, c: Cursor) -> None:
-        """Messages whose delay (not_before) has passed become deliverable. Lock held."""
-        now = self.wall()
-        while c.delayed and c.delayed[0][0] <= now:
-            _, mid = heapq.heappop(c.delayed)
-            if mid not in c.not_due:
-                continue
-            c.not_due.discard(mid)
-            group = c.group_of.get(mid)
-            if group is not None:
-                self.unblock_group(c, group)
-            elif self._is_live(c, mid):
-                c.ready.append(mid)
+    def take_dead(self, sub: str = "") -> list[tuple[str, int]]:
+        """Messages set aside for the dead-letter queue (they stay pinned until acked)."""
+        return self.delivery.take_dead(sub)
 
-    # --- guards -------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Stop serving: every call is refused from now on (:attr:`closed`). By the node (lease
-        lost or given up, queue deleted or purged) or by the manager itself after a failure;
-        the first close calls :attr:`on_close`. Called with the lock held (the node takes it too)."""
-        if not self.closed:
-            self.closed = True
-            self.on_close()
+    def give_back_dead(self, mids: Sequence[str], sub: str = "") -> None:
+        """Give back messages set aside by :meth:`take_dead` whose move failed: their
+        visibility runs out now, and the next dequeue sets them aside again."""
+        self.delivery.give_back_dead(mids, sub)
 
-    def check_serving(self) -> None:
-        if self.closed:
-            raise PartitionUnavailable(f"{self.queue}/{self.index} is closed on this node")
-        if not self.lease.valid():
-            raise PartitionUnavailable(f"{self.queue}/{self.index}: lease expired on this node")
+    def load_bodies(self, deliveries: list[Delivery], sub: str | None = None) -> list[Delivery]:
+        """Attach the stored messages (cache, else one batched read; a stub's from the archive);
+        drop vanished ones. ``sub`` given, those whose body cannot be read now are given back
+        (see :meth:`Deliverer.load_bodies <queues.engine.delivery.Deliverer.load_bodies>`)."""
+        return self.delivery.load_bodies(deliveries, sub)
 
-    def confirmed(self, started: float) -> None:
-        """The store confirmed the fence by a read or fenced write begun at ``started``."""
-        if started > self.fence_confirmed_at:
-            self.fence_confirmed_at = started
-
-    def _check_fence(self) -> None:
-        """Before delivering: unless the store confirmed the epoch within :data:`FENCE_TRUST`,
-        read the fence; moved on (a purge, a delete, a takeover), the manager closes and
-        delivers nothing. One read per partition per FENCE_TRUST at most, none while enqueues
-        (fenced writes) keep confirming it."""
-        started = monotonic()
-        if started - self.fence_confirmed_at <= FENCE_TRUST or self.closed:
-            return  # (closed: refused by check_serving, no read)
-        try:
-            current = self.store.read_fence(self.fence.key)
-        except KVError as exc:
-            raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
-        if current != self.fence.epoch:
-            with self.lock:
-                raise self.lost(Fenced(f"fence at {current}, epoch {self.fence.epoch} here"))
-        self.confirmed(started)
-
-    def lost(self, exc: Exception) -> PartitionUnavailable:
-        log.warning("%s/%s: giving up ownership: %s", self.queue, self.index, exc)
-        self.close()
-        return PartitionUnavailable(f"{self.queue}/{self.index} changed owner; retry")
+    def give_back(self, deliveries: Sequence[Delivery], sub: str = "") -> None:
+        """Undo deliveries that never reached the client: each is deliverable again at once, in
+        its place, with the receive count it had."""
+        self.delivery.give_back(deliveries, sub)
 
     # --- enqueue: Writer ----------------------------------------------------------------------
     def enqueue(self, messages: Sequence[StoredMessage]) -> list[str]:
@@ -527,465 +282,53 @@ class PartitionManager(Generic[LeaseT]):
             ids = self.writer.enqueue(messages)
         return ids
 
-    # --- dequeue ------------------------------------------------------------------------------
-    def dequeue(self, max_messages: int, visibility: float, sub: str = "") -> list[Delivery]:
-        """Up to ``max_messages`` deliveries to ``sub`` (a queue: ""): expired ones first, then
-        group heads whose turn came, then the oldest undelivered. Messages past
-        ``max_receives`` are set aside for the dead-letter queue instead (see :meth:`take_dead`)."""
-        out: list[Delivery] = []
-        counts: list[tuple[str, int]] = []
-        self._check_fence()
-        with self.lock:
-            self.check_serving()
-            c = self.cursor(sub)
-            if not self.dequeue_ready:
-                return out
-            now = monotonic()
-            deadline = now + visibility
-            # A batch's message whose visibility ran out goes back to its group, not into
-            # ``out``: then another pass lists more, skipping those seen (one delivered again
-            # with a visibility of 0 is listed again).
-            seen: set[str] = set()
-            returned = True
-            while returned and len(out) < max_messages:
-                returned = False
-                for mid in c.redelivery.expired(now, max_messages - len(out) + len(seen)):
-                    if mid not in seen:
-                        seen.add(mid)
-                        returned = self._redeliver(c, mid, deadline, out, counts) or returned
-            self._unblock_due(c)
-            scans = 0
-            try:
-                while len(out) < max_messages:
-                    if c.unblocked:
-                        mid = c.unblocked.popleft()
-                        if c.group_batch:
-                            for batched in self._deliver_batch(c, mid, deadline, max_messages - len(out)):
-                                out.append(batched)
-                                if batched.receive_count > 1:
-                                    counts.append((batched.id, batched.receive_count))
-                            continue
-                    elif c.scanned_ready:
-                        mid = c.scanned_ready.popleft()
-                    elif self.unscanned is not None and scans < 8:
-                        scans += 1
-                        self.takeover.scan()
-                        continue
-                    elif c.ready:
-                        mid = c.ready.popleft()
-                    else:
-                        break
-                    if self._is_live(c, mid) and mid not in c.redelivery and mid not in c.not_due:
-                        delivery = self._deliver_first(c, mid, deadline)
-                        if delivery is not None:
-                            out.append(delivery)
-                            if delivery.receive_count > 1:
-                                counts.append((mid, delivery.receive_count))
-            except KVError as exc:
-                # The manager is closed (see _scan): what it took is handed out by
-                # the next owner, not here.
-                raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
-            for mid, count in counts:
-                c.receives[mid] = count
-        if counts:
-            self._save_receives(c, counts)
-        if out:
-            self.counters.delivered(self.queue, sub, len(out))
-        return out
+    # --- acks and removals: Acks --------------------------------------------------------------
+    def ack(self, items: Sequence[tuple[MessageId, str | None]], sub: str = "", *, unexpired: bool = False) -> int:
+        """Check receipts (``unexpired``: :meth:`check_receipts`), delete, settle: a whole ack
+        on this partition alone (journaled for the archive). Returns how many were still held."""
+        return self.acks.ack(items, sub, unexpired=unexpired)
 
-    def _redeliver(
-        self, c: Cursor, mid: str, deadline: float, out: list[Delivery], counts: list[tuple[str, int]]
-    ) -> bool:
-        """Deliver again a message whose visibility ran out (into ``out``), set it aside for the
-        dead-letter queue, or, in a batch of its group, give it back to its group (True). Lock
-        held."""
-        if not self._is_live(c, mid):
-            c.redelivery.remove(mid)
-            return False
-        entry = c.redelivery.get(mid)
-        assert entry is not None  # expired() lists only entries of the index
-        if c.max_receives is not None and entry.receive_count >= c.max_receives:
-            c.redelivery.change_deadline(mid, float("inf"))  # pinned until moved
-            c.dead.append((mid, entry.receive_count))
-            return False
-        group = c.group_of.get(mid)
-        batch = c.group_out.get(group) if group is not None else None
-        if group is not None and batch is not None and mid in batch:
-            # Back in its place in the group, with the deliveries it had: the group's turn
-            # comes again once the batch's others are settled too, and it goes in order.
-            c.redelivery.remove(mid)
-            c.receives[mid] = entry.receive_count
-            c.redelivered_total += 1
-            self.counters.redelivered(self.queue, c.name)
-            batch.discard(mid)
-            if not batch:
-                del c.group_out[group]
-                self.unblock_group(c, group, front=True)
-            return True
-        receipt = new_receipt()
-        count = entry.receive_count + 1
-        c.redelivery.add(mid, deadline, receipt, count)
-        c.redelivered_total += 1
-        self.counters.redelivered(self.queue, c.name)
-        counts.append((mid, count))
-        out.append(Delivery(mid, receipt, count))
-        return False
+    def remove_dead_lettered(self, items: Sequence[MessageId], sub: str = "") -> int:
+        """Remove messages that were moved to the dead-letter queue: like an ack without
+        receipts, but not journaled (a dead letter is not acknowledged, so not archived)."""
+        return self.acks.remove_dead_lettered(items, sub)
 
-    def _deliver_batch(self, c: Cursor, head: str, deadline: float, room: int) -> list[Delivery]:
-        """The group's head whose turn came, then the group's next messages in order, up to
-        ``room``: one batch, which holds the group until each of them is settled (see
-        :attr:`Cursor.group_batch <queues.engine.cursor.Cursor.group_batch>`). Lock held.
-
-        It stops at a message that cannot go yet (delayed, in flight, or possibly preceded by
-        one in a block not scanned yet), and after one past ``max_receives``, which is set aside
-        for the dead-letter queue instead and holds the group like the others until it is
-        moved."""
-        group = c.group_of.get(head)
-        if group is None or c.group_busy.get(group) != head:
-            return []
-        if not self._is_live(c, head) or head in c.redelivery or head in c.not_due:
-            return []
-        del c.group_busy[group]
-        pending = c.groups[group]
-        block_id, idx = block_and_index(head)
-        start = pending.bisect_left(((self.blocks[block_id].block.ordinal, idx), head))
-        batch = c.group_out.setdefault(group, set())
-        out: list[Delivery] = []
-        for _, mid in pending.islice(start):
-            if len(out) >= room:
-                break
-            if mid in c.redelivery or mid in c.not_due or (mid != head and self._waits_for_scan(mid)):
-                break
-            if not self._is_live(c, mid):
-                continue
-            batch.add(mid)
-            delivery = self._deliver_first(c, mid, deadline)
-            if delivery is None:
-                break  # set aside: the next ones wait until it is moved, as after a head
-            out.append(delivery)
-        return out
-
-    def _save_receives(self, c: Cursor, counts: list[tuple[str, int]]) -> None:
-        """Persist receive counts of redeliveries. A count lost here makes it at most the
-        deliveries in flight at a crash too low; first deliveries are never written."""
-        items = []
-        for mid, count in counts:
-            parsed = parse_message_id(mid)
-            if parsed is not None:
-                items.append((self._receives_key(c, parsed), str(count).encode()))
-        try:
-            self.store.put_many(items, fence=self.fence)
-        except KVError as exc:
-            log.warning("%s/%s: receive counts not saved: %s", self.queue, self.index, exc)
-
-    def take_dead(self, sub: str = "") -> list[tuple[str, int]]:
-        """Messages set aside for the dead-letter queue (they stay pinned until acked)."""
-        with self.lock:
-            c = self.cursor(sub)
-            dead, c.dead = c.dead, []
-        return dead
-
-    def give_back_dead(self, mids: Sequence[str], sub: str = "") -> None:
-        """Give back messages set aside by :meth:`take_dead` whose move failed: their
-        visibility runs out now, and the next dequeue sets them aside again."""
-        with self.lock:
-            c = self.cursor(sub)
-            now = monotonic()
-            for mid in mids:
-                if mid in c.redelivery:
-                    c.redelivery.change_deadline(mid, now)
-
-    def _deliver_first(self, c: Cursor, mid: str, deadline: float) -> Delivery | None:
-        """First delivery by this owner; the count goes on from one saved before a takeover."""
-        count = c.receives.get(mid, 0) + 1
-        if c.max_receives is not None and count > c.max_receives:
-            c.redelivery.add(mid, float("inf"), new_receipt(), count - 1)
-            c.dead.append((mid, count - 1))
-            return None
-        receipt = new_receipt()
-        c.redelivery.add(mid, deadline, receipt, count)
-        return Delivery(mid, receipt, count)
-
-    def _is_live(self, c: Cursor, mid: str) -> bool:
-        block_id, idx = block_and_index(mid)
-        return c.holds(self.blocks, block_id, idx)
-
-    def load_bodies(self, deliveries: list[Delivery], sub: str | None = None) -> list[Delivery]:
-        """Attach the stored messages (cache, else one batched read; a stub's from the archive);
-        drop vanished ones.
-
-        ``sub``: the cursor the deliveries were made for (a queue's is ""). Given, deliveries
-        whose body cannot be read now are given back to it (:meth:`give_back`) rather than left
-        hidden until their visibility runs out: a store failure gives back all of them and
-        raises, an archive failure only the stubs, and the others are delivered. Without it
-        (moving dead letters), any failure raises.
-        """
-        try:
-            records = self.records([d.id for d in deliveries])
-        except PartitionUnavailable:
-            if sub is not None:
-                self.give_back(deliveries, sub)
-            raise
-        vanished, stubs = [], []
-        for d in deliveries:
-            d.message = records.get(d.id)
-            if d.message is None:
-                vanished.append(d.id)
-            elif d.message.archived:
-                stubs.append(d)
-        if stubs:
-            try:
-                topic_retention.bodies_from_archive(self, stubs)
-            except PartitionUnavailable as exc:
-                if sub is None:
-                    raise
-                log.warning("%s", exc)
-                for d in stubs:
-                    d.message = None
-                self.give_back(stubs, sub)
-        if vanished:
-            # Removed behind our back (acknowledged at a previous owner before our scan saw it
-            # gone, a purge): forget it rather than keep it in flight for ever.
-            with self.lock:
-                for c in self.readers:
-                    self.forget(c, vanished)
-                self.drop_stored(vanished)
-        return [d for d in deliveries if d.message is not None]
-
-    def give_back(self, deliveries: Sequence[Delivery], sub: str = "") -> None:
-        """Undo deliveries that never reached the client: each is deliverable again at once, in
-        its place, with the receive count it had (so a failure of ours never brings a message
-        closer to the dead-letter queue). One acknowledged or redelivered since is left alone."""
-        with self.lock:
-            c = self.cursors.get(sub)
-            if c is None:
-                return
-            freed: list[str] = []
-            for d in reversed(deliveries):  # each goes to the front: keep their order
-                entry = c.redelivery.get(d.id)
-                if entry is None or entry.receipt != d.receipt:
-                    continue
-                c.redelivery.remove(d.id)
-                if d.receive_count > 1:
-                    c.receives[d.id] = d.receive_count - 1
-                else:
-                    c.receives.pop(d.id, None)
-                if not self._is_live(c, d.id):
-                    continue
-                group = c.group_of.get(d.id)
-                if group is not None:
-                    batch = c.group_out.get(group)
-                    if batch is not None and d.id in batch:  # back in its place in the group
-                        batch.discard(d.id)
-                        if not batch:
-                            del c.group_out[group]
-                            freed.append(group)
-                    elif c.group_busy.get(group) == d.id:  # still the group's turn
-                        c.unblocked.appendleft(d.id)
-                    continue
-                state = self.blocks.get(block_and_index(d.id)[0])
-                (c.scanned_ready if state is not None and state.scanned else c.ready).appendleft(d.id)
-            for group in freed:
-                self.unblock_group(c, group, front=True)
-        self.on_change()
-
-    # --- ack and visibility -------------------------------------------------------------------
     def check_receipts(
         self, items: Sequence[tuple[MessageId, str | None]], sub: str = "", *, unexpired: bool = False
     ) -> None:
-        """Raise :class:`ReceiptMismatch` for the first item whose receipt is not current. With
-        ``unexpired``, a receipt whose visibility timeout ran out is not current either, though
-        nobody received the message since. Lock held."""
-        c = self.cursor(sub)
-        now = monotonic()
-        for mid, receipt in items:
-            if receipt is None:
-                continue
-            entry = c.redelivery.get(str(mid))
-            if entry is None:
-                raise ReceiptMismatch(str(mid), "not in flight (never delivered, or already acknowledged)")
-            if entry.receipt != receipt:
-                raise ReceiptMismatch(str(mid), "the receipt is from an earlier delivery")
-            if unexpired and entry.deadline <= now:
-                raise ReceiptMismatch(str(mid), "the receipt expired: its visibility timeout ran out")
+        """Raise :class:`ReceiptMismatch` for the first item whose receipt is not current
+        (``unexpired``: nor one whose visibility timeout ran out). Lock held."""
+        self.acks.check_receipts(items, sub, unexpired=unexpired)
 
     def pin_for_ack(self, items: Sequence[MessageId], sub: str = "") -> dict[str, float]:
-        """Hold the in-flight ones back from redelivery while their delete runs. Lock held.
-
-        Returns their deadlines, for :meth:`unpin` if the delete fails.
-        """
-        redelivery = self.cursor(sub).redelivery
-        pinned = {}
-        for mid in items:
-            key = str(mid)
-            if key not in pinned:
-                deadline = redelivery.pin(key)
-                if deadline is not None:
-                    pinned[key] = deadline
-        return pinned
+        """Hold the in-flight ones back from redelivery while their delete runs; their
+        deadlines, for :meth:`unpin`. Lock held."""
+        return self.acks.pin_for_ack(items, sub)
 
     def unpin(self, pinned: dict[str, float], sub: str = "") -> None:
         """Give back the deadlines taken by :meth:`pin_for_ack`. Lock held."""
-        c = self.cursor(sub)
-        for key, deadline in pinned.items():
-            if key in c.redelivery:
-                c.redelivery.change_deadline(key, deadline)
+        self.acks.unpin(pinned, sub)
 
     def delete_acked(self, items: Sequence[MessageId], sub: str = "") -> int:
-        """The store half of an ack: journaled for the archive (if the queue archives), then
-        deleted. Returns how many were still held (a queue: stored). See :meth:`_delete`."""
-        return self.delete(items, journal=True, sub=sub)
+        """The store half of an ack (journaled); how many were still held. Lock not held."""
+        return self.acks.delete_acked(items, sub)
 
     def delete(self, items: Sequence[MessageId], *, journal: bool, sub: str = "") -> int:
-        """Delete messages ``sub`` holds. ``journal``: it is an ack, which the archive journal
-        records; removals that are no ack (retention, a move to the dead-letter queue) are not
-        archived.
+        """Delete messages ``sub`` holds (see :meth:`Acks.delete <queues.engine.acks.Acks.delete>`)."""
+        return self.acks.delete(items, journal=journal, sub=sub)
 
-        A queue's runs without the lock. A subscription's decides, under the lock, whether
-        another subscription still holds each message: then only its marker is written, else
-        the message goes (with the others' markers). The lock is held across those writes, so
-        two subscriptions acking one message cannot both leave it to the other; a failure
-        closes the manager, which the node reopens from the store.
-        """
-        c = self.cursor(sub)
-        if not c.shared:
-            return self._delete_by_subscription(c, items, journal)
-        counts = [self._receives_key(c, m) for m in items if str(m) in c.receives]
-        try:
-            if journal and self.archive != "none":
-                entries = archive_journal.on_ack(
-                    self.store, self.cache, self.queue, self.index, self.archive, items, self.wall()
-                )
-                self.store.put_many(entries, fence=self.fence)
-            # Fenced like every write: a stale owner's delete would leave the new owner holding a
-            # live message that is gone (in flight for ever, its group blocked).
-            removed = self.store.delete_many([str(m) for m in items], fence=self.fence)
-            if counts:
-                self.store.delete_many(counts, fence=self.fence)
-            return removed
-        except Fenced as exc:
-            raise self.lost(exc) from exc
-        except KVError as exc:
-            raise PartitionUnavailable(f"{self.queue}/{self.index}: store delete failed: {exc}") from exc
-
-    def _delete_by_subscription(self, c: Cursor, items: Sequence[MessageId], journal: bool) -> int:
-        with self.lock:
-            self.check_serving()
-            held = [m for m in items if c.holds(self.blocks, m.block, m.index)]
-            last: list[MessageId] = []
-            shared: list[MessageId] = []
-            for m in held:
-                others = any(o is not c and o.holds(self.blocks, m.block, m.index) for o in self.readers)
-                (shared if others else last).append(m)
-            try:
-                if journal and last and self.archive != "none":
-                    entries = archive_journal.on_ack(
-                        self.store, self.cache, self.queue, self.index, self.archive, last, self.wall()
-                    )
-                    self.store.put_many(entries, fence=self.fence)
-                if shared:
-                    self.store.put_many([(self._ack_key(c, m), b"1") for m in shared], fence=self.fence)
-                if last:
-                    self._delete_stored([str(m) for m in last])
-                counts = [self._receives_key(c, m) for m in held if str(m) in c.receives]
-                if counts:
-                    self.store.delete_many(counts, fence=self.fence)
-            except Fenced as exc:
-                raise self.lost(exc) from exc
-            except KVError as exc:
-                self.close()  # memory and store may disagree now: reopen from the store
-                raise PartitionUnavailable(f"{self.queue}/{self.index}: store write failed: {exc}") from exc
-            for m in held:
-                c.live.get(m.block, set()).discard(m.index)
-            self.drop_stored([str(m) for m in last])
-            return len(held)
-
-    def _delete_stored(self, mids: Sequence[str]) -> None:
-        """Delete messages from the store with every subscription's marker and count. Lock held."""
-        keys = list(mids)
-        if self.is_topic:
-            for mid in mids:
-                parsed = parse_message_id(mid)
-                if parsed is not None:
-                    for o in self.readers:
-                        keys.append(self._ack_key(o, parsed))
-                        keys.append(self._receives_key(o, parsed))
-        self.store.delete_many(keys, fence=self.fence)
-
-    def drop_stored(self, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> None:
-        """Memory of messages no longer stored (block live sets, cache). Lock held. ``where``:
-        each one's ``(block id, index)``, when the caller has them already."""
-        self.cache.discard_many(mids)
-        for block_id, idx in where if where is not None else map(block_and_index, mids):
-            state = self.blocks.get(block_id)
-            if state is not None:
-                state.live.discard(idx)
-                state.archived.discard(idx)
-
-    def stored(self, mid: str) -> bool:
-        block_id, idx = block_and_index(mid)
-        state = self.blocks.get(block_id)
-        return state is not None and idx in state.live
+    def settle_acked(self, items: Sequence[MessageId], removed: int, sub: str = "", *, ack: bool = True) -> None:
+        """The memory half of an ack, after the delete. Lock held."""
+        self.acks.settle_acked(items, removed, sub, ack=ack)
 
     def remove_everywhere(self, mids: Sequence[str]) -> None:
         """Delete messages that no cursor needs, and forget them everywhere. Lock held."""
-        try:
-            self._delete_stored(mids)
-        except Fenced as exc:
-            raise self.lost(exc) from exc
-        for c in self.readers:
-            self.forget(c, mids)
-        self.drop_stored(mids)
+        self.acks.remove_everywhere(mids)
 
-    def settle_acked(self, items: Sequence[MessageId], removed: int, sub: str = "", *, ack: bool = True) -> None:
-        """The memory half of an ack, after the delete. Lock held. ``ack=False``: a removal
-        that is no ack (a move to the dead-letter queue), left out of ``mq_messages_acked``."""
-        c = self.cursor(sub)
-        mids = [str(m) for m in items]
-        where = [(m.block, m.index) for m in items]  # parsed already: not again per use
-        woke = self.forget(c, mids, where)
-        if c.shared:
-            self.drop_stored(mids, where)
-        c.acked_total += removed
-        if ack:
-            self.counters.acked(self.queue, sub, removed)
-        self.prune()
-        if woke:
-            self.on_change()  # a group's next message may go: wake the long polls
-
-    def forget(self, c: Cursor, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> bool:
-        """Drop acknowledged (or dead-lettered, or expired) messages from a cursor. Lock held.
-        ``where``: each one's ``(block id, index)``, when the caller has them already. True if
-        a group's next message became deliverable."""
-        freed: set[str] = set()
-        c.redelivery.remove_many(mids)
-        for key, (block_id, idx) in zip(mids, where if where is not None else map(block_and_index, mids)):
-            c.receives.pop(key, None)
-            c.not_due.discard(key)
-            if not c.shared:
-                live = c.live.get(block_id)
-                if live is not None:
-                    live.discard(idx)
-                    if not live:
-                        del c.live[block_id]
-            group = c.group_of.pop(key, None)
-            if group is not None:
-                pending = c.groups.get(group)
-                state = self.blocks.get(block_id)
-                if pending is not None and state is not None:
-                    pending.discard(((state.block.ordinal, idx), key))
-                if c.group_busy.get(group) == key:
-                    del c.group_busy[group]
-                batch = c.group_out.get(group)
-                if batch is not None:
-                    batch.discard(key)
-                    if not batch:
-                        del c.group_out[group]
-                freed.add(group)
-        woke = False
-        for group in freed:
-            woke = self.unblock_group(c, group) or woke
-        return woke
+    def change_visibility_locked(self, mid: MessageId, receipt: str | None, timeout: float, sub: str = "") -> int:
+        """Move the message's visibility deadline to ``timeout`` seconds from now (0: deliverable
+        at once); returns its receive count. Lock held."""
+        return self.acks.change_visibility_locked(mid, receipt, timeout, sub)
 
     # --- retention: Retention -----------------------------------------------------------------
     def expire(self, cutoff: float) -> int:
@@ -995,252 +338,23 @@ class PartitionManager(Generic[LeaseT]):
 
     def prune(self) -> None:
         """Delete fully acknowledged blocks from the front of the allocation order. Lock held."""
-        self.retention.prune()
+        self.pruner.prune()
 
-    def held(self, mid: str) -> bool:
-        """Some cursor still holds ``mid``. Lock held."""
-        return any(self._is_live(c, mid) for c in self.readers)
-
-    def is_stub(self, mid: str) -> bool:
-        """``mid``'s stored record is a stub: its body is in the archive only. Lock held."""
-        block_id, idx = block_and_index(mid)
-        state = self.blocks.get(block_id)
-        return state is not None and idx in state.archived
-
-    def mark_stubs(self, mids: Sequence[str]) -> None:
-        """``mids``' stored records were replaced by stubs (their bodies are in the archive
-        only): no longer kept in the cache. Lock held."""
-        for mid in mids:
-            block_id, idx = block_and_index(mid)
-            self.blocks[block_id].archived.add(idx)
-            self.cache.discard(mid)
-
-    def records(self, mids: Sequence[str]) -> dict[str, StoredMessage]:
-        """The stored records of ``mids`` (cache, else one batched read; stubs too); gone ones
-        left out."""
-        out: dict[str, StoredMessage] = {}
-        missing = []
-        for mid in mids:
-            cached = self.cache.get(mid)
-            if cached is not None:
-                out[mid] = cached
-            else:
-                missing.append(mid)
-        if missing:
-            try:
-                raws = self.store.get_many(missing)
-            except KVError as exc:
-                raise PartitionUnavailable(f"{self.queue}/{self.index}: store read failed: {exc}") from exc
-            for mid, raw in zip(missing, raws):
-                if raw is not None:
-                    out[mid] = StoredMessage.from_bytes(raw, mid)
-        return out
-
-    def ack(self, items: Sequence[tuple[MessageId, str | None]], sub: str = "", *, unexpired: bool = False) -> int:
-        """Check receipts (``unexpired``: :meth:`check_receipts`), delete, settle: a whole ack
-        on this partition alone (journaled for the archive: :meth:`delete_acked`). Returns how
-        many were still held."""
-        return self._ack(items, journal=True, sub=sub, unexpired=unexpired)
-
-    def remove_dead_lettered(self, items: Sequence[MessageId], sub: str = "") -> int:
-        """Remove messages that were moved to the dead-letter queue: like an ack without
-        receipts, but not journaled (a dead letter is not acknowledged, so not archived)."""
-        return self._ack([(m, None) for m in items], journal=False, sub=sub)
-
-    def _ack(
-        self, items: Sequence[tuple[MessageId, str | None]], *, journal: bool, sub: str, unexpired: bool = False
-    ) -> int:
-        mids = [mid for mid, _ in items]
-        with self.lock:
-            self.check_serving()
-            self.check_receipts(items, sub, unexpired=unexpired)
-            pinned = self.pin_for_ack(mids, sub)
-        try:
-            removed = self.delete(mids, journal=journal, sub=sub)
-        except PartitionUnavailable:
-            with self.lock:
-                self.unpin(pinned, sub)
-            raise
-        with self.lock:
-            self.settle_acked(mids, removed, sub, ack=journal)
-        return removed
-
-    def change_visibility_locked(self, mid: MessageId, receipt: str | None, timeout: float, sub: str = "") -> int:
-        """Move the message's visibility deadline to ``timeout`` seconds from now (0: deliverable
-        at once); returns its receive count. Called with ``lock`` held."""
-        c = self.cursor(sub)
-        key = str(mid)
-        entry = c.redelivery.get(key)
-        if entry is None or not self._is_live(c, key):
-            raise ReceiptMismatch(key, "not in flight (never delivered, or already acknowledged)")
-        if receipt is not None and entry.receipt != receipt:
-            raise ReceiptMismatch(key, "the receipt is from an earlier delivery")
-        if entry.deadline == float("inf"):
-            raise ReceiptMismatch(key, "it is being acknowledged or dead-lettered")
-        c.redelivery.change_deadline(key, monotonic() + timeout)
-        if timeout == 0:
-            self.on_change()
-        return c.receives.get(key, 1)
-
-    # --- figures ------------------------------------------------------------------------------
+    # --- figures: Figures ------------------------------------------------------------------------
     def stats(self) -> PartitionStats:
-        with self.lock:
-            now = monotonic()
-            for c in self.readers:
-                c.redelivery.advance(now)  # (the count read without the lock walks only what came due since)
-            live = sum(len(s.live) for s in self.blocks.values())
-            ordered = [*self.scanned_order, *self.local_order]
-            in_flight = self.in_flight_count(now)
-            head = self.tree.head
-            oldest = next((s.block.created_at for s in ordered if s.live), None)
-            first = ""
-            cursors = {}
-            if self.is_topic:
-                for c in self.readers:
-                    cursors[c.name] = {
-                        "held": c.held_count(),
-                        "in_flight": c.redelivery.in_flight_count(now),
-                        "archived": sum(
-                            len(live & self.blocks[b].archived)
-                            for b, live in c.live.items()
-                            if b in self.blocks and self.blocks[b].archived
-                        ),
-                        "acked": c.acked_total,
-                        "redelivered": c.redelivered_total,
-                        "dequeue_id": (c.scanned_ready or c.ready or [""])[0],
-                        "oldest_enqueued_at": min(
-                            (
-                                self.blocks[b].block.created_at
-                                for b, live in c.live.items()
-                                if live and b in self.blocks
-                            ),
-                            default=None,
-                        ),
-                    }
-            else:
-                c = self.cursors[""]
-                first = (c.scanned_ready or c.ready or [""])[0]
-            return PartitionStats(
-                queue=self.queue,
-                index=self.index,
-                epoch=self.lease.epoch,
-                head_block=head.id if head else "",
-                enqueue_id=keys.message_key(self.queue, self.index, head.id, self.next_index) if head else "",
-                dequeue_id=first,
-                visible=max(live - in_flight, 0),
-                in_flight=in_flight,
-                delayed=len(set().union(*(c.not_due for c in self.readers))),
-                depth_exact=self.unscanned is None,
-                live_blocks=len(self.blocks),
-                tree_height=max((h for _, h in self.tree.roots), default=-1) + 1,
-                oldest_enqueued_at=oldest,
-                enqueued_total=self.enqueued_total,
-                acked_total=self.acked_total,
-                redelivered_total=self.redelivered_total,
-                opened_in=self.opened_in,
-                cursors=cursors,
-            )
+        """The partition's figures, for the node to publish (see :class:`PartitionStats`). Takes the lock."""
+        return self.figures.stats()
 
     def block_messages(self, block_id: str, limit: int = BLOCK_LISTING_MAX) -> BlockListing | None:
-        """What each position of live block ``block_id`` holds, for the console: its message
-        ID and its state (:data:`MESSAGE_STATES`) for each reader (``""``: a queue's; a
-        topic's subscriptions by name), the first ``limit`` positions. None when this manager
-        holds no such live block: none of its messages is held (acknowledged, expired or
-        purged), or it was found at the open and is not scanned yet (:attr:`unscanned`). Takes
-        the lock; O(positions listed)."""
-        with self.lock:
-            state = self.blocks.get(block_id)
-            if state is None:
-                return None
-            block = state.block
-            head = self.tree.head
-            used = self.writer.next_index if head is not None and head.id == block_id else block.size
-            now, wall = monotonic(), self.wall()
-            messages: list[BlockMessage] = []
-            dead = {c.name: {mid for mid, _ in c.dead} for c in self.readers if c.dead}
-            for i in range(min(used, max(limit, 0))):
-                mid = keys.message_key(self.queue, self.index, block_id, i)
-                states: dict[str, str] = {}
-                receives: dict[str, int] = {}
-                visible_in: dict[str, float] = {}
-                for c in self.readers:
-                    if not c.holds(self.blocks, block_id, i):
-                        states[c.name] = "gone"
-                        continue
-                    entry = c.redelivery.get(mid)
-                    if mid in dead.get(c.name, ()):
-                        states[c.name] = "dead_letter"
-                    elif entry is not None and entry.deadline > now:
-                        states[c.name] = "in_flight"
-                        if entry.deadline != float("inf"):  # (inf: an ack in progress)
-                            visible_in[c.name] = round(entry.deadline - now, 3)
-                    elif mid in c.not_due:
-                        states[c.name] = "delayed"
-                    else:
-                        states[c.name] = "ready"
-                    count = entry.receive_count if entry is not None else c.receives.get(mid, 0)
-                    if count:
-                        receives[c.name] = count
-                item: BlockMessage = {"id": mid, "index": i, "states": states}
-                if receives:
-                    item["receive_counts"] = receives
-                if visible_in:
-                    item["visible_in"] = visible_in
-                if i in state.archived:
-                    item["archived"] = True
-                messages.append(item)
-            return {
-                "block": block_id,
-                "ordinal": block.ordinal,
-                "height": block.height,
-                "size": block.size,
-                "used": used,
-                "live": len(state.live),
-                "created_age": round(max(wall - block.created_at, 0.0), 3),
-                "head": head is not None and head.id == block_id,
-                "messages": messages,
-                "more": max(used - len(messages), 0),
-            }
+        """What each position of live block ``block_id`` holds, per reader, for the console (see
+        :meth:`Figures.block_messages <queues.engine.figures.Figures.block_messages>`)."""
+        return self.figures.block_messages(block_id, limit)
 
     def waiting_since(self, sub: str = "") -> tuple[float | None, float | None]:
-        """``(oldest, due)``: the wall time the oldest message this manager could deliver to
-        ``sub`` now has waited since (None: none), and the monotonic time its next message in
-        flight comes due (None: none; past: due now).
-
-        Read without the lock, for the node's sibling processes (``queues.cluster.siblings``):
-        a hint that may be a moment old, or name a message that turns out not deliverable (a
-        delayed one, one acknowledged meanwhile); a reader that acts on it finds out."""
-        c = self.cursors.get(sub)
-        if c is None or self.closed or not self.dequeue_ready:
-            return None, None
-        oldest: float | None = self.wall() if self.unscanned is not None else None
-        for waiting in (c.unblocked, c.scanned_ready, c.ready):
-            try:
-                mid = waiting[0]
-            except IndexError:
-                continue
-            message = self.cache.get(mid)
-            if message is not None:
-                since = message.enqueued_at
-            else:
-                state = self.blocks.get(block_and_index(mid)[0])
-                since = state.block.created_at if state is not None else self.wall()
-            oldest = since if oldest is None else min(oldest, since)
-        now = monotonic()
-        due = c.redelivery.next_deadline()
-        if due == float("-inf"):  # changed under us: due now, as far as a hint goes
-            due = now
-        try:
-            delayed = c.delayed[0][0]  # the next delayed message's turn (wall time)
-        except IndexError:
-            pass
-        else:
-            turn = now + (delayed - self.wall())
-            due = turn if due is None else min(due, turn)
-        return oldest, due
+        """``(oldest, due)``: the wall time the oldest deliverable message has waited since, and
+        the monotonic time the next one in flight comes due (None: none). A hint, read without the lock."""
+        return self.figures.waiting_since(sub)
 
     def next_wakeup(self, sub: str | None = None) -> float | None:
         """Monotonic time at which an in-flight message becomes deliverable again."""
-        cursors = self.readers if sub is None else [self.cursors[sub]] if sub in self.cursors else []
-        deadlines = [d for d in (c.redelivery.next_deadline() for c in cursors) if d is not None]
-        return min(deadlines, default=None)
+        return self.figures.next_wakeup(sub)

@@ -3,31 +3,76 @@
 Retention (:meth:`Retention.expire`) removes a block's messages once its newest is older than
 the queue's retention, from every subscription; on a topic it works through
 ``queues.engine.topic_retention``, which keeps what slow subscriptions still hold in the archive.
-Pruning (:meth:`Retention.prune`) deletes fully acknowledged blocks from the front of the
+Pruning (:meth:`Pruner.prune`) deletes fully acknowledged blocks from the front of the
 allocation order, after every ack and removal.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
 
-from queues.engine import keys, topic_retention
+from queues.engine import keys
 from queues.engine.blocks import BlockState
 from queues.engine.ids import parse_message_id
+from queues.engine.ports import ExpiresTopic, PrunerState, Prunes, Removes, RetentionState, Routes
 from queues.kv.base import Fenced, KVError
 
-if TYPE_CHECKING:
-    from queues.engine.partition import PartitionManager
-    from queues.engine.ports import Lease
+
+class Pruner:
+    """Deletes one partition's emptied blocks: in allocation order (those scanned at open,
+    then the owner's own), from the front. ``p``: the partition's state, as :class:`PrunerState
+    <queues.engine.ports.PrunerState>`."""
+
+    def __init__(self, p: PrunerState):
+        self.p = p
+
+    def prune(self) -> None:
+        """Delete fully acknowledged blocks from the front of the allocation order. Lock held.
+
+        Only a prefix of the allocation order is ever pruned (see ``queues.engine.tree``): a block goes
+        when it and every older block are sealed and empty, and never while it is the head.
+        On a topic a block is empty when no subscription holds any of its messages.
+        """
+        p = self.p
+        head_id = p.tree.head.id if p.tree.head is not None else None
+        doomed: list[BlockState] = []
+
+        def take(order: deque[BlockState]) -> bool:
+            for state in order:
+                if state.live or state.pending or not state.sealed or state.block.id == head_id:
+                    return False
+                doomed.append(state)
+            return True
+
+        if take(p.scanned_order) and p.unscanned is None:
+            take(p.local_order)
+        if not doomed:
+            return
+        try:
+            p.store.delete_many([keys.block_key(p.queue, p.index, s.block.id) for s in doomed], fence=p.fence)
+        except Fenced as exc:
+            raise p.lost(exc) from exc
+        except KVError:
+            return  # try again at the next ack
+        for s in doomed:
+            order = p.scanned_order if s.scanned else p.local_order
+            order.popleft()
+            del p.blocks[s.block.id]
+            p.tree.forget(s.block.id)
 
 
 class Retention:
-    """Expires and prunes one manager's partition: its blocks, in allocation order (those
-    scanned at open, then the manager's own), and the messages of its cursors."""
+    """Expires one partition's messages past retention, from every cursor. ``p``: the
+    partition's state, as :class:`RetentionState <queues.engine.ports.RetentionState>`;
+    ``remover``: deletes from the store (a queue's); ``order``: forgets them in each cursor;
+    ``pruner``: deletes the emptied blocks; ``topic``: a topic's retention."""
 
-    def __init__(self, manager: PartitionManager[Lease]):
-        self.m = manager
+    def __init__(self, p: RetentionState, remover: Removes, order: Routes, pruner: Prunes, topic: ExpiresTopic):
+        self.p = p
+        self.remover = remover
+        self.order = order
+        self.pruner = pruner
+        self.topic = topic
 
     def expire(self, cutoff: float) -> int:
         """Remove messages of blocks whose newest message is older than ``cutoff`` (retention),
@@ -38,61 +83,26 @@ class Retention:
         most the time its block took to fill (a grown block: at most BLOCK_SEAL_S). Returns how
         many were removed.
         """
-        m = self.m
-        with m.lock:
-            m.check_serving()
+        p = self.p
+        with p.lock:
+            p.check_serving()
             doomed: list[str] = []
-            for state in [*m.scanned_order, *m.local_order]:
+            for state in [*p.scanned_order, *p.local_order]:
                 if state.newest >= cutoff or state.pending:
                     break
-                bucket = keys.block_bucket(m.queue, m.index, state.block.id)
+                bucket = keys.block_bucket(p.queue, p.index, state.block.id)
                 doomed.extend(f"{bucket}/{i}" for i in sorted(state.live))
         if not doomed:
             return 0
-        if m.is_topic:
-            batch = topic_retention.EXPIRE_BATCH
-            return sum(topic_retention.expire(m, doomed[k : k + batch]) for k in range(0, len(doomed), batch))
-        parsed = [p for p in (parse_message_id(d) for d in doomed) if p is not None]
-        removed = m.delete(parsed, journal=False)
-        with m.lock:
-            for c in m.readers:
-                m.forget(c, doomed)
-            m.drop_stored(doomed)
-            m.expired_total += removed
-            m.counters.expired(m.queue, removed)
-            self.prune()
+        if p.is_topic:
+            return self.topic.expire(doomed)
+        parsed = [mid for mid in (parse_message_id(d) for d in doomed) if mid is not None]
+        removed = self.remover.delete(parsed, journal=False)
+        with p.lock:
+            for c in p.readers:
+                self.order.forget(c, doomed)
+            p.drop_stored(doomed)
+            p.expired_total += removed
+            p.counters.expired(p.queue, removed)
+            self.pruner.prune()
         return removed
-
-    def prune(self) -> None:
-        """Delete fully acknowledged blocks from the front of the allocation order. Lock held.
-
-        Only a prefix of the allocation order is ever pruned (see ``queues.engine.tree``): a block goes
-        when it and every older block are sealed and empty, and never while it is the head.
-        On a topic a block is empty when no subscription holds any of its messages.
-        """
-        m = self.m
-        head_id = m.tree.head.id if m.tree.head is not None else None
-        doomed: list[BlockState] = []
-
-        def take(order: deque[BlockState]) -> bool:
-            for state in order:
-                if state.live or state.pending or not state.sealed or state.block.id == head_id:
-                    return False
-                doomed.append(state)
-            return True
-
-        if take(m.scanned_order) and m.unscanned is None:
-            take(m.local_order)
-        if not doomed:
-            return
-        try:
-            m.store.delete_many([keys.block_key(m.queue, m.index, s.block.id) for s in doomed], fence=m.fence)
-        except Fenced as exc:
-            raise m.lost(exc) from exc
-        except KVError:
-            return  # try again at the next ack
-        for s in doomed:
-            order = m.scanned_order if s.scanned else m.local_order
-            order.popleft()
-            del m.blocks[s.block.id]
-            m.tree.forget(s.block.id)

@@ -13,20 +13,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from queues.engine import keys
 from queues.engine.blocks import BlockState
 from queues.engine.cursor import Cursor
 from queues.engine.format import read_count
 from queues.engine.ids import StoredMessage
+from queues.engine.ports import Prunes, Removes, Routes, TakeoverState
 from queues.engine.tree import AppendTree, Block, BlockReader, newest_head, parse_head_record
 from queues.errors import LeaseLost
 from queues.kv.base import Fence
-
-if TYPE_CHECKING:
-    from queues.engine.partition import PartitionManager
-    from queues.engine.ports import Lease
 
 log = logging.getLogger(__name__)
 
@@ -48,57 +44,63 @@ def _memo(read: BlockReader) -> BlockReader:
 
 
 class Takeover:
-    """Opens one manager's partition from the store, and scans the blocks found there.
+    """Opens one partition from the store, and scans the blocks found there.
 
-    It fills the manager's memory (its fence, tree, blocks and cursors) under the manager's
-    lock, routing each message found through :meth:`PartitionManager.route_new`. ``clock``:
+    It fills the partition's memory (its fence, tree, blocks and cursors) under its lock,
+    routing each message found to the cursors (``order``: :meth:`Ordering.route_new
+    <queues.engine.ordering.Ordering.route_new>`); ``remover`` deletes what every subscription
+    had acknowledged before the owner died, ``pruner`` the blocks a scan found empty. ``p``: the
+    partition's state, as :class:`TakeoverState <queues.engine.ports.TakeoverState>`; ``clock``:
     the manager's monotonic clock, for the open's timings and the fence's confirmation.
     """
 
-    def __init__(self, manager: PartitionManager[Lease], clock: Callable[[], float]):
-        self.m = manager
+    def __init__(self, p: TakeoverState, order: Routes, pruner: Prunes, remover: Removes, clock: Callable[[], float]):
+        self.p = p
+        self.order = order
+        self.pruner = pruner
+        self.remover = remover
         self.clock = clock
         #: ``clock()`` when the open began.
         self.started = 0.0
 
     def read_block(self, block_id: str) -> Block | None:
-        m = self.m
-        key = keys.block_key(m.queue, m.index, block_id)
-        raw = m.store.get(key)
+        p = self.p
+        key = keys.block_key(p.queue, p.index, block_id)
+        raw = p.store.get(key)
         return Block.from_bytes(raw, key) if raw is not None else None
 
     def open_head(self) -> None:
         """Fence out earlier owners and load the head: enqueues may start. O(log N) reads."""
-        m = self.m
+        p = self.p
         self.started = self.clock()
-        with m.lock:
+        with p.lock:
             self._raise_fence()
-            m.confirmed(self.started)
+            p.confirmed(self.started)
             # The head as the row and the store hold it now: read after the fence, so that no
             # earlier owner can move either since. The store's head record was written with the
             # blocks under the fence; the row may be behind it (a database restored from a
             # backup, or rebuilt from the queue descriptions): the newer wins (newest_head).
-            row_head = m.row.read_head()
-            head_key = keys.head_key(m.queue, m.index)
-            record = parse_head_record(m.store.get(head_key), head_key)
+            row_head = p.row.read_head()
+            head_key = keys.head_key(p.queue, p.index)
+            record = parse_head_record(p.store.get(head_key), head_key)
             read = _memo(self.read_block)
             head_id = newest_head(row_head, record, read)
             if head_id != row_head:
                 log.warning(
                     "%s/%s: the row's head %s is not the newest: loading %s, the store's (restored database?)",
-                    m.queue,
-                    m.index,
+                    p.queue,
+                    p.index,
                     row_head,
                     head_id,
                 )
-                m.row.set_head(head_id or "")  # for the admin, a purge
-            m.tree = AppendTree.load(head_id, read, m.block_size)
+                p.row.set_head(head_id or "")  # for the admin, a purge
+            p.tree = AppendTree.load(head_id, read, p.block_size)
             # (the old head stays sealed: see Writer, which starts in a fresh block)
-            if m.tree.head is not None:
+            if p.tree.head is not None:
                 # A generator: no read yet, but from now on local blocks wait behind it.
-                m.unscanned = m.tree.iter_from_oldest(self.read_block, upto=m.tree.head.ordinal)
-            m.enqueue_ready = True
-        m.opened_in = {"enqueue_ready_s": self.clock() - self.started, "head_reads": m.tree.reads}
+                p.unscanned = p.tree.iter_from_oldest(self.read_block, upto=p.tree.head.ordinal)
+            p.enqueue_ready = True
+        p.opened_in = {"enqueue_ready_s": self.clock() - self.started, "head_reads": p.tree.reads}
 
     def _raise_fence(self) -> None:
         """Raise the fence to our epoch, or move our epoch past the fence. Lock held.
@@ -111,53 +113,53 @@ class Takeover:
         then hold alone, in one claim pass however far ahead the fence is. Raises LeaseLost if
         the row is no longer ours.
         """
-        m = self.m
+        p = self.p
         for _ in range(FENCE_ATTEMPTS):
-            held = m.store.raise_fence(m.fence.key, m.lease.epoch)
-            if held < m.lease.epoch:
+            held = p.store.raise_fence(p.fence.key, p.lease.epoch)
+            if held < p.lease.epoch:
                 return
             log.warning(
                 "%s/%s: the fence is at epoch %s, ours is %s (restored database?): moving to %s",
-                m.queue,
-                m.index,
+                p.queue,
+                p.index,
                 held,
-                m.lease.epoch,
+                p.lease.epoch,
                 held + 1,
             )
-            m.row.move_epoch(held + 1)
-            m.fence = Fence(m.fence.key, m.lease.epoch)
-        raise LeaseLost(f"{m.queue}/{m.index}: a newer epoch fenced us at open")
+            p.row.move_epoch(held + 1)
+            p.fence = Fence(p.fence.key, p.lease.epoch)
+        raise LeaseLost(f"{p.queue}/{p.index}: a newer epoch fenced us at open")
 
     def open_oldest(self) -> None:
         """Reach the oldest live block (O(log N) more reads) and the saved receive counts (and a
         topic's ack markers): dequeues may start. Enqueues run meanwhile (they take the lock
         between steps)."""
-        m = self.m
-        with m.lock:
-            for c in m.readers:
+        p = self.p
+        with p.lock:
+            for c in p.readers:
                 self._load_receives(c)
-        with m.lock:
-            if m.unscanned is not None and not m.scanned_order:
+        with p.lock:
+            if p.unscanned is not None and not p.scanned_order:
                 self.scan()
-            m.dequeue_ready = True
-        m.opened_in.update(dequeue_ready_s=self.clock() - self.started, oldest_reads=m.tree.reads)
-        log.info("opened %s/%s epoch %s: %s", m.queue, m.index, m.lease.epoch, m.opened_in)
+            p.dequeue_ready = True
+        p.opened_in.update(dequeue_ready_s=self.clock() - self.started, oldest_reads=p.tree.reads)
+        log.info("opened %s/%s epoch %s: %s", p.queue, p.index, p.lease.epoch, p.opened_in)
 
     def _load_receives(self, c: Cursor) -> None:
         """A cursor's saved receive counts and, for a subscription, its ack markers (their
         names say it all: ``<block id>.<index>``)."""
-        m = self.m
-        bucket = keys.receives_bucket(m.queue, m.index, c.name)
-        names = m.store.scan(bucket)
-        for name, raw in zip(names, m.store.get_many([f"{bucket}/{n}" for n in names])):
+        p = self.p
+        bucket = keys.receives_bucket(p.queue, p.index, c.name)
+        names = p.store.scan(bucket)
+        for name, raw in zip(names, p.store.get_many([f"{bucket}/{n}" for n in names])):
             pos = keys.parse_position(name)
             if raw is not None and pos is not None:
-                c.receives[keys.message_key(m.queue, m.index, *pos)] = read_count(raw, f"{bucket}/{name}")
+                c.receives[keys.message_key(p.queue, p.index, *pos)] = read_count(raw, f"{bucket}/{name}")
         if not c.shared:
-            for name in m.store.scan(keys.acks_bucket(m.queue, m.index, c.name)):
+            for name in p.store.scan(keys.acks_bucket(p.queue, p.index, c.name)):
                 pos = keys.parse_position(name)
                 if pos is not None:
-                    c.acked.add(keys.message_key(m.queue, m.index, *pos))
+                    c.acked.add(keys.message_key(p.queue, p.index, *pos))
 
     def scan(self) -> bool:
         """Scan the next unscanned block and route its messages. Lock held. One store scan and
@@ -172,29 +174,30 @@ class Takeover:
         try:
             return self._scan_once()
         except Exception:
-            self.m.close()
+            self.p.close()
             raise
 
     def _scan_once(self) -> bool:
-        m = self.m
-        while m.unscanned is not None:
-            block = next(m.unscanned, None)
+        p = self.p
+        while p.unscanned is not None:
+            block = next(p.unscanned, None)
             if block is None:
-                m.unscanned = None
-                for c in m.readers:
+                p.unscanned = None
+                for c in p.readers:
                     c.acked.clear()  # every marker has met its message by now
                     for group in list(c.groups):
-                        m.unblock_group(c, group)  # local heads waited for the unscanned blocks
-                m.retention.prune()  # and so were this manager's own emptied blocks
+                        self.order.unblock_group(c, group)  # local heads waited for the unscanned blocks
+                self.pruner.prune()  # and so were this manager's own emptied blocks
                 break
-            bucket = keys.block_bucket(m.queue, m.index, block.id)
-            live = sorted(int(n) for n in m.store.scan(bucket) if n.isdigit())
+            bucket = keys.block_bucket(p.queue, p.index, block.id)
+            live = sorted(int(n) for n in p.store.scan(bucket) if n.isdigit())
             ids = [f"{bucket}/{i}" for i in live]
-            records = m.store.get_many(ids) if ids else []
+            records = p.store.get_many(ids) if ids else []
             state = BlockState(block, set(), sealed=True, scanned=True)
-            m.blocks[block.id] = state
-            m.scanned_order.append(state)
+            p.blocks[block.id] = state
+            p.scanned_order.append(state)
             done: list[str] = []
+            route = self.order.route_new
             for i, mid, raw in zip(live, ids, records):
                 if raw is None:
                     continue  # acknowledged between the scan and the read
@@ -203,15 +206,15 @@ class Takeover:
                 if message.archived:
                     state.archived.add(i)
                 state.newest = max(state.newest, message.enqueued_at)
-                m.seq_counter = max(m.seq_counter, message.sequence & 0xFFFFFFFF)
-                if m.route_new(mid, block, i, message, scanned=True):
+                p.seq_counter = max(p.seq_counter, message.sequence & 0xFFFFFFFF)
+                if route(mid, block, i, message, scanned=True):
                     if not message.archived:  # a stub's body is read from the archive
-                        m.cache.put(mid, message)
-                elif m.readers and all(mid in c.acked for c in m.readers if message.subscription in (None, c.name)):
+                        p.cache.put(mid, message)
+                elif p.readers and all(mid in c.acked for c in p.readers if message.subscription in (None, c.name)):
                     done.append(mid)  # acked by every subscription; the owner died before the delete
             if done:
-                m.remove_everywhere(done)
+                self.remover.remove_everywhere(done)
             if state.live:
                 return True
-            m.retention.prune()
+            self.pruner.prune()
         return False

@@ -9,37 +9,34 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from queues.engine import archive_journal, keys
 from queues.engine.blocks import BlockState
 from queues.engine.ids import StoredMessage
+from queues.engine.ports import Routes, WriterState
 from queues.engine.tree import BLOCK_SEAL_S, Block, head_record, next_block_size
 from queues.errors import LeaseLost, PartitionUnavailable
 from queues.kv.base import Fenced, KVError, ReplicationError
-
-if TYPE_CHECKING:
-    from queues.engine.partition import PartitionManager
-    from queues.engine.ports import Lease
 
 log = logging.getLogger(__name__)
 
 
 class Writer:
-    """Stores messages in one manager's partition (:meth:`enqueue`) and makes them deliverable.
+    """Stores messages in one partition (:meth:`enqueue`) and makes them deliverable.
 
-    Allocates blocks in the manager's tree and adds them to its blocks (local, in allocation
+    Allocates blocks in the partition's tree and adds them to its blocks (local, in allocation
     order), writes them and the head pointer (the store's head record, then the row), then the
-    messages; once written, each goes to the manager's cursors (:meth:`PartitionManager.route_new`).
-    ``clock``: the manager's monotonic clock (a grown head is sealed :data:`BLOCK_SEAL_S` after
-    its allocation; the fence's confirmation).
+    messages; once written, each goes to the cursors (``order``: :meth:`Ordering.route_new
+    <queues.engine.ordering.Ordering.route_new>`). The enqueue position (the head block's next
+    index) is the state's ``next_index``. ``p``: the partition's state, as :class:`WriterState
+    <queues.engine.ports.WriterState>`; ``clock``: the manager's monotonic clock (a grown head is
+    sealed :data:`BLOCK_SEAL_S` after its allocation; the fence's confirmation).
     """
 
-    def __init__(self, manager: PartitionManager[Lease], clock: Callable[[], float]):
-        self.m = manager
+    def __init__(self, p: WriterState, order: Routes, clock: Callable[[], float]):
+        self.p = p
+        self.order = order
         self.clock = clock
-        #: the next free index of the head block.
-        self.next_index = 0
         #: new messages may go into the head block. Not at first: the head found at open was
         #: an earlier owner's, which may have used any of its positions and can write no more
         #: (fenced), so this owner's messages go into a fresh block.
@@ -55,26 +52,26 @@ class Writer:
         under the lock once written. A new block is written, and the head pointer moved,
         while the lock is held: no message may go into a block before the pointer names it.
         """
-        m = self.m
-        with m.lock:
-            m.check_serving()
-            if not m.enqueue_ready:
-                raise PartitionUnavailable(f"{m.queue}/{m.index} is still loading")
+        p = self.p
+        with p.lock:
+            p.check_serving()
+            if not p.enqueue_ready:
+                raise PartitionUnavailable(f"{p.queue}/{p.index} is still loading")
             new_blocks: list[Block] = []
             positions: list[tuple[Block, int]] = []
-            checkpoint = m.tree.checkpoint()
-            head = m.tree.head
-            next_index = self.next_index
+            checkpoint = p.tree.checkpoint()
+            head = p.tree.head
+            next_index = p.next_index
             writable = self.head_writable
             now = self.clock()
             since = self.head_since
-            if writable and head is not None and head.size > m.block_size:
+            if writable and head is not None and head.size > p.block_size:
                 writable = now - since <= BLOCK_SEAL_S  # else sealed: see BLOCK_SEAL_S
             for _ in messages:
                 if head is None or not writable or next_index >= head.size:
                     previous = head.size if head is not None else None
                     filled_in = now - since if writable and head is not None else None
-                    head = m.tree.allocate(next_block_size(m.block_size, m.block_growth, previous, filled_in))
+                    head = p.tree.allocate(next_block_size(p.block_size, p.block_growth, previous, filled_in))
                     new_blocks.append(head)
                     next_index = 0
                     writable = True
@@ -82,18 +79,18 @@ class Writer:
                 positions.append((head, next_index))
                 next_index += 1
             if new_blocks:
-                writes = [(keys.block_key(m.queue, m.index, b.id), b.to_bytes()) for b in new_blocks]
+                writes = [(keys.block_key(p.queue, p.index, b.id), b.to_bytes()) for b in new_blocks]
                 # The head record last (the file store renames in order), in the same fenced write:
                 # the store leads to the block whatever happens to the row.
-                writes.append((keys.head_key(m.queue, m.index), head_record(m.lease.epoch, new_blocks[-1].id)))
-                outages: tuple[type[Exception], ...] = (KVError, *m.row.outages)
+                writes.append((keys.head_key(p.queue, p.index), head_record(p.lease.epoch, new_blocks[-1].id)))
+                outages: tuple[type[Exception], ...] = (KVError, *p.row.outages)
                 try:
-                    m.store.put_many(writes, fence=m.fence)
+                    p.store.put_many(writes, fence=p.fence)
                     # Durable pointer before any message goes into the new block: a new owner
                     # must find every block that holds a confirmed message.
-                    m.row.set_head(new_blocks[-1].id)
+                    p.row.set_head(new_blocks[-1].id)
                 except (Fenced, LeaseLost) as exc:
-                    raise m.lost(exc) from exc
+                    raise p.lost(exc) from exc
                 except outages as exc:
                     # The store or the database is down or did not answer (an outage): the new
                     # blocks are forgotten, so no later block points at one that may not be
@@ -101,36 +98,36 @@ class Writer:
                     # block written whose pointer was not (or whose pointer was written but
                     # not confirmed) names the old head as its previous: a new owner reading
                     # either pointer finds every confirmed message. Nothing went into them.
-                    m.tree.rollback(checkpoint)
+                    p.tree.rollback(checkpoint)
                     if isinstance(exc, KVError):
-                        raise PartitionUnavailable(f"{m.queue}/{m.index}: store write failed: {exc}") from exc
+                        raise PartitionUnavailable(f"{p.queue}/{p.index}: store write failed: {exc}") from exc
                     raise
                 except Exception:
                     # Anything else: the tree in memory may be ahead of the store, and a later
                     # block must never point at one that was not stored. Close; the node
                     # reopens from the store.
-                    m.close()
+                    p.close()
                     raise
                 self._adopt_blocks(new_blocks)
-            self.head_writable, self.next_index = True, next_index
+            self.head_writable, p.next_index = True, next_index
             if new_blocks:
                 self.head_since = now
-            states = [m.blocks[b.id] for b, _ in positions]
+            states = [p.blocks[b.id] for b, _ in positions]
             for state in states:
                 state.pending += 1
-            base = m.lease.epoch << 32
-            messages = [msg.with_sequence(base | (m.seq_counter + k + 1)) for k, msg in enumerate(messages)]
-            m.seq_counter += len(messages)
-        ids = [keys.message_key(m.queue, m.index, b.id, i) for b, i in positions]
+            base = p.lease.epoch << 32
+            messages = [msg.with_sequence(base | (p.seq_counter + k + 1)) for k, msg in enumerate(messages)]
+            p.seq_counter += len(messages)
+        ids = [keys.message_key(p.queue, p.index, b.id, i) for b, i in positions]
         items = [(mid, msg.to_bytes()) for mid, msg in zip(ids, messages)]
-        if m.archive == "all":  # the journal entries go in the same (atomic) write
-            items += archive_journal.entries(m.queue, m.index, items)
+        if p.archive == "all":  # the journal entries go in the same (atomic) write
+            items += archive_journal.entries(p.queue, p.index, items)
         started = self.clock()
         try:
-            m.store.put_many(items, fence=m.fence)
+            p.store.put_many(items, fence=p.fence)
         except BaseException as exc:
             if not isinstance(exc, (Fenced, KVError)):
-                with m.lock:
+                with p.lock:
                     for state in states:
                         state.pending -= 1
                 raise
@@ -138,40 +135,41 @@ class Writer:
                 # Written on the primary only: take it back, so that nothing unconfirmed is
                 # ever delivered (by us, or by an owner that scans this block later).
                 try:
-                    m.store.delete_many([key for key, _ in items])
+                    p.store.delete_many([key for key, _ in items])
                 except KVError:
-                    log.error("%s/%s: could not take back unreplicated messages", m.queue, m.index)
-            with m.lock:
+                    log.error("%s/%s: could not take back unreplicated messages", p.queue, p.index)
+            with p.lock:
                 for state in states:
                     state.pending -= 1  # the positions are burnt
                 if isinstance(exc, Fenced):
-                    raise m.lost(exc) from exc
-            raise PartitionUnavailable(f"{m.queue}/{m.index}: store write failed: {exc}") from exc
-        with m.lock:
-            m.confirmed(started)
-            if m.closed:
+                    raise p.lost(exc) from exc
+            raise PartitionUnavailable(f"{p.queue}/{p.index}: store write failed: {exc}") from exc
+        with p.lock:
+            p.confirmed(started)
+            if p.closed:
                 # Closed while we wrote (a failure elsewhere): the next owner, under a newer
                 # epoch, finds the messages if they were stored; do not confirm them here.
                 for state in states:
                     state.pending -= 1
-                raise PartitionUnavailable(f"{m.queue}/{m.index} closed during the write; retry")
-            m.cache.put_many(zip(ids, messages))
+                raise PartitionUnavailable(f"{p.queue}/{p.index} closed during the write; retry")
+            p.cache.put_many(zip(ids, messages))
+            route = self.order.route_new
             for (block, i), state, mid, message in zip(positions, states, ids, messages):
                 state.pending -= 1
                 state.live.add(i)
                 state.newest = max(state.newest, message.enqueued_at)
-                m.route_new(mid, block, i, message, scanned=False)
-            m.enqueued_total += len(ids)
-        m.counters.enqueued(m.queue, len(ids))
-        m.on_change()
+                route(mid, block, i, message, scanned=False)
+            p.enqueued_total += len(ids)
+        p.counters.enqueued(p.queue, len(ids))
+        p.on_change()
         return ids
 
     def _adopt_blocks(self, new_blocks: list[Block]) -> None:
-        """The blocks just stored join the manager's, after its own. Lock held."""
-        m = self.m
-        if m.local_order:
-            m.local_order[-1].sealed = True  # the previous head
+        """The blocks just stored join the partition's, after its own. Lock held."""
+        p = self.p
+        if p.local_order:
+            p.local_order[-1].sealed = True  # the previous head
         for b in new_blocks:
             state = BlockState(b, set(), sealed=b is not new_blocks[-1], scanned=False)
-            m.blocks[b.id] = state
-            m.local_order.append(state)
+            p.blocks[b.id] = state
+            p.local_order.append(state)

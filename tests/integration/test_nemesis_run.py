@@ -71,9 +71,9 @@ def _without_fencing(tmp: Path) -> Path:
             "    def valid(self, now: float | None = None) -> bool:\n        return True\n",
         ),
         (
-            "queues/engine/partition.py",
-            "    def _check_fence(self) -> None:\n",
-            "    def _check_fence(self) -> None:\n        return\n",
+            "queues/engine/delivery.py",
+            "    def check_fence(self) -> None:\n",
+            "    def check_fence(self) -> None:\n        return\n",
         ),
     ):
         text = (tmp / path).read_text()
