@@ -53,8 +53,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: The queues' lease period (seconds): short, so that takeovers happen often.
 LEASE_PERIOD = 3
-#: Starts of a node (after a kill, an upgrade, a drift) before the run gives up on it.
-START_TRIES = 5
 #: The consumers' visibility timeout (seconds): a message whose ack was lost comes back soon.
 VISIBILITY = 4
 
@@ -191,6 +189,10 @@ class Run:
         #: held while a node or a store is hit, healed or restarted (the nemesis's locks)
         self.node_locks: dict[str, threading.RLock] = {t: threading.RLock() for t in [*self.names, "redis", "pg"]}
         self.release: Release | None = None
+        #: nodes that could not start (their store cut off, down): the supervisor retries them
+        self.down: set[str] = set()
+        #: set when the run is over (the supervisor stops)
+        self.finished = threading.Event()
         self.network: Network | None = None
 
     # --- setup ------------------------------------------------------------------------------
@@ -248,7 +250,8 @@ class Run:
         for i, name in enumerate(self.names):
             self.ports[ports + i] = name
             self.nodes[name] = self.make_node(name, ports + i)
-            self.start_node(name)
+            if not self.start_node(name, tries=3):
+                raise RuntimeError(f"{name} did not start; its log: {self.nodes[name].log_path}")
         self.create_queues()
 
     def make_node(
@@ -275,22 +278,47 @@ class Run:
             prefix=self.network.wrap(name, []) if self.network else (),
         )
 
-    def start_node(self, name: str) -> None:
-        """Start node ``name``; one that exits while starting (its database or store was
-        down: a fault) is started again, as its supervisor would, up to :data:`START_TRIES`."""
+    def start_node(self, name: str, *, tries: int = 2) -> bool:
+        """Start node ``name``; whether it serves. One that exits while starting (its database
+        or store is down or cut off: a fault) is tried ``tries`` times, then left to
+        :meth:`supervise`, which starts it again as a supervisor would, once it can."""
         node = self.nodes[name]
-        for attempt in range(1, START_TRIES + 1):
+        for attempt in range(1, tries + 1):
             try:
                 node.start(timeout=60)
-                break
             except NodeFailed as exc:
-                if attempt == START_TRIES:
-                    raise
                 print(f"nemesis: {name} did not start (try {attempt}): {str(exc).splitlines()[0]}", flush=True)
                 node.stop(timeout=5)
                 time.sleep(1.0)
-        assert node.pid is not None
-        self.groups[node.pid] = name
+                continue
+            assert node.pid is not None
+            self.groups[node.pid] = name
+            self.down.discard(name)
+            return True
+        self.down.add(name)
+        return False
+
+    def supervise(self) -> None:
+        """Every second, start again the nodes that could not start (a thread of the run's)."""
+        while not self.finished.wait(1.0):
+            for name in sorted(self.down):
+                lock = self.node_locks[name]
+                if lock.acquire(blocking=False):  # (a fault on it goes first)
+                    try:
+                        if name in self.down:
+                            self.start_node(name, tries=1)
+                    finally:
+                        lock.release()
+
+    def signal(self, name: str, sig: int) -> None:
+        """``sig`` to node ``name``'s processes; nothing if it is not running (down after a
+        start that failed)."""
+        node = self.nodes[name]
+        if node.proc is not None and node.proc.poll() is None:
+            try:
+                node.signal(sig)
+            except ProcessLookupError:
+                pass
 
     def create_queues(self) -> None:
         http = requests.Session()
@@ -335,7 +363,9 @@ class Run:
     def actions(self) -> dict[str, tuple[Any, Any]]:
         def kill(f: Fault) -> None:
             with self.node_locks[f.target]:
-                self.nodes[f.target].kill()
+                node = self.nodes[f.target]
+                if node.proc is not None and node.proc.poll() is None:  # (one that is down stays down)
+                    node.kill()
 
         def restart(f: Fault) -> None:
             with self.node_locks[f.target]:
@@ -344,10 +374,10 @@ class Run:
                     self.start_node(f.target)
 
         def pause(f: Fault) -> None:
-            self.nodes[f.target].signal(signal.SIGSTOP)
+            self.signal(f.target, signal.SIGSTOP)
 
         def resume(f: Fault) -> None:
-            self.nodes[f.target].signal(signal.SIGCONT)
+            self.signal(f.target, signal.SIGCONT)
 
         def nothing(f: Fault) -> None:
             return None
@@ -427,6 +457,7 @@ class Run:
             clients = self.clients(ctx)
             for c in clients:
                 c.start()
+            threading.Thread(target=self.supervise, name="supervisor", daemon=True).start()
             nemesis = Nemesis(faults, self.actions(), self._record_fault, self.stop, self.node_locks)
             started = time.monotonic()
             nemesis.start()
@@ -435,12 +466,16 @@ class Run:
             self.stop.set()  # faults still on end now
             nemesis.join()
             self.errors += nemesis.errors
+            deadline = time.monotonic() + 120
             for name in self.nodes:  # every node up again
                 with self.node_locks[name]:
+                    self.signal(name, signal.SIGCONT)
                     node = self.nodes[name]
-                    node.signal(signal.SIGCONT)
-                    if node.proc is None or node.proc.poll() is not None:
-                        self.start_node(name)
+                    while node.proc is None or node.proc.poll() is not None:
+                        if self.start_node(name) or time.monotonic() > deadline:
+                            break
+                    if name in self.down:
+                        self.errors.append(f"{name} could not be started again after the faults")
             ctx.stop_producing.set()
             for c in clients:  # their last calls answered (and confirmed) before the drain counts
                 if c.produces:
@@ -453,6 +488,7 @@ class Run:
             if not drained:
                 print(f"nemesis: {ledger.missing()} confirmed messages still undelivered after the drain",
                       flush=True)  # fmt: skip
+            self.finished.set()
             for node in self.nodes.values():
                 node.ask_to_stop()
             for node in self.nodes.values():
@@ -497,6 +533,7 @@ class Run:
 
     def _teardown(self) -> None:
         self.stop.set()
+        self.finished.set()
         for node in self.nodes.values():
             try:
                 node.stop(timeout=10)
