@@ -110,6 +110,9 @@ class Owners(threading.Thread):
         self.closed = threading.Event()
         self.names: dict[int, str] = {}
         self.count = 0
+        #: what each process serves, by the events so far: (process, partition) -> epoch
+        self.open: dict[tuple[str, str], int] = {}
+        self.lock = threading.Lock()
 
     def process_name(self, pid: int, address: str) -> str:
         """``<node>/<pid>``: the node by the process's group (a node started a moment ago may
@@ -137,18 +140,37 @@ class Owners(threading.Thread):
             now = self.recorder.clock()
             try:
                 e = orjson.loads(data)
-                self.recorder.write(
-                    NodeEvent(
-                        node=self.process_name(int(e["pid"]), str(e.get("address", ""))),
-                        event=e["event"],
-                        partition=str(e["partition"]),
-                        epoch=int(e["epoch"]),
-                        time=now - int(float(e.get("ago") or 0) * 1e9),
-                    )
+                event = NodeEvent(
+                    node=self.process_name(int(e["pid"]), str(e.get("address", ""))),
+                    event=e["event"],
+                    partition=str(e["partition"]),
+                    epoch=int(e["epoch"]),
+                    time=now - int(float(e.get("ago") or 0) * 1e9),
                 )
+                with self.lock:
+                    self.recorder.write(event)
+                    if event.event == "serve":
+                        self.open[(event.node, event.partition)] = event.epoch
+                    else:
+                        self.open.pop((event.node, event.partition), None)
                 self.count += 1
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 print(f"nemesis: a node's event was not understood ({exc}): {data[:200]!r}", file=sys.stderr)
+
+    def ended(self, node: str) -> None:
+        """Every process of ``node`` is dead (killed, or stopped): what they still serve by their
+        events ends now. A process killed a moment after it won a lease may have sent its
+        ``serve`` just before it died, and the datagram is read after the kill: without this,
+        its serving would never end in the history. Waits a moment for such datagrams."""
+        time.sleep(0.2)
+        with self.lock:
+            now = self.recorder.clock()
+            for (name, partition), epoch in list(self.open.items()):
+                if name.startswith(node + "/"):
+                    self.recorder.write(
+                        NodeEvent(node=name, event="unserve", partition=partition, epoch=epoch, time=now)
+                    )
+                    del self.open[(name, partition)]
 
     def close(self) -> None:
         self.closed.set()
@@ -289,6 +311,7 @@ class Run:
             except NodeFailed as exc:
                 print(f"nemesis: {name} did not start (try {attempt}): {str(exc).splitlines()[0]}", flush=True)
                 node.stop(timeout=5)
+                self.owners.ended(name)
                 time.sleep(1.0)
                 continue
             assert node.pid is not None
@@ -366,6 +389,7 @@ class Run:
                 node = self.nodes[f.target]
                 if node.proc is not None and node.proc.poll() is None:  # (one that is down stays down)
                     node.kill()
+                    self.owners.ended(f.target)
 
         def restart(f: Fault) -> None:
             with self.node_locks[f.target]:
@@ -386,6 +410,7 @@ class Run:
             with self.node_locks[f.target]:
                 node = self.nodes[f.target]
                 node.stop()
+                self.owners.ended(f.target)
                 self.nodes[f.target] = self.make_node(f.target, node.port, release, drift)
                 self.start_node(f.target)
 
@@ -493,7 +518,8 @@ class Run:
                 node.ask_to_stop()
             for node in self.nodes.values():
                 node.stop()
-            time.sleep(0.5)  # the last unserve datagrams
+            for name in self.nodes:  # (what a stop that hung and was killed never reported)
+                self.owners.ended(name)
             self.owners.close()
             self.recorder.close()
             return self._check(faults, ledger)
