@@ -79,8 +79,11 @@ for k in $(seq 0 $((shards - 1))); do
     [ -n "${MQ_TEST_JUNIT_DIR:-}" ] && mkdir -p "$MQ_TEST_JUNIT_DIR"
     # Each shard in a session of its own (setsid): a stop reaches its pytest, its services'
     # wrapper and the prefixing sed as one process group. Node ports: a range of its own.
+    # A command started with & by a script has SIGINT ignored, and a process started with SIGINT
+    # ignored passes that on: the scripts the suite Ctrl-C's (scripts/run.sh) could not trap it.
+    # --default-signal=INT gives each shard SIGINT as a terminal's shell leaves it.
     # shellcheck disable=SC2016
-    setsid env \
+    setsid env --default-signal=INT \
         MQ_SERVICES_DIR="$svc_base/shard-$k" \
         MQ_PG_PORT="$((pg_port + k))" \
         MQ_REDIS_PORT="$((redis_port + 10 * k))" \

@@ -253,8 +253,15 @@ class MakeRun:
         self.log = self.base / f"run-{self.starts}.log"
         env = newcomer_env(self.data_dir) | {"PORT": str(self.port)}
         with open(self.log, "wb") as out:
+            # SIGINT as a terminal's shell leaves it: a suite started in the background of a
+            # script has it ignored, and bash started with SIGINT ignored cannot trap Ctrl-C.
             self.proc = subprocess.Popen(
-                ["scripts/run.sh"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                ["env", "--default-signal=INT", "scripts/run.sh"],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
