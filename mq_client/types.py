@@ -284,6 +284,8 @@ class PartitionStats:
     depth: int = 0
     #: messages delivered and not yet acknowledged
     in_flight: int = 0
+    #: of ``depth``, messages whose delay has not passed yet (0 from older servers)
+    delayed: int = 0
     #: ``depth`` is exact (False: an estimate, e.g. blocks not read yet after a takeover)
     depth_exact: bool = False
     #: seconds since the oldest message was enqueued, or None when empty
@@ -324,6 +326,8 @@ class Stats:
     depth: int = 0
     #: messages delivered and not yet acknowledged, all partitions
     in_flight: int = 0
+    #: of ``depth``, messages whose delay has not passed yet, all partitions (0 from older servers)
+    delayed: int = 0
     #: seconds since the oldest message was enqueued, or None when empty
     oldest_age: float | None = None
     #: per partition, by index

@@ -220,6 +220,12 @@ def purge_queue(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     return {}
 
 
+#: the attributes the service's figures answer.
+_COUNTS = frozenset(
+    {"ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible", "ApproximateNumberOfMessagesDelayed"}
+)
+
+
 def get_queue_attributes(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     q = queue_param(params, ctx)
     wanted = params.get("AttributeNames") or []
@@ -231,13 +237,13 @@ def get_queue_attributes(params: dict[str, Any], ctx: Context) -> dict[str, Any]
             raise SQSError("InvalidAttributeName", f"Unknown Attribute {n}.")
     every = "All" in wanted
     out = attributes_of(q, settings_of(q), ctx)
-    if every or {"ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"} & set(wanted):
+    if every or _COUNTS & set(wanted):
         with service_errors():
             stats = service.queue_stats(q.name, caller=ctx.caller)
-        out["ApproximateNumberOfMessages"] = str(stats["depth"])
+        # The service's depth counts delayed messages; SQS's ApproximateNumberOfMessages does not.
+        out["ApproximateNumberOfMessages"] = str(max(stats["depth"] - stats["delayed"], 0))
         out["ApproximateNumberOfMessagesNotVisible"] = str(stats["in_flight"])
-    # The service counts delayed messages in the depth (it has no separate figure).
-    out["ApproximateNumberOfMessagesDelayed"] = "0"
+        out["ApproximateNumberOfMessagesDelayed"] = str(stats["delayed"])
     if not every:
         out = {k: v for k, v in out.items() if k in wanted}
     return {"Attributes": out} if out else {}
@@ -561,20 +567,31 @@ def send_message_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 
-def _receipt_handle(message_id: str, receipt: str, deadline: float) -> str:
-    """The message ID, the service's receipt of this delivery and the wall-clock time (ms) its
-    visibility timeout runs out, as first given (a FIFO receipt expires then)."""
-    raw = f"{message_id}\n{receipt}\n{int(deadline * 1000)}".encode()
+#: SQS: a message's visibility timeout totals at most 12 hours from the receive, extensions
+#: included (API reference, ChangeMessageVisibility).
+MAX_TOTAL_VISIBILITY = 43200
+
+
+def _receipt_handle(message_id: str, receipt: str, deadline: float, received: float) -> str:
+    """The message ID, the service's receipt of this delivery, the wall-clock time (ms) its
+    visibility timeout runs out, as first given (a FIFO receipt expires then), and the time
+    (ms) it was received (the 12 hours a visibility may total count from it)."""
+    raw = f"{message_id}\n{receipt}\n{int(deadline * 1000)}\n{int(received * 1000)}".encode()
     return binascii.b2a_base64(raw, newline=False).translate(_URLSAFE).decode()
+
+
+def _handle_field(handle: Any, index: int) -> int | None:
+    """A well-formed handle's time field (ms): 2 the first deadline, 3 the receive; else None."""
+    try:
+        return int(base64.urlsafe_b64decode(str(handle).encode()).decode().split("\n")[index])
+    except (binascii.Error, UnicodeDecodeError, ValueError, IndexError):
+        return None
 
 
 def _expired(handle: Any) -> bool:
     """Whether a well-formed handle's visibility timeout, as first given, has run out."""
-    try:
-        deadline = base64.urlsafe_b64decode(str(handle).encode()).decode().split("\n")[2]
-        return int(deadline) < time.time() * 1000
-    except (binascii.Error, UnicodeDecodeError, ValueError, IndexError):
-        return False
+    deadline = _handle_field(handle, 2)
+    return deadline is not None and deadline < time.time() * 1000
 
 
 def _expired_error(handle: Any) -> SQSError:
@@ -642,7 +659,7 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
             messages.append(
                 {
                     "MessageId": message_id,
-                    "ReceiptHandle": _receipt_handle(d.id, d.receipt, deadline),
+                    "ReceiptHandle": _receipt_handle(d.id, d.receipt, deadline, now),
                     "MD5OfBody": md5_of_body(m.body),
                     "Body": m.body,
                 }
@@ -657,7 +674,7 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
             attrs, meta = {}, {}
         item: dict[str, Any] = {
             "MessageId": message_id,
-            "ReceiptHandle": _receipt_handle(d.id, d.receipt, deadline),
+            "ReceiptHandle": _receipt_handle(d.id, d.receipt, deadline, now),
             "MD5OfBody": md5_of_body(m.body),
             "Body": m.body,
         }
@@ -793,10 +810,24 @@ def delete_message_batch(params: dict[str, Any], ctx: Context) -> dict[str, Any]
 
 
 def _change_visibility(q: Any, ctx: Context, handle: Any, timeout_value: Any) -> None:
+    """Set the visibility timeout of the message a handle received, counted from now.
+
+    Raises ReceiptHandleIsInvalid (a handle of no message of ``q``); InvalidParameterValue for
+    a timeout past 12 hours from the handle's receive in total (SQS: "Total VisibilityTimeout
+    for the message is beyond the limit"), for a message not in flight (deleted, or visible
+    again: SQS's "not available for visibility timeout change"; on a FIFO queue an expired
+    handle says so), or for a FIFO handle of an earlier delivery."""
     mid, receipt = _parse_handle(handle, q)
     timeout = integer_param({"VisibilityTimeout": timeout_value}, "VisibilityTimeout", *LIMITS["visibility_timeout"])
     if timeout is None:
         raise missing("VisibilityTimeout")
+    received = _handle_field(handle, 3)
+    # whole seconds since the receive: 43200 at once after a receive is taken, as SQS takes it
+    if received is not None and int(time.time() - received / 1000) + timeout > MAX_TOTAL_VISIBILITY:
+        raise invalid(
+            f"Value {timeout} for parameter VisibilityTimeout is invalid. Reason: Total VisibilityTimeout for the "
+            f"message is beyond the limit [{MAX_TOTAL_VISIBILITY} seconds]"
+        )
     with service_errors():
         try:
             service.change_visibility(q.name, mid, receipt, float(timeout), caller=ctx.caller)

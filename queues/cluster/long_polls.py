@@ -221,12 +221,15 @@ def waited(rt: NodeRuntime, poll: Poll, wait: float) -> list[Delivery]:
     to ``MAX_WAIT`` seconds ago. A caller that lost ``consume`` meanwhile gets nothing of this
     process's, and what the wait took is given back, deliverable at once to those who may
     still read it, with the receive count it had (a sibling asked at the end checked the right
-    itself)."""
+    itself). A wait whose queue is deleted ends (woken by the delete here, else by the next
+    change) with nothing, and takes nothing of a queue created under the name since (a
+    sibling process asked meanwhile answers by name: what it gave is kept)."""
     cfg, sub = poll.cfg, poll.sub
     board = rt.board
     give_up = monotonic() + wait
+    found: list[Delivery] = []
     with board.waiting(poll.target) if board is not None else nullcontext():
-        while True:
+        while rt.serves(cfg):
             seq = rt.change_seq()
             asked: set[str] = set()
             found = look(rt, poll, board, asked)
@@ -250,7 +253,7 @@ def waited(rt: NodeRuntime, poll: Poll, wait: float) -> list[Delivery]:
                     timeout = min(timeout, SIBLING_RETRY)
             rt.wait_for_change(seq, timeout)
     local = [d for d in found if (cfg.name, message_id(d.id).partition) in rt.managers]
-    if local and "consume" not in granted_now(poll.caller, cfg.id, cfg.name, cfg.created_by):
+    if local and (not rt.serves(cfg) or "consume" not in granted_now(poll.caller, cfg.id, cfg.name, cfg.created_by)):
         by_partition: dict[int, list[Delivery]] = {}
         for d in local:
             by_partition.setdefault(message_id(d.id).partition, []).append(d)
@@ -259,7 +262,7 @@ def waited(rt: NodeRuntime, poll: Poll, wait: float) -> list[Delivery]:
             if holder is not None:  # (one closed meanwhile: its next owner delivers them again)
                 holder.give_back(deliveries, sub)
         log.info(
-            "a long poll of %s on %s ended after its right was revoked: %d given back",
+            "a long poll of %s on %s ended after its right was revoked or its queue deleted: %d given back",
             poll.caller,
             cfg.name,
             len(local),
@@ -278,7 +281,7 @@ def dequeue_here(rt: NodeRuntime, cfg: QueueConfig, sub: str, max_messages: int,
     """This process's partitions only, in turn, no wait."""
     managers = rt.local_managers(cfg.name)
     out: list[Delivery] = []
-    if not managers or max_messages <= 0:
+    if not managers or max_messages <= 0 or not rt.serves(cfg):
         return out
     start = rt.rotation(len(managers))
     for i in range(len(managers)):

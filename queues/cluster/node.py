@@ -873,6 +873,15 @@ class NodeRuntime:
         self._drop_stale(name)
         self.notify()
 
+    def serves(self, cfg: QueueConfig) -> bool:
+        """Whether ``cfg`` still names the queue this node knows under its name: False once that
+        queue was deleted here, or once another was created under the name (a long poll of the
+        deleted one takes nothing of its successor)."""
+        if cfg.id in self._deleted:
+            return False
+        current = self.queues.get(cfg.name)
+        return current is None or current.id == cfg.id
+
     def _close_queue(self, name: str) -> None:
         for key, m in list(self.managers.items()):
             if key[0] == name:

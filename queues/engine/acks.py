@@ -225,7 +225,12 @@ class Acks:
 
     def change_visibility_locked(self, mid: MessageId, receipt: str | None, timeout: float, sub: str = "") -> int:
         """Move the message's visibility deadline to ``timeout`` seconds from now (0: deliverable
-        at once); returns its receive count. Called with ``lock`` held."""
+        at once); returns its receive count. Called with ``lock`` held.
+
+        Raises :class:`ReceiptMismatch` when the message is not in flight: never delivered,
+        acknowledged, or visible again (its visibility timeout ran out, though nobody received
+        it since: it is anyone's to receive, so no receipt may hide it again), or when
+        ``receipt`` is an earlier delivery's."""
         p = self.p
         c = p.cursor(sub)
         key = str(mid)
@@ -236,7 +241,10 @@ class Acks:
             raise ReceiptMismatch(key, "the receipt is from an earlier delivery")
         if entry.deadline == float("inf"):
             raise ReceiptMismatch(key, "it is being acknowledged or dead-lettered")
-        c.redelivery.change_deadline(key, self.clock() + timeout)
+        now = self.clock()
+        if entry.deadline <= now:
+            raise ReceiptMismatch(key, "not in flight (visible again: its visibility timeout ran out)")
+        c.redelivery.change_deadline(key, now + timeout)
         if timeout == 0:
             p.on_change()
         return c.receives.get(key, 1)

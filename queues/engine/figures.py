@@ -247,8 +247,13 @@ class Figures:
         return oldest, due
 
     def next_wakeup(self, sub: str | None = None) -> float | None:
-        """Monotonic time at which an in-flight message becomes deliverable again."""
+        """Monotonic time at which a message the cursor knows of becomes deliverable: an
+        in-flight one's visibility timeout runs out, or a delayed one's delay passes (None:
+        neither). A long poll sleeps until then at the latest."""
         p = self.p
         cursors = p.readers if sub is None else [p.cursors[sub]] if sub in p.cursors else []
         deadlines = [d for d in (c.redelivery.next_deadline() for c in cursors) if d is not None]
+        delayed = [c.delayed[0][0] for c in cursors if c.delayed]
+        if delayed:
+            deadlines.append(self.clock() + (min(delayed) - p.wall()))
         return min(deadlines, default=None)

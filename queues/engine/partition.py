@@ -356,5 +356,5 @@ class PartitionManager(PartitionState[LeaseT]):
         return self.figures.waiting_since(sub)
 
     def next_wakeup(self, sub: str | None = None) -> float | None:
-        """Monotonic time at which an in-flight message becomes deliverable again."""
+        """Monotonic time at which a message in flight or delayed becomes deliverable."""
         return self.figures.next_wakeup(sub)

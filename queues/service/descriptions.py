@@ -485,6 +485,7 @@ def queue_stats(queue: str, *, caller: Caller) -> QueueStats:
                 "live": True,
                 "depth": s.visible,
                 "in_flight": s.in_flight,
+                "delayed": s.delayed,
                 "depth_exact": s.depth_exact,
                 "oldest_age": round(now - s.oldest_enqueued_at, 3) if s.oldest_enqueued_at else None,
                 "head_block": s.head_block,
@@ -506,6 +507,7 @@ def queue_stats(queue: str, *, caller: Caller) -> QueueStats:
                 "live": False,
                 "depth": p.depth,
                 "in_flight": p.in_flight,
+                "delayed": p.delayed,
                 "depth_exact": False,
                 "oldest_age": round(now - p.oldest_enqueued_at.timestamp(), 3) if p.oldest_enqueued_at else None,
                 "head_block": p.head_block,
@@ -523,6 +525,7 @@ def queue_stats(queue: str, *, caller: Caller) -> QueueStats:
         "queue": queue,
         "depth": sum(e["depth"] for e in parts),
         "in_flight": sum(e["in_flight"] for e in parts),
+        "delayed": sum(e["delayed"] for e in parts),
         "oldest_age": max(ages) if ages else None,
         "partitions": parts,
     }

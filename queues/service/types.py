@@ -201,6 +201,8 @@ class PartitionStats(TypedDict):
     live: bool
     depth: int
     in_flight: int
+    #: of ``depth``, the messages whose delay has not passed yet.
+    delayed: int
     depth_exact: bool
     oldest_age: float | None
     head_block: str
@@ -246,6 +248,8 @@ class QueueStats(TypedDict):
     queue: str
     depth: int
     in_flight: int
+    #: of ``depth``, the messages whose delay has not passed yet.
+    delayed: int
     oldest_age: float | None
     partitions: list[PartitionStats]
     #: a topic's, by subscription name.

@@ -336,6 +336,25 @@ def test_visibility_call_zero_makes_visible_and_extension_hides(api, make_queue)
     assert d2["receipt"] != d1["receipt"]
 
 
+def test_a_receipt_whose_visibility_ran_out_hides_nothing_again(api, make_queue):
+    # given: a message whose visibility timeout ran out, received by nobody since
+    name = make_queue(partitions=1)
+    (mid,) = enqueue(api, name, "v")
+    (d1,) = dequeue(api, name, visibility_timeout=0.2)
+    time.sleep(0.4)
+
+    # when
+    r = api.post(
+        url(name, "visibility"), {"id": mid, "receipt": d1["receipt"], "visibility_timeout": 60}, format="json"
+    )
+
+    # then: refused, and it stays visible
+    assert r.status_code == 409, r.content
+    assert r.json()["error"] == "receipt_mismatch" and "visible again" in r.json()["detail"]
+    (d2,) = dequeue(api, name)
+    assert (d2["id"], d2["receive_count"]) == (mid, 2)
+
+
 def test_stale_receipt_is_409_on_ack_and_visibility_and_changes_nothing(api, make_queue):
     # given: a message delivered twice; d1's receipt is stale
     name = make_queue(partitions=1)

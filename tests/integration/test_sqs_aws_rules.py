@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
+import threading
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -311,6 +312,133 @@ def test_change_visibility_takes_an_earlier_receipt_of_a_standard_queue(sqs_api)
         sqs_api, "ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=third["ReceiptHandle"], VisibilityTimeout=5
     )
     assert e.code == "InvalidParameterValue"
+
+
+def test_a_receipt_of_a_message_visible_again_hides_nothing(sqs_api):
+    """ChangeMessageVisibility: a message whose visibility timeout ran out is not in flight,
+    so no receipt of it hides it again, alone or in a batch, whether or not anyone received
+    it since; the message stays visible (nobody's receive count moved)."""
+    url = sqs_api("CreateQueue", QueueName=_name())["QueueUrl"]
+    sqs_api("SendMessage", QueueUrl=url, MessageBody="x")
+    (m,) = _receive(sqs_api, url, 5, VisibilityTimeout=1)
+    time.sleep(1.5)
+    e = _refused(
+        sqs_api, "ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=30
+    )
+    assert e.code == "InvalidParameterValue" and "not available for visibility timeout change" in e.message
+    batch = sqs_api(
+        "ChangeMessageVisibilityBatch",
+        QueueUrl=url,
+        Entries=[{"Id": "a", "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 30}],
+    )
+    assert [(f["Id"], f["Code"]) for f in batch["Failed"]] == [("a", "InvalidParameterValue")]
+    assert batch.get("Successful", []) == []
+    (again,) = _receive(sqs_api, url, 0, AttributeNames=["ApproximateReceiveCount"])
+    assert again["MessageId"] == m["MessageId"] and again["Attributes"]["ApproximateReceiveCount"] == "2"
+    # the new receipt changes it; the first one still does not
+    sqs_api("ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=again["ReceiptHandle"], VisibilityTimeout=0)
+    (third,) = _receive(sqs_api, url, 5)
+    assert third["MessageId"] == m["MessageId"]
+    sqs_api("DeleteMessage", QueueUrl=url, ReceiptHandle=third["ReceiptHandle"])
+
+
+@pytest.mark.parametrize("fifo", [False, True], ids=["standard", "fifo"])
+def test_a_visibility_totals_at_most_12_hours_from_the_receive(sqs_api, fifo):
+    """ChangeMessageVisibility: "If you attempt to set VisibilityTimeout to a value greater than
+    the maximum time left, Amazon SQS returns an error" (12 hours from the receive in all)."""
+    url = (
+        _fifo(sqs_api, ContentBasedDeduplication="true")
+        if fifo
+        else sqs_api("CreateQueue", QueueName=_name())["QueueUrl"]
+    )
+    sqs_api("SendMessage", QueueUrl=url, MessageBody="x", **({"MessageGroupId": "g"} if fifo else {}))
+    (m,) = _receive(sqs_api, url, 5, VisibilityTimeout=60)
+    # at once after the receive, the whole 12 hours are left
+    sqs_api("ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=43200)
+    time.sleep(2.1)
+    for action, params in (
+        ("ChangeMessageVisibility", {"ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 43200}),
+        ("ChangeMessageVisibility", {"ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 43199}),
+    ):
+        e = _refused(sqs_api, action, QueueUrl=url, **params)
+        assert e.code == "InvalidParameterValue" and "Total VisibilityTimeout" in e.message, e
+    batch = sqs_api(
+        "ChangeMessageVisibilityBatch",
+        QueueUrl=url,
+        Entries=[
+            {"Id": "over", "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 43200},
+            {"Id": "within", "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0},
+        ],
+    )
+    assert [f["Id"] for f in batch["Failed"]] == ["over"] and [s["Id"] for s in batch["Successful"]] == ["within"]
+    # the entry within the limit took effect: visible at once
+    (again,) = _receive(sqs_api, url, 5)
+    assert again["MessageId"] == m["MessageId"]
+
+
+@pytest.mark.parametrize("where", ["message", "queue"])
+def test_a_long_poll_wakes_when_a_delay_ends(sqs_api, where):
+    """A receive waiting 20 s answers a message delayed 1 s (its own DelaySeconds, or the
+    queue's) when the delay ends, not when the wait does."""
+    attrs = {"DelaySeconds": "1"} if where == "queue" else {}
+    url = sqs_api("CreateQueue", QueueName=_name(), Attributes=attrs)["QueueUrl"]
+    sqs_api("SendMessage", QueueUrl=url, MessageBody="later", **({"DelaySeconds": 1} if where == "message" else {}))
+    started = time.monotonic()
+    (m,) = _receive(sqs_api, url, 20)
+    took = time.monotonic() - started
+    assert m["Body"] == "later"
+    assert 0.5 < took < 10, took
+    sqs_api("DeleteMessage", QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+
+
+def test_a_long_poll_ends_with_its_queue_and_takes_nothing_of_its_successor(sqs_api):
+    """A receive waiting on a queue that is deleted ends with nothing, at once; a queue created
+    again under the name is a new queue, whose messages the deleted one's callers never get."""
+    name = _name()
+    url = sqs_api("CreateQueue", QueueName=name)["QueueUrl"]
+    result: dict[str, Any] = {}
+
+    def poll() -> None:
+        started = time.monotonic()
+        try:
+            result["messages"] = _receive(sqs_api, url, 10)
+        except Refused as exc:  # the queue is gone: also an end, not a message of its successor
+            result["refused"] = exc.code
+        result["took"] = time.monotonic() - started
+
+    waiting = threading.Thread(target=poll)
+    waiting.start()
+    time.sleep(1.0)
+    sqs_api("DeleteQueue", QueueUrl=url)
+    again = sqs_api("CreateQueue", QueueName=name)["QueueUrl"]
+    sqs_api("SendMessage", QueueUrl=again, MessageBody="the new queue's")
+    waiting.join(15)
+    assert not waiting.is_alive()
+    assert result.get("messages", []) == [], result
+    assert result["took"] < 8, result
+    (m,) = _receive(sqs_api, again, 5, AttributeNames=["ApproximateReceiveCount"])
+    assert m["Body"] == "the new queue's" and m["Attributes"]["ApproximateReceiveCount"] == "1"
+    sqs_api("DeleteQueue", QueueUrl=again)
+
+
+def test_delayed_messages_count_as_delayed_not_available(sqs_api):
+    """GetQueueAttributes: ApproximateNumberOfMessagesDelayed counts the messages whose delay
+    has not passed; ApproximateNumberOfMessages, those a receive could take now."""
+    url = sqs_api("CreateQueue", QueueName=_name(), Attributes={"DelaySeconds": "30"})["QueueUrl"]
+    sqs_api("SendMessage", QueueUrl=url, MessageBody="later")
+    sqs_api("SendMessage", QueueUrl=url, MessageBody="now", DelaySeconds=0)
+    counts = sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert (counts["ApproximateNumberOfMessages"], counts["ApproximateNumberOfMessagesDelayed"]) == ("1", "1")
+    (m,) = _receive(sqs_api, url, 0)
+    assert m["Body"] == "now"
+    names = [
+        "ApproximateNumberOfMessages",
+        "ApproximateNumberOfMessagesNotVisible",
+        "ApproximateNumberOfMessagesDelayed",
+    ]
+    counts = sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=names)["Attributes"]
+    assert counts == dict(zip(names, ("0", "1", "1"))), counts
+    assert _receive(sqs_api, url, 0) == []
 
 
 def test_a_fifo_receipt_expires_with_its_visibility_timeout(sqs_api):
