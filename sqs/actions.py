@@ -41,7 +41,7 @@ from typing import Any
 from mq_client.tracing import MAX_XRAY_HEADER, TRACEPARENT, valid_xray, xray_of_traceparent
 from queues import service
 from queues.public import LIMITS
-from sqs import ids, move_tasks, permissions
+from sqs import ids, move_tasks, permissions, receive_attempts
 from sqs import service as sqs_service
 from sqs.attributes import (
     DEDUP_INTERVAL,
@@ -620,6 +620,11 @@ _FROM_META = frozenset({"SenderId", "MessageDeduplicationId", "AWSTraceHeader"})
 
 
 def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """Up to ``MaxNumberOfMessages`` (1..10) messages, waiting up to ``WaitTimeSeconds`` (0..20)
+    for the first; on a FIFO queue, a ``ReceiveRequestAttemptId`` seen within five minutes
+    answers that receive's messages again while they are in flight (``sqs.receive_attempts``).
+    Raises InvalidParameterValue, InvalidAttributeName, QueueDoesNotExist, AccessDenied,
+    ServiceUnavailable."""
     q = message_queue_param(params, ctx)
     settings = served_settings(q)
     max_messages = integer_param(params, "MaxNumberOfMessages", 1, MAX_RECEIVE) or 1
@@ -634,6 +639,23 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     if "All" in system:
         system = set(SYSTEM_ATTRIBUTES)
     wanted = _names(params, "MessageAttributeNames")
+    attempt = receive_attempts.attempt_param(params)
+    if attempt is not None and q.strict:  # SQS: it applies only to FIFO queues
+        again = receive_attempts.retried(q, ctx, attempt)
+        if again is not None:
+            return {"Messages": again}
+    messages = _received(q, ctx, max_messages, visibility, wait, system, wanted)
+    if attempt is not None and q.strict and messages:
+        receive_attempts.remember(
+            q, ctx, attempt, messages, visibility if visibility is not None else q.visibility_timeout
+        )
+    return {"Messages": messages} if messages else {}
+
+
+def _received(
+    q: Any, ctx: Context, max_messages: int, visibility: int | None, wait: int, system: set[str], wanted: list[str]
+) -> list[dict[str, Any]]:
+    """A receive's messages, as answered."""
     with service_errors():
         found = service.dequeue(
             q.name,
@@ -714,7 +736,7 @@ def receive_message(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
             item["MessageAttributes"] = attributes_json(selected)
             item["MD5OfMessageAttributes"] = md5_of_attributes(selected)
         messages.append(item)
-    return {"Messages": messages} if messages else {}
+    return messages
 
 
 #: the service's reasons for a receipt that is not current: its message is not in flight

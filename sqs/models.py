@@ -118,3 +118,29 @@ class MoveTask(models.Model):
 
     def __str__(self) -> str:
         return f"move task {self.pk} of queue {self.queue_id}: {self.status}"
+
+
+class ReceiveAttempt(models.Model):
+    """A FIFO queue's ReceiveMessage answer under its ``ReceiveRequestAttemptId``, so that the
+    same attempt (the same user, queue and ID) within :attr:`WINDOW` seconds answers the same
+    messages and receipt handles while they are in flight, whichever process or node it lands
+    on. Deleted with its queue or user; rows past the window are deleted as new ones come."""
+
+    #: SQS: "You can use ReceiveRequestAttemptId only for 5 minutes after a ReceiveMessage action."
+    WINDOW = 300
+
+    queue = models.ForeignKey("queues.Queue", on_delete=models.CASCADE, related_name="sqs_receive_attempts")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, related_name="+")
+    attempt_id = models.CharField(max_length=128)
+    #: the answer's messages, as answered (handles included).
+    messages = models.JSONField(default=list)
+    #: the receive's visibility timeout (seconds): a retry sets it again, as SQS does.
+    visibility = models.PositiveIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["queue", "user", "attempt_id"], name="sqs_receive_attempt_once")]
+        indexes = [models.Index(fields=["queue", "created_at"], name="sqs_receive_attempt_age")]
+
+    def __str__(self) -> str:
+        return f"receive attempt {self.attempt_id!r} on queue {self.queue_id}"

@@ -441,6 +441,53 @@ def test_delayed_messages_count_as_delayed_not_available(sqs_api):
     assert _receive(sqs_api, url, 0) == []
 
 
+def test_a_receive_attempt_retried_answers_the_same_messages_while_in_flight(sqs_api):
+    """ReceiveMessage, FIFO: "subsequent calls with the same ReceiveRequestAttemptId return the
+    same messages and receipt handles", for five minutes, while they are in flight."""
+    url = _fifo(sqs_api, ContentBasedDeduplication="true")
+    for body in ("one", "two", "three"):
+        sqs_api("SendMessage", QueueUrl=url, MessageBody=body, MessageGroupId="g")
+
+    def receive(attempt: str) -> list[dict[str, Any]]:
+        return _receive(sqs_api, url, 0, VisibilityTimeout=30, ReceiveRequestAttemptId=attempt)
+
+    first = receive("attempt-1")
+    assert [m["Body"] for m in first] == ["one", "two", "three"]
+    retry = receive("attempt-1")
+    assert [(m["MessageId"], m["ReceiptHandle"]) for m in retry] == [
+        (m["MessageId"], m["ReceiptHandle"]) for m in first
+    ]
+    assert receive("attempt-2") == []  # another attempt: the group is held
+    # one deleted: the retry answers the two still in flight, with their handles
+    sqs_api("DeleteMessage", QueueUrl=url, ReceiptHandle=first[0]["ReceiptHandle"])
+    assert [m["ReceiptHandle"] for m in receive("attempt-1")] == [m["ReceiptHandle"] for m in first[1:]]
+    # made visible again: no longer the attempt's; a retry is a new receive, kept in its turn
+    for m in first[1:]:
+        sqs_api("ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0)
+    fresh = receive("attempt-1")
+    assert [m["Body"] for m in fresh] == ["two", "three"]
+    assert {m["ReceiptHandle"] for m in fresh}.isdisjoint(m["ReceiptHandle"] for m in first)
+    assert [m["ReceiptHandle"] for m in receive("attempt-1")] == [m["ReceiptHandle"] for m in fresh]
+    for m in fresh:
+        sqs_api("DeleteMessage", QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+    assert receive("attempt-1") == []
+
+
+def test_a_receive_attempt_id_is_128_alphanumerics_or_punctuation_at_most(sqs_api):
+    url = _fifo(sqs_api, ContentBasedDeduplication="true")
+    sqs_api("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g")
+    for bad in ("a" * 129, "with space", "é"):
+        e = _refused(sqs_api, "ReceiveMessage", QueueUrl=url, ReceiveRequestAttemptId=bad)
+        assert e.code == "InvalidParameterValue" and "ReceiveRequestAttemptId" in e.message, bad
+    # refused calls took nothing: the message is there for a good ID
+    (m,) = _receive(sqs_api, url, 0, ReceiveRequestAttemptId="a" * 127 + "!")
+    assert m["Body"] == "x"
+    plain = sqs_api("CreateQueue", QueueName=_name())["QueueUrl"]
+    assert _refused(sqs_api, "ReceiveMessage", QueueUrl=plain, ReceiveRequestAttemptId="a" * 129).code == (
+        "InvalidParameterValue"
+    )
+
+
 def test_a_fifo_receipt_expires_with_its_visibility_timeout(sqs_api):
     url = _fifo(sqs_api, ContentBasedDeduplication="true")
     sqs_api("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g")

@@ -340,3 +340,31 @@ def test_an_expired_fifo_receipt_is_refused_through_the_node_that_does_not_own_i
             both.sqs[b].receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1).get("Messages", [])
         )
     assert sorted(m["Body"] for m in again) == sorted(groups.values())
+
+
+def test_a_receive_attempt_retried_through_the_other_node_answers_the_same(two_nodes):
+    """A FIFO receive retried with its ReceiveRequestAttemptId through the other node answers
+    the same messages and handles: the attempt is kept for the cluster, not in one process."""
+    both = Both(*two_nodes)
+    a, b = both.nodes
+    url = both.sqs[a].create_queue(
+        QueueName="attempts.fifo", Attributes={"FifoQueue": "true", "ContentBasedDeduplication": "true"}
+    )["QueueUrl"]
+    both.settled("attempts-fifo", each=PARTITIONS // 2)
+    for body in ("one", "two"):
+        both.sqs[a].send_message(QueueUrl=url, MessageBody=body, MessageGroupId="g")
+    first: list[dict] = []
+    deadline = time.monotonic() + 30
+    while not first and time.monotonic() < deadline:
+        first = (
+            both.sqs[a]
+            .receive_message(
+                QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1, ReceiveRequestAttemptId="retry-me"
+            )
+            .get("Messages", [])
+        )
+    assert [m["Body"] for m in first] == ["one", "two"]
+    again = both.sqs[b].receive_message(QueueUrl=url, MaxNumberOfMessages=10, ReceiveRequestAttemptId="retry-me")
+    assert [m["ReceiptHandle"] for m in again["Messages"]] == [m["ReceiptHandle"] for m in first]
+    for m in first:
+        both.sqs[b].delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
