@@ -25,7 +25,7 @@ from django.db import IntegrityError
 from django.utils import timezone
 
 from queues import service
-from queues.engine.config import QueueConfig
+from queues.service.types import QueueConfig
 from sqs import ids
 from sqs.context import Context, invalid, service_errors, text_param
 from sqs.models import ReceiveAttempt

@@ -23,11 +23,12 @@ from queues.cluster import served
 from queues.cluster.siblings import Board
 from queues.engine.config import QueueConfig
 from queues.engine.ids import MessageId, parse_message_id
-from queues.engine.partition import Delivery
+from queues.engine.partition import Delivery, PartitionManager
 from queues.errors import PartitionUnavailable, TooManyWaits
 from queues.signals import redelivered
 
 if TYPE_CHECKING:
+    from queues.cluster.leases import Lease
     from queues.cluster.node import NodeRuntime
 
 log = logging.getLogger(__name__)
@@ -190,15 +191,19 @@ def look(rt: NodeRuntime, poll: Poll, board: Board | None, asked: set[str]) -> l
 
 def oldest_here(rt: NodeRuntime, queue: str, sub: str) -> float | None:
     """The wall time this process's oldest deliverable message of the target has waited since."""
-    oldest: float | None = None
     now, wall = monotonic(), time.time()
-    for m in rt.local_managers(queue):
-        o, due = m.waiting_since(sub)
-        if due is not None and due <= now:
-            o = min(o if o is not None else wall, wall - (now - due))
-        if o is not None and (oldest is None or o < oldest):
-            oldest = o
-    return oldest
+    waits = [w for w in (waiting_since(m, sub, now, wall) for m in rt.local_managers(queue)) if w is not None]
+    return min(waits, default=None)
+
+
+def waiting_since(m: PartitionManager[Lease], sub: str, now: float, wall: float) -> float | None:
+    """The wall time the partition's oldest deliverable message has waited since (None: it has
+    none): its oldest undelivered one, or one whose visibility timeout ran out (waiting since
+    then, as far as the partition's figures tell)."""
+    o, due = m.waiting_since(sub)
+    if due is not None and due <= now:
+        o = min(o if o is not None else wall, wall - (now - due))
+    return o
 
 
 def from_sibling(poll: Poll, address: str, room: int, asked: set[str]) -> list[Delivery]:
@@ -283,7 +288,15 @@ def dequeue_here(rt: NodeRuntime, cfg: QueueConfig, sub: str, max_messages: int,
     out: list[Delivery] = []
     if not managers or max_messages <= 0 or not rt.serves(cfg):
         return out
-    start = rt.rotation(len(managers))
+    if cfg.strict and len(managers) > 1:
+        # FIFO: the partition whose waiting message is oldest first (each hands out its groups
+        # oldest first), so that a receive starts with the group whose message was sent earliest
+        now, wall = monotonic(), time.time()
+        waits = [(waiting_since(m, sub, now, wall), i) for i, m in enumerate(managers)]
+        managers = [managers[i] for w, i in sorted(waits, key=lambda x: (x[0] is None, x[0] or 0.0, x[1]))]
+        start = 0
+    else:
+        start = rt.rotation(len(managers))
     for i in range(len(managers)):
         m = managers[(start + i) % len(managers)]
         try:

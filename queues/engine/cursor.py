@@ -11,6 +11,7 @@ lock and persists what must survive a takeover (receive counts, a subscription's
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass
 
@@ -78,8 +79,8 @@ class Cursor:
         self.group_batch = False
         #: a batch's messages still in flight, by group (see :attr:`group_batch`).
         self.group_out: dict[str, set[str]] = {}
-        #: group heads whose turn has come.
-        self.unblocked: deque[str] = deque()
+        #: group heads whose turn has come, oldest first.
+        self.unblocked = GroupHeads()
         #: (not_before, id) of messages whose delay has not passed.
         self.delayed: list[tuple[float, str]] = []
         self.not_due: set[str] = set()
@@ -104,3 +105,37 @@ class Cursor:
     def held_count(self) -> int:
         """Messages a subscription holds, in flight included (a queue's cursor: see its blocks)."""
         return sum(len(s) for s in self.live.values())
+
+
+class GroupHeads:
+    """Group heads whose turn came, by position (block ordinal, index): the group whose waiting
+    message was sent earliest goes first, as SQS hands out FIFO groups ("messages that belong
+    to the same message group are always processed one by one, in a strict order relative to
+    the message group"; the oldest group first, FIFO delivery logic). O(log n) a push or pop.
+
+    A head may be pushed twice (given back while listed) or go stale (removed meanwhile): the
+    dequeue checks each head it pops against the group's turn."""
+
+    __slots__ = ("_heap",)
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[tuple[int, int], str]] = []
+
+    def push(self, position: tuple[int, int], mid: str) -> None:
+        heapq.heappush(self._heap, (position, mid))
+
+    def pop(self) -> str:
+        """The oldest head. Raises IndexError when there is none."""
+        return heapq.heappop(self._heap)[1]
+
+    def __getitem__(self, i: int) -> str:
+        """``[0]``: the oldest head, without taking it (IndexError when there is none)."""
+        if i != 0:
+            raise IndexError(i)
+        return self._heap[0][1]
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)

@@ -113,7 +113,7 @@ class Deliverer:
             try:
                 while len(out) < max_messages:
                     if c.unblocked:
-                        mid = c.unblocked.popleft()
+                        mid = c.unblocked.pop()
                         if c.group_batch:
                             for batched in self._deliver_batch(c, mid, deadline, max_messages - len(out)):
                                 out.append(batched)
@@ -176,7 +176,7 @@ class Deliverer:
             batch.discard(mid)
             if not batch:
                 del c.group_out[group]
-                self.order.unblock_group(c, group, front=True)
+                self.order.unblock_group(c, group)
             return True
         receipt = new_receipt()
         count = entry.receive_count + 1
@@ -339,10 +339,12 @@ class Deliverer:
                             del c.group_out[group]
                             freed.append(group)
                     elif c.group_busy.get(group) == d.id:  # still the group's turn
-                        c.unblocked.appendleft(d.id)
+                        block_id, idx = block_and_index(d.id)
+                        state = p.blocks.get(block_id)
+                        c.unblocked.push((state.block.ordinal if state is not None else -1, idx), d.id)
                     continue
                 state = p.blocks.get(block_and_index(d.id)[0])
                 (c.scanned_ready if state is not None and state.scanned else c.ready).appendleft(d.id)
             for group in freed:
-                self.order.unblock_group(c, group, front=True)
+                self.order.unblock_group(c, group)
         p.on_change()

@@ -60,9 +60,9 @@ class Ordering:
             return
         (c.scanned_ready if scanned else c.ready).append(mid)
 
-    def unblock_group(self, c: Cursor, group: str, *, front: bool = False) -> bool:
+    def unblock_group(self, c: Cursor, group: str) -> bool:
         """Let the group's head be delivered if the group has nothing out. Lock held. True if
-        it did (``front``: ahead of the other groups' heads whose turn came).
+        it did. Heads whose turn came go oldest first (:class:`~queues.engine.cursor.GroupHeads`).
 
         The head is the group's oldest live message. A message this manager enqueued waits
         while blocks found at open are still unscanned: one of them may hold an older message
@@ -75,14 +75,11 @@ class Ordering:
         if not pending:
             c.groups.pop(group, None)
             return False
-        (_ordinal, _), head = pending[0]
+        position, head = pending[0]
         if head in c.not_due or p.waits_for_scan(head):
             return False
         c.group_busy[group] = head
-        if front:
-            c.unblocked.appendleft(head)
-        else:
-            c.unblocked.append(head)
+        c.unblocked.push(position, head)
         return True
 
     def unblock_due(self, c: Cursor) -> None:

@@ -234,9 +234,9 @@ class PartitionManager(PartitionState[LeaseT]):
         <queues.engine.ordering.Ordering>`). Lock held. True if any took it."""
         return self.ordering.route_new(mid, block, i, message, scanned=scanned)
 
-    def unblock_group(self, c: Cursor, group: str, *, front: bool = False) -> bool:
+    def unblock_group(self, c: Cursor, group: str) -> bool:
         """Let the group's head be delivered if the group has nothing out. Lock held."""
-        return self.ordering.unblock_group(c, group, front=front)
+        return self.ordering.unblock_group(c, group)
 
     def forget(self, c: Cursor, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> bool:
         """Drop removed messages from a cursor. Lock held. True if a group's next message

@@ -488,6 +488,41 @@ def test_a_receive_attempt_id_is_128_alphanumerics_or_punctuation_at_most(sqs_ap
     )
 
 
+def test_fifo_receives_hand_out_the_group_whose_message_is_oldest_first(sqs_api):
+    """FIFO: groups sent in the order g1, g2, g3 come back in that order, each on a partition of
+    its own; a group whose message is made visible again comes back before the younger ones."""
+    from queues.engine.ids import group_partition
+
+    url = _fifo(sqs_api, ContentBasedDeduplication="true")
+    partitions = 4  # CreateQueue's default
+    groups: list[str] = []
+    for i in range(1000):
+        g = f"grp-{i}"
+        if group_partition(g, partitions) not in {group_partition(h, partitions) for h in groups}:
+            groups.append(g)
+        if len(groups) == 3:
+            break
+    # sent newest partition first, so that no partition order gives the groups' order
+    groups.sort(key=lambda g: -group_partition(g, partitions))
+    for g in groups:
+        for k in (1, 2):
+            sqs_api("SendMessage", QueueUrl=url, MessageBody=f"{g}/{k}", MessageGroupId=g)
+
+    def first() -> dict[str, Any]:
+        return sqs_api("ReceiveMessage", QueueUrl=url, MaxNumberOfMessages=1)["Messages"][0]
+
+    one = [first() for _ in groups]
+    assert [m["Body"] for m in one] == [f"{g}/1" for g in groups]
+    # the first group's message visible again: it comes back first
+    sqs_api("ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=one[0]["ReceiptHandle"], VisibilityTimeout=0)
+    again = first()
+    assert again["Body"] == f"{groups[0]}/1"
+    for m in [again, *one[1:]]:
+        sqs_api("ChangeMessageVisibility", QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0)
+    every = _receive(sqs_api, url, 0)
+    assert [m["Body"] for m in every] == [f"{g}/{k}" for g in groups for k in (1, 2)]
+
+
 def test_a_fifo_receipt_expires_with_its_visibility_timeout(sqs_api):
     url = _fifo(sqs_api, ContentBasedDeduplication="true")
     sqs_api("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g")

@@ -519,3 +519,24 @@ def test_batch_dead_letter_holds_the_group_until_moved(clocks):
     assert [mid for mid, _ in dead] == [got[0].id]
     m.ack([(parse_message_id(mid), None) for mid, _ in dead])
     assert _bodies(m, 10)[0] == ["a3"]
+
+
+def test_the_group_whose_waiting_message_is_oldest_goes_first(clocks):
+    """SQS FIFO: a receive hands out the group whose waiting message was sent earliest; a
+    group freed by a delete comes back in its place, not behind the groups unblocked since."""
+    m = open_manager(MemoryStore(), PartitionRow(), clocks, block_size=8, batch=True)
+    _enqueue(m, clocks, ("a1", "a"), ("b1", "b"), ("a2", "a"), ("c1", "c"))
+    first, got_a = _bodies(m, 1)
+    assert first == ["a1"]
+    assert _bodies(m, 1)[0] == ["b1"]
+    _ack(m, got_a)  # a2 (sent before c1) waits now
+    assert _bodies(m, 1)[0] == ["a2"]
+    assert _bodies(m, 1)[0] == ["c1"]
+
+
+def test_a_head_given_back_goes_in_its_place_among_the_heads(clocks):
+    m = open_manager(MemoryStore(), PartitionRow(), clocks, block_size=8)
+    _enqueue(m, clocks, ("a1", "a"), ("b1", "b"), ("c1", "c"))
+    got = m.dequeue(1, 5.0)
+    m.give_back(got)
+    assert _bodies(m, 10)[0] == ["a1", "b1", "c1"]
