@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -140,8 +140,9 @@ class Owners(threading.Thread):
             now = self.recorder.clock()
             try:
                 e = orjson.loads(data)
+                pid = int(e["pid"])
                 event = NodeEvent(
-                    node=self.process_name(int(e["pid"]), str(e.get("address", ""))),
+                    node=self.process_name(pid, str(e.get("address", ""))),
                     event=e["event"],
                     partition=str(e["partition"]),
                     epoch=int(e["epoch"]),
@@ -153,6 +154,9 @@ class Owners(threading.Thread):
                         self.open[(event.node, event.partition)] = event.epoch
                     else:
                         self.open.pop((event.node, event.partition), None)
+                        # one served while the process was not named yet ends with it too
+                        if self.open.pop((f"?/{pid}", event.partition), None) is not None:
+                            self.recorder.write(replace(event, node=f"?/{pid}"))
                 self.count += 1
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 print(f"nemesis: a node's event was not understood ({exc}): {data[:200]!r}", file=sys.stderr)
@@ -288,7 +292,7 @@ class Run:
             env["NODE_ADDRESS"] = f"{host}:{port}"
         if drift:
             env.update(drift.env())
-        return NodeProcess(
+        node = NodeProcess(
             env,
             self.dir,
             port,
@@ -299,6 +303,10 @@ class Run:
             host=host,
             prefix=self.network.wrap(name, []) if self.network else (),
         )
+        # The node's processes report what they serve while it starts, before start() returns:
+        # its group must be known by then, or those reports would name no node.
+        node.on_spawn = lambda pgid: self.groups.__setitem__(pgid, name)
+        return node
 
     def start_node(self, name: str, *, tries: int = 2) -> bool:
         """Start node ``name``; whether it serves. One that exits while starting (its database

@@ -165,6 +165,9 @@ class NodeProcess:
         self.log_path = Path(log_dir) / f"node-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self._asked_to_stop = False
+        #: called with runnode's pid (its process group's ID) as soon as it is spawned, before
+        #: it serves anything (the nemesis run names the processes that report by it).
+        self.on_spawn: Callable[[int], None] | None = None
 
     def start(self, timeout: float = 30) -> NodeProcess:
         """Start the node and wait until ``/api/v1/healthz`` answers 200."""
@@ -191,6 +194,8 @@ class NodeProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # runnode and its worker: signals go to the whole group
             )
+        if self.on_spawn is not None:
+            self.on_spawn(self.proc.pid)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
