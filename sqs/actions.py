@@ -323,6 +323,10 @@ def start_message_move_task(params: dict[str, Any], ctx: Context) -> dict[str, A
         raise invalid("The source queue and the destination queue must be of the same type (FIFO or standard).")
     if dest is not None and dest.pk == q.pk:
         raise invalid("The destination queue must not be the source queue.")
+    # SQS: "This action is currently limited to supporting message redrive from queues that
+    # are configured as dead-letter queues (DLQs) of other Amazon SQS queues only."
+    if not (q.dead_letter_sources.exclude(pk=q.pk).exists() or q.dead_letter_subscriptions.exists()):
+        raise invalid("Source queue must be configured as a Dead Letter Queue.")
     source, destination = params["SourceArn"], params.get("DestinationArn")
     return {"TaskHandle": move_tasks.start(q, source, ctx, dest, destination, rate)}
 
@@ -418,6 +422,9 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
                 f"Value {delay} for parameter DelaySeconds is invalid. Reason: The request include parameter "
                 "that is not valid for this queue type."
             )
+        # SQS: a FIFO queue takes DelaySeconds only on the queue; a message's 0 is no delay of
+        # its own, so the queue's applies
+        delay = None
         if dedup is None:
             if not settings.content_based_dedup:
                 raise invalid(_NO_DEDUP)

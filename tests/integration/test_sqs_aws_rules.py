@@ -295,6 +295,23 @@ def test_a_message_delay_of_zero_overrides_the_queues(sqs_api):
     assert sorted(m["Body"] for m in got) == ["batch now", "now"]
 
 
+def test_a_fifo_message_delay_of_zero_leaves_the_queues_in_force(sqs_api):
+    """SendMessage: "When you set FifoQueue, you can't set DelaySeconds per message. You can
+    set this parameter only on a queue level": 0 is taken, and the queue's delay applies."""
+    url = _fifo(sqs_api, ContentBasedDeduplication="true", DelaySeconds="60")
+    sqs_api("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g", DelaySeconds=0)
+    sqs_api(
+        "SendMessageBatch",
+        QueueUrl=url,
+        Entries=[{"Id": "b", "MessageBody": "y", "MessageGroupId": "h", "DelaySeconds": 0}],
+    )
+    assert _receive(sqs_api, url, 1) == []
+    counts = sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=["ApproximateNumberOfMessagesDelayed"])
+    assert counts["Attributes"]["ApproximateNumberOfMessagesDelayed"] == "2"
+    e = _refused(sqs_api, "SendMessage", QueueUrl=url, MessageBody="z", MessageGroupId="g", DelaySeconds=1)
+    assert e.code == "InvalidParameterValue"
+
+
 def test_change_visibility_takes_an_earlier_receipt_of_a_standard_queue(sqs_api):
     url = sqs_api("CreateQueue", QueueName=_name())["QueueUrl"]
     sqs_api("SendMessage", QueueUrl=url, MessageBody="x")
@@ -583,10 +600,19 @@ def _tasks(sqs_api: Api, arn: str, **kw: Any) -> list[dict[str, Any]]:
     return sqs_api("ListMessageMoveTasks", SourceArn=arn, **kw).get("Results", [])
 
 
+def _dead_letter_queue(sqs_api: Api) -> str:
+    """A new queue that another queue's RedrivePolicy names (StartMessageMoveTask takes only
+    such a source): its URL."""
+    dlq = sqs_api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
+    policy = json.dumps({"deadLetterTargetArn": _arn(sqs_api, dlq), "maxReceiveCount": 3})
+    sqs_api("CreateQueue", QueueName=_name("src"), Attributes={"RedrivePolicy": policy})
+    return dlq
+
+
 def _slow_move(sqs_api: Api, messages: int) -> tuple[str, str, str, str]:
     """A task moving ``messages`` messages of a new queue to another, one a second: source and
     destination URL, source ARN, the task's handle."""
-    source = sqs_api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
+    source = _dead_letter_queue(sqs_api)
     dest = sqs_api("CreateQueue", QueueName=_name("dest"))["QueueUrl"]
     entries = [{"Id": f"m{i}", "MessageBody": f"m{i}"} for i in range(messages)]
     sqs_api("SendMessageBatch", QueueUrl=source, Entries=entries)
@@ -640,8 +666,18 @@ def test_a_cancelled_move_task_stops_and_keeps_what_it_moved(sqs_api):
     assert trail[-1].detail["status"] == "CANCELLED" and trail[-1].detail["moved"] == done
 
 
+def test_a_move_task_s_source_must_be_a_dead_letter_queue(sqs_api):
+    plain = sqs_api("CreateQueue", QueueName=_name())["QueueUrl"]
+    dest = sqs_api("CreateQueue", QueueName=_name("dest"))["QueueUrl"]
+    sqs_api("SendMessage", QueueUrl=plain, MessageBody="stays")
+    for extra in ({}, {"DestinationArn": _arn(sqs_api, dest)}):
+        e = _refused(sqs_api, "StartMessageMoveTask", SourceArn=_arn(sqs_api, plain), **extra)
+        assert e.code == "InvalidParameterValue" and "Dead Letter Queue" in e.message
+    assert _tasks(sqs_api, _arn(sqs_api, plain)) == [] and _depth(sqs_api, plain) == 1
+
+
 def test_only_a_running_task_is_cancelled(sqs_api):
-    source = sqs_api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
+    source = _dead_letter_queue(sqs_api)
     dest = sqs_api("CreateQueue", QueueName=_name("dest"))["QueueUrl"]
     sqs_api("SendMessage", QueueUrl=source, MessageBody="m")
     arn = _arn(sqs_api, source)
@@ -660,7 +696,7 @@ def test_only_a_running_task_is_cancelled(sqs_api):
 
 
 def test_list_message_move_tasks_answers_the_most_recent_up_to_max_results(sqs_api):
-    source = sqs_api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
+    source = _dead_letter_queue(sqs_api)
     arn = _arn(sqs_api, source)
     for _ in range(11):  # an empty dead-letter queue: each task ends at once
         sqs_api("StartMessageMoveTask", SourceArn=arn)
@@ -685,7 +721,7 @@ def test_a_task_whose_process_stopped_is_failed_in_its_row_when_listed(sqs_api, 
     from sqs import move_tasks
     from sqs.models import MoveTask
 
-    source = sqs_api("CreateQueue", QueueName=_name("dlq"))["QueueUrl"]
+    source = _dead_letter_queue(sqs_api)
     arn = _arn(sqs_api, source)
     q = Queue.objects.get(name=source.rsplit("/", 1)[1])
     old = timezone.now() - timedelta(seconds=move_tasks.STALE + 5)

@@ -308,6 +308,14 @@ def _arn(sqs, url: str) -> str:
     return arn
 
 
+def _dead_letter_queue(sqs) -> str:
+    """A new queue another queue's RedrivePolicy names (a move task's source must be one)."""
+    dlq = sqs.create_queue(QueueName=_name("dlq"))["QueueUrl"]
+    policy = json.dumps({"deadLetterTargetArn": _arn(sqs, dlq), "maxReceiveCount": 3})
+    sqs.create_queue(QueueName=_name("src"), Attributes={"RedrivePolicy": policy})
+    return dlq
+
+
 def _handle(handle: str) -> dict:
     task = json.loads(base64.b64decode(handle))
     assert set(task) == {"taskId", "sourceArn"} and uuid.UUID(task["taskId"])
@@ -315,7 +323,7 @@ def _handle(handle: str) -> dict:
 
 
 def test_a_move_task_to_a_destination_json(sqs):
-    source = sqs.create_queue(QueueName=_name("dlq"))["QueueUrl"]
+    source = _dead_letter_queue(sqs)
     dest = sqs.create_queue(QueueName=_name("dest"))["QueueUrl"]
     sqs.send_message_batch(QueueUrl=source, Entries=[{"Id": f"e{i}", "MessageBody": f"m{i}"} for i in range(3)])
     source_arn, dest_arn = _arn(sqs, source), _arn(sqs, dest)
@@ -335,7 +343,7 @@ def test_a_move_task_to_a_destination_json(sqs):
 
 
 def test_a_move_task_to_a_destination_query(node, key, sqs):
-    source = sqs.create_queue(QueueName=_name("dlq"))["QueueUrl"]
+    source = _dead_letter_queue(sqs)
     dest = sqs.create_queue(QueueName=_name("dest"))["QueueUrl"]
     sqs.send_message(QueueUrl=source, MessageBody="moved")
     source_arn, dest_arn = _arn(sqs, source), _arn(sqs, dest)
