@@ -5,9 +5,12 @@ under a label, and writes a statement (its ``Sid`` the label) into the queue's `
 Here the principals are the service's users, and a permission is grants on the queue:
 
 - an entry of ``AWSAccountIds`` names one user: by user name, or by one of their active access
-  key IDs (what a user of the SQS API knows of itself). Anything else, a 12-digit AWS account
-  ID included, names nobody here and is refused (``InvalidParameterValue``): this service has
-  one account, its own users inside it;
+  key IDs (what a user of the SQS API knows of itself). The endpoint's own account ID (the one
+  its queue URLs name) is taken as SQS takes its own account: the statement names the account
+  (``arn:aws:iam::<account>:root``) and grants nobody anything here (the account's users have
+  what their grants give them, as in-account access in AWS comes from their own policies).
+  Anything else, another 12-digit AWS account ID included, names nobody here and is refused
+  (``InvalidParameterValue``): this service has one account, its own users inside it;
 - each action maps to the grant that allows it (:data:`GRANT_OF`): ``SendMessage`` to
   ``produce``; ``ReceiveMessage``, ``DeleteMessage``, ``ChangeMessageVisibility`` to ``consume``;
   ``GetQueueAttributes``, ``GetQueueUrl`` and the other reads to ``read``; ``*`` and the actions
@@ -140,7 +143,10 @@ def add_permission(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     assert label is not None
     if not _LABEL.fullmatch(label):
         raise invalid(f"Value {label} for parameter Label is invalid. Reason: 1 to 80 of A-Z, a-z, 0-9, - and _.")
-    users = [_user(e) for e in _names(params, "AWSAccountIds")]
+    entries = _names(params, "AWSAccountIds")
+    users = [_user(e) for e in entries if e != ctx.account]
+    principals = [f"arn:aws:iam::{ctx.account}:root"] if ctx.account in entries else []
+    principals += [f"arn:aws:iam::{ctx.account}:user/{u.get_username()}" for u in users]
     actions = _names(params, "Actions")
     unknown = [a for a in actions if a not in GRANT_OF]
     if unknown:
@@ -154,7 +160,7 @@ def add_permission(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         {
             "Sid": label,
             "Effect": "Allow",
-            "Principal": {"AWS": [f"arn:aws:iam::{ctx.account}:user/{u.get_username()}" for u in users]},
+            "Principal": {"AWS": principals},
             "Action": [f"SQS:{a}" for a in actions],
             "Resource": arn,
         }

@@ -193,6 +193,23 @@ def test_fifo_attributes_are_unknown_on_a_standard_queue(sqs_api):
     assert got["DeduplicationScope"] == "messageGroup" and got["FifoThroughputLimit"] == "perMessageGroupId"
 
 
+def test_add_permission_takes_the_endpoint_s_own_account_and_grants_nobody(sqs_api):
+    """AddPermission naming the account the queue URLs name: taken, as SQS takes its own
+    account; the statement is in the Policy and RemovePermission takes it out again."""
+    url = sqs_api("CreateQueue", QueueName=_name())["QueueUrl"]
+    account = url.rstrip("/").split("/")[-2]
+    sqs_api("AddPermission", QueueUrl=url, Label="own", AWSAccountIds=[account], Actions=["SendMessage"])
+    policy = json.loads(sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=["Policy"])["Attributes"]["Policy"])
+    (statement,) = policy["Statement"]
+    assert statement["Principal"] == {"AWS": [f"arn:aws:iam::{account}:root"]}
+    assert statement["Action"] == ["SQS:SendMessage"]
+    other = "123456789012" if account != "123456789012" else "210987654321"
+    e = _refused(sqs_api, "AddPermission", QueueUrl=url, Label="other", AWSAccountIds=[other], Actions=["SendMessage"])
+    assert e.code == "InvalidParameterValue"
+    sqs_api("RemovePermission", QueueUrl=url, Label="own")
+    assert "Policy" not in sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=["Policy"]).get("Attributes", {})
+
+
 def test_an_empty_policy_removes_it(sqs_api):
     url = sqs_api("CreateQueue", QueueName=_name())["QueueUrl"]
     policy = '{"Version":"2012-10-17","Statement":[]}'
