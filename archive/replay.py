@@ -55,7 +55,9 @@ def select(
 
 def draft_of(row: ArchivedMessage) -> MessageDraft:
     m = message_of(row)
-    return MessageDraft(m.body, group=m.group, attributes=m.attributes, size=m.size, estimates=m.estimates)
+    return MessageDraft(
+        m.body, group=m.group, attributes=m.attributes, size=m.size, estimates=m.estimates, fairness_key=m.fairness_key
+    )
 
 
 @dataclass(frozen=True)

@@ -414,6 +414,7 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
         raise invalid("MessageDeduplicationId must be 1 to 128 printable ASCII characters")
     meta: dict[str, Any] = {}
     body_hash = None
+    fairness_key = None
     if q.strict:
         if group is None:
             raise missing("MessageGroupId")
@@ -437,8 +438,9 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
                 "Value for parameter MessageDeduplicationId is invalid. Reason: The request include parameter "
                 "that is not valid for this queue type."
             )
-        # A standard queue keeps no order: a group would order the service's delivery.
-        group, scoped = None, None
+        # SQS fair queues: on a standard queue the group ID is a fairness key, not an order
+        # (a group would order the service's delivery)
+        fairness_key, group, scoped = group, None, None
     if ctx.sender_id:
         meta["sender"] = ctx.sender_id
         if body_hash is None:
@@ -457,6 +459,7 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
         scoped,
         now + wait if wait else None,
         stored_attributes(attrs, meta, queue=q.name, body=body, body_hash=body_hash),
+        fairness_key=fairness_key,
     )
     return _Draft(
         draft,
@@ -725,6 +728,8 @@ def _received(
                 every["MessageDeduplicationId"] = message_id
             elif meta.get("dedup"):
                 every["MessageDeduplicationId"] = meta["dedup"]
+        elif m.fairness_key is not None:  # a fair queue's message group ID
+            every["MessageGroupId"] = m.fairness_key
         if meta.get("trace"):
             every["AWSTraceHeader"] = meta["trace"]
         elif "AWSTraceHeader" in system and isinstance(m.attributes, dict):

@@ -298,7 +298,11 @@ class _Runner:
         for d in found:
             m = d.message
             assert m is not None
-            drafts.append(service.MessageDraft(m.body, group=m.group, attributes=m.attributes, size=m.size))
+            drafts.append(
+                service.MessageDraft(
+                    m.body, group=m.group, attributes=m.attributes, size=m.size, fairness_key=m.fairness_key
+                )
+            )
         service.enqueue(self.dest.name, drafts, caller=self.ctx.caller)
         items = [(service.parse_message_id(d.id), d.receipt) for d in found]
         service.ack(self.q.name, [(mid, receipt) for mid, receipt in items if mid is not None], caller=self.ctx.caller)

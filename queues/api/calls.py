@@ -54,6 +54,8 @@ def delivery_json(d: Delivery, cfg: QueueConfig, defaults: dict[str, Any] | None
     }
     if m.history:
         item["history"] = m.history
+    if m.fairness_key is not None:
+        item["fairness_key"] = m.fairness_key
     if d.from_archive:
         item["archived"] = True  # retention had moved it to the archive: read from there
     return item

@@ -65,6 +65,7 @@ def draft_json(d: MessageDraft) -> dict[str, Any]:
     item: dict[str, Any] = {"body": d.body}
     for key, value in (
         ("group", d.group),
+        ("fairness_key", d.fairness_key),
         ("dedup_id", d.dedup_id),
         ("attributes", d.attributes),
         ("size", d.size),
@@ -93,6 +94,7 @@ def delivery_of(item: dict[str, Any]) -> Delivery:
         size=item.get("size"),
         estimates=item.get("estimates"),
         history=item.get("history"),
+        fairness_key=item.get("fairness_key"),
     )
     return Delivery(item["id"], item["receipt"], item["receive_count"], message, bool(item.get("archived")))
 

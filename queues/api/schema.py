@@ -83,6 +83,11 @@ MESSAGE_IN = _closed(
             "description": "the message: non-empty text of at most the queue's max_message_size bytes of UTF-8",
         },
         "group": _short_text("messages of one group are delivered in order, one at a time; required on strict queues"),
+        "fairness_key": _short_text(
+            "a tenant's key: in each partition, the messages of each key take turns with the other keys' (a key "
+            "that floods the queue holds the others back by one message a turn); no order follows from it (a "
+            "group's messages are delivered by their group)"
+        ),
         "dedup_id": _short_text("a second message with this ID within the queue's dedup_window is dropped"),
         "delay": _range(*LIMITS["delay"], description="seconds before it may be delivered (default: the queue's)"),
         "not_before": {

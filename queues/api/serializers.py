@@ -118,6 +118,7 @@ class DeliveredDoc(serializers.Serializer[dict[str, Any]]):
     enqueued_at = serializers.DateTimeField()
     sequence = serializers.IntegerField(help_text="its position in its partition")
     group = serializers.CharField(allow_null=True)
+    fairness_key = serializers.CharField(required=False, help_text="as enqueued (absent when none)")
     attributes = serializers.DictField(help_text="as enqueued ({} when none)")
     size = serializers.IntegerField(allow_null=True)
     estimates = serializers.DictField(

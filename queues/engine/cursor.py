@@ -12,7 +12,9 @@ lock and persists what must survive a takeover (receive counts, a subscription's
 from __future__ import annotations
 
 import heapq
+import zlib
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sortedcontainers import SortedList
@@ -62,10 +64,13 @@ class Cursor:
         self.starts_at = starts_at
         #: message IDs this subscription acknowledged before the open (its markers).
         self.acked: set[str] = set()
-        #: undelivered messages of this manager's own blocks, oldest first.
-        self.ready: deque[str] = deque()
+        #: undelivered messages of this manager's own blocks, oldest first within each
+        #: fairness key, the keys taking turns (:class:`FairLanes`).
+        self.ready = FairLanes()
         #: undelivered messages a scan found (in blocks older than any of ``ready``'s): first.
-        self.scanned_ready: deque[str] = deque()
+        self.scanned_ready = FairLanes()
+        #: the fairness key of each undelivered or in-flight ungrouped message that has one.
+        self.fairness_of: dict[str, str] = {}
         #: the messages in flight (and those whose visibility ran out, until redelivered).
         self.redelivery = RedeliveryIndex()
         #: a group's undelivered and in-flight messages, by position: its head goes first.
@@ -139,3 +144,88 @@ class GroupHeads:
 
     def __bool__(self) -> bool:
         return bool(self._heap)
+
+
+#: Fairness keys a lane order tracks apart; past them, new keys share :data:`OVERFLOW_LANES`
+#: lanes by a hash of the key (a flood of distinct keys costs memory for its messages only).
+MAX_FAIR_KEYS = 1024
+OVERFLOW_LANES = 64
+
+
+class FairLanes:
+    """Undelivered messages in one lane per fairness key (None: the keyless'), the lanes taking
+    turns a message at a time, each lane oldest first: a key that floods the partition holds
+    the others' messages back by one message each turn, not by its whole backlog (SQS fair
+    queues: "a noisy group cannot hold the others' messages back"). With one key (or none),
+    a plain FIFO. O(1) an append or pop; what :meth:`appendleft` gives back goes first.
+
+    An ID may be listed twice or go stale (removed meanwhile): the dequeue checks each one it
+    pops."""
+
+    __slots__ = ("_lanes", "_n", "_ring")
+
+    def __init__(self) -> None:
+        self._lanes: dict[str | None, deque[str]] = {}
+        #: the keys with messages, the next turn's first
+        self._ring: deque[str | None] = deque()
+        self._n = 0
+
+    def _lane(self, key: str | None, *, front: bool) -> deque[str]:
+        lane = self._lanes.get(key)
+        if lane is None:
+            if key is not None and len(self._lanes) >= MAX_FAIR_KEYS:
+                key = f"\x00{zlib.crc32(key.encode()) % OVERFLOW_LANES}"
+                lane = self._lanes.get(key)
+            if lane is None:
+                lane = self._lanes[key] = deque()
+                if front:
+                    self._ring.appendleft(key)
+                else:
+                    self._ring.append(key)
+                return lane
+        if front and self._ring[0] != key:
+            self._ring.remove(key)
+            self._ring.appendleft(key)
+        return lane
+
+    def append(self, mid: str, key: str | None = None) -> None:
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lane(key, front=False)
+        lane.append(mid)
+        self._n += 1
+
+    def appendleft(self, mid: str, key: str | None = None) -> None:
+        """Give back ``mid``: it goes first (its lane's turn is next)."""
+        self._lane(key, front=True).appendleft(mid)
+        self._n += 1
+
+    def popleft(self) -> str:
+        """The next turn's message. Raises IndexError when there is none."""
+        ring = self._ring
+        key = ring[0]
+        lane = self._lanes[key]
+        mid = lane.popleft()
+        self._n -= 1
+        if not lane:
+            ring.popleft()
+            del self._lanes[key]
+        elif len(ring) > 1:
+            ring.rotate(-1)
+        return mid
+
+    def __getitem__(self, i: int) -> str:
+        """``[0]``: the next turn's message, without taking it (IndexError when there is none)."""
+        if i != 0:
+            raise IndexError(i)
+        return self._lanes[self._ring[0]][0]
+
+    def __iter__(self) -> Iterator[str]:
+        for key in self._ring:
+            yield from self._lanes[key]
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __bool__(self) -> bool:
+        return bool(self._ring)

@@ -344,7 +344,8 @@ class Deliverer:
                         c.unblocked.push((state.block.ordinal if state is not None else -1, idx), d.id)
                     continue
                 state = p.blocks.get(block_and_index(d.id)[0])
-                (c.scanned_ready if state is not None and state.scanned else c.ready).appendleft(d.id)
+                lanes = c.scanned_ready if state is not None and state.scanned else c.ready
+                lanes.appendleft(d.id, c.fairness_of.get(d.id))
             for group in freed:
                 self.order.unblock_group(c, group)
         p.on_change()

@@ -19,7 +19,10 @@ read, which is the key-value store's contract (``queues.kv.base``), not the part
 subscription's ack markers (``_acks``), whose value is never read (the name says it all).
 
 **Version 1 is unmarked**: it is exactly the bytes the release before this one writes and
-reads, so that during a rolling upgrade both releases read each other's records.
+reads, so that during a rolling upgrade both releases read each other's records. A message's
+optional ``"k"`` (its fairness key) is version 1 too: a release that does not know it reads
+the rest of the record as before and ignores it (``from_bytes`` reads the keys it knows), so
+what it loses is the key's fair turns while it serves the partition, never the message.
 
 **A record of a later version N is the envelope** ``{"v": N, "d": <the record>}``: a JSON object of
 exactly those two keys, ``"v"`` first. Nodes of the release before this one read every record

@@ -142,6 +142,9 @@ class StoredMessage(NamedTuple):
     archived: bool = False
     #: on a topic: the only subscription that reads it (a redriven dead letter); None: all.
     subscription: str | None = None
+    #: a plain queue's fairness key (an SQS fair queue's message group ID): the partition's
+    #: ungrouped messages of each key take turns with the other keys'; None: the keyless'.
+    fairness_key: str | None = None
 
     def to_bytes(self) -> bytes:
         # One test per field, not a loop over (key, value) pairs: this runs once per enqueued
@@ -163,6 +166,8 @@ class StoredMessage(NamedTuple):
             data["x"] = 1
         if self.subscription is not None:
             data["r"] = self.subscription
+        if self.fairness_key is not None:
+            data["k"] = self.fairness_key
         return orjson.dumps(data)
 
     @classmethod
@@ -185,6 +190,7 @@ class StoredMessage(NamedTuple):
             d.get("h"),
             bool(d.get("x")),
             d.get("r"),
+            d.get("k"),
         )
 
     def with_sequence(self, sequence: int) -> StoredMessage:
@@ -204,4 +210,5 @@ class StoredMessage(NamedTuple):
             self.not_before,
             archived=True,
             subscription=self.subscription,
+            fairness_key=self.fairness_key,
         )

@@ -56,9 +56,12 @@ class Ordering:
             c.groups.setdefault(message.group, SortedList()).add((pos, mid))
             self.unblock_group(c, message.group)
             return
+        key = message.fairness_key
+        if key is not None:
+            c.fairness_of[mid] = key
         if mid in c.not_due:
             return
-        (c.scanned_ready if scanned else c.ready).append(mid)
+        (c.scanned_ready if scanned else c.ready).append(mid, key)
 
     def unblock_group(self, c: Cursor, group: str) -> bool:
         """Let the group's head be delivered if the group has nothing out. Lock held. True if
@@ -95,7 +98,7 @@ class Ordering:
             if group is not None:
                 self.unblock_group(c, group)
             elif p.is_live(c, mid):
-                c.ready.append(mid)
+                c.ready.append(mid, c.fairness_of.get(mid))
 
     def forget(self, c: Cursor, mids: Sequence[str], where: Sequence[tuple[str, int]] | None = None) -> bool:
         """Drop acknowledged (or dead-lettered, or expired) messages from a cursor. Lock held.
@@ -104,8 +107,11 @@ class Ordering:
         p = self.p
         freed: set[str] = set()
         c.redelivery.remove_many(mids)
+        fair = c.fairness_of
         for key, (block_id, idx) in zip(mids, where if where is not None else map(block_and_index, mids)):
             c.receives.pop(key, None)
+            if fair:
+                fair.pop(key, None)
             c.not_due.discard(key)
             if not c.shared:
                 live = c.live.get(block_id)

@@ -43,13 +43,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 
 from queues.engine.acks import Acks
 from queues.engine.blocks import BlockState
 from queues.engine.body_cache import BodyCache
-from queues.engine.cursor import Cursor, Delivery, SubscriptionSpec
+from queues.engine.cursor import Cursor, Delivery, FairLanes, SubscriptionSpec
 from queues.engine.delivery import FENCE_TRUST, Deliverer, wait_out_trust
 from queues.engine.figures import (
     BLOCK_LISTING_MAX,
@@ -185,11 +184,11 @@ class PartitionManager(PartitionState[LeaseT]):
         return self.cursor().redelivery
 
     @property
-    def ready(self) -> deque[str]:
+    def ready(self) -> FairLanes:
         return self.cursor().ready
 
     @property
-    def scanned_ready(self) -> deque[str]:
+    def scanned_ready(self) -> FairLanes:
         return self.cursor().scanned_ready
 
     @property

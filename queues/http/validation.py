@@ -97,7 +97,7 @@ def _body(item: JSONObject, cfg: QueueConfig, where: str) -> str:
     return body
 
 
-MESSAGE_FIELDS = {"body", "group", "dedup_id", "delay", "not_before", "attributes", "size", "estimates"}
+MESSAGE_FIELDS = {"body", "group", "fairness_key", "dedup_id", "delay", "not_before", "attributes", "size", "estimates"}
 MAX_ATTRIBUTES = 16
 
 
@@ -217,6 +217,7 @@ def _message(item: JSONObject, cfg: QueueConfig, now: float, where: str, trusted
     draft.group = _short_text(item, "group", where)
     if cfg.strict and draft.group is None:
         raise InvalidRequest(f"{where}: queue {cfg.name!r} is strict: every message needs a group", "missing_group")
+    draft.fairness_key = _short_text(item, "fairness_key", where)
     draft.dedup_id = _short_text(item, "dedup_id", where)
     draft.not_before = _not_before(item, cfg, now, where)
     draft.attributes = _attributes(item, where, trusted)

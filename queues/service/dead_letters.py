@@ -86,6 +86,7 @@ def move_dead_letters(cfg: QueueConfig, sub: str, store: Store) -> None:
                 size=msg.size,
                 estimates=msg.estimates,
                 history=history,
+                fairness_key=msg.fairness_key,
             )
             try:
                 store(dlq, index, [draft], now)

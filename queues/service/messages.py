@@ -195,7 +195,18 @@ def check_drafts(cfg: QueueConfig, drafts: Sequence[MessageDraft]) -> None:
 def _stored(d: MessageDraft, now: float) -> StoredMessage:
     # Positional (no keyword binding): this runs once per enqueued message.
     return StoredMessage(
-        d.body, now, d.group, 0, d.not_before, d.attributes, d.size, d.estimates, d.history, False, d.subscription
+        d.body,
+        now,
+        d.group,
+        0,
+        d.not_before,
+        d.attributes,
+        d.size,
+        d.estimates,
+        d.history,
+        False,
+        d.subscription,
+        d.fairness_key,
     )
 
 
@@ -230,7 +241,18 @@ def _enqueue_somewhere(
 def _without_dedup(drafts: list[MessageDraft]) -> list[MessageDraft]:
     """The drafts as forwarded (built only when forwarding: most enqueues are served here)."""
     return [
-        MessageDraft(d.body, d.group, None, d.not_before, d.attributes, d.size, d.estimates, d.history, d.subscription)
+        MessageDraft(
+            d.body,
+            d.group,
+            None,
+            d.not_before,
+            d.attributes,
+            d.size,
+            d.estimates,
+            d.history,
+            d.subscription,
+            d.fairness_key,
+        )
         for d in drafts
     ]
 

@@ -247,6 +247,7 @@ def _back_to_source(m: StoredMessage, subscription: str | None = None) -> Messag
         size=m.size,
         estimates=m.estimates,
         subscription=subscription,
+        fairness_key=m.fairness_key,
     )
 
 

@@ -130,6 +130,9 @@ class MessageDraft:
     #: on a topic: the one subscription that reads it (a redriven dead letter of that
     #: subscription); None: every subscription. Only nodes set it (redrive, forwarded).
     subscription: str | None = None
+    #: its fairness key: a partition's ungrouped messages of each key take turns with the
+    #: other keys' (SQS fair queues); no order, and no partition, follows from it.
+    fairness_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -601,3 +601,32 @@ def test_the_schema_documents_readyz(api):
     not_ready = op["responses"]["503"]
     assert not_ready["content"]["application/json"]["schema"]["required"] == ["status", "not_ready"]
     assert "Retry-After" in not_ready["headers"]
+
+
+def test_a_fairness_key_takes_turns_with_the_others_and_is_answered(api, make_queue):
+    # given: a tenant that floods a queue of one partition, then two quiet ones and a keyless message
+    name = make_queue(partitions=1)
+    noisy = [{"body": f"noisy{i}", "fairness_key": "noisy"} for i in range(20)]
+    r = api.post(url(name, "enqueue"), {"messages": noisy}, format="json")
+    assert r.status_code == 201, r.content
+    quiet = [{"body": "quiet-a", "fairness_key": "a"}, {"body": "quiet-b", "fairness_key": "b"}, {"body": "plain"}]
+    r = api.post(url(name, "enqueue"), {"messages": quiet}, format="json")
+    assert r.status_code == 201, r.content
+
+    # when
+    got = dequeue(api, name, max=4)
+
+    # then: one of the flood's, then each of the others: nobody waits for the backlog
+    assert [m["body"] for m in got] == ["noisy0", "quiet-a", "quiet-b", "plain"]
+    assert [m.get("fairness_key") for m in got] == ["noisy", "a", "b", None]
+
+
+@pytest.mark.parametrize("key", ["", "k" * 129, 7])
+def test_a_bad_fairness_key_is_400_and_stores_nothing(api, make_queue, key):
+    name = make_queue(partitions=1)
+    r = api.post(
+        url(name, "enqueue"), {"messages": [{"body": "ok"}, {"body": "x", "fairness_key": key}]}, format="json"
+    )
+    assert r.status_code == 400, r.content
+    assert r.json()["error"] == "invalid_fairness_key"
+    assert stats(api, name)["depth"] == 0

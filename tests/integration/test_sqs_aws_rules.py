@@ -557,6 +557,25 @@ def test_fifo_receives_hand_out_the_group_whose_message_is_oldest_first(sqs_api)
     assert [m["Body"] for m in every] == [f"{g}/{k}" for g in groups for k in (1, 2)]
 
 
+def test_a_standard_queue_s_message_group_id_is_kept_and_orders_nothing(sqs_api):
+    """Fair queues: "MessageGroupId ... for standard queues, it's used for fair queue
+    delivery": kept and answered; a group's messages are not held one at a time."""
+    url = sqs_api("CreateQueue", QueueName=_name())["QueueUrl"]
+    for body in ("one", "two"):
+        sqs_api("SendMessage", QueueUrl=url, MessageBody=body, MessageGroupId="tenant-a")
+    sqs_api(
+        "SendMessageBatch", QueueUrl=url, Entries=[{"Id": "b", "MessageBody": "three", "MessageGroupId": "tenant-b"}]
+    )
+    sqs_api("SendMessage", QueueUrl=url, MessageBody="none")
+    got: list[dict[str, Any]] = []
+    for _ in range(10):
+        got += _receive(sqs_api, url, 1, AttributeNames=["MessageGroupId"])
+        if len(got) >= 4:
+            break
+    groups = {m["Body"]: m.get("Attributes", {}).get("MessageGroupId") for m in got}
+    assert groups == {"one": "tenant-a", "two": "tenant-a", "three": "tenant-b", "none": None}
+
+
 def test_a_fifo_receipt_expires_with_its_visibility_timeout(sqs_api):
     url = _fifo(sqs_api, ContentBasedDeduplication="true")
     sqs_api("SendMessage", QueueUrl=url, MessageBody="x", MessageGroupId="g")

@@ -368,3 +368,25 @@ def test_a_receive_attempt_retried_through_the_other_node_answers_the_same(two_n
     assert [m["ReceiptHandle"] for m in again["Messages"]] == [m["ReceiptHandle"] for m in first]
     for m in first:
         both.sqs[b].delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+
+
+def test_a_fair_queue_s_group_ids_are_answered_through_the_other_node(two_nodes):
+    """A standard queue's MessageGroupId (its fairness key) is answered by receives through the
+    node that does not own the messages' partitions: the owner's answer carries it."""
+    both = Both(*two_nodes)
+    a, b = both.nodes
+    url = both.sqs[a].create_queue(QueueName="fair")["QueueUrl"]
+    both.settled("fair", each=PARTITIONS // 2)
+    sent = {f"m{i}": f"tenant-{i % 3}" for i in range(24)}
+    for body, group in sent.items():
+        both.sqs[a].send_message(QueueUrl=url, MessageBody=body, MessageGroupId=group)
+    got: dict[str, str | None] = {}
+    deadline = time.monotonic() + 60
+    while len(got) < len(sent) and time.monotonic() < deadline:
+        answer = both.sqs[b].receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1, AttributeNames=["MessageGroupId"]
+        )
+        for m in answer.get("Messages", []):
+            got[m["Body"]] = m.get("Attributes", {}).get("MessageGroupId")
+            both.sqs[b].delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+    assert got == sent
