@@ -95,6 +95,16 @@ class Outcome:
 # ------------------------------------------------------------------------------ ownership events
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class Owners(threading.Thread):
     """Receives the nodes' ``serve``/``unserve`` datagrams (``OWNERSHIP_EVENTS``) and writes
     them to the history, stamped on receipt minus the ``ago`` the node reports, the process
@@ -112,6 +122,8 @@ class Owners(threading.Thread):
         self.count = 0
         #: what each process serves, by the events so far: (process, partition) -> epoch
         self.open: dict[tuple[str, str], int] = {}
+        #: when each node's processes were last all found dead (:meth:`ended`)
+        self.ended_at: dict[str, int] = {}
         self.lock = threading.Lock()
 
     def process_name(self, pid: int, address: str) -> str:
@@ -150,7 +162,12 @@ class Owners(threading.Thread):
                 )
                 with self.lock:
                     self.recorder.write(event)
-                    if event.event == "serve":
+                    ended = self.ended_at.get(event.node.partition("/")[0])
+                    if event.event == "serve" and ended is not None and ended >= event.time and not _alive(pid):
+                        # a report read after its node was ended (the reader fell behind, or
+                        # the datagram waited in the socket): its serving ended with the node
+                        self.recorder.write(replace(event, event="unserve", time=ended))
+                    elif event.event == "serve":
                         self.open[(event.node, event.partition)] = event.epoch
                     else:
                         self.open.pop((event.node, event.partition), None)
@@ -169,6 +186,7 @@ class Owners(threading.Thread):
         time.sleep(0.2)
         with self.lock:
             now = self.recorder.clock()
+            self.ended_at[node] = now
             for (name, partition), epoch in list(self.open.items()):
                 if name.startswith(node + "/"):
                     self.recorder.write(
