@@ -97,7 +97,8 @@ def _links() -> dict[str, str]:
     return found
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -307,7 +308,7 @@ def remove_leftovers(prefix: str = PREFIX) -> list[str]:
     for link, alias in links.items():
         m = re.fullmatch(rf"{re.escape(prefix)}([a-z0-9]+)-br", link)
         pid = re.fullmatch(r"pid=(\d+)", alias)
-        if m and pid and _pid_alive(int(pid.group(1))):
+        if m and pid and pid_alive(int(pid.group(1))):
             alive.add(m.group(1))
     removed: list[str] = []
     for ns in _namespaces():

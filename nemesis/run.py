@@ -44,7 +44,7 @@ from nemesis.clocks import Drift
 from nemesis.clocks import available as clock_tools
 from nemesis.faults import DEFAULT_KINDS, KINDS, Fault, Nemesis, schedule
 from nemesis.history import NodeEvent, Recorder, read
-from nemesis.netns import Network, remove_leftovers
+from nemesis.netns import Network, pid_alive, remove_leftovers
 from nemesis.release import Release, prepare
 from nemesis.stores import Stores
 from tests.launcher import NodeFailed, NodeProcess, free_ports
@@ -93,16 +93,6 @@ class Outcome:
 
 
 # ------------------------------------------------------------------------------ ownership events
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Owners(threading.Thread):
@@ -163,7 +153,7 @@ class Owners(threading.Thread):
                 with self.lock:
                     self.recorder.write(event)
                     ended = self.ended_at.get(event.node.partition("/")[0])
-                    if event.event == "serve" and ended is not None and ended >= event.time and not _alive(pid):
+                    if event.event == "serve" and ended is not None and ended >= event.time and not pid_alive(pid):
                         # a report read after its node was ended (the reader fell behind, or
                         # the datagram waited in the socket): its serving ended with the node
                         self.recorder.write(replace(event, event="unserve", time=ended))
