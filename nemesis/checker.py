@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
@@ -167,7 +167,7 @@ def check(history: History, overlap_slack_ns: int = 0, group_batch: Collection[s
     result.deliveries = len(deliveries)
     _check_messages(operations, deliveries, faults, group_batch, result)
     _check_http(operations, result)
-    _check_owners(history.nodes, faults, history.end, overlap_slack_ns, result)
+    _check_owners(history.nodes, faults, history.end, overlap_slack_ns, result, operations)
     _check_epochs(operations, history.nodes, result)
     return result
 
@@ -350,28 +350,56 @@ def _check_http(operations: list[Operation], result: Result) -> None:
             result.report("unavailable_without_retry_after", example)
 
 
-def _serving(nodes: list[NodeEvent], faults: Faults, end: int) -> dict[str, list[tuple[int, int, str, int]]]:
+def _serving(
+    nodes: list[NodeEvent], faults: Faults, end: int, operations: Sequence[Operation] = ()
+) -> dict[str, list[tuple[int, int, str, int]]]:
     """Per partition, when each node served it: (start, stop, node, epoch), a paused node's
-    pauses cut out. A ``serve`` while serving starts a new stretch (a new epoch)."""
+    pauses cut out. A ``serve`` while serving starts a new stretch (a new epoch). A stretch
+    ends at its ``unserve`` (or the node's kill), and at the latest at the lease end its
+    process last reported (``until`` of its ``serve`` or ``renew``): a process acts no longer
+    than that whether or not it can still tell (one frozen while its server stops it), unless
+    a call shows it acting later (``served``: then the stretch lasts until that call was sent
+    at least, so a process that broke its word is not let off by it)."""
+    names = {e.id: e.node for e in nodes if e.id}
+    acted: dict[tuple[str, str, int], int] = {}
+    for op in operations:
+        if op.type != "ok":
+            continue
+        for node_id, partition, epoch in op.served or ():
+            name = names.get(str(node_id))
+            if name is not None:
+                key3 = (name, str(partition), int(epoch))
+                acted[key3] = max(acted.get(key3, op.invoked), op.invoked)
     kills = sorted((start, target) for start, _, kind, target in faults.windows if kind in KILL_FAULTS and target)
     timeline: list[tuple[int, int, NodeEvent | str]] = [(e.time, 1, e) for e in nodes]
     timeline += [(time, 0, target) for time, target in kills]  # at one time, a kill goes first
     timeline.sort(key=lambda item: (item[0], item[1]))
-    open_: dict[tuple[str, str], tuple[int, int]] = {}
+    open_: dict[tuple[str, str], tuple[int, int, int | None]] = {}  # -> start, epoch, until
     stretches: list[tuple[int, int, str, str, int]] = []  # start, stop, node, partition, epoch
+
+    def close(key: tuple[str, str], stop: int) -> None:
+        start, epoch, until = open_.pop(key)
+        if until is not None and until < stop:
+            stop = max(start, until, min(stop, acted.get((*key, epoch), start)))
+        stretches.append((start, stop, *key, epoch))
+
     for time, _, item in timeline:
         if isinstance(item, str):
             for key in [k for k in open_ if hits(item, k[0])]:
-                start, epoch = open_.pop(key)
-                stretches.append((start, time, key[0], key[1], epoch))
+                close(key, time)
             continue
         key = (item.node, item.partition)
+        if item.event == "renew":
+            held = open_.get(key)
+            if held is not None and held[1] == item.epoch and item.until is not None:
+                open_[key] = (held[0], held[1], max(held[2] or item.until, item.until))
+            continue
         if key in open_:
-            start, epoch = open_.pop(key)
-            stretches.append((start, time, item.node, item.partition, epoch))
+            close(key, time)
         if item.event == "serve":
-            open_[key] = (time, item.epoch)
-    stretches += [(start, max(end, start), node, part, epoch) for (node, part), (start, epoch) in open_.items()]
+            open_[key] = (time, item.epoch, item.until)
+    for key in list(open_):
+        close(key, max(end, open_[key][0]))
 
     serving: dict[str, list[tuple[int, int, str, int]]] = defaultdict(list)
     for start, stop, node, part, epoch in stretches:
@@ -386,8 +414,10 @@ def _serving(nodes: list[NodeEvent], faults: Faults, end: int) -> dict[str, list
     return serving
 
 
-def _check_owners(nodes: list[NodeEvent], faults: Faults, end: int, slack: int, result: Result) -> None:
-    for partition, stretches in sorted(_serving(nodes, faults, end).items()):
+def _check_owners(
+    nodes: list[NodeEvent], faults: Faults, end: int, slack: int, result: Result, operations: Sequence[Operation] = ()
+) -> None:
+    for partition, stretches in sorted(_serving(nodes, faults, end, operations).items()):
         for i, (_, stop, node, epoch) in enumerate(stretches):
             for other_start, other_stop, other, other_epoch in stretches[i + 1 :]:
                 if other_start >= stop:

@@ -50,7 +50,7 @@ import orjson
 
 OpType = Literal["invoke", "ok", "fail", "info"]
 OP_TYPES: tuple[OpType, ...] = ("invoke", "ok", "fail", "info")
-NODE_EVENTS = ("serve", "unserve")
+NODE_EVENTS = ("serve", "renew", "unserve")
 FAULT_EVENTS = ("start", "stop")
 
 
@@ -84,13 +84,20 @@ class Op:
 
 @dataclass(frozen=True, slots=True)
 class NodeEvent:
-    """A node started (``serve``) or stopped (``unserve``) acting as a partition's owner."""
+    """A node started (``serve``) or stopped (``unserve``) acting as a partition's owner, or
+    renewed (``renew``) the lease it serves under."""
 
     node: str
-    event: Literal["serve", "unserve"]
+    event: Literal["serve", "renew", "unserve"]
     partition: str
     epoch: int
     time: int
+    #: ``serve`` and ``renew``: the time (the run's clock) after which the process does not act
+    #: as owner unless it renews again: its lease's end, as the node reported it, converted
+    #: by the node's clock rate (None: not reported, as by a release that does not).
+    until: int | None = None
+    #: the node process's own ID (what ``served`` names), when it reported it.
+    id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

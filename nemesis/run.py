@@ -100,9 +100,19 @@ class Owners(threading.Thread):
     them to the history, stamped on receipt minus the ``ago`` the node reports, the process
     named ``<node>/<pid>`` (the node found by the process's group, which is the node's)."""
 
-    def __init__(self, path: Path, recorder: Recorder, groups: dict[int, str], ports: dict[int, str]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        recorder: Recorder,
+        groups: dict[int, str],
+        ports: dict[int, str],
+        rates: dict[str, float] | None = None,
+    ) -> None:
         super().__init__(name="owners", daemon=True)
         self.path, self.recorder, self.groups, self.ports = path, recorder, groups, ports
+        #: each node's clock rate (seconds of its own per real second): a lease's end it reports
+        #: in seconds of its own is that many real seconds divided by its rate
+        self.rates = rates if rates is not None else {}
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.sock.bind(str(path))
@@ -143,20 +153,29 @@ class Owners(threading.Thread):
             try:
                 e = orjson.loads(data)
                 pid = int(e["pid"])
+                name = self.process_name(pid, str(e.get("address", "")))
+                at = now - int(float(e.get("ago") or 0) * 1e9)
+                until = None
+                if e.get("until") is not None:  # (the datagram left its node at or before ``now``)
+                    until = now + int(float(e["until"]) / self.rates.get(name.partition("/")[0], 1.0) * 1e9)
                 event = NodeEvent(
-                    node=self.process_name(pid, str(e.get("address", ""))),
+                    node=name,
                     event=e["event"],
                     partition=str(e["partition"]),
                     epoch=int(e["epoch"]),
-                    time=now - int(float(e.get("ago") or 0) * 1e9),
+                    time=at,
+                    until=until,
+                    id=str(e["node"]) if e.get("node") else None,
                 )
                 with self.lock:
                     self.recorder.write(event)
                     ended = self.ended_at.get(event.node.partition("/")[0])
-                    if event.event == "serve" and ended is not None and ended >= event.time and not pid_alive(pid):
+                    if event.event == "renew":
+                        pass  # bounds a serving already open (the checker's), opens none
+                    elif event.event == "serve" and ended is not None and ended >= event.time and not pid_alive(pid):
                         # a report read after its node was ended (the reader fell behind, or
                         # the datagram waited in the socket): its serving ended with the node
-                        self.recorder.write(replace(event, event="unserve", time=ended))
+                        self.recorder.write(replace(event, event="unserve", time=ended, until=None))
                     elif event.event == "serve":
                         self.open[(event.node, event.partition)] = event.epoch
                     else:
@@ -271,7 +290,8 @@ class Run:
         self.recorder = Recorder(self.dir / "history.jsonl")
         self.groups: dict[int, str] = {}
         self.ports: dict[int, str] = {}
-        self.owners = Owners(self.owners_path, self.recorder, self.groups, self.ports)
+        self.rates: dict[str, float] = {}
+        self.owners = Owners(self.owners_path, self.recorder, self.groups, self.ports, self.rates)
         self.owners.start()
         env = {**os.environ, **self.node_env("setup")}
         _manage(env, self.code, "migrate", "--noinput")
@@ -300,6 +320,7 @@ class Run:
             env["NODE_ADDRESS"] = f"{host}:{port}"
         if drift:
             env.update(drift.env())
+        self.rates[name] = drift.rate if drift else 1.0
         node = NodeProcess(
             env,
             self.dir,

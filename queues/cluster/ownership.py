@@ -5,13 +5,18 @@ Off unless ``OWNERSHIP_EVENTS`` names the path of a UNIX datagram socket that an
 bound (the nemesis run, which checks that no two processes serve one partition at overlapping
 times). Then the node runtime (``queues.cluster.node``) sends one JSON datagram per event::
 
-    {"event": "serve" | "unserve", "node": "<node id>", "address": "<host:port it serves>",
-     "pid": <process id>, "partition": "<queue>/<index>", "epoch": <lease epoch>, "ago": <seconds>}
+    {"event": "serve" | "renew" | "unserve", "node": "<node id>", "address": "<host:port it serves>",
+     "pid": <process id>, "partition": "<queue>/<index>", "epoch": <lease epoch>, "ago": <seconds>,
+     "until": <seconds>}
 
 - ``serve``: sent once the lease is won and before anything is done as owner (before the fence
   is raised), with ``ago`` 0; sent again when the epoch moves on during the open (a fence ahead
   of the row), and when a lease that had lapsed (reported ``unserve``) is renewed under the same
   epoch and the partition is served on.
+- ``renew``: the lease was renewed while served. ``serve`` and ``renew`` carry ``until``: the
+  seconds, by the node's monotonic clock, the process may act as owner from then on at most
+  (its lease's ``valid_until``): it acts no longer than that unless a later ``renew`` says so,
+  even when it can report nothing more (a process frozen while its server stops it).
 - ``unserve``: sent once per stretch of serving, when the process stops acting as owner: its
   manager closed for whatever reason, or its lease lapsed (found by :meth:`OwnershipEvents.sweep`
   every :data:`SWEEP_EVERY` and at each renewal look). ``ago`` is how long before the datagram, by the node's own monotonic
@@ -93,7 +98,7 @@ class OwnershipEvents:
         owner of ``lease``'s partition: call before it acts."""
         with self._lock:
             self._serving[lease.partition_id] = _Served(lease, lease.epoch, lease.valid_until)
-        self._send("serve", lease, lease.epoch, 0.0)
+        self._send("serve", lease, lease.epoch, 0.0, lease.valid_until - lease.clock.monotonic())
 
     def serving(self, lease: Lease) -> bool:
         """Whether ``lease`` is announced as served (and not reported stopped since)."""
@@ -107,8 +112,12 @@ class OwnershipEvents:
             entry = self._serving.get(lease.partition_id)
             if entry is not None and entry.lease is lease:
                 entry.until = max(entry.until, lease.valid_until)
-                return
-        if lease.valid():
+                renewed = True
+            else:
+                renewed = False
+        if renewed:
+            self._send("renew", lease, lease.epoch, 0.0, lease.valid_until - lease.clock.monotonic())
+        elif lease.valid():
             self.serve(lease)
 
     def unserve(self, lease: Lease) -> None:
@@ -157,20 +166,21 @@ class OwnershipEvents:
         self._closed.set()
         self._sock.close()
 
-    def _send(self, event: str, lease: Lease, epoch: int, ago: float) -> None:
+    def _send(self, event: str, lease: Lease, epoch: int, ago: float, until: float | None = None) -> None:
         partition = f"{lease.queue}/{lease.index}"
         log.debug("%s %s epoch %s (%.3f s ago)", event, partition, epoch, ago)
-        datagram = orjson.dumps(
-            {
-                "event": event,
-                "node": self.node_id,
-                "address": self.address,
-                "pid": self.pid,
-                "partition": partition,
-                "epoch": epoch,
-                "ago": ago,
-            }
-        )
+        message = {
+            "event": event,
+            "node": self.node_id,
+            "address": self.address,
+            "pid": self.pid,
+            "partition": partition,
+            "epoch": epoch,
+            "ago": ago,
+        }
+        if until is not None:
+            message["until"] = max(until, 0.0)
+        datagram = orjson.dumps(message)
         try:
             self._sock.sendto(datagram, self.path)
         except (FileNotFoundError, ConnectionRefusedError) as exc:

@@ -57,8 +57,23 @@ class Run:
     def ack(self, *tokens: str, queue: str = "q", type: str = "ok") -> None:
         self.call("consumer", "ack", type, {"queue": queue, "ids": [f"{queue}/{t}" for t in tokens]})
 
-    def node(self, node: str, event: str, partition: str = "q/0", epoch: int = 1) -> None:
-        self.records.append(NodeEvent(node=node, event=event, partition=partition, epoch=epoch, time=self.tick()))
+    def node(
+        self,
+        node: str,
+        event: str,
+        partition: str = "q/0",
+        epoch: int = 1,
+        until: int | None = None,
+        id: str | None = None,
+    ) -> int:
+        """A node's event; ``until``: its lease's end, that many ticks after the event; ``id``:
+        the process's node ID. Returns its time."""
+        time = self.tick()
+        end = time + until * MS if until is not None else None
+        self.records.append(
+            NodeEvent(node=node, event=event, partition=partition, epoch=epoch, time=time, until=end, id=id)
+        )
+        return time
 
     def fault(self, kind: str, event: str, target: str | None = None) -> None:
         self.records.append(FaultEvent(fault=kind, event=event, time=self.tick(), target=target))
@@ -260,6 +275,46 @@ def test_two_nodes_serving_one_partition_at_once_are_reported():
     (example,) = only(check(run.history()), "overlapping_owners")
     assert (example["partition"], example["nodes"], example["epochs"]) == ("q/0", ["n1", "n2"], [1, 2])
     assert example["to"] - example["from"] == MS
+
+
+def test_an_owner_that_says_nothing_more_serves_until_its_last_reported_lease_end():
+    # a process frozen (its server stopping it) after a renewal: n2 takes over after its lease
+    # end, and the run's end of n1 comes later still: no overlap
+    run = Run()
+    run.node("n1/1", "serve", epoch=1, until=5)
+    run.node("n1/1", "renew", epoch=1, until=3)  # its end: 3 ticks after this one
+    for _ in range(4):
+        run.tick()
+    run.node("n2/2", "serve", epoch=2)
+    run.node("n1/1", "unserve", epoch=1)  # written by the run when it killed n1
+    assert check(run.history()).valid
+    # a renewal moves the end on: n2 serving before it is an overlap
+    run = Run()
+    run.node("n1/1", "serve", epoch=1, until=3)
+    run.node("n1/1", "renew", epoch=1, until=10)
+    run.node("n2/2", "serve", epoch=2)
+    run.node("n1/1", "unserve", epoch=1)
+    only(check(run.history()), "overlapping_owners")
+    # a call served by it after its word: the stretch lasts until that call was sent at least
+    run = Run()
+    run.node("n1/1", "serve", epoch=1, until=2, id="abc")
+    for _ in range(3):
+        run.tick()
+    run.node("n2/2", "serve", epoch=2, id="def")
+    run.call("c", "dequeue", served=[["abc", "q/0", 1]])
+    run.node("n1/1", "unserve", epoch=1, id="abc")
+    result = check(run.history())
+    assert result.anomalies["overlapping_owners"] == 1  # (and the call's epoch was stale)
+    # a renew of another epoch, or of nothing served, bounds nothing
+    run = Run()
+    run.node("n1/1", "renew", epoch=1, until=1)
+    run.node("n1/1", "serve", epoch=2)
+    run.node("n1/1", "renew", epoch=1, until=1)
+    for _ in range(3):
+        run.tick()
+    run.node("n2/2", "serve", epoch=3)
+    run.node("n1/1", "unserve", epoch=2)
+    only(check(run.history()), "overlapping_owners")
 
 
 def test_a_killed_or_paused_owner_serves_nothing_meanwhile():

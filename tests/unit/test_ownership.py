@@ -137,8 +137,23 @@ def test_a_lease_found_lost_after_a_pause_is_dated_when_it_ran_out(datagrams, ti
     ticks.now = end + 2.5
     lease.valid_until = 0.0
     events.unserve(lease)
-    # then its stop is dated when it ran out, not when the loss was found
-    assert [(e["event"], e["ago"]) for e in datagrams.received()] == [("serve", 0.0), ("unserve", 2.5)]
+    # then the renewal said how long it may act (1.6 s), and its stop is dated when it ran
+    # out, not when the loss was found
+    got = datagrams.received()
+    assert [(e["event"], e["ago"]) for e in got] == [("serve", 0.0), ("renew", 0.0), ("unserve", 2.5)]
+    assert got[1]["until"] == pytest.approx(1.6) and "until" not in got[2]
+
+
+def test_serve_and_renew_say_how_long_the_process_may_act(datagrams, ticks):
+    events = ownership.OwnershipEvents(datagrams.path, "node-1", "127.0.0.1:4000")
+    lease = _lease(ticks)
+    lease.valid_until = ticks.now + 2.4
+    events.serve(lease)
+    ticks.now += 1.0
+    lease.valid_until = ticks.now + 2.4
+    events.renewed(lease)
+    got = datagrams.received()
+    assert [(e["event"], round(e["until"], 6)) for e in got] == [("serve", 2.4), ("renew", 2.4)]
 
 
 def test_an_older_lease_of_the_partition_does_not_end_the_newer_one(datagrams, ticks):
