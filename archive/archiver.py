@@ -125,7 +125,10 @@ def row_for(mid: str, raw: bytes, incarnation: int | None) -> ArchivedMessage:
         _clean(m.estimates),
         _clean(m.history),
     )
-    exact = (body, attributes, estimates, history) == (m.body, m.attributes, m.estimates, m.history)
+    # the columns hold no fairness key nor subscription: a message with one is kept whole in ``raw``
+    exact = (body, attributes, estimates, history) == (m.body, m.attributes, m.estimates, m.history) and (
+        m.fairness_key is None and m.subscription is None
+    )
     return ArchivedMessage(
         message_id=mid,
         queue=parsed.queue,

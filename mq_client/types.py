@@ -126,6 +126,8 @@ class Message:
     estimates: Estimates = field(default_factory=Estimates)
     #: on a dead-letter queue: where the message came from; else None
     history: History | None = None
+    #: its fairness key (a tenant's: see :attr:`NewMessage.fairness_key`), or None
+    fairness_key: str | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Message:
@@ -141,6 +143,7 @@ class Message:
             size=data.get("size"),
             estimates=Estimates.from_json(data.get("estimates")),
             history=History.from_json(data.get("history")),
+            fairness_key=data.get("fairness_key"),
         )
 
     @property
@@ -174,10 +177,14 @@ class NewMessage:
     size: int | None = None
     #: time estimates in seconds: an :class:`Estimates` or ``{"preprocess": s, "process": s}``
     estimates: Estimates | Mapping[str, float] | None = None
+    #: a tenant's key (1..128 characters): in each partition the messages of each key take turns
+    #: with the other keys', so a tenant that floods the queue holds the others back by one
+    #: message a turn; it orders nothing (``group`` does)
+    fairness_key: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"body": self.body}
-        for name in ("group", "dedup_id", "delay", "size"):
+        for name in ("group", "fairness_key", "dedup_id", "delay", "size"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value

@@ -100,6 +100,6 @@ def remember(q: QueueConfig, ctx: Context, attempt: str, messages: list[dict[str
             defaults={"messages": messages, "visibility": visibility, "created_at": now},
         )
     except IntegrityError:
-        # the same attempt answered at once by another call: both answers stand (each its own
-        # messages, at least once); the other one's is kept
-        log.info("receive attempt %r on %s kept by a concurrent call", attempt, q.name)
+        # (update_or_create takes a concurrent insert of the same attempt itself, and this
+        # answer replaces it: the later answer is kept; both calls' messages stand, at least once)
+        log.info("receive attempt %r on %s: a concurrent call kept its answer", attempt, q.name)

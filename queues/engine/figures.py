@@ -224,7 +224,7 @@ class Figures:
         for waiting in (c.unblocked, c.scanned_ready, c.ready):
             try:
                 mid = waiting[0]
-            except IndexError:
+            except (IndexError, KeyError):  # empty, or emptied under us (FairLanes)
                 continue
             message = p.cache.get(mid)
             if message is not None:
@@ -253,7 +253,10 @@ class Figures:
         p = self.p
         cursors = p.readers if sub is None else [p.cursors[sub]] if sub in p.cursors else []
         deadlines = [d for d in (c.redelivery.next_deadline() for c in cursors) if d is not None]
-        delayed = [c.delayed[0][0] for c in cursors if c.delayed]
-        if delayed:
-            deadlines.append(self.clock() + (min(delayed) - p.wall()))
+        for c in cursors:  # (read without the lock: a delay taken meanwhile is an early look)
+            try:
+                turn = c.delayed[0][0]
+            except IndexError:
+                continue
+            deadlines.append(self.clock() + (turn - p.wall()))
         return min(deadlines, default=None)
