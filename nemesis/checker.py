@@ -391,8 +391,11 @@ def _serving(
         key = (item.node, item.partition)
         if item.event == "renew":
             held = open_.get(key)
-            if held is not None and held[1] == item.epoch and item.until is not None:
-                open_[key] = (held[0], held[1], max(held[2] or item.until, item.until))
+            if held is not None and held[1] == item.epoch:
+                # (a renew with no end: one of the process's reports was dropped, so the last end
+                # it reported may not be its last: unbounded until it reports one again)
+                bound = item.until if item.until is None or held[2] is None else max(held[2], item.until)
+                open_[key] = (held[0], held[1], bound)
             continue
         if key in open_:
             close(key, time)

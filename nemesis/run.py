@@ -124,6 +124,8 @@ class Owners(threading.Thread):
         self.open: dict[tuple[str, str], int] = {}
         #: when each node's processes were last all found dead (:meth:`ended`)
         self.ended_at: dict[str, int] = {}
+        #: each process's last datagram number (``seq``): a gap is a datagram dropped
+        self.seqs: dict[int, int] = {}
         self.lock = threading.Lock()
 
     def process_name(self, pid: int, address: str) -> str:
@@ -168,6 +170,20 @@ class Owners(threading.Thread):
                     id=str(e["node"]) if e.get("node") else None,
                 )
                 with self.lock:
+                    seq = e.get("seq")
+                    if isinstance(seq, int):
+                        last = self.seqs.get(pid)
+                        self.seqs[pid] = seq
+                        if last is not None and seq > last + 1:
+                            # a report was dropped (a renew, maybe): what this process serves is
+                            # bounded by no end it reported until it reports one again
+                            for (held_by, partition), epoch in self.open.items():
+                                if held_by == name:
+                                    self.recorder.write(
+                                        replace(
+                                            event, event="renew", partition=partition, epoch=epoch, time=at, until=None
+                                        )
+                                    )
                     self.recorder.write(event)
                     ended = self.ended_at.get(event.node.partition("/")[0])
                     if event.event == "renew":

@@ -7,7 +7,9 @@ times). Then the node runtime (``queues.cluster.node``) sends one JSON datagram 
 
     {"event": "serve" | "renew" | "unserve", "node": "<node id>", "address": "<host:port it serves>",
      "pid": <process id>, "partition": "<queue>/<index>", "epoch": <lease epoch>, "ago": <seconds>,
-     "until": <seconds>}
+     "until": <seconds>, "seq": <n>}
+
+``seq`` numbers the process's datagrams 1, 2, ...: a gap tells the observer one was dropped.
 
 - ``serve``: sent once the lease is won and before anything is done as owner (before the fence
   is raised), with ``ago`` 0; sent again when the epoch moves on during the open (a fence ahead
@@ -36,6 +38,7 @@ send goes through again.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -80,6 +83,8 @@ class OwnershipEvents:
         self.node_id = node_id
         self.address = address
         self.pid = os.getpid()
+        #: numbers this process's datagrams, so that the observer sees one that was dropped
+        self._seq = itertools.count(1)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.settimeout(SEND_TIMEOUT)
         self._lock = threading.Lock()
@@ -177,6 +182,7 @@ class OwnershipEvents:
             "partition": partition,
             "epoch": epoch,
             "ago": ago,
+            "seq": next(self._seq),
         }
         if until is not None:
             message["until"] = max(until, 0.0)

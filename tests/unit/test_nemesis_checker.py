@@ -295,6 +295,15 @@ def test_an_owner_that_says_nothing_more_serves_until_its_last_reported_lease_en
     run.node("n2/2", "serve", epoch=2)
     run.node("n1/1", "unserve", epoch=1)
     only(check(run.history()), "overlapping_owners")
+    # one of its reports dropped (a renew with no end): unbounded until it reports an end again
+    run = Run()
+    run.node("n1/1", "serve", epoch=1, until=2)
+    run.node("n1/1", "renew", epoch=1)
+    for _ in range(3):
+        run.tick()
+    run.node("n2/2", "serve", epoch=2)
+    run.node("n1/1", "unserve", epoch=1)
+    only(check(run.history()), "overlapping_owners")
     # a call served by it after its word: the stretch lasts until that call was sent at least
     run = Run()
     run.node("n1/1", "serve", epoch=1, until=2, id="abc")

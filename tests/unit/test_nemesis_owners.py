@@ -24,7 +24,7 @@ def _owners(tmp_path, pid: int) -> tuple[Owners, Recorder]:
     return owners, recorder
 
 
-def _report(tmp_path, pid: int, event: str, partition: str, epoch: int, ago: float = 0.0) -> None:
+def _report(tmp_path, pid: int, event: str, partition: str, epoch: int, ago: float = 0.0, **more) -> None:
     """A node's report, of what happened ``ago`` seconds before it was sent."""
     datagram = {
         "pid": pid,
@@ -33,6 +33,7 @@ def _report(tmp_path, pid: int, event: str, partition: str, epoch: int, ago: flo
         "epoch": epoch,
         "address": "127.0.0.1:1",
         "ago": ago,
+        **more,
     }
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         s.sendto(orjson.dumps(datagram), str(tmp_path / "owners.sock"))
@@ -73,3 +74,14 @@ def test_a_live_process_s_report_stays_open_until_its_node_ends(tmp_path):
     owners.ended("n1")
     events = _events(tmp_path, owners, recorder, 1)
     assert [e for _, e, _ in events] == ["serve", "unserve"]
+
+
+def test_a_dropped_report_unbounds_what_the_process_serves(tmp_path):
+    pid = os.getpid()
+    owners, recorder = _owners(tmp_path, pid)
+    _report(tmp_path, pid, "serve", "q/0", 3, seq=1, until=2.0)
+    _report(tmp_path, pid, "renew", "q/0", 3, seq=3, until=2.0)  # number 2 was dropped
+    events = _events(tmp_path, owners, recorder, 2)
+    read_back = read(tmp_path / "history.jsonl").nodes
+    assert [(e.event, e.until is None) for e in read_back] == [("serve", False), ("renew", True), ("renew", False)]
+    assert len(events) == 3
