@@ -124,6 +124,16 @@ def _latency(out: str) -> None:
     assert messages > 0 and lost == 0, out
 
 
+def _fair_queue(out: str) -> None:
+    for case in ("baseline", "fair", "fifo"):
+        quiet_p50, quiet_p99, flood_p99, offered, lost = _figure(
+            rf"^{case}\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)$", out
+        )
+        assert 0 < quiet_p50 <= quiet_p99 and flood_p99 > 0 and offered > 0 and lost == 0, (case, out[-3000:])
+    for case in ("fair", "fifo"):
+        assert _figure(rf"^quiet p99, {case} / baseline: ([\d.]+)x", out)[0] > 0, out
+
+
 def _peers(out: str) -> None:
     for transport in ("pycurl \\(now\\)", "urllib3 \\(before\\)"):
         cpu, wall = _figure(rf"^{transport}\s+([\d.]+)\s+([\d.]+)$", out)
@@ -169,6 +179,14 @@ SMOKE: dict[str, tuple[str, int | None, Callable[[str], None]]] = {
         _latency,
     ),
     "peers": ("--calls 20 --repeat 1 --kv-redis-db {db}", 9, _peers),
+    "fair_queue": (
+        (
+            "--runs 1 --seconds 2 --warmup 0.5 --groups 3 --consumers 2 --rate 20 "
+            "--kv-redis-db {db} --pg-url {database} --redis-url {redis}"
+        ),
+        12,
+        _fair_queue,
+    ),
     "pipeline": (
         (
             "--messages 4 --repeat 1 --warmup 0 --scale 0.01 --wait 0.2 --partitions 1 "
