@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from nemesis import clocks
-from nemesis.faults import DEFAULT_KINDS
+from nemesis.faults import DEFAULT_KINDS, schedule
 from nemesis.history import read
 from nemesis.netns import Network
-from nemesis.run import ROOT, Options, run
+from nemesis.run import LEASE_PERIOD, ROOT, Options, run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -37,8 +37,22 @@ def _seed() -> int:
 KINDS = (*DEFAULT_KINDS, "drift") if clocks.available()[0] else DEFAULT_KINDS
 
 
+def _covers(seed: int, duration: float) -> bool:
+    """Whether the schedule of ``seed`` (a pure function of it) has a kill, a pause and a store fault."""
+    kinds = {f.kind for f in schedule(seed, duration, KINDS, ["n1", "n2", "n3"], LEASE_PERIOD)}
+    return {"kill", "pause"} <= kinds and bool(kinds & {"redis-kill", "redis-pause", "pg-restart", "pg-pause"})
+
+
 def test_a_seeded_run_of_mixed_faults_keeps_every_guarantee():
     seed = _seed()
+    if "NEMESIS_SEED" not in os.environ:
+        # a drawn seed whose 100 s hold no pause (seed 131494) tests less than the run says:
+        # the next seed whose schedule has every kind the run is about (its seed printed)
+        while not _covers(seed, 100):
+            seed += 1
+        print(
+            f"nemesis seed used: {seed}, the first from there whose schedule has a kill, a pause and a store fault (NEMESIS_SEED={seed} repeats it)"
+        )
     outcome = run(Options(seed, duration=100, kinds=KINDS, out=OUT))
     anomalies = {name: n for name, n in outcome.result.anomalies.items() if n}
     assert outcome.valid, (
