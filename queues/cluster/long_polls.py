@@ -226,9 +226,10 @@ def waited(rt: NodeRuntime, poll: Poll, wait: float) -> list[Delivery]:
     to ``MAX_WAIT`` seconds ago. A caller that lost ``consume`` meanwhile gets nothing of this
     process's, and what the wait took is given back, deliverable at once to those who may
     still read it, with the receive count it had (a sibling asked at the end checked the right
-    itself). A wait whose queue is deleted ends (woken by the delete here, else by the next
-    change) with nothing, and takes nothing of a queue created under the name since (a
-    sibling process asked meanwhile answers by name: what it gave is kept)."""
+    itself). A wait whose queue is deleted through this node ends at once with nothing; one
+    deleted through another node finds no partition of it and ends with nothing at its end.
+    Neither takes anything of a queue created under the name since (a sibling process asked
+    meanwhile answers by name: what it gave is kept)."""
     cfg, sub = poll.cfg, poll.sub
     board = rt.board
     give_up = monotonic() + wait
