@@ -295,23 +295,41 @@ def dequeue_here(rt: NodeRuntime, cfg: QueueConfig, sub: str, max_messages: int,
         now, wall = monotonic(), time.time()
         waits = [(waiting_since(m, sub, now, wall), i) for i, m in enumerate(managers)]
         managers = [managers[i] for w, i in sorted(waits, key=lambda x: (x[0] is None, x[0] or 0.0, x[1]))]
-        start = 0
     else:
         start = rt.rotation(len(managers))
-    for i in range(len(managers)):
-        m = managers[(start + i) % len(managers)]
+        managers = managers[start:] + managers[:start]
+        if len(managers) > 1 and max_messages > 1 and any(m.keyed(sub) for m in managers):
+            # A fair queue: first a share from each partition, so that a key flooding one
+            # partition does not fill the receive while other keys wait in the others (each
+            # partition's lanes take turns within its share), then the rest from any.
+            _take(managers, sub, -(-max_messages // len(managers)), max_messages, visibility, out)
+    _take(managers, sub, max_messages, max_messages, visibility, out)
+    if rt.board is not None:
+        rt.hint(cfg.name)  # the siblings see this process's new oldest (or that it has none)
+    return out
+
+
+def _take(
+    managers: list[PartitionManager[Lease]],
+    sub: str,
+    share: int,
+    max_messages: int,
+    visibility: float,
+    out: list[Delivery],
+) -> None:
+    """Up to ``share`` deliveries from each of ``managers`` in turn into ``out``, until it holds
+    ``max_messages``."""
+    for m in managers:
+        room = min(share, max_messages - len(out))
+        if room <= 0:
+            break
         try:
-            got = m.dequeue(max_messages - len(out), visibility, sub)
+            got = m.dequeue(room, visibility, sub)
             if got:  # what cannot be read now is given back, not left hidden
                 out.extend(m.load_bodies(got, sub))
                 served.record(m)
         except PartitionUnavailable:
             continue
-        if len(out) >= max_messages:
-            break
-    if rt.board is not None:
-        rt.hint(cfg.name)  # the siblings see this process's new oldest (or that it has none)
-    return out
 
 
 def message_id(text: str) -> MessageId:

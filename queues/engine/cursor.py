@@ -150,6 +150,8 @@ class GroupHeads:
 #: lanes by a hash of the key (a flood of distinct keys costs memory for its messages only).
 MAX_FAIR_KEYS = 1024
 OVERFLOW_LANES = 64
+#: Turns in a row new lanes take before a lane that had turns already gets one (see FairLanes).
+MAX_NEW_STREAK = 16
 
 
 class FairLanes:
@@ -159,15 +161,25 @@ class FairLanes:
     queues: "a noisy group cannot hold the others' messages back"). With one key (or none),
     a plain FIFO. O(1) an append or pop; what :meth:`appendleft` gives back goes first.
 
+    A lane that had nothing waiting and gets a message is *new*: new lanes take their first
+    turn before the lanes that had turns already (FQ-CoDel's new and old flow lists, RFC 8290
+    section 4.1), so that a quiet key's message does not wait behind each backlogged key's
+    next one. Old lanes still get one turn in every :data:`MAX_NEW_STREAK` + 1 while any
+    waits, so a stream of ever-new keys cannot hold them back for good.
+
     An ID may be listed twice or go stale (removed meanwhile): the dequeue checks each one it
     pops."""
 
-    __slots__ = ("_lanes", "_n", "_ring")
+    __slots__ = ("_lanes", "_n", "_new", "_old", "_streak")
 
     def __init__(self) -> None:
         self._lanes: dict[str | None, deque[str]] = {}
-        #: the keys with messages, the next turn's first
-        self._ring: deque[str | None] = deque()
+        #: the keys whose lanes have not had a turn since they got messages, the first first
+        self._new: deque[str | None] = deque()
+        #: the other keys with messages, the next turn's first
+        self._old: deque[str | None] = deque()
+        #: turns in a row taken by new lanes while old ones waited
+        self._streak = 0
         self._n = 0
 
     def _lane(self, key: str | None, *, front: bool) -> deque[str]:
@@ -179,13 +191,16 @@ class FairLanes:
             if lane is None:
                 lane = self._lanes[key] = deque()
                 if front:
-                    self._ring.appendleft(key)
+                    self._new.appendleft(key)
                 else:
-                    self._ring.append(key)
+                    self._new.append(key)
                 return lane
-        if front and self._ring[0] != key:
-            self._ring.remove(key)
-            self._ring.appendleft(key)
+        if front and not (self._new and self._new[0] == key):
+            if key in self._new:
+                self._new.remove(key)
+            else:
+                self._old.remove(key)
+            self._new.appendleft(key)
         return lane
 
     def append(self, mid: str, key: str | None = None) -> None:
@@ -200,32 +215,52 @@ class FairLanes:
         self._lane(key, front=True).appendleft(mid)
         self._n += 1
 
+    def _next_is_new(self) -> bool:
+        return bool(self._new) and (not self._old or self._streak < MAX_NEW_STREAK)
+
     def popleft(self) -> str:
         """The next turn's message. Raises IndexError when there is none."""
-        ring = self._ring
-        key = ring[0]
-        lane = self._lanes[key]
-        mid = lane.popleft()
+        if self._next_is_new():
+            new = self._new
+            key = new.popleft()
+            lane = self._lanes[key]
+            mid = lane.popleft()
+            self._streak = self._streak + 1 if self._old else 0
+            if lane:
+                self._old.append(key)
+            else:
+                del self._lanes[key]
+        else:
+            old = self._old
+            key = old[0]
+            lane = self._lanes[key]
+            mid = lane.popleft()
+            self._streak = 0
+            if not lane:
+                old.popleft()
+                del self._lanes[key]
+            elif len(old) > 1:
+                old.rotate(-1)
         self._n -= 1
-        if not lane:
-            ring.popleft()
-            del self._lanes[key]
-        elif len(ring) > 1:
-            ring.rotate(-1)
         return mid
 
     def __getitem__(self, i: int) -> str:
         """``[0]``: the next turn's message, without taking it (IndexError when there is none)."""
         if i != 0:
             raise IndexError(i)
-        return self._lanes[self._ring[0]][0]
+        return self._lanes[(self._new if self._next_is_new() else self._old)[0]][0]
 
     def __iter__(self) -> Iterator[str]:
-        for key in self._ring:
+        for key in (*self._new, *self._old):
             yield from self._lanes[key]
 
     def __len__(self) -> int:
         return self._n
 
     def __bool__(self) -> bool:
-        return bool(self._ring)
+        return bool(self._lanes)
+
+    @property
+    def keyed(self) -> bool:
+        """Some waiting message has a fairness key (a lane other than the keyless one)."""
+        return len(self._lanes) > (1 if None in self._lanes else 0)

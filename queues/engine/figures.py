@@ -208,6 +208,11 @@ class Figures:
                 "more": max(used - len(messages), 0),
             }
 
+    def keyed(self, sub: str = "") -> bool:
+        """Some message waiting for ``sub`` has a fairness key. A hint, read without the lock."""
+        c = self.p.cursors.get(sub)
+        return c is not None and (c.ready.keyed or c.scanned_ready.keyed)
+
     def waiting_since(self, sub: str = "") -> tuple[float | None, float | None]:
         """``(oldest, due)``: the wall time the oldest message this manager could deliver to
         ``sub`` now has waited since (None: none), and the monotonic time its next message in

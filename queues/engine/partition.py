@@ -349,6 +349,10 @@ class PartitionManager(PartitionState[LeaseT]):
         :meth:`Figures.block_messages <queues.engine.figures.Figures.block_messages>`)."""
         return self.figures.block_messages(block_id, limit)
 
+    def keyed(self, sub: str = "") -> bool:
+        """Some message waiting for ``sub`` has a fairness key (a hint, read without the lock)."""
+        return self.figures.keyed(sub)
+
     def waiting_since(self, sub: str = "") -> tuple[float | None, float | None]:
         """``(oldest, due)``: the wall time the oldest deliverable message has waited since, and
         the monotonic time the next one in flight comes due (None: none). A hint, read without the lock."""

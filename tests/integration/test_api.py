@@ -621,6 +621,22 @@ def test_a_fairness_key_takes_turns_with_the_others_and_is_answered(api, make_qu
     assert [m.get("fairness_key") for m in got] == ["noisy", "a", "b", None]
 
 
+def test_a_fairness_key_flooding_one_partition_does_not_fill_a_receive(api, make_queue):
+    # given: a flood in one partition (a call's messages go into one), a quiet tenant's message
+    # in the other (the next call goes to the next partition)
+    name = make_queue(partitions=2)
+    noisy = [{"body": f"noisy{i}", "fairness_key": "noisy"} for i in range(20)]
+    assert api.post(url(name, "enqueue"), {"messages": noisy}, format="json").status_code == 201
+    r = api.post(url(name, "enqueue"), {"messages": [{"body": "quiet", "fairness_key": "q"}]}, format="json")
+    assert r.status_code == 201, r.content
+
+    # when: a receive of 4, whichever partition it starts with
+    bodies = [m["body"] for m in dequeue(api, name, max=4)]
+
+    # then: it takes a share of each partition, so the quiet tenant is in it
+    assert len(bodies) == 4 and "quiet" in bodies, bodies
+
+
 @pytest.mark.parametrize("key", ["", "k" * 129, 7])
 def test_a_bad_fairness_key_is_400_and_stores_nothing(api, make_queue, key):
     name = make_queue(partitions=1)

@@ -50,6 +50,30 @@ def test_a_message_given_back_goes_first_with_its_key():
     assert [lanes.popleft() for _ in range(4)] == ["q-back", "n0", "q0", "n1"]
 
 
+def test_a_key_that_had_nothing_waiting_goes_before_the_backlogged_ones():
+    lanes = FairLanes()
+    for i in range(5):
+        lanes.append(f"noisy{i}", "noisy")
+    assert lanes.popleft() == "noisy0"  # the noisy lane has had its turn: it is old now
+    lanes.append("q0", "quiet")
+    assert lanes[0] == "q0"
+    assert [lanes.popleft() for _ in range(3)] == ["q0", "noisy1", "noisy2"]
+    lanes.append("q1", "quiet")  # quiet had emptied: new again
+    assert [lanes.popleft() for _ in range(2)] == ["q1", "noisy3"]
+
+
+def test_ever_new_keys_leave_the_old_lanes_a_turn_in_every_few(monkeypatch):
+    monkeypatch.setattr(cursor_mod, "MAX_NEW_STREAK", 3)
+    lanes = FairLanes()
+    for i in range(3):
+        lanes.append(f"noisy{i}", "noisy")
+    assert lanes.popleft() == "noisy0"
+    for i in range(7):
+        lanes.append(f"k{i}", f"key{i}")
+    taken = [lanes.popleft() for _ in range(len(lanes))]
+    assert taken == ["k0", "k1", "k2", "noisy1", "k3", "k4", "k5", "noisy2", "k6"]
+
+
 def test_keys_past_the_bound_share_overflow_lanes(monkeypatch):
     monkeypatch.setattr(cursor_mod, "MAX_FAIR_KEYS", 4)
     lanes = FairLanes()
