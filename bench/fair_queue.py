@@ -5,10 +5,12 @@ It MEASURES AND PRINTS; it never passes or fails.
 
 A run sends, for --seconds (20), --groups (10) tenants' messages to a fresh queue of
 --partitions partitions (4): each tenant --rate messages a second, except the first, which sends
---flood (10) times as many; --consumers threads (4) each dequeue up to 10, handle each message
-for --handler-ms (5 ms: a sleep), and ack them together. The offered load is --load (0.9) of what
-the consumers could handle if calls cost nothing (``consumers * 1000 / handler_ms`` a second),
-which sets --rate unless given. A message's dwell time is from its send to the return of the
+--flood (10) times as many; --consumers threads (4) each dequeue up to --max (10), handle each
+message for --handler-ms (5 ms: a sleep), and ack them together. The offered load is --load (0.9)
+of what the consumers process: before the runs, the same consumers drain a backlog of
+--calibrate seconds' worth of messages (at ``consumers * 1000 / handler_ms`` a second, what
+they could handle if calls cost nothing), and their rate sets --rate unless given; their calls'
+round trips count, so the load is the one they meet. A message's dwell time is from its send to the return of the
 dequeue that brought it (this machine's monotonic clock); the first --warmup seconds (3) are left
 out. Three cases, side by side in each run:
 
@@ -37,6 +39,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--flood", type=float, default=10, help="the flooding tenant's rate, times the others'")
     p.add_argument("--consumers", type=int, default=4, help="consumer threads")
     p.add_argument("--handler-ms", type=float, default=5, help="each message's handling (a sleep)")
+    p.add_argument("--max", type=int, default=10, help="messages a dequeue asks for (1-10)")
     p.add_argument("--load", type=float, default=0.9, help="offered load, of the consumers' capacity")
     p.add_argument("--rate", type=float, default=None, help="a quiet tenant's messages a second (else from --load)")
     p.add_argument("--seconds", type=float, default=20, help="how long each case sends")
@@ -73,6 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--redis-url", default=os.environ.get("MQ_TEST_REDIS_URL", "redis://127.0.0.1:63799"))
     p.add_argument("--pg-url", default=os.environ.get("MQ_TEST_PG_URL", "postgres://mq:mq@127.0.0.1:54329/mq"))
     p.add_argument("--kv-redis-db", type=int, default=1, help="Redis DB number of the redis store")
+    p.add_argument("--calibrate", type=float, default=4, help="seconds of backlog the consumers' rate is measured on")
     p.add_argument("--startup-timeout", type=float, default=90)
     p.add_argument("--json", metavar="OUT.json", help="write every case's figures here")
     a = p.parse_args(argv)
@@ -80,9 +85,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--groups: 2 or more (one floods)")
     if a.warmup >= a.seconds:
         p.error("--warmup must be shorter than --seconds")
-    capacity = a.consumers * 1000 / a.handler_ms
-    if a.rate is None:
-        a.rate = a.load * capacity / (a.groups - 1 + a.flood)
+    if not 1 <= a.max <= 10:
+        p.error("--max: 1 to 10")
     return a
 
 
@@ -91,6 +95,90 @@ def pct(xs: list[float], q: float) -> float | None:
         return None
     s = sorted(xs)
     return s[min(len(s) - 1, int(len(s) * q))]
+
+
+def consume_loop(
+    args: argparse.Namespace,
+    node: BenchNode,
+    path: str,
+    on_batch: Callable[[list[dict[str, Any]], float], bool],
+    done: threading.Event,
+    errors: list[str],
+) -> None:
+    """One consumer until ``done``: dequeue up to --max, ``on_batch(messages, when received)``
+    (True: the case is over), handle each for --handler-ms, ack them together."""
+    conn = node.connection(40)
+    payload = {"max": args.max, "wait": 1, "visibility_timeout": 60}
+    try:
+        while not done.is_set():
+            status, answer = call(node, conn, "POST", f"{path}/dequeue", payload)
+            now = time.monotonic()
+            if status != 200 or answer is None:
+                errors.append(f"dequeue {status}: {answer}")
+                time.sleep(0.05)
+                continue
+            got = answer["messages"]
+            over = on_batch(got, now)
+            for _ in got:
+                time.sleep(args.handler_ms / 1000)
+            if got:
+                items = [{"id": d["id"], "receipt": d["receipt"]} for d in got]
+                status, answer = call(node, conn, "POST", f"{path}/ack", {"messages": items})
+                if status != 200:
+                    errors.append(f"ack {status}: {answer}")
+            if over:
+                done.set()
+    except Exception as exc:  # printed with the case
+        errors.append(f"consumer: {exc!r}")
+    finally:
+        conn.close()
+
+
+def calibrate(args: argparse.Namespace, node: BenchNode) -> float:
+    """Messages a second the consumers process, draining a backlog (their calls included)."""
+    queue = f"fair-calibrate-{uuid.uuid4().hex[:8]}"
+    status, raw = node.api("POST", "/api/v1/queues", {"name": queue, "partitions": args.partitions})
+    if status != 201:
+        raise BenchError(f"create {queue}: {status} {raw[:300]!r}")
+    wait_for_owners(node, queue, 1)
+    path = f"/api/v1/queues/{queue}"
+    total = max(100, int(args.calibrate * args.consumers * 1000 / args.handler_ms))
+    conn = node.connection(30)
+    try:
+        for i in range(0, total, 100):
+            batch = [{"body": json.dumps({"g": 0, "t": 0})} for _ in range(min(100, total - i))]
+            status, answer = call(node, conn, "POST", f"{path}/enqueue", {"messages": batch})
+            if status != 201:
+                raise BenchError(f"calibrate: enqueue {status}: {answer}")
+    finally:
+        conn.close()
+    errors: list[str] = []
+    done = threading.Event()
+    lock = threading.Lock()
+    received = [0]
+    last = [0.0]
+
+    def on_batch(got: list[dict[str, Any]], now: float) -> bool:
+        with lock:
+            received[0] += len(got)
+            last[0] = max(last[0], now + len(got) * args.handler_ms / 1000)
+            return received[0] >= total
+
+    started = time.monotonic()
+    threads = [
+        threading.Thread(target=consume_loop, args=(args, node, path, on_batch, done, errors), daemon=True)
+        for _ in range(args.consumers)
+    ]
+    for t in threads:
+        t.start()
+    done.wait(DRAIN_S + args.calibrate * 10)
+    done.set()
+    for t in threads:
+        t.join(10)
+    node.api("DELETE", path)
+    if errors or received[0] < total:
+        raise BenchError(f"calibrate: {received[0]} of {total} received; {errors[:3]}")
+    return total / (last[0] - started)
 
 
 def one_case(args: argparse.Namespace, node: BenchNode, case: str) -> dict[str, Any]:
@@ -138,37 +226,18 @@ def one_case(args: argparse.Namespace, node: BenchNode, case: str) -> dict[str, 
             conn.close()
             produced.set()
 
-    def consume() -> None:
-        conn = node.connection(40)
-        payload = {"max": 10, "wait": 1, "visibility_timeout": 60}
-        try:
-            while not done.is_set():
-                status, answer = call(node, conn, "POST", f"{path}/dequeue", payload)
-                now = time.monotonic()
-                if status != 200 or answer is None:
-                    errors.append(f"dequeue {status}: {answer}")
-                    time.sleep(0.05)
-                    continue
-                got = answer["messages"]
-                for d in got:
-                    body = json.loads(d["body"])
-                    if body["t"] >= measured_from:
-                        with lock:
-                            dwell["flood" if body["g"] == 0 else "quiet"].append(now - body["t"])
-                    time.sleep(args.handler_ms / 1000)
-                if got:
-                    items = [{"id": d["id"], "receipt": d["receipt"]} for d in got]
-                    status, answer = call(node, conn, "POST", f"{path}/ack", {"messages": items})
-                    if status != 200:
-                        errors.append(f"ack {status}: {answer}")
+    def on_batch(got: list[dict[str, Any]], now: float) -> bool:
+        for d in got:
+            body = json.loads(d["body"])
+            if body["t"] >= measured_from:
                 with lock:
-                    received[0] += len(got)
-                    if produced.is_set() and received[0] >= sent[0]:
-                        done.set()
-        except Exception as exc:  # printed with the case
-            errors.append(f"consumer: {exc!r}")
-        finally:
-            conn.close()
+                    dwell["flood" if body["g"] == 0 else "quiet"].append(now - body["t"])
+        with lock:
+            received[0] += len(got)
+            return produced.is_set() and received[0] >= sent[0]
+
+    def consume() -> None:
+        consume_loop(args, node, path, on_batch, done, errors)
 
     threads = [threading.Thread(target=consume, daemon=True) for _ in range(args.consumers)]
     threads.append(threading.Thread(target=produce, daemon=True))
@@ -200,11 +269,6 @@ def _ms(seconds: float | None) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     exit_on_sigterm()
-    log(
-        f"fair_queue: {args.groups} tenants at {args.rate:.1f}/s, one at {args.flood:g}x; {args.consumers} consumers "
-        f"of {args.handler_ms:g} ms; load {args.load:g}; {args.partitions} partitions; {platform.node()}, "
-        f"{os.cpu_count()} CPUs"
-    )
     node = BenchNode(
         "fair",
         args.backend,
@@ -216,6 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     every: list[dict[str, Any]] = []
     node.start()
     try:
+        if args.rate is None:
+            processed = calibrate(args, node)
+            args.rate = args.load * processed / (args.groups - 1 + args.flood)
+            log(f"fair_queue: the consumers process {processed:.0f} messages a second (a backlog drained)")
+        log(
+            f"fair_queue: {args.groups} tenants at {args.rate:.1f}/s, one at {args.flood:g}x; {args.consumers} "
+            f"consumers of {args.handler_ms:g} ms taking up to {args.max}; load {args.load:g}; "
+            f"{args.partitions} partitions; {platform.node()}, {os.cpu_count()} CPUs"
+        )
         for run in range(1, args.runs + 1):
             for case in CASES:
                 figures = one_case(args, node, case) | {"run": run}
