@@ -181,7 +181,7 @@ SMOKE: dict[str, tuple[str, int | None, Callable[[str], None]]] = {
     "peers": ("--calls 20 --repeat 1 --kv-redis-db {db}", 9, _peers),
     "fair_queue": (
         (
-            "--runs 1 --seconds 2 --warmup 0.5 --groups 3 --consumers 2 --rate 20 "
+            "--runs 1 --seconds 2 --warmup 0.5 --groups 3 --consumers 2 --calibrate 0.2 "
             "--kv-redis-db {db} --pg-url {database} --redis-url {redis}"
         ),
         12,
