@@ -48,14 +48,17 @@ from mq_client.client import MAX_BATCH, MAX_WAIT, Client
 from mq_client.errors import (
     ApiError,
     BadRequest,
+    BufferFull,
     Conflict,
     ConnectionFailed,
+    DeliveryUnknown,
     NotFound,
     ServerError,
     Unauthorized,
     Unavailable,
 )
 from mq_client.ids import group_partition, message_partition, message_queue
+from mq_client.producer import Acker, Producer
 from mq_client.types import (
     AckResult,
     Estimates,
@@ -75,11 +78,14 @@ __all__ = [
     "MAX_BATCH",
     "MAX_WAIT",
     "AckResult",
+    "Acker",
     "ApiError",
     "BadRequest",
+    "BufferFull",
     "Client",
     "Conflict",
     "ConnectionFailed",
+    "DeliveryUnknown",
     "Estimates",
     "Health",
     "History",
@@ -88,6 +94,7 @@ __all__ = [
     "NotFound",
     "PartitionOwner",
     "PartitionStats",
+    "Producer",
     "Queue",
     "RedriveResult",
     "ServerError",

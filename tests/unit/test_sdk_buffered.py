@@ -1,0 +1,153 @@
+"""The SDK's buffered producer and acker, and its local message checks, against a scripted stub:
+how a refused batch is split down to the message at fault, what is reported unknown."""
+
+from __future__ import annotations
+
+import pytest
+
+import mq_client as sdk
+from mq_client import Acker, Client, Message, Producer
+from mq_client.checks import (
+    MAX_ATTRIBUTE_NAME,
+    MAX_ATTRIBUTES,
+    MAX_DELAY,
+    MESSAGE_FIELDS,
+    Refusal,
+    check_message,
+    refused_index,
+)
+from tests.unit.test_sdk import Stub
+
+
+@pytest.fixture
+def stub():
+    s = Stub()
+    yield s
+    s.close()
+
+
+def _client(url: str) -> Client:
+    c = Client(url, "tok", retries=1, backoff=0.0)
+    c._transport.sleep = lambda seconds: None
+    return c
+
+
+def test_the_local_checks_are_the_services():
+    from queues.http import validation
+    from queues.public import LIMITS
+
+    assert MESSAGE_FIELDS == validation.MESSAGE_FIELDS
+    assert MAX_ATTRIBUTES == validation.MAX_ATTRIBUTES
+    assert LIMITS["delay"][1] == MAX_DELAY
+    assert sdk.MAX_BATCH == validation.MAX_BATCH
+
+
+@pytest.mark.parametrize(
+    ("item", "code"),
+    [
+        ({"body": ""}, "empty_body"),
+        ({"body": 3}, "invalid_body"),
+        ({"body": "\ud800"}, "invalid_body"),
+        ({"body": "x", "colour": "red"}, "unknown_field"),
+        ({"body": "x", "group": ""}, "invalid_group"),
+        ({"body": "x", "dedup_id": "d" * 129}, "invalid_dedup_id"),
+        ({"body": "x", "delay": 901}, "out_of_range"),
+        ({"body": "x", "delay": 1, "not_before": 5}, "invalid_delay"),
+        ({"body": "x", "attributes": {f"a{i}": 1 for i in range(MAX_ATTRIBUTES + 1)}}, "invalid_attributes"),
+        ({"body": "x", "attributes": {"n" * (MAX_ATTRIBUTE_NAME + 1): 1}}, "invalid_attributes"),
+        ({"body": "x", "attributes": {"a": "v" * 1025}}, "invalid_attributes"),
+        ({"body": "x", "attributes": {"a": [1]}}, "invalid_attributes"),
+        ({"body": "x", "attributes": {"a": float("nan")}}, "invalid_attributes"),
+    ],
+)
+def test_what_the_api_refuses_is_refused_locally(item, code):
+    with pytest.raises(Refusal) as exc:
+        check_message(item)
+    assert exc.value.code == code
+
+
+def test_what_the_api_takes_passes_the_local_checks():
+    check_message({"body": "é" * 100, "group": "g", "delay": 900, "attributes": {"a": 1, "b": "x", "c": True}})
+    check_message({"body": "x" * 1024}, max_message_size=1024)
+    with pytest.raises(Refusal) as exc:
+        check_message({"body": "é" * 513}, max_message_size=1024)  # 1,026 bytes of UTF-8
+    assert exc.value.code == "body_too_large"
+
+
+def test_the_refused_message_is_read_from_the_detail():
+    assert refused_index("messages[12]: body is empty") == 12
+    assert refused_index("message: body is empty") is None
+    assert refused_index({"name": ["taken"]}) is None
+
+
+def _enqueued(stub: Stub) -> list[list[str]]:
+    return [[m["body"] for m in r["json"]["messages"]] for r in stub.requests if r["path"].endswith("/enqueue")]
+
+
+def test_a_refusal_naming_a_message_fails_it_and_sends_the_rest(stub):
+    stub.answers = [
+        (400, {"error": "body_too_large", "detail": "messages[2]: body is 9 bytes"}, {}),
+        (200, {"ids": ["q/0/b/0", "q/0/b/1", "q/0/b/2"]}, {}),
+    ]
+    with Producer(_client(stub.url), linger=60) as producer:
+        futures = [producer.send("q", b) for b in ("a", "b", "too large", "c")]
+    assert _enqueued(stub) == [["a", "b", "too large", "c"], ["a", "b", "c"]]
+    assert [f.result() for f in (futures[0], futures[1], futures[3])] == ["q/0/b/0", "q/0/b/1", "q/0/b/2"]
+    assert futures[2].exception().code == "body_too_large"
+
+
+def test_a_refusal_naming_none_is_split_in_halves_down_to_the_bad_message(stub):
+    too_large = (413, {"error": "payload_too_large", "detail": "the request is too large"}, {})
+    stub.answers = [too_large, (200, {"ids": ["q/0/b/0", "q/0/b/1"]}, {}), too_large, too_large]
+    stub.answers += [(200, {"ids": ["q/0/b/2"]}, {})]
+    with Producer(_client(stub.url), linger=60) as producer:
+        futures = [producer.send("q", b) for b in ("a", "b", "c", "big")]
+    assert _enqueued(stub) == [["a", "b", "c", "big"], ["a", "b"], ["c", "big"], ["c"], ["big"]]
+    # the third answer refused [c, big], the fourth [c] alone: c fails, big is then stored
+    assert [f.result() for f in futures[:2]] == ["q/0/b/0", "q/0/b/1"]
+    assert futures[2].exception().status == 413 and futures[3].result() == "q/0/b/2"
+
+
+def test_a_batch_that_may_be_stored_is_unknown_with_its_dedup_ids(stub):
+    stub.answers = [(503, {"error": "unavailable", "detail": "x"}, {})]
+    with Producer(_client(stub.url), linger=60) as producer:
+        mine = producer.send("q", "a", dedup_id="mine")
+        given = producer.send("q", "b")
+    for f in (mine, given):
+        error = f.exception()
+        assert isinstance(error, sdk.DeliveryUnknown) and not isinstance(error, sdk.ApiError)
+        assert isinstance(error.cause, sdk.Unavailable) and error.queue == "q"
+    assert mine.exception().dedup_id == "mine" and len(given.exception().dedup_id) == 32
+    # the client's own retry sent the same dedup IDs again
+    sent = [[m["dedup_id"] for m in r["json"]["messages"]] for r in stub.requests]
+    assert len(sent) == 2 and sent[0] == sent[1]
+
+    stub.requests.clear()
+    stub.answers = [(404, {"error": "queue_not_found", "detail": "no queue"}, {})]
+    with Producer(_client(stub.url), linger=60, dedup_ids=False) as producer:
+        lost = [producer.send("q", b) for b in "xyz"]
+    assert all(isinstance(f.exception(), sdk.NotFound) for f in lost) and len(stub.requests) == 1
+    assert "dedup_id" not in stub.requests[0]["json"]["messages"][0]
+
+
+def test_a_cancelled_message_is_not_sent(stub):
+    stub.answers = [(200, {"ids": ["q/0/b/0"]}, {})]
+    with Producer(_client(stub.url), linger=60) as producer:
+        dropped = producer.send("q", "never")
+        kept = producer.send("q", "kept")
+        assert dropped.cancel()
+    assert kept.result() == "q/0/b/0" and _enqueued(stub) == [["kept"]]
+
+
+def test_a_stale_receipt_fails_its_ack_alone(stub):
+    conflict = {"error": "receipt_mismatch", "detail": "stale", "id": "q/0/b/1"}
+    stub.answers = [(409, conflict, {}), (200, {"acked": 2, "not_found": 0}, {})]
+    messages = [Message(id=f"q/0/b/{i}", receipt=f"r{i}", body="x") for i in range(3)]
+    client = _client(stub.url)
+    client.owners_ttl = 0
+    with Acker(client, linger=60) as acker:
+        futures = [acker.ack(m) for m in messages]
+    sent = [[m["id"] for m in r["json"]["messages"]] for r in stub.requests]
+    assert sent == [["q/0/b/0", "q/0/b/1", "q/0/b/2"], ["q/0/b/0", "q/0/b/2"]]
+    assert futures[0].result() is None and futures[2].result() is None
+    assert isinstance(futures[1].exception(), sdk.Conflict)
