@@ -45,6 +45,7 @@ and group placement), :mod:`~mq_client.transport` (HTTP, auth headers, retries) 
 """
 
 from mq_client.client import MAX_BATCH, MAX_WAIT, Client
+from mq_client.consumer import Consumer, Prefetcher
 from mq_client.errors import (
     ApiError,
     BadRequest,
@@ -85,6 +86,7 @@ __all__ = [
     "Client",
     "Conflict",
     "ConnectionFailed",
+    "Consumer",
     "DeliveryUnknown",
     "Estimates",
     "Health",
@@ -94,6 +96,7 @@ __all__ = [
     "NotFound",
     "PartitionOwner",
     "PartitionStats",
+    "Prefetcher",
     "Producer",
     "Queue",
     "RedriveResult",

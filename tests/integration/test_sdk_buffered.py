@@ -253,3 +253,40 @@ def test_acks_from_many_threads_go_as_few_calls_and_a_stale_receipt_fails_alone(
     stats = mq.stats(name)
     assert stats.depth == 0 and stats.in_flight == 1  # the redelivered one, held by its new receipt
     assert mq.ack(name, again).acked == 1
+
+
+def test_a_prefetching_consumer_handles_each_message_once(node_factory, token):
+    mq = Client(node_factory().url, token)
+    name = _queue(mq, partitions=2, visibility_timeout=30)
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def handler(message: sdk.Message) -> None:
+        with lock:
+            seen.append(message.body)
+
+    # prefetching, then receive-one / ack-one
+    for prefetch, count in ((True, 500), (False, 100)):
+        mq.enqueue_many(name, [f"{prefetch}-{i}" for i in range(count)])
+        consumer = sdk.Consumer(mq, name, handler, threads=8, prefetch=prefetch)
+        with consumer:
+            _wait(lambda c=consumer, n=count: c.handled >= n, 30, "the messages handled")
+        assert consumer.handled == count and consumer.failed == 0
+        if prefetch:
+            assert consumer.prefetcher.given_back == 0
+    assert len(seen) == len(set(seen)) == 600, "a message handled twice"
+    stats = mq.stats(name)
+    assert stats.depth == 0 and stats.in_flight == 0
+
+
+def test_a_strict_queue_is_not_prefetched_past_the_handlers(node_factory, token):
+    mq = Client(node_factory().url, token)
+    name = _queue(mq, partitions=1, strict=True)
+    mq.enqueue_many(name, [sdk.NewMessage(f"{g}-{i}", group=g) for g in "abcd" for i in range(2)])
+    with sdk.Prefetcher(mq, name, wait=0.5) as prefetcher:
+        assert prefetcher.strict
+        first = prefetcher.get(timeout=10).message
+        # the prefetcher held no other group's head: another consumer gets the other three groups
+        others = Client(mq.urls, token).dequeue(name, 10, wait=1)
+        assert sorted(m.group for m in others) == sorted(set("abcd") - {first.group})
+        assert prefetcher.buffered == 0

@@ -151,3 +151,64 @@ def test_a_stale_receipt_fails_its_ack_alone(stub):
     assert sent == [["q/0/b/0", "q/0/b/1", "q/0/b/2"], ["q/0/b/0", "q/0/b/2"]]
     assert futures[0].result() is None and futures[2].result() is None
     assert isinstance(futures[1].exception(), sdk.Conflict)
+
+
+class FakeConsumerClient:
+    """What a Prefetcher calls of a client: receives answer from ``ready``, give-backs recorded."""
+
+    timeout = 1.0
+
+    def __init__(self, ready: list[Message]):
+        self.ready = ready
+        self.asked: list[int] = []
+        self.given_back: list[str] = []
+
+    def dequeue(self, queue, max_messages, *, visibility_timeout=None, wait=0):
+        import time
+
+        self.asked.append(max_messages)
+        out, self.ready = self.ready[:max_messages], self.ready[max_messages:]
+        if not out:
+            time.sleep(0.01)
+        return out
+
+    def give_back(self, queue, message):
+        self.given_back.append(message.id)
+
+
+def test_a_buffered_message_that_would_expire_is_given_back_not_handed_out():
+    import time
+
+    from mq_client.consumer import _Held
+
+    messages = [Message(id=f"q/0/b/{i}", receipt="r", body=str(i)) for i in range(3)]
+    client = FakeConsumerClient([])
+    prefetcher = sdk.Prefetcher(client, "q", visibility_timeout=30, strict=False, margin=5, wait=0)
+    with prefetcher._cv:
+        now = time.monotonic()
+        prefetcher._buffer.extend(
+            [_Held(messages[0], now + 1), _Held(messages[1], now + 4.9), _Held(messages[2], now + 20)]
+        )
+    held = prefetcher.get(timeout=1)
+    assert held.message is messages[2]
+    assert client.given_back == ["q/0/b/0", "q/0/b/1"] and prefetcher.given_back == 2
+    prefetcher.close()
+
+
+def test_the_prefetch_follows_the_handlers_rate_and_holds_nothing_before():
+    import time
+
+    client = FakeConsumerClient([Message(id=f"q/0/b/{i}", receipt="r", body=str(i)) for i in range(1000)])
+    prefetcher = sdk.Prefetcher(client, "q", visibility_timeout=10, strict=False, max_prefetch=50, wait=0)
+    assert prefetcher.target() == 0  # no rate measured: only what a waiting handler asks for
+    first = prefetcher.get(timeout=5)
+    assert first is not None and client.asked[0] == 1
+    # 100 messages handed out a second: half of 10 s of them is 500, capped at max_prefetch
+    now = time.monotonic()
+    prefetcher._handed.extend([now - 1 + i / 100 for i in range(101)])
+    assert prefetcher.target() == 50
+    strict = sdk.Prefetcher(client, "q", visibility_timeout=10, strict=True, wait=0)
+    strict._handed.extend([now - 1 + i / 100 for i in range(101)])
+    assert strict.target() == 0
+    prefetcher.close()
+    strict.close()
