@@ -212,3 +212,26 @@ def test_the_prefetch_follows_the_handlers_rate_and_holds_nothing_before():
     assert strict.target() == 0
     prefetcher.close()
     strict.close()
+
+
+def test_the_asyncio_client_retries_as_the_synchronous_one(stub):
+    import asyncio
+
+    from mq_client.aio import AsyncClient
+
+    stub.answers = [
+        (503, {"error": "unavailable", "detail": "x"}, {"Retry-After": "0"}),
+        (200, {"id": "q/0/b/0"}, {}),
+        (400, {"error": "empty_body", "detail": "message: body is empty"}, {}),
+    ]
+
+    async def scenario() -> None:
+        async with AsyncClient(stub.url, "tok", retries=2, backoff=0.0, owners_ttl=0) as mq:
+            assert await mq.enqueue("q", "x") == "q/0/b/0"
+            with pytest.raises(sdk.BadRequest) as exc:
+                await mq.enqueue("q", "")
+            assert exc.value.code == "empty_body"
+
+    asyncio.run(scenario())
+    assert len(stub.requests) == 3, "the 503 retried once, the 400 never"
+    assert stub.requests[0]["auth"] == "Token tok" and stub.requests[0]["json"] == {"body": "x"}
