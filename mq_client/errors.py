@@ -89,10 +89,10 @@ class DeliveryUnknown(Exception):
     after the request was sent, a timeout) or the nodes answered 5xx after all retries. It is
     neither sent nor failed for sure.
 
-    ``dedup_id`` is the message's (the producer gives each one, unless told not to): send it again
-    with that ``dedup_id`` and the queue stores it once, as long as the retry comes within the
-    queue's ``dedup_window`` (300 s by default) of the first try; after that a retry may store
-    it twice. ``message`` is the message's JSON object, ``cause`` the client's last error.
+    ``dedup_id`` is the message's (given by the application, or by the producer with
+    ``dedup_ids=True``; else None): send it again with that ``dedup_id`` and the queue stores it
+    once, as long as the retry comes within the queue's ``dedup_window`` (300 s by default) of
+    the first try; after that a retry may store it twice. Without one, a retry may store it twice. ``message`` is the message's JSON object, ``cause`` the client's last error.
     """
 
     def __init__(self, queue: str, message: Mapping[str, Any], cause: BaseException) -> None:

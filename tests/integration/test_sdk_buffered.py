@@ -60,7 +60,7 @@ def test_many_threads_single_messages_go_as_few_batches(node_factory, token):
     assert sum(sizes) == 800 and len(sizes) < 800 // 4, f"single messages were not batched: {sizes}"
     got = _drain(mq, name, 800)
     assert {m.body: m.id for m in got} == ids
-    assert all(m.attributes.get("t") is not None and m.attributes.get("dedup_id") is None for m in got)
+    assert all(m.attributes == {"t": int(m.body[1:].split("-")[0])} for m in got)
     # each thread's messages were stored in the order it sent them (one batch of a queue at a time)
     by_id = {m.id: m for m in got}
     for t in range(16):
@@ -144,7 +144,7 @@ def test_every_future_resolved_once_when_the_node_dies_mid_batch(node_factory, t
         with lock:
             resolutions.setdefault(body, []).append(f.exception() or f.result())
 
-    producer = Producer(mq, linger=0.002)
+    producer = Producer(mq, linger=0.002, dedup_ids=True)
     stop = threading.Event()
 
     def sender(t: int) -> None:

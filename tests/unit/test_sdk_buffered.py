@@ -110,7 +110,7 @@ def test_a_refusal_naming_none_is_split_in_halves_down_to_the_bad_message(stub):
 
 def test_a_batch_that_may_be_stored_is_unknown_with_its_dedup_ids(stub):
     stub.answers = [(503, {"error": "unavailable", "detail": "x"}, {})]
-    with Producer(_client(stub.url), linger=60) as producer:
+    with Producer(_client(stub.url), linger=60, dedup_ids=True) as producer:
         mine = producer.send("q", "a", dedup_id="mine")
         given = producer.send("q", "b")
     for f in (mine, given):
@@ -124,7 +124,7 @@ def test_a_batch_that_may_be_stored_is_unknown_with_its_dedup_ids(stub):
 
     stub.requests.clear()
     stub.answers = [(404, {"error": "queue_not_found", "detail": "no queue"}, {})]
-    with Producer(_client(stub.url), linger=60, dedup_ids=False) as producer:
+    with Producer(_client(stub.url), linger=60) as producer:
         lost = [producer.send("q", b) for b in "xyz"]
     assert all(isinstance(f.exception(), sdk.NotFound) for f in lost) and len(stub.requests) == 1
     assert "dedup_id" not in stub.requests[0]["json"]["messages"][0]
