@@ -44,8 +44,23 @@ from mq_client.client import (
     visibility_payload,
     visibility_result,
 )
-from mq_client.errors import ApiError, error_from_answer
+from mq_client.errors import (
+    ApiError,
+    BadRequest,
+    BufferFull,
+    DeliveryUnknown,
+    ServerError,
+    Unavailable,
+    error_from_answer,
+)
 from mq_client.ids import group_partition, partition_or_none
+from mq_client.producer import (
+    DEFAULT_LINGER,
+    DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_MAX_BUFFERED,
+    message_item,
+    split_refused,
+)
 from mq_client.routing import OwnerCache
 from mq_client.transport import API_PREFIX, Done, Transport, answer_json, dumps
 from mq_client.types import (
@@ -62,7 +77,7 @@ from mq_client.types import (
     message_json,
 )
 
-__all__ = ["POOL_CONNECTIONS", "AsyncClient"]
+__all__ = ["POOL_CONNECTIONS", "AsyncClient", "AsyncProducer"]
 
 #: Connections of each of the client's httpx pools. httpcore's pool does work for every request
 #: that grows with its connections and the requests waiting (it checks each connection), so one
@@ -391,3 +406,177 @@ class AsyncClient:
     def _forget_owner_of(self, path: str) -> None:
         if path.startswith("queues/"):
             self._owners.forget(path.split("/")[1])
+
+
+class _Pending:
+    __slots__ = ("at", "future", "item", "size")
+
+    def __init__(self, item: dict[str, Any], size: int, future: asyncio.Future[str], at: float) -> None:
+        self.item, self.size, self.future, self.at = item, size, future, at
+
+
+class AsyncProducer:
+    """The buffered producer (:class:`mq_client.Producer`) on an :class:`AsyncClient`, for one
+    event loop: ``await send(...)`` buffers a message and returns an ``asyncio.Future`` of its
+    ID at once; a queue's messages go as one enqueue call while its previous batch is in flight
+    or after ``linger``. The settings, the checks, the refusals split down to the message at
+    fault and :class:`~mq_client.errors.DeliveryUnknown` are the threaded producer's; ``send``
+    waits for room past ``max_buffered`` (up to ``block_timeout``, then ``BufferFull``), or
+    raises at once with ``block=False``. ``await close()`` (or ``async with``) sends the rest.
+    Nothing flushes it at exit: close it before the loop ends.
+    """
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        linger: float = DEFAULT_LINGER,
+        max_batch: int = MAX_BATCH,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        max_buffered: int = DEFAULT_MAX_BUFFERED,
+        block: bool = True,
+        block_timeout: float | None = None,
+        dedup_ids: bool = False,
+        max_message_size: int | None = None,
+    ) -> None:
+        if not 1 <= max_batch <= MAX_BATCH:
+            raise ValueError(f"max_batch must be 1..{MAX_BATCH}")
+        self.client = client
+        self.linger, self.max_batch, self.max_batch_bytes = linger, max_batch, max_batch_bytes
+        self.max_buffered, self.block, self.block_timeout = max_buffered, block, block_timeout
+        self.dedup_ids, self.max_message_size = dedup_ids, max_message_size
+        self._pending: dict[str, deque[_Pending]] = {}
+        self._senders: dict[str, asyncio.Task[None]] = {}
+        self._unresolved: set[asyncio.Future[str]] = set()
+        self._room = asyncio.Condition()
+        self._flushing = 0
+        self._closed = False
+
+    async def send(self, queue: str, body: str, **options: Any) -> asyncio.Future[str]:
+        """Buffer one message (the options are :meth:`AsyncClient.enqueue`'s); a future of its ID."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[str] = loop.create_future()
+        try:
+            item = message_item(body, self.max_message_size, self.dedup_ids, **options)
+        except BadRequest as exc:
+            future.set_exception(exc)
+            return future
+        if self._closed:
+            raise RuntimeError("AsyncProducer is closed")
+        if len(self._unresolved) >= self.max_buffered:
+            if not self.block:
+                raise BufferFull(f"{len(self._unresolved)} messages buffered, the most allowed (max_buffered)")
+            async with self._room:
+                try:
+                    await asyncio.wait_for(
+                        self._room.wait_for(lambda: len(self._unresolved) < self.max_buffered), self.block_timeout
+                    )
+                except TimeoutError:
+                    raise BufferFull(
+                        f"still {len(self._unresolved)} messages buffered after {self.block_timeout}s"
+                    ) from None
+        self._unresolved.add(future)
+        future.add_done_callback(self._done)
+        self._pending.setdefault(queue, deque()).append(_Pending(item, len(dumps(item)) + 1, future, loop.time()))
+        if queue not in self._senders:
+            self._senders[queue] = loop.create_task(self._send_queue(queue))
+        return future
+
+    def _done(self, future: asyncio.Future[str]) -> None:
+        self._unresolved.discard(future)
+        asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._room:
+            self._room.notify_all()
+
+    async def _send_queue(self, queue: str) -> None:
+        """The queue's batches, one at a time, while it has messages."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self._pending.get(queue):
+                pending = self._pending[queue]
+                due = pending[0].at + self.linger - loop.time()
+                if due > 0 and not (self._flushing or self._closed) and len(pending) < self.max_batch:
+                    await asyncio.sleep(min(due, 0.05))  # (woken early enough by a flush)
+                    continue
+                batch: list[_Pending] = []
+                size = 0
+                while pending and len(batch) < self.max_batch:
+                    if batch and size + pending[0].size > self.max_batch_bytes:
+                        break
+                    entry = pending.popleft()
+                    if not entry.future.cancelled():
+                        batch.append(entry)
+                        size += entry.size
+                if batch:
+                    await self._deliver(queue, batch)
+        except asyncio.CancelledError:
+            for entry in self._pending.pop(queue, ()):  # never sent
+                entry.future.cancel()
+            raise
+        finally:
+            self._senders.pop(queue, None)
+            if not self._pending.get(queue):
+                self._pending.pop(queue, None)
+
+    async def _deliver(self, queue: str, batch: list[_Pending]) -> None:
+        try:
+            ids = await self.client.enqueue_batch(queue, [e.item for e in batch])
+        except BadRequest as exc:
+            failed, parts = split_refused(batch, exc, lambda e: e.item)
+            if failed is not None:
+                _set(batch[failed].future, exc=exc)
+            for part in parts:
+                await self._deliver(queue, part)
+        except (Unavailable, ServerError) as exc:
+            for e in batch:
+                _set(e.future, exc=DeliveryUnknown(queue, e.item, exc))
+        except ApiError as exc:
+            for e in batch:
+                _set(e.future, exc=exc)
+        except BaseException as exc:  # cancelled mid-call, or a bug: the call may have gone out
+            for e in batch:
+                _set(e.future, exc=DeliveryUnknown(queue, e.item, exc))
+            raise
+        else:
+            for e, mid in zip(batch, ids):
+                _set(e.future, mid)
+
+    async def flush(self, timeout: float | None = None) -> bool:
+        """Send what is buffered now, without the linger; wait for its answers. False if some
+        did not come within ``timeout`` seconds."""
+        waiting = set(self._unresolved)
+        if not waiting:
+            return True
+        self._flushing += 1
+        try:
+            _, not_done = await asyncio.wait(waiting, timeout=timeout)
+            return not not_done
+        finally:
+            self._flushing -= 1
+
+    async def close(self, timeout: float | None = None) -> bool:
+        """Send what is buffered and wait for the answers; ``send`` refuses afterwards."""
+        self._closed = True
+        return await self.flush(timeout)
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def buffered(self) -> int:
+        return len(self._unresolved)
+
+
+def _set(future: asyncio.Future[str], result: str | None = None, exc: BaseException | None = None) -> None:
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        assert result is not None
+        future.set_result(result)

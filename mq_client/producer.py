@@ -37,7 +37,15 @@ from mq_client.types import Estimates, Message, NewMessage, VisibilityResult
 if TYPE_CHECKING:
     from mq_client.client import Client
 
-__all__ = ["DEFAULT_LINGER", "DEFAULT_MAX_BATCH_BYTES", "DEFAULT_MAX_BUFFERED", "Acker", "Producer"]
+__all__ = [
+    "DEFAULT_LINGER",
+    "DEFAULT_MAX_BATCH_BYTES",
+    "DEFAULT_MAX_BUFFERED",
+    "Acker",
+    "Producer",
+    "message_item",
+    "split_refused",
+]
 
 #: Seconds the oldest message of a queue waits for others before its batch is sent. 0: at once,
 #: unless the queue's previous batch is still in flight (one at a time, in order), and the
@@ -226,20 +234,11 @@ class _Coalescer(Generic[_R]):
     def _isolate(self, batch: list[_Entry[_R]], exc: ApiError, resend: Callable[[list[_Entry[_R]]], None]) -> None:
         """A batch refused whole (4xx): fail the message the refusal names and resend the rest;
         when it names none, resend each half, down to the message at fault."""
-        index = refused_index(exc.detail)
-        if isinstance(exc, Conflict) and exc.message_id is not None:
-            index = next((i for i, e in enumerate(batch) if _id_of(e.item) == exc.message_id), None)
-        if index is not None and index < len(batch):
-            _resolve(batch[index].future, exc=exc)
-            rest = batch[:index] + batch[index + 1 :]
-            if rest:
-                resend(rest)
-        elif len(batch) == 1:
-            _resolve(batch[0].future, exc=exc)
-        else:
-            half = len(batch) // 2
-            resend(batch[:half])
-            resend(batch[half:])
+        failed, parts = split_refused(batch, exc, lambda e: e.item)
+        if failed is not None:
+            _resolve(batch[failed].future, exc=exc)
+        for part in parts:
+            resend(part)
 
     # ------------------------------------------------------------ flush, close
 
@@ -288,6 +287,26 @@ class _Coalescer(Generic[_R]):
 
 
 _S = TypeVar("_S", bound="_Coalescer[Any]")
+
+
+_E = TypeVar("_E")
+
+
+def split_refused(batch: list[_E], exc: ApiError, item_of: Callable[[_E], Any]) -> tuple[int | None, list[list[_E]]]:
+    """What to do with a batch the API refused whole (a 4xx): the index of the message to fail
+    with ``exc`` (the one the answer names: ``messages[i]``, or a stale receipt's ``id``; the
+    only one left), or None, and the parts to send again, in order (the rest of the batch as one,
+    or its two halves when the answer names no message)."""
+    index = refused_index(exc.detail)
+    if isinstance(exc, Conflict) and exc.message_id is not None:
+        index = next((i for i, e in enumerate(batch) if _id_of(item_of(e)) == exc.message_id), None)
+    if index is not None and index < len(batch):
+        rest = batch[:index] + batch[index + 1 :]
+        return index, [rest] if rest else []
+    if len(batch) == 1:
+        return 0, []
+    half = len(batch) // 2
+    return None, [batch[:half], batch[half:]]
 
 
 def _id_of(item: Any) -> str | None:
@@ -384,25 +403,24 @@ class Producer(_Coalescer[str]):
     ) -> Future[str]:
         """Buffer one message for ``queue`` (the options are :meth:`Client.enqueue`'s); a future
         of its ID. A message the API would refuse fails its future at once (``BadRequest``)."""
-        item = NewMessage(
-            body,
-            group=group,
-            dedup_id=dedup_id,
-            delay=delay,
-            not_before=not_before,
-            attributes=attributes,
-            size=size,
-            estimates=estimates,
-            fairness_key=fairness_key,
-        ).to_json()
         try:
-            check_message(item, self.max_message_size)
-        except Refusal as refusal:
+            item = message_item(
+                body,
+                self.max_message_size,
+                self.dedup_ids,
+                group=group,
+                dedup_id=dedup_id,
+                delay=delay,
+                not_before=not_before,
+                attributes=attributes,
+                size=size,
+                estimates=estimates,
+                fairness_key=fairness_key,
+            )
+        except BadRequest as exc:
             failed: Future[str] = Future()
-            failed.set_exception(BadRequest(400, refusal.code, f"message: {refusal.detail}"))
+            failed.set_exception(exc)
             return failed
-        if self.dedup_ids and dedup_id is None:
-            item["dedup_id"] = uuid.uuid4().hex
         return self._add(queue, item, len(dumps(item)) + 1)
 
     def _deliver(self, key: Any, batch: list[_Entry[str]]) -> None:
@@ -422,6 +440,20 @@ class Producer(_Coalescer[str]):
 
     def _unknown(self, key: Any, entry: _Entry[str], exc: BaseException) -> BaseException:
         return DeliveryUnknown(key, entry.item, exc)
+
+
+def message_item(body: str, max_message_size: int | None, dedup_ids: bool, **options: Any) -> dict[str, Any]:
+    """A message to buffer as the API's JSON, checked (:func:`~mq_client.checks.check_message`:
+    raises ``BadRequest`` as the API would answer), with a random ``dedup_id`` if asked and none
+    was given."""
+    item = NewMessage(body, **options).to_json()
+    try:
+        check_message(item, max_message_size)
+    except Refusal as refusal:
+        raise BadRequest(400, refusal.code, f"message: {refusal.detail}") from None
+    if dedup_ids and options.get("dedup_id") is None:
+        item["dedup_id"] = uuid.uuid4().hex
+    return item
 
 
 class Acker(_Coalescer[Any]):

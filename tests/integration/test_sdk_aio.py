@@ -126,3 +126,42 @@ def test_a_cancelled_consume_gives_back_what_it_held(node_factory, token):
     # all but the one yielded to the cancelled handler (held under its receipt) and the one acked
     assert {m.id for m in got} == set(ids[1:]) - set(acked) and len(got) == 8
     assert {m.id for m in got if m.receive_count > 1} >= set(ids[1:5]) - set(acked)
+
+
+def test_the_async_producer_batches_and_fails_a_bad_message_alone(node_factory, token):
+    from mq_client.aio import AsyncProducer
+
+    node = node_factory()
+    sync = Client(node.url, token)
+    name = sync.create_queue(_name("aio"), partitions=1, max_message_size=1024).name
+    _wait(lambda: _served(sync, name), 20, "the node to serve the partition")
+    batches: list[int] = []
+
+    async def scenario() -> tuple[list[str], BaseException | None, BaseException | None]:
+        async with AsyncClient(node.url, token) as mq:
+            inner = mq.enqueue_batch
+
+            async def counted(queue, messages):
+                items = list(messages)
+                batches.append(len(items))
+                return await inner(queue, items)
+
+            mq.enqueue_batch = counted
+            async with AsyncProducer(mq) as producer:
+
+                async def request(i: int) -> str:
+                    return await (await producer.send(name, f"m{i}", attributes={"i": i}))
+
+                ids = await asyncio.gather(*(request(i) for i in range(200)))
+                local = await producer.send(name, "")
+                held = await producer.send(name, "y" * 2000)  # too large for this queue: the node says
+                rest = [await producer.send(name, f"after-{i}") for i in range(5)]
+            ids += [f.result() for f in rest]
+            return ids, local.exception(), held.exception()
+
+    ids, local, too_large = asyncio.run(scenario())
+    assert len(set(ids)) == 205
+    assert isinstance(local, sdk.BadRequest) and local.code == "empty_body"
+    assert isinstance(too_large, sdk.BadRequest) and too_large.code == "body_too_large"
+    assert len(batches) < 200 // 4, f"not batched: {batches}"
+    assert sync.stats(name).depth == 205

@@ -235,3 +235,17 @@ def test_the_asyncio_client_retries_as_the_synchronous_one(stub):
     asyncio.run(scenario())
     assert len(stub.requests) == 3, "the 503 retried once, the 400 never"
     assert stub.requests[0]["auth"] == "Token tok" and stub.requests[0]["json"] == {"body": "x"}
+
+
+def test_a_refused_batch_is_split_by_what_the_answer_names():
+    from mq_client.producer import split_refused
+
+    batch = [{"body": b} for b in "abcde"]
+    named = sdk.BadRequest(400, "empty_body", "messages[3]: body is empty")
+    assert split_refused(batch, named, lambda e: e) == (3, [batch[:3] + batch[4:]])
+    unnamed = sdk.BadRequest(413, "payload_too_large", "too large")
+    assert split_refused(batch, unnamed, lambda e: e) == (None, [batch[:2], batch[2:]])
+    assert split_refused(batch[:1], unnamed, lambda e: e) == (0, [])
+    acks = [{"id": f"q/0/b/{i}", "receipt": "r"} for i in range(3)]
+    stale = sdk.Conflict(409, "receipt_mismatch", "stale", {"id": "q/0/b/2"})
+    assert split_refused(acks, stale, lambda e: e) == (2, [acks[:2]])
