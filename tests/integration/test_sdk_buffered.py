@@ -290,3 +290,27 @@ def test_a_strict_queue_is_not_prefetched_past_the_handlers(node_factory, token)
         others = Client(mq.urls, token).dequeue(name, 10, wait=1)
         assert sorted(m.group for m in others) == sorted(set("abcd") - {first.group})
         assert prefetcher.buffered == 0
+
+
+def test_a_consumer_extends_what_its_handler_still_holds(node_factory, token):
+    mq = Client(node_factory().url, token)
+    name = _queue(mq, partitions=1)
+    mid = mq.enqueue(name, "slow")
+    started, release = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    def handler(message: sdk.Message) -> None:
+        seen.append(message.id)
+        started.set()
+        release.wait(30)
+
+    with sdk.Consumer(mq, name, handler, threads=1, visibility_timeout=2) as consumer:
+        assert started.wait(20)
+        # three visibility timeouts later the message is still hidden: the heartbeat extended it
+        other = Client(mq.urls, token)
+        assert other.dequeue(name, 10, wait=6) == []
+        release.set()
+        _wait(lambda: consumer.handled == 1, 20, "the handler to finish")
+    assert seen == [mid]
+    stats = mq.stats(name)
+    assert stats.depth == 0 and stats.in_flight == 0
