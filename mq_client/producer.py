@@ -123,11 +123,11 @@ class _Coalescer(Generic[_R]):
     def _add(self, key: Any, item: Any, size: int) -> Future[_R]:
         future: Future[_R] = Future()
         deadline = None if self.block_timeout is None else time.monotonic() + self.block_timeout
+        if self._pid != os.getpid():  # forked without the hook (a fork from C): start afresh
+            self._forked()
         with self._cv:
             if self._closed:
                 raise RuntimeError(f"{type(self).__name__} is closed")
-            if self._pid != os.getpid():  # forked without the hook (os.fork from C): start afresh
-                self._forked()
             while len(self._unresolved) >= self.max_buffered:
                 if not self.block:
                     raise BufferFull(f"{len(self._unresolved)} messages buffered, the most allowed (max_buffered)")
