@@ -27,6 +27,12 @@ What it does for you:
   is skipped for a short while. Retries are at least once: an enqueue whose answer was lost may be
   stored twice (give a ``dedup_id`` to make that impossible within the queue's dedup window), a
   dequeue whose answer was lost leaves its messages invisible until their visibility timeout.
+* **Batching for one message at a time** (:mod:`mq_client.producer`, :mod:`mq_client.consumer`).
+  :class:`Producer` sends the single messages of many threads as batches and returns a future
+  at once; :class:`Acker` does the same for acks; :class:`Prefetcher` and :class:`Consumer`
+  receive ahead, bounded so that nothing waits past its visibility.
+* **asyncio** (:mod:`mq_client.aio`, with httpx installed): :class:`~mq_client.aio.AsyncClient`
+  and :class:`~mq_client.aio.AsyncProducer`, the same calls awaited, the same retries and routing.
 * **Round robin** over the nodes given (``urls``, a list or a comma-separated string).
 * **Owner routing** (:mod:`mq_client.routing`). The client learns which node owns each partition
   (``GET /queues/{name}/partitions``, cached for ``owners_ttl`` seconds and dropped on any failure)
@@ -45,17 +51,21 @@ and group placement), :mod:`~mq_client.transport` (HTTP, auth headers, retries) 
 """
 
 from mq_client.client import MAX_BATCH, MAX_WAIT, Client
+from mq_client.consumer import Consumer, Prefetcher
 from mq_client.errors import (
     ApiError,
     BadRequest,
+    BufferFull,
     Conflict,
     ConnectionFailed,
+    DeliveryUnknown,
     NotFound,
     ServerError,
     Unauthorized,
     Unavailable,
 )
 from mq_client.ids import group_partition, message_partition, message_queue
+from mq_client.producer import Acker, Producer
 from mq_client.types import (
     AckResult,
     Estimates,
@@ -75,11 +85,15 @@ __all__ = [
     "MAX_BATCH",
     "MAX_WAIT",
     "AckResult",
+    "Acker",
     "ApiError",
     "BadRequest",
+    "BufferFull",
     "Client",
     "Conflict",
     "ConnectionFailed",
+    "Consumer",
+    "DeliveryUnknown",
     "Estimates",
     "Health",
     "History",
@@ -88,6 +102,8 @@ __all__ = [
     "NotFound",
     "PartitionOwner",
     "PartitionStats",
+    "Prefetcher",
+    "Producer",
     "Queue",
     "RedriveResult",
     "ServerError",

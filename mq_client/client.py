@@ -220,7 +220,7 @@ class Client:
         """Create a queue; settings left out take the service's defaults. ``Conflict`` (409
         ``already_exists``) if the name is taken, ``BadRequest`` if a setting is out of range
         (``detail`` names the fields)."""
-        settings = {k: v for k, v in locals().items() if k in _QUEUE_FIELDS and v is not _UNSET}
+        settings = queue_settings(locals())
         return Queue.from_json(self._call("POST", "queues", {"name": name, **settings}))
 
     def list_queues(self) -> list[Queue]:
@@ -260,7 +260,7 @@ class Client:
         archive: str = _UNSET,
     ) -> Queue:
         """Change the settings given (``None`` clears the optional ones); partitions only grow."""
-        changes = {k: v for k, v in locals().items() if k in _QUEUE_FIELDS and v is not _UNSET}
+        changes = queue_settings(locals())
         queue = Queue.from_json(self._call("PATCH", f"queues/{_q(name)}", changes))
         if "partitions" in changes:
             self.forget_owners(name)
@@ -366,11 +366,7 @@ class Client:
         """Receive up to ``max_messages`` (1..1,000); each is hidden for ``visibility_timeout``
         seconds (default: the queue's). ``wait`` (0..20 s) long-polls for a first message.
         ``node`` (``host:port``, e.g. from a heartbeat's ``take``) is asked first."""
-        payload: dict[str, Any] = {"max": max_messages}
-        if visibility_timeout is not None:
-            payload["visibility_timeout"] = visibility_timeout
-        if wait:
-            payload["wait"] = wait
+        payload = dequeue_payload(max_messages, visibility_timeout, wait)
         timeout = self.timeout + (wait if isinstance(wait, (int, float)) and wait > 0 else 0)
         owner = self._transport.owner_url(node)
         if self.tracer is not None:
@@ -385,23 +381,14 @@ class Client:
         while True:
             yield from self.dequeue(queue, max_messages, visibility_timeout=visibility_timeout, wait=wait)
 
-    def ack(self, queue: str, messages: Iterable[Message | tuple[str, str | None] | Mapping[str, Any]]) -> AckResult:
+    def ack(self, queue: str, messages: Iterable[AckItem]) -> AckResult:
         """Acknowledge (delete) delivered messages, checking their receipts.
 
         Items: :class:`Message`, ``(id, receipt)`` or ``{"id", "receipt"}``. One call per owner
         node and per 1,000 messages. A stale receipt raises :class:`Conflict`: nothing of that call
         is removed, but calls made before it (other owners, earlier batches) stay done.
         """
-        items: list[dict[str, Any]] = []
-        for m in messages:
-            if isinstance(m, Message):
-                items.append({"id": m.id, "receipt": m.receipt})
-            elif isinstance(m, Mapping):
-                items.append({"id": m["id"], "receipt": m.get("receipt")})
-            else:
-                mid, receipt = m
-                items.append({"id": mid, "receipt": receipt})
-        return self._ack(queue, "messages", items, lambda item: item["id"])
+        return self._ack(queue, "messages", ack_items(messages), lambda item: item["id"])
 
     def ack_ids(self, queue: str, ids: Iterable[str]) -> AckResult:
         """Acknowledge (delete) messages by ID, whoever holds them (not on strict queues)."""
@@ -412,19 +399,11 @@ class Client:
     ) -> VisibilityResult:
         """Hide a delivered message for ``visibility_timeout`` more seconds from now (0: deliver
         it again at once). ``message`` is a :class:`Message` (its receipt is used) or an ID."""
-        if isinstance(message, Message):
-            mid, receipt = message.id, receipt or message.receipt
-        else:
-            mid = message
-        payload: dict[str, Any] = {"id": mid, "visibility_timeout": visibility_timeout}
-        if receipt is not None:
-            payload["receipt"] = receipt
+        payload = visibility_payload(message, visibility_timeout, receipt)
         answer = self._call(
-            "POST", _path(queue, "visibility"), payload, owner=self._owner(queue, partition_or_none(mid))
+            "POST", _path(queue, "visibility"), payload, owner=self._owner(queue, partition_or_none(payload["id"]))
         )
-        return VisibilityResult(
-            id=answer.get("id", mid), visibility_timeout=answer.get("visibility_timeout", visibility_timeout)
-        )
+        return visibility_result(answer, payload)
 
     def give_back(self, queue: str, message: Message | str, *, receipt: str | None = None) -> VisibilityResult:
         """Give a delivered message back at once (visibility 0): delivered again, and logged as
@@ -483,7 +462,7 @@ class Client:
 
     def _group_owner(self, queue: str, groups: Sequence[str | None]) -> str | None:
         """The owner of the one partition all ``groups`` hash to, else None (any node)."""
-        group = groups[0] if groups and len(set(groups)) == 1 else None
+        group = single_group(groups)
         if group is None or self.owners_ttl <= 0:
             return None
         owners = self.owners(queue)
@@ -594,3 +573,60 @@ def _path(target: str, call: str) -> str:
     if slash:
         return f"topics/{_q(topic)}/subscriptions/{_q(sub)}/{call}"
     return f"queues/{_q(target)}/{call}"
+
+
+# The requests and answers of the calls, shared with the asyncio client (mq_client.aio).
+
+#: What the ack calls take for a message: a :class:`Message`, ``(id, receipt)`` or ``{"id", "receipt"}``.
+AckItem = Message | tuple[str, str | None] | Mapping[str, Any]
+
+
+def ack_items(messages: Iterable[AckItem]) -> list[dict[str, Any]]:
+    """The ack call's ``messages``: ``{"id", "receipt"}`` of each item."""
+    items: list[dict[str, Any]] = []
+    for m in messages:
+        if isinstance(m, Message):
+            items.append({"id": m.id, "receipt": m.receipt})
+        elif isinstance(m, Mapping):
+            items.append({"id": m["id"], "receipt": m.get("receipt")})
+        else:
+            mid, receipt = m
+            items.append({"id": mid, "receipt": receipt})
+    return items
+
+
+def dequeue_payload(max_messages: int, visibility_timeout: float | None, wait: float) -> dict[str, Any]:
+    payload: dict[str, Any] = {"max": max_messages}
+    if visibility_timeout is not None:
+        payload["visibility_timeout"] = visibility_timeout
+    if wait:
+        payload["wait"] = wait
+    return payload
+
+
+def visibility_payload(message: Message | str, visibility_timeout: float, receipt: str | None) -> dict[str, Any]:
+    if isinstance(message, Message):
+        mid, receipt = message.id, receipt or message.receipt
+    else:
+        mid = message
+    payload: dict[str, Any] = {"id": mid, "visibility_timeout": visibility_timeout}
+    if receipt is not None:
+        payload["receipt"] = receipt
+    return payload
+
+
+def visibility_result(answer: Mapping[str, Any], payload: Mapping[str, Any]) -> VisibilityResult:
+    return VisibilityResult(
+        id=answer.get("id", payload["id"]),
+        visibility_timeout=answer.get("visibility_timeout", payload["visibility_timeout"]),
+    )
+
+
+def queue_settings(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The queue settings among ``values`` (a method's locals), those given."""
+    return {k: v for k, v in values.items() if k in _QUEUE_FIELDS and v is not _UNSET}
+
+
+def single_group(groups: Sequence[str | None]) -> str | None:
+    """The one group all messages of a batch have, else None."""
+    return groups[0] if groups and len(set(groups)) == 1 else None

@@ -8,8 +8,10 @@ from typing import Any
 __all__ = [
     "ApiError",
     "BadRequest",
+    "BufferFull",
     "Conflict",
     "ConnectionFailed",
+    "DeliveryUnknown",
     "NotFound",
     "ServerError",
     "Unauthorized",
@@ -80,6 +82,29 @@ class ServerError(ApiError):
 
 class ConnectionFailed(Unavailable):
     """No node could be reached (refused, reset, timed out) after all retries; ``status`` is 0."""
+
+
+class DeliveryUnknown(Exception):
+    """A buffered message whose call may have stored it: no answer came (the connection was lost
+    after the request was sent, a timeout) or the nodes answered 5xx after all retries. It is
+    neither sent nor failed for sure.
+
+    ``dedup_id`` is the message's (given by the application, or by the producer with
+    ``dedup_ids=True``; else None): send it again with that ``dedup_id`` and the queue stores it
+    once, as long as the retry comes within the queue's ``dedup_window`` (300 s by default) of
+    the first try; after that a retry may store it twice. Without one, a retry may store it twice. ``message`` is the message's JSON object, ``cause`` the client's last error.
+    """
+
+    def __init__(self, queue: str, message: Mapping[str, Any], cause: BaseException) -> None:
+        self.queue = queue
+        self.message: dict[str, Any] = dict(message)
+        self.dedup_id: str | None = self.message.get("dedup_id")
+        self.cause = cause
+        super().__init__(f"{queue}: delivery unknown (dedup_id {self.dedup_id}): {cause}")
+
+
+class BufferFull(Exception):
+    """A buffered producer holds its ``max_buffered`` messages: the caller is ahead of the service."""
 
 
 def error_class(status: int) -> type[ApiError]:

@@ -9,8 +9,10 @@ empty entry costs a hop, never a wrong answer.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -37,6 +39,11 @@ class OwnerCache:
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
         self.entries: dict[str, Owners] = {}
+        self._lock = threading.Lock()
+        _LIVE.add(self)
+
+    def after_fork(self) -> None:
+        """In a child process: a new lock (another thread may have held the parent's)."""
         self._lock = threading.Lock()
 
     def fresh(self, queue: str) -> dict[int, str | None] | None:
@@ -71,3 +78,15 @@ class OwnerCache:
                 self.entries.clear()
             else:
                 self.entries.pop(queue, None)
+
+
+_LIVE: weakref.WeakSet[OwnerCache] = weakref.WeakSet()
+
+
+def _renew_in_child() -> None:
+    for cache in list(_LIVE):
+        cache.after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_renew_in_child)

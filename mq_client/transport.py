@@ -14,10 +14,12 @@ for a moment, and ``on_owner_failed`` is told (the client drops its cached owner
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Generator, Mapping, Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -43,7 +45,7 @@ except ImportError:  # pragma: no cover - orjson is in the service's requirement
         return json.loads(raw)
 
 
-__all__ = ["API_PREFIX", "Transport", "dumps", "loads", "retry_after"]
+__all__ = ["API_PREFIX", "Answer", "Done", "Step", "Transport", "answer_json", "dumps", "loads", "retry_after"]
 
 API_PREFIX = "/api/v1"
 
@@ -60,6 +62,31 @@ def retry_after(value: str | None) -> float | None:
         return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
     except (TypeError, ValueError, IndexError):
         return None
+
+
+def answer_json(status: int, content: bytes) -> Any:
+    """An answer's JSON; None when empty; the API's error shape around what is not JSON."""
+    if not content:
+        return None
+    try:
+        return loads(content)
+    except ValueError:
+        return {"error": f"http_{status}", "detail": content[:500].decode("utf-8", "replace")}
+
+
+class Done:
+    """The end of a call's tries (:meth:`Transport.attempts`): the answer's JSON."""
+
+    __slots__ = ("answer",)
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+
+
+#: What a call's tries ask of their driver: send to a base URL, sleep seconds, or done.
+Step = str | float | Done  # (an int sleeps too)
+#: An answer: status, JSON (or None), headers.
+Answer = tuple[int, Any, Mapping[str, str]]
 
 
 class _Node:
@@ -126,6 +153,7 @@ class Transport:
         self._unreachable: dict[str, float] = {}  # owner URL -> monotonic time to try it again
         self._local = threading.local()
         self._sessions: list[requests.Session] = []
+        _LIVE.add(self)
 
     @property
     def urls(self) -> list[str]:
@@ -173,13 +201,7 @@ class Transport:
         r = self.session().request(
             method, f"{base}{API_PREFIX}/{path}", data=data, headers=headers, timeout=(min(timeout, 5.0), timeout)
         )
-        body: Any = None
-        if r.content:
-            try:
-                body = loads(r.content)
-            except ValueError:
-                body = {"error": f"http_{r.status_code}", "detail": r.text[:500]}
-        return r.status_code, body, r.headers
+        return r.status_code, answer_json(r.status_code, r.content), r.headers
 
     def call(
         self,
@@ -194,6 +216,27 @@ class Transport:
         """The call on ``owner`` first if given, else round robin; retried as the module says.
         The answer's JSON (``{}`` when empty), or the typed :class:`ApiError`."""
         timeout = self.timeout if timeout is None else timeout
+        plan = self.attempts(path, owner, retries)
+        step = next(plan)
+        while True:
+            if isinstance(step, Done):
+                return step.answer
+            if not isinstance(step, str):
+                self.sleep(step)
+                step = plan.send(None)
+                continue
+            try:
+                outcome: Answer | str = self.once(method, step, path, payload, timeout)
+            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
+                outcome = str(exc)
+            step = plan.send(outcome)
+
+    def attempts(self, path: str, owner: str | None, retries: int | None) -> Generator[Step, Answer | str | None, None]:
+        """The tries of one call, as a generator that the synchronous :meth:`call` and the asyncio
+        client (:mod:`mq_client.aio`) both drive, so that they route and retry alike: it yields a
+        base URL to send the request to (and is sent back the answer ``(status, JSON, headers)``,
+        or the text of a connection error), a float to sleep that many seconds (sent back None),
+        and :class:`Done` with the answer's JSON; it raises the typed :class:`ApiError`."""
         retries = self.retries if retries is None else retries
         if owner is not None:
             retries += 1  # the direct try is a shortcut: the round robin keeps all its tries
@@ -203,10 +246,9 @@ class Transport:
             direct = owner is not None and attempt == 0
             base = owner if direct and owner is not None else self._pick_node(tried).url
             tried.add(base)
-            try:
-                status, body, headers = self.once(method, base, path, payload, timeout)
-            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
-                last = ConnectionFailed(0, "connection_failed", f"{base}: {exc}", url=base)
+            outcome = yield base
+            if isinstance(outcome, str):  # no answer: refused, reset, timed out
+                last = ConnectionFailed(0, "connection_failed", f"{base}: {outcome}", url=base)
                 if direct:
                     self.on_owner_failed(path)
                     with self._lock:
@@ -215,12 +257,15 @@ class Transport:
                     self._node_failed(base)
                 # A node not tried yet in this call is tried at once; else back off.
                 if not direct and attempt < retries and not self._untried(tried):
-                    self.sleep(self._delay(attempt, None))
+                    yield self._delay(attempt, None)
                 continue
+            assert outcome is not None
+            status, body, headers = outcome
             if status < 400:
                 if not direct:
                     self._node_ok(base)
-                return body if body is not None else {}
+                yield Done(body if body is not None else {})
+                return
             error = error_from_answer(status, body if isinstance(body, dict) else {"detail": body}, base)
             if status < 500 and status != 429:
                 raise error
@@ -228,9 +273,16 @@ class Transport:
             if direct:  # the owner moved or is failing: the round robin, at once
                 self.on_owner_failed(path)
             elif attempt < retries:
-                self.sleep(self._delay(attempt, retry_after(headers.get("Retry-After"))))
+                yield self._delay(attempt, retry_after(headers.get("Retry-After")))
         assert last is not None
         raise last
+
+    def after_fork(self) -> None:
+        """In a child process: new locks and no connections of the parent's (a socket shared
+        with the parent would interleave two processes' requests)."""
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._sessions = []
 
     def _pick_node(self, tried: set[str]) -> _Node:
         """The next node of the round robin, preferring ones up and not tried in this call."""
@@ -270,3 +322,16 @@ class Transport:
         if at_least is not None:
             delay = max(delay, at_least)
         return min(delay, self.max_backoff)
+
+
+#: Every transport of this process, renewed in a forked child (:meth:`Transport.after_fork`).
+_LIVE: weakref.WeakSet[Transport] = weakref.WeakSet()
+
+
+def _renew_in_child() -> None:
+    for transport in list(_LIVE):
+        transport.after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_renew_in_child)

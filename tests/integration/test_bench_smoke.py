@@ -67,6 +67,23 @@ def _figure(pattern: str, out: str) -> list[float]:
     return [float(g.replace(",", "")) for g in m.groups()]
 
 
+def _client_batching(out: str) -> None:
+    for case in ("producer 0 ms, not waiting", "producer 0 ms, each waits", "producer 5 ms, each waits"):
+        ratio, p99, bound, failed = _figure(
+            rf"^{case}: ([\d.]+)x enqueue; p99 ([\d.]+) ms against linger \+ batch call p99 ([\d.]+) ms; failed (\d+)$",
+            out,
+        )
+        assert ratio > 0 and p99 > 0 and bound > 0 and failed == 0, (case, out[-3000:])
+    for case in ("prefetching \\+ Acker", "receive one, ack one"):
+        rate, twice, _ = _figure(rf"^{case}\s+([\d,.]+)\s+(\d+)\s+(\d+)$", out)
+        assert rate > 0 and twice == 0, (case, out[-3000:])
+    sync_us, async_us = (
+        _figure(r"^sync client, \d+ threads: ([\d.]+) µs/msg", out)[0],
+        _figure(r"^asyncio client, one loop: ([\d.]+) µs/msg", out)[0],
+    )
+    assert sync_us > 0 and async_us > 0, out[-3000:]
+
+
 def _console_tree(out: str) -> None:
     live, drawn, calls, read, render = _figure(
         r"(\d+) live blocks .*drawing: (\d+) blocks, (\d+) store calls, read ([\d.]+) ms, render ([\d.]+) ms", out
@@ -157,6 +174,14 @@ def _serving(out: str) -> None:
 #: node's store or None, a check of its output). Each runs in a process of its own, all at once
 #: (most of their time is Python and Django starting, and waiting for their nodes).
 SMOKE: dict[str, tuple[str, int | None, Callable[[str], None]]] = {
+    "client_batching": (
+        (
+            "--threads 4 --seconds 0.5 --consume 100 --consumer-threads 2 --cpu-messages 40 --cpu-rounds 1 "
+            "--partitions 1 --kv-redis-db {db} --pg-url {database} --redis-url {redis}"
+        ),
+        13,
+        _client_batching,
+    ),
     "console_tree": ("--blocks 40 --repeat 1 --kv memory", None, _console_tree),
     "failover": ("--backend memory --depths 100 --repeat 1", None, _failover),
     "housekeeping": ("--kv file --partitions 2 --passes 2", None, _housekeeping),
