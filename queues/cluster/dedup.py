@@ -20,11 +20,22 @@ from queues.models import DedupEntry
 
 _PENDING = ""
 _WAIT = 3.0
+#: Seconds a reservation lasts before its message is confirmed (the queue's window when
+#: shorter): longer than an enqueue call can take (its store, database and forwarded calls
+#: time out well within it), so that a caller that died between reserving and confirming (a
+#: node killed mid-call) blocks a retry of its dedup_id for this long, not for the whole window.
+PENDING_TTL = 60
+
+
+def _pending_ttl(window: int) -> int:
+    return max(1, min(window, PENDING_TTL))
 
 
 class DedupStore:
     def reserve(self, queue: str, dedup_id: str, window: int) -> str | None:
-        """None if this caller now owns the dedup_id; else the first message's ID."""
+        """None if this caller now owns the dedup_id (for :data:`PENDING_TTL` seconds until
+        :meth:`confirm` keeps it for ``window``); else the first message's ID. Raises
+        PartitionUnavailable (503) when another call holds it unconfirmed for over ``_WAIT`` s."""
         give_up = time.monotonic() + _WAIT
         while True:
             existing = self._claim(queue, dedup_id, window)
@@ -67,7 +78,7 @@ class RedisDedup(DedupStore):
 
     def _claim(self, queue: str, dedup_id: str, window: int) -> str | None:
         key = self._key(queue, dedup_id)
-        if self.redis.set(key, _PENDING, nx=True, ex=max(window, 1)):
+        if self.redis.set(key, _PENDING, nx=True, ex=_pending_ttl(window)):
             return None
         value = self.redis.get(key)
         return _PENDING if value is None else value.decode()  # None: it just expired; try again
@@ -97,7 +108,10 @@ class DatabaseDedup(DedupStore):
         try:
             with transaction.atomic():
                 DedupEntry.objects.create(
-                    queue=queue, dedup_id=dedup_id, message_id=_PENDING, expires_at=now + timedelta(seconds=window)
+                    queue=queue,
+                    dedup_id=dedup_id,
+                    message_id=_PENDING,
+                    expires_at=now + timedelta(seconds=_pending_ttl(window)),
                 )
             return None
         except IntegrityError:
@@ -107,7 +121,7 @@ class DatabaseDedup(DedupStore):
             return _PENDING  # released in between: try again
         if entry.expires_at <= now:
             taken = DedupEntry.objects.filter(pk=entry.pk, expires_at=entry.expires_at).update(
-                message_id=_PENDING, expires_at=now + timedelta(seconds=window)
+                message_id=_PENDING, expires_at=now + timedelta(seconds=_pending_ttl(window))
             )
             return None if taken else _PENDING
         return entry.message_id

@@ -312,6 +312,33 @@ def test_a_failed_enqueue_gives_back_every_dedup_reservation(api, make_queue, mo
         store.release(name, "busy")
 
 
+@in_process
+@pytest.mark.parametrize("backend", ["redis", "database"])
+def test_a_reservation_never_confirmed_lapses_long_before_the_window(api, make_queue, monkeypatch, backend):
+    from queues.cluster import dedup
+
+    # given a dedup_id reserved by a call that died before confirming it (a node killed mid-call)
+    monkeypatch.setattr(dedup, "_WAIT", 0.2)
+    monkeypatch.setattr(dedup, "PENDING_TTL", 1)
+    name = make_queue()
+    store = dedup.RedisDedup() if backend == "redis" else dedup.DatabaseDedup()
+    monkeypatch.setattr(dedup, "_store", store)
+    assert store.reserve(name, "orphan", 300) is None
+    try:
+        # when a retry comes at once, it waits for the other call and gets a 503
+        r = post(api, name, "enqueue", {"body": "a", "dedup_id": "orphan"})
+        assert r.status_code == 503, r.content
+        # then, the reservation's short life over (not the window's 300 s), the retry is stored
+        time.sleep(1.5)
+        r = post(api, name, "enqueue", {"body": "a", "dedup_id": "orphan"})
+        assert r.status_code == 201, r.content
+        # and, confirmed, it holds for the window: a repeat answers the same ID
+        again = post(api, name, "enqueue", {"body": "a", "dedup_id": "orphan"})
+        assert (again.status_code, again.json()["id"]) == (201, r.json()["id"])
+    finally:
+        store.release(name, "orphan")
+
+
 # --- bad input for the new fields --------------------------------------------------------------
 BAD = [
     ({"body": "x", "group": "g" * 129}, "invalid_group"),
