@@ -249,3 +249,96 @@ def test_a_refused_batch_is_split_by_what_the_answer_names():
     acks = [{"id": f"q/0/b/{i}", "receipt": "r"} for i in range(3)]
     stale = sdk.Conflict(409, "receipt_mismatch", "stale", {"id": "q/0/b/2"})
     assert split_refused(acks, stale, lambda e: e) == (2, [acks[:2]])
+
+
+class FakeEnqueueClient:
+    """What a Producer calls of a client: ``enqueue_batch`` refusing the first message whose
+    body starts with "bad" (named as the API names it), storing the rest."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.calls: list[list[str]] = []
+        self.lock = threading.Lock()
+
+    def enqueue_batch(self, queue, items):
+        bodies = [m["body"] for m in items]
+        with self.lock:
+            self.calls.append(bodies)
+        for i, body in enumerate(bodies):
+            if body.startswith("bad"):
+                raise sdk.BadRequest(400, "invalid_body", f"messages[{i}]: body is bad")
+        return [f"{queue}/0/b/{body}" for body in bodies]
+
+
+def test_a_batch_of_many_refused_messages_fails_each_without_recursion():
+    client = FakeEnqueueClient()
+    bodies = [f"bad{i}" for i in range(600)] + ["good"]
+    with Producer(client, linger=60) as producer:
+        futures = [producer.send("q", b) for b in bodies]
+    assert futures[-1].result() == "q/0/b/good"
+    errors = [f.exception() for f in futures[:-1]]
+    assert all(isinstance(e, sdk.BadRequest) for e in errors), {type(e).__name__ for e in errors}
+    assert len(client.calls) <= 2 * len(bodies)
+
+
+def test_a_few_refused_messages_in_a_large_batch_cost_a_few_calls():
+    client = FakeEnqueueClient()
+    bodies = [f"m{i}" for i in range(1000)]
+    for i in (3, 10, 400, 401, 402, 403, 404, 405, 999):
+        bodies[i] = f"bad{i}"
+    with Producer(client, linger=60) as producer:
+        futures = [producer.send("q", b) for b in bodies]
+    for body, future in zip(bodies, futures):
+        if body.startswith("bad"):
+            assert isinstance(future.exception(), sdk.BadRequest)
+        else:
+            assert future.result() == f"q/0/b/{body}"
+    assert len(client.calls) < 60
+    stored = [b for call in client.calls for b in call if not any(c.startswith("bad") for c in call)]
+    assert stored == [b for b in bodies if not b.startswith("bad")], "stored once each, in order"
+
+
+def test_many_stale_receipts_fail_their_acks_alone():
+    class FakeAckClient:
+        calls = 0
+
+        def ack(self, queue, items):
+            self.calls += 1
+            for item in items:
+                if item["receipt"] == "stale":
+                    raise sdk.Conflict(409, "receipt_mismatch", "stale", {"id": item["id"]})
+
+    client = FakeAckClient()
+    messages = [Message(id=f"q/0/b/{i}", receipt="stale" if i % 2 else "r", body="x") for i in range(800)]
+    with Acker(client, linger=60) as acker:
+        futures = [acker.ack(m) for m in messages]
+    for i, future in enumerate(futures):
+        assert isinstance(future.exception(), sdk.Conflict) if i % 2 else future.result() is None
+    assert client.calls <= 2 * len(messages)
+
+
+def test_a_done_callback_may_send_on_a_full_buffer_and_flush():
+    import threading
+
+    client = FakeEnqueueClient()
+    sent_again = threading.Event()
+    flushed: list[bool] = []
+    with Producer(client, linger=0, max_buffered=1, block_timeout=5) as producer:
+
+        def again(future):
+            producer.send("q", "second").add_done_callback(lambda f: sent_again.set())
+            flushed.append(producer.flush(timeout=5))  # must not wait for its own batch
+
+        producer.send("q", "first").add_done_callback(again)
+        assert sent_again.wait(10), "the callback's send() waited for its own batch's slot"
+    assert client.calls == [["first"], ["second"]] and len(flushed) == 1
+
+
+def test_a_408_is_retried_and_never_splits_a_batch(stub):
+    timeout = (408, {"error": "request_timeout", "detail": "the request came too slowly"}, {})
+    stub.answers = [timeout, timeout]
+    with Producer(_client(stub.url), linger=60) as producer:
+        futures = [producer.send("q", b) for b in "ab"]
+    assert all(isinstance(f.exception(), sdk.DeliveryUnknown) for f in futures)
+    assert _enqueued(stub) == [["a", "b"], ["a", "b"]], "retried whole, never split"
