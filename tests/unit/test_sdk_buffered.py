@@ -342,3 +342,67 @@ def test_a_408_is_retried_and_never_splits_a_batch(stub):
         futures = [producer.send("q", b) for b in "ab"]
     assert all(isinstance(f.exception(), sdk.DeliveryUnknown) for f in futures)
     assert _enqueued(stub) == [["a", "b"], ["a", "b"]], "retried whole, never split"
+
+
+def test_an_async_sender_survives_any_error_and_close_resolves_everything():
+    import asyncio
+
+    from mq_client.aio import AsyncProducer
+
+    class Flaky:
+        """enqueue_batch: a bug's error on the first call, then a 503, then stores; "bad"
+        bodies refused by index as the API does."""
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def enqueue_batch(self, queue, items):
+            self.calls += 1
+            await asyncio.sleep(0)
+            if self.calls == 1:
+                raise KeyError("a bug in a library")
+            if self.calls == 2:
+                raise sdk.Unavailable(503, "unavailable", "x")
+            for i, item in enumerate(items):
+                if item["body"].startswith("bad"):
+                    raise sdk.BadRequest(400, "invalid_body", f"messages[{i}]: bad")
+            return [f"{queue}/0/b/{item['body']}" for item in items]
+
+    async def scenario() -> None:
+        producer = AsyncProducer(Flaky(), linger=0, max_batch=2)
+        futures = [await producer.send("q", b) for b in ("a", "b", "c", "d")]
+        futures += [await producer.send("q", f"bad{i}") for i in range(400)]
+        futures.append(await producer.send("q", "e"))
+        assert await asyncio.wait_for(producer.close(), 10)
+        assert all(f.done() for f in futures)
+        assert [type(f.exception()) for f in futures[:4]] == [sdk.DeliveryUnknown] * 4
+        assert isinstance(futures[0].exception().cause, KeyError)
+        assert all(isinstance(f.exception(), sdk.BadRequest) for f in futures[4:-1])
+        assert futures[-1].result() == "q/0/b/e"
+        with pytest.raises(RuntimeError):
+            await producer.send("q", "late")
+
+    asyncio.run(scenario())
+
+
+def test_an_async_send_waiting_for_room_is_refused_once_closed():
+    import asyncio
+
+    from mq_client.aio import AsyncProducer
+
+    class Slow:
+        async def enqueue_batch(self, queue, items):
+            await asyncio.sleep(0.3)
+            return [f"{queue}/0/b/{i}" for i, _ in enumerate(items)]
+
+    async def scenario() -> None:
+        producer = AsyncProducer(Slow(), linger=0, max_buffered=1)
+        first = await producer.send("q", "a")
+        waiting = asyncio.ensure_future(producer.send("q", "b"))
+        await asyncio.sleep(0.05)
+        assert await producer.close(5)
+        with pytest.raises(RuntimeError):
+            await waiting
+        assert first.result() == "q/0/b/0" and producer.buffered == 0
+
+    asyncio.run(scenario())
