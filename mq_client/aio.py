@@ -58,8 +58,8 @@ from mq_client.producer import (
     DEFAULT_LINGER,
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_MAX_BUFFERED,
-    message_item,
     Splitter,
+    message_item,
 )
 from mq_client.routing import OwnerCache
 from mq_client.transport import API_PREFIX, Done, Transport, answer_json, dumps

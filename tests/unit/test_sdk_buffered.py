@@ -406,3 +406,128 @@ def test_an_async_send_waiting_for_room_is_refused_once_closed():
         assert first.result() == "q/0/b/0" and producer.buffered == 0
 
     asyncio.run(scenario())
+
+
+def test_a_burst_of_hand_outs_is_no_rate():
+    import time
+
+    prefetcher = sdk.Prefetcher(
+        FakeConsumerClient([]), "q", visibility_timeout=10, strict=False, max_prefetch=50, wait=0
+    )
+    now = time.monotonic()
+    prefetcher._handed.extend([now - 0.001 * (8 - i) for i in range(8)])  # 8 handlers starting together
+    assert prefetcher.target() <= 8
+    prefetcher.close()
+
+
+class LateClient(FakeConsumerClient):
+    """Its receive answers after ``late`` seconds (a long poll that waited)."""
+
+    late = 3.0
+
+    def dequeue(self, queue, max_messages, *, visibility_timeout=None, wait=0):
+        import time
+
+        out = super().dequeue(queue, max_messages, visibility_timeout=visibility_timeout, wait=wait)
+        if out:
+            time.sleep(self.late)
+        return out
+
+
+def test_a_message_answered_late_in_a_poll_keeps_its_whole_visibility():
+    import time
+
+    client = LateClient([Message(id="q/0/b/0", receipt="r", body="x")])
+    prefetcher = sdk.Prefetcher(client, "q", visibility_timeout=4, strict=False, margin=1.5, wait=0)
+    held = prefetcher.get(timeout=10)
+    assert held is not None and client.given_back == []
+    assert held.deadline - time.monotonic() > 3
+    prefetcher.close()
+
+
+def test_a_strict_prefetcher_gives_back_what_arrives_for_nobody():
+    import time
+
+    client = LateClient([Message(id=f"q/0/b/{i}", receipt="r", body=str(i)) for i in range(3)])
+    client.late = 0.5
+    prefetcher = sdk.Prefetcher(client, "q", visibility_timeout=30, strict=True, wait=0)
+    assert prefetcher.get(timeout=0.1) is None  # gone before the receive answered
+    deadline = time.monotonic() + 5
+    while not client.given_back and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.given_back == ["q/0/b/0"] and prefetcher.buffered == 0
+    prefetcher.close()
+
+
+def test_the_prefetch_thread_survives_an_error_that_is_not_the_apis():
+    class Broken(FakeConsumerClient):
+        fails = 2
+
+        def dequeue(self, queue, max_messages, *, visibility_timeout=None, wait=0):
+            if self.fails:
+                self.fails -= 1
+                raise ValueError("a bug in a library")
+            return super().dequeue(queue, max_messages, visibility_timeout=visibility_timeout, wait=wait)
+
+    client = Broken([Message(id="q/0/b/0", receipt="r", body="x")])
+    prefetcher = sdk.Prefetcher(client, "q", visibility_timeout=30, strict=False, wait=0.1)
+    held = prefetcher.get(timeout=5)
+    assert held is not None and held.message.id == "q/0/b/0"
+    prefetcher.close()
+
+
+def test_a_handler_raising_a_base_exception_gives_its_message_back():
+    import asyncio
+    import time
+
+    class Client_(FakeConsumerClient):
+        def __init__(self, ready):
+            super().__init__(ready)
+            self.acked: list[str] = []
+            self.extended: list[str] = []
+
+        def ack(self, queue, items):
+            self.acked += [i["id"] if isinstance(i, dict) else i.id for i in items]
+
+        def change_visibility(self, queue, message, seconds):
+            if seconds == 0:
+                self.given_back.append(message.id)
+            else:
+                self.extended.append(message.id)
+
+    def handler(message):
+        if message.body == "cancel":
+            raise asyncio.CancelledError
+        return None
+
+    messages = [Message(id="q/0/b/0", receipt="r", body="cancel"), Message(id="q/0/b/1", receipt="r", body="ok")]
+    client = Client_(messages)
+    consumer = sdk.Consumer(client, "q", handler, threads=1, visibility_timeout=30, strict=False)
+    with consumer:
+        deadline = time.monotonic() + 5
+        while consumer.handled + consumer.failed < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert consumer._held == {}
+    assert consumer.failed == 1 and consumer.handled == 1, "the worker lived on"
+    assert client.given_back == ["q/0/b/0"] and client.acked == ["q/0/b/1"]
+
+
+def test_a_forked_child_does_not_hand_out_the_parents_buffer():
+    import os
+    import time
+
+    from mq_client.consumer import _Held
+
+    prefetcher = sdk.Prefetcher(FakeConsumerClient([]), "q", visibility_timeout=30, strict=False, wait=0)
+    with prefetcher._cv:
+        prefetcher._buffer.append(_Held(Message(id="q/0/b/0", receipt="r", body="x"), time.monotonic() + 30))
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if it got nothing of the parent's
+        try:
+            os._exit(0 if prefetcher.get(timeout=0.2) is None else 1)
+        except BaseException:  # noqa: BLE001 - a child must never return into pytest
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert prefetcher.get(timeout=1).message.id == "q/0/b/0", "the parent keeps its own"
+    prefetcher.close()
