@@ -348,7 +348,10 @@ class Consumer:
         started = time.monotonic()
         try:
             got = self.client.dequeue(self.queue, 1, visibility_timeout=self.visibility_timeout, wait=0.5)
-        except ApiError:
+        except Exception as exc:  # the worker must go on: try again shortly
+            if not isinstance(exc, ApiError):
+                log.exception("mq receive of %s failed", self.queue)
+            time.sleep(0.1)
             return None
         return _Held(got[0], started + self.visibility_timeout) if got else None
 

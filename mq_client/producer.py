@@ -432,8 +432,14 @@ class Producer(_Coalescer[str]):
 
     What it can, it checks before buffering (:func:`mq_client.checks.check_message`): a bad
     message's future fails at once and no batch carries it. When the API refuses a batch anyway
-    (a 4xx), the message it names fails alone and the rest are sent again; a refusal that names
-    none (a request too large) is split in halves down to the message at fault.
+    (a 4xx), the message it names fails alone and the rest are sent again (after
+    ``HALVE_AFTER`` such refusals in a row, as two halves); a refusal that names none (a request
+    too large) is split in halves down to the message at fault (:class:`Splitter`: no
+    recursion, at most about 2n calls for n messages).
+
+    Futures are resolved in a sender thread after their batch's room in the buffer is freed, so
+    a done-callback may :meth:`send` again; :meth:`flush` or :meth:`close` from a callback
+    starts the sending and returns without waiting for it.
 
     A clean exit flushes every producer (``atexit``); a forked child starts with an empty buffer
     and its own threads (the parent sends what was buffered before the fork).
