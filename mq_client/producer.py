@@ -116,6 +116,7 @@ class _Coalescer(Generic[_R]):
         self._pending_bytes: dict[Any, int] = {}
         self._busy: set[Any] = set()
         self._unresolved: set[Future[_R]] = set()
+        self._resolving: set[Future[_R]] = set()  # out of the buffer, their callbacks running
         self._flushing = 0
         self._flush_before = -math.inf
         self._threads: list[threading.Thread] = []
@@ -216,22 +217,29 @@ class _Coalescer(Generic[_R]):
                 batch = self._take(key)
                 self._busy.add(key)
             answers: list[_Answer] = []
+            error: BaseException = RuntimeError("no answer for this message in its batch's")
             try:
                 if batch:
                     self._deliver(key, batch, answers)
             except BaseException as exc:  # noqa: BLE001 - resolved, never lost: a thread that died would leave them pending
-                answered = {id(a[0]) for a in answers}
-                answers += [(e.future, None, self._unknown(key, e, exc)) for e in batch if id(e.future) not in answered]
+                error = exc
             finally:
+                answered = {id(a[0]) for a in answers}
+                answers += [
+                    (e.future, None, self._unknown(key, e, error)) for e in batch if id(e.future) not in answered
+                ]
                 # free the slots and the queue first, then resolve outside the lock: a future's
                 # callback may send() on a full buffer, or to this queue, without waiting on us
+                futures = [entry.future for entry in batch]
                 with self._cv:
                     self._busy.discard(key)
-                    for entry in batch:
-                        self._unresolved.discard(entry.future)
+                    self._unresolved.difference_update(futures)
+                    self._resolving.update(futures)
                     self._cv.notify_all()
-                for future, result, error in answers:
-                    _resolve(future, result, error)
+                for future, result, failure in answers:
+                    _resolve(future, result, failure)
+                with self._cv:
+                    self._resolving.difference_update(futures)
 
     def _deliver(self, key: Any, batch: list[_Entry[_R]], answers: list[_Answer]) -> None:
         """Send ``batch``; append each entry's answer to ``answers`` (resolved by the caller)."""
@@ -287,6 +295,7 @@ class _Coalescer(Generic[_R]):
                 self._flush_before = time.monotonic()  # what is buffered now goes without the linger
                 self._cv.notify_all()
                 return False
+            waiting |= self._resolving
             self._flushing += 1
             self._cv.notify_all()
         try:
