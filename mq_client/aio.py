@@ -58,8 +58,8 @@ from mq_client.producer import (
     DEFAULT_LINGER,
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_MAX_BUFFERED,
+    Splitter,
     message_item,
-    split_refused,
 )
 from mq_client.routing import OwnerCache
 from mq_client.transport import API_PREFIX, Done, Transport, answer_json, dumps
@@ -469,18 +469,26 @@ class AsyncProducer:
             async with self._room:
                 try:
                     await asyncio.wait_for(
-                        self._room.wait_for(lambda: len(self._unresolved) < self.max_buffered), self.block_timeout
+                        self._room.wait_for(lambda: self._closed or len(self._unresolved) < self.max_buffered),
+                        self.block_timeout,
                     )
                 except TimeoutError:
                     raise BufferFull(
                         f"still {len(self._unresolved)} messages buffered after {self.block_timeout}s"
                     ) from None
+            if self._closed:  # closed while it waited for room
+                raise RuntimeError("AsyncProducer is closed")
         self._unresolved.add(future)
         future.add_done_callback(self._done)
         self._pending.setdefault(queue, deque()).append(_Pending(item, len(dumps(item)) + 1, future, loop.time()))
-        if queue not in self._senders:
-            self._senders[queue] = loop.create_task(self._send_queue(queue))
+        self._start_sender(queue)
         return future
+
+    def _start_sender(self, queue: str) -> None:
+        """A sender for ``queue`` unless one is alive (a sender that ended is replaced)."""
+        sender = self._senders.get(queue)
+        if sender is None or sender.done():
+            self._senders[queue] = asyncio.get_running_loop().create_task(self._send_queue(queue))
 
     def _done(self, future: asyncio.Future[str]) -> None:
         self._unresolved.discard(future)
@@ -491,8 +499,10 @@ class AsyncProducer:
             self._room.notify_all()
 
     async def _send_queue(self, queue: str) -> None:
-        """The queue's batches, one at a time, while it has messages."""
+        """The queue's batches, one at a time, while it has messages. Whatever a batch raises
+        resolves that batch's futures and the sender goes on with the next."""
         loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
         try:
             while self._pending.get(queue):
                 pending = self._pending[queue]
@@ -516,32 +526,44 @@ class AsyncProducer:
                 entry.future.cancel()
             raise
         finally:
-            self._senders.pop(queue, None)
+            if self._senders.get(queue) is me:
+                del self._senders[queue]
             if not self._pending.get(queue):
                 self._pending.pop(queue, None)
 
     async def _deliver(self, queue: str, batch: list[_Pending]) -> None:
+        """Send ``batch``, part after part as refusals split it (:class:`~mq_client.producer.Splitter`),
+        and resolve every future of it: with its ID, its own error, or ``DeliveryUnknown`` when
+        the call may have stored it (5xx, no answer, an error that is not the API's)."""
+        splitter: Splitter[_Pending] = Splitter(batch, lambda e: e.item)
+        part: list[_Pending] | None = None
         try:
-            ids = await self.client.enqueue_batch(queue, [e.item for e in batch])
-        except BadRequest as exc:
-            failed, parts = split_refused(batch, exc, lambda e: e.item)
-            if failed is not None:
-                _set(batch[failed].future, exc=exc)
-            for part in parts:
-                await self._deliver(queue, part)
-        except (Unavailable, ServerError) as exc:
-            for e in batch:
+            while (part := splitter.next()) is not None:
+                try:
+                    ids = await self.client.enqueue_batch(queue, [e.item for e in part])
+                except BadRequest as exc:
+                    failed = splitter.refused(part, exc)
+                    if failed is not None:
+                        _set(failed.future, exc=exc)
+                except (Unavailable, ServerError) as exc:
+                    for e in part:
+                        _set(e.future, exc=DeliveryUnknown(queue, e.item, exc))
+                except ApiError as exc:  # 401, 403, 404: nothing of it stored, nor would it be
+                    for e in part:
+                        _set(e.future, exc=exc)
+                except Exception as exc:  # noqa: BLE001 - a bug or a library's error: the call may have gone out
+                    for e in part:
+                        _set(e.future, exc=DeliveryUnknown(queue, e.item, exc))
+                else:
+                    for e, mid in zip(part, ids):
+                        _set(e.future, mid)
+        except BaseException as exc:  # cancelled mid-call: it may have gone out; the rest never did
+            for e in part or ():
                 _set(e.future, exc=DeliveryUnknown(queue, e.item, exc))
-        except ApiError as exc:
-            for e in batch:
-                _set(e.future, exc=exc)
-        except BaseException as exc:  # cancelled mid-call, or a bug: the call may have gone out
-            for e in batch:
-                _set(e.future, exc=DeliveryUnknown(queue, e.item, exc))
+            while (rest := splitter.next()) is not None:
+                for e in rest:
+                    e.future.cancel()
             raise
-        else:
-            for e, mid in zip(batch, ids):
-                _set(e.future, mid)
 
     async def flush(self, timeout: float | None = None) -> bool:
         """Send what is buffered now, without the linger; wait for its answers. False if some
@@ -557,8 +579,14 @@ class AsyncProducer:
             self._flushing -= 1
 
     async def close(self, timeout: float | None = None) -> bool:
-        """Send what is buffered and wait for the answers; ``send`` refuses afterwards."""
+        """Send what is buffered and wait for the answers (each future is resolved, unless
+        ``timeout`` passes first: then False); ``send`` refuses afterwards, and a ``send`` still
+        waiting for room raises."""
         self._closed = True
+        await self._notify()
+        for queue, pending in list(self._pending.items()):
+            if pending:
+                self._start_sender(queue)
         return await self.flush(timeout)
 
     async def __aenter__(self) -> AsyncProducer:

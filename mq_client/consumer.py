@@ -8,24 +8,33 @@ handler finds its next message waiting; the consumer's acks go through an
 **Nothing waits in the buffer past its visibility.** A message received is hidden from other
 consumers for its visibility timeout; if it waited in the buffer until that ran out, another
 consumer would receive it too and it would be handled twice. So the buffer holds about what the
-handlers take in ``fill`` (half) of the visibility timeout, measured (messages handed out a
-second, over the last moments), never more than ``max_prefetch``, and at first only what the
-handlers waiting ask for. A buffered message that would have less than ``margin`` of its
-visibility left when handed out is given back at once (visibility 0) instead.
+handlers take in ``fill`` (half) of the visibility timeout, measured (messages handed out over
+the last ``RATE_WINDOW`` seconds, so it starts small and grows with a sustained rate), never
+more than ``max_prefetch``, and at first only what the handlers waiting ask for. A message's
+visibility is counted from when its receive was answered. A buffered message that would have
+less than ``margin`` of its visibility left when handed out is given back at once (visibility
+0) instead.
 
 **Strict queues.** A strict queue delivers a group's messages one at a time: while one is
 delivered and not acknowledged, nobody receives the group's next. A message held in a buffer is
 therefore a group held from every other consumer, for nothing. On a strict queue (or with
 ``strict=True``, for a queue whose messages carry groups) the prefetcher receives only for the
 handlers already waiting, so it holds nothing that a handler is not ready for: the saving left
-is that a handler's ack does not wait for its answer (the acker sends it).
+is that a handler's ack does not wait for its answer (the acker sends it), and a message that
+arrives when no handler waits any more (its ``get`` timed out) is given back at once.
+
+A forked child starts with an empty buffer (the parent's messages stay the parent's) and its
+own receiving thread.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -38,7 +47,14 @@ from mq_client.types import Message
 if TYPE_CHECKING:
     from mq_client.client import Client
 
-__all__ = ["Consumer", "Prefetcher"]
+__all__ = ["RATE_WINDOW", "Consumer", "Prefetcher"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds over which the handlers' rate is measured (hand-outs in the window over its length).
+RATE_WINDOW = 5.0
+#: Seconds a receive answered late is assumed to have taken back (the answer's way back to us).
+_ANSWER_SLACK = 0.5
 
 
 @dataclass(slots=True)
@@ -87,16 +103,23 @@ class Prefetcher:
         self.fill = fill
         self.margin = max(1.0, self.visibility_timeout / 10) if margin is None else margin
         self.wait = wait
+        self._closed = False
+        #: messages given back because they would have expired in the buffer (a figure to watch)
+        self.given_back = 0
+        self._fresh_state()
+        _LIVE.add(self)
+
+    def _fresh_state(self) -> None:
+        """An empty buffer and a new receiving thread (at first, and in a forked child)."""
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._buffer: deque[_Held] = deque()
         self._waiting = 0
-        self._handed: deque[float] = deque(maxlen=256)  # when messages were handed out
-        self._closed = False
-        #: messages given back because they would have expired in the buffer (a figure to watch)
-        self.given_back = 0
-        self._thread = threading.Thread(target=self._run, name=f"mq-prefetch-{queue}", daemon=True)
-        self._thread.start()
+        self._handed: deque[float] = deque(maxlen=1024)  # when messages were handed out
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._run, name=f"mq-prefetch-{self.queue}", daemon=True)
+        if not self._closed:
+            self._thread.start()
 
     # --------------------------------------------------------------- handing out
 
@@ -105,6 +128,8 @@ class Prefetcher:
         none came within ``timeout`` seconds or the prefetcher is closed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         expired: list[Message] = []
+        if self._pid != os.getpid():  # forked without the hook: the parent's messages are not ours
+            self._fresh_state()
         try:
             with self._cv:
                 self._waiting += 1
@@ -142,12 +167,11 @@ class Prefetcher:
         """How many messages the buffer should hold now (without the lock: a figure)."""
         if self.strict:
             return 0
-        handed = list(self._handed)
-        if len(handed) < 2 or handed[-1] <= handed[0]:
-            return 0
-        if time.monotonic() - handed[-1] > self.visibility_timeout * self.fill:
-            return 0  # the handlers stopped taking: the old rate says nothing
-        rate = (len(handed) - 1) / (handed[-1] - handed[0])
+        since = time.monotonic() - RATE_WINDOW
+        recent = sum(1 for at in list(self._handed) if at >= since)
+        # over the whole window: a burst of hand-outs (handlers starting together) counts as a
+        # burst, not as a rate; a sustained rate fills the window
+        rate = recent / RATE_WINDOW
         return min(self.max_prefetch, math.floor(rate * self.visibility_timeout * self.fill))
 
     @property
@@ -179,17 +203,30 @@ class Prefetcher:
                 messages = self.client.dequeue(
                     self.queue, room, visibility_timeout=self.visibility_timeout, wait=self.wait
                 )
-            except ApiError:
-                time.sleep(min(1.0, self.wait))  # the client retried already; try again shortly
+            except Exception as exc:
+                if not isinstance(exc, ApiError):
+                    log.exception("mq prefetch of %s: receive failed", self.queue)
+                time.sleep(min(1.0, self.wait) or 0.1)  # the client retried already; try again shortly
                 continue
+            # the visibility runs from when the node took them: at the latest when it answered
+            # (a long poll answers when messages arrive), less the answer's way back
+            answered = time.monotonic()
+            taken = max(started, answered - _ANSWER_SLACK)
+            extra: list[Message] = []
             with self._cv:
                 closed = self._closed
                 if not closed:
-                    self._buffer.extend(_Held(m, started + self.visibility_timeout) for m in messages)
+                    if self.strict:  # hold nothing nobody waits for: a held group blocks others
+                        keep = max(0, self._waiting - len(self._buffer))
+                        messages, extra = messages[:keep], messages[keep:]
+                    self._buffer.extend(_Held(m, taken + self.visibility_timeout) for m in messages)
                     self._cv.notify_all()
             if closed:
                 self._give_back(messages)
                 return
+            if extra:
+                self._give_back(extra)
+                self.given_back -= len(extra)
 
     def _expiring(self, now: float) -> list[Message]:
         """Take out the buffered messages that could no longer be handed out in time (locked)."""
@@ -203,8 +240,8 @@ class Prefetcher:
             self.given_back += 1
             try:
                 self.client.give_back(self.queue, m)
-            except ApiError:
-                pass  # it becomes visible again at its deadline anyway
+            except Exception:
+                log.debug("mq give back of %s failed", m.id, exc_info=True)
 
     def close(self) -> None:
         """Stop receiving and give back what is buffered (visibility 0: delivered again at once)."""
@@ -215,7 +252,9 @@ class Prefetcher:
             self._cv.notify_all()
         self._give_back(left)
         self.given_back -= len(left)  # given back on close, not because they would expire
-        self._thread.join(self.wait + self.client.timeout + 1)
+        _LIVE.discard(self)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(self.wait + self.client.timeout + 1)
 
     def __enter__(self) -> Prefetcher:
         return self
@@ -231,7 +270,13 @@ class Consumer:
     With ``prefetch`` (the default) the messages come from a :class:`Prefetcher` and the acks go
     through an :class:`~mq_client.producer.Acker`; without, each thread receives one message and
     acknowledges it itself, a call each. A heartbeat extends the visibility of every message a
-    handler still holds when less than half of it is left.
+    handler still holds when less than half of it is left; it beats more often than the
+    prefetcher's ``margin`` (the least visibility a message is handed out with), so no message
+    runs out between two beats.
+
+    A handler that raises anything, an ``Exception`` or not (``CancelledError``), fails its
+    message: it is given back and no longer extended. ``SystemExit`` and ``KeyboardInterrupt``
+    end the thread after that; other errors do not.
     """
 
     def __init__(
@@ -303,7 +348,10 @@ class Consumer:
         started = time.monotonic()
         try:
             got = self.client.dequeue(self.queue, 1, visibility_timeout=self.visibility_timeout, wait=0.5)
-        except ApiError:
+        except Exception as exc:  # the worker must go on: try again shortly
+            if not isinstance(exc, ApiError):
+                log.exception("mq receive of %s failed", self.queue)
+            time.sleep(0.1)
             return None
         return _Held(got[0], started + self.visibility_timeout) if got else None
 
@@ -315,10 +363,13 @@ class Consumer:
             message = held.message
             with self._lock:
                 self._held[message.id] = held
+            fatal: BaseException | None = None
             try:
                 self.handler(message)
-            except Exception:  # noqa: BLE001 - the handler's failure: the message goes back, the thread goes on
+            except BaseException as exc:  # noqa: BLE001 - the handler's failure: the message goes back
                 ok = False
+                if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+                    fatal = exc
             else:
                 ok = True
             try:
@@ -330,6 +381,8 @@ class Consumer:
                         self.handled += 1
                     else:
                         self.failed += 1
+            if fatal is not None:
+                raise fatal
 
     def _settle(self, message: Message, *, ok: bool) -> None:
         try:
@@ -342,11 +395,14 @@ class Consumer:
                 self.client.ack(self.queue, [message])
             else:
                 self.client.give_back(self.queue, message)
-        except ApiError:
-            pass  # not acknowledged: delivered again after its visibility (at least once)
+        except Exception:
+            log.debug("mq settling %s failed", message.id, exc_info=True)
 
     def _heartbeat(self) -> None:
-        period = max(0.5, self.visibility_timeout / 4)
+        # more often than the margin a message may be handed out with (else it could run out
+        # between two beats), and than a quarter of the visibility timeout
+        margin = self.prefetcher.margin if self.prefetcher is not None else max(1.0, self.visibility_timeout / 10)
+        period = max(0.1, min(self.visibility_timeout / 4, margin / 2))
         while not self._stop.wait(period):
             now = time.monotonic()
             with self._lock:
@@ -355,5 +411,18 @@ class Consumer:
                 try:
                     self.client.change_visibility(self.queue, held.message, self.visibility_timeout)
                     held.deadline = time.monotonic() + self.visibility_timeout
-                except ApiError:
-                    pass  # acknowledged meanwhile, or its receipt is stale: nothing to extend
+                except Exception:
+                    log.debug("mq heartbeat of %s failed", held.message.id, exc_info=True)
+
+
+# Every open prefetcher of this process: emptied in a forked child.
+_LIVE: weakref.WeakSet[Prefetcher] = weakref.WeakSet()
+
+
+def _renew_in_child() -> None:
+    for prefetcher in list(_LIVE):
+        prefetcher._fresh_state()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_renew_in_child)

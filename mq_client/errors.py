@@ -108,14 +108,15 @@ class BufferFull(Exception):
 
 
 def error_class(status: int) -> type[ApiError]:
-    """The exception class of an HTTP status of 400 and above (429 is :class:`Unavailable`)."""
+    """The exception class of an HTTP status of 400 and above (408 and 429 are
+    :class:`Unavailable`: nothing wrong with the call, a later try may do)."""
     if status == 404:
         return NotFound
     if status == 409:
         return Conflict
     if status in (401, 403):
         return Unauthorized
-    if status in (429, 503):
+    if status in (408, 429, 503):
         return Unavailable
     if status >= 500:
         return ServerError

@@ -16,6 +16,7 @@ retries), with :class:`~mq_client.errors.DeliveryUnknown`.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import threading
 import time
@@ -43,6 +44,7 @@ __all__ = [
     "DEFAULT_MAX_BUFFERED",
     "Acker",
     "Producer",
+    "Splitter",
     "message_item",
     "split_refused",
 ]
@@ -114,7 +116,9 @@ class _Coalescer(Generic[_R]):
         self._pending_bytes: dict[Any, int] = {}
         self._busy: set[Any] = set()
         self._unresolved: set[Future[_R]] = set()
+        self._resolving: set[Future[_R]] = set()  # out of the buffer, their callbacks running
         self._flushing = 0
+        self._flush_before = -math.inf
         self._threads: list[threading.Thread] = []
         self._pid = os.getpid()
 
@@ -172,7 +176,7 @@ class _Coalescer(Generic[_R]):
             ):
                 return key, None
             due = queue[0].at + self.linger - now
-            if due <= 0:
+            if due <= 0 or queue[0].at <= self._flush_before:
                 return key, None
             soonest = due if soonest is None else min(soonest, due)
         return None, soonest
@@ -212,43 +216,86 @@ class _Coalescer(Generic[_R]):
                     continue
                 batch = self._take(key)
                 self._busy.add(key)
+            answers: list[_Answer] = []
+            error: BaseException = RuntimeError("no answer for this message in its batch's")
             try:
                 if batch:
-                    self._deliver(key, batch)
+                    self._deliver(key, batch, answers)
             except BaseException as exc:  # noqa: BLE001 - resolved, never lost: a thread that died would leave them pending
-                for entry in batch:
-                    _resolve(entry.future, exc=self._unknown(key, entry, exc))
+                error = exc
             finally:
+                answered = {id(a[0]) for a in answers}
+                answers += [
+                    (e.future, None, self._unknown(key, e, error)) for e in batch if id(e.future) not in answered
+                ]
+                # free the slots and the queue first, then resolve outside the lock: a future's
+                # callback may send() on a full buffer, or to this queue, without waiting on us
+                futures = [entry.future for entry in batch]
                 with self._cv:
                     self._busy.discard(key)
-                    for entry in batch:
-                        self._unresolved.discard(entry.future)
+                    self._unresolved.difference_update(futures)
+                    self._resolving.update(futures)
                     self._cv.notify_all()
+                for future, result, failure in answers:
+                    _resolve(future, result, failure)
+                with self._cv:
+                    self._resolving.difference_update(futures)
 
-    def _deliver(self, key: Any, batch: list[_Entry[_R]]) -> None:
+    def _deliver(self, key: Any, batch: list[_Entry[_R]], answers: list[_Answer]) -> None:
+        """Send ``batch``; append each entry's answer to ``answers`` (resolved by the caller)."""
         raise NotImplementedError
 
     def _unknown(self, key: Any, entry: _Entry[_R], exc: BaseException) -> BaseException:
         return exc
 
-    def _isolate(self, batch: list[_Entry[_R]], exc: ApiError, resend: Callable[[list[_Entry[_R]]], None]) -> None:
-        """A batch refused whole (4xx): fail the message the refusal names and resend the rest;
-        when it names none, resend each half, down to the message at fault."""
-        failed, parts = split_refused(batch, exc, lambda e: e.item)
-        if failed is not None:
-            _resolve(batch[failed].future, exc=exc)
-        for part in parts:
-            resend(part)
+    def _send_isolating(
+        self,
+        key: Any,
+        batch: list[_Entry[_R]],
+        answers: list[_Answer],
+        call: Callable[[list[_Entry[_R]]], list[Any]],
+        refused: tuple[type[ApiError], ...],
+        unknown: tuple[type[ApiError], ...],
+    ) -> None:
+        """Send ``batch`` with ``call`` (its results, one an entry), part after part: a part the
+        API refuses whole (``refused``) is split by :class:`Splitter` and its parts sent again;
+        ``unknown`` errors (or any but an ``ApiError``) make the part's entries unknown, another
+        ``ApiError`` fails them. Never recursive, at most about ``2 * len(batch)`` calls."""
+        splitter: Splitter[_Entry[_R]] = Splitter(batch, lambda e: e.item)
+        while (part := splitter.next()) is not None:
+            try:
+                results = call(part)
+            except refused as exc:
+                failed = splitter.refused(part, exc)
+                if failed is not None:
+                    answers.append((failed.future, None, exc))
+            except unknown as exc:  # (ConnectionFailed too) it may be stored
+                answers += [(e.future, None, self._unknown(key, e, exc)) for e in part]
+            except ApiError as exc:  # 401, 403, 404: nothing of it stored, nor would it be
+                answers += [(e.future, None, exc) for e in part]
+            except Exception as exc:  # noqa: BLE001 - a bug or a library's error: the call may have gone out
+                answers += [(e.future, None, self._unknown(key, e, exc)) for e in part]
+            else:
+                answers += [(e.future, r, None) for e, r in zip(part, results)]
 
     # ------------------------------------------------------------ flush, close
 
     def flush(self, timeout: float | None = None) -> bool:
         """Send everything buffered now, without waiting for the linger, and wait until each of
-        those messages is answered; False if some were not within ``timeout`` seconds."""
+        those messages is answered; False if some were not within ``timeout`` seconds.
+
+        Called from one of its own sender threads (a future's done-callback), it only starts
+        the sending and does not wait: those threads answer the messages it would wait for. It
+        returns True then only if nothing was buffered."""
         with self._cv:
             waiting = set(self._unresolved)
             if not waiting:
                 return True
+            if threading.current_thread() in self._threads:
+                self._flush_before = time.monotonic()  # what is buffered now goes without the linger
+                self._cv.notify_all()
+                return False
+            waiting |= self._resolving
             self._flushing += 1
             self._cv.notify_all()
         try:
@@ -287,6 +334,8 @@ class _Coalescer(Generic[_R]):
 
 
 _S = TypeVar("_S", bound="_Coalescer[Any]")
+#: A future's answer: (future, result, error), resolved once the batch's slots are free.
+_Answer = tuple[Future[Any], Any, "BaseException | None"]
 
 
 _E = TypeVar("_E")
@@ -307,6 +356,47 @@ def split_refused(batch: list[_E], exc: ApiError, item_of: Callable[[_E], Any]) 
         return 0, []
     half = len(batch) // 2
     return None, [batch[:half], batch[half:]]
+
+
+#: Refusals naming a message, one after the other, before the rest of a part is split in halves.
+HALVE_AFTER = 4
+
+
+class Splitter(Generic[_E]):
+    """The parts of a batch to send, in order, as the API refuses some (iterative: a batch of
+    any number of bad messages needs no recursion).
+
+    A refusal naming a message fails it and sends the rest again; after ``halve_after`` such
+    refusals in a row the rest goes as two halves (a half without a bad message is stored in
+    one call), and a refusal naming none splits in halves down to the message at fault. A
+    message the answer names, or left alone in a refused part, is refused for certain; the
+    others are sent again. A batch of n messages takes at most about 2n calls.
+    """
+
+    def __init__(self, batch: list[_E], item_of: Callable[[_E], Any], halve_after: int = HALVE_AFTER) -> None:
+        self._work: deque[list[_E]] = deque([batch]) if batch else deque()
+        self._item_of = item_of
+        self._halve_after = halve_after
+        self._in_row = 0
+
+    def next(self) -> list[_E] | None:
+        """The next part to send, or None when all are sent."""
+        return self._work.popleft() if self._work else None
+
+    def refused(self, part: list[_E], exc: ApiError) -> _E | None:
+        """``part`` was refused whole with ``exc``: the entry refused for certain, if one is
+        (fail it with ``exc``); what to send again comes from :meth:`next`."""
+        failed, parts = split_refused(part, exc, self._item_of)
+        if failed is None:
+            self._in_row = 0
+        else:
+            self._in_row += 1
+            if self._in_row >= self._halve_after and parts and len(parts[0]) > 1:
+                rest = parts[0]
+                parts = [rest[: len(rest) // 2], rest[len(rest) // 2 :]]
+                self._in_row = 0
+        self._work.extendleft(reversed(parts))
+        return part[failed] if failed is not None else None
 
 
 def _id_of(item: Any) -> str | None:
@@ -351,8 +441,14 @@ class Producer(_Coalescer[str]):
 
     What it can, it checks before buffering (:func:`mq_client.checks.check_message`): a bad
     message's future fails at once and no batch carries it. When the API refuses a batch anyway
-    (a 4xx), the message it names fails alone and the rest are sent again; a refusal that names
-    none (a request too large) is split in halves down to the message at fault.
+    (a 4xx), the message it names fails alone and the rest are sent again (after
+    ``HALVE_AFTER`` such refusals in a row, as two halves); a refusal that names none (a request
+    too large) is split in halves down to the message at fault (:class:`Splitter`: no
+    recursion, at most about 2n calls for n messages).
+
+    Futures are resolved in a sender thread after their batch's room in the buffer is freed, so
+    a done-callback may :meth:`send` again; :meth:`flush` or :meth:`close` from a callback
+    starts the sending and returns without waiting for it.
 
     A clean exit flushes every producer (``atexit``); a forked child starts with an empty buffer
     and its own threads (the parent sends what was buffered before the fork).
@@ -423,20 +519,15 @@ class Producer(_Coalescer[str]):
             return failed
         return self._add(queue, item, len(dumps(item)) + 1)
 
-    def _deliver(self, key: Any, batch: list[_Entry[str]]) -> None:
-        try:
-            ids = self.client.enqueue_batch(key, [e.item for e in batch])
-        except BadRequest as exc:  # the batch refused whole: find the message at fault
-            self._isolate(batch, exc, lambda part: self._deliver(key, part))
-        except (Unavailable, ServerError) as exc:  # (ConnectionFailed too) it may be stored
-            for entry in batch:
-                _resolve(entry.future, exc=self._unknown(key, entry, exc))
-        except ApiError as exc:  # 401, 403, 404: nothing of it stored, nor would it be
-            for entry in batch:
-                _resolve(entry.future, exc=exc)
-        else:
-            for entry, mid in zip(batch, ids):
-                _resolve(entry.future, mid)
+    def _deliver(self, key: Any, batch: list[_Entry[str]], answers: list[_Answer]) -> None:
+        self._send_isolating(
+            key,
+            batch,
+            answers,
+            lambda part: self.client.enqueue_batch(key, [e.item for e in part]),
+            refused=(BadRequest,),
+            unknown=(Unavailable, ServerError),
+        )
 
     def _unknown(self, key: Any, entry: _Entry[str], exc: BaseException) -> BaseException:
         return DeliveryUnknown(key, entry.item, exc)
@@ -505,26 +596,23 @@ class Acker(_Coalescer[Any]):
         """Change a delivered message's visibility (0: give it back), from a background thread."""
         return self._add(("visibility", queue or message.queue), (message, visibility_timeout), 64)
 
-    def _deliver(self, key: Any, batch: list[_Entry[Any]]) -> None:
+    def _deliver(self, key: Any, batch: list[_Entry[Any]], answers: list[_Answer]) -> None:
         kind, queue = key
         if kind == "visibility":
             for entry in batch:
                 message, seconds = entry.item
                 try:
-                    _resolve(entry.future, self.client.change_visibility(queue, message, seconds))
-                except ApiError as exc:
-                    _resolve(entry.future, exc=exc)
+                    answers.append((entry.future, self.client.change_visibility(queue, message, seconds), None))
+                except Exception as exc:  # noqa: BLE001 - its own answer, the next ones still go
+                    answers.append((entry.future, None, exc))
             return
-        try:
-            self.client.ack(queue, [e.item for e in batch])
-        except (BadRequest, Conflict) as exc:
-            self._isolate(batch, exc, lambda part: self._deliver(key, part))
-        except ApiError as exc:
-            for entry in batch:
-                _resolve(entry.future, exc=exc)
-        else:
-            for entry in batch:
-                _resolve(entry.future, None)
+
+        def ack(part: list[_Entry[Any]]) -> list[None]:
+            self.client.ack(queue, [e.item for e in part])
+            return [None] * len(part)
+
+        # an ack whose answer was lost fails with the client's error (acking again is safe)
+        self._send_isolating(key, batch, answers, ack, refused=(BadRequest, Conflict), unknown=())
 
 
 # Every producer and acker of this process: flushed at a clean exit, emptied in a forked child.

@@ -1,7 +1,8 @@
 """HTTP to the nodes: sessions, the auth headers, the round robin, retries and backoff.
 
-A 4xx other than 429 is never retried (the call was wrong and changed nothing). A 429 (a node's
-cap on concurrent long polls or consumers) is retried like a 5xx. A 5xx (503 means "this
+A 4xx other than 408 and 429 is never retried (the call was wrong and changed nothing). A 429 (a
+node's cap on concurrent long polls or consumers) and a 408 (the node timed out reading the
+request: nothing wrong with it) are retried like a 5xx. A 5xx (503 means "this
 partition is not served here right now") and a connection error are retried up to ``retries``
 times with exponential backoff and full jitter, honouring ``Retry-After``, each time on the next
 node of the round robin. A node that refused a connection is skipped for a short while.
@@ -267,9 +268,9 @@ class Transport:
                 yield Done(body if body is not None else {})
                 return
             error = error_from_answer(status, body if isinstance(body, dict) else {"detail": body}, base)
-            if status < 500 and status != 429:
+            if status < 500 and status not in (408, 429):
                 raise error
-            last = error  # 5xx, and 429 (a node's cap on long polls or consumers): later may do
+            last = error  # 5xx, 429 (a node's cap on long polls or consumers), 408: later may do
             if direct:  # the owner moved or is failing: the round robin, at once
                 self.on_owner_failed(path)
             elif attempt < retries:

@@ -161,7 +161,9 @@ def test_every_future_resolved_once_when_the_node_dies_mid_batch(node_factory, t
         t.start()
     _wait(lambda: len(resolutions) > 200, 20, "messages to be stored before the kill")
     node.kill()  # mid-batch: senders never stopped
-    _wait(lambda: any(isinstance(r[0], sdk.DeliveryUnknown) for r in list(resolutions.values())), 30, "a batch lost")
+    # a batch in flight at the kill is unknown; one sent after it may be unknown or failed (a
+    # refused connection): either way its futures resolve, once
+    _wait(lambda: any(not isinstance(r[0], str) for r in list(resolutions.values())), 30, "a batch not stored")
     stop.set()
     for t in threads:
         t.join()
@@ -173,7 +175,7 @@ def test_every_future_resolved_once_when_the_node_dies_mid_batch(node_factory, t
     stored = {b: r[0] for b, r in resolutions.items() if isinstance(r[0], str)}
     unknown = {b: r[0] for b, r in resolutions.items() if isinstance(r[0], sdk.DeliveryUnknown)}
     failed = {b: r[0] for b, r in resolutions.items() if b not in stored and b not in unknown}
-    assert stored and unknown
+    assert stored and (unknown or failed)
     assert all(isinstance(e, sdk.ApiError) for e in failed.values()), failed
     for body, e in unknown.items():
         assert e.dedup_id and e.queue == name and e.message["body"] == body
@@ -304,11 +306,12 @@ def test_a_consumer_extends_what_its_handler_still_holds(node_factory, token):
         started.set()
         release.wait(30)
 
-    with sdk.Consumer(mq, name, handler, threads=1, visibility_timeout=2) as consumer:
+    # a visibility timeout of 6 s leaves the heartbeat seconds of slack on a loaded machine
+    with sdk.Consumer(mq, name, handler, threads=1, visibility_timeout=6) as consumer:
         assert started.wait(20)
         # three visibility timeouts later the message is still hidden: the heartbeat extended it
         other = Client(mq.urls, token)
-        assert other.dequeue(name, 10, wait=6) == []
+        assert other.dequeue(name, 10, wait=18) == []
         release.set()
         _wait(lambda: consumer.handled == 1, 20, "the handler to finish")
     assert seen == [mid]
