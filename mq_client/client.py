@@ -307,8 +307,11 @@ class Client:
         attributes: Mapping[str, Any] | None = None,
         size: int | None = None,
         estimates: Estimates | Mapping[str, float] | None = None,
+        fairness_key: str | None = None,
     ) -> str:
-        """Enqueue one message; its ID. A message with a group goes to its partition's owner."""
+        """Enqueue one message; its ID. A message with a group goes to its partition's owner;
+        ``fairness_key`` (1-128 characters, a tenant's) makes its messages take turns with other
+        keys' in each partition (see the REST API's ``fairness_key``)."""
         item = NewMessage(
             body,
             group=group,
@@ -318,6 +321,7 @@ class Client:
             attributes=attributes,
             size=size,
             estimates=estimates,
+            fairness_key=fairness_key,
         ).to_json()
         if self.tracer is not None:
             return self._traced_enqueue(queue, [item], self._group_owner(queue, [group]), single=True)[0]

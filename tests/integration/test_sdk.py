@@ -181,6 +181,18 @@ def test_every_call_round_trips_with_typed_results(node_factory, token):
     assert name not in {x.name for x in mq.list_queues()}
 
 
+def test_enqueue_takes_a_fairness_key_and_a_receive_answers_it(node_factory, token):
+    mq = Client(node_factory().url, token)
+    name = mq.create_queue(_name(), partitions=1).name
+    _wait(lambda: _served(mq, name), 20, "the node to serve every partition")
+    for i in range(3):
+        mq.enqueue(name, f"noisy{i}", fairness_key="noisy")
+    mq.enqueue(name, "quiet", fairness_key="quiet")
+    got = mq.dequeue(name, 2)
+    # the quiet tenant's turn comes after the flood's first message, not after its backlog
+    assert [(m.body, m.fairness_key) for m in got] == [("noisy0", "noisy"), ("quiet", "quiet")]
+
+
 def test_enqueue_many_splits_2500_messages_into_three_calls(node_factory, token):
     node = node_factory()
     mq = Client(node.url, token)
