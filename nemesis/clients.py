@@ -161,7 +161,9 @@ def _http_outcome(status: int, f: str) -> str:
 
 
 class RestProducer(Client):
-    """Enqueues (or publishes, on a topic) batches of 1 to ``batch`` tokens over REST."""
+    """Enqueues (or publishes, on a topic) batches of 1 to ``batch`` tokens over REST; with
+    ``fairness_keys``, each batch under one of them drawn at random (repeat a key to make it
+    flood), so that a fair queue's lanes take turns under the faults."""
 
     produces = True
 
@@ -176,9 +178,11 @@ class RestProducer(Client):
         groups: Sequence[str] = (),
         fanout: Sequence[str] = (),
         batch: int = 4,
+        fairness_keys: Sequence[str] = (),
     ) -> None:
         super().__init__(ctx, process, stream, home, seed)
         self.groups, self.fanout, self.batch = list(groups), list(fanout), batch
+        self.fairness_keys = list(fairness_keys)
         self.http = Rest(ctx)
         self.sent = 0
 
@@ -195,6 +199,10 @@ class RestProducer(Client):
             tokens = self.tokens()
             group = self.rng.choice(self.groups) if self.groups else None
             messages = [{"body": t, **({"group": group} if group else {})} for t in tokens]
+            if self.fairness_keys:
+                key = self.rng.choice(self.fairness_keys)
+                for m in messages:
+                    m["fairness_key"] = key
             invoked = self.ctx.recorder.invoke(
                 self.process,
                 "enqueue",

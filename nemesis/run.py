@@ -416,8 +416,11 @@ class Run:
         seed = self.opts.seed
         strict_groups = [[f"g{k}-{j}" for j in range(4)] for k in range(3)]
         topic = ["events/a", "events/b"]
+        # Fairness keys on the plain queue, one of them flooding (the previous release refuses
+        # them: none in a run that swaps nodes back to it)
+        keys = () if "upgrade" in self.opts.kinds else ("flood", "flood", "flood", "t1", "t2")
         return [
-            RestProducer(ctx, "rp-plain", "plain", 0, seed + 1),
+            RestProducer(ctx, "rp-plain", "plain", 0, seed + 1, fairness_keys=keys),
             SdkProducer(ctx, "sp-plain", "plain", 1, seed + 2),
             SqsClient(ctx, "qp-plain", "plain", 2, seed + 3, produce=True),
             RestProducer(ctx, "rp-strict-0", "strict", 0, seed + 4, groups=strict_groups[0]),
