@@ -8,7 +8,9 @@ for the winner's ID, and a failed enqueue gives its reservation back.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 
 from django.conf import settings
@@ -17,6 +19,8 @@ from django.utils import timezone
 
 from queues.engine.partition import PartitionUnavailable
 from queues.models import DedupEntry
+
+log = logging.getLogger(__name__)
 
 _PENDING = ""
 _WAIT = 3.0
@@ -45,11 +49,37 @@ class DedupStore:
                 raise PartitionUnavailable(f"dedup_id {dedup_id!r} is being enqueued by another call; retry")
             time.sleep(0.02)
 
+    def reserve_many(self, queue: str, dedup_ids: Sequence[str], window: int) -> dict[str, str | None]:
+        """:meth:`reserve` for each of ``dedup_ids`` (distinct): ``{dedup_id: None (now this
+        caller's) or the first message's ID}``. All or nothing: when one cannot be had
+        (PartitionUnavailable, a store error), those this call took are given back first."""
+        out: dict[str, str | None] = {}
+        try:
+            for dedup_id in dedup_ids:
+                out[dedup_id] = self.reserve(queue, dedup_id, window)
+        except BaseException:
+            self._give_back(queue, [d for d, existing in out.items() if existing is None])
+            raise
+        return out
+
+    def _give_back(self, queue: str, dedup_ids: Sequence[str]) -> None:
+        for dedup_id in dedup_ids:
+            try:
+                self.release(queue, dedup_id)
+            except Exception as exc:  # noqa: BLE001 - the store is down: they lapse after PENDING_TTL
+                log.warning("dedup: could not give back reservations of %s: %s", queue, exc)
+                return
+
     def _claim(self, queue: str, dedup_id: str, window: int) -> str | None:
         raise NotImplementedError
 
     def confirm(self, queue: str, dedup_id: str, message_id: str, window: int) -> None:
         raise NotImplementedError
+
+    def confirm_many(self, queue: str, stored: Sequence[tuple[str, str]], window: int) -> None:
+        """:meth:`confirm` each ``(dedup_id, message_id)``."""
+        for dedup_id, message_id in stored:
+            self.confirm(queue, dedup_id, message_id, window)
 
     def release(self, queue: str, dedup_id: str) -> None:
         raise NotImplementedError
@@ -83,8 +113,53 @@ class RedisDedup(DedupStore):
         value = self.redis.get(key)
         return _PENDING if value is None else value.decode()  # None: it just expired; try again
 
+    def reserve_many(self, queue: str, dedup_ids: Sequence[str], window: int) -> dict[str, str | None]:
+        """One pipeline of ``SET NX EX`` for the batch, one ``MGET`` of those taken already, and
+        again for those another call holds unconfirmed, for up to ``_WAIT`` seconds."""
+        out: dict[str, str | None] = {}
+        todo = list(dedup_ids)
+        ttl = _pending_ttl(window)
+        give_up = time.monotonic() + _WAIT
+        try:
+            while True:
+                pipe = self.redis.pipeline(transaction=False)
+                for dedup_id in todo:
+                    pipe.set(self._key(queue, dedup_id), _PENDING, nx=True, ex=ttl)
+                taken = pipe.execute()
+                held = [d for d, ok in zip(todo, taken) if not ok]
+                out.update((d, None) for d, ok in zip(todo, taken) if ok)
+                todo = []
+                if held:
+                    for dedup_id, value in zip(held, self.redis.mget([self._key(queue, d) for d in held])):
+                        if value is None or value.decode() == _PENDING:  # expired meanwhile, or pending
+                            todo.append(dedup_id)
+                        else:
+                            out[dedup_id] = value.decode()
+                if not todo:
+                    return out
+                if time.monotonic() > give_up:
+                    raise PartitionUnavailable(f"dedup_id {todo[0]!r} is being enqueued by another call; retry")
+                time.sleep(0.02)
+        except BaseException:
+            self._give_back(queue, [d for d, existing in out.items() if existing is None])
+            raise
+
+    def _give_back(self, queue: str, dedup_ids: Sequence[str]) -> None:
+        if dedup_ids:
+            try:
+                self.redis.delete(*[self._key(queue, d) for d in dedup_ids])
+            except Exception as exc:  # noqa: BLE001 - Redis is down: they lapse after PENDING_TTL
+                log.warning("dedup: could not give back %d reservations of %s: %s", len(dedup_ids), queue, exc)
+
     def confirm(self, queue: str, dedup_id: str, message_id: str, window: int) -> None:
         self.redis.set(self._key(queue, dedup_id), message_id, ex=max(window, 1))
+
+    def confirm_many(self, queue: str, stored: Sequence[tuple[str, str]], window: int) -> None:
+        """One pipeline of ``SET EX`` for the batch."""
+        pipe = self.redis.pipeline(transaction=False)
+        for dedup_id, message_id in stored:
+            pipe.set(self._key(queue, dedup_id), message_id, ex=max(window, 1))
+        pipe.execute()
 
     def release(self, queue: str, dedup_id: str) -> None:
         self.redis.delete(self._key(queue, dedup_id))

@@ -114,17 +114,18 @@ def _enqueue(
     dedup = get_dedup() if any(d.dedup_id for d in drafts) else None
     reserved: dict[str, int] = {}  # dedup_id -> index of the draft that stores it
     try:
-        # Inside the try: a later reservation that fails (busy elsewhere, store down) must give
-        # back the ones already taken, or their dedup_ids stay blocked for the whole window.
-        for i, d in enumerate(drafts):
-            if d.dedup_id is None or d.dedup_id in reserved:
-                continue  # a repeat inside the batch takes the first one's ID below
-            assert dedup is not None
-            existing = dedup.reserve(cfg.name, d.dedup_id, cfg.dedup_window)
-            if existing is not None:
-                ids[i] = existing
-            else:
-                reserved[d.dedup_id] = i
+        # Inside the try: a reservation taken here must be given back if storing fails (the
+        # reservations themselves are all or nothing: reserve_many gives back its own).
+        if dedup is not None:
+            first: dict[str, int] = {}  # dedup_id -> its first draft (a repeat takes its ID below)
+            for i, d in enumerate(drafts):
+                if d.dedup_id is not None and d.dedup_id not in first:
+                    first[d.dedup_id] = i
+            for dedup_id, existing in dedup.reserve_many(cfg.name, list(first), cfg.dedup_window).items():
+                if existing is not None:
+                    ids[first[dedup_id]] = existing
+                else:
+                    reserved[dedup_id] = first[dedup_id]
         todo = [
             i for i, d in enumerate(drafts) if ids[i] is None and (d.dedup_id is None or reserved.get(d.dedup_id) == i)
         ]
@@ -147,9 +148,9 @@ def _enqueue(
                 dedup.confirm(cfg.name, dedup_id, stored_id, cfg.dedup_window)
         raise
     stored = [mid if mid is not None else "" for mid in ids]  # every reserved one is stored now
-    for dedup_id, i in reserved.items():
+    if reserved:
         assert dedup is not None
-        dedup.confirm(cfg.name, dedup_id, stored[i], cfg.dedup_window)
+        dedup.confirm_many(cfg.name, [(dedup_id, stored[i]) for dedup_id, i in reserved.items()], cfg.dedup_window)
     for i, d in enumerate(drafts):
         if not stored[i] and d.dedup_id is not None:
             stored[i] = stored[reserved[d.dedup_id]]  # a repeat inside the batch: the first one's ID

@@ -339,6 +339,38 @@ def test_a_reservation_never_confirmed_lapses_long_before_the_window(api, make_q
         store.release(name, "orphan")
 
 
+@in_process
+@pytest.mark.parametrize("backend", ["redis", "database"])
+def test_a_batch_s_reservations_are_all_or_nothing(make_queue, monkeypatch, backend):
+    from queues.cluster import dedup
+    from queues.engine.partition import PartitionUnavailable
+
+    monkeypatch.setattr(dedup, "_WAIT", 0.2)
+    name = make_queue()
+    store = dedup.RedisDedup() if backend == "redis" else dedup.DatabaseDedup()
+    # given one dedup_id stored earlier and one another call is still storing
+    assert store.reserve(name, "old", 300) is None
+    store.confirm(name, "old", "the-old-id", 300)
+    assert store.reserve(name, "busy", 300) is None
+    try:
+        # when a batch wants a fresh one, the stored one and the busy one: refused whole...
+        with pytest.raises(PartitionUnavailable):
+            store.reserve_many(name, ["fresh", "old", "busy"], 300)
+        # ...and the fresh one it took is given back
+        assert store.reserve_many(name, ["fresh"], 300) == {"fresh": None}
+        store.release(name, "fresh")
+    finally:
+        store.release(name, "busy")
+    # then, the busy one given back, the batch gets each: its own, or the first message's ID
+    assert store.reserve_many(name, ["fresh", "old", "busy"], 300) == {
+        "fresh": None,
+        "old": "the-old-id",
+        "busy": None,
+    }
+    store.confirm_many(name, [("fresh", "id-1"), ("busy", "id-2")], 300)
+    assert store.reserve_many(name, ["busy", "fresh"], 300) == {"busy": "id-2", "fresh": "id-1"}
+
+
 # --- bad input for the new fields --------------------------------------------------------------
 BAD = [
     ({"body": "x", "group": "g" * 129}, "invalid_group"),
