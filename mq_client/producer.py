@@ -434,9 +434,9 @@ class Producer(_Coalescer[str]):
     :param dedup_ids: give each message without a ``dedup_id`` a random one, so that the
         client's own retries of a batch, and the application's retry of a message reported
         :class:`~mq_client.errors.DeliveryUnknown`, store it once (within the queue's
-        ``dedup_window``). Off by default: the service reserves each dedup ID with a call to its
-        store, one after the other, which made a batch of 1,000 about 40 times slower
-        (``bench/client_batching.py``); give ``dedup_id`` to the messages that need it
+        ``dedup_window``). Off by default: the service reserves and confirms each dedup ID in its
+        store, which makes a batch call many times slower (``bench/client_batching.py``; figures
+        in docs/explanation/performance.md); give ``dedup_id`` to the messages that need it
     :param max_message_size: the queue's ``max_message_size``, if known: a larger body fails at once
 
     What it can, it checks before buffering (:func:`mq_client.checks.check_message`): a bad
