@@ -97,6 +97,16 @@ def pct(xs: list[float], q: float) -> float | None:
     return s[min(len(s) - 1, int(len(s) * q))]
 
 
+def fresh_queue(args: argparse.Namespace, node: BenchNode, tag: str) -> str:
+    """A new queue of --partitions partitions, served; its API path."""
+    queue = f"fair-{tag}-{uuid.uuid4().hex[:8]}"
+    status, raw = node.api("POST", "/api/v1/queues", {"name": queue, "partitions": args.partitions})
+    if status != 201:
+        raise BenchError(f"create {queue}: {status} {raw[:300]!r}")
+    wait_for_owners(node, queue, 1)
+    return f"/api/v1/queues/{queue}"
+
+
 def consume_loop(
     args: argparse.Namespace,
     node: BenchNode,
@@ -136,12 +146,7 @@ def consume_loop(
 
 def calibrate(args: argparse.Namespace, node: BenchNode) -> float:
     """Messages a second the consumers process, draining a backlog (their calls included)."""
-    queue = f"fair-calibrate-{uuid.uuid4().hex[:8]}"
-    status, raw = node.api("POST", "/api/v1/queues", {"name": queue, "partitions": args.partitions})
-    if status != 201:
-        raise BenchError(f"create {queue}: {status} {raw[:300]!r}")
-    wait_for_owners(node, queue, 1)
-    path = f"/api/v1/queues/{queue}"
+    path = fresh_queue(args, node, "calibrate")
     total = max(100, int(args.calibrate * args.consumers * 1000 / args.handler_ms))
     conn = node.connection(30)
     try:
@@ -183,12 +188,7 @@ def calibrate(args: argparse.Namespace, node: BenchNode) -> float:
 
 def one_case(args: argparse.Namespace, node: BenchNode, case: str) -> dict[str, Any]:
     """One case on a fresh queue: the quiet tenants' and the flood's dwell times (seconds)."""
-    queue = f"fair-{case}-{uuid.uuid4().hex[:8]}"
-    status, raw = node.api("POST", "/api/v1/queues", {"name": queue, "partitions": args.partitions})
-    if status != 201:
-        raise BenchError(f"create {queue}: {status} {raw[:300]!r}")
-    wait_for_owners(node, queue, 1)
-    path = f"/api/v1/queues/{queue}"
+    path = fresh_queue(args, node, case)
     rates = [args.rate * (args.flood if g == 0 and case != "baseline" else 1) for g in range(args.groups)]
     keyed = case != "fifo"
     dwell: dict[str, list[float]] = {"quiet": [], "flood": []}
