@@ -212,12 +212,22 @@ pg_start() {
     else
         [ -d "$pgdata" ] && pg_clear_stale
         pg_init
-        logpos=$(($(wc -l <"$pglog") + 1))   # show only this run's log on failure
         log "starting postgres on $listen:$pg_port (data $pgdata)"
-        if ! as_pg "$PGBIN/pg_ctl" -D "$pgdata" -l "$pglog" -w -t "$timeout" start >/dev/null 2>&1 8>&-; then
+        local tries=1
+        # The port lies in Linux's ephemeral range (32768-60999): a client's outgoing connection
+        # may hold it as its local port for a moment, and the bind fails. Try again a few times.
+        while :; do
+            logpos=$(($(wc -l <"$pglog" 2>/dev/null || echo 0) + 1))   # show only this try's log on failure
+            as_pg "$PGBIN/pg_ctl" -D "$pgdata" -l "$pglog" -w -t "$timeout" start >/dev/null 2>&1 8>&- && break
+            if [ "$tries" -lt 5 ] && tail -n +"$logpos" "$pglog" | grep -q "Address already in use"; then
+                log "postgres: port $pg_port is taken for now (a client's local port?); trying again"
+                tries=$((tries + 1))
+                sleep 2
+                continue
+            fi
             tail -n +"$logpos" "$pglog" | tail -n 20 >&2 || true
             die "postgres failed to start (log: $pglog)"
-        fi
+        done
     fi
     local i
     for i in $(seq 1 "$timeout"); do pg_ready && break; sleep 1; done
