@@ -14,8 +14,12 @@ awaited on one event loop, over httpx (an optional dependency: ``pip install htt
 
 It shares the synchronous client's types, errors, retries and backoff (the same generator of
 tries, :meth:`mq_client.transport.Transport.attempts`, driven with ``await``), round robin,
-node quarantine and owner routing (:class:`~mq_client.routing.OwnerCache`). It makes no
-OpenTelemetry spans.
+node quarantine and owner routing (:class:`~mq_client.routing.OwnerCache`), and its
+OpenTelemetry spans and trace context (:mod:`mq_client.tracing`): with an SDK configured (or a
+``tracer_provider`` given) an enqueue is a PRODUCER span whose context each message carries, a
+dequeue a span linked to its messages' creation, an ack a ``settle`` span, and every request
+carries the current context in its ``traceparent`` header. The spans are current in the task
+that awaits the call (``contextvars``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from mq_client import tracing
 from mq_client.client import (
     MAX_BATCH,
     MAX_WAIT,
@@ -98,8 +103,9 @@ class _Pool:
 
 
 class AsyncClient:
-    """A client of the messaging API for asyncio; the parameters are :class:`Client`'s, and
-    ``max_connections`` bounds the connections open at once (all nodes together)."""
+    """A client of the messaging API for asyncio; the parameters are :class:`Client`'s
+    (``tracer_provider`` too), and ``max_connections`` bounds the connections open at once (all
+    nodes together)."""
 
     def __init__(
         self,
@@ -114,6 +120,7 @@ class AsyncClient:
         node_quarantine: float = 2.0,
         user_agent: str = "mq-sdk/1",
         max_connections: int = 100,
+        tracer_provider: Any = None,
     ) -> None:
         # The routing state and the tries come from the synchronous transport (it opens no
         # connection of its own unless asked); the requests go through httpx.
@@ -132,6 +139,8 @@ class AsyncClient:
         self._pools: list[_Pool] = []
         self._max_pools = max(1, math.ceil(max_connections / POOL_CONNECTIONS))
         self.token = token
+        #: the OpenTelemetry tracer of this client's spans (as :attr:`Client.tracer`)
+        self.tracer = tracing.tracer(tracer_provider) if tracer_provider is not None or tracing.enabled() else None
 
     @property
     def urls(self) -> list[str]:
@@ -181,12 +190,17 @@ class AsyncClient:
         self, method: str, base: str, path: str, payload: Any, timeout: float
     ) -> tuple[int, Any, httpx.Headers]:
         pool = self._pool()
+        headers: dict[str, str] | None = None
+        if self.tracer is not None:  # the current span's context, for the node's spans to join its trace
+            headers = {}
+            tracing.inject(headers)
         pool.busy += 1
         try:
             r = await pool.http.request(
                 method,
                 f"{base}{API_PREFIX}/{path}",
                 content=None if payload is None else dumps(payload),
+                headers=headers,
                 timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
             )
         finally:
@@ -292,6 +306,12 @@ class AsyncClient:
             fairness_key=fairness_key,
         ).to_json()
         owner = await self._group_owner(queue, [group])
+        if self.tracer is not None:
+            with tracing.client_span(self.tracer, "send", "enqueue", queue) as span:
+                (item,) = tracing.carry([item])
+                mid = str((await self._call("POST", _path(queue, "enqueue"), item, owner=owner))["id"])
+                span.set_attribute("messaging.message.id", mid)
+                return mid
         return str((await self._call("POST", _path(queue, "enqueue"), item, owner=owner))["id"])
 
     async def enqueue_batch(self, queue: str, messages: Iterable[MessageItem]) -> list[str]:
@@ -302,6 +322,10 @@ class AsyncClient:
         if len(items) > MAX_BATCH:
             raise ValueError(f"at most {MAX_BATCH} messages per call, got {len(items)}")
         owner = await self._group_owner(queue, [i.get("group") for i in items])
+        if self.tracer is not None:
+            with tracing.client_span(self.tracer, "send", "enqueue", queue, len(items)):
+                payload = {"messages": tracing.carry(items)}
+                return list((await self._call("POST", _path(queue, "enqueue"), payload, owner=owner))["ids"])
         return list((await self._call("POST", _path(queue, "enqueue"), {"messages": items}, owner=owner))["ids"])
 
     async def dequeue(
@@ -309,7 +333,14 @@ class AsyncClient:
     ) -> list[Message]:
         """Receive up to ``max_messages``; ``wait`` (0..20 s) long-polls for a first message."""
         payload = dequeue_payload(max_messages, visibility_timeout, wait)
-        answer = await self._call("POST", _path(queue, "dequeue"), payload, timeout=self.timeout + max(0, wait))
+        timeout = self.timeout + max(0, wait)
+        if self.tracer is not None:
+            with tracing.client_span(self.tracer, "receive", "dequeue", queue) as span:
+                answer = await self._call("POST", _path(queue, "dequeue"), payload, timeout=timeout)
+                messages = [Message.from_json(m) for m in answer.get("messages", ())]
+                tracing.link_messages(span, [tracing.context_of(m.attributes) for m in messages])
+                return messages
+        answer = await self._call("POST", _path(queue, "dequeue"), payload, timeout=timeout)
         return [Message.from_json(m) for m in answer.get("messages", ())]
 
     receive = dequeue
@@ -354,6 +385,12 @@ class AsyncClient:
         for item in items:
             mid = item["id"] if isinstance(item, dict) else item
             by_owner.setdefault(await self._owner(queue, partition_or_none(mid)), []).append(item)
+        if self.tracer is not None:
+            with tracing.client_span(self.tracer, "settle", "ack", queue, len(items)):
+                return await self._ack_calls(queue, key, by_owner)
+        return await self._ack_calls(queue, key, by_owner)
+
+    async def _ack_calls(self, queue: str, key: str, by_owner: dict[str | None, list[Any]]) -> AckResult:
         total = AckResult()
         for owner, owned in by_owner.items():
             for chunk in _chunks(owned, MAX_BATCH):

@@ -481,13 +481,7 @@ class Client:
         for item in items:
             by_owner.setdefault(self._owner(queue, partition_or_none(id_of(item))), []).append(item)
         if self.tracer is not None:
-            from opentelemetry.trace import SpanKind
-
-            with self.tracer.start_as_current_span(
-                f"ack {queue}",
-                kind=SpanKind.CLIENT,
-                attributes=tracing.messaging_attributes("settle", "ack", queue, count=len(items)),
-            ):
+            with tracing.client_span(self.tracer, "settle", "ack", queue, len(items)):
                 return self._ack_calls(queue, key, by_owner)
         return self._ack_calls(queue, key, by_owner)
 
@@ -502,17 +496,9 @@ class Client:
     def _traced_enqueue(self, queue: str, items: list[dict[str, Any]], owner: str | None, single: bool) -> list[str]:
         """An enqueue inside a producer span (``send``) whose context each message carries in
         its attributes (``traceparent``, ``tracestate``), and the request in its headers."""
-        from opentelemetry.trace import SpanKind
-
         assert self.tracer is not None
-        with self.tracer.start_as_current_span(
-            f"enqueue {queue}",
-            kind=SpanKind.PRODUCER,
-            attributes=tracing.messaging_attributes("send", "enqueue", queue, count=len(items)),
-        ) as span:
-            carried: dict[str, str] = {}
-            tracing.inject(carried)
-            items = [{**item, "attributes": tracing.with_context(item.get("attributes"), carried)} for item in items]
+        with tracing.client_span(self.tracer, "send", "enqueue", queue, len(items)) as span:
+            items = tracing.carry(items)
             path = _path(queue, "enqueue")
             if single:
                 ids = [str(self._call("POST", path, items[0], owner=owner)["id"])]
@@ -522,19 +508,11 @@ class Client:
 
     def _traced_dequeue(self, queue: str, payload: dict[str, Any], timeout: float, owner: str | None) -> list[Message]:
         """A dequeue inside a ``receive`` span linked to the messages' creation contexts."""
-        from opentelemetry.trace import SpanKind
-
         assert self.tracer is not None
-        with self.tracer.start_as_current_span(
-            f"dequeue {queue}",
-            kind=SpanKind.CLIENT,
-            attributes=tracing.messaging_attributes("receive", "dequeue", queue),
-        ) as span:
+        with tracing.client_span(self.tracer, "receive", "dequeue", queue) as span:
             answer = self._call("POST", _path(queue, "dequeue"), payload, timeout=timeout, owner=owner)
             messages = [Message.from_json(m) for m in answer.get("messages", ())]
-            span.set_attribute("messaging.batch.message_count", len(messages))
-            for link in tracing.links_of([tracing.context_of(m.attributes) for m in messages]):
-                span.add_link(link.context)
+            tracing.link_messages(span, [tracing.context_of(m.attributes) for m in messages])
             return messages
 
     def _call(

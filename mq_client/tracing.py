@@ -302,6 +302,31 @@ def links_of(contexts: list[Context | None]) -> list[trace.Link]:
     return out
 
 
+def client_span(client_tracer: Tracer, operation: str, name: str, queue: str, count: int = 1) -> Any:
+    """The span of one of the SDK's calls (a context manager making it current): ``enqueue``
+    (``send``, a PRODUCER span), ``dequeue`` (``receive``) or ``ack`` (``settle``), CLIENT spans,
+    named ``"<name> <queue>"`` with :func:`messaging_attributes`."""
+    kind = trace.SpanKind.PRODUCER if operation == "send" else trace.SpanKind.CLIENT
+    return client_tracer.start_as_current_span(
+        f"{name} {queue}", kind=kind, attributes=messaging_attributes(operation, name, queue, count=count)
+    )
+
+
+def carry(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """New message items (the API's JSON) carrying the current context in their attributes
+    (:func:`with_context`), inside a producer span."""
+    carried: dict[str, str] = {}
+    inject(carried)
+    return [{**item, "attributes": with_context(item.get("attributes"), carried)} for item in items]
+
+
+def link_messages(span: Span, contexts: list[Context | None]) -> None:
+    """``span`` (a receive's) linked to the creation contexts of the messages it got, and their count."""
+    span.set_attribute("messaging.batch.message_count", len(contexts))
+    for link in links_of(contexts):
+        span.add_link(link.context)
+
+
 def record_error(span: Span, exc: BaseException) -> None:
     """``error.type`` and an error status on ``span``, the exception as its event."""
     span.set_attribute("error.type", type(exc).__qualname__)

@@ -165,3 +165,65 @@ def test_the_async_producer_batches_and_fails_a_bad_message_alone(node_factory, 
     assert isinstance(too_large, sdk.BadRequest) and too_large.code == "body_too_large"
     assert len(batches) < 200 // 4, f"not batched: {batches}"
     assert sync.stats(name).depth == 205
+
+
+def test_the_async_client_traces_as_the_sync_client_does(node_factory, token, tmp_path, exporter):
+    # given a node writing its spans, and an asyncio client tracing into memory
+    import json
+
+    node = node_factory(TRACES_EXPORT="jsonl", TRACES_FILE=str(tmp_path / "node.jsonl"))
+    name = _name("aio-traced")
+    Client(node.url, token).create_queue(name, partitions=1)
+    tracer = exporter.tracer
+
+    async def task(i: int, mq: AsyncClient) -> tuple[str, str]:
+        # each task in a trace of its own: the client's spans are current in the task awaiting them
+        with tracer.start_as_current_span(f"request {i}") as parent:
+            mid = await mq.enqueue(name, f"m{i}")
+            await asyncio.sleep(0)  # (the other task runs between the calls)
+            return mid, f"{parent.get_span_context().trace_id:032x}"
+
+    async def scenario() -> tuple[list[tuple[str, str]], list[str], list[sdk.Message]]:
+        async with AsyncClient(node.url, token, tracer_provider=exporter.provider) as mq:
+            sent = await asyncio.gather(task(0, mq), task(1, mq))
+            batch = await mq.enqueue_batch(name, ["b0", "b1"])
+            got: list[sdk.Message] = []
+            while len(got) < 4:
+                got += await mq.dequeue(name, 10, visibility_timeout=60, wait=1)
+            assert await mq.ack(name, got) == sdk.AckResult(4, 0)
+            return sent, batch, got
+
+    sent, batch, got = asyncio.run(scenario())
+
+    spans = exporter.get_finished_spans()
+    enqueues = [s for s in spans if s.name == f"enqueue {name}"]
+    by_id = {s.attributes.get("messaging.message.id"): s for s in enqueues}
+    by_body = {m.body: m for m in got}
+    node_spans = [json.loads(line) for line in (tmp_path / "node.jsonl").read_text().splitlines()]
+    for i, (mid, trace_id) in enumerate(sent):
+        # then each task's enqueue is a PRODUCER span in that task's trace, the child of its span
+        span = by_id[mid]
+        ctx = span.get_span_context()
+        assert span.kind.name == "PRODUCER" and f"{ctx.trace_id:032x}" == trace_id
+        assert span.attributes["messaging.operation.type"] == "send"
+        # its message carries its context
+        assert by_body[f"m{i}"].attributes["traceparent"].split("-")[1:3] == [trace_id, f"{ctx.span_id:016x}"]
+        # and the node's enqueue span is its child (the request's traceparent header)
+        (at_node,) = [s for s in node_spans if s["name"] == f"enqueue {name}" and s["trace_id"] == trace_id]
+        assert at_node["parent_id"] == f"{ctx.span_id:016x}"
+    # the batch's span counts its messages, which carry its context
+    (batch_span,) = [s for s in enqueues if s.attributes.get("messaging.batch.message_count") == 2]
+    bctx = batch_span.get_span_context()
+    assert {tuple(by_body[b].attributes["traceparent"].split("-")[1:3]) for b in ("b0", "b1")} == {
+        (f"{bctx.trace_id:032x}", f"{bctx.span_id:016x}")
+    }
+    # the dequeues link to the messages' creation, the ack is a settle span
+    receives = [s for s in spans if s.name == f"dequeue {name}"]
+    linked = {(link.context.trace_id, link.context.span_id) for s in receives for link in s.links}
+    assert linked == {(s.get_span_context().trace_id, s.get_span_context().span_id) for s in enqueues}
+    assert all(s.attributes["messaging.operation.type"] == "receive" for s in receives)
+    (ack,) = [s for s in spans if s.name == f"ack {name}"]
+    assert (
+        ack.attributes["messaging.operation.type"] == "settle" and ack.attributes["messaging.batch.message_count"] == 4
+    )
+    assert len(batch) == 2
