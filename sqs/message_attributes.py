@@ -111,6 +111,8 @@ def checked_message_attributes(value: Any, where: str = "") -> dict[str, tuple[s
                 raise invalid(f"{where}The message attribute '{name}' must contain a non-empty value of type {base}")
             if base == "Number" and not _NUMBER.fullmatch(text.strip()):
                 raise invalid(f"{where}Message attribute '{name}' is not a number: {text!r}")
+            # SQS API reference, MessageAttributeValue: a string value has "the same restrictions
+            # on the content as the message body", whose error is InvalidMessageContents (SendMessage)
             if INVALID_CHARS.search(text):
                 raise SQSError("InvalidMessageContents", f"{where}Message attribute '{name}' has invalid characters")
             out[name] = (data_type, text)

@@ -196,6 +196,11 @@ def test_send_receive_delete_with_attributes_and_digests(sqs):
     # bad input changes nothing
     for kw, code in (
         ({"MessageBody": "bad \x01"}, "InvalidMessageContents"),
+        # (a String attribute's value: the body's rule and error, per the API reference)
+        (
+            {"MessageBody": "x", "MessageAttributes": {"a": {"DataType": "String", "StringValue": "bad \x01"}}},
+            "InvalidMessageContents",
+        ),
         ({"MessageBody": "x", "DelaySeconds": 901}, "InvalidParameterValue"),
         ({"MessageBody": "x", "MessageDeduplicationId": "d"}, "InvalidParameterValue"),
         (
