@@ -12,6 +12,9 @@ Throughput = messages / seconds from the first dequeue call to the last ack; eac
 repeated --repeat times (modes interleaved, after one untimed warm-up round) and medians are
 printed beside the ideal ``slots / T`` (processing back to back) and the sequential bound
 ``slots / (P + T)``. The goal: the pipeline at >= 95 % of the ideal.
+With --one-at-a-time a third mode runs the pipeline with neither its short tasks received
+ahead nor its acks batched (one message a dequeue, one ack a call), for tasks shorter than a call
+(e.g. --scale 0.0005: 1 ms tasks) where those two matter.
 
 Targets:
   (default)  a REAL node over HTTP with the real SDK (mq_client.Client): this script runs
@@ -95,9 +98,15 @@ class Timed:
             self.latency[name].append(t1 - t0)
         return result, t1
 
-    def dequeue(self, queue, max_messages=1, *, visibility_timeout=None, wait=0):
+    def dequeue(self, queue, max_messages=1, *, visibility_timeout=None, wait=0, node=None):
         got, _ = self._timed(
-            "dequeue", self.client.dequeue, queue, max_messages, visibility_timeout=visibility_timeout, wait=wait
+            "dequeue",
+            self.client.dequeue,
+            queue,
+            max_messages,
+            visibility_timeout=visibility_timeout,
+            wait=wait,
+            **({"node": node} if node is not None else {}),
         )
         return got
 
@@ -253,7 +262,16 @@ class Target:
         return None if self.node is None else stored_records(self.node, name)
 
 
-def run_round(target: Target, args, pipelining: bool, n: int, pre: float, proc: float) -> dict:
+#: (mode, pipelining, the pipeline's batching: short tasks received ahead, acks batched)
+MODES = {
+    "pipeline": (True, True),
+    "sequential": (False, True),
+    "one-at-a-time": (True, False),
+}
+
+
+def run_round(target: Target, args, mode: str, n: int, pre: float, proc: float) -> dict:
+    pipelining, batching = MODES[mode]
     queue = target.new_queue(n, pre, proc)
     timed = Timed(target.client())
 
@@ -269,6 +287,8 @@ def run_round(target: Target, args, pipelining: bool, n: int, pre: float, proc: 
         {queue: handler},
         concurrency=args.slots,
         pipelining=pipelining,
+        receive_ahead=batching,
+        batch_acks=batching,
         wait=args.wait,
         heartbeat_every=args.heartbeat_every,
         name="bench/pipeline.py",
@@ -283,7 +303,7 @@ def run_round(target: Target, args, pipelining: bool, n: int, pre: float, proc: 
     stored = target.stored_records(queue)
     target.drop_queue(queue)
     out = {
-        "mode": "pipeline" if pipelining else "sequential",
+        "mode": mode,
         "acked": timed.acked,
         "messages": n,
         "seconds": None,
@@ -343,6 +363,11 @@ def main(argv=None) -> int:
     p.add_argument("--wait", type=float, default=1.0, help="the pipeline's long-poll seconds")
     p.add_argument("--heartbeat-every", type=float, default=5.0)
     p.add_argument("--round-timeout", type=float, default=300)
+    p.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="also the pipeline with neither receiving ahead nor batched acks (Pipeline(receive_ahead=False, batch_acks=False))",
+    )
     p.add_argument("--fake", action="store_true", help="in-memory client, no server")
     p.add_argument("--fake-rtt", type=float, default=0.0, help="--fake: seconds added to every call")
     p.add_argument("--json", metavar="OUT.json", help="write every round and the medians here")
@@ -370,10 +395,11 @@ def main(argv=None) -> int:
         target = Target(args, node)
         if args.warmup:
             log(f"warm-up: {args.warmup} messages")
-            run_round(target, args, True, args.warmup, pre, proc)
+            run_round(target, args, "pipeline", args.warmup, pre, proc)
+        modes = ["pipeline", "sequential"] + (["one-at-a-time"] if args.one_at_a_time else [])
         for i in range(args.repeat):
-            for pipelining in (True, False):
-                r = run_round(target, args, pipelining, args.messages, pre, proc)
+            for mode in modes:
+                r = run_round(target, args, mode, args.messages, pre, proc)
                 r["round"] = i + 1
                 rounds.append(r)
                 log(
@@ -407,7 +433,14 @@ def main(argv=None) -> int:
     print(f"{'ideal  slots/T':<28}{ideal:>9.2f}{100.0:>11.1f}%")
     print(f"{'bound  slots/(P+T)':<28}{seq_bound:>9.2f}{100 * seq_bound / ideal:>11.1f}%")
     summary = {}
-    for mode, label in (("pipeline", "pipeline (pipelining=True)"), ("sequential", "no pipelining")):
+    labels = {
+        "pipeline": "pipeline (pipelining=True)",
+        "sequential": "no pipelining",
+        "one-at-a-time": "pipeline, one a call",
+    }
+    for mode, label in labels.items():
+        if mode == "one-at-a-time" and not args.one_at_a_time:
+            continue
         rs = [r for r in rounds if r["mode"] == mode and r["rate"]]
         rate = median([r["rate"] for r in rs])
         summary[mode] = {
@@ -428,6 +461,9 @@ def main(argv=None) -> int:
         )
     p_rate, s_rate = summary["pipeline"]["rate"], summary["sequential"]["rate"]
     print()
+    one = summary.get("one-at-a-time", {}).get("rate")
+    if p_rate and one:
+        print(f"pipeline / one a call (nothing received ahead, acks one a call) = {p_rate / one:.3f}x")
     if p_rate and s_rate:
         print(
             f"pipeline / no pipelining = {p_rate / s_rate:.3f}x; pipeline = {100 * p_rate / ideal:.1f}% of ideal "

@@ -9,6 +9,19 @@ two messages, the one it processes and the next: a long task never parks others 
 and the heartbeat keeps both hidden while the worker lives. Messages of one group are never
 processed at once: the service hands out one message of a group at a time.
 
+**Short tasks.** Where a queue's processing takes less time than a dequeue call (both measured,
+a moving average each), one message a call would leave the slots waiting on calls: the worker
+then receives ahead what its slots process in about one call's time (at most ``MAX_AHEAD``
+messages), and a slot takes its next from them first, so none waits there much longer than a
+call takes. They are held like the others (the heartbeat keeps them
+hidden; ``stop`` gives them back). A queue whose messages carry groups is never received ahead
+(a message waiting here would hold its group from every other consumer), nor a queue whose
+processing takes longer than the call (pipelining hides the call there). Without a tracer, the
+acks of all slots go through one :class:`mq_client.Acker`, as few calls, and a slot goes on to its
+next message without waiting for the answer (at most ``MAX_ACKS_WAITING`` acks wait for theirs,
+and their messages stay held until then); with a tracer, each ack is made inside its attempt's span,
+one call each.
+
 The client is anything with the SDK's ``dequeue``, ``ack``, ``change_visibility``,
 ``send_logs`` and ``heartbeat`` methods, so the pipeline is tested without a server too.
 """
@@ -16,12 +29,14 @@ The client is anything with the SDK's ``dequeue``, ``ack``, ``change_visibility`
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
 import time
 import traceback
 import uuid
+from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -29,7 +44,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from mq_client import tracing
+from mq_client import Acker, tracing
 from queues.public import isoformat
 from workers.handlers import Handler
 
@@ -41,6 +56,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _UNSET = object()
+#: The weight of the newest sample in the moving averages of processing and dequeue times.
+_NEWEST = 0.2
+#: Messages of a queue received ahead of the slots at most (waiting or asked for).
+MAX_AHEAD = 100
+#: Acks made and not yet answered at most (their messages stay held meanwhile): room for the acks
+#: of the slots' processings during one ack call, at MAX_AHEAD messages a call.
+MAX_ACKS_WAITING = 2 * MAX_AHEAD
 
 
 def _iso(ts: float | None) -> str | None:
@@ -63,6 +85,12 @@ def _estimate(message: object, kind: str) -> float:
         return max(0.0, float(value or 0.0))
     except (TypeError, ValueError):
         return 0.0
+
+
+def _average(averages: dict[str, float], queue: str, sample: float) -> None:
+    """Fold ``sample`` into ``queue``'s moving average in ``averages``."""
+    before = averages.get(queue)
+    averages[queue] = sample if before is None else before + _NEWEST * (sample - before)
 
 
 def heartbeat_every(visibility_timeouts: list[float]) -> float:
@@ -115,6 +143,8 @@ class Pipeline:
         retry_backoff: float = 1.0,
         consumer_id: str | None = None,
         name: str | None = None,
+        receive_ahead: bool = True,
+        batch_acks: bool = True,
     ):
         self.client = client
         self.handlers = handlers
@@ -144,6 +174,18 @@ class Pipeline:
         #: the client's OpenTelemetry tracer (None: no spans): each attempt is a ``process``
         #: span, a child of the context the message was created in (its ``traceparent``)
         self.tracer: Tracer | None = getattr(client, "tracer", None)
+        #: whether short tasks' messages are received ahead (see the module's docstring)
+        self.receive_ahead = receive_ahead
+        self._ahead: dict[str, deque[Work]] = {}  # held, received ahead, no slot's yet
+        self._asking: dict[str, int] = {}  # messages asked for ahead by the dequeues in flight
+        self._grouped: set[str] = set()  # queues whose messages carry groups
+        self._process_s: dict[str, float] = {}  # moving average of a processing, seconds
+        self._dequeue_s: dict[str, float] = {}  # ... of a dequeue call answered with messages
+        #: the acks of all slots as few calls (none with a tracer: each ack in its attempt's span)
+        #: (at most ``MAX_ACKS_WAITING`` acks wait to be answered: a slot's next ack waits for room)
+        self._acker: Acker | None = (
+            Acker(client, max_buffered=MAX_ACKS_WAITING) if batch_acks and self.tracer is None else None
+        )
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> Pipeline:
@@ -162,9 +204,12 @@ class Pipeline:
             t.join(timeout=timeout)
         self._preprocessors.shutdown(wait=False, cancel_futures=True)
         self._takers.shutdown(wait=False, cancel_futures=True)
+        if self._acker is not None:
+            self._acker.close(timeout)  # the acks made: sent and answered
         with self._held_lock:
             leftover = list(self._held.values())
             self._held.clear()
+            self._ahead.clear()
         for work in leftover:
             self._give_back(work)
         for _ in range(100):  # everything, 1,000 a call, while the service takes them
@@ -186,14 +231,22 @@ class Pipeline:
         for _ in range(len(self.queues)):
             queue = self.queues[self._rr % len(self.queues)]
             self._rr += 1
+            with self._held_lock:
+                ahead = self._ahead.get(queue)
+                if ahead:
+                    return ahead.popleft()
+                # beside what waits received ahead and what other slots' calls ask for
+                extra = self._extra(queue, len(ahead or ()) + self._asking.get(queue, 0))
+                self._asking[queue] = self._asking.get(queue, 0) + extra
             hint = {}
             nodes = self._assigned.get(queue)
             if nodes:  # the service asked us to take these partitions: their owners first
                 hint["node"] = nodes[self._rr % len(nodes)]
+            called = time.monotonic()
             try:
                 got = self.client.dequeue(
                     queue,
-                    1,
+                    1 + extra,
                     visibility_timeout=self.visibility_timeout,
                     wait=self.wait if len(self.queues) == 1 else 0,
                     **hint,
@@ -202,14 +255,33 @@ class Pipeline:
                 log.warning("dequeue %s: %s", queue, exc)
                 self._stop.wait(1.0)
                 return None
-            if got:
-                work = Work(queue, got[0], self.handlers[queue])
+            finally:
                 with self._held_lock:
-                    self._held[work.message.id] = work
-                return work
+                    self._asking[queue] -= extra
+            if got:
+                _average(self._dequeue_s, queue, time.monotonic() - called)
+                if any(getattr(m, "group", None) is not None for m in got):
+                    self._grouped.add(queue)
+                works = [Work(queue, m, self.handlers[queue]) for m in got]
+                with self._held_lock:
+                    for work in works:
+                        self._held[work.message.id] = work
+                    if len(works) > 1:
+                        self._ahead.setdefault(queue, deque()).extend(works[1:])
+                return works[0]
         if len(self.queues) > 1:
             self._stop.wait(self.wait)
         return None
+
+    def _extra(self, queue: str, waiting: int) -> int:
+        """How many messages of ``queue`` a dequeue asks for beside the slot's own: none, or
+        where its processing is shorter than a call, what the slots process in one call's time
+        (at most :data:`MAX_AHEAD`) less the ``waiting`` ones (received ahead or asked for)."""
+        process, call = self._process_s.get(queue), self._dequeue_s.get(queue)
+        if not self.receive_ahead or queue in self._grouped or process is None or call is None or process >= call:
+            return 0
+        target = min(MAX_AHEAD, self.concurrency * math.ceil(call / max(process, 1e-6)))
+        return max(0, min(MAX_AHEAD - 1, target - waiting))
 
     def _schedule_preprocess(self, work: Work, delay: float) -> None:
         """Start pre-processing ``work`` after ``delay`` seconds, on the pre-processing pool."""
@@ -306,6 +378,7 @@ class Pipeline:
                 outcome, error = "failed", exc
             ended = time.time()
             self.busy -= 1
+            _average(self._process_s, work.queue, ended - started)
             done.set()  # done earlier than estimated: the next one need not wait any longer
             if outcome == "succeeded" and work.handler.timeout and ended - started > work.handler.timeout:
                 outcome = "timed_out"
@@ -354,6 +427,10 @@ class Pipeline:
             self._forget(work)
             return
         try:
+            if outcome == "succeeded" and self._acker is not None:
+                acked = self._acker.ack(message, work.queue)
+                acked.add_done_callback(lambda future: self._acked(work, future))
+                return  # (forgotten once answered: the heartbeat keeps it hidden meanwhile)
             if outcome == "succeeded":
                 self.client.ack(work.queue, [(message.id, message.receipt)])
                 self.processed += 1
@@ -364,6 +441,15 @@ class Pipeline:
                 self.client.change_visibility(work.queue, message, backoff)
         except Exception as exc:  # noqa: BLE001 - a stale receipt or a lost node: it comes back
             log.warning("%s %s: %s", "ack" if outcome == "succeeded" else "retry later", message.id, exc)
+        self._forget(work)
+
+    def _acked(self, work: Work, future: Future[Any]) -> None:
+        """``work``'s ack through the acker answered (an acker's thread)."""
+        error = future.exception()
+        if error is None:
+            self.processed += 1
+        else:  # a stale receipt or a lost node: it comes back
+            log.warning("ack %s: %s", work.message.id, error)
         self._forget(work)
 
     def _give_back(self, work: Work) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import threading
 import time
 import uuid
@@ -62,6 +63,10 @@ class FakeClient:
         self.heartbeat_answer: dict = {"instruction": "continue", "sleep": 0, "extended": [], "lost": []}
         self.outstanding = 0
         self.max_outstanding = 0
+        self.asked: list[int] = []  # each dequeue's max_messages
+        self.ack_calls = 0
+        #: seconds each dequeue takes before answering (a call's round trip)
+        self.dequeue_delay = 0.0
 
     # -- test side
     def add(
@@ -121,6 +126,9 @@ class FakeClient:
     ) -> list[FakeMessage]:
         t0 = time.time()
         self.nodes_asked.append(node)
+        self.asked.append(max_messages)
+        if self.dequeue_delay:
+            time.sleep(self.dequeue_delay)
         deadline = time.monotonic() + (wait or 0)
         with self.cond:
             while True:
@@ -142,8 +150,10 @@ class FakeClient:
 
     def ack(self, queue: str, messages) -> dict:
         with self.cond:
+            self.ack_calls += 1
             n = 0
-            for mid, receipt in messages:
+            for item in messages:  # (id, receipt) pairs, or the API's {"id", "receipt"} (an Acker's)
+                mid, receipt = (item["id"], item["receipt"]) if isinstance(item, dict) else item
                 s = self._find(queue, mid)
                 if s is None or s.acked or s.receipt != receipt:
                     self.stale_acks.append((time.time(), queue, mid))
@@ -277,15 +287,18 @@ def test_next_preprocessing_is_timed_to_end_with_current_processing(estimates):
         assert ts(nxt["process_started_at"]) - ts(cur["process_ended_at"]) <= TOL
 
 
-def test_pipelining_overlaps_the_next_preprocessing_and_sequential_does_not():
+@pytest.mark.parametrize("batch_acks", [True, False])
+def test_pipelining_overlaps_the_next_preprocessing_and_sequential_does_not(batch_acks):
     """Order of events, read from the attempt records (speed itself is bench/pipeline.py's)."""
     n, pre, proc = 6, 0.03, 0.2
     for pipelining in (True, False):
         client = FakeClient()
         for _ in range(n):
             client.add("jobs", {"pre": pre, "proc": proc}, estimates={"preprocess": pre, "process": proc})
-        run_all(client, sleeping_handler(), n, pipelining=pipelining)
-        assert client.max_outstanding <= (2 if pipelining else 1)  # one slot: the current and the next
+        run_all(client, sleeping_handler(), n, pipelining=pipelining, batch_acks=batch_acks)
+        # one slot: the current and the next (and, acks batched, those processed whose acks are
+        # on their way: one here, as a processing takes longer than an ack call)
+        assert client.max_outstanding <= (2 if pipelining else 1) + batch_acks
         assert sorted(client.acked_ids()) == sorted(s.message.id for s in client.queues["jobs"])
         recs = by_process_start(client.records())
         for cur, nxt in itertools.pairwise(recs):
@@ -318,12 +331,16 @@ def test_long_poll_for_the_next_message_does_not_delay_processing():
     assert last - first < 0.2 + 0.15, f"2 x 0.1 s of work took {last - first:.2f}s"
 
 
-def test_slots_hold_at_most_two_messages_each():
+@pytest.mark.parametrize("batch_acks", [True, False])
+def test_slots_hold_at_most_two_messages_each(batch_acks):
     client = FakeClient()
     for _ in range(8):
         client.add("jobs", {"pre": 0.01, "proc": 0.1}, estimates={"preprocess": 0.01, "process": 0.1})
-    _, first, last = run_all(client, sleeping_handler(), 8, concurrency=2)
-    assert client.max_outstanding <= 4
+    _, first, last = run_all(client, sleeping_handler(), 8, concurrency=2, batch_acks=batch_acks)
+    # two a slot not yet processed (tasks longer than a call: nothing received ahead), and, acks
+    # batched, those processed whose acks wait for their answer (one a slot here: a processing
+    # takes longer than an ack call)
+    assert client.max_outstanding <= 4 + 2 * batch_acks
     assert 8 / (last - first) >= 0.8 * 2 / 0.1
 
 
@@ -503,3 +520,73 @@ def test_log_records_the_service_refuses_are_dropped_and_outages_retried(error, 
     # a refusal for good drops the batch (sending it again would only be refused again and hold
     # every later record behind it); an outage keeps it for the next flush
     assert len(pipe._logs) == (1 if kept else 0)
+
+
+# ------------------------------------------------------------------------------ short tasks
+
+
+def short_tasks(n: int, group: str | None = None, dequeue_delay: float = 0.005) -> FakeClient:
+    """``n`` messages of 1 ms tasks, dequeues taking ``dequeue_delay`` seconds each."""
+    client = FakeClient()
+    client.dequeue_delay = dequeue_delay
+    for i in range(n):
+        client.add("jobs", {"proc": 0.001}, group=None if group is None else f"{group}{i % 4}")
+    return client
+
+
+def test_short_tasks_are_received_ahead_and_acked_in_batches():
+    # given tasks of 1 ms and dequeue calls of 5 ms, 4 slots
+    n, slots = 200, 4
+    client = short_tasks(n)
+    run_all(client, sleeping_handler(), n, concurrency=slots)
+    # then once the times are measured, a call asks for more than one: what the slots process in
+    # about one call's time (5 ms / 1 ms, 4 slots: about 20)
+    ahead = slots * math.ceil(client.dequeue_delay / 0.001)
+    assert 1 < max(client.asked) <= 1 + ahead
+    assert len([ids for *_, ids in client.dequeues if ids]) < n / 4
+    # every message handled once, delivered once, acked once, in fewer ack calls than messages
+    assert sorted(client.acked_ids()) == sorted(s.message.id for s in client.queues["jobs"])
+    assert all(s.deliveries == 1 for s in client.queues["jobs"]) and not client.stale_acks
+    assert client.ack_calls < n
+    # what is held is bounded: per slot its current and next, what waits received ahead, and
+    # those processed whose acks are on their way (the fake's acks take no time: a few)
+    assert client.max_outstanding <= 3 * slots + ahead
+
+
+def test_long_tasks_and_grouped_messages_are_taken_one_at_a_time():
+    # tasks longer than a call: one message a dequeue (pipelining hides the call)
+    client = FakeClient()
+    client.dequeue_delay = 0.002
+    for _ in range(6):
+        client.add("jobs", {"proc": 0.03})
+    run_all(client, sleeping_handler(), 6, concurrency=2)
+    assert set(client.asked) == {1}
+    # grouped messages, however short: never received ahead (a message waiting here holds its group)
+    client = short_tasks(60, group="g")
+    run_all(client, sleeping_handler(), 60, concurrency=4)
+    assert set(client.asked) == {1}
+
+
+def test_stop_gives_back_what_was_received_ahead():
+    # given short tasks received ahead, and a slot stuck on one message
+    n = 200
+    client = short_tasks(n)
+    gate = threading.Event()
+    stuck: list[str] = []
+
+    def process(message, prepared):
+        if len(client.acks) >= 60 and not stuck:
+            stuck.append(message.id)
+            gate.wait(10)
+        time.sleep(0.001)
+
+    pipe = make_pipeline(client, Handler("jobs", process), concurrency=2).start()
+    wait_for(lambda: stuck, what="a slot to hold a message")
+    # when the pipeline stops (the stuck one finishes meanwhile)
+    threading.Timer(0.2, gate.set).start()
+    pipe.stop()
+    # then nothing is left held: every message delivered was acked or given back (visibility 0)
+    assert client.outstanding == 0
+    given_back = [v for v in client.visibility if v[3] == 0]
+    assert len(client.acked_ids()) + len(given_back) == sum(s.deliveries for s in client.queues["jobs"])
+    assert not set(client.acked_ids()) & {v[2] for v in given_back}
