@@ -211,10 +211,14 @@ def start_node(args) -> BenchNode:
     return node
 
 
+#: The most attempt records the service answers a call (``/api/v1/logs``'s ``limit``).
+LOGS_LIMIT = 1000
+
+
 def stored_records(node: BenchNode, queue: str) -> int | None:
     """How many attempt records the node stored for ``queue`` (None if it cannot say)."""
     try:
-        status, body = node.api("GET", "/api/v1/logs?" + urlencode({"queue": queue, "limit": 1000}), timeout=10)
+        status, body = node.api("GET", "/api/v1/logs?" + urlencode({"queue": queue, "limit": LOGS_LIMIT}), timeout=10)
         return len(json.loads(body)["records"]) if status == 200 else None
     except Exception:
         return None
@@ -453,7 +457,9 @@ def main(argv=None) -> int:
             continue
         rng = f"   [{min(r['rate'] for r in rs):.2f}..{max(r['rate'] for r in rs):.2f}]"
         stored = [r["stored_records"] for r in rs if r["stored_records"] is not None]
-        logs = f"{min(stored)}/{args.messages}" if stored else f"{min(r['records'] for r in rs)}/{args.messages}"
+        # (the service answers at most LOGS_LIMIT records a call: "1000+" is that many or more)
+        counted = f"{min(stored)}{'+' if min(stored) >= LOGS_LIMIT else ''}" if stored else None
+        logs = f"{counted}/{args.messages}" if stored else f"{min(r['records'] for r in rs)}/{args.messages}"
         print(
             f"{label:<28}{rate:>9.2f}{100 * rate / ideal:>11.1f}%{rng:<22}"
             f"{fmt(median([r['idle_gap_ms'] for r in rs])):>8}ms{fmt(median([r['dequeue_ms'] for r in rs])):>7}ms"
