@@ -61,8 +61,10 @@ _NEWEST = 0.2
 #: Messages of a queue received ahead of the slots at most (waiting or asked for).
 MAX_AHEAD = 100
 #: Acks made and not yet answered at most (their messages stay held meanwhile): room for the acks
-#: of the slots' processings during one ack call, at MAX_AHEAD messages a call.
-MAX_ACKS_WAITING = 2 * MAX_AHEAD
+#: of many ack calls' time. What a worker holds, ``2 * concurrency + MAX_AHEAD + MAX_ACKS_WAITING``
+#: at most, is what its heartbeat lists: the service takes up to ``WORKER_MAX_HELD`` (1,000 by
+#: default) in one.
+MAX_ACKS_WAITING = 100
 
 
 def _iso(ts: float | None) -> str | None:
