@@ -109,17 +109,26 @@ def _without_fencing(tmp: Path) -> Path:
     return tmp
 
 
+#: Schedules a broken build gets to be caught in, one after the other until one catches it: a
+#: catch takes a client's call to land on a paused owner in the moments after it wakes, which
+#: seven pauses of 45 s nearly always give, not always (seed 305014: none).
+CATCH_TRIES = 3
+
+
 def test_a_build_without_fencing_is_caught(tmp_path):
     seed = _seed()
     code = _without_fencing(tmp_path / "broken")
-    outcome = run(Options(seed, duration=45, kinds=("pause",), out=OUT, code=code))
     # It serves on beside the next owner (overlapping owners), answers calls under a superseded
     # epoch, delivers groups out of order.
     kinds = ("overlapping_owners", "stale_epoch", "lost", "group_order")
-    caught = {name: outcome.result.anomalies[name] for name in kinds}
-    assert sum(caught.values()) > 0, (
-        f"seed {seed}: a build without fencing passed the checker ({outcome.result.anomalies}); {outcome.directory}"
-    )
+    missed = []
+    for tried in range(CATCH_TRIES):
+        outcome = run(Options(seed + tried, duration=45, kinds=("pause",), out=OUT, code=code))
+        caught = {name: outcome.result.anomalies[name] for name in kinds}
+        if sum(caught.values()) > 0:
+            break
+        missed.append(f"seed {seed + tried}: {outcome.result.anomalies}; {outcome.directory}")
+    assert len(missed) < CATCH_TRIES, f"a build without fencing passed the checker {CATCH_TRIES} times: {missed}"
 
 
 #: Runs that found a fault in the service, kept as they were: (seed, seconds, faults). Seed 5
