@@ -13,14 +13,13 @@ processed at once: the service hands out one message of a group at a time.
 a moving average each), one message a call would leave the slots waiting on calls: the worker
 then receives ahead what its slots process in about one call's time (at most ``MAX_AHEAD``
 messages), and a slot takes its next from them first, so none waits there much longer than a
-call takes. They are held like the others (the heartbeat keeps them
-hidden; ``stop`` gives them back). A queue whose messages carry groups is never received ahead
-(a message waiting here would hold its group from every other consumer), nor a queue whose
-processing takes longer than the call (pipelining hides the call there). Without a tracer, the
-acks of all slots go through one :class:`mq_client.Acker`, as few calls, and a slot goes on to its
-next message without waiting for the answer (at most ``MAX_ACKS_WAITING`` acks wait for theirs,
-and their messages stay held until then); with a tracer, each ack is made inside its attempt's span,
-one call each.
+call takes. They are held like the others (the heartbeat keeps them hidden; ``stop`` gives them
+back). A queue whose messages carry groups is never received ahead (a message waiting here would
+hold its group from every other consumer), nor a queue whose processing takes longer than the
+call (pipelining hides the call there). Without a tracer, the acks of all slots go through one
+:class:`mq_client.Acker`, as few calls, and a slot goes on to its next message without waiting
+for the answer (at most ``MAX_ACKS_WAITING`` acks wait for theirs, and their messages stay held
+until then); with a tracer, each ack is made inside its attempt's span, one call each.
 
 The client is anything with the SDK's ``dequeue``, ``ack``, ``change_visibility``,
 ``send_logs`` and ``heartbeat`` methods, so the pipeline is tested without a server too.
