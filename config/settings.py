@@ -605,3 +605,7 @@ SQS_ACCOUNT_ID = env("SQS_ACCOUNT_ID", "000000000000")
 # The one region a node serves (queue URLs and ARNs name it; a call signed for another region is
 # refused). Empty: the region a call is signed for, every region sharing one namespace.
 SQS_REGION = env("SQS_REGION", "")
+# How long a process trusts the SQS credentials stamp it read (seconds, 0 to 5; the same on every
+# process of a cluster): a key revoked is refused from the next call after the revoke returns,
+# which waits this long (``sqs.keys``). 0: the stamp is read on every call.
+SQS_KEY_LEASE = envfloat("SQS_KEY_LEASE", 0.25)

@@ -18,6 +18,7 @@ from queues.access import ANONYMOUS, Caller, Forbidden
 from queues.admin.common import _age
 from queues.admin.reads import ByGrant, request_caller
 from sqs import service as sqs_service
+from sqs.keys import changes_in_force_at_exit
 from sqs.models import AccessKey, QueueSettings
 
 if TYPE_CHECKING:
@@ -126,11 +127,12 @@ class AccessKeyAdmin(_AccessKeyAdmin):
     def revoke(self, request: HttpRequest, queryset: QuerySet[AccessKey]) -> None:
         caller = Caller.of(request.user)
         n = 0
-        for key in queryset.select_related("user"):
-            try:
-                n += sqs_service.revoke_access_key(key, caller=caller)
-            except Forbidden as exc:
-                self.message_user(request, f"{key}: not revoked: {exc}", level=messages.ERROR)
+        with changes_in_force_at_exit():  # (one wait for the processes' leases, not one a key)
+            for key in queryset.select_related("user"):
+                try:
+                    n += sqs_service.revoke_access_key(key, caller=caller)
+                except Forbidden as exc:
+                    self.message_user(request, f"{key}: not revoked: {exc}", level=messages.ERROR)
         self.message_user(request, f"{n} key(s) revoked.")
 
 

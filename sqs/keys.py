@@ -5,13 +5,20 @@ Every process of a cluster shares the key-value store (``KV_URL``). A change to 
 user (a key revoked, its user made inactive or deleted; any save of either but a key's last
 use or description) writes a new *credentials stamp* there (:data:`STAMP`): once before the
 write, so that a store that cannot be reached fails the write rather than leave the other
-processes trusting the old rows, and again once it commits. A call reads the stamp (one read
-of the store, as cheap as the store's smallest read) and trusts a key it read under the same
-stamp; under another it reads the key and its user again (and while the store does not
-answer, it reads them and keeps nothing). So a key revoked, or its user made
-inactive, is refused from the next call on, on every node and in every process, as when the
-rows were read on every call; a change that bypasses the models' saves (a queryset's
-``update()``, SQL by hand) is seen within :data:`MAX_AGE`, or at once after :func:`forget`.
+processes trusting the old rows, and again once it commits. A process trusts a key it read
+under the stamp it holds; under another it reads the key and its user again (and while the
+store does not answer, it reads them and keeps nothing).
+
+A process holds the stamp it read on a *lease* (``SQS_KEY_LEASE`` seconds, counted on its
+monotonic clock from before the read was sent): the calls within it read no stamp. The
+announcement made once a change commits returns only after every lease taken before it was
+written has run out (the lease, a margin for clock rates, from the write's answer), as a
+cache's lease bounds an invalidation in Chubby (Burrows, OSDI 2006, section 2.8). So a key
+revoked, or its user made inactive, is refused from the next call after the change returns,
+on every node and in every process, as when the rows were read on every call; a change that
+bypasses the models' saves (a queryset's ``update()``, SQL by hand) is seen within
+:data:`MAX_AGE`, or at once after :func:`forget`. Every process of a cluster must have the
+same lease (a node's is its ``SQS_KEY_LEASE``); 0 reads the stamp on every call.
 
 The query is a plain one (no ORM query built): its columns are all a call needs (the secret to
 check the signature, the user it acts as, its last use).
@@ -22,10 +29,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.db.models.signals import post_delete, post_save, pre_delete, pre_save
@@ -44,6 +54,18 @@ STAMP = "sqs"
 MAX_AGE = 10.0
 #: The most keys a process keeps (past it, it forgets them all and reads them again).
 MAX_KEYS = 10_000
+#: The longest ``SQS_KEY_LEASE`` may be (seconds): a change's announcement waits for it.
+MAX_LEASE = 5.0
+#: How much faster one process's clock may run than another's (a fraction): the announcement
+#: waits this much longer than the lease, and ``_WAIT_MARGIN`` seconds more.
+_CLOCK_RATE = 0.01
+_WAIT_MARGIN = 0.005
+
+
+def lease_seconds() -> float:
+    """How long this process holds a stamp it read (``SQS_KEY_LEASE``, within 0 and
+    :data:`MAX_LEASE`)."""
+    return min(max(float(settings.SQS_KEY_LEASE), 0.0), MAX_LEASE)
 
 
 @dataclass
@@ -79,6 +101,22 @@ _QUERY: str | None = None
 #: access key ID -> (the stamp it was read under, when (monotonic), the key).
 _cache: dict[str, tuple[bytes | None, float, ActiveKey]] = {}
 _lock = threading.Lock()
+#: (the stamp read, until when (monotonic) it is held): the process's lease, None when it holds none.
+_lease: tuple[bytes | None, float] | None = None
+
+
+def _stamp(now: float) -> bytes | None:
+    """The stamp the process holds at ``now`` (monotonic), read from the store when its lease
+    has run out. Raises Unavailable (the store)."""
+    global _lease
+    held = _lease
+    if held is not None and now < held[1]:
+        return held[0]
+    lease = lease_seconds()
+    stamp = service.credentials_stamp(STAMP)  # (the lease counts from before the read was sent)
+    if lease > 0:
+        _lease = (stamp, now + lease)
+    return stamp
 
 
 def active_key(access_key_id: str) -> ActiveKey | None:
@@ -89,14 +127,15 @@ def active_key(access_key_id: str) -> ActiveKey | None:
     if not access_key_id or len(access_key_id) > ACCESS_KEY_ID_MAX:
         return None
     # The stamp before the rows: a change that commits after this read writes a newer stamp,
-    # so what is kept under this one is read again by the next call.
+    # so what is kept under this one is read again once the lease on it runs out, which the
+    # change's announcement waits for.
+    now = time.monotonic()
     try:
-        stamp = service.credentials_stamp(STAMP)
+        stamp = _stamp(now)
     except Unavailable:
         # The store out of reach: the rows, read now and not kept (a call that needs no store,
         # a receive from no partition served here, is answered as before).
         return _read(access_key_id)
-    now = time.monotonic()
     hit = _cache.get(access_key_id)
     if hit is not None and hit[0] == stamp and now - hit[1] < MAX_AGE:
         return hit[2]
@@ -112,8 +151,11 @@ def active_key(access_key_id: str) -> ActiveKey | None:
 
 
 def forget() -> None:
-    """Forget the keys read in this process (the next call of each reads it again)."""
+    """Forget the keys read in this process and the stamp it holds (the next call reads both
+    again)."""
+    global _lease
     with _lock:
+        _lease = None
         _cache.clear()
 
 
@@ -143,9 +185,42 @@ _USER_FIELDS_UNUSED = frozenset({"last_login"})
 
 
 def announce_change() -> None:
-    """Write a new credentials stamp: every process reads its keys again at its next call.
-    Raises ``Unavailable`` (the store)."""
+    """Write a new credentials stamp: every process reads its keys again once the lease on the
+    stamp it holds runs out (:func:`in_force_after`). Raises ``Unavailable`` (the store)."""
     service.announce_credentials_change(STAMP)
+
+
+def in_force_after() -> float:
+    """Seconds after a stamp's write answers until no process trusts a key under an older one:
+    the lease, and a margin for clocks that run at different rates."""
+    lease = lease_seconds()
+    return lease * (1 + _CLOCK_RATE) + _WAIT_MARGIN if lease > 0 else 0.0
+
+
+_deferred = threading.local()
+
+
+@contextmanager
+def changes_in_force_at_exit() -> Iterator[None]:
+    """Within it, a committed change's announcement does not wait for the leases to run out
+    (:func:`in_force_after`); its exit waits once for all of them (a bulk revoke in the admin
+    or the command: one wait, not one a key)."""
+    outer = getattr(_deferred, "until", None)
+    if outer is None:
+        _deferred.until = 0.0
+    try:
+        yield
+    finally:
+        if outer is None:
+            until, _deferred.until = _deferred.until, None
+            _sleep_until(until)
+
+
+def _sleep_until(until: float) -> None:
+    left = until - time.monotonic()
+    while left > 0:
+        time.sleep(left)
+        left = until - time.monotonic()
 
 
 def _announce_committed() -> None:
@@ -155,7 +230,16 @@ def _announce_committed() -> None:
         # The write before it went through (or it failed the change): only a key read between
         # the two is kept, at most MAX_AGE.
         log.exception("SQS credentials changed, but their stamp could not be written after the commit")
+        forget()
+        return
     forget()
+    # The change returns once no process holds a lease on an older stamp (each was taken
+    # before this write answered, so it runs out within in_force_after() of now).
+    until = time.monotonic() + in_force_after()
+    if getattr(_deferred, "until", None) is not None:
+        _deferred.until = max(_deferred.until, until)
+    else:
+        _sleep_until(until)
 
 
 def _changes_use(sender: Any, instance: Any, update_fields: Any) -> bool:
@@ -170,9 +254,20 @@ def _before_save(sender: Any, instance: Any, update_fields: Any = None, **_: Any
         announce_change()
 
 
+def _once_committed() -> None:
+    """Announce the change once its transaction commits: once a transaction, however many rows
+    it changes (a user deleted with its keys waits for the leases once)."""
+    conn = transaction.get_connection()
+    # (Django's list of the transaction's hooks: a hook of a savepoint rolled back is gone from
+    # it, and so is every change made within that savepoint)
+    if conn.in_atomic_block and any(hook[1] is _announce_committed for hook in getattr(conn, "run_on_commit", ())):
+        return
+    transaction.on_commit(_announce_committed)
+
+
 def _after_save(sender: Any, instance: Any, created: bool = False, update_fields: Any = None, **_: Any) -> None:
     if not created and _changes_use(sender, instance, update_fields):
-        transaction.on_commit(_announce_committed)
+        _once_committed()
 
 
 def _before_delete(sender: Any, instance: Any, **_: Any) -> None:
@@ -180,7 +275,7 @@ def _before_delete(sender: Any, instance: Any, **_: Any) -> None:
 
 
 def _after_delete(sender: Any, instance: Any, **_: Any) -> None:
-    transaction.on_commit(_announce_committed)
+    _once_committed()
 
 
 def connect() -> None:

@@ -120,26 +120,36 @@ def _csrf(html: str) -> str:
     return found[1]
 
 
+#: each node's lease on the credentials stamp in the test below: longer than the revoke's own
+#: round trip, so that a node that did not wait for the other's lease would be caught.
+_LEASE = 2.0
+
+
+@pytest.mark.node(env={"SQS_KEY_LEASE": str(_LEASE)})
 def test_a_key_revoked_on_one_node_is_refused_by_another_from_the_next_call(node_factory):
-    # given two nodes of one cluster, both of which have served calls with a key (each of them
-    # holds the key, its user and the queue)
+    # given two nodes of one cluster, each holding the credentials stamp on a lease of 2 s
     a, b = node_factory(), node_factory()
     password = uuid.uuid4().hex
     owner = User.objects.create_user(_name(), password=password, is_staff=True, is_superuser=True)
     key = AccessKey.issue(owner)
     on_a, on_b = _client(a, key), _client(b, key)
     url = on_a.create_queue(QueueName=_name())["QueueUrl"]
-    for client in (on_a, on_b):
-        client.send_message_batch(QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "before"}])
-    # when its holder revokes it in node a's admin
     admin = _admin(a, owner.username, password)
     listing = admin.get(f"{a.url}/admin/sqs/accesskey/", timeout=10)
+    # ... both of which have just served a call with a key (each holds the key, its user, the
+    # queue, and a lease on the stamp it read them under)
+    for client in (on_a, on_b):
+        client.send_message_batch(QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "before"}])
+    served = time.monotonic()
+    # when its holder revokes it in node a's admin
     r = admin.post(
         f"{a.url}/admin/sqs/accesskey/",
         data={"csrfmiddlewaretoken": _csrf(listing.text), "action": "revoke", "_selected_action": [key.pk]},
         timeout=10,
     )
     assert r.status_code == 200 and not AccessKey.objects.get(pk=key.pk).active
+    # (the revoke returned once b's lease had run out: it waited for it)
+    assert time.monotonic() - served >= _LEASE
     # then node b refuses the very next call with it, and so does node a
     for client in (on_b, on_a):
         with pytest.raises(ClientError) as exc:

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from queues.access import SYSTEM
 from sqs import service
+from sqs.keys import changes_in_force_at_exit
 from sqs.models import AccessKey
 
 if TYPE_CHECKING:
@@ -68,8 +69,9 @@ class Command(BaseCommand):
                 if user
                 else []
             )
-        for k in keys:
-            service.revoke_access_key(k, caller=SYSTEM)
-            self.stdout.write(f"revoked {k.access_key_id} of {k.user}")
+        with changes_in_force_at_exit():  # (one wait for the processes' leases, not one a key)
+            for k in keys:
+                service.revoke_access_key(k, caller=SYSTEM)
+                self.stdout.write(f"revoked {k.access_key_id} of {k.user}")
         if not keys:
             self.stdout.write("nothing to revoke")
