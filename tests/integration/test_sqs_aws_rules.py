@@ -849,3 +849,25 @@ def test_a_move_task_whose_user_is_made_inactive_stops_and_fails(module_node, co
     task = MoveTask.objects.get(handle=handle)
     assert task.status == MoveTask.FAILED and "AccessDenied" in task.failure_reason
     assert task.moved < 8
+
+
+def test_fifo_counts_while_a_group_is_held(sqs_api):
+    """GetQueueAttributes on a FIFO queue while a receive holds a group: NotVisible counts the
+    messages in flight alone; the group's messages waiting behind them are visible (counted as
+    ApproximateNumberOfMessages), as AWS counts them."""
+    url = _fifo(sqs_api, ContentBasedDeduplication="true")
+    for body in ("one", "two", "three"):
+        sqs_api("SendMessage", QueueUrl=url, MessageBody=body, MessageGroupId="g")
+    sqs_api("SendMessage", QueueUrl=url, MessageBody="other", MessageGroupId="h")
+    (m,) = sqs_api("ReceiveMessage", QueueUrl=url, MaxNumberOfMessages=1, VisibilityTimeout=30)["Messages"]
+    assert m["Body"] == "one"
+    names = [
+        "ApproximateNumberOfMessages",
+        "ApproximateNumberOfMessagesNotVisible",
+        "ApproximateNumberOfMessagesDelayed",
+    ]
+    counts = sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=names)["Attributes"]
+    assert counts == dict(zip(names, ("3", "1", "0"))), counts
+    sqs_api("DeleteMessage", QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+    counts = sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=names)["Attributes"]
+    assert counts == dict(zip(names, ("3", "0", "0"))), counts
