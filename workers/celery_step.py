@@ -31,6 +31,8 @@ class QueueConsumers(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery h
         self.pipeline: Pipeline | None = None
 
     def start(self, worker: Any) -> None:
+        from django.conf import settings
+
         from mq_client import Client
         from workers.handlers import configured_queues, discover
         from workers.pipeline import Pipeline, heartbeat_every
@@ -55,6 +57,7 @@ class QueueConsumers(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery h
             heartbeat_every=beat,
             name=f"{worker.hostname}",
             wait=float(os.environ.get("WORKER_WAIT", "2")),
+            max_held=settings.WORKER_MAX_HELD,
         ).start()
         log.info("consuming %s with %s slots (heartbeat every %.1fs)", queues, self.pipeline.concurrency, beat)
 

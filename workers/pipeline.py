@@ -21,6 +21,11 @@ call (pipelining hides the call there). Without a tracer, the acks of all slots 
 for the answer (at most ``MAX_ACKS_WAITING`` acks wait for theirs, and their messages stay held
 until then); with a tracer, each ack is made inside its attempt's span, one call each.
 
+**What a worker holds** is listed whole in its heartbeat, which the service refuses past its
+``WORKER_MAX_HELD`` (``max_held``, 1,000 by default): two messages a slot, and in what is left,
+the messages received ahead (of all its queues together) and the acks waiting for their answers.
+A worker of more than ``max_held / 2`` slots is refused at its start (``ValueError``).
+
 The client is anything with the SDK's ``dequeue``, ``ack``, ``change_visibility``,
 ``send_logs`` and ``heartbeat`` methods, so the pipeline is tested without a server too.
 """
@@ -62,8 +67,10 @@ MAX_AHEAD = 100
 #: Acks made and not yet answered at most (their messages stay held meanwhile): room for the acks
 #: of many ack calls' time. What a worker holds, ``2 * concurrency + MAX_AHEAD + MAX_ACKS_WAITING``
 #: at most, is what its heartbeat lists: the service takes up to ``WORKER_MAX_HELD`` (1,000 by
-#: default) in one.
+#: default) in one, so a pipeline of many slots receives ahead and leaves acks waiting for less.
 MAX_ACKS_WAITING = 100
+#: The most messages one heartbeat may list: the service's ``WORKER_MAX_HELD`` by default.
+DEFAULT_MAX_HELD = 1000
 
 
 def _iso(ts: float | None) -> str | None:
@@ -146,7 +153,15 @@ class Pipeline:
         name: str | None = None,
         receive_ahead: bool = True,
         batch_acks: bool = True,
+        max_held: int = DEFAULT_MAX_HELD,
     ):
+        if 2 * concurrency > max_held:
+            # each slot holds its message and the next; the heartbeat that keeps them hidden
+            # lists them all, and the service refuses a list longer than its WORKER_MAX_HELD
+            raise ValueError(
+                f"{concurrency} slots hold up to {2 * concurrency} messages, more than the {max_held} a "
+                "heartbeat may list (the service's WORKER_MAX_HELD): run fewer slots a worker, or more workers"
+            )
         self.client = client
         self.handlers = handlers
         self.queues = queues or sorted(handlers)
@@ -175,8 +190,14 @@ class Pipeline:
         #: the client's OpenTelemetry tracer (None: no spans): each attempt is a ``process``
         #: span, a child of the context the message was created in (its ``traceparent``)
         self.tracer: Tracer | None = getattr(client, "tracer", None)
+        #: what the heartbeat may list beside the slots' own two each: shared by the messages
+        #: received ahead and the acks waiting for their answers
+        room = max_held - 2 * concurrency
+        #: messages of a queue received ahead of the slots at most (waiting or asked for)
+        self.max_ahead = min(MAX_AHEAD, room // 2)
         #: whether short tasks' messages are received ahead (see the module's docstring)
-        self.receive_ahead = receive_ahead
+        self.receive_ahead = receive_ahead and self.max_ahead > 1
+        max_acks = min(MAX_ACKS_WAITING, room - self.max_ahead if self.receive_ahead else room)
         self._ahead: dict[str, deque[Work]] = {}  # held, received ahead, no slot's yet
         self._asking: dict[str, int] = {}  # messages asked for ahead by the dequeues in flight
         self._grouped: set[str] = set()  # queues whose messages carry groups
@@ -185,7 +206,7 @@ class Pipeline:
         #: the acks of all slots as few calls (none with a tracer: each ack in its attempt's span)
         #: (at most ``MAX_ACKS_WAITING`` acks wait to be answered: a slot's next ack waits for room)
         self._acker: Acker | None = (
-            Acker(client, max_buffered=MAX_ACKS_WAITING) if batch_acks and self.tracer is None else None
+            Acker(client, max_buffered=max_acks) if batch_acks and self.tracer is None and max_acks > 0 else None
         )
 
     # --- life cycle ---------------------------------------------------------------------------
@@ -236,8 +257,10 @@ class Pipeline:
                 ahead = self._ahead.get(queue)
                 if ahead:
                     return ahead.popleft()
-                # beside what waits received ahead and what other slots' calls ask for
-                extra = self._extra(queue, len(ahead or ()) + self._asking.get(queue, 0))
+                # beside what waits received ahead and what other slots' calls ask for, of every
+                # queue (what a worker holds is bounded as a whole: its heartbeat lists it all)
+                waiting = sum(map(len, self._ahead.values())) + sum(self._asking.values())
+                extra = self._extra(queue, waiting)
                 self._asking[queue] = self._asking.get(queue, 0) + extra
             hint = {}
             nodes = self._assigned.get(queue)
@@ -277,12 +300,13 @@ class Pipeline:
     def _extra(self, queue: str, waiting: int) -> int:
         """How many messages of ``queue`` a dequeue asks for beside the slot's own: none, or
         where its processing is shorter than a call, what the slots process in one call's time
-        (at most :data:`MAX_AHEAD`) less the ``waiting`` ones (received ahead or asked for)."""
+        (at most :attr:`max_ahead`) less the ``waiting`` ones (received ahead or asked for)."""
         process, call = self._process_s.get(queue), self._dequeue_s.get(queue)
         if not self.receive_ahead or queue in self._grouped or process is None or call is None or process >= call:
             return 0
-        target = min(MAX_AHEAD, self.concurrency * math.ceil(call / max(process, 1e-6)))
-        return max(0, min(MAX_AHEAD - 1, target - waiting))
+        most = self.max_ahead
+        target = min(most, self.concurrency * math.ceil(call / max(process, 1e-6)))
+        return max(0, min(most - 1, target - waiting))
 
     def _schedule_preprocess(self, work: Work, delay: float) -> None:
         """Start pre-processing ``work`` after ``delay`` seconds, on the pre-processing pool."""

@@ -589,3 +589,38 @@ def test_stop_gives_back_what_was_received_ahead():
     given_back = [v for v in client.visibility if v[3] == 0]
     assert len(client.acked_ids()) + len(given_back) == sum(s.deliveries for s in client.queues["jobs"])
     assert not set(client.acked_ids()) & {v[2] for v in given_back}
+
+
+def test_what_a_worker_holds_fits_in_one_heartbeat():
+    # given a worker that may list at most 20 messages in a heartbeat (the service's
+    # WORKER_MAX_HELD), 4 slots, and short tasks of two queues
+    max_held, slots, n = 20, 4, 300
+    client = short_tasks(n // 2)
+    for _ in range(n // 2):
+        client.add("other", {"proc": 0.001})
+    handlers = {"jobs": sleeping_handler(), "other": sleeping_handler("other")}
+    pipe = Pipeline(client, handlers, concurrency=slots, wait=0.05, heartbeat_every=3600, max_held=max_held)
+    # then what is received ahead (of both queues together) has half of what the slots leave
+    assert pipe.max_ahead == (max_held - 2 * slots) // 2
+    pipe.start()
+    try:
+        peak = 0
+        while len(client.acks) < n:
+            beat = pipe.heartbeat_once()
+            assert beat is not None
+            peak = max(peak, len(client.heartbeats[-1]["held"]))
+            time.sleep(0.002)
+    finally:
+        pipe.stop()
+    # when it has handled them all, it never held more than one heartbeat may list, and did
+    # receive ahead
+    assert client.max_outstanding <= max_held and peak <= max_held
+    assert max(client.asked) > 1
+    assert sorted(client.acked_ids()) == sorted(s.message.id for q in client.queues.values() for s in q)
+
+
+def test_a_worker_of_more_slots_than_a_heartbeat_lists_is_refused():
+    with pytest.raises(ValueError, match="WORKER_MAX_HELD"):
+        Pipeline(FakeClient(), {"jobs": sleeping_handler()}, concurrency=501)
+    small = Pipeline(FakeClient(), {"jobs": sleeping_handler()}, concurrency=500)
+    assert not small.receive_ahead and small._acker is None  # (nothing left beside the slots')

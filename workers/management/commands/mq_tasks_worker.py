@@ -24,6 +24,7 @@ import uuid
 from argparse import ArgumentParser
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from mq_client import NotFound
@@ -95,18 +96,23 @@ class Command(BaseCommand):
                 ) from None
         worker_id = uuid.uuid4().hex
         runner = TaskRunner(backend, worker_id)
-        pipeline = Pipeline(
-            client,
-            {name: Handler(name, runner) for name in queues},
-            queues,
-            concurrency=max(1, options["concurrency"]),
-            pipelining=not options["no_pipelining"],
-            heartbeat_every=heartbeat_every(timeouts),
-            wait=options["wait"],
-            retry_backoff=options["retry_backoff"],
-            consumer_id=worker_id,
-            name=f"mq_tasks_worker@{options['backend']}",
-        ).start()
+        try:
+            pipeline = Pipeline(
+                client,
+                {name: Handler(name, runner) for name in queues},
+                queues,
+                concurrency=max(1, options["concurrency"]),
+                pipelining=not options["no_pipelining"],
+                heartbeat_every=heartbeat_every(timeouts),
+                wait=options["wait"],
+                retry_backoff=options["retry_backoff"],
+                consumer_id=worker_id,
+                name=f"mq_tasks_worker@{options['backend']}",
+                max_held=settings.WORKER_MAX_HELD,
+            )
+        except ValueError as exc:  # more slots than one heartbeat may list
+            raise CommandError(str(exc)) from None
+        pipeline.start()
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
