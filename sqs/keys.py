@@ -9,16 +9,20 @@ processes trusting the old rows, and again once it commits. A process trusts a k
 under the stamp it holds; under another it reads the key and its user again (and while the
 store does not answer, it reads them and keeps nothing).
 
-A process holds the stamp it read on a *lease* (``SQS_KEY_LEASE`` seconds, counted on its
-monotonic clock from before the read was sent): the calls within it read no stamp. The
-announcement made once a change commits returns only after every lease taken before it was
-written has run out (the lease, a margin for clock rates, from the write's answer), as a
-cache's lease bounds an invalidation in Chubby (Burrows, OSDI 2006, section 2.8). So a key
-revoked, or its user made inactive, is refused from the next call after the change returns,
-on every node and in every process, as when the rows were read on every call; a change that
-bypasses the models' saves (a queryset's ``update()``, SQL by hand) is seen within
-:data:`MAX_AGE`, or at once after :func:`forget`. Every process of a cluster must have the
-same lease (a node's is its ``SQS_KEY_LEASE``); 0 reads the stamp on every call.
+A process holds the stamp it read on a *lease*, counted on its clock (``CLOCK_BOOTTIME``,
+which runs through a suspend) from before the read was sent: the calls within it read no
+stamp. A stamp names the longest lease any process may take on it (its writer's
+``SQS_KEY_LEASE``; a process takes the shorter of that and its own), and each announcement
+waits, from its write's answer, for the leases on the stamp it replaced to run out (the
+longer of that stamp's lease and the writer's own, and a margin for clock rates); the change
+returns once its announcements' waits are over, as a cache's lease bounds an invalidation in
+Chubby (Burrows, OSDI 2006, section 2.8). So a key revoked, or its user made inactive, is
+refused from the next call after the change returns, on every node and in every process, as
+when the rows were read on every call; a change that bypasses the models' saves (a
+queryset's ``update()``, SQL by hand) is seen within :data:`MAX_AGE`, or at once after
+:func:`forget`. A stamp an earlier version wrote (no lease named) or none at all is read on
+every call (a process writes the first one); ``SQS_KEY_LEASE=0`` reads it on every call.
+Give every process of a cluster, its management commands and shells too, the same lease.
 
 The query is a plain one (no ORM query built): its columns are all a call needs (the secret to
 check the signature, the user it acts as, its last use).
@@ -27,8 +31,10 @@ check the signature, the user it acts as, its last use).
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -60,12 +66,41 @@ MAX_LEASE = 5.0
 #: waits this much longer than the lease, and ``_WAIT_MARGIN`` seconds more.
 _CLOCK_RATE = 0.01
 _WAIT_MARGIN = 0.005
+#: A stamp: ``v2 <the longest lease on it, ms> <random hex>``.
+_STAMP_FORM = re.compile(rb"v2 (\d{1,5}) [0-9a-f]{32}")
+
+if hasattr(time, "CLOCK_BOOTTIME"):
+
+    def _now() -> float:
+        """Seconds on a clock that never goes back and runs through a suspend (Linux)."""
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+else:  # pragma: no cover - not Linux
+    _now = time.monotonic
 
 
 def lease_seconds() -> float:
     """How long this process holds a stamp it read (``SQS_KEY_LEASE``, within 0 and
-    :data:`MAX_LEASE`)."""
+    :data:`MAX_LEASE`), at most."""
     return min(max(float(settings.SQS_KEY_LEASE), 0.0), MAX_LEASE)
+
+
+def new_stamp() -> bytes:
+    """A new stamp that names this process's lease as the longest any process may take on it."""
+    return b"v2 %d %s" % (round(lease_seconds() * 1000), uuid.uuid4().hex.encode())
+
+
+def stamp_lease(stamp: bytes | None) -> float:
+    """The longest lease a process may take on ``stamp`` (seconds): 0 for none, or for one an
+    earlier version wrote (random bytes: it knows no lease)."""
+    found = _STAMP_FORM.fullmatch(stamp) if stamp is not None else None
+    return int(found[1]) / 1000 if found else 0.0
+
+
+def in_force_after(lease: float) -> float:
+    """Seconds after a stamp's write answers until no process holds a lease of ``lease``
+    seconds on an older one: the lease, and a margin for clocks that run at different rates."""
+    return lease * (1 + _CLOCK_RATE) + _WAIT_MARGIN if lease > 0 else 0.0
 
 
 @dataclass
@@ -98,22 +133,26 @@ def _query() -> str:
 
 _QUERY: str | None = None
 
-#: access key ID -> (the stamp it was read under, when (monotonic), the key).
+#: access key ID -> (the stamp it was read under, when (:func:`_now`), the key).
 _cache: dict[str, tuple[bytes | None, float, ActiveKey]] = {}
 _lock = threading.Lock()
-#: (the stamp read, until when (monotonic) it is held): the process's lease, None when it holds none.
+#: (the stamp read, until when (:func:`_now`) it is held): the process's lease, None: none held.
 _lease: tuple[bytes | None, float] | None = None
 
 
 def _stamp(now: float) -> bytes | None:
-    """The stamp the process holds at ``now`` (monotonic), read from the store when its lease
-    has run out. Raises Unavailable (the store)."""
+    """The stamp the process holds at ``now`` (:func:`_now`), read from the store when its
+    lease has run out. Raises Unavailable (the store)."""
     global _lease
     held = _lease
     if held is not None and now < held[1]:
         return held[0]
-    lease = lease_seconds()
     stamp = service.credentials_stamp(STAMP)  # (the lease counts from before the read was sent)
+    if stamp is None:
+        # None written yet (no change since the store began): the first, naming this process's
+        # lease; this call holds none (the next one reads what was written)
+        service.initialize_credentials_stamp(STAMP, new_stamp())
+    lease = min(lease_seconds(), stamp_lease(stamp))
     if lease > 0:
         _lease = (stamp, now + lease)
     return stamp
@@ -129,7 +168,7 @@ def active_key(access_key_id: str) -> ActiveKey | None:
     # The stamp before the rows: a change that commits after this read writes a newer stamp,
     # so what is kept under this one is read again once the lease on it runs out, which the
     # change's announcement waits for.
-    now = time.monotonic()
+    now = _now()
     try:
         stamp = _stamp(now)
     except Unavailable:
@@ -184,62 +223,61 @@ _KEY_FIELDS_UNUSED = frozenset({"last_used_at", "description"})
 _USER_FIELDS_UNUSED = frozenset({"last_login"})
 
 
+#: Per thread: until when (:func:`_now`) a lease on a stamp its announcements replaced may run
+#: (``due``), and whether a bulk change waits for it at its end (``deferred``).
+_waits = threading.local()
+
+
 def announce_change() -> None:
     """Write a new credentials stamp: every process reads its keys again once the lease on the
-    stamp it holds runs out (:func:`in_force_after`). Raises ``Unavailable`` (the store)."""
-    service.announce_credentials_change(STAMP)
-
-
-def in_force_after() -> float:
-    """Seconds after a stamp's write answers until no process trusts a key under an older one:
-    the lease, and a margin for clocks that run at different rates."""
-    lease = lease_seconds()
-    return lease * (1 + _CLOCK_RATE) + _WAIT_MARGIN if lease > 0 else 0.0
-
-
-_deferred = threading.local()
+    stamp it holds runs out. Notes, for this thread's change to wait for, when the leases on the
+    stamp it replaced run out (:func:`in_force_after` of the longer of that stamp's lease and
+    this process's own, from the write's answer). Raises ``Unavailable`` (the store)."""
+    replaced = service.credentials_stamp(STAMP)
+    service.announce_credentials_change(STAMP, new_stamp())
+    due = _now() + in_force_after(max(stamp_lease(replaced), lease_seconds()))
+    _waits.due = max(getattr(_waits, "due", 0.0), due)
 
 
 @contextmanager
 def changes_in_force_at_exit() -> Iterator[None]:
-    """Within it, a committed change's announcement does not wait for the leases to run out
-    (:func:`in_force_after`); its exit waits once for all of them (a bulk revoke in the admin
-    or the command: one wait, not one a key)."""
-    outer = getattr(_deferred, "until", None)
-    if outer is None:
-        _deferred.until = 0.0
+    """Within it, a committed change's announcement does not wait for the leases to run out;
+    its exit waits once for all of them (a bulk revoke in the admin or the command: one wait,
+    not one a key), also when it ends with an exception."""
+    outer = getattr(_waits, "deferred", False)
+    _waits.deferred = True
     try:
         yield
     finally:
-        if outer is None:
-            until, _deferred.until = _deferred.until, None
-            _sleep_until(until)
+        if not outer:
+            _waits.deferred = False
+            _wait_in_force()
+
+
+def _wait_in_force() -> None:
+    """Wait until the leases on the stamps this thread's announcements replaced have run out."""
+    due, _waits.due = getattr(_waits, "due", 0.0), 0.0
+    _sleep_until(due)
 
 
 def _sleep_until(until: float) -> None:
-    left = until - time.monotonic()
+    left = until - _now()
     while left > 0:
         time.sleep(left)
-        left = until - time.monotonic()
+        left = until - _now()
 
 
 def _announce_committed() -> None:
     try:
         announce_change()
     except Exception:
-        # The write before it went through (or it failed the change): only a key read between
-        # the two is kept, at most MAX_AGE.
+        # The write before it went through (or it failed the change): a key read between the two
+        # is kept, at most MAX_AGE; the leases on the stamp before it are still waited for.
         log.exception("SQS credentials changed, but their stamp could not be written after the commit")
-        forget()
-        return
     forget()
-    # The change returns once no process holds a lease on an older stamp (each was taken
-    # before this write answered, so it runs out within in_force_after() of now).
-    until = time.monotonic() + in_force_after()
-    if getattr(_deferred, "until", None) is not None:
-        _deferred.until = max(_deferred.until, until)
-    else:
-        _sleep_until(until)
+    # The change returns once no process holds a lease on a stamp its announcements replaced.
+    if not getattr(_waits, "deferred", False):
+        _wait_in_force()
 
 
 def _changes_use(sender: Any, instance: Any, update_fields: Any) -> bool:

@@ -107,7 +107,8 @@ def token_holder(key: str) -> int | None:
 # --- the credentials stamp ------------------------------------------------------------------------
 # A process may keep the credentials it read (the SQS API's access keys) while the stamp it read
 # them under is unchanged: a change writes a new one, and every process of the cluster, which
-# shares the key-value store, reads its credentials again from its next call on.
+# shares the key-value store, reads its credentials again once it reads the new stamp (``sqs.keys``
+# holds a stamp on a short lease, which a change waits out).
 
 
 def _stamp_key(kind: str) -> str:
@@ -122,10 +123,18 @@ def credentials_stamp(kind: str) -> bytes | None:
     return get_store().get(_stamp_key(kind))
 
 
-def announce_credentials_change(kind: str) -> None:
-    """Write a new stamp of the credentials of ``kind``: every process reads those it keeps
-    again at its next call. Call it before a change is written (a store out of reach then fails
-    the change rather than leave other processes trusting the old rows) and again once it
-    commits. No lock, no permission: the change's own function checked it. Raises Unavailable
-    (the store)."""
-    get_store().put(_stamp_key(kind), uuid.uuid4().bytes)
+def announce_credentials_change(kind: str, stamp: bytes | None = None) -> None:
+    """Write a new stamp of the credentials of ``kind`` (``stamp``, or random bytes): every
+    process reads those it keeps again once it reads the stamp (``sqs.keys``: at the end of the
+    lease it holds on the one before). Call it before a change is written (a store out of reach
+    then fails the change rather than leave other processes trusting the old rows) and again
+    once it commits. No lock, no permission: the change's own function checked it. Raises
+    Unavailable (the store)."""
+    get_store().put(_stamp_key(kind), stamp if stamp is not None else uuid.uuid4().bytes)
+
+
+def initialize_credentials_stamp(kind: str, stamp: bytes) -> bool:
+    """Write ``stamp`` as the first stamp of the credentials of ``kind``, unless one was written
+    already (a compare-and-set from absent): whether it was written. No lock, no permission.
+    Raises Unavailable (the store)."""
+    return get_store().compare_and_set(_stamp_key(kind), None, stamp)

@@ -18,9 +18,11 @@ from botocore.exceptions import ClientError
 from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 
+from queues import service
 from queues.models import Partition, Queue
+from sqs import keys
 from sqs.models import AccessKey
-from tests.integration.nodes import Client
+from tests.integration.nodes import Client, in_cluster_of
 from tests.launcher import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -129,6 +131,8 @@ _LEASE = 2.0
 def test_a_key_revoked_on_one_node_is_refused_by_another_from_the_next_call(node_factory):
     # given two nodes of one cluster, each holding the credentials stamp on a lease of 2 s
     a, b = node_factory(), node_factory()
+    with in_cluster_of(a):  # (a stamp that lets them hold it 2 s, whatever wrote the last one)
+        service.announce_credentials_change(keys.STAMP, b"v2 %d %s" % (_LEASE * 1000, uuid.uuid4().hex.encode()))
     password = uuid.uuid4().hex
     owner = User.objects.create_user(_name(), password=password, is_staff=True, is_superuser=True)
     key = AccessKey.issue(owner)

@@ -72,6 +72,8 @@ class Command(BaseCommand):
         with changes_in_force_at_exit():  # (one wait for the processes' leases, not one a key)
             for k in keys:
                 service.revoke_access_key(k, caller=SYSTEM)
-                self.stdout.write(f"revoked {k.access_key_id} of {k.user}")
+        # (said once in force: every process of the cluster refuses them from its next call)
+        for k in keys:
+            self.stdout.write(f"revoked {k.access_key_id} of {k.user}")
         if not keys:
             self.stdout.write("nothing to revoke")
