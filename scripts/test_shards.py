@@ -1,7 +1,10 @@
 """Split the test modules into shards of about equal time, for ``make test`` (scripts/test.sh).
 
-    python scripts/test_shards.py plan N          the modules of each shard, one shard a line
+    python scripts/test_shards.py plan N [DIR]    the modules of each shard, one shard a line
     python scripts/test_shards.py record JUNIT... write tests/durations.json from junit XML files
+
+DIR ``tests/unit`` plans ``make test-unit``'s shards by ``tests/durations-unit.json`` (its own
+times, on the embedded defaults), which ``record-unit JUNIT...`` writes.
 
 Each shard is a list of test files sorted by path, so the modules of a shard run in the order
 they would in one run of the whole suite. Modules are placed largest first, each on the shard
@@ -20,24 +23,28 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DURATIONS = REPO / "tests" / "durations.json"
+#: ``make test-unit``'s times (tests/unit on the embedded defaults).
+UNIT_DURATIONS = REPO / "tests" / "durations-unit.json"
 #: The seconds a module without a recorded time is taken to need (a new module: about a small
 #: integration module's).
 UNKNOWN_SECONDS = 5.0
 
 
-def modules() -> list[str]:
-    """Every test file under ``tests/``, as a path relative to the repository."""
-    return sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py"))
+def modules(under: str = "tests") -> list[str]:
+    """Every test file under ``under`` (``tests/``), as a path relative to the repository."""
+    return sorted(str(p.relative_to(REPO)) for p in (REPO / under).rglob("test_*.py"))
 
 
-def plan(shards: int) -> list[list[str]]:
-    """``shards`` lists of test files whose recorded times are about equal."""
-    known: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+def plan(shards: int, under: str = "tests") -> list[list[str]]:
+    """``shards`` lists of the test files under ``under`` whose recorded times are about equal."""
+    times = UNIT_DURATIONS if under.rstrip("/") == "tests/unit" else DURATIONS
+    known: dict[str, float] = json.loads(times.read_text()) if times.exists() else {}
+    unknown = UNKNOWN_SECONDS if times is DURATIONS else 1.0
     load = [0.0] * shards
     out: list[list[str]] = [[] for _ in range(shards)]
-    for module in sorted(modules(), key=lambda m: (-known.get(m, UNKNOWN_SECONDS), m)):
+    for module in sorted(modules(under), key=lambda m: (-known.get(m, unknown), m)):
         i = min(range(shards), key=lambda k: (load[k], k))
-        load[i] += known.get(module, UNKNOWN_SECONDS)
+        load[i] += known.get(module, unknown)
         out[i].append(module)
     return [sorted(shard) for shard in out]
 
@@ -60,11 +67,12 @@ def record(junit_files: list[str]) -> dict[str, float]:
 
 def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "plan":
-        for shard in plan(int(argv[1])):
+        for shard in plan(int(argv[1]), *argv[2:3]):
             print(" ".join(shard))
         return 0
-    if len(argv) >= 2 and argv[0] == "record":
-        DURATIONS.write_text(json.dumps(record(argv[1:]), indent=1) + "\n")
+    if len(argv) >= 2 and argv[0] in ("record", "record-unit"):
+        target = DURATIONS if argv[0] == "record" else UNIT_DURATIONS
+        target.write_text(json.dumps(record(argv[1:]), indent=1) + "\n")
         return 0
     print(__doc__, file=sys.stderr)
     return 2
