@@ -58,3 +58,15 @@ def test_record_sums_each_files_tests_from_junit(shards, tmp_path):
         "</testsuite></testsuites>"
     )
     assert shards.record([str(junit)]) == {"tests/unit/test_shards_plan.py": 3.8, "tests/unit/test_tree.py": 0.5}
+
+
+def test_the_unit_shards_are_the_unit_modules_split_by_their_own_times(shards, tmp_path, monkeypatch):
+    monkeypatch.setattr(shards, "UNIT_DURATIONS", tmp_path / "durations-unit.json")
+    unit = shards.modules("tests/unit")
+    assert unit and all(m.startswith("tests/unit/") for m in unit)
+    # the suite's times would put the first module alone; the unit run's own times do not
+    shards.DURATIONS.write_text(json.dumps({unit[0]: 1000.0}))
+    shards.UNIT_DURATIONS.write_text(json.dumps(dict.fromkeys(unit, 1.0)))
+    plan = shards.plan(2, "tests/unit")
+    assert sorted(m for shard in plan for m in shard) == unit
+    assert abs(len(plan[0]) - len(plan[1])) <= 1
