@@ -19,13 +19,9 @@ data="$(mktemp -d "${TMPDIR:-/tmp}/mq-unit.XXXXXX")"
 trap 'rm -rf "$data"' EXIT
 export DJANGO_SETTINGS_MODULE=config.settings SPARK_LOCAL_IP=127.0.0.1
 
-report() {   # rc label
-    case "$1" in
-        0) ;;
-        5) echo "make test-unit: FAILED: ${2}pytest collected no tests (exit 5)" >&2 ;;
-        *) echo "make test-unit: FAILED (${2}pytest exit code $1)" >&2 ;;
-    esac
-}
+REPORT_AS="make test-unit"
+# shellcheck source=scripts/report.sh
+source "$repo/scripts/report.sh"
 
 shards="${MQ_TEST_UNIT_SHARDS:-2}"
 if [ $# -gt 0 ] || [ "$shards" -le 1 ]; then

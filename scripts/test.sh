@@ -30,13 +30,9 @@ export MQ_PG_FSYNC="${MQ_PG_FSYNC:-off}"
 # disk busy with another test's writes, such a wait passed REDIS_TIMEOUT.
 export MQ_REDIS_FSYNC="${MQ_REDIS_FSYNC:-no}"
 
-report() {   # rc label
-    case "$1" in
-        0) ;;
-        5) echo "make test: FAILED: ${2}pytest collected no tests (exit 5)" >&2 ;;
-        *) echo "make test: FAILED (${2}pytest exit code $1)" >&2 ;;
-    esac
-}
+REPORT_AS="make test"
+# shellcheck source=scripts/report.sh
+source "$here/report.sh"
 
 shards="${MQ_TEST_SHARDS:-2}"
 junit=()

@@ -132,6 +132,20 @@ def _depth(sqs_api: Api, url: str) -> int:
     return int(attrs["Attributes"]["ApproximateNumberOfMessages"])
 
 
+#: The counts a queue answers: available, in flight, delayed.
+_COUNTS = (
+    "ApproximateNumberOfMessages",
+    "ApproximateNumberOfMessagesNotVisible",
+    "ApproximateNumberOfMessagesDelayed",
+)
+
+
+def _counts(sqs_api: Api, url: str) -> tuple[str, ...]:
+    """The queue's :data:`_COUNTS`, in that order."""
+    got = sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=list(_COUNTS))["Attributes"]
+    return tuple(got[name] for name in _COUNTS)
+
+
 def _fifo(sqs_api: Api, **attrs: str) -> str:
     return sqs_api("CreateQueue", QueueName=_name("f") + ".fifo", Attributes={"FifoQueue": "true", **attrs})["QueueUrl"]
 
@@ -465,13 +479,7 @@ def test_delayed_messages_count_as_delayed_not_available(sqs_api):
     assert (counts["ApproximateNumberOfMessages"], counts["ApproximateNumberOfMessagesDelayed"]) == ("1", "1")
     (m,) = _receive(sqs_api, url, 0)
     assert m["Body"] == "now"
-    names = [
-        "ApproximateNumberOfMessages",
-        "ApproximateNumberOfMessagesNotVisible",
-        "ApproximateNumberOfMessagesDelayed",
-    ]
-    counts = sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=names)["Attributes"]
-    assert counts == dict(zip(names, ("0", "1", "1"))), counts
+    assert _counts(sqs_api, url) == ("0", "1", "1")
     assert _receive(sqs_api, url, 0) == []
 
 
@@ -861,13 +869,6 @@ def test_fifo_counts_while_a_group_is_held(sqs_api):
     sqs_api("SendMessage", QueueUrl=url, MessageBody="other", MessageGroupId="h")
     (m,) = sqs_api("ReceiveMessage", QueueUrl=url, MaxNumberOfMessages=1, VisibilityTimeout=30)["Messages"]
     assert m["Body"] == "one"
-    names = [
-        "ApproximateNumberOfMessages",
-        "ApproximateNumberOfMessagesNotVisible",
-        "ApproximateNumberOfMessagesDelayed",
-    ]
-    counts = sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=names)["Attributes"]
-    assert counts == dict(zip(names, ("3", "1", "0"))), counts
+    assert _counts(sqs_api, url) == ("3", "1", "0")
     sqs_api("DeleteMessage", QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
-    counts = sqs_api("GetQueueAttributes", QueueUrl=url, AttributeNames=names)["Attributes"]
-    assert counts == dict(zip(names, ("3", "0", "0"))), counts
+    assert _counts(sqs_api, url) == ("3", "0", "0")
