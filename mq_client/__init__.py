@@ -31,7 +31,7 @@ What it does for you:
   :class:`Producer` sends the single messages of many threads as batches and returns a future
   at once; :class:`Acker` does the same for acks; :class:`Prefetcher` and :class:`Consumer`
   receive ahead, bounded so that nothing waits past its visibility.
-* **asyncio** (:mod:`mq_client.aio`, with httpx installed): :class:`~mq_client.aio.AsyncClient`
+* **asyncio** (:mod:`mq_client.aio`, with aiohttp installed): :class:`~mq_client.aio.AsyncClient`
   and :class:`~mq_client.aio.AsyncProducer`, the same calls awaited, the same retries and routing.
 * **Round robin** over the nodes given (``urls``, a list or a comma-separated string).
 * **Owner routing** (:mod:`mq_client.routing`). The client learns which node owns each partition

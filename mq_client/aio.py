@@ -1,5 +1,5 @@
 """The asyncio client: :class:`AsyncClient`, the same calls as :class:`~mq_client.client.Client`
-awaited on one event loop, over httpx (an optional dependency: ``pip install httpx``).
+awaited on one event loop, over aiohttp (an optional dependency: ``pip install aiohttp``).
 
 ::
 
@@ -25,14 +25,13 @@ that awaits the call (``contextvars``).
 from __future__ import annotations
 
 import asyncio
-import math
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-import httpx
+import aiohttp
 
 from mq_client import tracing
 from mq_client.client import (
@@ -82,24 +81,10 @@ from mq_client.types import (
     message_json,
 )
 
-__all__ = ["POOL_CONNECTIONS", "AsyncClient", "AsyncProducer"]
+__all__ = ["AsyncClient", "AsyncProducer"]
 
-#: Connections of each of the client's httpx pools. httpcore's pool does work for every request
-#: that grows with its connections and the requests waiting (it checks each connection), so one
-#: pool of 100 connections under 32 concurrent calls cost 1,364 µs of CPU a message; pools of 4
-#: (as many as the calls need, up to ``max_connections``) cost 490, the synchronous client's in
-#: 32 threads 542 (``bench/client_batching.py``'s calls, 2-core VM).
-POOL_CONNECTIONS = 4
-
-
-class _Pool:
-    """One httpx client (its connection pool) and the requests it carries now."""
-
-    __slots__ = ("busy", "http")
-
-    def __init__(self, http: httpx.AsyncClient) -> None:
-        self.http = http
-        self.busy = 0
+#: The exceptions of a request that got no answer: refused, reset, cut short, timed out.
+_NO_ANSWER = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 class AsyncClient:
@@ -123,7 +108,7 @@ class AsyncClient:
         tracer_provider: Any = None,
     ) -> None:
         # The routing state and the tries come from the synchronous transport (it opens no
-        # connection of its own unless asked); the requests go through httpx.
+        # connection of its own unless asked); the requests go through aiohttp.
         self._transport = Transport(
             urls.split(",") if isinstance(urls, str) else urls,
             token,
@@ -136,8 +121,9 @@ class AsyncClient:
             on_owner_failed=self._forget_owner_of,
         )
         self._owners = OwnerCache(owners_ttl)
-        self._pools: list[_Pool] = []
-        self._max_pools = max(1, math.ceil(max_connections / POOL_CONNECTIONS))
+        #: aiohttp's session, made on the event loop of the first call (it belongs to that loop)
+        self._session: aiohttp.ClientSession | None = None
+        self._max_connections = max(1, max_connections)
         self.token = token
         #: the OpenTelemetry tracer of this client's spans (as :attr:`Client.tracer`)
         self.tracer = tracing.tracer(tracer_provider) if tracer_provider is not None or tracing.enabled() else None
@@ -155,23 +141,19 @@ class AsyncClient:
         return self._transport.retries
 
     async def aclose(self) -> None:
-        """Close the connections."""
-        pools, self._pools = self._pools, []
-        await asyncio.gather(*(p.http.aclose() for p in pools))
+        """Close the connections (a later call opens new ones)."""
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
-    def _pool(self) -> _Pool:
-        """The least busy pool; a new one while all are full and the connections allow it."""
-        best = min(self._pools, key=lambda p: p.busy, default=None)
-        if best is None or (best.busy >= POOL_CONNECTIONS and len(self._pools) < self._max_pools):
-            best = _Pool(
-                httpx.AsyncClient(
-                    headers=self._transport.headers,
-                    trust_env=False,
-                    limits=httpx.Limits(max_connections=POOL_CONNECTIONS, max_keepalive_connections=POOL_CONNECTIONS),
-                )
-            )
-            self._pools.append(best)
-        return best
+    def _open(self) -> aiohttp.ClientSession:
+        """The session of this client's requests: at most ``max_connections`` open at once."""
+        self._session = aiohttp.ClientSession(
+            headers=self._transport.headers,
+            connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0),
+            trust_env=False,
+        )
+        return self._session
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -188,24 +170,21 @@ class AsyncClient:
 
     async def _once(
         self, method: str, base: str, path: str, payload: Any, timeout: float
-    ) -> tuple[int, Any, httpx.Headers]:
-        pool = self._pool()
+    ) -> tuple[int, Any, Mapping[str, str]]:
+        session = self._session or self._open()
         headers: dict[str, str] | None = None
         if self.tracer is not None:  # the current span's context, for the node's spans to join its trace
             headers = {}
             tracing.inject(headers)
-        pool.busy += 1
-        try:
-            r = await pool.http.request(
-                method,
-                f"{base}{API_PREFIX}/{path}",
-                content=None if payload is None else dumps(payload),
-                headers=headers,
-                timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
-            )
-        finally:
-            pool.busy -= 1
-        return r.status_code, answer_json(r.status_code, r.content), r.headers
+        async with session.request(
+            method,
+            f"{base}{API_PREFIX}/{path}",
+            data=None if payload is None else dumps(payload),
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout, connect=min(timeout, 5.0)),
+        ) as r:
+            body = await r.read()
+        return r.status, answer_json(r.status, body), r.headers
 
     async def _call(
         self,
@@ -230,7 +209,7 @@ class AsyncClient:
                 continue
             try:
                 outcome: Any = await self._once(method, step, path, payload, timeout)
-            except httpx.TransportError as exc:  # refused, reset, timed out
+            except _NO_ANSWER as exc:  # refused, reset, timed out
                 outcome = f"{type(exc).__name__}: {exc}"
             step = plan.send(outcome)
 
