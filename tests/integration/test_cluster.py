@@ -209,10 +209,10 @@ def _node_id(node: NodeProcess) -> str:
 _wait = wait_until
 
 
-def _make_queue(node: NodeProcess, token: str, partitions: int) -> str:
+def _make_queue(node: NodeProcess, token: str, partitions: int, lease: int = LEASE) -> str:
     name = f"cl-{uuid.uuid4().hex[:8]}"
     r = Client(node.url, token).post(
-        "queues", {"name": name, "partitions": partitions, "lease_period": LEASE, "block_size": 64}
+        "queues", {"name": name, "partitions": partitions, "lease_period": lease, "block_size": 64}
     )
     assert r.status_code == 201, r.text
     return name

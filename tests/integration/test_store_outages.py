@@ -38,6 +38,11 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.django_db(trans
 
 #: The outage each "unreachable" case makes, seconds.
 UNREACHABLE = 10
+#: The queue's lease period, seconds: shorter than the outages (so an owner's lease runs out on
+#: its clock while the store is away, and it serves on once it is back), and long enough that an
+#: owner renews within it after the store is back on a loaded 2-core runner (its connection made
+#: again first). With 2 s, one run of ~10 reopened three partitions after PostgreSQL's 10 s pause.
+OUTAGE_LEASE = 5
 #: The timeout of every call the load makes (``Load`` uses 10 s): a call not answered by
 #: then hung on the store.
 CALL_TIMEOUT = 10
@@ -147,7 +152,7 @@ def cluster(node_factory):
 def test_store_outages_under_load(backend, cluster, token):
     # given two nodes sharing four partitions under load
     nodes = [cluster(), cluster()]
-    name = _make_queue(nodes[0], token, 4)
+    name = _make_queue(nodes[0], token, 4, lease=OUTAGE_LEASE)
     c0 = Client(nodes[0].url, token)
     # (settled: two each, so that no rebalancing after the start counts as a lost lease)
     wait_until(lambda: _owned(c0, name) == [2, 2], 30, "two partitions on each node")
