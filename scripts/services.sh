@@ -10,6 +10,8 @@
 #   scripts/services.sh pg-restart           # pg_ctl restart -m fast (every connection is cut)
 #   scripts/services.sh pause redis|pg SECS  # SIGSTOP the server for SECS, then SIGCONT: it is
 #                                            # unreachable (connections hang, nothing is refused)
+#   scripts/services.sh reserve-ports PORT... # keep PORTs out of the kernel's ephemeral range
+#                                            # (ip_local_reserved_ports), where this user may
 #
 # Env: MQ_SERVICES_DIR (default <repo>/.services), MQ_PG_PORT (54329), MQ_REDIS_PORT (63799),
 #      MQ_REDIS_CLUSTER_PORT (MQ_REDIS_PORT + 101: 63900 by default): the cluster's three
@@ -611,8 +613,26 @@ export MQ_TEST_REDIS_CLUSTER_URL=redis-cluster://127.0.0.1:$cluster_port,127.0.0
 EOF
 }
 
+# PostgreSQL's default ports (54329, 54330) lie in Linux's ephemeral range (32768-60999): a client
+# connection made just before a server starts may be given one as its local port, and the server's
+# bind then fails (pg_start tries again for 10 s; a long-lived connection outlasts that). The test
+# suite reserves its ports before any shard starts; where this user may not write the setting
+# (not root, a container), nothing changes.
+reserve_ports() {
+    local file=/proc/sys/net/ipv4/ip_local_reserved_ports port current
+    [ -w "$file" ] || return 0
+    current="$(cat "$file")"
+    for port in "$@"; do
+        case "$port" in ''|*[!0-9]*) die "reserve-ports: not a port: $port" ;; esac
+        case ",$current," in *",$port,"*) continue ;; esac
+        current="${current:+$current,}$port"
+    done
+    echo "$current" >"$file" 2>/dev/null || log "could not reserve ports $* (ip_local_reserved_ports)"
+}
+
 case "${1:-}" in
     start)   cmd_start ;;
+    reserve-ports) shift; reserve_ports "$@" ;;
     packages) ensure_packages ;;
     stop)    cmd_stop ;;
     restart) cmd_stop; cmd_start ;;

@@ -52,9 +52,11 @@ redis_port="${MQ_REDIS_PORT:-63799}"
 cluster_port="${MQ_REDIS_CLUSTER_PORT:-$((redis_port + 101))}"
 svc_base="${MQ_SERVICES_DIR:-$repo/.services}"
 mapfile -t plan < <(python3 "$here/test_shards.py" plan "$shards")
-# What the shards share is made once, before them: the venv and the Debian packages.
+# What the shards share is made once, before them: the venv and the Debian packages; and each
+# shard's PostgreSQL port kept from being another shard's client's local port meanwhile.
 "$here/venv.sh" >/dev/null
 "$here/services.sh" packages
+"$here/services.sh" reserve-ports $(seq "$pg_port" $((pg_port + shards - 1)))
 pgids=()
 stop_shards() {
     local pgid
