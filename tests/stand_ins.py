@@ -3,8 +3,8 @@ delivered message without a client.
 
 :class:`PartitionRow` (the Partition row's head pointer, fenced by epoch) and :func:`next_owner`
 (a takeover: the next epoch's lease and manager) import the core when called, which needs Django
-set up; :class:`FakeMessage`, the shape of ``mq_client.Message`` for in-memory clients, needs
-nothing.
+set up; :class:`FakeMessage`, the shape of ``mq_client.Message`` for in-memory clients, and
+:class:`Ticks`, a clock the test moves, need nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +16,16 @@ if TYPE_CHECKING:
     from queues.cluster.leases import Lease
     from queues.engine.partition import PartitionManager
     from queues.kv import KeyValueStore
+
+
+class Ticks:
+    """A monotonic clock the test moves (``clock.now += 1``): seconds, from 1,000."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 @dataclass(frozen=True)

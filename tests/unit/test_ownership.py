@@ -21,16 +21,7 @@ from queues.engine.ports import BoundRow
 from queues.http import served_header
 from queues.kv.memory import MemoryStore
 from queues.service import served
-
-
-class Ticks:
-    """A monotonic clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.stand_ins import Ticks
 
 
 @pytest.fixture

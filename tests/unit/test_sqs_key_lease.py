@@ -19,21 +19,14 @@ from queues.access import SYSTEM
 from queues.kv import get_store
 from sqs import keys, service
 from sqs.models import AccessKey
+from tests.stand_ins import Ticks
 
 pytestmark = pytest.mark.django_db
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock(monkeypatch):
-    c = Clock()
+    c = Ticks()
     monkeypatch.setattr(keys, "_now", c)
     return c
 
