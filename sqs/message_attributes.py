@@ -133,6 +133,9 @@ def stored_attributes(
     if not attrs and not meta:
         return None
     if not attrs:  # (most messages: the sender's metadata only)
+        sender = meta.get("sender")
+        if body_hash is not None and len(meta) == 1 and sender and isinstance(sender, str):
+            return {META: sqs_meta.sender_only(queue, sender, body_hash)}
         return {META: sqs_meta.encode({}, meta, queue=queue, body=body, body_hash=body_hash)}
     out: dict[str, Any] = {}
     types = {}

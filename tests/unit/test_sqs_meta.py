@@ -5,6 +5,7 @@ from the nested form stored before, and its sender read only when sealed for the
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 
 import pytest
@@ -141,3 +142,19 @@ def test_a_seal_made_with_the_body_hash_at_hand_is_the_one_made_from_the_body():
     # a sender-only message stores the metadata alone, sealed as any other
     stored = stored_attributes({}, {"sender": "AIDEXAMPLE"}, queue="orders", body=body, body_hash=digest)
     assert stored == {meta.KEY: meta.encode({}, {"sender": "AIDEXAMPLE"}, queue="orders", body=body)}
+
+
+def test_the_sender_only_seal_is_the_general_one_and_rfc_2104s_hmac():
+    # (the fast path copies precomputed HMAC states: the same seal as hmac.digest would make,
+    # so seals stored before are still read, and a wrong state would be refused, not accepted)
+    from django.conf import settings
+
+    for body in ("hello", "x" * 500, "é ✓"):
+        digest = hashlib.sha256(body.encode()).hexdigest()
+        fast = stored_attributes({}, {"sender": "AIDEXAMPLE"}, queue="orders", body=body, body_hash=digest)
+        assert fast == {meta.KEY: meta.encode({}, {"sender": "AIDEXAMPLE"}, queue="orders", body=body)}
+        message = b"\n".join((b"orders", digest.encode(), b"{}", b'{"sender":"AIDEXAMPLE"}'))
+        reference = hmac.digest(meta._key(settings.CLUSTER_SECRET), message, "sha256").hex()[:32]
+        assert json.loads(fast[meta.KEY])["seal"] == reference
+        assert meta.decode(fast, body=body, queues=("orders",))["sender"] == "AIDEXAMPLE"
+        assert "sender" not in meta.decode(fast, body=body, queues=("other",))
