@@ -471,7 +471,7 @@ def _draft(entry: dict[str, Any], q: Any, settings: QueueSettings, ctx: Context,
 
 
 def _sent(d: _Draft, message_id: str, fifo: bool) -> dict[str, Any]:
-    out = {"MessageId": ids.sqs_message_id(message_id), "MD5OfMessageBody": d.md5_body}
+    out = {"MessageId": ids.issued_sqs_id(message_id), "MD5OfMessageBody": d.md5_body}
     if fifo:
         out["SequenceNumber"] = ids.sequence_number(message_id)
     if d.md5_attributes:
@@ -685,7 +685,7 @@ def _received(
         source = history.get("source")
         # A dead letter keeps the MessageId it had where it came from (``history.id``, which
         # only a node writes); one moved back is a new message (SQS: a new MessageId).
-        message_id = ids.sqs_message_id(str(history.get("id") or d.id) if source else d.id)
+        message_id = ids.sqs_message_id(str(history.get("id") or d.id)) if source else ids.issued_sqs_id(d.id)
         if not system and not wanted:
             # Nothing asked for but the message itself (most receives): its four fields only.
             messages.append(

@@ -36,6 +36,15 @@ def sqs_message_id(message_id: str) -> str:
     return f"{mid.block}-{mid.partition}-{mid.index}"
 
 
+def issued_sqs_id(message_id: str) -> str:
+    """:func:`sqs_message_id` of an ID the service issued just now (an enqueue's answer, a
+    delivery's ``id``): well formed, so cut rather than parsed again (a batch makes ten)."""
+    parts = message_id.rsplit("/", 3)
+    if len(parts) != 4:
+        return sqs_message_id(message_id)
+    return f"{parts[2]}-{parts[1]}-{parts[3]}"
+
+
 def service_id(queue: str, message_id: str) -> service.MessageId | None:
     """The service's ID of SQS MessageId ``message_id`` in ``queue`` (or of the service's own
     spelling of it), or None if it is neither."""

@@ -24,6 +24,10 @@ def test_a_message_id_has_no_slash_and_turns_back_with_its_queue():
     assert str(ids.service_id("orders", SERVICE_ID)) == SERVICE_ID
     for bad in ("", "x", "0000002a-5f0c9e1d2b3a4c5d-3", "zz-5f0c9e1d2b3a4c5d-3-17", "0000002a-5f0c9e1d2b3a4c5d-3-017"):
         assert ids.service_id("orders", bad) is None, bad
+    # an ID the service just issued is cut, not parsed: the same spelling
+    for issued in (SERVICE_ID, "a-b_c/0/00000000-0000000000000000/0", "q/15/ffffffff-5f0c9e1d2b3a4c5d/99999"):
+        assert ids.issued_sqs_id(issued) == ids.sqs_message_id(issued), issued
+    assert ids.issued_sqs_id("not-an-id") == "not-an-id"
 
 
 def test_a_receipt_handle_is_of_its_queue_only():
