@@ -29,9 +29,15 @@ OVERHEAD = 330
 
 
 def _deep(value: object) -> int:
-    """Bytes a JSON-like value holds: strings, numbers, and the dicts and lists around them."""
+    """Bytes a JSON-like value holds: strings, numbers, and the dicts and lists around them.
+    An ASCII string (most keys and values) is sized by its length, as :func:`held_bytes` sizes
+    a body: one call less per string."""
     if isinstance(value, dict):
-        return sys.getsizeof(value) + sum(_deep(k) + _deep(v) for k, v in value.items())
+        total = sys.getsizeof(value)
+        for k, v in value.items():
+            total += _ASCII + len(k) if type(k) is str and k.isascii() else _deep(k)
+            total += _ASCII + len(v) if type(v) is str and v.isascii() else _deep(v)
+        return total
     if isinstance(value, list):
         return sys.getsizeof(value) + sum(_deep(v) for v in value)
     return sys.getsizeof(value)
