@@ -10,10 +10,9 @@ last part counts (any host).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from django.core.exceptions import ValidationError
 from django.db import DatabaseError
@@ -127,16 +126,30 @@ def sqs_error(exc: BaseException) -> SQSError | None:
     return None
 
 
-@contextmanager
-def service_errors() -> Iterator[None]:
-    """The service's exceptions raised as SQS's errors (:func:`sqs_error`); a bug as it is."""
-    try:
-        yield
-    except Exception as exc:
+class _ServiceErrors:
+    """``with service_errors():`` the service's exceptions raised as SQS's errors
+    (:func:`sqs_error`); a bug as it is. A class, not a generator: every action enters one."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Literal[False]:
+        if exc is None or not isinstance(exc, Exception):
+            return False
         mapped = sqs_error(exc)
         if mapped is None or mapped is exc:
-            raise
+            return False
         raise mapped from None
+
+
+_SERVICE_ERRORS = _ServiceErrors()
+
+
+def service_errors() -> _ServiceErrors:
+    """The service's exceptions raised as SQS's errors (:func:`sqs_error`); a bug as it is."""
+    return _SERVICE_ERRORS
 
 
 # --- parameters ---------------------------------------------------------------------------------
