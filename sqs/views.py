@@ -257,13 +257,14 @@ def _serve(request: HttpRequest, rest: str) -> DirectAnswer:
         cred = _authenticate(request, headers, body, key, claimed)
         _throttle(key)
         region = _region(cred)
+        base_url = f"{request.scheme}://{request.get_host()}/sqs"
         if json_protocol:
             action, params = wire.decode(headers, body)
         else:
             # At a queue's URL (any path under /sqs/), the queue is the path's (the QueueUrl a
             # form names wins, as in SQS).
             path = rest.strip("/")
-            queue_url = f"{request.scheme}://{request.get_host()}/sqs/{path}" if path else None
+            queue_url = f"{base_url}/{path}" if path else None
             action, params = query.decode(_form(request, body), queue_url)  # (a QueryError: an SQSError)
         try:
             caller = caller_of_id(key.user_id)
@@ -271,7 +272,7 @@ def _serve(request: HttpRequest, rest: str) -> DirectAnswer:
             raise SQSError("InvalidClientTokenId", "The security token included in the request is invalid.") from None
         ctx = Context(
             caller=caller,
-            base_url=f"{request.scheme}://{request.get_host()}/sqs",
+            base_url=base_url,
             account=settings.SQS_ACCOUNT_ID,
             region=region,
             sender_id=sender_id(key.user_id),

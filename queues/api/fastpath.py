@@ -35,15 +35,15 @@ import re
 import time
 from collections.abc import Iterable
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 from django.conf import settings
-from django.core.handlers.wsgi import WSGIRequest
+from django.core.handlers.wsgi import LimitedStream, WSGIRequest
 from django.core.signals import setting_changed
 from django.db import close_old_connections
 from django.dispatch import receiver
-from django.http import HttpResponse
+from django.http import HttpResponse, UnreadablePostError
 from django.http.request import split_domain_port, validate_host
 from django.middleware.clickjacking import XFrameOptionsMiddleware
 from django.middleware.security import SecurityMiddleware
@@ -94,7 +94,11 @@ def _forget_hosts(*, setting: str, **_: Any) -> None:
 
 def _host_allowed(environ: dict[str, Any]) -> bool:
     """Whether the Host header is one of ``ALLOWED_HOSTS`` (as Django's ``get_host`` checks)."""
-    host = environ.get("HTTP_HOST") or environ.get("SERVER_NAME", "")
+    return _allowed(environ.get("HTTP_HOST") or environ.get("SERVER_NAME", ""))
+
+
+def _allowed(host: str) -> bool:
+    """Whether ``host`` (a Host header's value) names one of ``ALLOWED_HOSTS``."""
     allowed = _HOSTS.get(host)
     if allowed is None:
         domain, _ = split_domain_port(host)
@@ -115,6 +119,37 @@ def is_secure(environ: dict[str, Any]) -> bool:
         if value is not None:
             return bool(value.split(",", 1)[0].strip() == secure_value)
     return bool(environ.get("wsgi.url_scheme") == "https")
+
+
+class DirectRequest(WSGIRequest):
+    """Django's request as a direct view gets it: ``WSGIRequest``, with its host judged once per
+    Host header (the answer :func:`_host_allowed` keeps; one it refuses is judged by Django
+    itself, which raises ``DisallowedHost`` or allows ``DEBUG``'s local hosts) and its body
+    read in one call (the same checks as Django's: one read, ``DATA_UPLOAD_MAX_MEMORY_SIZE``).
+    A direct view asks both on every call."""
+
+    _read_started: bool
+
+    def get_host(self) -> str:
+        host = self._get_raw_host()  # type: ignore[attr-defined]  # (Django's own first step, unstubbed)
+        return host if _allowed(host) else super().get_host()
+
+    @property
+    def body(self) -> bytes:
+        body: bytes | None = self.__dict__.get("_body")
+        if body is None:
+            stream = cast(LimitedStream, self._stream)
+            limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+            if self._read_started or (limit is not None and stream.limit > limit):
+                return super().body  # (Django's RawPostDataException, RequestDataTooBig)
+            self._read_started = True
+            try:
+                body = stream.read()
+            except OSError as exc:
+                raise UnreadablePostError(*exc.args) from exc
+            self._body = body
+            self._stream = io.BytesIO(body)  # (as Django leaves it)
+        return body
 
 
 #: The middleware that add headers to every answer of Django's, by their MIDDLEWARE path.
@@ -281,7 +316,7 @@ class FastPath:
         secure = is_secure(environ)
         if settings.SECURE_SSL_REDIRECT and not secure:
             return self.app(environ, start_response)  # Django redirects it to HTTPS
-        request = WSGIRequest(environ)
+        request = DirectRequest(environ)
         try:
             response = view(request, request.path_info[len(prefix) + 1 :])
         except Exception:
