@@ -140,8 +140,14 @@ class DirectRequest(WSGIRequest):
         if body is None:
             stream = cast(LimitedStream, self._stream)
             limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-            if self._read_started or (limit is not None and stream.limit > limit):
-                return super().body  # (Django's RawPostDataException, RequestDataTooBig)
+            if (
+                self._read_started
+                or (limit is not None and stream.limit > limit)
+                or not (self.META.get("CONTENT_LENGTH") or "0").isdigit()
+            ):
+                # Django's answer: RawPostDataException, RequestDataTooBig, the ValueError of
+                # a Content-Length that is no number
+                return super().body
             self._read_started = True
             try:
                 body = stream.read()
