@@ -63,6 +63,12 @@ def _key(secret: str) -> bytes:
     return hmac.new(secret.encode(), _LABEL, hashlib.sha256).digest()
 
 
+#: SHA-256's block, and the translations that XOR a key's bytes with HMAC's ipad and opad.
+_BLOCK = hashlib.sha256().block_size
+_IPAD = bytes(x ^ 0x36 for x in range(256))
+_OPAD = bytes(x ^ 0x5C for x in range(256))
+
+
 @lru_cache(maxsize=4)
 def _pads(secret: str) -> tuple[Any, Any]:
     """HMAC-SHA256's inner and outer hashes (RFC 2104) under the seal's key, with the key's
@@ -70,11 +76,6 @@ def _pads(secret: str) -> tuple[Any, Any]:
     ``hmac.digest``'s time, which sets up both for every message; the same digest)."""
     key = _key(secret).ljust(_BLOCK, b"\0")  # (32 bytes: under SHA-256's block, never hashed first)
     return hashlib.sha256(key.translate(_IPAD)), hashlib.sha256(key.translate(_OPAD))
-
-
-_BLOCK = hashlib.sha256().block_size
-_IPAD = bytes(x ^ 0x36 for x in range(256))
-_OPAD = bytes(x ^ 0x5C for x in range(256))
 
 
 def _mac(message: bytes) -> str:

@@ -123,10 +123,11 @@ def is_secure(environ: dict[str, Any]) -> bool:
 
 class DirectRequest(WSGIRequest):
     """Django's request as a direct view gets it: ``WSGIRequest``, with its host judged once per
-    Host header (the answer :func:`_host_allowed` keeps; one it refuses is judged by Django
-    itself, which raises ``DisallowedHost`` or allows ``DEBUG``'s local hosts) and its body
-    read in one call (the same checks as Django's: one read, ``DATA_UPLOAD_MAX_MEMORY_SIZE``).
-    A direct view asks both on every call."""
+    Host header (the answer :func:`_allowed` keeps for the fast path's own check; one it refuses
+    is judged by Django itself, which raises ``DisallowedHost`` or allows ``DEBUG``'s local
+    hosts) and its body read in one call (Django's limit, ``DATA_UPLOAD_MAX_MEMORY_SIZE``; what
+    Django would refuse or read otherwise goes to Django's own ``body``). A direct view asks
+    both on every call."""
 
     _read_started: bool
 
