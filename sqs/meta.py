@@ -139,7 +139,11 @@ def sender_only(queue: str, sender: str, body_hash: str) -> str:
     """:func:`encode` of metadata that is ``{"sender": sender}`` alone, for a message of
     ``queue`` without attributes whose body's SHA-256 (hex) is ``body_hash``: most SQS sends."""
     before, after = _around(queue, sender)
-    seal = _mac(before + body_hash.encode() + after)
+    return _sealed_sender(_mac(before + body_hash.encode() + after), sender)
+
+
+def _sealed_sender(seal: str, sender: str) -> str:
+    """``_text({"seal": seal, "sender": sender})`` (keys sorted; the seal is hex digits)."""
     return f'{{"seal":"{seal}","sender":{_json_string(sender)}}}'
 
 
@@ -155,8 +159,7 @@ def encode(
     if sender:
         seal = _seal(queue, body, attributes, out, body_hash)
         if len(out) == 1 and isinstance(sender, str):
-            # ``_text({"seal": seal, "sender": sender})`` (keys sorted; the seal is hex digits)
-            return f'{{"seal":"{seal}","sender":{_json_string(sender)}}}'
+            return _sealed_sender(seal, sender)
         out[_SEAL] = seal
     return _text(out)
 
