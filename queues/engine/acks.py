@@ -23,6 +23,7 @@ from queues.engine import archive_journal
 from queues.engine.cursor import Cursor
 from queues.engine.ids import MessageId, parse_message_id
 from queues.engine.ports import AcksState, Prunes, Routes
+from queues.engine.redelivery import RedeliveryEntry
 from queues.errors import PartitionUnavailable, ReceiptMismatch
 from queues.kv.base import Fenced, KVError
 
@@ -47,35 +48,35 @@ class Acks:
         """Raise :class:`ReceiptMismatch` for the first item whose receipt is not current. With
         ``unexpired``, a receipt whose visibility timeout ran out is not current either, though
         nobody received the message since. Lock held."""
-        p = self.p
-        c = p.cursor(sub)
+        self._current(items, [str(mid) for mid, _ in items], sub, unexpired)
+
+    def _current(
+        self, items: Sequence[tuple[MessageId, str | None]], keys: Sequence[str], sub: str, unexpired: bool
+    ) -> list[RedeliveryEntry | None]:
+        """:meth:`check_receipts`, given each item's ID as text (``keys``); each item's entry in
+        the redelivery index (None: not in flight)."""
+        c = self.p.cursor(sub)
+        get = c.redelivery.by_id.get
         now = self.clock()
-        for mid, receipt in items:
-            if receipt is None:
-                continue
-            entry = c.redelivery.get(str(mid))
-            if entry is None:
-                raise ReceiptMismatch(str(mid), "not in flight (never delivered, or already acknowledged)")
-            if entry.receipt != receipt:
-                raise ReceiptMismatch(str(mid), "the receipt is from an earlier delivery")
-            if unexpired and entry.deadline <= now:
-                raise ReceiptMismatch(str(mid), "the receipt expired: its visibility timeout ran out")
+        entries = []
+        for (_, receipt), key in zip(items, keys):
+            entry = get(key)
+            if receipt is not None:
+                if entry is None:
+                    raise ReceiptMismatch(key, "not in flight (never delivered, or already acknowledged)")
+                if entry.receipt != receipt:
+                    raise ReceiptMismatch(key, "the receipt is from an earlier delivery")
+                if unexpired and entry.deadline <= now:
+                    raise ReceiptMismatch(key, "the receipt expired: its visibility timeout ran out")
+            entries.append(entry)
+        return entries
 
     def pin_for_ack(self, items: Sequence[MessageId], sub: str = "") -> dict[str, float]:
         """Hold the in-flight ones back from redelivery while their delete runs. Lock held.
 
         Returns their deadlines, for :meth:`unpin` if the delete fails.
         """
-        p = self.p
-        redelivery = p.cursor(sub).redelivery
-        pinned = {}
-        for mid in items:
-            key = str(mid)
-            if key not in pinned:
-                deadline = redelivery.pin(key)
-                if deadline is not None:
-                    pinned[key] = deadline
-        return pinned
+        return self.p.cursor(sub).redelivery.pin_many([str(mid) for mid in items])
 
     def unpin(self, pinned: dict[str, float], sub: str = "") -> None:
         """Give back the deadlines taken by :meth:`pin_for_ack`. Lock held."""
@@ -90,7 +91,9 @@ class Acks:
         deleted. Returns how many were still held (a queue: stored). See :meth:`delete`."""
         return self.delete(items, journal=True, sub=sub)
 
-    def delete(self, items: Sequence[MessageId], *, journal: bool, sub: str = "") -> int:
+    def delete(
+        self, items: Sequence[MessageId], *, journal: bool, sub: str = "", keys: Sequence[str] | None = None
+    ) -> int:
         """Delete messages ``sub`` holds. ``journal``: it is an ack, which the archive journal
         records; removals that are no ack (retention, a move to the dead-letter queue) are not
         archived.
@@ -99,20 +102,24 @@ class Acks:
         another subscription still holds each message: then only its marker is written, else
         the message goes (with the others' markers). The lock is held across those writes, so
         two subscriptions acking one message cannot both leave it to the other; a failure
-        closes the manager, which the node reopens from the store.
+        closes the manager, which the node reopens from the store. ``keys``: the IDs as text,
+        when the caller has them already.
         """
         p = self.p
         c = p.cursor(sub)
         if not c.shared:
             return self._delete_by_subscription(c, items, journal)
-        counts = [p.receives_key(c, mid) for mid in items if str(mid) in c.receives]
+        if keys is None:
+            keys = [str(mid) for mid in items]
+        receives = c.receives
+        counts = [p.receives_key(c, mid) for mid, key in zip(items, keys) if key in receives] if receives else []
         try:
             if journal and p.archive != "none":
                 entries = archive_journal.on_ack(p.store, p.cache, p.queue, p.index, p.archive, items, p.wall())
                 p.store.put_many(entries, fence=p.fence)
             # Fenced like every write: a stale owner's delete would leave the new owner holding a
             # live message that is gone (in flight for ever, its group blocked).
-            removed = p.store.delete_many([str(mid) for mid in items], fence=p.fence)
+            removed = p.store.delete_many(list(keys), fence=p.fence)
             if counts:
                 p.store.delete_many(counts, fence=p.fence)
             return removed
@@ -176,12 +183,21 @@ class Acks:
             self.order.forget(c, mids)
         p.drop_stored(mids)
 
-    def settle_acked(self, items: Sequence[MessageId], removed: int, sub: str = "", *, ack: bool = True) -> None:
+    def settle_acked(
+        self,
+        items: Sequence[MessageId],
+        removed: int,
+        sub: str = "",
+        *,
+        ack: bool = True,
+        keys: Sequence[str] | None = None,
+    ) -> None:
         """The memory half of an ack, after the delete. Lock held. ``ack=False``: a removal
-        that is no ack (a move to the dead-letter queue), left out of ``mq_messages_acked``."""
+        that is no ack (a move to the dead-letter queue), left out of ``mq_messages_acked``.
+        ``keys``: the IDs as text, when the caller has them already."""
         p = self.p
         c = p.cursor(sub)
-        mids = [str(mid) for mid in items]
+        mids = [str(mid) for mid in items] if keys is None else keys
         where = [(mid.block, mid.index) for mid in items]  # parsed already: not again per use
         woke = self.order.forget(c, mids, where)
         if c.shared:
@@ -209,18 +225,19 @@ class Acks:
     ) -> int:
         p = self.p
         mids = [mid for mid, _ in items]
+        keys = [str(mid) for mid in mids]  # (each ID as text once, for every step)
         with p.lock:
             p.check_serving()
-            self.check_receipts(items, sub, unexpired=unexpired)
-            pinned = self.pin_for_ack(mids, sub)
+            entries = self._current(items, keys, sub, unexpired)
+            pinned = p.cursor(sub).redelivery.pin_many(keys, entries)
         try:
-            removed = self.delete(mids, journal=journal, sub=sub)
+            removed = self.delete(mids, journal=journal, sub=sub, keys=keys)
         except PartitionUnavailable:
             with p.lock:
                 self.unpin(pinned, sub)
             raise
         with p.lock:
-            self.settle_acked(mids, removed, sub, ack=journal)
+            self.settle_acked(mids, removed, sub, ack=journal, keys=keys)
         return removed
 
     def change_visibility_locked(self, mid: MessageId, receipt: str | None, timeout: float, sub: str = "") -> int:

@@ -210,6 +210,14 @@ class FairLanes:
         lane.append(mid)
         self._n += 1
 
+    def extend(self, mids: list[str]) -> None:
+        """:meth:`append` of each of ``mids``, keyless."""
+        lane = self._lanes.get(None)
+        if lane is None:
+            lane = self._lane(None, front=False)
+        lane.extend(mids)
+        self._n += len(mids)
+
     def appendleft(self, mid: str, key: str | None = None) -> None:
         """Give back ``mid``: it goes first (its lane's turn is next)."""
         self._lane(key, front=True).appendleft(mid)
@@ -243,6 +251,33 @@ class FairLanes:
                 old.rotate(-1)
         self._n -= 1
         return mid
+
+    def take(self, n: int) -> list[str]:
+        """Up to ``n`` messages, in the order :meth:`popleft` would give them. With one lane (no
+        fairness key, or one), a run taken from it at once; else a :meth:`popleft` each."""
+        if len(self._lanes) != 1:
+            out: list[str] = []
+            while self._lanes and len(out) < n:
+                out.append(self.popleft())
+            return out
+        if n <= 0:
+            return []
+        ((key, lane),) = self._lanes.items()
+        k = min(n, len(lane))
+        out = [lane.popleft() for _ in range(k)]
+        # As k pops of the one lane: its key goes to the old lanes after its first turn, and
+        # leaves them with its last message.
+        if self._new:
+            self._new.popleft()
+            if lane:
+                self._old.append(key)
+        if not lane:
+            if self._old:
+                self._old.popleft()
+            del self._lanes[key]
+        self._streak = 0
+        self._n -= k
+        return out
 
     def __getitem__(self, i: int) -> str:
         """``[0]``: the next turn's message, without taking it (IndexError when there is none)."""

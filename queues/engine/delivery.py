@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from queues.engine.cursor import Cursor, Delivery
-from queues.engine.ids import new_receipt, parse_message_id
+from queues.engine.ids import new_receipt, new_receipts, parse_message_id
 from queues.engine.keys import block_and_index
 from queues.engine.ports import DeliveryState, ReadsArchive, Routes, Scans
 from queues.errors import PartitionUnavailable
@@ -127,7 +127,10 @@ class Deliverer:
                         self.scanner.scan()
                         continue
                     elif c.ready:
-                        mid = c.ready.popleft()
+                        # Nothing else waits (delivering these changes none of the above):
+                        # a run of the oldest undelivered, as one batch.
+                        self._deliver_run(c, c.ready.take(max_messages - len(out)), deadline, out, counts)
+                        continue
                     else:
                         break
                     if p.is_live(c, mid) and mid not in c.redelivery and mid not in c.not_due:
@@ -147,6 +150,44 @@ class Deliverer:
         if out:
             p.counters.delivered(p.queue, sub, len(out))
         return out
+
+    def _deliver_run(
+        self, c: Cursor, mids: list[str], deadline: float, out: list[Delivery], counts: list[tuple[str, int]]
+    ) -> None:
+        """First deliveries of ``mids`` (taken from ``c.ready``, oldest first) into ``out``, as
+        :meth:`_deliver_first` of each still held and neither in flight nor delayed: one batch
+        of receipts, one insert into the redelivery index. Lock held."""
+        redelivery, receives, not_due = c.redelivery, c.receives, c.not_due
+        in_flight = redelivery.by_id
+        if c.shared:
+            blocks = self.p.blocks
+            live = set()  # (in a queue's blocks)
+            for mid in mids:
+                _, block_id, idx = mid.rsplit("/", 2)
+                state = blocks.get(block_id)
+                if state is not None and int(idx) in state.live:
+                    live.add(mid)
+        else:
+            live = {mid for mid in mids if self.p.is_live(c, mid)}
+        firsts: list[str] = []
+        firsts_counts: list[int] = []
+        limit = c.max_receives
+        for mid in mids:
+            if mid not in live or mid in in_flight or mid in not_due:
+                continue
+            live.discard(mid)  # (an ID listed twice goes once)
+            count = receives.get(mid, 0) + 1
+            if limit is not None and count > limit:
+                self._deliver_first(c, mid, deadline)  # set aside for the dead-letter queue
+                continue
+            firsts.append(mid)
+            firsts_counts.append(count)
+            if count > 1:
+                counts.append((mid, count))
+        if firsts:
+            receipts = new_receipts(len(firsts))
+            redelivery.add_new(firsts, deadline, receipts, firsts_counts)
+            out.extend(map(Delivery, firsts, receipts, firsts_counts))
 
     def _redeliver(
         self, c: Cursor, mid: str, deadline: float, out: list[Delivery], counts: list[tuple[str, int]]

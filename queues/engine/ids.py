@@ -97,12 +97,21 @@ class _ReceiptPool:
         self._forks += 1  # every thread's pool (the child has one thread) is the parent's
 
     def take(self) -> str:
+        return self.take_many(1)[0]
+
+    def take_many(self, n: int) -> list[str]:
+        """``n`` receipts (as ``n`` calls of :meth:`take`)."""
         state = getattr(self._local, "state", None)  # [forks, receipts]
-        if state is None or state[0] != self._forks or not state[1]:
-            text = base64.urlsafe_b64encode(os.urandom(12 * self.BATCH)).decode("ascii")
-            state = self._local.state = [self._forks, [text[i : i + 16] for i in range(0, len(text), 16)]]
-        receipt: str = state[1].pop()
-        return receipt
+        if state is None or state[0] != self._forks:
+            state = self._local.state = [self._forks, []]
+        pool: list[str] = state[1]
+        if len(pool) < n:
+            more = -(-(n - len(pool)) // self.BATCH) * self.BATCH  # (whole batches)
+            text = base64.urlsafe_b64encode(os.urandom(12 * more)).decode("ascii")
+            pool.extend(text[i : i + 16] for i in range(0, len(text), 16))
+        out = pool[-n:] if n else []
+        del pool[len(pool) - n :]
+        return out
 
 
 _RECEIPTS = _ReceiptPool()
@@ -111,6 +120,11 @@ _RECEIPTS = _ReceiptPool()
 def new_receipt() -> str:
     """16 URL-safe characters from 12 random bytes (as ``secrets.token_urlsafe(12)``)."""
     return _RECEIPTS.take()
+
+
+def new_receipts(n: int) -> list[str]:
+    """``n`` receipts, each as :func:`new_receipt` makes one."""
+    return _RECEIPTS.take_many(n)
 
 
 class StoredMessage(NamedTuple):

@@ -64,6 +64,12 @@ def message_key(queue: str, partition: int, block_id: str, index: int) -> str:
     return f"{queue}/{partition}/{block_id}/{index}"
 
 
+def message_keys(queue: str, partition: int, block_id: str, start: int, n: int) -> list[str]:
+    """The keys of ``n`` messages of one block from index ``start``: :func:`message_key` of each."""
+    prefix = f"{queue}/{partition}/{block_id}/"
+    return [prefix + str(i) for i in range(start, start + n)]
+
+
 def block_bucket(queue: str, partition: int, block_id: str) -> str:
     """The bucket of a block's messages (their names are their indexes)."""
     return f"{queue}/{partition}/{block_id}"

@@ -46,6 +46,32 @@ class Ordering:
             taken = True
         return taken
 
+    def route_many(
+        self, mids: Sequence[str], runs: Sequence[tuple[Block, int, int]], messages: Sequence[StoredMessage]
+    ) -> None:
+        """:meth:`route_new` of each message just enqueued (not scanned), in order: ``runs``
+        their positions, ``(block, first index, how many)`` a run per block. A queue's
+        messages with no group, delay or fairness key join its ready lane as one run. Lock
+        held."""
+        readers = self.p.readers
+        c = readers[0] if len(readers) == 1 and readers[0].shared else None
+        plain: list[str] = []  # (only on a queue: c set)
+        k = 0
+        for block, start, n in runs:
+            for i in range(start, start + n):
+                mid, message = mids[k], messages[k]
+                k += 1
+                if c is not None:
+                    if message.group is None and message.not_before is None and message.fairness_key is None:
+                        plain.append(mid)
+                        continue
+                    if plain:
+                        c.ready.extend(plain)
+                        plain = []
+                self.route_new(mid, block, i, message, scanned=False)
+        if c is not None and plain:
+            c.ready.extend(plain)
+
     def _route(self, c: Cursor, mid: str, pos: tuple[int, int], message: StoredMessage, *, scanned: bool) -> None:
         """Put a stored, undelivered message where its turn will come in ``c``. Lock held."""
         if message.not_before is not None and message.not_before > self.p.wall():
@@ -107,12 +133,17 @@ class Ordering:
         p = self.p
         freed: set[str] = set()
         c.redelivery.remove_many(mids)
-        fair = c.fairness_of
+        # What most cursors keep nothing of (receive counts past the first, fairness keys,
+        # delays), each emptied at once; a queue's cursor without groups stops there.
+        for kept in (c.receives, c.fairness_of):
+            if kept:
+                for key in mids:
+                    kept.pop(key, None)
+        if c.not_due:
+            c.not_due.difference_update(mids)
+        if c.shared and not c.group_of:
+            return False
         for key, (block_id, idx) in zip(mids, where if where is not None else map(block_and_index, mids)):
-            c.receives.pop(key, None)
-            if fair:
-                fair.pop(key, None)
-            c.not_due.discard(key)
             if not c.shared:
                 live = c.live.get(block_id)
                 if live is not None:

@@ -31,115 +31,14 @@ them without the lock (a figure read while a request changes the index is an est
 from __future__ import annotations
 
 import itertools
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from heapq import heapify, heappop, heappush
+from heapq import heappop
 
-#: (deadline it sits under, sequence number: unique, so the ID is never compared, message ID)
-Item = tuple[float, int, str]
+from queues.engine.deadlines import Deadlines, Item
 
 #: A heap is rebuilt without its stale items when they are more than half of it, and more than this.
 COMPACT_AT = 1024
-
-
-class Deadlines:
-    """Items in deadline order: a sorted run for the items that come in order, and a binary heap
-    for the others; the first is the earlier of the run's first and the heap's top.
-
-    Deliveries mostly come in deadline order (a queue hides each of its messages for the same
-    time), and acks in delivery order, so the items an ack makes stale are at the front of the
-    run, and dropping one is a deque pop, where one binary heap would pay a heap pop (log n of
-    the messages in flight) per acknowledged message. A later delivery hidden for less time (or
-    a visibility change) goes into the heap.
-
-    ``len``, iteration (in no order) and the lock-free readings of :class:`RedeliveryIndex` see
-    both parts; a reader without the lock may find them changing (IndexError, RuntimeError:
-    an estimate).
-    """
-
-    __slots__ = ("heap", "run")
-
-    def __init__(self, run: Iterable[Item] = (), heap: list[Item] | None = None) -> None:
-        self.run: deque[Item] = deque(run)
-        self.heap: list[Item] = [] if heap is None else heap
-
-    def __len__(self) -> int:
-        return len(self.run) + len(self.heap)
-
-    def __iter__(self) -> Iterator[Item]:
-        return itertools.chain(self.run, self.heap)
-
-    def push(self, item: Item) -> None:
-        run = self.run
-        if not run or run[-1] <= item:
-            run.append(item)
-        else:
-            heappush(self.heap, item)
-
-    def push_front(self, item: Item) -> None:
-        """Put back an item taken first (:meth:`first`): no later than any other."""
-        run = self.run
-        if not run or item <= run[0]:
-            run.appendleft(item)
-        else:
-            heappush(self.heap, item)
-
-    def first(self) -> Item | None:
-        run, heap = self.run, self.heap
-        if heap and (not run or heap[0] < run[0]):
-            return heap[0]
-        return run[0] if run else None
-
-    def pop(self) -> Item:
-        """Take the first item (there must be one)."""
-        run, heap = self.run, self.heap
-        if heap and (not run or heap[0] < run[0]):
-            return heappop(heap)
-        return run.popleft()
-
-    def kept(self, keep: Callable[[Item], bool]) -> Deadlines:
-        """A new one with the items ``keep`` accepts (a reader without the lock keeps this one)."""
-        heap = [it for it in self.heap if keep(it)]
-        heapify(heap)
-        return Deadlines([it for it in self.run if keep(it)], heap)
-
-    def until(self, now: float) -> Iterator[Item]:
-        """The items at or before ``now``, in no order: the run's from its start, the heap's by
-        its subtrees (one above ``now`` is skipped whole). Changes nothing."""
-        for item in self.run:
-            if item[0] > now:
-                break
-            yield item
-        heap, stack = self.heap, [0]
-        while stack:
-            i = stack.pop()
-            if i < len(heap) and heap[i][0] <= now:
-                yield heap[i]
-                stack += (2 * i + 1, 2 * i + 2)
-
-    def first_such(self, accept: Callable[[Item], bool]) -> Item | None:
-        """The earliest item ``accept`` takes, or None: the run from its start, the heap best
-        first, the earlier of the two. Changes nothing."""
-        found = next((it for it in self.run if accept(it)), None)
-        heap = self.heap
-        frontier = [(heap[0], 0)] if heap else []
-        while frontier:
-            item, i = heappop(frontier)
-            if found is not None and found < item:
-                break
-            if accept(item):
-                return item
-            for child in (2 * i + 1, 2 * i + 2):
-                if child < len(heap):
-                    heappush(frontier, (heap[child], child))
-        return found
-
-    def _check(self) -> None:
-        run = list(self.run)
-        assert run == sorted(run), "the run is out of order"
-        heap = self.heap
-        assert all(heap[(i - 1) // 2] <= heap[i] for i in range(1, len(heap))), "the heap is not one"
 
 
 @dataclass(slots=True)
@@ -191,6 +90,23 @@ class RedeliveryIndex:
         entry = self.by_id[msg_id] = RedeliveryEntry(deadline, receipt, receive_count)
         self._list(entry, msg_id, deadline)
 
+    def add_new(self, msg_ids: list[str], deadline: float, receipts: list[str], receive_counts: list[int]) -> None:
+        """Record first deliveries of one dequeue, under one ``deadline``: as :meth:`add` of
+        each, for IDs none of which is in the index (the caller checked). Their items come in
+        order (one deadline, rising sequence numbers), so past the last look they go onto
+        ``future``'s run at once when it ends no later."""
+        if deadline <= self.looked:
+            for msg_id, receipt, count in zip(msg_ids, receipts, receive_counts):
+                self.add(msg_id, deadline, receipt, count)
+            return
+        by_id, seq = self.by_id, self._seq
+        items = []
+        for msg_id, receipt, count in zip(msg_ids, receipts, receive_counts):
+            item = (deadline, next(seq), msg_id)
+            by_id[msg_id] = RedeliveryEntry(deadline, receipt, count, deadline, item)
+            items.append(item)
+        self.future.extend(items)
+
     def remove(self, msg_id: str) -> RedeliveryEntry | None:
         """Forget a message (acknowledged). O(1) amortized."""
         entry = self.by_id.pop(msg_id, None)
@@ -241,14 +157,23 @@ class RedeliveryIndex:
         """Hold an entry back from redelivery (its deadline reads infinite) without moving it.
         O(1). Returns the deadline it had, for :meth:`change_deadline` to give back; None if
         there is no entry, or it is pinned already."""
-        entry = self.by_id.get(msg_id)
-        if entry is None or entry.deadline == float("inf"):
-            # pinned already (a second ack of the same delivery, at once): only the first
-            # one's unpin may give the deadline back, else it could give back infinity
-            return None
-        deadline = entry.deadline
-        entry.deadline = float("inf")
-        return deadline
+        return self.pin_many([msg_id]).get(msg_id)
+
+    def pin_many(
+        self, msg_ids: Sequence[str], entries: Iterable[RedeliveryEntry | None] | None = None
+    ) -> dict[str, float]:
+        """:meth:`pin` of each of ``msg_ids`` (``entries``: their entries, None where there is
+        none, when the caller looked them up already): the deadlines they had, by ID, of
+        those pinned now. One pinned already (a second ack of the same delivery, at once) is
+        left out: only the first one's unpin may give the deadline back, else it could give
+        back infinity."""
+        pinned = {}
+        inf = float("inf")
+        for msg_id, entry in zip(msg_ids, map(self.by_id.get, msg_ids) if entries is None else entries):
+            if entry is not None and entry.deadline != inf:
+                pinned[msg_id] = entry.deadline
+                entry.deadline = inf
+        return pinned
 
     def expired(self, now: float, limit: int) -> list[str]:
         """Up to ``limit`` IDs whose deadline has passed, earliest first (pinned ones left

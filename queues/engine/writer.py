@@ -58,7 +58,8 @@ class Writer:
             if not p.enqueue_ready:
                 raise PartitionUnavailable(f"{p.queue}/{p.index} is still loading")
             new_blocks: list[Block] = []
-            positions: list[tuple[Block, int]] = []
+            #: (block, first index, how many): the messages' positions, a run per block
+            runs: list[tuple[Block, int, int]] = []
             checkpoint = p.tree.checkpoint()
             head = p.tree.head
             next_index = p.next_index
@@ -67,7 +68,8 @@ class Writer:
             since = self.head_since
             if writable and head is not None and head.size > p.block_size:
                 writable = now - since <= BLOCK_SEAL_S  # else sealed: see BLOCK_SEAL_S
-            for _ in messages:
+            left = len(messages)
+            while left:
                 if head is None or not writable or next_index >= head.size:
                     previous = head.size if head is not None else None
                     filled_in = now - since if writable and head is not None else None
@@ -76,8 +78,10 @@ class Writer:
                     next_index = 0
                     writable = True
                     since = now
-                positions.append((head, next_index))
-                next_index += 1
+                n = min(left, head.size - next_index)
+                runs.append((head, next_index, n))
+                next_index += n
+                left -= n
             if new_blocks:
                 writes = [(keys.block_key(p.queue, p.index, b.id), b.to_bytes()) for b in new_blocks]
                 # The head record last (the file store renames in order), in the same fenced write:
@@ -112,13 +116,13 @@ class Writer:
             self.head_writable, p.next_index = True, next_index
             if new_blocks:
                 self.head_since = now
-            states = [p.blocks[b.id] for b, _ in positions]
-            for state in states:
-                state.pending += 1
+            states = [(p.blocks[b.id], n) for b, _, n in runs]
+            for state, n in states:
+                state.pending += n
             base = p.lease.epoch << 32
             messages = [msg.with_sequence(base | (p.seq_counter + k + 1)) for k, msg in enumerate(messages)]
             p.seq_counter += len(messages)
-        ids = [keys.message_key(p.queue, p.index, b.id, i) for b, i in positions]
+        ids = [mid for b, start, n in runs for mid in keys.message_keys(p.queue, p.index, b.id, start, n)]
         items = [(mid, msg.to_bytes()) for mid, msg in zip(ids, messages)]
         if p.archive == "all":  # the journal entries go in the same (atomic) write
             items += archive_journal.entries(p.queue, p.index, items)
@@ -128,8 +132,8 @@ class Writer:
         except BaseException as exc:
             if not isinstance(exc, (Fenced, KVError)):
                 with p.lock:
-                    for state in states:
-                        state.pending -= 1
+                    for state, n in states:
+                        state.pending -= n
                 raise
             if isinstance(exc, ReplicationError):
                 # Written on the primary only: take it back, so that nothing unconfirmed is
@@ -139,8 +143,8 @@ class Writer:
                 except KVError:
                     log.error("%s/%s: could not take back unreplicated messages", p.queue, p.index)
             with p.lock:
-                for state in states:
-                    state.pending -= 1  # the positions are burnt
+                for state, n in states:
+                    state.pending -= n  # the positions are burnt
                 if isinstance(exc, Fenced):
                     raise p.lost(exc) from exc
             raise PartitionUnavailable(f"{p.queue}/{p.index}: store write failed: {exc}") from exc
@@ -149,16 +153,17 @@ class Writer:
             if p.closed:
                 # Closed while we wrote (a failure elsewhere): the next owner, under a newer
                 # epoch, finds the messages if they were stored; do not confirm them here.
-                for state in states:
-                    state.pending -= 1
+                for state, n in states:
+                    state.pending -= n
                 raise PartitionUnavailable(f"{p.queue}/{p.index} closed during the write; retry")
             p.cache.put_many(zip(ids, messages))
-            route = self.order.route_new
-            for (block, i), state, mid, message in zip(positions, states, ids, messages):
-                state.pending -= 1
-                state.live.add(i)
-                state.newest = max(state.newest, message.enqueued_at)
-                route(mid, block, i, message, scanned=False)
+            done = 0
+            for (_, start, n), (state, _) in zip(runs, states):
+                state.pending -= n
+                state.live.update(range(start, start + n))
+                state.newest = max(state.newest, *(m.enqueued_at for m in messages[done : done + n]))
+                done += n
+            self.order.route_many(ids, runs, messages)
             p.enqueued_total += len(ids)
         p.counters.enqueued(p.queue, len(ids))
         p.on_change()

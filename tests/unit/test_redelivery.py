@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from queues.engine import redelivery
+from queues.engine.deadlines import Deadlines
 from queues.engine.redelivery import RedeliveryIndex
 
 INF = math.inf
@@ -176,7 +177,7 @@ deadline_ops = st.lists(
 
 @given(deadline_ops)
 def test_deadlines_keep_items_in_order_like_a_sorted_list(seq):
-    order, model, counter = redelivery.Deadlines(), [], iter(range(10_000))
+    order, model, counter = Deadlines(), [], iter(range(10_000))
     for op in seq:
         if op[0] == "push":
             item = (op[1], next(counter), "m")
@@ -221,7 +222,7 @@ def test_deliveries_in_deadline_order_stay_in_the_run():
 
 
 def test_the_earliest_accepted_item_is_the_earlier_of_the_run_and_the_heap():
-    order = redelivery.Deadlines()
+    order = Deadlines()
     for item in [(1.0, 0, "a"), (3.0, 1, "b"), (2.0, 2, "c"), (0.5, 3, "d")]:
         order.push(item)
     assert list(order.run) == [(1.0, 0, "a"), (3.0, 1, "b")]  # (c and d came out of order: the heap)
