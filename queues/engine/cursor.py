@@ -212,6 +212,8 @@ class FairLanes:
 
     def extend(self, mids: list[str]) -> None:
         """:meth:`append` of each of ``mids``, keyless."""
+        if not mids:
+            return
         lane = self._lanes.get(None)
         if lane is None:
             lane = self._lane(None, front=False)

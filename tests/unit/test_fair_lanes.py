@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from queues.engine import cursor as cursor_mod
 from queues.engine.cursor import FairLanes
@@ -27,6 +29,39 @@ def test_without_keys_the_lanes_are_one_fifo():
         lanes.popleft()
     with pytest.raises(IndexError):
         lanes[0]
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("append"), st.sampled_from([None, None, "a", "b"])),
+            st.tuples(st.just("appendleft"), st.sampled_from([None, "a"])),
+            st.tuples(st.just("extend"), st.integers(0, 3)),
+            st.tuples(st.just("take"), st.integers(0, 5)),
+        ),
+        max_size=40,
+    )
+)
+def test_a_run_taken_or_extended_is_as_one_message_at_a_time(ops):
+    """take(n) gives what n pops would, extend what appends would, and leaves the same lanes."""
+    runs, singles = FairLanes(), FairLanes()
+    for step, (op, arg) in enumerate(ops):
+        if op == "append":
+            runs.append(f"m{step}", arg)
+            singles.append(f"m{step}", arg)
+        elif op == "appendleft":
+            runs.appendleft(f"m{step}", arg)
+            singles.appendleft(f"m{step}", arg)
+        elif op == "extend":
+            mids = [f"m{step}.{k}" for k in range(arg)]
+            runs.extend(mids)
+            for mid in mids:
+                singles.append(mid)
+        else:
+            want = [singles.popleft() for _ in range(min(arg, len(singles)))]
+            assert runs.take(arg) == want
+        assert (list(runs), len(runs), bool(runs)) == (list(singles), len(singles), bool(singles))
+    assert [runs.popleft() for _ in range(len(runs))] == [singles.popleft() for _ in range(len(singles))]
 
 
 def test_keys_take_turns_each_oldest_first():

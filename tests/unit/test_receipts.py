@@ -9,13 +9,20 @@ import re
 import threading
 
 from queues.engine import ids as messages
-from queues.engine.ids import new_receipt
+from queues.engine.ids import new_receipt, new_receipts
 
 
 def test_receipts_are_16_url_safe_characters_and_never_repeat():
     receipts = [new_receipt() for _ in range(20_000)]  # several refills of the pool
     assert all(re.fullmatch(r"[A-Za-z0-9_-]{16}", r) for r in receipts)
     assert len(set(receipts)) == len(receipts)
+
+
+def test_receipts_drawn_in_runs_are_shaped_alike_and_never_repeat():
+    drawn = [r for n in (0, 1, 5, 255, 256, 257, 1000, 3) * 4 for r in new_receipts(n)] + [new_receipt()]
+    assert len(drawn) == 4 * (1 + 5 + 255 + 256 + 257 + 1000 + 3) + 1
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{16}", r) for r in drawn)
+    assert len(set(drawn)) == len(drawn)
 
 
 def test_threads_drawing_at_once_never_hand_out_the_same_receipt():

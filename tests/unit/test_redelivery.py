@@ -19,6 +19,7 @@ times = st.sampled_from([0.0, 1.0, 2.0, 3.0, 5.0, INF])
 ops = st.lists(
     st.one_of(
         st.tuples(st.just("add"), ids, times),
+        st.tuples(st.just("add_new"), st.lists(ids, max_size=4), times),
         st.tuples(st.just("remove"), ids),
         st.tuples(st.just("remove_many"), st.lists(ids, max_size=4)),
         st.tuples(st.just("pin"), ids),
@@ -50,6 +51,12 @@ def _run_against_model(seq):
             _, mid, d = op
             index.add(mid, d, "r", 1)
             model[mid] = [d, d, step]
+        elif op[0] == "add_new":  # one dequeue's first deliveries: IDs not in flight, in order
+            _, mids, d = op
+            new = list(dict.fromkeys(mid for mid in mids if mid not in model))
+            index.add_new(new, d, ["r"] * len(new), [1] * len(new))
+            for k, mid in enumerate(new):
+                model[mid] = [d, d, step + k / 10]
         elif op[0] == "remove":
             _, mid = op
             assert (index.remove(mid) is not None) == (mid in model)
@@ -87,6 +94,15 @@ def _run_against_model(seq):
             assert entry is not None and entry.deadline == read
         unpinned = [listed for read, listed, _ in model.values() if read == listed]
         assert index.next_deadline() == (min(unpinned) if unpinned else None)
+
+
+def test_pins_of_many_pin_each_once():
+    index = RedeliveryIndex()
+    index.add_new(["a", "b"], 5.0, ["ra", "rb"], [1, 2])
+    assert index.pin_many(["a", "a", "b", "gone"]) == {"a": 5.0, "b": 5.0}
+    assert index.pin_many(["a"]) == {}  # pinned already: nothing to give back
+    assert (index.get("b").deadline, index.get("b").receipt, index.get("b").receive_count) == (INF, "rb", 2)
+    index._check()
 
 
 def test_a_pinned_entry_is_not_redelivered_and_an_unpin_gives_it_back():
