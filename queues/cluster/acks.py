@@ -23,6 +23,9 @@ Acks = list[tuple[MessageId, str | None]]
 
 def managers_of(rt: NodeRuntime, queue: str, items: list[tuple[MessageId, str | None]]) -> list[tuple[Manager, Acks]]:
     """This node's managers of ``items``' partitions, in index order, each with its items."""
+    partitions = {mid.partition for mid, _ in items}
+    if len(partitions) == 1:
+        return [(rt.manager(queue, partitions.pop()), items)]
     by_partition: dict[int, list[tuple[MessageId, str | None]]] = {}
     for mid, receipt in items:
         by_partition.setdefault(mid.partition, []).append((mid, receipt))

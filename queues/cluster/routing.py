@@ -205,6 +205,9 @@ def ack_route(
 ) -> tuple[Acks, dict[str, Acks], int | None]:
     """The acks for this node's partitions, those for each other owner, and a partition that
     has no live owner now (None: every partition has one)."""
+    managers = rt.managers
+    if all((cfg.name, p) in managers for p in {mid.partition for mid, _ in items}):
+        return list(items), {}, None  # (nearly always: the acks of a dequeue made here)
     local: Acks = []
     remote: dict[str, Acks] = {}
     for mid, receipt in items:

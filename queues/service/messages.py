@@ -107,9 +107,13 @@ def _enqueue(
     check_drafts(cfg, drafts)
     if check_only:
         return []
-    if hops < MAX_HOPS:
+    grouped = any(d.group for d in drafts)
+    if hops < MAX_HOPS and grouped:  # (without groups, one share: nobody else to ask)
         _check_elsewhere(cfg, drafts, hops, caller)
     now = datetime.now(UTC).timestamp()
+    if not grouped and not any(d.dedup_id for d in drafts):
+        # One share, nothing to reserve or give back: stored as they are, or not at all.
+        return _enqueue_somewhere(cfg, None, list(drafts), now, hops, caller)
     ids: list[str | None] = [None] * len(drafts)
     dedup = get_dedup() if any(d.dedup_id for d in drafts) else None
     reserved: dict[str, int] = {}  # dedup_id -> index of the draft that stores it
