@@ -19,6 +19,7 @@ Run it on the stores the node would use, e.g. with the test services::
 
     scripts/with-services.sh python bench/inprocess.py --kv redis --batch 100 --n 30000
     scripts/with-services.sh python bench/inprocess.py --kv postgres --batch 1 --n 3000 --threads 4
+    scripts/with-services.sh python bench/inprocess.py --thin --batch 100   # the floor: the thin queue
 
 It uses ``DATABASE_URL`` (migrated here) and, for ``--kv redis``, ``REDIS_URL``'s database 1
 (``--kv redis-cluster``: ``MQ_TEST_REDIS_CLUSTER_URL``); its data folder is a temporary one.
@@ -60,6 +61,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--profile", metavar="FILE", help="write a cProfile (thread CPU time) of the last round to FILE")
     p.add_argument(
+        "--thin",
+        action="store_true",
+        help="the thin queue (bench/serving_apps.py's thin_wsgi: our calls' JSON and store round trips, "
+        "nothing else) instead of the node, on Redis: the floor the node's figure compares with",
+    )
+    p.add_argument(
         "--traces",
         metavar="MODES",
         help="off,on: rounds with no OpenTelemetry SDK (off: what a node without one runs) and with one "
@@ -71,6 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.traces = [m.strip() for m in args.traces.split(",") if m.strip()]
         if not args.traces or set(args.traces) - {"off", "on"}:
             p.error("--traces takes off, on or off,on")
+    if args.thin and (args.kv != "redis" or args.traces or args.profile):
+        p.error("--thin runs on --kv redis, without --traces or --profile")
     if args.batch < 1 or args.n < args.batch * args.threads or args.threads < 1:
         p.error("need --batch >= 1, --threads >= 1 and --n >= batch x threads")
     return args
@@ -256,9 +265,39 @@ def traces(call: Caller, queue: str, args: argparse.Namespace) -> None:
         )
 
 
+def report(args: argparse.Namespace, rounds: list[dict[str, float]], what: str) -> None:
+    """Print the rounds' medians (and each round's µs a message)."""
+    medians = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    each = ", ".join(f"{r['µs/msg']:.1f}" for r in rounds)
+    phases = "".join(f", {k.split()[0]} {v:.0f}" for k, v in medians.items() if k.endswith(" µs/call"))
+    print(
+        f"kv={args.kv} batch={args.batch} threads={args.threads} n={args.n}: {what} "
+        f"{medians['µs/msg']:.1f} µs/msg, {medians['µs/call']:.0f} µs/call ({phases.lstrip(', ') or 'all phases'}) "
+        f"(medians of {args.repeat} rounds; per round {each} µs/msg)"
+    )
+
+
+def thin(args: argparse.Namespace) -> None:
+    """``--thin``: the thin queue's WSGI application in this process, the same cycle as the
+    node's; its state in memory, its store round trips on ``KV_URL`` (``REDIS_URL``'s database 1)."""
+    token = uuid.uuid4().hex
+    os.environ["MQ_THIN_TOKEN"], os.environ["MQ_SERVING_REDIS_URL"] = token, os.environ["KV_URL"]
+    import serving_apps  # (bench/, beside this file; reads the token when imported)
+
+    call = Caller(serving_apps.thin_wsgi, token)
+    queue = f"thin-{uuid.uuid4().hex[:8]}"
+    speed = box_speed(os.environ.get("REDIS_URL"))
+    cycle(call, queue, min(args.n, 20 * args.batch), args.batch, {})  # warm-up, untimed
+    report(args, [round_(call, queue, args, None) for _ in range(args.repeat)], "thin queue CPU")
+    print(f"box speed: before {fmt_box_speed(speed)}; after {fmt_box_speed(box_speed(os.environ.get('REDIS_URL')))}")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     setup(args.kv)
+    if args.thin:
+        thin(args)
+        return
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
 
@@ -297,14 +336,7 @@ def main(argv: list[str] | None = None) -> None:
             rounds.append(round_(call, queue, args, profile))
             if profile:
                 profile.dump_stats(args.profile)
-        medians = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-        each = ", ".join(f"{r['µs/msg']:.1f}" for r in rounds)
-        phases = "".join(f", {k.split()[0]} {v:.0f}" for k, v in medians.items() if k.endswith(" µs/call"))
-        print(
-            f"kv={args.kv} batch={args.batch} threads={args.threads} n={args.n}: node CPU "
-            f"{medians['µs/msg']:.1f} µs/msg, {medians['µs/call']:.0f} µs/call ({phases.lstrip(', ') or 'all phases'}) "
-            f"(medians of {args.repeat} rounds; per round {each} µs/msg)"
-        )
+        report(args, rounds, "node CPU")
         print(
             f"box speed: before {fmt_box_speed(speed)}; after {fmt_box_speed(box_speed(os.environ.get('REDIS_URL')))}"
         )
