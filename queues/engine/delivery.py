@@ -129,7 +129,15 @@ class Deliverer:
                     elif c.ready:
                         # Nothing else waits (delivering these changes none of the above):
                         # a run of the oldest undelivered, as one batch.
-                        self._deliver_run(c, c.ready.take(max_messages - len(out)), deadline, out, counts)
+                        run = c.ready.take(max_messages - len(out))
+                        try:
+                            self._deliver_run(c, run, deadline, out, counts)
+                        except BaseException:
+                            # None of the run is in flight (the index takes it whole, last):
+                            # back in front, not lost until the next owner.
+                            for mid in reversed(run):
+                                c.ready.appendleft(mid, c.fairness_of.get(mid))
+                            raise
                         continue
                     else:
                         break

@@ -148,6 +148,24 @@ def test_a_flooding_key_holds_the_others_back_by_one_message_a_turn():
     assert [d.message.body for d in rest] == [f"noisy{i}" for i in range(1, 20)]
 
 
+def test_a_run_that_fails_to_go_out_stays_ready_in_its_order(monkeypatch):
+    from queues.engine import delivery
+
+    clocks = Clocks()
+    m = open_manager(MemoryStore(), PartitionRow(), clocks, block_size=64)
+    _enqueue(m, clocks, ("a0", "a"), ("plain0", None), ("a1", "a"), ("plain1", None))
+
+    def no_receipts(n):
+        raise OSError("getrandom failed")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(delivery, "new_receipts", no_receipts)
+        with pytest.raises(OSError):
+            m.dequeue(3, 5.0)
+    got = m.load_bodies(m.dequeue(10, 5.0))
+    assert [d.message.body for d in got] == ["a0", "plain0", "a1", "plain1"]
+
+
 def test_after_a_takeover_the_keys_still_take_turns():
     clocks = Clocks()
     store, row = MemoryStore(), PartitionRow()
