@@ -17,7 +17,7 @@ append (or a heap push), and a removal a dict pop.
 An entry stays after its deadline passes, until it is delivered again (with a new receipt
 and deadline) or acknowledged; so a receive count and the last receipt survive the expiry.
 
-An ack *pins* its entries while their delete runs (:meth:`RedeliveryIndex.pin`): the deadline
+An ack *pins* its entries while their delete runs (:meth:`RedeliveryIndex.pin_many`): the deadline
 reads infinite (never redelivered, no change of visibility) but the entry keeps its item
 (``listed``) until it is removed, or unpinned when the delete failed. Moving it to the end and
 back would cost two pushes per acknowledged message for an entry that is nearly
@@ -153,20 +153,15 @@ class RedeliveryIndex:
         entry.deadline = deadline
         self._list(entry, msg_id, deadline)
 
-    def pin(self, msg_id: str) -> float | None:
-        """Hold an entry back from redelivery (its deadline reads infinite) without moving it.
-        O(1). Returns the deadline it had, for :meth:`change_deadline` to give back; None if
-        there is no entry, or it is pinned already."""
-        return self.pin_many([msg_id]).get(msg_id)
-
     def pin_many(
         self, msg_ids: Sequence[str], entries: Iterable[RedeliveryEntry | None] | None = None
     ) -> dict[str, float]:
-        """:meth:`pin` of each of ``msg_ids`` (``entries``: their entries, None where there is
-        none, when the caller looked them up already): the deadlines they had, by ID, of
-        those pinned now. One pinned already (a second ack of the same delivery, at once) is
-        left out: only the first one's unpin may give the deadline back, else it could give
-        back infinity."""
+        """Hold entries back from redelivery (their deadlines read infinite) without moving
+        them. O(1) each. ``entries``: theirs, None where there is none, when the caller looked
+        them up already. Returns the deadlines they had, by ID, of those pinned now, for
+        :meth:`change_deadline` to give back. One pinned already (a second ack of the same
+        delivery, at once) is left out: only the first one's unpin may give the deadline back,
+        else it could give back infinity."""
         pinned = {}
         inf = float("inf")
         for msg_id, entry in zip(msg_ids, map(self.by_id.get, msg_ids) if entries is None else entries):

@@ -68,7 +68,7 @@ def _run_against_model(seq):
                 model.pop(mid, None)
         elif op[0] == "pin":
             _, mid = op
-            had = index.pin(mid)
+            had = index.pin_many([mid]).get(mid)
             if mid in model and model[mid][0] != INF:
                 assert had == model[mid][0]
                 model[mid][0] = INF
@@ -109,7 +109,7 @@ def test_a_pinned_entry_is_not_redelivered_and_an_unpin_gives_it_back():
     index = RedeliveryIndex()
     index.add("a", 1.0, "r", 1)
     index.add("b", 2.0, "r", 1)
-    had = index.pin("a")
+    had = index.pin_many(["a"]).get("a")
     assert index.expired(5.0, 10) == ["b"]
     assert index.get("a").deadline == INF
     assert index.next_deadline() == 2.0
@@ -137,7 +137,7 @@ def test_readings_change_nothing():
     index = RedeliveryIndex()
     for i in range(50):
         index.add(f"m{i}", float(i), "r", 1)
-    index.pin("m0")
+    index.pin_many(["m0"])
     before = (list(index.future), list(index.due), index.looked)
     assert index.in_flight_count(9.5) == 40
     assert index.next_deadline() == 1.0
@@ -147,7 +147,7 @@ def test_readings_change_nothing():
 def test_a_second_pin_of_the_same_entry_cannot_give_back_infinity():
     index = RedeliveryIndex()
     index.add("a", 5.0, "r", 1)
-    first, second = index.pin("a"), index.pin("a")  # two acks of one delivery at once
+    first, second = index.pin_many(["a"]).get("a"), index.pin_many(["a"]).get("a")  # two acks of one delivery at once
     assert (first, second) == (5.0, None)
     index.change_deadline("a", first)  # both deletes failed: only the first unpins
     assert index.expired(6.0, 10) == ["a"]
