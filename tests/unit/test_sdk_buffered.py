@@ -322,16 +322,19 @@ def test_a_done_callback_may_send_on_a_full_buffer_and_flush():
     import threading
 
     client = FakeEnqueueClient()
-    sent_again = threading.Event()
+    sent_again, callback_done = threading.Event(), threading.Event()
     flushed: list[bool] = []
     with Producer(client, linger=0, max_buffered=1, block_timeout=5) as producer:
 
         def again(future):
             producer.send("q", "second").add_done_callback(lambda f: sent_again.set())
             flushed.append(producer.flush(timeout=5))  # must not wait for its own batch
+            callback_done.set()
 
         producer.send("q", "first").add_done_callback(again)
         assert sent_again.wait(10), "the callback's send() waited for its own batch's slot"
+        # ("second" may be answered by another sender thread before this callback's flush returns)
+        assert callback_done.wait(10), "the callback's flush() waited"
     assert client.calls == [["first"], ["second"]] and len(flushed) == 1
 
 
