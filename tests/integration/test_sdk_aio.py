@@ -12,7 +12,7 @@ import pytest
 import mq_client as sdk
 from mq_client import Client
 from mq_client.aio import AsyncClient
-from tests.integration.test_sdk import _name, _served, _wait
+from tests.integration.test_sdk import _drain, _name, _served, _wait
 from tests.launcher import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -165,6 +165,73 @@ def test_the_async_producer_batches_and_fails_a_bad_message_alone(node_factory, 
     assert isinstance(too_large, sdk.BadRequest) and too_large.code == "body_too_large"
     assert len(batches) < 200 // 4, f"not batched: {batches}"
     assert sync.stats(name).depth == 205
+
+
+def test_every_async_future_resolved_once_when_the_node_dies_mid_batch(node_factory, token):
+    """The threaded producer's test (test_sdk_buffered.py) on one event loop: tasks send without
+    stopping, the node is killed and started again; each future resolves once (an ID, its own
+    error or DeliveryUnknown carrying its dedup_id), and what was stored is each ID'd message
+    once, under its ID."""
+    from mq_client.aio import AsyncProducer
+
+    node = node_factory()
+    sync = Client(node.url, token)
+    name = sync.create_queue(_name("aio"), partitions=1).name
+    _wait(lambda: _served(sync, name), 20, "the node to serve the partition")
+    resolutions: dict[str, list[object]] = {}
+    futures: dict[str, asyncio.Future[str]] = {}
+
+    def record(body: str, f: asyncio.Future[str]) -> None:
+        resolutions.setdefault(body, []).append("cancelled" if f.cancelled() else f.exception() or f.result())
+
+    async def until(done, seconds: float, what: str) -> None:
+        deadline = asyncio.get_running_loop().time() + seconds
+        while not done():
+            assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.05)
+
+    async def scenario() -> bool:
+        async with AsyncClient(node.url, token, timeout=2, retries=1, backoff=0.05) as mq:
+            producer = AsyncProducer(mq, linger=0.002, dedup_ids=True)
+            stop = asyncio.Event()
+
+            async def sender(t: int) -> None:
+                i = 0
+                while not stop.is_set():
+                    body = f"t{t}-{i}"
+                    f = await producer.send(name, body)
+                    futures[body] = f
+                    f.add_done_callback(lambda f, body=body: record(body, f))
+                    i += 1
+                    await asyncio.sleep(0)
+
+            tasks = [asyncio.create_task(sender(t)) for t in range(4)]
+            await until(lambda: len(resolutions) > 200, 20, "messages to be stored before the kill")
+            await asyncio.to_thread(node.kill)  # mid-batch: the senders never stopped
+            await until(lambda: any(not isinstance(r[0], str) for r in resolutions.values()), 30, "a batch not stored")
+            stop.set()
+            await asyncio.gather(*tasks)
+            await asyncio.to_thread(node.start)
+            await asyncio.to_thread(_wait, lambda: sync.health().status == "ok", 30, "the node back")
+            return await producer.close(60)
+
+    assert asyncio.run(scenario()) is True
+    assert set(resolutions) == set(futures)
+    assert all(len(r) == 1 for r in resolutions.values()), "a future resolved twice"
+    assert not [b for b, r in resolutions.items() if r[0] == "cancelled"]
+    stored = {b: r[0] for b, r in resolutions.items() if isinstance(r[0], str)}
+    unknown = {b: r[0] for b, r in resolutions.items() if isinstance(r[0], sdk.DeliveryUnknown)}
+    failed = {b: r[0] for b, r in resolutions.items() if b not in stored and b not in unknown}
+    assert stored and (unknown or failed)
+    assert all(isinstance(e, sdk.ApiError) for e in failed.values()), failed
+    for body, e in unknown.items():
+        assert e.dedup_id and e.queue == name and e.message["body"] == body
+    _wait(lambda: _served(sync, name), 30, "the partition served again")
+    got = _drain(sync, name, len(stored))
+    bodies = [m.body for m in got]
+    assert len(bodies) == len(set(bodies)), "a message stored twice"
+    assert set(stored) <= set(bodies) <= set(stored) | set(unknown)
+    assert {m.body: m.id for m in got if m.body in stored} == stored
 
 
 def test_the_async_client_traces_as_the_sync_client_does(node_factory, token, tmp_path, exporter):
