@@ -12,7 +12,8 @@ import pytest
 import mq_client as sdk
 from mq_client import Client
 from mq_client.aio import AsyncClient
-from tests.integration.test_sdk import _drain, _name, _served, _wait
+from tests.integration.test_sdk import _name, _served, _wait
+from tests.integration.test_sdk_buffered import check_each_resolved_once
 from tests.launcher import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -216,22 +217,8 @@ def test_every_async_future_resolved_once_when_the_node_dies_mid_batch(node_fact
             return await producer.close(60)
 
     assert asyncio.run(scenario()) is True
-    assert set(resolutions) == set(futures)
-    assert all(len(r) == 1 for r in resolutions.values()), "a future resolved twice"
     assert not [b for b, r in resolutions.items() if r[0] == "cancelled"]
-    stored = {b: r[0] for b, r in resolutions.items() if isinstance(r[0], str)}
-    unknown = {b: r[0] for b, r in resolutions.items() if isinstance(r[0], sdk.DeliveryUnknown)}
-    failed = {b: r[0] for b, r in resolutions.items() if b not in stored and b not in unknown}
-    assert stored and (unknown or failed)
-    assert all(isinstance(e, sdk.ApiError) for e in failed.values()), failed
-    for body, e in unknown.items():
-        assert e.dedup_id and e.queue == name and e.message["body"] == body
-    _wait(lambda: _served(sync, name), 30, "the partition served again")
-    got = _drain(sync, name, len(stored))
-    bodies = [m.body for m in got]
-    assert len(bodies) == len(set(bodies)), "a message stored twice"
-    assert set(stored) <= set(bodies) <= set(stored) | set(unknown)
-    assert {m.body: m.id for m in got if m.body in stored} == stored
+    check_each_resolved_once(sync, name, resolutions, set(futures))
 
 
 def test_the_async_client_traces_as_the_sync_client_does(node_factory, token, tmp_path, exporter):
