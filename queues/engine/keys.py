@@ -66,7 +66,7 @@ def message_key(queue: str, partition: int, block_id: str, index: int) -> str:
 
 def message_keys(queue: str, partition: int, block_id: str, start: int, n: int) -> list[str]:
     """The keys of ``n`` messages of one block from index ``start``: :func:`message_key` of each."""
-    prefix = f"{queue}/{partition}/{block_id}/"
+    prefix = block_bucket(queue, partition, block_id) + "/"
     return [prefix + str(i) for i in range(start, start + n)]
 
 
