@@ -25,8 +25,9 @@ that awaits the call (``contextvars``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -37,14 +38,19 @@ from mq_client import tracing
 from mq_client.client import (
     MAX_BATCH,
     MAX_WAIT,
+    QUEUE_FIELDS,
     AckItem,
+    ClientSettings,
     _chunks,
     _path,
     _q,
     ack_items,
     dequeue_payload,
+    expire_payload,
     queue_settings,
+    redrive_result,
     single_group,
+    subscription_queue,
     visibility_payload,
     visibility_result,
 )
@@ -76,6 +82,7 @@ from mq_client.types import (
     NewMessage,
     PartitionOwner,
     Queue,
+    RedriveResult,
     Stats,
     VisibilityResult,
     message_json,
@@ -87,10 +94,12 @@ __all__ = ["AsyncClient", "AsyncProducer"]
 _NO_ANSWER = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
-class AsyncClient:
-    """A client of the messaging API for asyncio; the parameters are :class:`Client`'s
+class AsyncClient(ClientSettings):
+    """A client of the messaging API for asyncio: :class:`Client`'s calls (a test holds the two
+    to the same names and parameters), awaited; the parameters are :class:`Client`'s
     (``tracer_provider`` too), and ``max_connections`` bounds the connections open at once (all
-    nodes together)."""
+    nodes together). :meth:`aclose` closes it (``async with`` too), :meth:`consume` and
+    :meth:`receive` are async iterators."""
 
     def __init__(
         self,
@@ -127,18 +136,6 @@ class AsyncClient:
         self.token = token
         #: the OpenTelemetry tracer of this client's spans (as :attr:`Client.tracer`)
         self.tracer = tracing.tracer(tracer_provider) if tracer_provider is not None or tracing.enabled() else None
-
-    @property
-    def urls(self) -> list[str]:
-        return self._transport.urls
-
-    @property
-    def timeout(self) -> float:
-        return self._transport.timeout
-
-    @property
-    def retries(self) -> int:
-        return self._transport.retries
 
     async def aclose(self) -> None:
         """Close the connections (a later call opens new ones)."""
@@ -217,18 +214,23 @@ class AsyncClient:
 
     async def create_queue(self, name: str, **settings: Any) -> Queue:
         """Create a queue; the settings are :meth:`Client.create_queue`'s keywords."""
-        return Queue.from_json(await self._call("POST", "queues", {"name": name, **queue_settings(settings)}))
+        return Queue.from_json(await self._call("POST", "queues", {"name": name, **_settings(settings)}))
 
     async def update_queue(self, name: str, **changes: Any) -> Queue:
         """Change the settings given (:meth:`Client.update_queue`'s keywords)."""
-        queue = Queue.from_json(await self._call("PATCH", f"queues/{_q(name)}", queue_settings(changes)))
+        queue = Queue.from_json(await self._call("PATCH", f"queues/{_q(name)}", _settings(changes)))
         if "partitions" in changes:
             self._owners.forget(name)
         return queue
 
     async def get_queue(self, name: str) -> Queue:
-        """A queue's settings (a topic subscription's: ask the synchronous client)."""
-        return Queue.from_json(await self._call("GET", f"queues/{_q(name)}"))
+        """A queue's settings; for ``"topic/subscription"``, the topic's with the subscription's
+        own visibility timeout and dead-letter rule (as :meth:`Client.get_queue`)."""
+        topic, slash, sub = name.partition("/")
+        if not slash:
+            return Queue.from_json(await self._call("GET", f"queues/{_q(name)}"))
+        own = await self._call("GET", f"topics/{_q(topic)}/subscriptions/{_q(sub)}")
+        return subscription_queue(name, await self._call("GET", f"topics/{_q(topic)}"), own)
 
     async def list_queues(self) -> list[Queue]:
         return [Queue.from_json(q) for q in await self._call("GET", "queues")]
@@ -240,8 +242,11 @@ class AsyncClient:
     async def stats(self, name: str) -> Stats:
         return Stats.from_json(await self._call("GET", _path(name, "stats")))
 
-    async def partitions(self, name: str, retries: int | None = None) -> list[PartitionOwner]:
+    async def partitions(self, name: str) -> list[PartitionOwner]:
         """Who serves each partition now; also refreshes the owner cache of the queue."""
+        return await self._fetch_owners(name, self.retries)
+
+    async def _fetch_owners(self, name: str, retries: int) -> list[PartitionOwner]:
         payload = await self._call("GET", f"queues/{_q(name.partition('/')[0])}/partitions", retries=retries)
         parts = [PartitionOwner.from_json(p) for p in payload.get("partitions", ())]
         self._owners.store(name, parts)
@@ -299,7 +304,7 @@ class AsyncClient:
         if not items:
             return []
         if len(items) > MAX_BATCH:
-            raise ValueError(f"at most {MAX_BATCH} messages per call, got {len(items)}")
+            raise ValueError(f"at most {MAX_BATCH} messages per call, got {len(items)}: use enqueue_many")
         owner = await self._group_owner(queue, [i.get("group") for i in items])
         if self.tracer is not None:
             with tracing.client_span(self.tracer, "send", "enqueue", queue, len(items)):
@@ -307,26 +312,58 @@ class AsyncClient:
                 return list((await self._call("POST", _path(queue, "enqueue"), payload, owner=owner))["ids"])
         return list((await self._call("POST", _path(queue, "enqueue"), {"messages": items}, owner=owner))["ids"])
 
+    async def enqueue_many(self, queue: str, messages: Iterable[MessageItem], batch_size: int = MAX_BATCH) -> list[str]:
+        """Enqueue any number of messages in calls of ``batch_size`` (<= 1,000), one after the
+        other; all IDs, in order. If a call fails, the batches before it are stored (their IDs
+        are on the exception as ``exc.ids``) and the ones after it are not sent."""
+        if not 1 <= batch_size <= MAX_BATCH:
+            raise ValueError(f"batch_size must be 1..{MAX_BATCH}")
+        ids: list[str] = []
+        for chunk in _chunks(messages, batch_size):
+            try:
+                ids.extend(await self.enqueue_batch(queue, chunk))
+            except ApiError as exc:
+                exc.ids = list(ids)
+                raise
+        return ids
+
     async def dequeue(
-        self, queue: str, max_messages: int = 1, *, visibility_timeout: float | None = None, wait: float = 0
+        self,
+        queue: str,
+        max_messages: int = 1,
+        *,
+        visibility_timeout: float | None = None,
+        wait: float = 0,
+        node: str | None = None,
     ) -> list[Message]:
-        """Receive up to ``max_messages``; ``wait`` (0..20 s) long-polls for a first message."""
+        """Receive up to ``max_messages`` (1..1,000); ``wait`` (0..20 s) long-polls for a first
+        message; ``node`` (``host:port``, e.g. from a heartbeat's ``take``) is asked first."""
         payload = dequeue_payload(max_messages, visibility_timeout, wait)
-        timeout = self.timeout + max(0, wait)
+        timeout = self.timeout + (wait if isinstance(wait, (int, float)) and wait > 0 else 0)
+        owner = self._transport.owner_url(node)
         if self.tracer is not None:
             with tracing.client_span(self.tracer, "receive", "dequeue", queue) as span:
-                answer = await self._call("POST", _path(queue, "dequeue"), payload, timeout=timeout)
+                answer = await self._call("POST", _path(queue, "dequeue"), payload, timeout=timeout, owner=owner)
                 messages = [Message.from_json(m) for m in answer.get("messages", ())]
                 tracing.link_messages(span, [tracing.context_of(m.attributes) for m in messages])
                 return messages
-        answer = await self._call("POST", _path(queue, "dequeue"), payload, timeout=timeout)
+        answer = await self._call("POST", _path(queue, "dequeue"), payload, timeout=timeout, owner=owner)
         return [Message.from_json(m) for m in answer.get("messages", ())]
 
-    receive = dequeue
+    async def receive(
+        self, queue: str, max_messages: int = 1, *, visibility_timeout: float | None = None, wait: float = MAX_WAIT
+    ) -> AsyncGenerator[Message, None]:
+        """Messages as they come, long-polling forever (:meth:`Client.receive`); what it
+        received and did not yield is given back when the iteration ends (:meth:`consume`)."""
+        async with contextlib.aclosing(
+            self.consume(queue, max_messages, visibility_timeout=visibility_timeout, wait=wait)
+        ) as messages:
+            async for message in messages:
+                yield message
 
     async def consume(
         self, queue: str, batch: int = 10, *, visibility_timeout: float | None = None, wait: float = MAX_WAIT
-    ) -> AsyncIterator[Message]:
+    ) -> AsyncGenerator[Message, None]:
         """Messages as they come, received ``batch`` at a time, long-polling forever.
 
         Each message received and not yet yielded is given back (visibility 0) when the
@@ -389,6 +426,28 @@ class AsyncClient:
         """Give a delivered message back at once (visibility 0)."""
         return await self.change_visibility(queue, message, 0, receipt=receipt)
 
+    async def redrive(self, dead_letter_queue: str, max_messages: int = 100) -> RedriveResult:
+        """Move up to ``max_messages`` dead letters back to the queues they came from."""
+        answer = await self._call("POST", f"queues/{_q(dead_letter_queue)}/redrive", {"max": max_messages})
+        return redrive_result(answer)
+
+    async def expire(self, queue: str, older_than: float | None = None) -> int:
+        """Apply the retention rule now on the node called (staff tokens only); how many expired."""
+        answer = await self._call("POST", f"queues/{_q(queue)}/expire", expire_payload(older_than))
+        return int(answer.get("expired", 0))
+
+    # --------------------------------------------------------------- consumers
+
+    async def send_logs(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        """Send attempt log records (``POST /api/v1/logs``); the service's JSON answer."""
+        answer: dict[str, Any] = await self._call("POST", "logs", {"records": list(records)})
+        return answer
+
+    async def heartbeat(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """A consumer's heartbeat (``POST /api/v1/consumers/heartbeat``); the answer (instructions)."""
+        answer: dict[str, Any] = await self._call("POST", "consumers/heartbeat", dict(payload))
+        return answer
+
     # ---------------------------------------------------------- owner routing
 
     async def owners(self, queue: str) -> dict[int, str | None]:
@@ -399,7 +458,7 @@ class AsyncClient:
         if cached is not None:
             return cached
         try:
-            parts = await self.partitions(queue, retries=0)  # a shortcut only: not worth retries
+            parts = await self._fetch_owners(queue, 0)  # a shortcut only: not worth retries
         except ApiError:
             self._owners.lookup_failed(queue)
             return {}
@@ -419,9 +478,14 @@ class AsyncClient:
             return None
         return self._transport.owner_url(owners.get(group_partition(group, len(owners))))
 
-    def _forget_owner_of(self, path: str) -> None:
-        if path.startswith("queues/"):
-            self._owners.forget(path.split("/")[1])
+
+def _settings(values: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`queue_settings` of keywords that must all be settings (as :class:`Client`'s
+    signatures have them): ``TypeError`` names any other."""
+    unknown = sorted(set(values) - set(QUEUE_FIELDS))
+    if unknown:
+        raise TypeError(f"not a queue setting: {', '.join(unknown)}")
+    return queue_settings(values)
 
 
 class _Pending:

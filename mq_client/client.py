@@ -10,7 +10,7 @@ import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 from urllib.parse import quote
 
 from mq_client import tracing
@@ -33,7 +33,7 @@ from mq_client.types import (
     message_json,
 )
 
-__all__ = ["MAX_BATCH", "MAX_WAIT", "Client"]
+__all__ = ["MAX_BATCH", "MAX_WAIT", "Client", "ClientSettings"]
 
 #: The API's limit on messages per enqueue call, IDs per ack call and messages per dequeue.
 MAX_BATCH = 1000
@@ -42,7 +42,8 @@ MAX_WAIT = 20
 
 _T = TypeVar("_T")
 _UNSET: Any = object()
-_QUEUE_FIELDS = (
+#: The settings of a queue, as the create and update calls take them.
+QUEUE_FIELDS = (
     "partitions",
     "block_size",
     "lease_period",
@@ -61,55 +62,16 @@ _QUEUE_FIELDS = (
 )
 
 
-class Client:
-    """A client of the messaging API over one or more nodes.
+class ClientSettings:
+    """What :class:`Client` and :class:`~mq_client.aio.AsyncClient` share besides their calls:
+    :meth:`from_env`, the settings (read and changed on the transport and the owner cache that
+    use them) and the owner cache's :meth:`forget_owners`."""
 
-    :param urls: base URLs of nodes (``http://host:port``), a list or a comma-separated string
-    :param token: an API token (``Authorization: Token <token>``)
-    :param timeout: seconds to connect and to wait for an answer (a dequeue's ``wait`` is added)
-    :param retries: how many times a call is tried again after a 5xx or a connection error
-    :param backoff: the first retry's delay ceiling in seconds; doubles at every retry (full jitter)
-    :param max_backoff: the largest delay between two tries, ``Retry-After`` included
-    :param owners_ttl: seconds the partition owners of a queue are cached; 0 turns owner routing off
-    :param node_quarantine: seconds a node that refused a connection is skipped (doubles, up to 8x)
-    :param tracer_provider: the OpenTelemetry ``TracerProvider`` of the client's spans (default:
-        the global one, when an SDK is configured; with none the client makes no span)
-    """
-
-    def __init__(
-        self,
-        urls: str | Sequence[str],
-        token: str,
-        timeout: float = 10.0,
-        retries: int = 4,
-        backoff: float = 0.1,
-        *,
-        max_backoff: float = 5.0,
-        owners_ttl: float = 30.0,
-        node_quarantine: float = 2.0,
-        user_agent: str = "mq-sdk/1",
-        tracer_provider: Any = None,
-    ) -> None:
-        self._transport = Transport(
-            urls.split(",") if isinstance(urls, str) else urls,
-            token,
-            timeout=timeout,
-            retries=retries,
-            backoff=backoff,
-            max_backoff=max_backoff,
-            node_quarantine=node_quarantine,
-            user_agent=user_agent,
-            on_owner_failed=self._forget_owner_of,
-        )
-        self._owners = OwnerCache(owners_ttl)
-        self.token = token
-        #: the OpenTelemetry tracer of this client's spans; None (no span, no trace context
-        #: added) unless an SDK is configured when the client is made, or ``tracer_provider`` given
-        self.tracer = tracing.tracer(tracer_provider) if tracer_provider is not None or tracing.enabled() else None
-        self._transport.traced = self.tracer is not None
+    _transport: Transport
+    _owners: OwnerCache
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **options: Any) -> Client:
+    def from_env(cls, environ: Mapping[str, str] | None = None, **options: Any) -> Self:
         """A client from ``QUEUE_API_URL`` (comma-separated; default ``http://127.0.0.1:8000``) and
         ``QUEUE_API_TOKEN``; ``QUEUE_API_TIMEOUT`` and ``QUEUE_API_RETRIES`` when set."""
         env = os.environ if environ is None else environ
@@ -120,7 +82,8 @@ class Client:
             options["timeout"] = float(env["QUEUE_API_TIMEOUT"])
         if "retries" not in options and env.get("QUEUE_API_RETRIES"):
             options["retries"] = int(env["QUEUE_API_RETRIES"])
-        return cls(env.get("QUEUE_API_URL") or "http://127.0.0.1:8000", token, **options)
+        # (each client's constructor takes the URLs and the token, then its options)
+        return cls(env.get("QUEUE_API_URL") or "http://127.0.0.1:8000", token, **options)  # type: ignore[call-arg]
 
     # The settings, read and changed on the transport and the owner cache that use them.
 
@@ -182,6 +145,63 @@ class Client:
     def owners_ttl(self, value: float) -> None:
         self._owners.ttl = value
 
+    def forget_owners(self, queue: str | None = None) -> None:
+        """Drop the cached owners of ``queue`` (all queues when None)."""
+        self._owners.forget(queue)
+
+    def _forget_owner_of(self, path: str) -> None:
+        """A call's direct try on its owner failed: the owners of its queue are asked again."""
+        if path.startswith("queues/"):
+            self.forget_owners(path.split("/")[1])
+
+
+class Client(ClientSettings):
+    """A client of the messaging API over one or more nodes.
+
+    :param urls: base URLs of nodes (``http://host:port``), a list or a comma-separated string
+    :param token: an API token (``Authorization: Token <token>``)
+    :param timeout: seconds to connect and to wait for an answer (a dequeue's ``wait`` is added)
+    :param retries: how many times a call is tried again after a 5xx or a connection error
+    :param backoff: the first retry's delay ceiling in seconds; doubles at every retry (full jitter)
+    :param max_backoff: the largest delay between two tries, ``Retry-After`` included
+    :param owners_ttl: seconds the partition owners of a queue are cached; 0 turns owner routing off
+    :param node_quarantine: seconds a node that refused a connection is skipped (doubles, up to 8x)
+    :param tracer_provider: the OpenTelemetry ``TracerProvider`` of the client's spans (default:
+        the global one, when an SDK is configured; with none the client makes no span)
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        token: str,
+        timeout: float = 10.0,
+        retries: int = 4,
+        backoff: float = 0.1,
+        *,
+        max_backoff: float = 5.0,
+        owners_ttl: float = 30.0,
+        node_quarantine: float = 2.0,
+        user_agent: str = "mq-sdk/1",
+        tracer_provider: Any = None,
+    ) -> None:
+        self._transport = Transport(
+            urls.split(",") if isinstance(urls, str) else urls,
+            token,
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
+            max_backoff=max_backoff,
+            node_quarantine=node_quarantine,
+            user_agent=user_agent,
+            on_owner_failed=self._forget_owner_of,
+        )
+        self._owners = OwnerCache(owners_ttl)
+        self.token = token
+        #: the OpenTelemetry tracer of this client's spans; None (no span, no trace context
+        #: added) unless an SDK is configured when the client is made, or ``tracer_provider`` given
+        self.tracer = tracing.tracer(tracer_provider) if tracer_provider is not None or tracing.enabled() else None
+        self._transport.traced = self.tracer is not None
+
     def close(self) -> None:
         """Close every thread's connections. The client stays usable (new sessions open)."""
         self._transport.close()
@@ -232,12 +252,8 @@ class Client:
         topic, slash, sub = name.partition("/")
         if not slash:
             return Queue.from_json(self._call("GET", f"queues/{_q(name)}"))
-        data = dict(self._call("GET", f"topics/{_q(topic)}"))
         own = self._call("GET", f"topics/{_q(topic)}/subscriptions/{_q(sub)}")
-        data.update(name=name, dead_letter_queue=own.get("dead_letter_queue"), max_receives=own.get("max_receives"))
-        if own.get("visibility_timeout") is not None:
-            data["visibility_timeout"] = own["visibility_timeout"]
-        return Queue.from_json(data)
+        return subscription_queue(name, self._call("GET", f"topics/{_q(topic)}"), own)
 
     def update_queue(
         self,
@@ -416,15 +432,11 @@ class Client:
 
     def redrive(self, dead_letter_queue: str, max_messages: int = 100) -> RedriveResult:
         """Move up to ``max_messages`` dead letters back to the queues they came from."""
-        answer = self._call("POST", f"queues/{_q(dead_letter_queue)}/redrive", {"max": max_messages})
-        return RedriveResult(
-            moved=answer.get("moved", 0), skipped=answer.get("skipped", 0), sources=answer.get("sources") or {}
-        )
+        return redrive_result(self._call("POST", f"queues/{_q(dead_letter_queue)}/redrive", {"max": max_messages}))
 
     def expire(self, queue: str, older_than: float | None = None) -> int:
         """Apply the retention rule now on the node called (staff tokens only); how many expired."""
-        payload = {} if older_than is None else {"older_than": older_than}
-        return int(self._call("POST", f"queues/{_q(queue)}/expire", payload).get("expired", 0))
+        return int(self._call("POST", f"queues/{_q(queue)}/expire", expire_payload(older_than)).get("expired", 0))
 
     # ---------------------------------------------------------------- consumers
 
@@ -454,10 +466,6 @@ class Client:
             self._owners.lookup_failed(queue)  # do not ask again at every call while it fails
             return {}
         return {p.index: p.address for p in parts}
-
-    def forget_owners(self, queue: str | None = None) -> None:
-        """Drop the cached owners of ``queue`` (all queues when None)."""
-        self._owners.forget(queue)
 
     def _owner(self, queue: str, partition: int | None) -> str | None:
         if partition is None:
@@ -526,11 +534,6 @@ class Client:
         retries: int | None = None,
     ) -> Any:
         return self._transport.call(method, path, payload, owner=owner, timeout=timeout, retries=retries)
-
-    def _forget_owner_of(self, path: str) -> None:
-        """A call's direct try on its owner failed: the owners of its queue are asked again."""
-        if path.startswith("queues/"):
-            self.forget_owners(path.split("/")[1])
 
 
 def _chunks(items: Iterable[_T], size: int) -> Iterator[list[_T]]:
@@ -606,9 +609,30 @@ def visibility_result(answer: Mapping[str, Any], payload: Mapping[str, Any]) -> 
 
 def queue_settings(values: Mapping[str, Any]) -> dict[str, Any]:
     """The queue settings among ``values`` (a method's locals), those given."""
-    return {k: v for k, v in values.items() if k in _QUEUE_FIELDS and v is not _UNSET}
+    return {k: v for k, v in values.items() if k in QUEUE_FIELDS and v is not _UNSET}
 
 
 def single_group(groups: Sequence[str | None]) -> str | None:
     """The one group all messages of a batch have, else None."""
     return groups[0] if groups and len(set(groups)) == 1 else None
+
+
+def subscription_queue(name: str, topic: Mapping[str, Any], own: Mapping[str, Any]) -> Queue:
+    """A subscription ``name`` (``"topic/subscription"``) as a :class:`Queue`: its topic's
+    settings (``topic``, the topic's JSON) with the subscription's own (``own``, its JSON)
+    visibility timeout and dead-letter rule."""
+    data = dict(topic)
+    data.update(name=name, dead_letter_queue=own.get("dead_letter_queue"), max_receives=own.get("max_receives"))
+    if own.get("visibility_timeout") is not None:
+        data["visibility_timeout"] = own["visibility_timeout"]
+    return Queue.from_json(data)
+
+
+def redrive_result(answer: Mapping[str, Any]) -> RedriveResult:
+    return RedriveResult(
+        moved=answer.get("moved", 0), skipped=answer.get("skipped", 0), sources=answer.get("sources") or {}
+    )
+
+
+def expire_payload(older_than: float | None) -> dict[str, Any]:
+    return {} if older_than is None else {"older_than": older_than}

@@ -12,6 +12,7 @@ import pytest
 import mq_client as sdk
 from mq_client import Client
 from mq_client.aio import AsyncClient
+from tests.integration import nodes
 from tests.integration.test_sdk import _name, _served, _wait
 from tests.integration.test_sdk_buffered import check_each_resolved_once
 from tests.launcher import free_port
@@ -83,6 +84,87 @@ def test_a_dead_node_is_skipped_and_acks_go_to_the_owner(node_factory, token):
         async with AsyncClient(closed, token, retries=1, backoff=0.01) as nowhere:
             with pytest.raises(sdk.ConnectionFailed):
                 await nowhere.stats(name)
+
+    asyncio.run(scenario())
+
+
+def test_the_rest_of_the_sync_clients_calls_awaited(node_factory, token):
+    """The calls beyond the message basics, each as the synchronous client makes it:
+    ``enqueue_many``, ``receive`` (an async iterator giving back what it did not yield),
+    ``heartbeat``, ``send_logs``, ``redrive``, ``expire`` and a subscription's ``get_queue``."""
+    from django.contrib.auth.models import User
+    from rest_framework.authtoken.models import Token
+
+    node = node_factory()
+    sync = Client(node.url, token)
+    root = User.objects.create(username=_name("root"), is_staff=True, is_superuser=True)
+    staff = Token.objects.create(user=root).key
+    name, poisoned, dlq = _name("aio"), _name("aio-p"), _name("aio-dlq")
+    sync.create_queue(name, partitions=1)
+    sync.create_queue(dlq, partitions=1)
+    sync.create_queue(poisoned, partitions=1, dead_letter_queue=dlq, max_receives=1)
+    _wait(lambda: all(_served(sync, q) for q in (name, poisoned, dlq)), 20, "the node to serve the queues")
+    topic = _name("aio-topic")
+    admin = nodes.Client(node.url, token)
+    assert admin.post("topics", {"name": topic, "partitions": 1, "visibility_timeout": 40}).status_code == 201
+    r = admin.post(f"topics/{topic}/subscriptions", {"name": "mail", "visibility_timeout": 7})
+    assert r.status_code == 201, r.text
+
+    async def scenario() -> None:
+        async with AsyncClient(node.url, token) as mq:
+            ids = await mq.enqueue_many(name, [f"m{i}" for i in range(250)], batch_size=100)
+            assert len(set(ids)) == 250
+            with pytest.raises(ValueError):
+                await mq.enqueue_many(name, ["x"], batch_size=1001)
+
+            # receive: as the sync client's, messages one at a time; the rest given back at the end
+            seen: list[sdk.Message] = []
+            async with contextlib.aclosing(mq.receive(name, 10, visibility_timeout=300, wait=2)) as messages:
+                async for message in messages:
+                    seen.append(message)
+                    if len(seen) == 3:
+                        break
+            assert [m.body for m in seen] == ["m0", "m1", "m2"]
+            assert (await mq.stats(name)).in_flight == 3
+
+            beat = await mq.heartbeat(
+                {"consumer": "aio-w", "queues": [name], "held": [{"id": m.id, "receipt": m.receipt} for m in seen]}
+            )
+            assert sorted(beat["extended"]) == sorted(m.id for m in seen) and beat["lost"] == []
+            answer = await mq.send_logs(
+                [
+                    {
+                        "message_id": seen[0].id,
+                        "attempt": 1,
+                        "outcome": "succeeded",
+                        "process_started_at": "2026-01-01T00:00:00+00:00",
+                        "process_ended_at": "2026-01-01T00:00:01+00:00",
+                    }
+                ]
+            )
+            assert answer == {"stored": 1}, answer
+            assert await mq.ack(name, seen) == sdk.AckResult(3, 0)
+
+            # a message received past max_receives (1) goes to the dead-letter queue; redrive
+            # moves it back
+            poison = await mq.enqueue(poisoned, "poison")
+            assert [m.id for m in await mq.dequeue(poisoned, visibility_timeout=0, wait=2)] == [poison]
+            deadline = asyncio.get_running_loop().time() + 20
+            while (await mq.stats(dlq)).depth != 1:
+                assert await mq.dequeue(poisoned, 1, visibility_timeout=300) == []  # dead-letters it
+                assert asyncio.get_running_loop().time() < deadline, "no dead letter"
+                await asyncio.sleep(0.2)
+            result = await mq.redrive(dlq, 10)
+            assert result == sdk.RedriveResult(moved=1, skipped=0, sources={poisoned: 1})
+            assert [m.body for m in await mq.dequeue(poisoned, wait=2)] == ["poison"]
+
+            with pytest.raises(sdk.Unauthorized):
+                await mq.expire(name)  # operators only
+            sub = await mq.get_queue(f"{topic}/mail")
+            assert sub.name == f"{topic}/mail" and sub.visibility_timeout == 7 and sub.partitions == 1
+
+        async with AsyncClient(node.url, staff) as as_staff:
+            assert await as_staff.expire(name, older_than=0) >= 1
 
     asyncio.run(scenario())
 
