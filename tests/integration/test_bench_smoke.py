@@ -114,6 +114,14 @@ def _inprocess(out: str) -> None:
     assert per_message > 0 and per_call > 0, out
 
 
+def _compiled(out: str) -> None:
+    pure, compiled, ratio = _figure(
+        r"^median: pure ([\d.]+), compiled ([\d.]+) µs a message; compiled / pure ([\d.]+)x$", out
+    )
+    assert pure > 0 and compiled > 0 and ratio > 0, out
+    assert re.search(r"^compiled with mypyc: keys$", out, re.MULTILINE), out
+
+
 def _hostile(out: str) -> None:
     # each phase answered as it should: taken, refused unread (413), heartbeats and long polls served
     for line in ("large attributes .*: 201: 1", "maximal bodies .*: 201: 1", "nothing sent: 413: 5", "held: 200: 2"):
@@ -186,6 +194,12 @@ SMOKE: dict[str, tuple[str, int | None, Callable[[str], None]]] = {
     "failover": ("--backend memory --depths 100 --repeat 1", None, _failover),
     "housekeeping": ("--kv file --partitions 2 --passes 2", None, _housekeeping),
     "inprocess": ("--kv file --n 100 --batch 10 --repeat 1 --partitions 1", None, _inprocess),
+    # one small module: mypyc's compile of the default ones takes about a minute here
+    "compiled": (
+        "--modules keys --runs 1 -- --kv file --n 100 --batch 10 --repeat 1 --partitions 1",
+        None,
+        _compiled,
+    ),
     "hostile": (
         (
             "--producers 1 --attribute-batches 1 --body-batches 1 --consumers 2 --long-polls 2 --poll-wait 1 "
