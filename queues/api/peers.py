@@ -82,6 +82,14 @@ def draft_json(d: MessageDraft) -> dict[str, Any]:
     return item
 
 
+def _unreadable(address: str, call: str, wanted: str) -> PeerUnreachable:
+    """A peer's 2xx answer without what the call needs (a bug, or a node of another version):
+    the peer may have run the call, so it is not made again; 503 with Retry-After to the client,
+    which decides, as after a connection lost mid-call."""
+    log.error("node %s answered a forwarded %s without %s", address, call, wanted)
+    return PeerUnreachable(f"node {address} answered the {call} without {wanted}; it may have run: retry")
+
+
 def delivery_of(item: dict[str, Any]) -> Delivery:
     """A delivery from the dequeue call's answer (the inverse of ``calls.delivery_json``)."""
     enqueued_at = datetime.fromisoformat(item["enqueued_at"].replace("Z", "+00:00")).timestamp()
@@ -296,7 +304,10 @@ class HttpPeers:
     def enqueue(self, address: str, queue: str, drafts: Sequence[MessageDraft], hops: int, caller: Caller) -> list[str]:
         payload = {"messages": [draft_json(d) for d in drafts]}
         body = self.call(address, queue, "enqueue", payload, hops, caller, ok=201)
-        ids: list[str] = body["ids"]
+        ids = body.get("ids") if isinstance(body, dict) else None
+        if not isinstance(ids, list) or len(ids) != len(drafts) or not all(isinstance(i, str) and i for i in ids):
+            # (the caller answers IDs by position: a short or odd list would misname its messages)
+            raise _unreadable(address, "enqueue", f"an ID for each of its {len(drafts)} messages")
         return ids
 
     def check_enqueue(
@@ -312,7 +323,13 @@ class HttpPeers:
         if visibility_timeout is not None:
             payload["visibility_timeout"] = visibility_timeout
         body = self.call(address, target, "dequeue", payload, hops, caller)
-        return [delivery_of(item) for item in body.get("messages", ())]
+        try:
+            deliveries = [delivery_of(item) for item in body.get("messages", ())]
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise _unreadable(address, "dequeue", "its messages") from exc
+        if len(deliveries) > max_messages:
+            raise _unreadable(address, "dequeue", f"at most {max_messages} messages")
+        return deliveries
 
     def ack(
         self,

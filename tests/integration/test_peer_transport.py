@@ -2,8 +2,8 @@
 stand-in peer on loopback: one kept-alive connection for many calls and one per peer, answers in
 the service's types, no proxy from the environment, no 100-continue wait before a large body,
 never a call sent twice, and every way a peer can fail to answer (refused, silent, gone
-mid-call) turned into PeerUnreachable (503 with Retry-After for the client), never a hang or a
-500."""
+mid-call, a 2xx without what the call needs) turned into PeerUnreachable (503 with Retry-After
+for the client), never a hang or a 500."""
 
 from __future__ import annotations
 
@@ -290,3 +290,44 @@ def test_a_refusal_comes_back_as_the_peers_answer(stand_in):
     # then the refusal is passed on as it is, and the answer without JSON says so
     assert (refused.value.status, refused.value.payload["error"]) == (409, "receipt_mismatch")
     assert (bad.value.status, bad.value.payload["error"]) == (502, "bad_gateway")
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"ids": ["orders/0/00000000-0000000000000000/0"]},  # one ID for two messages
+        {"ids": ["orders/0/00000000-0000000000000000/0", 7]},
+        {"ids": ["orders/0/00000000-0000000000000000/0", ""]},
+        {"id": "orders/0/00000000-0000000000000000/0"},
+        ["orders/0/00000000-0000000000000000/0", "orders/0/00000000-0000000000000000/1"],
+    ],
+)
+def test_an_enqueue_answered_without_an_id_for_each_message_is_unreachable(stand_in, answer):
+    # given a peer that stores an enqueue of two messages and answers 201 without their two IDs
+    peer = stand_in(lambda path, body: (201, json.dumps(answer).encode()))
+    # when an enqueue is forwarded to it
+    with pytest.raises(PeerUnreachable, match="may have run") as failed:
+        peers.HttpPeers().enqueue(peer.address, "orders", [MessageDraft("a"), MessageDraft("b")], 0, CALLER)
+    # then it fails as a call that may have run (503: the client decides), not as a KeyError
+    # (500) or an answer that names the caller's messages with the wrong IDs
+    assert not failed.value.refused and len(peer.calls) == 1
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"messages": [{"id": "orders/0/00000000-0000000000000000/0", "body": "b"}]},  # no receipt, no time
+        {"messages": [{"id": "x", "receipt": "r", "receive_count": 1, "body": "b", "enqueued_at": "yesterday"}]},
+        {"messages": "none"},
+        {
+            "messages": [
+                {"id": "x", "receipt": "r", "receive_count": 1, "body": "b", "enqueued_at": "2026-01-01T00:00:00Z"}
+            ]
+            * 3
+        },  # more than asked for
+    ],
+)
+def test_a_dequeue_answered_with_unreadable_messages_is_unreachable(stand_in, answer):
+    peer = stand_in(lambda path, body: (200, json.dumps(answer).encode()))
+    with pytest.raises(PeerUnreachable, match="may have run"):
+        peers.HttpPeers().dequeue(peer.address, "orders", 2, None, 0, CALLER)
