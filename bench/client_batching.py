@@ -10,8 +10,10 @@ processes) on the ``--backend`` store; each case on a queue of its own (``--part
    ``enqueue`` (a call each, the baseline); ``Producer.send`` without waiting for the futures
    (then one flush), with dedup IDs given (the default) and without; ``Producer.send`` with each
    thread waiting for its own future. Messages a second, and the latency of a message from the
-   call to its ID (p50, p99), beside the producer's batch calls' own (p50, p99): the producer's
-   p99 should be at most the linger plus one batch call.
+   call to its ID (p50, p99), beside the producer's batch calls' own (p50, p99), and the p99 of
+   what the producer added to a message's call-to-ID (that time less its own batch call's: the
+   wait for the batch in flight and the linger, and the resolving after), which should be at
+   most the linger plus one batch call.
 2. **Consumers.** ``--consume`` messages enqueued, then handled by ``--consumer-threads``
    threads of ``--handler-ms`` each (a sleep): ``Consumer`` prefetching (acks through an
    ``Acker``) against ``Consumer(prefetch=False)`` (each thread receives one, acks it).
@@ -102,9 +104,10 @@ def run_threads(count: int, seconds: float, work: Callable[[int, Callable[[], bo
     return time.perf_counter() - t0
 
 
-def timed_batches(client: Client) -> list[float]:
-    """Record the seconds of each ``enqueue_batch`` call of ``client``."""
-    took: list[float] = []
+def timed_batches(client: Client) -> list[tuple[float, float, list[str]]]:
+    """Record each ``enqueue_batch`` call of ``client``: when it started and ended
+    (``time.perf_counter``) and the bodies it carried."""
+    calls: list[tuple[float, float, list[str]]] = []
     inner = client.enqueue_batch
 
     def enqueue_batch(queue, messages):  # type: ignore[no-untyped-def]
@@ -112,10 +115,24 @@ def timed_batches(client: Client) -> list[float]:
         try:
             return inner(queue, messages)
         finally:
-            took.append(time.perf_counter() - t)
+            calls.append((t, time.perf_counter(), [m["body"] for m in messages]))
 
     client.enqueue_batch = enqueue_batch  # type: ignore[method-assign]
-    return took
+    return calls
+
+
+def added_latencies(
+    calls: list[tuple[float, float, list[str]]], sent: dict[str, float], answered: dict[str, float]
+) -> list[float]:
+    """What the producer added to each answered message's call-to-ID: that time less its own
+    batch call's (the wait for the batch in flight and the linger before its call, and the
+    resolving after), in seconds. A message sent again (a refused batch split) counts its last
+    call."""
+    own: dict[str, float] = {}
+    for start, end, bodies in calls:
+        for body in bodies:
+            own[body] = end - start
+    return [answered[b] - sent[b] - own[b] for b in answered if b in own]
 
 
 def producers(args: argparse.Namespace, node: BenchNode) -> dict[str, dict[str, float]]:
@@ -144,30 +161,45 @@ def producers(args: argparse.Namespace, node: BenchNode) -> dict[str, dict[str, 
     for label, linger, dedup, wait in cases:
         client = Client(node.url, node.token)
         queue = new_queue(client, args.partitions)
-        batches = timed_batches(client)
+        calls = timed_batches(client)
         producer = Producer(client, linger=linger, dedup_ids=dedup)
         latencies: list[float] = []
         failed = [0]
         lock = threading.Lock()
+        sent: dict[str, float] = {}
+        answered: dict[str, float] = {}
 
         def done(
-            f: Future[str], t: float, lock: threading.Lock = lock, latencies: list[float] = latencies, failed=failed
+            f: Future[str],
+            t: float,
+            body: str,
+            lock: threading.Lock = lock,
+            latencies: list[float] = latencies,
+            failed=failed,
+            answered: dict[str, float] = answered,
         ) -> None:
-            took = time.perf_counter() - t
+            now = time.perf_counter()
             with lock:
                 if f.exception() is None:
-                    latencies.append(took)
+                    latencies.append(now - t)
+                    answered[body] = now
                 else:
                     failed[0] += 1
 
         def send(
-            i: int, going: Callable[[], bool], wait: bool = wait, producer: Producer = producer, queue: str = queue
+            i: int,
+            going: Callable[[], bool],
+            wait: bool = wait,
+            producer: Producer = producer,
+            queue: str = queue,
+            sent: dict[str, float] = sent,
         ) -> None:
             n = 0
             while going():
-                t = time.perf_counter()
-                f = producer.send(queue, f"{i}-{n}")
-                f.add_done_callback(lambda f, t=t: done(f, t))
+                body = f"{i}-{n}"
+                t = sent[body] = time.perf_counter()
+                f = producer.send(queue, body)
+                f.add_done_callback(lambda f, t=t, body=body: done(f, t, body))
                 if wait:
                     f.result()
                 n += 1
@@ -176,6 +208,7 @@ def producers(args: argparse.Namespace, node: BenchNode) -> dict[str, dict[str, 
         run_threads(args.threads, args.seconds, send)
         producer.close()  # everything sent and answered
         took = time.perf_counter() - t0
+        batches = [end - start for start, end, _ in calls]
         out[label] = {
             "rate": len(latencies) / took,
             "p50": pct(latencies, 0.5),
@@ -183,6 +216,7 @@ def producers(args: argparse.Namespace, node: BenchNode) -> dict[str, dict[str, 
             "batch_p50": pct(batches, 0.5),
             "batch_p99": pct(batches, 0.99),
             "batch_size": len(latencies) / max(1, len(batches)),
+            "added_p99": pct(added_latencies(calls, sent, answered), 0.99),
             "failed": failed[0],
             "linger": linger,
         }
@@ -303,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             bound = f["linger"] * 1000 + f["batch_p99"]
             print(
                 f"{label}: {f['rate'] / base:.1f}x enqueue; p99 {f['p99']:.2f} ms against linger + "
-                f"batch call p99 {bound:.2f} ms; failed {f['failed']:.0f}"
+                f"batch call p99 {bound:.2f} ms; added p99 {f['added_p99']:.2f} ms; failed {f['failed']:.0f}"
             )
     print(f"\n## consumers: {args.consumer_threads} handlers of {args.handler_ms:g} ms, {args.consume} messages")
     print(f"{'case':24} {'msg/s':>9} {'twice':>6} {'given back':>11}")

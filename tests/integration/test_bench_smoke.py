@@ -69,11 +69,12 @@ def _figure(pattern: str, out: str) -> list[float]:
 
 def _client_batching(out: str) -> None:
     for case in ("producer 0 ms, not waiting", "producer 0 ms, each waits", "producer 5 ms, each waits"):
-        ratio, p99, bound, failed = _figure(
-            rf"^{case}: ([\d.]+)x enqueue; p99 ([\d.]+) ms against linger \+ batch call p99 ([\d.]+) ms; failed (\d+)$",
+        ratio, p99, bound, added, failed = _figure(
+            rf"^{case}: ([\d.]+)x enqueue; p99 ([\d.]+) ms against linger \+ batch call p99 ([\d.]+) ms; "
+            r"added p99 (-?[\d.]+) ms; failed (\d+)$",
             out,
         )
-        assert ratio > 0 and p99 > 0 and bound > 0 and failed == 0, (case, out[-3000:])
+        assert ratio > 0 and p99 > 0 and bound > 0 and added < p99 and failed == 0, (case, out[-3000:])
     for case in ("prefetching \\+ Acker", "receive one, ack one"):
         rate, twice, _ = _figure(rf"^{case}\s+([\d,.]+)\s+(\d+)\s+(\d+)$", out)
         assert rate > 0 and twice == 0, (case, out[-3000:])
