@@ -71,8 +71,7 @@ from mq_client.producer import (
     Splitter,
     message_item,
 )
-from mq_client.routing import OwnerCache
-from mq_client.transport import API_PREFIX, Done, Transport, answer_json, dumps
+from mq_client.transport import API_PREFIX, Done, answer_json, dumps
 from mq_client.types import (
     AckResult,
     Estimates,
@@ -118,24 +117,21 @@ class AsyncClient(ClientSettings):
     ) -> None:
         # The routing state and the tries come from the synchronous transport (it opens no
         # connection of its own unless asked); the requests go through aiohttp.
-        self._transport = Transport(
-            urls.split(",") if isinstance(urls, str) else urls,
+        super().__init__(
+            urls,
             token,
-            timeout=timeout,
-            retries=retries,
-            backoff=backoff,
+            timeout,
+            retries,
+            backoff,
             max_backoff=max_backoff,
+            owners_ttl=owners_ttl,
             node_quarantine=node_quarantine,
             user_agent=user_agent,
-            on_owner_failed=self._forget_owner_of,
+            tracer_provider=tracer_provider,
         )
-        self._owners = OwnerCache(owners_ttl)
         #: aiohttp's session, made on the event loop of the first call (it belongs to that loop)
         self._session: aiohttp.ClientSession | None = None
         self._max_connections = max(1, max_connections)
-        self.token = token
-        #: the OpenTelemetry tracer of this client's spans (as :attr:`Client.tracer`)
-        self.tracer = tracing.tracer(tracer_provider) if tracer_provider is not None or tracing.enabled() else None
 
     async def aclose(self) -> None:
         """Close the connections (a later call opens new ones)."""

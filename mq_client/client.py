@@ -64,11 +64,42 @@ QUEUE_FIELDS = (
 
 class ClientSettings:
     """What :class:`Client` and :class:`~mq_client.aio.AsyncClient` share besides their calls:
+    the construction (the transport's routing state and tries, the owner cache, the tracer),
     :meth:`from_env`, the settings (read and changed on the transport and the owner cache that
     use them) and the owner cache's :meth:`forget_owners`."""
 
-    _transport: Transport
-    _owners: OwnerCache
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        token: str,
+        timeout: float = 10.0,
+        retries: int = 4,
+        backoff: float = 0.1,
+        *,
+        max_backoff: float = 5.0,
+        owners_ttl: float = 30.0,
+        node_quarantine: float = 2.0,
+        user_agent: str = "mq-sdk/1",
+        tracer_provider: Any = None,
+    ) -> None:
+        """The parameters are :class:`Client`'s."""
+        self._transport = Transport(
+            urls.split(",") if isinstance(urls, str) else urls,
+            token,
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
+            max_backoff=max_backoff,
+            node_quarantine=node_quarantine,
+            user_agent=user_agent,
+            on_owner_failed=self._forget_owner_of,
+        )
+        self._owners = OwnerCache(owners_ttl)
+        self.token = token
+        #: the OpenTelemetry tracer of this client's spans; None (no span, no trace context
+        #: added) unless an SDK is configured when the client is made, or ``tracer_provider`` given
+        self.tracer = tracing.tracer(tracer_provider) if tracer_provider is not None or tracing.enabled() else None
+        self._transport.traced = self.tracer is not None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **options: Any) -> Self:
@@ -82,8 +113,7 @@ class ClientSettings:
             options["timeout"] = float(env["QUEUE_API_TIMEOUT"])
         if "retries" not in options and env.get("QUEUE_API_RETRIES"):
             options["retries"] = int(env["QUEUE_API_RETRIES"])
-        # (each client's constructor takes the URLs and the token, then its options)
-        return cls(env.get("QUEUE_API_URL") or "http://127.0.0.1:8000", token, **options)  # type: ignore[call-arg]
+        return cls(env.get("QUEUE_API_URL") or "http://127.0.0.1:8000", token, **options)
 
     # The settings, read and changed on the transport and the owner cache that use them.
 
@@ -169,38 +199,6 @@ class Client(ClientSettings):
     :param tracer_provider: the OpenTelemetry ``TracerProvider`` of the client's spans (default:
         the global one, when an SDK is configured; with none the client makes no span)
     """
-
-    def __init__(
-        self,
-        urls: str | Sequence[str],
-        token: str,
-        timeout: float = 10.0,
-        retries: int = 4,
-        backoff: float = 0.1,
-        *,
-        max_backoff: float = 5.0,
-        owners_ttl: float = 30.0,
-        node_quarantine: float = 2.0,
-        user_agent: str = "mq-sdk/1",
-        tracer_provider: Any = None,
-    ) -> None:
-        self._transport = Transport(
-            urls.split(",") if isinstance(urls, str) else urls,
-            token,
-            timeout=timeout,
-            retries=retries,
-            backoff=backoff,
-            max_backoff=max_backoff,
-            node_quarantine=node_quarantine,
-            user_agent=user_agent,
-            on_owner_failed=self._forget_owner_of,
-        )
-        self._owners = OwnerCache(owners_ttl)
-        self.token = token
-        #: the OpenTelemetry tracer of this client's spans; None (no span, no trace context
-        #: added) unless an SDK is configured when the client is made, or ``tracer_provider`` given
-        self.tracer = tracing.tracer(tracer_provider) if tracer_provider is not None or tracing.enabled() else None
-        self._transport.traced = self.tracer is not None
 
     def close(self) -> None:
         """Close every thread's connections. The client stays usable (new sessions open)."""
