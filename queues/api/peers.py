@@ -83,9 +83,11 @@ def draft_json(d: MessageDraft) -> dict[str, Any]:
 
 
 def _unreadable(address: str, call: str, wanted: str) -> PeerUnreachable:
-    """A peer's 2xx answer without what the call needs (a bug, or a node of another version):
-    the peer may have run the call, so it is not made again; 503 with Retry-After to the client,
-    which decides, as after a connection lost mid-call."""
+    """A peer's 2xx answer without what the call needs (a bug, a node of another version, a
+    middleware that changed a batch's length): the peer may have run the call, so it is not made
+    at another node (``routing.local_or_forward``); an enqueue answers 503 with Retry-After and
+    the client decides, as after a connection lost mid-call; a dequeue asks no more of that
+    node (what it delivered comes back after its visibility timeout)."""
     log.error("node %s answered a forwarded %s without %s", address, call, wanted)
     return PeerUnreachable(f"node {address} answered the {call} without {wanted}; it may have run: retry")
 

@@ -135,7 +135,9 @@ def local_or_forward(
 ) -> list[str]:
     """Run ``local`` (its argument: even if this node is cooling); if this node does not serve
     the call, pass it to a node that does; if none can, a cooling node still serves rather than
-    refuse."""
+    refuse. A node that may have run the call (:class:`PeerUnreachable` after the connection
+    was made: a timeout, a reset, an answer it could not read) ends it there, as in
+    :func:`at_owner`: the next node would store the messages a second time."""
     try:
         return local(hops >= MAX_HOPS)
     except NotServedHere:
@@ -151,7 +153,11 @@ def local_or_forward(
                 if exc.status < 500:
                     raise  # the owner refused it: so would the others
                 last = exc
-            except Exception as exc:  # noqa: BLE001 - unreachable or unavailable: try the next owner
+            except PeerUnreachable as exc:
+                if not exc.refused:
+                    raise  # it may have stored them: 503, the client decides
+                last = exc
+            except Exception as exc:  # noqa: BLE001 - unavailable: try the next owner
                 last = exc
         if rt.local_managers(cfg.name):
             return local(True)

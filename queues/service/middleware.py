@@ -33,7 +33,9 @@ class Middleware:
 
     def before_enqueue(self, queue: str, drafts: Sequence[MessageDraft], hops: int) -> Sequence[MessageDraft]:
         """Before an enqueue (not its ``check_only`` form); the drafts to store (the same, or
-        others in their place)."""
+        others in their place: as many, in the same order, since the answer names each message
+        the client sent by its position, and a forwarding node refuses an answer of another
+        length)."""
         return drafts
 
     def after_enqueue(

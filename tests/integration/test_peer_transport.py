@@ -2,8 +2,8 @@
 stand-in peer on loopback: one kept-alive connection for many calls and one per peer, answers in
 the service's types, no proxy from the environment, no 100-continue wait before a large body,
 never a call sent twice, and every way a peer can fail to answer (refused, silent, gone
-mid-call, a 2xx without what the call needs) turned into PeerUnreachable (503 with Retry-After
-for the client), never a hang or a 500."""
+mid-call, a 2xx without what the call needs) turned into PeerUnreachable (for an enqueue, 503
+with Retry-After to the client), never a hang, a 500 or IDs that name the wrong messages."""
 
 from __future__ import annotations
 
