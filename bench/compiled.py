@@ -5,7 +5,8 @@ It MEASURES AND PRINTS; it never passes or fails. It copies this checkout's file
 knows, as they are now) to a temporary folder, compiles ``--modules`` of ``queues/engine``
 there with mypyc (which ships with mypy; it needs a C compiler and Python's headers), then
 runs ``bench/inprocess.py`` with the same arguments in the pure checkout and in the compiled
-copy, alternately, ``--runs`` times each, and prints every run's figure and the medians. The
+copy, alternately (each first in every other round), ``--runs`` times each, and prints every
+run's figure and the medians. The
 checkout itself is never changed: nothing of the service imports a compiled module unless
 one was built beside its source.
 
@@ -116,8 +117,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"bench/inprocess.py {' '.join(args.inprocess)}; µs of node CPU a message (a call)")
         pure: list[float] = []
         compiled: list[float] = []
+        trees = [("pure", REPO, pure), ("compiled", tree, compiled)]
         for i in range(args.runs):
-            for name, where, figures in (("pure", REPO, pure), ("compiled", tree, compiled)):
+            for name, where, figures in trees if i % 2 == 0 else trees[::-1]:  # each first in turn
                 per_message, per_call = run(where, args.inprocess)
                 figures.append(per_message)
                 print(f"run {i + 1} {name:>8}: {per_message:.1f} ({per_call:.0f})", flush=True)

@@ -311,7 +311,8 @@ class AsyncClient(ClientSettings):
     async def enqueue_many(self, queue: str, messages: Iterable[MessageItem], batch_size: int = MAX_BATCH) -> list[str]:
         """Enqueue any number of messages in calls of ``batch_size`` (<= 1,000), one after the
         other; all IDs, in order. If a call fails, the batches before it are stored (their IDs
-        are on the exception as ``exc.ids``) and the ones after it are not sent."""
+        are on the exception as ``exc.ids``) and the ones after it are not sent; a cancelled
+        ``enqueue_many`` says nothing of what it stored."""
         if not 1 <= batch_size <= MAX_BATCH:
             raise ValueError(f"batch_size must be 1..{MAX_BATCH}")
         ids: list[str] = []
@@ -350,7 +351,7 @@ class AsyncClient(ClientSettings):
         self, queue: str, max_messages: int = 1, *, visibility_timeout: float | None = None, wait: float = MAX_WAIT
     ) -> AsyncGenerator[Message, None]:
         """Messages as they come, long-polling forever (:meth:`Client.receive`); what it
-        received and did not yield is given back when the iteration ends (:meth:`consume`)."""
+        received and did not yield is given back when the iterator is closed (:meth:`consume`)."""
         async with contextlib.aclosing(
             self.consume(queue, max_messages, visibility_timeout=visibility_timeout, wait=wait)
         ) as messages:
@@ -393,6 +394,8 @@ class AsyncClient(ClientSettings):
         return await self._ack(queue, "ids", list(ids))
 
     async def _ack(self, queue: str, key: str, items: list[Any]) -> AckResult:
+        if not items:
+            return AckResult()
         by_owner: dict[str | None, list[Any]] = {}
         for item in items:
             mid = item["id"] if isinstance(item, dict) else item
